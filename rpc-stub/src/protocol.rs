@@ -1,0 +1,246 @@
+//! Frames of the RPC channel: decoding requests, encoding replies.
+//!
+//! Every frame is one JSON object on one line. The supervisor reads frames of at most
+//! [`MAX_FRAME_BYTES`]; anything it cannot accept is answered with an error frame
+//! (`{"id": …, "error": {"code", "message"}}`) so a script always learns why, and nothing a
+//! script sends can crash or stall the reader.
+
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+/// Largest frame (one line, without its newline) the supervisor accepts: 16 MiB.
+///
+/// Large enough for `write_file` of a sizeable file, small enough that a runaway script cannot
+/// make the supervisor buffer without bound.
+pub const MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
+
+/// One tool call sent by a script.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    /// Caller-chosen id (number or string) echoed in the reply; lets calls be in flight at once.
+    pub id: Value,
+    /// Name of the tool to call.
+    pub tool: String,
+    /// Keyword arguments of the call (always an object).
+    pub args: Map<String, Value>,
+    /// The execution's RPC token; a request without the right one is refused.
+    pub token: String,
+}
+
+/// Why a frame was refused. The `code` strings are part of the wire format.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    /// The frame is not valid JSON.
+    #[error("request is not valid JSON: {0}")]
+    NotJson(String),
+    /// The frame is JSON but not an object.
+    #[error("request must be a JSON object with id, tool, args and token")]
+    NotObject,
+    /// A required field is missing or has the wrong type.
+    #[error("request field `{field}` is missing or not {expected}")]
+    BadField {
+        /// Name of the offending field.
+        field: &'static str,
+        /// What the field should have been.
+        expected: &'static str,
+    },
+    /// The frame is longer than [`MAX_FRAME_BYTES`].
+    #[error("request is larger than the {limit}-byte frame limit; pass large data through files")]
+    TooLarge {
+        /// The limit that was exceeded.
+        limit: usize,
+    },
+    /// The token does not match this execution's.
+    #[error("request token is wrong; only the script of this execution may call tools")]
+    BadToken,
+    /// The connecting process is not part of this execution.
+    #[error("connection refused: the peer is not a process of this execution")]
+    ForeignPeer,
+}
+
+impl ProtocolError {
+    /// Stable machine-readable code of the error.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ProtocolError::NotJson(_) => "invalid_json",
+            ProtocolError::NotObject => "invalid_request",
+            ProtocolError::BadField { .. } => "invalid_request",
+            ProtocolError::TooLarge { .. } => "frame_too_large",
+            ProtocolError::BadToken => "unauthorized",
+            ProtocolError::ForeignPeer => "unauthorized",
+        }
+    }
+
+    /// Whether the connection should be closed after replying (the peer cannot be trusted or
+    /// the stream can no longer be framed).
+    pub fn closes_connection(&self) -> bool {
+        matches!(
+            self,
+            ProtocolError::BadToken | ProtocolError::ForeignPeer | ProtocolError::TooLarge { .. }
+        )
+    }
+}
+
+#[derive(Deserialize)]
+struct RawRequest {
+    id: Option<Value>,
+    tool: Option<Value>,
+    args: Option<Value>,
+    token: Option<Value>,
+}
+
+/// Decodes one frame (without its trailing newline) into a [`Request`].
+///
+/// On failure it also returns the request id when one could be read, so the error reply can be
+/// matched to the waiting call.
+pub fn decode_request(frame: &[u8]) -> Result<Request, (Option<Value>, ProtocolError)> {
+    if frame.len() > MAX_FRAME_BYTES {
+        return Err((
+            None,
+            ProtocolError::TooLarge {
+                limit: MAX_FRAME_BYTES,
+            },
+        ));
+    }
+    let value: Value =
+        serde_json::from_slice(frame).map_err(|e| (None, ProtocolError::NotJson(e.to_string())))?;
+    if !value.is_object() {
+        return Err((None, ProtocolError::NotObject));
+    }
+    let raw: RawRequest =
+        serde_json::from_value(value).map_err(|_| (None, ProtocolError::NotObject))?;
+    let id = match raw.id {
+        Some(id @ (Value::Number(_) | Value::String(_))) => id,
+        _ => {
+            return Err((
+                None,
+                ProtocolError::BadField {
+                    field: "id",
+                    expected: "a number or string",
+                },
+            ))
+        }
+    };
+    let bad = |field, expected| {
+        Err((
+            Some(id.clone()),
+            ProtocolError::BadField { field, expected },
+        ))
+    };
+    let token = match raw.token {
+        Some(Value::String(t)) => t,
+        _ => return bad("token", "a string"),
+    };
+    let tool = match raw.tool {
+        Some(Value::String(t)) => t,
+        _ => return bad("tool", "a string"),
+    };
+    let args = match raw.args {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(m)) => m,
+        Some(_) => return bad("args", "an object"),
+    };
+    Ok(Request {
+        id,
+        tool,
+        args,
+        token,
+    })
+}
+
+/// Encodes the reply to a call as one line (with its newline).
+pub fn encode_response(id: &Value, result: &Value) -> Vec<u8> {
+    frame(&json!({ "id": id, "result": result }))
+}
+
+/// Encodes a protocol error reply as one line (with its newline).
+pub fn encode_error(id: Option<&Value>, error: &ProtocolError) -> Vec<u8> {
+    frame(&json!({
+        "id": id.cloned().unwrap_or(Value::Null),
+        "error": { "code": error.code(), "message": error.to_string() },
+    }))
+}
+
+fn frame(value: &Value) -> Vec<u8> {
+    // Serialising a `Value` cannot fail: keys are strings and there are no foreign types.
+    let mut out = serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec());
+    out.push(b'\n');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_a_well_formed_request() {
+        let r = decode_request(br#"{"id":7,"tool":"read_file","args":{"path":"a"},"token":"t"}"#)
+            .map_err(|e| e.1)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.id, json!(7));
+        assert_eq!(r.tool, "read_file");
+        assert_eq!(r.args.get("path"), Some(&json!("a")));
+        assert_eq!(r.token, "t");
+    }
+
+    #[test]
+    fn refuses_garbage_with_a_reason() {
+        let (id, e) = decode_request(b"not json").err().unwrap_or_default_pair();
+        assert_eq!(id, None);
+        assert_eq!(e.code(), "invalid_json");
+        let (_, e) = decode_request(b"[1,2]").err().unwrap_or_default_pair();
+        assert_eq!(e, ProtocolError::NotObject);
+        let (id, e) = decode_request(br#"{"id":"x","tool":3,"token":"t"}"#)
+            .err()
+            .unwrap_or_default_pair();
+        assert_eq!(id, Some(json!("x")));
+        assert_eq!(
+            e,
+            ProtocolError::BadField {
+                field: "tool",
+                expected: "a string"
+            }
+        );
+        let (_, e) = decode_request(br#"{"id":1,"tool":"x","args":[],"token":"t"}"#)
+            .err()
+            .unwrap_or_default_pair();
+        assert_eq!(
+            e,
+            ProtocolError::BadField {
+                field: "args",
+                expected: "an object"
+            }
+        );
+    }
+
+    #[test]
+    fn refuses_oversized_frames() {
+        let big = vec![b' '; MAX_FRAME_BYTES + 1];
+        let (_, e) = decode_request(&big).err().unwrap_or_default_pair();
+        assert!(e.closes_connection());
+        assert_eq!(e.code(), "frame_too_large");
+    }
+
+    #[test]
+    fn replies_are_single_lines() {
+        let line = encode_response(&json!(1), &json!({"a": "b\nc"}));
+        assert_eq!(line.iter().filter(|b| **b == b'\n').count(), 1);
+        assert_eq!(line.last(), Some(&b'\n'));
+        let err = encode_error(None, &ProtocolError::BadToken);
+        let v: Value = serde_json::from_slice(&err).unwrap_or_default();
+        assert_eq!(v["error"]["code"], "unauthorized");
+        assert_eq!(v["id"], Value::Null);
+    }
+
+    trait OrDefaultPair {
+        fn unwrap_or_default_pair(self) -> (Option<Value>, ProtocolError);
+    }
+    impl OrDefaultPair for Option<(Option<Value>, ProtocolError)> {
+        fn unwrap_or_default_pair(self) -> (Option<Value>, ProtocolError) {
+            match self {
+                Some(p) => p,
+                None => panic!("expected a protocol error"),
+            }
+        }
+    }
+}

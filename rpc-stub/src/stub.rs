@@ -1,0 +1,388 @@
+//! Generation of `vibeos_tools.py`, the module a script imports its tools from.
+//!
+//! The module is a fixed runtime (the channel, `json_parse`, `shell_quote`, `retry`; see
+//! `stub_runtime.py` beside this file) followed by one function per tool, written from the
+//! tool's JSON schema so that the script sees the real signature, defaults and doc line.
+
+use serde_json::{Map, Value};
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+
+const RUNTIME: &str = include_str!("stub_runtime.py");
+
+/// Helper names the runtime defines; a tool may not shadow them.
+const HELPERS: [&str; 4] = ["json_parse", "shell_quote", "retry", "ToolChannelError"];
+
+/// Python keywords (3.8 to 3.13) that cannot be used as parameter names.
+const PY_KEYWORDS: [&str; 35] = [
+    "False", "None", "True", "and", "as", "assert", "async", "await", "break", "class", "continue",
+    "def", "del", "elif", "else", "except", "finally", "for", "from", "global", "if", "import",
+    "in", "is", "lambda", "nonlocal", "not", "or", "pass", "raise", "return", "try", "while",
+    "with", "yield",
+];
+
+/// What the generator needs to know of one tool.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StubTool {
+    /// Tool name; becomes the Python function name.
+    pub name: String,
+    /// Description; its first line becomes the doc line.
+    pub description: String,
+    /// JSON schema of the arguments (`{"type": "object", "properties": …, "required": …}`).
+    pub parameters: Value,
+}
+
+/// Why a tool was left out of the stub.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StubError {
+    /// The tool name is not a usable Python identifier.
+    #[error("tool `{0}` was left out of vibeos_tools: its name is not a Python identifier")]
+    BadToolName(String),
+    /// The tool name would shadow a helper of the stub.
+    #[error("tool `{0}` was left out of vibeos_tools: the name is taken by a stub helper")]
+    ShadowsHelper(String),
+    /// The schema's `properties` is not an object.
+    #[error(
+        "tool `{0}` was left out of vibeos_tools: its parameter schema has no properties object"
+    )]
+    BadSchema(String),
+}
+
+/// The generated module and the tools that could not be included.
+#[derive(Debug, Clone)]
+pub struct GeneratedStub {
+    /// Source of `vibeos_tools.py`.
+    pub source: String,
+    /// Names of the tools included, in order.
+    pub tools: Vec<String>,
+    /// Tools left out, each with the reason.
+    pub skipped: Vec<StubError>,
+}
+
+/// Generates `vibeos_tools.py` for the given tools. With no tools, the module has only its
+/// helpers (the execution's allowlist failed closed).
+pub fn generate_stub(tools: &[StubTool]) -> GeneratedStub {
+    let mut source = String::with_capacity(RUNTIME.len() + tools.len() * 600);
+    source.push_str(RUNTIME);
+    let mut included = Vec::new();
+    let mut skipped = Vec::new();
+    for tool in tools {
+        match render_tool(tool) {
+            Ok(code) => {
+                source.push_str("\n\n");
+                source.push_str(&code);
+                included.push(tool.name.clone());
+            }
+            Err(e) => skipped.push(e),
+        }
+    }
+    let mut all: Vec<String> = included.iter().map(|n| format!("{n:?}")).collect();
+    all.extend(HELPERS.iter().map(|h| format!("{h:?}")));
+    let _ = write!(
+        source,
+        "\n\n__all__ = [{}]\n_TOOLS = ({})\n\n\ndef __getattr__(name):\n    raise AttributeError(\n        \"vibeos_tools has no tool %r in this execution; available: %s\"\n        % (name, \", \".join(_TOOLS) or \"none (no script tool is enabled)\")\n    )\n",
+        all.join(", "),
+        included
+            .iter()
+            .map(|n| format!("{n:?}, "))
+            .collect::<String>()
+    );
+    GeneratedStub {
+        source,
+        tools: included,
+        skipped,
+    }
+}
+
+fn is_identifier(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// A Python parameter name for a schema property: keywords get a trailing `_`, other
+/// characters become `_`; the wire still uses the original name.
+fn param_ident(name: &str, taken: &mut BTreeSet<String>) -> String {
+    let mut ident: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    if ident.is_empty() || ident.starts_with(|c: char| c.is_ascii_digit()) {
+        ident.insert(0, '_');
+    }
+    if PY_KEYWORDS.contains(&ident.as_str()) || ident.starts_with("_args") {
+        ident.push('_');
+    }
+    while !taken.insert(ident.clone()) {
+        ident.push('_');
+    }
+    ident
+}
+
+/// A Python literal for a JSON scalar default; `None` for arrays and objects, which must not be
+/// shared mutable defaults and are filled in inside the function instead.
+fn py_scalar(v: &Value) -> Option<String> {
+    Some(match v {
+        Value::Null => "None".into(),
+        Value::Bool(true) => "True".into(),
+        Value::Bool(false) => "False".into(),
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => py_str(s),
+        Value::Array(_) | Value::Object(_) => return None,
+    })
+}
+
+fn py_str(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                let _ = write!(out, "\\x{:02x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Text safe inside a `"""` docstring.
+fn doc_text(s: &str) -> String {
+    s.replace('\\', "\\\\").replace("\"\"\"", "\\\"\\\"\\\"")
+}
+
+fn type_label(schema: &Value) -> String {
+    match schema.get("type") {
+        Some(Value::String(t)) => t.clone(),
+        Some(Value::Array(ts)) => ts
+            .iter()
+            .filter_map(Value::as_str)
+            .collect::<Vec<_>>()
+            .join(" | "),
+        _ => "any".into(),
+    }
+}
+
+struct Param<'a> {
+    wire: &'a str,
+    ident: String,
+    schema: &'a Value,
+    required: bool,
+}
+
+fn render_tool(tool: &StubTool) -> Result<String, StubError> {
+    if !is_identifier(&tool.name) || PY_KEYWORDS.contains(&tool.name.as_str()) {
+        return Err(StubError::BadToolName(tool.name.clone()));
+    }
+    if HELPERS.contains(&tool.name.as_str()) || tool.name.starts_with('_') {
+        return Err(StubError::ShadowsHelper(tool.name.clone()));
+    }
+    let empty = Map::new();
+    let props = match tool.parameters.get("properties") {
+        None | Some(Value::Null) => &empty,
+        Some(Value::Object(p)) => p,
+        Some(_) => return Err(StubError::BadSchema(tool.name.clone())),
+    };
+    let required: Vec<&str> = tool
+        .parameters
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+
+    let mut taken = BTreeSet::new();
+    let mut params: Vec<Param> = Vec::new();
+    // Required parameters first (in the schema's `required` order), then optional ones.
+    for name in required.iter().filter(|n| props.contains_key(**n)) {
+        if let Some(schema) = props.get(*name) {
+            params.push(Param {
+                wire: name,
+                ident: param_ident(name, &mut taken),
+                schema,
+                required: true,
+            });
+        }
+    }
+    for (name, schema) in props {
+        if !required.contains(&name.as_str()) {
+            params.push(Param {
+                wire: name,
+                ident: param_ident(name, &mut taken),
+                schema,
+                required: false,
+            });
+        }
+    }
+
+    let mut sig = Vec::new();
+    let mut fill_defaults = String::new();
+    let mut drop_if_unset = Vec::new();
+    for p in &params {
+        if p.required {
+            sig.push(p.ident.clone());
+            continue;
+        }
+        match p.schema.get("default") {
+            Some(default) => match py_scalar(default) {
+                Some(lit) => sig.push(format!("{}={}", p.ident, lit)),
+                None => {
+                    sig.push(format!("{}=None", p.ident));
+                    let json = serde_json::to_string(default).unwrap_or_else(|_| "null".into());
+                    let _ = writeln!(
+                        fill_defaults,
+                        "    if {id} is None:\n        {id} = _json.loads({lit})",
+                        id = p.ident,
+                        lit = py_str(&json)
+                    );
+                }
+            },
+            None => {
+                sig.push(format!("{}=None", p.ident));
+                drop_if_unset.push(py_str(p.wire));
+            }
+        }
+    }
+
+    let mut doc = String::new();
+    let summary = tool.description.trim();
+    let summary = if summary.is_empty() {
+        "Call the tool."
+    } else {
+        summary
+    };
+    doc.push_str(
+        &summary
+            .lines()
+            .map(|l| doc_text(l.trim_end()))
+            .collect::<Vec<_>>()
+            .join("\n    "),
+    );
+    if !params.is_empty() {
+        doc.push_str("\n\n    Args:\n");
+        for p in &params {
+            let desc = p
+                .schema
+                .get("description")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ");
+            let _ = writeln!(
+                doc,
+                "        {} ({}{}){}{}",
+                p.ident,
+                doc_text(&type_label(p.schema)),
+                if p.required { ", required" } else { "" },
+                if desc.is_empty() { "" } else { ": " },
+                doc_text(&desc)
+            );
+        }
+        doc.push_str("    ");
+    }
+
+    let args_dict = params
+        .iter()
+        .map(|p| format!("{}: {}", py_str(p.wire), p.ident))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut code = String::new();
+    let _ = writeln!(code, "def {}({}):", tool.name, sig.join(", "));
+    let _ = writeln!(code, "    \"\"\"{doc}\"\"\"");
+    code.push_str(&fill_defaults);
+    if drop_if_unset.is_empty() {
+        let _ = writeln!(
+            code,
+            "    return _call({}, {{{}}})",
+            py_str(&tool.name),
+            args_dict
+        );
+    } else {
+        let _ = writeln!(
+            code,
+            "    return _call({}, _drop_unset({{{}}}, ({},)))",
+            py_str(&tool.name),
+            args_dict,
+            drop_if_unset.join(", ")
+        );
+    }
+    Ok(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn tool(name: &str, params: Value) -> StubTool {
+        StubTool {
+            name: name.into(),
+            description: "Read a file.\nSecond line.".into(),
+            parameters: params,
+        }
+    }
+
+    #[test]
+    fn writes_real_signatures_with_defaults() {
+        let stub = generate_stub(&[tool(
+            "read_file",
+            json!({"type": "object", "properties": {
+                "offset": {"type": "integer", "default": 1},
+                "path": {"type": "string", "description": "File to read"},
+                "limit": {"type": "integer", "default": 500},
+                "globs": {"type": "array", "default": ["*"]},
+                "mode": {"type": "string"},
+                "from": {"type": "string"}
+            }, "required": ["path"]}),
+        )]);
+        assert!(stub.skipped.is_empty());
+        assert!(
+            stub.source.contains(
+                "def read_file(path, offset=1, limit=500, globs=None, mode=None, from_=None):"
+            ),
+            "{}",
+            stub.source
+        );
+        assert!(stub.source.contains("\"from\": from_"));
+        assert!(stub
+            .source
+            .contains("path (string, required): File to read"));
+        assert!(stub.source.contains("globs = _json.loads(\"[\\\"*\\\"]\")"));
+        assert!(stub.source.contains("_drop_unset("));
+    }
+
+    #[test]
+    fn leaves_out_unusable_tools_with_a_reason() {
+        let stub = generate_stub(&[
+            tool("bad-name", json!({})),
+            tool("retry", json!({})),
+            tool("odd", json!({"properties": 3})),
+            tool("fine", json!({})),
+        ]);
+        assert_eq!(stub.tools, vec!["fine".to_string()]);
+        assert_eq!(stub.skipped.len(), 3);
+        assert!(stub.source.contains("def fine():"));
+    }
+
+    #[test]
+    fn an_empty_tool_list_gives_helpers_only() {
+        let stub = generate_stub(&[]);
+        assert!(stub.tools.is_empty());
+        assert!(stub.source.contains("def retry("));
+        assert!(stub.source.contains("_TOOLS = ()"));
+    }
+
+    #[test]
+    fn docstrings_cannot_be_broken_out_of() {
+        let mut t = tool("x", json!({}));
+        t.description = "ends here \"\"\" and \\ more".into();
+        let stub = generate_stub(&[t]);
+        assert!(stub.source.contains("ends here \\\"\\\"\\\" and \\\\ more"));
+    }
+}

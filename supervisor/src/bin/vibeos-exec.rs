@@ -1,0 +1,238 @@
+//! `vibeos-exec`: the command-line face of execute_code.
+//!
+//! Exit codes of `run` (without `--json` they are the only status signal): 0 success, 1 error,
+//! 124 timeout, 130 interrupted, 2 usage or config error.
+
+use clap::{Args, Parser, Subcommand};
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use vibeos_supervisor::config::positive_seconds;
+use vibeos_supervisor::{audit, execute, logging, Config, ExecutionRequest, Interrupt, Mode};
+
+/// Run Python scripts that call the agent's tools, sandboxed and bounded.
+#[derive(Parser, Debug)]
+#[command(name = "vibeos-exec", version, about, long_about = None)]
+struct Cli {
+    /// Log level for stderr and $VIBEOS_HOME/logs/agent.log (error, warn, info, debug, trace).
+    #[arg(long, global = true, value_name = "LEVEL")]
+    log_level: Option<String>,
+    /// Config file (default: $VIBEOS_HOME/config.yaml, else ~/.vibeos/config.yaml).
+    #[arg(long, global = true, value_name = "PATH")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a script (a file, or - for stdin) and print what it printed.
+    Run(RunArgs),
+    /// Inspect the environment policy.
+    Env {
+        #[command(subcommand)]
+        command: EnvCommand,
+    },
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// Script file, or - to read it from stdin.
+    file: String,
+    /// project (session cwd, active venv) or strict (staging dir, confined).
+    #[arg(long, value_name = "project|strict")]
+    mode: Option<String>,
+    /// Wall-clock limit in seconds (default: code_execution.timeout, else 300).
+    #[arg(long, value_name = "SECONDS")]
+    timeout: Option<f64>,
+    /// Tool-call budget (default: code_execution.max_tool_calls, else 50).
+    #[arg(long, value_name = "N")]
+    max_tool_calls: Option<usize>,
+    /// Session working directory (default: $TERMINAL_CWD, else the current directory).
+    #[arg(long, value_name = "DIR")]
+    cwd: Option<PathBuf>,
+    /// Print exactly one JSON result object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+enum EnvCommand {
+    /// Show every variable of this environment, kept or dropped, and the rule that decided it.
+    Audit {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// A failure before any script ran: usage or configuration (exit 2).
+struct UsageError(String);
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    let json_output = matches!(&cli.command, Command::Run(r) if r.json);
+    match real_main(cli) {
+        Ok(code) => ExitCode::from(code),
+        Err(UsageError(message)) => {
+            if json_output {
+                let v = serde_json::json!({
+                    "status": "error",
+                    "output": "",
+                    "tool_calls_made": 0,
+                    "duration_seconds": 0.0,
+                    "error": message,
+                    "exit_code": null,
+                    "truncated": false,
+                });
+                println!("{v}");
+            } else {
+                eprintln!("vibeos-exec: {message}");
+            }
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn real_main(cli: Cli) -> Result<u8, UsageError> {
+    if let Some(level) = &cli.log_level {
+        logging::validate_level(level).map_err(|e| UsageError(e.to_string()))?;
+    }
+    let config = Config::load(cli.config.as_deref()).map_err(|e| UsageError(e.to_string()))?;
+    let level = cli
+        .log_level
+        .clone()
+        .or_else(|| config.log_level.clone())
+        .unwrap_or_else(|| "warn".into());
+    logging::init(&level).map_err(|e| UsageError(e.to_string()))?;
+    match cli.command {
+        Command::Run(args) => run(args, &config),
+        Command::Env {
+            command: EnvCommand::Audit { json },
+        } => {
+            let (lines, injected) =
+                audit::audit(&config.env_passthrough).map_err(|e| UsageError(e.to_string()))?;
+            let mut out = std::io::stdout().lock();
+            let text = if json {
+                format!("{}\n", audit::render_json(&lines, &injected))
+            } else {
+                audit::render_table(&lines, &injected)
+            };
+            let _ = out.write_all(text.as_bytes());
+            Ok(0)
+        }
+    }
+}
+
+fn read_script(file: &str) -> Result<String, UsageError> {
+    let bytes = if file == "-" {
+        let mut buf = Vec::new();
+        std::io::stdin()
+            .lock()
+            .read_to_end(&mut buf)
+            .map_err(|e| UsageError(format!("cannot read the script from stdin: {e}")))?;
+        buf
+    } else {
+        std::fs::read(file).map_err(|e| UsageError(format!("cannot read script {file}: {e}")))?
+    };
+    let name = if file == "-" { "stdin" } else { file };
+    String::from_utf8(bytes).map_err(|e| {
+        UsageError(format!(
+            "script {name} is not valid UTF-8 (invalid byte at offset {}); save it as UTF-8",
+            e.utf8_error().valid_up_to()
+        ))
+    })
+}
+
+fn run(args: RunArgs, config: &Config) -> Result<u8, UsageError> {
+    let code = read_script(&args.file)?;
+    if code.trim().is_empty() {
+        return Err(UsageError(format!(
+            "script {} is empty; pass Python code that prints its result",
+            if args.file == "-" {
+                "from stdin"
+            } else {
+                &args.file
+            }
+        )));
+    }
+    let mut request = ExecutionRequest::from_config(code, config);
+    if let Some(mode) = &args.mode {
+        request.mode = Mode::parse(mode).ok_or_else(|| {
+            UsageError(format!(
+                "--mode {mode:?} is not a mode; use project or strict"
+            ))
+        })?;
+    }
+    if let Some(t) = args.timeout {
+        request.timeout = positive_seconds(t).ok_or_else(|| {
+            UsageError(format!(
+                "--timeout {t} is not a usable number of seconds (positive, at most 86400)"
+            ))
+        })?;
+    }
+    if let Some(n) = args.max_tool_calls {
+        request.max_tool_calls = n;
+    }
+    if let Some(cwd) = &args.cwd {
+        vibeos_supervisor::execute::session_cwd(Some(cwd))
+            .map_err(|e| UsageError(e.to_string()))?;
+        request.cwd = Some(cwd.clone());
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| UsageError(format!("cannot start the async runtime: {e}")))?;
+    let result = runtime.block_on(async {
+        let interrupt = Interrupt::new();
+        watch_signals(interrupt.clone());
+        execute(request, vibeos_tools::registry(), interrupt).await
+    });
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let _ = writeln!(out, "{}", result.to_json());
+    } else {
+        let _ = out.write_all(result.output.as_bytes());
+        if !result.output.is_empty() && !result.output.ends_with('\n') {
+            let _ = out.write_all(b"\n");
+        }
+        if result.output.is_empty() {
+            if let Some(e) = &result.error {
+                eprintln!("vibeos-exec: {e}");
+            }
+        }
+    }
+    let _ = out.flush();
+    Ok(result.status.exit_code() as u8)
+}
+
+/// SIGINT, SIGTERM and SIGHUP stop the running script (status `interrupted`) so that cleanup
+/// runs: no staging dir, socket or process is left behind when the CLI itself is stopped.
+fn watch_signals(interrupt: Interrupt) {
+    use tokio::signal::unix::{signal, SignalKind};
+    for kind in [
+        SignalKind::interrupt(),
+        SignalKind::terminate(),
+        SignalKind::hangup(),
+    ] {
+        let interrupt = interrupt.clone();
+        match signal(kind) {
+            Ok(mut stream) => {
+                tokio::spawn(async move {
+                    if stream.recv().await.is_some() {
+                        interrupt.interrupt();
+                    }
+                });
+            }
+            Err(e) => tracing::warn!("cannot watch signal {kind:?}: {e}"),
+        }
+    }
+}

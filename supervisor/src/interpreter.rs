@@ -1,0 +1,268 @@
+//! Which Python runs the script (SPEC §3).
+//!
+//! Project mode prefers the user's active environment (`VIRTUAL_ENV`, then `CONDA_PREFIX`) so
+//! `import pandas` works as it does in their shell; anything unusable there (unset, broken,
+//! older than 3.8) falls back to the default interpreter, with the reason logged. The version is
+//! read from `pyvenv.cfg` or the `lib/pythonX.Y` layout when possible, because starting the
+//! interpreter just to ask costs as much as the script itself.
+
+use crate::config::Mode;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+/// Oldest Python the stub supports.
+pub const MIN_VERSION: (u32, u32) = (3, 8);
+
+/// The interpreter chosen for one execution and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Interpreter {
+    /// Executable to run.
+    pub path: PathBuf,
+    /// Where it came from, for logs and results.
+    pub source: &'static str,
+}
+
+/// No interpreter could be found.
+#[derive(Debug, thiserror::Error)]
+pub enum InterpreterError {
+    /// The configured interpreter does not exist or cannot be run.
+    #[error("code_execution.python is {path}, which is not an executable file; fix the setting or remove it to use python3 from PATH")]
+    ConfiguredMissing {
+        /// The configured path.
+        path: PathBuf,
+    },
+    /// Nothing on PATH.
+    #[error("no Python interpreter found: python3 is not on PATH; install Python 3.8+ or set code_execution.python in config.yaml")]
+    NotOnPath,
+}
+
+/// Inputs of the resolution, taken from the caller's environment.
+#[derive(Debug, Clone, Default)]
+pub struct Resolution {
+    /// `code_execution.python` (or the embedding host's `sys.executable`).
+    pub configured: Option<PathBuf>,
+    /// `VIRTUAL_ENV` of the caller.
+    pub virtual_env: Option<OsString>,
+    /// `CONDA_PREFIX` of the caller.
+    pub conda_prefix: Option<OsString>,
+    /// `PATH` of the caller.
+    pub path: Option<OsString>,
+}
+
+impl Resolution {
+    /// Reads the inputs from this process's environment.
+    pub fn from_env(configured: Option<PathBuf>) -> Self {
+        let nonempty = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+        Resolution {
+            configured,
+            virtual_env: nonempty("VIRTUAL_ENV"),
+            conda_prefix: nonempty("CONDA_PREFIX"),
+            path: nonempty("PATH"),
+        }
+    }
+
+    /// The interpreter for `mode`.
+    pub fn resolve(&self, mode: Mode) -> Result<Interpreter, InterpreterError> {
+        if mode == Mode::Project {
+            for (var, prefix) in [
+                ("VIRTUAL_ENV", &self.virtual_env),
+                ("CONDA_PREFIX", &self.conda_prefix),
+            ] {
+                let Some(prefix) = prefix else { continue };
+                match env_interpreter(Path::new(prefix)) {
+                    Ok(path) => {
+                        return Ok(Interpreter {
+                            path,
+                            source: if var == "VIRTUAL_ENV" {
+                                "VIRTUAL_ENV"
+                            } else {
+                                "CONDA_PREFIX"
+                            },
+                        })
+                    }
+                    Err(why) => tracing::warn!(
+                        "execute_code: not using the {var} interpreter ({}): {why}; falling back to the default interpreter",
+                        Path::new(prefix).display()
+                    ),
+                }
+            }
+        }
+        self.default_interpreter()
+    }
+
+    /// The default interpreter: configured, else `python3` (then `python`) on PATH.
+    pub fn default_interpreter(&self) -> Result<Interpreter, InterpreterError> {
+        if let Some(p) = &self.configured {
+            let found = if p.components().count() == 1 {
+                self.which(p.as_os_str())
+            } else {
+                is_executable(p).then(|| p.clone())
+            };
+            return found
+                .map(|path| Interpreter {
+                    path,
+                    source: "code_execution.python",
+                })
+                .ok_or_else(|| InterpreterError::ConfiguredMissing { path: p.clone() });
+        }
+        for name in ["python3", "python"] {
+            if let Some(path) = self.which(name.as_ref()) {
+                return Ok(Interpreter {
+                    path,
+                    source: "PATH",
+                });
+            }
+        }
+        Err(InterpreterError::NotOnPath)
+    }
+
+    fn which(&self, name: &std::ffi::OsStr) -> Option<PathBuf> {
+        let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+        which::which_in(name, self.path.as_ref(), cwd).ok()
+    }
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// The interpreter of a venv or conda prefix, if it exists and is recent enough.
+fn env_interpreter(prefix: &Path) -> Result<PathBuf, String> {
+    if !prefix.is_dir() {
+        return Err("the directory does not exist".into());
+    }
+    let exe = ["bin/python3", "bin/python"]
+        .iter()
+        .map(|rel| prefix.join(rel))
+        .find(|p| is_executable(p))
+        .ok_or("it has no executable bin/python3 or bin/python")?;
+    let version = match declared_version(prefix) {
+        Some(v) => v,
+        None => probe_version(&exe)?,
+    };
+    if version < MIN_VERSION {
+        return Err(format!(
+            "it is Python {}.{}, older than the required {}.{}",
+            version.0, version.1, MIN_VERSION.0, MIN_VERSION.1
+        ));
+    }
+    Ok(exe)
+}
+
+/// The version a prefix declares without running anything: `pyvenv.cfg`, else the single
+/// `lib/pythonX.Y` directory.
+fn declared_version(prefix: &Path) -> Option<(u32, u32)> {
+    if let Ok(cfg) = std::fs::read_to_string(prefix.join("pyvenv.cfg")) {
+        for line in cfg.lines() {
+            let Some((key, value)) = line.split_once('=') else {
+                continue;
+            };
+            if matches!(key.trim(), "version" | "version_info") {
+                if let Some(v) = parse_version(value.trim()) {
+                    return Some(v);
+                }
+            }
+        }
+    }
+    let mut found = None;
+    for entry in std::fs::read_dir(prefix.join("lib")).ok()?.flatten() {
+        let name = entry.file_name();
+        let Some(v) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("python"))
+            .and_then(parse_version)
+        else {
+            continue;
+        };
+        if found.is_some() {
+            return None; // Several versions: only the interpreter itself can tell.
+        }
+        found = Some(v);
+    }
+    found
+}
+
+fn parse_version(s: &str) -> Option<(u32, u32)> {
+    let mut parts = s.split('.');
+    let major = parts.next()?.trim().parse().ok()?;
+    let minor_part = parts.next()?;
+    let digits: String = minor_part
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    Some((major, digits.parse().ok()?))
+}
+
+/// Asks the interpreter itself (bounded: a broken one must not hang the execution).
+fn probe_version(exe: &Path) -> Result<(u32, u32), String> {
+    let mut child = std::process::Command::new(exe)
+        .args([
+            "-I",
+            "-c",
+            "import sys; print('%d.%d' % sys.version_info[:2])",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("it cannot be started: {e}"))?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err("it did not report its version within 10 s".into());
+            }
+        }
+    }
+    let mut out = String::new();
+    if let Some(mut stdout) = child.stdout.take() {
+        use std::io::Read;
+        let _ = stdout.read_to_string(&mut out);
+    }
+    parse_version(out.trim()).ok_or_else(|| "it did not report a Python version".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_versions() {
+        assert_eq!(parse_version("3.11.7"), Some((3, 11)));
+        assert_eq!(parse_version("3.8"), Some((3, 8)));
+        assert_eq!(parse_version("3.13t"), Some((3, 13)));
+        assert_eq!(parse_version("x"), None);
+    }
+
+    #[test]
+    fn a_missing_env_falls_back() {
+        let r = Resolution {
+            virtual_env: Some("/definitely/not/here".into()),
+            path: std::env::var_os("PATH"),
+            ..Resolution::default()
+        };
+        let i = r.resolve(Mode::Project).unwrap();
+        assert_eq!(i.source, "PATH");
+    }
+
+    #[test]
+    fn a_configured_interpreter_must_exist() {
+        let r = Resolution {
+            configured: Some("/no/such/python".into()),
+            ..Resolution::default()
+        };
+        assert!(matches!(
+            r.resolve(Mode::Strict),
+            Err(InterpreterError::ConfiguredMissing { .. })
+        ));
+    }
+}

@@ -1,0 +1,90 @@
+//! The result object of one execution (SPEC §10).
+
+use serde::Serialize;
+
+/// How an execution ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// The script exited with code 0.
+    Success,
+    /// The script failed, or could not be started.
+    Error,
+    /// The script ran past its timeout and was killed.
+    Timeout,
+    /// A new user message (API call or SIGINT) stopped the script.
+    Interrupted,
+}
+
+impl Status {
+    /// Exit code of `vibeos-exec run` without `--json` for this status.
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Status::Success => 0,
+            Status::Error => 1,
+            Status::Timeout => 124,
+            Status::Interrupted => 130,
+        }
+    }
+}
+
+/// What one execute_code call returns.
+#[derive(Debug, Clone, Serialize)]
+pub struct ExecutionResult {
+    /// How it ended.
+    pub status: Status,
+    /// What the script printed (capped), plus stderr when it failed and the closing notice.
+    pub output: String,
+    /// Tool calls dispatched (refused ones are not counted).
+    pub tool_calls_made: usize,
+    /// Wall time of the execution.
+    pub duration_seconds: f64,
+    /// What went wrong, when not success.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The script's exit code; negative for death by signal, null if it never ran.
+    pub exit_code: Option<i32>,
+    /// Whether stdout or stderr was cut.
+    pub truncated: bool,
+    /// Bytes the script wrote to stdout.
+    pub stdout_bytes: u64,
+    /// Stdout bytes left out of `output`.
+    pub stdout_bytes_omitted: u64,
+    /// Bytes the script wrote to stderr.
+    pub stderr_bytes: u64,
+    /// Stderr bytes left out.
+    pub stderr_bytes_omitted: u64,
+    /// Mode the script ran in.
+    pub mode: &'static str,
+    /// Interpreter that ran it, when one was chosen.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interpreter: Option<String>,
+}
+
+impl ExecutionResult {
+    /// A result for an execution that could not start.
+    pub fn failed_to_start(mode: &'static str, error: String, duration_seconds: f64) -> Self {
+        ExecutionResult {
+            status: Status::Error,
+            output: String::new(),
+            tool_calls_made: 0,
+            duration_seconds,
+            error: Some(error),
+            exit_code: None,
+            truncated: false,
+            stdout_bytes: 0,
+            stdout_bytes_omitted: 0,
+            stderr_bytes: 0,
+            stderr_bytes_omitted: 0,
+            mode,
+            interpreter: None,
+        }
+    }
+
+    /// The result as a JSON object.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or_else(|e| {
+            serde_json::json!({"status": "error", "error": format!("result could not be serialised: {e}")})
+        })
+    }
+}

@@ -1,0 +1,203 @@
+//! `read_file`: a page of a text file with line numbers, without loading the whole file.
+
+use super::args::{checked_path, int_in_range};
+use crate::{BuiltinTool, ToolContext, ToolEntry, ToolError};
+use serde_json::{json, Map, Value};
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+
+/// Longest line shown; longer lines are cut with a marker so one line cannot flood the result.
+const MAX_LINE_CHARS: usize = 2000;
+/// Most lines one call returns.
+const MAX_LIMIT: i64 = 5000;
+
+fn entry() -> ToolEntry {
+    ToolEntry::new(
+        "read_file",
+        "file",
+        "Read a text file as numbered lines (`LINE|text`), a page at a time. Returns content, \
+         total_lines and next_offset when more remains.",
+        json!({
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "description": "File to read, absolute or relative to the working directory"},
+                "offset": {"type": "integer", "default": 1, "minimum": 1, "description": "First line to return (1-based)"},
+                "limit": {"type": "integer", "default": 500, "minimum": 1, "maximum": MAX_LIMIT, "description": "Most lines to return"}
+            },
+            "required": ["path"]
+        }),
+        read_file,
+    )
+    .with_emoji("📖")
+}
+
+inventory::submit! { BuiltinTool(entry) }
+
+fn read_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolError> {
+    let raw = checked_path(args, "path")?;
+    let offset = int_in_range(args, "offset", 1, 1, i64::MAX)? as u64;
+    let limit = int_in_range(args, "limit", 500, 1, MAX_LIMIT)? as u64;
+    let path = ctx.resolve(raw);
+    let meta = std::fs::metadata(&path).map_err(|e| ToolError::io(&path, &e))?;
+    if meta.is_dir() {
+        return Err(ToolError::new(
+            "IsADirectory",
+            format!(
+                "{} is a directory; list it with search_files(target=\"files\") instead",
+                path.display()
+            ),
+        ));
+    }
+    let mut file = File::open(&path).map_err(|e| ToolError::io(&path, &e))?;
+    let mut head = [0u8; 8192];
+    let n = read_up_to(&mut file, &mut head).map_err(|e| ToolError::io(&path, &e))?;
+    if head[..n].contains(&0) {
+        return Err(ToolError::new(
+            "BinaryFile",
+            format!(
+                "{} looks binary (it contains NUL bytes); read_file only shows text",
+                path.display()
+            ),
+        ));
+    }
+    let reader = BufReader::with_capacity(
+        64 * 1024,
+        std::io::Cursor::new(head[..n].to_vec()).chain(file),
+    );
+    let page = read_page(reader, offset, limit).map_err(|e| ToolError::io(&path, &e))?;
+    let end = offset + page.returned;
+    let more = end <= page.total_lines;
+    Ok(json!({
+        "path": raw,
+        "content": page.content,
+        "total_lines": page.total_lines,
+        "offset": offset,
+        "lines_returned": page.returned,
+        "truncated": more,
+        "next_offset": if more { Value::from(end) } else { Value::Null },
+        "file_size": meta.len(),
+    }))
+}
+
+fn read_up_to(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match file.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+struct Page {
+    content: String,
+    total_lines: u64,
+    returned: u64,
+}
+
+/// Streams the file once: keeps lines `offset..offset+limit` (each cut at [`MAX_LINE_CHARS`])
+/// and counts the rest, holding at most one kept line's worth of bytes beyond the page.
+fn read_page(mut reader: impl BufRead, offset: u64, limit: u64) -> std::io::Result<Page> {
+    let mut content = String::new();
+    let mut line_no: u64 = 1;
+    let mut returned = 0;
+    let mut current: Vec<u8> = Vec::new();
+    let mut current_len: usize = 0;
+    let mut in_line = false;
+    let max_bytes = MAX_LINE_CHARS * 4;
+    loop {
+        let buf = match reader.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if buf.is_empty() {
+            break;
+        }
+        let keep = line_no >= offset && line_no < offset + limit;
+        let (chunk, consumed, ended) = match buf.iter().position(|b| *b == b'\n') {
+            Some(i) => (&buf[..i], i + 1, true),
+            None => (buf, buf.len(), false),
+        };
+        in_line = true;
+        if keep && current.len() < max_bytes {
+            let room = max_bytes - current.len();
+            current.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        }
+        current_len += chunk.len();
+        reader.consume(consumed);
+        if ended {
+            if keep {
+                push_line(&mut content, line_no, &current, current_len);
+                returned += 1;
+            }
+            current.clear();
+            current_len = 0;
+            in_line = false;
+            line_no += 1;
+        }
+    }
+    if in_line {
+        if line_no >= offset && line_no < offset + limit {
+            push_line(&mut content, line_no, &current, current_len);
+            returned += 1;
+        }
+        line_no += 1;
+    }
+    Ok(Page {
+        content,
+        total_lines: line_no - 1,
+        returned,
+    })
+}
+
+fn push_line(out: &mut String, line_no: u64, bytes: &[u8], full_len: usize) {
+    let text = String::from_utf8_lossy(bytes);
+    let text = text.strip_suffix('\r').unwrap_or(&text);
+    out.push_str(&format!("{line_no:>6}|"));
+    match text.char_indices().nth(MAX_LINE_CHARS) {
+        Some((cut, _)) => {
+            out.push_str(&text[..cut]);
+            out.push_str(&format!(" … [line cut: {full_len} bytes]"));
+        }
+        None => out.push_str(text),
+    }
+    out.push('\n');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page(text: &str, offset: u64, limit: u64) -> Page {
+        read_page(
+            std::io::Cursor::new(text.as_bytes().to_vec()),
+            offset,
+            limit,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn numbers_lines_and_counts_them_all() {
+        let p = page("a\nb\nc\n", 2, 1);
+        assert_eq!(p.content, "     2|b\n");
+        assert_eq!(p.total_lines, 3);
+        assert_eq!(p.returned, 1);
+        let p = page("a\nb", 1, 10);
+        assert_eq!(p.content, "     1|a\n     2|b\n");
+        assert_eq!(p.total_lines, 2);
+        assert_eq!(page("", 1, 10).total_lines, 0);
+    }
+
+    #[test]
+    fn cuts_huge_lines() {
+        let long = "x".repeat(10_000);
+        let p = page(&long, 1, 1);
+        assert!(p.content.contains("[line cut: 10000 bytes]"));
+        assert!(p.content.len() < 2100);
+    }
+}

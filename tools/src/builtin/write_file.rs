@@ -1,0 +1,69 @@
+//! `write_file`: replace a file's content atomically, creating parent directories.
+
+use super::args::{checked_path, required_str};
+use crate::{BuiltinTool, ToolContext, ToolEntry, ToolError};
+use serde_json::{json, Map, Value};
+use std::io::Write;
+
+fn entry() -> ToolEntry {
+    ToolEntry::new(
+        "write_file",
+        "file",
+        "Write content to a file, replacing it atomically and creating parent directories. \
+         Returns bytes_written.",
+        json!({
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "description": "File to write, absolute or relative to the working directory"},
+                "content": {"type": "string", "description": "The complete new content"}
+            },
+            "required": ["path", "content"]
+        }),
+        write_file,
+    )
+    .with_emoji("✍️")
+}
+
+inventory::submit! { BuiltinTool(entry) }
+
+fn write_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolError> {
+    let raw = checked_path(args, "path")?;
+    let content = required_str(args, "content")?;
+    let path = ctx.resolve(raw);
+    if path.is_dir() {
+        return Err(ToolError::new(
+            "IsADirectory",
+            format!("{} is a directory; give a file path", path.display()),
+        ));
+    }
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => ctx.cwd.clone(),
+    };
+    std::fs::create_dir_all(&parent).map_err(|e| ToolError::io(&parent, &e))?;
+    let existed = path.exists();
+    let old_perms = std::fs::metadata(&path).ok().map(|m| m.permissions());
+    // Write beside the target and rename over it: readers see the old or the new file, never a
+    // half-written one.
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".vibeos-write-")
+        .tempfile_in(&parent)
+        .map_err(|e| ToolError::io(&parent, &e))?;
+    tmp.write_all(content.as_bytes())
+        .and_then(|_| tmp.flush())
+        .map_err(|e| ToolError::io(&path, &e))?;
+    // Keep an existing file's mode; a new file gets the usual 0644 rather than the temp
+    // file's private 0600.
+    let perms = old_perms.unwrap_or_else(|| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::Permissions::from_mode(0o644)
+    });
+    let _ = tmp.as_file().set_permissions(perms);
+    tmp.persist(&path)
+        .map_err(|e| ToolError::io(&path, &e.error))?;
+    Ok(json!({
+        "path": raw,
+        "bytes_written": content.len(),
+        "created": !existed,
+    }))
+}
