@@ -1,1 +1,257 @@
-//! placeholder
+//! Helpers for end-to-end tests: find the built `vibeos-exec`, run it on fixture scripts with a
+//! controlled environment, and read its JSON result.
+//!
+//! The binary is built by `cargo build --workspace --bins` (README's test command does that
+//! first); tests drive it as a user would, with real Python children and real sockets.
+
+// A test harness: a panic here is how a failed expectation is reported.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use serde_json::Value;
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// Path of the built `vibeos-exec` (debug profile unless `VIBEOS_EXEC_BIN` says otherwise).
+pub fn exec_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("VIBEOS_EXEC_BIN") {
+        return PathBuf::from(p);
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    let bin = target.join("debug").join("vibeos-exec");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build --workspace --bins` first (scripts/test-all does)",
+        bin.display()
+    );
+    bin
+}
+
+/// A file under `fixtures/`.
+pub fn fixture(rel: &str) -> PathBuf {
+    workspace_root().join("fixtures").join(rel)
+}
+
+/// A real Python 3 interpreter for tests (not a pyenv shim, so timing and process trees are
+/// what a user would see).
+pub fn python3() -> PathBuf {
+    let out = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {
+            PathBuf::from(String::from_utf8_lossy(&o.stdout).trim().to_string())
+        }
+        _ => PathBuf::from("python3"),
+    }
+}
+
+/// A sandbox for one test: its own `VIBEOS_HOME`, working dir and config.
+pub struct Sandbox {
+    /// Temporary root (removed on drop).
+    pub root: tempfile::TempDir,
+    /// Extra environment for the CLI.
+    pub env: Vec<(OsString, OsString)>,
+}
+
+impl Sandbox {
+    /// A fresh sandbox with an empty config pinned to the test's real Python.
+    pub fn new() -> Self {
+        let root = tempfile::Builder::new()
+            .prefix("vibeos-e2e-")
+            .tempdir()
+            .expect("temp dir");
+        std::fs::create_dir_all(root.path().join("home")).expect("home dir");
+        std::fs::create_dir_all(root.path().join("work")).expect("work dir");
+        std::fs::create_dir_all(root.path().join("tmp")).expect("tmp dir");
+        let sb = Sandbox {
+            root,
+            env: Vec::new(),
+        };
+        sb.write_config("");
+        sb
+    }
+
+    /// `VIBEOS_HOME` of the sandbox.
+    pub fn home(&self) -> PathBuf {
+        self.root.path().join("home")
+    }
+
+    /// The session working dir of the sandbox.
+    pub fn work(&self) -> PathBuf {
+        self.root.path().join("work")
+    }
+
+    /// The sandbox's TMPDIR, where its staging dirs go.
+    pub fn tmp(&self) -> PathBuf {
+        self.root.path().join("tmp")
+    }
+
+    /// Staging dirs left in the sandbox's TMPDIR (there should be none after a run).
+    pub fn staging_dirs(&self) -> Vec<PathBuf> {
+        std::fs::read_dir(self.tmp())
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| {
+                        p.file_name()
+                            .and_then(|n| n.to_str())
+                            .is_some_and(|n| n.starts_with("vibeos-exec-"))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Writes `config.yaml`; `code_execution.python` is always pinned to [`python3`] unless the
+    /// text sets it.
+    pub fn write_config(&self, extra: &str) {
+        let mut text = String::new();
+        if !extra.contains("python:") {
+            let py = python3();
+            if extra.contains("code_execution:") {
+                text.push_str(&extra.replacen(
+                    "code_execution:",
+                    &format!("code_execution:\n  python: {}", py.display()),
+                    1,
+                ));
+            } else {
+                text.push_str(&format!("code_execution:\n  python: {}\n", py.display()));
+                text.push_str(extra);
+            }
+        } else {
+            text.push_str(extra);
+        }
+        std::fs::write(self.home().join("config.yaml"), text).expect("write config");
+    }
+
+    /// Adds an environment variable for the CLI.
+    pub fn set_env(&mut self, k: &str, v: &str) {
+        self.env.push((k.into(), v.into()));
+    }
+
+    /// A `vibeos-exec` command with the sandbox's environment (VIBEOS_HOME, cwd, HOME kept,
+    /// no inherited VIRTUAL_ENV/CONDA_PREFIX/VIBEOS_*).
+    pub fn command(&self) -> Command {
+        let mut cmd = Command::new(exec_bin());
+        for (k, _) in std::env::vars_os() {
+            let ks = k.to_string_lossy();
+            if ks.starts_with("VIBEOS_")
+                || ks == "VIRTUAL_ENV"
+                || ks == "CONDA_PREFIX"
+                || ks == "TERMINAL_CWD"
+            {
+                cmd.env_remove(&k);
+            }
+        }
+        cmd.env("VIBEOS_HOME", self.home());
+        cmd.env("TMPDIR", self.tmp());
+        cmd.current_dir(self.work());
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        cmd.stdin(Stdio::null());
+        cmd
+    }
+
+    /// Runs `vibeos-exec ARGS` and returns its output.
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.command().args(args).output().expect("run vibeos-exec")
+    }
+
+    /// Runs `vibeos-exec run --json ARGS SCRIPT` with the script given as text (written to a
+    /// file in the sandbox) and returns the parsed result object.
+    pub fn run_json(&self, script: &str, args: &[&str]) -> Value {
+        let path = self.root.path().join(format!("script-{}.py", unique()));
+        std::fs::write(&path, script).expect("write script");
+        let p = path.to_string_lossy().into_owned();
+        let mut all = vec!["run", "--json"];
+        all.extend_from_slice(args);
+        all.push(&p);
+        let out = self.run(&all);
+        parse_single_json(&out)
+    }
+
+    /// Runs a fixture script with `--json` and returns the result object.
+    pub fn run_fixture(&self, rel: &str, args: &[&str]) -> Value {
+        let p = fixture(rel).to_string_lossy().into_owned();
+        let mut all = vec!["run", "--json"];
+        all.extend_from_slice(args);
+        all.push(&p);
+        let out = self.run(&all);
+        parse_single_json(&out)
+    }
+
+    /// Runs `vibeos-exec run ARGS -` with the script on stdin.
+    pub fn run_stdin(&self, script: &[u8], args: &[&str]) -> Output {
+        let mut cmd = self.command();
+        cmd.arg("run").args(args).arg("-");
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn vibeos-exec");
+        if let Some(mut stdin) = child.stdin.take() {
+            let _ = stdin.write_all(script);
+        }
+        child.wait_with_output().expect("wait vibeos-exec")
+    }
+}
+
+impl Default for Sandbox {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn unique() -> String {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+/// Parses stdout as exactly one JSON object, failing loudly with stderr otherwise.
+pub fn parse_single_json(out: &Output) -> Value {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let trimmed = stdout.trim();
+    assert_eq!(
+        trimmed.lines().count(),
+        1,
+        "expected exactly one JSON line on stdout, got:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(trimmed).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not JSON ({e}):\n{stdout}\nstderr:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// Whether a process with this pid exists (and is not a zombie).
+pub fn pid_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat
+                .rfind(')')
+                .and_then(|i| stat[i + 1..].split_whitespace().next())
+                .unwrap_or("X");
+            state != "Z" && state != "X"
+        }
+        Err(_) => false,
+    }
+}
