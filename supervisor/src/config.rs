@@ -45,14 +45,18 @@ impl Mode {
         }
     }
 
-    /// Parses a configured mode; an unknown value logs a warning and means `project` (SPEC §3).
-    pub fn parse_or_project(s: &str) -> Mode {
-        Mode::parse(s).unwrap_or_else(|| {
-            tracing::warn!(
-                "code_execution.mode {s:?} is not a known mode (project, strict); using project"
-            );
-            Mode::Project
-        })
+    /// Parses a configured mode; an unknown value means `project` (SPEC §3), with the warning
+    /// to log.
+    pub fn parse_or_project(s: &str) -> (Mode, Option<String>) {
+        match Mode::parse(s) {
+            Some(m) => (m, None),
+            None => (
+                Mode::Project,
+                Some(format!(
+                    "code_execution.mode {s:?} is not a known mode (project, strict); using project"
+                )),
+            ),
+        }
     }
 }
 
@@ -79,6 +83,8 @@ pub struct Config {
     pub log_level: Option<String>,
     /// The whole parsed document, for sections other crates interpret.
     pub document: Value,
+    /// Problems that did not stop loading (e.g. an unknown mode), to log once logging is up.
+    pub warnings: Vec<String>,
 }
 
 impl Default for Config {
@@ -94,6 +100,7 @@ impl Default for Config {
             env_passthrough: Vec::new(),
             log_level: None,
             document: Value::Null,
+            warnings: Vec::new(),
         }
     }
 }
@@ -209,7 +216,9 @@ impl Config {
                         ),
                     )
                 })?;
-                cfg.mode = Mode::parse_or_project(s);
+                let (mode, warning) = Mode::parse_or_project(s);
+                cfg.mode = mode;
+                cfg.warnings.extend(warning);
             }
             if let Some(v) = present(ce.get("timeout")) {
                 let secs = v.as_f64().ok_or_else(|| {

@@ -112,6 +112,9 @@ fn real_main(cli: Cli) -> Result<u8, UsageError> {
         .or_else(|| config.log_level.clone())
         .unwrap_or_else(|| "warn".into());
     logging::init(&level).map_err(|e| UsageError(e.to_string()))?;
+    for warning in &config.warnings {
+        tracing::warn!("{warning}");
+    }
     match cli.command {
         Command::Run(args) => run(args, &config),
         Command::Env {
