@@ -283,7 +283,7 @@ fn the_channel_survives_garbage_and_refuses_what_it_must() {
 #[test]
 fn a_process_outside_the_execution_cannot_use_the_socket() {
     let sb = Sandbox::new();
-    let mut child = sb
+    let child = sb
         .command()
         .args(["run", "--json"])
         .arg(fixture("core/publish_socket.py"))
