@@ -1,6 +1,9 @@
 //! End-to-end tests of `vibeos-exec run` in project mode: tool calls over the real RPC channel,
 //! limits, exit codes, bad input and cleanup, each with a real Python child.
 
+// Tests report failures by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;

@@ -1,6 +1,9 @@
 //! End-to-end tests of what reaches the child: the scrubbed environment (SPEC §4), the audit
 //! that explains it, and interpreter resolution in project mode (SPEC §3).
 
+// Tests report failures by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
