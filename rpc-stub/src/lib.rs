@@ -12,6 +12,7 @@ pub mod protocol;
 pub mod stub;
 
 pub use protocol::{
-    decode_request, encode_error, encode_response, ProtocolError, Request, MAX_FRAME_BYTES,
+    decode_request, encode_error, encode_response, encode_response_json, ProtocolError, Request,
+    MAX_FRAME_BYTES,
 };
 pub use stub::{generate_stub, GeneratedStub, StubError, StubTool};

@@ -153,6 +153,24 @@ pub fn encode_response(id: &Value, result: &Value) -> Vec<u8> {
     frame(&json!({ "id": id, "result": result }))
 }
 
+/// Encodes the reply to a call whose result is already JSON text (as the registry returns it),
+/// without parsing and re-serialising it. Text that is not valid JSON is sent as a string.
+pub fn encode_response_json(id: &Value, result_json: &str) -> Vec<u8> {
+    match serde_json::from_str::<&serde_json::value::RawValue>(result_json) {
+        Ok(raw) => {
+            let id = serde_json::to_string(id).unwrap_or_else(|_| "null".into());
+            let mut out = Vec::with_capacity(raw.get().len() + id.len() + 20);
+            out.extend_from_slice(b"{\"id\":");
+            out.extend_from_slice(id.as_bytes());
+            out.extend_from_slice(b",\"result\":");
+            out.extend_from_slice(raw.get().as_bytes());
+            out.extend_from_slice(b"}\n");
+            out
+        }
+        Err(_) => encode_response(id, &Value::String(result_json.to_string())),
+    }
+}
+
 /// Encodes a protocol error reply as one line (with its newline).
 pub fn encode_error(id: Option<&Value>, error: &ProtocolError) -> Vec<u8> {
     frame(&json!({
@@ -219,6 +237,16 @@ mod tests {
         let (_, e) = decode_request(&big).err().unwrap_or_default_pair();
         assert!(e.closes_connection());
         assert_eq!(e.code(), "frame_too_large");
+    }
+
+    #[test]
+    fn raw_results_are_embedded_as_is() {
+        let line = encode_response_json(&json!("a"), r#"{"x": [1, 2]}"#);
+        let v: Value = serde_json::from_slice(&line).unwrap_or_default();
+        assert_eq!(v, json!({"id": "a", "result": {"x": [1, 2]}}));
+        let line = encode_response_json(&json!(1), "not json");
+        let v: Value = serde_json::from_slice(&line).unwrap_or_default();
+        assert_eq!(v["result"], "not json");
     }
 
     #[test]

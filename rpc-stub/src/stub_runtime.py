@@ -5,7 +5,7 @@ channel to the supervisor and returns the tool's parsed result. A tool that fail
 with an "error" key; only a broken or refused channel raises ToolChannelError.
 
 The module is safe to use from several threads at once (calls are multiplexed by id over one
-connection) and from subprocesses that import it (each process opens its own connection).
+connection) and from forked children and subprocesses (each process opens its own connection).
 """
 
 import json as _json
@@ -15,20 +15,33 @@ import threading as _threading
 import time as _time
 
 
+# One encoder for every call: json.dumps with non-default options builds a new encoder per call.
+_ENCODE = _json.JSONEncoder(ensure_ascii=False).encode
+
+
 class ToolChannelError(RuntimeError):
     """The channel to the supervisor is broken, or it refused the request."""
 
 
 class _Pending(object):
-    __slots__ = ("event", "reply")
+    __slots__ = ("reply", "gate")
 
     def __init__(self):
-        self.event = _threading.Event()
         self.reply = None
+        # Held until this call may go on: released by the reader that delivered its reply or
+        # that hands it the reader role.
+        self.gate = _threading.Lock()
+        self.gate.acquire()
 
 
 class _Channel(object):
-    """One connection per process; replies are matched to waiting calls by request id."""
+    """One connection per process; replies are matched to waiting calls by request id.
+
+    There is no reader thread: a waiting caller becomes the reader itself (leader/follower).
+    The reader delivers every reply it reads to the call it belongs to and, when its own reply
+    arrives, hands the reader role to another waiting call. A lone caller therefore pays no
+    thread switch, and many threads can still have calls in flight on the one connection.
+    """
 
     def __init__(self):
         self._init_state()
@@ -37,18 +50,21 @@ class _Channel(object):
         self._lock = _threading.Lock()
         self._send_lock = _threading.Lock()
         self._sock = None
+        self._stream = None
         self._pid = _os.getpid()
         self._pending = {}
         self._next_id = 0
         self._broken = None
+        self._reading = False
+        self._token = ""
 
     def after_fork_in_child(self):
         # The parent's connection and its waiters belong to the parent: drop our copy of the
-        # descriptor without touching the shared socket, and start afresh on first use.
+        # descriptor and start afresh on first use. close() drops only this process's
+        # descriptor; shutdown() would cut the parent off.
         sock = self._sock
         self._init_state()
         if sock is not None:
-            # close() drops only this process's descriptor; shutdown() would cut the parent off.
             try:
                 sock.close()
             except OSError:
@@ -78,45 +94,62 @@ class _Channel(object):
             raise ToolChannelError("cannot reach the tool channel at %s: %s" % (path, exc))
         return sock
 
-    def _reader(self, sock):
-        reason = "the supervisor closed the tool channel"
-        try:
-            stream = sock.makefile("rb")
-            for line in stream:
+    def _fail_all(self, reason):
+        # Caller holds self._lock.
+        self._broken = reason
+        self._reading = False
+        for waiter in self._pending.values():
+            waiter.reply = {"error": {"code": "channel_closed", "message": reason}}
+            waiter.gate.release()
+        self._pending.clear()
+
+    def _read_until(self, mine):
+        """Reads replies until `mine` has one, then passes the reader role on."""
+        stream = self._stream
+        while True:
+            try:
+                line = stream.readline()
+                reason = "the supervisor closed the tool channel"
+            except (OSError, ValueError) as exc:
+                line = None
+                reason = "reading from the tool channel failed: %s" % exc
+            msg = None
+            if line:
                 try:
                     msg = _json.loads(line)
                 except ValueError:
                     reason = "the supervisor sent a malformed reply"
-                    break
-                if not isinstance(msg, dict):
-                    continue
-                waiter = None
-                with self._lock:
+                    line = None
+            with self._lock:
+                if not line:
+                    self._fail_all(reason)
+                    return
+                if isinstance(msg, dict):
                     waiter = self._pending.pop(msg.get("id"), None)
-                if waiter is not None:
-                    waiter.reply = msg
-                    waiter.event.set()
-                elif msg.get("id") is None and "error" in msg:
-                    reason = "the tool channel refused this process: %s" % (
-                        msg["error"].get("message", msg["error"])
-                        if isinstance(msg["error"], dict)
-                        else msg["error"]
-                    )
-                    break
-        except (OSError, ValueError) as exc:
-            reason = "reading from the tool channel failed: %s" % exc
-        with self._lock:
-            if self._sock is not sock:
-                return
-            self._broken = reason
-            waiters = list(self._pending.values())
-            self._pending.clear()
-        for waiter in waiters:
-            waiter.reply = {"error": {"code": "channel_closed", "message": reason}}
-            waiter.event.set()
+                    if waiter is mine:
+                        mine.reply = msg
+                    elif waiter is not None:
+                        waiter.reply = msg
+                        waiter.gate.release()
+                    elif msg.get("id") is None and "error" in msg:
+                        # A reply to a frame the supervisor could not attribute: fail every
+                        # call in flight with it rather than leave them waiting.
+                        mine.reply = msg
+                        for other in self._pending.values():
+                            if other is not mine:
+                                other.reply = msg
+                                other.gate.release()
+                        self._pending.clear()
+                if mine.reply is not None:
+                    # Hand the reader role to a call still waiting, if any.
+                    for other in self._pending.values():
+                        other.gate.release()
+                        break
+                    else:
+                        self._reading = False
+                    return
 
     def call(self, tool, args):
-        token = _os.environ.get("VIBEOS_RPC_TOKEN", "")
         with self._lock:
             if self._pid != _os.getpid():
                 self._init_state()
@@ -124,34 +157,47 @@ class _Channel(object):
                 raise ToolChannelError(self._broken)
             if self._sock is None:
                 self._sock = self._open()
-                reader = _threading.Thread(
-                    target=self._reader, args=(self._sock,), name="vibeos-tools-reader"
-                )
-                reader.daemon = True
-                reader.start()
+                self._stream = self._sock.makefile("rb")
+                self._token = _os.environ.get("VIBEOS_RPC_TOKEN", "")
             self._next_id += 1
             call_id = self._next_id
             sock = self._sock
+            token = self._token
         # Serialise before registering the call so an unserialisable argument is a plain
-        # TypeError that leaves the channel untouched.
-        line = (
-            _json.dumps(
-                {"id": call_id, "tool": tool, "args": args, "token": token},
-                ensure_ascii=False,
-            ).encode("utf-8", "surrogatepass")
-            + b"\n"
-        )
+        # TypeError (or ValueError for unencodable text) that leaves the channel untouched.
+        try:
+            line = _ENCODE({"id": call_id, "tool": tool, "args": args, "token": token}).encode("utf-8") + b"\n"
+        except UnicodeEncodeError as exc:
+            raise ValueError(
+                "arguments of %s contain text that is not valid Unicode (%s); "
+                "decode bytes or fix surrogates before calling" % (tool, exc.reason)
+            )
         waiter = _Pending()
         with self._lock:
             self._pending[call_id] = waiter
+            lead = not self._reading
+            if lead:
+                self._reading = True
         try:
             with self._send_lock:
                 sock.sendall(line)
         except OSError as exc:
             with self._lock:
                 self._pending.pop(call_id, None)
+                if lead:
+                    for other in self._pending.values():
+                        other.gate.release()
+                        break
+                    else:
+                        self._reading = False
             raise ToolChannelError("sending the call to %s failed: %s" % (tool, exc))
-        waiter.event.wait()
+        if not lead:
+            waiter.gate.acquire()
+            # Woken either with our reply or with the reader role.
+            if waiter.reply is None:
+                lead = True
+        if lead:
+            self._read_until(waiter)
         reply = waiter.reply
         if "result" in reply:
             return reply["result"]

@@ -455,6 +455,7 @@ async fn run(
     let stderr_cap = finish(stderr_task, settle, stderr_limit).await;
     server.abort();
     let _ = server.await;
+    state.close_all();
     let tool_calls_made = state.calls_made.load(Ordering::SeqCst);
 
     let exit_code = status.map(|s| {

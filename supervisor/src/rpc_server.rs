@@ -1,24 +1,31 @@
-//! The supervisor's end of the RPC channel: a tokio Unix-socket server for one execution.
+//! The supervisor's end of the RPC channel for one execution.
 //!
 //! Any number of connections may come from the script's process tree (threads share one,
 //! subprocesses open their own); each is checked by peer credentials (same uid, a descendant of
-//! the execution's reaper) and every request by token. Requests on a connection are served
-//! concurrently and replies carry the request id. Nothing a peer sends can crash or stall the
-//! server: bad frames get an error reply, oversized or unauthorised ones also close the
+//! the execution's reaper) and every request by token. Nothing a peer sends can crash or stall
+//! the server: bad frames get an error reply, oversized or unauthorised ones also close the
 //! connection.
+//!
+//! Accepting is async (tokio), but each connection is then served by a plain thread doing
+//! blocking reads, the way the minimal echo server of the benchmark does: a tool call is one
+//! read, one dispatch and one write, with no wake-up hops between tasks or threads. That keeps
+//! a call within a small factor of a bare socket round trip (the RPC latency budget is tens of
+//! microseconds). Bounded local tools (`read_file`, `write_file`) run inline on that thread;
+//! tools that may wait (terminal, web) run on the blocking pool, so a connection keeps reading
+//! and several calls can be in flight at once; replies carry the request id and are written
+//! whole under a lock, so they never interleave.
 
 use crate::reaper::is_descendant;
-use futures_util::StreamExt;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::sync::Arc;
-use tokio::io::AsyncWriteExt;
-use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::mpsc;
-use tokio::task::JoinSet;
-use tokio_util::codec::{AnyDelimiterCodec, AnyDelimiterCodecError, FramedRead};
-use vibeos_rpc::{decode_request, encode_error, encode_response, ProtocolError, MAX_FRAME_BYTES};
+use std::sync::{Arc, Mutex};
+use tokio::net::UnixListener;
+use vibeos_rpc::{
+    decode_request, encode_error, encode_response_json, ProtocolError, MAX_FRAME_BYTES,
+};
 use vibeos_tools::{CallOrigin, ToolContext, ToolRegistry, SCRIPT_BLOCKED_TOOLS};
 
 /// Parameters of `terminal` a script may not use: scripts run foreground commands only.
@@ -40,6 +47,8 @@ pub struct ChannelState {
     pub root_pid: AtomicU32,
     /// Context handed to tool handlers.
     pub context: ToolContext,
+    /// Open connections, so [`ChannelState::close_all`] can end their threads.
+    connections: Mutex<Vec<UnixStream>>,
 }
 
 impl ChannelState {
@@ -62,14 +71,29 @@ impl ChannelState {
                 origin: CallOrigin::Script,
                 ..context
             },
+            connections: Mutex::new(Vec::new()),
         }
     }
 
-    /// Answers one decoded request (token already checked).
-    async fn answer(self: &Arc<Self>, tool: String, mut args: Map<String, Value>) -> Value {
-        if SCRIPT_BLOCKED_TOOLS.contains(&tool.as_str()) || !self.allowed.contains(&tool) {
+    /// Shuts every open connection down (the execution is over); their threads then end.
+    pub fn close_all(&self) {
+        let mut conns = self.connections.lock().unwrap_or_else(|p| p.into_inner());
+        for c in conns.drain(..) {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// Whether a call to `tool` is answered inline on the connection thread: refusals and
+    /// bounded local tools are; anything that may wait goes to the blocking pool.
+    fn answers_inline(&self, tool: &str) -> bool {
+        !self.allowed.contains(tool) || self.registry.get(tool).is_some_and(|e| e.bounded)
+    }
+
+    /// Answers one request whose token was checked; returns the result as JSON text.
+    fn answer(&self, tool: &str, mut args: Map<String, Value>) -> String {
+        if SCRIPT_BLOCKED_TOOLS.contains(&tool) || !self.allowed.contains(tool) {
             let available: Vec<&str> = self.allowed.iter().map(String::as_str).collect();
-            let why = if SCRIPT_BLOCKED_TOOLS.contains(&tool.as_str()) {
+            let why = if SCRIPT_BLOCKED_TOOLS.contains(&tool) {
                 "can never be called from execute_code scripts"
             } else {
                 "is not available in execute_code scripts"
@@ -79,7 +103,8 @@ impl ChannelState {
                     "Tool `{tool}` {why}. Available: {}",
                     if available.is_empty() { "none".to_string() } else { available.join(", ") }
                 )
-            });
+            })
+            .to_string();
         }
         let admitted = self
             .calls_made
@@ -93,153 +118,180 @@ impl ChannelState {
                     "Tool call limit reached ({}). No more tool calls allowed in this execution.",
                     self.max_tool_calls
                 )
-            });
+            })
+            .to_string();
         }
         if tool == "terminal" {
             for key in TERMINAL_STRIPPED {
                 args.remove(key);
             }
         }
-        let state = Arc::clone(self);
-        let outcome = tokio::task::spawn_blocking(move || {
-            state
-                .registry
-                .handle_function_call(&tool, &Value::Object(args), &state.context)
-        })
-        .await;
-        match outcome {
-            Ok(text) => serde_json::from_str(&text).unwrap_or(Value::String(text)),
-            Err(e) => {
-                json!({ "error": format!("Error executing tool: the call was aborted ({e})") })
-            }
-        }
+        self.registry
+            .handle_function_call(tool, &Value::Object(args), &self.context)
     }
 }
 
-/// Serves `listener` until the returned task is aborted.
+/// Accepts connections on `listener` until the returned task is aborted; each is served on its
+/// own thread after the peer-credential check.
 pub fn serve(listener: UnixListener, state: Arc<ChannelState>) -> tokio::task::JoinHandle<()> {
+    let pool = tokio::runtime::Handle::current();
     tokio::spawn(async move {
-        let mut connections = JoinSet::new();
         loop {
-            tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => {
-                        let state = Arc::clone(&state);
-                        connections.spawn(serve_connection(stream, state));
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    let std_stream = stream
+                        .into_std()
+                        .and_then(|s| s.set_nonblocking(false).map(|_| s));
+                    match std_stream {
+                        Ok(s) => serve_stream(s, Arc::clone(&state), true, pool.clone()),
+                        Err(e) => {
+                            tracing::warn!("execute_code: cannot serve an RPC connection: {e}")
+                        }
                     }
-                    Err(e) => {
-                        tracing::warn!("execute_code: accepting an RPC connection failed: {e}");
-                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                    }
-                },
-                Some(_) = connections.join_next(), if !connections.is_empty() => {}
+                }
+                Err(e) => {
+                    tracing::warn!("execute_code: accepting an RPC connection failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
             }
         }
     })
 }
 
+/// Serves one connected stream on a new thread. `check_peer` is false only for a stream the
+/// supervisor connected itself (a socketpair handed to the child).
+pub fn serve_stream(
+    stream: UnixStream,
+    state: Arc<ChannelState>,
+    check_peer: bool,
+    pool: tokio::runtime::Handle,
+) {
+    let spawned = std::thread::Builder::new()
+        .name("vibeos-rpc-conn".into())
+        .spawn(move || serve_connection(stream, state, check_peer, pool));
+    if let Err(e) = spawned {
+        tracing::warn!("execute_code: cannot start a thread for an RPC connection: {e}");
+    }
+}
+
 fn peer_allowed(stream: &UnixStream, state: &ChannelState) -> bool {
-    let Ok(cred) = stream.peer_cred() else {
+    use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
+    let Ok(cred) = getsockopt(stream, PeerCredentials) else {
         return false;
     };
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     let root = state.root_pid.load(Ordering::SeqCst);
-    let pid_ok = match cred.pid() {
-        Some(pid) if pid > 0 && root != 0 => is_descendant(pid as u32, root),
-        _ => false,
-    };
+    let pid_ok = cred.pid() > 0 && root != 0 && is_descendant(cred.pid() as u32, root);
     cred.uid() == me && pid_ok
 }
 
-enum Outgoing {
-    Frame(Vec<u8>),
-    Close(Vec<u8>),
+type Writer = Arc<Mutex<Option<UnixStream>>>;
+
+/// Writes one frame whole; `close` shuts the connection after it.
+fn send(writer: &Writer, frame: &[u8], close: bool) {
+    let mut guard = writer.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(w) = guard.as_mut() else { return };
+    let failed = w.write_all(frame).is_err();
+    if close || failed {
+        if let Some(w) = guard.take() {
+            let _ = w.shutdown(std::net::Shutdown::Both);
+        }
+    }
 }
 
-async fn serve_connection(stream: UnixStream, state: Arc<ChannelState>) {
-    if !peer_allowed(&stream, &state) {
+/// Reads one frame (without its newline) into `buf`. `Ok(false)` at end of stream.
+fn read_frame(reader: &mut impl BufRead, buf: &mut Vec<u8>) -> Result<bool, ProtocolError> {
+    buf.clear();
+    let n = reader
+        .by_ref()
+        .take(MAX_FRAME_BYTES as u64 + 1)
+        .read_until(b'\n', buf)
+        .map_err(|_| ProtocolError::NotJson("the connection failed mid-frame".into()))?;
+    if n == 0 {
+        return Ok(false);
+    }
+    if buf.last() == Some(&b'\n') {
+        buf.pop();
+    } else if buf.len() > MAX_FRAME_BYTES {
+        return Err(ProtocolError::TooLarge {
+            limit: MAX_FRAME_BYTES,
+        });
+    }
+    Ok(true)
+}
+
+fn serve_connection(
+    stream: UnixStream,
+    state: Arc<ChannelState>,
+    check_peer: bool,
+    pool: tokio::runtime::Handle,
+) {
+    if check_peer && !peer_allowed(&stream, &state) {
         tracing::warn!(
             "execute_code: refused an RPC connection from a process outside the execution"
         );
         let mut stream = stream;
-        let _ = stream
-            .write_all(&encode_error(None, &ProtocolError::ForeignPeer))
-            .await;
+        let _ = stream.write_all(&encode_error(None, &ProtocolError::ForeignPeer));
+        let _ = stream.shutdown(std::net::Shutdown::Both);
         return;
     }
-    let (read_half, mut write_half) = stream.into_split();
-    let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
-    let writer = tokio::spawn(async move {
-        while let Some(out) = rx.recv().await {
-            let (bytes, close) = match out {
-                Outgoing::Frame(b) => (b, false),
-                Outgoing::Close(b) => (b, true),
-            };
-            if write_half.write_all(&bytes).await.is_err() || close {
+    let (Ok(write_half), Ok(registered)) = (stream.try_clone(), stream.try_clone()) else {
+        tracing::warn!("execute_code: cannot duplicate an RPC connection");
+        return;
+    };
+    state
+        .connections
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(registered);
+    let writer: Writer = Arc::new(Mutex::new(Some(write_half)));
+    let mut reader = BufReader::with_capacity(64 * 1024, stream);
+    let mut frame = Vec::with_capacity(4096);
+    loop {
+        match read_frame(&mut reader, &mut frame) {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(e) => {
+                send(&writer, &encode_error(None, &e), true);
                 break;
             }
         }
-        let _ = write_half.shutdown().await;
-    });
-    let codec =
-        AnyDelimiterCodec::new_with_max_length(b"\n".to_vec(), b"\n".to_vec(), MAX_FRAME_BYTES);
-    let mut frames = FramedRead::with_capacity(read_half, codec, 64 * 1024);
-    let mut calls = JoinSet::new();
-    loop {
-        let frame = tokio::select! {
-            frame = frames.next() => frame,
-            Some(_) = calls.join_next(), if !calls.is_empty() => continue,
-        };
-        let Some(frame) = frame else { break };
-        let frame = match frame {
-            Ok(f) => f,
-            Err(AnyDelimiterCodecError::MaxChunkLengthExceeded) => {
-                let _ = tx.send(Outgoing::Close(encode_error(
-                    None,
-                    &ProtocolError::TooLarge {
-                        limit: MAX_FRAME_BYTES,
-                    },
-                )));
-                break;
-            }
-            Err(_) => break,
-        };
         if frame.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
         let request = match decode_request(&frame) {
             Ok(r) => r,
             Err((id, e)) => {
-                let bytes = encode_error(id.as_ref(), &e);
-                let out = if e.closes_connection() {
-                    Outgoing::Close(bytes)
-                } else {
-                    Outgoing::Frame(bytes)
-                };
-                let _ = tx.send(out);
+                let close = e.closes_connection();
+                send(&writer, &encode_error(id.as_ref(), &e), close);
+                if close {
+                    break;
+                }
                 continue;
             }
         };
         if !constant_time_eq(request.token.as_bytes(), state.token.as_bytes()) {
             tracing::warn!("execute_code: refused an RPC request with a wrong token");
-            let _ = tx.send(Outgoing::Close(encode_error(
-                Some(&request.id),
-                &ProtocolError::BadToken,
-            )));
+            send(
+                &writer,
+                &encode_error(Some(&request.id), &ProtocolError::BadToken),
+                true,
+            );
             break;
         }
-        let state = Arc::clone(&state);
-        let tx = tx.clone();
-        calls.spawn(async move {
-            let result = state.answer(request.tool, request.args).await;
-            let _ = tx.send(Outgoing::Frame(encode_response(&request.id, &result)));
-        });
+        if state.answers_inline(&request.tool) {
+            let result = state.answer(&request.tool, request.args);
+            send(&writer, &encode_response_json(&request.id, &result), false);
+        } else {
+            let state = Arc::clone(&state);
+            let writer = Arc::clone(&writer);
+            pool.spawn_blocking(move || {
+                let result = state.answer(&request.tool, request.args);
+                send(&writer, &encode_response_json(&request.id, &result), false);
+            });
+        }
     }
-    // Let calls already admitted finish and reply before the connection goes away.
-    while calls.join_next().await.is_some() {}
-    drop(tx);
-    let _ = writer.await;
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -247,4 +299,25 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
         return false;
     }
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_are_bounded() {
+        let mut buf = Vec::new();
+        let mut ok = std::io::Cursor::new(b"{\"a\":1}\nrest".to_vec());
+        assert_eq!(read_frame(&mut ok, &mut buf), Ok(true));
+        assert_eq!(buf, b"{\"a\":1}");
+        assert_eq!(read_frame(&mut ok, &mut buf), Ok(true));
+        assert_eq!(buf, b"rest");
+        assert_eq!(read_frame(&mut ok, &mut buf), Ok(false));
+        let mut big = std::io::Cursor::new(vec![b'x'; MAX_FRAME_BYTES + 10]);
+        assert!(matches!(
+            read_frame(&mut big, &mut buf),
+            Err(ProtocolError::TooLarge { .. })
+        ));
+    }
 }

@@ -69,6 +69,10 @@ pub struct ToolEntry {
     pub emoji: String,
     /// Results longer than this many characters are truncated with a note.
     pub max_result_size_chars: Option<usize>,
+    /// The handler is a short, bounded local operation (no network, no child process, no
+    /// waiting on anything but the local filesystem), so async callers may run it inline on
+    /// their worker thread instead of paying a thread hop per call.
+    pub bounded: bool,
 }
 
 /// Wrapper so [`ToolEntry`] can derive `Debug` while holding a closure.
@@ -107,7 +111,14 @@ impl ToolEntry {
             description: description.into(),
             emoji: String::new(),
             max_result_size_chars: None,
+            bounded: false,
         }
+    }
+
+    /// Marks the handler as short and bounded (see [`ToolEntry::bounded`]).
+    pub fn bounded(mut self) -> Self {
+        self.bounded = true;
+        self
     }
 
     /// Sets the emoji shown in listings.

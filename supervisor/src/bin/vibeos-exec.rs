@@ -189,8 +189,9 @@ fn run(args: RunArgs, config: &Config) -> Result<u8, UsageError> {
             .map_err(|e| UsageError(e.to_string()))?;
         request.cwd = Some(cwd.clone());
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // One thread serves the whole execution: RPC replies then never wait for a wake-up on
+    // another core. Tools that may block run on the blocking pool, bounded ones inline.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| UsageError(format!("cannot start the async runtime: {e}")))?;

@@ -29,6 +29,7 @@ fn entry() -> ToolEntry {
         read_file,
     )
     .with_emoji("📖")
+    .bounded()
 }
 
 inventory::submit! { BuiltinTool(entry) }
@@ -38,7 +39,10 @@ fn read_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Tool
     let offset = int_in_range(args, "offset", 1, 1, i64::MAX)? as u64;
     let limit = int_in_range(args, "limit", 500, 1, MAX_LIMIT)? as u64;
     let path = ctx.resolve(raw);
-    let meta = std::fs::metadata(&path).map_err(|e| ToolError::io(&path, &e))?;
+    // open + fstat + one read is all a small file costs; a tool call's latency budget is tens
+    // of microseconds.
+    let mut file = File::open(&path).map_err(|e| ToolError::io(&path, &e))?;
+    let meta = file.metadata().map_err(|e| ToolError::io(&path, &e))?;
     if meta.is_dir() {
         return Err(ToolError::new(
             "IsADirectory",
@@ -48,9 +52,8 @@ fn read_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Tool
             ),
         ));
     }
-    let mut file = File::open(&path).map_err(|e| ToolError::io(&path, &e))?;
     let mut head = [0u8; 8192];
-    let n = read_up_to(&mut file, &mut head).map_err(|e| ToolError::io(&path, &e))?;
+    let n = read_up_to(&mut file, &mut head, meta.len()).map_err(|e| ToolError::io(&path, &e))?;
     if head[..n].contains(&0) {
         return Err(ToolError::new(
             "BinaryFile",
@@ -60,11 +63,16 @@ fn read_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Tool
             ),
         ));
     }
-    let reader = BufReader::with_capacity(
-        64 * 1024,
-        std::io::Cursor::new(head[..n].to_vec()).chain(file),
-    );
-    let page = read_page(reader, offset, limit).map_err(|e| ToolError::io(&path, &e))?;
+    // A regular file that fit in the first read needs no further reads.
+    let whole = meta.is_file() && (n as u64) >= meta.len() && n < head.len();
+    let page = if whole {
+        read_page(std::io::Cursor::new(&head[..n]), offset, limit)
+    } else {
+        let reader =
+            BufReader::with_capacity(64 * 1024, std::io::Cursor::new(&head[..n]).chain(file));
+        read_page(reader, offset, limit)
+    }
+    .map_err(|e| ToolError::io(&path, &e))?;
     let end = offset + page.returned;
     let more = end <= page.total_lines;
     Ok(json!({
@@ -79,9 +87,11 @@ fn read_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Tool
     }))
 }
 
-fn read_up_to(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
+/// Fills `buf` from `file`, stopping early once `expected` bytes (the size fstat reported)
+/// are in, so a small file costs one read.
+fn read_up_to(file: &mut File, buf: &mut [u8], expected: u64) -> std::io::Result<usize> {
     let mut filled = 0;
-    while filled < buf.len() {
+    while filled < buf.len() && (filled as u64) < expected.max(1) {
         match file.read(&mut buf[filled..]) {
             Ok(0) => break,
             Ok(n) => filled += n,
