@@ -29,6 +29,7 @@ fn entry() -> ToolEntry {
         read_file,
     )
     .with_emoji("📖")
+    .with_parallel_safe(true)
 }
 
 inventory::submit! { BuiltinTool(entry) }
