@@ -31,9 +31,26 @@ pub fn execute_code_settings(config: &Config, cwd: Option<&Path>) -> ExecuteCode
 }
 
 /// The `execute_code` entry (toolset `code_execution`): runs scripts with `config`'s limits,
-/// overridable per call, dispatching the scripts' tool calls through `registry`.
+/// overridable per call, dispatching the scripts' tool calls through `registry`. Scripts get
+/// every available script tool.
 pub fn execute_code_entry(registry: &'static ToolRegistry, config: &Config) -> ToolEntry {
+    execute_code_entry_for(registry, config, &[], &[])
+}
+
+/// Like [`execute_code_entry`] for a session whose tools are selected by `enabled` /
+/// `disabled` toolsets: scripts get only the script tools that selection keeps, the same ones
+/// the rewritten execute_code description names. The selection is resolved at each call, so
+/// toolsets added or removed later are followed; a selection that no longer resolves is an
+/// error of the call.
+pub fn execute_code_entry_for(
+    registry: &'static ToolRegistry,
+    config: &Config,
+    enabled: &[String],
+    disabled: &[String],
+) -> ToolEntry {
     let config = config.clone();
+    let selection = (!enabled.is_empty() || !disabled.is_empty())
+        .then(|| (enabled.to_vec(), disabled.to_vec()));
     ToolEntry::new_async(
         "execute_code",
         "code_execution",
@@ -49,8 +66,15 @@ pub fn execute_code_entry(registry: &'static ToolRegistry, config: &Config) -> T
         }),
         move |args, ctx| {
             let config = config.clone();
+            let selection = selection.clone();
             async move {
-                let request = request_from(&args, &ctx, &config)?;
+                let mut request = request_from(&args, &ctx, &config)?;
+                if let Some((enabled, disabled)) = selection {
+                    let selected = registry.select_tools(&enabled, &disabled).map_err(|e| {
+                        ToolError::new("ToolsetError", format!("the session's toolsets: {e}"))
+                    })?;
+                    request.script_tools = Some(selected.iter().map(|e| e.name.clone()).collect());
+                }
                 Ok(execute(request, registry, Interrupt::new()).await.to_json())
             }
         },

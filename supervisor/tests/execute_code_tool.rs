@@ -81,3 +81,38 @@ fn bad_execute_code_arguments_get_clear_errors() {
             .contains("argument `max_tool_calls` must be an integer")
     );
 }
+
+#[test]
+fn scripts_get_only_the_script_tools_the_session_selected() {
+    if !python_available() {
+        eprintln!("skipped: python3 is not on PATH");
+        return;
+    }
+    use vibeos_supervisor::execute_code_tool::execute_code_entry_for;
+    let reg: &'static vibeos_tools::ToolRegistry =
+        Box::leak(Box::new(vibeos_tools::ToolRegistry::with_builtins()));
+    let code = "import vibeos_tools\nprint(hasattr(vibeos_tools, 'read_file'), hasattr(vibeos_tools, 'write_file'))\n";
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = ToolContext::agent(dir.path());
+    let run = |enabled: &[&str], disabled: &[&str]| -> Value {
+        let e: Vec<String> = enabled.iter().map(|s| s.to_string()).collect();
+        let d: Vec<String> = disabled.iter().map(|s| s.to_string()).collect();
+        reg.register(execute_code_entry_for(reg, &Config::default(), &e, &d))
+            .unwrap();
+        serde_json::from_str(&reg.handle_function_call(
+            "execute_code",
+            &json!({"code": code}),
+            &ctx,
+        ))
+        .unwrap()
+    };
+    assert_eq!(run(&[], &[])["output"], "True True\n");
+    assert_eq!(run(&["code_execution"], &[])["output"], "False False\n");
+    assert_eq!(run(&["vibeos-core"], &[])["output"], "True True\n");
+    assert_eq!(run(&[], &["file"])["output"], "False False\n");
+    let gone = run(&["no-such-toolset"], &[]);
+    assert!(
+        gone["error"].as_str().unwrap().contains("unknown toolset"),
+        "{gone}"
+    );
+}
