@@ -58,6 +58,9 @@ pub struct ExecutionRequest {
     pub kill_grace: Duration,
     /// Environment to scrub; `None` means this process's environment.
     pub base_env: Option<Vec<(OsString, OsString)>>,
+    /// Script tools the session's toolset selection left enabled; `None` means every available
+    /// one. Only narrows: names that are not script tools or not available are ignored.
+    pub script_tools: Option<BTreeSet<String>>,
 }
 
 impl ExecutionRequest {
@@ -76,6 +79,7 @@ impl ExecutionRequest {
             task_id: None,
             kill_grace: KILL_GRACE,
             base_env: None,
+            script_tools: None,
         }
     }
 }
@@ -310,7 +314,16 @@ async fn run(
     let interpreter: Interpreter =
         Resolution::from_env(request.python.clone()).resolve(request.mode)?;
 
-    let script_tools = registry.script_tools();
+    let script_tools: Vec<_> = registry
+        .script_tools()
+        .into_iter()
+        .filter(|e| {
+            request
+                .script_tools
+                .as_ref()
+                .is_none_or(|s| s.contains(&e.name))
+        })
+        .collect();
     let stub_tools: Vec<StubTool> = script_tools
         .iter()
         .map(|e| StubTool {

@@ -10,6 +10,7 @@ pub mod capture;
 pub mod config;
 pub mod env_policy;
 pub mod execute;
+pub mod execute_code_tool;
 pub mod interpreter;
 pub mod logging;
 pub mod reaper;

@@ -54,4 +54,14 @@ pub enum RegistrationError {
         /// What is wrong with the schema.
         reason: String,
     },
+    /// A plugin or MCP tool would replace a built-in the override policy does not open.
+    #[error("cannot register tool `{name}` from {by}: it would replace the built-in tool of toolset `{toolset}`, and the plugin override policy does not allow that; rename the tool or allow it in the policy")]
+    OverrideRefused {
+        /// The tool's name.
+        name: String,
+        /// Who tried to register it.
+        by: String,
+        /// Toolset of the built-in it would replace.
+        toolset: String,
+    },
 }

@@ -9,14 +9,26 @@
 //! Built-in tools register themselves from their own files under `builtin/` ("import =
 //! registration", via `inventory`); there is no hand-kept list.
 
+mod async_bridge;
+mod availability;
 pub mod builtin;
+pub mod coerce;
 mod context;
+mod definitions;
 mod error;
+mod hooks;
 mod registry;
+mod toolsets;
 
+pub use async_bridge::{run_async, BoxFuture};
+pub use availability::{Availability, DEFAULT_CHECK_TIMEOUT};
 pub use context::{CallOrigin, ToolContext};
+pub use definitions::{execute_code_description, ExecuteCodeSettings, ToolStatus, EXECUTE_CODE};
 pub use error::{RegistrationError, ToolError};
+pub use hooks::{CallStatus, HookDecision, PostHook, PostToolCall, PreHook, PreToolCall};
 pub use registry::{
-    registry, BuiltinTool, CheckFn, Handler, SyncHandler, ToolEntry, ToolRegistry,
-    AGENT_LOOP_TOOLS, SCRIPT_BLOCKED_TOOLS, SCRIPT_TOOLS,
+    registry, AsyncHandler, BuiltinTool, CheckFn, CheckFnHolder, Handler, OverridePolicy,
+    SyncHandler, TextHandler, ToolCall, ToolEntry, ToolRegistry, ToolSource, AGENT_LOOP_TOOLS,
+    MAX_PARALLEL_TOOL_CALLS, SCRIPT_BLOCKED_TOOLS, SCRIPT_TOOLS,
 };
+pub use toolsets::{static_toolsets, Toolset, ToolsetError, LEGACY_TOOLSET_ALIASES};

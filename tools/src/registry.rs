@@ -1,10 +1,25 @@
-//! The process-wide tool registry: registration, lookup and the one dispatch path.
+//! The process-wide tool registry: registration, toolsets, lookup and the one dispatch path.
+//!
+//! Every way a tool is called — by the agent, from an execute_code script over RPC, in a
+//! parallel batch — ends in [`ToolRegistry::handle_function_call`], so argument coercion, hooks,
+//! error wrapping and result caps are the same for all of them.
 
+use crate::async_bridge::{run_async, BoxFuture};
+use crate::availability::{availability_of, Availability, DEFAULT_CHECK_TIMEOUT};
+use crate::coerce::coerce_args;
+use crate::hooks::{CallStatus, HookDecision, PostHook, PostToolCall, PreHook, PreToolCall};
+use crate::toolsets::{
+    static_toolsets, valid_toolset_name, Resolver, Toolset, ToolsetError, ToolsetKind,
+    LEGACY_TOOLSET_ALIASES,
+};
 use crate::{RegistrationError, ToolContext, ToolError};
 use serde_json::{json, Map, Value};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::{Duration, Instant};
 
 /// Tools an execute_code script may call (SPEC §2). Everything else is refused on the channel.
 pub const SCRIPT_TOOLS: [&str; 7] = [
@@ -23,11 +38,24 @@ pub const SCRIPT_BLOCKED_TOOLS: [&str; 2] = ["execute_code", "delegate_task"];
 /// Tools the agent loop handles itself; reaching dispatch is a bug in the caller, refused.
 pub const AGENT_LOOP_TOOLS: [&str; 4] = ["todo", "memory", "session_search", "delegate_task"];
 
+/// Most calls of one batch that run at the same time.
+pub const MAX_PARALLEL_TOOL_CALLS: usize = 8;
+
 /// A synchronous tool handler: arguments object in, JSON result out.
 pub type SyncHandler =
     dyn Fn(&Map<String, Value>, &ToolContext) -> Result<Value, ToolError> + Send + Sync;
 
-/// Availability check of a tool: `true` means usable now.
+/// An asynchronous tool handler. It owns its inputs so the future can outlive the call frame.
+pub type AsyncHandler =
+    dyn Fn(Map<String, Value>, ToolContext) -> BoxFuture<Result<Value, ToolError>> + Send + Sync;
+
+/// A handler that returns text it claims is JSON, as plugin and MCP tools do. Text that does not
+/// parse is wrapped as `{"result": <text>, "note": ...}`, so the caller still gets JSON and loses
+/// nothing.
+pub type TextHandler =
+    dyn Fn(&Map<String, Value>, &ToolContext) -> Result<String, ToolError> + Send + Sync;
+
+/// Availability check of a tool: `true` means usable now. A panic counts as unavailable.
 pub type CheckFn = Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// How a tool's work is run.
@@ -35,13 +63,91 @@ pub type CheckFn = Arc<dyn Fn() -> bool + Send + Sync>;
 pub enum Handler {
     /// Runs on the calling thread.
     Sync(Arc<SyncHandler>),
+    /// Runs through the async bridge (see [`crate::run_async`]).
+    Async(Arc<AsyncHandler>),
+    /// Runs on the calling thread and returns raw text.
+    Text(Arc<TextHandler>),
 }
 
 impl std::fmt::Debug for Handler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Handler::Sync(_) => f.write_str("Handler::Sync"),
+            Handler::Async(_) => f.write_str("Handler::Async"),
+            Handler::Text(_) => f.write_str("Handler::Text"),
         }
+    }
+}
+
+/// Who registered a tool; decides whether it may replace another.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ToolSource {
+    /// Shipped with the product (self-registered built-ins, execute_code, host tools).
+    #[default]
+    Builtin,
+    /// A plugin, by name.
+    Plugin(String),
+    /// An MCP server, by name.
+    Mcp(String),
+}
+
+impl ToolSource {
+    /// Plugins and MCP servers: subject to the [`OverridePolicy`].
+    pub fn is_external(&self) -> bool {
+        !matches!(self, ToolSource::Builtin)
+    }
+}
+
+impl std::fmt::Display for ToolSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ToolSource::Builtin => f.write_str("built-in"),
+            ToolSource::Plugin(p) => write!(f, "plugin `{p}`"),
+            ToolSource::Mcp(s) => write!(f, "MCP server `{s}`"),
+        }
+    }
+}
+
+/// Which built-in tools plugins and MCP servers may replace. By default none: a plugin that
+/// registers `read_file` is refused, not silently swapped in.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OverridePolicy {
+    /// Tool names that may be replaced.
+    pub names: BTreeSet<String>,
+    /// Tool-name prefixes (namespaces such as `browser_`) whose tools may be replaced.
+    pub namespaces: Vec<String>,
+    /// Plugin or MCP server names allowed to replace any built-in.
+    pub sources: BTreeSet<String>,
+}
+
+impl OverridePolicy {
+    /// Also allows replacing the tool `name`.
+    pub fn allow_name(mut self, name: &str) -> Self {
+        self.names.insert(name.into());
+        self
+    }
+
+    /// Also allows replacing every tool whose name starts with `prefix`.
+    pub fn allow_namespace(mut self, prefix: &str) -> Self {
+        self.namespaces.push(prefix.into());
+        self
+    }
+
+    /// Also allows the plugin or MCP server `source` to replace any built-in.
+    pub fn allow_source(mut self, source: &str) -> Self {
+        self.sources.insert(source.into());
+        self
+    }
+
+    /// Whether a tool from `source` may replace the built-in `name`.
+    pub fn allows(&self, name: &str, source: &ToolSource) -> bool {
+        let source_ok = match source {
+            ToolSource::Builtin => true,
+            ToolSource::Plugin(s) | ToolSource::Mcp(s) => self.sources.contains(s),
+        };
+        source_ok
+            || self.names.contains(name)
+            || self.namespaces.iter().any(|p| name.starts_with(p.as_str()))
     }
 }
 
@@ -56,12 +162,12 @@ pub struct ToolEntry {
     pub schema: Value,
     /// The work itself.
     pub handler: Handler,
-    /// Optional availability check; `None` means always available.
-    #[doc(hidden)]
+    /// Optional availability check; `None` means always available. Tools sharing one check hold
+    /// clones of the same `Arc`, and it runs once per definitions build.
     pub check_fn: Option<CheckFnHolder>,
     /// Environment variables the tool needs (shown to users when it is unavailable).
     pub requires_env: Vec<String>,
-    /// Whether the handler is asynchronous.
+    /// Whether the handler is asynchronous (kept in step with `handler` at registration).
     pub is_async: bool,
     /// What the tool does; the first line is its doc line in the stub.
     pub description: String,
@@ -69,6 +175,10 @@ pub struct ToolEntry {
     pub emoji: String,
     /// Results longer than this many characters are truncated with a note.
     pub max_result_size_chars: Option<usize>,
+    /// Whether calls of this tool may run at the same time as other calls of the same turn.
+    pub parallel_safe: bool,
+    /// Who registered it.
+    pub source: ToolSource,
     /// The handler is a short, bounded local operation (no network, no child process, no
     /// waiting on anything but the local filesystem), so async callers may run it inline on
     /// their worker thread instead of paying a thread hop per call.
@@ -86,6 +196,30 @@ impl std::fmt::Debug for CheckFnHolder {
 }
 
 impl ToolEntry {
+    fn with_handler(
+        name: impl Into<String>,
+        toolset: impl Into<String>,
+        description: impl Into<String>,
+        schema: Value,
+        handler: Handler,
+    ) -> Self {
+        ToolEntry {
+            name: name.into(),
+            toolset: toolset.into(),
+            schema,
+            is_async: matches!(handler, Handler::Async(_)),
+            handler,
+            check_fn: None,
+            requires_env: Vec::new(),
+            description: description.into(),
+            emoji: String::new(),
+            max_result_size_chars: None,
+            parallel_safe: false,
+            source: ToolSource::Builtin,
+            bounded: false,
+        }
+    }
+
     /// A tool with a synchronous handler and defaults for the optional fields.
     pub fn new<F>(
         name: impl Into<String>,
@@ -100,19 +234,52 @@ impl ToolEntry {
             + Sync
             + 'static,
     {
-        ToolEntry {
-            name: name.into(),
-            toolset: toolset.into(),
+        Self::with_handler(
+            name,
+            toolset,
+            description,
             schema,
-            handler: Handler::Sync(Arc::new(handler)),
-            check_fn: None,
-            requires_env: Vec::new(),
-            is_async: false,
-            description: description.into(),
-            emoji: String::new(),
-            max_result_size_chars: None,
-            bounded: false,
-        }
+            Handler::Sync(Arc::new(handler)),
+        )
+    }
+
+    /// A tool with an asynchronous handler (`is_async` set).
+    pub fn new_async<F, Fut>(
+        name: impl Into<String>,
+        toolset: impl Into<String>,
+        description: impl Into<String>,
+        schema: Value,
+        handler: F,
+    ) -> Self
+    where
+        F: Fn(Map<String, Value>, ToolContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Value, ToolError>> + Send + 'static,
+    {
+        let boxed: Arc<AsyncHandler> = Arc::new(move |args, ctx| Box::pin(handler(args, ctx)));
+        Self::with_handler(name, toolset, description, schema, Handler::Async(boxed))
+    }
+
+    /// A tool whose handler returns text (plugins, MCP). See [`TextHandler`].
+    pub fn new_text<F>(
+        name: impl Into<String>,
+        toolset: impl Into<String>,
+        description: impl Into<String>,
+        schema: Value,
+        handler: F,
+    ) -> Self
+    where
+        F: Fn(&Map<String, Value>, &ToolContext) -> Result<String, ToolError>
+            + Send
+            + Sync
+            + 'static,
+    {
+        Self::with_handler(
+            name,
+            toolset,
+            description,
+            schema,
+            Handler::Text(Arc::new(handler)),
+        )
     }
 
     /// Marks the handler as short and bounded (see [`ToolEntry::bounded`]).
@@ -127,15 +294,49 @@ impl ToolEntry {
         self
     }
 
-    /// Whether the tool is usable now (its check passes, or it has none). A panicking check
-    /// counts as unavailable.
+    /// Gates availability on `check` (run when definitions are built).
+    pub fn with_check<F: Fn() -> bool + Send + Sync + 'static>(mut self, check: F) -> Self {
+        self.check_fn = Some(CheckFnHolder(Arc::new(check)));
+        self
+    }
+
+    /// Gates availability on a check shared with other tools; it runs once per build.
+    pub fn with_shared_check(mut self, check: &CheckFn) -> Self {
+        self.check_fn = Some(CheckFnHolder(Arc::clone(check)));
+        self
+    }
+
+    /// Declares environment variables the tool needs.
+    pub fn with_requires_env(mut self, vars: &[&str]) -> Self {
+        self.requires_env = vars.iter().map(|s| s.to_string()).collect();
+        self
+    }
+
+    /// Caps results at `max` characters.
+    pub fn with_max_result_size_chars(mut self, max: usize) -> Self {
+        self.max_result_size_chars = Some(max);
+        self
+    }
+
+    /// Marks the tool safe (or not) to run alongside other calls of the same turn.
+    pub fn with_parallel_safe(mut self, safe: bool) -> Self {
+        self.parallel_safe = safe;
+        self
+    }
+
+    /// Sets who registers the tool (plugins and MCP servers are subject to the override
+    /// policy).
+    pub fn with_source(mut self, source: ToolSource) -> Self {
+        self.source = source;
+        self
+    }
+
+    /// Whether the tool is usable now (its check passes within the default timeout, or it has
+    /// none). A panicking or hanging check counts as unavailable.
     pub fn is_available(&self) -> bool {
-        match &self.check_fn {
-            None => true,
-            Some(CheckFnHolder(check)) => {
-                catch_unwind(AssertUnwindSafe(|| check())).unwrap_or(false)
-            }
-        }
+        availability_of(&[Arc::new(self.clone())], DEFAULT_CHECK_TIMEOUT)
+            .first()
+            .is_some_and(Availability::is_available)
     }
 
     /// The OpenAI function-calling definition of the tool.
@@ -163,6 +364,12 @@ impl ToolEntry {
             name: self.name.clone(),
             reason: reason.into(),
         };
+        if !valid_toolset_name(&self.toolset) {
+            return Err(bad(&format!(
+                "belongs to toolset `{}`, which is not a usable toolset name",
+                self.toolset
+            )));
+        }
         let obj = self
             .schema
             .as_object()
@@ -172,7 +379,41 @@ impl ToolEntry {
             _ => return Err(bad("must have \"type\": \"object\"")),
         }
         match obj.get("properties") {
-            None | Some(Value::Object(_)) => {}
+            None => {}
+            Some(Value::Object(props)) => {
+                for (pname, prop) in props {
+                    if !prop.is_object() {
+                        return Err(bad(&format!(
+                            "has property `{pname}` that is not an object"
+                        )));
+                    }
+                    if let Some(t) = prop.get("type") {
+                        let types: Vec<&Value> = match t {
+                            Value::Array(list) => list.iter().collect(),
+                            one => vec![one],
+                        };
+                        for t in types {
+                            let known = t.as_str().is_some_and(|t| {
+                                matches!(
+                                    t,
+                                    "string"
+                                        | "integer"
+                                        | "number"
+                                        | "boolean"
+                                        | "array"
+                                        | "object"
+                                        | "null"
+                                )
+                            });
+                            if !known {
+                                return Err(bad(&format!(
+                                    "gives property `{pname}` the type {t}, which is not a JSON-schema type"
+                                )));
+                            }
+                        }
+                    }
+                }
+            }
             Some(_) => return Err(bad("has \"properties\" that is not an object")),
         }
         if let Some(req) = obj.get("required") {
@@ -200,16 +441,71 @@ pub struct BuiltinTool(pub fn() -> ToolEntry);
 
 inventory::collect!(BuiltinTool);
 
-/// The registry: tools keyed by name.
-#[derive(Default)]
+/// One call of a model turn, for [`ToolRegistry::handle_function_calls`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCall {
+    /// Tool name.
+    pub name: String,
+    /// Arguments (an object, or null for none).
+    pub args: Value,
+}
+
+impl ToolCall {
+    /// A call of `name` with `args`.
+    pub fn new(name: impl Into<String>, args: Value) -> Self {
+        ToolCall {
+            name: name.into(),
+            args,
+        }
+    }
+}
+
+/// The registry: tools keyed by name, toolsets, aliases, hooks and policies.
 pub struct ToolRegistry {
-    tools: RwLock<BTreeMap<String, Arc<ToolEntry>>>,
+    pub(crate) tools: RwLock<BTreeMap<String, Arc<ToolEntry>>>,
+    pub(crate) toolsets: RwLock<BTreeMap<String, (Toolset, ToolsetKind)>>,
+    pub(crate) aliases: RwLock<BTreeMap<String, String>>,
+    pre_hooks: RwLock<Vec<PreHook>>,
+    post_hooks: RwLock<Vec<PostHook>>,
+    override_policy: RwLock<OverridePolicy>,
+    check_timeout: RwLock<Duration>,
+}
+
+impl Default for ToolRegistry {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|p| p.into_inner())
 }
 
 impl ToolRegistry {
-    /// An empty registry (tests and embedders; the process-wide one is [`registry`]).
+    /// A registry with no tools but the static toolsets and legacy aliases (tests and
+    /// embedders; the process-wide one is [`registry`]).
     pub fn new() -> Self {
-        Self::default()
+        let toolsets = static_toolsets()
+            .into_iter()
+            .map(|t| (t.name.clone(), (t, ToolsetKind::Static)))
+            .collect();
+        let aliases = LEGACY_TOOLSET_ALIASES
+            .iter()
+            .map(|(a, t)| (a.to_string(), t.to_string()))
+            .collect();
+        ToolRegistry {
+            tools: RwLock::new(BTreeMap::new()),
+            toolsets: RwLock::new(toolsets),
+            aliases: RwLock::new(aliases),
+            pre_hooks: RwLock::new(Vec::new()),
+            post_hooks: RwLock::new(Vec::new()),
+            override_policy: RwLock::new(OverridePolicy::default()),
+            check_timeout: RwLock::new(DEFAULT_CHECK_TIMEOUT),
+        }
     }
 
     /// A registry holding every built-in tool.
@@ -223,19 +519,33 @@ impl ToolRegistry {
         reg
     }
 
-    /// Adds a tool. A name already taken by another toolset is logged; the last registration
-    /// wins.
-    pub fn register(&self, entry: ToolEntry) -> Result<(), RegistrationError> {
+    /// Adds a tool. A name already taken by another toolset is logged and the last registration
+    /// wins — except that a plugin or MCP tool may replace a built-in only when the
+    /// [`OverridePolicy`] allows it.
+    pub fn register(&self, mut entry: ToolEntry) -> Result<(), RegistrationError> {
+        entry.is_async = matches!(entry.handler, Handler::Async(_));
         entry.validate()?;
-        let mut tools = self.tools.write().unwrap_or_else(|p| p.into_inner());
+        let mut tools = write(&self.tools);
         if let Some(old) = tools.get(&entry.name) {
-            if old.toolset != entry.toolset {
+            if entry.source.is_external()
+                && !old.source.is_external()
+                && !read(&self.override_policy).allows(&entry.name, &entry.source)
+            {
+                return Err(RegistrationError::OverrideRefused {
+                    name: entry.name.clone(),
+                    by: entry.source.to_string(),
+                    toolset: old.toolset.clone(),
+                });
+            }
+            if old.toolset != entry.toolset || old.source != entry.source {
                 tracing::warn!(
                     tool = %entry.name,
-                    "tool `{}` of toolset `{}` replaces the one of toolset `{}`",
+                    "tool `{}` of toolset `{}` ({}) replaces the one of toolset `{}` ({})",
                     entry.name,
                     entry.toolset,
-                    old.toolset
+                    entry.source,
+                    old.toolset,
+                    old.source
                 );
             }
         }
@@ -243,95 +553,456 @@ impl ToolRegistry {
         Ok(())
     }
 
+    /// Removes a tool; returns it if it was registered.
+    pub fn unregister(&self, name: &str) -> Option<Arc<ToolEntry>> {
+        write(&self.tools).remove(name)
+    }
+
+    /// Replaces the policy deciding which built-ins plugins and MCP servers may replace.
+    pub fn set_override_policy(&self, policy: OverridePolicy) {
+        *write(&self.override_policy) = policy;
+    }
+
+    /// How long a `check_fn` may run before its tools count as unavailable.
+    pub fn set_check_timeout(&self, timeout: Duration) {
+        *write(&self.check_timeout) = timeout;
+    }
+
+    pub(crate) fn check_timeout(&self) -> Duration {
+        *read(&self.check_timeout)
+    }
+
+    /// Adds a `pre_tool_call` hook; it may block calls.
+    pub fn add_pre_tool_call_hook<F>(&self, hook: F)
+    where
+        F: Fn(&PreToolCall<'_>) -> HookDecision + Send + Sync + 'static,
+    {
+        write(&self.pre_hooks).push(Arc::new(hook));
+    }
+
+    /// Adds a `post_tool_call` hook; it sees every result, blocked calls included.
+    pub fn add_post_tool_call_hook<F>(&self, hook: F)
+    where
+        F: Fn(&PostToolCall<'_>) + Send + Sync + 'static,
+    {
+        write(&self.post_hooks).push(Arc::new(hook));
+    }
+
     /// Looks a tool up by name.
     pub fn get(&self, name: &str) -> Option<Arc<ToolEntry>> {
-        self.tools
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(name)
-            .cloned()
+        read(&self.tools).get(name).cloned()
     }
 
     /// All tools, by name.
     pub fn entries(&self) -> Vec<Arc<ToolEntry>> {
-        self.tools
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+        read(&self.tools).values().cloned().collect()
+    }
+
+    // ---- toolsets -------------------------------------------------------------------------
+
+    /// Runs `f` with a resolver over a consistent snapshot of tools, toolsets and aliases.
+    pub(crate) fn with_resolver<R>(
+        &self,
+        tools: &BTreeMap<String, Arc<ToolEntry>>,
+        f: impl FnOnce(&Resolver<'_>) -> R,
+    ) -> R {
+        let declared = read(&self.toolsets);
+        let aliases = read(&self.aliases);
+        let mut implicit: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for e in tools.values() {
+            implicit
+                .entry(e.toolset.as_str())
+                .or_default()
+                .push(e.name.as_str());
+        }
+        let resolver = Resolver {
+            declared: &declared,
+            aliases: &aliases,
+            implicit,
+        };
+        f(&resolver)
+    }
+
+    /// Adds (or replaces) a toolset at run time — an MCP server's or a plugin's bundle, or a
+    /// composite of existing ones. Static toolsets cannot be redefined; a definition that would
+    /// make composites include each other in a loop is refused.
+    pub fn add_toolset(&self, toolset: Toolset) -> Result<(), ToolsetError> {
+        if !valid_toolset_name(&toolset.name) {
+            return Err(ToolsetError::BadName(toolset.name));
+        }
+        let name = toolset.name.clone();
+        let previous = {
+            let mut sets = write(&self.toolsets);
+            if let Some((_, ToolsetKind::Static)) = sets.get(&name) {
+                return Err(ToolsetError::Static(name));
+            }
+            sets.insert(name.clone(), (toolset, ToolsetKind::Dynamic))
+        };
+        let tools = read(&self.tools);
+        let check = self.with_resolver(&tools, |r| {
+            // Unknown includes are allowed (they may be added later); loops are not.
+            let mut sink = BTreeSet::new();
+            match r.resolve_into(&name, &mut sink) {
+                Err(e @ ToolsetError::Cycle { .. }) => Err(e),
+                _ => Ok(()),
+            }
+        });
+        drop(tools);
+        if let Err(e) = check {
+            let mut sets = write(&self.toolsets);
+            match previous {
+                Some(p) => sets.insert(name, p),
+                None => sets.remove(&name),
+            };
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Maps `alias` to the toolset `target` (like the legacy `*_tools` names).
+    pub fn add_toolset_alias(&self, alias: &str, target: &str) -> Result<(), ToolsetError> {
+        if !valid_toolset_name(alias) {
+            return Err(ToolsetError::BadName(alias.into()));
+        }
+        if read(&self.toolsets).contains_key(alias) {
+            return Err(ToolsetError::Static(alias.into()));
+        }
+        write(&self.aliases).insert(alias.into(), target.into());
+        Ok(())
+    }
+
+    /// Registers the tools of an MCP server or plugin as the dynamic toolset `toolset`. Each
+    /// entry gets that toolset and `source`; entries that cannot be registered are logged and
+    /// skipped (returned), the rest stay usable.
+    pub fn register_dynamic_toolset(
+        &self,
+        toolset: &str,
+        description: &str,
+        source: ToolSource,
+        entries: Vec<ToolEntry>,
+    ) -> Result<Vec<RegistrationError>, ToolsetError> {
+        let mut failures = Vec::new();
+        let mut names = Vec::new();
+        for mut entry in entries {
+            entry.toolset = toolset.to_string();
+            entry.source = source.clone();
+            let name = entry.name.clone();
+            match self.register(entry) {
+                Ok(()) => names.push(name),
+                Err(e) => {
+                    tracing::warn!("{source}: skipping a tool: {e}");
+                    failures.push(e);
+                }
+            }
+        }
+        let set = Toolset {
+            name: toolset.into(),
+            description: description.into(),
+            tools: names,
+            includes: Vec::new(),
+        };
+        if let Err(e) = self.add_toolset(set) {
+            // Keep the registry consistent: tools of a toolset that could not be added go too.
+            let mut tools = write(&self.tools);
+            tools.retain(|_, t| !(t.toolset == toolset && t.source == source));
+            return Err(e);
+        }
+        Ok(failures)
+    }
+
+    /// Removes a dynamic toolset and every tool registered in it by a plugin or MCP server (an
+    /// MCP server went away). Returns the names of the removed tools.
+    pub fn remove_toolset(&self, name: &str) -> Result<Vec<String>, ToolsetError> {
+        {
+            let mut sets = write(&self.toolsets);
+            if let Some((_, ToolsetKind::Static)) = sets.get(name) {
+                return Err(ToolsetError::Static(name.into()));
+            }
+            sets.remove(name);
+        }
+        let mut tools = write(&self.tools);
+        let gone: Vec<String> = tools
             .values()
-            .cloned()
+            .filter(|t| t.toolset == name && t.source.is_external())
+            .map(|t| t.name.clone())
+            .collect();
+        for g in &gone {
+            tools.remove(g);
+        }
+        Ok(gone)
+    }
+
+    /// The declared toolsets (static and dynamic), by name.
+    pub fn toolsets(&self) -> Vec<Toolset> {
+        read(&self.toolsets)
+            .values()
+            .map(|(t, _)| t.clone())
             .collect()
+    }
+
+    /// Every toolset name a user may select (declared and implicit), sorted.
+    pub fn toolset_names(&self) -> Vec<String> {
+        let tools = read(&self.tools);
+        self.with_resolver(&tools, |r| r.valid_names())
+    }
+
+    /// The tool names toolset `name` stands for (recursively; legacy names accepted). Names of
+    /// tools that are not registered are included: the toolset declares them.
+    pub fn resolve_toolset(&self, name: &str) -> Result<BTreeSet<String>, ToolsetError> {
+        let tools = read(&self.tools);
+        let mut out = BTreeSet::new();
+        self.with_resolver(&tools, |r| r.resolve_into(name, &mut out))?;
+        Ok(out)
+    }
+
+    /// Whether at least one registered tool of toolset `name` is available now.
+    pub fn is_toolset_available(&self, name: &str) -> Result<bool, ToolsetError> {
+        let names = self.resolve_toolset(name)?;
+        let entries: Vec<Arc<ToolEntry>> = names.iter().filter_map(|n| self.get(n)).collect();
+        Ok(availability_of(&entries, self.check_timeout())
+            .iter()
+            .any(Availability::is_available))
     }
 
     /// The script tools (SPEC §2) that are registered and available now, in [`SCRIPT_TOOLS`]
     /// order. Empty when none is: scripts then get no tools, never all of them.
     pub fn script_tools(&self) -> Vec<Arc<ToolEntry>> {
-        SCRIPT_TOOLS
+        let entries: Vec<Arc<ToolEntry>> = SCRIPT_TOOLS
             .iter()
             .filter_map(|name| self.get(name))
-            .filter(|e| e.is_available())
+            .collect();
+        let avail = availability_of(&entries, self.check_timeout());
+        entries
+            .into_iter()
+            .zip(avail)
+            .filter(|(_, a)| a.is_available())
+            .map(|(e, _)| e)
             .collect()
     }
+
+    // ---- dispatch -------------------------------------------------------------------------
 
     /// Runs a tool's handler. Handler failures (errors and panics) become
     /// `{"error": "Tool execution failed: <kind>: <message>"}`. Always returns a JSON string.
     pub fn dispatch(&self, name: &str, args: &Map<String, Value>, ctx: &ToolContext) -> String {
-        let Some(entry) = self.get(name) else {
-            return error_json(format!(
+        match self.get(name) {
+            Some(entry) => run_handler(&entry, args, ctx).0,
+            None => error_json(format!(
                 "Tool execution failed: UnknownTool: no tool named `{name}`"
-            ));
-        };
-        let outcome = match &entry.handler {
-            Handler::Sync(h) => catch_unwind(AssertUnwindSafe(|| h(args, ctx))),
-        };
-        let value = match outcome {
-            Ok(Ok(value)) => value,
-            Ok(Err(e)) => return error_json(format!("Tool execution failed: {e}")),
-            Err(panic) => {
-                return error_json(format!(
-                    "Tool execution failed: Panic: {}",
-                    panic_message(panic.as_ref())
-                ))
-            }
-        };
-        let text = value.to_string();
-        match entry.max_result_size_chars {
-            Some(max) => cap_result(text, max),
-            None => text,
+            )),
         }
     }
 
-    /// The one entry point for tool calls, from the agent and from scripts alike. Refuses
-    /// agent-loop tools and unknown names, then dispatches; any failure outside the handler is
-    /// wrapped as `{"error": "Error executing <tool>: <message>"}`.
+    /// The one entry point for tool calls, from the agent and from scripts alike: refuses
+    /// agent-loop tools and unknown names, coerces arguments to the schema, runs the
+    /// `pre_tool_call` hooks (which may block), dispatches, runs the `post_tool_call` hooks.
+    /// Failures outside the handler are wrapped as `{"error": "Error executing <tool>: <message>"}`.
+    /// Always returns a JSON string.
     pub fn handle_function_call(&self, name: &str, args: &Value, ctx: &ToolContext) -> String {
         let outer = |message: String| error_json(format!("Error executing {name}: {message}"));
+        match catch_unwind(AssertUnwindSafe(|| self.call(name, args, ctx))) {
+            Ok(Ok(text)) => text,
+            Ok(Err(message)) => outer(message),
+            Err(panic) => outer(panic_message(panic.as_ref())),
+        }
+    }
+
+    fn call(&self, name: &str, args: &Value, ctx: &ToolContext) -> Result<String, String> {
         if AGENT_LOOP_TOOLS.contains(&name) {
-            return outer(format!(
+            return Err(format!(
                 "`{name}` is handled by the agent loop and cannot be dispatched as a tool"
             ));
         }
-        if self.get(name).is_none() {
+        let Some(entry) = self.get(name) else {
             let known: Vec<String> = self.entries().iter().map(|e| e.name.clone()).collect();
-            return outer(format!(
+            return Err(format!(
                 "unknown tool; registered tools: {}",
                 known.join(", ")
             ));
-        }
+        };
         let empty = Map::new();
         let args = match args {
             Value::Object(m) => m,
             Value::Null => &empty,
             other => {
-                return outer(format!(
+                return Err(format!(
                     "arguments must be a JSON object, got {}",
                     json_type(other)
                 ))
             }
         };
-        match catch_unwind(AssertUnwindSafe(|| self.dispatch(name, args, ctx))) {
-            Ok(text) => text,
-            Err(panic) => outer(panic_message(panic.as_ref())),
+        let started = Instant::now();
+        let coerced = coerce_args(&entry.schema, args);
+        let call_args: &Map<String, Value> = match &coerced {
+            Ok(c) => c,
+            Err(_) => args,
+        };
+        let (text, status) = match &coerced {
+            Err(message) => (
+                error_json(format!(
+                    "Tool execution failed: InvalidArguments: {message}"
+                )),
+                CallStatus::Error,
+            ),
+            Ok(_) => match self.pre_hooks_verdict(name, call_args, ctx) {
+                Some(reason) => (
+                    error_json(format!("Blocked by pre_tool_call hook: {reason}")),
+                    CallStatus::Blocked,
+                ),
+                None => run_handler(&entry, call_args, ctx),
+            },
+        };
+        let hooks: Vec<PostHook> = read(&self.post_hooks).clone();
+        if !hooks.is_empty() {
+            let post = PostToolCall {
+                name,
+                args: call_args,
+                ctx,
+                result: &text,
+                status,
+                duration: started.elapsed(),
+            };
+            for hook in hooks {
+                if let Err(p) = catch_unwind(AssertUnwindSafe(|| hook(&post))) {
+                    tracing::warn!(
+                        "a post_tool_call hook failed on `{name}`: {}",
+                        panic_message(p.as_ref())
+                    );
+                }
+            }
         }
+        Ok(text)
+    }
+
+    /// The reason the first blocking `pre_tool_call` hook gives, if any.
+    fn pre_hooks_verdict(
+        &self,
+        name: &str,
+        args: &Map<String, Value>,
+        ctx: &ToolContext,
+    ) -> Option<String> {
+        let hooks: Vec<PreHook> = read(&self.pre_hooks).clone();
+        let pre = PreToolCall { name, args, ctx };
+        for hook in hooks {
+            match catch_unwind(AssertUnwindSafe(|| hook(&pre))) {
+                Ok(HookDecision::Continue) => {}
+                Ok(HookDecision::Block(reason)) => return Some(reason),
+                Err(p) => {
+                    return Some(format!(
+                        "the hook failed ({}), so the call is refused",
+                        panic_message(p.as_ref())
+                    ))
+                }
+            }
+        }
+        None
+    }
+
+    /// Runs the calls of one model turn: all at once (up to [`MAX_PARALLEL_TOOL_CALLS`]
+    /// threads) when every tool involved is `parallel_safe`, else one after another. Results
+    /// come back in call order either way.
+    pub fn handle_function_calls(&self, calls: &[ToolCall], ctx: &ToolContext) -> Vec<String> {
+        let parallel = calls.len() > 1
+            && calls
+                .iter()
+                .all(|c| self.get(&c.name).is_some_and(|e| e.parallel_safe));
+        if !parallel {
+            return calls
+                .iter()
+                .map(|c| self.handle_function_call(&c.name, &c.args, ctx))
+                .collect();
+        }
+        let results: Mutex<Vec<Option<String>>> = Mutex::new(vec![None; calls.len()]);
+        let next = AtomicUsize::new(0);
+        let work = || loop {
+            let i = next.fetch_add(1, Ordering::SeqCst);
+            let Some(call) = calls.get(i) else { break };
+            let text = self.handle_function_call(&call.name, &call.args, ctx);
+            results.lock().unwrap_or_else(|p| p.into_inner())[i] = Some(text);
+        };
+        std::thread::scope(|scope| {
+            let workers = calls.len().min(MAX_PARALLEL_TOOL_CALLS);
+            for _ in 1..workers {
+                if let Err(e) = std::thread::Builder::new()
+                    .name("vibeos-tool-call".into())
+                    .spawn_scoped(scope, work)
+                {
+                    // Fewer workers only means less parallelism; this thread still works.
+                    tracing::warn!("cannot start a parallel tool-call worker: {e}");
+                    break;
+                }
+            }
+            work();
+        });
+        results
+            .into_inner()
+            .unwrap_or_else(|p| p.into_inner())
+            .into_iter()
+            .zip(calls)
+            .map(|(r, c)| {
+                r.unwrap_or_else(|| {
+                    error_json(format!("Error executing {}: the call did not run", c.name))
+                })
+            })
+            .collect()
+    }
+}
+
+enum Produced {
+    Value(Value),
+    Text(String),
+}
+
+/// The dispatch layer: runs the handler, wraps failures, checks text results, caps size.
+fn run_handler(
+    entry: &ToolEntry,
+    args: &Map<String, Value>,
+    ctx: &ToolContext,
+) -> (String, CallStatus) {
+    let outcome = catch_unwind(AssertUnwindSafe(|| match &entry.handler {
+        Handler::Sync(h) => h(args, ctx).map(Produced::Value),
+        Handler::Async(h) => run_async(h(args.clone(), ctx.clone()))?.map(Produced::Value),
+        Handler::Text(h) => h(args, ctx).map(Produced::Text),
+    }));
+    let (text, status) = match outcome {
+        Ok(Ok(Produced::Value(value))) => {
+            let status = status_of(&value);
+            (value.to_string(), status)
+        }
+        Ok(Ok(Produced::Text(text))) => match serde_json::from_str::<Value>(&text) {
+            Ok(value) => (text, status_of(&value)),
+            Err(_) => (
+                json!({
+                    "result": text,
+                    "note": format!("`{}` returned text that is not JSON; it is given here as a string", entry.name),
+                })
+                .to_string(),
+                CallStatus::Success,
+            ),
+        },
+        Ok(Err(e)) => (
+            error_json(format!("Tool execution failed: {e}")),
+            CallStatus::Error,
+        ),
+        Err(panic) => (
+            error_json(format!(
+                "Tool execution failed: Panic: {}",
+                panic_message(panic.as_ref())
+            )),
+            CallStatus::Error,
+        ),
+    };
+    match entry.max_result_size_chars {
+        Some(max) => (cap_result(text, max), status),
+        None => (text, status),
+    }
+}
+
+fn status_of(value: &Value) -> CallStatus {
+    if value.get("error").is_some_and(|e| !e.is_null()) {
+        CallStatus::Error
+    } else {
+        CallStatus::Success
     }
 }
 
@@ -356,7 +1027,7 @@ fn json_type(v: &Value) -> &'static str {
     }
 }
 
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = panic.downcast_ref::<&str>() {
         (*s).to_string()
     } else if let Some(s) = panic.downcast_ref::<String>() {
@@ -381,6 +1052,13 @@ fn cap_result(text: String, max: usize) -> String {
             .to_string()
         }
     }
+}
+
+/// The tools map, read-locked (for sibling modules that need a consistent snapshot).
+pub(crate) fn read_tools(
+    reg: &ToolRegistry,
+) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<ToolEntry>>> {
+    read(&reg.tools)
 }
 
 #[cfg(test)]

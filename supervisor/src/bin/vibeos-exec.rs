@@ -8,7 +8,9 @@ use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use vibeos_supervisor::config::positive_seconds;
-use vibeos_supervisor::{audit, execute, logging, Config, ExecutionRequest, Interrupt, Mode};
+use vibeos_supervisor::{
+    audit, execute, execute_code_tool, logging, Config, ExecutionRequest, Interrupt, Mode,
+};
 
 /// Run Python scripts that call the agent's tools, sandboxed and bounded.
 #[derive(Parser, Debug)]
@@ -33,6 +35,32 @@ enum Command {
         #[command(subcommand)]
         command: EnvCommand,
     },
+    /// Inspect the tool registry: what the model would get.
+    Tools {
+        #[command(subcommand)]
+        command: ToolsCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum ToolsCommand {
+    /// Table of the selected tools: name, toolset, available or why not, emoji.
+    List(ToolsArgs),
+    /// The JSON array of function-calling schemas the model would get.
+    Schema(ToolsArgs),
+}
+
+#[derive(Args, Debug)]
+struct ToolsArgs {
+    /// Only these toolsets (comma-separated; composites, presets and legacy names accepted).
+    #[arg(long, value_name = "A,B", value_delimiter = ',')]
+    enable_toolsets: Vec<String>,
+    /// All toolsets except these (comma-separated).
+    #[arg(long, value_name = "C,D", value_delimiter = ',')]
+    disable_toolsets: Vec<String>,
+    /// `tools list` only: print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -115,7 +143,11 @@ fn real_main(cli: Cli) -> Result<u8, UsageError> {
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }
+    if let Err(e) = execute_code_tool::register_execute_code(vibeos_tools::registry(), &config) {
+        tracing::error!("{e}");
+    }
     match cli.command {
+        Command::Tools { command } => tools(command, &config),
         Command::Run(args) => run(args, &config),
         Command::Env {
             command: EnvCommand::Audit { json },
@@ -132,6 +164,89 @@ fn real_main(cli: Cli) -> Result<u8, UsageError> {
             Ok(0)
         }
     }
+}
+
+/// `tools list` and `tools schema`: both built from the registry exactly as the model's tool
+/// list is, so what they show is what the model gets.
+fn tools(command: ToolsCommand, config: &Config) -> Result<u8, UsageError> {
+    let reg = vibeos_tools::registry();
+    let mut out = std::io::stdout().lock();
+    match command {
+        ToolsCommand::Schema(args) => {
+            let settings = execute_code_tool::execute_code_settings(config, None);
+            let defs = reg
+                .get_tool_definitions_with(&args.enable_toolsets, &args.disable_toolsets, &settings)
+                .map_err(|e| UsageError(e.to_string()))?;
+            let text = serde_json::to_string_pretty(&defs)
+                .map_err(|e| UsageError(format!("cannot render the schemas: {e}")))?;
+            let _ = writeln!(out, "{text}");
+        }
+        ToolsCommand::List(args) => {
+            let rows = reg
+                .tool_report(&args.enable_toolsets, &args.disable_toolsets)
+                .map_err(|e| UsageError(e.to_string()))?;
+            let status = |a: &vibeos_tools::Availability| match a {
+                vibeos_tools::Availability::Available => "available".to_string(),
+                vibeos_tools::Availability::Unavailable(why) => format!("unavailable: {why}"),
+            };
+            if args.json {
+                let list: Vec<serde_json::Value> = rows
+                    .iter()
+                    .map(|r| {
+                        serde_json::json!({
+                            "name": r.name,
+                            "toolset": r.toolset,
+                            "available": r.availability.is_available(),
+                            "status": status(&r.availability),
+                            "requires_env": r.requires_env,
+                            "emoji": r.emoji,
+                            "is_async": r.is_async,
+                            "source": r.source.to_string(),
+                        })
+                    })
+                    .collect();
+                let _ = writeln!(out, "{}", serde_json::Value::Array(list));
+            } else {
+                let table: Vec<[String; 4]> = rows
+                    .iter()
+                    .map(|r| {
+                        let mut st = status(&r.availability);
+                        if r.availability.is_available() && !r.requires_env.is_empty() {
+                            st.push_str(&format!(" (requires env: {})", r.requires_env.join(", ")));
+                        }
+                        [r.name.clone(), r.toolset.clone(), st, r.emoji.clone()]
+                    })
+                    .collect();
+                let header = [
+                    "NAME".to_string(),
+                    "TOOLSET".to_string(),
+                    "STATUS".to_string(),
+                    "EMOJI".to_string(),
+                ];
+                let width = |i: usize| {
+                    table
+                        .iter()
+                        .chain(std::iter::once(&header))
+                        .map(|r| r[i].chars().count())
+                        .max()
+                        .unwrap_or(0)
+                };
+                let (w0, w1, w2) = (width(0), width(1), width(2));
+                for row in std::iter::once(&header).chain(table.iter()) {
+                    let line =
+                        format!("{:w0$}  {:w1$}  {:w2$}  {}", row[0], row[1], row[2], row[3]);
+                    let _ = writeln!(out, "{}", line.trim_end());
+                }
+                let available = rows
+                    .iter()
+                    .filter(|r| r.availability.is_available())
+                    .count();
+                let _ = writeln!(out, "\n{} tools, {available} available", rows.len());
+            }
+        }
+    }
+    let _ = out.flush();
+    Ok(0)
 }
 
 fn read_script(file: &str) -> Result<String, UsageError> {

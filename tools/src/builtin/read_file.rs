@@ -30,6 +30,7 @@ fn entry() -> ToolEntry {
     )
     .with_emoji("📖")
     .bounded()
+    .with_parallel_safe(true)
 }
 
 inventory::submit! { BuiltinTool(entry) }

@@ -1,0 +1,138 @@
+//! The `execute_code` entry of the tool registry.
+//!
+//! The supervisor owns execution, so it is the supervisor that registers the tool; the tools
+//! crate only knows it by name (to rewrite its description after filtering). The handler is
+//! asynchronous — [`crate::execute`] is — and so runs through the registry's async bridge: from
+//! plain sync code on the bridge's persistent runtime, and from inside a running runtime on a
+//! worker thread, never by blocking a runtime worker on itself.
+
+use crate::config::{positive_seconds, Config};
+use crate::execute::{execute, session_cwd, ExecutionRequest, Interrupt};
+use serde_json::{json, Map, Value};
+use std::path::Path;
+use vibeos_tools::{
+    ExecuteCodeSettings, RegistrationError, ToolContext, ToolEntry, ToolError, ToolRegistry,
+};
+
+/// The tool's own description; the registry appends the script tools, mode and limits.
+pub const DESCRIPTION: &str = "Run a Python script that calls your tools and return only what it \
+prints. Use it to chain several tool calls (loops, filtering, aggregation) in one turn instead \
+of many; intermediate results stay out of the conversation.";
+
+/// The settings the registry describes execute_code with, from `config` and the session
+/// working dir (`cwd`, else `TERMINAL_CWD`, else the process cwd).
+pub fn execute_code_settings(config: &Config, cwd: Option<&Path>) -> ExecuteCodeSettings {
+    ExecuteCodeSettings {
+        mode: config.mode.as_str().to_string(),
+        cwd: session_cwd(cwd).ok(),
+        timeout: config.timeout,
+        max_tool_calls: config.max_tool_calls,
+    }
+}
+
+/// The `execute_code` entry (toolset `code_execution`): runs scripts with `config`'s limits,
+/// overridable per call, dispatching the scripts' tool calls through `registry`. Scripts get
+/// every available script tool.
+pub fn execute_code_entry(registry: &'static ToolRegistry, config: &Config) -> ToolEntry {
+    execute_code_entry_for(registry, config, &[], &[])
+}
+
+/// Like [`execute_code_entry`] for a session whose tools are selected by `enabled` /
+/// `disabled` toolsets: scripts get only the script tools that selection keeps, the same ones
+/// the rewritten execute_code description names. The selection is resolved at each call, so
+/// toolsets added or removed later are followed; a selection that no longer resolves is an
+/// error of the call.
+pub fn execute_code_entry_for(
+    registry: &'static ToolRegistry,
+    config: &Config,
+    enabled: &[String],
+    disabled: &[String],
+) -> ToolEntry {
+    let config = config.clone();
+    let selection = (!enabled.is_empty() || !disabled.is_empty())
+        .then(|| (enabled.to_vec(), disabled.to_vec()));
+    ToolEntry::new_async(
+        "execute_code",
+        "code_execution",
+        DESCRIPTION,
+        json!({
+            "type": "object",
+            "properties": {
+                "code": {"type": "string", "description": "Python source; `from vibeos_tools import ...` to call tools, print() what should come back"},
+                "timeout": {"type": "number", "description": "Seconds before the script is killed (default from config)"},
+                "max_tool_calls": {"type": "integer", "minimum": 0, "description": "Most tool calls the script may make (default from config)"}
+            },
+            "required": ["code"]
+        }),
+        move |args, ctx| {
+            let config = config.clone();
+            let selection = selection.clone();
+            async move {
+                let mut request = request_from(&args, &ctx, &config)?;
+                if let Some((enabled, disabled)) = selection {
+                    let selected = registry.select_tools(&enabled, &disabled).map_err(|e| {
+                        ToolError::new("ToolsetError", format!("the session's toolsets: {e}"))
+                    })?;
+                    request.script_tools = Some(selected.iter().map(|e| e.name.clone()).collect());
+                }
+                Ok(execute(request, registry, Interrupt::new()).await.to_json())
+            }
+        },
+    )
+    .with_emoji("🐍")
+}
+
+fn request_from(
+    args: &Map<String, Value>,
+    ctx: &ToolContext,
+    config: &Config,
+) -> Result<ExecutionRequest, ToolError> {
+    let code = match args.get("code") {
+        Some(Value::String(s)) if !s.trim().is_empty() => s.clone(),
+        Some(Value::String(_)) => {
+            return Err(ToolError::invalid_args(
+                "argument `code` is empty; pass Python code that prints its result",
+            ))
+        }
+        _ => {
+            return Err(ToolError::invalid_args(
+                "missing required argument `code` (the Python source to run)",
+            ))
+        }
+    };
+    let mut request = ExecutionRequest::from_config(code, config);
+    match args.get("timeout") {
+        None | Some(Value::Null) => {}
+        Some(v) => {
+            request.timeout = v.as_f64().and_then(positive_seconds).ok_or_else(|| {
+                ToolError::invalid_args(format!(
+                    "argument `timeout` must be a positive number of seconds (at most 86400), got {v}"
+                ))
+            })?;
+        }
+    }
+    match args.get("max_tool_calls") {
+        None | Some(Value::Null) => {}
+        Some(v) => {
+            request.max_tool_calls = v
+                .as_u64()
+                .and_then(|n| usize::try_from(n).ok())
+                .ok_or_else(|| {
+                    ToolError::invalid_args(format!(
+                        "argument `max_tool_calls` must be a non-negative integer, got {v}"
+                    ))
+                })?;
+        }
+    }
+    request.cwd = Some(ctx.cwd.clone());
+    request.task_id = ctx.task_id.clone();
+    Ok(request)
+}
+
+/// Registers [`execute_code_entry`] in `registry`.
+pub fn register_execute_code(
+    registry: &'static ToolRegistry,
+    config: &Config,
+) -> Result<(), RegistrationError> {
+    registry.register(execute_code_entry(registry, config))
+}

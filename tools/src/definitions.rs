@@ -1,0 +1,296 @@
+//! Building what the model sees: the tool definitions of a session, and the listing behind
+//! `vibeos-exec tools list`.
+//!
+//! Selection follows SPEC §7: enabled toolsets → only those; disabled toolsets → everything
+//! minus those; neither → everything (when both are given, the disabled ones are subtracted from
+//! the enabled ones). Availability checks then drop tools that cannot run now. Finally the
+//! `execute_code` definition is rewritten to name exactly the script tools that survived, with
+//! the mode's working-directory note and the configured limits — so the model is never told
+//! about a tool a script could not call.
+
+use crate::availability::{availability_of, Availability};
+use crate::registry::{ToolEntry, ToolRegistry, ToolSource, SCRIPT_TOOLS};
+use crate::toolsets::ToolsetError;
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Name of the tool whose schema is rewritten after filtering.
+pub const EXECUTE_CODE: &str = "execute_code";
+
+/// What the `execute_code` description tells the model about where and how long scripts run.
+/// Comes from the configuration; nothing here is assumed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecuteCodeSettings {
+    /// `project` or `strict` (anything else is described as `project`, as it runs).
+    pub mode: String,
+    /// The session working directory, when known (shown in project mode).
+    pub cwd: Option<PathBuf>,
+    /// Wall-clock limit of one script.
+    pub timeout: Duration,
+    /// Tool-call budget of one script.
+    pub max_tool_calls: usize,
+}
+
+impl Default for ExecuteCodeSettings {
+    /// The documented defaults of SPEC §5 (project mode, 300 s, 50 calls).
+    fn default() -> Self {
+        ExecuteCodeSettings {
+            mode: "project".into(),
+            cwd: None,
+            timeout: Duration::from_secs(300),
+            max_tool_calls: 50,
+        }
+    }
+}
+
+/// One row of `vibeos-exec tools list`.
+#[derive(Debug, Clone)]
+pub struct ToolStatus {
+    /// Tool name.
+    pub name: String,
+    /// Its toolset.
+    pub toolset: String,
+    /// Emoji for listings.
+    pub emoji: String,
+    /// Variables it needs.
+    pub requires_env: Vec<String>,
+    /// Usable now, or why not.
+    pub availability: Availability,
+    /// Whether the handler is async.
+    pub is_async: bool,
+    /// Who registered it.
+    pub source: ToolSource,
+}
+
+impl ToolRegistry {
+    /// The registered tools selected by `enabled` / `disabled` toolset names, before availability
+    /// checks. Unknown names are an error naming the valid ones; empty names are ignored.
+    pub fn select_tools(
+        &self,
+        enabled: &[String],
+        disabled: &[String],
+    ) -> Result<Vec<Arc<ToolEntry>>, ToolsetError> {
+        let tools = crate::registry::read_tools(self);
+        let enabled: Vec<&str> = nonempty(enabled);
+        let disabled: Vec<&str> = nonempty(disabled);
+        let names = self.with_resolver(&tools, |r| -> Result<BTreeSet<String>, ToolsetError> {
+            let mut picked = BTreeSet::new();
+            if enabled.is_empty() {
+                picked.extend(tools.keys().cloned());
+            } else {
+                for name in &enabled {
+                    r.resolve_into(name, &mut picked)?;
+                }
+            }
+            let mut dropped = BTreeSet::new();
+            for name in &disabled {
+                r.resolve_into(name, &mut dropped)?;
+            }
+            Ok(&picked - &dropped)
+        })?;
+        Ok(names.iter().filter_map(|n| tools.get(n).cloned()).collect())
+    }
+
+    /// Every selected tool with its availability, for listings. Each distinct check runs once.
+    pub fn tool_report(
+        &self,
+        enabled: &[String],
+        disabled: &[String],
+    ) -> Result<Vec<ToolStatus>, ToolsetError> {
+        let entries = self.select_tools(enabled, disabled)?;
+        let avail = availability_of(&entries, self.check_timeout());
+        Ok(entries
+            .iter()
+            .zip(avail)
+            .map(|(e, availability)| ToolStatus {
+                name: e.name.clone(),
+                toolset: e.toolset.clone(),
+                emoji: e.emoji.clone(),
+                requires_env: e.requires_env.clone(),
+                availability,
+                is_async: e.is_async,
+                source: e.source.clone(),
+            })
+            .collect())
+    }
+
+    /// The OpenAI function-calling definitions the model gets, with the default
+    /// [`ExecuteCodeSettings`]. See [`ToolRegistry::get_tool_definitions_with`].
+    pub fn get_tool_definitions(
+        &self,
+        enabled: &[String],
+        disabled: &[String],
+    ) -> Result<Vec<Value>, ToolsetError> {
+        self.get_tool_definitions_with(enabled, disabled, &ExecuteCodeSettings::default())
+    }
+
+    /// The OpenAI function-calling definitions the model gets: the tools selected by the
+    /// toolsets, minus unavailable ones (each shared check run once), sorted by name, with the
+    /// `execute_code` definition rewritten for the surviving script tools and `settings`.
+    pub fn get_tool_definitions_with(
+        &self,
+        enabled: &[String],
+        disabled: &[String],
+        settings: &ExecuteCodeSettings,
+    ) -> Result<Vec<Value>, ToolsetError> {
+        let entries = self.select_tools(enabled, disabled)?;
+        let avail = availability_of(&entries, self.check_timeout());
+        let survivors: Vec<&Arc<ToolEntry>> = entries
+            .iter()
+            .zip(&avail)
+            .filter(|(_, a)| a.is_available())
+            .map(|(e, _)| e)
+            .collect();
+        let script_tools: Vec<&ToolEntry> = SCRIPT_TOOLS
+            .iter()
+            .filter_map(|n| survivors.iter().find(|e| e.name == *n))
+            .map(|e| e.as_ref())
+            .collect();
+        Ok(survivors
+            .iter()
+            .map(|e| {
+                let mut def = e.definition();
+                if e.name == EXECUTE_CODE {
+                    def["function"]["description"] = Value::String(execute_code_description(
+                        &e.description,
+                        &script_tools,
+                        settings,
+                    ));
+                }
+                def
+            })
+            .collect())
+    }
+}
+
+fn nonempty(names: &[String]) -> Vec<&str> {
+    names
+        .iter()
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// The execute_code description for the script tools that survived filtering.
+pub fn execute_code_description(
+    base: &str,
+    script_tools: &[&ToolEntry],
+    settings: &ExecuteCodeSettings,
+) -> String {
+    let mut out = base.trim_end().to_string();
+    out.push_str("\n\n");
+    if script_tools.is_empty() {
+        out.push_str(
+            "No tools are available to scripts in this session: `vibeos_tools` exports none \
+             (only its helpers json_parse, shell_quote and retry), so the script can only compute \
+             and print. Call tools directly instead.",
+        );
+    } else {
+        let names: Vec<&str> = script_tools.iter().map(|e| e.name.as_str()).collect();
+        out.push_str(&format!(
+            "Tools available to the script (`from vibeos_tools import {}`), nothing else:\n",
+            names.join(", ")
+        ));
+        for e in script_tools {
+            out.push_str(&format!(
+                "- {}({}): {}\n",
+                e.name,
+                signature(&e.schema),
+                e.description.lines().next().unwrap_or("").trim()
+            ));
+        }
+        out.push_str(
+            "Each returns a dict; a failed call returns {\"error\": ...} instead of raising. \
+             Helpers: json_parse(text), shell_quote(s), retry(fn, max_attempts=3, delay=2).",
+        );
+    }
+    out.push_str("\n\n");
+    if settings.mode == "strict" {
+        out.push_str(
+            "Mode strict: the script runs in an empty private staging directory (its working \
+             directory), confined: no network and no files outside that directory. Use the tools \
+             for files.",
+        );
+    } else {
+        match &settings.cwd {
+            Some(cwd) => out.push_str(&format!(
+                "Mode project: the script runs in the session working directory ({}) with the \
+                 project's Python (the active virtualenv or conda env when set); relative paths \
+                 resolve there.",
+                cwd.display()
+            )),
+            None => out.push_str(
+                "Mode project: the script runs in the session working directory with the \
+                 project's Python (the active virtualenv or conda env when set); relative paths \
+                 resolve there.",
+            ),
+        }
+    }
+    out.push_str(&format!(
+        "\nLimits: killed after {}s; at most {} tool calls per script; only what the script \
+         prints is returned, and long output is truncated.",
+        seconds(settings.timeout),
+        settings.max_tool_calls
+    ));
+    out
+}
+
+fn seconds(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s.fract() == 0.0 {
+        format!("{}", d.as_secs())
+    } else {
+        format!("{s:.1}")
+    }
+}
+
+/// `path, offset=1, limit=None`: required parameters first, then optional ones with their
+/// default, in schema order.
+fn signature(schema: &Value) -> String {
+    let Some(props) = schema.get("properties").and_then(Value::as_object) else {
+        return String::new();
+    };
+    let required: BTreeSet<&str> = schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let mut parts: Vec<String> = props
+        .keys()
+        .filter(|k| required.contains(k.as_str()))
+        .cloned()
+        .collect();
+    for (k, p) in props {
+        if required.contains(k.as_str()) {
+            continue;
+        }
+        let default = match p.get("default") {
+            None | Some(Value::Null) => "None".to_string(),
+            Some(Value::Bool(true)) => "True".to_string(),
+            Some(Value::Bool(false)) => "False".to_string(),
+            Some(v) => v.to_string(),
+        };
+        parts.push(format!("{k}={default}"));
+    }
+    parts.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn signature_lists_required_then_optional_with_defaults() {
+        let s = json!({"type": "object", "properties": {
+            "offset": {"type": "integer", "default": 1},
+            "path": {"type": "string"},
+            "flag": {"type": "boolean", "default": false},
+            "q": {"type": "string"}
+        }, "required": ["path"]});
+        assert_eq!(signature(&s), "path, offset=1, flag=False, q=None");
+    }
+}

@@ -1,0 +1,662 @@
+//! The registry's rules (SPEC §7), exercised through its public API with real handlers,
+//! real threads and real tokio runtimes.
+// Helpers outside `#[test]` fns unwrap too: a failure there is a test failure.
+#![allow(clippy::unwrap_used)]
+
+use serde_json::{json, Map, Value};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use vibeos_tools::{
+    Availability, CallStatus, CheckFn, ExecuteCodeSettings, HookDecision, OverridePolicy,
+    RegistrationError, ToolCall, ToolContext, ToolEntry, ToolError, ToolRegistry, ToolSource,
+    Toolset, ToolsetError,
+};
+
+fn obj() -> Value {
+    json!({"type": "object", "properties": {}})
+}
+
+fn tool(name: &str, toolset: &str) -> ToolEntry {
+    let n = name.to_string();
+    ToolEntry::new(
+        name,
+        toolset,
+        format!("The {name} tool.\nMore."),
+        obj(),
+        move |_, _| Ok(json!({ "tool": n })),
+    )
+}
+
+fn ctx() -> ToolContext {
+    ToolContext::agent("/")
+}
+
+fn call(reg: &ToolRegistry, name: &str, args: Value) -> Value {
+    serde_json::from_str(&reg.handle_function_call(name, &args, &ctx())).unwrap()
+}
+
+fn s(v: &[&str]) -> Vec<String> {
+    v.iter().map(|x| x.to_string()).collect()
+}
+
+fn names(defs: &[Value]) -> Vec<String> {
+    defs.iter()
+        .map(|d| d["function"]["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// A registry shaped like the product: file, terminal, web and code_execution tools.
+fn product() -> ToolRegistry {
+    let reg = ToolRegistry::new();
+    for (n, t) in [
+        ("read_file", "file"),
+        ("write_file", "file"),
+        ("search_files", "file"),
+        ("patch", "file"),
+        ("terminal", "terminal"),
+        ("web_search", "web"),
+        ("web_extract", "web"),
+        ("execute_code", "code_execution"),
+        ("todo", "todo"),
+    ] {
+        reg.register(tool(n, t)).unwrap();
+    }
+    reg
+}
+
+#[test]
+fn enabled_disabled_and_neither() {
+    let reg = product();
+    let all = names(&reg.get_tool_definitions(&[], &[]).unwrap());
+    assert_eq!(all.len(), 9);
+    let only = names(&reg.get_tool_definitions(&s(&["web"]), &[]).unwrap());
+    assert_eq!(only, s(&["web_extract", "web_search"]));
+    let minus = names(&reg.get_tool_definitions(&[], &s(&["file", "web"])).unwrap());
+    assert_eq!(minus, s(&["execute_code", "terminal", "todo"]));
+    let both = names(
+        &reg.get_tool_definitions(&s(&["coding"]), &s(&["terminal"]))
+            .unwrap(),
+    );
+    assert!(!both.contains(&"terminal".to_string()));
+    assert!(both.contains(&"read_file".to_string()));
+    // Definitions are OpenAI function-calling schemas.
+    let d = &reg.get_tool_definitions(&s(&["terminal"]), &[]).unwrap()[0];
+    assert_eq!(d["type"], "function");
+    assert_eq!(d["function"]["parameters"], obj());
+}
+
+#[test]
+fn composites_of_composites_and_presets_resolve_recursively() {
+    let reg = product();
+    // vibeos-core = coding (file, terminal, code_execution) + research (web, file).
+    let core = reg.resolve_toolset("vibeos-core").unwrap();
+    for t in [
+        "read_file",
+        "patch",
+        "terminal",
+        "web_search",
+        "execute_code",
+    ] {
+        assert!(core.contains(t), "{t} missing from {core:?}");
+    }
+    assert!(!core.contains("todo"));
+    let cli = reg.resolve_toolset("vibeos-cli").unwrap();
+    assert!(cli.contains("todo") && cli.contains("delegate_task") && cli.contains("web_extract"));
+    for preset in ["vibeos-telegram", "vibeos-acp", "vibeos-api-server"] {
+        assert!(reg.resolve_toolset(preset).unwrap().contains("read_file"));
+    }
+    let defs = names(&reg.get_tool_definitions(&s(&["vibeos-core"]), &[]).unwrap());
+    assert_eq!(defs.len(), 8);
+}
+
+#[test]
+fn legacy_names_map_to_modern_toolsets() {
+    let reg = product();
+    assert_eq!(
+        reg.resolve_toolset("file_tools").unwrap(),
+        reg.resolve_toolset("file").unwrap()
+    );
+    let defs = names(
+        &reg.get_tool_definitions(&s(&["web_tools", "terminal_tools"]), &[])
+            .unwrap(),
+    );
+    assert_eq!(defs, s(&["terminal", "web_extract", "web_search"]));
+    // An implicit toolset (from a tool's own `toolset` field) also has a legacy spelling.
+    reg.register(tool("gizmo", "gadgets")).unwrap();
+    assert_eq!(
+        names(
+            &reg.get_tool_definitions(&s(&["gadgets_tools"]), &[])
+                .unwrap()
+        ),
+        s(&["gizmo"])
+    );
+}
+
+#[test]
+fn unknown_toolsets_are_an_error_naming_the_valid_ones() {
+    let reg = product();
+    let err = reg.get_tool_definitions(&s(&["nope"]), &[]).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("unknown toolset `nope`"), "{text}");
+    assert!(
+        text.contains("file") && text.contains("vibeos-cli"),
+        "{text}"
+    );
+    assert!(matches!(
+        reg.get_tool_definitions(&[], &s(&["bogus"])),
+        Err(ToolsetError::Unknown { .. })
+    ));
+}
+
+#[test]
+fn cycles_are_an_error_not_a_hang() {
+    let reg = product();
+    reg.add_toolset(Toolset::new("a", "A", &[], &["b"]))
+        .unwrap();
+    let err = reg
+        .add_toolset(Toolset::new("b", "B", &[], &["a"]))
+        .unwrap_err();
+    assert!(matches!(err, ToolsetError::Cycle { .. }), "{err}");
+    assert!(err.to_string().contains("a → b → a") || err.to_string().contains("b → a → b"));
+    // Refused definitions leave nothing behind: `a` includes a `b` that does not exist, which
+    // resolves to nothing rather than failing.
+    assert!(reg.resolve_toolset("a").unwrap().is_empty());
+    assert!(matches!(
+        reg.resolve_toolset("b"),
+        Err(ToolsetError::Unknown { .. })
+    ));
+    // A self-including toolset is refused too.
+    assert!(matches!(
+        reg.add_toolset(Toolset::new("selfish", "", &[], &["selfish"])),
+        Err(ToolsetError::Cycle { .. })
+    ));
+    // Static toolsets cannot be redefined at run time.
+    assert!(matches!(
+        reg.add_toolset(Toolset::new("file", "", &["x"], &[])),
+        Err(ToolsetError::Static(_))
+    ));
+}
+
+#[test]
+fn dynamic_toolsets_of_mcp_servers_and_plugins() {
+    let reg = product();
+    let failures = reg
+        .register_dynamic_toolset(
+            "mcp-github",
+            "GitHub MCP server",
+            ToolSource::Mcp("github".into()),
+            vec![
+                tool("gh_issue", "ignored"),
+                tool("gh_pr", "ignored"),
+                tool("bad name", "ignored"),
+            ],
+        )
+        .unwrap();
+    assert_eq!(failures.len(), 1);
+    assert_eq!(reg.get("gh_issue").unwrap().toolset, "mcp-github");
+    assert_eq!(
+        names(&reg.get_tool_definitions(&s(&["mcp-github"]), &[]).unwrap()),
+        s(&["gh_issue", "gh_pr"])
+    );
+    assert!(reg.is_toolset_available("mcp-github").unwrap());
+    assert!(reg.toolset_names().contains(&"mcp-github".to_string()));
+    // A composite over a dynamic toolset.
+    reg.add_toolset(Toolset::new("dev", "", &[], &["mcp-github", "file_tools"]))
+        .unwrap();
+    assert!(reg.resolve_toolset("dev").unwrap().contains("gh_pr"));
+    let gone = reg.remove_toolset("mcp-github").unwrap();
+    assert_eq!(gone, s(&["gh_issue", "gh_pr"]));
+    assert!(reg.get("gh_pr").is_none());
+    // A composite whose dynamic member went away still resolves to the rest.
+    reg.add_toolset_alias("gh", "dev").unwrap();
+    let dev = reg.resolve_toolset("gh").unwrap();
+    assert!(dev.contains("read_file") && !dev.contains("gh_pr"));
+}
+
+#[test]
+fn plugins_may_not_replace_builtins_unless_the_policy_allows() {
+    let reg = product();
+    let plugin = ToolSource::Plugin("fancy".into());
+    let err = reg
+        .register(tool("read_file", "fancy").with_source(plugin.clone()))
+        .unwrap_err();
+    assert!(matches!(err, RegistrationError::OverrideRefused { .. }));
+    assert!(err.to_string().contains("`read_file`") && err.to_string().contains("plugin `fancy`"));
+    assert_eq!(reg.get("read_file").unwrap().toolset, "file");
+    reg.set_override_policy(
+        OverridePolicy::default()
+            .allow_name("read_file")
+            .allow_namespace("web_"),
+    );
+    reg.register(tool("read_file", "fancy").with_source(plugin.clone()))
+        .unwrap();
+    reg.register(tool("web_search", "fancy").with_source(plugin.clone()))
+        .unwrap();
+    assert!(reg
+        .register(tool("terminal", "fancy").with_source(plugin.clone()))
+        .is_err());
+    reg.set_override_policy(OverridePolicy::default().allow_source("fancy"));
+    reg.register(tool("terminal", "fancy").with_source(plugin.clone()))
+        .unwrap();
+    // Plugin replacing a plugin, and built-in replacing anything: last wins.
+    reg.register(tool("terminal", "other").with_source(ToolSource::Plugin("other".into())))
+        .unwrap();
+    assert_eq!(reg.get("terminal").unwrap().toolset, "other");
+    reg.register(tool("terminal", "terminal")).unwrap();
+    assert_eq!(reg.get("terminal").unwrap().source, ToolSource::Builtin);
+}
+
+#[test]
+fn failing_panicking_and_hanging_checks_mean_unavailable() {
+    let reg = product();
+    reg.set_check_timeout(Duration::from_millis(300));
+    reg.register(tool("off", "checks").with_check(|| false))
+        .unwrap();
+    reg.register(
+        tool("raises", "checks")
+            .with_check(|| panic!("no credentials configured"))
+            .with_requires_env(&["VIBEOS_TEST_SURELY_UNSET_VAR", "PATH"]),
+    )
+    .unwrap();
+    reg.register(tool("hangs", "checks").with_check(|| {
+        std::thread::sleep(Duration::from_secs(3));
+        true
+    }))
+    .unwrap();
+    reg.register(tool("on", "checks").with_check(|| true))
+        .unwrap();
+    let report = reg.tool_report(&s(&["checks"]), &[]).unwrap();
+    let why = |n: &str| {
+        report
+            .iter()
+            .find(|r| r.name == n)
+            .map(|r| r.availability.clone())
+            .unwrap()
+    };
+    assert_eq!(why("on"), Availability::Available);
+    assert_eq!(why("off"), Availability::Unavailable("check failed".into()));
+    let Availability::Unavailable(r) = why("raises") else {
+        panic!()
+    };
+    assert!(r.contains("no credentials configured"), "{r}");
+    assert!(
+        r.contains("missing env: VIBEOS_TEST_SURELY_UNSET_VAR"),
+        "{r}"
+    );
+    assert!(!r.contains("PATH"), "{r}");
+    let Availability::Unavailable(r) = why("hangs") else {
+        panic!()
+    };
+    assert!(r.contains("did not finish within 0.3s"), "{r}");
+    // The stuck check is not started again while it is still running.
+    let report = reg.tool_report(&s(&["checks"]), &[]).unwrap();
+    let again = report.iter().find(|r| r.name == "hangs").unwrap();
+    assert!(
+        matches!(&again.availability, Availability::Unavailable(r) if r.contains("still running")),
+        "{:?}",
+        again.availability
+    );
+    let defs = names(&reg.get_tool_definitions(&s(&["checks"]), &[]).unwrap());
+    assert_eq!(defs, s(&["on"]));
+    assert!(reg.is_toolset_available("checks").unwrap());
+    reg.add_toolset(Toolset::new("dead", "", &["off", "raises"], &[]))
+        .unwrap();
+    assert!(!reg.is_toolset_available("dead").unwrap());
+}
+
+#[test]
+fn a_shared_check_runs_once_per_build() {
+    let reg = product();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&runs);
+    let shared: CheckFn = Arc::new(move || {
+        counter.fetch_add(1, Ordering::SeqCst);
+        true
+    });
+    for n in ["s1", "s2", "s3", "s4"] {
+        reg.register(tool(n, "shared").with_shared_check(&shared))
+            .unwrap();
+    }
+    let defs = reg.get_tool_definitions(&s(&["shared"]), &[]).unwrap();
+    assert_eq!(defs.len(), 4);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    // Results are cached per build, not forever.
+    reg.get_tool_definitions(&[], &[]).unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert!(reg.is_toolset_available("shared").unwrap());
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}
+
+#[test]
+fn execute_code_schema_lists_only_surviving_script_tools() {
+    let reg = product();
+    reg.register(tool("terminal", "terminal").with_check(|| false))
+        .unwrap();
+    let mut read_file = tool("read_file", "file");
+    read_file.schema = json!({"type": "object", "properties": {
+        "path": {"type": "string"}, "offset": {"type": "integer", "default": 1}},
+        "required": ["path"]});
+    read_file.description = "Read a text file as numbered lines.\nDetails.".into();
+    reg.register(read_file).unwrap();
+    let settings = ExecuteCodeSettings {
+        mode: "strict".into(),
+        cwd: None,
+        timeout: Duration::from_secs(42),
+        max_tool_calls: 7,
+    };
+    let defs = reg
+        .get_tool_definitions_with(
+            &s(&["file", "code_execution", "terminal"]),
+            &s(&["web"]),
+            &settings,
+        )
+        .unwrap();
+    let exec = defs
+        .iter()
+        .find(|d| d["function"]["name"] == "execute_code")
+        .unwrap();
+    let desc = exec["function"]["description"].as_str().unwrap();
+    assert!(desc.starts_with("The execute_code tool."), "{desc}");
+    assert!(
+        desc.contains("from vibeos_tools import read_file, write_file, search_files, patch`"),
+        "{desc}"
+    );
+    assert!(
+        desc.contains("- read_file(path, offset=1): Read a text file as numbered lines."),
+        "{desc}"
+    );
+    assert!(
+        !desc.contains("terminal"),
+        "unavailable tool offered: {desc}"
+    );
+    assert!(
+        !desc.contains("web_search"),
+        "unselected tool offered: {desc}"
+    );
+    assert!(desc.contains("Mode strict"), "{desc}");
+    assert!(
+        desc.contains("killed after 42s") && desc.contains("at most 7 tool calls"),
+        "{desc}"
+    );
+
+    let project = ExecuteCodeSettings {
+        cwd: Some("/srv/proj".into()),
+        ..ExecuteCodeSettings::default()
+    };
+    let defs = reg
+        .get_tool_definitions_with(&s(&["code_execution"]), &[], &project)
+        .unwrap();
+    let desc = defs[0]["function"]["description"].as_str().unwrap();
+    assert!(desc.contains("No tools are available to scripts"), "{desc}");
+    assert!(!desc.contains("import read_file"), "{desc}");
+    assert!(
+        desc.contains("Mode project") && desc.contains("/srv/proj"),
+        "{desc}"
+    );
+    assert!(desc.contains("killed after 300s") && desc.contains("at most 50 tool calls"));
+    // The registered entry itself is untouched.
+    assert_eq!(
+        reg.get("execute_code").unwrap().description,
+        "The execute_code tool.\nMore."
+    );
+}
+
+#[test]
+fn arguments_are_coerced_to_the_schema_types() {
+    let reg = ToolRegistry::new();
+    reg.register(ToolEntry::new(
+        "typed",
+        "t",
+        "Typed.",
+        json!({"type": "object", "properties": {
+            "n": {"type": "integer"}, "b": {"type": "boolean"}, "s": {"type": "string"}}}),
+        |args: &Map<String, Value>, _: &ToolContext| Ok(Value::Object(args.clone())),
+    ))
+    .unwrap();
+    assert_eq!(
+        call(&reg, "typed", json!({"n": "5", "b": "true", "s": 12})),
+        json!({"n": 5, "b": true, "s": "12"})
+    );
+    assert_eq!(
+        call(&reg, "typed", json!({"n": "five"}))["error"],
+        "Tool execution failed: InvalidArguments: argument `n` must be an integer, got \"five\""
+    );
+}
+
+#[test]
+fn both_error_layers_and_agent_loop_refusal() {
+    let reg = product();
+    reg.register(ToolEntry::new("fails", "t", "F.", obj(), |_, _| {
+        Err(ToolError::new("PermissionDenied", "/etc/shadow: denied"))
+    }))
+    .unwrap();
+    assert_eq!(
+        call(&reg, "fails", json!({}))["error"],
+        "Tool execution failed: PermissionDenied: /etc/shadow: denied"
+    );
+    assert_eq!(
+        call(&reg, "fails", json!("x"))["error"],
+        "Error executing fails: arguments must be a JSON object, got a string"
+    );
+    for t in ["todo", "memory", "session_search", "delegate_task"] {
+        let e = call(&reg, t, json!({}));
+        assert_eq!(
+            e["error"],
+            format!("Error executing {t}: `{t}` is handled by the agent loop and cannot be dispatched as a tool")
+        );
+    }
+    // A hook that panics is outside the handler: the outer layer would wrap anything that
+    // escaped; a panicking pre-hook fails closed instead.
+    reg.add_pre_tool_call_hook(|c| {
+        if c.name == "terminal" {
+            panic!("policy broke")
+        }
+        HookDecision::Continue
+    });
+    let e = call(&reg, "terminal", json!({}));
+    assert!(e["error"].as_str().unwrap().contains("policy broke"), "{e}");
+}
+
+#[test]
+fn pre_hooks_may_block_and_post_hooks_see_every_call() {
+    let reg = product();
+    type Seen = Vec<(String, CallStatus, Duration, String)>;
+    let seen: Arc<Mutex<Seen>> = Default::default();
+    let log = Arc::clone(&seen);
+    reg.add_pre_tool_call_hook(|c| {
+        if c.name == "terminal" && c.ctx.task_id.as_deref() == Some("locked") {
+            HookDecision::Block("terminal is disabled for this task".into())
+        } else {
+            HookDecision::Continue
+        }
+    });
+    reg.add_post_tool_call_hook(move |c| {
+        log.lock().unwrap().push((
+            c.name.to_string(),
+            c.status,
+            c.duration,
+            c.result.to_string(),
+        ))
+    });
+    let mut locked = ctx();
+    locked.task_id = Some("locked".into());
+    let out: Value =
+        serde_json::from_str(&reg.handle_function_call("terminal", &json!({}), &locked)).unwrap();
+    assert_eq!(
+        out["error"],
+        "Blocked by pre_tool_call hook: terminal is disabled for this task"
+    );
+    assert_eq!(
+        call(&reg, "terminal", json!({})),
+        json!({"tool": "terminal"})
+    );
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0].0, "terminal");
+    assert_eq!(seen[0].1, CallStatus::Blocked);
+    assert!(seen[0].3.contains("Blocked by pre_tool_call hook"));
+    assert_eq!(seen[1].1, CallStatus::Success);
+    assert!(seen[1].2 > Duration::ZERO);
+}
+
+#[test]
+fn text_results_that_are_not_json_are_wrapped() {
+    let reg = ToolRegistry::new();
+    reg.register(ToolEntry::new_text("plain", "t", "P.", obj(), |_, _| {
+        Ok("just words".into())
+    }))
+    .unwrap();
+    reg.register(ToolEntry::new_text("jsonish", "t", "J.", obj(), |_, _| {
+        Ok("{\"ok\": 1}".into())
+    }))
+    .unwrap();
+    let out = call(&reg, "plain", json!({}));
+    assert_eq!(out["result"], "just words");
+    assert!(out["note"].as_str().unwrap().contains("not JSON"));
+    assert_eq!(
+        reg.handle_function_call("jsonish", &json!({}), &ctx()),
+        "{\"ok\": 1}"
+    );
+}
+
+fn async_registry() -> ToolRegistry {
+    let reg = ToolRegistry::new();
+    reg.register(ToolEntry::new_async(
+        "slow_echo",
+        "async",
+        "Async echo.",
+        json!({"type": "object", "properties": {"x": {"type": "integer"}}}),
+        |args, ctx| async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if args.get("x") == Some(&json!(-1)) {
+                return Err(ToolError::new("Negative", "x is -1"));
+            }
+            if args.get("x") == Some(&json!(-2)) {
+                panic!("async handler exploded");
+            }
+            Ok(json!({"x": args.get("x"), "task": ctx.task_id}))
+        },
+    ))
+    .unwrap();
+    reg
+}
+
+#[test]
+fn async_handlers_work_from_sync_code() {
+    let reg = async_registry();
+    assert!(reg.get("slow_echo").unwrap().is_async);
+    assert_eq!(
+        call(&reg, "slow_echo", json!({"x": "3"})),
+        json!({"x": 3, "task": null})
+    );
+    assert_eq!(
+        call(&reg, "slow_echo", json!({"x": -1}))["error"],
+        "Tool execution failed: Negative: x is -1"
+    );
+    assert_eq!(
+        call(&reg, "slow_echo", json!({"x": -2}))["error"],
+        "Tool execution failed: Panic: async handler exploded"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn async_handlers_work_inside_a_current_thread_runtime() {
+    let reg = async_registry();
+    assert_eq!(call(&reg, "slow_echo", json!({"x": 1}))["x"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_handlers_work_inside_a_multi_thread_runtime() {
+    let reg = async_registry();
+    assert_eq!(call(&reg, "slow_echo", json!({"x": 2}))["x"], 2);
+}
+
+#[test]
+fn async_handlers_work_from_many_threads() {
+    let reg = async_registry();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..16)
+            .map(|i| {
+                let reg = &reg;
+                s.spawn(move || call(reg, "slow_echo", json!({"x": i}))["x"].clone())
+            })
+            .collect();
+        for (i, h) in handles.into_iter().enumerate() {
+            assert_eq!(h.join().unwrap(), json!(i));
+        }
+    });
+}
+
+fn concurrency_registry(second_safe: bool) -> (ToolRegistry, Arc<AtomicUsize>) {
+    let reg = ToolRegistry::new();
+    let active = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    for (name, safe) in [("p1", true), ("p2", second_safe)] {
+        let (active, peak) = (Arc::clone(&active), Arc::clone(&peak));
+        reg.register(
+            ToolEntry::new(
+                name,
+                "par",
+                "P.",
+                json!({"type": "object", "properties": {"i": {"type": "integer"}}}),
+                move |args, _| {
+                    let now = active.fetch_add(1, Ordering::SeqCst) + 1;
+                    peak.fetch_max(now, Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(60));
+                    active.fetch_sub(1, Ordering::SeqCst);
+                    Ok(json!({"i": args.get("i")}))
+                },
+            )
+            .with_parallel_safe(safe),
+        )
+        .unwrap();
+    }
+    (reg, peak)
+}
+
+#[test]
+fn a_turn_runs_in_parallel_only_when_every_tool_allows_it() {
+    let calls: Vec<ToolCall> = (0..6)
+        .map(|i| ToolCall::new(if i % 2 == 0 { "p1" } else { "p2" }, json!({"i": i})))
+        .collect();
+    let (reg, peak) = concurrency_registry(true);
+    let out = reg.handle_function_calls(&calls, &ctx());
+    assert!(
+        peak.load(Ordering::SeqCst) > 1,
+        "parallel-safe batch ran serially"
+    );
+    for (i, r) in out.iter().enumerate() {
+        assert_eq!(serde_json::from_str::<Value>(r).unwrap(), json!({"i": i}));
+    }
+    let (reg, peak) = concurrency_registry(false);
+    let out = reg.handle_function_calls(&calls, &ctx());
+    assert_eq!(
+        peak.load(Ordering::SeqCst),
+        1,
+        "unsafe tool ran in parallel"
+    );
+    for (i, r) in out.iter().enumerate() {
+        assert_eq!(serde_json::from_str::<Value>(r).unwrap(), json!({"i": i}));
+    }
+}
+
+#[test]
+fn malformed_schemas_are_rejected_with_the_tool_name() {
+    let reg = ToolRegistry::new();
+    let mut bad = tool("oddly_typed", "t");
+    bad.schema = json!({"type": "object", "properties": {"n": {"type": "int"}}});
+    let err = reg.register(bad).unwrap_err().to_string();
+    assert!(
+        err.contains("`oddly_typed`") && err.contains("\"int\""),
+        "{err}"
+    );
+    let mut bad = tool("prop_not_object", "t");
+    bad.schema = json!({"type": "object", "properties": {"n": 3}});
+    assert!(reg
+        .register(bad)
+        .unwrap_err()
+        .to_string()
+        .contains("`prop_not_object`"));
+    assert!(reg.register(tool("ok", "bad toolset name")).is_err());
+}
