@@ -14,7 +14,11 @@ use vibeos_supervisor::{
 
 /// Run Python scripts that call the agent's tools, sandboxed and bounded.
 #[derive(Parser, Debug)]
-#[command(name = "vibeos-exec", version, about, long_about = None)]
+#[command(
+    name = "vibeos-exec",
+    version,
+    about = "Run Python scripts that call the agent's tools over a private RPC channel, scrubbed, confined and bounded."
+)]
 struct Cli {
     /// Log level for stderr and $VIBEOS_HOME/logs/agent.log (error, warn, info, debug, trace).
     #[arg(long, global = true, value_name = "LEVEL")]
@@ -29,6 +33,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run a script (a file, or - for stdin) and print what it printed.
+    #[command(after_help = "Exit codes: 0 success, 1 error, 124 timeout, 130 interrupted (SIGINT/SIGTERM), 2 usage or config error.\nWith --json, stdout holds exactly one result object: status, output, tool_calls_made, duration_seconds, exit_code, error, truncation figures.")]
     Run(RunArgs),
     /// Inspect the environment policy.
     Env {
