@@ -9,10 +9,12 @@
 //! Built-in tools register themselves from their own files under `builtin/` ("import =
 //! registration", via `inventory`); there is no hand-kept list.
 
+pub mod approval;
 pub mod builtin;
 mod context;
 mod error;
 mod registry;
+pub mod settings;
 
 pub use context::{CallOrigin, ToolContext};
 pub use error::{RegistrationError, ToolError};
