@@ -12,6 +12,7 @@
 pub mod approval;
 pub mod builtin;
 mod context;
+pub mod environments;
 mod error;
 mod registry;
 pub mod settings;

@@ -2,5 +2,7 @@
 //! adding a tool touches no list here beyond its `mod` line.
 
 pub mod args;
+mod process;
 mod read_file;
+pub mod terminal;
 mod write_file;
