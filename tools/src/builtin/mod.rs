@@ -4,5 +4,6 @@
 pub mod args;
 mod process;
 mod read_file;
+mod search_files;
 pub mod terminal;
 mod write_file;
