@@ -3,6 +3,7 @@
 
 pub mod args;
 mod process;
+mod patch;
 mod read_file;
 mod search_files;
 pub mod terminal;
