@@ -6,5 +6,6 @@ mod process;
 mod patch;
 mod read_file;
 mod search_files;
+mod web;
 pub mod terminal;
 mod write_file;

@@ -37,11 +37,11 @@ fn entry() -> ToolEntry {
         json!({
             "type": "object",
             "properties": {
-                "mode": {"type": "string", "enum": ["replace", "patch"], "default": "replace"},
                 "path": {"type": "string", "description": "File to edit (mode=replace)"},
                 "old_string": {"type": "string", "description": "Text to find (mode=replace); include enough context to be unique"},
                 "new_string": {"type": "string", "description": "Replacement text (mode=replace)"},
                 "replace_all": {"type": "boolean", "default": false, "description": "Replace every match instead of refusing when there are several"},
+                "mode": {"type": "string", "enum": ["replace", "patch"], "default": "replace"},
                 "patch": {"type": "string", "description": "Unified diff text (mode=patch)"}
             }
         }),
