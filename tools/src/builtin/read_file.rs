@@ -48,6 +48,16 @@ fn read_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Tool
             ),
         ));
     }
+    if !meta.is_file() {
+        // A FIFO or a character device would block or never end; only regular files are read.
+        return Err(ToolError::new(
+            "NotARegularFile",
+            format!(
+                "{} is not a regular file (a device, FIFO or socket); read_file only reads files",
+                path.display()
+            ),
+        ));
+    }
     let mut file = File::open(&path).map_err(|e| ToolError::io(&path, &e))?;
     let mut head = [0u8; 8192];
     let n = read_up_to(&mut file, &mut head).map_err(|e| ToolError::io(&path, &e))?;
