@@ -1,6 +1,9 @@
 //! End-to-end tests of the built-in tools as scripts see them: `vibeos-exec run` on fixture
 //! scripts under fixtures/tools/, with real files, real shells and a real HTTP server.
 
+// A test harness: a panic here is how a failed expectation is reported.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
@@ -9,7 +12,10 @@ use vibeos_e2e::{pid_alive, Sandbox};
 /// Runs a fixture and parses the JSON it printed.
 fn run_tool_fixture(sb: &Sandbox, name: &str, args: &[&str]) -> Value {
     let result = sb.run_fixture(&format!("tools/{name}"), args);
-    assert_eq!(result["status"], "success", "fixture {name} failed: {result:#}");
+    assert_eq!(
+        result["status"], "success",
+        "fixture {name} failed: {result:#}"
+    );
     let output = result["output"].as_str().expect("output string");
     serde_json::from_str(output.trim())
         .unwrap_or_else(|e| panic!("fixture {name} printed no JSON ({e}): {output}"))
@@ -27,7 +33,10 @@ fn file_tools_chain_through_a_script() {
     let r = run_tool_fixture(&sb, "file_chain.py", &[]);
     assert_eq!(r["write"]["bytes_written"], 56);
     assert_eq!(r["write"]["created"], true);
-    assert_eq!(r["read"]["content"], "     2|    if ready:\n     3|        return 1\n");
+    assert_eq!(
+        r["read"]["content"],
+        "     2|    if ready:\n     3|        return 1\n"
+    );
     assert_eq!(r["read"]["total_lines"], 4);
     assert_eq!(r["read"]["next_offset"], 4);
     let m = &r["search"]["matches"];
@@ -41,12 +50,24 @@ fn file_tools_chain_through_a_script() {
     assert_eq!(r["files"]["files"], serde_json::json!(["pkg/app.py"]));
     assert_eq!(r["count"]["counts"][0]["count"], 2);
     assert_eq!(r["replace"]["match"], "exact");
-    assert!(r["replace"]["diff"].as_str().unwrap_or("").contains("+    return 2"));
+    assert!(r["replace"]["diff"]
+        .as_str()
+        .unwrap_or("")
+        .contains("+    return 2"));
     assert_eq!(r["fuzzy"]["match"], "whitespace-tolerant");
     assert_eq!(r["multi"]["files"].as_array().map(Vec::len), Some(2));
-    assert!(r["final_app"].as_str().unwrap_or("").contains("        return 10\n"));
-    assert!(r["final_app"].as_str().unwrap_or("").contains("    return 2\n"));
-    assert!(r["final_conf"].as_str().unwrap_or("").contains("port: 5432"));
+    assert!(r["final_app"]
+        .as_str()
+        .unwrap_or("")
+        .contains("        return 10\n"));
+    assert!(r["final_app"]
+        .as_str()
+        .unwrap_or("")
+        .contains("    return 2\n"));
+    assert!(r["final_conf"]
+        .as_str()
+        .unwrap_or("")
+        .contains("port: 5432"));
     assert_eq!(
         std::fs::read_to_string(sb.work().join("pkg/new.txt")).unwrap_or_default(),
         "created by patch\n"
@@ -87,7 +108,10 @@ fn bad_inputs_come_back_as_error_dicts() {
     assert!(error_of(&r["bad_offset"]).contains("offset"));
     assert!(error_of(&r["patch_nomatch"]).contains("NoMatch"));
     let bad = error_of(&r["patch_bad_diff"]);
-    assert!(bad.contains("keep.txt") && bad.contains("Nothing was written"), "{bad}");
+    assert!(
+        bad.contains("keep.txt") && bad.contains("Nothing was written"),
+        "{bad}"
+    );
     assert!(error_of(&r["patch_garbage"]).contains("PatchError"));
     assert!(error_of(&r["huge_command"]).contains("limit"));
     assert!(error_of(&r["empty_command"]).contains("empty"));
@@ -105,12 +129,21 @@ fn terminal_from_a_script_is_scrubbed_capped_and_killed_on_timeout() {
     assert_eq!(r["echo"]["exit_code"], 3);
     assert_eq!(r["echo"]["output"], "hello\noops\n");
     let env = r["env"].as_str().unwrap();
-    assert!(!env.contains("sk-must-not-leak") && !env.contains("sk-provider"), "{env}");
-    assert!(!env.contains("VIBEOS_RPC_TOKEN"), "the RPC token reached a terminal command");
+    assert!(
+        !env.contains("sk-must-not-leak") && !env.contains("sk-provider"),
+        "{env}"
+    );
+    assert!(
+        !env.contains("VIBEOS_RPC_TOKEN"),
+        "the RPC token reached a terminal command"
+    );
     assert!(env.contains("PATH="));
     assert!(r["workdir"].as_str().unwrap().ends_with("/work/sub"));
     assert_eq!(r["timeout"]["timed_out"], true);
-    assert!(r["timeout"]["error"].as_str().unwrap().contains("timed out after 1s"));
+    assert!(r["timeout"]["error"]
+        .as_str()
+        .unwrap()
+        .contains("timed out after 1s"));
     let bg = r["bg_pid"].as_i64().unwrap() as i32;
     assert!(!pid_alive(bg), "a child of the timed-out command survived");
     assert_eq!(r["flood"]["truncated"], true);
@@ -128,7 +161,10 @@ fn dangerous_commands_are_denied_in_scripts_without_a_host() {
     let r = run_tool_fixture(&sb, "dangerous.py", &[]);
     for key in ["rm", "obfuscated", "pipe"] {
         let e = error_of(&r[key]);
-        assert!(e.contains("CommandDenied") && e.contains("non-interactive"), "{key}: {e}");
+        assert!(
+            e.contains("CommandDenied") && e.contains("non-interactive"),
+            "{key}: {e}"
+        );
         assert!(e.contains("command_allowlist"), "{key}: {e}");
     }
     assert!(error_of(&r["rm"]).contains("recursive_delete"));
@@ -167,7 +203,11 @@ fn start_server() -> String {
                         break;
                     }
                 }
-                let target = request_line.split_whitespace().nth(1).unwrap_or("/").to_string();
+                let target = request_line
+                    .split_whitespace()
+                    .nth(1)
+                    .unwrap_or("/")
+                    .to_string();
                 let (status, ctype, body) = if target.starts_with("/search?") {
                     assert!(target.contains("format=json") && target.contains("q=rust"));
                     (
@@ -222,7 +262,10 @@ fn web_tools_use_the_configured_backends() {
     assert_eq!(results.len(), 4);
     assert_eq!(results[0]["title"], "Test & Page");
     let page = results[0]["content"].as_str().unwrap();
-    assert!(page.contains("Heading") && !page.contains("<p>") && !page.contains("hidden=1"), "{page}");
+    assert!(
+        page.contains("Heading") && !page.contains("<p>") && !page.contains("hidden=1"),
+        "{page}"
+    );
     assert!(page.contains("content cut at 40"));
     assert_eq!(results[0]["error"], Value::Null);
     assert_eq!(results[1]["content"], "just plain text");

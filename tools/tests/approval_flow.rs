@@ -2,6 +2,9 @@
 //! config.yaml. One test function: the callbacks, session approvals and config path are
 //! process-wide, so the steps must run in order.
 
+// A test harness: a panic here is how a failed expectation is reported.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -32,7 +35,10 @@ fn decision_chain_host_session_always_smart_and_agent_env() {
     // No host, script origin: denied, nothing run.
     mk("d1");
     let r = terminal(&ctx, "rm -rf d1");
-    assert!(r["error"].as_str().unwrap().contains("non-interactive"), "{r}");
+    assert!(
+        r["error"].as_str().unwrap().contains("non-interactive"),
+        "{r}"
+    );
     assert!(work.join("d1").exists());
 
     // Host callback says deny, then once.
@@ -43,12 +49,18 @@ fn decision_chain_host_session_always_smart_and_agent_env() {
         let answer = Arc::clone(&answer);
         approval::set_approval_callback(Some(Arc::new(move |req: &ApprovalRequest| {
             asked.fetch_add(1, Ordering::SeqCst);
-            assert!(req.task_id.as_deref().is_some_and(|t| t.starts_with("session-")));
+            assert!(req
+                .task_id
+                .as_deref()
+                .is_some_and(|t| t.starts_with("session-")));
             *answer.lock().unwrap()
         })));
     }
     let r = terminal(&ctx, "rm -rf d1");
-    assert!(r["error"].as_str().unwrap().contains("denied by the user"), "{r}");
+    assert!(
+        r["error"].as_str().unwrap().contains("denied by the user"),
+        "{r}"
+    );
     assert!(work.join("d1").exists());
     *answer.lock().unwrap() = ApprovalChoice::Once;
     assert_eq!(terminal(&ctx, "rm -rf d1")["exit_code"], 0);
@@ -61,7 +73,11 @@ fn decision_chain_host_session_always_smart_and_agent_env() {
     mk("d3");
     assert_eq!(terminal(&ctx, "rm -rf d2")["exit_code"], 0);
     assert_eq!(terminal(&ctx, "rm -rf d3")["exit_code"], 0);
-    assert_eq!(asked.load(Ordering::SeqCst), 3, "session approval was not remembered");
+    assert_eq!(
+        asked.load(Ordering::SeqCst),
+        3,
+        "session approval was not remembered"
+    );
     let mut other = ctx.clone();
     other.task_id = Some("session-2".into());
     *answer.lock().unwrap() = ApprovalChoice::Deny;
@@ -76,15 +92,25 @@ fn decision_chain_host_session_always_smart_and_agent_env() {
     let r = terminal(&other, "git clean -fdx -n 2>/dev/null; true");
     assert_eq!(r["exit_code"], 0, "{r}");
     let text = std::fs::read_to_string(&cfg).unwrap();
-    assert!(text.starts_with("# my settings\ncode_execution:\n  timeout: 30\n"), "{text}");
-    assert!(text.contains("command_allowlist:\n  - git_clean\n"), "{text}");
+    assert!(
+        text.starts_with("# my settings\ncode_execution:\n  timeout: 30\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("command_allowlist:\n  - git_clean\n"),
+        "{text}"
+    );
     approval::set_approval_callback(None);
     let mut fresh = ctx.clone();
     fresh.task_id = Some("session-3".into());
-    assert_eq!(terminal(&fresh, "git clean -fdx -n 2>/dev/null; true")["exit_code"], 0);
+    assert_eq!(
+        terminal(&fresh, "git clean -fdx -n 2>/dev/null; true")["exit_code"],
+        0
+    );
     // A second "always" edits the existing list and keeps the other keys.
     approval::persist_always(&["recursive_delete".into()]).unwrap();
-    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    let doc: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
     assert_eq!(doc["code_execution"]["timeout"], 30);
     assert_eq!(doc["command_allowlist"][1], "recursive_delete");
     std::fs::write(&cfg, "command_allowlist: []\n").unwrap();
@@ -100,14 +126,19 @@ fn decision_chain_host_session_always_smart_and_agent_env() {
     approval::set_smart_approval(None);
     assert!(matches!(
         approval::check_command("ls", &fresh),
-        Decision::Allow { approved_by: "not dangerous" }
+        Decision::Allow {
+            approved_by: "not dangerous"
+        }
     ));
 
     // Agent calls (ctx.env None) keep the environment minus provider credentials.
     std::env::set_var("OPENAI_API_KEY", "sk-provider-secret");
     std::env::set_var("MY_TOOL_TOKEN", "agent-visible");
     let agent = ToolContext::agent(&work);
-    let out = terminal(&agent, "env")["output"].as_str().unwrap().to_string();
+    let out = terminal(&agent, "env")["output"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert!(!out.contains("sk-provider-secret"));
     assert!(out.contains("MY_TOOL_TOKEN=agent-visible"));
     vibeos_tools::settings::set_config_path(None);

@@ -26,7 +26,10 @@ fn generate(root: &Path, files: usize) -> std::io::Result<usize> {
                 writeln!(f, "line {line} has needle_{i} in it")?;
                 expected += 1;
             } else {
-                writeln!(f, "line {line} of file {i}: lorem ipsum dolor sit amet consectetur")?;
+                writeln!(
+                    f,
+                    "line {line} of file {i}: lorem ipsum dolor sit amet consectetur"
+                )?;
             }
         }
     }
@@ -53,7 +56,10 @@ fn main() {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(100_000);
-    let tmp = match tempfile::Builder::new().prefix("vibeos-search-bench-").tempdir() {
+    let tmp = match tempfile::Builder::new()
+        .prefix("vibeos-search-bench-")
+        .tempdir()
+    {
         Ok(t) => t,
         Err(e) => {
             eprintln!("cannot create a temp dir: {e}");
@@ -69,7 +75,10 @@ fn main() {
             std::process::exit(1);
         }
     };
-    println!("tree: {files} files, {expected} matching lines, generated in {:.2?}", t.elapsed());
+    println!(
+        "tree: {files} files, {expected} matching lines, generated in {:.2?}",
+        t.elapsed()
+    );
 
     let ctx = ToolContext::agent(root);
     let args = json!({"pattern": NEEDLE, "output_mode": "count", "limit": 1});

@@ -106,6 +106,10 @@ fn real_main(cli: Cli) -> Result<u8, UsageError> {
         logging::validate_level(level).map_err(|e| UsageError(e.to_string()))?;
     }
     let config = Config::load(cli.config.as_deref()).map_err(|e| UsageError(e.to_string()))?;
+    // The tools read their own sections (command_allowlist, web) from the same file.
+    if let Some(path) = &cli.config {
+        vibeos_tools::settings::set_config_path(Some(path.clone()));
+    }
     let level = cli
         .log_level
         .clone()

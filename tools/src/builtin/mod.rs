@@ -2,10 +2,10 @@
 //! adding a tool touches no list here beyond its `mod` line.
 
 pub mod args;
-mod process;
 mod patch;
+mod process;
 mod read_file;
 mod search_files;
-mod web;
 pub mod terminal;
+mod web;
 mod write_file;

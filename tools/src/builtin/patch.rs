@@ -96,7 +96,10 @@ fn read_text(path: &Path) -> Result<String, ToolError> {
     if bytes.contains(&0) {
         return Err(ToolError::new(
             "BinaryFile",
-            format!("{} looks binary (it contains NUL bytes); patch only edits text", path.display()),
+            format!(
+                "{} looks binary (it contains NUL bytes); patch only edits text",
+                path.display()
+            ),
         ));
     }
     String::from_utf8(bytes).map_err(|e| {
@@ -131,7 +134,8 @@ fn atomic_write(path: &Path, content: &str) -> Result<(), ToolError> {
         .and_then(|_| tmp.flush())
         .map_err(|e| ToolError::io(path, &e))?;
     let _ = tmp.as_file().set_permissions(perms);
-    tmp.persist(path).map_err(|e| ToolError::io(path, &e.error))?;
+    tmp.persist(path)
+        .map_err(|e| ToolError::io(path, &e.error))?;
     Ok(())
 }
 
@@ -293,8 +297,8 @@ fn split_patch(text: &str) -> Result<Vec<FilePatch>, String> {
     let lines: Vec<&str> = text.split_inclusive('\n').collect();
     let mut parts: Vec<FilePatch> = Vec::new();
     let mut i = 0;
-    let hunk_re = regex::Regex::new(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
-        .map_err(|e| e.to_string())?;
+    let hunk_re =
+        regex::Regex::new(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@").map_err(|e| e.to_string())?;
     while i < lines.len() {
         let line = lines[i];
         if line.starts_with("--- ") && lines.get(i + 1).is_some_and(|l| l.starts_with("+++ ")) {
@@ -397,7 +401,10 @@ fn checked_name(name: &str) -> Result<&str, ToolError> {
 
 fn patch_mode(text: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
     let mut parts = split_patch(text).map_err(|e| {
-        ToolError::new("PatchError", format!("the patch text cannot be parsed: {e}. Nothing was written"))
+        ToolError::new(
+            "PatchError",
+            format!("the patch text cannot be parsed: {e}. Nothing was written"),
+        )
     })?;
     strip_git_prefixes(&mut parts);
     // Plan every change in memory first; write only when all of them apply.
@@ -420,7 +427,10 @@ fn patch_mode(text: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
         let parsed = diffy::Patch::from_str(&part.text).map_err(|e| {
             ToolError::new(
                 "PatchError",
-                format!("file #{} ({name}) of the patch: {e}. Nothing was written", n + 1),
+                format!(
+                    "file #{} ({name}) of the patch: {e}. Nothing was written",
+                    n + 1
+                ),
             )
         })?;
         let path = ctx.resolve(&name);
@@ -440,10 +450,7 @@ fn patch_mode(text: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
             String::new()
         } else {
             read_text(&path).map_err(|e| {
-                ToolError::new(
-                    e.kind,
-                    format!("{}. Nothing was written", e.message),
-                )
+                ToolError::new(e.kind, format!("{}. Nothing was written", e.message))
             })?
         };
         let new = diffy::apply(&old, &parsed).map_err(|e| {
@@ -503,7 +510,11 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let f = d.path().join("a.py");
         std::fs::write(&f, "def f():\n    if x:\n        return 1\n    return 2\n").unwrap();
-        let r = call(d.path(), json!({"path": "a.py", "old_string": "return 2", "new_string": "return 3"})).unwrap();
+        let r = call(
+            d.path(),
+            json!({"path": "a.py", "old_string": "return 2", "new_string": "return 3"}),
+        )
+        .unwrap();
         assert_eq!(r["match"], "exact");
         assert!(r["diff"].as_str().unwrap().contains("+    return 3"));
         // Indented differently and with extra blanks: found, and re-indented to the file's level.
@@ -520,17 +531,37 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let f = d.path().join("a.txt");
         std::fs::write(&f, "x = 1\nx = 1\n").unwrap();
-        let e = call(d.path(), json!({"path": "a.txt", "old_string": "x = 1", "new_string": "y"})).unwrap_err();
+        let e = call(
+            d.path(),
+            json!({"path": "a.txt", "old_string": "x = 1", "new_string": "y"}),
+        )
+        .unwrap_err();
         assert_eq!(e.kind, "AmbiguousMatch");
-        let e = call(d.path(), json!({"path": "a.txt", "old_string": "x  =  1", "new_string": "y"})).unwrap_err();
+        let e = call(
+            d.path(),
+            json!({"path": "a.txt", "old_string": "x  =  1", "new_string": "y"}),
+        )
+        .unwrap_err();
         assert_eq!(e.kind, "AmbiguousMatch");
-        let e = call(d.path(), json!({"path": "a.txt", "old_string": "zzz", "new_string": "y"})).unwrap_err();
+        let e = call(
+            d.path(),
+            json!({"path": "a.txt", "old_string": "zzz", "new_string": "y"}),
+        )
+        .unwrap_err();
         assert_eq!(e.kind, "NoMatch");
         assert_eq!(std::fs::read_to_string(&f).unwrap(), "x = 1\nx = 1\n");
-        let r = call(d.path(), json!({"path": "a.txt", "old_string": "x = 1", "new_string": "y", "replace_all": true})).unwrap();
+        let r = call(
+            d.path(),
+            json!({"path": "a.txt", "old_string": "x = 1", "new_string": "y", "replace_all": true}),
+        )
+        .unwrap();
         assert_eq!(r["replacements"], 2);
         std::fs::write(&f, b"caf\xe9\n").unwrap();
-        let e = call(d.path(), json!({"path": "a.txt", "old_string": "caf", "new_string": "y"})).unwrap_err();
+        let e = call(
+            d.path(),
+            json!({"path": "a.txt", "old_string": "caf", "new_string": "y"}),
+        )
+        .unwrap_err();
         assert_eq!(e.kind, "NotUtf8");
     }
 
@@ -544,15 +575,31 @@ mod tests {
                     --- /dev/null\n+++ b/new/three.txt\n@@ -0,0 +1,1 @@\n+hello\n";
         let r = call(d.path(), json!({"mode": "patch", "patch": good})).unwrap();
         assert_eq!(r["files"].as_array().unwrap().len(), 3);
-        assert_eq!(std::fs::read_to_string(d.path().join("one.txt")).unwrap(), "a\nB\nc\n");
-        assert_eq!(std::fs::read_to_string(d.path().join("two.txt")).unwrap(), "keep\n");
-        assert_eq!(std::fs::read_to_string(d.path().join("new/three.txt")).unwrap(), "hello\n");
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("one.txt")).unwrap(),
+            "a\nB\nc\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("two.txt")).unwrap(),
+            "keep\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("new/three.txt")).unwrap(),
+            "hello\n"
+        );
         let bad = "--- a/one.txt\n+++ b/one.txt\n@@ -1,1 +1,1 @@\n-a\n+A\n--- a/two.txt\n+++ b/two.txt\n@@ -1,1 +1,1 @@\n-nope\n+x\n";
         let e = call(d.path(), json!({"mode": "patch", "patch": bad})).unwrap_err();
         assert_eq!(e.kind, "PatchError");
         assert!(e.message.contains("two.txt") && e.message.contains("Nothing was written"));
-        assert_eq!(std::fs::read_to_string(d.path().join("one.txt")).unwrap(), "a\nB\nc\n");
-        let e = call(d.path(), json!({"mode": "patch", "patch": "just some text"})).unwrap_err();
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("one.txt")).unwrap(),
+            "a\nB\nc\n"
+        );
+        let e = call(
+            d.path(),
+            json!({"mode": "patch", "patch": "just some text"}),
+        )
+        .unwrap_err();
         assert_eq!(e.kind, "PatchError");
     }
 }

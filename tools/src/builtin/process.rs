@@ -99,7 +99,9 @@ fn process(args: &Map<String, Value>, _ctx: &ToolContext) -> Result<Value, ToolE
             let code = p.kill();
             let out = poll_json(false);
             local::remove_process(id);
-            Ok(json!({"process_id": id, "killed": true, "exit_code": code, "output": out["output"]}))
+            Ok(
+                json!({"process_id": id, "killed": true, "exit_code": code, "output": out["output"]}),
+            )
         }
         other => Err(ToolError::invalid_args(format!(
             "unknown action `{other}`; use list, poll, log, wait, write or kill"

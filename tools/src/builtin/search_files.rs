@@ -19,7 +19,9 @@
 use super::args::{checked_path, int_in_range, optional_str, required_str};
 use crate::{BuiltinTool, ToolContext, ToolEntry, ToolError};
 use grep_regex::{RegexMatcher, RegexMatcherBuilder};
-use grep_searcher::{BinaryDetection, Searcher, SearcherBuilder, Sink, SinkContext, SinkContextKind, SinkMatch};
+use grep_searcher::{
+    BinaryDetection, Searcher, SearcherBuilder, Sink, SinkContext, SinkContextKind, SinkMatch,
+};
 use ignore::{WalkBuilder, WalkState};
 use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
@@ -210,7 +212,9 @@ fn glob(pattern: &str, what: &str) -> Result<globset::GlobMatcher, ToolError> {
         .literal_separator(true)
         .build()
         .map(|g| g.compile_matcher())
-        .map_err(|e| ToolError::invalid_args(format!("{what} {pattern:?} is not a valid glob: {e}")))
+        .map_err(|e| {
+            ToolError::invalid_args(format!("{what} {pattern:?} is not a valid glob: {e}"))
+        })
 }
 
 fn searcher(context: usize) -> Searcher {
@@ -280,7 +284,8 @@ fn search_files(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
             let hits = walk.files(|p| {
                 let name = p.file_name()?;
                 (name_glob.is_match(name)
-                    || p.strip_prefix(&walk.root).is_ok_and(|r| name_glob.is_match(r)))
+                    || p.strip_prefix(&walk.root)
+                        .is_ok_and(|r| name_glob.is_match(r)))
                 .then_some(())
             });
             let total = hits.len() as u64;
@@ -291,7 +296,10 @@ fn search_files(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
                 .map(|(p, _)| walk.display(p))
                 .collect();
             let n = files.len();
-            return Ok(merge(json!({"target": "files", "files": files}), page(total, n)));
+            return Ok(merge(
+                json!({"target": "files", "files": files}),
+                page(total, n),
+            ));
         }
         "content" => {}
         other => {
@@ -428,30 +436,54 @@ mod tests {
     fn content_search_respects_gitignore_and_skips_binary() {
         let d = tree();
         let r = call(d.path(), json!({"pattern": "database"})).unwrap();
-        let paths: Vec<&str> = r["matches"].as_array().unwrap().iter().map(|m| m["path"].as_str().unwrap()).collect();
+        let paths: Vec<&str> = r["matches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["path"].as_str().unwrap())
+            .collect();
         assert_eq!(paths, ["a.yaml", "latin1.txt", "sub/b.yaml", "sub/c.txt"]);
         assert_eq!(r["total"], 4);
         assert_eq!(r["truncated"], false);
         assert_eq!(r["matches"][2]["line"], 2);
         assert_eq!(r["matches"][2]["content"], "database: sqlite");
-        assert!(r["matches"][1]["content"].as_str().unwrap().contains("caf\u{fffd}"));
+        assert!(r["matches"][1]["content"]
+            .as_str()
+            .unwrap()
+            .contains("caf\u{fffd}"));
     }
 
     #[test]
     fn glob_paging_modes_and_context() {
         let d = tree();
-        let r = call(d.path(), json!({"pattern": "database", "file_glob": "*.yaml", "limit": 1})).unwrap();
+        let r = call(
+            d.path(),
+            json!({"pattern": "database", "file_glob": "*.yaml", "limit": 1}),
+        )
+        .unwrap();
         assert_eq!(r["matches"].as_array().unwrap().len(), 1);
         assert_eq!(r["total"], 2);
         assert_eq!(r["next_offset"], 1);
-        let r = call(d.path(), json!({"pattern": "database", "file_glob": "*.yaml", "offset": 1, "context": 1})).unwrap();
+        let r = call(
+            d.path(),
+            json!({"pattern": "database", "file_glob": "*.yaml", "offset": 1, "context": 1}),
+        )
+        .unwrap();
         assert_eq!(r["matches"][0]["path"], "sub/b.yaml");
         assert_eq!(r["matches"][0]["context_before"], json!(["x"]));
         assert_eq!(r["matches"][0]["context_after"], json!(["y"]));
         assert_eq!(r["next_offset"], Value::Null);
-        let r = call(d.path(), json!({"pattern": "database", "output_mode": "files_with_matches"})).unwrap();
+        let r = call(
+            d.path(),
+            json!({"pattern": "database", "output_mode": "files_with_matches"}),
+        )
+        .unwrap();
         assert_eq!(r["files"].as_array().unwrap().len(), 4);
-        let r = call(d.path(), json!({"pattern": "a", "output_mode": "count", "path": "sub"})).unwrap();
+        let r = call(
+            d.path(),
+            json!({"pattern": "a", "output_mode": "count", "path": "sub"}),
+        )
+        .unwrap();
         assert_eq!(r["counts"][0]["path"], "sub/b.yaml");
         let r = call(d.path(), json!({"pattern": "*.yaml", "target": "files"})).unwrap();
         assert_eq!(r["files"], json!(["a.yaml", "sub/b.yaml"]));

@@ -116,7 +116,9 @@ fn terminal(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolE
     }
     let cwd = match optional_str(args, "workdir")? {
         Some(w) if w.contains('\0') => {
-            return Err(ToolError::invalid_args("argument `workdir` contains a NUL byte"))
+            return Err(ToolError::invalid_args(
+                "argument `workdir` contains a NUL byte",
+            ))
         }
         Some(w) => ctx.resolve(w),
         None => ctx.cwd.clone(),
@@ -124,7 +126,10 @@ fn terminal(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolE
     if !cwd.is_dir() {
         return Err(ToolError::new(
             "NotADirectory",
-            format!("working directory {} does not exist or is not a directory", cwd.display()),
+            format!(
+                "working directory {} does not exist or is not a directory",
+                cwd.display()
+            ),
         ));
     }
     if let Decision::Deny { message } = check_command(command, ctx) {
@@ -138,7 +143,8 @@ fn terminal(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolE
         pty,
     };
     if background {
-        let p = local::start_background(&spec).map_err(|e| ToolError::new("SpawnError", e.to_string()))?;
+        let p = local::start_background(&spec)
+            .map_err(|e| ToolError::new("SpawnError", e.to_string()))?;
         return Ok(json!({
             "status": "running",
             "process_id": p.id,
@@ -154,7 +160,8 @@ fn terminal(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolE
         .map_err(|e| ToolError::new("SpawnError", e.to_string()))?;
     let mut output = out.output;
     let error = if out.timed_out {
-        let note = format!("Command timed out after {timeout}s and was killed (with its process group).");
+        let note =
+            format!("Command timed out after {timeout}s and was killed (with its process group).");
         output.push_str(&format!("\n[{note}]"));
         Value::String(note)
     } else {

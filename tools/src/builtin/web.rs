@@ -96,7 +96,9 @@ fn search_entry() -> ToolEntry {
         web_search,
     )
     .with_emoji("🔍");
-    e.check_fn = Some(CheckFnHolder(Arc::new(|| web_config().searxng_url.is_some())));
+    e.check_fn = Some(CheckFnHolder(Arc::new(|| {
+        web_config().searxng_url.is_some()
+    })));
     e.requires_env = vec!["VIBEOS_WEB_SEARCH_URL".into()];
     e
 }
@@ -148,9 +150,9 @@ fn web_search(args: &Map<String, Value>, _ctx: &ToolContext) -> Result<Value, To
     }
     let limit = int_in_range(args, "limit", 5, 1, 50)? as usize;
     let cfg = web_config();
-    let base = cfg
-        .searxng_url
-        .ok_or_else(|| not_configured("web_search", "set VIBEOS_WEB_SEARCH_URL to a SearXNG URL"))?;
+    let base = cfg.searxng_url.ok_or_else(|| {
+        not_configured("web_search", "set VIBEOS_WEB_SEARCH_URL to a SearXNG URL")
+    })?;
     let url = format!("{base}/search");
     let mut resp = agent(cfg.timeout)
         .get(&url)
@@ -222,9 +224,9 @@ fn html_title(html: &str) -> String {
 
 fn fetch_one(agent: &ureq::Agent, url: &str, char_limit: usize) -> Value {
     let fail = |msg: String| json!({"url": url, "title": "", "content": "", "error": msg});
-    let scheme_ok = url
-        .split_once("://")
-        .is_some_and(|(s, rest)| (s.eq_ignore_ascii_case("http") || s.eq_ignore_ascii_case("https")) && !rest.is_empty());
+    let scheme_ok = url.split_once("://").is_some_and(|(s, rest)| {
+        (s.eq_ignore_ascii_case("http") || s.eq_ignore_ascii_case("https")) && !rest.is_empty()
+    });
     if !scheme_ok {
         return fail("only http:// and https:// URLs can be fetched".into());
     }
@@ -252,7 +254,15 @@ fn fetch_one(agent: &ureq::Agent, url: &str, char_limit: usize) -> Value {
         return fail(format!("HTTP {status}"));
     }
     let looks_html = ctype.contains("html")
-        || (ctype.is_empty() && body.iter().take(1024).copied().collect::<Vec<u8>>().to_ascii_lowercase().windows(5).any(|w| w == b"<html"));
+        || (ctype.is_empty()
+            && body
+                .iter()
+                .take(1024)
+                .copied()
+                .collect::<Vec<u8>>()
+                .to_ascii_lowercase()
+                .windows(5)
+                .any(|w| w == b"<html"));
     let (title, text) = if looks_html {
         let raw = String::from_utf8_lossy(&body);
         match html2text::from_read(body.as_slice(), 100) {
@@ -267,7 +277,9 @@ fn fetch_one(agent: &ureq::Agent, url: &str, char_limit: usize) -> Value {
     {
         (String::new(), String::from_utf8_lossy(&body).into_owned())
     } else {
-        return fail(format!("content type {ctype:?} is not text; web_extract returns text only"));
+        return fail(format!(
+            "content type {ctype:?} is not text; web_extract returns text only"
+        ));
     };
     let total_chars = text.chars().count();
     let content = match text.char_indices().nth(char_limit) {
@@ -287,7 +299,9 @@ fn web_extract(args: &Map<String, Value>, _ctx: &ToolContext) -> Result<Value, T
             .iter()
             .map(|v| {
                 v.as_str().map(str::to_string).ok_or_else(|| {
-                    ToolError::invalid_args(format!("every entry of `urls` must be a string, got {v}"))
+                    ToolError::invalid_args(format!(
+                        "every entry of `urls` must be a string, got {v}"
+                    ))
                 })
             })
             .collect::<Result<_, _>>()?,

@@ -101,7 +101,10 @@ struct Spawned {
 
 fn spawn(spec: &SpawnSpec<'_>) -> Result<Spawned, BackendError> {
     let mut cmd = Command::new(shell());
-    cmd.arg("-c").arg(spec.command).current_dir(spec.cwd).env_clear();
+    cmd.arg("-c")
+        .arg(spec.command)
+        .current_dir(spec.cwd)
+        .env_clear();
     cmd.envs(spec.env.iter().map(|(k, v)| (k, v)));
     if spec.pty {
         if !spec.env.iter().any(|(k, _)| k == "TERM") {
@@ -136,9 +139,7 @@ fn spawn(spec: &SpawnSpec<'_>) -> Result<Spawned, BackendError> {
         let child = cmd.spawn().map_err(BackendError::Spawn)?;
         drop(cmd);
         let master = std::fs::File::from(pty.master);
-        let writer = master
-            .try_clone()
-            .map_err(BackendError::Spawn)?;
+        let writer = master.try_clone().map_err(BackendError::Spawn)?;
         let pgid = Pid::from_raw(child.id() as i32);
         Ok(Spawned {
             child,
@@ -151,9 +152,7 @@ fn spawn(spec: &SpawnSpec<'_>) -> Result<Spawned, BackendError> {
             what: "an output pipe",
             err,
         })?;
-        let write2 = write_end
-            .try_clone()
-            .map_err(BackendError::Spawn)?;
+        let write2 = write_end.try_clone().map_err(BackendError::Spawn)?;
         cmd.stdin(Stdio::null())
             .stdout(Stdio::from(write_end))
             .stderr(Stdio::from(write2))
@@ -505,7 +504,10 @@ impl BackgroundProcess {
 
     /// Writes to its stdin (PTY processes only: pipe-mode processes have stdin from /dev/null).
     pub fn write_stdin(&self, data: &[u8]) -> Result<(), String> {
-        let mut g = self.stdin.lock().map_err(|_| "stdin lock poisoned".to_string())?;
+        let mut g = self
+            .stdin
+            .lock()
+            .map_err(|_| "stdin lock poisoned".to_string())?;
         match g.as_mut() {
             Some(f) => f
                 .write_all(data)
@@ -563,7 +565,12 @@ mod tests {
     #[test]
     fn runs_and_reports_exit_code() {
         let e = env();
-        let out = run_foreground(&spec("echo out; echo err >&2; exit 3", &e, false), Duration::from_secs(10), 1000).unwrap();
+        let out = run_foreground(
+            &spec("echo out; echo err >&2; exit 3", &e, false),
+            Duration::from_secs(10),
+            1000,
+        )
+        .unwrap();
         assert_eq!(out.exit_code, 3);
         assert_eq!(out.output, "out\nerr\n");
         assert!(!out.timed_out);
@@ -578,16 +585,28 @@ mod tests {
         let out = run_foreground(&spec(&cmd, &e, false), Duration::from_millis(500), 1000).unwrap();
         assert!(out.timed_out);
         assert!(out.duration < Duration::from_secs(5));
-        let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+        let pid: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
         std::thread::sleep(Duration::from_millis(100));
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        assert!(stat.is_empty() || stat.contains(") Z"), "sleep survived: {stat}");
+        assert!(
+            stat.is_empty() || stat.contains(") Z"),
+            "sleep survived: {stat}"
+        );
     }
 
     #[test]
     fn flood_is_capped() {
         let e = env();
-        let out = run_foreground(&spec("yes abcdefgh | head -c 5000000", &e, false), Duration::from_secs(30), 10_000).unwrap();
+        let out = run_foreground(
+            &spec("yes abcdefgh | head -c 5000000", &e, false),
+            Duration::from_secs(30),
+            10_000,
+        )
+        .unwrap();
         assert!(out.truncated);
         assert_eq!(out.output_bytes, 5_000_000);
         assert!(out.output.len() < 11_000);
@@ -596,16 +615,31 @@ mod tests {
     #[test]
     fn pty_mode_has_a_terminal() {
         let e = env();
-        let out = run_foreground(&spec("test -t 1 && echo tty || echo notty", &e, true), Duration::from_secs(10), 1000).unwrap();
+        let out = run_foreground(
+            &spec("test -t 1 && echo tty || echo notty", &e, true),
+            Duration::from_secs(10),
+            1000,
+        )
+        .unwrap();
         assert_eq!(out.output.trim(), "tty");
-        let out = run_foreground(&spec("test -t 1 && echo tty || echo notty", &e, false), Duration::from_secs(10), 1000).unwrap();
+        let out = run_foreground(
+            &spec("test -t 1 && echo tty || echo notty", &e, false),
+            Duration::from_secs(10),
+            1000,
+        )
+        .unwrap();
         assert_eq!(out.output.trim(), "notty");
     }
 
     #[test]
     fn background_poll_write_and_kill() {
         let e = env();
-        let p = start_background(&spec("echo started; read line; echo got:$line; sleep 60", &e, true)).unwrap();
+        let p = start_background(&spec(
+            "echo started; read line; echo got:$line; sleep 60",
+            &e,
+            true,
+        ))
+        .unwrap();
         std::thread::sleep(Duration::from_millis(300));
         assert!(p.poll(false).output.contains("started"));
         p.write_stdin(b"hello\n").unwrap();
