@@ -281,3 +281,25 @@ fn unconfigured_web_tools_are_left_out_of_the_stub() {
     assert_eq!(r["web_extract"], false);
     assert_eq!(r["read_file"], true);
 }
+
+#[test]
+fn terminal_commands_end_with_the_execution() {
+    let sb = Sandbox::new();
+    let started = std::time::Instant::now();
+    let result = sb.run_fixture("tools/terminal_outlive.py", &["--timeout", "2"]);
+    assert_eq!(result["status"], "timeout", "{result:#}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "vibeos-exec waited for the terminal command: {:?}",
+        started.elapsed()
+    );
+    let pid: i32 = std::fs::read_to_string(sb.work().join("cmd.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        !pid_alive(pid),
+        "the terminal command outlived its execution"
+    );
+}

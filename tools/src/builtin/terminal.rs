@@ -141,6 +141,7 @@ fn terminal(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolE
         cwd: &cwd,
         env: &env,
         pty,
+        scope: local::scope_of(ctx),
     };
     if background {
         let p = local::start_background(&spec)

@@ -41,6 +41,8 @@ pub struct SpawnSpec<'a> {
     pub env: &'a [(String, String)],
     /// Run under a pseudo-terminal instead of pipes.
     pub pty: bool,
+    /// The execution this command belongs to (see [`scope_of`]); [`kill_scope`] ends it.
+    pub scope: Option<usize>,
 }
 
 /// The outcome of a foreground command.
@@ -205,6 +207,54 @@ fn kill_group(pgid: Pid, child: &mut Child) -> Option<ExitStatus> {
     child.wait().ok()
 }
 
+/// Foreground commands running now: process group and scope.
+static RUNNING: LazyLock<Mutex<BTreeMap<i32, Option<usize>>>> =
+    LazyLock::new(|| Mutex::new(BTreeMap::new()));
+
+/// The scope of a call: the identity of its execute_code environment, which is one shared `Arc`
+/// per execution (`None` for agent calls). Commands a script started are found by it when the
+/// execution ends.
+pub fn scope_of(ctx: &crate::ToolContext) -> Option<usize> {
+    ctx.env
+        .as_ref()
+        .map(|env| Arc::as_ptr(env) as *const () as usize)
+}
+
+/// Kills (SIGKILL, whole process group) every foreground command started in `ctx`'s scope.
+///
+/// The supervisor calls this when an execution ends: terminal commands are children of the
+/// supervisor, not of the script, so the script's reaper does not reach them, and a command
+/// still running would otherwise outlive the execution until its own timeout.
+pub fn kill_scope(ctx: &crate::ToolContext) -> usize {
+    let Some(scope) = scope_of(ctx) else {
+        return 0;
+    };
+    let groups: Vec<i32> = RUNNING
+        .lock()
+        .map(|g| {
+            g.iter()
+                .filter(|(_, s)| **s == Some(scope))
+                .map(|(p, _)| *p)
+                .collect()
+        })
+        .unwrap_or_default();
+    for pgid in &groups {
+        let _ = killpg(Pid::from_raw(*pgid), Signal::SIGKILL);
+    }
+    groups.len()
+}
+
+/// Removes a command from [`RUNNING`] when it ends, however it ends.
+struct RunningGuard(i32);
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        if let Ok(mut g) = RUNNING.lock() {
+            g.remove(&self.0);
+        }
+    }
+}
+
 /// Runs a command in the foreground: waits up to `timeout`, keeps at most `cap` bytes of output.
 pub fn run_foreground(
     spec: &SpawnSpec<'_>,
@@ -219,6 +269,10 @@ pub fn run_foreground(
         stdin,
     } = spawn(spec)?;
     drop(stdin);
+    if let Ok(mut g) = RUNNING.lock() {
+        g.insert(pgid.as_raw(), spec.scope);
+    }
+    let _running = RunningGuard(pgid.as_raw());
     let capture = Arc::new((Mutex::new((HeadTail::new(cap), false)), Condvar::new()));
     let cap2 = Arc::clone(&capture);
     let reader_thread = std::thread::Builder::new()
@@ -559,6 +613,7 @@ mod tests {
             cwd: Path::new("/"),
             env,
             pty,
+            scope: None,
         }
     }
 
