@@ -696,6 +696,8 @@ mod tests {
         assert_hit("sql_drop", "psql -c \"dRoP   TaBlE users\"");
         assert_hit("etc_write", "echo x | tee -a /etc/hosts");
         assert_hit("service_stop", "/usr/bin/systemctl disable --now sshd");
+        assert_hit("sudo_stdin", "printf pw | sudo --stdin true");
+        assert_hit("sudo_stdin", "SUDO_ASKPASS=/tmp/p sudo -A true");
     }
 
     #[test]

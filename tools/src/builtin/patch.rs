@@ -118,6 +118,14 @@ fn read_text(path: &Path) -> Result<String, ToolError> {
 /// Replaces `path` atomically, keeping its mode (0644 for new files).
 fn atomic_write(path: &Path, content: &str) -> Result<(), ToolError> {
     use std::os::unix::fs::PermissionsExt;
+    // Edit a symlink's target, so a linked file stays linked.
+    let resolved;
+    let path = if path.is_symlink() {
+        resolved = std::fs::canonicalize(path).map_err(|e| ToolError::io(path, &e))?;
+        resolved.as_path()
+    } else {
+        path
+    };
     let parent = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
