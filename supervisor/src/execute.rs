@@ -461,6 +461,9 @@ async fn run(
         };
     }
     drop(lifeline);
+    // Terminal commands the script started are the supervisor's children, out of the reaper's
+    // reach: end them too, or a blocked tool call would outlive the execution.
+    vibeos_tools::environments::local::kill_scope(&state.context);
     // Every process of the execution is gone, so the pipes reach EOF; the bound guards
     // against one that escaped our reach (say, a setuid program we may not signal).
     let settle = Duration::from_secs(2);

@@ -9,15 +9,18 @@
 //! Built-in tools register themselves from their own files under `builtin/` ("import =
 //! registration", via `inventory`); there is no hand-kept list.
 
+pub mod approval;
 mod async_bridge;
 mod availability;
 pub mod builtin;
 pub mod coerce;
 mod context;
 mod definitions;
+pub mod environments;
 mod error;
 mod hooks;
 mod registry;
+pub mod settings;
 mod toolsets;
 
 pub use async_bridge::{run_async, BoxFuture};

@@ -33,7 +33,9 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run a script (a file, or - for stdin) and print what it printed.
-    #[command(after_help = "Exit codes: 0 success, 1 error, 124 timeout, 130 interrupted (SIGINT/SIGTERM), 2 usage or config error.\nWith --json, stdout holds exactly one result object: status, output, tool_calls_made, duration_seconds, exit_code, error, truncation figures.")]
+    #[command(
+        after_help = "Exit codes: 0 success, 1 error, 124 timeout, 130 interrupted (SIGINT/SIGTERM), 2 usage or config error.\nWith --json, stdout holds exactly one result object: status, output, tool_calls_made, duration_seconds, exit_code, error, truncation figures."
+    )]
     Run(RunArgs),
     /// Inspect the environment policy.
     Env {
@@ -139,6 +141,10 @@ fn real_main(cli: Cli) -> Result<u8, UsageError> {
         logging::validate_level(level).map_err(|e| UsageError(e.to_string()))?;
     }
     let config = Config::load(cli.config.as_deref()).map_err(|e| UsageError(e.to_string()))?;
+    // The tools read their own sections (command_allowlist, web) from the same file.
+    if let Some(path) = &cli.config {
+        vibeos_tools::settings::set_config_path(Some(path.clone()));
+    }
     let level = cli
         .log_level
         .clone()

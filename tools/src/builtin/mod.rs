@@ -2,5 +2,10 @@
 //! adding a tool touches no list here beyond its `mod` line.
 
 pub mod args;
+mod patch;
+mod process;
 mod read_file;
+mod search_files;
+pub mod terminal;
+mod web;
 mod write_file;

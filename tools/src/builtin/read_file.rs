@@ -41,14 +41,32 @@ fn read_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Tool
     let limit = int_in_range(args, "limit", 500, 1, MAX_LIMIT)? as u64;
     let path = ctx.resolve(raw);
     // open + fstat + one read is all a small file costs; a tool call's latency budget is tens
-    // of microseconds.
-    let mut file = File::open(&path).map_err(|e| ToolError::io(&path, &e))?;
+    // of microseconds. O_NONBLOCK keeps the open of a FIFO from hanging until fstat below
+    // refuses it; on regular files it changes nothing.
+    let mut file = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&path)
+            .map_err(|e| ToolError::io(&path, &e))?
+    };
     let meta = file.metadata().map_err(|e| ToolError::io(&path, &e))?;
     if meta.is_dir() {
         return Err(ToolError::new(
             "IsADirectory",
             format!(
                 "{} is a directory; list it with search_files(target=\"files\") instead",
+                path.display()
+            ),
+        ));
+    }
+    if !meta.is_file() {
+        // A FIFO or a character device would block or never end; only regular files are read.
+        return Err(ToolError::new(
+            "NotARegularFile",
+            format!(
+                "{} is not a regular file (a device, FIFO or socket); read_file only reads files",
                 path.display()
             ),
         ));

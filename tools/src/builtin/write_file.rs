@@ -30,7 +30,11 @@ inventory::submit! { BuiltinTool(entry) }
 fn write_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolError> {
     let raw = checked_path(args, "path")?;
     let content = required_str(args, "content")?;
-    let path = ctx.resolve(raw);
+    // Write through a symlink to its target, so a linked file stays linked.
+    let path = match ctx.resolve(raw) {
+        p if p.is_symlink() => std::fs::canonicalize(&p).unwrap_or(p),
+        p => p,
+    };
     if path.is_dir() {
         return Err(ToolError::new(
             "IsADirectory",
@@ -67,4 +71,35 @@ fn write_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Too
         "bytes_written": content.len(),
         "created": !existed,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_through_symlinks_and_creates_parents() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("real.txt"), "old").unwrap();
+        std::os::unix::fs::symlink("real.txt", d.path().join("link.txt")).unwrap();
+        let ctx = ToolContext::agent(d.path());
+        let args = json!({"path": "link.txt", "content": "new"});
+        write_file(args.as_object().unwrap(), &ctx).unwrap();
+        assert!(d.path().join("link.txt").is_symlink());
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("real.txt")).unwrap(),
+            "new"
+        );
+        let args = json!({"path": "a/b/c.txt", "content": "deep"});
+        let r = write_file(args.as_object().unwrap(), &ctx).unwrap();
+        assert_eq!(r["bytes_written"], 4);
+        assert_eq!(r["created"], true);
+        let args = json!({"path": "a", "content": "x"});
+        assert_eq!(
+            write_file(args.as_object().unwrap(), &ctx)
+                .unwrap_err()
+                .kind,
+            "IsADirectory"
+        );
+    }
 }

@@ -1,0 +1,613 @@
+//! `patch`: targeted edits without rewriting whole files.
+//!
+//! `mode="replace"` (default) swaps `old_string` for `new_string` in one file. Exact matching
+//! comes first; when the text is not found verbatim, a whitespace-tolerant line match is tried
+//! (leading/trailing whitespace and runs of blanks ignored, the file's indentation carried over
+//! to the new text). Either way more than one match is refused unless `replace_all` is set, so an
+//! edit never lands somewhere the caller did not mean.
+//!
+//! `mode="patch"` applies a unified diff that may touch several files (git-style `a/`/`b/`
+//! prefixes and `/dev/null` for created or deleted files understood). Hunks are applied with the
+//! `diffy` crate, which tolerates shifted line numbers but not changed context. Every file is
+//! patched in memory first; if any hunk fails nothing is written and the error names the file and
+//! hunk. Files are then replaced atomically one by one.
+//!
+//! Both modes return a unified diff of what changed.
+
+use super::args::{checked_path, optional_str, required_str};
+use super::terminal::optional_bool;
+use crate::{BuiltinTool, ToolContext, ToolEntry, ToolError};
+use serde_json::{json, Map, Value};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Largest file `patch` edits.
+const MAX_FILE_BYTES: u64 = 32 * 1024 * 1024;
+/// Largest argument text (old/new string, patch text).
+const MAX_ARG_BYTES: usize = 8 * 1024 * 1024;
+
+fn entry() -> ToolEntry {
+    ToolEntry::new(
+        "patch",
+        "file",
+        "Edit files. mode=\"replace\" (default): replace old_string with new_string in path — exact \
+         match first, then a whitespace/indentation-tolerant match; ambiguous matches are refused \
+         unless replace_all. mode=\"patch\": apply a unified diff (may touch several files; nothing \
+         is written if any hunk fails). Returns the diff of what changed.",
+        json!({
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "description": "File to edit (mode=replace)"},
+                "old_string": {"type": "string", "description": "Text to find (mode=replace); include enough context to be unique"},
+                "new_string": {"type": "string", "description": "Replacement text (mode=replace)"},
+                "replace_all": {"type": "boolean", "default": false, "description": "Replace every match instead of refusing when there are several"},
+                "mode": {"type": "string", "enum": ["replace", "patch"], "default": "replace"},
+                "patch": {"type": "string", "description": "Unified diff text (mode=patch)"}
+            }
+        }),
+        patch,
+    )
+    .with_emoji("🩹")
+}
+
+inventory::submit! { BuiltinTool(entry) }
+
+fn limited<'a>(args: &'a Map<String, Value>, name: &str) -> Result<&'a str, ToolError> {
+    let s = required_str(args, name)?;
+    if s.len() > MAX_ARG_BYTES {
+        return Err(ToolError::invalid_args(format!(
+            "argument `{name}` is {} bytes; the limit is {MAX_ARG_BYTES}",
+            s.len()
+        )));
+    }
+    Ok(s)
+}
+
+fn patch(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolError> {
+    match optional_str(args, "mode")?.unwrap_or("replace") {
+        "replace" => replace_mode(args, ctx),
+        "patch" => patch_mode(limited(args, "patch")?, ctx),
+        other => Err(ToolError::invalid_args(format!(
+            "argument `mode` must be \"replace\" or \"patch\", got {other:?}"
+        ))),
+    }
+}
+
+/// Reads a file `patch` may edit: exists, regular, not huge, UTF-8 text.
+fn read_text(path: &Path) -> Result<String, ToolError> {
+    let meta = std::fs::metadata(path).map_err(|e| ToolError::io(path, &e))?;
+    if meta.is_dir() {
+        return Err(ToolError::new(
+            "IsADirectory",
+            format!("{} is a directory", path.display()),
+        ));
+    }
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(ToolError::new(
+            "FileTooLarge",
+            format!(
+                "{} is {} bytes; patch edits files up to {MAX_FILE_BYTES} bytes",
+                path.display(),
+                meta.len()
+            ),
+        ));
+    }
+    let bytes = std::fs::read(path).map_err(|e| ToolError::io(path, &e))?;
+    if bytes.contains(&0) {
+        return Err(ToolError::new(
+            "BinaryFile",
+            format!(
+                "{} looks binary (it contains NUL bytes); patch only edits text",
+                path.display()
+            ),
+        ));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        ToolError::new(
+            "NotUtf8",
+            format!(
+                "{} is not valid UTF-8 (first bad byte at offset {}); patch cannot edit it without \
+                 corrupting it",
+                path.display(),
+                e.utf8_error().valid_up_to()
+            ),
+        )
+    })
+}
+
+/// Replaces `path` atomically, keeping its mode (0644 for new files).
+fn atomic_write(path: &Path, content: &str) -> Result<(), ToolError> {
+    use std::os::unix::fs::PermissionsExt;
+    // Edit a symlink's target, so a linked file stays linked.
+    let resolved;
+    let path = if path.is_symlink() {
+        resolved = std::fs::canonicalize(path).map_err(|e| ToolError::io(path, &e))?;
+        resolved.as_path()
+    } else {
+        path
+    };
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&parent).map_err(|e| ToolError::io(&parent, &e))?;
+    let perms = std::fs::metadata(path)
+        .map(|m| m.permissions())
+        .unwrap_or_else(|_| std::fs::Permissions::from_mode(0o644));
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".vibeos-patch-")
+        .tempfile_in(&parent)
+        .map_err(|e| ToolError::io(&parent, &e))?;
+    tmp.write_all(content.as_bytes())
+        .and_then(|_| tmp.flush())
+        .map_err(|e| ToolError::io(path, &e))?;
+    let _ = tmp.as_file().set_permissions(perms);
+    tmp.persist(path)
+        .map_err(|e| ToolError::io(path, &e.error))?;
+    Ok(())
+}
+
+fn diff(name: &str, old: &str, new: &str) -> String {
+    let p = diffy::create_patch(old, new);
+    let body = p.to_string();
+    // diffy labels the sides "original"/"modified"; name the file instead.
+    body.replacen("--- original", &format!("--- a/{name}"), 1)
+        .replacen("+++ modified", &format!("+++ b/{name}"), 1)
+}
+
+fn replace_mode(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolError> {
+    let raw = checked_path(args, "path")?;
+    let old = limited(args, "old_string")?;
+    let new = limited(args, "new_string")?;
+    let replace_all = optional_bool(args, "replace_all")?;
+    if old.is_empty() {
+        return Err(ToolError::invalid_args(
+            "argument `old_string` is empty; use write_file to create or overwrite a whole file",
+        ));
+    }
+    if old == new {
+        return Err(ToolError::invalid_args(
+            "`old_string` and `new_string` are identical; nothing to change",
+        ));
+    }
+    let path = ctx.resolve(raw);
+    let text = read_text(&path)?;
+    let exact = text.matches(old).count();
+    let (updated, replacements, strategy) = if exact == 1 || (exact > 1 && replace_all) {
+        (text.replace(old, new), exact, "exact")
+    } else if exact > 1 {
+        return Err(ToolError::new(
+            "AmbiguousMatch",
+            format!(
+                "old_string occurs {exact} times in {raw}; include more surrounding lines to make \
+                 it unique, or set replace_all=true"
+            ),
+        ));
+    } else {
+        let (t, n) = fuzzy_replace(&text, old, new, replace_all).map_err(|e| match e {
+            Fuzzy::NotFound => ToolError::new(
+                "NoMatch",
+                format!(
+                    "old_string was not found in {raw}, not even ignoring whitespace and \
+                     indentation. Read the file again (read_file) and copy the text exactly"
+                ),
+            ),
+            Fuzzy::Ambiguous(n) => ToolError::new(
+                "AmbiguousMatch",
+                format!(
+                    "old_string matches {n} places in {raw} when whitespace is ignored (and none \
+                     exactly); include more surrounding lines to make it unique, or set \
+                     replace_all=true"
+                ),
+            ),
+        })?;
+        (t, n, "whitespace-tolerant")
+    };
+    atomic_write(&path, &updated)?;
+    Ok(json!({
+        "path": raw,
+        "replacements": replacements,
+        "match": strategy,
+        "diff": diff(raw, &text, &updated),
+    }))
+}
+
+enum Fuzzy {
+    NotFound,
+    Ambiguous(usize),
+}
+
+fn squash(line: &str) -> String {
+    line.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn indent_of(line: &str) -> &str {
+    &line[..line.len() - line.trim_start().len()]
+}
+
+/// Line-window match ignoring whitespace differences; re-indents `new` to the file's indentation.
+fn fuzzy_replace(text: &str, old: &str, new: &str, all: bool) -> Result<(String, usize), Fuzzy> {
+    let needle: Vec<&str> = old.lines().collect();
+    let first = needle.iter().position(|l| !l.trim().is_empty());
+    let last = needle.iter().rposition(|l| !l.trim().is_empty());
+    let (Some(first), Some(last)) = (first, last) else {
+        return Err(Fuzzy::NotFound);
+    };
+    let needle = &needle[first..=last];
+    let want: Vec<String> = needle.iter().map(|l| squash(l)).collect();
+    // Keep each line's terminator so CRLF files and a missing final newline survive.
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    let norm: Vec<String> = lines.iter().map(|l| squash(l)).collect();
+    let mut hits = Vec::new();
+    let mut i = 0;
+    while i + want.len() <= norm.len() {
+        if norm[i..i + want.len()] == want[..] {
+            hits.push(i);
+            i += want.len();
+        } else {
+            i += 1;
+        }
+    }
+    match hits.len() {
+        0 => return Err(Fuzzy::NotFound),
+        n if n > 1 && !all => return Err(Fuzzy::Ambiguous(n)),
+        _ => {}
+    }
+    let old_indent = indent_of(needle[0]);
+    let mut out = String::with_capacity(text.len() + new.len());
+    let mut pos = 0;
+    for &h in &hits {
+        out.extend(lines[pos..h].iter().copied());
+        let file_indent = indent_of(lines[h]);
+        let last_line = lines[h + want.len() - 1];
+        let eol = if last_line.ends_with("\r\n") {
+            "\r\n"
+        } else if last_line.ends_with('\n') {
+            "\n"
+        } else {
+            ""
+        };
+        let new_lines: Vec<String> = new
+            .trim_end_matches('\n')
+            .lines()
+            .map(|l| match l.strip_prefix(old_indent) {
+                Some(rest) if !l.trim().is_empty() => format!("{file_indent}{rest}"),
+                _ => l.to_string(),
+            })
+            .collect();
+        if !new.is_empty() {
+            out.push_str(&new_lines.join(if eol == "\r\n" { "\r\n" } else { "\n" }));
+            out.push_str(eol);
+        }
+        pos = h + want.len();
+    }
+    out.extend(lines[pos..].iter().copied());
+    Ok((out, hits.len()))
+}
+
+/// One file's part of a multi-file diff.
+struct FilePatch {
+    old_name: Option<String>,
+    new_name: Option<String>,
+    text: String,
+}
+
+fn header_name(line: &str, prefix: &str) -> Option<String> {
+    let rest = line.strip_prefix(prefix)?;
+    let name = rest.split('\t').next().unwrap_or(rest).trim_end();
+    let name = name.trim_matches('"');
+    (name != "/dev/null").then(|| name.to_string())
+}
+
+/// Splits a unified diff into per-file parts, counting hunk lines so that a deleted line that
+/// itself starts with `--` is never mistaken for a file header.
+fn split_patch(text: &str) -> Result<Vec<FilePatch>, String> {
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    let mut parts: Vec<FilePatch> = Vec::new();
+    let mut i = 0;
+    let hunk_re =
+        regex::Regex::new(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@").map_err(|e| e.to_string())?;
+    while i < lines.len() {
+        let line = lines[i];
+        if line.starts_with("--- ") && lines.get(i + 1).is_some_and(|l| l.starts_with("+++ ")) {
+            let old_name = header_name(line.trim_end_matches(['\n', '\r']), "--- ");
+            let new_name = header_name(lines[i + 1].trim_end_matches(['\n', '\r']), "+++ ");
+            let mut body = String::new();
+            body.push_str(line);
+            body.push_str(lines[i + 1]);
+            if !lines[i + 1].ends_with('\n') {
+                body.push('\n');
+            }
+            i += 2;
+            while let Some(caps) = lines.get(i).and_then(|l| hunk_re.captures(l)) {
+                let count = |n: usize| {
+                    caps.get(n)
+                        .map_or(Ok(1), |m| m.as_str().parse::<usize>())
+                        .map_err(|e| format!("bad hunk header {:?}: {e}", lines[i].trim_end()))
+                };
+                let (mut old_left, mut new_left) = (count(1)?, count(2)?);
+                body.push_str(lines[i]);
+                i += 1;
+                while old_left > 0 || new_left > 0 {
+                    let Some(l) = lines.get(i) else {
+                        return Err(format!(
+                            "the hunk for {} ends early: {old_left} old and {new_left} new line(s) \
+                             missing",
+                            new_name.as_deref().or(old_name.as_deref()).unwrap_or("?")
+                        ));
+                    };
+                    match l.as_bytes().first() {
+                        Some(b' ') => {
+                            old_left = old_left.saturating_sub(1);
+                            new_left = new_left.saturating_sub(1);
+                        }
+                        // An empty line inside a hunk is a context line whose space was stripped
+                        // by an editor.
+                        Some(b'\n') | Some(b'\r') => {
+                            old_left = old_left.saturating_sub(1);
+                            new_left = new_left.saturating_sub(1);
+                            body.push(' ');
+                        }
+                        Some(b'-') => old_left = old_left.saturating_sub(1),
+                        Some(b'+') => new_left = new_left.saturating_sub(1),
+                        Some(b'\\') => {}
+                        _ => {
+                            return Err(format!(
+                                "unexpected line {:?} inside a hunk (expected ' ', '-' or '+')",
+                                l.trim_end()
+                            ))
+                        }
+                    }
+                    body.push_str(l);
+                    i += 1;
+                }
+                if lines.get(i).is_some_and(|l| l.starts_with('\\')) {
+                    body.push_str(lines[i]);
+                    i += 1;
+                }
+            }
+            parts.push(FilePatch {
+                old_name,
+                new_name,
+                text: body,
+            });
+        } else {
+            i += 1;
+        }
+    }
+    if parts.is_empty() {
+        return Err(
+            "no file headers (`--- a/file` / `+++ b/file`) found; give a unified diff".into(),
+        );
+    }
+    Ok(parts)
+}
+
+/// Drops git's `a/`/`b/` prefixes when both sides use them.
+fn strip_git_prefixes(parts: &mut [FilePatch]) {
+    let gitty = parts.iter().all(|p| {
+        p.old_name.as_deref().is_none_or(|n| n.starts_with("a/"))
+            && p.new_name.as_deref().is_none_or(|n| n.starts_with("b/"))
+    });
+    if gitty {
+        for p in parts {
+            p.old_name = p.old_name.take().map(|n| n[2..].to_string());
+            p.new_name = p.new_name.take().map(|n| n[2..].to_string());
+        }
+    }
+}
+
+fn checked_name(name: &str) -> Result<&str, ToolError> {
+    if name.is_empty() || name.contains('\0') {
+        return Err(ToolError::new(
+            "PatchError",
+            format!("the patch names an impossible file {name:?}"),
+        ));
+    }
+    Ok(name)
+}
+
+fn patch_mode(text: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
+    let mut parts = split_patch(text).map_err(|e| {
+        ToolError::new(
+            "PatchError",
+            format!("the patch text cannot be parsed: {e}. Nothing was written"),
+        )
+    })?;
+    strip_git_prefixes(&mut parts);
+    // Plan every change in memory first; write only when all of them apply.
+    struct Planned {
+        name: String,
+        path: PathBuf,
+        old: String,
+        new: Option<String>,
+        created: bool,
+    }
+    let mut plan: Vec<Planned> = Vec::new();
+    for (n, part) in parts.iter().enumerate() {
+        let name = checked_name(
+            part.new_name
+                .as_deref()
+                .or(part.old_name.as_deref())
+                .unwrap_or(""),
+        )?
+        .to_string();
+        let parsed = diffy::Patch::from_str(&part.text).map_err(|e| {
+            ToolError::new(
+                "PatchError",
+                format!(
+                    "file #{} ({name}) of the patch: {e}. Nothing was written",
+                    n + 1
+                ),
+            )
+        })?;
+        let path = ctx.resolve(&name);
+        if plan.iter().any(|p| p.path == path) {
+            return Err(ToolError::new(
+                "PatchError",
+                format!("the patch changes {name} twice; merge its hunks. Nothing was written"),
+            ));
+        }
+        let old = if part.old_name.is_none() {
+            if path.exists() {
+                return Err(ToolError::new(
+                    "PatchError",
+                    format!("the patch creates {name}, which already exists. Nothing was written"),
+                ));
+            }
+            String::new()
+        } else {
+            read_text(&path).map_err(|e| {
+                ToolError::new(e.kind, format!("{}. Nothing was written", e.message))
+            })?
+        };
+        let new = diffy::apply(&old, &parsed).map_err(|e| {
+            ToolError::new(
+                "PatchError",
+                format!(
+                    "{name}: {e} — its context or removed lines do not match the file. Read the \
+                     file again and regenerate the diff. Nothing was written"
+                ),
+            )
+        })?;
+        let new = if part.new_name.is_none() {
+            if !new.is_empty() {
+                return Err(ToolError::new(
+                    "PatchError",
+                    format!("the patch deletes {name} but does not remove all of its lines. Nothing was written"),
+                ));
+            }
+            None
+        } else {
+            Some(new)
+        };
+        plan.push(Planned {
+            name,
+            path,
+            old,
+            new,
+            created: part.old_name.is_none(),
+        });
+    }
+    let mut files = Vec::new();
+    let mut diffs = String::new();
+    for p in &plan {
+        match &p.new {
+            Some(content) => atomic_write(&p.path, content)?,
+            None => std::fs::remove_file(&p.path).map_err(|e| ToolError::io(&p.path, &e))?,
+        }
+        diffs.push_str(&diff(&p.name, &p.old, p.new.as_deref().unwrap_or("")));
+        files.push(json!({
+            "path": p.name,
+            "action": if p.new.is_none() { "deleted" } else if p.created { "created" } else { "modified" },
+        }));
+    }
+    Ok(json!({"files": files, "diff": diffs}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(cwd: &Path, args: Value) -> Result<Value, ToolError> {
+        patch(args.as_object().unwrap(), &ToolContext::agent(cwd))
+    }
+
+    #[test]
+    fn exact_then_whitespace_tolerant_replace() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("a.py");
+        std::fs::write(&f, "def f():\n    if x:\n        return 1\n    return 2\n").unwrap();
+        let r = call(
+            d.path(),
+            json!({"path": "a.py", "old_string": "return 2", "new_string": "return 3"}),
+        )
+        .unwrap();
+        assert_eq!(r["match"], "exact");
+        assert!(r["diff"].as_str().unwrap().contains("+    return 3"));
+        // Indented differently and with extra blanks: found, and re-indented to the file's level.
+        let r = call(d.path(), json!({"path": "a.py", "old_string": "if  x:\n    return 1", "new_string": "if x:\n    return 10\nelse:\n    pass"})).unwrap();
+        assert_eq!(r["match"], "whitespace-tolerant");
+        assert_eq!(
+            std::fs::read_to_string(&f).unwrap(),
+            "def f():\n    if x:\n        return 10\n    else:\n        pass\n    return 3\n"
+        );
+    }
+
+    #[test]
+    fn ambiguous_and_missing_matches_are_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("a.txt");
+        std::fs::write(&f, "x = 1\nx = 1\n").unwrap();
+        let e = call(
+            d.path(),
+            json!({"path": "a.txt", "old_string": "x = 1", "new_string": "y"}),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind, "AmbiguousMatch");
+        let e = call(
+            d.path(),
+            json!({"path": "a.txt", "old_string": "x  =  1", "new_string": "y"}),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind, "AmbiguousMatch");
+        let e = call(
+            d.path(),
+            json!({"path": "a.txt", "old_string": "zzz", "new_string": "y"}),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind, "NoMatch");
+        assert_eq!(std::fs::read_to_string(&f).unwrap(), "x = 1\nx = 1\n");
+        let r = call(
+            d.path(),
+            json!({"path": "a.txt", "old_string": "x = 1", "new_string": "y", "replace_all": true}),
+        )
+        .unwrap();
+        assert_eq!(r["replacements"], 2);
+        std::fs::write(&f, b"caf\xe9\n").unwrap();
+        let e = call(
+            d.path(),
+            json!({"path": "a.txt", "old_string": "caf", "new_string": "y"}),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind, "NotUtf8");
+    }
+
+    #[test]
+    fn multi_file_patch_applies_all_or_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("one.txt"), "a\nb\nc\n").unwrap();
+        std::fs::write(d.path().join("two.txt"), "-- sql comment\nkeep\n").unwrap();
+        let good = "diff --git a/one.txt b/one.txt\n--- a/one.txt\n+++ b/one.txt\n@@ -1,3 +1,3 @@\n a\n-b\n+B\n c\n\
+                    --- a/two.txt\n+++ b/two.txt\n@@ -1,2 +1,1 @@\n--- sql comment\n keep\n\
+                    --- /dev/null\n+++ b/new/three.txt\n@@ -0,0 +1,1 @@\n+hello\n";
+        let r = call(d.path(), json!({"mode": "patch", "patch": good})).unwrap();
+        assert_eq!(r["files"].as_array().unwrap().len(), 3);
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("one.txt")).unwrap(),
+            "a\nB\nc\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("two.txt")).unwrap(),
+            "keep\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("new/three.txt")).unwrap(),
+            "hello\n"
+        );
+        let bad = "--- a/one.txt\n+++ b/one.txt\n@@ -1,1 +1,1 @@\n-a\n+A\n--- a/two.txt\n+++ b/two.txt\n@@ -1,1 +1,1 @@\n-nope\n+x\n";
+        let e = call(d.path(), json!({"mode": "patch", "patch": bad})).unwrap_err();
+        assert_eq!(e.kind, "PatchError");
+        assert!(e.message.contains("two.txt") && e.message.contains("Nothing was written"));
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("one.txt")).unwrap(),
+            "a\nB\nc\n"
+        );
+        let e = call(
+            d.path(),
+            json!({"mode": "patch", "patch": "just some text"}),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind, "PatchError");
+    }
+}

@@ -1,0 +1,506 @@
+//! `search_files`: regex search over file contents, or file-name search, built on ripgrep's own
+//! crates (`ignore` for the walk — .gitignore/.ignore respected, hidden files skipped — and
+//! `grep-searcher`/`grep-regex` for the search, which skips binary files).
+//!
+//! Paging is exact and memory stays bounded however many matches there are: a first, parallel
+//! pass only counts matching lines per file; the files are then sorted by path (so pages are
+//! stable between calls) and a second pass re-reads just the files that cover the requested page.
+//!
+//! Result shapes (all carry `total`, `offset`, `limit`, `truncated`, `next_offset`):
+//! - `target="content"`, `output_mode="content"`: `matches` = `[{path, line, content}]` (plus
+//!   `context_before`/`context_after` when `context > 0`); `total` counts matching lines.
+//! - `output_mode="files_with_matches"`: `files` = paths with at least one match.
+//! - `output_mode="count"`: `counts` = `[{path, count}]`; `total` counts matching lines.
+//! - `target="files"`: `pattern` is a glob on file names; `files` = matching paths.
+//!
+//! Paths are relative to the working directory when the searched path was relative, so they can
+//! be passed straight to `read_file`.
+
+use super::args::{checked_path, int_in_range, optional_str, required_str};
+use crate::{BuiltinTool, ToolContext, ToolEntry, ToolError};
+use grep_regex::{RegexMatcher, RegexMatcherBuilder};
+use grep_searcher::{
+    BinaryDetection, Searcher, SearcherBuilder, Sink, SinkContext, SinkContextKind, SinkMatch,
+};
+use ignore::{WalkBuilder, WalkState};
+use serde_json::{json, Map, Value};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// Longest pattern accepted.
+const MAX_PATTERN_BYTES: usize = 8 * 1024;
+/// Longest line content returned; longer lines are cut with a marker.
+const MAX_LINE_CHARS: usize = 500;
+/// Most results in one page.
+const MAX_LIMIT: i64 = 1000;
+
+fn entry() -> ToolEntry {
+    ToolEntry::new(
+        "search_files",
+        "file",
+        "Search file contents with a regex (target=\"content\", default) or find files by name \
+         glob (target=\"files\"). Respects .gitignore, skips hidden and binary files, pages results. \
+         Content results: matches=[{path, line, content}]; files mode: files=[path]; always total, \
+         truncated, next_offset.",
+        json!({
+            "type": "object",
+            "properties": {
+                "pattern": {"type": "string", "description": "Regex (content search) or glob such as *.py (target=\"files\")"},
+                "target": {"type": "string", "enum": ["content", "files"], "default": "content"},
+                "path": {"type": "string", "default": ".", "description": "Directory or file to search"},
+                "file_glob": {"type": "string", "description": "Only files whose name (or, with a /, relative path) matches this glob, e.g. *.yaml"},
+                "limit": {"type": "integer", "default": 50, "minimum": 1, "maximum": MAX_LIMIT},
+                "offset": {"type": "integer", "default": 0, "minimum": 0, "description": "Results to skip (use next_offset)"},
+                "output_mode": {"type": "string", "enum": ["content", "files_with_matches", "count"], "default": "content"},
+                "context": {"type": "integer", "default": 0, "minimum": 0, "maximum": 20, "description": "Lines of context around each match"}
+            },
+            "required": ["pattern"]
+        }),
+        search_files,
+    )
+    .with_emoji("🔎")
+}
+
+inventory::submit! { BuiltinTool(entry) }
+
+/// Counts matching lines.
+struct CountSink(u64);
+
+impl Sink for CountSink {
+    type Error = std::io::Error;
+    fn matched(&mut self, _: &Searcher, _: &SinkMatch<'_>) -> Result<bool, std::io::Error> {
+        self.0 += 1;
+        Ok(true)
+    }
+}
+
+/// Collects the matches (and context) of one file that fall in the page.
+struct PageSink<'a> {
+    path: &'a str,
+    /// Matching lines of this file to skip before the page starts.
+    skip: u64,
+    /// Matches still wanted.
+    want: u64,
+    seen: u64,
+    pending_before: Vec<String>,
+    out: Vec<Value>,
+    with_context: bool,
+}
+
+fn line_text(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let text = text.trim_end_matches(['\n', '\r']);
+    match text.char_indices().nth(MAX_LINE_CHARS) {
+        Some((cut, _)) => format!("{} … [line cut: {} bytes]", &text[..cut], text.len()),
+        None => text.to_string(),
+    }
+}
+
+impl Sink for PageSink<'_> {
+    type Error = std::io::Error;
+
+    fn matched(&mut self, _: &Searcher, m: &SinkMatch<'_>) -> Result<bool, std::io::Error> {
+        self.seen += 1;
+        if self.seen <= self.skip {
+            self.pending_before.clear();
+            return Ok(true);
+        }
+        if self.out.len() as u64 >= self.want {
+            return Ok(false);
+        }
+        let mut v = json!({
+            "path": self.path,
+            "line": m.line_number().unwrap_or(0),
+            "content": line_text(m.bytes()),
+        });
+        if self.with_context {
+            if let Some(o) = v.as_object_mut() {
+                o.insert(
+                    "context_before".into(),
+                    Value::from(std::mem::take(&mut self.pending_before)),
+                );
+                o.insert("context_after".into(), Value::Array(Vec::new()));
+            }
+        }
+        self.out.push(v);
+        Ok(true)
+    }
+
+    fn context(&mut self, _: &Searcher, c: &SinkContext<'_>) -> Result<bool, std::io::Error> {
+        let text = line_text(c.bytes());
+        match c.kind() {
+            SinkContextKind::Before => self.pending_before.push(text),
+            SinkContextKind::After => {
+                if self.seen > self.skip {
+                    if let Some(Value::Array(after)) =
+                        self.out.last_mut().and_then(|m| m.get_mut("context_after"))
+                    {
+                        after.push(Value::String(text));
+                    }
+                }
+            }
+            SinkContextKind::Other => {}
+        }
+        // Once the page is full, stop after the last match's trailing context.
+        Ok(true)
+    }
+}
+
+struct Walk {
+    root: PathBuf,
+    /// Prefix stripped from reported paths (the cwd when the search path was relative).
+    display_base: Option<PathBuf>,
+    file_glob: Option<(globset::GlobMatcher, bool)>,
+}
+
+impl Walk {
+    fn display(&self, p: &Path) -> String {
+        match &self.display_base {
+            Some(base) => match p.strip_prefix(base) {
+                Ok(rel) if rel.as_os_str().is_empty() => ".".into(),
+                Ok(rel) => rel.to_string_lossy().into_owned(),
+                Err(_) => p.to_string_lossy().into_owned(),
+            },
+            None => p.to_string_lossy().into_owned(),
+        }
+    }
+
+    fn glob_ok(&self, p: &Path) -> bool {
+        match &self.file_glob {
+            None => true,
+            Some((g, true)) => p
+                .strip_prefix(&self.root)
+                .map(|rel| g.is_match(rel))
+                .unwrap_or(false),
+            Some((g, false)) => p.file_name().is_some_and(|n| g.is_match(n)),
+        }
+    }
+
+    /// Visits every file (in parallel); `f` returns a value to keep.
+    fn files<T: Send>(&self, f: impl Fn(&Path) -> Option<T> + Sync) -> Vec<(PathBuf, T)> {
+        let found: Mutex<Vec<(PathBuf, T)>> = Mutex::new(Vec::new());
+        let mut builder = WalkBuilder::new(&self.root);
+        builder.require_git(false).follow_links(false);
+        builder.build_parallel().run(|| {
+            Box::new(|entry| {
+                let Ok(entry) = entry else {
+                    return WalkState::Continue;
+                };
+                if !entry.file_type().is_some_and(|t| t.is_file()) {
+                    return WalkState::Continue;
+                }
+                let p = entry.path();
+                if !self.glob_ok(p) {
+                    return WalkState::Continue;
+                }
+                if let Some(v) = f(p) {
+                    if let Ok(mut g) = found.lock() {
+                        g.push((p.to_path_buf(), v));
+                    }
+                }
+                WalkState::Continue
+            })
+        });
+        let mut found = found.into_inner().unwrap_or_else(|e| e.into_inner());
+        found.sort_by(|a, b| a.0.cmp(&b.0));
+        found
+    }
+}
+
+fn glob(pattern: &str, what: &str) -> Result<globset::GlobMatcher, ToolError> {
+    globset::GlobBuilder::new(pattern)
+        .literal_separator(true)
+        .build()
+        .map(|g| g.compile_matcher())
+        .map_err(|e| {
+            ToolError::invalid_args(format!("{what} {pattern:?} is not a valid glob: {e}"))
+        })
+}
+
+fn searcher(context: usize) -> Searcher {
+    SearcherBuilder::new()
+        .line_number(true)
+        .binary_detection(BinaryDetection::quit(b'\0'))
+        .before_context(context)
+        .after_context(context)
+        .build()
+}
+
+fn search_files(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolError> {
+    let pattern = required_str(args, "pattern")?;
+    if pattern.is_empty() {
+        return Err(ToolError::invalid_args("argument `pattern` is empty"));
+    }
+    if pattern.len() > MAX_PATTERN_BYTES {
+        return Err(ToolError::invalid_args(format!(
+            "argument `pattern` is {} bytes; the limit is {MAX_PATTERN_BYTES}",
+            pattern.len()
+        )));
+    }
+    let target = optional_str(args, "target")?.unwrap_or("content");
+    let mode = optional_str(args, "output_mode")?.unwrap_or("content");
+    let raw_path = match args.get("path") {
+        None | Some(Value::Null) => ".",
+        _ => checked_path(args, "path")?,
+    };
+    let limit = int_in_range(args, "limit", 50, 1, MAX_LIMIT)? as u64;
+    let offset = int_in_range(args, "offset", 0, 0, i64::MAX)? as u64;
+    let context = int_in_range(args, "context", 0, 0, 20)? as usize;
+    let file_glob = match optional_str(args, "file_glob")? {
+        Some(g) if !g.trim().is_empty() => Some((glob(g.trim(), "file_glob")?, g.contains('/'))),
+        _ => None,
+    };
+    let root = if raw_path == "." {
+        ctx.cwd.clone()
+    } else {
+        ctx.resolve(raw_path)
+    };
+    let meta = std::fs::metadata(&root).map_err(|e| ToolError::io(&root, &e))?;
+    let walk = Walk {
+        display_base: (!Path::new(raw_path).is_absolute()).then(|| ctx.cwd.clone()),
+        root,
+        file_glob,
+    };
+    let page = |total: u64, shown: usize| {
+        let end = offset + shown as u64;
+        json!({
+            "total": total,
+            "offset": offset,
+            "limit": limit,
+            "truncated": end < total,
+            "next_offset": if end < total { Value::from(end) } else { Value::Null },
+        })
+    };
+    let merge = |mut base: Value, extra: Value| {
+        if let (Some(b), Value::Object(e)) = (base.as_object_mut(), extra) {
+            b.extend(e);
+        }
+        base
+    };
+
+    match target {
+        "files" => {
+            let name_glob = glob(pattern, "pattern")?;
+            let hits = walk.files(|p| {
+                let name = p.file_name()?;
+                (name_glob.is_match(name)
+                    || p.strip_prefix(&walk.root)
+                        .is_ok_and(|r| name_glob.is_match(r)))
+                .then_some(())
+            });
+            let total = hits.len() as u64;
+            let files: Vec<String> = hits
+                .iter()
+                .skip(offset as usize)
+                .take(limit as usize)
+                .map(|(p, _)| walk.display(p))
+                .collect();
+            let n = files.len();
+            return Ok(merge(
+                json!({"target": "files", "files": files}),
+                page(total, n),
+            ));
+        }
+        "content" => {}
+        other => {
+            return Err(ToolError::invalid_args(format!(
+                "argument `target` must be \"content\" or \"files\", got {other:?}"
+            )))
+        }
+    }
+    if !["content", "files_with_matches", "count"].contains(&mode) {
+        return Err(ToolError::invalid_args(format!(
+            "argument `output_mode` must be \"content\", \"files_with_matches\" or \"count\", got {mode:?}"
+        )));
+    }
+    let matcher: RegexMatcher = RegexMatcherBuilder::new()
+        .line_terminator(Some(b'\n'))
+        .size_limit(50 * 1024 * 1024)
+        .dfa_size_limit(50 * 1024 * 1024)
+        .build(pattern)
+        .map_err(|e| {
+            ToolError::new(
+                "InvalidRegex",
+                format!("pattern {pattern:?} is not a valid regex: {e}. Escape special characters (e.g. \\( \\.) for a literal search"),
+            )
+        })?;
+    let counts: Vec<(PathBuf, u64)> = if meta.is_file() {
+        let mut sink = CountSink(0);
+        let _ = searcher(0).search_path(&matcher, &walk.root, &mut sink);
+        if sink.0 > 0 {
+            vec![(walk.root.clone(), sink.0)]
+        } else {
+            Vec::new()
+        }
+    } else {
+        walk.files(|p| {
+            let mut s = searcher(0);
+            let mut sink = CountSink(0);
+            s.search_path(&matcher, p, &mut sink).ok()?;
+            (sink.0 > 0).then_some(sink.0)
+        })
+    };
+    let total_lines: u64 = counts.iter().map(|(_, c)| c).sum();
+    let files_matched = counts.len();
+    match mode {
+        "files_with_matches" => {
+            let files: Vec<String> = counts
+                .iter()
+                .skip(offset as usize)
+                .take(limit as usize)
+                .map(|(p, _)| walk.display(p))
+                .collect();
+            let n = files.len();
+            Ok(merge(
+                json!({"files": files, "total_matches": total_lines}),
+                page(files_matched as u64, n),
+            ))
+        }
+        "count" => {
+            let rows: Vec<Value> = counts
+                .iter()
+                .skip(offset as usize)
+                .take(limit as usize)
+                .map(|(p, c)| json!({"path": walk.display(p), "count": c}))
+                .collect();
+            let n = rows.len();
+            Ok(merge(
+                json!({"counts": rows, "files_matched": files_matched, "total_files": files_matched}),
+                page(total_lines, n),
+            ))
+        }
+        _ => {
+            let mut matches = Vec::new();
+            let mut before: u64 = 0;
+            let mut s = searcher(context);
+            for (p, c) in &counts {
+                if matches.len() as u64 >= limit {
+                    break;
+                }
+                if before + c <= offset {
+                    before += c;
+                    continue;
+                }
+                let shown = walk.display(p);
+                let mut sink = PageSink {
+                    path: &shown,
+                    skip: offset.saturating_sub(before),
+                    want: limit - matches.len() as u64,
+                    seen: 0,
+                    pending_before: Vec::new(),
+                    out: Vec::new(),
+                    with_context: context > 0,
+                };
+                // A file changed between the passes just yields fewer lines; never an error.
+                let _ = s.search_path(&matcher, p, &mut sink);
+                matches.extend(sink.out);
+                before += c;
+            }
+            let n = matches.len();
+            Ok(merge(
+                json!({"matches": matches, "files_matched": files_matched}),
+                page(total_lines, n),
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    fn call(cwd: &Path, args: Value) -> Result<Value, ToolError> {
+        let ctx = ToolContext::agent(cwd);
+        search_files(args.as_object().unwrap(), &ctx)
+    }
+
+    fn tree() -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        let w = |p: &str, s: &[u8]| {
+            let path = d.path().join(p);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, s).unwrap();
+        };
+        w("a.yaml", b"database: pg\nport: 5432\n");
+        w("sub/b.yaml", b"x\ndatabase: sqlite\ny\n");
+        w("sub/c.txt", b"database here too\n");
+        w("ignored/d.yaml", b"database: hidden by gitignore\n");
+        w(".gitignore", b"ignored/\n");
+        w("bin.dat", b"database\0\x01\x02");
+        w("latin1.txt", b"caf\xe9 database\n");
+        d
+    }
+
+    #[test]
+    fn content_search_respects_gitignore_and_skips_binary() {
+        let d = tree();
+        let r = call(d.path(), json!({"pattern": "database"})).unwrap();
+        let paths: Vec<&str> = r["matches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(paths, ["a.yaml", "latin1.txt", "sub/b.yaml", "sub/c.txt"]);
+        assert_eq!(r["total"], 4);
+        assert_eq!(r["truncated"], false);
+        assert_eq!(r["matches"][2]["line"], 2);
+        assert_eq!(r["matches"][2]["content"], "database: sqlite");
+        assert!(r["matches"][1]["content"]
+            .as_str()
+            .unwrap()
+            .contains("caf\u{fffd}"));
+    }
+
+    #[test]
+    fn glob_paging_modes_and_context() {
+        let d = tree();
+        let r = call(
+            d.path(),
+            json!({"pattern": "database", "file_glob": "*.yaml", "limit": 1}),
+        )
+        .unwrap();
+        assert_eq!(r["matches"].as_array().unwrap().len(), 1);
+        assert_eq!(r["total"], 2);
+        assert_eq!(r["next_offset"], 1);
+        let r = call(
+            d.path(),
+            json!({"pattern": "database", "file_glob": "*.yaml", "offset": 1, "context": 1}),
+        )
+        .unwrap();
+        assert_eq!(r["matches"][0]["path"], "sub/b.yaml");
+        assert_eq!(r["matches"][0]["context_before"], json!(["x"]));
+        assert_eq!(r["matches"][0]["context_after"], json!(["y"]));
+        assert_eq!(r["next_offset"], Value::Null);
+        let r = call(
+            d.path(),
+            json!({"pattern": "database", "output_mode": "files_with_matches"}),
+        )
+        .unwrap();
+        assert_eq!(r["files"].as_array().unwrap().len(), 4);
+        let r = call(
+            d.path(),
+            json!({"pattern": "a", "output_mode": "count", "path": "sub"}),
+        )
+        .unwrap();
+        assert_eq!(r["counts"][0]["path"], "sub/b.yaml");
+        let r = call(d.path(), json!({"pattern": "*.yaml", "target": "files"})).unwrap();
+        assert_eq!(r["files"], json!(["a.yaml", "sub/b.yaml"]));
+    }
+
+    #[test]
+    fn bad_input_is_a_clear_error() {
+        let d = tree();
+        let e = call(d.path(), json!({"pattern": "("})).unwrap_err();
+        assert_eq!(e.kind, "InvalidRegex");
+        let e = call(d.path(), json!({"pattern": "x", "path": "nope"})).unwrap_err();
+        assert_eq!(e.kind, "FileNotFound");
+        let e = call(d.path(), json!({"pattern": "x", "target": "dirs"})).unwrap_err();
+        assert_eq!(e.kind, "InvalidArguments");
+        let e = call(d.path(), json!({"pattern": "x".repeat(10_000)})).unwrap_err();
+        assert_eq!(e.kind, "InvalidArguments");
+        let r = call(d.path(), json!({"pattern": "port", "path": "a.yaml"})).unwrap();
+        assert_eq!(r["matches"][0]["path"], "a.yaml");
+    }
+}

@@ -1,0 +1,187 @@
+//! `terminal`: run a shell command on the local backend.
+//!
+//! Every command passes dangerous-command approval first (SPEC §8). The environment is the
+//! call's `ctx.env` when set (script calls: the scrubbed execute_code environment, SPEC §4), else
+//! this process's environment minus the provider credentials the product manages — the
+//! `provider_blocklist` of `policies/env.json`, the one list the supervisor's scrubbing uses too.
+//! Background processes and PTY mode are for the agent only; scripts run foreground commands.
+
+use super::args::{int_in_range, optional_str, required_str};
+use crate::approval::{check_command, Decision};
+use crate::environments::local::{self, SpawnSpec};
+use crate::{BuiltinTool, CallOrigin, ToolContext, ToolEntry, ToolError};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use std::sync::LazyLock;
+use std::time::Duration;
+
+/// Default foreground timeout in seconds.
+const DEFAULT_TIMEOUT: i64 = 180;
+/// Output kept for a foreground command (first 40% and last 60%).
+const OUTPUT_CAP: usize = 50 * 1024;
+/// Longest command line accepted.
+const MAX_COMMAND_BYTES: usize = 256 * 1024;
+
+#[derive(Deserialize)]
+struct EnvPolicy {
+    provider_blocklist: Vec<String>,
+}
+
+/// Provider credentials that never reach a command (policies/env.json `provider_blocklist`).
+pub static PROVIDER_BLOCKLIST: LazyLock<Vec<String>> = LazyLock::new(|| {
+    serde_json::from_str::<EnvPolicy>(include_str!("../../../policies/env.json"))
+        .map(|p| p.provider_blocklist)
+        .unwrap_or_else(|e| {
+            tracing::error!("policies/env.json has no valid provider_blocklist: {e}");
+            Vec::new()
+        })
+});
+
+fn entry() -> ToolEntry {
+    ToolEntry::new(
+        "terminal",
+        "terminal",
+        "Run a shell command (bash -c) and return its combined output and exit code. Dangerous \
+         commands need approval. Foreground commands are killed (with their process group) at the \
+         timeout; output is capped (head and tail kept). Agent only: background=true starts it in \
+         the background (manage it with the `process` tool), pty=true runs it under a \
+         pseudo-terminal.",
+        json!({
+            "type": "object",
+            "properties": {
+                "command": {"type": "string", "description": "Shell command line"},
+                "timeout": {"type": "integer", "minimum": 1, "maximum": 86400, "default": DEFAULT_TIMEOUT, "description": "Seconds before the command and its process group are killed"},
+                "workdir": {"type": "string", "description": "Working directory (default: the session working dir)"},
+                "background": {"type": "boolean", "default": false, "description": "Start in the background and return a process id (not available in scripts)"},
+                "pty": {"type": "boolean", "default": false, "description": "Run under a pseudo-terminal (not available in scripts)"}
+            },
+            "required": ["command"]
+        }),
+        terminal,
+    )
+    .with_emoji("💻")
+}
+
+inventory::submit! { BuiltinTool(entry) }
+
+/// The environment for a command of this call.
+pub fn command_env(ctx: &ToolContext) -> Vec<(String, String)> {
+    match &ctx.env {
+        Some(env) => env.as_ref().clone(),
+        None => std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+            .filter(|(k, _)| !PROVIDER_BLOCKLIST.iter().any(|b| b.eq_ignore_ascii_case(k)))
+            .collect(),
+    }
+}
+
+/// Reads an optional boolean argument (accepting "true"/"false" strings, as models send them).
+pub fn optional_bool(args: &Map<String, Value>, name: &str) -> Result<bool, ToolError> {
+    match args.get(name) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(Value::String(s)) if s.eq_ignore_ascii_case("true") => Ok(true),
+        Some(Value::String(s)) if s.eq_ignore_ascii_case("false") => Ok(false),
+        Some(other) => Err(ToolError::invalid_args(format!(
+            "argument `{name}` must be true or false, got {other}"
+        ))),
+    }
+}
+
+fn terminal(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolError> {
+    let command = required_str(args, "command")?;
+    if command.trim().is_empty() {
+        return Err(ToolError::invalid_args("argument `command` is empty"));
+    }
+    if command.len() > MAX_COMMAND_BYTES {
+        return Err(ToolError::invalid_args(format!(
+            "argument `command` is {} bytes; the limit is {MAX_COMMAND_BYTES}. Put long input in a \
+             file with write_file and run that instead",
+            command.len()
+        )));
+    }
+    if command.contains('\0') {
+        return Err(ToolError::invalid_args(
+            "argument `command` contains a NUL byte, which no shell command can hold",
+        ));
+    }
+    let timeout = int_in_range(args, "timeout", DEFAULT_TIMEOUT, 1, 86_400)?;
+    let background = optional_bool(args, "background")?;
+    let pty = optional_bool(args, "pty")?;
+    if ctx.origin == CallOrigin::Script && (background || pty) {
+        return Err(ToolError::invalid_args(
+            "background and pty are not available to execute_code scripts; run the command in \
+             the foreground",
+        ));
+    }
+    let cwd = match optional_str(args, "workdir")? {
+        Some(w) if w.contains('\0') => {
+            return Err(ToolError::invalid_args(
+                "argument `workdir` contains a NUL byte",
+            ))
+        }
+        Some(w) => ctx.resolve(w),
+        None => ctx.cwd.clone(),
+    };
+    if !cwd.is_dir() {
+        return Err(ToolError::new(
+            "NotADirectory",
+            format!(
+                "working directory {} does not exist or is not a directory",
+                cwd.display()
+            ),
+        ));
+    }
+    if let Decision::Deny { message } = check_command(command, ctx) {
+        return Err(ToolError::new("CommandDenied", message));
+    }
+    let env = command_env(ctx);
+    let spec = SpawnSpec {
+        command,
+        cwd: &cwd,
+        env: &env,
+        pty,
+        scope: local::scope_of(ctx),
+    };
+    if background {
+        let p = local::start_background(&spec)
+            .map_err(|e| ToolError::new("SpawnError", e.to_string()))?;
+        return Ok(json!({
+            "status": "running",
+            "process_id": p.id,
+            "pid": p.pid,
+            "pty": pty,
+            "output": "",
+            "exit_code": Value::Null,
+            "error": Value::Null,
+            "hint": format!("poll with process(action=\"poll\", process_id=\"{}\"); stop with action=\"kill\"", p.id),
+        }));
+    }
+    let out = local::run_foreground(&spec, Duration::from_secs(timeout as u64), OUTPUT_CAP)
+        .map_err(|e| ToolError::new("SpawnError", e.to_string()))?;
+    let mut output = out.output;
+    let error = if out.timed_out {
+        let note =
+            format!("Command timed out after {timeout}s and was killed (with its process group).");
+        output.push_str(&format!("\n[{note}]"));
+        Value::String(note)
+    } else {
+        Value::Null
+    };
+    if out.detached_output {
+        output.push_str(
+            "\n[the command exited but a process it started in the background still holds its \
+             output; use background=true for long-running processes]",
+        );
+    }
+    Ok(json!({
+        "output": output,
+        "exit_code": out.exit_code,
+        "error": error,
+        "timed_out": out.timed_out,
+        "truncated": out.truncated,
+        "output_bytes": out.output_bytes,
+        "duration_seconds": (out.duration.as_secs_f64() * 1000.0).round() / 1000.0,
+        "cwd": cwd.display().to_string(),
+    }))
+}

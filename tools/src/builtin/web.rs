@@ -1,0 +1,355 @@
+//! `web_search` and `web_extract`: the web toolset, over pluggable HTTP backends.
+//!
+//! Nothing here reaches the network until an operator configures a backend, and both tools
+//! report themselves unavailable (`check_fn`) until then, so they never appear in a script's stub
+//! unconfigured. Configuration — environment variables win over config.yaml:
+//!
+//! | setting | env var | config.yaml |
+//! |---|---|---|
+//! | search backend | `VIBEOS_WEB_SEARCH_URL` (a SearXNG base URL) | `web: {search_backend: searxng, searxng_url: http://127.0.0.1:8888}` |
+//! | extract backend | `VIBEOS_WEB_EXTRACT_BACKEND=http` | `web: {extract_backend: http}` |
+//! | timeout (s) | `VIBEOS_WEB_TIMEOUT` | `web: {timeout: 20}` |
+//!
+//! `searxng` queries `<url>/search?q=…&format=json` (the instance must allow the JSON format).
+//! `http` fetches each URL itself and turns HTML into plain text with `html2text`.
+//!
+//! Result shapes follow the seeds: `web_search(q)["data"]["web"]` is a list of
+//! `{title, url, description}`; `web_extract([url])["results"]` is a list of
+//! `{url, title, content, error}` — one entry per URL, a failed URL carrying its `error` rather
+//! than failing the whole call.
+
+use super::args::{int_in_range, required_str};
+use crate::registry::CheckFnHolder;
+use crate::{BuiltinTool, ToolContext, ToolEntry, ToolError};
+use serde_json::{json, Map, Value};
+use std::io::Read;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+/// Largest response body read.
+const MAX_BODY_BYTES: u64 = 5 * 1024 * 1024;
+/// Default cap of extracted characters per page when `char_limit` is not given.
+const DEFAULT_CHAR_LIMIT: usize = 100_000;
+/// Most URLs per extract call.
+const MAX_URLS: usize = 20;
+
+/// The web settings in force.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WebConfig {
+    /// SearXNG base URL, when search is configured.
+    pub searxng_url: Option<String>,
+    /// Whether the plain-HTTP extract backend is enabled.
+    pub extract_http: bool,
+    /// Request timeout.
+    pub timeout: Duration,
+}
+
+/// Reads the web settings (env vars first, then config.yaml `web:`).
+pub fn web_config() -> WebConfig {
+    let sec = crate::settings::section("web");
+    let get = |k: &str| sec.get(k).and_then(|v| v.as_str()).map(str::to_string);
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+    let searxng_url = env("VIBEOS_WEB_SEARCH_URL").or_else(|| {
+        let backend = get("search_backend").unwrap_or_else(|| "searxng".into());
+        (backend.eq_ignore_ascii_case("searxng"))
+            .then(|| get("searxng_url"))
+            .flatten()
+    });
+    let extract_http = env("VIBEOS_WEB_EXTRACT_BACKEND")
+        .or_else(|| get("extract_backend"))
+        .is_some_and(|b| b.eq_ignore_ascii_case("http"));
+    let timeout = env("VIBEOS_WEB_TIMEOUT")
+        .and_then(|t| t.parse::<u64>().ok())
+        .or_else(|| sec.get("timeout").and_then(|v| v.as_u64()))
+        .filter(|t| (1..=600).contains(t))
+        .unwrap_or(20);
+    WebConfig {
+        searxng_url: searxng_url.map(|u| u.trim_end_matches('/').to_string()),
+        extract_http,
+        timeout: Duration::from_secs(timeout),
+    }
+}
+
+fn agent(timeout: Duration) -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .timeout_global(Some(timeout))
+        .http_status_as_error(false)
+        .max_redirects(5)
+        .user_agent("vibeos-exec web tools")
+        .build()
+        .into()
+}
+
+fn search_entry() -> ToolEntry {
+    let mut e = ToolEntry::new(
+        "web_search",
+        "web",
+        "Search the web. Returns data.web = [{title, url, description}].",
+        json!({
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "description": "Search query"},
+                "limit": {"type": "integer", "default": 5, "minimum": 1, "maximum": 50}
+            },
+            "required": ["query"]
+        }),
+        web_search,
+    )
+    .with_emoji("🔍");
+    e.check_fn = Some(CheckFnHolder(Arc::new(|| {
+        web_config().searxng_url.is_some()
+    })));
+    e.requires_env = vec!["VIBEOS_WEB_SEARCH_URL".into()];
+    e
+}
+
+fn extract_entry() -> ToolEntry {
+    let mut e = ToolEntry::new(
+        "web_extract",
+        "web",
+        "Fetch web pages and return their text. Returns results = [{url, title, content, error}].",
+        json!({
+            "type": "object",
+            "properties": {
+                "urls": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_URLS, "description": "http(s) URLs (a single string is accepted too)"},
+                "char_limit": {"type": "integer", "minimum": 1, "description": "Most characters of text per page (default 100000)"}
+            },
+            "required": ["urls"]
+        }),
+        web_extract,
+    )
+    .with_emoji("📄");
+    e.check_fn = Some(CheckFnHolder(Arc::new(|| web_config().extract_http)));
+    e.requires_env = vec!["VIBEOS_WEB_EXTRACT_BACKEND".into()];
+    e
+}
+
+inventory::submit! { BuiltinTool(search_entry) }
+inventory::submit! { BuiltinTool(extract_entry) }
+
+fn not_configured(what: &str, how: &str) -> ToolError {
+    ToolError::new(
+        "NotConfigured",
+        format!(
+            "{what} has no backend configured: {how}, or the `web:` section of {}",
+            crate::settings::config_path().display()
+        ),
+    )
+}
+
+fn web_search(args: &Map<String, Value>, _ctx: &ToolContext) -> Result<Value, ToolError> {
+    let query = required_str(args, "query")?.trim();
+    if query.is_empty() {
+        return Err(ToolError::invalid_args("argument `query` is empty"));
+    }
+    if query.len() > 2000 {
+        return Err(ToolError::invalid_args(format!(
+            "argument `query` is {} bytes; keep it under 2000",
+            query.len()
+        )));
+    }
+    let limit = int_in_range(args, "limit", 5, 1, 50)? as usize;
+    let cfg = web_config();
+    let base = cfg.searxng_url.ok_or_else(|| {
+        not_configured("web_search", "set VIBEOS_WEB_SEARCH_URL to a SearXNG URL")
+    })?;
+    let url = format!("{base}/search");
+    let mut resp = agent(cfg.timeout)
+        .get(&url)
+        .query("q", query)
+        .query("format", "json")
+        .call()
+        .map_err(|e| ToolError::new("SearchBackendError", format!("{url}: {e}")))?;
+    let status = resp.status();
+    let body = resp
+        .body_mut()
+        .with_config()
+        .limit(MAX_BODY_BYTES)
+        .read_to_vec()
+        .map_err(|e| ToolError::new("SearchBackendError", format!("{url}: {e}")))?;
+    if !status.is_success() {
+        return Err(ToolError::new(
+            "SearchBackendError",
+            format!(
+                "{url} answered HTTP {status}{}",
+                if status.as_u16() == 403 {
+                    " (SearXNG refuses format=json unless `search.formats` lists json)"
+                } else {
+                    ""
+                }
+            ),
+        ));
+    }
+    let parsed: Value = serde_json::from_slice(&body).map_err(|e| {
+        ToolError::new(
+            "SearchBackendError",
+            format!("{url} did not return JSON ({e}); is it a SearXNG instance with format=json enabled?"),
+        )
+    })?;
+    let web: Vec<Value> = parsed
+        .get("results")
+        .and_then(Value::as_array)
+        .map(|rs| {
+            rs.iter()
+                .filter_map(|r| {
+                    let url = r.get("url")?.as_str()?;
+                    Some(json!({
+                        "title": r.get("title").and_then(Value::as_str).unwrap_or(""),
+                        "url": url,
+                        "description": r.get("content").and_then(Value::as_str).unwrap_or(""),
+                    }))
+                })
+                .take(limit)
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(json!({"success": true, "query": query, "data": {"web": web}}))
+}
+
+static TITLE: LazyLock<Option<regex::Regex>> =
+    LazyLock::new(|| regex::Regex::new(r"(?is)<title[^>]*>(.*?)</title>").ok());
+
+fn html_title(html: &str) -> String {
+    TITLE
+        .as_ref()
+        .and_then(|re| re.captures(html))
+        .and_then(|c| c.get(1))
+        .map(|m| {
+            html2text::from_read(m.as_str().as_bytes(), 10_000)
+                .map(|t| t.split_whitespace().collect::<Vec<_>>().join(" "))
+                .unwrap_or_default()
+        })
+        .unwrap_or_default()
+}
+
+fn fetch_one(agent: &ureq::Agent, url: &str, char_limit: usize) -> Value {
+    let fail = |msg: String| json!({"url": url, "title": "", "content": "", "error": msg});
+    let scheme_ok = url.split_once("://").is_some_and(|(s, rest)| {
+        (s.eq_ignore_ascii_case("http") || s.eq_ignore_ascii_case("https")) && !rest.is_empty()
+    });
+    if !scheme_ok {
+        return fail("only http:// and https:// URLs can be fetched".into());
+    }
+    let mut resp = match agent.get(url).call() {
+        Ok(r) => r,
+        Err(e) => return fail(format!("fetch failed: {e}")),
+    };
+    let status = resp.status();
+    let ctype = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    let mut body = Vec::new();
+    let read = resp
+        .body_mut()
+        .as_reader()
+        .take(MAX_BODY_BYTES)
+        .read_to_end(&mut body);
+    if let Err(e) = read {
+        return fail(format!("reading the response failed: {e}"));
+    }
+    if !status.is_success() {
+        return fail(format!("HTTP {status}"));
+    }
+    let looks_html = ctype.contains("html")
+        || (ctype.is_empty()
+            && body
+                .iter()
+                .take(1024)
+                .copied()
+                .collect::<Vec<u8>>()
+                .to_ascii_lowercase()
+                .windows(5)
+                .any(|w| w == b"<html"));
+    let (title, text) = if looks_html {
+        let raw = String::from_utf8_lossy(&body);
+        match html2text::from_read(body.as_slice(), 100) {
+            Ok(t) => (html_title(&raw), t),
+            Err(e) => return fail(format!("could not convert HTML to text: {e}")),
+        }
+    } else if ctype.starts_with("text/")
+        || ctype.contains("json")
+        || ctype.contains("xml")
+        || ctype.contains("javascript")
+        || (ctype.is_empty() && !body.contains(&0))
+    {
+        (String::new(), String::from_utf8_lossy(&body).into_owned())
+    } else {
+        return fail(format!(
+            "content type {ctype:?} is not text; web_extract returns text only"
+        ));
+    };
+    let total_chars = text.chars().count();
+    let content = match text.char_indices().nth(char_limit) {
+        Some((cut, _)) => format!(
+            "{}\n\n[... content cut at {char_limit} of {total_chars} characters]",
+            &text[..cut]
+        ),
+        None => text,
+    };
+    json!({"url": url, "title": title, "content": content, "error": Value::Null})
+}
+
+fn web_extract(args: &Map<String, Value>, _ctx: &ToolContext) -> Result<Value, ToolError> {
+    let urls: Vec<String> = match args.get("urls") {
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| {
+                v.as_str().map(str::to_string).ok_or_else(|| {
+                    ToolError::invalid_args(format!(
+                        "every entry of `urls` must be a string, got {v}"
+                    ))
+                })
+            })
+            .collect::<Result<_, _>>()?,
+        None | Some(Value::Null) => {
+            return Err(ToolError::invalid_args("missing required argument `urls`"))
+        }
+        Some(other) => {
+            return Err(ToolError::invalid_args(format!(
+                "argument `urls` must be a list of URLs, got {other}"
+            )))
+        }
+    };
+    if urls.is_empty() {
+        return Err(ToolError::invalid_args("argument `urls` is empty"));
+    }
+    if urls.len() > MAX_URLS {
+        return Err(ToolError::invalid_args(format!(
+            "argument `urls` has {} entries; at most {MAX_URLS} per call",
+            urls.len()
+        )));
+    }
+    let char_limit =
+        int_in_range(args, "char_limit", DEFAULT_CHAR_LIMIT as i64, 1, 10_000_000)? as usize;
+    let cfg = web_config();
+    if !cfg.extract_http {
+        return Err(not_configured(
+            "web_extract",
+            "set VIBEOS_WEB_EXTRACT_BACKEND=http",
+        ));
+    }
+    let agent = agent(cfg.timeout);
+    let results: Vec<Value> = std::thread::scope(|s| {
+        let handles: Vec<_> = urls
+            .iter()
+            .map(|u| {
+                let agent = &agent;
+                s.spawn(move || fetch_one(agent, u, char_limit))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .zip(&urls)
+            .map(|(h, u)| {
+                h.join().unwrap_or_else(|_| {
+                    json!({"url": u, "title": "", "content": "", "error": "internal error while fetching"})
+                })
+            })
+            .collect()
+    });
+    Ok(json!({"results": results}))
+}

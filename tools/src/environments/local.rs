@@ -1,0 +1,708 @@
+//! The local terminal backend: commands run on this machine under `bash -c` (else `sh -c`).
+//!
+//! Containment: every command gets its own process group (or, in PTY mode, its own session), and
+//! a timeout or a kill signals the whole group — SIGTERM, then SIGKILL after a grace period — so
+//! children of the shell die with it. Limit: a descendant that calls `setsid`/`setpgid` leaves
+//! the group and is not reached by that signal. For script calls this gap is closed by the
+//! execution's subreaper, which kills everything the execution started when it ends; for direct
+//! agent calls it stays open (a cgroup per command would close it but needs delegation rights
+//! this process usually lacks). See docs/terminal.md.
+//!
+//! Output: stdout and stderr share one pipe (so they interleave as on a terminal) that a reader
+//! thread drains into a bounded [`HeadTail`]; the child never blocks on a full pipe and memory
+//! stays fixed whatever it writes.
+
+use super::HeadTail;
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use std::collections::{BTreeMap, VecDeque};
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, LazyLock, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long a process group gets between SIGTERM and SIGKILL.
+pub const KILL_GRACE: Duration = Duration::from_secs(2);
+/// How long to keep reading after the shell exits while something it left behind still holds
+/// the output pipe open.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(500);
+
+/// What a spawn needs.
+pub struct SpawnSpec<'a> {
+    /// Shell command line.
+    pub command: &'a str,
+    /// Working directory.
+    pub cwd: &'a Path,
+    /// The complete environment of the command.
+    pub env: &'a [(String, String)],
+    /// Run under a pseudo-terminal instead of pipes.
+    pub pty: bool,
+    /// The execution this command belongs to (see [`scope_of`]); [`kill_scope`] ends it.
+    pub scope: Option<usize>,
+}
+
+/// The outcome of a foreground command.
+#[derive(Debug)]
+pub struct RunOutput {
+    /// Combined stdout+stderr, capped.
+    pub output: String,
+    /// Whether output was cut.
+    pub truncated: bool,
+    /// Total output bytes.
+    pub output_bytes: u64,
+    /// Exit code; `-N` when killed by signal N (as Python reports it).
+    pub exit_code: i32,
+    /// Whether the timeout fired.
+    pub timed_out: bool,
+    /// Whether the shell exited while a process it left behind still held the output open.
+    pub detached_output: bool,
+    /// Wall time.
+    pub duration: Duration,
+}
+
+/// Errors of the backend.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The command could not be started.
+    #[error("could not start the shell: {0}")]
+    Spawn(std::io::Error),
+    /// A pipe or pseudo-terminal could not be created.
+    #[error("could not create {what}: {err}")]
+    Setup {
+        /// Pipe or PTY.
+        what: &'static str,
+        /// The OS error.
+        err: nix::Error,
+    },
+    /// No background process with that id.
+    #[error("no background process `{0}`; list them with process(action=\"list\")")]
+    UnknownProcess(String),
+}
+
+fn shell() -> &'static str {
+    static SHELL: LazyLock<&'static str> = LazyLock::new(|| {
+        if Path::new("/bin/bash").exists() {
+            "/bin/bash"
+        } else {
+            "/bin/sh"
+        }
+    });
+    &SHELL
+}
+
+struct Spawned {
+    child: Child,
+    pgid: Pid,
+    reader: Box<dyn Read + Send>,
+    stdin: Option<std::fs::File>,
+}
+
+fn spawn(spec: &SpawnSpec<'_>) -> Result<Spawned, BackendError> {
+    let mut cmd = Command::new(shell());
+    cmd.arg("-c")
+        .arg(spec.command)
+        .current_dir(spec.cwd)
+        .env_clear();
+    cmd.envs(spec.env.iter().map(|(k, v)| (k, v)));
+    if spec.pty {
+        if !spec.env.iter().any(|(k, _)| k == "TERM") {
+            cmd.env("TERM", "xterm-256color");
+        }
+        let pty = nix::pty::openpty(None, None).map_err(|err| BackendError::Setup {
+            what: "a pseudo-terminal",
+            err,
+        })?;
+        let dup = |fd: &OwnedFd| {
+            fd.try_clone()
+                .map_err(|e| BackendError::Spawn(std::io::Error::other(e)))
+        };
+        cmd.stdin(Stdio::from(dup(&pty.slave)?));
+        cmd.stdout(Stdio::from(dup(&pty.slave)?));
+        cmd.stderr(Stdio::from(pty.slave));
+        // SAFETY: the closure runs in the forked child before exec and only calls the
+        // async-signal-safe setsid(2) and ioctl(2): it becomes a session leader (so the whole
+        // session can be signalled as one group) and takes the PTY (its stdin) as controlling
+        // terminal, which programs that need a TTY expect.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().map_err(BackendError::Spawn)?;
+        drop(cmd);
+        let master = std::fs::File::from(pty.master);
+        let writer = master.try_clone().map_err(BackendError::Spawn)?;
+        let pgid = Pid::from_raw(child.id() as i32);
+        Ok(Spawned {
+            child,
+            pgid,
+            reader: Box::new(PtyReader(master)),
+            stdin: Some(writer),
+        })
+    } else {
+        let (read_end, write_end) = nix::unistd::pipe().map_err(|err| BackendError::Setup {
+            what: "an output pipe",
+            err,
+        })?;
+        let write2 = write_end.try_clone().map_err(BackendError::Spawn)?;
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::from(write_end))
+            .stderr(Stdio::from(write2))
+            .process_group(0);
+        let child = cmd.spawn().map_err(BackendError::Spawn)?;
+        // The write ends live in `cmd`; drop it so EOF arrives when the command's side closes.
+        drop(cmd);
+        let pgid = Pid::from_raw(child.id() as i32);
+        Ok(Spawned {
+            child,
+            pgid,
+            reader: Box::new(std::fs::File::from(read_end)),
+            stdin: None,
+        })
+    }
+}
+
+/// Reading a PTY master returns EIO once the last slave fd closes; that is the end of output.
+struct PtyReader(std::fs::File);
+
+impl Read for PtyReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self.0.read(buf) {
+            Err(e) if e.raw_os_error() == Some(libc::EIO) => Ok(0),
+            other => other,
+        }
+    }
+}
+
+fn exit_code(status: ExitStatus) -> i32 {
+    status
+        .code()
+        .or_else(|| status.signal().map(|s| -s))
+        .unwrap_or(-1)
+}
+
+/// Signals the group with SIGTERM, then SIGKILL after [`KILL_GRACE`] unless `child` has exited.
+fn kill_group(pgid: Pid, child: &mut Child) -> Option<ExitStatus> {
+    let _ = killpg(pgid, Signal::SIGTERM);
+    let deadline = Instant::now() + KILL_GRACE;
+    while Instant::now() < deadline {
+        if let Ok(Some(st)) = child.try_wait() {
+            // The shell is gone; make sure nothing else of the group lingers.
+            let _ = killpg(pgid, Signal::SIGKILL);
+            return Some(st);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = killpg(pgid, Signal::SIGKILL);
+    child.wait().ok()
+}
+
+/// Foreground commands running now: process group and scope.
+static RUNNING: LazyLock<Mutex<BTreeMap<i32, Option<usize>>>> =
+    LazyLock::new(|| Mutex::new(BTreeMap::new()));
+
+/// The scope of a call: the identity of its execute_code environment, which is one shared `Arc`
+/// per execution (`None` for agent calls). Commands a script started are found by it when the
+/// execution ends.
+pub fn scope_of(ctx: &crate::ToolContext) -> Option<usize> {
+    ctx.env
+        .as_ref()
+        .map(|env| Arc::as_ptr(env) as *const () as usize)
+}
+
+/// Kills (SIGKILL, whole process group) every foreground command started in `ctx`'s scope.
+///
+/// The supervisor calls this when an execution ends: terminal commands are children of the
+/// supervisor, not of the script, so the script's reaper does not reach them, and a command
+/// still running would otherwise outlive the execution until its own timeout.
+pub fn kill_scope(ctx: &crate::ToolContext) -> usize {
+    let Some(scope) = scope_of(ctx) else {
+        return 0;
+    };
+    let groups: Vec<i32> = RUNNING
+        .lock()
+        .map(|g| {
+            g.iter()
+                .filter(|(_, s)| **s == Some(scope))
+                .map(|(p, _)| *p)
+                .collect()
+        })
+        .unwrap_or_default();
+    for pgid in &groups {
+        let _ = killpg(Pid::from_raw(*pgid), Signal::SIGKILL);
+    }
+    groups.len()
+}
+
+/// Removes a command from [`RUNNING`] when it ends, however it ends.
+struct RunningGuard(i32);
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        if let Ok(mut g) = RUNNING.lock() {
+            g.remove(&self.0);
+        }
+    }
+}
+
+/// Runs a command in the foreground: waits up to `timeout`, keeps at most `cap` bytes of output.
+pub fn run_foreground(
+    spec: &SpawnSpec<'_>,
+    timeout: Duration,
+    cap: usize,
+) -> Result<RunOutput, BackendError> {
+    let started = Instant::now();
+    let Spawned {
+        mut child,
+        pgid,
+        mut reader,
+        stdin,
+    } = spawn(spec)?;
+    drop(stdin);
+    if let Ok(mut g) = RUNNING.lock() {
+        g.insert(pgid.as_raw(), spec.scope);
+    }
+    let _running = RunningGuard(pgid.as_raw());
+    let capture = Arc::new((Mutex::new((HeadTail::new(cap), false)), Condvar::new()));
+    let cap2 = Arc::clone(&capture);
+    let reader_thread = std::thread::Builder::new()
+        .name("terminal-output".into())
+        .spawn(move || {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                match reader.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        if let Ok(mut g) = cap2.0.lock() {
+                            g.0.push(&buf[..n]);
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+            if let Ok(mut g) = cap2.0.lock() {
+                g.1 = true;
+            }
+            cap2.1.notify_all();
+        });
+    if let Err(e) = reader_thread {
+        let _ = kill_group(pgid, &mut child);
+        return Err(BackendError::Spawn(e));
+    }
+    let deadline = started + timeout;
+    let mut timed_out = false;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break Some(st),
+            Ok(None) => {}
+            Err(_) => break None,
+        }
+        if Instant::now() >= deadline {
+            timed_out = true;
+            break kill_group(pgid, &mut child);
+        }
+        std::thread::sleep(Duration::from_millis(5).max(Duration::from_millis(
+            (started.elapsed().as_millis() / 50).min(50) as u64,
+        )));
+    };
+    // Wait for the reader to see EOF; a background process the command left holding the pipe
+    // must not hold the call hostage.
+    let (lock, cvar) = &*capture;
+    let mut detached_output = false;
+    if let Ok(guard) = lock.lock() {
+        let (guard, res) = cvar
+            .wait_timeout_while(guard, DRAIN_AFTER_EXIT, |g| !g.1)
+            .unwrap_or_else(|e| e.into_inner());
+        if res.timed_out() && !guard.1 {
+            detached_output = true;
+        }
+    }
+    let (output, truncated, output_bytes) = match lock.lock() {
+        Ok(g) => (g.0.render(), g.0.truncated(), g.0.total()),
+        Err(e) => {
+            let g = e.into_inner();
+            (g.0.render(), g.0.truncated(), g.0.total())
+        }
+    };
+    let output = if spec.pty {
+        output.replace("\r\n", "\n")
+    } else {
+        output
+    };
+    Ok(RunOutput {
+        output,
+        truncated,
+        output_bytes,
+        exit_code: status.map(exit_code).unwrap_or(-1),
+        timed_out,
+        detached_output,
+        duration: started.elapsed(),
+    })
+}
+
+/// Output of a background process kept with absolute offsets, so polls return only what is new
+/// and say how much was lost when the process outran the buffer.
+#[derive(Debug, Default)]
+struct Ring {
+    buf: VecDeque<u8>,
+    start: u64,
+    cap: usize,
+    eof: bool,
+}
+
+impl Ring {
+    fn push(&mut self, data: &[u8]) {
+        self.buf.extend(data);
+        let over = self.buf.len().saturating_sub(self.cap);
+        if over > 0 {
+            self.buf.drain(..over);
+            self.start += over as u64;
+        }
+    }
+
+    fn end(&self) -> u64 {
+        self.start + self.buf.len() as u64
+    }
+
+    /// Bytes from absolute `from` to the end, and how many before them were already dropped.
+    fn since(&self, from: u64) -> (Vec<u8>, u64) {
+        let lost = self.start.saturating_sub(from);
+        let skip = from.saturating_sub(self.start) as usize;
+        (self.buf.iter().skip(skip).copied().collect(), lost)
+    }
+}
+
+/// A process started with `background=true`.
+pub struct BackgroundProcess {
+    /// Its id, `proc_N`.
+    pub id: String,
+    /// The command line.
+    pub command: String,
+    /// Working dir.
+    pub cwd: String,
+    /// Pid of the shell (also its process group id).
+    pub pid: u32,
+    /// Whether it runs under a PTY.
+    pub pty: bool,
+    /// Start time.
+    pub started: Instant,
+    pgid: Pid,
+    output: Arc<Mutex<Ring>>,
+    exit: Arc<Mutex<Option<i32>>>,
+    read_cursor: Mutex<u64>,
+    stdin: Mutex<Option<std::fs::File>>,
+}
+
+static PROCESSES: LazyLock<Mutex<BTreeMap<String, Arc<BackgroundProcess>>>> =
+    LazyLock::new(|| Mutex::new(BTreeMap::new()));
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Most output kept per background process.
+pub const BACKGROUND_BUFFER: usize = 1024 * 1024;
+
+/// Starts `spec` in the background and registers it.
+pub fn start_background(spec: &SpawnSpec<'_>) -> Result<Arc<BackgroundProcess>, BackendError> {
+    let Spawned {
+        mut child,
+        pgid,
+        mut reader,
+        stdin,
+    } = spawn(spec)?;
+    let output = Arc::new(Mutex::new(Ring {
+        cap: BACKGROUND_BUFFER,
+        ..Ring::default()
+    }));
+    let exit = Arc::new(Mutex::new(None));
+    let out2 = Arc::clone(&output);
+    let reader_ok = std::thread::Builder::new()
+        .name("bg-output".into())
+        .spawn(move || {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                match reader.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        if let Ok(mut g) = out2.lock() {
+                            g.push(&buf[..n]);
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+            if let Ok(mut g) = out2.lock() {
+                g.eof = true;
+            }
+        });
+    if let Err(e) = reader_ok {
+        let _ = kill_group(pgid, &mut child);
+        return Err(BackendError::Spawn(e));
+    }
+    let pid = child.id();
+    let exit2 = Arc::clone(&exit);
+    let waiter = std::thread::Builder::new()
+        .name("bg-wait".into())
+        .spawn(move || {
+            let code = child.wait().map(exit_code).unwrap_or(-1);
+            if let Ok(mut g) = exit2.lock() {
+                *g = Some(code);
+            }
+        });
+    if let Err(e) = waiter {
+        let _ = killpg(pgid, Signal::SIGKILL);
+        return Err(BackendError::Spawn(e));
+    }
+    let id = format!("proc_{}", NEXT_ID.fetch_add(1, Ordering::SeqCst));
+    let proc_ = Arc::new(BackgroundProcess {
+        id: id.clone(),
+        command: spec.command.to_string(),
+        cwd: spec.cwd.display().to_string(),
+        pid,
+        pty: spec.pty,
+        started: Instant::now(),
+        pgid,
+        output,
+        exit,
+        read_cursor: Mutex::new(0),
+        stdin: Mutex::new(stdin),
+    });
+    if let Ok(mut g) = PROCESSES.lock() {
+        g.insert(id, Arc::clone(&proc_));
+    }
+    Ok(proc_)
+}
+
+/// A snapshot of one poll.
+#[derive(Debug)]
+pub struct PollResult {
+    /// Output since the previous poll (or all kept output with `from_start`).
+    pub output: String,
+    /// Bytes that scrolled out of the buffer before they could be returned.
+    pub lost_bytes: u64,
+    /// Exit code once it has ended.
+    pub exit_code: Option<i32>,
+    /// Total output bytes so far.
+    pub total_bytes: u64,
+}
+
+impl BackgroundProcess {
+    /// Exit code once ended.
+    pub fn exit_code(&self) -> Option<i32> {
+        self.exit.lock().ok().and_then(|g| *g)
+    }
+
+    /// New output since the last poll; `from_start` returns everything still buffered.
+    pub fn poll(&self, from_start: bool) -> PollResult {
+        let exit_code = self.exit_code();
+        let mut cursor = self.read_cursor.lock().unwrap_or_else(|e| e.into_inner());
+        let (bytes, lost, end) = match self.output.lock() {
+            Ok(ring) => {
+                let from = if from_start { ring.start } else { *cursor };
+                let (b, l) = ring.since(from);
+                (b, l, ring.end())
+            }
+            Err(_) => (Vec::new(), 0, *cursor),
+        };
+        *cursor = end;
+        let mut output = String::from_utf8_lossy(&bytes).into_owned();
+        if self.pty {
+            output = output.replace("\r\n", "\n");
+        }
+        PollResult {
+            output,
+            lost_bytes: lost,
+            exit_code,
+            total_bytes: end,
+        }
+    }
+
+    /// Waits up to `timeout` for it to end.
+    pub fn wait(&self, timeout: Duration) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(c) = self.exit_code() {
+                return Some(c);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills its process group (SIGTERM, SIGKILL after the grace period).
+    pub fn kill(&self) -> Option<i32> {
+        if let Some(c) = self.exit_code() {
+            let _ = killpg(self.pgid, Signal::SIGKILL);
+            return Some(c);
+        }
+        let _ = killpg(self.pgid, Signal::SIGTERM);
+        if let Some(c) = self.wait(KILL_GRACE) {
+            let _ = killpg(self.pgid, Signal::SIGKILL);
+            return Some(c);
+        }
+        let _ = killpg(self.pgid, Signal::SIGKILL);
+        self.wait(KILL_GRACE)
+    }
+
+    /// Writes to its stdin (PTY processes only: pipe-mode processes have stdin from /dev/null).
+    pub fn write_stdin(&self, data: &[u8]) -> Result<(), String> {
+        let mut g = self
+            .stdin
+            .lock()
+            .map_err(|_| "stdin lock poisoned".to_string())?;
+        match g.as_mut() {
+            Some(f) => f
+                .write_all(data)
+                .and_then(|_| f.flush())
+                .map_err(|e| format!("cannot write to {}: {e}", self.id)),
+            None => Err(format!(
+                "{} has no stdin to write to; start it with pty=true to interact with it",
+                self.id
+            )),
+        }
+    }
+}
+
+/// A registered background process.
+pub fn get_process(id: &str) -> Result<Arc<BackgroundProcess>, BackendError> {
+    PROCESSES
+        .lock()
+        .ok()
+        .and_then(|g| g.get(id).cloned())
+        .ok_or_else(|| BackendError::UnknownProcess(id.to_string()))
+}
+
+/// All registered background processes.
+pub fn list_processes() -> Vec<Arc<BackgroundProcess>> {
+    PROCESSES
+        .lock()
+        .map(|g| g.values().cloned().collect())
+        .unwrap_or_default()
+}
+
+/// Forgets a finished process.
+pub fn remove_process(id: &str) {
+    if let Ok(mut g) = PROCESSES.lock() {
+        g.remove(id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env() -> Vec<(String, String)> {
+        vec![("PATH".into(), std::env::var("PATH").unwrap_or_default())]
+    }
+
+    fn spec<'a>(cmd: &'a str, env: &'a [(String, String)], pty: bool) -> SpawnSpec<'a> {
+        SpawnSpec {
+            command: cmd,
+            cwd: Path::new("/"),
+            env,
+            pty,
+            scope: None,
+        }
+    }
+
+    #[test]
+    fn runs_and_reports_exit_code() {
+        let e = env();
+        let out = run_foreground(
+            &spec("echo out; echo err >&2; exit 3", &e, false),
+            Duration::from_secs(10),
+            1000,
+        )
+        .unwrap();
+        assert_eq!(out.exit_code, 3);
+        assert_eq!(out.output, "out\nerr\n");
+        assert!(!out.timed_out);
+    }
+
+    #[test]
+    fn timeout_kills_the_group() {
+        let e = env();
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("pid");
+        let cmd = format!("sleep 60 & echo $! > {}; wait", pidfile.display());
+        let out = run_foreground(&spec(&cmd, &e, false), Duration::from_millis(500), 1000).unwrap();
+        assert!(out.timed_out);
+        assert!(out.duration < Duration::from_secs(5));
+        let pid: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        assert!(
+            stat.is_empty() || stat.contains(") Z"),
+            "sleep survived: {stat}"
+        );
+    }
+
+    #[test]
+    fn flood_is_capped() {
+        let e = env();
+        let out = run_foreground(
+            &spec("yes abcdefgh | head -c 5000000", &e, false),
+            Duration::from_secs(30),
+            10_000,
+        )
+        .unwrap();
+        assert!(out.truncated);
+        assert_eq!(out.output_bytes, 5_000_000);
+        assert!(out.output.len() < 11_000);
+    }
+
+    #[test]
+    fn pty_mode_has_a_terminal() {
+        let e = env();
+        let out = run_foreground(
+            &spec("test -t 1 && echo tty || echo notty", &e, true),
+            Duration::from_secs(10),
+            1000,
+        )
+        .unwrap();
+        assert_eq!(out.output.trim(), "tty");
+        let out = run_foreground(
+            &spec("test -t 1 && echo tty || echo notty", &e, false),
+            Duration::from_secs(10),
+            1000,
+        )
+        .unwrap();
+        assert_eq!(out.output.trim(), "notty");
+    }
+
+    #[test]
+    fn background_poll_write_and_kill() {
+        let e = env();
+        let p = start_background(&spec(
+            "echo started; read line; echo got:$line; sleep 60",
+            &e,
+            true,
+        ))
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(p.poll(false).output.contains("started"));
+        p.write_stdin(b"hello\n").unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(p.poll(false).output.contains("got:hello"));
+        assert!(p.exit_code().is_none());
+        let code = p.kill();
+        assert!(code.is_some());
+        remove_process(&p.id);
+    }
+}
