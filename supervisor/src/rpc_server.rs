@@ -6,6 +6,10 @@
 //! concurrently and replies carry the request id. Nothing a peer sends can crash or stall the
 //! server: bad frames get an error reply, oversized or unauthorised ones also close the
 //! connection.
+//!
+//! Strict mode uses [`serve_stream`] instead: the script gets one end of a socketpair the
+//! supervisor created, so there is no path to dial and no peer to vet — only the token, the
+//! allowlist and the budget apply, exactly as on the listener.
 
 use crate::reaper::is_descendant;
 use futures_util::StreamExt;
@@ -125,7 +129,7 @@ pub fn serve(listener: UnixListener, state: Arc<ChannelState>) -> tokio::task::J
                 accepted = listener.accept() => match accepted {
                     Ok((stream, _)) => {
                         let state = Arc::clone(&state);
-                        connections.spawn(serve_connection(stream, state));
+                        connections.spawn(serve_connection(stream, state, true));
                     }
                     Err(e) => {
                         tracing::warn!("execute_code: accepting an RPC connection failed: {e}");
@@ -136,6 +140,12 @@ pub fn serve(listener: UnixListener, state: Arc<ChannelState>) -> tokio::task::J
             }
         }
     })
+}
+
+/// Serves one already-connected stream (strict mode's socketpair end) until it closes or the
+/// returned task is aborted. The peer is known (we created the pair), so no credential check.
+pub fn serve_stream(stream: UnixStream, state: Arc<ChannelState>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(serve_connection(stream, state, false))
 }
 
 fn peer_allowed(stream: &UnixStream, state: &ChannelState) -> bool {
@@ -157,8 +167,8 @@ enum Outgoing {
     Close(Vec<u8>),
 }
 
-async fn serve_connection(stream: UnixStream, state: Arc<ChannelState>) {
-    if !peer_allowed(&stream, &state) {
+async fn serve_connection(stream: UnixStream, state: Arc<ChannelState>, check_peer: bool) {
+    if check_peer && !peer_allowed(&stream, &state) {
         tracing::warn!(
             "execute_code: refused an RPC connection from a process outside the execution"
         );
