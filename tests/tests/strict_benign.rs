@@ -116,7 +116,10 @@ fn a_pyenv_style_shim_interpreter_is_refused_by_name() {
     let r = sb.run_json("print('hi')", &["--mode", "strict"]);
     assert_eq!(r["status"], "error");
     let e = r["error"].as_str().unwrap();
-    assert!(e.contains("#! script") && e.contains("code_execution.python"), "{e}");
+    assert!(
+        e.contains("#! script") && e.contains("code_execution.python"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -138,7 +141,10 @@ fn strict_mode_fails_closed_when_the_kernel_lacks_the_policys_landlock_abi() {
     assert_eq!(r["output"], "");
     let e = r["error"].as_str().unwrap();
     assert!(e.contains("landlock") && e.contains("ABI 99"), "{e}");
-    assert!(e.contains("refuses to run unconfined") || e.contains("landlock is unavailable"), "{e}");
+    assert!(
+        e.contains("refuses to run unconfined") || e.contains("landlock is unavailable"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -152,7 +158,13 @@ fn a_broken_policy_or_setting_refuses_strict_mode_but_not_project_mode() {
     ));
     let r = sb.run_json("print('x')", &["--mode", "strict"]);
     assert_eq!(r["status"], "error");
-    assert!(r["error"].as_str().unwrap().contains(&policy.display().to_string()), "{r}");
+    assert!(
+        r["error"]
+            .as_str()
+            .unwrap()
+            .contains(&policy.display().to_string()),
+        "{r}"
+    );
     let r = sb.run_json("print('x')", &["--mode", "project"]);
     assert_eq!(r["status"], "success", "{r}");
 

@@ -122,7 +122,10 @@ impl Range {
     fn assert_nothing_left(&self) {
         let tmp = self.sb.tmp().display().to_string();
         let alive = processes_mentioning(&tmp);
-        assert!(alive.is_empty(), "processes of the execution survived: {alive:?}");
+        assert!(
+            alive.is_empty(),
+            "processes of the execution survived: {alive:?}"
+        );
         assert!(
             self.sb.staging_dirs().is_empty(),
             "staging dirs left: {:?}",
@@ -135,9 +138,15 @@ impl Range {
     fn contained(&self, result: &Value) -> Vec<Value> {
         let output = result["output"].as_str().unwrap_or_default();
         for marker in [&self.ssh_marker, &self.project_marker, &self.env_marker] {
-            assert!(!output.contains(marker.as_str()), "a secret leaked: {output}");
+            assert!(
+                !output.contains(marker.as_str()),
+                "a secret leaked: {output}"
+            );
         }
-        assert_eq!(result["status"], "success", "the fixture did not finish: {result}");
+        assert_eq!(
+            result["status"], "success",
+            "the fixture did not finish: {result}"
+        );
         let line = output
             .lines()
             .find_map(|l| l.strip_prefix("ESCAPES "))
@@ -236,7 +245,10 @@ fn tcp_to_a_loopback_listener_fails() {
     listener.set_nonblocking(true).unwrap();
     let port = listener.local_addr().unwrap().port();
     let attempts = r.contained(&r.attack("tcp_connect", json!({ "tcp_port": port }), &[]));
-    assert_eq!(errno_of(&attempts, "tcp connect to loopback listener"), EPERM);
+    assert_eq!(
+        errno_of(&attempts, "tcp connect to loopback listener"),
+        EPERM
+    );
     assert_eq!(
         listener.accept().map(|_| ()).unwrap_err().kind(),
         ErrorKind::WouldBlock,
@@ -390,7 +402,10 @@ fn a_setuid_root_interpreter_grants_nothing() {
         copy.display()
     ));
     let attempts = r.contained(&r.attack("setuid_exec", json!({}), &[]));
-    let euid = attempts.iter().find(|a| a["what"] == "euid at start").unwrap();
+    let euid = attempts
+        .iter()
+        .find(|a| a["what"] == "euid at start")
+        .unwrap();
     assert_ne!(euid["detail"], "0");
 }
 
@@ -438,7 +453,10 @@ fn a_memory_bomb_ends_in_a_clean_error() {
     let result = r.attack("memory_bomb", json!({}), &["--timeout", "60"]);
     assert_eq!(result["status"], "error", "{result}");
     assert!(
-        result["error"].as_str().unwrap_or("").contains("MemoryError"),
+        result["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("MemoryError"),
         "{result}"
     );
     assert_eq!(result["tool_calls_made"], 1);

@@ -103,8 +103,7 @@ impl ChildConfinement {
                 ))?;
                 check(libc::syscall(libc::SYS_setresgid, c.gid, c.gid, c.gid))?;
                 check(libc::syscall(libc::SYS_setresuid, c.uid, c.uid, c.uid))?;
-                if libc::getuid() != c.uid || libc::geteuid() != c.uid || libc::getegid() != c.gid
-                {
+                if libc::getuid() != c.uid || libc::geteuid() != c.uid || libc::getegid() != c.gid {
                     return Err(io::Error::from_raw_os_error(libc::EPERM));
                 }
                 if c.dac_read_search {

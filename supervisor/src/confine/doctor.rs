@@ -174,9 +174,8 @@ impl Report {
             "  cgroup v2         {}\n",
             match &self.cgroup2_mount {
                 None => "not mounted".to_string(),
-                Some(m) if self.cgroup2_controllers.is_empty() => format!(
-                    "{m}, no controllers delegated (pids/memory are on cgroup v1)"
-                ),
+                Some(m) if self.cgroup2_controllers.is_empty() =>
+                    format!("{m}, no controllers delegated (pids/memory are on cgroup v1)"),
                 Some(m) => format!("{m}, controllers: {}", self.cgroup2_controllers.join(" ")),
             }
         ));

@@ -105,7 +105,9 @@ impl StrictOptions {
                     .filter(|n| *n > 0 && *n <= max)
                     .map(Some)
                     .ok_or_else(|| {
-                        format!("`code_execution.strict.{key}` must be a whole number from 1 to {max}")
+                        format!(
+                            "`code_execution.strict.{key}` must be a whole number from 1 to {max}"
+                        )
                     }),
             }
         };
@@ -301,11 +303,10 @@ pub fn prepare(plan: Plan<'_>) -> Result<(ChildConfinement, Summary), ConfineErr
         }
         let gid = uid;
         hand_over(plan.staging, uid, gid)?;
-        let interpreter_real =
-            std::fs::canonicalize(plan.interpreter).map_err(io_err(format!(
-                "resolving the interpreter {}",
-                plan.interpreter.display()
-            )))?;
+        let interpreter_real = std::fs::canonicalize(plan.interpreter).map_err(io_err(format!(
+            "resolving the interpreter {}",
+            plan.interpreter.display()
+        )))?;
         let blocked: Vec<PathBuf> = [plan.staging, interpreter_real.as_path()]
             .iter()
             .filter_map(|p| first_unsearchable(p, uid, gid))
@@ -483,7 +484,11 @@ pub fn interpreter_paths(interpreter: &Path) -> Vec<PathBuf> {
     } else {
         which::which(interpreter).ok()
     };
-    if let Some(prefix) = absolute.as_deref().and_then(Path::parent).and_then(Path::parent) {
+    if let Some(prefix) = absolute
+        .as_deref()
+        .and_then(Path::parent)
+        .and_then(Path::parent)
+    {
         prefixes.push(prefix.to_path_buf());
         // A venv names its base interpreter's bin dir in pyvenv.cfg.
         if let Ok(cfg) = std::fs::read_to_string(prefix.join("pyvenv.cfg")) {
