@@ -119,9 +119,9 @@ pub enum ScopeName {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LandlockPolicy {
-    /// Free text for reviewers.
-    #[serde(default, rename = "comment")]
-    pub _comment: Option<String>,
+    /// Free text for reviewers; ignored.
+    #[serde(default)]
+    pub comment: Option<String>,
     /// Oldest landlock ABI that enforces the policy; older kernels make strict mode refuse.
     pub min_abi: i32,
     /// Paths (files or directories) readable and executable.
