@@ -356,6 +356,7 @@ fn dangerous_kernel_interfaces_are_refused() {
         ("mount", "mount tmpfs"),
         ("userfaultfd", "userfaultfd"),
         ("personality", "personality ADDR_NO_RANDOMIZE"),
+        ("open_by_handle", "open_by_handle_at"),
     ] {
         let attempts = r.contained(&r.attack(fixture, json!({}), &[]));
         assert_eq!(errno_of(&attempts, what), EPERM, "{fixture}");
