@@ -202,3 +202,68 @@ fn doctor_reports_the_machine_and_each_mode() {
         assert!(v["strict_blocker"].is_string());
     }
 }
+
+#[test]
+fn strict_mode_confines_for_an_unprivileged_supervisor_too() {
+    require_strict!();
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let setpriv = std::path::Path::new("/usr/bin/setpriv");
+    if !root || !setpriv.exists() || !std::path::Path::new("/usr/bin/python3").exists() {
+        eprintln!(
+            "SKIP: running the supervisor unprivileged needs root, setpriv and /usr/bin/python3"
+        );
+        return;
+    }
+    let sb = Sandbox::new();
+    for dir in [sb.root.path().to_path_buf(), sb.home(), sb.work(), sb.tmp()] {
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    sb.write_config("code_execution:\n  python: /usr/bin/python3\n");
+    let secret = sb.root.path().join("readable-secret.txt");
+    std::fs::write(&secret, "UNPRIVILEGED-SECRET").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let script = sb.root.path().join("unpriv.py");
+    std::fs::write(
+        &script,
+        format!(
+            "import os, socket\nfrom vibeos_tools import write_file\n\
+             print('uid', os.getuid())\n\
+             try:\n    open({secret:?}).read(); print('LEAK')\nexcept OSError as e:\n    print('read', e.errno)\n\
+             try:\n    socket.socket(); print('SOCKET')\nexcept OSError as e:\n    print('socket', e.errno)\n\
+             print('tool', write_file('unpriv.txt', 'ok')['bytes_written'])\n",
+            secret = secret.display().to_string()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let cmd = sb.command();
+    let program = cmd.get_program().to_owned();
+    let args = ["--reuid=65534", "--regid=65534", "--clear-groups", "--"];
+    let mut wrapped = std::process::Command::new(setpriv);
+    wrapped.args(args).arg(program);
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => wrapped.env(k, v),
+            None => wrapped.env_remove(k),
+        };
+    }
+    wrapped.current_dir(sb.work());
+    wrapped.env("HOME", sb.home());
+    wrapped
+        .args(["run", "--json", "--mode", "strict"])
+        .arg(&script);
+    let out = wrapped.output().unwrap();
+    let r = vibeos_e2e::parse_single_json(&out);
+    assert_eq!(r["status"], "success", "{r}");
+    let output = r["output"].as_str().unwrap();
+    assert!(output.contains("uid 65534"), "{output}");
+    assert!(output.contains("read 13"), "{output}");
+    assert!(output.contains("socket 1"), "{output}");
+    assert!(output.contains("tool 2"), "{output}");
+    assert!(
+        !output.contains("LEAK") && !output.contains("SOCKET\n"),
+        "{output}"
+    );
+    assert!(sb.staging_dirs().is_empty());
+}
