@@ -78,10 +78,22 @@ class _Channel(object):
                 sock = _socket.socket(fileno=int(fd))
             except (OSError, ValueError) as exc:
                 raise ToolChannelError("the inherited tool channel (fd %s) is unusable: %s" % (fd, exc))
-            # Only the first process may adopt the inherited descriptor.
+            # Only the first process may adopt the inherited descriptor; programs it starts
+            # must not inherit the channel.
             _os.environ.pop("VIBEOS_RPC_FD", None)
+            try:
+                sock.set_inheritable(False)
+            except OSError:
+                pass
             return sock
         path = _os.environ.get("VIBEOS_RPC_SOCKET")
+        if not path and _os.environ.get("VIBEOS_RPC_STRICT"):
+            raise ToolChannelError(
+                "tools cannot be called from this process: in strict mode the tool channel is one "
+                "pre-connected descriptor owned by the script's main process (a subprocess or "
+                "forked child cannot open a new one, since strict mode forbids creating sockets); "
+                "call tools from the main script and pass the results to subprocesses"
+            )
         if not path:
             raise ToolChannelError(
                 "VIBEOS_RPC_SOCKET is not set: vibeos_tools only works inside an execute_code run"

@@ -7,13 +7,15 @@
 
 use crate::capture::{drain, HeadTail};
 use crate::config::{Config, Mode};
+use crate::confine::{ConfineError, StrictOptions};
 use crate::env_policy::{EnvPolicy, Rule};
 use crate::interpreter::{Interpreter, Resolution};
 use crate::reaper::{become_reaper, lifeline};
 use crate::result::{ExecutionResult, Status};
-use crate::rpc_server::{serve, ChannelState};
+use crate::rpc_server::{serve, serve_stream, ChannelState};
 use std::collections::BTreeSet;
 use std::ffi::OsString;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -61,6 +63,8 @@ pub struct ExecutionRequest {
     /// Script tools the session's toolset selection left enabled; `None` means every available
     /// one. Only narrows: names that are not script tools or not available are ignored.
     pub script_tools: Option<BTreeSet<String>>,
+    /// Strict-mode settings (`code_execution.strict`).
+    pub strict: StrictOptions,
 }
 
 impl ExecutionRequest {
@@ -80,6 +84,7 @@ impl ExecutionRequest {
             kill_grace: KILL_GRACE,
             base_env: None,
             script_tools: None,
+            strict: StrictOptions::from_config(config),
         }
     }
 }
@@ -112,6 +117,9 @@ pub enum StartError {
     /// Strict confinement is not available.
     #[error("{0}")]
     StrictUnavailable(String),
+    /// Strict confinement could not be prepared (missing kernel feature, bad policy, ...).
+    #[error(transparent)]
+    Confine(#[from] ConfineError),
     /// The session working dir is unusable.
     #[error("working directory {path} is not usable: {reason}")]
     BadCwd {
@@ -303,13 +311,6 @@ async fn run(
     if request.code.trim().is_empty() {
         return Err(StartError::EmptyCode);
     }
-    if request.mode == Mode::Strict {
-        return Err(StartError::StrictUnavailable(
-            "strict mode is not available in this build: its landlock/seccomp confinement has not \
-             landed yet, and strict mode never runs unconfined; use --mode project"
-                .into(),
-        ));
-    }
     let session_cwd = session_cwd(request.cwd.as_deref())?;
     let interpreter: Interpreter =
         Resolution::from_env(request.python.clone()).resolve(request.mode)?;
@@ -346,18 +347,38 @@ async fn run(
     // What tools started by the script (terminal) get: the same, without the channel.
     let tool_env = env.clone();
     let token = new_token();
-    env.push((
-        "VIBEOS_RPC_DIR".into(),
-        prepared.rpc_dir.clone().into_os_string(),
-    ));
-    env.push((
-        "VIBEOS_RPC_SOCKET".into(),
-        prepared.socket.clone().into_os_string(),
-    ));
+    let strict = request.mode == Mode::Strict;
+    // Strict mode: the script gets one end of a socketpair (landlock cannot stop a confined
+    // process from dialling a pathname socket, so there must be no path to dial at all).
+    let mut rpc_pair = None;
+    if strict {
+        let (ours, theirs) =
+            std::os::unix::net::UnixStream::pair().map_err(StartError::Listener)?;
+        env.push((
+            "VIBEOS_RPC_FD".into(),
+            theirs.as_raw_fd().to_string().into(),
+        ));
+        env.push(("VIBEOS_RPC_STRICT".into(), "1".into()));
+        env.retain(|(k, _)| k != "TMPDIR");
+        env.push(("TMPDIR".into(), staging.clone().into_os_string()));
+        rpc_pair = Some((ours, OwnedFd::from(theirs)));
+    } else {
+        env.push((
+            "VIBEOS_RPC_DIR".into(),
+            prepared.rpc_dir.clone().into_os_string(),
+        ));
+        env.push((
+            "VIBEOS_RPC_SOCKET".into(),
+            prepared.socket.clone().into_os_string(),
+        ));
+    }
     env.push(("VIBEOS_RPC_TOKEN".into(), token.clone().into()));
 
-    let listener =
-        tokio::net::UnixListener::bind(&prepared.socket).map_err(StartError::Listener)?;
+    let listener = if strict {
+        None
+    } else {
+        Some(tokio::net::UnixListener::bind(&prepared.socket).map_err(StartError::Listener)?)
+    };
     let state = Arc::new(ChannelState::new(
         registry,
         token,
@@ -380,7 +401,38 @@ async fn run(
             origin: CallOrigin::Script,
         },
     ));
-    let server = serve(listener, Arc::clone(&state));
+    let mut confinement = None;
+    let server = match (listener, rpc_pair) {
+        (Some(listener), _) => serve(listener, Arc::clone(&state)),
+        (None, Some((ours, theirs))) => {
+            let (prepared_confinement, summary) = crate::confine::prepare(crate::confine::Plan {
+                options: &request.strict,
+                interpreter: &interpreter.path,
+                staging: &staging,
+                rpc: theirs,
+            })?;
+            tracing::debug!(
+                uid = summary.uid,
+                dac_read_search = summary.dac_read_search,
+                read_execute = ?summary.read_execute,
+                "execute_code: strict confinement prepared"
+            );
+            confinement = Some(prepared_confinement);
+            serve_stream(
+                ours,
+                Arc::clone(&state),
+                false,
+                tokio::runtime::Handle::current(),
+            );
+            // Nothing to accept in strict mode: the connection thread serves the one channel.
+            tokio::spawn(std::future::pending::<()>())
+        }
+        (None, None) => {
+            return Err(StartError::Listener(std::io::Error::other(
+                "no RPC channel was set up",
+            )))
+        }
+    };
 
     let (lifeline, setup, read_end) =
         lifeline(request.kill_grace).map_err(|e| StartError::Spawn {
@@ -398,10 +450,11 @@ async fn run(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(false);
-    // SAFETY: `become_reaper` is written for the pre_exec window: it only makes
-    // async-signal-safe system calls and never returns in the reaper branch.
+    // SAFETY: `become_reaper` (and the confinement it applies) is written for the pre_exec
+    // window: it only makes async-signal-safe system calls on values prepared before the fork,
+    // and never returns in the reaper branch.
     unsafe {
-        command.pre_exec(move || become_reaper(setup));
+        command.pre_exec(move || become_reaper(setup, confinement.as_ref()));
     }
     tracing::info!(
         mode = request.mode.as_str(),
@@ -411,6 +464,9 @@ async fn run(
         "execute_code: starting script"
     );
     let spawned = command.spawn();
+    // The command owns the confinement, with the script's end of the socketpair: drop it so
+    // only the script holds that end and the channel reaches EOF when the script is gone.
+    drop(command);
     drop(read_end);
     let mut child = spawned.map_err(|source| StartError::Spawn {
         interpreter: interpreter.path.clone(),

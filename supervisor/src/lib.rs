@@ -8,6 +8,7 @@
 pub mod audit;
 pub mod capture;
 pub mod config;
+pub mod confine;
 pub mod env_policy;
 pub mod execute;
 pub mod execute_code_tool;

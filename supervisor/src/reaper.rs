@@ -78,10 +78,19 @@ const WATCHED: [libc::c_int; 5] = [
 /// Runs in the forked child before exec. Turns the current process into the reaper and returns
 /// `Ok(())` only in the grandchild, which then goes on to exec the interpreter.
 ///
+/// With `confinement` (strict mode) the grandchild is confined just before it returns, and only
+/// it: the reaper stays as the supervisor made it (root, unconfined) because it must read every
+/// descendant's `/proc` entries and signal processes running under the script's uid; it runs no
+/// script code, and the script cannot signal or trace it (landlock's signal scope, seccomp, a
+/// different uid).
+///
 /// # Safety
 /// Must be called only between fork and exec (from `Command::pre_exec`); it forks, and in the
 /// reaper branch never returns.
-pub unsafe fn become_reaper(setup: ReaperSetup) -> io::Result<()> {
+pub unsafe fn become_reaper(
+    setup: ReaperSetup,
+    confinement: Option<&crate::confine::child::ChildConfinement>,
+) -> io::Result<()> {
     // SAFETY (whole function): only async-signal-safe libc calls on plain integers and stack
     // buffers; no allocation or locking happens between fork and exec/_exit.
     unsafe {
@@ -109,11 +118,18 @@ pub unsafe fn become_reaper(setup: ReaperSetup) -> io::Result<()> {
             let mut empty: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut empty);
             libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+            libc::close(setup.read_fd);
+            if let Some(c) = confinement {
+                c.drop_privileges()?;
+            }
+            // After any uid change, which clears the parent-death signal.
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
             if libc::getppid() != reaper_pid {
                 libc::_exit(127);
             }
-            libc::close(setup.read_fd);
+            if let Some(c) = confinement {
+                c.seal()?;
+            }
             return Ok(());
         }
         reaper_main(pid, setup, &mask)

@@ -255,3 +255,70 @@ pub fn pid_alive(pid: i32) -> bool {
         Err(_) => false,
     }
 }
+
+impl Sandbox {
+    /// Runs `vibeos-exec run --json ARGS -`, building the script from the supervisor's pid
+    /// (known only once it is spawned; the script goes in on stdin afterwards).
+    pub fn run_json_with_pid(&self, args: &[&str], build: impl FnOnce(u32) -> String) -> Value {
+        let mut cmd = self.command();
+        cmd.arg("run").arg("--json").args(args).arg("-");
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn vibeos-exec");
+        let script = build(child.id());
+        if let Some(mut stdin) = child.stdin.take() {
+            let _ = stdin.write_all(script.as_bytes());
+        }
+        let out = child.wait_with_output().expect("wait vibeos-exec");
+        parse_single_json(&out)
+    }
+}
+
+/// Pids of live processes whose command line mentions `needle` (say, a sandbox's TMPDIR, which
+/// every script of that sandbox has in its argv).
+pub fn processes_mentioning(needle: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if pid == std::process::id() as i32 {
+            continue;
+        }
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        if String::from_utf8_lossy(&cmdline).contains(needle) && pid_alive(pid) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Why strict mode cannot run on this machine (from `vibeos-exec doctor --json`), or `None`
+/// when it can. Tests that need strict mode skip with this message.
+pub fn strict_unavailable() -> Option<String> {
+    let out = Command::new(exec_bin())
+        .args(["doctor", "--json"])
+        .output()
+        .ok()?;
+    let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+    if v["strict_available"].as_bool() == Some(true) {
+        None
+    } else {
+        Some(
+            v["strict_blocker"]
+                .as_str()
+                .unwrap_or("vibeos-exec doctor reports strict mode unavailable")
+                .to_string(),
+        )
+    }
+}

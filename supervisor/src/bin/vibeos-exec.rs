@@ -47,6 +47,13 @@ enum Command {
         #[command(subcommand)]
         command: ToolsCommand,
     },
+    /// Show what this machine supports (landlock, seccomp, namespaces, cgroups, root) and what
+    /// each mode enforces here.
+    Doctor {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -160,6 +167,16 @@ fn real_main(cli: Cli) -> Result<u8, UsageError> {
     match cli.command {
         Command::Tools { command } => tools(command, &config),
         Command::Run(args) => run(args, &config),
+        Command::Doctor { json } => {
+            let report = vibeos_supervisor::confine::doctor::probe();
+            let text = if json {
+                format!("{}\n", report.to_json())
+            } else {
+                report.render_text()
+            };
+            let _ = std::io::stdout().lock().write_all(text.as_bytes());
+            Ok(0)
+        }
         Command::Env {
             command: EnvCommand::Audit { json },
         } => {

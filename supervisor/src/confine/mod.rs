@@ -1,0 +1,675 @@
+//! Strict-mode confinement (SPEC §6): the script's only way out is its RPC channel.
+//!
+//! Everything that can fail is prepared here, in the supervisor, before the fork: the seccomp
+//! filters are compiled to BPF, the landlock ruleset is created and its rules added, the uid,
+//! gid and limits are chosen and the staging dir is handed to that uid. The child then only
+//! applies the prepared values with raw system calls ([`child`]), in an order the script cannot
+//! undo. When the kernel lacks a feature the policy needs, [`prepare`] fails with an error naming
+//! it: strict mode never runs unconfined.
+//!
+//! Design choices and the alternatives rejected are in docs/strict-mode.md.
+
+pub mod child;
+pub mod doctor;
+pub mod policy;
+
+use crate::config::Config;
+use child::{ChildConfinement, Credentials, Rlimit};
+use landlock::{
+    Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, NetPort, PathBeneath, PathFd,
+    Ruleset, RulesetAttr, RulesetCreatedAttr, Scope, ABI,
+};
+use policy::{LandlockPolicy, PolicyError, StagingAccess};
+use serde_yaml_ng::Value;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// First uid of the range strict-mode scripts run as when the supervisor is root. It lies above
+/// the ranges distributions and container managers hand out (below 2^31, above 0x6fffffff), so
+/// no real account owns files the script could reach by DAC.
+pub const UID_BASE: u32 = 0x7e00_0000;
+/// Size of that range; each execution picks one uid in it at random.
+pub const UID_SPAN: u32 = 0x1_0000;
+/// Default `code_execution.strict.max_processes` (tasks, threads included).
+pub const DEFAULT_MAX_PROCESSES: u64 = 256;
+/// Default `code_execution.strict.memory_mb` (per-process data segment).
+pub const DEFAULT_MEMORY_MB: u64 = 1024;
+/// Default `code_execution.strict.file_size_mb` (largest file the script may write).
+pub const DEFAULT_FILE_SIZE_MB: u64 = 1024;
+
+/// Settings of strict mode, from `code_execution.strict` in config.yaml.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StrictOptions {
+    /// Pinned uid for the script when root (`uid`); `None` picks one per execution.
+    pub uid: Option<u32>,
+    /// Process (task) limit of the script's uid.
+    pub max_processes: u64,
+    /// Data-segment limit per process, in bytes.
+    pub memory_bytes: u64,
+    /// Largest file the script may write, in bytes.
+    pub file_size_bytes: u64,
+    /// Override of the seccomp policy.
+    pub seccomp_policy: Option<PathBuf>,
+    /// Override of the landlock policy.
+    pub landlock_policy: Option<PathBuf>,
+    /// A configuration problem found when reading config.yaml; strict mode refuses with it.
+    pub invalid: Option<String>,
+}
+
+impl Default for StrictOptions {
+    fn default() -> Self {
+        StrictOptions {
+            uid: None,
+            max_processes: DEFAULT_MAX_PROCESSES,
+            memory_bytes: DEFAULT_MEMORY_MB << 20,
+            file_size_bytes: DEFAULT_FILE_SIZE_MB << 20,
+            seccomp_policy: None,
+            landlock_policy: None,
+            invalid: None,
+        }
+    }
+}
+
+impl StrictOptions {
+    /// Reads `code_execution.strict` from `config`. A bad value does not fail here (project
+    /// mode must keep working); it is kept in [`StrictOptions::invalid`] and refuses strict mode.
+    pub fn from_config(config: &Config) -> Self {
+        let mut opts = StrictOptions::default();
+        if let Err(problem) = opts.read(&config.document) {
+            let file = config
+                .source
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| "config.yaml".into());
+            opts.invalid = Some(format!("config file {file}: {problem}"));
+        }
+        opts
+    }
+
+    fn read(&mut self, doc: &Value) -> Result<(), String> {
+        let Some(strict) = doc.get("code_execution").and_then(|c| c.get("strict")) else {
+            return Ok(());
+        };
+        if strict.is_null() {
+            return Ok(());
+        }
+        if !strict.is_mapping() {
+            return Err("`code_execution.strict` must be a mapping".into());
+        }
+        let number = |key: &str, max: u64| -> Result<Option<u64>, String> {
+            match strict.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(v) => v
+                    .as_u64()
+                    .filter(|n| *n > 0 && *n <= max)
+                    .map(Some)
+                    .ok_or_else(|| {
+                        format!(
+                            "`code_execution.strict.{key}` must be a whole number from 1 to {max}"
+                        )
+                    }),
+            }
+        };
+        let path = |key: &str| -> Result<Option<PathBuf>, String> {
+            match strict.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::String(s)) if !s.is_empty() => Ok(Some(PathBuf::from(s))),
+                Some(_) => Err(format!(
+                    "`code_execution.strict.{key}` must be the path of a policy file"
+                )),
+            }
+        };
+        if let Some(mapping) = strict.as_mapping() {
+            for key in mapping.keys() {
+                let k = key.as_str().unwrap_or("");
+                if ![
+                    "uid",
+                    "max_processes",
+                    "memory_mb",
+                    "file_size_mb",
+                    "seccomp_policy",
+                    "landlock_policy",
+                ]
+                .contains(&k)
+                {
+                    return Err(format!(
+                        "`code_execution.strict.{k}` is not a setting (uid, max_processes, \
+                         memory_mb, file_size_mb, seccomp_policy, landlock_policy)"
+                    ));
+                }
+            }
+        }
+        if let Some(uid) = number("uid", u32::MAX as u64 - 1)? {
+            self.uid = Some(uid as u32);
+        }
+        if let Some(n) = number("max_processes", 1 << 22)? {
+            self.max_processes = n;
+        }
+        if let Some(n) = number("memory_mb", 1 << 30)? {
+            self.memory_bytes = n << 20;
+        }
+        if let Some(n) = number("file_size_mb", 1 << 30)? {
+            self.file_size_bytes = n << 20;
+        }
+        self.seccomp_policy = path("seccomp_policy")?;
+        self.landlock_policy = path("landlock_policy")?;
+        Ok(())
+    }
+}
+
+/// Why strict confinement cannot be set up. Strict mode then refuses to run.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfineError {
+    /// The kernel lacks a feature the policy needs.
+    #[error("strict mode refuses to run unconfined: {0}")]
+    Unsupported(String),
+    /// A policy file is invalid.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// The configuration is invalid.
+    #[error("strict mode is misconfigured: {0}")]
+    Config(String),
+    /// A step of the preparation failed.
+    #[error("cannot prepare strict confinement: {what}: {source}")]
+    Io {
+        /// The step.
+        what: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The script's uid could not reach a path it needs.
+    #[error("strict mode cannot run: {0}")]
+    Unreachable(String),
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ConfineError {
+    let what = what.into();
+    move |source| ConfineError::Io { what, source }
+}
+
+/// The landlock ABI of the running kernel: `Ok(n)`, or why it is unavailable.
+pub fn landlock_abi() -> Result<i32, String> {
+    // SAFETY: LANDLOCK_CREATE_RULESET_VERSION with a null attribute only queries the version.
+    let v = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            1u32, // LANDLOCK_CREATE_RULESET_VERSION
+        )
+    };
+    if v >= 1 {
+        return Ok(v as i32);
+    }
+    let e = std::io::Error::last_os_error();
+    Err(match e.raw_os_error() {
+        Some(libc::ENOSYS) => "the kernel is built without landlock".into(),
+        Some(libc::EOPNOTSUPP) => {
+            "landlock is built in but disabled (add landlock to the lsm= boot parameter)".into()
+        }
+        _ => format!("the landlock version query failed: {e}"),
+    })
+}
+
+/// Whether seccomp filters are supported.
+pub fn seccomp_available() -> Result<(), String> {
+    // SAFETY: PR_GET_SECCOMP has no side effects.
+    let rc = unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) };
+    if rc < 0 {
+        return Err("the kernel is built without seccomp (CONFIG_SECCOMP)".into());
+    }
+    // SECCOMP_GET_ACTION_AVAIL for SECCOMP_RET_ERRNO tells whether filters can return errors.
+    let action: u32 = 0x0005_0000;
+    // SAFETY: the kernel reads one u32 from `action`.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            2u32, // SECCOMP_GET_ACTION_AVAIL
+            0u32,
+            &action as *const u32,
+        )
+    };
+    if rc != 0 {
+        return Err(format!(
+            "seccomp filters cannot return errors here: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
+/// Inputs of [`prepare`] for one execution.
+#[derive(Debug)]
+pub struct Plan<'a> {
+    /// Strict settings.
+    pub options: &'a StrictOptions,
+    /// The interpreter as configured (may be a symlink).
+    pub interpreter: &'a Path,
+    /// The staging dir (already holding script and stub).
+    pub staging: &'a Path,
+    /// The script's end of the RPC socketpair.
+    pub rpc: OwnedFd,
+}
+
+/// What [`prepare`] decided, for logs and `doctor`.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    /// uid the script runs as.
+    pub uid: u32,
+    /// Whether `CAP_DAC_READ_SEARCH` was kept.
+    pub dac_read_search: bool,
+    /// Paths granted read + execute.
+    pub read_execute: Vec<PathBuf>,
+}
+
+/// Prepares the confinement of one strict execution (everything but the in-child syscalls).
+pub fn prepare(plan: Plan<'_>) -> Result<(ChildConfinement, Summary), ConfineError> {
+    let opts = plan.options;
+    if let Some(problem) = &opts.invalid {
+        return Err(ConfineError::Config(problem.clone()));
+    }
+    seccomp_available().map_err(ConfineError::Unsupported)?;
+    let filters = policy::load_seccomp(opts.seccomp_policy.as_deref())?;
+    let ll = policy::load_landlock(opts.landlock_policy.as_deref())?;
+    let abi = landlock_abi().map_err(|why| {
+        ConfineError::Unsupported(format!(
+            "landlock is unavailable: {why}; strict mode needs landlock ABI {}",
+            ll.min_abi
+        ))
+    })?;
+    if abi < ll.min_abi {
+        return Err(ConfineError::Unsupported(format!(
+            "this kernel has landlock ABI {abi}, strict mode needs ABI {} (scoped abstract unix \
+             sockets and signals: Linux 6.12 or later)",
+            ll.min_abi
+        )));
+    }
+
+    refuse_script_interpreter(plan.interpreter)?;
+    let read_execute = allowed_read_execute(&ll, plan.interpreter);
+    let ruleset = build_ruleset(&ll, &read_execute, plan.staging)?;
+
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let (credentials, uid) = if root {
+        let uid = opts
+            .uid
+            .unwrap_or_else(|| UID_BASE + rand::random::<u32>() % UID_SPAN);
+        if uid == 0 {
+            return Err(ConfineError::Config(
+                "code_execution.strict.uid is 0; the script must not run as root".into(),
+            ));
+        }
+        let gid = uid;
+        hand_over(plan.staging, uid, gid)?;
+        let interpreter_real = std::fs::canonicalize(plan.interpreter).map_err(io_err(format!(
+            "resolving the interpreter {}",
+            plan.interpreter.display()
+        )))?;
+        let blocked: Vec<PathBuf> = [plan.staging, interpreter_real.as_path()]
+            .iter()
+            .filter_map(|p| first_unsearchable(p, uid, gid))
+            .collect();
+        if !blocked.is_empty() {
+            tracing::info!(
+                "execute_code: strict uid {uid} cannot search {}; keeping CAP_DAC_READ_SEARCH \
+                 (landlock still limits what it may open)",
+                blocked
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        (
+            Some(Credentials {
+                uid,
+                gid,
+                dac_read_search: !blocked.is_empty(),
+            }),
+            uid,
+        )
+    } else {
+        // SAFETY: getuid has no preconditions.
+        (None, unsafe { libc::getuid() })
+    };
+
+    let rlimits = rlimits(opts, credentials.is_some());
+    let summary = Summary {
+        uid,
+        dac_read_search: credentials.is_some_and(|c| c.dac_read_search),
+        read_execute,
+    };
+    Ok((
+        ChildConfinement {
+            ruleset,
+            filters,
+            credentials,
+            rlimits,
+            rpc: plan.rpc,
+        },
+        summary,
+    ))
+}
+
+/// A `#!` script as interpreter (a pyenv shim, a wrapper) would need its own interpreter and
+/// tools inside the sandbox; say so instead of failing with a bare EACCES at exec.
+fn refuse_script_interpreter(interpreter: &Path) -> Result<(), ConfineError> {
+    use std::io::Read;
+    let mut head = [0u8; 2];
+    let is_script = std::fs::File::open(interpreter)
+        .and_then(|mut f| f.read_exact(&mut head))
+        .is_ok()
+        && &head == b"#!";
+    if is_script {
+        return Err(ConfineError::Unreachable(format!(
+            "the interpreter {} is a #! script (a pyenv shim or a wrapper), which cannot run \
+             inside the strict sandbox; set code_execution.python to the real executable \
+             (for pyenv: the output of `python3 -c 'import sys; print(sys.executable)'`)",
+            interpreter.display()
+        )));
+    }
+    Ok(())
+}
+
+fn rlimits(opts: &StrictOptions, own_uid: bool) -> Vec<Rlimit> {
+    // RLIMIT_NPROC counts every task of the real uid. With a dedicated uid that is exactly the
+    // script's tree; without one, the user's other processes count too, so allow for them.
+    let nproc = if own_uid {
+        opts.max_processes
+    } else {
+        // SAFETY: getuid has no preconditions.
+        tasks_of_uid(unsafe { libc::getuid() }) + opts.max_processes
+    };
+    vec![
+        (libc::RLIMIT_NPROC, nproc),
+        (libc::RLIMIT_DATA, opts.memory_bytes),
+        // Address space: a backstop for shared mappings RLIMIT_DATA does not count.
+        (libc::RLIMIT_AS, opts.memory_bytes.saturating_mul(4)),
+        (libc::RLIMIT_FSIZE, opts.file_size_bytes),
+        (libc::RLIMIT_CORE, 0),
+    ]
+}
+
+fn tasks_of_uid(uid: u32) -> u64 {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    let mut n = 0u64;
+    for entry in dir.flatten() {
+        let Ok(meta) = entry.metadata() else { continue };
+        let name = entry.file_name();
+        if meta.uid() != uid || !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let threads = std::fs::read_to_string(entry.path().join("status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("Threads:"))
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+            })
+            .unwrap_or(1);
+        n += threads;
+    }
+    n
+}
+
+/// Gives the staging dir and everything in it to the script's uid.
+fn hand_over(staging: &Path, uid: u32, gid: u32) -> Result<(), ConfineError> {
+    fn walk(p: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
+        std::os::unix::fs::lchown(p, Some(uid), Some(gid))?;
+        if std::fs::symlink_metadata(p)?.is_dir() {
+            for entry in std::fs::read_dir(p)? {
+                walk(&entry?.path(), uid, gid)?;
+            }
+        }
+        Ok(())
+    }
+    walk(staging, uid, gid).map_err(io_err(format!(
+        "giving the staging dir {} to uid {uid}",
+        staging.display()
+    )))
+}
+
+/// The first ancestor of `path` (or `path` itself for a file) that `uid`/`gid` (no
+/// supplementary groups) may not search or execute.
+fn first_unsearchable(path: &Path, uid: u32, gid: u32) -> Option<PathBuf> {
+    let mut p = PathBuf::new();
+    for component in path.components() {
+        p.push(component);
+        let meta = std::fs::metadata(&p).ok()?;
+        let mode = meta.mode();
+        let bits = if meta.uid() == uid {
+            mode >> 6
+        } else if meta.gid() == gid {
+            mode >> 3
+        } else {
+            mode
+        };
+        if bits & 0o1 == 0 {
+            return Some(p);
+        }
+    }
+    None
+}
+
+/// The policy's read+execute paths plus the interpreter's files.
+fn allowed_read_execute(ll: &LandlockPolicy, interpreter: &Path) -> Vec<PathBuf> {
+    let mut paths: Vec<PathBuf> = ll.read_execute.clone();
+    if ll.interpreter {
+        paths.extend(interpreter_paths(interpreter));
+    }
+    paths.retain(|p| p.exists());
+    paths.sort();
+    paths.dedup();
+    paths
+}
+
+/// The interpreter's executable and prefix. A system prefix (`/usr`, `/usr/local`, `/`) is not
+/// granted whole — that would open every program in /usr/bin — only its `lib/python3*` dirs;
+/// a private prefix (pyenv, a venv, a conda env) is granted whole.
+pub fn interpreter_paths(interpreter: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut prefixes = Vec::new();
+    if let Ok(real) = std::fs::canonicalize(interpreter) {
+        out.push(real.clone());
+        if let Some(prefix) = real.parent().and_then(Path::parent) {
+            prefixes.push(prefix.to_path_buf());
+        }
+    }
+    let absolute = if interpreter.is_absolute() {
+        Some(interpreter.to_path_buf())
+    } else {
+        which::which(interpreter).ok()
+    };
+    if let Some(prefix) = absolute
+        .as_deref()
+        .and_then(Path::parent)
+        .and_then(Path::parent)
+    {
+        prefixes.push(prefix.to_path_buf());
+        // A venv names its base interpreter's bin dir in pyvenv.cfg.
+        if let Ok(cfg) = std::fs::read_to_string(prefix.join("pyvenv.cfg")) {
+            for line in cfg.lines() {
+                if let Some((k, v)) = line.split_once('=') {
+                    if k.trim() == "home" {
+                        if let Some(base) = Path::new(v.trim()).parent() {
+                            prefixes.push(base.to_path_buf());
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for prefix in prefixes {
+        let Ok(prefix) = std::fs::canonicalize(&prefix) else {
+            continue;
+        };
+        let libs = python_lib_dirs(&prefix);
+        let is_venv = prefix.join("pyvenv.cfg").is_file();
+        if libs.is_empty() && !is_venv {
+            continue; // Not a Python prefix (say, a copied binary): grant nothing around it.
+        }
+        let system = ["/", "/usr", "/usr/local"]
+            .iter()
+            .any(|s| prefix == Path::new(s));
+        if system {
+            out.extend(libs);
+        } else {
+            out.push(prefix);
+        }
+    }
+    out
+}
+
+fn python_lib_dirs(prefix: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for lib in ["lib", "lib64"] {
+        let Ok(rd) = std::fs::read_dir(prefix.join(lib)) else {
+            continue;
+        };
+        for entry in rd.flatten() {
+            let name = entry.file_name();
+            if name.to_string_lossy().starts_with("python3") && entry.path().is_dir() {
+                out.push(entry.path());
+            }
+        }
+    }
+    out
+}
+
+fn build_ruleset(
+    ll: &LandlockPolicy,
+    read_execute: &[PathBuf],
+    staging: &Path,
+) -> Result<OwnedFd, ConfineError> {
+    let abi = ABI::V6;
+    let unsupported = |e: landlock::RulesetError| {
+        ConfineError::Unsupported(format!("landlock cannot enforce the policy: {e}"))
+    };
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .handle_access(AccessFs::from_all(abi))
+        .map_err(unsupported)?
+        .handle_access(AccessNet::from_all(abi))
+        .map_err(unsupported)?
+        .scope(Scope::from_all(abi))
+        .map_err(unsupported)?
+        .create()
+        .map_err(unsupported)?;
+    let read_exec: BitFlags<AccessFs> = AccessFs::from_read(abi);
+    let read_write: BitFlags<AccessFs> = AccessFs::from_all(abi);
+    let staging_access = match ll.staging {
+        StagingAccess::ReadWrite => read_write,
+        StagingAccess::ReadOnly => AccessFs::ReadFile | AccessFs::ReadDir,
+    };
+    let mut grants: Vec<(PathBuf, BitFlags<AccessFs>)> = read_execute
+        .iter()
+        .map(|p| (p.clone(), read_exec))
+        .collect();
+    grants.extend(
+        ll.read_write
+            .iter()
+            .filter(|p| p.exists())
+            .map(|p| (p.clone(), read_write)),
+    );
+    grants.push((staging.to_path_buf(), staging_access));
+    for (path, access) in grants {
+        let fd = PathFd::new(&path).map_err(|e| ConfineError::Io {
+            what: format!("opening {} for a landlock rule", path.display()),
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        let access = if path.is_dir() {
+            access
+        } else {
+            access & AccessFs::from_file(abi)
+        };
+        ruleset = ruleset
+            .add_rule(PathBeneath::new(fd, access))
+            .map_err(|e| ConfineError::Io {
+                what: format!("adding the landlock rule for {}", path.display()),
+                source: std::io::Error::other(e.to_string()),
+            })?;
+    }
+    for (ports, access) in [
+        (&ll.tcp_bind, AccessNet::BindTcp),
+        (&ll.tcp_connect, AccessNet::ConnectTcp),
+    ] {
+        for &port in ports {
+            ruleset = ruleset
+                .add_rule(NetPort::new(port, access))
+                .map_err(unsupported)?;
+        }
+    }
+    let fd: Option<OwnedFd> = ruleset.into();
+    fd.ok_or_else(|| {
+        ConfineError::Unsupported("landlock did not create a ruleset on this kernel".into())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strict_settings_are_read_and_checked() {
+        let doc = |text: &str| Config {
+            document: serde_yaml_ng::from_str(text).unwrap(),
+            ..Config::default()
+        };
+        let o = StrictOptions::from_config(&doc(
+            "code_execution:\n  strict:\n    uid: 4242\n    max_processes: 64\n    memory_mb: 512\n",
+        ));
+        assert_eq!(o.invalid, None);
+        assert_eq!(o.uid, Some(4242));
+        assert_eq!(o.max_processes, 64);
+        assert_eq!(o.memory_bytes, 512 << 20);
+        let o = StrictOptions::from_config(&doc("code_execution:\n  strict:\n    memory_mb: -1\n"));
+        assert!(o.invalid.unwrap().contains("memory_mb"));
+        let o = StrictOptions::from_config(&doc("code_execution:\n  strict:\n    nproc: 3\n"));
+        assert!(o.invalid.unwrap().contains("nproc"));
+        assert_eq!(
+            StrictOptions::from_config(&Config::default()),
+            StrictOptions::default()
+        );
+    }
+
+    #[test]
+    fn a_system_interpreter_does_not_open_usr_bin() {
+        let paths = interpreter_paths(Path::new("/usr/bin/python3"));
+        if paths.is_empty() {
+            return; // No system python here.
+        }
+        assert!(!paths.iter().any(|p| p == Path::new("/usr")));
+        assert!(!paths.iter().any(|p| p == Path::new("/usr/bin")));
+    }
+
+    #[test]
+    fn a_copied_binary_gets_only_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("bin")).unwrap();
+        let exe = dir.path().join("bin/python3");
+        std::fs::write(&exe, b"").unwrap();
+        let paths = interpreter_paths(&exe);
+        assert_eq!(paths, vec![std::fs::canonicalize(&exe).unwrap()]);
+    }
+
+    #[test]
+    fn search_permission_is_checked_per_ancestor() {
+        let dir = tempfile::tempdir().unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        let inner = dir.path().join("a");
+        std::fs::create_dir(&inner).unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        let blocked = first_unsearchable(&inner, UID_BASE, UID_BASE);
+        // tempdir's parent (/tmp or TMPDIR) may itself be closed; something at or above
+        // dir.path() must be reported.
+        assert!(blocked.is_some_and(|b| dir.path().starts_with(&b)));
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+        if first_unsearchable(dir.path().parent().unwrap(), UID_BASE, UID_BASE).is_none() {
+            assert_eq!(first_unsearchable(&inner, UID_BASE, UID_BASE), None);
+        }
+    }
+}
