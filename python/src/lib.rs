@@ -433,6 +433,31 @@ fn statuses() -> Vec<String> {
     .collect()
 }
 
+/// Registers `execute_code` itself, so the host's tool definitions offer it to the model (with
+/// the description listing the script tools) and `handle_function_call("execute_code", ...)`
+/// works. Its settings are the config's at import, with the host's interpreter as the default.
+/// A config that cannot be read leaves it out (every `execute_code` call reports that error).
+fn register_execute_code_tool(py: Python<'_>) {
+    let Ok(mut config) = Config::load(None) else {
+        return;
+    };
+    if config.python.is_none() {
+        config.python = py
+            .import("sys")
+            .and_then(|sys| sys.getattr("executable"))
+            .and_then(|exe| exe.extract::<PathBuf>())
+            .ok()
+            .filter(|p| !p.as_os_str().is_empty());
+    }
+    py.allow_threads(|| {
+        if registry().get("execute_code").is_none() {
+            // Registration of a fixed, valid entry cannot fail; nothing to report if it did.
+            let _ =
+                vibeos_supervisor::execute_code_tool::register_execute_code(registry(), &config);
+        }
+    });
+}
+
 /// The extension module.
 #[pymodule]
 #[pyo3(name = "_native")]
@@ -452,5 +477,6 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(provider_credentials, m)?)?;
     m.add_function(wrap_pyfunction!(statuses, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    register_execute_code_tool(m.py());
     Ok(())
 }
