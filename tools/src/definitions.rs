@@ -9,7 +9,7 @@
 //! about a tool a script could not call.
 
 use crate::availability::{availability_of, Availability};
-use crate::registry::{ToolEntry, ToolRegistry, ToolSource, SCRIPT_TOOLS};
+use crate::registry::{ToolEntry, ToolRegistry, ToolSource};
 use crate::toolsets::ToolsetError;
 use serde_json::Value;
 use std::collections::BTreeSet;
@@ -144,10 +144,12 @@ impl ToolRegistry {
             .filter(|(_, a)| a.is_available())
             .map(|(e, _)| e)
             .collect();
-        let script_tools: Vec<&ToolEntry> = SCRIPT_TOOLS
+        let script_tools: Vec<&ToolEntry> = self
+            .script_tool_names()
             .iter()
             .filter_map(|n| survivors.iter().find(|e| e.name == *n))
             .map(|e| e.as_ref())
+            .filter(|e| self.is_script_callable(e))
             .collect();
         Ok(survivors
             .iter()

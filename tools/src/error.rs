@@ -64,4 +64,12 @@ pub enum RegistrationError {
         /// Toolset of the built-in it would replace.
         toolset: String,
     },
+    /// A tool cannot be opened to execute_code scripts.
+    #[error("cannot let scripts call `{name}`: {reason}")]
+    NotScriptCallable {
+        /// The tool's name.
+        name: String,
+        /// Why it must stay closed.
+        reason: String,
+    },
 }

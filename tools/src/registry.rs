@@ -469,6 +469,8 @@ pub struct ToolRegistry {
     post_hooks: RwLock<Vec<PostHook>>,
     override_policy: RwLock<OverridePolicy>,
     check_timeout: RwLock<Duration>,
+    /// Tools an embedding host opened to scripts besides [`SCRIPT_TOOLS`].
+    extra_script_tools: RwLock<BTreeSet<String>>,
 }
 
 impl Default for ToolRegistry {
@@ -505,6 +507,7 @@ impl ToolRegistry {
             post_hooks: RwLock::new(Vec::new()),
             override_policy: RwLock::new(OverridePolicy::default()),
             check_timeout: RwLock::new(DEFAULT_CHECK_TIMEOUT),
+            extra_script_tools: RwLock::new(BTreeSet::new()),
         }
     }
 
@@ -561,6 +564,64 @@ impl ToolRegistry {
     /// Replaces the policy deciding which built-ins plugins and MCP servers may replace.
     pub fn set_override_policy(&self, policy: OverridePolicy) {
         *write(&self.override_policy) = policy;
+    }
+
+    /// The policy deciding which built-ins plugins and MCP servers may replace.
+    pub fn override_policy(&self) -> OverridePolicy {
+        read(&self.override_policy).clone()
+    }
+
+    /// Opens the tool `name` to execute_code scripts besides [`SCRIPT_TOOLS`] (an embedding
+    /// host's own tools). `execute_code`, `delegate_task`, the agent-loop tools and tools of MCP
+    /// servers can never be opened; an MCP tool registered under the name later stays closed.
+    pub fn allow_in_scripts(&self, name: &str) -> Result<(), RegistrationError> {
+        let refused = |reason: &str| RegistrationError::NotScriptCallable {
+            name: name.to_string(),
+            reason: reason.to_string(),
+        };
+        if SCRIPT_BLOCKED_TOOLS.contains(&name) {
+            return Err(refused(
+                "scripts can never call it (no recursion, no delegation)",
+            ));
+        }
+        if AGENT_LOOP_TOOLS.contains(&name) {
+            return Err(refused("it is handled by the agent loop, not dispatched"));
+        }
+        if self
+            .get(name)
+            .is_some_and(|e| matches!(e.source, ToolSource::Mcp(_)))
+        {
+            return Err(refused(
+                "it comes from an MCP server, and scripts never call MCP tools",
+            ));
+        }
+        if !SCRIPT_TOOLS.contains(&name) {
+            write(&self.extra_script_tools).insert(name.to_string());
+        }
+        Ok(())
+    }
+
+    /// Closes a tool opened with [`ToolRegistry::allow_in_scripts`]; returns whether it was
+    /// open. The built-in script tools stay open.
+    pub fn disallow_in_scripts(&self, name: &str) -> bool {
+        write(&self.extra_script_tools).remove(name)
+    }
+
+    /// Names of the tools scripts may call: [`SCRIPT_TOOLS`] in their order, then the ones a
+    /// host opened, sorted. Registered or not, available or not.
+    pub fn script_tool_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = SCRIPT_TOOLS.iter().map(|s| s.to_string()).collect();
+        names.extend(read(&self.extra_script_tools).iter().cloned());
+        names
+    }
+
+    /// Whether `entry` may be handed to a script: its name is a script tool and it is not an
+    /// MCP server's (scripts never call MCP tools, even under a script tool's name).
+    pub(crate) fn is_script_callable(&self, entry: &ToolEntry) -> bool {
+        !matches!(entry.source, ToolSource::Mcp(_))
+            && !SCRIPT_BLOCKED_TOOLS.contains(&entry.name.as_str())
+            && (SCRIPT_TOOLS.contains(&entry.name.as_str())
+                || read(&self.extra_script_tools).contains(&entry.name))
     }
 
     /// How long a `check_fn` may run before its tools count as unavailable.
@@ -764,12 +825,16 @@ impl ToolRegistry {
             .any(Availability::is_available))
     }
 
-    /// The script tools (SPEC §2) that are registered and available now, in [`SCRIPT_TOOLS`]
-    /// order. Empty when none is: scripts then get no tools, never all of them.
+    /// The script tools (SPEC §2, plus those a host opened with
+    /// [`ToolRegistry::allow_in_scripts`]) that are registered, not from an MCP server, and
+    /// available now, in [`ToolRegistry::script_tool_names`] order. Empty when none is: scripts
+    /// then get no tools, never all of them.
     pub fn script_tools(&self) -> Vec<Arc<ToolEntry>> {
-        let entries: Vec<Arc<ToolEntry>> = SCRIPT_TOOLS
+        let entries: Vec<Arc<ToolEntry>> = self
+            .script_tool_names()
             .iter()
             .filter_map(|name| self.get(name))
+            .filter(|e| self.is_script_callable(e))
             .collect();
         let avail = availability_of(&entries, self.check_timeout());
         entries
@@ -1166,6 +1231,32 @@ mod tests {
             .as_str()
             .unwrap()
             .contains("showing 10 of 102 characters"));
+    }
+
+    #[test]
+    fn hosts_open_their_tools_to_scripts_but_never_blocked_or_mcp_ones() {
+        let reg = ToolRegistry::new();
+        reg.register(echo("read_file", "file")).unwrap();
+        reg.register(echo("my_tool", "host")).unwrap();
+        reg.register(echo("mcp_thing", "srv").with_source(ToolSource::Mcp("srv".into())))
+            .unwrap();
+        let names = |r: &ToolRegistry| -> Vec<String> {
+            r.script_tools().iter().map(|e| e.name.clone()).collect()
+        };
+        assert_eq!(names(&reg), vec!["read_file"]);
+        reg.allow_in_scripts("my_tool").unwrap();
+        assert_eq!(names(&reg), vec!["read_file", "my_tool"]);
+        for blocked in ["execute_code", "delegate_task", "todo", "mcp_thing"] {
+            let err = reg.allow_in_scripts(blocked).unwrap_err();
+            assert!(err.to_string().contains(blocked), "{err}");
+        }
+        // An MCP tool that later takes an opened name stays closed to scripts.
+        reg.allow_in_scripts("later").unwrap();
+        reg.register(echo("later", "srv2").with_source(ToolSource::Mcp("srv2".into())))
+            .unwrap();
+        assert!(!names(&reg).contains(&"later".to_string()));
+        assert!(reg.disallow_in_scripts("my_tool"));
+        assert_eq!(names(&reg), vec!["read_file"]);
     }
 
     #[test]

@@ -1,0 +1,482 @@
+//! `vibeos_exec._native`: the Rust half of the `vibeos_exec` Python package.
+//!
+//! Most agents that would call execute_code are Python programs, so they get it in-process
+//! instead of through the CLI: this extension runs [`vibeos_supervisor::execute`] on a tokio
+//! runtime owned by the extension, with the GIL released for the whole run, and lets Python
+//! register tools into the same process-wide registry the scripts' calls are dispatched
+//! through. The Python half (`vibeos_exec/*.py`) checks argument types, adapts handlers
+//! (sync/async, JSON in and out, exceptions to `(kind, message)`) and holds session state; this
+//! half stays a thin, typed bridge.
+//!
+//! Locking rule: every call into the registry or the supervisor that may take a Rust lock or
+//! wait is made with the GIL released, because Python tool handlers take the GIL from the
+//! registry's threads — holding the GIL while waiting on them would deadlock.
+
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use serde_json::{Map, Value};
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+use vibeos_supervisor::config::positive_seconds;
+use vibeos_supervisor::env_policy::EnvPolicy;
+use vibeos_supervisor::execute::session_cwd;
+use vibeos_supervisor::{
+    execute, Config, ExecutionRequest, ExecutionResult, Interrupt, Mode, Status,
+};
+use vibeos_tools::{
+    registry, RegistrationError, ToolContext, ToolEntry, ToolError, ToolSource,
+    SCRIPT_BLOCKED_TOOLS,
+};
+
+/// How often a waiting `execute_code` looks for a pending signal (Ctrl-C) of the host.
+const SIGNAL_POLL: Duration = Duration::from_millis(100);
+
+/// The extension's runtime: one multi-thread runtime per process, started on first use.
+fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
+    static RUNTIME: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("vibeos-exec-py")
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(|e| PyRuntimeError::new_err(format!("cannot start the execution runtime: {e}")))
+}
+
+/// Running executions by task id, so `interrupt(task_id)` from any thread can stop them.
+/// Several executions may share a task id; each has its own serial.
+type Running = HashMap<String, Vec<(u64, Interrupt)>>;
+
+fn running() -> std::sync::MutexGuard<'static, Running> {
+    static RUNNING: OnceLock<Mutex<Running>> = OnceLock::new();
+    RUNNING
+        .get_or_init(|| Mutex::new(HashMap::new()))
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// Removes one execution from [`running`] when its call ends, on every path.
+struct RunningGuard {
+    key: String,
+    serial: u64,
+}
+
+impl RunningGuard {
+    fn enter(key: String, interrupt: Interrupt) -> Self {
+        static SERIAL: AtomicU64 = AtomicU64::new(0);
+        let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
+        running()
+            .entry(key.clone())
+            .or_default()
+            .push((serial, interrupt));
+        RunningGuard { key, serial }
+    }
+}
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        let mut map = running();
+        if let Some(list) = map.get_mut(&self.key) {
+            list.retain(|(s, _)| *s != self.serial);
+            if list.is_empty() {
+                map.remove(&self.key);
+            }
+        }
+    }
+}
+
+fn value_error(message: impl Into<String>) -> PyErr {
+    PyValueError::new_err(message.into())
+}
+
+/// Runs one script. Arguments were type-checked by `vibeos_exec.execute_code`; values are
+/// checked here. Returns the result object as JSON text.
+#[pyfunction]
+#[pyo3(signature = (code, mode, timeout, max_tool_calls, cwd, enabled_tools, task_id, python, env_passthrough))]
+#[allow(clippy::too_many_arguments)]
+fn execute_code(
+    py: Python<'_>,
+    code: String,
+    mode: Option<String>,
+    timeout: Option<f64>,
+    max_tool_calls: Option<u64>,
+    cwd: Option<PathBuf>,
+    enabled_tools: Option<Vec<String>>,
+    task_id: Option<String>,
+    python: Option<PathBuf>,
+    env_passthrough: Vec<String>,
+) -> PyResult<String> {
+    let config = py
+        .allow_threads(|| Config::load(None))
+        .map_err(|e| PyRuntimeError::new_err(format!("vibeos config: {e}")))?;
+    let mut request = ExecutionRequest::from_config(code, &config);
+    if let Some(m) = mode {
+        request.mode = Mode::parse(&m).ok_or_else(|| {
+            value_error(format!("mode must be \"project\" or \"strict\", got {m:?}"))
+        })?;
+    }
+    if let Some(t) = timeout {
+        request.timeout = positive_seconds(t).ok_or_else(|| {
+            value_error(format!(
+                "timeout must be a positive number of seconds (at most 86400), got {t}"
+            ))
+        })?;
+    }
+    if let Some(n) = max_tool_calls {
+        request.max_tool_calls = usize::try_from(n)
+            .map_err(|_| value_error(format!("max_tool_calls is too large: {n}")))?;
+    }
+    request.cwd = cwd;
+    if request.python.is_none() {
+        request.python = python;
+    }
+    for name in env_passthrough {
+        if !request.env_passthrough.contains(&name) {
+            request.env_passthrough.push(name);
+        }
+    }
+    if let Some(tools) = enabled_tools {
+        let callable = registry().script_tool_names();
+        for name in &tools {
+            if registry().get(name).is_none() {
+                return Err(value_error(format!(
+                    "enabled_tools names `{name}`, which is not a registered tool"
+                )));
+            }
+            if !callable.contains(name) {
+                return Err(value_error(format!(
+                    "enabled_tools names `{name}`, which scripts may not call; script tools are: {} (open a host tool with vibeos_exec.allow_in_scripts)",
+                    callable.join(", ")
+                )));
+            }
+        }
+        request.script_tools = Some(tools.into_iter().collect::<BTreeSet<_>>());
+    }
+    request.task_id = task_id.clone();
+    let rt = runtime()?;
+    let interrupt = Interrupt::new();
+    let _guard = RunningGuard::enter(task_id.unwrap_or_default(), interrupt.clone());
+    let mode_name = request.mode.as_str();
+    let mut handle = rt.spawn(execute(request, registry(), interrupt.clone()));
+    let mut pending_signal: Option<PyErr> = None;
+    let outcome = py.allow_threads(|| loop {
+        match rt.block_on(async { tokio::time::timeout(SIGNAL_POLL, &mut handle).await }) {
+            Ok(joined) => break joined,
+            Err(_) if pending_signal.is_none() => {
+                // Ctrl-C in the host: stop the script, wait for its cleanup, then re-raise.
+                if let Err(e) = Python::with_gil(|py| py.check_signals()) {
+                    interrupt.interrupt();
+                    pending_signal = Some(e);
+                }
+            }
+            Err(_) => {}
+        }
+    });
+    if let Some(e) = pending_signal {
+        return Err(e);
+    }
+    let result = outcome.unwrap_or_else(|e| {
+        ExecutionResult::failed_to_start(mode_name, format!("the execution task failed: {e}"), 0.0)
+    });
+    Ok(result.to_json().to_string())
+}
+
+/// Interrupts every running execution of `task_id`; returns how many.
+#[pyfunction]
+fn interrupt(task_id: &str) -> usize {
+    let map = running();
+    let list = map.get(task_id).map(Vec::as_slice).unwrap_or_default();
+    for (_, i) in list {
+        i.interrupt();
+    }
+    list.len()
+}
+
+/// Interrupts every running execution; returns how many.
+#[pyfunction]
+fn interrupt_all() -> usize {
+    let map = running();
+    let mut n = 0;
+    for (_, i) in map.values().flatten() {
+        i.interrupt();
+        n += 1;
+    }
+    n
+}
+
+/// How many executions are running.
+#[pyfunction]
+fn running_count() -> usize {
+    running().values().map(Vec::len).sum()
+}
+
+/// Calls a Python invoker made by `vibeos_exec.registry`: `(args_json, task_id)` in,
+/// `(True, text, None)` or `(False, kind, message)` out.
+fn call_invoker(
+    invoker: &Py<PyAny>,
+    args: &Map<String, Value>,
+    ctx: &ToolContext,
+) -> Result<String, ToolError> {
+    let args_json = serde_json::to_string(args)
+        .map_err(|e| ToolError::new("InvalidArguments", e.to_string()))?;
+    Python::with_gil(|py| {
+        let out = invoker
+            .bind(py)
+            .call1((args_json, ctx.task_id.clone()))
+            .map_err(|e| tool_error_of(py, &e))?;
+        let (ok, first, second): (bool, String, Option<String>) = out.extract().map_err(|e| {
+            ToolError::new(
+                "TypeError",
+                format!("the tool adapter returned an unexpected value: {e}"),
+            )
+        })?;
+        if ok {
+            Ok(first)
+        } else {
+            Err(ToolError::new(first, second.unwrap_or_default()))
+        }
+    })
+}
+
+fn tool_error_of(py: Python<'_>, e: &PyErr) -> ToolError {
+    let kind = e
+        .get_type(py)
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "Exception".into());
+    ToolError::new(kind, e.value(py).to_string())
+}
+
+fn registration_error(e: RegistrationError) -> PyErr {
+    match e {
+        RegistrationError::OverrideRefused { .. } => value_error(format!(
+            "{e} (from Python: pass override=True to replace it)"
+        )),
+        other => value_error(other.to_string()),
+    }
+}
+
+/// Registers a Python tool. `invoker` is the adapter from `vibeos_exec.registry`.
+#[pyfunction]
+#[pyo3(signature = (name, toolset, parameters_json, invoker, description, emoji, requires_env, max_result_size_chars, check_fn, source, replace_builtin, parallel_safe, script_callable))]
+#[allow(clippy::too_many_arguments)]
+fn register_tool(
+    py: Python<'_>,
+    name: String,
+    toolset: String,
+    parameters_json: String,
+    invoker: Py<PyAny>,
+    description: String,
+    emoji: String,
+    requires_env: Vec<String>,
+    max_result_size_chars: Option<usize>,
+    check_fn: Option<Py<PyAny>>,
+    source: String,
+    replace_builtin: bool,
+    parallel_safe: bool,
+    script_callable: bool,
+) -> PyResult<()> {
+    let schema: Value = serde_json::from_str(&parameters_json)
+        .map_err(|e| value_error(format!("schema of `{name}` is not JSON: {e}")))?;
+    if script_callable && SCRIPT_BLOCKED_TOOLS.contains(&name.as_str()) {
+        return Err(value_error(format!(
+            "cannot let scripts call `{name}`: scripts can never call it"
+        )));
+    }
+    let invoker = Arc::new(invoker);
+    let mut entry = ToolEntry::new_text(
+        name.clone(),
+        toolset,
+        description,
+        schema,
+        move |args, ctx| call_invoker(&invoker, args, ctx),
+    )
+    .with_emoji(&emoji)
+    .with_parallel_safe(parallel_safe)
+    .with_source(ToolSource::Plugin(source));
+    entry.requires_env = requires_env;
+    entry.max_result_size_chars = max_result_size_chars;
+    if let Some(check) = check_fn {
+        entry = entry.with_check(move || {
+            Python::with_gil(|py| {
+                check
+                    .bind(py)
+                    .call0()
+                    .and_then(|r| r.is_truthy())
+                    .unwrap_or(false)
+            })
+        });
+    }
+    py.allow_threads(|| {
+        let reg = registry();
+        if replace_builtin && reg.get(&name).is_some_and(|old| !old.source.is_external()) {
+            reg.set_override_policy(reg.override_policy().allow_name(&name));
+        }
+        reg.register(entry).map_err(registration_error)?;
+        if script_callable {
+            reg.allow_in_scripts(&name).map_err(registration_error)?;
+        }
+        Ok(())
+    })
+}
+
+/// Removes a tool; returns whether it was registered.
+#[pyfunction]
+fn unregister_tool(py: Python<'_>, name: &str) -> bool {
+    py.allow_threads(|| {
+        registry().disallow_in_scripts(name);
+        registry().unregister(name).is_some()
+    })
+}
+
+/// Opens a registered-or-future tool to scripts.
+#[pyfunction]
+fn allow_in_scripts(py: Python<'_>, name: &str) -> PyResult<()> {
+    py.allow_threads(|| registry().allow_in_scripts(name))
+        .map_err(registration_error)
+}
+
+/// Closes a tool opened with `allow_in_scripts`.
+#[pyfunction]
+fn disallow_in_scripts(py: Python<'_>, name: &str) -> bool {
+    py.allow_threads(|| registry().disallow_in_scripts(name))
+}
+
+/// Names of the tools a script would get now (registered, allowed, available).
+#[pyfunction]
+fn script_tools(py: Python<'_>) -> Vec<String> {
+    py.allow_threads(|| {
+        registry()
+            .script_tools()
+            .iter()
+            .map(|e| e.name.clone())
+            .collect()
+    })
+}
+
+/// Names of every registered tool.
+#[pyfunction]
+fn tool_names(py: Python<'_>) -> Vec<String> {
+    py.allow_threads(|| {
+        registry()
+            .entries()
+            .iter()
+            .map(|e| e.name.clone())
+            .collect()
+    })
+}
+
+/// One direct (agent) tool call through the registry's dispatch. Returns JSON text.
+#[pyfunction]
+#[pyo3(signature = (name, args_json, task_id, cwd))]
+fn handle_function_call(
+    py: Python<'_>,
+    name: &str,
+    args_json: &str,
+    task_id: Option<String>,
+    cwd: Option<PathBuf>,
+) -> PyResult<String> {
+    let args: Value = serde_json::from_str(args_json)
+        .map_err(|e| value_error(format!("args are not JSON: {e}")))?;
+    let cwd = session_cwd(cwd.as_deref()).map_err(|e| value_error(e.to_string()))?;
+    let mut ctx = ToolContext::agent(cwd);
+    ctx.task_id = task_id;
+    Ok(py.allow_threads(|| registry().handle_function_call(name, &args, &ctx)))
+}
+
+/// The function-calling definitions of the selected, available tools, as JSON text.
+#[pyfunction]
+fn get_tool_definitions(
+    py: Python<'_>,
+    enabled: Vec<String>,
+    disabled: Vec<String>,
+) -> PyResult<String> {
+    py.allow_threads(|| registry().get_tool_definitions(&enabled, &disabled))
+        .map(|defs| Value::Array(defs).to_string())
+        .map_err(|e| value_error(e.to_string()))
+}
+
+/// The names among `names` that are provider credentials, which can never be passed through.
+#[pyfunction]
+fn provider_credentials(names: Vec<String>) -> PyResult<Vec<String>> {
+    let policy = EnvPolicy::builtin()
+        .map_err(|e| PyRuntimeError::new_err(format!("the environment policy: {e}")))?;
+    Ok(names
+        .into_iter()
+        .filter(|n| policy.is_provider_credential(std::ffi::OsStr::new(n)))
+        .collect())
+}
+
+/// The statuses a result can have, for the type stubs and tests.
+#[pyfunction]
+fn statuses() -> Vec<String> {
+    [
+        Status::Success,
+        Status::Error,
+        Status::Timeout,
+        Status::Interrupted,
+    ]
+    .iter()
+    .map(|s| {
+        serde_json::to_value(s)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default()
+    })
+    .collect()
+}
+
+/// Registers `execute_code` itself, so the host's tool definitions offer it to the model (with
+/// the description listing the script tools) and `handle_function_call("execute_code", ...)`
+/// works. Its settings are the config's at import, with the host's interpreter as the default.
+/// A config that cannot be read leaves it out (every `execute_code` call reports that error).
+fn register_execute_code_tool(py: Python<'_>) {
+    let Ok(mut config) = Config::load(None) else {
+        return;
+    };
+    if config.python.is_none() {
+        config.python = py
+            .import("sys")
+            .and_then(|sys| sys.getattr("executable"))
+            .and_then(|exe| exe.extract::<PathBuf>())
+            .ok()
+            .filter(|p| !p.as_os_str().is_empty());
+    }
+    py.allow_threads(|| {
+        if registry().get("execute_code").is_none() {
+            // Registration of a fixed, valid entry cannot fail; nothing to report if it did.
+            let _ =
+                vibeos_supervisor::execute_code_tool::register_execute_code(registry(), &config);
+        }
+    });
+}
+
+/// The extension module.
+#[pymodule]
+#[pyo3(name = "_native")]
+fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(execute_code, m)?)?;
+    m.add_function(wrap_pyfunction!(interrupt, m)?)?;
+    m.add_function(wrap_pyfunction!(interrupt_all, m)?)?;
+    m.add_function(wrap_pyfunction!(running_count, m)?)?;
+    m.add_function(wrap_pyfunction!(register_tool, m)?)?;
+    m.add_function(wrap_pyfunction!(unregister_tool, m)?)?;
+    m.add_function(wrap_pyfunction!(allow_in_scripts, m)?)?;
+    m.add_function(wrap_pyfunction!(disallow_in_scripts, m)?)?;
+    m.add_function(wrap_pyfunction!(script_tools, m)?)?;
+    m.add_function(wrap_pyfunction!(tool_names, m)?)?;
+    m.add_function(wrap_pyfunction!(handle_function_call, m)?)?;
+    m.add_function(wrap_pyfunction!(get_tool_definitions, m)?)?;
+    m.add_function(wrap_pyfunction!(provider_credentials, m)?)?;
+    m.add_function(wrap_pyfunction!(statuses, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    register_execute_code_tool(m.py());
+    Ok(())
+}

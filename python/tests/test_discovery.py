@@ -1,0 +1,87 @@
+"""discover_tools: AST scan, only registering modules imported, broken ones logged and skipped."""
+
+from __future__ import annotations
+
+import logging
+import textwrap
+
+import pytest
+
+import vibeos_exec
+from vibeos_exec import registry
+from vibeos_exec.discovery import module_registers_tools
+
+
+def write(dir_, name, body):
+    (dir_ / name).write_text(textwrap.dedent(body))
+
+
+@pytest.fixture
+def tools_dir(tmp_path):
+    d = tmp_path / "tools"
+    d.mkdir()
+    write(d, "alpha_tool.py", """
+        from vibeos_exec import registry
+        from alpha_helper import VALUE
+        registry.register(name="alpha_tool", toolset="disc",
+                          schema={"type": "object", "properties": {}},
+                          handler=lambda args: {"value": VALUE})
+    """)
+    # A helper must not be imported by discovery (importing it would fail loudly) — but the
+    # tool module above may import it.
+    write(d, "alpha_helper.py", """
+        VALUE = 41 + 1
+    """)
+    write(d, "not_a_tool.py", """
+        raise RuntimeError("discovery must not import modules without a top-level register")
+    """)
+    write(d, "register_in_function.py", """
+        import vibeos_exec
+        raise RuntimeError("a register() inside a function does not count")
+        def later():
+            vibeos_exec.registry.register(name="never", toolset="disc", schema={}, handler=print)
+    """)
+    write(d, "broken_tool.py", """
+        import module_that_does_not_exist_anywhere
+        from vibeos_exec import registry
+        registry.register(name="broken_tool", toolset="disc",
+                          schema={"type": "object"}, handler=lambda a: {})
+    """)
+    write(d, "guarded_tool.py", """
+        import vibeos_exec
+        try:
+            vibeos_exec.registry.register(name="guarded_tool", toolset="disc",
+                                          schema={"type": "object"}, handler=lambda a: {"g": 1})
+        except ValueError:
+            pass
+    """)
+    write(d, "syntax_error.py", "registry.register(\n")
+    write(d, "_private.py", "registry.register(name='private')\n")
+    return d
+
+
+def test_discovers_registering_modules_and_skips_broken_ones(tools_dir, caplog):
+    with caplog.at_level(logging.WARNING, logger="vibeos_exec.discovery"):
+        loaded = vibeos_exec.discover_tools(tools_dir)
+    assert loaded == ["alpha_tool", "guarded_tool"]
+    names = registry.tool_names()
+    assert "alpha_tool" in names and "guarded_tool" in names
+    assert "broken_tool" not in names and "never" not in names
+    messages = "\n".join(r.getMessage() for r in caplog.records)
+    assert "broken_tool.py" in messages and "ModuleNotFoundError" in messages
+    assert "syntax_error.py" in messages
+    assert registry.handle_function_call("alpha_tool", {}) == '{"value": 42}'
+
+
+def test_module_registers_tools_reads_only_the_top_level(tools_dir):
+    assert module_registers_tools(tools_dir / "alpha_tool.py")
+    assert module_registers_tools(tools_dir / "guarded_tool.py")
+    assert not module_registers_tools(tools_dir / "register_in_function.py")
+    assert not module_registers_tools(tools_dir / "not_a_tool.py")
+
+
+def test_bad_paths(tmp_path):
+    with pytest.raises(TypeError, match="path"):
+        vibeos_exec.discover_tools(3)
+    with pytest.raises(NotADirectoryError):
+        vibeos_exec.discover_tools(tmp_path / "missing")

@@ -1,0 +1,276 @@
+"""execute_code from Python: results, overrides, bad arguments, threads, interrupts, shutdown."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import vibeos_exec
+from vibeos_exec import registry
+
+from conftest import REPO, echo_schema, pid_alive, run_python
+
+RESULT_KEYS = {
+    "status", "output", "tool_calls_made", "duration_seconds", "exit_code", "truncated",
+    "stdout_bytes", "stdout_bytes_omitted", "stderr_bytes", "stderr_bytes_omitted", "mode",
+}
+
+
+def test_success_result_has_the_result_object_keys():
+    r = vibeos_exec.execute_code("print('hello')")
+    assert r["status"] == "success"
+    assert r["output"] == "hello\n"
+    assert r["exit_code"] == 0
+    assert RESULT_KEYS <= set(r)
+    assert r["tool_calls_made"] == 0
+    assert "error" not in r
+
+
+def test_same_keys_as_cli_run_json(tmp_path):
+    binary = REPO / "target" / "debug" / "vibeos-exec"
+    if not binary.exists():
+        pytest.skip(f"{binary} is missing: run `cargo build --bins` first")
+    script = tmp_path / "s.py"
+    script.write_text("import sys\nprint('x')\nsys.exit(3)\n")
+    cli = json.loads(subprocess.run([str(binary), "run", "--json", str(script)],
+                                    capture_output=True, text=True, env=os.environ).stdout)
+    ours = vibeos_exec.execute_code(script.read_text())
+    assert set(cli) == set(ours)
+    assert (ours["status"], ours["exit_code"]) == (cli["status"], cli["exit_code"]) == ("error", 3)
+
+
+def test_script_calls_a_python_tool_and_a_builtin(tmp_path):
+    (tmp_path / "notes.txt").write_text("alpha\nbeta\n")
+    calls = []
+
+    def shout(args):
+        calls.append(args)
+        return {"loud": args["x"].upper()}
+
+    registry.register(name="shout", toolset="host", schema=echo_schema(), handler=shout,
+                      script_callable=True)
+    r = vibeos_exec.execute_code(
+        "from vibeos_tools import shout, read_file\n"
+        "page = read_file('notes.txt')\n"
+        "print(shout(x=page['content'].splitlines()[0].split('|')[-1])['loud'])\n",
+        cwd=tmp_path,
+    )
+    assert r["status"] == "success", r
+    assert r["output"] == "ALPHA\n"
+    assert r["tool_calls_made"] == 2
+    assert calls == [{"x": "alpha"}]
+
+
+def test_default_interpreter_is_the_hosts():
+    r = vibeos_exec.execute_code("import sys; print(sys.executable)")
+    assert r["status"] == "success", r
+    assert r["interpreter"] == sys.executable
+    assert os.path.normpath(r["output"].strip()) == os.path.normpath(sys.executable)
+
+
+def test_config_is_read_and_arguments_override_it(home, tmp_path):
+    (home / "config.yaml").write_text("code_execution:\n  max_tool_calls: 1\n  timeout: 1\n")
+    script = ("from vibeos_tools import read_file\n"
+              "print([('error' in read_file('/etc/hostname')) for _ in range(3)])\n")
+    r = vibeos_exec.execute_code(script)
+    assert r["output"].strip() == "[False, True, True]", r
+    r = vibeos_exec.execute_code(script, max_tool_calls=2)
+    assert r["output"].strip() == "[False, False, True]", r
+    r = vibeos_exec.execute_code("import time; time.sleep(30)")
+    assert r["status"] == "timeout"
+    assert r["output"].rstrip().endswith("Script timed out after 1s and was killed.")
+    r = vibeos_exec.execute_code("import os; print(os.getcwd())", timeout=20, cwd=str(tmp_path))
+    assert r["output"].strip() == str(tmp_path.resolve())
+    r = vibeos_exec.execute_code("print(1)", mode="project")
+    assert r["mode"] == "project"
+
+
+def test_a_broken_config_is_a_runtime_error(home):
+    (home / "config.yaml").write_text("code_execution: [unclosed\n")
+    with pytest.raises(RuntimeError, match="config"):
+        vibeos_exec.execute_code("print(1)")
+
+
+@pytest.mark.parametrize(
+    "kwargs, param",
+    [
+        ({"code": b"print(1)"}, "code"),
+        ({"code": "print(1)", "mode": 3}, "mode"),
+        ({"code": "print(1)", "timeout": "10"}, "timeout"),
+        ({"code": "print(1)", "timeout": True}, "timeout"),
+        ({"code": "print(1)", "max_tool_calls": 2.5}, "max_tool_calls"),
+        ({"code": "print(1)", "cwd": 7}, "cwd"),
+        ({"code": "print(1)", "enabled_tools": "read_file"}, "enabled_tools"),
+        ({"code": "print(1)", "enabled_tools": [1]}, "enabled_tools"),
+        ({"code": "print(1)", "task_id": 5}, "task_id"),
+    ],
+)
+def test_wrong_argument_types_name_the_parameter(kwargs, param):
+    with pytest.raises(TypeError, match=param):
+        vibeos_exec.execute_code(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"mode": "sandbox"}, "mode"),
+        ({"timeout": 0}, "timeout"),
+        ({"timeout": -3}, "timeout"),
+        ({"max_tool_calls": -1}, "max_tool_calls"),
+        ({"enabled_tools": ["execute_code"]}, "execute_code"),
+        ({"enabled_tools": ["no_such_tool"]}, "no_such_tool"),
+    ],
+)
+def test_wrong_argument_values_are_value_errors(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        vibeos_exec.execute_code("print(1)", **kwargs)
+
+
+def test_empty_code_is_an_error_result():
+    r = vibeos_exec.execute_code("   ")
+    assert r["status"] == "error"
+    assert "empty" in r["error"]
+
+
+def test_enabled_tools_narrows_the_stub():
+    r = vibeos_exec.execute_code(
+        "import vibeos_tools\nprint(hasattr(vibeos_tools, 'read_file'), hasattr(vibeos_tools, 'write_file'))",
+        enabled_tools=["read_file"],
+    )
+    assert r["output"].strip() == "True False", r
+
+
+def test_the_gil_is_released_while_a_script_runs():
+    ticks = 0
+    stop = threading.Event()
+
+    def count():
+        nonlocal ticks
+        while not stop.is_set():
+            ticks += 1
+            time.sleep(0.001)
+
+    t = threading.Thread(target=count)
+    t.start()
+    try:
+        r = vibeos_exec.execute_code("import time; time.sleep(1.0); print('done')")
+    finally:
+        stop.set()
+        t.join()
+    assert r["status"] == "success"
+    assert ticks > 100, f"the counting thread only ran {ticks} times: the GIL was held"
+
+
+def test_many_threads_at_once():
+    registry.register(name="double", toolset="host",
+                      schema={"type": "object", "properties": {"n": {"type": "integer"}}},
+                      handler=lambda a: {"n": a["n"] * 2}, script_callable=True)
+    results = {}
+
+    def run(i):
+        results[i] = vibeos_exec.execute_code(
+            f"from vibeos_tools import double\nprint(sum(double(n={i})['n'] for _ in range(5)))",
+            task_id=f"many-{i}",
+        )
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(results) == 8
+    for i, r in results.items():
+        assert r["status"] == "success", r
+        assert r["output"].strip() == str(10 * i)
+        assert r["tool_calls_made"] == 5
+
+
+def test_interrupt_from_another_thread_kills_everything(tmp_path):
+    pid_file = tmp_path / "pid"
+    script = (
+        "import subprocess, time\n"
+        f"p = subprocess.Popen(['sleep', '300'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "print('started', flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    box = {}
+    t = threading.Thread(target=lambda: box.update(r=vibeos_exec.execute_code(script, task_id="int-1")))
+    started = time.monotonic()
+    t.start()
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert vibeos_exec.interrupt("int-1") == 1
+    t.join(timeout=30)
+    r = box["r"]
+    assert r["status"] == "interrupted", r
+    assert r["output"].startswith("started")
+    assert r["output"].rstrip().endswith("[execution interrupted — user sent a new message]")
+    assert time.monotonic() - started < 20
+    assert not pid_alive(int(pid_file.read_text()))
+
+
+def test_interrupting_nothing_returns_zero():
+    assert vibeos_exec.interrupt("nobody") == 0
+    with pytest.raises(TypeError, match="task_id"):
+        vibeos_exec.interrupt(3)
+
+
+SHUTDOWN_SCRIPT = """
+    import os, sys, threading, time
+    import vibeos_exec
+    pid_file = sys.argv[1] if len(sys.argv) > 1 else {pid_file!r}
+    script = (
+        "import subprocess, time\\n"
+        "p = subprocess.Popen(['sleep', '300'])\\n"
+        f"open({{pid_file!r}}, 'w').write(str(p.pid))\\n"
+        "time.sleep(300)\\n"
+    )
+    t = threading.Thread(target=lambda: vibeos_exec.execute_code(script), daemon={daemon})
+    t.start()
+    while not (os.path.exists(pid_file) and open(pid_file).read()):
+        time.sleep(0.05)
+    print("exiting", flush=True)
+"""
+
+
+@pytest.mark.parametrize("daemon", [True, False])
+def test_interpreter_shutdown_with_a_running_execution(tmp_path, daemon):
+    pid_file = str(tmp_path / "pid")
+    started = time.monotonic()
+    proc = run_python(SHUTDOWN_SCRIPT.format(pid_file=pid_file, daemon=daemon), timeout=60)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, proc.stderr
+    assert "exiting" in proc.stdout
+    assert "panick" not in proc.stderr and "Fatal" not in proc.stderr, proc.stderr
+    assert elapsed < 30, f"shutdown waited {elapsed:.1f}s for the script"
+    assert not pid_alive(int(Path(pid_file).read_text()))
+
+
+def test_ctrl_c_in_the_host_interrupts_and_raises_keyboard_interrupt():
+    proc = run_python(
+        """
+        import os, signal, threading, time
+        import vibeos_exec
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        started = time.monotonic()
+        try:
+            vibeos_exec.execute_code("import time; time.sleep(60)")
+            print("not interrupted")
+        except KeyboardInterrupt:
+            print("KeyboardInterrupt after", round(time.monotonic() - started))
+        """,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.strip()
+    assert out.startswith("KeyboardInterrupt after"), out
+    assert int(out.split()[-1]) < 15

@@ -1,0 +1,241 @@
+"""Python tools in the shared registry: sync/async handlers, error wrapping, overrides, opt-in."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import pytest
+
+import vibeos_exec
+from vibeos_exec import registry
+
+from conftest import echo_schema, run_python
+
+
+def call_in_script(tool: str, args: str = "x='hi'", **kwargs) -> dict:
+    r = vibeos_exec.execute_code(
+        f"import json\nfrom vibeos_tools import {tool}\nprint(json.dumps({tool}({args})))",
+        **kwargs,
+    )
+    assert r["status"] == "success", r
+    return json.loads(r["output"])
+
+
+def test_exceptions_become_the_wrapped_error_in_scripts_and_direct_calls():
+    def broken(args):
+        raise ValueError(f"bad input {args['x']}")
+
+    registry.register(name="broken", toolset="host", schema=echo_schema(), handler=broken,
+                      script_callable=True)
+    assert call_in_script("broken") == {"error": "Tool execution failed: ValueError: bad input hi"}
+    direct = json.loads(registry.handle_function_call("broken", {"x": "yo"}))
+    assert direct == {"error": "Tool execution failed: ValueError: bad input yo"}
+
+
+def test_results_that_are_not_json():
+    registry.register(name="objy", toolset="host", schema=echo_schema(),
+                      handler=lambda a: {"thing": object()}, script_callable=True)
+    registry.register(name="texty", toolset="host", schema=echo_schema(),
+                      handler=lambda a: "plain words", script_callable=True)
+    registry.register(name="jsony", toolset="host", schema=echo_schema(),
+                      handler=lambda a: json.dumps({"ok": a["x"]}), script_callable=True)
+    err = call_in_script("objy")["error"]
+    assert err.startswith("Tool execution failed: TypeError: `objy` returned a dict, which is not JSON")
+    texty = call_in_script("texty")
+    assert texty["result"] == "plain words" and "not JSON" in texty["note"]
+    assert call_in_script("jsony") == {"ok": "hi"}
+
+
+def test_async_handlers_run_and_their_errors_are_wrapped():
+    async def slow_upper(args):
+        await asyncio.sleep(0.01)
+        return {"upper": args["x"].upper()}
+
+    async def async_fail(args):
+        await asyncio.sleep(0)
+        raise KeyError("missing")
+
+    registry.register(name="slow_upper", toolset="host", schema=echo_schema(),
+                      handler=slow_upper, script_callable=True)
+    registry.register(name="async_fail", toolset="host", schema=echo_schema(),
+                      handler=async_fail, is_async=True, script_callable=True)
+    assert call_in_script("slow_upper") == {"upper": "HI"}
+    assert call_in_script("async_fail") == {"error": "Tool execution failed: KeyError: 'missing'"}
+
+
+def test_handlers_get_the_task_id_and_coerced_arguments():
+    seen = []
+
+    def record(args, task_id=None):
+        seen.append((args, task_id))
+        return {"ok": True}
+
+    registry.register(name="record", toolset="host",
+                      schema={"type": "object", "properties": {"n": {"type": "integer"}}},
+                      handler=record, script_callable=True)
+    call_in_script("record", "n='7'", task_id="task-42")
+    assert seen == [({"n": 7}, "task-42")]
+
+
+def test_a_blocking_handler_does_not_deadlock_and_the_timeout_holds():
+    release = threading.Event()
+    entered = threading.Event()
+
+    def stuck(args):
+        entered.set()
+        release.wait(60)
+        return {"late": True}
+
+    registry.register(name="stuck", toolset="host", schema=echo_schema(), handler=stuck,
+                      script_callable=True)
+    ticks = 0
+    stop = threading.Event()
+
+    def count():
+        nonlocal ticks
+        while not stop.is_set():
+            ticks += 1
+            time.sleep(0.001)
+
+    counter = threading.Thread(target=count)
+    counter.start()
+    started = time.monotonic()
+    try:
+        r = vibeos_exec.execute_code("from vibeos_tools import stuck\nprint(stuck(x='a'))", timeout=2)
+    finally:
+        stop.set()
+        counter.join()
+        release.set()
+    assert entered.is_set()
+    assert r["status"] == "timeout", r
+    assert time.monotonic() - started < 15
+    assert ticks > 100
+
+
+def test_replacing_a_builtin_needs_override():
+    proc = run_python(
+        """
+        import json, vibeos_exec
+        from vibeos_exec import registry
+        schema = {"type": "object", "properties": {"path": {"type": "string"},
+                  "content": {"type": "string"}}, "required": ["path", "content"]}
+        try:
+            registry.register(name="write_file", toolset="file", schema=schema,
+                              handler=lambda a: {"host": a["path"]})
+            print("registered without override")
+        except ValueError as e:
+            print("refused:", "override=True" in str(e))
+        registry.register(name="write_file", toolset="file", schema=schema,
+                          handler=lambda a: {"host": a["path"]}, override=True)
+        r = vibeos_exec.execute_code("from vibeos_tools import write_file\\nprint(write_file('p', 'c'))")
+        print(r["output"].strip())
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["refused: True", "{'host': 'p'}"]
+
+
+def test_host_tools_reach_scripts_only_when_opted_in():
+    registry.register(name="private_tool", toolset="host", schema=echo_schema(),
+                      handler=lambda a: {"secret": 1})
+    assert "private_tool" not in registry.script_tools()
+    r = vibeos_exec.execute_code("import vibeos_tools\nprint(hasattr(vibeos_tools, 'private_tool'))")
+    assert r["output"].strip() == "False"
+    vibeos_exec.allow_in_scripts(["private_tool"])
+    try:
+        assert call_in_script("private_tool") == {"secret": 1}
+    finally:
+        vibeos_exec.disallow_in_scripts("private_tool")
+    assert "private_tool" not in registry.script_tools()
+
+
+@pytest.mark.parametrize("name", ["execute_code", "delegate_task", "todo", "memory"])
+def test_some_tools_can_never_be_opened_to_scripts(name):
+    with pytest.raises(ValueError, match=name):
+        vibeos_exec.allow_in_scripts([name])
+
+
+def test_check_fn_gates_availability():
+    registry.register(name="gated_off", toolset="host", schema=echo_schema(),
+                      handler=lambda a: {}, check_fn=lambda: False, script_callable=True)
+
+    def explode():
+        raise RuntimeError("probe failed")
+
+    registry.register(name="gated_err", toolset="host", schema=echo_schema(),
+                      handler=lambda a: {}, check_fn=explode, script_callable=True)
+    registry.register(name="gated_on", toolset="host", schema=echo_schema(),
+                      handler=lambda a: {}, check_fn=lambda: True, script_callable=True)
+    tools = registry.script_tools()
+    assert "gated_on" in tools
+    assert "gated_off" not in tools and "gated_err" not in tools
+    names = [d["function"]["name"] for d in registry.get_tool_definitions()]
+    assert "gated_on" in names and "gated_off" not in names
+
+
+def test_openai_style_schema_and_definitions():
+    registry.register(
+        name="weather", toolset="host", emoji="☀",
+        schema={"name": "weather", "description": "Weather for a city.",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                               "required": ["city"]}},
+        handler=lambda a: {"city": a["city"], "sky": "clear"},
+    )
+    defs = {d["function"]["name"]: d for d in registry.get_tool_definitions(["host"])}
+    assert defs["weather"]["function"]["description"] == "Weather for a city."
+    assert defs["weather"]["function"]["parameters"]["required"] == ["city"]
+    out = json.loads(registry.handle_function_call("weather", {"city": "Oslo"}))
+    assert out == {"city": "Oslo", "sky": "clear"}
+    missing = json.loads(registry.handle_function_call("weather", {}))
+    assert "error" in missing
+
+
+def test_results_over_the_cap_are_truncated():
+    registry.register(name="big", toolset="host", schema=echo_schema(),
+                      handler=lambda a: "y" * 500, max_result_size_chars=50, script_callable=True)
+    out = call_in_script("big")
+    assert out["truncated"] is True and len(out["content"]) == 50
+
+
+@pytest.mark.parametrize(
+    "kwargs, param",
+    [
+        ({"name": 1}, "name"),
+        ({"toolset": None}, "toolset"),
+        ({"schema": "object"}, "schema"),
+        ({"handler": 3}, "handler"),
+        ({"check_fn": "yes"}, "check_fn"),
+        ({"requires_env": "KEY"}, "requires_env"),
+        ({"is_async": "no"}, "is_async"),
+        ({"description": 5}, "description"),
+        ({"max_result_size_chars": "10"}, "max_result_size_chars"),
+        ({"override": 1}, "override"),
+    ],
+)
+def test_register_type_errors_name_the_parameter(kwargs, param):
+    base = dict(name="typed", toolset="host", schema=echo_schema(), handler=lambda a: {})
+    base.update(kwargs)
+    with pytest.raises(TypeError, match=param):
+        registry.register(**base)
+
+
+def test_register_value_errors():
+    with pytest.raises(ValueError, match="requires `ghost`"):
+        registry.register(name="bad_schema", toolset="host",
+                          schema={"type": "object", "required": ["ghost"]}, handler=lambda a: {})
+    with pytest.raises(ValueError, match="names must be"):
+        registry.register(name="bad name!", toolset="host", schema=echo_schema(),
+                          handler=lambda a: {})
+    with pytest.raises(ValueError, match="execute_code"):
+        registry.register(name="execute_code", toolset="host", schema=echo_schema(),
+                          handler=lambda a: {}, script_callable=True)
+
+
+def test_unregister():
+    registry.register(name="temp_tool", toolset="host", schema=echo_schema(), handler=lambda a: {})
+    assert "temp_tool" in registry.tool_names()
+    assert registry.unregister("temp_tool") is True
+    assert registry.unregister("temp_tool") is False

@@ -1,0 +1,55 @@
+"""Skill passthrough: required_environment_variables reach scripts and their children."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import vibeos_exec
+from vibeos_exec import registry
+
+SCRIPT = (
+    "import os, subprocess\n"
+    "print(os.environ.get('MY_SKILL_TOKEN'))\n"
+    "print(subprocess.run(['sh', '-c', 'echo $MY_SKILL_TOKEN'], capture_output=True, text=True).stdout.strip())\n"
+)
+
+
+@pytest.fixture
+def skill_var(monkeypatch):
+    monkeypatch.setenv("MY_SKILL_TOKEN", "s3cret-value")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-never")
+
+
+def test_secret_looking_vars_are_dropped_until_a_skill_declares_them(skill_var):
+    r = vibeos_exec.execute_code(SCRIPT)
+    assert r["output"].splitlines() == ["None", ""]
+    vibeos_exec.register_skill_env(["MY_SKILL_TOKEN"])
+    assert vibeos_exec.skill_env() == ["MY_SKILL_TOKEN"]
+    r = vibeos_exec.execute_code(SCRIPT)
+    assert r["output"].splitlines() == ["s3cret-value", "s3cret-value"]
+
+
+def test_terminal_children_of_scripts_get_them(skill_var):
+    if "terminal" not in registry.script_tools():
+        pytest.skip("the terminal tool is not registered in this build")
+    vibeos_exec.register_skill_env("MY_SKILL_TOKEN")
+    r = vibeos_exec.execute_code(
+        "from vibeos_tools import terminal\nprint(terminal('echo $MY_SKILL_TOKEN')['output'].strip())")
+    assert r["output"].strip() == "s3cret-value", r
+
+
+def test_provider_credentials_are_refused(skill_var):
+    with pytest.raises(ValueError, match="OPENAI_API_KEY"):
+        vibeos_exec.register_skill_env(["MY_SKILL_TOKEN", "OPENAI_API_KEY"])
+    assert vibeos_exec.skill_env() == []
+    r = vibeos_exec.execute_code("import os; print(os.environ.get('OPENAI_API_KEY'))")
+    assert r["output"].strip() == "None"
+
+
+def test_bad_names():
+    with pytest.raises(TypeError, match="names"):
+        vibeos_exec.register_skill_env([1])
+    with pytest.raises(ValueError, match="not an environment variable name"):
+        vibeos_exec.register_skill_env(["A=B"])

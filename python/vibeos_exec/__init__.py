@@ -1,0 +1,305 @@
+"""vibeos_exec: execute_code for Python agents.
+
+An agent that would make ten tool calls in ten model turns writes one Python script instead; the
+script does ``from vibeos_tools import read_file, ...``, calls tools in loops, and only what it
+prints comes back. This package runs such scripts in-process (the sandboxing supervisor is
+compiled in) and lets the host register its own Python tools into the same registry::
+
+    import vibeos_exec
+    from vibeos_exec import registry
+
+    registry.register(name="lookup", toolset="host", schema={"type": "object", "properties":
+                      {"key": {"type": "string"}}}, handler=lambda args: {"value": args["key"]},
+                      script_callable=True)
+    result = vibeos_exec.execute_code("from vibeos_tools import lookup\\nprint(lookup(key='x'))")
+    print(result["status"], result["output"])
+
+Configuration is read from ``$VIBEOS_HOME/config.yaml`` as the ``vibeos-exec`` CLI reads it;
+keyword arguments override it per call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import json
+import os
+import sys
+import threading
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+
+from . import _native, registry
+from .discovery import discover_tools
+
+__all__ = [
+    "execute_code",
+    "aexecute_code",
+    "execute_code_async",
+    "interrupt",
+    "interrupt_all",
+    "allow_in_scripts",
+    "disallow_in_scripts",
+    "register_skill_env",
+    "clear_skill_env",
+    "skill_env",
+    "discover_tools",
+    "registry",
+    "STATUSES",
+    "__version__",
+]
+
+__version__: str = _native.__version__
+
+#: The values a result's ``status`` can take.
+STATUSES = tuple(_native.statuses())
+
+PathArg = Union[str, "os.PathLike[str]"]
+
+_skill_env_lock = threading.Lock()
+_skill_env: List[str] = []
+
+# Calls of execute_code in progress (Python side), so shutdown can wait for them to return.
+_active_lock = threading.Condition()
+_active = 0
+
+
+def _type_error(param: str, expected: str, value: Any) -> TypeError:
+    return TypeError(f"{param} must be {expected}, got {type(value).__name__}")
+
+
+def _number(param: str, value: Any, integral: bool) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int,) if integral else (int, float)):
+        raise _type_error(param, "an int or None" if integral else "a number or None", value)
+    return value
+
+
+def _names(param: str, value: Any) -> Optional[List[str]]:
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise _type_error(param, "a list of str or None", value)
+    out = list(value)
+    for item in out:
+        if not isinstance(item, str):
+            raise TypeError(f"{param} must be a list of str, but holds a {type(item).__name__}")
+    return out
+
+
+def execute_code(
+    code: str,
+    *,
+    mode: Optional[str] = None,
+    timeout: Optional[float] = None,
+    max_tool_calls: Optional[int] = None,
+    cwd: Optional[PathArg] = None,
+    enabled_tools: Optional[Sequence[str]] = None,
+    task_id: Optional[str] = None,
+) -> Dict[str, Any]:
+    """Runs ``code`` as an execute_code script and returns the result object (SPEC §10).
+
+    The GIL is released while the script runs, so other Python threads (and the Python tool
+    handlers the script calls) keep running. Ctrl-C in the host interrupts the script, waits for
+    its cleanup, and raises ``KeyboardInterrupt``.
+
+    Args:
+        code: The script's Python source.
+        mode: ``"project"`` or ``"strict"``; default from config.
+        timeout: Seconds before the script is killed; default from config (300).
+        max_tool_calls: Tool-call budget of the script; default from config (50).
+        cwd: Session working dir; default ``TERMINAL_CWD``, else the process cwd.
+        enabled_tools: Script tools the script may call (a subset of the allowed ones);
+            default every available one.
+        task_id: Agent task id, handed to tools; :func:`interrupt` stops executions by it.
+
+    Returns:
+        A dict with the keys of ``vibeos-exec run --json``: ``status``
+        (success|error|timeout|interrupted), ``output``, ``tool_calls_made``,
+        ``duration_seconds``, ``exit_code``, ``error`` (when not success), ``truncated``,
+        ``stdout_bytes``, ``stdout_bytes_omitted``, ``stderr_bytes``, ``stderr_bytes_omitted``,
+        ``mode`` and ``interpreter``.
+
+    Raises:
+        TypeError: An argument has the wrong type (the message names it).
+        ValueError: An argument has a wrong value (unknown mode, non-positive timeout, a tool
+            scripts may not call).
+        RuntimeError: The config file cannot be read.
+    """
+    global _active
+    if not isinstance(code, str):
+        raise _type_error("code", "a str", code)
+    if mode is not None and not isinstance(mode, str):
+        raise _type_error("mode", "a str or None", mode)
+    timeout = _number("timeout", timeout, integral=False)
+    max_tool_calls = _number("max_tool_calls", max_tool_calls, integral=True)
+    if max_tool_calls is not None and max_tool_calls < 0:
+        raise ValueError(f"max_tool_calls must be >= 0, got {max_tool_calls}")
+    if cwd is not None and not isinstance(cwd, (str, os.PathLike)):
+        raise _type_error("cwd", "a str, os.PathLike or None", cwd)
+    tools = _names("enabled_tools", enabled_tools)
+    if task_id is not None and not isinstance(task_id, str):
+        raise _type_error("task_id", "a str or None", task_id)
+    with _skill_env_lock:
+        passthrough = list(_skill_env)
+    with _active_lock:
+        if _shutting_down:
+            raise RuntimeError("the interpreter is shutting down; execute_code is no longer available")
+        _active += 1
+    try:
+        text = _native.execute_code(
+            code,
+            mode,
+            float(timeout) if timeout is not None else None,
+            max_tool_calls,
+            os.fspath(cwd) if cwd is not None else None,
+            tools,
+            task_id,
+            sys.executable or None,
+            passthrough,
+        )
+    finally:
+        with _active_lock:
+            _active -= 1
+            _active_lock.notify_all()
+    result: Dict[str, Any] = json.loads(text)
+    return result
+
+
+async def aexecute_code(code: str, **kwargs: Any) -> Dict[str, Any]:
+    """Awaitable :func:`execute_code` for asyncio hosts: runs it in a worker thread.
+
+    Cancelling the awaiting task interrupts the script (when a ``task_id`` was given, every
+    execution of that task) and waits for its cleanup before the cancellation propagates.
+    """
+    own_id = kwargs.get("task_id")
+    if own_id is None:
+        own_id = f"aexecute-{id(object())}-{threading.get_ident()}-{os.urandom(4).hex()}"
+        kwargs["task_id"] = own_id
+    loop = asyncio.get_running_loop()
+    future = loop.run_in_executor(None, lambda: execute_code(code, **kwargs))
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        _native.interrupt(own_id)
+        try:
+            await future
+        except Exception:  # noqa: BLE001 - the cancellation is what the caller sees
+            pass
+        raise
+
+
+#: Alias of :func:`aexecute_code`.
+execute_code_async = aexecute_code
+
+
+def interrupt(task_id: str) -> int:
+    """Stops every running execution of ``task_id`` (status ``interrupted``), from any thread.
+
+    Returns how many executions were signalled (0 when none was running).
+    """
+    if not isinstance(task_id, str):
+        raise _type_error("task_id", "a str", task_id)
+    return _native.interrupt(task_id)
+
+
+def interrupt_all() -> int:
+    """Stops every running execution; returns how many were signalled."""
+    return _native.interrupt_all()
+
+
+def allow_in_scripts(names: Union[str, Sequence[str]]) -> None:
+    """Lets execute_code scripts call the host tools ``names`` (besides the built-in script tools).
+
+    ``execute_code``, ``delegate_task``, agent-loop tools (``todo``, ``memory``,
+    ``session_search``) and MCP tools can never be opened: ``ValueError``. Names may be
+    registered later; a tool must still be registered and available to appear in a script.
+    """
+    items = [names] if isinstance(names, str) else _names("names", names)
+    for name in items or []:
+        _native.allow_in_scripts(name)
+
+
+def disallow_in_scripts(names: Union[str, Sequence[str]]) -> None:
+    """Closes tools opened with :func:`allow_in_scripts` again."""
+    items = [names] if isinstance(names, str) else _names("names", names)
+    for name in items or []:
+        _native.disallow_in_scripts(name)
+
+
+def register_skill_env(names: Union[str, Sequence[str]]) -> None:
+    """Passes the environment variables ``names`` (a skill's ``required_environment_variables``)
+    through to execute_code scripts and the terminal commands they run, for this session (this
+    process), even when they look secret (SPEC §4 rule 1).
+
+    Provider credentials the product manages can never be passed through: ``ValueError`` naming
+    them, and nothing is registered.
+    """
+    items = [names] if isinstance(names, str) else _names("names", names)
+    items = items or []
+    for name in items:
+        if not name or "=" in name or "\0" in name:
+            raise ValueError(f"{name!r} is not an environment variable name")
+    refused = _native.provider_credentials(items)
+    if refused:
+        raise ValueError(
+            "provider credentials cannot be passed through to scripts: "
+            + ", ".join(refused)
+            + " (the product manages them; scripts never see them)"
+        )
+    with _skill_env_lock:
+        for name in items:
+            if name not in _skill_env:
+                _skill_env.append(name)
+
+
+def clear_skill_env() -> None:
+    """Forgets every name registered with :func:`register_skill_env`."""
+    with _skill_env_lock:
+        _skill_env.clear()
+
+
+def skill_env() -> List[str]:
+    """The names registered with :func:`register_skill_env`."""
+    with _skill_env_lock:
+        return list(_skill_env)
+
+
+_shutting_down = False
+
+#: Longest wait at shutdown for interrupted executions to finish their cleanup.
+SHUTDOWN_WAIT_SECONDS = 15.0
+
+
+def _shutdown() -> None:
+    """Interrupts running executions and waits for them to return before the interpreter goes.
+
+    Registered with ``threading._register_atexit`` where it exists, so it runs before Python
+    joins non-daemon threads (otherwise shutdown would first wait out their scripts' timeouts),
+    and with ``atexit`` for daemon threads. Waiting matters: a thread still inside the extension
+    when the interpreter finalizes could not take the GIL back.
+    """
+    global _shutting_down
+    with _active_lock:
+        if _shutting_down and _active == 0:
+            return
+        _shutting_down = True
+    import time
+
+    deadline = time.monotonic() + SHUTDOWN_WAIT_SECONDS
+    # Repeat the interrupt: a call may have passed the shutdown check but not yet started.
+    while True:
+        _native.interrupt_all()
+        with _active_lock:
+            left = deadline - time.monotonic()
+            if _active_lock.wait_for(lambda: _active == 0, timeout=max(0.0, min(0.2, left))):
+                return
+        if left <= 0:
+            return
+
+
+try:
+    threading._register_atexit(_shutdown)  # type: ignore[attr-defined]
+except (AttributeError, RuntimeError):
+    pass
+atexit.register(_shutdown)

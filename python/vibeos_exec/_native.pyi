@@ -1,0 +1,77 @@
+"""Type stubs of the Rust extension ``vibeos_exec._native``.
+
+Use the typed wrappers in :mod:`vibeos_exec` and :mod:`vibeos_exec.registry`; these functions
+take pre-checked arguments and JSON text.
+"""
+
+from typing import Callable, List, Optional, Tuple
+
+__version__: str
+
+def execute_code(
+    code: str,
+    mode: Optional[str],
+    timeout: Optional[float],
+    max_tool_calls: Optional[int],
+    cwd: Optional[str],
+    enabled_tools: Optional[List[str]],
+    task_id: Optional[str],
+    python: Optional[str],
+    env_passthrough: List[str],
+) -> str:
+    """Runs a script with the GIL released; returns the result object as JSON text."""
+
+def interrupt(task_id: str) -> int:
+    """Interrupts the running executions of ``task_id``; returns how many."""
+
+def interrupt_all() -> int:
+    """Interrupts every running execution; returns how many."""
+
+def running_count() -> int:
+    """How many executions are running."""
+
+def register_tool(
+    name: str,
+    toolset: str,
+    parameters_json: str,
+    invoker: Callable[[str, Optional[str]], Tuple[bool, str, Optional[str]]],
+    description: str,
+    emoji: str,
+    requires_env: List[str],
+    max_result_size_chars: Optional[int],
+    check_fn: Optional[Callable[[], object]],
+    source: str,
+    replace_builtin: bool,
+    parallel_safe: bool,
+    script_callable: bool,
+) -> None:
+    """Registers a Python tool (source ``Plugin(source)``) in the process-wide registry."""
+
+def unregister_tool(name: str) -> bool:
+    """Removes a tool; returns whether it was registered."""
+
+def allow_in_scripts(name: str) -> None:
+    """Opens a tool to scripts; ValueError for tools that can never be opened."""
+
+def disallow_in_scripts(name: str) -> bool:
+    """Closes a tool opened with allow_in_scripts."""
+
+def script_tools() -> List[str]:
+    """Tools a script would get now."""
+
+def tool_names() -> List[str]:
+    """Every registered tool."""
+
+def handle_function_call(
+    name: str, args_json: str, task_id: Optional[str], cwd: Optional[str]
+) -> str:
+    """A direct tool call through the registry; returns JSON text."""
+
+def get_tool_definitions(enabled: List[str], disabled: List[str]) -> str:
+    """Function-calling definitions as JSON text."""
+
+def provider_credentials(names: List[str]) -> List[str]:
+    """The names among ``names`` that are provider credentials."""
+
+def statuses() -> List[str]:
+    """The result statuses."""

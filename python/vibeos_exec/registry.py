@@ -1,0 +1,254 @@
+"""The process-wide tool registry, seen from Python (SPEC §7).
+
+``register(...)`` adds a Python tool to the same registry the built-in Rust tools live in, so a
+call from an execute_code script (or a direct call through :func:`handle_function_call`) reaches
+it through the one dispatch path: argument coercion, hooks, error wrapping, result caps.
+
+Handlers are called as ``handler(args)`` or, when they accept it, ``handler(args, task_id=...)``
+(a ``**kwargs`` parameter counts). They may be plain functions or ``async def`` coroutines (run on
+a shared event loop in a daemon thread). They return a dict/list/number/bool/None (sent as JSON)
+or a string (JSON text passes verbatim; other text is wrapped as ``{"result": ..., "note": ...}``).
+An exception becomes ``{"error": "Tool execution failed: <ExceptionType>: <message>"}``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from . import _async, _native
+
+__all__ = [
+    "register",
+    "unregister",
+    "tool_names",
+    "script_tools",
+    "get_tool_definitions",
+    "handle_function_call",
+]
+
+Handler = Callable[..., Any]
+
+
+def _check_str(param: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{param} must be a str, got {type(value).__name__}")
+    return value
+
+
+def _check_str_list(param: str, value: Any) -> List[str]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise TypeError(f"{param} must be a list of str, got {type(value).__name__}")
+    out = list(value)
+    for item in out:
+        if not isinstance(item, str):
+            raise TypeError(f"{param} must be a list of str, but holds a {type(item).__name__}")
+    return out
+
+
+def _accepts_task_id(handler: Handler) -> bool:
+    try:
+        params = inspect.signature(handler).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(
+        p.kind is inspect.Parameter.VAR_KEYWORD
+        or (p.name == "task_id" and p.kind is not inspect.Parameter.POSITIONAL_ONLY)
+        for p in params
+    )
+
+
+def _make_invoker(
+    name: str, handler: Handler, is_async: bool
+) -> Callable[[str, Optional[str]], Tuple[bool, str, Optional[str]]]:
+    pass_task_id = _accepts_task_id(handler)
+
+    def invoke(args_json: str, task_id: Optional[str]) -> Tuple[bool, str, Optional[str]]:
+        try:
+            args = json.loads(args_json)
+            result = handler(args, task_id=task_id) if pass_task_id else handler(args)
+            if is_async or inspect.isawaitable(result):
+                result = _async.run_coroutine(result)
+        except BaseException as exc:  # noqa: BLE001 - every failure becomes the tool's error
+            return (False, type(exc).__name__, str(exc))
+        if isinstance(result, str):
+            return (True, result, None)
+        try:
+            return (True, json.dumps(result), None)
+        except (TypeError, ValueError) as exc:
+            return (
+                False,
+                "TypeError",
+                f"`{name}` returned a {type(result).__name__}, which is not JSON ({exc}); "
+                "return a dict, list, str, number, bool or None",
+            )
+
+    return invoke
+
+
+def _parameters_of(name: str, schema: Mapping[str, Any]) -> Tuple[Dict[str, Any], Optional[str]]:
+    """The arguments schema and the description inside ``schema``.
+
+    Accepts either an OpenAI function schema (``{"name", "description", "parameters"}``, as the
+    seeds' tools pass) or the parameters object itself.
+    """
+    if "parameters" in schema and schema.get("type") != "object":
+        params = schema["parameters"]
+        if not isinstance(params, Mapping):
+            raise TypeError(f"schema['parameters'] of `{name}` must be a dict")
+        desc = schema.get("description")
+        return dict(params), desc if isinstance(desc, str) else None
+    return dict(schema), None
+
+
+def register(
+    name: str,
+    toolset: str,
+    schema: Mapping[str, Any],
+    handler: Handler,
+    check_fn: Optional[Callable[[], Any]] = None,
+    requires_env: Optional[Sequence[str]] = None,
+    is_async: Optional[bool] = None,
+    description: str = "",
+    emoji: str = "",
+    max_result_size_chars: Optional[int] = None,
+    *,
+    override: bool = False,
+    script_callable: bool = False,
+    parallel_safe: bool = False,
+    source: str = "python",
+) -> None:
+    """Registers (or replaces) the tool ``name`` in the process-wide registry.
+
+    Args:
+        name: What the model and scripts call it (letters, digits, ``_``, ``-``).
+        toolset: The bundle it belongs to.
+        schema: JSON schema of its arguments object, or an OpenAI function schema holding it
+            under ``parameters`` (its ``description`` is used when ``description`` is empty).
+        handler: ``handler(args)`` or ``handler(args, task_id=...)``; sync or ``async def``.
+        check_fn: Returns truthy when the tool is usable now; an exception means unavailable.
+        requires_env: Environment variables the tool needs (shown when it is unavailable).
+        is_async: Whether ``handler`` returns a coroutine; detected when ``None``.
+        description: What the tool does; its first line is the doc line scripts see.
+        emoji: Shown in listings.
+        max_result_size_chars: Longer results are truncated with a note.
+        override: Allow replacing a built-in tool of the same name (e.g. ``web_search``).
+            Without it, such a registration raises ``ValueError``.
+        script_callable: Also let execute_code scripts call it (see :func:`vibeos_exec.allow_in_scripts`).
+        parallel_safe: Calls may run alongside other calls of the same model turn.
+        source: Plugin name recorded as the tool's source.
+
+    Raises:
+        TypeError: An argument has the wrong type (the message names it).
+        ValueError: The name, schema or override is refused by the registry.
+    """
+    _check_str("name", name)
+    _check_str("toolset", toolset)
+    if not isinstance(schema, Mapping):
+        raise TypeError(f"schema must be a dict, got {type(schema).__name__}")
+    if not callable(handler):
+        raise TypeError(f"handler must be callable, got {type(handler).__name__}")
+    if check_fn is not None and not callable(check_fn):
+        raise TypeError(f"check_fn must be callable or None, got {type(check_fn).__name__}")
+    env = _check_str_list("requires_env", requires_env) if requires_env is not None else []
+    if is_async is not None and not isinstance(is_async, bool):
+        raise TypeError(f"is_async must be a bool or None, got {type(is_async).__name__}")
+    _check_str("description", description)
+    _check_str("emoji", emoji)
+    if max_result_size_chars is not None and (
+        isinstance(max_result_size_chars, bool) or not isinstance(max_result_size_chars, int)
+    ):
+        raise TypeError(
+            f"max_result_size_chars must be an int or None, got {type(max_result_size_chars).__name__}"
+        )
+    if max_result_size_chars is not None and max_result_size_chars <= 0:
+        raise ValueError("max_result_size_chars must be positive")
+    for flag, value in (("override", override), ("script_callable", script_callable),
+                        ("parallel_safe", parallel_safe)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{flag} must be a bool, got {type(value).__name__}")
+    _check_str("source", source)
+    params, schema_desc = _parameters_of(name, schema)
+    if not description:
+        description = schema_desc or (inspect.getdoc(handler) or "").strip()
+    if is_async is None:
+        is_async = inspect.iscoroutinefunction(handler)
+    try:
+        params_json = json.dumps(params)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"schema of `{name}` is not JSON-serialisable: {exc}") from None
+    _native.register_tool(
+        name,
+        toolset,
+        params_json,
+        _make_invoker(name, handler, is_async),
+        description,
+        emoji,
+        env,
+        max_result_size_chars,
+        check_fn,
+        source,
+        override,
+        parallel_safe,
+        script_callable,
+    )
+
+
+def unregister(name: str) -> bool:
+    """Removes the tool ``name`` (and its opening to scripts); returns whether it existed."""
+    return _native.unregister_tool(_check_str("name", name))
+
+
+def tool_names() -> List[str]:
+    """Names of every registered tool, sorted."""
+    return _native.tool_names()
+
+
+def script_tools() -> List[str]:
+    """Names of the tools an execute_code script would get now (allowed, registered, available)."""
+    return _native.script_tools()
+
+
+def get_tool_definitions(
+    enabled_toolsets: Optional[Sequence[str]] = None,
+    disabled_toolsets: Optional[Sequence[str]] = None,
+) -> List[Dict[str, Any]]:
+    """OpenAI function-calling schemas of the selected, available tools (SPEC §7)."""
+    enabled = _check_str_list("enabled_toolsets", enabled_toolsets or [])
+    disabled = _check_str_list("disabled_toolsets", disabled_toolsets or [])
+    return json.loads(_native.get_tool_definitions(enabled, disabled))
+
+
+def handle_function_call(
+    name: str,
+    args: Optional[Mapping[str, Any]] = None,
+    *,
+    task_id: Optional[str] = None,
+    cwd: Optional[str] = None,
+) -> str:
+    """Calls a tool as the agent would (outside any script); returns its JSON result text.
+
+    Failures come back as ``{"error": ...}`` JSON, never as exceptions (bad argument types
+    excepted). The GIL is released while the tool runs.
+    """
+    _check_str("name", name)
+    if args is not None and not isinstance(args, Mapping):
+        raise TypeError(f"args must be a dict or None, got {type(args).__name__}")
+    if task_id is not None:
+        _check_str("task_id", task_id)
+    try:
+        args_json = json.dumps(dict(args or {}))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"args must be JSON-serialisable: {exc}") from None
+    return _native.handle_function_call(name, args_json, task_id, _path_or_none("cwd", cwd))
+
+
+def _path_or_none(param: str, value: Any) -> Optional[str]:
+    import os
+
+    if value is None:
+        return None
+    if isinstance(value, (str, os.PathLike)):
+        return os.fspath(value)
+    raise TypeError(f"{param} must be a str or os.PathLike, got {type(value).__name__}")
