@@ -13,6 +13,7 @@ pub mod approval;
 mod async_bridge;
 mod availability;
 pub mod builtin;
+pub mod capture;
 pub mod coerce;
 mod context;
 mod definitions;

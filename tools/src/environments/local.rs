@@ -329,10 +329,10 @@ pub fn run_foreground(
         }
     }
     let (output, truncated, output_bytes) = match lock.lock() {
-        Ok(g) => (g.0.render(), g.0.truncated(), g.0.total()),
+        Ok(g) => (g.0.render("output"), g.0.truncated(), g.0.total()),
         Err(e) => {
             let g = e.into_inner();
-            (g.0.render(), g.0.truncated(), g.0.total())
+            (g.0.render("output"), g.0.truncated(), g.0.total())
         }
     };
     let output = if spec.pty {
