@@ -363,6 +363,15 @@ impl ExecServer {
             }
         };
         drop(permit);
+        tracing::info!(
+            "execute_code call {id}: status {}{}",
+            result.status.as_str(),
+            if cancelled {
+                " (cancelled by the client)"
+            } else {
+                ""
+            }
+        );
         let value = result.to_json();
         let text = serde_json::to_string(&value).map_err(|e| {
             ErrorData::internal_error(format!("cannot render the result: {e}"), None)
@@ -608,7 +617,13 @@ pub async fn serve_http(
         Arc::new(LocalSessionManager::default()),
         config,
     );
-    let router = axum::Router::new().nest_service("/mcp", service);
+    let limit = shared.settings.max_request_bytes;
+    let router =
+        axum::Router::new()
+            .nest_service("/mcp", service)
+            .layer(axum::middleware::from_fn(move |req, next| {
+                check_http_body(req, next, limit)
+            }));
     on_listening(bound);
     let stopped = stop.clone();
     let served = axum::serve(listener, router)
@@ -617,6 +632,140 @@ pub async fn serve_http(
     shared.interrupt(None);
     shared.wait_idle(None, DRAIN_TIMEOUT).await;
     served.map_err(|e| ServeError::Io(e.to_string()))
+}
+
+/// Checks a POSTed body before the SDK sees it, so bad input gets a JSON-RPC error body (the
+/// SDK would answer 415 with plain text): over the limit → 413 with -32600; unparsable or not
+/// JSON-RPC → 400 with -32700 / -32600 / -32602 as [`check_message`] decides.
+async fn check_http_body(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+    limit: usize,
+) -> axum::response::Response {
+    use axum::http::{header, Method, StatusCode};
+    use axum::response::IntoResponse;
+    if req.method() != Method::POST {
+        return next.run(req).await;
+    }
+    let json_error = |status: StatusCode, rejection: Rejection| {
+        (
+            status,
+            [(header::CONTENT_TYPE, "application/json")],
+            rejection.to_json().to_string(),
+        )
+            .into_response()
+    };
+    let (parts, body) = req.into_parts();
+    let bytes = match axum::body::to_bytes(body, limit).await {
+        Ok(b) => b,
+        Err(_) => {
+            return json_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                Rejection {
+                    code: -32600,
+                    message: format!(
+                        "Invalid Request: the body is larger than {limit} bytes (--max-request-bytes) or could not be read"
+                    ),
+                    id: Value::Null,
+                },
+            )
+        }
+    };
+    if let Checked::Reject(rejection) = check_message(&bytes) {
+        return json_error(StatusCode::BAD_REQUEST, rejection);
+    }
+    next.run(axum::extract::Request::from_parts(
+        parts,
+        axum::body::Body::from(bytes),
+    ))
+    .await
+}
+
+/// A message the client sent that JSON-RPC says to answer with an error.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rejection {
+    /// JSON-RPC error code: -32700 parse error, -32600 invalid request, -32602 invalid params.
+    pub code: i32,
+    /// What was wrong.
+    pub message: String,
+    /// The request's id when it could be read, else null.
+    pub id: Value,
+}
+
+impl Rejection {
+    /// The JSON-RPC error response.
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({
+            "jsonrpc": "2.0",
+            "id": self.id,
+            "error": {"code": self.code, "message": self.message},
+        })
+    }
+}
+
+/// What to do with one incoming message.
+#[derive(Debug)]
+pub enum Checked {
+    /// A message for the SDK to handle.
+    Message(Box<ClientJsonRpcMessage>),
+    /// An unknown or malformed notification: never answered, dropped.
+    Ignore,
+    /// Answer with this error.
+    Reject(Rejection),
+}
+
+/// Classifies one incoming message the way JSON-RPC 2.0 asks: unparsable → -32700; JSON that
+/// is not a JSON-RPC message (or a batch, which MCP does not use) → -32600; a standard MCP
+/// method whose params do not fit its schema → -32602 (the SDK would call it "method not
+/// found", but the method exists).
+pub fn check_message(text: &[u8]) -> Checked {
+    let reject =
+        |code, message: String, id: Value| Checked::Reject(Rejection { code, message, id });
+    let value: Value = match serde_json::from_slice(text) {
+        Ok(v) => v,
+        Err(e) => return reject(-32700, format!("Parse error: {e}"), Value::Null),
+    };
+    let id = match value.get("id") {
+        Some(v @ (Value::String(_) | Value::Number(_))) => v.clone(),
+        _ => Value::Null,
+    };
+    let is_notification = value.is_object() && value.get("id").is_none();
+    match serde_json::from_value::<ClientJsonRpcMessage>(value.clone()) {
+        Ok(ClientJsonRpcMessage::Request(JsonRpcRequest {
+            request: ClientRequest::CustomRequest(custom),
+            ..
+        })) if STANDARD_METHODS.contains(&custom.method.as_str()) => {
+            let detail = match custom.method.as_str() {
+                "tools/call" => serde_json::from_value::<CallToolRequestParams>(
+                    custom.params.clone().unwrap_or(Value::Null),
+                )
+                .err()
+                .map(|e| format!(": {e}"))
+                .unwrap_or_default(),
+                _ => String::new(),
+            };
+            reject(
+                -32602,
+                format!(
+                    "Invalid params: the params of `{}` do not match the MCP schema{detail}",
+                    custom.method
+                ),
+                id,
+            )
+        }
+        Ok(msg) => Checked::Message(Box::new(msg)),
+        Err(_) if is_notification && value.get("method").is_some_and(Value::is_string) => {
+            Checked::Ignore
+        }
+        Err(e) => {
+            let message = if value.is_array() {
+                "Invalid Request: batches are not supported; send one message per line".to_string()
+            } else {
+                format!("Invalid Request: not a JSON-RPC 2.0 message ({e})")
+            };
+            reject(-32600, message, id)
+        }
+    }
 }
 
 /// Newline-delimited JSON-RPC over a byte stream, answering what JSON-RPC says to answer:
@@ -663,11 +812,7 @@ impl<R: tokio::io::AsyncRead + Unpin + Send> StdioLines<R> {
     }
 
     fn reply_error(&self, code: i32, message: String, id: Value) {
-        let v = serde_json::json!({
-            "jsonrpc": "2.0",
-            "id": id,
-            "error": {"code": code, "message": message},
-        });
+        let v = Rejection { code, message, id }.to_json();
         let mut line = v.to_string().into_bytes();
         line.push(b'\n');
         let _ = self.out.send(line);
@@ -751,60 +896,10 @@ impl<R: tokio::io::AsyncRead + Unpin + Send> Transport<RoleServer> for StdioLine
             if text.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-            let value: Value = match serde_json::from_slice(text) {
-                Ok(v) => v,
-                Err(e) => {
-                    self.reply_error(-32700, format!("Parse error: {e}"), Value::Null);
-                    continue;
-                }
-            };
-            let id = value.get("id").cloned();
-            let is_notification = value.is_object() && id.is_none();
-            match serde_json::from_value::<ClientJsonRpcMessage>(value.clone()) {
-                Ok(ClientJsonRpcMessage::Request(JsonRpcRequest {
-                    id,
-                    request: ClientRequest::CustomRequest(custom),
-                    ..
-                })) if STANDARD_METHODS.contains(&custom.method.as_str()) => {
-                    // The SDK files a standard method whose params do not fit its schema under
-                    // "custom" and would answer "method not found"; the method exists, its
-                    // params are wrong.
-                    let detail = match custom.method.as_str() {
-                        "tools/call" => serde_json::from_value::<CallToolRequestParams>(
-                            custom.params.clone().unwrap_or(Value::Null),
-                        )
-                        .err()
-                        .map(|e| format!(": {e}"))
-                        .unwrap_or_default(),
-                        _ => String::new(),
-                    };
-                    self.reply_error(
-                        -32602,
-                        format!(
-                            "Invalid params: the params of `{}` do not match the MCP schema{detail}",
-                            custom.method
-                        ),
-                        serde_json::to_value(&id).unwrap_or(Value::Null),
-                    );
-                }
-                Ok(msg) => return Some(msg),
-                // A notification is never answered, even a malformed or unknown one.
-                Err(_) if is_notification && value.get("method").is_some_and(Value::is_string) => {
-                    tracing::debug!("ignoring an unknown or malformed notification");
-                }
-                Err(e) => {
-                    let id = match id {
-                        Some(v @ (Value::String(_) | Value::Number(_))) => v,
-                        _ => Value::Null,
-                    };
-                    let message = if value.is_array() {
-                        "Invalid Request: batches are not supported; send one message per line"
-                            .to_string()
-                    } else {
-                        format!("Invalid Request: not a JSON-RPC 2.0 message ({e})")
-                    };
-                    self.reply_error(-32600, message, id);
-                }
+            match check_message(text) {
+                Checked::Message(msg) => return Some(*msg),
+                Checked::Ignore => tracing::debug!("ignoring an unknown or malformed notification"),
+                Checked::Reject(e) => self.reply_error(e.code, e.message, e.id),
             }
         }
     }
