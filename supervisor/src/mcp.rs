@@ -316,7 +316,21 @@ impl ExecServer {
             .map_err(|e| ErrorData::invalid_params(e.message, None))?;
 
         let progress = Progress::new(&context);
-        let ct = context.ct.clone();
+        // Stop when the client cancels, and (over HTTP) when its response stream goes away.
+        let ct = context.ct.child_token();
+        if let Some(ClientGone(gone)) = context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|p| p.extensions.get::<ClientGone>())
+        {
+            let (gone, ct) = (gone.clone(), ct.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = gone.cancelled() => ct.cancel(),
+                    _ = ct.cancelled() => {}
+                }
+            });
+        }
         let started = Instant::now();
         let slots = self.shared.slots.clone();
         // Queue: wait for a slot, telling the client why it waits, until cancelled.
@@ -674,11 +688,55 @@ async fn check_http_body(
     if let Checked::Reject(rejection) = check_message(&bytes) {
         return json_error(StatusCode::BAD_REQUEST, rejection);
     }
-    next.run(axum::extract::Request::from_parts(
-        parts,
-        axum::body::Body::from(bytes),
-    ))
-    .await
+    let mut parts = parts;
+    let gone = CancellationToken::new();
+    parts.extensions.insert(ClientGone(gone.clone()));
+    let response = next
+        .run(axum::extract::Request::from_parts(
+            parts,
+            axum::body::Body::from(bytes),
+        ))
+        .await;
+    // The response stream of a tools/call is dropped when it is finished or when the client
+    // hangs up; either way the call's execution has no one left to report to.
+    let guard = gone.drop_guard();
+    response.map(|inner| {
+        axum::body::Body::new(GuardedBody {
+            inner,
+            _guard: guard,
+        })
+    })
+}
+
+/// Fires when the HTTP response of the request that carries it is dropped (sent, or the client
+/// disconnected). Handed to the handler through the request's extensions.
+#[derive(Clone)]
+struct ClientGone(CancellationToken);
+
+/// A response body that fires its request's [`ClientGone`] when dropped.
+struct GuardedBody {
+    inner: axum::body::Body,
+    _guard: tokio_util::sync::DropGuard,
+}
+
+impl http_body::Body for GuardedBody {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// A message the client sent that JSON-RPC says to answer with an error.

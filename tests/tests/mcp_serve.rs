@@ -335,6 +335,10 @@ fn mcp_streamable_http_serves_several_clients_and_rejects_bad_bodies() {
         r["vanished_client_pid_alive"], false,
         "a client that leaves mid-run gets its execution stopped"
     );
+    assert_eq!(
+        r["dropped_connection_pid_alive"], false,
+        "a client whose connection drops mid-run gets its execution stopped"
+    );
     let (is_error, text, _) = parts(&r["after"]);
     assert!(!is_error);
     assert_eq!(text["output"], "ok\n");
