@@ -966,3 +966,114 @@ impl<R: tokio::io::AsyncRead + Unpin + Send> Transport<RoleServer> for StdioLine
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_addresses_must_be_loopback() {
+        assert_eq!(
+            parse_http_addr("127.0.0.1:8765").unwrap(),
+            "127.0.0.1:8765".parse().unwrap()
+        );
+        assert_eq!(
+            parse_http_addr("[::1]:0").unwrap(),
+            "[::1]:0".parse().unwrap()
+        );
+        assert_eq!(
+            parse_http_addr("localhost:9000").unwrap(),
+            "127.0.0.1:9000".parse().unwrap()
+        );
+        assert!(
+            parse_http_addr("127.1.2.3:80").is_ok(),
+            "all of 127/8 is loopback"
+        );
+        for bad in ["0.0.0.0:80", "10.0.0.1:80", "[::]:80", "192.168.1.1:1"] {
+            assert!(
+                matches!(parse_http_addr(bad), Err(ServeError::NotLoopback(_))),
+                "{bad}"
+            );
+        }
+        for bad in [
+            "",
+            "8080",
+            "example.com:80",
+            "127.0.0.1",
+            "localhost:x",
+            ":80",
+        ] {
+            assert!(
+                matches!(parse_http_addr(bad), Err(ServeError::BadAddress(_))),
+                "{bad}"
+            );
+        }
+    }
+
+    fn rejection(text: &str) -> Rejection {
+        match check_message(text.as_bytes()) {
+            Checked::Reject(r) => r,
+            other => panic!("{text}: expected a rejection, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn messages_are_classified_as_json_rpc_asks() {
+        assert_eq!(rejection("{oops").code, -32700);
+        assert_eq!(rejection("{\"a\":1}").code, -32600);
+        assert_eq!(rejection("[]").code, -32600);
+        assert_eq!(rejection("42").code, -32600);
+        let r = rejection(
+            r#"{"jsonrpc":"2.0","id":"x","method":"tools/call","params":{"name":"execute_code","arguments":[1]}}"#,
+        );
+        assert_eq!((r.code, r.id.clone()), (-32602, Value::from("x")));
+        assert!(r.message.contains("tools/call"), "{}", r.message);
+        assert!(matches!(
+            check_message(br#"{"jsonrpc":"2.0","method":"notifications/whatever","params":5}"#),
+            Checked::Ignore | Checked::Message(_)
+        ));
+        assert!(matches!(
+            check_message(br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#),
+            Checked::Message(_)
+        ));
+        // An unknown method is the SDK's to answer (-32601), with the request's id.
+        assert!(matches!(
+            check_message(br#"{"jsonrpc":"2.0","id":1,"method":"no/such"}"#),
+            Checked::Message(_)
+        ));
+    }
+
+    #[tokio::test]
+    async fn stdio_lines_answer_bad_lines_and_pass_good_ones() {
+        let input = format!(
+            "not json\n\n{}\n{}\n",
+            r#"{"jsonrpc":"2.0","id":3,"method":"ping"}"#,
+            "x".repeat(80)
+        )
+        .into_bytes();
+        let (out_w, mut out_r) = tokio::io::duplex(4096);
+        let closed = CancellationToken::new();
+        let (mut t, writer) = StdioLines::new(&input[..], out_w, 64, closed.clone());
+        let msg = t.receive().await.expect("the ping");
+        assert_eq!(serde_json::to_value(&msg).unwrap()["id"], 3);
+        assert!(t.receive().await.is_none(), "end of input");
+        assert!(closed.is_cancelled());
+        drop(t);
+        writer.await.unwrap();
+        let mut text = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut out_r, &mut text)
+            .await
+            .unwrap();
+        let replies: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(replies.len(), 2, "{text}");
+        assert_eq!(replies[0]["error"]["code"], -32700);
+        assert_eq!(replies[1]["error"]["code"], -32600);
+        assert!(replies[1]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("larger than 64 bytes"));
+    }
+}
