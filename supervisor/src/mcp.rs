@@ -343,8 +343,8 @@ impl ExecServer {
                     permit = &mut acquire => break permit.map_err(|_| ErrorData::internal_error("the server is shutting down", None))?,
                     _ = ct.cancelled() => return Err(ErrorData::internal_error("cancelled by the client while queued", None)),
                     _ = tick.tick() => progress.send(format!(
-                        "queued: {} executions already running (--max-concurrent {}), waited {:.0}s",
-                        settings.max_concurrent, settings.max_concurrent, started.elapsed().as_secs_f64()
+                        "queued: all {} execution slots are busy (--max-concurrent), waited {:.0}s",
+                        settings.max_concurrent, started.elapsed().as_secs_f64()
                     )).await,
                 }
             }
