@@ -82,7 +82,10 @@ pub fn execute_code_entry_for(
     .with_emoji("🐍")
 }
 
-fn request_from(
+/// The execution request an execute_code call with `args` asks for: `code`, and optional
+/// `timeout` / `max_tool_calls` overriding `config`'s limits; runs in `ctx.cwd`. Other faces of
+/// execute_code (the MCP server) use it so every caller validates arguments the same way.
+pub fn request_from(
     args: &Map<String, Value>,
     ctx: &ToolContext,
     config: &Config,

@@ -17,6 +17,16 @@ pub enum Status {
 }
 
 impl Status {
+    /// The status as the result object spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Success => "success",
+            Status::Error => "error",
+            Status::Timeout => "timeout",
+            Status::Interrupted => "interrupted",
+        }
+    }
+
     /// Exit code of `vibeos-exec run` without `--json` for this status.
     pub fn exit_code(self) -> i32 {
         match self {

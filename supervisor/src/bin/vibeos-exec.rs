@@ -42,6 +42,9 @@ enum Command {
         #[command(subcommand)]
         command: EnvCommand,
     },
+    /// Serve execute_code to MCP clients (stdio by default, or streamable HTTP on loopback).
+    #[command(long_about = SERVE_ABOUT)]
+    Serve(ServeArgs),
     /// Inspect the tool registry: what the model would get.
     Tools {
         #[command(subcommand)]
@@ -96,6 +99,52 @@ struct RunArgs {
     /// Print exactly one JSON result object on stdout.
     #[arg(long)]
     json: bool,
+}
+
+const SERVE_ABOUT: &str = "Serve execute_code over the Model Context Protocol.
+
+By default the server speaks MCP on stdin/stdout (register it with a client as the command
+`vibeos-exec serve`); with --http it serves streamable HTTP at http://ADDR/mcp on a loopback
+address only. Tools offered: execute_code (its description lists the script tools available now
+and the limits below), plus the tools of --toolsets.
+
+--config, --mode, --timeout, --max-tool-calls and --cwd work exactly as for `run` and are the
+defaults of every call. A call's arguments may override `timeout` and `max_tool_calls` (the
+execute_code schema offers them); `mode` and `cwd` are the server's and cannot be changed per
+call, so a client cannot loosen strict mode.
+
+Up to --max-concurrent executions run at once; further calls wait in a queue. Clients that send
+a progressToken get notifications/progress while a call is queued and while it runs.
+notifications/cancelled interrupts the execution (status `interrupted`); a client that
+disconnects has all its running executions interrupted and cleaned up.";
+
+#[derive(Args, Debug)]
+struct ServeArgs {
+    /// Serve streamable HTTP on this loopback address (127.0.0.1:PORT, [::1]:PORT,
+    /// localhost:PORT; port 0 picks one) instead of stdio. Non-loopback addresses are refused.
+    #[arg(long, value_name = "ADDR")]
+    http: Option<String>,
+    /// Also offer the registry's tools of these toolsets (comma-separated).
+    #[arg(long, value_name = "A,B", value_delimiter = ',')]
+    toolsets: Vec<String>,
+    /// Executions running at once; further calls are queued.
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    max_concurrent: usize,
+    /// Largest request accepted, in bytes (one stdio line or one HTTP body).
+    #[arg(long, value_name = "BYTES", default_value_t = vibeos_supervisor::mcp::DEFAULT_MAX_REQUEST_BYTES)]
+    max_request_bytes: usize,
+    /// project (session cwd, active venv) or strict (staging dir, confined); default of every call.
+    #[arg(long, value_name = "project|strict")]
+    mode: Option<String>,
+    /// Wall-clock limit in seconds of every call (default: code_execution.timeout, else 300).
+    #[arg(long, value_name = "SECONDS")]
+    timeout: Option<f64>,
+    /// Tool-call budget of every call (default: code_execution.max_tool_calls, else 50).
+    #[arg(long, value_name = "N")]
+    max_tool_calls: Option<usize>,
+    /// Session working directory (default: $TERMINAL_CWD, else the current directory).
+    #[arg(long, value_name = "DIR")]
+    cwd: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -177,6 +226,7 @@ fn real_main(cli: Cli) -> Result<u8, UsageError> {
             let _ = std::io::stdout().lock().write_all(text.as_bytes());
             Ok(0)
         }
+        Command::Serve(args) => serve(args, config),
         Command::Env {
             command: EnvCommand::Audit { json },
         } => {
@@ -359,6 +409,93 @@ fn run(args: RunArgs, config: &Config) -> Result<u8, UsageError> {
     }
     let _ = out.flush();
     Ok(result.status.exit_code() as u8)
+}
+
+/// `serve`: the run limits applied to the config (so the execute_code description states
+/// them), then the MCP server until the client leaves or a signal stops it.
+fn serve(args: ServeArgs, mut config: Config) -> Result<u8, UsageError> {
+    use vibeos_supervisor::mcp;
+    if let Some(mode) = &args.mode {
+        config.mode = Mode::parse(mode).ok_or_else(|| {
+            UsageError(format!(
+                "--mode {mode:?} is not a mode; use project or strict"
+            ))
+        })?;
+    }
+    if let Some(t) = args.timeout {
+        config.timeout = positive_seconds(t).ok_or_else(|| {
+            UsageError(format!(
+                "--timeout {t} is not a usable number of seconds (positive, at most 86400)"
+            ))
+        })?;
+    }
+    if let Some(n) = args.max_tool_calls {
+        config.max_tool_calls = n;
+    }
+    let cwd = vibeos_supervisor::execute::session_cwd(args.cwd.as_deref())
+        .map_err(|e| UsageError(e.to_string()))?;
+    let addr = args
+        .http
+        .as_deref()
+        .map(mcp::parse_http_addr)
+        .transpose()
+        .map_err(|e| UsageError(e.to_string()))?;
+    let registry = vibeos_tools::registry();
+    if let Err(e) = execute_code_tool::register_execute_code(registry, &config) {
+        tracing::error!("{e}");
+    }
+    let settings = mcp::ServeSettings {
+        config,
+        cwd,
+        toolsets: args.toolsets,
+        max_concurrent: args.max_concurrent,
+        max_request_bytes: args.max_request_bytes,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| UsageError(format!("cannot start the async runtime: {e}")))?;
+    let served = runtime.block_on(async {
+        let stop = tokio_util::sync::CancellationToken::new();
+        stop_on_signals(stop.clone());
+        match addr {
+            None => mcp::serve_stdio(registry, settings, stop).await,
+            Some(addr) => {
+                mcp::serve_http(registry, settings, addr, stop, |bound| {
+                    eprintln!(
+                        "vibeos-exec: serving MCP over streamable HTTP at http://{bound}/mcp"
+                    );
+                })
+                .await
+            }
+        }
+    });
+    // Executions still cleaning up in blocking threads must not hold the process open.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    served.map(|()| 0).map_err(|e| UsageError(e.to_string()))
+}
+
+/// SIGINT, SIGTERM and SIGHUP stop the MCP server: every running execution is interrupted and
+/// cleaned up before the process exits.
+fn stop_on_signals(stop: tokio_util::sync::CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    for kind in [
+        SignalKind::interrupt(),
+        SignalKind::terminate(),
+        SignalKind::hangup(),
+    ] {
+        let stop = stop.clone();
+        match signal(kind) {
+            Ok(mut stream) => {
+                tokio::spawn(async move {
+                    if stream.recv().await.is_some() {
+                        stop.cancel();
+                    }
+                });
+            }
+            Err(e) => tracing::warn!("cannot watch signal {kind:?}: {e}"),
+        }
+    }
 }
 
 /// SIGINT, SIGTERM and SIGHUP stop the running script (status `interrupted`) so that cleanup
