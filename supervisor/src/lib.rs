@@ -14,6 +14,7 @@ pub mod execute;
 pub mod execute_code_tool;
 pub mod interpreter;
 pub mod logging;
+pub mod pool;
 pub mod reaper;
 pub mod result;
 pub mod rpc_server;

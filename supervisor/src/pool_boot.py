@@ -1,0 +1,81 @@
+import sys
+# argv: -c SCRIPT CONTROL_FD READY_FD. The script's directory goes first on sys.path before any
+# import, exactly where `python script.py` puts it, so nothing is imported from the cwd.
+_script, _control, _ready = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+sys.path[0] = _script.rsplit("/", 1)[0]
+
+# What the stub imports at the top; its generated part depends on the call and is not loaded.
+import json, os, socket, threading, time  # noqa: E401,F401
+
+os.write(_ready, b"R")
+os.close(_ready)
+
+# One JSON line: {"set": {name: value}, "unset": [name]}. EOF means the pool discarded us.
+_buf = b""
+while not _buf.endswith(b"\n"):
+    _chunk = os.read(_control, 65536)
+    if not _chunk:
+        os._exit(0)
+    _buf += _chunk
+os.close(_control)
+_msg = json.loads(_buf.decode("utf-8", "surrogateescape"))
+for _k in _msg.get("unset", ()):
+    os.environ.pop(_k, None)
+for _k, _v in _msg.get("set", {}).items():
+    os.environ[_k] = _v
+
+
+def _run(path):
+    import types
+
+    main = types.ModuleType("__main__")
+    main.__file__ = path
+    main.__cached__ = None
+    main.__builtins__ = __builtins__
+    try:
+        import importlib.machinery as _m
+
+        main.__loader__ = _m.SourceFileLoader("__main__", path)
+    except Exception:
+        pass
+    sys.modules["__main__"] = main
+    sys.argv[:] = [path]
+    try:
+        with open(path, "rb") as f:
+            source = f.read()
+        code = compile(source, path, "exec", dont_inherit=True)
+        del source
+        exec(code, main.__dict__)
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        # Report as `python script.py` would: without this bootstrap's frame.
+        tb = exc.__traceback__
+        if tb is not None and tb.tb_frame.f_code is _run.__code__:
+            tb = tb.tb_next
+        kind, value = type(exc), exc
+        del exc
+        sys.excepthook(kind, value, tb)
+        del value, tb
+        if issubclass(kind, KeyboardInterrupt):
+            # A cold interpreter ends an uncaught Ctrl-C by dying of SIGINT after its cleanup.
+            import atexit
+            import signal
+
+            try:
+                threading._shutdown()
+            except Exception:
+                pass
+            atexit._run_exitfuncs()
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:
+                    pass
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        sys.exit(1)
+
+
+del _buf, _chunk, _msg, _control, _ready
+_run(_script)
