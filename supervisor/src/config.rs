@@ -382,7 +382,9 @@ mod tests {
         assert_eq!(c.env_passthrough, vec!["A_KEY", "B"]);
         assert_eq!(c.pool_size, crate::pool::DEFAULT_POOL_SIZE);
         assert_eq!(
-            parse("code_execution:\n  pool_size: 0\n").unwrap().pool_size,
+            parse("code_execution:\n  pool_size: 0\n")
+                .unwrap()
+                .pool_size,
             0
         );
         let e = parse("code_execution:\n  pool_size: many\n")

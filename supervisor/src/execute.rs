@@ -446,7 +446,6 @@ pub(crate) struct Launched {
     pub(crate) owner: Option<(u32, u32)>,
 }
 
-
 impl Launched {
     /// Throws a started interpreter away: the lifeline's EOF makes its reaper stop the tree, and
     /// the staging dir is removed. With `reap`, a thread collects the reaper's exit status so no
@@ -467,7 +466,9 @@ impl Launched {
                     let _ = child.wait();
                 });
             if let Err(e) = spawned {
-                tracing::debug!("execute_code: cannot start a thread to reap a pooled interpreter: {e}");
+                tracing::debug!(
+                    "execute_code: cannot start a thread to reap a pooled interpreter: {e}"
+                );
             }
         }
     }
@@ -536,11 +537,10 @@ pub(crate) fn launch(
         confinement = Some(prepared);
     }
 
-    let (lifeline, setup, read_end) =
-        lifeline(spec.kill_grace).map_err(|e| StartError::Spawn {
-            interpreter: spec.interpreter.path.clone(),
-            source: e,
-        })?;
+    let (lifeline, setup, read_end) = lifeline(spec.kill_grace).map_err(|e| StartError::Spawn {
+        interpreter: spec.interpreter.path.clone(),
+        source: e,
+    })?;
     let child_cwd = spec.child_cwd(staging.path());
     let mut command = std::process::Command::new(&spec.interpreter.path);
     command.arg("-u");

@@ -208,13 +208,29 @@ impl Pool {
         }
     }
 
-    /// Waits until at least `n` interpreters are idle (capped at the size); false on timeout.
-    pub fn wait_until_idle(&self, n: usize, timeout: Duration) -> bool {
+    /// Waits until at least `n` interpreters (capped at the size) are idle for calls like
+    /// `request` (for any call with `None`); false on timeout.
+    pub fn wait_until_idle(
+        &self,
+        request: Option<&ExecutionRequest>,
+        n: usize,
+        timeout: Duration,
+    ) -> bool {
+        let key = match request.map(LaunchSpec::for_request) {
+            None => None,
+            Some(Ok(spec)) => Some(spec.key()),
+            Some(Err(_)) => return false,
+        };
         let want = n.min(self.shared.size);
         let deadline = Instant::now() + timeout;
         let mut st = self.shared.lock();
         loop {
-            let idle: usize = st.slots.iter().map(|s| s.idle.len()).sum();
+            let idle: usize = st
+                .slots
+                .iter()
+                .filter(|s| key.as_ref().is_none_or(|k| *k == s.key))
+                .map(|s| s.idle.len())
+                .sum();
             if idle >= want {
                 return true;
             }
@@ -241,11 +257,7 @@ impl Pool {
         self.shared.work.notify_all();
         self.shared.filled.notify_all();
         drop(idle);
-        let worker = self
-            .worker
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let worker = self.worker.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(w) = worker {
             let _ = w.join();
         }
@@ -339,12 +351,7 @@ impl Pool {
 
     /// Takes a pooled interpreter for `spec`, hands it the stub and the script and lets it run.
     /// `None` means "start cold": no usable entry, or one that could not be adapted to the call.
-    pub(crate) fn start_warm(
-        &self,
-        spec: &LaunchSpec,
-        stub: &str,
-        code: &str,
-    ) -> Option<Launched> {
+    pub(crate) fn start_warm(&self, spec: &LaunchSpec, stub: &str, code: &str) -> Option<Launched> {
         if std::process::id() != self.owner_pid {
             return None;
         }
@@ -481,7 +488,9 @@ fn env_delta(
     let mut set = serde_json::Map::new();
     let mut unset = Vec::new();
     let stale = |name: &str| NotUsed {
-        reason: format!("the environment variable {name} changed and is read at interpreter startup"),
+        reason: format!(
+            "the environment variable {name} changed and is read at interpreter startup"
+        ),
         stale_env: true,
     };
     let text = |s: &OsString| {
@@ -533,10 +542,7 @@ fn refill_loop(shared: &Shared) {
                     slot.starting += 1;
                     break (slot.spec.clone(), slot.key.clone(), slot.generation);
                 }
-                st = shared
-                    .work
-                    .wait(st)
-                    .unwrap_or_else(|p| p.into_inner());
+                st = shared.work.wait(st).unwrap_or_else(|p| p.into_inner());
             }
         };
         let started = start_one(shared, &spec);
@@ -732,9 +738,10 @@ pub fn stats() -> Option<PoolStats> {
     active().map(|p| p.stats())
 }
 
-/// Waits until the process-wide pool has `n` idle interpreters; false on timeout or when off.
-pub fn wait_until_idle(n: usize, timeout: Duration) -> bool {
-    active().is_some_and(|p| p.wait_until_idle(n, timeout))
+/// Waits until the process-wide pool has `n` idle interpreters for calls like `request` (any
+/// call with `None`); false on timeout or when the pool is off.
+pub fn wait_until_idle(request: Option<&ExecutionRequest>, n: usize, timeout: Duration) -> bool {
+    active().is_some_and(|p| p.wait_until_idle(request, n, timeout))
 }
 
 /// Fills the process-wide pool for calls like `request` before the first one arrives. Errors
@@ -781,12 +788,22 @@ mod tests {
     use super::*;
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(OsString, OsString)> {
-        pairs.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).into(), (*v).into()))
+            .collect()
     }
 
     #[test]
     fn startup_variables_are_recognised() {
-        for n in ["PYTHONPATH", "PYTHONHASHSEED", "LD_PRELOAD", "LC_ALL", "HOME", "TZ"] {
+        for n in [
+            "PYTHONPATH",
+            "PYTHONHASHSEED",
+            "LD_PRELOAD",
+            "LC_ALL",
+            "HOME",
+            "TZ",
+        ] {
             assert!(affects_startup(n), "{n}");
         }
         for n in ["PATH", "MY_API_KEY", "VIBEOS_RPC_TOKEN", "TMPDIR"] {

@@ -1,4 +1,6 @@
 import sys
+# Names a fresh `__main__` starts with on this Python (3.14 has no __annotations__ any more).
+_fresh_names = set(globals())
 # argv: -c SCRIPT CONTROL_FD READY_FD. The script's directory goes first on sys.path before any
 # import, exactly where `python script.py` puts it, so nothing is imported from the cwd.
 _script, _control, _ready = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -32,6 +34,8 @@ def _run(path):
     main.__file__ = path
     main.__cached__ = None
     main.__builtins__ = __builtins__
+    if "__annotations__" in _fresh_names:
+        main.__annotations__ = {}
     try:
         import importlib.machinery as _m
 
@@ -53,7 +57,7 @@ def _run(path):
         tb = exc.__traceback__
         if tb is not None and tb.tb_frame.f_code is _run.__code__:
             tb = tb.tb_next
-        kind, value = type(exc), exc
+        kind, value = type(exc), exc.with_traceback(tb)
         del exc
         sys.excepthook(kind, value, tb)
         del value, tb
