@@ -444,6 +444,8 @@ pub(crate) struct Launched {
     pub(crate) tool_env: Vec<(OsString, OsString)>,
     /// uid/gid the staging dir belongs to (strict mode as root).
     pub(crate) owner: Option<(u32, u32)>,
+    /// Held until the execution is over (a pooled interpreter's refill waits for it).
+    pub(crate) on_done: Option<crate::pool::RefillWhenDone>,
 }
 
 impl Launched {
@@ -604,6 +606,7 @@ pub(crate) fn launch(
         channel_vars,
         tool_env,
         owner,
+        on_done: None,
     })
 }
 
@@ -715,6 +718,7 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
         staging,
         rpc,
         token,
+        on_done,
         ..
     } = launched;
     let mut child = child;
@@ -884,6 +888,7 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
         output.push_str(&notice);
     }
     drop(staging);
+    drop(on_done);
     ExecutionResult {
         status,
         output,

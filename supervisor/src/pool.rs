@@ -370,12 +370,30 @@ impl Pool {
             (entry, evicted)
         };
         drop(evicted);
-        self.shared.work.notify_all();
-        let mut entry = entry?;
+        let Some(mut entry) = entry else {
+            self.shared.work.notify_all();
+            return None;
+        };
         match self.adapt(spec, &mut entry, stub, code) {
             Ok(()) => {
-                self.shared.lock().warm_starts += 1;
-                entry.launched.take()
+                let refill_now = {
+                    let mut st = self.shared.lock();
+                    st.warm_starts += 1;
+                    st.slots
+                        .iter()
+                        .find(|s| s.key == spec.key())
+                        .is_none_or(|s| s.idle.is_empty())
+                };
+                // Starting the replacement competes for the CPU with the script that just
+                // started; unless the key has nothing left in reserve, refill once it is over.
+                if refill_now {
+                    self.shared.work.notify_all();
+                }
+                let mut launched = entry.launched.take()?;
+                launched.on_done = (!refill_now).then(|| RefillWhenDone {
+                    shared: Arc::downgrade(&self.shared),
+                });
+                Some(launched)
             }
             Err(why) => {
                 tracing::debug!("execute_code: pooled interpreter not used: {why}; starting cold");
@@ -443,6 +461,20 @@ impl Drop for Pool {
     fn drop(&mut self) {
         if std::process::id() == self.owner_pid {
             self.shutdown();
+        }
+    }
+}
+
+/// Wakes the refill thread when dropped, at the end of the execution that took an interpreter.
+#[derive(Debug)]
+pub(crate) struct RefillWhenDone {
+    shared: std::sync::Weak<Shared>,
+}
+
+impl Drop for RefillWhenDone {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.upgrade() {
+            shared.work.notify_all();
         }
     }
 }

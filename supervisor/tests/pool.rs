@@ -223,7 +223,7 @@ fn status(r: &ExecutionResult) -> String {
 }
 
 fn json_line(r: &ExecutionResult) -> Value {
-    assert_eq!(status(&r), "success", "{}", r.to_json());
+    assert_eq!(status(r), "success", "{}", r.to_json());
     serde_json::from_str(r.output.lines().last().unwrap_or("")).unwrap_or_else(|e| {
         panic!("no JSON line ({e}): {}", r.output);
     })
@@ -295,6 +295,10 @@ fn a_pooled_script_is_started_exactly_like_a_cold_one() {
             .to_string(),
         "print(__import__('sys').stdin.read() == '')\n".to_string(),
         "import warnings\nwarnings.warn('careful')\nraise SystemExit(0)\n".to_string(),
+        "class D:\n    def __del__(self):\n        print('del ran at exit')\nd = D()\n".to_string(),
+        "import sys\nsys.exit(256 + 5)\n".to_string(),
+        "import sys\nsys.stdout.write('no newline')\nsys.exit(None)\n".to_string(),
+        "import threading\nthreading.Thread(target=lambda: 1/0).start()\n".to_string(),
     ];
     for code in scripts {
         let cold = normalized(&run_cold(&rt, session.request(&code), 2));
