@@ -418,7 +418,7 @@ pub(crate) enum Program {
     /// The pool's bootstrap: imports done, then it waits for a line on `control` (see
     /// [`crate::pool`]); it writes one byte to `ready` when its imports are done.
     Warm {
-        /// Read end of the control pipe (the child's).
+        /// The child's end of the control channel (a socketpair it only reads).
         control: OwnedFd,
         /// Write end of the readiness pipe (the child's).
         ready: OwnedFd,

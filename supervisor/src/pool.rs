@@ -1,4 +1,4 @@
-//! Warm interpreter pool: pre-started, single-use interpreters, so a call pays for a pipe write
+//! Warm interpreter pool: pre-started, single-use interpreters, so a call pays for one write to a waiting process
 //! instead of an interpreter start.
 //!
 //! A cold `python -u script.py` with the stub's imports costs tens of milliseconds; most of it is
@@ -9,10 +9,10 @@
 //! landlock/seccomp/uid confinement — so the staging dir exists before the interpreter does and
 //! belongs to the entry. Instead of a script it runs a small bootstrap (`pool_boot.py`) that
 //! imports `json, os, socket, threading, time`, reports ready on a pipe, and blocks reading one
-//! JSON line from a control pipe. At claim time the supervisor writes the stub and the script
+//! JSON line from a control channel (a socketpair). At claim time the supervisor writes the stub and the script
 //! into the entry's staging dir and sends `{"set": {...}, "unset": [...]}`: the difference
 //! between the environment the call wants and the one the interpreter started with. The
-//! bootstrap applies it to `os.environ`, closes both pipes, and runs the script as a fresh
+//! bootstrap applies it to `os.environ`, closes both descriptors, and runs the script as a fresh
 //! `__main__` module: `__name__ == "__main__"`, `__file__` and `sys.argv == [script]`,
 //! `sys.path[0]` the staging dir, tracebacks without the bootstrap's frame, exit codes as from
 //! `python -u script.py`. From then on the supervision (timeout, interrupt, capture, budget,
@@ -21,7 +21,7 @@
 //! **Isolation.** An interpreter runs one script and is discarded; the pool refills in the
 //! background. Nothing can pass between executions: each has its own process (so modules,
 //! monkeypatches, threads and the environment die with it), its own staging dir (removed at the
-//! end) and its own channel; the control and readiness pipes are closed before the script runs.
+//! end) and its own channel; the control channel and readiness pipe are closed before the script runs.
 //!
 //! **When the pool is not used.** Entries are keyed by mode, interpreter, session dir (project
 //! mode), strict settings and kill grace; a call with another key starts cold (and the pool
@@ -46,12 +46,17 @@
 //! an `atexit` hook, and a killed host's interpreters die through their reapers' lifelines.
 //! [`prewarm`] fills the pool for a request before its first call; [`stats`] and
 //! [`wait_until_idle`] are for monitoring, tests and benchmarks.
+//!
+//! **Exit.** The bootstrap ends the script as the interpreter's exit would (status, threads,
+//! atexit, the script's globals released, stdio flushed) but skips tearing down every module,
+//! which costs more than the rest of a small warm call. What a script could tell apart from a
+//! cold start, and the alternatives considered, are in docs/warm-pool.md.
 
 use crate::execute::{launch, with_channel, ExecutionRequest, LaunchKey, LaunchSpec, Launched};
 use crate::execute::{Program, Staging, StartError};
 use std::collections::{BTreeMap, VecDeque};
 use std::ffi::OsString;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -94,8 +99,8 @@ pub struct PoolStats {
 /// One idle, pre-started interpreter.
 struct Entry {
     launched: Option<Launched>,
-    /// Write end of the control pipe; the bootstrap exits quietly at its EOF.
-    control: Option<std::fs::File>,
+    /// Our end of the control channel; the bootstrap exits quietly at its EOF.
+    control: Option<std::os::unix::net::UnixStream>,
 }
 
 impl Drop for Entry {
@@ -444,13 +449,12 @@ impl Pool {
             .map_err(|e| NotUsed::other(e.to_string()))?;
         let control = entry
             .control
-            .as_mut()
-            .ok_or_else(|| NotUsed::other("its control pipe is gone"))?;
+            .as_ref()
+            .ok_or_else(|| NotUsed::other("its control channel is gone"))?;
         let mut line = message.to_string();
         line.push('\n');
-        control
-            .write_all(line.as_bytes())
-            .map_err(|e| NotUsed::other(format!("its control pipe failed: {e}")))?;
+        send_all(control, line.as_bytes())
+            .map_err(|e| NotUsed::other(format!("its control channel failed: {e}")))?;
         // EOF after the one line: nothing else can ever reach the interpreter this way.
         drop(entry.control.take());
         Ok(())
@@ -631,7 +635,7 @@ fn pick_slot(st: &State, size: usize) -> Option<usize> {
 enum BootError {
     #[error(transparent)]
     Start(#[from] StartError),
-    #[error("cannot create the pool's pipes: {0}")]
+    #[error("cannot create the pool's control channel or readiness pipe: {0}")]
     Pipe(std::io::Error),
     #[error("the interpreter exited before it was ready (run a script cold to see its error)")]
     Died,
@@ -649,22 +653,50 @@ fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
+/// Writes all of `data` without ever raising SIGPIPE in the host (an interpreter that died idle
+/// must be an error, not the end of the host).
+fn send_all(stream: &std::os::unix::net::UnixStream, mut data: &[u8]) -> std::io::Result<()> {
+    while !data.is_empty() {
+        // SAFETY: `data` is a valid buffer of `data.len()` bytes; the fd is open while borrowed.
+        let n = unsafe {
+            libc::send(
+                stream.as_raw_fd(),
+                data.as_ptr().cast(),
+                data.len(),
+                libc::MSG_NOSIGNAL,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        data = &data[n as usize..];
+    }
+    Ok(())
+}
+
 fn start_one(shared: &Shared, spec: &LaunchSpec) -> Result<Entry, BootError> {
     let staging = Staging::create()?;
     shared.lock().starting_dir = Some(staging.path().to_path_buf());
-    let (control_read, control_write) = pipe().map_err(BootError::Pipe)?;
+    // A socketpair rather than a pipe, so a write to a dead interpreter can be made without
+    // SIGPIPE (MSG_NOSIGNAL); the bootstrap only reads it.
+    let (control_write, control_read) =
+        std::os::unix::net::UnixStream::pair().map_err(BootError::Pipe)?;
     let (ready_read, ready_write) = pipe().map_err(BootError::Pipe)?;
     let launched = launch(
         spec,
         staging,
         Program::Warm {
-            control: control_read,
+            control: OwnedFd::from(control_read),
             ready: ready_write,
         },
     )?;
     let entry = Entry {
         launched: Some(launched),
-        control: Some(std::fs::File::from(control_write)),
+        control: Some(control_write),
     };
     wait_ready(ready_read, READY_TIMEOUT)?;
     Ok(entry)
