@@ -450,6 +450,8 @@ fn register_execute_code_tool(py: Python<'_>) {
             .filter(|p| !p.as_os_str().is_empty());
     }
     py.allow_threads(|| {
+        // A host process runs many scripts: keep warm interpreters (code_execution.pool_size).
+        vibeos_supervisor::pool::enable(config.pool_size);
         if registry().get("execute_code").is_none() {
             // Registration of a fixed, valid entry cannot fail; nothing to report if it did.
             let _ =

@@ -79,6 +79,9 @@ pub struct Config {
     pub stderr_limit: usize,
     /// `terminal.env_passthrough`.
     pub env_passthrough: Vec<String>,
+    /// `code_execution.pool_size`: pre-started interpreters a long-lived host keeps (0: none).
+    /// Only hosts that call [`crate::pool::enable`] use it; the one-shot CLI never does.
+    pub pool_size: usize,
     /// `logging.level`.
     pub log_level: Option<String>,
     /// The whole parsed document, for sections other crates interpret.
@@ -98,6 +101,7 @@ impl Default for Config {
             stdout_limit: DEFAULT_STDOUT_LIMIT,
             stderr_limit: DEFAULT_STDERR_LIMIT,
             env_passthrough: Vec::new(),
+            pool_size: crate::pool::DEFAULT_POOL_SIZE,
             log_level: None,
             document: Value::Null,
             warnings: Vec::new(),
@@ -254,6 +258,20 @@ impl Config {
                 })?;
                 cfg.python = Some(PathBuf::from(s));
             }
+            if let Some(v) = present(ce.get("pool_size")) {
+                cfg.pool_size = count(v)
+                    .filter(|n| *n <= crate::pool::MAX_POOL_SIZE)
+                    .ok_or_else(|| {
+                        bad(
+                            "code_execution.pool_size",
+                            format!(
+                                "must be a whole number from 0 (no pool) to {}, found {}",
+                                crate::pool::MAX_POOL_SIZE,
+                                describe(v)
+                            ),
+                        )
+                    })?;
+            }
             for (key, slot) in [
                 ("stdout_limit", &mut cfg.stdout_limit),
                 ("stderr_limit", &mut cfg.stderr_limit),
@@ -362,6 +380,18 @@ mod tests {
         assert_eq!(c.timeout, Duration::from_millis(12_500));
         assert_eq!(c.max_tool_calls, 3);
         assert_eq!(c.env_passthrough, vec!["A_KEY", "B"]);
+        assert_eq!(c.pool_size, crate::pool::DEFAULT_POOL_SIZE);
+        assert_eq!(
+            parse("code_execution:\n  pool_size: 0\n")
+                .unwrap()
+                .pool_size,
+            0
+        );
+        let e = parse("code_execution:\n  pool_size: many\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("code_execution.pool_size"), "{e}");
+        assert!(parse("code_execution:\n  pool_size: 1000\n").is_err());
     }
 
     #[test]

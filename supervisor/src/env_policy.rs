@@ -145,6 +145,17 @@ impl EnvPolicy {
     where
         I: IntoIterator<Item = (OsString, OsString)>,
     {
+        let scrubbed = self.scrub_quiet(vars, passthrough);
+        self.log_dropped(&scrubbed);
+        scrubbed
+    }
+
+    /// [`EnvPolicy::scrub`] without the log line: for an environment prepared ahead of the
+    /// execution that will use it (the interpreter pool), which logs when it is used.
+    pub fn scrub_quiet<I>(&self, vars: I, passthrough: &BTreeSet<String>) -> Scrubbed
+    where
+        I: IntoIterator<Item = (OsString, OsString)>,
+    {
         let mut kept = Vec::new();
         let mut decisions = Vec::new();
         for (name, value) in vars {
@@ -161,7 +172,13 @@ impl EnvPolicy {
                 rule,
             });
         }
-        let dropped_vibeos: Vec<&str> = decisions
+        Scrubbed { kept, decisions }
+    }
+
+    /// Logs, at DEBUG, the `VIBEOS_*` names `scrubbed` dropped (names only).
+    pub fn log_dropped(&self, scrubbed: &Scrubbed) {
+        let dropped_vibeos: Vec<&str> = scrubbed
+            .decisions
             .iter()
             .filter(|d| !d.rule.keeps() && d.name.starts_with(&self.vibeos_prefix))
             .map(|d| d.name.as_str())
@@ -173,7 +190,6 @@ impl EnvPolicy {
                 dropped_vibeos.join(", ")
             );
         }
-        Scrubbed { kept, decisions }
     }
 
     /// Whether `name` is a provider credential that can never be passed through.

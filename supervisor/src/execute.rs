@@ -10,13 +10,14 @@ use crate::config::{Config, Mode};
 use crate::confine::{ConfineError, StrictOptions};
 use crate::env_policy::{EnvPolicy, Rule};
 use crate::interpreter::{Interpreter, Resolution};
-use crate::reaper::{become_reaper, lifeline};
+use crate::reaper::{become_reaper, lifeline, Lifeline};
 use crate::result::{ExecutionResult, Status};
 use crate::rpc_server::{serve, serve_stream, ChannelState};
 use std::collections::BTreeSet;
 use std::ffi::OsString;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::Ordering;
@@ -215,91 +216,413 @@ pub async fn execute(
     }
 }
 
-struct Prepared {
-    staging: tempfile::TempDir,
+/// What decides how an interpreter is started for a call. Calls whose specs have equal
+/// [`LaunchSpec::key`]s can use each other's pre-started interpreters; the environment may differ
+/// and is reconciled per call ([`crate::pool`]).
+#[derive(Debug, Clone)]
+pub(crate) struct LaunchSpec {
+    pub(crate) mode: Mode,
+    pub(crate) interpreter: Interpreter,
+    pub(crate) session_cwd: PathBuf,
+    pub(crate) strict: StrictOptions,
+    pub(crate) kill_grace: Duration,
+    pub(crate) base_env: Vec<(OsString, OsString)>,
+    pub(crate) passthrough: BTreeSet<String>,
+}
+
+/// The part of a [`LaunchSpec`] a pre-started interpreter cannot change after the fact.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LaunchKey {
+    mode: Mode,
+    interpreter: PathBuf,
+    /// The child's cwd and `PYTHONPATH` entry in project mode; strict runs in its staging dir.
+    session_cwd: Option<PathBuf>,
+    strict: Option<StrictOptions>,
+    kill_grace: Duration,
+}
+
+impl LaunchSpec {
+    fn new(request: &ExecutionRequest, interpreter: Interpreter, session_cwd: PathBuf) -> Self {
+        LaunchSpec {
+            mode: request.mode,
+            interpreter,
+            session_cwd,
+            strict: request.strict.clone(),
+            kill_grace: request.kill_grace,
+            base_env: match &request.base_env {
+                Some(env) => env.clone(),
+                None => std::env::vars_os().collect(),
+            },
+            passthrough: request.env_passthrough.iter().cloned().collect(),
+        }
+    }
+
+    /// The spec of `request` as it would run now (its cwd and interpreter resolved).
+    pub(crate) fn for_request(request: &ExecutionRequest) -> Result<Self, StartError> {
+        let session_cwd = session_cwd(request.cwd.as_deref())?;
+        let interpreter = Resolution::from_env(request.python.clone()).resolve(request.mode)?;
+        Ok(LaunchSpec::new(request, interpreter, session_cwd))
+    }
+
+    pub(crate) fn key(&self) -> LaunchKey {
+        let strict = self.mode == Mode::Strict;
+        LaunchKey {
+            mode: self.mode,
+            interpreter: self.interpreter.path.clone(),
+            session_cwd: (!strict).then(|| self.session_cwd.clone()),
+            strict: strict.then(|| self.strict.clone()),
+            kill_grace: self.kill_grace,
+        }
+    }
+
+    fn child_cwd(&self, staging: &Path) -> PathBuf {
+        match self.mode {
+            Mode::Project => self.session_cwd.clone(),
+            Mode::Strict => staging.to_path_buf(),
+        }
+    }
+
+    /// The child's environment: scrubbed base, then the injected names (SPEC §4). Without the
+    /// RPC channel's variables, which are what tools the script starts (terminal) get.
+    /// `log` says whether this is the execution's own computation (dropped `VIBEOS_*` names are
+    /// logged once per execution), not one made ahead of time for the pool.
+    pub(crate) fn child_env(
+        &self,
+        staging: &Path,
+        log: bool,
+    ) -> Result<Vec<(OsString, OsString)>, StartError> {
+        let policy = EnvPolicy::builtin()?;
+        let base = &self.base_env;
+        let lookup = |name: &str| base.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+        let scrubbed = policy.scrub_quiet(base.clone(), &self.passthrough);
+        if log {
+            policy.log_dropped(&scrubbed);
+        }
+        let injected_names: BTreeSet<&str> = policy.injected.iter().map(String::as_str).collect();
+        let mut env: Vec<(OsString, OsString)> = scrubbed
+            .kept
+            .into_iter()
+            .filter(|(k, _)| !k.to_str().is_some_and(|k| injected_names.contains(k)))
+            .collect();
+        let home = match self.mode {
+            Mode::Project => lookup("HOME").unwrap_or_else(|| staging.as_os_str().to_owned()),
+            Mode::Strict => staging.as_os_str().to_owned(),
+        };
+        env.push(("HOME".into(), home));
+        if let Some(tz) = lookup("TZ") {
+            env.push(("TZ".into(), tz));
+        }
+        env.push(("PYTHONDONTWRITEBYTECODE".into(), "1".into()));
+        env.push(("PYTHONIOENCODING".into(), "utf-8".into()));
+        env.push(("PYTHONUTF8".into(), "1".into()));
+        // The staging dir first so `import vibeos_tools` works from any cwd; in project mode the
+        // session dir next, so project imports work as they do for `python -c` in terminal().
+        let mut pythonpath = staging.as_os_str().to_owned();
+        if self.mode == Mode::Project {
+            pythonpath.push(":");
+            pythonpath.push(self.session_cwd.as_os_str());
+        }
+        let keeps_pythonpath = policy.decide("PYTHONPATH", &self.passthrough) == Rule::SafeSystem
+            || self.passthrough.contains("PYTHONPATH");
+        if let Some(old) = lookup("PYTHONPATH").filter(|v| !v.is_empty() && keeps_pythonpath) {
+            pythonpath.push(":");
+            pythonpath.push(old);
+        }
+        env.push(("PYTHONPATH".into(), pythonpath));
+        Ok(env)
+    }
+}
+
+/// `env` with `channel` laid over it (a name in both takes the channel's value).
+pub(crate) fn with_channel(
+    mut env: Vec<(OsString, OsString)>,
+    channel: &[(OsString, OsString)],
+) -> Vec<(OsString, OsString)> {
+    env.retain(|(k, _)| !channel.iter().any(|(c, _)| c == k));
+    env.extend(channel.iter().cloned());
+    env
+}
+
+/// A fresh staging dir with its private `rpc/` dir; removed when dropped.
+#[derive(Debug)]
+pub(crate) struct Staging {
+    dir: tempfile::TempDir,
     script: PathBuf,
     socket: PathBuf,
     rpc_dir: PathBuf,
 }
 
-fn prepare_staging(stub_source: &str, code: &str) -> Result<Prepared, StartError> {
-    let staging = tempfile::Builder::new()
-        .prefix("vibeos-exec-")
-        .tempdir()
-        .map_err(StartError::Staging)?;
-    let dir = staging.path();
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-        .map_err(StartError::Staging)?;
-    std::fs::write(dir.join("vibeos_tools.py"), stub_source).map_err(StartError::Staging)?;
-    let script = dir.join("script.py");
-    std::fs::write(&script, code).map_err(StartError::Staging)?;
-    let rpc_dir = dir.join("rpc");
-    std::fs::create_dir(&rpc_dir).map_err(StartError::Staging)?;
-    std::fs::set_permissions(&rpc_dir, std::fs::Permissions::from_mode(0o700))
-        .map_err(StartError::Staging)?;
-    let socket = rpc_dir.join("rpc.sock");
-    if socket.as_os_str().len() > MAX_SOCKET_PATH {
-        return Err(StartError::SocketPathTooLong(socket));
+impl Staging {
+    pub(crate) fn create() -> Result<Staging, StartError> {
+        let dir = tempfile::Builder::new()
+            .prefix("vibeos-exec-")
+            .tempdir()
+            .map_err(StartError::Staging)?;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))
+            .map_err(StartError::Staging)?;
+        let script = dir.path().join("script.py");
+        let rpc_dir = dir.path().join("rpc");
+        std::fs::create_dir(&rpc_dir).map_err(StartError::Staging)?;
+        std::fs::set_permissions(&rpc_dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(StartError::Staging)?;
+        let socket = rpc_dir.join("rpc.sock");
+        if socket.as_os_str().len() > MAX_SOCKET_PATH {
+            return Err(StartError::SocketPathTooLong(socket));
+        }
+        Ok(Staging {
+            dir,
+            script,
+            socket,
+            rpc_dir,
+        })
     }
-    Ok(Prepared {
+
+    pub(crate) fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Writes the stub and the script; `owner` is the strict uid/gid the dir was handed to.
+    pub(crate) fn write_files(
+        &self,
+        stub: &str,
+        code: &str,
+        owner: Option<(u32, u32)>,
+    ) -> Result<(), StartError> {
+        for (path, text) in [
+            (self.dir.path().join("vibeos_tools.py"), stub),
+            (self.script.clone(), code),
+        ] {
+            std::fs::write(&path, text).map_err(StartError::Staging)?;
+            if let Some((uid, gid)) = owner {
+                std::os::unix::fs::lchown(&path, Some(uid), Some(gid))
+                    .map_err(StartError::Staging)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The supervisor's end of the RPC channel.
+#[derive(Debug)]
+pub(crate) enum RpcEnd {
+    /// Project mode: a listener on the staging dir's socket.
+    Listener(std::os::unix::net::UnixListener),
+    /// Strict mode: our end of the socketpair whose other end the script inherits.
+    Stream(std::os::unix::net::UnixStream),
+}
+
+/// What the interpreter runs.
+pub(crate) enum Program {
+    /// `python -u script.py`.
+    Script,
+    /// The pool's bootstrap: imports done, then it waits for a line on `control` (see
+    /// [`crate::pool`]); it writes one byte to `ready` when its imports are done.
+    Warm {
+        /// The child's end of the control channel (a socketpair it only reads).
+        control: OwnedFd,
+        /// Write end of the readiness pipe (the child's).
+        ready: OwnedFd,
+    },
+}
+
+/// A started interpreter under its reaper, with everything the supervision needs.
+#[derive(Debug)]
+pub(crate) struct Launched {
+    /// The reaper (the interpreter's parent).
+    pub(crate) child: std::process::Child,
+    /// A pidfd of the reaper, so signals never reach a recycled pid.
+    pidfd: Option<OwnedFd>,
+    lifeline: Lifeline,
+    pub(crate) staging: Staging,
+    rpc: RpcEnd,
+    token: String,
+    /// The environment the interpreter was started with.
+    pub(crate) env: Vec<(OsString, OsString)>,
+    /// The channel's variables within `env` (socket or fd, token, strict TMPDIR).
+    pub(crate) channel_vars: Vec<(OsString, OsString)>,
+    /// `env` without the channel: what tools the script starts (terminal) get.
+    pub(crate) tool_env: Vec<(OsString, OsString)>,
+    /// uid/gid the staging dir belongs to (strict mode as root).
+    pub(crate) owner: Option<(u32, u32)>,
+    /// Held until the execution is over (a pooled interpreter's refill waits for it).
+    pub(crate) on_done: Option<crate::pool::RefillWhenDone>,
+}
+
+impl Launched {
+    /// Throws a started interpreter away: the lifeline's EOF makes its reaper stop the tree, and
+    /// the staging dir is removed. With `reap`, a thread collects the reaper's exit status so no
+    /// zombie is left in a long-lived host.
+    pub(crate) fn discard(self, reap: bool) {
+        let Launched {
+            mut child,
+            lifeline,
+            staging,
+            ..
+        } = self;
+        drop(lifeline);
+        drop(staging);
+        if reap {
+            let spawned = std::thread::Builder::new()
+                .name("vibeos-pool-reap".into())
+                .spawn(move || {
+                    let _ = child.wait();
+                });
+            if let Err(e) = spawned {
+                tracing::debug!(
+                    "execute_code: cannot start a thread to reap a pooled interpreter: {e}"
+                );
+            }
+        }
+    }
+
+    /// Whether the interpreter's reaper already exited (the pooled interpreter died idle).
+    pub(crate) fn has_exited(&mut self) -> bool {
+        !matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+/// Starts the interpreter for `spec` in `staging`: channel, environment, confinement, reaper.
+pub(crate) fn launch(
+    spec: &LaunchSpec,
+    staging: Staging,
+    program: Program,
+) -> Result<Launched, StartError> {
+    let env = spec.child_env(staging.path(), matches!(program, Program::Script))?;
+    let tool_env = env.clone();
+    let token = new_token();
+    let strict = spec.mode == Mode::Strict;
+    let mut channel_vars: Vec<(OsString, OsString)> = Vec::new();
+    // Strict mode: the script gets one end of a socketpair (landlock cannot stop a confined
+    // process from dialling a pathname socket, so there must be no path to dial at all).
+    let (rpc, theirs) = if strict {
+        let (ours, theirs) =
+            std::os::unix::net::UnixStream::pair().map_err(StartError::Listener)?;
+        channel_vars.push((
+            "VIBEOS_RPC_FD".into(),
+            theirs.as_raw_fd().to_string().into(),
+        ));
+        channel_vars.push(("VIBEOS_RPC_STRICT".into(), "1".into()));
+        channel_vars.push(("TMPDIR".into(), staging.path().as_os_str().to_owned()));
+        (RpcEnd::Stream(ours), Some(OwnedFd::from(theirs)))
+    } else {
+        channel_vars.push((
+            "VIBEOS_RPC_DIR".into(),
+            staging.rpc_dir.clone().into_os_string(),
+        ));
+        channel_vars.push((
+            "VIBEOS_RPC_SOCKET".into(),
+            staging.socket.clone().into_os_string(),
+        ));
+        let listener = std::os::unix::net::UnixListener::bind(&staging.socket)
+            .map_err(StartError::Listener)?;
+        (RpcEnd::Listener(listener), None)
+    };
+    channel_vars.push(("VIBEOS_RPC_TOKEN".into(), token.clone().into()));
+    let env = with_channel(env, &channel_vars);
+
+    let mut confinement = None;
+    let mut owner = None;
+    if let Some(theirs) = theirs {
+        let (prepared, summary) = crate::confine::prepare(crate::confine::Plan {
+            options: &spec.strict,
+            interpreter: &spec.interpreter.path,
+            staging: staging.path(),
+            rpc: theirs,
+        })?;
+        tracing::debug!(
+            uid = summary.uid,
+            dac_read_search = summary.dac_read_search,
+            read_execute = ?summary.read_execute,
+            "execute_code: strict confinement prepared"
+        );
+        owner = prepared.credentials.map(|c| (c.uid, c.gid));
+        confinement = Some(prepared);
+    }
+
+    let (lifeline, setup, read_end) = lifeline(spec.kill_grace).map_err(|e| StartError::Spawn {
+        interpreter: spec.interpreter.path.clone(),
+        source: e,
+    })?;
+    let child_cwd = spec.child_cwd(staging.path());
+    let mut command = std::process::Command::new(&spec.interpreter.path);
+    command.arg("-u");
+    let inherit: [libc::c_int; 2] = match &program {
+        Program::Script => {
+            command.arg(&staging.script);
+            [-1, -1]
+        }
+        Program::Warm { control, ready } => {
+            command
+                .arg("-c")
+                .arg(crate::pool::BOOTSTRAP)
+                .arg(&staging.script)
+                .arg(control.as_raw_fd().to_string())
+                .arg(ready.as_raw_fd().to_string());
+            [control.as_raw_fd(), ready.as_raw_fd()]
+        }
+    };
+    command
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&child_cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: `become_reaper` (and the confinement it applies) is written for the pre_exec
+    // window: it only makes async-signal-safe system calls on values prepared before the fork,
+    // and never returns in the reaper branch. Clearing close-on-exec with fcntl is such a call
+    // too (and allowed by the strict filter); it runs only in the interpreter process, on
+    // descriptors the parent keeps open until the spawn returns.
+    unsafe {
+        command.pre_exec(move || {
+            become_reaper(setup, confinement.as_ref())?;
+            for fd in inherit {
+                if fd >= 0 && libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let spawned = command.spawn();
+    // The command owns the confinement, with the script's end of the socketpair: drop it so
+    // only the script holds that end and the channel reaches EOF when the script is gone. The
+    // same goes for the child's ends of the pool's pipes.
+    drop(command);
+    drop(read_end);
+    drop(program);
+    let child = spawned.map_err(|source| StartError::Spawn {
+        interpreter: spec.interpreter.path.clone(),
+        source,
+    })?;
+    Ok(Launched {
+        pidfd: pidfd_open(child.id()),
+        child,
+        lifeline,
         staging,
-        script,
-        socket,
-        rpc_dir,
+        rpc,
+        token,
+        env,
+        channel_vars,
+        tool_env,
+        owner,
+        on_done: None,
     })
+}
+
+fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0u32) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: the descriptor was just created and is owned by nobody else.
+    Some(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
 }
 
 fn new_token() -> String {
     let bytes: [u8; 32] = rand::random();
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// The child's environment: scrubbed base, then the injected names (SPEC §4).
-fn child_env(
-    request: &ExecutionRequest,
-    staging: &Path,
-    session_cwd: &Path,
-) -> Result<Vec<(OsString, OsString)>, StartError> {
-    let policy = EnvPolicy::builtin()?;
-    let base: Vec<(OsString, OsString)> = match &request.base_env {
-        Some(env) => env.clone(),
-        None => std::env::vars_os().collect(),
-    };
-    let lookup = |name: &str| base.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
-    let passthrough: BTreeSet<String> = request.env_passthrough.iter().cloned().collect();
-    let scrubbed = policy.scrub(base.clone(), &passthrough);
-    let injected_names: BTreeSet<&str> = policy.injected.iter().map(String::as_str).collect();
-    let mut env: Vec<(OsString, OsString)> = scrubbed
-        .kept
-        .into_iter()
-        .filter(|(k, _)| !k.to_str().is_some_and(|k| injected_names.contains(k)))
-        .collect();
-    let home = match request.mode {
-        Mode::Project => lookup("HOME").unwrap_or_else(|| staging.as_os_str().to_owned()),
-        Mode::Strict => staging.as_os_str().to_owned(),
-    };
-    env.push(("HOME".into(), home));
-    if let Some(tz) = lookup("TZ") {
-        env.push(("TZ".into(), tz));
-    }
-    env.push(("PYTHONDONTWRITEBYTECODE".into(), "1".into()));
-    env.push(("PYTHONIOENCODING".into(), "utf-8".into()));
-    env.push(("PYTHONUTF8".into(), "1".into()));
-    // The staging dir first so `import vibeos_tools` works from any cwd; in project mode the
-    // session dir next, so project imports work as they do for `python -c` in terminal().
-    let mut pythonpath = staging.as_os_str().to_owned();
-    if request.mode == Mode::Project {
-        pythonpath.push(":");
-        pythonpath.push(session_cwd.as_os_str());
-    }
-    let keeps_pythonpath = policy.decide("PYTHONPATH", &passthrough) == Rule::SafeSystem
-        || passthrough.contains("PYTHONPATH");
-    if let Some(old) = lookup("PYTHONPATH").filter(|v| !v.is_empty() && keeps_pythonpath) {
-        pythonpath.push(":");
-        pythonpath.push(old);
-    }
-    env.push(("PYTHONPATH".into(), pythonpath));
-    Ok(env)
 }
 
 async fn run(
@@ -311,9 +634,9 @@ async fn run(
     if request.code.trim().is_empty() {
         return Err(StartError::EmptyCode);
     }
-    let session_cwd = session_cwd(request.cwd.as_deref())?;
-    let interpreter: Interpreter =
-        Resolution::from_env(request.python.clone()).resolve(request.mode)?;
+    let spec = LaunchSpec::for_request(&request)?;
+    let interpreter = spec.interpreter.clone();
+    let session_cwd = spec.session_cwd.clone();
 
     let script_tools: Vec<_> = registry
         .script_tools()
@@ -337,58 +660,79 @@ async fn run(
     for skipped in &stub.skipped {
         tracing::warn!("execute_code: {skipped}");
     }
-    let prepared = prepare_staging(&stub.source, &request.code)?;
-    let staging = prepared.staging.path().to_path_buf();
-    let child_cwd = match request.mode {
-        Mode::Project => session_cwd.clone(),
-        Mode::Strict => staging.clone(),
+    let warm = match crate::pool::active() {
+        Some(pool) => pool.start_warm(&spec, &stub.source, &request.code),
+        None => None,
     };
-    let mut env = child_env(&request, &staging, &session_cwd)?;
-    // What tools started by the script (terminal) get: the same, without the channel.
-    let tool_env = env.clone();
-    let token = new_token();
-    let strict = request.mode == Mode::Strict;
-    // Strict mode: the script gets one end of a socketpair (landlock cannot stop a confined
-    // process from dialling a pathname socket, so there must be no path to dial at all).
-    let mut rpc_pair = None;
-    if strict {
-        let (ours, theirs) =
-            std::os::unix::net::UnixStream::pair().map_err(StartError::Listener)?;
-        env.push((
-            "VIBEOS_RPC_FD".into(),
-            theirs.as_raw_fd().to_string().into(),
-        ));
-        env.push(("VIBEOS_RPC_STRICT".into(), "1".into()));
-        env.retain(|(k, _)| k != "TMPDIR");
-        env.push(("TMPDIR".into(), staging.clone().into_os_string()));
-        rpc_pair = Some((ours, OwnedFd::from(theirs)));
-    } else {
-        env.push((
-            "VIBEOS_RPC_DIR".into(),
-            prepared.rpc_dir.clone().into_os_string(),
-        ));
-        env.push((
-            "VIBEOS_RPC_SOCKET".into(),
-            prepared.socket.clone().into_os_string(),
-        ));
-    }
-    env.push(("VIBEOS_RPC_TOKEN".into(), token.clone().into()));
+    let launched = match warm {
+        Some(launched) => launched,
+        None => {
+            let staging = Staging::create()?;
+            staging.write_files(&stub.source, &request.code, None)?;
+            launch(&spec, staging, Program::Script)?
+        }
+    };
+    tracing::info!(
+        mode = request.mode.as_str(),
+        interpreter = %interpreter.path.display(),
+        source = interpreter.source,
+        cwd = %spec.child_cwd(launched.staging.path()).display(),
+        "execute_code: script started"
+    );
+    let tool_env = launched.tool_env.clone();
+    Ok(supervise(
+        launched,
+        Supervision {
+            request: &request,
+            interpreter: &interpreter,
+            session_cwd,
+            allowed: stub.tools.iter().cloned().collect(),
+            tool_env,
+            registry,
+            interrupt,
+            started,
+        },
+    )
+    .await)
+}
 
-    let listener = if strict {
-        None
-    } else {
-        Some(tokio::net::UnixListener::bind(&prepared.socket).map_err(StartError::Listener)?)
-    };
-    let state = Arc::new(ChannelState::new(
-        registry,
+/// Everything [`supervise`] needs besides the started child.
+struct Supervision<'a> {
+    request: &'a ExecutionRequest,
+    interpreter: &'a Interpreter,
+    session_cwd: PathBuf,
+    allowed: BTreeSet<String>,
+    tool_env: Vec<(OsString, OsString)>,
+    registry: &'static ToolRegistry,
+    interrupt: Interrupt,
+    started: Instant,
+}
+
+/// Serves the channel, drains the output, enforces timeout and interrupt, cleans up and builds
+/// the result: the same for a cold child and a pooled one.
+async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
+    let Launched {
+        child,
+        pidfd,
+        lifeline,
+        staging,
+        rpc,
         token,
-        stub.tools.iter().cloned().collect(),
+        on_done,
+        ..
+    } = launched;
+    let mut child = child;
+    let request = s.request;
+    let state = Arc::new(ChannelState::new(
+        s.registry,
+        token,
+        s.allowed,
         request.max_tool_calls,
         ToolContext {
             task_id: request.task_id.clone(),
-            cwd: session_cwd.clone(),
+            cwd: s.session_cwd.clone(),
             env: Some(Arc::new(
-                tool_env
+                s.tool_env
                     .iter()
                     .map(|(k, v)| {
                         (
@@ -401,82 +745,41 @@ async fn run(
             origin: CallOrigin::Script,
         },
     ));
-    let mut confinement = None;
-    let server = match (listener, rpc_pair) {
-        (Some(listener), _) => serve(listener, Arc::clone(&state)),
-        (None, Some((ours, theirs))) => {
-            let (prepared_confinement, summary) = crate::confine::prepare(crate::confine::Plan {
-                options: &request.strict,
-                interpreter: &interpreter.path,
-                staging: &staging,
-                rpc: theirs,
-            })?;
-            tracing::debug!(
-                uid = summary.uid,
-                dac_read_search = summary.dac_read_search,
-                read_execute = ?summary.read_execute,
-                "execute_code: strict confinement prepared"
-            );
-            confinement = Some(prepared_confinement);
+    let reaper_pid = child.id();
+    state.root_pid.store(reaper_pid, Ordering::SeqCst);
+    let server = match rpc {
+        RpcEnd::Listener(listener) => {
+            match listener
+                .set_nonblocking(true)
+                .and_then(|_| tokio::net::UnixListener::from_std(listener))
+            {
+                Ok(listener) => Some(serve(listener, Arc::clone(&state))),
+                Err(e) => {
+                    tracing::error!("execute_code: cannot serve the RPC socket: {e}");
+                    None
+                }
+            }
+        }
+        RpcEnd::Stream(ours) => {
+            // Nothing to accept in strict mode: the connection thread serves the one channel.
             serve_stream(
                 ours,
                 Arc::clone(&state),
                 false,
                 tokio::runtime::Handle::current(),
             );
-            // Nothing to accept in strict mode: the connection thread serves the one channel.
-            tokio::spawn(std::future::pending::<()>())
-        }
-        (None, None) => {
-            return Err(StartError::Listener(std::io::Error::other(
-                "no RPC channel was set up",
-            )))
+            None
         }
     };
 
-    let (lifeline, setup, read_end) =
-        lifeline(request.kill_grace).map_err(|e| StartError::Spawn {
-            interpreter: interpreter.path.clone(),
-            source: e,
-        })?;
-    let mut command = tokio::process::Command::new(&interpreter.path);
-    command
-        .arg("-u")
-        .arg(&prepared.script)
-        .env_clear()
-        .envs(env)
-        .current_dir(&child_cwd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(false);
-    // SAFETY: `become_reaper` (and the confinement it applies) is written for the pre_exec
-    // window: it only makes async-signal-safe system calls on values prepared before the fork,
-    // and never returns in the reaper branch.
-    unsafe {
-        command.pre_exec(move || become_reaper(setup, confinement.as_ref()));
-    }
-    tracing::info!(
-        mode = request.mode.as_str(),
-        interpreter = %interpreter.path.display(),
-        source = interpreter.source,
-        cwd = %child_cwd.display(),
-        "execute_code: starting script"
-    );
-    let spawned = command.spawn();
-    // The command owns the confinement, with the script's end of the socketpair: drop it so
-    // only the script holds that end and the channel reaches EOF when the script is gone.
-    drop(command);
-    drop(read_end);
-    let mut child = spawned.map_err(|source| StartError::Spawn {
-        interpreter: interpreter.path.clone(),
-        source,
-    })?;
-    let reaper_pid = child.id().unwrap_or(0);
-    state.root_pid.store(reaper_pid, Ordering::SeqCst);
-
-    let stdout = child.stdout.take();
-    let stderr = child.stderr.take();
+    let stdout = child
+        .stdout
+        .take()
+        .and_then(|s| tokio::process::ChildStdout::from_std(s).ok());
+    let stderr = child
+        .stderr
+        .take()
+        .and_then(|s| tokio::process::ChildStderr::from_std(s).ok());
     let stdout_limit = request.stdout_limit;
     let stderr_limit = request.stderr_limit;
     let stdout_task = tokio::spawn(async move {
@@ -491,6 +794,20 @@ async fn run(
             None => HeadTail::new(stderr_limit),
         }
     });
+    // std's wait blocks; it gets a thread of the blocking pool. The pidfd (or the reaped flag)
+    // keeps our signals from reaching another process once it has returned.
+    let reaped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reaped_flag = Arc::clone(&reaped);
+    let mut waiter = tokio::task::spawn_blocking(move || {
+        let status = child.wait().ok();
+        reaped_flag.store(true, Ordering::SeqCst);
+        status
+    });
+    let send = |sig: libc::c_int| {
+        if pidfd.is_some() || !reaped.load(Ordering::SeqCst) {
+            signal(pidfd.as_ref(), reaper_pid, sig);
+        }
+    };
 
     enum Ending {
         Exited,
@@ -499,20 +816,20 @@ async fn run(
     }
     let mut status = None;
     let ending = tokio::select! {
-        s = child.wait() => { status = s.ok(); Ending::Exited }
+        s = &mut waiter => { status = s.ok().flatten(); Ending::Exited }
         _ = tokio::time::sleep(request.timeout) => Ending::Timeout,
-        _ = interrupt.0.cancelled() => Ending::Interrupted,
+        _ = s.interrupt.0.cancelled() => Ending::Interrupted,
     };
     if !matches!(ending, Ending::Exited) {
         // The reaper relays SIGTERM to every process of the execution and SIGKILLs what is
         // left after the grace period.
-        signal(reaper_pid, libc::SIGTERM);
+        send(libc::SIGTERM);
         let backstop = request.kill_grace + Duration::from_secs(3);
-        status = match tokio::time::timeout(backstop, child.wait()).await {
-            Ok(s) => s.ok(),
+        status = match tokio::time::timeout(backstop, &mut waiter).await {
+            Ok(s) => s.ok().flatten(),
             Err(_) => {
-                signal(reaper_pid, libc::SIGKILL);
-                child.wait().await.ok()
+                send(libc::SIGKILL);
+                waiter.await.ok().flatten()
             }
         };
     }
@@ -525,8 +842,10 @@ async fn run(
     let settle = Duration::from_secs(2);
     let stdout_cap = finish(stdout_task, settle, stdout_limit).await;
     let stderr_cap = finish(stderr_task, settle, stderr_limit).await;
-    server.abort();
-    let _ = server.await;
+    if let Some(server) = server {
+        server.abort();
+        let _ = server.await;
+    }
     state.close_all();
     let tool_calls_made = state.calls_made.load(Ordering::SeqCst);
 
@@ -568,12 +887,13 @@ async fn run(
         }
         output.push_str(&notice);
     }
-    drop(prepared);
-    Ok(ExecutionResult {
+    drop(staging);
+    drop(on_done);
+    ExecutionResult {
         status,
         output,
         tool_calls_made,
-        duration_seconds: started.elapsed().as_secs_f64(),
+        duration_seconds: s.started.elapsed().as_secs_f64(),
         error,
         exit_code,
         truncated: stdout_cap.truncated() || stderr_cap.truncated(),
@@ -582,16 +902,30 @@ async fn run(
         stderr_bytes: stderr_cap.total(),
         stderr_bytes_omitted: stderr_cap.omitted(),
         mode: request.mode.as_str(),
-        interpreter: Some(interpreter.path.display().to_string()),
-    })
+        interpreter: Some(s.interpreter.path.display().to_string()),
+    }
 }
 
-fn signal(pid: u32, sig: libc::c_int) {
+/// Sends `sig` to the reaper: through its pidfd when there is one (never a recycled pid), else
+/// by pid, which the caller only does while the reaper is unreaped.
+fn signal(pidfd: Option<&OwnedFd>, pid: u32, sig: libc::c_int) {
+    if let Some(fd) = pidfd {
+        // SAFETY: pidfd_send_signal with a valid pidfd, a signal number and no siginfo.
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                fd.as_raw_fd(),
+                sig,
+                std::ptr::null::<libc::siginfo_t>(),
+                0u32,
+            );
+        }
+        return;
+    }
     if pid == 0 {
         return;
     }
-    // SAFETY: kill has no memory-safety preconditions; `pid` is our own child, not yet reaped
-    // (we hold its `Child` and only call this before `wait` returned).
+    // SAFETY: kill has no memory-safety preconditions; `pid` is our own child, not yet reaped.
     unsafe {
         libc::kill(pid as libc::pid_t, sig);
     }

@@ -15,6 +15,7 @@ pub mod execute_code_tool;
 pub mod interpreter;
 pub mod logging;
 pub mod mcp;
+pub mod pool;
 pub mod reaper;
 pub mod result;
 pub mod rpc_server;

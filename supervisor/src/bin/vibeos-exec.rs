@@ -444,6 +444,8 @@ fn serve(args: ServeArgs, mut config: Config) -> Result<u8, UsageError> {
     if let Err(e) = execute_code_tool::register_execute_code(registry, &config) {
         tracing::error!("{e}");
     }
+    // A long-lived server runs many scripts: keep warm interpreters (code_execution.pool_size).
+    vibeos_supervisor::pool::enable(config.pool_size);
     let settings = mcp::ServeSettings {
         config,
         cwd,

@@ -1,0 +1,122 @@
+import sys
+# Names a fresh `__main__` starts with on this Python (3.14 has no __annotations__ any more).
+_fresh_names = set(globals())
+# argv: -c SCRIPT CONTROL_FD READY_FD. The script's directory goes first on sys.path before any
+# import, exactly where `python script.py` puts it, so nothing is imported from the cwd.
+_script, _control, _ready = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+sys.path[0] = _script.rsplit("/", 1)[0]
+
+# What the stub imports at the top; its generated part depends on the call and is not loaded.
+import json, os, socket, threading, time  # noqa: E401,F401
+import atexit, gc, types  # noqa: E401  (used below; builtin or already loaded at startup)
+import importlib.machinery
+
+# Everything alive now belongs to the bootstrap and the preloaded modules: keep it out of the
+# final collection, which then costs what the script's own objects cost.
+gc.freeze()
+
+os.write(_ready, b"R")
+os.close(_ready)
+
+# One JSON line: {"set": {name: value}, "unset": [name]}. EOF means the pool discarded us.
+_buf = b""
+while not _buf.endswith(b"\n"):
+    _chunk = os.read(_control, 65536)
+    if not _chunk:
+        os._exit(0)
+    _buf += _chunk
+os.close(_control)
+_msg = json.loads(_buf.decode("utf-8", "surrogateescape"))
+for _k in _msg.get("unset", ()):
+    os.environ.pop(_k, None)
+for _k, _v in _msg.get("set", {}).items():
+    os.environ[_k] = _v
+
+
+def _exit_status(code):
+    # As the interpreter turns an uncaught SystemExit into a status (and prints a non-int one).
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        print(code, file=sys.stderr)
+    except Exception:
+        pass
+    return 1
+
+
+def _run(path):
+    """Runs the script as `__main__`; returns (exit status, whether it ended by Ctrl-C)."""
+    main = types.ModuleType("__main__")
+    main.__file__ = path
+    main.__cached__ = None
+    main.__builtins__ = __builtins__
+    if "__annotations__" in _fresh_names:
+        main.__annotations__ = {}
+    try:
+        main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    except Exception:
+        pass
+    sys.modules["__main__"] = main
+    sys.argv[:] = [path]
+    try:
+        with open(path, "rb") as f:
+            source = f.read()
+        code = compile(source, path, "exec", dont_inherit=True)
+        del source
+        exec(code, main.__dict__)
+    except SystemExit as exc:
+        code = exc.code
+        del exc
+        return _exit_status(code), False
+    except BaseException as exc:
+        # Report as `python script.py` would: without this bootstrap's frame.
+        tb = exc.__traceback__
+        if tb is not None and tb.tb_frame.f_code is _run.__code__:
+            tb = tb.tb_next
+        kind, value = type(exc), exc.with_traceback(tb)
+        del exc
+        sys.excepthook(kind, value, tb)
+        del value, tb
+        return 1, issubclass(kind, KeyboardInterrupt)
+    return 0, False
+
+
+def _finish(status, sigint):
+    """The interpreter's exit, in its order, minus the teardown of every module.
+
+    Waiting for non-daemon threads, atexit callbacks, releasing the script's globals (so files
+    it left open are flushed and closed, and its objects' __del__ run) and flushing stdio are
+    what a script can observe of a normal exit; freeing every module and the interpreter itself
+    would only cost time, and the process is discarded anyway.
+    """
+    try:
+        threading._shutdown()
+    except BaseException:
+        pass
+    atexit._run_exitfuncs()
+    main = sys.modules.get("__main__")
+    if main is not None:
+        try:
+            main.__dict__.clear()
+        except Exception:
+            pass
+    del main
+    gc.collect()
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    if sigint:
+        # A cold interpreter ends an uncaught Ctrl-C by dying of SIGINT after its cleanup.
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(status)
+
+
+del _buf, _chunk, _msg, _control, _ready
+_finish(*_run(_script))
