@@ -648,6 +648,36 @@ pub async fn serve_http(
     served.map_err(|e| ServeError::Io(e.to_string()))
 }
 
+/// Most bytes of an oversized body read and thrown away before answering 413: a client still
+/// sending would otherwise see its connection reset instead of the answer.
+const DRAIN_CAP: usize = 256 * 1024 * 1024;
+
+/// Reads a body of at most `limit` bytes; `None` if it is larger (the rest is drained, up to
+/// [`DRAIN_CAP`]) or cannot be read.
+async fn read_body_draining(mut body: axum::body::Body, limit: usize) -> Option<axum::body::Bytes> {
+    use http_body::Body as _;
+    let mut kept = Vec::new();
+    let mut total = 0usize;
+    loop {
+        let frame = std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx)).await;
+        match frame {
+            None => break,
+            Some(Err(_)) => return None,
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    total = total.saturating_add(data.len());
+                    if total <= limit {
+                        kept.extend_from_slice(&data);
+                    } else if total > DRAIN_CAP {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+    (total <= limit).then(|| axum::body::Bytes::from(kept))
+}
+
 /// Checks a POSTed body before the SDK sees it, so bad input gets a JSON-RPC error body (the
 /// SDK would answer 415 with plain text): over the limit → 413 with -32600; unparsable or not
 /// JSON-RPC → 400 with -32700 / -32600 / -32602 as [`check_message`] decides.
@@ -670,9 +700,9 @@ async fn check_http_body(
             .into_response()
     };
     let (parts, body) = req.into_parts();
-    let bytes = match axum::body::to_bytes(body, limit).await {
-        Ok(b) => b,
-        Err(_) => {
+    let bytes = match read_body_draining(body, limit).await {
+        Some(b) => b,
+        None => {
             return json_error(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 Rejection {
