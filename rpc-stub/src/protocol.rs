@@ -102,13 +102,19 @@ pub fn decode_request(frame: &[u8]) -> Result<Request, (Option<Value>, ProtocolE
             },
         ));
     }
-    let value: Value =
-        serde_json::from_slice(frame).map_err(|e| (None, ProtocolError::NotJson(e.to_string())))?;
-    if !value.is_object() {
-        return Err((None, ProtocolError::NotObject));
-    }
-    let raw: RawRequest =
-        serde_json::from_value(value).map_err(|_| (None, ProtocolError::NotObject))?;
+    // One pass straight into the request's fields; only a failure is looked at twice, to tell
+    // "not JSON" from "JSON but not an object".
+    let raw: RawRequest = match serde_json::from_slice(frame) {
+        Ok(raw) => raw,
+        Err(e) => {
+            return Err(
+                match serde_json::from_slice::<serde::de::IgnoredAny>(frame) {
+                    Ok(_) => (None, ProtocolError::NotObject),
+                    Err(_) => (None, ProtocolError::NotJson(e.to_string())),
+                },
+            )
+        }
+    };
     let id = match raw.id {
         Some(id @ (Value::Number(_) | Value::String(_))) => id,
         _ => {

@@ -26,12 +26,18 @@ class ToolChannelError(RuntimeError):
 class _Pending(object):
     __slots__ = ("reply", "gate")
 
-    def __init__(self):
+    def __init__(self, waits):
         self.reply = None
-        # Held until this call may go on: released by the reader that delivered its reply or
-        # that hands it the reader role.
-        self.gate = _threading.Lock()
-        self.gate.acquire()
+        # For a call that waits (another thread is reading): held until it may go on, released
+        # by the reader that delivered its reply or that hands it the reader role.
+        self.gate = None
+        if waits:
+            self.gate = _threading.Lock()
+            self.gate.acquire()
+
+    def wake(self):
+        if self.gate is not None:
+            self.gate.release()
 
 
 class _Channel(object):
@@ -112,7 +118,7 @@ class _Channel(object):
         self._reading = False
         for waiter in self._pending.values():
             waiter.reply = {"error": {"code": "channel_closed", "message": reason}}
-            waiter.gate.release()
+            waiter.wake()
         self._pending.clear()
 
     def _read_until(self, mine):
@@ -142,7 +148,7 @@ class _Channel(object):
                         mine.reply = msg
                     elif waiter is not None:
                         waiter.reply = msg
-                        waiter.gate.release()
+                        waiter.wake()
                     elif msg.get("id") is None and "error" in msg:
                         # A reply to a frame the supervisor could not attribute: fail every
                         # call in flight with it rather than leave them waiting.
@@ -150,12 +156,12 @@ class _Channel(object):
                         for other in self._pending.values():
                             if other is not mine:
                                 other.reply = msg
-                                other.gate.release()
+                                other.wake()
                         self._pending.clear()
                 if mine.reply is not None:
                     # Hand the reader role to a call still waiting, if any.
                     for other in self._pending.values():
-                        other.gate.release()
+                        other.wake()
                         break
                     else:
                         self._reading = False
@@ -171,25 +177,25 @@ class _Channel(object):
                 self._sock = self._open()
                 self._stream = self._sock.makefile("rb")
                 self._token = _os.environ.get("VIBEOS_RPC_TOKEN", "")
-            self._next_id += 1
-            call_id = self._next_id
-            sock = self._sock
-            token = self._token
-        # Serialise before registering the call so an unserialisable argument is a plain
-        # TypeError (or ValueError for unencodable text) that leaves the channel untouched.
-        try:
-            line = _ENCODE({"id": call_id, "tool": tool, "args": args, "token": token}).encode("utf-8") + b"\n"
-        except UnicodeEncodeError as exc:
-            raise ValueError(
-                "arguments of %s contain text that is not valid Unicode (%s); "
-                "decode bytes or fix surrogates before calling" % (tool, exc.reason)
-            )
-        waiter = _Pending()
-        with self._lock:
-            self._pending[call_id] = waiter
+            call_id = self._next_id + 1
+            # Serialise before registering the call so an unserialisable argument is a plain
+            # TypeError (or ValueError for unencodable text) that leaves the channel untouched.
+            try:
+                line = _ENCODE(
+                    {"id": call_id, "tool": tool, "args": args, "token": self._token}
+                ).encode("utf-8") + b"\n"
+            except UnicodeEncodeError as exc:
+                raise ValueError(
+                    "arguments of %s contain text that is not valid Unicode (%s); "
+                    "decode bytes or fix surrogates before calling" % (tool, exc.reason)
+                )
+            self._next_id = call_id
             lead = not self._reading
+            waiter = _Pending(not lead)
+            self._pending[call_id] = waiter
             if lead:
                 self._reading = True
+            sock = self._sock
         try:
             with self._send_lock:
                 sock.sendall(line)
@@ -198,7 +204,7 @@ class _Channel(object):
                 self._pending.pop(call_id, None)
                 if lead:
                     for other in self._pending.values():
-                        other.gate.release()
+                        other.wake()
                         break
                     else:
                         self._reading = False
