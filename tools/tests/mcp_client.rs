@@ -244,7 +244,7 @@ fn broken_servers_are_logged_and_skipped_and_the_rest_works() {
             spec("garbage", quick("garbage_server.py", &[])),
             spec("garbage-hang", quick("garbage_server.py", &["--hang"])),
             spec("silent", quick("silent_server.py", &[])),
-            spec("badschema", quick("bad_schema_server.py", &[])),
+            spec("badschema", stdio(&py, "bad_schema_server.py")),
             spec("good", stdio(&py, "stdio_server.py")),
         ],
         reg,
