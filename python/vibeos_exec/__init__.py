@@ -30,6 +30,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 from . import _native, registry
 from .discovery import discover_tools
+from .plugins import PluginReport, load_plugins
 
 __all__ = [
     "execute_code",
@@ -43,6 +44,8 @@ __all__ = [
     "clear_skill_env",
     "skill_env",
     "discover_tools",
+    "load_plugins",
+    "PluginReport",
     "registry",
     "STATUSES",
     "__version__",
