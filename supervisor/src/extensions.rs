@@ -95,6 +95,15 @@ pub fn server_env(
 /// The server specs of config.yaml: `mcp_servers:` entries in file order (bad ones logged with
 /// their name and skipped), then the plugin host unless `plugins.enabled` is false.
 pub fn specs(config: &Config) -> Vec<ServerSpec> {
+    let mut out = mcp_server_specs(config);
+    if let Some(spec) = plugin_host_spec(config) {
+        out.push(spec);
+    }
+    out
+}
+
+/// The `mcp_servers:` specs alone (a Python host loads its plugins in-process instead).
+pub fn mcp_server_specs(config: &Config) -> Vec<ServerSpec> {
     let mut out = Vec::new();
     match config.document.get("mcp_servers") {
         None | Some(Value::Null) => {}
@@ -136,9 +145,6 @@ pub fn specs(config: &Config) -> Vec<ServerSpec> {
                 .map(|p| p.display().to_string())
                 .unwrap_or_else(|| "config.yaml".into())
         ),
-    }
-    if let Some(spec) = plugin_host_spec(config) {
-        out.push(spec);
     }
     out
 }
@@ -212,4 +218,10 @@ pub fn plugin_host_spec(config: &Config) -> Option<ServerSpec> {
 /// returned manager and call [`McpManager::shutdown`] on exit.
 pub fn load(config: &Config, registry: &'static ToolRegistry) -> Arc<McpManager> {
     McpManager::start(specs(config), registry)
+}
+
+/// [`load`] without the plugin host: for hosts that load plugins in their own Python
+/// (`vibeos_exec.load_plugins()`).
+pub fn load_mcp_servers(config: &Config, registry: &'static ToolRegistry) -> Arc<McpManager> {
+    McpManager::start(mcp_server_specs(config), registry)
 }

@@ -6,6 +6,9 @@
 //! The servers are real (official MCP Python SDK, fixtures/mcp_servers/), run by the test venv
 //! that scripts/test-all creates (target/pyvenv with `mcp` and the vibeos_exec package).
 
+// A test harness: a panic here is how a failed expectation is reported.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use serde_json::Value;
 use std::path::PathBuf;
 use vibeos_e2e::{fixture, pid_alive, workspace_root, Sandbox};

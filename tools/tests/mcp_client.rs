@@ -5,6 +5,9 @@
 //! Needs the test venv's Python with the `mcp` package (scripts/test-all creates it under
 //! target/pyvenv); each test skips with a message naming what is missing otherwise.
 
+// A test harness: a panic here is how a failed expectation is reported.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -57,7 +60,7 @@ fn fixture(name: &str) -> String {
         .to_string()
 }
 
-fn stdio(python: &PathBuf, script: &str) -> McpServerConfig {
+fn stdio(python: &std::path::Path, script: &str) -> McpServerConfig {
     McpServerConfig {
         command: Some(python.display().to_string()),
         args: vec![fixture(script)],
