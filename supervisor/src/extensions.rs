@@ -225,3 +225,88 @@ pub fn load(config: &Config, registry: &'static ToolRegistry) -> Arc<McpManager>
 pub fn load_mcp_servers(config: &Config, registry: &'static ToolRegistry) -> Arc<McpManager> {
     McpManager::start(mcp_server_specs(config), registry)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn config(yaml: &str) -> Config {
+        Config::parse(yaml, Path::new("/test/config.yaml")).unwrap()
+    }
+
+    #[test]
+    fn entries_are_parsed_and_bad_ones_skipped_by_name() {
+        let cfg = config(
+            "mcp_servers:\n  good:\n    command: srv\n    args: [a, b]\n    startup: eager\n    script_callable: [t1]\n  http:\n    url: http://127.0.0.1:9/mcp\n    headers: {X-A: b}\n  both:\n    command: x\n    url: http://x\n  typo:\n    comand: x\n  slow:\n    command: x\n    timeout: -1\n  bad.name:\n    command: x\nplugins:\n  enabled: false\n",
+        );
+        let specs = specs(&cfg);
+        let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["good", "http"]);
+        assert_eq!(specs[0].config.args, ["a", "b"]);
+        assert_eq!(specs[0].config.startup, Startup::Eager);
+        assert_eq!(
+            specs[0].config.script_callable.opened(),
+            Some(Some(["t1".to_string()].into()))
+        );
+        assert!(specs[0].env.is_some(), "stdio servers get a computed env");
+        assert!(specs[1].env.is_none(), "HTTP servers start no process");
+        assert_eq!(specs[1].config.startup, Startup::Lazy);
+    }
+
+    #[test]
+    fn a_non_mapping_section_loads_nothing() {
+        assert!(mcp_server_specs(&config("mcp_servers: [a, b]\n")).is_empty());
+        assert!(mcp_server_specs(&config("other: 1\n")).is_empty());
+    }
+
+    #[test]
+    fn server_env_scrubs_credentials_and_passes_explicit_entries() {
+        // The test process's own env is the parent env here; a provider credential set in it
+        // must not reach the server, an explicit value must.
+        std::env::set_var("OPENAI_API_KEY", "sk-parent");
+        let explicit: std::collections::BTreeMap<String, String> = [
+            ("ANTHROPIC_API_KEY".to_string(), "from-config".to_string()),
+            ("PATH".to_string(), "/custom/bin".to_string()),
+        ]
+        .into();
+        let env = server_env("t", &Config::default(), &explicit);
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("OPENAI_API_KEY"), None);
+        assert_eq!(get("ANTHROPIC_API_KEY"), Some("from-config"));
+        assert_eq!(get("PATH"), Some("/custom/bin"), "explicit entries win");
+        assert_eq!(env.iter().filter(|(n, _)| n == "PATH").count(), 1);
+    }
+
+    #[test]
+    fn the_plugin_host_runs_only_with_a_plugin_dir_or_entry_points() {
+        let dir = tempfile::tempdir().unwrap();
+        let yaml = |extra: &str| {
+            format!(
+                "plugins:\n  python: /usr/bin/python3\n  entry_points: false\n  dirs: [{}]\n{extra}",
+                dir.path().join("none").display()
+            )
+        };
+        // No directory exists: no host.
+        assert!(plugin_host_spec(&config(&yaml(""))).is_none());
+        std::fs::create_dir_all(dir.path().join("none")).unwrap();
+        let spec = plugin_host_spec(&config(&yaml(""))).expect("host with a plugin dir");
+        assert_eq!(spec.kind, ServerKind::Plugins);
+        assert_eq!(spec.config.command.as_deref(), Some("/usr/bin/python3"));
+        assert!(spec
+            .config
+            .args
+            .contains(&"vibeos_exec.plugin_host".to_string()));
+        assert!(spec.config.args.contains(&"--no-entry-points".to_string()));
+        let on = "plugins:\n  python: /usr/bin/python3\n  entry_points: true\n";
+        assert!(
+            plugin_host_spec(&config(on)).is_some(),
+            "entry points alone"
+        );
+        assert!(plugin_host_spec(&config(
+            "plugins:\n  enabled: false\n  entry_points: true\n"
+        ))
+        .is_none());
+        assert!(plugin_host_spec(&config("plugins:\n  bogus: 1\n")).is_none());
+    }
+}
