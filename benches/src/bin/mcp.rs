@@ -130,12 +130,24 @@ fn main() {
 
     let (raw_m, via_m) = (median(raw), median(via));
     println!("(a) MCP tool call, median of {CALLS}:");
-    println!("    raw JSON-RPC round trip (baseline): {:.3} ms", raw_m * 1e3);
-    println!("    handle_function_call via rmcp:      {:.3} ms", via_m * 1e3);
+    println!(
+        "    raw JSON-RPC round trip (baseline): {:.3} ms",
+        raw_m * 1e3
+    );
+    println!(
+        "    handle_function_call via rmcp:      {:.3} ms",
+        via_m * 1e3
+    );
     println!("    ratio: {:.2}", via_m / raw_m);
     let (imp, st) = (median(imports), median(starts));
     println!("(b) eager start-up, median of 3:");
-    println!("    python -c 'import mcp.server.mcpserver' (baseline): {:.1} ms", imp * 1e3);
-    println!("    spawn + handshake + tools/list + register:       {:.1} ms", st * 1e3);
+    println!(
+        "    python -c 'import mcp.server.mcpserver' (baseline): {:.1} ms",
+        imp * 1e3
+    );
+    println!(
+        "    spawn + handshake + tools/list + register:       {:.1} ms",
+        st * 1e3
+    );
     println!("    ratio: {:.2}", st / imp);
 }
