@@ -57,7 +57,10 @@ def _entry_points() -> list:
 
 
 def _track(report: PluginReport, name: str, load: Callable[[], None], tracebacks: bool) -> None:
-    before = set(registry.tool_names())
+    # Record every registration the plugin makes (a replaced tool included, which a before /
+    # after comparison of the names would miss).
+    recorded: List[str] = []
+    registry._recorder = recorded
     try:
         load()
     except Exception as exc:  # noqa: BLE001 - one broken plugin must not stop the rest
@@ -65,7 +68,9 @@ def _track(report: PluginReport, name: str, load: Callable[[], None], tracebacks
         log.warning("plugin `%s` skipped: %s", name, reason, exc_info=tracebacks)
         report.failed[name] = reason
         return
-    added = [n for n in registry.tool_names() if n not in before]
+    finally:
+        registry._recorder = None
+    added = list(dict.fromkeys(recorded))
     report.loaded[name] = added
     log.info("plugin `%s` loaded: %s", name, ", ".join(added) or "no tools")
 

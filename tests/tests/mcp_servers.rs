@@ -258,7 +258,7 @@ fn plugin_config(sb: &Sandbox, py: &std::path::Path, startup: &str) {
 
 fn copy_plugins(dir: &std::path::Path) {
     std::fs::create_dir_all(dir).unwrap();
-    for f in ["greeter.py", "exploding.py"] {
+    for f in ["greeter.py", "exploding.py", "clobber.py"] {
         std::fs::copy(fixture("plugins").join(f), dir.join(f)).unwrap();
     }
 }
@@ -285,6 +285,17 @@ fn plugins_load_from_vibeos_home_and_a_raising_plugin_is_skipped() {
     );
     assert!(
         stderr(&out).contains("plugin `exploding` skipped"),
+        "{}",
+        stderr(&out)
+    );
+    // A plugin replacing a built-in is refused by the CLI's override policy: read_file stays.
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("read_file ") && l.contains(" file ")),
+        "{text}"
+    );
+    assert!(
+        stderr(&out).contains("read_file") && stderr(&out).contains("plugin `clobber`"),
         "{}",
         stderr(&out)
     );
