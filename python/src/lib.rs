@@ -415,6 +415,48 @@ fn provider_credentials(names: Vec<String>) -> PyResult<Vec<String>> {
 }
 
 /// The statuses a result can have, for the type stubs and tests.
+/// The MCP servers of this process, once loaded (kept so they can be stopped at exit).
+static EXTENSIONS: Mutex<Option<Arc<vibeos_tools::mcp_client::McpManager>>> = Mutex::new(None);
+
+/// Starts the `mcp_servers:` of config.yaml into the registry (eager ones now, lazy ones on
+/// the first definitions build). A second call does nothing: servers are loaded once per
+/// process. Returns whether this call loaded them.
+#[pyfunction]
+fn load_mcp_servers(py: Python<'_>) -> PyResult<bool> {
+    py.allow_threads(|| {
+        let mut slot = EXTENSIONS.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_some() {
+            return Ok(false);
+        }
+        let config = Config::load(None).map_err(|e| value_error(e.to_string()))?;
+        *slot = Some(vibeos_supervisor::extensions::load_mcp_servers(
+            &config,
+            registry(),
+        ));
+        Ok(true)
+    })
+}
+
+/// `(name, state, toolsets)` of every loaded MCP server; `stop=True` stops them first.
+#[pyfunction]
+#[pyo3(signature = (stop=false))]
+fn mcp_server_status(py: Python<'_>, stop: bool) -> Vec<(String, String, Vec<String>)> {
+    py.allow_threads(|| {
+        let slot = EXTENSIONS.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(manager) = slot.as_ref() else {
+            return Vec::new();
+        };
+        if stop {
+            manager.shutdown();
+        }
+        manager
+            .report()
+            .into_iter()
+            .map(|r| (r.name, r.state.to_string(), r.toolsets))
+            .collect()
+    })
+}
+
 #[pyfunction]
 fn statuses() -> Vec<String> {
     [
@@ -478,6 +520,8 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(get_tool_definitions, m)?)?;
     m.add_function(wrap_pyfunction!(provider_credentials, m)?)?;
     m.add_function(wrap_pyfunction!(statuses, m)?)?;
+    m.add_function(wrap_pyfunction!(load_mcp_servers, m)?)?;
+    m.add_function(wrap_pyfunction!(mcp_server_status, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     register_execute_code_tool(m.py());
     Ok(())

@@ -30,6 +30,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 from . import _native, registry
 from .discovery import discover_tools
+from .plugins import PluginReport, load_plugins
 
 __all__ = [
     "execute_code",
@@ -43,6 +44,10 @@ __all__ = [
     "clear_skill_env",
     "skill_env",
     "discover_tools",
+    "load_plugins",
+    "load_mcp_servers",
+    "mcp_servers",
+    "PluginReport",
     "registry",
     "STATUSES",
     "__version__",
@@ -263,6 +268,28 @@ def skill_env() -> List[str]:
     """The names registered with :func:`register_skill_env`."""
     with _skill_env_lock:
         return list(_skill_env)
+
+
+def load_mcp_servers() -> bool:
+    """Starts the ``mcp_servers:`` of ``$VIBEOS_HOME/config.yaml`` and registers their tools
+    (toolsets ``mcp-<name>``), as the CLI does. Eager servers start now, lazy ones on the first
+    :func:`registry.get_tool_definitions`. Broken servers are logged by name and skipped. Call
+    it once; later calls do nothing and return False. The servers stop at interpreter exit.
+    Plugins are loaded separately, in this interpreter, with :func:`load_plugins`.
+    """
+    loaded = _native.load_mcp_servers()
+    if loaded:
+        atexit.register(_native.mcp_server_status, True)
+    return loaded
+
+
+def mcp_servers() -> List[Dict[str, Any]]:
+    """The loaded MCP servers: ``{"name", "status", "toolsets"}`` each (empty before
+    :func:`load_mcp_servers`)."""
+    return [
+        {"name": n, "status": s, "toolsets": list(t)}
+        for n, s, t in _native.mcp_server_status(False)
+    ]
 
 
 _shutting_down = False

@@ -75,3 +75,9 @@ def provider_credentials(names: List[str]) -> List[str]:
 
 def statuses() -> List[str]:
     """The result statuses."""
+
+def load_mcp_servers() -> bool:
+    """Starts config.yaml's MCP servers into the registry; False if already loaded."""
+
+def mcp_server_status(stop: bool = False) -> List[Tuple[str, str, List[str]]]:
+    """(name, state, toolsets) of the loaded MCP servers; stops them first when ``stop``."""

@@ -69,6 +69,34 @@ def module_registers_tools(path: Union[str, "os.PathLike[str]"]) -> bool:
     return body_registers(tree.body)
 
 
+def tool_module_files(directory: Path) -> List[Path]:
+    """The tool modules of ``directory`` in name order: ``*.py`` files not starting with ``_``
+    that have a top-level ``registry.register(...)`` call."""
+    return [
+        f
+        for f in sorted(directory.glob("*.py"))
+        if not f.name.startswith("_") and module_registers_tools(f)
+    ]
+
+
+def import_module_file(file: Path) -> None:
+    """Imports ``file`` under its stem (kept in ``sys.modules``); raises what the import raised.
+
+    The caller puts the file's directory on ``sys.path`` if siblings must resolve.
+    """
+    name = file.stem
+    spec = importlib.util.spec_from_file_location(name, file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot build an import spec for {file}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+
+
 def discover_tools(path: Union[str, "os.PathLike[str]"]) -> List[str]:
     """Imports every tool module in directory ``path`` and returns the imported module names.
 
@@ -92,21 +120,10 @@ def discover_tools(path: Union[str, "os.PathLike[str]"]) -> List[str]:
     if added:
         sys.path.insert(0, dir_str)
     try:
-        for file in sorted(directory.glob("*.py")):
-            if file.name.startswith("_") or not module_registers_tools(file):
-                continue
+        for file in tool_module_files(directory):
             name = file.stem
             try:
-                spec = importlib.util.spec_from_file_location(name, file)
-                if spec is None or spec.loader is None:
-                    raise ImportError(f"cannot build an import spec for {file}")
-                module = importlib.util.module_from_spec(spec)
-                sys.modules[name] = module
-                try:
-                    spec.loader.exec_module(module)
-                except BaseException:
-                    sys.modules.pop(name, None)
-                    raise
+                import_module_file(file)
             except Exception as exc:  # noqa: BLE001 - one broken module must not stop the rest
                 log.warning("tool discovery: skipping %s: %s: %s", file, type(exc).__name__, exc,
                             exc_info=True)

@@ -102,6 +102,10 @@ def _parameters_of(name: str, schema: Mapping[str, Any]) -> Tuple[Dict[str, Any]
     return dict(schema), None
 
 
+#: While a plugin loads, the names it registers (see :mod:`vibeos_exec.plugins`); None otherwise.
+_recorder: Optional[List[str]] = None
+
+
 def register(
     name: str,
     toolset: str,
@@ -193,6 +197,8 @@ def register(
         parallel_safe,
         script_callable,
     )
+    if _recorder is not None:
+        _recorder.append(name)
 
 
 def unregister(name: str) -> bool:

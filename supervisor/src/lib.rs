@@ -12,6 +12,7 @@ pub mod confine;
 pub mod env_policy;
 pub mod execute;
 pub mod execute_code_tool;
+pub mod extensions;
 pub mod interpreter;
 pub mod logging;
 pub mod mcp;

@@ -4,7 +4,7 @@
 //!
 //! The scenarios live in `fixtures/mcp/scenario_*.py`; each prints one JSON report of what it
 //! observed and the assertions are here. The SDK is installed once into a venv cached under
-//! `target/mcp-venv` (`.ci/run` creates it up front); when it cannot be installed the
+//! `target/pyvenv` (scripts/test-all creates it), else in `target/mcp-venv`; when it cannot be installed the
 //! SDK-driven tests skip with a message naming what is missing.
 // Helpers outside `#[test]` fns unwrap too: a failure there is a test failure.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
@@ -46,6 +46,11 @@ fn find_or_install_mcp() -> Result<PathBuf, String> {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("target"));
+    // scripts/test-all's venv already holds the SDK; a separate one is made only without it.
+    let shared = target.join("pyvenv").join("bin").join("python");
+    if shared.exists() && imports_mcp(&shared) {
+        return Ok(shared);
+    }
     let venv = target.join("mcp-venv");
     let py = venv.join("bin").join("python");
     if py.exists() && imports_mcp(&py) {

@@ -136,6 +136,7 @@ impl ToolRegistry {
         disabled: &[String],
         settings: &ExecuteCodeSettings,
     ) -> Result<Vec<Value>, ToolsetError> {
+        self.prepare(crate::registry::Prepare::Definitions);
         let entries = self.select_tools(enabled, disabled)?;
         let avail = availability_of(&entries, self.check_timeout());
         let survivors: Vec<&Arc<ToolEntry>> = entries

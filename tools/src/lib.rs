@@ -20,6 +20,7 @@ mod definitions;
 pub mod environments;
 mod error;
 mod hooks;
+pub mod mcp_client;
 mod registry;
 pub mod settings;
 mod toolsets;
@@ -31,8 +32,8 @@ pub use definitions::{execute_code_description, ExecuteCodeSettings, ToolStatus,
 pub use error::{RegistrationError, ToolError};
 pub use hooks::{CallStatus, HookDecision, PostHook, PostToolCall, PreHook, PreToolCall};
 pub use registry::{
-    registry, AsyncHandler, BuiltinTool, CheckFn, CheckFnHolder, Handler, OverridePolicy,
-    SyncHandler, TextHandler, ToolCall, ToolEntry, ToolRegistry, ToolSource, AGENT_LOOP_TOOLS,
-    MAX_PARALLEL_TOOL_CALLS, SCRIPT_BLOCKED_TOOLS, SCRIPT_TOOLS,
+    registry, AsyncHandler, BuiltinTool, CheckFn, CheckFnHolder, Handler, OverridePolicy, Prepare,
+    PrepareHook, SyncHandler, TextHandler, ToolCall, ToolEntry, ToolRegistry, ToolSource,
+    AGENT_LOOP_TOOLS, MAX_PARALLEL_TOOL_CALLS, SCRIPT_BLOCKED_TOOLS, SCRIPT_TOOLS,
 };
 pub use toolsets::{static_toolsets, Toolset, ToolsetError, LEGACY_TOOLSET_ALIASES};

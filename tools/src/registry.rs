@@ -471,7 +471,25 @@ pub struct ToolRegistry {
     check_timeout: RwLock<Duration>,
     /// Tools an embedding host opened to scripts besides [`SCRIPT_TOOLS`].
     extra_script_tools: RwLock<BTreeSet<String>>,
+    /// MCP servers the operator's config opened to scripts: server name → the tool names
+    /// opened (`None`: every tool of the server).
+    script_mcp_servers: RwLock<BTreeMap<String, Option<BTreeSet<String>>>>,
+    /// Run before tool definitions or the script tool list are built (lazy MCP servers).
+    prepare_hooks: RwLock<Vec<PrepareHook>>,
 }
+
+/// What is about to be built when a [`PrepareHook`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prepare {
+    /// The model's tool definitions (`get_tool_definitions*`).
+    Definitions,
+    /// The tool list of an execute_code script (`script_tools`).
+    Scripts,
+}
+
+/// A hook run before definitions or the script tool list are built, so tool sources that start
+/// lazily (MCP servers) can register their tools first. It must not call back into the build.
+pub type PrepareHook = Arc<dyn Fn(&ToolRegistry, Prepare) + Send + Sync>;
 
 impl Default for ToolRegistry {
     fn default() -> Self {
@@ -508,6 +526,8 @@ impl ToolRegistry {
             override_policy: RwLock::new(OverridePolicy::default()),
             check_timeout: RwLock::new(DEFAULT_CHECK_TIMEOUT),
             extra_script_tools: RwLock::new(BTreeSet::new()),
+            script_mcp_servers: RwLock::new(BTreeMap::new()),
+            prepare_hooks: RwLock::new(Vec::new()),
         }
     }
 
@@ -607,21 +627,79 @@ impl ToolRegistry {
         write(&self.extra_script_tools).remove(name)
     }
 
+    /// Opens tools of the MCP server `server` to execute_code scripts: all of them (`tools` is
+    /// `None`) or the listed names. Scripts never call MCP tools (SPEC §2) unless the operator
+    /// says so in config.yaml (`mcp_servers.<name>.script_callable`); this is that path, and
+    /// nothing else (not the Python package, not a plugin) should call it. The blocked and
+    /// agent-loop tools stay closed whatever the server calls its tools.
+    pub fn allow_mcp_server_in_scripts(&self, server: &str, tools: Option<BTreeSet<String>>) {
+        write(&self.script_mcp_servers).insert(server.to_string(), tools);
+    }
+
+    /// Closes the MCP server `server` to scripts again; returns whether it was open.
+    pub fn disallow_mcp_server_in_scripts(&self, server: &str) -> bool {
+        write(&self.script_mcp_servers).remove(server).is_some()
+    }
+
+    fn mcp_open_to_scripts(&self, server: &str, tool: &str) -> bool {
+        match read(&self.script_mcp_servers).get(server) {
+            Some(None) => true,
+            Some(Some(names)) => names.contains(tool),
+            None => false,
+        }
+    }
+
     /// Names of the tools scripts may call: [`SCRIPT_TOOLS`] in their order, then the ones a
-    /// host opened, sorted. Registered or not, available or not.
+    /// host opened, sorted, then the registered tools of MCP servers the operator opened,
+    /// sorted. Registered or not, available or not (MCP ones: registered only).
     pub fn script_tool_names(&self) -> Vec<String> {
         let mut names: Vec<String> = SCRIPT_TOOLS.iter().map(|s| s.to_string()).collect();
         names.extend(read(&self.extra_script_tools).iter().cloned());
+        if !read(&self.script_mcp_servers).is_empty() {
+            let mcp: Vec<String> = read(&self.tools)
+                .values()
+                .filter(|e| match &e.source {
+                    ToolSource::Mcp(server) => self.mcp_open_to_scripts(server, &e.name),
+                    _ => false,
+                })
+                .map(|e| e.name.clone())
+                .filter(|n| !names.contains(n))
+                .collect();
+            names.extend(mcp);
+        }
         names
     }
 
     /// Whether `entry` may be handed to a script: its name is a script tool and it is not an
-    /// MCP server's (scripts never call MCP tools, even under a script tool's name).
+    /// MCP server's (scripts never call MCP tools, even under a script tool's name) unless the
+    /// operator opened that server's tool in config.
     pub(crate) fn is_script_callable(&self, entry: &ToolEntry) -> bool {
-        !matches!(entry.source, ToolSource::Mcp(_))
-            && !SCRIPT_BLOCKED_TOOLS.contains(&entry.name.as_str())
-            && (SCRIPT_TOOLS.contains(&entry.name.as_str())
-                || read(&self.extra_script_tools).contains(&entry.name))
+        let name = entry.name.as_str();
+        if SCRIPT_BLOCKED_TOOLS.contains(&name) || AGENT_LOOP_TOOLS.contains(&name) {
+            return false;
+        }
+        if let ToolSource::Mcp(server) = &entry.source {
+            return self.mcp_open_to_scripts(server, name);
+        }
+        SCRIPT_TOOLS.contains(&name) || read(&self.extra_script_tools).contains(&entry.name)
+    }
+
+    /// Adds a hook run before tool definitions or the script tool list are built.
+    pub fn add_prepare_hook<F>(&self, hook: F)
+    where
+        F: Fn(&ToolRegistry, Prepare) + Send + Sync + 'static,
+    {
+        write(&self.prepare_hooks).push(Arc::new(hook));
+    }
+
+    /// Runs the prepare hooks (outside every lock; a panicking hook is logged).
+    pub(crate) fn prepare(&self, what: Prepare) {
+        let hooks: Vec<PrepareHook> = read(&self.prepare_hooks).clone();
+        for hook in hooks {
+            if catch_unwind(AssertUnwindSafe(|| hook(self, what))).is_err() {
+                tracing::error!("a prepare hook panicked while preparing {what:?}; continuing");
+            }
+        }
     }
 
     /// How long a `check_fn` may run before its tools count as unavailable.
@@ -830,6 +908,7 @@ impl ToolRegistry {
     /// available now, in [`ToolRegistry::script_tool_names`] order. Empty when none is: scripts
     /// then get no tools, never all of them.
     pub fn script_tools(&self) -> Vec<Arc<ToolEntry>> {
+        self.prepare(Prepare::Scripts);
         let entries: Vec<Arc<ToolEntry>> = self
             .script_tool_names()
             .iter()

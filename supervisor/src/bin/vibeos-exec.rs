@@ -214,8 +214,18 @@ fn real_main(cli: Cli) -> Result<u8, UsageError> {
         tracing::error!("{e}");
     }
     match cli.command {
-        Command::Tools { command } => tools(command, &config),
-        Command::Run(args) => run(args, &config),
+        Command::Tools { command } => {
+            let extensions = vibeos_supervisor::extensions::load(&config, vibeos_tools::registry());
+            let code = tools(command, &config, &extensions);
+            extensions.shutdown();
+            code
+        }
+        Command::Run(args) => {
+            let extensions = vibeos_supervisor::extensions::load(&config, vibeos_tools::registry());
+            let code = run(args, &config);
+            extensions.shutdown();
+            code
+        }
         Command::Doctor { json } => {
             let report = vibeos_supervisor::confine::doctor::probe();
             let text = if json {
@@ -246,7 +256,11 @@ fn real_main(cli: Cli) -> Result<u8, UsageError> {
 
 /// `tools list` and `tools schema`: both built from the registry exactly as the model's tool
 /// list is, so what they show is what the model gets.
-fn tools(command: ToolsCommand, config: &Config) -> Result<u8, UsageError> {
+fn tools(
+    command: ToolsCommand,
+    config: &Config,
+    extensions: &vibeos_tools::mcp_client::McpManager,
+) -> Result<u8, UsageError> {
     let reg = vibeos_tools::registry();
     let mut out = std::io::stdout().lock();
     match command {
@@ -280,6 +294,7 @@ fn tools(command: ToolsCommand, config: &Config) -> Result<u8, UsageError> {
                             "emoji": r.emoji,
                             "is_async": r.is_async,
                             "source": r.source.to_string(),
+                            "server_status": server_status(extensions, &r.source),
                         })
                     })
                     .collect();
@@ -320,11 +335,46 @@ fn tools(command: ToolsCommand, config: &Config) -> Result<u8, UsageError> {
                     .filter(|r| r.availability.is_available())
                     .count();
                 let _ = writeln!(out, "\n{} tools, {available} available", rows.len());
+                let servers = extensions.report();
+                if !servers.is_empty() {
+                    let _ = writeln!(out, "\nMCP SERVERS AND PLUGINS");
+                    for s in &servers {
+                        let toolsets = if s.toolsets.is_empty() {
+                            String::new()
+                        } else {
+                            format!("  [{}]", s.toolsets.join(", "))
+                        };
+                        let _ = writeln!(
+                            out,
+                            "{}  {} ({}, {})  {}{toolsets}",
+                            s.name, s.kind, s.transport, s.startup, s.state
+                        );
+                    }
+                }
             }
         }
     }
     let _ = out.flush();
     Ok(0)
+}
+
+/// The state of the MCP server or plugin host behind a tool, for `tools list --json`
+/// (`null` for built-ins and host tools).
+fn server_status(
+    extensions: &vibeos_tools::mcp_client::McpManager,
+    source: &vibeos_tools::ToolSource,
+) -> serde_json::Value {
+    let server = match source {
+        vibeos_tools::ToolSource::Mcp(name) => name.as_str(),
+        vibeos_tools::ToolSource::Plugin(_) => vibeos_supervisor::extensions::PLUGIN_HOST,
+        vibeos_tools::ToolSource::Builtin => return serde_json::Value::Null,
+    };
+    extensions
+        .servers()
+        .iter()
+        .find(|s| s.name() == server)
+        .map(|s| serde_json::Value::String(s.state().to_string()))
+        .unwrap_or(serde_json::Value::Null)
 }
 
 fn read_script(file: &str) -> Result<String, UsageError> {

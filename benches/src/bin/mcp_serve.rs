@@ -12,7 +12,7 @@
 //! The client is a minimal JSON-RPC writer/reader over the server's stdin/stdout, so what is
 //! measured is the server, not an SDK.
 //!
-//! Run: `cargo build --release --bins && cargo run --release -p vibeos-benches --bin mcp`.
+//! Run: `cargo build --release --bins && cargo run --release -p vibeos-benches --bin mcp_serve`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

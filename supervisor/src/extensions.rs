@@ -1,0 +1,312 @@
+//! Tools beyond the built-ins (SPEC §7): configured MCP servers and plugins.
+//!
+//! The registry reads config.yaml's `mcp_servers:` after the built-ins and registers each
+//! server's tools, then the plugins' (hosted by `python -m vibeos_exec.plugin_host`, an MCP
+//! stdio server, since the CLI embeds no Python). This module turns the config into
+//! [`ServerSpec`]s — checking each entry, and computing each stdio child's environment with the
+//! same scrubbing policy as execute_code ([`crate::env_policy`], one source of truth) — and
+//! hands them to the tools crate's MCP client. The CLI, the Python package and the MCP server
+//! all call [`load`].
+
+use crate::config::{vibeos_home, Config};
+use crate::env_policy::EnvPolicy;
+use crate::interpreter::Resolution;
+use serde::Deserialize;
+use serde_yaml_ng::Value;
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use vibeos_tools::mcp_client::{McpManager, McpServerConfig, ServerKind, ServerSpec, Startup};
+use vibeos_tools::ToolRegistry;
+
+/// Name of the plugin host's server (and its row in `tools list`).
+pub const PLUGIN_HOST: &str = "plugins";
+
+/// The `plugins:` section of config.yaml.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PluginsConfig {
+    /// `false` loads no plugins (default `true`).
+    pub enabled: Option<bool>,
+    /// `eager` or `lazy` (default).
+    pub startup: Startup,
+    /// Interpreter of the plugin host (default: the default interpreter, `code_execution.python`
+    /// or `python3` on PATH).
+    pub python: Option<PathBuf>,
+    /// Extra plugin directories, after `$VIBEOS_HOME/plugins` and `<cwd>/.vibeos/plugins`.
+    pub dirs: Vec<PathBuf>,
+    /// Per-call timeout in seconds (default 60).
+    pub timeout: Option<f64>,
+    /// Start-up timeout in seconds (default 30).
+    pub connect_timeout: Option<f64>,
+    /// Whether installed packages' `vibeos.plugins` entry points are loaded. Unset: loaded when
+    /// the host runs, which it does only when a plugin directory exists; `true` runs the host
+    /// for entry points alone; `false` never loads them.
+    pub entry_points: Option<bool>,
+}
+
+/// The environment of a stdio server: this process's environment scrubbed by the execute_code
+/// policy (`terminal.env_passthrough` applies), `HOME` and `TZ` kept, then the server's
+/// explicit `env:` entries. An explicit entry is the operator's own choice and is passed even
+/// when its name is a provider credential the policy would drop from the inherited
+/// environment; it is logged (name only) so the choice is visible.
+pub fn server_env(
+    server: &str,
+    config: &Config,
+    explicit: &std::collections::BTreeMap<String, String>,
+) -> Vec<(String, String)> {
+    let parent: Vec<(std::ffi::OsString, std::ffi::OsString)> = std::env::vars_os().collect();
+    let passthrough: BTreeSet<String> = config.env_passthrough.iter().cloned().collect();
+    let mut env: Vec<(String, String)> = match EnvPolicy::builtin() {
+        Ok(policy) => {
+            for name in explicit.keys() {
+                if policy.is_provider_credential(std::ffi::OsStr::new(name)) {
+                    tracing::info!(
+                        "MCP server `{server}`: passing provider credential {name} because \
+                         mcp_servers.{server}.env sets it explicitly"
+                    );
+                }
+            }
+            policy
+                .scrub(parent.clone(), &passthrough)
+                .kept
+                .into_iter()
+                .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+                .collect()
+        }
+        Err(e) => {
+            // Fail closed: no inherited variables at all rather than unscrubbed ones.
+            tracing::error!("MCP server `{server}`: {e}; starting it with only its own env");
+            Vec::new()
+        }
+    };
+    for keep in ["HOME", "TZ", "PATH"] {
+        if !env.iter().any(|(k, _)| k == keep) {
+            if let Some(v) = std::env::var_os(keep).and_then(|v| v.into_string().ok()) {
+                env.push((keep.to_string(), v));
+            }
+        }
+    }
+    env.retain(|(k, _)| !explicit.contains_key(k));
+    env.extend(explicit.iter().map(|(k, v)| (k.clone(), v.clone())));
+    env
+}
+
+/// The server specs of config.yaml: `mcp_servers:` entries in file order (bad ones logged with
+/// their name and skipped), then the plugin host unless `plugins.enabled` is false.
+pub fn specs(config: &Config) -> Vec<ServerSpec> {
+    let mut out = mcp_server_specs(config);
+    if let Some(spec) = plugin_host_spec(config) {
+        out.push(spec);
+    }
+    out
+}
+
+/// The `mcp_servers:` specs alone (a Python host loads its plugins in-process instead).
+pub fn mcp_server_specs(config: &Config) -> Vec<ServerSpec> {
+    let mut out = Vec::new();
+    match config.document.get("mcp_servers") {
+        None | Some(Value::Null) => {}
+        Some(Value::Mapping(map)) => {
+            for (key, value) in map {
+                let Some(name) = key.as_str() else {
+                    tracing::warn!("mcp_servers: an entry's name is not a string; skipped");
+                    continue;
+                };
+                let cfg: McpServerConfig = match serde_yaml_ng::from_value(value.clone()) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::warn!("MCP server `{name}` skipped: mcp_servers.{name}: {e}");
+                        continue;
+                    }
+                };
+                if let Err(e) = cfg.validate(name) {
+                    tracing::warn!("MCP server `{name}` skipped: {e}");
+                    continue;
+                }
+                let env = cfg
+                    .command
+                    .is_some()
+                    .then(|| server_env(name, config, &cfg.env));
+                out.push(ServerSpec {
+                    name: name.to_string(),
+                    config: cfg,
+                    env,
+                    kind: ServerKind::Mcp,
+                    start_hint: None,
+                });
+            }
+        }
+        Some(_) => tracing::warn!(
+            "mcp_servers in {} is not a mapping of server name to settings; no MCP servers loaded",
+            config
+                .source
+                .as_deref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| "config.yaml".into())
+        ),
+    }
+    out
+}
+
+/// The plugin host's spec, or `None` when plugins are disabled or misconfigured (logged).
+pub fn plugin_host_spec(config: &Config) -> Option<ServerSpec> {
+    let plugins: PluginsConfig = match config.document.get("plugins") {
+        None | Some(Value::Null) => PluginsConfig::default(),
+        Some(v) => match serde_yaml_ng::from_value(v.clone()) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!("plugins skipped: plugins: {e}");
+                return None;
+            }
+        },
+    };
+    if plugins.enabled == Some(false) {
+        return None;
+    }
+    let python = match plugins.python.clone() {
+        Some(p) => p,
+        None => match Resolution::from_env(config.python.clone()).default_interpreter() {
+            Ok(i) => i.path,
+            Err(e) => {
+                tracing::warn!("plugins skipped: no Python interpreter for the plugin host: {e}");
+                return None;
+            }
+        },
+    };
+    let mut dirs = vec![vibeos_home().join("plugins")];
+    if let Ok(cwd) = std::env::current_dir() {
+        dirs.push(cwd.join(".vibeos").join("plugins"));
+    }
+    dirs.extend(plugins.dirs.iter().cloned());
+    // Without a plugin directory the host runs only when entry points are asked for
+    // explicitly: no Python start-up per CLI call for users who have no plugins.
+    if !dirs.iter().any(|d| d.is_dir()) && plugins.entry_points != Some(true) {
+        return None;
+    }
+    let mut args = vec!["-m".to_string(), "vibeos_exec.plugin_host".to_string()];
+    for d in &dirs {
+        args.push("--dir".into());
+        args.push(d.display().to_string());
+    }
+    if plugins.entry_points == Some(false) {
+        args.push("--no-entry-points".into());
+    }
+    let command = python.display().to_string();
+    let cfg = McpServerConfig {
+        command: Some(command.clone()),
+        args,
+        startup: plugins.startup,
+        timeout: plugins.timeout,
+        connect_timeout: plugins.connect_timeout,
+        ..McpServerConfig::default()
+    };
+    let env = server_env(PLUGIN_HOST, config, &Default::default());
+    Some(ServerSpec {
+        name: PLUGIN_HOST.into(),
+        config: cfg,
+        env: Some(env),
+        kind: ServerKind::Plugins,
+        start_hint: Some(format!(
+            "plugins need the vibeos_exec Python package installed for {command}; plugins skipped"
+        )),
+    })
+}
+
+/// Registers the configured MCP servers and plugins into `registry`: eager servers start now,
+/// lazy ones on the first definitions build. Failures are logged by name and skipped. Keep the
+/// returned manager and call [`McpManager::shutdown`] on exit.
+pub fn load(config: &Config, registry: &'static ToolRegistry) -> Arc<McpManager> {
+    McpManager::start(specs(config), registry)
+}
+
+/// [`load`] without the plugin host: for hosts that load plugins in their own Python
+/// (`vibeos_exec.load_plugins()`).
+pub fn load_mcp_servers(config: &Config, registry: &'static ToolRegistry) -> Arc<McpManager> {
+    McpManager::start(mcp_server_specs(config), registry)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn config(yaml: &str) -> Config {
+        Config::parse(yaml, Path::new("/test/config.yaml")).unwrap()
+    }
+
+    #[test]
+    fn entries_are_parsed_and_bad_ones_skipped_by_name() {
+        let cfg = config(
+            "mcp_servers:\n  good:\n    command: srv\n    args: [a, b]\n    startup: eager\n    script_callable: [t1]\n  http:\n    url: http://127.0.0.1:9/mcp\n    headers: {X-A: b}\n  both:\n    command: x\n    url: http://x\n  typo:\n    comand: x\n  slow:\n    command: x\n    timeout: -1\n  bad.name:\n    command: x\nplugins:\n  enabled: false\n",
+        );
+        let specs = specs(&cfg);
+        let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["good", "http"]);
+        assert_eq!(specs[0].config.args, ["a", "b"]);
+        assert_eq!(specs[0].config.startup, Startup::Eager);
+        assert_eq!(
+            specs[0].config.script_callable.opened(),
+            Some(Some(["t1".to_string()].into()))
+        );
+        assert!(specs[0].env.is_some(), "stdio servers get a computed env");
+        assert!(specs[1].env.is_none(), "HTTP servers start no process");
+        assert_eq!(specs[1].config.startup, Startup::Lazy);
+    }
+
+    #[test]
+    fn a_non_mapping_section_loads_nothing() {
+        assert!(mcp_server_specs(&config("mcp_servers: [a, b]\n")).is_empty());
+        assert!(mcp_server_specs(&config("other: 1\n")).is_empty());
+    }
+
+    #[test]
+    fn server_env_scrubs_credentials_and_passes_explicit_entries() {
+        // The test process's own env is the parent env here; a provider credential set in it
+        // must not reach the server, an explicit value must.
+        std::env::set_var("OPENAI_API_KEY", "sk-parent");
+        let explicit: std::collections::BTreeMap<String, String> = [
+            ("ANTHROPIC_API_KEY".to_string(), "from-config".to_string()),
+            ("PATH".to_string(), "/custom/bin".to_string()),
+        ]
+        .into();
+        let env = server_env("t", &Config::default(), &explicit);
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("OPENAI_API_KEY"), None);
+        assert_eq!(get("ANTHROPIC_API_KEY"), Some("from-config"));
+        assert_eq!(get("PATH"), Some("/custom/bin"), "explicit entries win");
+        assert_eq!(env.iter().filter(|(n, _)| n == "PATH").count(), 1);
+    }
+
+    #[test]
+    fn the_plugin_host_runs_only_with_a_plugin_dir_or_entry_points() {
+        let dir = tempfile::tempdir().unwrap();
+        let yaml = |extra: &str| {
+            format!(
+                "plugins:\n  python: /usr/bin/python3\n  entry_points: false\n  dirs: [{}]\n{extra}",
+                dir.path().join("none").display()
+            )
+        };
+        // No directory exists: no host.
+        assert!(plugin_host_spec(&config(&yaml(""))).is_none());
+        std::fs::create_dir_all(dir.path().join("none")).unwrap();
+        let spec = plugin_host_spec(&config(&yaml(""))).expect("host with a plugin dir");
+        assert_eq!(spec.kind, ServerKind::Plugins);
+        assert_eq!(spec.config.command.as_deref(), Some("/usr/bin/python3"));
+        assert!(spec
+            .config
+            .args
+            .contains(&"vibeos_exec.plugin_host".to_string()));
+        assert!(spec.config.args.contains(&"--no-entry-points".to_string()));
+        let on = "plugins:\n  python: /usr/bin/python3\n  entry_points: true\n";
+        assert!(
+            plugin_host_spec(&config(on)).is_some(),
+            "entry points alone"
+        );
+        assert!(plugin_host_spec(&config(
+            "plugins:\n  enabled: false\n  entry_points: true\n"
+        ))
+        .is_none());
+        assert!(plugin_host_spec(&config("plugins:\n  bogus: 1\n")).is_none());
+    }
+}

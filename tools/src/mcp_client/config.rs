@@ -1,0 +1,207 @@
+//! The `mcp_servers:` section of config.yaml, as the MCP client reads it.
+//!
+//! Kept apart from the client so the supervisor can parse and check the whole section (and
+//! report every bad entry by name) before any server is started.
+
+use serde::Deserialize;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Default per-call timeout of an MCP tool call.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default time a server gets to start and answer `initialize` and `tools/list`.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// When a server is started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Startup {
+    /// When the registry is built (the CLI starts, the Python package loads extensions).
+    Eager,
+    /// On the first definitions build that needs its tools (or first script build when the
+    /// server is script-callable). The default: an agent that never lists tools pays nothing.
+    #[default]
+    Lazy,
+}
+
+impl Startup {
+    /// The name written in config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Startup::Eager => "eager",
+            Startup::Lazy => "lazy",
+        }
+    }
+}
+
+/// `script_callable:` — `false` (default), `true` (every tool of the server) or a list of tool
+/// names. Only the operator's config can open MCP tools to scripts (SPEC §2).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum ScriptCallable {
+    /// All tools (`true`) or none (`false`).
+    All(bool),
+    /// Only these tools.
+    Only(BTreeSet<String>),
+}
+
+impl Default for ScriptCallable {
+    fn default() -> Self {
+        ScriptCallable::All(false)
+    }
+}
+
+impl ScriptCallable {
+    /// `None` when scripts may not call the server; `Some(None)` for all its tools;
+    /// `Some(Some(names))` for the listed ones.
+    pub fn opened(&self) -> Option<Option<BTreeSet<String>>> {
+        match self {
+            ScriptCallable::All(false) => None,
+            ScriptCallable::All(true) => Some(None),
+            ScriptCallable::Only(names) => Some(Some(names.clone())),
+        }
+    }
+}
+
+/// One entry of `mcp_servers:`: a stdio server (`command`) or an HTTP one (`url`).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct McpServerConfig {
+    /// Program of a stdio server (looked up on PATH).
+    pub command: Option<String>,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Variables set for a stdio server on top of the scrubbed environment. An explicit value
+    /// here is the operator's choice and passes even a provider credential.
+    pub env: BTreeMap<String, String>,
+    /// Working directory of a stdio server (default: the CLI's).
+    pub cwd: Option<PathBuf>,
+    /// URL of a streamable-HTTP server.
+    pub url: Option<String>,
+    /// HTTP headers sent to an HTTP server (e.g. `Authorization`).
+    pub headers: BTreeMap<String, String>,
+    /// `eager` or `lazy` (default).
+    pub startup: Startup,
+    /// Per-call timeout in seconds (default 60).
+    pub timeout: Option<f64>,
+    /// Start-up timeout in seconds (default 30).
+    pub connect_timeout: Option<f64>,
+    /// Whether scripts may call this server's tools (default `false`).
+    pub script_callable: ScriptCallable,
+    /// `false` skips the server without removing its entry.
+    pub enabled: Option<bool>,
+}
+
+/// Why an `mcp_servers` entry cannot be used.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum McpConfigError {
+    /// Neither or both of `command` and `url`.
+    #[error(
+        "mcp_servers.{0}: give exactly one of `command` (a stdio server) or `url` (an HTTP server)"
+    )]
+    Transport(String),
+    /// A timeout that is not a positive number of seconds.
+    #[error("mcp_servers.{name}.{key}: {value} is not a usable number of seconds (positive, at most 86400)")]
+    Timeout {
+        /// Server name.
+        name: String,
+        /// `timeout` or `connect_timeout`.
+        key: &'static str,
+        /// The value written.
+        value: f64,
+    },
+    /// A server name that cannot make a toolset name.
+    #[error("mcp_servers.{0}: a server name may hold only letters, digits, `_` and `-`")]
+    BadName(String),
+    /// A stdio-only key on an HTTP server or the reverse.
+    #[error("mcp_servers.{name}: `{key}` applies only to {kind} servers")]
+    WrongKind {
+        /// Server name.
+        name: String,
+        /// The misplaced key.
+        key: &'static str,
+        /// `stdio` or `HTTP`.
+        kind: &'static str,
+    },
+}
+
+fn seconds(
+    name: &str,
+    key: &'static str,
+    v: Option<f64>,
+    default: Duration,
+) -> Result<Duration, McpConfigError> {
+    match v {
+        None => Ok(default),
+        Some(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => Ok(Duration::from_secs_f64(s)),
+        Some(value) => Err(McpConfigError::Timeout {
+            name: name.into(),
+            key,
+            value,
+        }),
+    }
+}
+
+impl McpServerConfig {
+    /// Checks the entry named `name`: exactly one transport, keys that fit it, usable timeouts.
+    pub fn validate(&self, name: &str) -> Result<(), McpConfigError> {
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            return Err(McpConfigError::BadName(name.into()));
+        }
+        match (&self.command, &self.url) {
+            (Some(_), None) => {
+                if !self.headers.is_empty() {
+                    return Err(McpConfigError::WrongKind {
+                        name: name.into(),
+                        key: "headers",
+                        kind: "HTTP",
+                    });
+                }
+            }
+            (None, Some(_)) => {
+                for (key, set) in [
+                    ("args", !self.args.is_empty()),
+                    ("env", !self.env.is_empty()),
+                    ("cwd", self.cwd.is_some()),
+                ] {
+                    if set {
+                        return Err(McpConfigError::WrongKind {
+                            name: name.into(),
+                            key,
+                            kind: "stdio",
+                        });
+                    }
+                }
+            }
+            _ => return Err(McpConfigError::Transport(name.into())),
+        }
+        self.call_timeout(name)?;
+        self.start_timeout(name)?;
+        Ok(())
+    }
+
+    /// The per-call timeout.
+    pub fn call_timeout(&self, name: &str) -> Result<Duration, McpConfigError> {
+        seconds(name, "timeout", self.timeout, DEFAULT_CALL_TIMEOUT)
+    }
+
+    /// The start-up timeout.
+    pub fn start_timeout(&self, name: &str) -> Result<Duration, McpConfigError> {
+        seconds(
+            name,
+            "connect_timeout",
+            self.connect_timeout,
+            DEFAULT_CONNECT_TIMEOUT,
+        )
+    }
+
+    /// Whether the entry is enabled (default yes).
+    pub fn is_enabled(&self) -> bool {
+        self.enabled.unwrap_or(true)
+    }
+}

@@ -1,0 +1,786 @@
+//! Tools from external MCP servers (SPEC §7): the client side.
+//!
+//! Each configured server (stdio child process or streamable-HTTP endpoint) becomes an
+//! [`McpServer`]: started eagerly or on the first definitions build, its `tools/list` registered
+//! as the dynamic toolset `mcp-<name>`, every call dispatched through the registry like any tool
+//! (hooks, error wrapping, result cap) and sent with the official Rust SDK (`rmcp`). The same
+//! code hosts plugins: the Python plugin host is an MCP stdio server whose tools carry their
+//! plugin module in `_meta`, and they are registered as `plugin-<module>` toolsets.
+//!
+//! Failure handling is the point of this module: a server that cannot start, speaks garbage or
+//! never answers is logged with its name and skipped; a server that dies is restarted once and
+//! the caller gets a clear error if it stays down; a hung call ends at the per-call timeout and
+//! holds no lock while it waits, so other tools (and other calls of the same server) go on.
+
+mod config;
+
+pub use config::{
+    McpConfigError, McpServerConfig, ScriptCallable, Startup, DEFAULT_CALL_TIMEOUT,
+    DEFAULT_CONNECT_TIMEOUT,
+};
+
+use crate::registry::{Prepare, ToolEntry, ToolRegistry, ToolSource};
+use crate::{run_async, CheckFn, ToolError};
+use rmcp::model::{CallToolRequestParams, CallToolResult, ClientConfig, Implementation, Tool};
+use rmcp::service::{NotificationContext, RunningService};
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+/// `_meta` key naming the plugin module a plugin-host tool comes from.
+pub const PLUGIN_META_KEY: &str = "vibeos/plugin";
+/// `_meta` key marking a plugin tool its plugin opened to scripts.
+pub const PLUGIN_SCRIPT_META_KEY: &str = "vibeos/script_callable";
+/// Key of the JSON object in the plugin host's `instructions` listing plugins that failed.
+pub const PLUGIN_FAILURES_KEY: &str = "vibeos_plugin_failures";
+
+/// What a server's tools are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerKind {
+    /// An operator's MCP server: toolset `mcp-<name>`, [`ToolSource::Mcp`].
+    Mcp,
+    /// The plugin host: toolsets `plugin-<module>`, [`ToolSource::Plugin`].
+    Plugins,
+}
+
+/// Everything needed to start one server.
+#[derive(Debug, Clone)]
+pub struct ServerSpec {
+    /// Name from config (`plugins` for the plugin host).
+    pub name: String,
+    /// The config entry.
+    pub config: McpServerConfig,
+    /// Complete environment of a stdio server (scrubbed by the caller's policy, plus the
+    /// explicit `env:` entries). `None` inherits this process's environment.
+    pub env: Option<Vec<(String, String)>>,
+    /// MCP server or plugin host.
+    pub kind: ServerKind,
+    /// Added to start-up failures (e.g. how to install the plugin host).
+    pub start_hint: Option<String>,
+}
+
+/// Where a server is in its life, for `tools list`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerState {
+    /// Lazy and not needed yet.
+    NotStarted,
+    /// Connected; holds this many registered tools.
+    Running(usize),
+    /// Could not start, or died and could not be restarted.
+    Failed(String),
+    /// Stopped by [`McpManager::shutdown`].
+    Stopped,
+}
+
+impl std::fmt::Display for ServerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ServerState::NotStarted => f.write_str("lazy (not started)"),
+            ServerState::Running(n) => write!(f, "running ({n} tools)"),
+            ServerState::Failed(why) => write!(f, "failed: {why}"),
+            ServerState::Stopped => f.write_str("stopped"),
+        }
+    }
+}
+
+/// One row of the extension report.
+#[derive(Debug, Clone)]
+pub struct ServerReport {
+    /// Server (or `plugin <module>`) name.
+    pub name: String,
+    /// `mcp` or `plugin`.
+    pub kind: &'static str,
+    /// `stdio: <command>` or `http: <url>`.
+    pub transport: String,
+    /// `eager` or `lazy`.
+    pub startup: &'static str,
+    /// Its state.
+    pub state: ServerState,
+    /// Toolsets it registered.
+    pub toolsets: Vec<String>,
+}
+
+type Client = RunningService<RoleClient, Notifier>;
+
+enum Conn {
+    None,
+    Up {
+        client: Arc<Client>,
+        pid: Option<u32>,
+    },
+    Down(String),
+    Stopped,
+}
+
+/// One configured server and its connection.
+pub struct McpServer {
+    spec: ServerSpec,
+    call_timeout: Duration,
+    start_timeout: Duration,
+    registry: &'static ToolRegistry,
+    conn: tokio::sync::Mutex<Conn>,
+    state: Mutex<ServerState>,
+    toolsets: Mutex<Vec<String>>,
+    plugin_failures: Mutex<BTreeMap<String, String>>,
+    check: CheckFn,
+    this: Weak<McpServer>,
+}
+
+/// Receives the server's notifications; a changed tool list is fetched again off the
+/// notification path (the service loop must stay free to deliver the answer).
+struct Notifier {
+    server: Weak<McpServer>,
+}
+
+impl ClientHandler for Notifier {
+    fn on_tool_list_changed(
+        &self,
+        _context: NotificationContext<RoleClient>,
+    ) -> impl std::future::Future<Output = ()> + Send + '_ {
+        let server = self.server.clone();
+        async move {
+            if let Some(server) = server.upgrade() {
+                tokio::spawn(async move { server.refresh_tools().await });
+            }
+        }
+    }
+
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(
+            Default::default(),
+            Implementation::new("vibeos-exec", env!("CARGO_PKG_VERSION")),
+        )
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn secs(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s.fract() == 0.0 {
+        format!("{s:.0}")
+    } else {
+        format!("{s}")
+    }
+}
+
+impl McpServer {
+    /// A server, not started. Fails on a config entry that cannot be used.
+    pub fn new(
+        spec: ServerSpec,
+        registry: &'static ToolRegistry,
+    ) -> Result<Arc<Self>, McpConfigError> {
+        spec.config.validate(&spec.name)?;
+        let call_timeout = spec.config.call_timeout(&spec.name)?;
+        let start_timeout = spec.config.start_timeout(&spec.name)?;
+        Ok(Arc::new_cyclic(|this: &Weak<McpServer>| {
+            let weak = this.clone();
+            let check: CheckFn = Arc::new(move || {
+                weak.upgrade()
+                    .is_some_and(|s| matches!(*lock(&s.state), ServerState::Running(_)))
+            });
+            McpServer {
+                spec,
+                call_timeout,
+                start_timeout,
+                registry,
+                conn: tokio::sync::Mutex::new(Conn::None),
+                state: Mutex::new(ServerState::NotStarted),
+                toolsets: Mutex::new(Vec::new()),
+                plugin_failures: Mutex::new(BTreeMap::new()),
+                check,
+                this: this.clone(),
+            }
+        }))
+    }
+
+    /// The server's name.
+    pub fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    /// Its spec.
+    pub fn spec(&self) -> &ServerSpec {
+        &self.spec
+    }
+
+    /// Where it is in its life.
+    pub fn state(&self) -> ServerState {
+        lock(&self.state).clone()
+    }
+
+    /// Plugins the plugin host could not load, by module, with the reason.
+    pub fn plugin_failures(&self) -> BTreeMap<String, String> {
+        lock(&self.plugin_failures).clone()
+    }
+
+    fn label(&self) -> String {
+        match self.spec.kind {
+            ServerKind::Mcp => format!("MCP server `{}`", self.spec.name),
+            ServerKind::Plugins => "the plugin host".to_string(),
+        }
+    }
+
+    fn set_state(&self, s: ServerState) {
+        *lock(&self.state) = s;
+    }
+
+    /// Starts the server unless it was started (or tried) already.
+    pub async fn ensure_started(&self) {
+        let mut conn = self.conn.lock().await;
+        if matches!(*conn, Conn::None) {
+            let _ = self.start_locked(&mut conn).await;
+        }
+    }
+
+    async fn start_locked(&self, conn: &mut Conn) -> Result<Arc<Client>, String> {
+        match self.connect().await {
+            Ok((client, pid, tools)) => {
+                let client = Arc::new(client);
+                self.read_plugin_failures(&client);
+                *conn = Conn::Up {
+                    client: client.clone(),
+                    pid,
+                };
+                let n = self.register_tools(tools);
+                self.set_state(ServerState::Running(n));
+                tracing::info!("{} started with {n} tools", self.label());
+                Ok(client)
+            }
+            Err(reason) => {
+                let reason = match &self.spec.start_hint {
+                    Some(hint) => format!("{reason} ({hint})"),
+                    None => reason,
+                };
+                tracing::warn!("{}: skipped: {reason}", self.label());
+                *conn = Conn::Down(reason.clone());
+                self.set_state(ServerState::Failed(reason.clone()));
+                Err(reason)
+            }
+        }
+    }
+
+    async fn connect(&self) -> Result<(Client, Option<u32>, Vec<Tool>), String> {
+        let handler = Notifier {
+            server: self.this.clone(),
+        };
+        let cfg = &self.spec.config;
+        let work = async {
+            let (client, pid) = if let Some(command) = &cfg.command {
+                let mut cmd = tokio::process::Command::new(command);
+                cmd.args(&cfg.args).kill_on_drop(true);
+                if let Some(env) = &self.spec.env {
+                    cmd.env_clear().envs(env.iter().map(|(k, v)| (k, v)));
+                }
+                if let Some(dir) = &cfg.cwd {
+                    cmd.current_dir(dir);
+                }
+                let (transport, stderr) = rmcp::transport::TokioChildProcess::builder(cmd)
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .map_err(|e| match e.kind() {
+                        std::io::ErrorKind::NotFound => {
+                            format!(
+                                "command `{command}` was not found (is it installed and on PATH?)"
+                            )
+                        }
+                        _ => format!("cannot start `{command}`: {e}"),
+                    })?;
+                let pid = transport.id();
+                if let Some(stderr) = stderr {
+                    tokio::spawn(forward_stderr(self.label(), stderr));
+                }
+                let client = handler
+                    .serve(transport)
+                    .await
+                    .map_err(|e| format!("did not complete the MCP handshake: {e}"))?;
+                (client, pid)
+            } else if let Some(url) = &cfg.url {
+                // reqwest is built without a default TLS provider; use ring, as ureq does.
+                let _ = rustls::crypto::ring::default_provider().install_default();
+                let mut headers = std::collections::HashMap::new();
+                for (k, v) in &cfg.headers {
+                    let name = http::HeaderName::try_from(k.as_str())
+                        .map_err(|e| format!("header name `{k}` is not valid: {e}"))?;
+                    let value = http::HeaderValue::try_from(v.as_str())
+                        .map_err(|e| format!("header `{k}` has a value that is not valid: {e}"))?;
+                    headers.insert(name, value);
+                }
+                let config = rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(url.as_str())
+                    .custom_headers(headers);
+                let transport = rmcp::transport::StreamableHttpClientTransport::from_config(config);
+                let client = handler
+                    .serve(transport)
+                    .await
+                    .map_err(|e| format!("cannot connect to {url}: {e}"))?;
+                (client, None)
+            } else {
+                return Err("neither `command` nor `url` is set".to_string());
+            };
+            let tools = client
+                .list_all_tools()
+                .await
+                .map_err(|e| format!("tools/list failed: {e}"))?;
+            Ok((client, pid, tools))
+        };
+        match tokio::time::timeout(self.start_timeout, work).await {
+            Ok(r) => r,
+            Err(_) => Err(format!(
+                "did not start within {} s (raise connect_timeout if it is slow to start)",
+                secs(self.start_timeout)
+            )),
+        }
+    }
+
+    fn read_plugin_failures(&self, client: &Client) {
+        if self.spec.kind != ServerKind::Plugins {
+            return;
+        }
+        let Some(info) = client.peer_info() else {
+            return;
+        };
+        let Some(text) = info.instructions.as_deref() else {
+            return;
+        };
+        let failures: BTreeMap<String, String> = serde_json::from_str::<Value>(text)
+            .ok()
+            .and_then(|v| v.get(PLUGIN_FAILURES_KEY).cloned())
+            .and_then(|v| serde_json::from_value(v).ok())
+            .unwrap_or_default();
+        for (module, why) in &failures {
+            tracing::warn!("plugin `{module}` skipped: {why}");
+        }
+        *lock(&self.plugin_failures) = failures;
+    }
+
+    /// Registers `tools` (replacing this server's previous toolsets); returns how many were
+    /// registered. Bad tools are logged with the server's name and skipped.
+    fn register_tools(&self, tools: Vec<Tool>) -> usize {
+        for old in std::mem::take(&mut *lock(&self.toolsets)) {
+            let _ = self.registry.remove_toolset(&old);
+        }
+        let mut groups: BTreeMap<String, (ToolSource, Vec<ToolEntry>)> = BTreeMap::new();
+        let mut script_open = Vec::new();
+        for tool in tools {
+            let raw = serde_json::to_value(&tool).unwrap_or(Value::Null);
+            let meta = raw.get("_meta").cloned().unwrap_or(Value::Null);
+            let (toolset, source) = match self.spec.kind {
+                ServerKind::Mcp => (
+                    format!("mcp-{}", self.spec.name),
+                    ToolSource::Mcp(self.spec.name.clone()),
+                ),
+                ServerKind::Plugins => {
+                    let module = meta
+                        .get(PLUGIN_META_KEY)
+                        .and_then(Value::as_str)
+                        .unwrap_or("unknown")
+                        .to_string();
+                    if meta.get(PLUGIN_SCRIPT_META_KEY) == Some(&Value::Bool(true)) {
+                        script_open.push(tool.name.to_string());
+                    }
+                    (
+                        format!("plugin-{}", sanitize(&module)),
+                        ToolSource::Plugin(module),
+                    )
+                }
+            };
+            let name = tool.name.to_string();
+            let schema = Value::Object((*tool.input_schema).clone());
+            let description = tool
+                .description
+                .as_deref()
+                .map(str::to_string)
+                .unwrap_or_else(|| format!("{name} (from {})", self.label()));
+            let weak = self.this.clone();
+            let label = self.label();
+            let tool_name = name.clone();
+            let entry = ToolEntry::new_async(
+                name,
+                toolset.clone(),
+                description,
+                schema,
+                move |args, _ctx| {
+                    let server = weak.upgrade();
+                    let tool = tool_name.clone();
+                    let label = label.clone();
+                    async move {
+                        match server {
+                            Some(s) => s.call(&tool, args).await,
+                            None => Err(ToolError::new(
+                                "McpServerGone",
+                                format!("{label} was removed; `{tool}` cannot be called"),
+                            )),
+                        }
+                    }
+                },
+            )
+            .with_shared_check(&self.check);
+            groups
+                .entry(toolset)
+                .or_insert_with(|| (source, Vec::new()))
+                .1
+                .push(entry);
+        }
+        let mut count = 0;
+        let mut names = Vec::new();
+        for (toolset, (source, entries)) in groups {
+            let total = entries.len();
+            let description = format!("tools of {source}");
+            match self.registry.register_dynamic_toolset(
+                &toolset,
+                &description,
+                source.clone(),
+                entries,
+            ) {
+                Ok(failures) => {
+                    for f in &failures {
+                        tracing::warn!("{}: skipped a tool: {f}", self.label());
+                    }
+                    count += total - failures.len();
+                    names.push(toolset);
+                }
+                Err(e) => tracing::warn!("{}: toolset `{toolset}` skipped: {e}", self.label()),
+            }
+        }
+        for name in script_open {
+            if let Err(e) = self.registry.allow_in_scripts(&name) {
+                tracing::warn!("{}: {e}", self.label());
+            }
+        }
+        *lock(&self.toolsets) = names;
+        count
+    }
+
+    async fn refresh_tools(&self) {
+        let client = match &*self.conn.lock().await {
+            Conn::Up { client, .. } => client.clone(),
+            _ => return,
+        };
+        match tokio::time::timeout(self.start_timeout, client.list_all_tools()).await {
+            Ok(Ok(tools)) => {
+                let n = self.register_tools(tools);
+                self.set_state(ServerState::Running(n));
+                tracing::info!("{}: tool list changed; {n} tools now", self.label());
+            }
+            Ok(Err(e)) => tracing::warn!("{}: cannot refresh its tools: {e}", self.label()),
+            Err(_) => tracing::warn!("{}: tools/list did not answer; tools kept", self.label()),
+        }
+    }
+
+    /// The connection for a call: starts a lazy server, restarts one that died while idle
+    /// (once), or fails with the reason it is down.
+    async fn client_for_call(&self) -> Result<Arc<Client>, ToolError> {
+        let mut conn = self.conn.lock().await;
+        let down = |label: String, why: &str| {
+            ToolError::new(
+                "McpServerDown",
+                format!("{label} is down: {why}; fix it and restart vibeos-exec"),
+            )
+        };
+        match &*conn {
+            Conn::Up { client, .. } if !client.is_transport_closed() => Ok(client.clone()),
+            Conn::Up { .. } => {
+                tracing::warn!("{} exited; restarting it once", self.label());
+                self.start_locked(&mut conn).await.map_err(|why| {
+                    down(
+                        self.label(),
+                        &format!("it exited and the restart failed: {why}"),
+                    )
+                })
+            }
+            Conn::None => self
+                .start_locked(&mut conn)
+                .await
+                .map_err(|why| down(self.label(), &why)),
+            Conn::Down(why) => Err(down(self.label(), why)),
+            Conn::Stopped => Err(down(
+                self.label(),
+                "it was stopped (vibeos-exec is exiting)",
+            )),
+        }
+    }
+
+    /// After a call found the connection dead: restart once (unless another call already
+    /// did). Returns the restart's failure reason.
+    async fn restart_after_crash(&self, dead: &Arc<Client>) -> Result<(), String> {
+        let mut conn = self.conn.lock().await;
+        match &*conn {
+            Conn::Up { client, .. } if Arc::ptr_eq(client, dead) => {
+                tracing::warn!("{} exited during a call; restarting it once", self.label());
+                self.start_locked(&mut conn).await.map(|_| ())
+            }
+            Conn::Up { .. } => Ok(()),
+            Conn::Down(why) => Err(why.clone()),
+            Conn::None | Conn::Stopped => Err("it is not running".into()),
+        }
+    }
+
+    /// Calls `tool` with `args`, bounded by the per-call timeout.
+    pub async fn call(&self, tool: &str, args: Map<String, Value>) -> Result<Value, ToolError> {
+        let client = self.client_for_call().await?;
+        let mut params = CallToolRequestParams::new(tool.to_string());
+        params.arguments = Some(args);
+        match tokio::time::timeout(self.call_timeout, client.call_tool(params)).await {
+            Err(_) => Err(ToolError::new(
+                "McpTimeout",
+                format!(
+                    "{} did not answer `{tool}` within {} s; the call was abandoned (raise \
+                     mcp_servers.{}.timeout if the tool is slow)",
+                    self.label(),
+                    secs(self.call_timeout),
+                    self.spec.name
+                ),
+            )),
+            Ok(Ok(result)) => result_value(&self.label(), tool, result),
+            Ok(Err(e)) => {
+                let dead = client.is_transport_closed()
+                    || matches!(
+                        e,
+                        rmcp::ServiceError::TransportClosed | rmcp::ServiceError::TransportSend(_)
+                    );
+                if !dead {
+                    return Err(ToolError::new(
+                        "McpError",
+                        format!("{} failed `{tool}`: {e}", self.label()),
+                    ));
+                }
+                let message = match self.restart_after_crash(&client).await {
+                    Ok(()) => format!(
+                        "{} exited during the call to `{tool}`; it was restarted, so the call \
+                         may be retried (it may have partly run)",
+                        self.label()
+                    ),
+                    Err(why) => format!(
+                        "{} exited during the call to `{tool}` and could not be restarted: {why}",
+                        self.label()
+                    ),
+                };
+                Err(ToolError::new("McpServerCrashed", message))
+            }
+        }
+    }
+
+    /// Stops the server: ends the session and makes sure the child process is gone.
+    pub async fn stop(&self) {
+        let previous = std::mem::replace(&mut *self.conn.lock().await, Conn::Stopped);
+        if let Conn::Up { client, pid } = previous {
+            client.cancellation_token().cancel();
+            drop(client);
+            if let Some(pid) = pid {
+                reap(pid).await;
+            }
+        }
+        self.set_state(ServerState::Stopped);
+    }
+}
+
+/// Waits briefly for a stopped server's process to exit, then kills it.
+async fn reap(pid: u32) {
+    let Ok(raw) = i32::try_from(pid) else { return };
+    let pid = nix::unistd::Pid::from_raw(raw);
+    let alive = || nix::sys::signal::kill(pid, None).is_ok();
+    for _ in 0..40 {
+        if !alive() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+}
+
+fn sanitize(module: &str) -> String {
+    module
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect::<String>()
+        .to_ascii_lowercase()
+}
+
+async fn forward_stderr(label: String, stderr: tokio::process::ChildStderr) {
+    use tokio::io::AsyncBufReadExt;
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let lower = line.to_ascii_lowercase();
+        if ["error", "warning", "traceback", "exception"]
+            .iter()
+            .any(|w| lower.contains(w))
+        {
+            tracing::warn!("{label}: {line}");
+        } else {
+            tracing::info!("{label}: {line}");
+        }
+    }
+}
+
+/// The tool's answer as JSON: its structured content when it gave one, else its text (parsed
+/// when it is JSON), else all its content blocks. An error result is a tool error.
+fn result_value(label: &str, tool: &str, result: CallToolResult) -> Result<Value, ToolError> {
+    let texts: Vec<&str> = result
+        .content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.as_str()))
+        .collect();
+    if result.is_error == Some(true) {
+        return Err(ToolError::new(
+            "McpToolError",
+            format!(
+                "`{tool}` of {label} reported an error: {}",
+                texts.join("\n")
+            ),
+        ));
+    }
+    if let Some(v) = result.structured_content {
+        return Ok(v);
+    }
+    if result.content.len() == 1 && texts.len() == 1 {
+        return Ok(serde_json::from_str::<Value>(texts[0])
+            .unwrap_or_else(|_| serde_json::json!({ "result": texts[0] })));
+    }
+    let blocks = serde_json::to_value(&result.content).unwrap_or(Value::Null);
+    Ok(serde_json::json!({ "content": blocks }))
+}
+
+/// All configured servers (and the plugin host) of one registry.
+pub struct McpManager {
+    servers: Vec<Arc<McpServer>>,
+}
+
+impl McpManager {
+    /// Creates the servers of `specs` (bad entries are logged and skipped), registers the
+    /// prepare hook that starts lazy ones, opens script-callable ones to scripts, and starts
+    /// the eager ones (in parallel, each bounded by its start-up timeout).
+    pub fn start(specs: Vec<ServerSpec>, registry: &'static ToolRegistry) -> Arc<McpManager> {
+        let mut servers = Vec::new();
+        for spec in specs {
+            if !spec.config.is_enabled() {
+                continue;
+            }
+            let name = spec.name.clone();
+            let opened = spec.config.script_callable.opened();
+            match McpServer::new(spec, registry) {
+                Ok(s) => {
+                    if let Some(tools) = opened {
+                        if s.spec.kind == ServerKind::Mcp {
+                            registry.allow_mcp_server_in_scripts(&name, tools);
+                        }
+                    }
+                    servers.push(s);
+                }
+                Err(e) => tracing::warn!("MCP server `{name}` skipped: {e}"),
+            }
+        }
+        let manager = Arc::new(McpManager { servers });
+        let weak = Arc::downgrade(&manager);
+        registry.add_prepare_hook(move |_, what| {
+            if let Some(m) = weak.upgrade() {
+                m.start_lazy(what);
+            }
+        });
+        let eager: Vec<Arc<McpServer>> = manager
+            .servers
+            .iter()
+            .filter(|s| s.spec.config.startup == Startup::Eager)
+            .cloned()
+            .collect();
+        start_all(eager);
+        manager
+    }
+
+    fn start_lazy(&self, what: Prepare) {
+        let todo: Vec<Arc<McpServer>> = self
+            .servers
+            .iter()
+            .filter(|s| s.state() == ServerState::NotStarted)
+            .filter(|s| match what {
+                Prepare::Definitions => true,
+                Prepare::Scripts => s.spec.config.script_callable.opened().is_some(),
+            })
+            .cloned()
+            .collect();
+        start_all(todo);
+    }
+
+    /// Starts every server not started yet.
+    pub fn start_all(&self) {
+        start_all(self.servers.clone());
+    }
+
+    /// The servers.
+    pub fn servers(&self) -> &[Arc<McpServer>] {
+        &self.servers
+    }
+
+    /// A row per server, then one per plugin the plugin host could not load.
+    pub fn report(&self) -> Vec<ServerReport> {
+        let mut rows = Vec::new();
+        for s in &self.servers {
+            let cfg = &s.spec.config;
+            let transport = match (&cfg.command, &cfg.url) {
+                (Some(c), _) => format!("stdio: {c}"),
+                (None, Some(u)) => format!("http: {u}"),
+                _ => String::new(),
+            };
+            let kind = match s.spec.kind {
+                ServerKind::Mcp => "mcp",
+                ServerKind::Plugins => "plugins",
+            };
+            rows.push(ServerReport {
+                name: s.spec.name.clone(),
+                kind,
+                transport: transport.clone(),
+                startup: cfg.startup.as_str(),
+                state: s.state(),
+                toolsets: lock(&s.toolsets).clone(),
+            });
+            for (module, why) in s.plugin_failures() {
+                rows.push(ServerReport {
+                    name: format!("plugin {module}"),
+                    kind: "plugin",
+                    transport: transport.clone(),
+                    startup: cfg.startup.as_str(),
+                    state: ServerState::Failed(why),
+                    toolsets: Vec::new(),
+                });
+            }
+        }
+        rows
+    }
+
+    /// Stops every server (children end; nothing outlives the process).
+    pub fn shutdown(&self) {
+        let servers = self.servers.clone();
+        let _ = run_async(Box::pin(async move {
+            let mut set = tokio::task::JoinSet::new();
+            for s in servers {
+                set.spawn(async move { s.stop().await });
+            }
+            while set.join_next().await.is_some() {}
+        }));
+    }
+}
+
+fn start_all(servers: Vec<Arc<McpServer>>) {
+    if servers.is_empty() {
+        return;
+    }
+    let result = run_async(Box::pin(async move {
+        let mut set = tokio::task::JoinSet::new();
+        for s in servers {
+            set.spawn(async move { s.ensure_started().await });
+        }
+        while set.join_next().await.is_some() {}
+    }));
+    if let Err(e) = result {
+        tracing::error!("cannot start MCP servers: {e}");
+    }
+}
