@@ -84,18 +84,8 @@ struct ToolsArgs {
 struct RunArgs {
     /// Script file, or - to read it from stdin.
     file: String,
-    /// project (session cwd, active venv) or strict (staging dir, confined).
-    #[arg(long, value_name = "project|strict")]
-    mode: Option<String>,
-    /// Wall-clock limit in seconds (default: code_execution.timeout, else 300).
-    #[arg(long, value_name = "SECONDS")]
-    timeout: Option<f64>,
-    /// Tool-call budget (default: code_execution.max_tool_calls, else 50).
-    #[arg(long, value_name = "N")]
-    max_tool_calls: Option<usize>,
-    /// Session working directory (default: $TERMINAL_CWD, else the current directory).
-    #[arg(long, value_name = "DIR")]
-    cwd: Option<PathBuf>,
+    #[command(flatten)]
+    limits: LimitArgs,
     /// Print exactly one JSON result object on stdout.
     #[arg(long)]
     json: bool,
@@ -133,18 +123,56 @@ struct ServeArgs {
     /// Largest request accepted, in bytes (one stdio line or one HTTP body).
     #[arg(long, value_name = "BYTES", default_value_t = vibeos_supervisor::mcp::DEFAULT_MAX_REQUEST_BYTES)]
     max_request_bytes: usize,
-    /// project (session cwd, active venv) or strict (staging dir, confined); default of every call.
+    /// Defaults of every call.
+    #[command(flatten)]
+    limits: LimitArgs,
+}
+
+/// Mode, limits and session dir, as `run` and `serve` take them.
+#[derive(Args, Debug)]
+struct LimitArgs {
+    /// project (session cwd, active venv) or strict (staging dir, confined).
     #[arg(long, value_name = "project|strict")]
     mode: Option<String>,
-    /// Wall-clock limit in seconds of every call (default: code_execution.timeout, else 300).
+    /// Wall-clock limit in seconds (default: code_execution.timeout, else 300).
     #[arg(long, value_name = "SECONDS")]
     timeout: Option<f64>,
-    /// Tool-call budget of every call (default: code_execution.max_tool_calls, else 50).
+    /// Tool-call budget (default: code_execution.max_tool_calls, else 50).
     #[arg(long, value_name = "N")]
     max_tool_calls: Option<usize>,
     /// Session working directory (default: $TERMINAL_CWD, else the current directory).
     #[arg(long, value_name = "DIR")]
     cwd: Option<PathBuf>,
+}
+
+impl LimitArgs {
+    /// Applies the flags over the config's settings, refusing impossible values.
+    fn apply(&self, config: &mut Config) -> Result<(), UsageError> {
+        if let Some(mode) = &self.mode {
+            config.mode = Mode::parse(mode).ok_or_else(|| {
+                UsageError(format!(
+                    "--mode {mode:?} is not a mode; use project or strict"
+                ))
+            })?;
+        }
+        if let Some(t) = self.timeout {
+            config.timeout = positive_seconds(t).ok_or_else(|| {
+                UsageError(format!(
+                    "--timeout {t} is not a usable number of seconds (positive, at most 86400)"
+                ))
+            })?;
+        }
+        if let Some(n) = self.max_tool_calls {
+            config.max_tool_calls = n;
+        }
+        Ok(())
+    }
+
+    /// The session working dir the flags name (or the default), checked.
+    fn session_cwd(&self) -> Result<PathBuf, UsageError> {
+        vibeos_supervisor::execute::session_cwd(self.cwd.as_deref())
+            .map_err(|e| UsageError(e.to_string()))
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -409,28 +437,11 @@ fn run(args: RunArgs, config: &Config) -> Result<u8, UsageError> {
             }
         )));
     }
-    let mut request = ExecutionRequest::from_config(code, config);
-    if let Some(mode) = &args.mode {
-        request.mode = Mode::parse(mode).ok_or_else(|| {
-            UsageError(format!(
-                "--mode {mode:?} is not a mode; use project or strict"
-            ))
-        })?;
-    }
-    if let Some(t) = args.timeout {
-        request.timeout = positive_seconds(t).ok_or_else(|| {
-            UsageError(format!(
-                "--timeout {t} is not a usable number of seconds (positive, at most 86400)"
-            ))
-        })?;
-    }
-    if let Some(n) = args.max_tool_calls {
-        request.max_tool_calls = n;
-    }
-    if let Some(cwd) = &args.cwd {
-        vibeos_supervisor::execute::session_cwd(Some(cwd))
-            .map_err(|e| UsageError(e.to_string()))?;
-        request.cwd = Some(cwd.clone());
+    let mut config = config.clone();
+    args.limits.apply(&mut config)?;
+    let mut request = ExecutionRequest::from_config(code, &config);
+    if args.limits.cwd.is_some() {
+        request.cwd = Some(args.limits.session_cwd()?);
     }
     // One thread serves the whole execution: RPC replies then never wait for a wake-up on
     // another core. Tools that may block run on the blocking pool, bounded ones inline.
@@ -465,25 +476,8 @@ fn run(args: RunArgs, config: &Config) -> Result<u8, UsageError> {
 /// them), then the MCP server until the client leaves or a signal stops it.
 fn serve(args: ServeArgs, mut config: Config) -> Result<u8, UsageError> {
     use vibeos_supervisor::mcp;
-    if let Some(mode) = &args.mode {
-        config.mode = Mode::parse(mode).ok_or_else(|| {
-            UsageError(format!(
-                "--mode {mode:?} is not a mode; use project or strict"
-            ))
-        })?;
-    }
-    if let Some(t) = args.timeout {
-        config.timeout = positive_seconds(t).ok_or_else(|| {
-            UsageError(format!(
-                "--timeout {t} is not a usable number of seconds (positive, at most 86400)"
-            ))
-        })?;
-    }
-    if let Some(n) = args.max_tool_calls {
-        config.max_tool_calls = n;
-    }
-    let cwd = vibeos_supervisor::execute::session_cwd(args.cwd.as_deref())
-        .map_err(|e| UsageError(e.to_string()))?;
+    args.limits.apply(&mut config)?;
+    let cwd = args.limits.session_cwd()?;
     let addr = args
         .http
         .as_deref()
