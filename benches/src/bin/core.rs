@@ -16,24 +16,7 @@ use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn release_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("VIBEOS_EXEC_BIN") {
-        return PathBuf::from(p);
-    }
-    let bin = vibeos_e2e::workspace_root().join("target/release/vibeos-exec");
-    assert!(
-        bin.exists(),
-        "{} missing: run `cargo build --release --bins` first",
-        bin.display()
-    );
-    bin
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
+use vibeos_benches::{median, release_bin};
 
 struct Env {
     dir: tempfile::TempDir,

@@ -17,15 +17,11 @@ use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::Instant;
+use vibeos_benches::median;
 use vibeos_tools::mcp_client::{McpManager, McpServerConfig, ServerKind, ServerSpec, Startup};
 use vibeos_tools::{ToolContext, ToolRegistry};
 
 const CALLS: usize = 300;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
 
 fn main() {
     let root = vibeos_e2e::workspace_root();

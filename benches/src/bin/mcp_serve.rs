@@ -24,27 +24,10 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+use vibeos_benches::{median, release_bin};
 
 const SCRIPT: &str =
     "from vibeos_tools import read_file\nr = read_file('data.txt')\nprint(len(r['content']))\n";
-
-fn release_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("VIBEOS_EXEC_BIN") {
-        return PathBuf::from(p);
-    }
-    let bin = vibeos_e2e::workspace_root().join("target/release/vibeos-exec");
-    assert!(
-        bin.exists(),
-        "{} missing: run `cargo build --release --bins` first",
-        bin.display()
-    );
-    bin
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
 
 struct Env {
     dir: tempfile::TempDir,

@@ -7,13 +7,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use vibeos_e2e::{strict_unavailable, Sandbox};
-
-fn median(v: &mut [Duration]) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
 
 fn main() {
     if let Some(why) = strict_unavailable() {
@@ -51,8 +46,8 @@ fn main() {
             project.push(run("project"));
         }
     }
-    let p = median(&mut project);
-    let s = median(&mut strict);
+    let p = vibeos_benches::median(project);
+    let s = vibeos_benches::median(strict);
     println!("no-op run, median of {rounds} interleaved rounds");
     println!("  project mode: {:8.2} ms", p.as_secs_f64() * 1e3);
     println!("  strict mode:  {:8.2} ms", s.as_secs_f64() * 1e3);

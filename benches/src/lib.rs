@@ -1,0 +1,26 @@
+//! What the benchmark binaries share: finding the release build and summarising samples.
+
+// A benchmark harness: a panic is how a broken setup is reported.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use std::path::PathBuf;
+
+/// The release `vibeos-exec` (or `VIBEOS_EXEC_BIN`); benchmarks measure optimised code.
+pub fn release_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("VIBEOS_EXEC_BIN") {
+        return PathBuf::from(p);
+    }
+    let bin = vibeos_e2e::workspace_root().join("target/release/vibeos-exec");
+    assert!(
+        bin.exists(),
+        "{} missing: run `cargo build --release --bins` first",
+        bin.display()
+    );
+    bin
+}
+
+/// The median of samples (the upper one of an even count).
+pub fn median<T: PartialOrd + Copy>(mut v: Vec<T>) -> T {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    v[v.len() / 2]
+}
