@@ -278,19 +278,11 @@ pub fn run_foreground(
     let reader_thread = std::thread::Builder::new()
         .name("terminal-output".into())
         .spawn(move || {
-            let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                match reader.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => {
-                        if let Ok(mut g) = cap2.0.lock() {
-                            g.0.push(&buf[..n]);
-                        }
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(_) => break,
+            pump(&mut reader, |chunk| {
+                if let Ok(mut g) = cap2.0.lock() {
+                    g.0.push(chunk);
                 }
-            }
+            });
             if let Ok(mut g) = cap2.0.lock() {
                 g.1 = true;
             }
@@ -411,6 +403,20 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// Most output kept per background process.
 pub const BACKGROUND_BUFFER: usize = 1024 * 1024;
 
+/// Reads `reader` to its end in 64 KiB chunks, handing each to `sink`; a read error ends it
+/// like end of file (the process is gone or its pipe broke).
+fn pump(reader: &mut impl Read, mut sink: impl FnMut(&[u8])) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match reader.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => sink(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+}
+
 /// Starts `spec` in the background and registers it.
 pub fn start_background(spec: &SpawnSpec<'_>) -> Result<Arc<BackgroundProcess>, BackendError> {
     let Spawned {
@@ -428,19 +434,11 @@ pub fn start_background(spec: &SpawnSpec<'_>) -> Result<Arc<BackgroundProcess>, 
     let reader_ok = std::thread::Builder::new()
         .name("bg-output".into())
         .spawn(move || {
-            let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                match reader.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => {
-                        if let Ok(mut g) = out2.lock() {
-                            g.push(&buf[..n]);
-                        }
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(_) => break,
+            pump(&mut reader, |chunk| {
+                if let Ok(mut g) = out2.lock() {
+                    g.push(chunk);
                 }
-            }
+            });
             if let Ok(mut g) = out2.lock() {
                 g.eof = true;
             }
