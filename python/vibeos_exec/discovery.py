@@ -10,12 +10,13 @@ dependency, a syntax error) is logged and skipped; the others still load.
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib.util
 import logging
 import os
 import sys
 from pathlib import Path
-from typing import List, Union
+from typing import Iterator, List, Union
 
 __all__ = ["discover_tools", "module_registers_tools"]
 
@@ -115,11 +116,7 @@ def discover_tools(path: Union[str, "os.PathLike[str]"]) -> List[str]:
     if not directory.is_dir():
         raise NotADirectoryError(f"tool discovery: {directory} is not a directory")
     loaded: List[str] = []
-    dir_str = str(directory.resolve())
-    added = dir_str not in sys.path
-    if added:
-        sys.path.insert(0, dir_str)
-    try:
+    with importable_from(directory):
         for file in tool_module_files(directory):
             name = file.stem
             try:
@@ -129,10 +126,22 @@ def discover_tools(path: Union[str, "os.PathLike[str]"]) -> List[str]:
                             exc_info=True)
                 continue
             loaded.append(name)
+    return loaded
+
+
+@contextlib.contextmanager
+def importable_from(directory: Path) -> Iterator[None]:
+    """Puts ``directory`` first on ``sys.path`` while the block runs (so modules found there can
+    import their sibling helpers), and takes it off again unless it was already there."""
+    dir_str = str(directory.resolve())
+    added = dir_str not in sys.path
+    if added:
+        sys.path.insert(0, dir_str)
+    try:
+        yield
     finally:
         if added:
             try:
                 sys.path.remove(dir_str)
             except ValueError:
                 pass
-    return loaded

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
 from . import registry
-from .discovery import import_module_file, tool_module_files
+from .discovery import import_module_file, importable_from, tool_module_files
 
 __all__ = ["ENTRY_POINT_GROUP", "PluginReport", "default_plugin_dirs", "load_plugins"]
 
@@ -92,11 +91,7 @@ def load_plugins(
     for directory in paths:
         if not directory.is_dir():
             continue
-        dir_str = str(directory.resolve())
-        added = dir_str not in sys.path
-        if added:
-            sys.path.insert(0, dir_str)
-        try:
+        with importable_from(directory):
             for file in tool_module_files(directory):
                 name = file.stem
                 if name in report.loaded or name in report.failed:
@@ -104,12 +99,6 @@ def load_plugins(
                                 name, directory)
                     continue
                 _track(report, name, lambda f=file: import_module_file(f), tracebacks)
-        finally:
-            if added:
-                try:
-                    sys.path.remove(dir_str)
-                except ValueError:
-                    pass
     if entry_points:
         try:
             eps = _entry_points()
