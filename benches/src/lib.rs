@@ -24,3 +24,19 @@ pub fn median<T: PartialOrd + Copy>(mut v: Vec<T>) -> T {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
     v[v.len() / 2]
 }
+
+/// A temp dir with `home/config.yaml` pinning `code_execution.python` to the real interpreter
+/// (not a pyenv shim) and an empty `tmp/`, so `vibeos-exec` runs with `VIBEOS_HOME=dir/home`
+/// measure the same interpreter as the baselines. Returns the dir and that interpreter.
+pub fn bench_home() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let python = vibeos_e2e::python3();
+    std::fs::create_dir_all(dir.path().join("home")).unwrap();
+    std::fs::create_dir_all(dir.path().join("tmp")).unwrap();
+    std::fs::write(
+        dir.path().join("home/config.yaml"),
+        format!("code_execution:\n  python: {}\n", python.display()),
+    )
+    .unwrap();
+    (dir, python)
+}

@@ -304,7 +304,7 @@ impl ExecServer {
                 return Err(ErrorData::invalid_params(
                     format!(
                         "argument `code` must be a string of Python source, got {}",
-                        json_kind(other)
+                        vibeos_tools::json_type(other)
                     ),
                     None,
                 ))
@@ -425,17 +425,6 @@ impl ExecServer {
             out.structured_content = Some(v);
         }
         Ok(out)
-    }
-}
-
-fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 

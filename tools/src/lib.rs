@@ -32,8 +32,9 @@ pub use definitions::{execute_code_description, ExecuteCodeSettings, ToolStatus,
 pub use error::{RegistrationError, ToolError};
 pub use hooks::{CallStatus, HookDecision, PostHook, PostToolCall, PreHook, PreToolCall};
 pub use registry::{
-    registry, AsyncHandler, BuiltinTool, CheckFn, CheckFnHolder, Handler, OverridePolicy, Prepare,
-    PrepareHook, SyncHandler, TextHandler, ToolCall, ToolEntry, ToolRegistry, ToolSource,
-    AGENT_LOOP_TOOLS, MAX_PARALLEL_TOOL_CALLS, SCRIPT_BLOCKED_TOOLS, SCRIPT_TOOLS,
+    json_type, registry, AsyncHandler, BuiltinTool, CheckFn, CheckFnHolder, Handler,
+    OverridePolicy, Prepare, PrepareHook, SyncHandler, TextHandler, ToolCall, ToolEntry,
+    ToolRegistry, ToolSource, AGENT_LOOP_TOOLS, MAX_PARALLEL_TOOL_CALLS, SCRIPT_BLOCKED_TOOLS,
+    SCRIPT_TOOLS,
 };
 pub use toolsets::{static_toolsets, Toolset, ToolsetError, LEGACY_TOOLSET_ALIASES};

@@ -1160,7 +1160,8 @@ fn error_json(message: String) -> String {
     json!({ "error": message }).to_string()
 }
 
-fn json_type(v: &Value) -> &'static str {
+/// How a JSON value's type reads in an error message ("a string", "an array", …).
+pub fn json_type(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

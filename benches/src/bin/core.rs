@@ -26,14 +26,7 @@ struct Env {
 
 impl Env {
     fn new() -> Env {
-        let dir = tempfile::tempdir().unwrap();
-        let python = vibeos_e2e::python3();
-        std::fs::create_dir_all(dir.path().join("home")).unwrap();
-        std::fs::write(
-            dir.path().join("home/config.yaml"),
-            format!("code_execution:\n  python: {}\n", python.display()),
-        )
-        .unwrap();
+        let (dir, python) = vibeos_benches::bench_home();
         Env {
             dir,
             python,

@@ -36,15 +36,7 @@ struct Env {
 
 impl Env {
     fn new() -> Env {
-        let dir = tempfile::tempdir().unwrap();
-        let python = vibeos_e2e::python3();
-        std::fs::create_dir_all(dir.path().join("home")).unwrap();
-        std::fs::create_dir_all(dir.path().join("tmp")).unwrap();
-        std::fs::write(
-            dir.path().join("home/config.yaml"),
-            format!("code_execution:\n  python: {}\n", python.display()),
-        )
-        .unwrap();
+        let (dir, _python) = vibeos_benches::bench_home();
         std::fs::write(dir.path().join("data.txt"), "some data\n".repeat(20)).unwrap();
         Env {
             dir,
