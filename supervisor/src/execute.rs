@@ -647,6 +647,9 @@ async fn run(
                 .as_ref()
                 .is_none_or(|s| s.contains(&e.name))
         })
+        .filter(|e| {
+            spec.mode != Mode::Strict || crate::confine::tools::offered(&request.strict, &e.name)
+        })
         .collect();
     let stub_tools: Vec<StubTool> = script_tools
         .iter()
@@ -672,6 +675,22 @@ async fn run(
             launch(&spec, staging, Program::Script)?
         }
     };
+    // Strict mode: the file tools act only beneath the execution's roots.
+    let paths = if spec.mode == Mode::Strict {
+        match crate::confine::tools::path_policy(
+            &request.strict,
+            launched.staging.path(),
+            &session_cwd,
+        ) {
+            Ok(p) => Some(Arc::new(p)),
+            Err(e) => {
+                launched.discard(true);
+                return Err(e.into());
+            }
+        }
+    } else {
+        None
+    };
     tracing::info!(
         mode = request.mode.as_str(),
         interpreter = %interpreter.path.display(),
@@ -688,6 +707,7 @@ async fn run(
             session_cwd,
             allowed: stub.tools.iter().cloned().collect(),
             tool_env,
+            paths,
             registry,
             interrupt,
             started,
@@ -703,6 +723,7 @@ struct Supervision<'a> {
     session_cwd: PathBuf,
     allowed: BTreeSet<String>,
     tool_env: Vec<(OsString, OsString)>,
+    paths: Option<Arc<vibeos_tools::path_policy::PathPolicy>>,
     registry: &'static ToolRegistry,
     interrupt: Interrupt,
     started: Instant,
@@ -743,6 +764,7 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
                     .collect(),
             )),
             origin: CallOrigin::Script,
+            paths: s.paths.clone(),
         },
     ));
     let reaper_pid = child.id();

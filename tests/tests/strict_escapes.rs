@@ -464,3 +464,64 @@ fn a_memory_bomb_ends_in_a_clean_error() {
     let next = r.sb.run_json("print('next')", &["--mode", "strict"]);
     assert_eq!(next["status"], "success", "{next}");
 }
+
+/// Links planted (by someone else) in the project dir, the tools' cwd root, that lead out.
+fn plant_project_links(r: &Range) {
+    let work = r.sb.work();
+    let key = r.sb.root.path().join("fakehome/.ssh/id_rsa");
+    std::fs::hard_link(&key, work.join("hardlink-to-key")).unwrap();
+    std::os::unix::fs::symlink(&key, work.join("symlink-to-key")).unwrap();
+    std::os::unix::fs::symlink(&r.outside, work.join("dir-link-to-outside")).unwrap();
+}
+
+#[test]
+fn the_file_tools_read_nothing_outside_the_allowed_roots() {
+    require_strict!();
+    let r = range();
+    plant_project_links(&r);
+    let attempts = r.contained(&r.attack("tools_read_outside", json!({}), &[]));
+    assert!(attempts.len() >= 15, "{attempts:?}");
+    for a in &attempts {
+        let detail = a["detail"].as_str().unwrap_or_default();
+        assert!(
+            !detail.contains("SSH-KEY-MARKER") && !detail.contains("root:"),
+            "a secret reached the script: {a}"
+        );
+    }
+}
+
+#[test]
+fn the_file_tools_write_nothing_outside_the_allowed_roots_and_terminal_is_not_offered() {
+    require_strict!();
+    let r = range();
+    plant_project_links(&r);
+    let before: Vec<_> = std::fs::read_dir(r.sb.work())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    let attempts = r.contained(&r.attack("tools_write_outside", json!({}), &[]));
+    assert!(attempts.len() >= 10, "{attempts:?}");
+    let terminal = attempts
+        .iter()
+        .find(|a| a["what"] == "terminal over the raw channel")
+        .unwrap();
+    assert!(
+        terminal["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not available"),
+        "{terminal}"
+    );
+    let after: Vec<_> = std::fs::read_dir(r.sb.work())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(
+        before.len(),
+        after.len(),
+        "files appeared in the project: {after:?}"
+    );
+    assert!(!std::path::Path::new("/tmp/pwned").exists());
+}

@@ -21,6 +21,7 @@ pub mod environments;
 mod error;
 mod hooks;
 pub mod mcp_client;
+pub mod path_policy;
 mod registry;
 pub mod settings;
 mod toolsets;

@@ -103,6 +103,9 @@ impl Report {
             "no filesystem, network or syscall confinement (the script runs as you, in the \
              project dir)"
                 .to_string(),
+            "tools act with the supervisor's rights: file tools on any path, terminal runs any \
+             command"
+                .to_string(),
         ];
         let strict = match self.strict_blocker() {
             Some(why) => vec![format!("REFUSES to run: {why}")],
@@ -116,7 +119,15 @@ impl Report {
                      signals scoped to the script"
                         .to_string(),
                     "seccomp allowlist (EPERM otherwise): no new sockets, ptrace, namespaces, \
-                     io_uring, bpf, keyctl, mount, userfaultfd, personality, TIOCSTI"
+                     io_uring, bpf, keyctl, mount, userfaultfd, personality, TIOCSTI, \
+                     inotify/fanotify, chmod/chown/utime/xattr changes, path-based xattr reads; \
+                     setpriority/sched_set*/prlimit only on the script itself"
+                        .to_string(),
+                    "tools: read_file/search_files read beneath the staging dir, the session cwd \
+                     and code_execution.strict.read_roots; write_file/patch write beneath the \
+                     staging dir, the session cwd and code_execution.strict.write_roots (openat2 \
+                     RESOLVE_BENEATH: no symlink, `..`, hard link or /proc way out); terminal \
+                     not offered unless code_execution.strict.terminal is true"
                         .to_string(),
                     "tools only over a pre-connected socketpair (no socket path to dial)"
                         .to_string(),

@@ -12,6 +12,7 @@
 pub mod child;
 pub mod doctor;
 pub mod policy;
+pub mod tools;
 
 use crate::config::Config;
 use child::{ChildConfinement, Credentials, Rlimit};
@@ -37,6 +38,9 @@ pub const DEFAULT_MAX_PROCESSES: u64 = 256;
 pub const DEFAULT_MEMORY_MB: u64 = 1024;
 /// Default `code_execution.strict.file_size_mb` (largest file the script may write).
 pub const DEFAULT_FILE_SIZE_MB: u64 = 1024;
+/// Default `code_execution.strict.disk_mb` (disk space of one execution's staging dir and
+/// TMPDIR).
+pub const DEFAULT_DISK_MB: u64 = 512;
 
 /// Settings of strict mode, from `code_execution.strict` in config.yaml.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +57,15 @@ pub struct StrictOptions {
     pub seccomp_policy: Option<PathBuf>,
     /// Override of the landlock policy.
     pub landlock_policy: Option<PathBuf>,
+    /// Extra directories the file tools may read for a strict script (`read_roots`).
+    pub read_roots: Vec<PathBuf>,
+    /// Extra directories the file tools may read and write for a strict script (`write_roots`).
+    pub write_roots: Vec<PathBuf>,
+    /// Whether `terminal` is offered to strict scripts (`terminal`, default false). It then
+    /// runs as the supervisor's user, outside the sandbox: an explicit opening by the operator.
+    pub terminal: bool,
+    /// Disk budget of one execution (staging dir and TMPDIR), in bytes (`disk_mb`).
+    pub disk_bytes: u64,
     /// A configuration problem found when reading config.yaml; strict mode refuses with it.
     pub invalid: Option<String>,
 }
@@ -66,6 +79,10 @@ impl Default for StrictOptions {
             file_size_bytes: DEFAULT_FILE_SIZE_MB << 20,
             seccomp_policy: None,
             landlock_policy: None,
+            read_roots: Vec::new(),
+            write_roots: Vec::new(),
+            terminal: false,
+            disk_bytes: DEFAULT_DISK_MB << 20,
             invalid: None,
         }
     }
@@ -130,12 +147,17 @@ impl StrictOptions {
                     "file_size_mb",
                     "seccomp_policy",
                     "landlock_policy",
+                    "read_roots",
+                    "write_roots",
+                    "terminal",
+                    "disk_mb",
                 ]
                 .contains(&k)
                 {
                     return Err(format!(
                         "`code_execution.strict.{k}` is not a setting (uid, max_processes, \
-                         memory_mb, file_size_mb, seccomp_policy, landlock_policy)"
+                         memory_mb, file_size_mb, disk_mb, seccomp_policy, landlock_policy, \
+                         read_roots, write_roots, terminal)"
                     ));
                 }
             }
@@ -151,6 +173,39 @@ impl StrictOptions {
         }
         if let Some(n) = number("file_size_mb", 1 << 30)? {
             self.file_size_bytes = n << 20;
+        }
+        if let Some(n) = number("disk_mb", 1 << 30)? {
+            self.disk_bytes = n << 20;
+        }
+        let roots = |key: &str| -> Result<Vec<PathBuf>, String> {
+            let bad = || {
+                format!(
+                    "`code_execution.strict.{key}` must be a list of absolute directory paths \
+                     (not `/`)"
+                )
+            };
+            match strict.get(key) {
+                None | Some(Value::Null) => Ok(Vec::new()),
+                Some(Value::Sequence(items)) => items
+                    .iter()
+                    .map(|v| match v.as_str() {
+                        Some(s) if s.starts_with('/') && Path::new(s) != Path::new("/") => {
+                            Ok(PathBuf::from(s))
+                        }
+                        _ => Err(bad()),
+                    })
+                    .collect(),
+                Some(_) => Err(bad()),
+            }
+        };
+        self.read_roots = roots("read_roots")?;
+        self.write_roots = roots("write_roots")?;
+        match strict.get("terminal") {
+            None | Some(Value::Null) => {}
+            Some(Value::Bool(b)) => self.terminal = *b,
+            Some(_) => {
+                return Err("`code_execution.strict.terminal` must be true or false".into());
+            }
         }
         self.seccomp_policy = path("seccomp_policy")?;
         self.landlock_policy = path("landlock_policy")?;

@@ -30,6 +30,15 @@ inventory::submit! { BuiltinTool(entry) }
 fn write_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolError> {
     let raw = checked_path(args, "path")?;
     let content = required_str(args, "content")?;
+    if let Some(policy) = &ctx.paths {
+        // Strict mode: beneath a writable root, never through a link.
+        let created = policy.write_atomic(&ctx.resolve(raw), content.as_bytes())?;
+        return Ok(json!({
+            "path": raw,
+            "bytes_written": content.len(),
+            "created": created,
+        }));
+    }
     // Write through a symlink to its target, so a linked file stays linked.
     let path = match ctx.resolve(raw) {
         p if p.is_symlink() => std::fs::canonicalize(&p).unwrap_or(p),
