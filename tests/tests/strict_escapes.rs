@@ -525,3 +525,131 @@ fn the_file_tools_write_nothing_outside_the_allowed_roots_and_terminal_is_not_of
     );
     assert!(!std::path::Path::new("/tmp/pwned").exists());
 }
+
+#[test]
+fn inotify_and_fanotify_are_refused() {
+    require_strict!();
+    let r = range();
+    let attempts = r.contained(&r.attack("inotify_watch", json!({}), &[]));
+    assert_eq!(errno_of(&attempts, "inotify_init1"), EPERM);
+    assert_eq!(errno_of(&attempts, "inotify_init"), EPERM);
+    assert_eq!(errno_of(&attempts, "fanotify_init"), EPERM);
+}
+
+/// Mode, owner, times and xattrs of a file, to compare before and after an attack.
+fn metadata_of(p: &std::path::Path) -> (u32, u32, i64, i64, Vec<(String, Vec<u8>)>) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(p).unwrap();
+    let out = std::process::Command::new(vibeos_e2e::python3())
+        .args([
+            "-c",
+            "import os,sys,json; p=sys.argv[1]; print(json.dumps([[n, list(os.getxattr(p, n))] \
+             for n in sorted(os.listxattr(p))]))",
+        ])
+        .arg(p)
+        .output()
+        .unwrap();
+    let xattrs: Vec<(String, Vec<u8>)> = serde_json::from_slice(&out.stdout).unwrap();
+    (m.mode(), m.uid(), m.mtime(), m.atime(), xattrs)
+}
+
+#[test]
+fn metadata_of_files_outside_the_staging_dir_can_be_neither_read_nor_changed() {
+    require_strict!();
+    let r = range();
+    let secret = "XATTR-SECRET-VALUE";
+    let set = std::process::Command::new(vibeos_e2e::python3())
+        .args([
+            "-c",
+            &format!("import os,sys; os.setxattr(sys.argv[1], 'user.secret', b'{secret}')"),
+        ])
+        .arg(&r.victim)
+        .status()
+        .unwrap();
+    if !set.success() {
+        eprintln!("SKIP: this filesystem has no user xattrs");
+        return;
+    }
+    let interpreter = std::fs::canonicalize(vibeos_e2e::python3()).unwrap();
+    let before = (metadata_of(&r.victim), metadata_of(&interpreter));
+    let result = r.attack("metadata_outside", json!({}), &[]);
+    assert!(
+        !result["output"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(secret),
+        "the xattr value leaked: {result}"
+    );
+    let attempts = r.contained(&result);
+    for what in [
+        "getxattr outside",
+        "lgetxattr outside",
+        "listxattr outside",
+        "chmod outside",
+        "fchmodat2 raw",
+        "chown outside",
+        "utime now outside",
+        "fchmod interpreter",
+        "futimens interpreter",
+    ] {
+        assert_eq!(errno_of(&attempts, what), EPERM, "{what}: {attempts:?}");
+    }
+    let after = (metadata_of(&r.victim), metadata_of(&interpreter));
+    assert_eq!(before.0 .0, after.0 .0, "mode changed");
+    assert_eq!(before.0 .2, after.0 .2, "mtime changed");
+    assert_eq!(before.0 .4, after.0 .4, "xattrs changed");
+    assert_eq!(before.1 .0, after.1 .0, "the interpreter's mode changed");
+    assert_eq!(before.1 .2, after.1 .2, "the interpreter's mtime changed");
+}
+
+fn nice_and_affinity(pid: u32) -> (String, String) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let cpus = status
+        .lines()
+        .find(|l| l.starts_with("Cpus_allowed_list"))
+        .unwrap_or_default()
+        .to_string();
+    // Field 19 of stat is nice (index 16 after the comm field).
+    (fields[16].to_string(), cpus)
+}
+
+#[test]
+fn other_processes_cannot_be_reniced_pinned_or_rescheduled() {
+    require_strict!();
+    let r = range();
+    let me = std::process::id();
+    let before = nice_and_affinity(me);
+    let result = r.attack("renice_others", json!({}), &[]);
+    assert!(
+        result["output"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("SELF-SERVICE OK"),
+        "the script could not renice or pin itself: {result}"
+    );
+    let attempts = r.contained(&result);
+    for what in [
+        "setpriority PRIO_USER of my uid",
+        "setpriority PRIO_USER of my uid by number",
+        "setpriority PRIO_PGRP",
+        "setpriority of another pid",
+        "sched_setaffinity of another pid",
+        "sched_setscheduler of another pid",
+        "sched_setparam of another pid",
+        "prlimit of another pid",
+    ] {
+        assert_eq!(errno_of(&attempts, what), EPERM, "{what}: {attempts:?}");
+    }
+    assert_eq!(
+        nice_and_affinity(me),
+        before,
+        "the test process was reniced or pinned"
+    );
+}
