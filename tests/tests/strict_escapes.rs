@@ -536,8 +536,10 @@ fn inotify_and_fanotify_are_refused() {
     assert_eq!(errno_of(&attempts, "fanotify_init"), EPERM);
 }
 
-/// Mode, owner, times and xattrs of a file, to compare before and after an attack.
-fn metadata_of(p: &std::path::Path) -> (u32, u32, i64, i64, Vec<(String, Vec<u8>)>) {
+/// Mode, owner, mtime, atime and xattrs of a file, to compare before and after an attack.
+type FileMetadata = (u32, u32, i64, i64, Vec<(String, Vec<u8>)>);
+
+fn metadata_of(p: &std::path::Path) -> FileMetadata {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::symlink_metadata(p).unwrap();
     let out = std::process::Command::new(vibeos_e2e::python3())
