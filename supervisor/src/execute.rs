@@ -275,6 +275,11 @@ impl LaunchSpec {
         }
     }
 
+    /// The disk budget of a strict execution's staging dir.
+    pub(crate) fn disk_budget(&self) -> Option<u64> {
+        (self.mode == Mode::Strict).then_some(self.strict.disk_bytes)
+    }
+
     fn child_cwd(&self, staging: &Path) -> PathBuf {
         match self.mode {
             Mode::Project => self.session_cwd.clone(),
@@ -344,22 +349,34 @@ pub(crate) fn with_channel(
 }
 
 /// A fresh staging dir with its private `rpc/` dir; removed when dropped.
+/// Created 0700 under a 0711 parent, files written with O_EXCL|O_NOFOLLOW: see
+/// [`crate::confine::staging`]. Fields drop in order: tmpfs unmounted, dir removed, parent
+/// removed when empty.
 #[derive(Debug)]
 pub(crate) struct Staging {
+    _budget: Option<crate::confine::staging::DiskBudget>,
     dir: tempfile::TempDir,
+    _parent: crate::confine::staging::ParentCleanup,
     script: PathBuf,
     socket: PathBuf,
     rpc_dir: PathBuf,
 }
 
 impl Staging {
-    pub(crate) fn create() -> Result<Staging, StartError> {
-        let dir = tempfile::Builder::new()
-            .prefix("vibeos-exec-")
-            .tempdir()
-            .map_err(StartError::Staging)?;
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))
-            .map_err(StartError::Staging)?;
+    /// A fresh staging dir; `disk` (strict mode) caps its size with a tmpfs when root.
+    pub(crate) fn create(disk: Option<u64>) -> Result<Staging, StartError> {
+        let dir = crate::confine::staging::create_dir().map_err(StartError::Staging)?;
+        let parent = crate::confine::staging::ParentCleanup(
+            dir.path()
+                .parent()
+                .map(Path::to_path_buf)
+                .unwrap_or_default(),
+        );
+        let budget = match disk {
+            Some(bytes) => crate::confine::staging::DiskBudget::mount(dir.path(), bytes)
+                .map_err(StartError::Staging)?,
+            None => None,
+        };
         let script = dir.path().join("script.py");
         let rpc_dir = dir.path().join("rpc");
         std::fs::create_dir(&rpc_dir).map_err(StartError::Staging)?;
@@ -370,7 +387,9 @@ impl Staging {
             return Err(StartError::SocketPathTooLong(socket));
         }
         Ok(Staging {
+            _budget: budget,
             dir,
+            _parent: parent,
             script,
             socket,
             rpc_dir,
@@ -388,15 +407,9 @@ impl Staging {
         code: &str,
         owner: Option<(u32, u32)>,
     ) -> Result<(), StartError> {
-        for (path, text) in [
-            (self.dir.path().join("vibeos_tools.py"), stub),
-            (self.script.clone(), code),
-        ] {
-            std::fs::write(&path, text).map_err(StartError::Staging)?;
-            if let Some((uid, gid)) = owner {
-                std::os::unix::fs::lchown(&path, Some(uid), Some(gid))
-                    .map_err(StartError::Staging)?;
-            }
+        for (name, text) in [("vibeos_tools.py", stub), ("script.py", code)] {
+            crate::confine::staging::write_new(self.dir.path(), name, text, owner)
+                .map_err(StartError::Staging)?;
         }
         Ok(())
     }
@@ -670,7 +683,7 @@ async fn run(
     let launched = match warm {
         Some(launched) => launched,
         None => {
-            let staging = Staging::create()?;
+            let staging = Staging::create(spec.disk_budget())?;
             staging.write_files(&stub.source, &request.code, None)?;
             launch(&spec, staging, Program::Script)?
         }

@@ -183,7 +183,7 @@ fn mcp_initialize_list_tools_and_run_scripts_that_call_tools() {
         "the per-call max_tool_calls overrides serve's: {out}"
     );
     assert_eq!(text["tool_calls_made"], 1);
-    assert!(sb.staging_dirs().is_empty());
+    assert!(sb.staging_dirs().is_empty(), "{:?}", sb.staging_dirs());
 }
 
 #[test]

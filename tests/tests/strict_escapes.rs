@@ -655,3 +655,61 @@ fn other_processes_cannot_be_reniced_pinned_or_rescheduled() {
         "the test process was reniced or pinned"
     );
 }
+
+fn mounts_mentioning(needle: &str) -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(needle))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn filling_the_disk_ends_at_the_budget_in_a_clean_error() {
+    require_strict!();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIP: the disk budget (a tmpfs) needs a root supervisor");
+        return;
+    }
+    let r = range();
+    r.sb.write_config(
+        "code_execution:\n  strict:\n    max_processes: 64\n    memory_mb: 256\n    disk_mb: 16\n",
+    );
+    let tmp = r.sb.tmp().display().to_string();
+    let result = r.attack("disk_fill", json!({}), &["--timeout", "60"]);
+    assert_eq!(result["status"], "error", "{result}");
+    let output = result["output"].as_str().unwrap();
+    let line = output
+        .lines()
+        .find(|l| l.starts_with("DISK FULL"))
+        .unwrap_or_else(|| panic!("{output}"));
+    assert!(line.contains("errno=28"), "not ENOSPC: {line}");
+    let mib: u64 = line.rsplit(' ').nth(1).unwrap().parse().unwrap();
+    assert!(mib <= 16, "wrote {mib} MiB past a 16 MiB budget");
+    assert!(output.contains("disk budget reached"), "{output}");
+    assert!(
+        mounts_mentioning(&tmp).is_empty(),
+        "a staging mount was left: {:?}",
+        mounts_mentioning(&tmp)
+    );
+    // The supervisor and the next execution are fine.
+    let next = r.sb.run_json("print('next')", &["--mode", "strict"]);
+    assert_eq!(next["status"], "success", "{next}");
+}
+
+#[test]
+fn the_staging_dir_is_private_and_its_parent_closed() {
+    require_strict!();
+    let r = range();
+    let result = r.attack("staging_probe", json!({}), &[]);
+    let output = result["output"].as_str().unwrap_or_default();
+    assert!(
+        output.contains("STAGING MODE 700 PARENT MODE 711"),
+        "{output}"
+    );
+    let attempts = r.contained(&result);
+    assert_eq!(errno_of(&attempts, "list the staging parent"), EACCES);
+    assert_eq!(errno_of(&attempts, "open the staging dir to others"), EPERM);
+}

@@ -12,6 +12,7 @@
 pub mod child;
 pub mod doctor;
 pub mod policy;
+pub mod staging;
 pub mod tools;
 
 use crate::config::Config;
