@@ -357,6 +357,8 @@ pub(crate) struct Staging {
     _budget: Option<crate::confine::staging::DiskBudget>,
     dir: tempfile::TempDir,
     _parent: crate::confine::staging::ParentCleanup,
+    /// Strict mode as root: the script's uid, leased until the execution is over.
+    lease: Option<Arc<crate::confine::uids::UidLease>>,
     script: PathBuf,
     socket: PathBuf,
     rpc_dir: PathBuf,
@@ -390,6 +392,7 @@ impl Staging {
             _budget: budget,
             dir,
             _parent: parent,
+            lease: None,
             script,
             socket,
             rpc_dir,
@@ -497,7 +500,7 @@ impl Launched {
 /// Starts the interpreter for `spec` in `staging`: channel, environment, confinement, reaper.
 pub(crate) fn launch(
     spec: &LaunchSpec,
-    staging: Staging,
+    mut staging: Staging,
     program: Program,
 ) -> Result<Launched, StartError> {
     let env = spec.child_env(staging.path(), matches!(program, Program::Script))?;
@@ -549,6 +552,7 @@ pub(crate) fn launch(
             "execute_code: strict confinement prepared"
         );
         owner = prepared.credentials.map(|c| (c.uid, c.gid));
+        staging.lease = summary.lease;
         confinement = Some(prepared);
     }
 

@@ -267,3 +267,50 @@ fn strict_mode_confines_for_an_unprivileged_supervisor_too() {
     );
     assert!(sb.staging_dirs().is_empty());
 }
+
+#[test]
+fn a_pinned_uid_serves_one_execution_at_a_time() {
+    if let Some(why) = strict_unavailable() {
+        eprintln!("SKIP: strict mode is unavailable on this machine: {why}");
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIP: strict uids are only chosen by a root supervisor");
+        return;
+    }
+    let sb = Sandbox::new();
+    // A uid of its own so parallel tests pinning another one do not interfere.
+    let uid = 0x7e00_0000u32 + 0xffff - (std::process::id() % 4096);
+    sb.write_config(&format!("code_execution:\n  strict:\n    uid: {uid}\n"));
+    let mut first = sb.command();
+    first.args(["run", "--mode", "strict", "--json", "-"]);
+    first
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped());
+    let mut first = first.spawn().unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = first.stdin.take().unwrap();
+        stdin
+            .write_all(b"import os, time\nprint(os.getuid())\ntime.sleep(4)\n")
+            .unwrap();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let second = sb.run_json("print('second ran')", &["--mode", "strict"]);
+    assert_eq!(second["status"], "error", "{second}");
+    assert!(
+        second["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("in use by another live strict execution"),
+        "{second}"
+    );
+    let out = first.wait_with_output().unwrap();
+    let first: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(first["status"], "success", "{first}");
+    assert_eq!(first["output"].as_str().unwrap().trim(), uid.to_string());
+    // Once the first is over, the uid is free again.
+    let third = sb.run_json("print('third ran')", &["--mode", "strict"]);
+    assert_eq!(third["status"], "success", "{third}");
+}

@@ -14,6 +14,7 @@ pub mod doctor;
 pub mod policy;
 pub mod staging;
 pub mod tools;
+pub mod uids;
 
 use crate::config::Config;
 use child::{ChildConfinement, Credentials, Rlimit};
@@ -317,6 +318,8 @@ pub struct Summary {
     pub dac_read_search: bool,
     /// Paths granted read + execute.
     pub read_execute: Vec<PathBuf>,
+    /// The uid's lease (root only): hold it until every process of the execution is gone.
+    pub lease: Option<std::sync::Arc<uids::UidLease>>,
 }
 
 /// Prepares the confinement of one strict execution (everything but the in-child syscalls).
@@ -348,15 +351,25 @@ pub fn prepare(plan: Plan<'_>) -> Result<(ChildConfinement, Summary), ConfineErr
 
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
+    let mut lease = None;
     let (credentials, uid) = if root {
-        let uid = opts
-            .uid
-            .unwrap_or_else(|| UID_BASE + rand::random::<u32>() % UID_SPAN);
-        if uid == 0 {
+        if opts.uid == Some(0) {
             return Err(ConfineError::Config(
                 "code_execution.strict.uid is 0; the script must not run as root".into(),
             ));
         }
+        if opts.uid.is_some() && crate::pool::active().is_some() {
+            return Err(ConfineError::Config(
+                "code_execution.strict.uid pins one uid, but this host keeps a warm pool of \
+                 interpreters (code_execution.pool_size), which would run several executions \
+                 under it at once; remove code_execution.strict.uid or set \
+                 code_execution.pool_size: 0"
+                    .into(),
+            ));
+        }
+        let leased = uids::lease(opts.uid, UID_BASE, UID_SPAN)?;
+        let uid = leased.uid();
+        lease = Some(std::sync::Arc::new(leased));
         let gid = uid;
         hand_over(plan.staging, uid, gid)?;
         let interpreter_real = std::fs::canonicalize(plan.interpreter).map_err(io_err(format!(
@@ -394,6 +407,7 @@ pub fn prepare(plan: Plan<'_>) -> Result<(ChildConfinement, Summary), ConfineErr
     let rlimits = rlimits(opts, credentials.is_some());
     let summary = Summary {
         uid,
+        lease,
         dac_read_search: credentials.is_some_and(|c| c.dac_read_search),
         read_execute,
     };
@@ -448,7 +462,7 @@ fn rlimits(opts: &StrictOptions, own_uid: bool) -> Vec<Rlimit> {
     ]
 }
 
-fn tasks_of_uid(uid: u32) -> u64 {
+pub(crate) fn tasks_of_uid(uid: u32) -> u64 {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return 0;
     };
