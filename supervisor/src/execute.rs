@@ -547,7 +547,7 @@ pub(crate) fn launch(
         })?;
         tracing::debug!(
             uid = summary.uid,
-            dac_read_search = summary.dac_read_search,
+            covered = ?summary.covered,
             read_execute = ?summary.read_execute,
             "execute_code: strict confinement prepared"
         );

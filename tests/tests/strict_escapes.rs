@@ -713,3 +713,42 @@ fn the_staging_dir_is_private_and_its_parent_closed() {
     assert_eq!(errno_of(&attempts, "list the staging parent"), EACCES);
     assert_eq!(errno_of(&attempts, "open the staging dir to others"), EPERM);
 }
+
+#[test]
+fn nothing_in_a_closed_directory_can_be_probed_and_no_capability_is_held() {
+    require_strict!();
+    let r = range();
+    let closed = r.sb.root.path().join("closed");
+    std::fs::create_dir(&closed).unwrap();
+    std::fs::write(closed.join("secret.txt"), "CLOSED-DIR-SECRET").unwrap();
+    std::os::unix::fs::symlink("/etc/CLOSED-LINK-TARGET", closed.join("link")).unwrap();
+    open_to_all(&closed, 0o700);
+    let result = r.attack("closed_dir_metadata", json!({ "closed_dir": closed }), &[]);
+    let output = result["output"].as_str().unwrap_or_default();
+    assert!(!output.contains("CLOSED-LINK-TARGET"), "{output}");
+    let attempts = r.contained(&result);
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        for what in [
+            "stat in closed dir",
+            "lstat in closed dir",
+            "readlink in closed dir",
+            "chdir into closed dir",
+            "listdir closed dir",
+        ] {
+            assert_eq!(errno_of(&attempts, what), EACCES, "{what}: {attempts:?}");
+        }
+    }
+    let caps: Value = serde_json::from_str(
+        output
+            .lines()
+            .find_map(|l| l.strip_prefix("CAPS "))
+            .unwrap_or_else(|| panic!("{output}")),
+    )
+    .unwrap();
+    assert_eq!(
+        caps,
+        json!({"sets": [0, 0, 0, 0, 0, 0], "ambient": 0}),
+        "the script holds a capability"
+    );
+}

@@ -12,6 +12,7 @@
 pub mod child;
 pub mod doctor;
 pub mod policy;
+pub mod reveal;
 pub mod staging;
 pub mod tools;
 pub mod uids;
@@ -314,8 +315,9 @@ pub struct Plan<'a> {
 pub struct Summary {
     /// uid the script runs as.
     pub uid: u32,
-    /// Whether `CAP_DAC_READ_SEARCH` was kept.
-    pub dac_read_search: bool,
+    /// Closed directories covered in the script's mount namespace so its uid reaches the
+    /// interpreter or staging dir without any capability.
+    pub covered: Vec<String>,
     /// Paths granted read + execute.
     pub read_execute: Vec<PathBuf>,
     /// The uid's lease (root only): hold it until every process of the execution is gone.
@@ -352,6 +354,7 @@ pub fn prepare(plan: Plan<'_>) -> Result<(ChildConfinement, Summary), ConfineErr
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     let mut lease = None;
+    let mut reveal = None;
     let (credentials, uid) = if root {
         if opts.uid == Some(0) {
             return Err(ConfineError::Config(
@@ -372,33 +375,8 @@ pub fn prepare(plan: Plan<'_>) -> Result<(ChildConfinement, Summary), ConfineErr
         lease = Some(std::sync::Arc::new(leased));
         let gid = uid;
         hand_over(plan.staging, uid, gid)?;
-        let interpreter_real = std::fs::canonicalize(plan.interpreter).map_err(io_err(format!(
-            "resolving the interpreter {}",
-            plan.interpreter.display()
-        )))?;
-        let blocked: Vec<PathBuf> = [plan.staging, interpreter_real.as_path()]
-            .iter()
-            .filter_map(|p| first_unsearchable(p, uid, gid))
-            .collect();
-        if !blocked.is_empty() {
-            tracing::info!(
-                "execute_code: strict uid {uid} cannot search {}; keeping CAP_DAC_READ_SEARCH \
-                 (landlock still limits what it may open)",
-                blocked
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-        }
-        (
-            Some(Credentials {
-                uid,
-                gid,
-                dac_read_search: !blocked.is_empty(),
-            }),
-            uid,
-        )
+        reveal = reveal_for(plan.staging, &read_execute, plan.interpreter, uid, gid)?;
+        (Some(Credentials { uid, gid }), uid)
     } else {
         // SAFETY: getuid has no preconditions.
         (None, unsafe { libc::getuid() })
@@ -408,7 +386,10 @@ pub fn prepare(plan: Plan<'_>) -> Result<(ChildConfinement, Summary), ConfineErr
     let summary = Summary {
         uid,
         lease,
-        dac_read_search: credentials.is_some_and(|c| c.dac_read_search),
+        covered: reveal
+            .as_ref()
+            .map(reveal::Reveal::covered)
+            .unwrap_or_default(),
         read_execute,
     };
     Ok((
@@ -418,9 +399,62 @@ pub fn prepare(plan: Plan<'_>) -> Result<(ChildConfinement, Summary), ConfineErr
             credentials,
             rlimits,
             rpc: plan.rpc,
+            reveal,
         },
         summary,
     ))
+}
+
+/// What the script's uid must reach (the staging dir, the interpreter's granted files) and
+/// cannot, revealed through a private mount namespace; see [`reveal`].
+fn reveal_for(
+    staging: &Path,
+    read_execute: &[PathBuf],
+    interpreter: &Path,
+    uid: u32,
+    gid: u32,
+) -> Result<Option<reveal::Reveal>, ConfineError> {
+    let mut needed: Vec<PathBuf> = vec![staging.to_path_buf()];
+    for p in interpreter_paths(interpreter) {
+        if !read_execute.contains(&p) {
+            continue;
+        }
+        // A lone binary is revealed with its directory (landlock still grants only the file).
+        let dir = if p.is_dir() {
+            p
+        } else {
+            match p.parent() {
+                Some(d) => d.to_path_buf(),
+                None => continue,
+            }
+        };
+        needed.push(dir);
+    }
+    needed.sort();
+    needed.dedup();
+    let outermost: Vec<PathBuf> = needed
+        .iter()
+        .filter(|n| !needed.iter().any(|o| o != *n && n.starts_with(o)))
+        .cloned()
+        .collect();
+    let plan =
+        reveal::Reveal::plan(&outermost, |p| first_unsearchable(p, uid, gid)).map_err(|e| {
+            ConfineError::Unreachable(format!(
+                "the strict uid cannot reach the interpreter {} or the staging dir {}: {e}; make \
+                 their directories searchable (chmod o+x), set code_execution.python to an \
+                 interpreter outside closed directories, or set TMPDIR to a searchable directory",
+                interpreter.display(),
+                staging.display()
+            ))
+        })?;
+    if let Some(r) = &plan {
+        tracing::debug!(
+            "execute_code: strict uid {uid} cannot search {}; covering it in the script's mount \
+             namespace (no capability is kept)",
+            r.covered().join(", ")
+        );
+    }
+    Ok(plan)
 }
 
 /// A `#!` script as interpreter (a pyenv shim, a wrapper) would need its own interpreter and
