@@ -752,3 +752,29 @@ fn nothing_in_a_closed_directory_can_be_probed_and_no_capability_is_held() {
         "the script holds a capability"
     );
 }
+
+#[test]
+fn web_extract_does_not_reach_loopback_or_private_addresses_for_a_strict_script() {
+    require_strict!();
+    let mut r = range();
+    r.sb.set_env("VIBEOS_WEB_EXTRACT_BACKEND", "http");
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let attempts = r.contained(&r.attack("tools_web_loopback", json!({ "tcp_port": port }), &[]));
+    assert_eq!(attempts.len(), 4, "{attempts:?}");
+    for a in &attempts[..3] {
+        assert!(
+            a["detail"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("public hosts"),
+            "refused for another reason than the destination check: {a}"
+        );
+    }
+    assert_eq!(
+        listener.accept().map(|_| ()).unwrap_err().kind(),
+        ErrorKind::WouldBlock,
+        "the loopback listener was reached through web_extract"
+    );
+}

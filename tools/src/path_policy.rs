@@ -1,4 +1,7 @@
-//! Where the file tools may act when a strict-mode script calls them (SPEC §6).
+//! What the tools may reach when a strict-mode script calls them (SPEC §6): paths and hosts.
+//!
+//! Files: see below. Hosts: [`public_destination`] keeps `web_extract` off loopback, private and
+//! link-local addresses, which the script itself cannot reach either.
 //!
 //! A strict script is confined by landlock and seccomp, but its tool calls run in the
 //! supervisor, with the supervisor's rights (root in CI). Without a policy of their own the
@@ -493,6 +496,82 @@ impl PathPolicy {
     }
 }
 
+/// Checks that `url` (http or https) names a host whose every address is public: no
+/// loopback, private, link-local, shared (CGNAT), unspecified, broadcast, multicast or
+/// documentation range, v4 or v6 (v4-mapped included). A strict script's `web_extract` may
+/// only reach those — otherwise the tool would be its way to the machine's own services and
+/// the cloud metadata endpoint. The name is resolved here and again by the HTTP client; a DNS
+/// answer that changes in between (rebinding) is the residual risk, documented.
+pub fn public_destination(url: &str) -> Result<(), String> {
+    use std::net::{IpAddr, ToSocketAddrs};
+    let rest = url.split_once("://").map(|(_, r)| r).unwrap_or(url);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let authority = authority
+        .rsplit_once('@')
+        .map(|(_, h)| h)
+        .unwrap_or(authority);
+    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+        let (h, after) = v6.split_once(']').ok_or("a malformed IPv6 host")?;
+        let port = after.strip_prefix(':').and_then(|p| p.parse().ok());
+        (h.to_string(), port)
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h.to_string(), p.parse().ok()),
+            None => (authority.to_string(), None),
+        }
+    };
+    if host.is_empty() {
+        return Err("the URL has no host".into());
+    }
+    let port = port.unwrap_or(if url.to_ascii_lowercase().starts_with("https") {
+        443
+    } else {
+        80
+    });
+    let addrs: Vec<IpAddr> = (host.as_str(), port)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {host}: {e}"))?
+        .map(|a| a.ip())
+        .collect();
+    fn v4_ok(ip: std::net::Ipv4Addr) -> bool {
+        let o = ip.octets();
+        !(ip.is_loopback()
+            || ip.is_private()
+            || ip.is_link_local()
+            || ip.is_unspecified()
+            || ip.is_broadcast()
+            || ip.is_multicast()
+            || ip.is_documentation()
+            || o[0] == 0
+            || (o[0] == 100 && (o[1] & 0xc0) == 64)
+            || (o[0] == 198 && (o[1] & 0xfe) == 18)
+            || o[0] >= 240)
+    }
+    let public = |ip: &IpAddr| match ip {
+        IpAddr::V4(v4) => v4_ok(*v4),
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return v4_ok(v4);
+            }
+            let s = v6.segments();
+            !(v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_multicast()
+                || (s[0] & 0xfe00) == 0xfc00
+                || (s[0] & 0xffc0) == 0xfe80
+                || s[0] == 0x2001 && s[1] == 0x0db8)
+        }
+    };
+    match addrs.iter().find(|ip| !public(ip)) {
+        Some(ip) => Err(format!(
+            "{host} resolves to {ip}, a loopback, private or link-local address; a strict-mode \
+             script may only fetch public hosts"
+        )),
+        None if addrs.is_empty() => Err(format!("{host} has no address")),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -507,6 +586,24 @@ mod tests {
         p.add_root(&d.path().join("root"), RootAccess::ReadWrite, false)
             .unwrap();
         (d, p)
+    }
+
+    #[test]
+    fn strict_fetches_reach_public_hosts_only() {
+        for url in [
+            "http://127.0.0.1:8080/x",
+            "http://localhost/",
+            "https://[::1]/",
+            "http://169.254.169.254/latest/meta-data/",
+            "http://10.1.2.3/",
+            "http://user@192.168.0.1:81/",
+            "http://[::ffff:127.0.0.1]/",
+            "http://0.0.0.0/",
+        ] {
+            assert!(public_destination(url).is_err(), "{url}");
+        }
+        assert!(public_destination("http://8.8.8.8/").is_ok());
+        assert!(public_destination("https://[2606:4700::1111]:8443/").is_ok());
     }
 
     #[test]

@@ -80,6 +80,17 @@ fn agent(timeout: Duration) -> ureq::Agent {
         .into()
 }
 
+/// The agent of a strict script's fetches: no redirects (each hop would need the check again).
+fn strict_agent(timeout: Duration) -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .timeout_global(Some(timeout))
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .user_agent("vibeos-exec web tools")
+        .build()
+        .into()
+}
+
 fn search_entry() -> ToolEntry {
     let mut e = ToolEntry::new(
         "web_search",
@@ -222,13 +233,18 @@ fn html_title(html: &str) -> String {
         .unwrap_or_default()
 }
 
-fn fetch_one(agent: &ureq::Agent, url: &str, char_limit: usize) -> Value {
+fn fetch_one(agent: &ureq::Agent, url: &str, char_limit: usize, public_only: bool) -> Value {
     let fail = |msg: String| json!({"url": url, "title": "", "content": "", "error": msg});
     let scheme_ok = url.split_once("://").is_some_and(|(s, rest)| {
         (s.eq_ignore_ascii_case("http") || s.eq_ignore_ascii_case("https")) && !rest.is_empty()
     });
     if !scheme_ok {
         return fail("only http:// and https:// URLs can be fetched".into());
+    }
+    if public_only {
+        if let Err(why) = crate::path_policy::public_destination(url) {
+            return fail(why);
+        }
     }
     let mut resp = match agent.get(url).call() {
         Ok(r) => r,
@@ -292,7 +308,7 @@ fn fetch_one(agent: &ureq::Agent, url: &str, char_limit: usize) -> Value {
     json!({"url": url, "title": title, "content": content, "error": Value::Null})
 }
 
-fn web_extract(args: &Map<String, Value>, _ctx: &ToolContext) -> Result<Value, ToolError> {
+fn web_extract(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolError> {
     let urls: Vec<String> = match args.get("urls") {
         Some(Value::String(s)) => vec![s.clone()],
         Some(Value::Array(items)) => items
@@ -332,13 +348,20 @@ fn web_extract(args: &Map<String, Value>, _ctx: &ToolContext) -> Result<Value, T
             "set VIBEOS_WEB_EXTRACT_BACKEND=http",
         ));
     }
-    let agent = agent(cfg.timeout);
+    // A strict script has no network of its own; through this tool it reaches public hosts
+    // only (no loopback, private or link-local address, no redirect that could lead there).
+    let public_only = ctx.paths.is_some();
+    let agent = if public_only {
+        strict_agent(cfg.timeout)
+    } else {
+        agent(cfg.timeout)
+    };
     let results: Vec<Value> = std::thread::scope(|s| {
         let handles: Vec<_> = urls
             .iter()
             .map(|u| {
                 let agent = &agent;
-                s.spawn(move || fetch_one(agent, u, char_limit))
+                s.spawn(move || fetch_one(agent, u, char_limit, public_only))
             })
             .collect();
         handles
