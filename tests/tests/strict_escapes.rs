@@ -778,3 +778,18 @@ fn web_extract_does_not_reach_loopback_or_private_addresses_for_a_strict_script(
         "the loopback listener was reached through web_extract"
     );
 }
+
+#[test]
+fn swapping_a_directory_for_a_symlink_mid_call_gets_the_tools_nothing() {
+    require_strict!();
+    let r = range();
+    let key = r.sb.root.path().join("fakehome/.ssh/id_rsa");
+    let before = std::fs::read_to_string(&key).unwrap();
+    let result = r.attack("tools_race", json!({}), &["--max-tool-calls", "200"]);
+    r.contained(&result);
+    assert_eq!(
+        std::fs::read_to_string(&key).unwrap(),
+        before,
+        "the key was overwritten"
+    );
+}
