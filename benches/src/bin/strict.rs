@@ -73,7 +73,14 @@ fn main() {
     .unwrap();
     let tool_script = tool_script.to_string_lossy().into_owned();
     let per_call = |mode: &str| -> f64 {
-        let out = sb.run(&["run", "--mode", mode, "--max-tool-calls", "1000", &tool_script]);
+        let out = sb.run(&[
+            "run",
+            "--mode",
+            mode,
+            "--max-tool-calls",
+            "1000",
+            &tool_script,
+        ]);
         assert!(out.status.success(), "{mode} tool run failed: {out:?}");
         String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
     };
