@@ -734,6 +734,33 @@ mod tests {
         assert!(o.invalid.unwrap().contains("memory_mb"));
         let o = StrictOptions::from_config(&doc("code_execution:\n  strict:\n    nproc: 3\n"));
         assert!(o.invalid.unwrap().contains("nproc"));
+        let o = StrictOptions::from_config(&doc(
+            "code_execution:\n  strict:\n    disk_mb: 64\n    terminal: true\n    \
+             read_roots: [/srv/a]\n    write_roots: [/srv/b, /srv/c]\n",
+        ));
+        assert_eq!(o.invalid, None);
+        assert_eq!(o.disk_bytes, 64 << 20);
+        assert!(o.terminal);
+        assert_eq!(o.read_roots, vec![PathBuf::from("/srv/a")]);
+        assert_eq!(o.write_roots.len(), 2);
+        for bad in [
+            "read_roots: [relative/dir]",
+            "write_roots: [/]",
+            "write_roots: /srv/b",
+            "terminal: maybe",
+            "disk_mb: 0",
+        ] {
+            let o = StrictOptions::from_config(&doc(&format!(
+                "code_execution:\n  strict:\n    {bad}\n"
+            )));
+            let key = bad.split(':').next().unwrap();
+            assert!(
+                o.invalid.as_deref().unwrap_or("").contains(key),
+                "{bad}: {o:?}"
+            );
+        }
+        assert_eq!(StrictOptions::default().disk_bytes, DEFAULT_DISK_MB << 20);
+        assert!(!StrictOptions::default().terminal);
         assert_eq!(
             StrictOptions::from_config(&Config::default()),
             StrictOptions::default()
