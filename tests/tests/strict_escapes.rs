@@ -793,3 +793,32 @@ fn swapping_a_directory_for_a_symlink_mid_call_gets_the_tools_nothing() {
         "the key was overwritten"
     );
 }
+
+#[test]
+fn filling_the_disk_through_the_tools_stops_at_the_budget() {
+    require_strict!();
+    let r = range();
+    r.sb.write_config(
+        "code_execution:\n  strict:\n    max_processes: 64\n    memory_mb: 256\n    disk_mb: 8\n",
+    );
+    let result = r.attack("tools_disk_fill", json!({}), &["--max-tool-calls", "100"]);
+    let output = result["output"].as_str().unwrap_or_default().to_string();
+    let attempts = r.contained(&result);
+    assert!(
+        attempts[0]["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("disk budget"),
+        "{output}"
+    );
+    let written: u64 = std::fs::read_dir(r.sb.work())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("fill-"))
+        .map(|e| e.metadata().unwrap().len())
+        .sum();
+    assert!(
+        written <= 8 << 20,
+        "{written} bytes written past an 8 MiB budget"
+    );
+}

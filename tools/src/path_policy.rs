@@ -58,6 +58,10 @@ struct Root {
 #[derive(Debug)]
 pub struct PathPolicy {
     roots: Vec<Root>,
+    /// Bytes the tools may still write outside the staging dir in this execution (`None`:
+    /// unbounded). The staging dir has its own cap (a tmpfs); without this, a script calling
+    /// write_file in a loop could fill the disk under the cwd or a write root.
+    write_budget: Option<std::sync::atomic::AtomicU64>,
 }
 
 /// Why a root could not be added (the execution then refuses to start).
@@ -75,7 +79,40 @@ const RESOLVE: ResolveFlag = ResolveFlag::RESOLVE_BENEATH.union(ResolveFlag::RES
 impl PathPolicy {
     /// An empty policy: no root, every path refused.
     pub fn new() -> Self {
-        PathPolicy { roots: Vec::new() }
+        PathPolicy {
+            roots: Vec::new(),
+            write_budget: None,
+        }
+    }
+
+    /// Caps what the tools may write outside the staging dir, in bytes, for the execution.
+    pub fn set_write_budget(&mut self, bytes: u64) {
+        self.write_budget = Some(std::sync::atomic::AtomicU64::new(bytes));
+    }
+
+    /// Takes `len` bytes from the write budget, or says why not.
+    fn charge(&self, len: u64, path: &Path) -> Result<(), ToolError> {
+        use std::sync::atomic::Ordering;
+        let Some(budget) = &self.write_budget else {
+            return Ok(());
+        };
+        budget
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                left.checked_sub(len)
+            })
+            .map(|_| ())
+            .map_err(|left| {
+                ToolError::new(
+                    "DiskBudgetExceeded",
+                    format!(
+                        "writing {} bytes to {} would pass this execution's disk budget ({left} \
+                         bytes left for tool writes outside the staging dir; \
+                         code_execution.strict.disk_mb sets it)",
+                        len,
+                        path.display()
+                    ),
+                )
+            })
     }
 
     /// Adds a root. `links_ok` marks the staging dir. `/` is refused (it would make the policy
@@ -327,6 +364,13 @@ impl PathPolicy {
     /// resolved parent. An existing entry's mode is kept; a symlink or directory there is
     /// refused. Returns whether the file was created.
     pub fn write_atomic(&self, path: &Path, content: &[u8]) -> Result<bool, ToolError> {
+        let in_staging = self
+            .locate(path, true)
+            .map(|(root, _)| root.links_ok)
+            .unwrap_or(false);
+        if !in_staging {
+            self.charge(content.len() as u64, path)?;
+        }
         let (dir, name) = self.parent_for_write(path)?;
         let existing = nix::sys::stat::fstatat(
             dir.as_fd(),
@@ -654,6 +698,11 @@ mod tests {
             "SECRET"
         );
         assert!(p.add_root(Path::new("/"), RootAccess::Read, false).is_err());
+        p.set_write_budget(10);
+        p.write_atomic(&root.join("b1"), b"123456").unwrap();
+        let e = p.write_atomic(&root.join("b2"), b"123456").unwrap_err();
+        assert_eq!(e.kind, "DiskBudgetExceeded", "{e}");
+        assert!(!root.join("b2").exists());
         let mut ro = PathPolicy::new();
         ro.add_root(&root, RootAccess::Read, false).unwrap();
         assert_eq!(

@@ -491,7 +491,12 @@ fn rlimits(opts: &StrictOptions, own_uid: bool) -> Vec<Rlimit> {
         (libc::RLIMIT_DATA, opts.memory_bytes),
         // Address space: a backstop for shared mappings RLIMIT_DATA does not count.
         (libc::RLIMIT_AS, opts.memory_bytes.saturating_mul(4)),
-        (libc::RLIMIT_FSIZE, opts.file_size_bytes),
+        // No single file beyond the disk budget either (the only disk cap a non-root
+        // supervisor has).
+        (
+            libc::RLIMIT_FSIZE,
+            opts.file_size_bytes.min(opts.disk_bytes),
+        ),
         (libc::RLIMIT_CORE, 0),
     ]
 }

@@ -42,6 +42,7 @@ pub fn path_policy(
     cwd: &Path,
 ) -> Result<PathPolicy, ConfineError> {
     let mut policy = PathPolicy::new();
+    policy.set_write_budget(options.disk_bytes);
     let config = |e: vibeos_tools::path_policy::RootError| {
         ConfineError::Config(format!(
             "{e}; fix code_execution.strict.read_roots / write_roots"
