@@ -93,8 +93,7 @@ fn scenario(sb: &Sandbox, name: &str) -> Option<Value> {
     let py = match mcp_python() {
         Ok(p) => p,
         Err(why) => {
-            eprintln!("SKIPPED mcp scenario {name}: {why}");
-            return None;
+            vibeos_testkit::skip!(None; "mcp scenario {name}: {why}");
         }
     };
     let dir = workspace_root().join("fixtures").join("mcp");

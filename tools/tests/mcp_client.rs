@@ -45,8 +45,7 @@ macro_rules! need_python {
         match mcp_python() {
             Ok(p) => p,
             Err(missing) => {
-                eprintln!("SKIPPED: missing {missing}");
-                return;
+                vibeos_testkit::skip!("missing {missing}");
             }
         }
     };
