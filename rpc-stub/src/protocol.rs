@@ -102,17 +102,21 @@ pub fn decode_request(frame: &[u8]) -> Result<Request, (Option<Value>, ProtocolE
             },
         ));
     }
-    // One pass straight into the request's fields; only a failure is looked at twice, to tell
-    // "not JSON" from "JSON but not an object".
+    // One pass straight into the request's fields. serde's error category tells "not JSON"
+    // (syntax, invalid UTF-8 in a string, nesting past the recursion limit, truncation) from
+    // "JSON, but not a request object" (a data error). A derived struct would also accept a
+    // JSON array of its fields in order; the protocol says object, so that is refused too.
     let raw: RawRequest = match serde_json::from_slice(frame) {
-        Ok(raw) => raw,
+        Ok(raw) if frame.trim_ascii_start().starts_with(b"{") => raw,
+        Ok(_) => return Err((None, ProtocolError::NotObject)),
         Err(e) => {
-            return Err(
-                match serde_json::from_slice::<serde::de::IgnoredAny>(frame) {
-                    Ok(_) => (None, ProtocolError::NotObject),
-                    Err(_) => (None, ProtocolError::NotJson(e.to_string())),
+            return Err((
+                None,
+                match e.classify() {
+                    serde_json::error::Category::Data => ProtocolError::NotObject,
+                    _ => ProtocolError::NotJson(e.to_string()),
                 },
-            )
+            ))
         }
     };
     let id = match raw.id {
@@ -214,6 +218,34 @@ mod tests {
         assert_eq!(e.code(), "invalid_json");
         let (_, e) = decode_request(b"[1,2]").err().unwrap_or_default_pair();
         assert_eq!(e, ProtocolError::NotObject);
+        let (_, e) = decode_request(br#"[1,"read_file",{},"t"]"#)
+            .err()
+            .unwrap_or_default_pair();
+        assert_eq!(e, ProtocolError::NotObject);
+    }
+
+    #[test]
+    fn broken_json_inside_an_object_is_invalid_json_not_invalid_request() {
+        // Invalid UTF-8 inside a string value.
+        let (_, e) =
+            decode_request(b"{\"id\":1,\"tool\":\"x\xff\xfe\",\"args\":{},\"token\":\"t\"}")
+                .err()
+                .unwrap_or_default_pair();
+        assert_eq!(e.code(), "invalid_json", "{e}");
+        // Nesting far past serde_json's recursion limit, inside an object and at the top.
+        let deep = format!(
+            "{{\"id\":1,\"tool\":\"x\",\"args\":{{\"a\":{}{}}},\"token\":\"t\"}}",
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        );
+        let (_, e) = decode_request(deep.as_bytes())
+            .err()
+            .unwrap_or_default_pair();
+        assert_eq!(e.code(), "invalid_json", "{e}");
+        let (_, e) = decode_request("[".repeat(100_000).as_bytes())
+            .err()
+            .unwrap_or_default_pair();
+        assert_eq!(e.code(), "invalid_json", "{e}");
         let (id, e) = decode_request(br#"{"id":"x","tool":3,"token":"t"}"#)
             .err()
             .unwrap_or_default_pair();
