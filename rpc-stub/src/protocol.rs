@@ -56,6 +56,19 @@ pub enum ProtocolError {
     /// The connecting process is not part of this execution.
     #[error("connection refused: the peer is not a process of this execution")]
     ForeignPeer,
+    /// The execution already has as many open connections as it may.
+    #[error(
+        "connection refused: this execution already has {limit} open RPC connections; \
+         close unused ones (threads of one process can share a connection)"
+    )]
+    TooManyConnections {
+        /// The per-execution limit.
+        limit: usize,
+    },
+    /// The supervisor failed on its side (say, it could not read the peer's credentials): not
+    /// the peer's fault, and not a verdict on who it is.
+    #[error("internal error of the supervisor: {0}")]
+    Internal(String),
 }
 
 impl ProtocolError {
@@ -68,6 +81,8 @@ impl ProtocolError {
             ProtocolError::TooLarge { .. } => "frame_too_large",
             ProtocolError::BadToken => "unauthorized",
             ProtocolError::ForeignPeer => "unauthorized",
+            ProtocolError::TooManyConnections { .. } => "too_many_connections",
+            ProtocolError::Internal(_) => "internal_error",
         }
     }
 
@@ -76,7 +91,11 @@ impl ProtocolError {
     pub fn closes_connection(&self) -> bool {
         matches!(
             self,
-            ProtocolError::BadToken | ProtocolError::ForeignPeer | ProtocolError::TooLarge { .. }
+            ProtocolError::BadToken
+                | ProtocolError::ForeignPeer
+                | ProtocolError::TooLarge { .. }
+                | ProtocolError::TooManyConnections { .. }
+                | ProtocolError::Internal(_)
         )
     }
 }

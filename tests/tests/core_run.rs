@@ -284,6 +284,48 @@ fn the_channel_survives_garbage_and_refuses_what_it_must() {
 }
 
 #[test]
+fn closed_connections_are_released_and_open_ones_are_capped() {
+    // A supervisor with few descriptors: before connections were released on close, 1,100
+    // opened-and-closed connections exhausted them and the script's calls hung.
+    let sb = Sandbox::new();
+    let mut cmd = sb.command();
+    // SAFETY: setrlimit is async-signal-safe and touches only the child about to exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            let lim = libc::rlimit {
+                rlim_cur: 256,
+                rlim_max: 256,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let script = fixture("core/connection_churn.py");
+    let out = cmd
+        .args(["run", "--json", "--timeout", "120"])
+        .arg(&script)
+        .output()
+        .unwrap();
+    let r = parse_single_json(&out);
+    assert_eq!(r["status"], "success", "{r}");
+    let out = parse_output_json(&r);
+    // 80 held open, at most 64 served at once: 16 refused, each with the clear error.
+    assert_eq!(out["refused"], 16, "{out}");
+    assert_eq!(out["codes"], serde_json::json!(["too_many_connections"]));
+    assert!(out["message"]
+        .as_str()
+        .unwrap()
+        .contains("64 open RPC connections"));
+    assert_eq!(out["served_after"], true, "{out}");
+    assert!(out["tool_after"]["error"]
+        .as_str()
+        .unwrap()
+        .contains("FileNotFound"));
+}
+
+#[test]
 fn a_process_outside_the_execution_cannot_use_the_socket() {
     let sb = Sandbox::new();
     let child = sb
