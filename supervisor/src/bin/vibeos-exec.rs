@@ -123,6 +123,10 @@ struct ServeArgs {
     /// Largest request accepted, in bytes (one stdio line or one HTTP body).
     #[arg(long, value_name = "BYTES", default_value_t = vibeos_supervisor::mcp::DEFAULT_MAX_REQUEST_BYTES)]
     max_request_bytes: usize,
+    /// HTTP sessions open at once; a new client beyond it gets 503 until a session ends
+    /// (closed by its client, or idle for 5 minutes).
+    #[arg(long, value_name = "N", default_value_t = vibeos_supervisor::mcp::DEFAULT_MAX_SESSIONS)]
+    max_sessions: usize,
     /// Defaults of every call.
     #[command(flatten)]
     limits: LimitArgs,
@@ -496,6 +500,7 @@ fn serve(args: ServeArgs, mut config: Config) -> Result<u8, UsageError> {
         toolsets: args.toolsets,
         max_concurrent: args.max_concurrent,
         max_request_bytes: args.max_request_bytes,
+        max_sessions: args.max_sessions,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
