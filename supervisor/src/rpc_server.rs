@@ -18,6 +18,7 @@
 use crate::reaper::is_descendant;
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeSet, HashMap};
+use subtle::ConstantTimeEq;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -341,7 +342,8 @@ fn serve_connection(
                 continue;
             }
         };
-        if !constant_time_eq(request.token.as_bytes(), state.token.as_bytes()) {
+        // Constant time: how long a refusal takes must not tell a guesser how much it got right.
+        if !bool::from(request.token.as_bytes().ct_eq(state.token.as_bytes())) {
             tracing::warn!("execute_code: refused an RPC request with a wrong token");
             send(
                 &writer,
@@ -362,13 +364,6 @@ fn serve_connection(
             });
         }
     }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 #[cfg(test)]
