@@ -18,11 +18,11 @@
 use crate::reaper::is_descendant;
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeSet, HashMap};
-use subtle::ConstantTimeEq;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use subtle::ConstantTimeEq;
 use tokio::net::UnixListener;
 use vibeos_rpc::{
     decode_request, encode_error, encode_response_json, ProtocolError, MAX_FRAME_BYTES,

@@ -413,6 +413,50 @@ fn bad_scripts_are_usage_errors() {
 }
 
 #[test]
+fn command_line_errors_with_json_print_the_result_object() {
+    let sb = Sandbox::new();
+    let script = fixture("core/tool_chain.py");
+    let script = script.to_str().unwrap();
+    for (args, needle) in [
+        (
+            vec!["run", "--json", "--bogus", script],
+            "unexpected argument '--bogus'",
+        ),
+        (
+            vec!["run", "--json", "--timeout", "abc", script],
+            "invalid value 'abc'",
+        ),
+        (
+            vec!["run", "--json"],
+            "required arguments were not provided",
+        ),
+        (
+            vec!["run", "--json", "--timeout", "0", script],
+            "--timeout 0",
+        ),
+    ] {
+        let out = sb.run(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let v = parse_single_json(&out);
+        assert_eq!(v["status"], "error", "{args:?}: {v}");
+        assert!(v["exit_code"].is_null());
+        assert_eq!(v["tool_calls_made"], 0);
+        assert!(
+            v["error"].as_str().unwrap().contains(needle),
+            "{args:?}: {v}"
+        );
+        // Humans still get clap's message on stderr for a malformed command line.
+        if !needle.starts_with("--timeout") {
+            assert!(!out.stderr.is_empty(), "{args:?}");
+        }
+    }
+    // Without --json nothing is printed on stdout.
+    let out = sb.run(&["run", "--bogus", "x.py"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
 fn config_errors_name_the_key_and_the_file() {
     let sb = Sandbox::new();
     sb.write_config("code_execution:\n  timeout: forever\n");

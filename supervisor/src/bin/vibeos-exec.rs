@@ -196,9 +196,27 @@ fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
-            let code = if e.use_stderr() { 2 } else { 0 };
+            if !e.use_stderr() {
+                // --help, --version: not errors.
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            // A caller that asked for JSON parses stdout: it gets the result object even when
+            // the command line itself is wrong, and the human message stays on stderr.
             let _ = e.print();
-            return ExitCode::from(code);
+            if json_requested() {
+                // clap's first paragraph is the error itself (tips and usage follow).
+                let rendered = e.render().to_string();
+                let first: Vec<&str> = rendered
+                    .lines()
+                    .take_while(|l| !l.trim().is_empty())
+                    .map(str::trim)
+                    .collect();
+                let message = first.join(" ");
+                let message = message.strip_prefix("error: ").unwrap_or(&message);
+                print_usage_error_json(format!("{message} (see vibeos-exec --help)"));
+            }
+            return ExitCode::from(2);
         }
     };
     let json_output = matches!(&cli.command, Command::Run(r) if r.json);
@@ -206,22 +224,37 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(UsageError(message)) => {
             if json_output {
-                let v = serde_json::json!({
-                    "status": "error",
-                    "output": "",
-                    "tool_calls_made": 0,
-                    "duration_seconds": 0.0,
-                    "error": message,
-                    "exit_code": null,
-                    "truncated": false,
-                });
-                println!("{v}");
+                print_usage_error_json(message);
             } else {
                 eprintln!("vibeos-exec: {message}");
             }
             ExitCode::from(2)
         }
     }
+}
+
+/// Whether the raw command line asks for `--json` (before any `--`).
+fn json_requested() -> bool {
+    std::env::args_os()
+        .skip(1)
+        .take_while(|a| a != "--")
+        .any(|a| a == "--json")
+}
+
+/// Prints a usage or configuration error as the result object `run --json` prints for an
+/// execution that could not start (status `error`, `exit_code` null), so JSON callers always get
+/// the same shape.
+fn print_usage_error_json(message: String) {
+    let args: Vec<String> = std::env::args().collect();
+    let strict = args
+        .windows(2)
+        .any(|w| w[0] == "--mode" && w[1] == "strict")
+        || args.iter().any(|a| a == "--mode=strict");
+    let mode = if strict { "strict" } else { "project" };
+    println!(
+        "{}",
+        vibeos_supervisor::result::ExecutionResult::failed_to_start(mode, message, 0.0).to_json()
+    );
 }
 
 fn real_main(cli: Cli) -> Result<u8, UsageError> {
