@@ -307,7 +307,7 @@ impl McpServer {
                     .map_err(|e| format!("did not complete the MCP handshake: {e}"))?;
                 (client, group)
             } else if let Some(url) = &cfg.url {
-                // reqwest is built without a default TLS provider; use ring, as ureq does.
+                // reqwest is built without a default TLS provider; use ring, as the web tools do.
                 let _ = rustls::crypto::ring::default_provider().install_default();
                 let mut headers = std::collections::HashMap::new();
                 for (k, v) in &cfg.headers {
