@@ -271,7 +271,8 @@ fn real_main(cli: Cli) -> Result<u8, UsageError> {
         .clone()
         .or_else(|| config.log_level.clone())
         .unwrap_or_else(|| "warn".into());
-    logging::init(&level).map_err(|e| UsageError(e.to_string()))?;
+    // Held to the end of main: dropping it flushes the log file.
+    let _log_guard = logging::init(&level).map_err(|e| UsageError(e.to_string()))?;
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }
