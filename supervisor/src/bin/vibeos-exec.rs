@@ -7,9 +7,9 @@ use clap::{Args, Parser, Subcommand};
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use vibeos_supervisor::config::positive_seconds;
+use vibeos_supervisor::overrides::{Overrides, Spelling};
 use vibeos_supervisor::{
-    audit, execute, execute_code_tool, logging, Config, ExecutionRequest, Interrupt, Mode,
+    audit, execute, execute_code_tool, logging, Config, ExecutionRequest, Interrupt,
 };
 
 /// Run Python scripts that call the agent's tools, sandboxed and bounded.
@@ -152,23 +152,18 @@ struct LimitArgs {
 impl LimitArgs {
     /// Applies the flags over the config's settings, refusing impossible values.
     fn apply(&self, config: &mut Config) -> Result<(), UsageError> {
-        if let Some(mode) = &self.mode {
-            config.mode = Mode::parse(mode).ok_or_else(|| {
-                UsageError(format!(
-                    "--mode {mode:?} is not a mode; use project or strict"
-                ))
-            })?;
-        }
-        if let Some(t) = self.timeout {
-            config.timeout = positive_seconds(t).ok_or_else(|| {
-                UsageError(format!(
-                    "--timeout {t} is not a usable number of seconds (positive, at most 86400)"
-                ))
-            })?;
-        }
-        if let Some(n) = self.max_tool_calls {
-            config.max_tool_calls = n;
-        }
+        let overrides = Overrides::check(
+            self.mode.as_deref(),
+            self.timeout,
+            self.max_tool_calls.map(|n| n as u64),
+            Spelling::Flag,
+        )
+        .map_err(|e| UsageError(e.to_string()))?;
+        overrides.apply(
+            &mut config.mode,
+            &mut config.timeout,
+            &mut config.max_tool_calls,
+        );
         Ok(())
     }
 
