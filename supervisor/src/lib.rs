@@ -16,6 +16,7 @@ pub mod extensions;
 pub mod interpreter;
 pub mod logging;
 pub mod mcp;
+pub mod overrides;
 pub mod pool;
 pub mod reaper;
 pub mod result;
