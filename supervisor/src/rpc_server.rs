@@ -375,7 +375,7 @@ fn serve_connection(
             let result = state.answer(&request.tool, request.args);
             send(&writer, &encode_response_json(&request.id, &result), false);
         } else {
-            let state = Arc::clone(&state);
+            let state = Arc::clone(state);
             let writer = Arc::clone(&writer);
             pool.spawn_blocking(move || {
                 let result = state.answer(&request.tool, request.args);
