@@ -398,17 +398,17 @@ fn web_extract(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, To
     let client = http_client(cfg.timeout, public_only)?;
     // All pages at once, results in the order of `urls`.
     let results: Vec<Value> = run_async(Box::pin(async move {
-        let fetches: Vec<_> = urls
-            .into_iter()
-            .zip(denied)
-            .map(|(url, denied)| {
-                let (client, target) = (client.clone(), url.clone());
-                let task = tokio::spawn(async move {
-                    fetch_one(&client, &target, char_limit, denied).await
-                });
-                (url, task)
-            })
-            .collect();
+        let fetches: Vec<_> =
+            urls.into_iter()
+                .zip(denied)
+                .map(|(url, denied)| {
+                    let (client, target) = (client.clone(), url.clone());
+                    let task = tokio::spawn(async move {
+                        fetch_one(&client, &target, char_limit, denied).await
+                    });
+                    (url, task)
+                })
+                .collect();
         let mut results = Vec::with_capacity(fetches.len());
         for (url, task) in fetches {
             results.push(task.await.unwrap_or_else(|_| {
