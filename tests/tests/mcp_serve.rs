@@ -469,8 +469,7 @@ fn tagged(text: &Value, prefix: &str) -> Value {
 #[test]
 fn strict_executions_served_together_can_neither_slow_nor_watch_nor_open_each_other() {
     if let Some(why) = vibeos_e2e::strict_unavailable() {
-        eprintln!("SKIP: strict mode is unavailable on this machine: {why}");
-        return;
+        vibeos_testkit::skip!("strict mode is unavailable on this machine: {why}");
     }
     let sb = Sandbox::new();
     sb.write_config("code_execution:\n  pool_size: 2\n  strict:\n    max_processes: 64\n");
@@ -529,13 +528,11 @@ fn strict_executions_served_together_can_neither_slow_nor_watch_nor_open_each_ot
 #[test]
 fn a_pinned_strict_uid_is_refused_on_a_server_with_a_warm_pool() {
     if let Some(why) = vibeos_e2e::strict_unavailable() {
-        eprintln!("SKIP: strict mode is unavailable on this machine: {why}");
-        return;
+        vibeos_testkit::skip!("strict mode is unavailable on this machine: {why}");
     }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIP: strict uids are only chosen by a root supervisor");
-        return;
+        vibeos_testkit::skip_even_in_ci!("strict uids are only chosen by a root supervisor");
     }
     let sb = Sandbox::new();
     sb.write_config("code_execution:\n  pool_size: 2\n  strict:\n    uid: 2113929300\n");

@@ -268,13 +268,11 @@ fn strict_mode_confines_for_an_unprivileged_supervisor_too() {
 #[test]
 fn a_pinned_uid_serves_one_execution_at_a_time() {
     if let Some(why) = strict_unavailable() {
-        eprintln!("SKIP: strict mode is unavailable on this machine: {why}");
-        return;
+        vibeos_testkit::skip!("strict mode is unavailable on this machine: {why}");
     }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIP: strict uids are only chosen by a root supervisor");
-        return;
+        vibeos_testkit::skip_even_in_ci!("strict uids are only chosen by a root supervisor");
     }
     let sb = Sandbox::new();
     // A uid of its own so parallel tests pinning another one do not interfere.
@@ -315,8 +313,7 @@ fn a_pinned_uid_serves_one_execution_at_a_time() {
 #[test]
 fn configured_read_and_write_roots_open_exactly_what_they_name() {
     if let Some(why) = strict_unavailable() {
-        eprintln!("SKIP: strict mode is unavailable on this machine: {why}");
-        return;
+        vibeos_testkit::skip!("strict mode is unavailable on this machine: {why}");
     }
     let sb = Sandbox::new();
     let data = sb.root.path().join("data");
@@ -388,8 +385,7 @@ fn configured_read_and_write_roots_open_exactly_what_they_name() {
 #[test]
 fn terminal_reaches_strict_scripts_only_when_config_opens_it() {
     if let Some(why) = strict_unavailable() {
-        eprintln!("SKIP: strict mode is unavailable on this machine: {why}");
-        return;
+        vibeos_testkit::skip!("strict mode is unavailable on this machine: {why}");
     }
     let sb = Sandbox::new();
     let script = "import vibeos_tools\nprint('HAS', 'terminal' in vibeos_tools._TOOLS)\n\
