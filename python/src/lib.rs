@@ -259,9 +259,13 @@ fn registration_error(e: RegistrationError) -> PyErr {
         RegistrationError::OverrideRefused { .. } => value_error(format!(
             "{e} (from Python: pass override=True to replace it)"
         )),
+        RegistrationError::ShadowRefused { .. } => value_error(e.to_string()),
         other => value_error(other.to_string()),
     }
 }
+
+/// The `source` of registrations made by the host itself (`registry.register`'s default).
+const HOST_SOURCE: &str = "python";
 
 /// Registers a Python tool. `invoker` is the adapter from `vibeos_exec.registry`.
 #[pyfunction]
@@ -300,7 +304,13 @@ fn register_tool(
     )
     .with_emoji(&emoji)
     .with_parallel_safe(parallel_safe)
-    .with_source(ToolSource::Plugin(source));
+    // The host's own registrations (the default source) follow the registry's toolset rules;
+    // a named plugin source is also subject to the operator's plugin override policy.
+    .with_source(if source == HOST_SOURCE {
+        ToolSource::Host(source)
+    } else {
+        ToolSource::Plugin(source)
+    });
     entry.requires_env = requires_env;
     entry.max_result_size_chars = max_result_size_chars;
     if let Some(check) = check_fn {
@@ -316,10 +326,14 @@ fn register_tool(
     }
     py.allow_threads(|| {
         let reg = registry();
-        if replace_builtin && reg.get(&name).is_some_and(|old| !old.source.is_external()) {
+        if replace_builtin
+            && entry.source.is_external()
+            && reg.get(&name).is_some_and(|old| !old.source.is_external())
+        {
             reg.set_override_policy(reg.override_policy().allow_name(&name));
         }
-        reg.register(entry).map_err(registration_error)?;
+        reg.register_with_override(entry, replace_builtin)
+            .map_err(registration_error)?;
         if script_callable {
             reg.allow_in_scripts(&name).map_err(registration_error)?;
         }

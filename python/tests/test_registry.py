@@ -115,27 +115,37 @@ def test_a_blocking_handler_does_not_deadlock_and_the_timeout_holds():
     assert ticks > 100
 
 
-def test_replacing_a_builtin_needs_override():
+def test_same_toolset_replaces_cross_toolset_needs_override():
     proc = run_python(
         """
         import json, vibeos_exec
         from vibeos_exec import registry
         schema = {"type": "object", "properties": {"path": {"type": "string"},
                   "content": {"type": "string"}}, "required": ["path", "content"]}
+        # Another toolset: shadowing the built-in is refused without override=True.
         try:
-            registry.register(name="write_file", toolset="file", schema=schema,
+            registry.register(name="write_file", toolset="host", schema=schema,
                               handler=lambda a: {"host": a["path"]})
             print("registered without override")
         except ValueError as e:
-            print("refused:", "override=True" in str(e))
-        registry.register(name="write_file", toolset="file", schema=schema,
+            print("refused:", "override=True" in str(e), "`file`" in str(e))
+        # The same toolset (as the original system's web_search example): last wins.
+        registry.register(name="web_search", toolset="web",
+                          schema={"type": "object", "properties": {"query": {"type": "string"}}},
+                          handler=lambda a: {"mine": a["query"]})
+        print(registry.handle_function_call("web_search", {"query": "q"}))
+        registry.register(name="write_file", toolset="host", schema=schema,
                           handler=lambda a: {"host": a["path"]}, override=True)
         r = vibeos_exec.execute_code("from vibeos_tools import write_file\\nprint(write_file('p', 'c'))")
         print(r["output"].strip())
         """
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == ["refused: True", "{'host': 'p'}"]
+    assert proc.stdout.splitlines() == [
+        "refused: True True",
+        '{"mine":"q"}',
+        "{'host': 'p'}",
+    ]
 
 
 def test_host_tools_reach_scripts_only_when_opted_in():

@@ -137,8 +137,10 @@ def register(
         description: What the tool does; its first line is the doc line scripts see.
         emoji: Shown in listings.
         max_result_size_chars: Longer results are truncated with a note.
-        override: Allow replacing a built-in tool of the same name (e.g. ``web_search``).
-            Without it, such a registration raises ``ValueError``.
+        override: Allow shadowing a tool of the same name in a *different* toolset. A
+            registration in the same toolset replaces the previous one without it (last wins,
+            logged), e.g. ``register(name="web_search", toolset="web", ...)``; shadowing
+            another toolset's tool without it raises ``ValueError``.
         script_callable: Also let execute_code scripts call it (see :func:`vibeos_exec.allow_in_scripts`).
         parallel_safe: Calls may run alongside other calls of the same model turn.
         source: Plugin name recorded as the tool's source.

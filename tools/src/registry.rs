@@ -89,12 +89,15 @@ pub enum ToolSource {
     Plugin(String),
     /// An MCP server, by name.
     Mcp(String),
+    /// The embedding host's own code (the Python package's `registry.register`), by name.
+    /// Like a built-in it is not subject to the plugin [`OverridePolicy`].
+    Host(String),
 }
 
 impl ToolSource {
     /// Plugins and MCP servers: subject to the [`OverridePolicy`].
     pub fn is_external(&self) -> bool {
-        !matches!(self, ToolSource::Builtin)
+        matches!(self, ToolSource::Plugin(_) | ToolSource::Mcp(_))
     }
 }
 
@@ -104,6 +107,7 @@ impl std::fmt::Display for ToolSource {
             ToolSource::Builtin => f.write_str("built-in"),
             ToolSource::Plugin(p) => write!(f, "plugin `{p}`"),
             ToolSource::Mcp(s) => write!(f, "MCP server `{s}`"),
+            ToolSource::Host(h) => write!(f, "host `{h}`"),
         }
     }
 }
@@ -142,7 +146,7 @@ impl OverridePolicy {
     /// Whether a tool from `source` may replace the built-in `name`.
     pub fn allows(&self, name: &str, source: &ToolSource) -> bool {
         let source_ok = match source {
-            ToolSource::Builtin => true,
+            ToolSource::Builtin | ToolSource::Host(_) => true,
             ToolSource::Plugin(s) | ToolSource::Mcp(s) => self.sources.contains(s),
         };
         source_ok
@@ -542,22 +546,47 @@ impl ToolRegistry {
         reg
     }
 
-    /// Adds a tool. A name already taken by another toolset is logged and the last registration
-    /// wins — except that a plugin or MCP tool may replace a built-in only when the
-    /// [`OverridePolicy`] allows it.
-    pub fn register(&self, mut entry: ToolEntry) -> Result<(), RegistrationError> {
+    /// Adds a tool without permission to shadow another toolset's tool; see
+    /// [`ToolRegistry::register_with_override`].
+    pub fn register(&self, entry: ToolEntry) -> Result<(), RegistrationError> {
+        self.register_with_override(entry, false)
+    }
+
+    /// Adds a tool (SPEC §7). When the name is taken:
+    /// - a registration in the same toolset replaces the previous one (last wins, logged);
+    /// - MCP-to-MCP overwrites are allowed (a server's tool may replace another server's);
+    /// - a plugin or MCP tool replacing a built-in or host tool also needs the operator's
+    ///   [`OverridePolicy`] (which, once it allows it, is the override);
+    /// - shadowing a tool of a different toolset otherwise needs `override_existing`.
+    pub fn register_with_override(
+        &self,
+        mut entry: ToolEntry,
+        override_existing: bool,
+    ) -> Result<(), RegistrationError> {
         entry.is_async = matches!(entry.handler, Handler::Async(_));
         entry.validate()?;
         let mut tools = write(&self.tools);
         if let Some(old) = tools.get(&entry.name) {
-            if entry.source.is_external()
-                && !old.source.is_external()
-                && !read(&self.override_policy).allows(&entry.name, &entry.source)
-            {
-                return Err(RegistrationError::OverrideRefused {
+            let mcp_to_mcp = matches!(
+                (&old.source, &entry.source),
+                (ToolSource::Mcp(_), ToolSource::Mcp(_))
+            );
+            let mut permitted = override_existing || mcp_to_mcp;
+            if entry.source.is_external() && !old.source.is_external() && !mcp_to_mcp {
+                if !read(&self.override_policy).allows(&entry.name, &entry.source) {
+                    return Err(RegistrationError::OverrideRefused {
+                        name: entry.name.clone(),
+                        by: entry.source.to_string(),
+                        toolset: old.toolset.clone(),
+                    });
+                }
+                permitted = true;
+            }
+            if old.toolset != entry.toolset && !permitted {
+                return Err(RegistrationError::ShadowRefused {
                     name: entry.name.clone(),
-                    by: entry.source.to_string(),
-                    toolset: old.toolset.clone(),
+                    toolset: entry.toolset.clone(),
+                    existing_toolset: old.toolset.clone(),
                 });
             }
             if old.toolset != entry.toolset || old.source != entry.source {
@@ -569,6 +598,13 @@ impl ToolRegistry {
                     entry.source,
                     old.toolset,
                     old.source
+                );
+            } else {
+                tracing::info!(
+                    tool = %entry.name,
+                    "tool `{}` of toolset `{}` re-registered: the last registration wins",
+                    entry.name,
+                    entry.toolset
                 );
             }
         }

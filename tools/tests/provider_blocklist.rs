@@ -31,9 +31,11 @@ fn agent_terminal_gets_no_managed_credentials() {
     std::env::set_var("MY_PROJECT_TOKEN", "project-value-kept");
     let dir = tempfile::tempdir().unwrap();
     let ctx = ToolContext::agent(dir.path());
-    let out: Value = serde_json::from_str(
-        &registry().handle_function_call("terminal", &json!({"command": "env"}), &ctx),
-    )
+    let out: Value = serde_json::from_str(&registry().handle_function_call(
+        "terminal",
+        &json!({"command": "env"}),
+        &ctx,
+    ))
     .unwrap();
     let text = out["output"].as_str().unwrap();
     assert!(text.contains("MY_PROJECT_TOKEN="), "{text}");
