@@ -412,7 +412,13 @@ fn get_tool_definitions(
     enabled: Vec<String>,
     disabled: Vec<String>,
 ) -> PyResult<String> {
-    py.allow_threads(|| registry().get_tool_definitions(&enabled, &disabled))
+    // The execute_code description states the configured mode and limits, read now, as
+    // `execute_code()` and `vibeos-exec tools schema` read them.
+    let config = py
+        .allow_threads(|| Config::load(None))
+        .map_err(|e| PyRuntimeError::new_err(format!("vibeos config: {e}")))?;
+    let settings = vibeos_supervisor::execute_code_tool::execute_code_settings(&config, None);
+    py.allow_threads(|| registry().get_tool_definitions_with(&enabled, &disabled, &settings))
         .map(|defs| Value::Array(defs).to_string())
         .map_err(|e| value_error(e.to_string()))
 }

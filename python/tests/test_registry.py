@@ -143,7 +143,7 @@ def test_same_toolset_replaces_cross_toolset_needs_override():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [
         "refused: True True",
-        '{"mine":"q"}',
+        '{"mine": "q"}',
         "{'host': 'p'}",
     ]
 
@@ -249,3 +249,17 @@ def test_unregister():
     assert "temp_tool" in registry.tool_names()
     assert registry.unregister("temp_tool") is True
     assert registry.unregister("temp_tool") is False
+
+
+def test_tool_definitions_describe_the_configured_execute_code(home):
+    (home / "config.yaml").write_text(
+        "code_execution:\n  mode: strict\n  timeout: 42\n  max_tool_calls: 7\n"
+        "  stdout_limit: 2048\n"
+    )
+    defs = registry.get_tool_definitions(["code_execution"])
+    desc = next(d for d in defs if d["function"]["name"] == "execute_code")["function"][
+        "description"
+    ]
+    assert "Mode strict" in desc, desc
+    assert "killed after 42s" in desc and "at most 7 tool calls" in desc, desc
+    assert "stdout is capped at 2 KB" in desc, desc

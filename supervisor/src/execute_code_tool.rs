@@ -27,6 +27,7 @@ pub fn execute_code_settings(config: &Config, cwd: Option<&Path>) -> ExecuteCode
         cwd: session_cwd(cwd).ok(),
         timeout: config.timeout,
         max_tool_calls: config.max_tool_calls,
+        stdout_limit: config.stdout_limit,
     }
 }
 

@@ -20,6 +20,7 @@ pub mod pool;
 pub mod reaper;
 pub mod result;
 pub mod rpc_server;
+pub mod terminal_cwd;
 
 pub use config::{Config, ConfigError, Mode};
 pub use execute::{execute, ExecutionRequest, Interrupt, StartError};

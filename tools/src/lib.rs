@@ -22,6 +22,7 @@ mod error;
 mod hooks;
 pub mod mcp_client;
 mod registry;
+mod script_schema;
 pub mod settings;
 mod toolsets;
 
@@ -37,4 +38,5 @@ pub use registry::{
     ToolRegistry, ToolSource, AGENT_LOOP_TOOLS, MAX_PARALLEL_TOOL_CALLS, SCRIPT_BLOCKED_TOOLS,
     SCRIPT_TOOLS,
 };
+pub use script_schema::AGENT_ONLY_PARAMETERS;
 pub use toolsets::{static_toolsets, Toolset, ToolsetError, LEGACY_TOOLSET_ALIASES};

@@ -413,6 +413,7 @@ fn execute_code_schema_lists_only_surviving_script_tools() {
         cwd: None,
         timeout: Duration::from_secs(42),
         max_tool_calls: 7,
+        stdout_limit: 20 * 1024,
     };
     let defs = reg
         .get_tool_definitions_with(
@@ -448,6 +449,7 @@ fn execute_code_schema_lists_only_surviving_script_tools() {
         desc.contains("killed after 42s") && desc.contains("at most 7 tool calls"),
         "{desc}"
     );
+    assert!(desc.contains("stdout is capped at 20 KB"), "{desc}");
 
     let project = ExecuteCodeSettings {
         cwd: Some("/srv/proj".into()),
@@ -464,6 +466,7 @@ fn execute_code_schema_lists_only_surviving_script_tools() {
         "{desc}"
     );
     assert!(desc.contains("killed after 300s") && desc.contains("at most 50 tool calls"));
+    assert!(desc.contains("stdout is capped at 50 KB"), "{desc}");
     // The registered entry itself is untouched.
     assert_eq!(
         reg.get("execute_code").unwrap().description,

@@ -1,0 +1,78 @@
+//! End-to-end tests of issue 17 (agent integration parity) through the `vibeos-exec` binary:
+//! the item-8 defects found by running the original system's execute_code tests, redaction,
+//! the whole-script approval guard and strict mode behind a pyenv shim.
+
+// Tests report failures by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use serde_json::Value;
+use vibeos_e2e::{parse_single_json, Sandbox};
+
+#[test]
+fn terminal_cwd_tilde_is_home_and_an_unusable_one_falls_back_with_a_warning() {
+    let mut sb = Sandbox::new();
+    let home = sb.tmp().join("the-home");
+    std::fs::create_dir_all(&home).unwrap();
+    sb.set_env("HOME", home.to_str().unwrap());
+    sb.set_env("TERMINAL_CWD", "~");
+    let r = sb.run_json("import os\nprint(os.getcwd())", &[]);
+    assert_eq!(r["status"], "success", "{r}");
+    assert_eq!(
+        r["output"].as_str().unwrap().trim(),
+        std::fs::canonicalize(&home).unwrap().to_str().unwrap()
+    );
+
+    let mut sb = Sandbox::new();
+    sb.set_env("TERMINAL_CWD", "/nonexistent/parity-cwd");
+    let script = sb.tmp().join("cwd.py");
+    std::fs::write(&script, "import os\nprint(os.getcwd())").unwrap();
+    let out = sb.run(&["run", "--json", script.to_str().unwrap()]);
+    let r = parse_single_json(&out);
+    assert_eq!(r["status"], "success", "{r}");
+    assert_eq!(
+        r["output"].as_str().unwrap().trim(),
+        std::fs::canonicalize(sb.work()).unwrap().to_str().unwrap()
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("TERMINAL_CWD ignored") && stderr.contains("/nonexistent/parity-cwd"),
+        "no warning: {stderr}"
+    );
+}
+
+#[test]
+fn scripts_are_not_offered_terminal_background_or_pty() {
+    let sb = Sandbox::new();
+    let r = sb.run_json(
+        "import inspect\nfrom vibeos_tools import terminal\n\
+         print(sorted(inspect.signature(terminal).parameters))\n\
+         try:\n    terminal('echo hi', background=True)\n    print('accepted')\n\
+         except TypeError as e:\n    print('TypeError', 'background' in str(e))\n",
+        &[],
+    );
+    assert_eq!(r["status"], "success", "{r}");
+    let out = r["output"].as_str().unwrap();
+    assert!(out.contains("'command'"), "{out}");
+    assert!(
+        !out.contains("'pty'") && !out.contains("'background'"),
+        "{out}"
+    );
+    assert!(out.contains("TypeError True"), "{out}");
+}
+
+#[test]
+fn tools_schema_states_the_stdout_cap_from_config() {
+    let sb = Sandbox::new();
+    sb.write_config("code_execution:\n  stdout_limit: 8192\n");
+    let out = sb.run(&["tools", "schema"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let defs: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let exec = defs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["function"]["name"] == "execute_code")
+        .unwrap();
+    let desc = exec["function"]["description"].as_str().unwrap();
+    assert!(desc.contains("stdout is capped at 8 KB"), "{desc}");
+}
