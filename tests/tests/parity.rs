@@ -76,3 +76,63 @@ fn tools_schema_states_the_stdout_cap_from_config() {
     let desc = exec["function"]["description"].as_str().unwrap();
     assert!(desc.contains("stdout is capped at 8 KB"), "{desc}");
 }
+
+/// Runs `script` in strict mode with `shim_dir` first on PATH and no configured interpreter.
+fn strict_behind_shim(shim_dir: &std::path::Path) -> Value {
+    let mut sb = Sandbox::new();
+    sb.set_env("PATH", &format!("{}:/usr/bin:/bin", shim_dir.display()));
+    sb.run_json(
+        "import sys\nprint(sys.executable)\nprint(sys.version_info[0])",
+        &["--mode", "strict"],
+    )
+}
+
+#[test]
+fn strict_mode_starts_with_only_a_pyenv_shim_on_path() {
+    if let Some(why) = vibeos_e2e::strict_unavailable() {
+        eprintln!("SKIP: strict mode is unavailable on this machine: {why}");
+        return;
+    }
+    let root = std::process::Command::new("pyenv").arg("root").output();
+    let shims = match root {
+        Ok(o) if o.status.success() => {
+            std::path::PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()).join("shims")
+        }
+        _ => {
+            eprintln!("SKIP: pyenv is not installed (the wrapper-script test covers the logic)");
+            return;
+        }
+    };
+    assert!(shims.join("python3").exists(), "pyenv has no python3 shim");
+    let r = strict_behind_shim(&shims);
+    assert_eq!(r["status"], "success", "{r}");
+    let out = r["output"].as_str().unwrap();
+    assert!(!out.contains("/shims/"), "ran the shim itself: {out}");
+    assert!(out.lines().nth(1) == Some("3"), "{out}");
+    assert!(
+        !r["interpreter"].as_str().unwrap().contains("/shims/"),
+        "{r}"
+    );
+}
+
+#[test]
+fn strict_mode_runs_what_a_wrapper_interpreter_runs() {
+    if let Some(why) = vibeos_e2e::strict_unavailable() {
+        eprintln!("SKIP: strict mode is unavailable on this machine: {why}");
+        return;
+    }
+    // A hand-written wrapper like a pyenv shim: a #! script that execs the real interpreter.
+    let probe = std::process::Command::new(vibeos_e2e::python3())
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .unwrap();
+    let real = String::from_utf8_lossy(&probe.stdout).trim().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let shim = dir.path().join("python3");
+    std::fs::write(&shim, format!("#!/bin/sh\nexec '{real}' \"$@\"\n")).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let r = strict_behind_shim(dir.path());
+    assert_eq!(r["status"], "success", "{r}");
+    assert_eq!(r["interpreter"].as_str().unwrap(), real, "{r}");
+}
