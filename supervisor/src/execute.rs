@@ -688,7 +688,7 @@ async fn run(
         "execute_code: script started"
     );
     let tool_env = launched.tool_env.clone();
-    Ok(supervise(
+    let mut result = supervise(
         launched,
         Supervision {
             request: &request,
@@ -701,7 +701,9 @@ async fn run(
             started,
         },
     )
-    .await)
+    .await;
+    crate::redaction::apply(&mut result, &spec.base_env);
+    Ok(result)
 }
 
 /// Everything [`supervise`] needs besides the started child.
@@ -910,6 +912,7 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
         stderr_bytes: stderr_cap.total(),
         stderr_bytes_omitted: stderr_cap.omitted(),
         mode: request.mode.as_str(),
+        redactions: 0,
         interpreter: Some(s.interpreter.path.display().to_string()),
     }
 }

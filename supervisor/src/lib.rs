@@ -19,6 +19,7 @@ pub mod logging;
 pub mod mcp;
 pub mod pool;
 pub mod reaper;
+pub mod redaction;
 pub mod result;
 pub mod rpc_server;
 pub mod terminal_cwd;

@@ -136,3 +136,59 @@ fn strict_mode_runs_what_a_wrapper_interpreter_runs() {
     assert_eq!(r["status"], "success", "{r}");
     assert_eq!(r["interpreter"].as_str().unwrap(), real, "{r}");
 }
+
+const AWS_KEY: &str = "AKIAIOSFODNN7EXAMPLE";
+const PEM: &str = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ\nQyNTUxOQAAACDparityparityparityparityparity\n-----END OPENSSH PRIVATE KEY-----";
+const ENV_SECRET: &str = "parity-service-secret-4711";
+
+/// A sandbox whose environment holds a secret and whose work dir holds a file with all three
+/// kinds of secret, which the script prints directly and through `terminal`.
+fn leaky_sandbox(config: &str) -> (Sandbox, String) {
+    let mut sb = Sandbox::new();
+    sb.set_env("MY_SERVICE_TOKEN", ENV_SECRET);
+    sb.write_config(config);
+    std::fs::write(
+        sb.work().join("leak.txt"),
+        format!("aws={AWS_KEY}\n{PEM}\nsvc={ENV_SECRET}\n"),
+    )
+    .unwrap();
+    let script = "from vibeos_tools import terminal\n\
+                  print(open('leak.txt').read())\n\
+                  print('TERMINAL', terminal('cat leak.txt')['output'])\n";
+    (sb, script.to_string())
+}
+
+#[test]
+fn secrets_in_output_are_redacted_and_counted() {
+    let (sb, script) = leaky_sandbox("");
+    let r = sb.run_json(&script, &[]);
+    assert_eq!(r["status"], "success", "{r}");
+    let out = r["output"].as_str().unwrap();
+    assert!(!out.contains(AWS_KEY), "AWS key leaked: {out}");
+    assert!(
+        !out.contains("b3BlbnNzaC1rZXktdjEA"),
+        "private key leaked: {out}"
+    );
+    assert!(!out.contains(ENV_SECRET), "env secret leaked: {out}");
+    assert!(out.contains("aws=[REDACTED:aws_access_key_id]"), "{out}");
+    assert!(out.contains("[REDACTED:private_key]"), "{out}");
+    assert!(out.contains("svc=[REDACTED:MY_SERVICE_TOKEN]"), "{out}");
+    // The terminal output the script received was redacted too, before it printed it.
+    let terminal_part = out.split("TERMINAL").nth(1).unwrap();
+    assert!(
+        terminal_part.contains("[REDACTED:aws_access_key_id]"),
+        "{out}"
+    );
+    // Three in the direct print; the terminal copy was already redacted when printed.
+    assert_eq!(r["redactions"], 3, "{r}");
+}
+
+#[test]
+fn redaction_can_be_turned_off() {
+    let (sb, script) = leaky_sandbox("security:\n  redact_output: false\n");
+    let r = sb.run_json(&script, &[]);
+    assert_eq!(r["status"], "success", "{r}");
+    let out = r["output"].as_str().unwrap();
+    assert!(out.contains(AWS_KEY) && out.contains(ENV_SECRET), "{out}");
+    assert_eq!(r["redactions"], 0, "{r}");
+}

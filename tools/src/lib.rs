@@ -21,6 +21,7 @@ pub mod environments;
 mod error;
 mod hooks;
 pub mod mcp_client;
+pub mod redact;
 mod registry;
 mod script_schema;
 pub mod settings;

@@ -1311,10 +1311,13 @@ mod tests {
     }
 
     #[test]
-    fn last_registration_wins() {
+    fn last_registration_in_a_toolset_wins_and_shadowing_needs_override() {
         let reg = ToolRegistry::new();
         reg.register(echo("same", "a")).unwrap();
-        reg.register(echo("same", "b")).unwrap();
+        reg.register(echo("same", "a").with_emoji("2")).unwrap();
+        assert_eq!(reg.get("same").unwrap().emoji, "2");
+        assert!(reg.register(echo("same", "b")).is_err());
+        reg.register_with_override(echo("same", "b"), true).unwrap();
         assert_eq!(reg.get("same").unwrap().toolset, "b");
     }
 
