@@ -251,7 +251,7 @@ fn byte_size(bytes: usize) -> String {
     const KB: usize = 1024;
     const MB: usize = 1024 * 1024;
     let one_decimal = |n: usize, unit: usize, name: &str| {
-        if n % unit == 0 {
+        if n.is_multiple_of(unit) {
             format!("{} {name}", n / unit)
         } else {
             format!("{:.1} {name}", n as f64 / unit as f64)

@@ -10,6 +10,7 @@
 //! registration", via `inventory`); there is no hand-kept list.
 
 pub mod approval;
+pub mod approval_policy;
 mod async_bridge;
 mod availability;
 pub mod builtin;
