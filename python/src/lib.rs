@@ -12,6 +12,8 @@
 //! wait is made with the GIL released, because Python tool handlers take the GIL from the
 //! registry's threads — holding the GIL while waiting on them would deadlock.
 
+mod log_bridge;
+
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use serde_json::{Map, Value};
@@ -26,6 +28,8 @@ use vibeos_supervisor::execute::session_cwd;
 use vibeos_supervisor::{
     execute, Config, ExecutionRequest, ExecutionResult, Interrupt, Mode, Status,
 };
+use vibeos_tools::approval::{self, ApprovalChoice, ApprovalRequest};
+use vibeos_tools::approval_policy::{self, SmartVerdict};
 use vibeos_tools::{
     registry, RegistrationError, ToolContext, ToolEntry, ToolError, ToolSource,
     SCRIPT_BLOCKED_TOOLS,
@@ -434,6 +438,55 @@ fn provider_credentials(names: Vec<String>) -> PyResult<Vec<String>> {
         .collect())
 }
 
+/// Calls a Python approval adapter from `vibeos_exec.approval` with
+/// `(task_id, command, descriptions, is_script, timeout_seconds)`; its answer is text.
+fn ask_python(adapter: &Py<PyAny>, req: &ApprovalRequest) -> Option<String> {
+    let descriptions: Vec<String> = req.matches.iter().map(|(_, d)| d.clone()).collect();
+    let timeout = approval_policy::settings().timeout.as_secs_f64();
+    Python::with_gil(|py| {
+        adapter
+            .bind(py)
+            .call1((
+                req.task_id.clone(),
+                req.command.clone(),
+                descriptions,
+                req.is_script,
+                timeout,
+            ))
+            .and_then(|r| r.extract::<String>())
+            .map_err(|e| tracing::warn!("the Python approval callback failed: {e}"))
+            .ok()
+    })
+}
+
+/// Installs (or with `None` removes) the Python approval callback adapter.
+#[pyfunction]
+#[pyo3(signature = (adapter=None))]
+fn set_approval_callback(py: Python<'_>, adapter: Option<Py<PyAny>>) {
+    let callback = adapter.map(|a| {
+        let a = Arc::new(a);
+        Arc::new(move |req: &ApprovalRequest| match ask_python(&a, req) {
+            Some(answer) => approval::parse_choice(&answer),
+            None => ApprovalChoice::Deny,
+        }) as Arc<approval::ApprovalCallback>
+    });
+    py.allow_threads(|| approval::set_approval_callback(callback));
+}
+
+/// Installs (or with `None` removes) the Python smart-approver adapter.
+#[pyfunction]
+#[pyo3(signature = (adapter=None))]
+fn set_smart_approver(py: Python<'_>, adapter: Option<Py<PyAny>>) {
+    let approver = adapter.map(|a| {
+        let a = Arc::new(a);
+        Arc::new(move |req: &ApprovalRequest| match ask_python(&a, req) {
+            Some(answer) => SmartVerdict::parse(&answer),
+            None => SmartVerdict::Escalate,
+        }) as Arc<approval_policy::SmartApprover>
+    });
+    py.allow_threads(|| approval_policy::set_smart_approver(approver));
+}
+
 /// The statuses a result can have, for the type stubs and tests.
 /// The MCP servers of this process, once loaded (kept so they can be stopped at exit).
 static EXTENSIONS: Mutex<Option<Arc<vibeos_tools::mcp_client::McpManager>>> = Mutex::new(None);
@@ -501,8 +554,10 @@ fn statuses() -> Vec<String> {
 /// A config that cannot be read leaves it out (every `execute_code` call reports that error).
 fn register_execute_code_tool(py: Python<'_>) {
     let Ok(mut config) = Config::load(None) else {
+        log_bridge::install(None);
         return;
     };
+    log_bridge::install(config.log_level.as_deref());
     if config.python.is_none() {
         config.python = py
             .import("sys")
@@ -540,6 +595,8 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(get_tool_definitions, m)?)?;
     m.add_function(wrap_pyfunction!(provider_credentials, m)?)?;
     m.add_function(wrap_pyfunction!(statuses, m)?)?;
+    m.add_function(wrap_pyfunction!(set_approval_callback, m)?)?;
+    m.add_function(wrap_pyfunction!(set_smart_approver, m)?)?;
     m.add_function(wrap_pyfunction!(load_mcp_servers, m)?)?;
     m.add_function(wrap_pyfunction!(mcp_server_status, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -29,6 +29,7 @@ import threading
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 from . import _native, registry
+from .approval import set_approval_callback, set_smart_approver
 from .discovery import discover_tools
 from .plugins import PluginReport, load_plugins
 
@@ -48,6 +49,8 @@ __all__ = [
     "load_mcp_servers",
     "mcp_servers",
     "PluginReport",
+    "set_approval_callback",
+    "set_smart_approver",
     "registry",
     "STATUSES",
     "__version__",

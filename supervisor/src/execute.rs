@@ -642,6 +642,13 @@ async fn run(
     if request.code.trim().is_empty() {
         return Err(StartError::EmptyCode);
     }
+    if let Some(refusal) = crate::script_guard::refusal(&request).await {
+        return Ok(ExecutionResult::failed_to_start(
+            request.mode.as_str(),
+            refusal,
+            started.elapsed().as_secs_f64(),
+        ));
+    }
     let spec = LaunchSpec::for_request(&request)?;
     let interpreter = spec.interpreter.clone();
     let session_cwd = spec.session_cwd.clone();

@@ -22,6 +22,7 @@ pub mod reaper;
 pub mod redaction;
 pub mod result;
 pub mod rpc_server;
+pub mod script_guard;
 pub mod terminal_cwd;
 
 pub use config::{Config, ConfigError, Mode};

@@ -268,11 +268,33 @@ pub fn check_command(command: &str, ctx: &ToolContext) -> Decision {
     decide(command, ctx, false)
 }
 
-/// Whether a person or host can be asked now: a host callback is installed, or this process
-/// has an interactive terminal. Scripts are checked as a whole before they run only then
-/// ([`check_script`]); headless runs keep the per-command checks.
-pub fn approvals_interactive() -> bool {
-    HOST_CALLBACK.read().ok().is_some_and(|g| g.is_some()) || interactive()
+/// Says whether the installed host callback can reach someone for a task (an MCP server whose
+/// client may or may not support elicitation). Without one, an installed callback always can.
+pub type HostReachability = dyn Fn(Option<&str>) -> bool + Send + Sync;
+
+static HOST_REACHABILITY: RwLock<Option<Arc<HostReachability>>> = RwLock::new(None);
+
+/// Installs (or removes) the check of whether the host callback can ask anyone for a task.
+pub fn set_host_reachability(check: Option<Arc<HostReachability>>) {
+    if let Ok(mut g) = HOST_REACHABILITY.write() {
+        *g = check;
+    }
+}
+
+/// Whether a person or host can be asked now about `task_id`: a host callback is installed
+/// (and reaches someone for that task), or this process has an interactive terminal. Scripts
+/// are checked as a whole before they run only then ([`check_script`]); headless runs keep
+/// the per-command checks.
+pub fn approvals_interactive(task_id: Option<&str>) -> bool {
+    let host = HOST_CALLBACK.read().ok().is_some_and(|g| g.is_some());
+    let reachable = || {
+        HOST_REACHABILITY
+            .read()
+            .ok()
+            .and_then(|g| g.clone())
+            .is_none_or(|check| check(task_id))
+    };
+    (host && reachable()) || interactive()
 }
 
 /// The whole-script guard: when approvals are interactive, an execute_code script whose source
@@ -281,7 +303,7 @@ pub fn approvals_interactive() -> bool {
 /// (each `terminal` command is still checked when it runs). Static matching only sees what is
 /// written literally; see docs/strict-mode.md for its limits.
 pub fn check_script(source: &str, task_id: Option<&str>) -> Decision {
-    if !approvals_interactive() {
+    if !approvals_interactive(task_id) {
         return Decision::Allow {
             approved_by: "not interactive",
         };
