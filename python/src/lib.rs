@@ -31,7 +31,7 @@ use vibeos_supervisor::{
 use vibeos_tools::approval::{self, ApprovalChoice, ApprovalRequest};
 use vibeos_tools::approval_policy::{self, SmartVerdict};
 use vibeos_tools::{
-    registry, RegistrationError, ToolContext, ToolEntry, ToolError, ToolSource,
+    registry, RegistrationError, ToolCall, ToolContext, ToolEntry, ToolError, ToolSource,
     SCRIPT_BLOCKED_TOOLS,
 };
 
@@ -200,7 +200,8 @@ fn interrupt(task_id: &str) -> usize {
     for (_, i) in list {
         i.interrupt();
     }
-    list.len()
+    // Executions of the execute_code tool (started through handle_function_call).
+    list.len() + vibeos_supervisor::interrupts::interrupt(task_id)
 }
 
 /// Interrupts every running execution; returns how many.
@@ -212,13 +213,13 @@ fn interrupt_all() -> usize {
         i.interrupt();
         n += 1;
     }
-    n
+    n + vibeos_supervisor::interrupts::interrupt_all()
 }
 
 /// How many executions are running.
 #[pyfunction]
 fn running_count() -> usize {
-    running().values().map(Vec::len).sum()
+    running().values().map(Vec::len).sum::<usize>() + vibeos_supervisor::interrupts::count()
 }
 
 /// Calls a Python invoker made by `vibeos_exec.registry`: `(args_json, task_id)` in,
@@ -409,6 +410,26 @@ fn handle_function_call(
     Ok(py.allow_threads(|| registry().handle_function_call(name, &args, &ctx)))
 }
 
+/// One model turn's calls through the planner (`[{"name", "args"}]` JSON). Returns a JSON
+/// array of the result texts, in call order.
+#[pyfunction]
+#[pyo3(signature = (calls_json, task_id, cwd))]
+fn handle_function_calls(
+    py: Python<'_>,
+    calls_json: &str,
+    task_id: Option<String>,
+    cwd: Option<PathBuf>,
+) -> PyResult<String> {
+    let raw: Vec<(String, Value)> = serde_json::from_str(calls_json)
+        .map_err(|e| value_error(format!("calls are not a JSON list of [name, args]: {e}")))?;
+    let calls: Vec<ToolCall> = raw.into_iter().map(|(n, a)| ToolCall::new(n, a)).collect();
+    let cwd = session_cwd(cwd.as_deref()).map_err(|e| value_error(e.to_string()))?;
+    let mut ctx = ToolContext::agent(cwd);
+    ctx.task_id = task_id;
+    let results = py.allow_threads(|| registry().handle_function_calls(&calls, &ctx));
+    serde_json::to_string(&results).map_err(|e| PyRuntimeError::new_err(e.to_string()))
+}
+
 /// The function-calling definitions of the selected, available tools, as JSON text.
 #[pyfunction]
 fn get_tool_definitions(
@@ -592,6 +613,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(script_tools, m)?)?;
     m.add_function(wrap_pyfunction!(tool_names, m)?)?;
     m.add_function(wrap_pyfunction!(handle_function_call, m)?)?;
+    m.add_function(wrap_pyfunction!(handle_function_calls, m)?)?;
     m.add_function(wrap_pyfunction!(get_tool_definitions, m)?)?;
     m.add_function(wrap_pyfunction!(provider_credentials, m)?)?;
     m.add_function(wrap_pyfunction!(statuses, m)?)?;

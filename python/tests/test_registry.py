@@ -263,3 +263,67 @@ def test_tool_definitions_describe_the_configured_execute_code(home):
     assert "Mode strict" in desc, desc
     assert "killed after 42s" in desc and "at most 7 tool calls" in desc, desc
     assert "stdout is capped at 2 KB" in desc, desc
+
+
+def test_handle_function_calls_plans_a_turn_and_keeps_call_order(tmp_path):
+    import threading
+
+    inside = 0
+    peak = 0
+    lock = threading.Condition()
+
+    def slow_read(args):
+        # Waits (bounded) for a partner call to be inside at the same time: observation, not
+        # timing, of parallel execution.
+        nonlocal inside, peak
+        with lock:
+            inside += 1
+            peak = max(peak, inside)
+            lock.notify_all()
+            lock.wait_for(lambda: inside >= 2, timeout=1.0)
+            peak = max(peak, inside)
+            inside -= 1
+        return {"read": args["x"]}
+
+    registry.register(name="slow_read", toolset="host", schema=echo_schema(), handler=slow_read,
+                      parallel_safe=True)
+    (tmp_path / "in.txt").write_text("hello\n")
+    out = registry.handle_function_calls(
+        [
+            {"name": "slow_read", "arguments": {"x": "a"}},
+            {"function": {"name": "slow_read", "arguments": json.dumps({"x": "b"})}},
+            {"name": "write_file", "arguments": {"path": "out1.txt", "content": "1"}},
+            {"name": "write_file", "args": {"path": "out2.txt", "content": "2"}},
+            {"name": "read_file", "arguments": {"path": "in.txt"}},
+            {"name": "nope", "arguments": "{not json"},
+        ],
+        cwd=str(tmp_path),
+    )
+    results = [json.loads(r) for r in out]
+    assert results[0] == {"read": "a"} and results[1] == {"read": "b"}
+    assert peak == 2, "the two read-only calls did not run in parallel"
+    assert (tmp_path / "out1.txt").read_text() == "1" and (tmp_path / "out2.txt").read_text() == "2"
+    assert "hello" in out[4]
+    assert "error" in results[5]
+    with pytest.raises(TypeError):
+        registry.handle_function_calls("write_file")
+
+
+def test_interrupt_stops_execute_code_started_through_handle_function_call():
+    import threading
+
+    box = {}
+
+    def run():
+        box["r"] = json.loads(registry.handle_function_call(
+            "execute_code", {"code": "import time\nprint('started', flush=True)\ntime.sleep(60)"},
+            task_id="hfc-interrupt"))
+
+    t = threading.Thread(target=run)
+    t.start()
+    deadline = time.monotonic() + 20
+    while vibeos_exec.interrupt("hfc-interrupt") == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    t.join(30)
+    assert not t.is_alive()
+    assert box["r"]["status"] == "interrupted", box["r"]

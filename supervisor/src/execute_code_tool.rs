@@ -76,7 +76,10 @@ pub fn execute_code_entry_for(
                     })?;
                     request.script_tools = Some(selected.iter().map(|e| e.name.clone()).collect());
                 }
-                Ok(execute(request, registry, Interrupt::new()).await.to_json())
+                let interrupt = Interrupt::new();
+                // `interrupt(task_id)` of a host reaches this execution too.
+                let _tracked = crate::interrupts::track(ctx.task_id.as_deref(), interrupt.clone());
+                Ok(execute(request, registry, interrupt).await.to_json())
             }
         },
     )

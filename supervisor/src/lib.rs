@@ -15,6 +15,7 @@ pub mod execute_code_tool;
 pub mod extensions;
 pub mod interpreter;
 pub mod interpreter_shim;
+pub mod interrupts;
 pub mod logging;
 pub mod mcp;
 pub mod pool;

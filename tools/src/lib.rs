@@ -22,6 +22,7 @@ pub mod environments;
 mod error;
 mod hooks;
 pub mod mcp_client;
+pub mod planner;
 pub mod redact;
 mod registry;
 mod script_schema;

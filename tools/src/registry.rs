@@ -17,8 +17,7 @@ use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 /// Tools an execute_code script may call (SPEC §2). Everything else is refused on the channel.
@@ -179,8 +178,12 @@ pub struct ToolEntry {
     pub emoji: String,
     /// Results longer than this many characters are truncated with a note.
     pub max_result_size_chars: Option<usize>,
-    /// Whether calls of this tool may run at the same time as other calls of the same turn.
+    /// Whether calls of this tool may run at the same time as other calls of the same turn
+    /// (read-only tools: reads, searches, web).
     pub parallel_safe: bool,
+    /// For tools that write one file named by an argument (`write_file`, `patch`): that
+    /// argument. The planner runs such calls in parallel when their paths differ.
+    pub path_arg: Option<String>,
     /// Who registered it.
     pub source: ToolSource,
     /// The handler is a short, bounded local operation (no network, no child process, no
@@ -219,6 +222,7 @@ impl ToolEntry {
             emoji: String::new(),
             max_result_size_chars: None,
             parallel_safe: false,
+            path_arg: None,
             source: ToolSource::Builtin,
             bounded: false,
         }
@@ -325,6 +329,13 @@ impl ToolEntry {
     /// Marks the tool safe (or not) to run alongside other calls of the same turn.
     pub fn with_parallel_safe(mut self, safe: bool) -> Self {
         self.parallel_safe = safe;
+        self
+    }
+
+    /// Marks the tool as writing the one file its argument `arg` names (see
+    /// [`ToolEntry::path_arg`]).
+    pub fn with_path_scoped(mut self, arg: &str) -> Self {
+        self.path_arg = Some(arg.to_string());
         self
     }
 
@@ -1078,53 +1089,11 @@ impl ToolRegistry {
         None
     }
 
-    /// Runs the calls of one model turn: all at once (up to [`MAX_PARALLEL_TOOL_CALLS`]
-    /// threads) when every tool involved is `parallel_safe`, else one after another. Results
-    /// come back in call order either way.
+    /// Runs the calls of one model turn as the planner segments them ([`crate::planner`]):
+    /// read-only tools in parallel, writes in parallel when their paths differ, everything
+    /// else in order. Results come back in call order.
     pub fn handle_function_calls(&self, calls: &[ToolCall], ctx: &ToolContext) -> Vec<String> {
-        let parallel = calls.len() > 1
-            && calls
-                .iter()
-                .all(|c| self.get(&c.name).is_some_and(|e| e.parallel_safe));
-        if !parallel {
-            return calls
-                .iter()
-                .map(|c| self.handle_function_call(&c.name, &c.args, ctx))
-                .collect();
-        }
-        let results: Mutex<Vec<Option<String>>> = Mutex::new(vec![None; calls.len()]);
-        let next = AtomicUsize::new(0);
-        let work = || loop {
-            let i = next.fetch_add(1, Ordering::SeqCst);
-            let Some(call) = calls.get(i) else { break };
-            let text = self.handle_function_call(&call.name, &call.args, ctx);
-            results.lock().unwrap_or_else(|p| p.into_inner())[i] = Some(text);
-        };
-        std::thread::scope(|scope| {
-            let workers = calls.len().min(MAX_PARALLEL_TOOL_CALLS);
-            for _ in 1..workers {
-                if let Err(e) = std::thread::Builder::new()
-                    .name("vibeos-tool-call".into())
-                    .spawn_scoped(scope, work)
-                {
-                    // Fewer workers only means less parallelism; this thread still works.
-                    tracing::warn!("cannot start a parallel tool-call worker: {e}");
-                    break;
-                }
-            }
-            work();
-        });
-        results
-            .into_inner()
-            .unwrap_or_else(|p| p.into_inner())
-            .into_iter()
-            .zip(calls)
-            .map(|(r, c)| {
-                r.unwrap_or_else(|| {
-                    error_json(format!("Error executing {}: the call did not run", c.name))
-                })
-            })
-            .collect()
+        crate::planner::run(self, calls, ctx)
     }
 }
 
