@@ -18,6 +18,7 @@ pub mod interpreter_shim;
 pub mod interrupts;
 pub mod logging;
 pub mod mcp;
+pub mod mcp_approval;
 pub mod pool;
 pub mod reaper;
 pub mod redaction;

@@ -269,8 +269,9 @@ pub fn check_command(command: &str, ctx: &ToolContext) -> Decision {
 }
 
 /// Says whether the installed host callback can reach someone for a task (an MCP server whose
-/// client may or may not support elicitation). Without one, an installed callback always can.
-pub type HostReachability = dyn Fn(Option<&str>) -> bool + Send + Sync;
+/// client may or may not support elicitation): `Err` gives the reason it cannot. Without one,
+/// an installed callback always can.
+pub type HostReachability = dyn Fn(Option<&str>) -> Result<(), String> + Send + Sync;
 
 static HOST_REACHABILITY: RwLock<Option<Arc<HostReachability>>> = RwLock::new(None);
 
@@ -287,14 +288,14 @@ pub fn set_host_reachability(check: Option<Arc<HostReachability>>) {
 /// the per-command checks.
 pub fn approvals_interactive(task_id: Option<&str>) -> bool {
     let host = HOST_CALLBACK.read().ok().is_some_and(|g| g.is_some());
-    let reachable = || {
-        HOST_REACHABILITY
-            .read()
-            .ok()
-            .and_then(|g| g.clone())
-            .is_none_or(|check| check(task_id))
-    };
-    (host && reachable()) || interactive()
+    (host && host_reachable(task_id).is_ok()) || interactive()
+}
+
+fn host_reachable(task_id: Option<&str>) -> Result<(), String> {
+    match HOST_REACHABILITY.read().ok().and_then(|g| g.clone()) {
+        Some(check) => check(task_id),
+        None => Ok(()),
+    }
 }
 
 /// The whole-script guard: when approvals are interactive, an execute_code script whose source
@@ -406,7 +407,17 @@ fn decide(command: &str, ctx: &ToolContext, is_script: bool) -> Decision {
             SmartVerdict::Escalate => {}
         }
     }
-    let host = HOST_CALLBACK.read().ok().and_then(|g| g.clone());
+    let mut host = HOST_CALLBACK.read().ok().and_then(|g| g.clone());
+    if host.is_some() {
+        if let Err(reason) = host_reachable(ctx.task_id.as_deref()) {
+            if !(ctx.origin == CallOrigin::Agent && interactive()) {
+                return Decision::Deny {
+                    message: format!("{} ({reason})", non_interactive_message(&req)),
+                };
+            }
+            host = None;
+        }
+    }
     let choice = if let Some(host) = host {
         match approval_policy::ask_host(host, &req, settings.timeout) {
             Some(choice) => choice,
