@@ -144,7 +144,9 @@ def register(
             another toolset's tool without it raises ``ValueError``.
         script_callable: Also let execute_code scripts call it (see :func:`vibeos_exec.allow_in_scripts`).
         parallel_safe: Calls may run alongside other calls of the same model turn.
-        source: Plugin name recorded as the tool's source.
+        source: ``"python"`` (default): the host's own tool. Any other name records it as
+            that plugin's, which also needs the operator's plugin override policy to replace a
+            built-in.
 
     Raises:
         TypeError: An argument has the wrong type (the message names it).
