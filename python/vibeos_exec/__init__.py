@@ -126,7 +126,8 @@ def execute_code(
         (success|error|timeout|interrupted), ``output``, ``tool_calls_made``,
         ``duration_seconds``, ``exit_code``, ``error`` (when not success), ``truncated``,
         ``stdout_bytes``, ``stdout_bytes_omitted``, ``stderr_bytes``, ``stderr_bytes_omitted``,
-        ``mode`` and ``interpreter``.
+        ``mode``, ``interpreter`` and ``redactions`` (secrets replaced by ``[REDACTED:…]``
+        markers in ``output`` and ``error``; ``security.redact_output``).
 
     Raises:
         TypeError: An argument has the wrong type (the message names it).

@@ -433,7 +433,10 @@ fn decide(command: &str, ctx: &ToolContext, is_script: bool) -> Decision {
             }
         }
     } else if ctx.origin == CallOrigin::Agent && interactive() {
-        tty_prompt(&req)
+        // A person at the terminal has approvals.timeout too; silence is a denial.
+        let asked = req.clone();
+        approval_policy::within(settings.timeout, move || tty_prompt(&asked))
+            .unwrap_or(ApprovalChoice::Deny)
     } else {
         return Decision::Deny {
             message: non_interactive_message(&req),

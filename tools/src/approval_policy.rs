@@ -362,7 +362,7 @@ pub fn ask_host(
 
 /// Runs `f` on its own thread and waits at most `timeout` for it. `None`: it panicked, could
 /// not start, or did not finish in time.
-fn within<T: Send + 'static>(
+pub(crate) fn within<T: Send + 'static>(
     timeout: Duration,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Option<T> {
