@@ -296,6 +296,7 @@ def test_handle_function_calls_plans_a_turn_and_keeps_call_order(tmp_path):
             {"name": "write_file", "args": {"path": "out2.txt", "content": "2"}},
             {"name": "read_file", "arguments": {"path": "in.txt"}},
             {"name": "nope", "arguments": "{not json"},
+            ("write_file", {"path": "out3.txt", "content": "3"}),
         ],
         cwd=str(tmp_path),
     )
@@ -305,6 +306,7 @@ def test_handle_function_calls_plans_a_turn_and_keeps_call_order(tmp_path):
     assert (tmp_path / "out1.txt").read_text() == "1" and (tmp_path / "out2.txt").read_text() == "2"
     assert "hello" in out[4]
     assert "error" in results[5]
+    assert (tmp_path / "out3.txt").read_text() == "3" and len(out) == 7
     with pytest.raises(TypeError):
         registry.handle_function_calls("write_file")
 

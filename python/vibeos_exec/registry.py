@@ -258,8 +258,10 @@ def handle_function_call(
 def _call_of(i: int, call: Any) -> Tuple[str, Any]:
     """``(name, args)`` of one call: ``{"name", "arguments"|"args"}`` or an OpenAI tool call
     ``{"function": {"name", "arguments"}}``; arguments may be a dict, JSON text or None."""
+    if isinstance(call, (list, tuple)) and len(call) == 2:
+        call = {"name": call[0], "arguments": call[1]}
     if not isinstance(call, Mapping):
-        raise TypeError(f"calls[{i}] must be a dict, got {type(call).__name__}")
+        raise TypeError(f"calls[{i}] must be a dict or a (name, arguments) pair, got {type(call).__name__}")
     fn = call.get("function")
     if isinstance(fn, Mapping):
         call = fn

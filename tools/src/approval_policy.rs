@@ -9,7 +9,7 @@
 //!   mode: manual        # manual (ask) | smart (a smart approver first) | off (approve all but hardline)
 //!   timeout: 60         # seconds a host (callback, MCP client) has to answer; then deny
 //!   deny:               # user deny rules: pattern keys or globs over the command; never run
-//!     - "git push * main"
+//!     - "git push * main"  # (a top-level `command_denylist:` list is read too)
 //!   smart_command: "my-approver --json"   # optional: reads the request (JSON) on stdin,
 //!                                          # prints approve | deny | escalate
 //! ```
@@ -119,6 +119,14 @@ pub fn settings() -> ApprovalSettings {
         Some(other) => tracing::warn!(
             "approvals.deny must be a list of pattern keys or command globs, found {other:?}; ignored"
         ),
+    }
+    // `command_denylist` at the top level, beside `command_allowlist`, means the same.
+    match crate::settings::section("command_denylist") {
+        Value::Sequence(items) => s
+            .deny
+            .extend(items.iter().filter_map(|i| i.as_str().map(str::to_string))),
+        Value::String(one) => s.deny.push(one),
+        _ => {}
     }
     if let Some(Value::String(c)) = section.get("smart_command") {
         if !c.trim().is_empty() {

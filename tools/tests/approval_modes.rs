@@ -96,6 +96,9 @@ fn hardline_deny_rules_modes_smart_and_timeout() {
     ))
     .contains("git_force_push"));
     assert_eq!(terminal(&ctx, "echo allowed")["output"], "allowed\n");
+    set("command_denylist:\n  - \"echo top-level*\"\n");
+    let r = terminal(&ctx, "echo top-level deny");
+    assert!(r["error"].as_str().unwrap().contains("deny rule"), "{r}");
     approval::set_approval_callback(None);
 
     // Smart mode, configured command: approve, deny, escalate (to a non-interactive denial).
