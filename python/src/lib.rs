@@ -22,12 +22,10 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
-use vibeos_supervisor::config::positive_seconds;
 use vibeos_supervisor::env_policy::EnvPolicy;
 use vibeos_supervisor::execute::session_cwd;
-use vibeos_supervisor::{
-    execute, Config, ExecutionRequest, ExecutionResult, Interrupt, Mode, Status,
-};
+use vibeos_supervisor::overrides::{Overrides, Spelling};
+use vibeos_supervisor::{execute, Config, ExecutionRequest, ExecutionResult, Interrupt, Status};
 use vibeos_tools::approval::{self, ApprovalChoice, ApprovalRequest};
 use vibeos_tools::approval_policy::{self, SmartVerdict};
 use vibeos_tools::{
@@ -121,22 +119,13 @@ fn execute_code(
         .allow_threads(|| Config::load(None))
         .map_err(|e| PyRuntimeError::new_err(format!("vibeos config: {e}")))?;
     let mut request = ExecutionRequest::from_config(code, &config);
-    if let Some(m) = mode {
-        request.mode = Mode::parse(&m).ok_or_else(|| {
-            value_error(format!("mode must be \"project\" or \"strict\", got {m:?}"))
-        })?;
-    }
-    if let Some(t) = timeout {
-        request.timeout = positive_seconds(t).ok_or_else(|| {
-            value_error(format!(
-                "timeout must be a positive number of seconds (at most 86400), got {t}"
-            ))
-        })?;
-    }
-    if let Some(n) = max_tool_calls {
-        request.max_tool_calls = usize::try_from(n)
-            .map_err(|_| value_error(format!("max_tool_calls is too large: {n}")))?;
-    }
+    Overrides::check(mode.as_deref(), timeout, max_tool_calls, Spelling::Argument)
+        .map_err(|e| value_error(e.to_string()))?
+        .apply(
+            &mut request.mode,
+            &mut request.timeout,
+            &mut request.max_tool_calls,
+        );
     request.cwd = cwd;
     if request.python.is_none() {
         request.python = python;

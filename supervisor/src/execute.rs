@@ -185,13 +185,14 @@ fn usable_dir(dir: &Path) -> Result<PathBuf, StartError> {
     std::fs::canonicalize(dir).map_err(|e| bad(&e.to_string()))
 }
 
-/// Formats seconds the way the timeout notice prints them (`300`, `0.5`).
+/// Formats seconds the way the timeout notice prints them (`300`, `0.5`, `0.0001`): the
+/// shortest decimal that reads back as the same value, so a sub-millisecond timeout is never
+/// reported as `0s`.
 pub fn format_seconds(d: Duration) -> String {
     if d.subsec_nanos() == 0 {
         d.as_secs().to_string()
     } else {
-        let s = format!("{:.3}", d.as_secs_f64());
-        s.trim_end_matches('0').trim_end_matches('.').to_string()
+        d.as_secs_f64().to_string()
     }
 }
 
@@ -995,5 +996,7 @@ mod tests {
             "Script timed out after 300s and was killed."
         );
         assert_eq!(format_seconds(Duration::from_millis(1500)), "1.5");
+        assert_eq!(format_seconds(Duration::from_secs_f64(0.0001)), "0.0001");
+        assert_eq!(format_seconds(Duration::from_secs(300)), "300");
     }
 }

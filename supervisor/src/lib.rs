@@ -19,6 +19,7 @@ pub mod interrupts;
 pub mod logging;
 pub mod mcp;
 pub mod mcp_approval;
+pub mod overrides;
 pub mod pool;
 pub mod reaper;
 pub mod redaction;

@@ -91,7 +91,7 @@ pub unsafe fn become_reaper(
     setup: ReaperSetup,
     confinement: Option<&crate::confine::child::ChildConfinement>,
 ) -> io::Result<()> {
-    // SAFETY (whole function): only async-signal-safe libc calls on plain integers and stack
+    // SAFETY: (the whole function) only async-signal-safe libc calls on plain integers and stack
     // buffers; no allocation or locking happens between fork and exec/_exit.
     unsafe {
         libc::close(setup.write_fd);

@@ -17,16 +17,22 @@
 
 use crate::reaper::is_descendant;
 use serde_json::{json, Map, Value};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use subtle::ConstantTimeEq;
 use tokio::net::UnixListener;
 use vibeos_rpc::{
     decode_request, encode_error, encode_response_json, ProtocolError, MAX_FRAME_BYTES,
 };
 use vibeos_tools::{CallOrigin, ToolContext, ToolRegistry, SCRIPT_BLOCKED_TOOLS};
+
+/// Most connections one execution may hold open at once. Each costs the supervisor a thread and
+/// two descriptors; without a cap a script could exhaust the supervisor's descriptors and break
+/// every other execution it serves.
+pub const MAX_OPEN_CONNECTIONS: usize = 64;
 
 /// Parameters of `terminal` a script may not use: scripts run foreground commands only.
 const TERMINAL_STRIPPED: [&str; 5] = ["background", "pty", "notify", "notify_on_complete", "watch"];
@@ -47,8 +53,11 @@ pub struct ChannelState {
     pub root_pid: AtomicU32,
     /// Context handed to tool handlers.
     pub context: ToolContext,
-    /// Open connections, so [`ChannelState::close_all`] can end their threads.
-    connections: Mutex<Vec<UnixStream>>,
+    /// Open connections by serial number, so [`ChannelState::close_all`] can end their
+    /// threads; a connection removes itself when it ends.
+    connections: Mutex<HashMap<u64, UnixStream>>,
+    /// Serial number of the next connection.
+    next_connection: AtomicU64,
 }
 
 impl ChannelState {
@@ -71,16 +80,40 @@ impl ChannelState {
                 origin: CallOrigin::Script,
                 ..context
             },
-            connections: Mutex::new(Vec::new()),
+            connections: Mutex::new(HashMap::new()),
+            next_connection: AtomicU64::new(0),
         }
     }
 
     /// Shuts every open connection down (the execution is over); their threads then end.
     pub fn close_all(&self) {
         let mut conns = self.connections.lock().unwrap_or_else(|p| p.into_inner());
-        for c in conns.drain(..) {
+        for (_, c) in conns.drain() {
             let _ = c.shutdown(std::net::Shutdown::Both);
         }
+    }
+
+    /// How many connections are open now.
+    pub fn open_connections(&self) -> usize {
+        self.connections
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+
+    /// Registers an open connection (a clone of it, so [`ChannelState::close_all`] can shut it
+    /// down) unless the execution is at [`MAX_OPEN_CONNECTIONS`]. The returned guard
+    /// unregisters it, releasing the descriptor, when the connection's thread ends.
+    fn register(&self, stream: UnixStream) -> Result<Registration<'_>, ProtocolError> {
+        let mut conns = self.connections.lock().unwrap_or_else(|p| p.into_inner());
+        if conns.len() >= MAX_OPEN_CONNECTIONS {
+            return Err(ProtocolError::TooManyConnections {
+                limit: MAX_OPEN_CONNECTIONS,
+            });
+        }
+        let id = self.next_connection.fetch_add(1, Ordering::Relaxed);
+        conns.insert(id, stream);
+        Ok(Registration { state: self, id })
     }
 
     /// Whether a call to `tool` is answered inline on the connection thread: refusals and
@@ -174,16 +207,44 @@ pub fn serve_stream(
     }
 }
 
-fn peer_allowed(stream: &UnixStream, state: &ChannelState) -> bool {
+/// An open connection's entry in [`ChannelState`]; dropping it forgets the connection.
+struct Registration<'a> {
+    state: &'a ChannelState,
+    id: u64,
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        self.state
+            .connections
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.id);
+    }
+}
+
+/// Checks that the peer is a process of this execution: `Err(ForeignPeer)` when it is not,
+/// `Err(Internal)` when its credentials cannot be read (the supervisor's failure, which
+/// must not be reported as the peer's).
+fn check_peer_credentials(stream: &UnixStream, state: &ChannelState) -> Result<(), ProtocolError> {
     use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
-    let Ok(cred) = getsockopt(stream, PeerCredentials) else {
-        return false;
-    };
+    let cred = getsockopt(stream, PeerCredentials)
+        .map_err(|e| ProtocolError::Internal(format!("cannot read the peer's credentials: {e}")))?;
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     let root = state.root_pid.load(Ordering::SeqCst);
     let pid_ok = cred.pid() > 0 && root != 0 && is_descendant(cred.pid() as u32, root);
-    cred.uid() == me && pid_ok
+    if cred.uid() == me && pid_ok {
+        Ok(())
+    } else {
+        Err(ProtocolError::ForeignPeer)
+    }
+}
+
+/// Answers `error` on a connection that will not be served, and closes it.
+fn refuse(mut stream: UnixStream, error: &ProtocolError) {
+    let _ = stream.write_all(&encode_error(None, error));
+    let _ = stream.shutdown(std::net::Shutdown::Both);
 }
 
 type Writer = Arc<Mutex<Option<UnixStream>>>;
@@ -227,24 +288,34 @@ fn serve_connection(
     check_peer: bool,
     pool: tokio::runtime::Handle,
 ) {
-    if check_peer && !peer_allowed(&stream, &state) {
-        tracing::warn!(
-            "execute_code: refused an RPC connection from a process outside the execution"
-        );
-        let mut stream = stream;
-        let _ = stream.write_all(&encode_error(None, &ProtocolError::ForeignPeer));
-        let _ = stream.shutdown(std::net::Shutdown::Both);
-        return;
+    if check_peer {
+        if let Err(e) = check_peer_credentials(&stream, &state) {
+            match &e {
+                ProtocolError::ForeignPeer => tracing::warn!(
+                    "execute_code: refused an RPC connection from a process outside the execution"
+                ),
+                other => tracing::error!("execute_code: {other}"),
+            }
+            refuse(stream, &e);
+            return;
+        }
     }
     let (Ok(write_half), Ok(registered)) = (stream.try_clone(), stream.try_clone()) else {
-        tracing::warn!("execute_code: cannot duplicate an RPC connection");
+        tracing::error!("execute_code: cannot duplicate an RPC connection");
+        refuse(
+            stream,
+            &ProtocolError::Internal("cannot duplicate the connection".into()),
+        );
         return;
     };
-    state
-        .connections
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(registered);
+    let _registration = match state.register(registered) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!("execute_code: {e}");
+            refuse(stream, &e);
+            return;
+        }
+    };
     let writer: Writer = Arc::new(Mutex::new(Some(write_half)));
     let mut reader = BufReader::with_capacity(64 * 1024, stream);
     let mut frame = Vec::with_capacity(4096);
@@ -271,7 +342,8 @@ fn serve_connection(
                 continue;
             }
         };
-        if !constant_time_eq(request.token.as_bytes(), state.token.as_bytes()) {
+        // Constant time: how long a refusal takes must not tell a guesser how much it got right.
+        if !bool::from(request.token.as_bytes().ct_eq(state.token.as_bytes())) {
             tracing::warn!("execute_code: refused an RPC request with a wrong token");
             send(
                 &writer,
@@ -292,13 +364,6 @@ fn serve_connection(
             });
         }
     }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 #[cfg(test)]

@@ -36,8 +36,7 @@ macro_rules! require_python {
         match python() {
             Some(p) => p,
             None => {
-                eprintln!("SKIP: python3 is not on PATH");
-                return;
+                vibeos_testkit::skip!("python3 is not on PATH");
             }
         }
     };
@@ -612,8 +611,7 @@ fn escapes(r: &ExecutionResult) -> Vec<Value> {
 fn strict_confinement_is_the_same_for_pooled_interpreters() {
     let python = require_python!();
     if let Some(why) = strict_unavailable() {
-        eprintln!("SKIP: strict mode is unavailable on this machine: {why}");
-        return;
+        vibeos_testkit::skip!("strict mode is unavailable on this machine: {why}");
     }
     let _guard = serial();
     let rt = runtime();

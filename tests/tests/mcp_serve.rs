@@ -93,8 +93,7 @@ fn scenario(sb: &Sandbox, name: &str) -> Option<Value> {
     let py = match mcp_python() {
         Ok(p) => p,
         Err(why) => {
-            eprintln!("SKIPPED mcp scenario {name}: {why}");
-            return None;
+            vibeos_testkit::skip!(None; "mcp scenario {name}: {why}");
         }
     };
     let dir = workspace_root().join("fixtures").join("mcp");
@@ -349,6 +348,28 @@ fn mcp_streamable_http_serves_several_clients_and_rejects_bad_bodies() {
     assert_eq!(text["output"], "ok\n");
     assert_eq!(r["exit_code"], 0, "SIGTERM stops the HTTP server cleanly");
     assert_eq!(r["staging_left"], serde_json::json!([]));
+}
+
+#[test]
+fn mcp_http_sessions_are_capped_and_delete_succeeds() {
+    let sb = Sandbox::new();
+    let Some(r) = scenario(&sb, "http_sessions") else {
+        return;
+    };
+    assert_eq!(r["opened"], serde_json::json!([true, true]), "{r}");
+    assert_eq!(r["third"]["status"], 503, "{r}");
+    let body: Value = serde_json::from_str(r["third"]["body"].as_str().unwrap()).unwrap();
+    assert_eq!(body["error"]["code"], -32000);
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("--max-sessions"));
+    assert_eq!(r["delete_status"], 200, "{r}");
+    let (is_error, text, _) = parts(&r["after"]);
+    assert!(!is_error, "{text}");
+    assert_eq!(text["output"], "ok\n");
+    assert_eq!(r["sdk_warnings"], serde_json::json!([]), "{r}");
+    assert_eq!(r["exit_code"], 0);
 }
 
 #[test]

@@ -11,8 +11,7 @@ use vibeos_e2e::{fixture, processes_mentioning, strict_unavailable, Sandbox};
 macro_rules! require_strict {
     () => {
         if let Some(why) = strict_unavailable() {
-            eprintln!("SKIP: strict mode is unavailable on this machine: {why}");
-            return;
+            vibeos_testkit::skip!("strict mode is unavailable on this machine: {why}");
         }
     };
 }
@@ -70,8 +69,7 @@ fn benign_scripts_work_with_the_default_interpreter() {
 fn benign_scripts_work_with_the_system_interpreter_and_no_extra_capability() {
     require_strict!();
     if !std::path::Path::new("/usr/bin/python3").exists() {
-        eprintln!("SKIP: /usr/bin/python3 is missing");
-        return;
+        vibeos_testkit::skip!("/usr/bin/python3 is missing");
     }
     let sb = Sandbox::new();
     // World-searchable dirs: the script's uid reaches the staging dir without any capability.
@@ -212,10 +210,9 @@ fn strict_mode_confines_for_an_unprivileged_supervisor_too() {
     let root = unsafe { libc::geteuid() } == 0;
     let setpriv = std::path::Path::new("/usr/bin/setpriv");
     if !root || !setpriv.exists() || !std::path::Path::new("/usr/bin/python3").exists() {
-        eprintln!(
-            "SKIP: running the supervisor unprivileged needs root, setpriv and /usr/bin/python3"
+        vibeos_testkit::skip!(
+            "running the supervisor unprivileged needs root, setpriv and /usr/bin/python3"
         );
-        return;
     }
     let sb = Sandbox::new();
     for dir in [sb.root.path().to_path_buf(), sb.home(), sb.work(), sb.tmp()] {

@@ -23,8 +23,7 @@ use vibeos_e2e::{fixture, pid_alive, processes_mentioning, strict_unavailable, S
 macro_rules! require_strict {
     () => {
         if let Some(why) = strict_unavailable() {
-            eprintln!("SKIP: strict mode is unavailable on this machine: {why}");
-            return;
+            vibeos_testkit::skip!("strict mode is unavailable on this machine: {why}");
         }
     };
 }
@@ -378,8 +377,7 @@ fn a_setuid_root_interpreter_grants_nothing() {
     require_strict!();
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIP: making a setuid-root binary needs root");
-        return;
+        vibeos_testkit::skip!("making a setuid-root binary needs root");
     }
     let r = range();
     let suid_dir = r.sb.root.path().join("suid");
@@ -395,8 +393,7 @@ fn a_setuid_root_interpreter_grants_nothing() {
         .output()
         .is_ok_and(|o| o.status.success());
     if !lib_ok {
-        eprintln!("SKIP: a copy of {} does not run on its own", real.display());
-        return;
+        vibeos_testkit::skip!("a copy of {} does not run on its own", real.display());
     }
     r.sb.write_config(&format!(
         "code_execution:\n  python: {}\n  strict:\n    max_processes: 64\n",
