@@ -1,6 +1,7 @@
 //! End-to-end tests of issue 17 (agent integration parity) through the `vibeos-exec` binary:
-//! the item-8 defects found by running the original system's execute_code tests, redaction,
-//! the whole-script approval guard and strict mode behind a pyenv shim.
+//! the item-8 defects found by running the original system's execute_code tests, redaction of
+//! output, and strict mode behind a pyenv shim. (Approvals from hosts and the whole-script guard
+//! need a host to ask: python/tests/test_approval.py and tests/tests/mcp_serve.rs.)
 
 // Tests report failures by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
