@@ -154,27 +154,35 @@ pub enum StartError {
     },
 }
 
-/// The session working dir: explicit, else `TERMINAL_CWD`, else the process cwd.
+/// The session working dir: explicit, else `TERMINAL_CWD` (`~` expanded; an unusable one is
+/// logged and skipped), else the process cwd. An explicit dir that is unusable is an error.
 pub fn session_cwd(explicit: Option<&Path>) -> Result<PathBuf, StartError> {
-    let dir = match explicit {
-        Some(p) => p.to_path_buf(),
-        None => match std::env::var_os("TERMINAL_CWD").filter(|v| !v.is_empty()) {
-            Some(p) => PathBuf::from(p),
-            None => std::env::current_dir().map_err(|e| StartError::BadCwd {
-                path: PathBuf::from("."),
-                reason: e.to_string(),
-            })?,
-        },
-    };
+    if let Some(p) = explicit {
+        return usable_dir(p);
+    }
+    if let Some(dir) = crate::terminal_cwd::from_env() {
+        match usable_dir(&dir) {
+            Ok(d) => return Ok(d),
+            Err(e) => tracing::warn!("TERMINAL_CWD ignored, using the process cwd instead: {e}"),
+        }
+    }
+    let cwd = std::env::current_dir().map_err(|e| StartError::BadCwd {
+        path: PathBuf::from("."),
+        reason: e.to_string(),
+    })?;
+    usable_dir(&cwd)
+}
+
+fn usable_dir(dir: &Path) -> Result<PathBuf, StartError> {
     let bad = |reason: &str| StartError::BadCwd {
-        path: dir.clone(),
+        path: dir.to_path_buf(),
         reason: reason.into(),
     };
-    let meta = std::fs::metadata(&dir).map_err(|e| bad(&e.to_string()))?;
+    let meta = std::fs::metadata(dir).map_err(|e| bad(&e.to_string()))?;
     if !meta.is_dir() {
         return Err(bad("not a directory"));
     }
-    std::fs::canonicalize(&dir).map_err(|e| bad(&e.to_string()))
+    std::fs::canonicalize(dir).map_err(|e| bad(&e.to_string()))
 }
 
 /// Formats seconds the way the timeout notice prints them (`300`, `0.5`, `0.0001`): the
@@ -652,6 +660,13 @@ async fn run(
     if request.code.trim().is_empty() {
         return Err(StartError::EmptyCode);
     }
+    if let Some(refusal) = crate::script_guard::refusal(&request).await {
+        return Ok(ExecutionResult::failed_to_start(
+            request.mode.as_str(),
+            refusal,
+            started.elapsed().as_secs_f64(),
+        ));
+    }
     let spec = LaunchSpec::for_request(&request)?;
     let interpreter = spec.interpreter.clone();
     let session_cwd = spec.session_cwd.clone();
@@ -674,7 +689,7 @@ async fn run(
         .map(|e| StubTool {
             name: e.name.clone(),
             description: e.description.clone(),
-            parameters: e.schema.clone(),
+            parameters: e.script_schema(),
         })
         .collect();
     let stub = generate_stub(&stub_tools);
@@ -717,7 +732,7 @@ async fn run(
         "execute_code: script started"
     );
     let tool_env = launched.tool_env.clone();
-    Ok(supervise(
+    let mut result = supervise(
         launched,
         Supervision {
             request: &request,
@@ -731,7 +746,9 @@ async fn run(
             started,
         },
     )
-    .await)
+    .await;
+    crate::redaction::apply(&mut result, &spec.base_env);
+    Ok(result)
 }
 
 /// Everything [`supervise`] needs besides the started child.
@@ -942,6 +959,7 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
         stderr_bytes: stderr_cap.total(),
         stderr_bytes_omitted: stderr_cap.omitted(),
         mode: request.mode.as_str(),
+        redactions: 0,
         interpreter: Some(s.interpreter.path.display().to_string()),
     }
 }

@@ -428,7 +428,9 @@ fn server_status(
     let server = match source {
         vibeos_tools::ToolSource::Mcp(name) => name.as_str(),
         vibeos_tools::ToolSource::Plugin(_) => vibeos_supervisor::extensions::PLUGIN_HOST,
-        vibeos_tools::ToolSource::Builtin => return serde_json::Value::Null,
+        vibeos_tools::ToolSource::Builtin | vibeos_tools::ToolSource::Host(_) => {
+            return serde_json::Value::Null
+        }
     };
     extensions
         .servers()

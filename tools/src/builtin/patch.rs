@@ -48,6 +48,7 @@ fn entry() -> ToolEntry {
         patch,
     )
     .with_emoji("🩹")
+    .with_path_scoped("path")
 }
 
 inventory::submit! { BuiltinTool(entry) }

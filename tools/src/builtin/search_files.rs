@@ -59,6 +59,7 @@ fn entry() -> ToolEntry {
         search_files,
     )
     .with_emoji("🔎")
+    .with_parallel_safe(true)
 }
 
 inventory::submit! { BuiltinTool(entry) }

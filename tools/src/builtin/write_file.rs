@@ -22,6 +22,7 @@ fn entry() -> ToolEntry {
         write_file,
     )
     .with_emoji("✍️")
+    .with_path_scoped("path")
     .bounded()
 }
 
