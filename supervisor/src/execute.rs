@@ -107,6 +107,11 @@ impl Interrupt {
     pub fn is_interrupted(&self) -> bool {
         self.0.is_cancelled()
     }
+
+    /// Resolves once [`Interrupt::interrupt`] is called.
+    pub(crate) async fn cancelled(&self) {
+        self.0.cancelled().await
+    }
 }
 
 /// Why an execution could not start. Its message becomes the result's `error`.
@@ -634,10 +639,6 @@ async fn run(
     if request.code.trim().is_empty() {
         return Err(StartError::EmptyCode);
     }
-    let spec = LaunchSpec::for_request(&request)?;
-    let interpreter = spec.interpreter.clone();
-    let session_cwd = spec.session_cwd.clone();
-
     let script_tools: Vec<_> = registry
         .script_tools()
         .into_iter()
@@ -660,6 +661,39 @@ async fn run(
     for skipped in &stub.skipped {
         tracing::warn!("execute_code: {skipped}");
     }
+    // A remote backend runs the script where its tools act (SPEC §9).
+    if let Some(envs) = vibeos_tools::environments::active() {
+        let task = request.task_id.clone();
+        let env = tokio::task::spawn_blocking(move || envs.get(task.as_deref()))
+            .await
+            .map_err(|e| StartError::Listener(std::io::Error::other(e)))?;
+        return Ok(match env {
+            Ok(env) => {
+                crate::remote::run_remote(crate::remote::RemoteRun {
+                    request: &request,
+                    env,
+                    stub: stub.source,
+                    allowed: stub.tools.iter().cloned().collect(),
+                    registry,
+                    interrupt,
+                    started,
+                })
+                .await
+            }
+            Err(e) => {
+                let mut failed = ExecutionResult::failed_to_start(
+                    request.mode.as_str(),
+                    e.to_string(),
+                    started.elapsed().as_secs_f64(),
+                );
+                failed.backend = Some(envs_backend());
+                failed
+            }
+        });
+    }
+    let spec = LaunchSpec::for_request(&request)?;
+    let interpreter = spec.interpreter.clone();
+    let session_cwd = spec.session_cwd.clone();
     let warm = match crate::pool::active() {
         Some(pool) => pool.start_warm(&spec, &stub.source, &request.code),
         None => None,
@@ -694,6 +728,13 @@ async fn run(
         },
     )
     .await)
+}
+
+/// The active backend's name, for results of executions that never reached it.
+fn envs_backend() -> String {
+    vibeos_tools::environments::active()
+        .map(|e| e.settings().backend.as_str().to_string())
+        .unwrap_or_else(|| "local".into())
 }
 
 /// Everything [`supervise`] needs besides the started child.
@@ -903,6 +944,7 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
         stderr_bytes_omitted: stderr_cap.omitted(),
         mode: request.mode.as_str(),
         interpreter: Some(s.interpreter.path.display().to_string()),
+        backend: None,
     }
 }
 
@@ -948,7 +990,7 @@ async fn finish(
 
 /// The error line of a failed script: its exit code and the last line of stderr (the
 /// exception, for a Python traceback).
-fn exit_error(code: i32, stderr: &HeadTail) -> String {
+pub(crate) fn exit_error(code: i32, stderr: &HeadTail) -> String {
     let text = stderr.render("stderr");
     let last = text
         .lines()

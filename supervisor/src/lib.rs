@@ -6,6 +6,7 @@
 //! [`ExecutionResult`]. The `vibeos-exec` binary is a thin CLI over it.
 
 pub mod audit;
+pub mod backends;
 pub mod capture;
 pub mod config;
 pub mod confine;
@@ -18,6 +19,7 @@ pub mod logging;
 pub mod mcp;
 pub mod pool;
 pub mod reaper;
+pub mod remote;
 pub mod result;
 pub mod rpc_server;
 

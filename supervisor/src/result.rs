@@ -69,6 +69,9 @@ pub struct ExecutionResult {
     /// Interpreter that ran it, when one was chosen.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub interpreter: Option<String>,
+    /// The backend it ran in, when not local (`docker`, `ssh`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
 }
 
 impl ExecutionResult {
@@ -88,6 +91,7 @@ impl ExecutionResult {
             stderr_bytes_omitted: 0,
             mode,
             interpreter: None,
+            backend: None,
         }
     }
 

@@ -1,0 +1,386 @@
+//! The tool agent: the same built-in tools, run on the backend's side.
+//!
+//! With a remote backend, `read_file`, `write_file`, `search_files`, `patch` and `terminal` must
+//! act on the backend's filesystem and processes. Rather than re-implementing each tool as a
+//! chain of remote shell commands (one round trip per file operation, different semantics,
+//! different bugs), the host starts `vibeos-exec backend-agent` there once per environment —
+//! the binary is bind-mounted read-only into containers and uploaded once to ssh hosts — and
+//! keeps one `exec -i` stream to it. Each forwarded call is one JSON line each way, answered by
+//! the identical handler code. Hooks, budgets and approval stay on the host, in front of the
+//! forward; the agent only executes.
+//!
+//! Wire format, one JSON object per line: request `{"id", "tool", "args", "task_id", "cwd",
+//! "env", "origin"}`, reply `{"id", "ok": value}` or `{"id", "err": {"kind", "message"}}`.
+//! Requests are answered concurrently (a thread each), replies written whole under a lock.
+
+use super::EnvError;
+use crate::{CallOrigin, Handler, ToolContext, ToolError, ToolRegistry};
+use serde_json::{json, Map, Value};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Tools the agent runs: the script tools that touch files and processes.
+pub const REMOTE_TOOLS: [&str; 5] = [
+    "read_file",
+    "write_file",
+    "search_files",
+    "patch",
+    "terminal",
+];
+
+/// How long a forwarded file tool may take.
+pub const FILE_TOOL_TIMEOUT: Duration = Duration::from_secs(120);
+
+type Pending = Arc<Mutex<HashMap<u64, mpsc::Sender<Value>>>>;
+
+struct Conn {
+    child: Child,
+    stdin: ChildStdin,
+    pending: Pending,
+    next_id: u64,
+}
+
+/// The host's end of a tool agent: started on first call, restarted if it died.
+pub struct AgentClient {
+    backend: &'static str,
+    launch: Box<dyn Fn() -> Result<Command, EnvError> + Send + Sync>,
+    conn: Mutex<Option<Conn>>,
+}
+
+impl AgentClient {
+    /// A client that starts the agent with the command `launch` builds.
+    pub fn new(
+        backend: &'static str,
+        launch: impl Fn() -> Result<Command, EnvError> + Send + Sync + 'static,
+    ) -> Self {
+        AgentClient {
+            backend,
+            launch: Box::new(launch),
+            conn: Mutex::new(None),
+        }
+    }
+
+    fn start(&self) -> Result<Conn, EnvError> {
+        let mut cmd = (self.launch)()?;
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = cmd.spawn().map_err(|source| EnvError::Spawn {
+            backend: self.backend,
+            program: cmd.get_program().to_string_lossy().into_owned(),
+            source,
+        })?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(self.err("its pipes could not be set up"));
+        };
+        let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
+        let reader_pending = Arc::clone(&pending);
+        std::thread::Builder::new()
+            .name("vibeos-agent-reader".into())
+            .spawn(move || read_replies(stdout, reader_pending))
+            .map_err(|e| self.err(&format!("cannot start its reader thread: {e}")))?;
+        Ok(Conn {
+            child,
+            stdin,
+            pending,
+            next_id: 1,
+        })
+    }
+
+    fn err(&self, message: &str) -> EnvError {
+        EnvError::Agent {
+            backend: self.backend,
+            message: message.to_string(),
+        }
+    }
+
+    /// Runs `tool` with `args` on the backend's side, in the call's context.
+    pub fn call(
+        &self,
+        tool: &str,
+        args: &Map<String, Value>,
+        ctx: &ToolContext,
+        timeout: Duration,
+    ) -> Result<Value, ToolError> {
+        let backend_err = |e: EnvError| ToolError::new("BackendError", e.to_string());
+        let (rx, id, pending) = {
+            let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+            let dead = match guard.as_mut() {
+                Some(c) => !matches!(c.child.try_wait(), Ok(None)),
+                None => true,
+            };
+            if dead {
+                if let Some(mut old) = guard.take() {
+                    let _ = old.child.kill();
+                    let _ = old.child.wait();
+                }
+                *guard = Some(self.start().map_err(backend_err)?);
+            }
+            let Some(conn) = guard.as_mut() else {
+                return Err(backend_err(self.err("not running")));
+            };
+            let id = conn.next_id;
+            conn.next_id += 1;
+            let (tx, rx) = mpsc::channel();
+            if let Ok(mut p) = conn.pending.lock() {
+                p.insert(id, tx);
+            }
+            let request = json!({
+                "id": id,
+                "tool": tool,
+                "args": args,
+                "task_id": ctx.task_id,
+                "cwd": ctx.cwd.to_string_lossy(),
+                "env": ctx.env.as_ref().map(|e| e.as_ref().clone()),
+                "origin": match ctx.origin { CallOrigin::Agent => "agent", CallOrigin::Script => "script" },
+            });
+            let mut line = request.to_string();
+            line.push('\n');
+            if let Err(e) = conn
+                .stdin
+                .write_all(line.as_bytes())
+                .and_then(|_| conn.stdin.flush())
+            {
+                let _ = conn.child.kill();
+                return Err(backend_err(self.err(&format!("the connection broke: {e}"))));
+            }
+            (rx, id, Arc::clone(&conn.pending))
+        };
+        let reply = rx.recv_timeout(timeout);
+        if let Ok(mut p) = pending.lock() {
+            p.remove(&id);
+        }
+        match reply {
+            Ok(v) => decode_reply(v),
+            Err(mpsc::RecvTimeoutError::Timeout) => Err(ToolError::new(
+                "BackendError",
+                format!("{} backend: `{tool}` got no answer within {}s", self.backend, timeout.as_secs()),
+            )),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(ToolError::new(
+                "BackendError",
+                format!(
+                    "{} backend: the tool agent exited during `{tool}`; the environment may have been stopped",
+                    self.backend
+                ),
+            )),
+        }
+    }
+
+    /// Stops the agent process (the environment is going away).
+    pub fn stop(&self) {
+        let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(mut c) = guard.take() {
+            let _ = c.child.kill();
+            let _ = c.child.wait();
+        }
+    }
+}
+
+impl Drop for AgentClient {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn read_replies(stdout: std::process::ChildStdout, pending: Pending) {
+    let reader = BufReader::new(stdout);
+    for line in reader.lines() {
+        let Ok(line) = line else { break };
+        let Ok(v) = serde_json::from_str::<Value>(&line) else {
+            tracing::warn!("backends: the tool agent sent a line that is not JSON");
+            continue;
+        };
+        let Some(id) = v.get("id").and_then(Value::as_u64) else {
+            continue;
+        };
+        let tx = pending.lock().ok().and_then(|mut p| p.remove(&id));
+        if let Some(tx) = tx {
+            let _ = tx.send(v);
+        }
+    }
+    // Dropping the senders wakes every waiting caller with "disconnected".
+    if let Ok(mut p) = pending.lock() {
+        p.clear();
+    }
+}
+
+fn decode_reply(v: Value) -> Result<Value, ToolError> {
+    if let Some(ok) = v.get("ok") {
+        return Ok(ok.clone());
+    }
+    let err = v.get("err");
+    let field = |k: &str| {
+        err.and_then(|e| e.get(k))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    if err.is_some() {
+        Err(ToolError::new(field("kind"), field("message")))
+    } else {
+        Err(ToolError::new(
+            "BackendError",
+            "the tool agent sent a reply with neither a result nor an error",
+        ))
+    }
+}
+
+/// The agent's side: answers requests from `input` on `output` until `input` ends. Commands
+/// were approved on the host before they were forwarded, so approval here always agrees.
+pub fn serve(
+    registry: &'static ToolRegistry,
+    input: impl BufRead,
+    output: impl Write + Send + 'static,
+) {
+    crate::approval::set_smart_approval(Some(Arc::new(|_| true)));
+    let output = Arc::new(Mutex::new(output));
+    for line in input.lines() {
+        let Ok(line) = line else { break };
+        if line.trim().is_empty() {
+            continue;
+        }
+        let output = Arc::clone(&output);
+        let spawned = std::thread::Builder::new()
+            .name("vibeos-agent-call".into())
+            .spawn(move || {
+                let reply = answer(registry, &line);
+                let mut text = reply.to_string();
+                text.push('\n');
+                let mut out = output.lock().unwrap_or_else(|p| p.into_inner());
+                let _ = out.write_all(text.as_bytes()).and_then(|_| out.flush());
+            });
+        if let Err(e) = spawned {
+            tracing::error!("backend-agent: cannot start a thread for a call: {e}");
+        }
+    }
+}
+
+fn answer(registry: &'static ToolRegistry, line: &str) -> Value {
+    let req: Value = match serde_json::from_str(line) {
+        Ok(v) => v,
+        Err(e) => {
+            return json!({"id": null, "err": {"kind": "ProtocolError", "message": format!("not JSON: {e}")}})
+        }
+    };
+    let id = req.get("id").cloned().unwrap_or(Value::Null);
+    let fail =
+        |kind: &str, message: String| json!({"id": id, "err": {"kind": kind, "message": message}});
+    let tool = req.get("tool").and_then(Value::as_str).unwrap_or("");
+    if !REMOTE_TOOLS.contains(&tool) {
+        return fail(
+            "UnknownTool",
+            format!("the backend agent does not run `{tool}`"),
+        );
+    }
+    let Some(entry) = registry.get(tool) else {
+        return fail("UnknownTool", format!("no tool named `{tool}` here"));
+    };
+    let args = req
+        .get("args")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    let env = req.get("env").and_then(Value::as_array).map(|pairs| {
+        let mut env: Vec<(String, String)> = pairs
+            .iter()
+            .filter_map(|p| {
+                let p = p.as_array()?;
+                Some((
+                    p.first()?.as_str()?.to_string(),
+                    p.get(1)?.as_str()?.to_string(),
+                ))
+            })
+            .collect();
+        // The host cannot know the backend's PATH: take ours when the call brings none.
+        if !env.iter().any(|(k, _)| k == "PATH") {
+            if let Ok(path) = std::env::var("PATH") {
+                env.push(("PATH".into(), path));
+            }
+        }
+        Arc::new(env)
+    });
+    let ctx = ToolContext {
+        task_id: req
+            .get("task_id")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        cwd: req
+            .get("cwd")
+            .and_then(Value::as_str)
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| std::path::PathBuf::from("/")),
+        env,
+        origin: if req.get("origin").and_then(Value::as_str) == Some("script") {
+            CallOrigin::Script
+        } else {
+            CallOrigin::Agent
+        },
+    };
+    let result = match &entry.handler {
+        Handler::Sync(f) => {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&args, &ctx)))
+                .unwrap_or_else(|_| Err(ToolError::new("Panic", format!("`{tool}` panicked"))))
+        }
+        _ => Err(ToolError::new(
+            "UnknownTool",
+            format!("`{tool}` is not a synchronous built-in"),
+        )),
+    };
+    match result {
+        Ok(v) => json!({"id": id, "ok": v}),
+        Err(e) => fail(&e.kind, e.message),
+    }
+}
+
+/// Forwards a tool call to the task's remote environment when a remote backend is active.
+/// `None`: run it here.
+pub fn forward(
+    tool: &str,
+    args: &Map<String, Value>,
+    ctx: &ToolContext,
+    timeout: Duration,
+) -> Option<Result<Value, ToolError>> {
+    let env = match super::remote_for(ctx) {
+        Ok(Some(env)) => env,
+        Ok(None) => return None,
+        Err(e) => return Some(Err(e)),
+    };
+    let agent = env.agent()?;
+    let mut ctx = ctx.clone();
+    if ctx.origin == CallOrigin::Agent {
+        // An agent call names paths relative to the backend's working dir, not the host's.
+        ctx.cwd = std::path::PathBuf::from(env.workdir());
+    }
+    Some(agent.call(tool, args, &ctx, timeout))
+}
+
+/// The vibeos-exec binary to run as tool agent: `terminal.agent_binary`, else
+/// `$VIBEOS_AGENT_BINARY`, else this program if it is vibeos-exec, else `vibeos-exec` on PATH.
+pub fn agent_binary(configured: Option<&std::path::Path>) -> Result<std::path::PathBuf, String> {
+    if let Some(p) = configured {
+        return Ok(p.to_path_buf());
+    }
+    if let Some(p) = std::env::var_os("VIBEOS_AGENT_BINARY").filter(|p| !p.is_empty()) {
+        return Ok(p.into());
+    }
+    if let Ok(me) = std::env::current_exe() {
+        if me.file_name().is_some_and(|n| n == "vibeos-exec") {
+            return Ok(me);
+        }
+    }
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|d| d.join("vibeos-exec"))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            "cannot find the vibeos-exec binary to run as tool agent; set terminal.agent_binary"
+                .to_string()
+        })
+}
