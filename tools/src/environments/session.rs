@@ -64,7 +64,8 @@ fn state_dir(ctx: &ToolContext) -> Option<PathBuf> {
 }
 
 /// `command` wrapped to restore and save the session state; unchanged when sessions are off.
-/// With `explicit_workdir` the call's `workdir` wins over the session's directory.
+/// With `explicit_workdir` the call's `workdir` wins over the session's directory and is not
+/// remembered as the session's directory.
 pub fn wrap(command: &str, ctx: &ToolContext, explicit_workdir: bool) -> String {
     let Some(dir) = state_dir(ctx) else {
         return command.to_string();
@@ -76,11 +77,17 @@ pub fn wrap(command: &str, ctx: &ToolContext, explicit_workdir: bool) -> String 
         "if [ -f \"$__vibeos_s/cwd\" ]; then cd -- \"$(cat \"$__vibeos_s/cwd\")\" 2>/dev/null; fi\n"
             .to_string()
     };
+    // A call's `workdir` is a one-off override: it does not move the session.
+    let save_cwd = if explicit_workdir {
+        ""
+    } else {
+        "pwd > \"$__vibeos_s/cwd\" 2>/dev/null; "
+    };
     format!(
         "__vibeos_s={q}\n\
          if [ -f \"$__vibeos_s/env\" ]; then . \"$__vibeos_s/env\" 2>/dev/null; fi\n\
          {restore_cwd}\
-         __vibeos_save() {{ __vibeos_rc=$?; pwd > \"$__vibeos_s/cwd\" 2>/dev/null; \
+         __vibeos_save() {{ __vibeos_rc=$?; {save_cwd}\
          export -p 2>/dev/null | grep -Ev '^(declare -x|export) (PWD|OLDPWD|SHLVL|_)(=|$)' > \"$__vibeos_s/env.new\" \
          && mv -f \"$__vibeos_s/env.new\" \"$__vibeos_s/env\"; exit $__vibeos_rc; }}\n\
          trap __vibeos_save EXIT\n\
