@@ -7,12 +7,10 @@
 //! The backend choice is process-wide, so everything runs in one test, phase by phase.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod backends_common;
-
-use backends_common::{rootfs, unavailable, Dockerd};
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
+use vibeos_e2e::backends::{rootfs, unavailable, Dockerd};
 use vibeos_supervisor::{execute, Config, ExecutionRequest, ExecutionResult, Interrupt, Status};
 use vibeos_tools::environments::{self, BackendKind, BackendSettings};
 

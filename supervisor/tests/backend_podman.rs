@@ -4,81 +4,11 @@
 //! tasks get two containers, and `backends gc` finds leftovers by label.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod backends_common;
-
-use backends_common::{rootfs, unavailable, which};
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
+use vibeos_e2e::backends::{start_podman, unavailable};
 use vibeos_supervisor::{execute, Config, ExecutionRequest, ExecutionResult, Interrupt, Status};
 use vibeos_tools::environments::{self, BackendKind, BackendSettings};
-
-struct Podman {
-    dir: tempfile::TempDir,
-    wrapper: String,
-}
-
-impl Podman {
-    fn cmd(&self, args: &[&str]) -> std::process::Output {
-        Command::new(&self.wrapper).args(args).output().unwrap()
-    }
-    fn labelled(&self) -> Vec<String> {
-        let out = self.cmd(&[
-            "ps",
-            "-a",
-            "--filter",
-            "label=vibeos-exec=1",
-            "--format",
-            "{{.Names}}",
-        ]);
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(str::to_string)
-            .collect()
-    }
-}
-
-impl Drop for Podman {
-    fn drop(&mut self) {
-        let _ = self.cmd(&["rm", "-af", "-t", "0"]);
-        let _ = self.cmd(&["system", "reset", "-f"]);
-        let _ = self.dir.path();
-    }
-}
-
-fn start() -> Result<Podman, String> {
-    which("podman").ok_or("podman is not installed")?;
-    which("runc").ok_or("runc is not installed")?;
-    let image = rootfs()?;
-    let dir = tempfile::Builder::new()
-        .prefix("vpm")
-        .tempdir_in("/tmp")
-        .map_err(|e| e.to_string())?;
-    let p = dir.path().display().to_string();
-    let wrapper = dir.path().join("podman-here");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\nif [ \"$1\" = run ]; then shift; set -- run --ulimit nofile=20000:20000 --ulimit nproc=32768:32768 \"$@\"; fi\n\
-             exec podman --root {p}/root --runroot {p}/runroot --tmpdir {p}/tmp --cgroup-manager cgroupfs --events-backend file --runtime runc \"$@\"\n"
-        ),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let podman = Podman {
-        dir,
-        wrapper: wrapper.display().to_string(),
-    };
-    let out = podman.cmd(&["import", &image.display().to_string(), "vibeos-py:test"]);
-    if !out.status.success() {
-        return Err(format!(
-            "podman import failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    Ok(podman)
-}
 
 fn request(code: &str, task: &str) -> ExecutionRequest {
     let mut r = ExecutionRequest::from_config(code, &Config::default());
@@ -94,7 +24,7 @@ fn run(rt: &tokio::runtime::Runtime, req: ExecutionRequest) -> ExecutionResult {
 
 #[test]
 fn podman_as_docker_engine() {
-    let podman = match start() {
+    let podman = match start_podman() {
         Ok(p) => p,
         Err(e) => return unavailable(&e),
     };
