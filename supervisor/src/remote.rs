@@ -2,7 +2,7 @@
 //!
 //! The same shape as the local launch — stub and script staged, a socket listener, a child with
 //! the scrubbed environment, limits, result — with the backend in between. The stub and the
-//! script travel in one JSON line on the client's stdin (never argv) to a small bootstrap that
+//! script travel on the client's stdin (never argv) to a small bootstrap that
 //! writes them into a private 0700 work dir over there, starts the interpreter in a new session
 //! and reports its process-group id in a file, so a timeout or an interrupt kills the remote
 //! group through the backend (killing the local `docker exec`/`ssh` client would leave it
@@ -17,7 +17,6 @@ use crate::env_policy::EnvPolicy;
 use crate::execute::{timeout_notice, ExecutionRequest, Interrupt, StartError, INTERRUPT_NOTICE};
 use crate::result::{ExecutionResult, Status};
 use crate::rpc_server::{serve_with, ChannelState};
-use serde_json::json;
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -174,23 +173,28 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
     ));
     let server = serve_with(listener, Arc::clone(&state), false);
 
-    let header = json!({
-        "dir": channel.remote_dir,
-        "files": {"vibeos_tools.py": r.stub, "script.py": request.code},
-        "env": script_env
-            .iter()
-            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-            .collect::<serde_json::Map<_, _>>(),
-        "cwd": cwd,
-        "argv": [python, "-u", format!("{}/script.py", channel.remote_dir)],
-    });
-    let mut header = header.to_string();
-    header.push('\n');
-    let mut command = tokio::process::Command::from(r.env.command(&[
-        python.clone(),
-        "-c".into(),
-        without_comments(BOOTSTRAP),
-    ]));
+    let header = boot_input(
+        &channel.remote_dir,
+        &cwd,
+        &[
+            ("vibeos_tools.py", r.stub.as_str()),
+            ("script.py", request.code.as_str()),
+        ],
+        &script_env,
+    )
+    .map_err(|e| StartError::Staging(std::io::Error::other(e)))?;
+    let mut command = tokio::process::Command::from(r.env.script_command(
+        &[
+            python.clone(),
+            "-u".into(),
+            "-B".into(),
+            "-X".into(),
+            "utf8".into(),
+            "-c".into(),
+            without_comments(BOOTSTRAP),
+        ],
+        &channel,
+    ));
     command
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -203,7 +207,7 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
     tracing::info!(backend, cwd = %cwd, "execute_code: script started");
     if let Some(mut stdin) = child.stdin.take() {
         // The header is small; a failure shows up as the bootstrap's error on stderr.
-        let _ = stdin.write_all(header.as_bytes()).await;
+        let _ = stdin.write_all(&header).await;
         let _ = stdin.shutdown().await;
     }
     let (stdout_limit, stderr_limit) = (request.stdout_limit, request.stderr_limit);
@@ -262,9 +266,10 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
     server.abort();
     let _ = server.await;
     state.close_all();
-    // Removes the socket dir (docker) or cancels the forward and the remote dir (ssh).
+    // Removes the socket dir (docker) or cancels the forward (ssh). Nothing of the execution
+    // depends on it any more, so the result does not wait for it.
     let guard = channel.guard;
-    let _ = tokio::task::spawn_blocking(move || drop(guard)).await;
+    drop(tokio::task::spawn_blocking(move || drop(guard)));
     let tool_calls_made = state.calls_made.load(Ordering::SeqCst);
 
     let (status, error) = match ending {
@@ -344,4 +349,34 @@ pub(crate) fn without_comments(source: &str) -> String {
         .filter(|l| !l.trim_start().starts_with('#') && !l.trim().is_empty())
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// The bootstrap's input: NUL-separated fields (see remote_boot.py). No field may hold a NUL:
+/// paths, environment entries and Python source cannot.
+fn boot_input(
+    dir: &str,
+    cwd: &str,
+    files: &[(&str, &str)],
+    env: &[(String, String)],
+) -> Result<Vec<u8>, String> {
+    let mut fields: Vec<&str> = vec![dir, cwd];
+    let nfiles = files.len().to_string();
+    fields.push(&nfiles);
+    for (name, text) in files {
+        fields.push(name);
+        fields.push(text);
+    }
+    let nenv = env.len().to_string();
+    fields.push(&nenv);
+    for (k, v) in env {
+        fields.push(k);
+        fields.push(v);
+    }
+    if let Some(bad) = fields.iter().find(|f| f.contains('\0')) {
+        return Err(format!(
+            "cannot ship {:?}… to the backend: it contains a NUL byte (Python source cannot)",
+            bad.chars().take(40).collect::<String>()
+        ));
+    }
+    Ok(fields.join("\0").into_bytes())
 }

@@ -1,60 +1,88 @@
-# vibeos-exec remote bootstrap: started as `python3 -c <this>` inside a backend (container or
-# ssh host). Reads one JSON line from stdin: the work dir, the files to write there (stub and
-# script: they never travel in argv), the scrubbed environment, the cwd and the argv to run.
-# The script runs in a new session whose id is written to <dir>/pgid so the host can kill the
-# whole group; this process stays outside that group, waits, kills what the script left in its
-# group, removes the work dir and exits with the script's status (128+N for signal N).
-import json, os, shutil, signal, stat, sys
+# vibeos-exec remote bootstrap, started inside a backend (container or ssh host) as
+# `python3 -u -B -X utf8 -c <this>`. stdin holds NUL-separated fields (no JSON: importing json
+# would add to every start-up): work dir, cwd, file count, (name, text)..., env count,
+# (name, value)... — the stub and the script never travel in argv. It writes the files into a
+# private 0700 work dir, applies the scrubbed environment, becomes the leader of a new process
+# group whose id it records in <dir>/pgid (the host kills that group on timeout or interrupt)
+# and then runs the script in this same interpreter, so a remote execution pays for one Python
+# start-up, not two. At exit it kills whatever the script left in its group and removes the
+# work dir.
+import os, signal, sys
 
-h = json.loads(sys.stdin.readline())
-d = h["dir"]
+f = iter(sys.stdin.buffer.read().split(b"\0"))
+def nxt():
+    return next(f).decode("utf-8", "surrogateescape")
+d, cwd = nxt(), nxt()
+files = [(nxt(), next(f)) for _ in range(int(nxt()))]
+env = dict((nxt(), nxt()) for _ in range(int(nxt())))
 try:
     os.mkdir(d, 0o700)
 except FileExistsError:
     pass
 st = os.lstat(d)
-if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+if (st.st_mode & 0o170000) != 0o040000 or st.st_uid != os.getuid() or st.st_mode & 0o077:
     sys.stderr.write("vibeos-exec: work dir %s is not a private directory of this user\n" % d)
     sys.exit(125)
-for name, text in h["files"].items():
+for name, data in files:
     fd = os.open(os.path.join(d, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-env = h["env"]
+    os.write(fd, data)
+    os.close(fd)
 for k in ("PATH", "HOME", "LANG"):
     if k not in env and k in os.environ:
         env[k] = os.environ[k]
 env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-signal.signal(signal.SIGINT, signal.SIG_IGN)
-signal.signal(signal.SIGHUP, signal.SIG_IGN)
-pid = os.fork()
-if pid == 0:
-    try:
-        os.setsid()
-        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(s, signal.SIG_DFL)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.chdir(h["cwd"])
-        os.execvpe(h["argv"][0], h["argv"], env)
-    except BaseException as e:
-        sys.stderr.write("vibeos-exec: cannot start %s in %s: %s\n" % (h["argv"][0], h["cwd"], e))
-        os._exit(126)
-with open(os.path.join(d, "pgid.part"), "w") as f:
-    f.write(str(pid))
-os.rename(os.path.join(d, "pgid.part"), os.path.join(d, "pgid"))
-while True:
-    try:
-        _, status = os.waitpid(pid, 0)
-        break
-    except InterruptedError:
-        continue
 try:
-    os.killpg(pid, signal.SIGKILL)
+    os.setsid()
 except OSError:
-    pass
-shutil.rmtree(d, ignore_errors=True)
-if os.WIFSIGNALED(status):
-    sys.exit(128 + os.WTERMSIG(status))
-sys.exit(os.WEXITSTATUS(status))
+    pass  # already a session (or group) leader: the group is ours alone either way
+pgid = os.getpgid(0)
+with open(os.path.join(d, "pgid"), "w") as p:
+    p.write(str(pgid))
+null = os.open(os.devnull, os.O_RDONLY)
+os.dup2(null, 0)
+os.close(null)
+os.chdir(cwd)
+os.environ.clear()
+os.environ.update(env)
+script = os.path.join(d, "script.py")
+sys.argv = [script]
+sys.path[:] = [d, cwd] + [p for p in sys.path if p]
+
+
+def _vibeos_cleanup(me=os.getpid(), pgid=pgid, d=d, os=os, signal=signal):
+    try:
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) != me:
+                try:
+                    if os.getpgid(int(entry)) == pgid:
+                        os.kill(int(entry), signal.SIGKILL)
+                except OSError:
+                    pass
+    except OSError:
+        pass
+    for root, dirs, names in os.walk(d, topdown=False):
+        for n in names:
+            try:
+                os.unlink(os.path.join(root, n))
+            except OSError:
+                pass
+        for n in dirs:
+            try:
+                os.rmdir(os.path.join(root, n))
+            except OSError:
+                pass
+    try:
+        os.rmdir(d)
+    except OSError:
+        pass
+
+
+import atexit, types
+atexit.register(_vibeos_cleanup)
+main = types.ModuleType("__main__")
+main.__file__ = script
+main.__builtins__ = __builtins__
+sys.modules["__main__"] = main
+with open(script, "rb") as src:
+    code = compile(src.read(), script, "exec")
+exec(code, main.__dict__)

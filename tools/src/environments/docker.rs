@@ -341,6 +341,7 @@ impl Environment for DockerEnv {
             local_socket: dir.join("rpc.sock"),
             remote_socket: format!("{RPC_MOUNT}/{exec_id}/rpc.sock"),
             remote_dir: format!("/tmp/vibeos-exec-{exec_id}"),
+            forward: None,
             guard: Box::new(guard),
         })
     }

@@ -75,6 +75,7 @@ impl Environment for LocalEnv {
             local_socket: dir.path().join("rpc.sock"),
             remote_socket: dir.path().join("rpc.sock").display().to_string(),
             remote_dir,
+            forward: None,
             guard: Box::new(dir),
         })
     }

@@ -124,6 +124,12 @@ pub trait Environment: Send + Sync {
     /// A client process that runs `argv` there with stdin, stdout and stderr piped.
     fn command(&self, argv: &[String]) -> Command;
 
+    /// [`Environment::command`] for an execution's script: the client also carries what the
+    /// channel needs (ssh adds the socket forward to the same request, saving a round trip).
+    fn script_command(&self, argv: &[String], _channel: &Channel) -> Command {
+        self.command(argv)
+    }
+
     /// Kills the process group `pgid` there with `signal` (`TERM`, `KILL`).
     fn kill_group(&self, pgid_file: &str, signal: &str) -> Result<(), EnvError> {
         let script = format!(
@@ -156,8 +162,10 @@ pub struct Channel {
     pub local_socket: std::path::PathBuf,
     /// The same socket's path as the script sees it.
     pub remote_socket: String,
-    /// The private work dir of the execution on that side (created 0700 before the script).
+    /// The private work dir of the execution on that side (the bootstrap creates it 0700).
     pub remote_dir: String,
+    /// An ssh forward spec (`remote.sock:local.sock`) the script's client must request.
+    pub forward: Option<String>,
     /// Undoes the set-up when dropped.
     pub guard: Box<dyn Send>,
 }

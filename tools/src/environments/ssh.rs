@@ -66,6 +66,8 @@ impl Target {
 /// One remote host, reached through its master connection.
 pub struct SshEnv {
     target: Target,
+    /// A private 0700 dir on the host for this environment's forwarded sockets.
+    remote_env_dir: String,
     _control_dir: tempfile::TempDir,
     workdir: String,
     python: String,
@@ -146,27 +148,35 @@ impl SshEnv {
                 .arg(format!("{remote} backend-agent{session_flag}"));
             Ok(cmd)
         });
+        let remote_env_dir = format!("/tmp/vibeos-exec-env-{:016x}", rand_u64());
         let mut env = SshEnv {
             target,
+            remote_env_dir: remote_env_dir.clone(),
             _control_dir: control_dir,
             workdir: String::new(),
             python: settings.python.clone(),
             agent,
         };
+        // One round trip: the private socket dir, and the home dir as default working dir.
+        let out = run(
+            &env,
+            &[
+                "sh".into(),
+                "-c".into(),
+                format!(
+                    "mkdir -m 0700 {} && cd && pwd",
+                    shell_quote(&remote_env_dir)
+                ),
+            ],
+            b"",
+            OP_TIMEOUT,
+        )?;
+        if !out.success() {
+            return Err(ssh_error("preparing the remote socket dir", &out));
+        }
         env.workdir = match &settings.cwd {
             Some(c) => c.clone(),
-            None => {
-                let out = run(
-                    &env,
-                    &["sh".into(), "-c".into(), "cd && pwd".into()],
-                    b"",
-                    OP_TIMEOUT,
-                )?;
-                if !out.success() {
-                    return Err(ssh_error("finding the remote home dir", &out));
-                }
-                String::from_utf8_lossy(&out.stdout).trim().to_string()
-            }
+            None => String::from_utf8_lossy(&out.stdout).trim().to_string(),
         };
         tracing::info!(host = %host, "backends: ssh master connected");
         Ok(env)
@@ -209,11 +219,11 @@ fn upload_agent(target: &Target, bin: &std::path::Path) -> Result<String, EnvErr
     Ok(name)
 }
 
-/// Cancels an execution's forward and removes its remote dir when the execution ends.
+/// Cancels an execution's forward and removes its remote socket when the execution ends.
 struct Forward {
     target: Target,
     spec: String,
-    remote_dir: String,
+    remote_socket: String,
     _local: tempfile::TempDir,
 }
 
@@ -227,9 +237,22 @@ impl Drop for Forward {
         let mut rm = self.target.ssh();
         rm.arg(&self.target.host)
             .arg("--")
-            .arg(format!("rm -rf {}", shell_quote(&self.remote_dir)));
-        let _ = run_client("ssh", &mut rm, b"", OP_TIMEOUT, "remove work dir");
+            .arg(format!("rm -f {}", shell_quote(&self.remote_socket)));
+        let _ = run_client("ssh", &mut rm, b"", OP_TIMEOUT, "remove socket");
     }
+}
+
+fn rand_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
 }
 
 impl Environment for SshEnv {
@@ -256,22 +279,18 @@ impl Environment for SshEnv {
         cmd
     }
 
-    fn open_channel(&self, exec_id: &str) -> Result<Channel, EnvError> {
-        let remote_dir = format!("/tmp/vibeos-exec-{exec_id}");
-        let out = run(
-            self,
-            &[
-                "mkdir".into(),
-                "-m".into(),
-                "0700".into(),
-                remote_dir.clone(),
-            ],
-            b"",
-            OP_TIMEOUT,
-        )?;
-        if !out.success() {
-            return Err(ssh_error("creating the remote work dir", &out));
+    fn script_command(&self, argv: &[String], channel: &Channel) -> Command {
+        let mut cmd = self.target.ssh();
+        if let Some(spec) = &channel.forward {
+            // Requested through the master with the session itself: no extra round trip.
+            cmd.arg("-R").arg(spec);
         }
+        let line: Vec<String> = argv.iter().map(|a| shell_quote(a)).collect();
+        cmd.arg(&self.target.host).arg("--").arg(line.join(" "));
+        cmd
+    }
+
+    fn open_channel(&self, exec_id: &str) -> Result<Channel, EnvError> {
         let local = tempfile::Builder::new()
             .prefix("vibeos-exec-")
             .tempdir()
@@ -282,26 +301,19 @@ impl Environment for SshEnv {
             })?;
         let _ = std::fs::set_permissions(local.path(), std::fs::Permissions::from_mode(0o700));
         let local_socket = local.path().join("rpc.sock");
-        let remote_socket = format!("{remote_dir}/rpc.sock");
+        let remote_socket = format!("{}/{exec_id}.sock", self.remote_env_dir);
         let spec = format!("{remote_socket}:{}", local_socket.display());
-        let guard = Forward {
-            target: self.target.clone(),
-            spec: spec.clone(),
-            remote_dir: remote_dir.clone(),
-            _local: local,
-        };
-        let mut fwd = self.target.ssh();
-        fwd.args(["-O", "forward", "-R", &spec])
-            .arg(&self.target.host);
-        let out = run_client("ssh", &mut fwd, b"", OP_TIMEOUT, "forward")?;
-        if !out.success() {
-            return Err(ssh_error("forwarding the RPC socket", &out));
-        }
         Ok(Channel {
             local_socket,
-            remote_socket,
-            remote_dir,
-            guard: Box::new(guard),
+            remote_socket: remote_socket.clone(),
+            remote_dir: format!("/tmp/vibeos-exec-{exec_id}"),
+            forward: Some(spec.clone()),
+            guard: Box::new(Forward {
+                target: self.target.clone(),
+                spec,
+                remote_socket,
+                _local: local,
+            }),
         })
     }
 
@@ -311,6 +323,11 @@ impl Environment for SshEnv {
 
     fn stop(&self) {
         self.agent.stop();
+        let mut rm = self.target.ssh();
+        rm.arg(&self.target.host)
+            .arg("--")
+            .arg(format!("rm -rf {}", shell_quote(&self.remote_env_dir)));
+        let _ = run_client("ssh", &mut rm, b"", OP_TIMEOUT, "remove socket dir");
         let mut exit = self.target.ssh();
         exit.args(["-O", "exit"]).arg(&self.target.host);
         let _ = run_client("ssh", &mut exit, b"", OP_TIMEOUT, "ssh -O exit");
