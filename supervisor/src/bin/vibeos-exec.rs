@@ -69,6 +69,9 @@ enum Command {
         /// Run every command without shell-session state.
         #[arg(long)]
         no_shell_session: bool,
+        /// Serve on this Unix socket (token first on stdin; stdin is then the lifeline).
+        #[arg(long, value_name = "PATH")]
+        listen: Option<PathBuf>,
     },
 }
 
@@ -278,16 +281,22 @@ fn real_main(cli: Cli) -> Result<u8, UsageError> {
     };
     let backend = backends::settings(&config, backend_flag.as_deref()).map_err(UsageError)?;
     match cli.command {
-        Command::BackendAgent { no_shell_session } => {
+        Command::BackendAgent {
+            no_shell_session,
+            listen,
+        } => {
             vibeos_tools::environments::session::set_enabled(!no_shell_session);
             let stdin = std::io::stdin();
-            vibeos_tools::environments::agent::serve(
+            let served = vibeos_tools::environments::agent::serve(
                 vibeos_tools::registry(),
                 stdin.lock(),
                 std::io::stdout(),
+                listen.as_deref(),
             );
             vibeos_tools::environments::session::clear_all();
-            Ok(0)
+            served
+                .map(|()| 0)
+                .map_err(|e| UsageError(format!("backend-agent: {e}")))
         }
         Command::Backends {
             command: BackendsCommand::Gc { all, json },

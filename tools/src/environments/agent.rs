@@ -39,15 +39,36 @@ type Pending = Arc<Mutex<HashMap<u64, mpsc::Sender<Value>>>>;
 
 struct Conn {
     child: Child,
-    stdin: ChildStdin,
+    /// Kept open in socket mode: the agent exits when it closes (its lifeline).
+    _lifeline: Option<ChildStdin>,
+    writer: Box<dyn Write + Send>,
     pending: Pending,
     next_id: u64,
+}
+
+/// How the host reaches an agent's socket: the host-side path, and what must happen first
+/// (an ssh `-L` forward) once the agent listens.
+pub struct AgentSocket {
+    /// The socket as seen from the host (a bind mount or a forward's local end).
+    pub local: std::path::PathBuf,
+    /// Run after the agent is ready and before connecting.
+    pub prepare: Option<Box<dyn Fn() -> Result<(), EnvError> + Send + Sync>>,
+}
+
+/// How to start an agent.
+pub struct AgentLaunch {
+    /// The client command that runs `vibeos-exec backend-agent [--listen PATH]` there.
+    pub command: Command,
+    /// With a socket, calls go over it (one kernel socket hop for a bind mount, one ssh
+    /// traversal for a forward) instead of the exec client's stdio, which docker relays through
+    /// its daemon and shim and ssh through the mux client.
+    pub socket: Option<AgentSocket>,
 }
 
 /// The host's end of a tool agent: started on first call, restarted if it died.
 pub struct AgentClient {
     backend: &'static str,
-    launch: Box<dyn Fn() -> Result<Command, EnvError> + Send + Sync>,
+    launch: Box<dyn Fn() -> Result<AgentLaunch, EnvError> + Send + Sync>,
     conn: Mutex<Option<Conn>>,
 }
 
@@ -55,7 +76,7 @@ impl AgentClient {
     /// A client that starts the agent with the command `launch` builds.
     pub fn new(
         backend: &'static str,
-        launch: impl Fn() -> Result<Command, EnvError> + Send + Sync + 'static,
+        launch: impl Fn() -> Result<AgentLaunch, EnvError> + Send + Sync + 'static,
     ) -> Self {
         AgentClient {
             backend,
@@ -65,7 +86,10 @@ impl AgentClient {
     }
 
     fn start(&self) -> Result<Conn, EnvError> {
-        let mut cmd = (self.launch)()?;
+        let AgentLaunch {
+            command: mut cmd,
+            socket,
+        } = (self.launch)()?;
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -74,20 +98,78 @@ impl AgentClient {
             program: cmd.get_program().to_string_lossy().into_owned(),
             source,
         })?;
-        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        let (Some(mut stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             let _ = child.kill();
             let _ = child.wait();
             return Err(self.err("its pipes could not be set up"));
+        };
+        let fail = |child: &mut Child, e: EnvError| {
+            let _ = child.kill();
+            let _ = child.wait();
+            e
+        };
+        type Ends = (
+            Box<dyn std::io::Read + Send>,
+            Box<dyn Write + Send>,
+            Option<ChildStdin>,
+        );
+        let (reader, writer, lifeline): Ends = match socket {
+            None => (Box::new(stdout), Box::new(stdin), None),
+            Some(sock) => {
+                let token = new_token();
+                let mut line = token.clone();
+                line.push('\n');
+                if let Err(e) = stdin.write_all(line.as_bytes()).and_then(|_| stdin.flush()) {
+                    return Err(fail(
+                        &mut child,
+                        self.err(&format!("cannot send its token: {e}")),
+                    ));
+                }
+                // It prints one line when it listens (or exits with the reason on stderr).
+                let mut ready = String::new();
+                let mut out = BufReader::new(stdout);
+                if out.read_line(&mut ready).unwrap_or(0) == 0 || ready.trim() != "ready" {
+                    return Err(fail(
+                            &mut child,
+                            self.err("it exited before listening (is the vibeos-exec binary runnable there? see its stderr)"),
+                        ));
+                }
+                if let Some(prepare) = &sock.prepare {
+                    prepare().map_err(|e| fail(&mut child, e))?;
+                }
+                let stream = std::os::unix::net::UnixStream::connect(&sock.local).map_err(|e| {
+                    fail(
+                        &mut child,
+                        self.err(&format!("cannot connect to {}: {e}", sock.local.display())),
+                    )
+                })?;
+                let mut w = stream
+                    .try_clone()
+                    .map_err(|e| fail(&mut child, self.err(&e.to_string())))?;
+                if let Err(e) = w.write_all(line.as_bytes()) {
+                    return Err(fail(
+                        &mut child,
+                        self.err(&format!("cannot authenticate: {e}")),
+                    ));
+                }
+                // The stdout pipe stays with the reader below until EOF (agent gone).
+                std::thread::spawn(move || {
+                    let mut sink = Vec::new();
+                    let _ = std::io::Read::read_to_end(&mut out, &mut sink);
+                });
+                (Box::new(stream), Box::new(w), Some(stdin))
+            }
         };
         let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
         let reader_pending = Arc::clone(&pending);
         std::thread::Builder::new()
             .name("vibeos-agent-reader".into())
-            .spawn(move || read_replies(stdout, reader_pending))
+            .spawn(move || read_replies(reader, reader_pending))
             .map_err(|e| self.err(&format!("cannot start its reader thread: {e}")))?;
         Ok(Conn {
             child,
-            stdin,
+            _lifeline: lifeline,
+            writer,
             pending,
             next_id: 1,
         })
@@ -143,9 +225,9 @@ impl AgentClient {
             let mut line = request.to_string();
             line.push('\n');
             if let Err(e) = conn
-                .stdin
+                .writer
                 .write_all(line.as_bytes())
-                .and_then(|_| conn.stdin.flush())
+                .and_then(|_| conn.writer.flush())
             {
                 let _ = conn.child.kill();
                 return Err(backend_err(self.err(&format!("the connection broke: {e}"))));
@@ -188,8 +270,8 @@ impl Drop for AgentClient {
     }
 }
 
-fn read_replies(stdout: std::process::ChildStdout, pending: Pending) {
-    let reader = BufReader::new(stdout);
+fn read_replies(stream: Box<dyn std::io::Read + Send>, pending: Pending) {
+    let reader = BufReader::new(stream);
     for line in reader.lines() {
         let Ok(line) = line else { break };
         let Ok(v) = serde_json::from_str::<Value>(&line) else {
@@ -233,12 +315,87 @@ fn decode_reply(v: Value) -> Result<Value, ToolError> {
 
 /// The agent's side: answers requests from `input` on `output` until `input` ends. Commands
 /// were approved on the host before they were forwarded, so approval here always agrees.
+///
+/// With `listen`, the first line of `input` is a token; the agent listens on that path (a
+/// private directory), says `ready` on `output`, and serves every connection that starts with
+/// the token. `input` then only keeps it alive: the agent exits when it closes.
 pub fn serve(
+    registry: &'static ToolRegistry,
+    mut input: impl BufRead,
+    mut output: impl Write + Send + 'static,
+    listen: Option<&std::path::Path>,
+) -> Result<(), String> {
+    crate::approval::set_smart_approval(Some(Arc::new(|_| true)));
+    let Some(path) = listen else {
+        serve_stream(registry, input, output);
+        return Ok(());
+    };
+    let mut token = String::new();
+    input
+        .read_line(&mut token)
+        .map_err(|e| format!("cannot read the token: {e}"))?;
+    let token = token.trim().to_string();
+    if token.len() < 32 {
+        return Err("no token on stdin".into());
+    }
+    let _ = std::fs::remove_file(path);
+    let listener = std::os::unix::net::UnixListener::bind(path)
+        .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| format!("cannot protect {}: {e}", path.display()))?;
+    output
+        .write_all(b"ready\n")
+        .and_then(|_| output.flush())
+        .map_err(|e| format!("cannot report readiness: {e}"))?;
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { continue };
+            let token = token.clone();
+            std::thread::spawn(move || {
+                let Ok(writer) = conn.try_clone() else { return };
+                let mut reader = BufReader::new(conn);
+                let mut first = String::new();
+                if reader.read_line(&mut first).is_err() || !token_matches(first.trim(), &token) {
+                    return;
+                }
+                serve_stream(registry, reader, writer);
+            });
+        }
+    });
+    // Lifeline: the host closing our stdin (or dying) ends the agent.
+    let mut sink = String::new();
+    while input.read_line(&mut sink).unwrap_or(0) > 0 {
+        sink.clear();
+    }
+    let _ = std::fs::remove_file(path);
+    Ok(())
+}
+
+fn token_matches(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+fn new_token() -> String {
+    use std::io::Read;
+    let mut bytes = [0u8; 32];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        let _ = f.read_exact(&mut bytes);
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Answers the requests of one stream; bounded file tools inline, the rest on a thread each
+/// so a long command does not hold up other calls.
+fn serve_stream(
     registry: &'static ToolRegistry,
     input: impl BufRead,
     output: impl Write + Send + 'static,
 ) {
-    crate::approval::set_smart_approval(Some(Arc::new(|_| true)));
     let output = Arc::new(Mutex::new(output));
     for line in input.lines() {
         let Ok(line) = line else { break };
@@ -246,28 +403,38 @@ pub fn serve(
             continue;
         }
         let output = Arc::clone(&output);
+        let request: Value = match serde_json::from_str(&line) {
+            Ok(v) => v,
+            Err(e) => json!({"id": null, "bad": e.to_string()}),
+        };
+        let inline = matches!(
+            request.get("tool").and_then(Value::as_str),
+            Some("read_file" | "write_file" | "patch")
+        );
+        let reply = move || {
+            let reply = answer(registry, request);
+            let mut text = reply.to_string();
+            text.push('\n');
+            let mut out = output.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = out.write_all(text.as_bytes()).and_then(|_| out.flush());
+        };
+        if inline {
+            reply();
+            continue;
+        }
         let spawned = std::thread::Builder::new()
             .name("vibeos-agent-call".into())
-            .spawn(move || {
-                let reply = answer(registry, &line);
-                let mut text = reply.to_string();
-                text.push('\n');
-                let mut out = output.lock().unwrap_or_else(|p| p.into_inner());
-                let _ = out.write_all(text.as_bytes()).and_then(|_| out.flush());
-            });
+            .spawn(reply);
         if let Err(e) = spawned {
             tracing::error!("backend-agent: cannot start a thread for a call: {e}");
         }
     }
 }
 
-fn answer(registry: &'static ToolRegistry, line: &str) -> Value {
-    let req: Value = match serde_json::from_str(line) {
-        Ok(v) => v,
-        Err(e) => {
-            return json!({"id": null, "err": {"kind": "ProtocolError", "message": format!("not JSON: {e}")}})
-        }
-    };
+fn answer(registry: &'static ToolRegistry, req: Value) -> Value {
+    if let Some(bad) = req.get("bad").and_then(Value::as_str) {
+        return json!({"id": null, "err": {"kind": "ProtocolError", "message": format!("not JSON: {bad}")}});
+    }
     let id = req.get("id").cloned().unwrap_or(Value::Null);
     let fail =
         |kind: &str, message: String| json!({"id": id, "err": {"kind": kind, "message": message}});

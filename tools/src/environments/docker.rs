@@ -10,7 +10,7 @@
 //! vibeos-exec binary, read-only, which runs there as the tool agent. Its PID 1 is a tiny
 //! Python reaper so orphans of scripts never pile up as zombies.
 
-use super::agent::{agent_binary, AgentClient};
+use super::agent::{agent_binary, AgentClient, AgentLaunch, AgentSocket};
 use super::settings::BackendSettings;
 use super::{run_client, Channel, CommandOutput, EnvError, Environment};
 use std::os::unix::fs::PermissionsExt;
@@ -160,7 +160,7 @@ impl DockerEnv {
         });
         let rpc_dir = std::env::temp_dir().join(format!("{name}.rpc"));
         let env = DockerEnv {
-            agent: Self::agent_client(&binary, &name, settings.shell_session),
+            agent: Self::agent_client(&binary, &name, settings.shell_session, &rpc_dir),
             binary: binary.clone(),
             name: name.clone(),
             workdir: workdir.clone(),
@@ -273,15 +273,28 @@ impl DockerEnv {
         Ok(env)
     }
 
-    fn agent_client(binary: &str, name: &str, shell_session: bool) -> AgentClient {
+    fn agent_client(
+        binary: &str,
+        name: &str,
+        shell_session: bool,
+        rpc_dir: &std::path::Path,
+    ) -> AgentClient {
         let (binary, name) = (binary.to_string(), name.to_string());
+        let local = rpc_dir.join("agent.sock");
         AgentClient::new("docker", move || {
             let mut cmd = Command::new(&binary);
-            cmd.args(["exec", "-i", &name, AGENT_PATH, "backend-agent"]);
+            cmd.args(["exec", "-i", &name, AGENT_PATH, "backend-agent", "--listen"])
+                .arg(format!("{RPC_MOUNT}/agent.sock"));
             if !shell_session {
                 cmd.arg("--no-shell-session");
             }
-            Ok(cmd)
+            Ok(AgentLaunch {
+                command: cmd,
+                socket: Some(AgentSocket {
+                    local: local.clone(),
+                    prepare: None,
+                }),
+            })
         })
     }
 

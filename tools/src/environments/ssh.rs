@@ -9,7 +9,7 @@
 //! side, removed afterwards. Killing the local ssh client does not stop the remote command, so
 //! timeouts and interrupts kill the remote process group explicitly.
 
-use super::agent::{agent_binary, AgentClient};
+use super::agent::{agent_binary, AgentClient, AgentLaunch, AgentSocket};
 use super::settings::{BackendSettings, KnownHosts};
 use super::{run, run_client, shell_quote, Channel, EnvError, Environment};
 use std::os::unix::fs::PermissionsExt;
@@ -128,6 +128,9 @@ impl SshEnv {
             " --no-shell-session"
         };
         let uploaded = Arc::new(std::sync::Mutex::new(None::<String>));
+        let remote_env_dir = format!("/tmp/vibeos-exec-env-{:016x}", rand_u64());
+        let agent_remote = format!("{remote_env_dir}/agent.sock");
+        let agent_local = control_dir.path().join("agent.sock");
         let agent = AgentClient::new("ssh", move || {
             let bin = agent_bin.clone().map_err(|message| EnvError::Agent {
                 backend: "ssh",
@@ -143,12 +146,36 @@ impl SshEnv {
                 }
             };
             let mut cmd = agent_target.ssh();
-            cmd.arg(&agent_target.host)
-                .arg("--")
-                .arg(format!("{remote} backend-agent{session_flag}"));
-            Ok(cmd)
+            cmd.arg(&agent_target.host).arg("--").arg(format!(
+                "{remote} backend-agent --listen {}{session_flag}",
+                shell_quote(&agent_remote)
+            ));
+            let (target, local, remote_sock) = (
+                agent_target.clone(),
+                agent_local.clone(),
+                agent_remote.clone(),
+            );
+            let _ = std::fs::remove_file(&local);
+            Ok(AgentLaunch {
+                command: cmd,
+                socket: Some(AgentSocket {
+                    local: agent_local.clone(),
+                    prepare: Some(Box::new(move || {
+                        let _ = std::fs::remove_file(&local);
+                        let mut fwd = target.ssh();
+                        fwd.args(["-O", "forward", "-L"])
+                            .arg(format!("{}:{remote_sock}", local.display()))
+                            .arg(&target.host);
+                        let out = run_client("ssh", &mut fwd, b"", OP_TIMEOUT, "agent forward")?;
+                        if out.success() {
+                            Ok(())
+                        } else {
+                            Err(ssh_error("forwarding the agent socket", &out))
+                        }
+                    })),
+                }),
+            })
         });
-        let remote_env_dir = format!("/tmp/vibeos-exec-env-{:016x}", rand_u64());
         let mut env = SshEnv {
             target,
             remote_env_dir: remote_env_dir.clone(),
