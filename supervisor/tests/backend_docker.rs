@@ -244,9 +244,75 @@ print("tenv:", terminal("env")["output"].replace("\n", " "))
         "{r:?}"
     );
 
-    // Host exit stops every container.
+    // Dangerous-command approval: skipped in an isolated container, checked (and, with no one
+    // to ask, denied) once a host volume is mounted.
+    let dangerous = "from vibeos_tools import terminal\nr = terminal('mkdir -p /tmp/victim && rm -rf /tmp/victim && echo removed')\nprint(r.get('output'), r.get('error'))";
+    let r = run(&rt, request(dangerous, "task-a"));
+    assert!(
+        r.output.contains("removed"),
+        "isolated: no approval needed: {r:?}"
+    );
     environments::shutdown();
-    assert!(daemon.labelled().is_empty(), "{:?}", daemon.labelled());
+    assert!(
+        daemon.labelled().is_empty(),
+        "host exit stops every container: {:?}",
+        daemon.labelled()
+    );
+    let shared = tempfile::tempdir().unwrap();
+    let mut mounted = settings(&docker);
+    mounted.docker_volumes = vec![environments::settings::Volume {
+        host: shared.path().to_path_buf(),
+        container: "/mnt/host".into(),
+        read_only: false,
+    }];
+    environments::activate(mounted);
+    let r = run(&rt, request(dangerous, "task-v"));
+    assert!(
+        !r.output.contains("removed") && r.output.contains("CommandDenied"),
+        "host mount: checked: {r:?}"
+    );
+    // The volume is the one way a tool's file reaches the host.
+    let r = run(&rt, request("from vibeos_tools import write_file\nprint(write_file('/mnt/host/out.txt', 'via volume'))", "task-v"));
+    assert_eq!(r.status, Status::Success, "{r:?}");
+    assert_eq!(
+        std::fs::read_to_string(shared.path().join("out.txt")).unwrap(),
+        "via volume"
+    );
+    environments::shutdown();
+
+    // The CLI: --backend docker, then nothing left behind when it exits.
+    let home = tempfile::tempdir().unwrap();
+    std::fs::write(
+        home.path().join("config.yaml"),
+        format!("terminal:\n  docker_image: {IMAGE}\n  docker_binary: {docker}\n"),
+    )
+    .unwrap();
+    let script = home.path().join("s.py");
+    std::fs::write(
+        &script,
+        "from vibeos_tools import terminal\nprint(terminal('cat /etc/debian_version')['output'])",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vibeos-exec"))
+        .args(["run", "--json", "--backend", "docker"])
+        .arg(&script)
+        .env("VIBEOS_HOME", home.path())
+        .env("VIBEOS_AGENT_BINARY", env!("CARGO_BIN_EXE_vibeos-exec"))
+        .output()
+        .unwrap();
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{out:?}"));
+    assert_eq!(v["status"], "success", "{v}");
+    assert_eq!(v["backend"], "docker", "{v}");
+    assert!(
+        v["output"].as_str().unwrap_or("").starts_with("12."),
+        "bookworm inside: {v}"
+    );
+    assert!(
+        daemon.labelled().is_empty(),
+        "the CLI stops its container at exit: {:?}",
+        daemon.labelled()
+    );
 
     // Idle stop after lifetime_seconds.
     let mut idle = settings(&docker);
