@@ -4,6 +4,8 @@
 //! `"backend"` only in a remote backend. The docker and ssh paths themselves are covered in
 //! supervisor/tests/backend_*.rs against real daemons.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use vibeos_e2e::Sandbox;
 
 fn exit_2_naming(sb: &Sandbox, args: &[&str], needle: &str) {
