@@ -15,6 +15,7 @@ pub mod execute;
 pub mod execute_code_tool;
 pub mod extensions;
 pub mod interpreter;
+pub(crate) mod launch;
 pub mod logging;
 pub mod mcp;
 pub mod pool;
