@@ -438,11 +438,6 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
         }
     };
 
-    enum Ending {
-        Exited,
-        Timeout,
-        Interrupted,
-    }
     let mut status = None;
     let ending = tokio::select! {
         s = &mut waiter => { status = s.ok().flatten(); Ending::Exited }
@@ -482,40 +477,8 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
         use std::os::unix::process::ExitStatusExt;
         s.code().unwrap_or_else(|| -s.signal().unwrap_or(0))
     });
-    let (status, error) = match ending {
-        Ending::Timeout => (Status::Timeout, Some(timeout_notice(request.timeout))),
-        Ending::Interrupted => (
-            Status::Interrupted,
-            Some("execution interrupted — user sent a new message".to_string()),
-        ),
-        Ending::Exited => match exit_code {
-            Some(0) => (Status::Success, None),
-            Some(code) => (Status::Error, Some(exit_error(code, &stderr_cap))),
-            None => (
-                Status::Error,
-                Some("the script's exit status was lost".into()),
-            ),
-        },
-    };
-    let mut output = stdout_cap.render("output");
-    if status != Status::Success && stderr_cap.total() > 0 {
-        if !output.is_empty() && !output.ends_with('\n') {
-            output.push('\n');
-        }
-        output.push_str("--- stderr ---\n");
-        output.push_str(&stderr_cap.render("stderr"));
-    }
-    let notice = match status {
-        Status::Timeout => Some(timeout_notice(request.timeout)),
-        Status::Interrupted => Some(INTERRUPT_NOTICE.to_string()),
-        _ => None,
-    };
-    if let Some(notice) = notice {
-        if !output.is_empty() && !output.ends_with('\n') {
-            output.push('\n');
-        }
-        output.push_str(&notice);
-    }
+    let (status, error, output) =
+        compose_output(ending, exit_code, &stdout_cap, &stderr_cap, request.timeout);
     drop(staging);
     drop(on_done);
     ExecutionResult {
@@ -534,6 +497,64 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
         interpreter: Some(s.interpreter.path.display().to_string()),
         backend: None,
     }
+}
+
+/// How an execution ended, as the supervision saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// The script (or its remote client) exited.
+    Exited,
+    /// The timeout fired.
+    Timeout,
+    /// [`Interrupt::interrupt`] was called.
+    Interrupted,
+}
+
+/// Status, error line and output of an ended execution: the captured stdout, stderr when it
+/// failed, and the closing notice. Shared by local and remote supervision, so every launch
+/// returns the same result object.
+pub(crate) fn compose_output(
+    ending: Ending,
+    exit_code: Option<i32>,
+    stdout_cap: &HeadTail,
+    stderr_cap: &HeadTail,
+    timeout: Duration,
+) -> (Status, Option<String>, String) {
+    let (status, error) = match ending {
+        Ending::Timeout => (Status::Timeout, Some(timeout_notice(timeout))),
+        Ending::Interrupted => (
+            Status::Interrupted,
+            Some("execution interrupted — user sent a new message".to_string()),
+        ),
+        Ending::Exited => match exit_code {
+            Some(0) => (Status::Success, None),
+            Some(code) => (Status::Error, Some(exit_error(code, stderr_cap))),
+            None => (
+                Status::Error,
+                Some("the script's exit status was lost".into()),
+            ),
+        },
+    };
+    let mut output = stdout_cap.render("output");
+    if status != Status::Success && stderr_cap.total() > 0 {
+        if !output.is_empty() && !output.ends_with('\n') {
+            output.push('\n');
+        }
+        output.push_str("--- stderr ---\n");
+        output.push_str(&stderr_cap.render("stderr"));
+    }
+    let notice = match status {
+        Status::Timeout => Some(timeout_notice(timeout)),
+        Status::Interrupted => Some(INTERRUPT_NOTICE.to_string()),
+        _ => None,
+    };
+    if let Some(notice) = notice {
+        if !output.is_empty() && !output.ends_with('\n') {
+            output.push('\n');
+        }
+        output.push_str(&notice);
+    }
+    (status, error, output)
 }
 
 /// Sends `sig` to the reaper: through its pidfd when there is one (never a recycled pid), else

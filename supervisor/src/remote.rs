@@ -14,8 +14,8 @@
 
 use crate::capture::{drain, HeadTail};
 use crate::env_policy::EnvPolicy;
-use crate::execute::{timeout_notice, ExecutionRequest, Interrupt, StartError, INTERRUPT_NOTICE};
-use crate::result::{ExecutionResult, Status};
+use crate::execute::{compose_output, Ending, ExecutionRequest, Interrupt, StartError};
+use crate::result::ExecutionResult;
 use crate::rpc_server::{serve_with, ChannelState};
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
@@ -226,21 +226,16 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
         }
     });
 
-    enum Ending {
-        Exited(Option<i32>),
-        Timeout,
-        Interrupted,
-    }
+    let mut exit_code = None;
     let ending = tokio::select! {
-        s = child.wait() => Ending::Exited(s.ok().and_then(|s| s.code())),
+        s = child.wait() => {
+            exit_code = s.ok().and_then(|s| s.code());
+            Ending::Exited
+        }
         _ = tokio::time::sleep(request.timeout) => Ending::Timeout,
         _ = r.interrupt.cancelled() => Ending::Interrupted,
     };
-    let mut exit_code = match ending {
-        Ending::Exited(code) => code,
-        _ => None,
-    };
-    if !matches!(ending, Ending::Exited(_)) {
+    if ending != Ending::Exited {
         let pgid_file = format!("{}/pgid", channel.remote_dir);
         let env = Arc::clone(&r.env);
         let file = pgid_file.clone();
@@ -272,43 +267,8 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
     drop(tokio::task::spawn_blocking(move || drop(guard)));
     let tool_calls_made = state.calls_made.load(Ordering::SeqCst);
 
-    let (status, error) = match ending {
-        Ending::Timeout => (Status::Timeout, Some(timeout_notice(request.timeout))),
-        Ending::Interrupted => (
-            Status::Interrupted,
-            Some("execution interrupted — user sent a new message".to_string()),
-        ),
-        Ending::Exited(code) => match code {
-            Some(0) => (Status::Success, None),
-            Some(code) => (
-                Status::Error,
-                Some(crate::execute::exit_error(code, &stderr_cap)),
-            ),
-            None => (
-                Status::Error,
-                Some(format!("the {backend} client was killed by a signal")),
-            ),
-        },
-    };
-    let mut output = stdout_cap.render("output");
-    if status != Status::Success && stderr_cap.total() > 0 {
-        if !output.is_empty() && !output.ends_with('\n') {
-            output.push('\n');
-        }
-        output.push_str("--- stderr ---\n");
-        output.push_str(&stderr_cap.render("stderr"));
-    }
-    let notice = match status {
-        Status::Timeout => Some(timeout_notice(request.timeout)),
-        Status::Interrupted => Some(INTERRUPT_NOTICE.to_string()),
-        _ => None,
-    };
-    if let Some(notice) = notice {
-        if !output.is_empty() && !output.ends_with('\n') {
-            output.push('\n');
-        }
-        output.push_str(&notice);
-    }
+    let (status, error, output) =
+        compose_output(ending, exit_code, &stdout_cap, &stderr_cap, request.timeout);
     Ok(ExecutionResult {
         status,
         output,
