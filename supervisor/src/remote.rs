@@ -261,6 +261,12 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
     server.abort();
     let _ = server.await;
     state.close_all();
+    // Terminal commands the script started run under the agent, not in the script's group.
+    if state.calls_made.load(Ordering::SeqCst) > 0 {
+        if let Some(agent) = r.env.agent() {
+            agent.kill_scope(&state.context);
+        }
+    }
     // Removes the socket dir (docker) or cancels the forward (ssh). Nothing of the execution
     // depends on it any more, so the result does not wait for it.
     let guard = channel.guard;

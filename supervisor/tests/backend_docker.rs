@@ -198,6 +198,30 @@ print("tenv:", terminal("env")["output"].replace("\n", " "))
         ps.output
     );
 
+    // A terminal command the script is waiting on runs under the agent, not in the script's
+    // group: it is killed when the execution ends too.
+    let mut req = request(
+        "from vibeos_tools import terminal\nprint(terminal('sleep 4747', timeout=600))",
+        "task-a",
+    );
+    req.timeout = Duration::from_secs(2);
+    req.kill_grace = Duration::from_secs(1);
+    let r = run(&rt, req);
+    assert_eq!(r.status, Status::Timeout, "{r:?}");
+    std::thread::sleep(Duration::from_millis(300));
+    let ps = run(
+        &rt,
+        request(
+            "from vibeos_tools import terminal\nprint(terminal('ps -eo pid,cmd')['output'])",
+            "task-a",
+        ),
+    );
+    assert!(
+        !ps.output.contains("sleep 4747"),
+        "left behind: {}",
+        ps.output
+    );
+
     // Interrupt does the same.
     let interrupt = Interrupt::new();
     let stopper = interrupt.clone();

@@ -221,6 +221,7 @@ impl AgentClient {
                 "cwd": ctx.cwd.to_string_lossy(),
                 "env": ctx.env.as_ref().map(|e| e.as_ref().clone()),
                 "origin": match ctx.origin { CallOrigin::Agent => "agent", CallOrigin::Script => "script" },
+                "scope": super::local::scope_of(ctx),
             });
             let mut line = request.to_string();
             line.push('\n');
@@ -252,6 +253,24 @@ impl AgentClient {
                 ),
             )),
         }
+    }
+
+    /// Kills (process group, SIGKILL) every command still running there for the execution
+    /// whose tool context is `ctx`: they run under the agent, out of reach of the script's
+    /// process group, and must not outlive the execution.
+    pub fn kill_scope(&self, ctx: &ToolContext) {
+        let Some(scope) = super::local::scope_of(ctx) else {
+            return;
+        };
+        let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(conn) = guard.as_mut() else { return };
+        let id = conn.next_id;
+        conn.next_id += 1;
+        let line = format!("{}\n", json!({"id": id, "kill_scope": scope}));
+        let _ = conn
+            .writer
+            .write_all(line.as_bytes())
+            .and_then(|_| conn.writer.flush());
     }
 
     /// Stops the agent process (the environment is going away).
@@ -431,7 +450,24 @@ fn serve_stream(
     }
 }
 
+/// Environments of the executions the agent serves, by the host's scope id: every call of one
+/// execution shares one `Arc`, so [`super::local::kill_scope`] finds its commands.
+static SCOPES: std::sync::LazyLock<Mutex<HashMap<u64, Arc<Vec<(String, String)>>>>> =
+    std::sync::LazyLock::new(|| Mutex::new(HashMap::new()));
+
 fn answer(registry: &'static ToolRegistry, req: Value) -> Value {
+    if let Some(scope) = req.get("kill_scope").and_then(Value::as_u64) {
+        let env = SCOPES.lock().ok().and_then(|mut m| m.remove(&scope));
+        let killed = env.map_or(0, |env| {
+            super::local::kill_scope(&ToolContext {
+                task_id: None,
+                cwd: std::path::PathBuf::from("/"),
+                env: Some(env),
+                origin: CallOrigin::Script,
+            })
+        });
+        return json!({"id": req.get("id"), "ok": {"killed": killed}});
+    }
     if let Some(bad) = req.get("bad").and_then(Value::as_str) {
         return json!({"id": null, "err": {"kind": "ProtocolError", "message": format!("not JSON: {bad}")}});
     }
@@ -470,7 +506,14 @@ fn answer(registry: &'static ToolRegistry, req: Value) -> Value {
                 env.push(("PATH".into(), path));
             }
         }
-        Arc::new(env)
+        let env = Arc::new(env);
+        match req.get("scope").and_then(Value::as_u64) {
+            Some(scope) => SCOPES
+                .lock()
+                .map(|mut m| Arc::clone(m.entry(scope).or_insert(env.clone())))
+                .unwrap_or(env),
+            None => env,
+        }
     });
     let ctx = ToolContext {
         task_id: req
