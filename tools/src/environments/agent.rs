@@ -452,8 +452,11 @@ fn serve_stream(
 
 /// Environments of the executions the agent serves, by the host's scope id: every call of one
 /// execution shares one `Arc`, so [`super::local::kill_scope`] finds its commands.
-static SCOPES: std::sync::LazyLock<Mutex<HashMap<u64, Arc<Vec<(String, String)>>>>> =
+static SCOPES: std::sync::LazyLock<Mutex<HashMap<u64, ScopeEnv>>> =
     std::sync::LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// The environment shared by the calls of one execution.
+type ScopeEnv = Arc<Vec<(String, String)>>;
 
 fn answer(registry: &'static ToolRegistry, req: Value) -> Value {
     if let Some(scope) = req.get("kill_scope").and_then(Value::as_u64) {
