@@ -407,6 +407,16 @@ print("tenv:", terminal("env")["output"].replace("\n", " "))
         err.contains("no-such-image:none") && err.contains("terminal.docker_image"),
         "{err}"
     );
+    let mut no_python = settings(&docker);
+    no_python.python = "python-does-not-exist".into();
+    environments::activate(no_python);
+    let r = run(&rt, request("print(1)", "task-z"));
+    assert_eq!(r.status, Status::Error);
+    let err = r.error.unwrap_or_default();
+    assert!(
+        err.contains("python-does-not-exist") && err.contains("terminal.python"),
+        "{err}"
+    );
     let dead = wrapper(
         daemon.dir.path(),
         "docker-dead",

@@ -267,7 +267,44 @@ impl DockerEnv {
                     message: format!("image `{image}` is not available to {binary} ({text}); build or pull it, or fix terminal.docker_image"),
                 });
             }
+            if lower.contains("executable file not found")
+                || lower.contains("no such file or directory") && lower.contains("exec")
+            {
+                return Err(EnvError::Command {
+                    backend: "docker",
+                    what: "creating the container".into(),
+                    message: format!(
+                        "image `{image}` has no `{}` ({text}); set terminal.python to its Python 3 interpreter",
+                        settings.python
+                    ),
+                });
+            }
             return Err(engine_error(&binary, "creating the container", &out));
+        }
+        // An image without the interpreter makes PID 1 exit at once: say so now, not as a
+        // puzzling "container is not running" on the first exec.
+        let state = engine(&binary, &["inspect", "-f", "{{.State.Running}}", &name])?;
+        if String::from_utf8_lossy(&state.stdout).trim() != "true" {
+            let logs = engine(&binary, &["logs", "--tail", "5", &name])
+                .map(|o| {
+                    format!(
+                        "{} {}",
+                        o.stderr_text(),
+                        String::from_utf8_lossy(&o.stdout).trim()
+                    )
+                })
+                .unwrap_or_default();
+            let _ = engine(&binary, &["rm", "-f", &name]);
+            let _ = std::fs::remove_dir_all(&rpc_dir);
+            return Err(EnvError::Command {
+                backend: "docker",
+                what: "starting the container".into(),
+                message: format!(
+                    "it exited at once ({}); does image `{image}` have `{}` (terminal.python)?",
+                    logs.trim(),
+                    settings.python
+                ),
+            });
         }
         tracing::info!(container = %name, task, "backends: docker container started");
         Ok(env)
