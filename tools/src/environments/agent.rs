@@ -400,12 +400,7 @@ fn token_matches(a: &str, b: &str) -> bool {
 }
 
 fn new_token() -> String {
-    use std::io::Read;
-    let mut bytes = [0u8; 32];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        let _ = f.read_exact(&mut bytes);
-    }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    super::random_hex(32)
 }
 
 /// Answers the requests of one stream; bounded file tools inline, the rest on a thread each

@@ -158,7 +158,13 @@ impl DockerEnv {
                 "/root".into()
             }
         });
-        let rpc_dir = std::env::temp_dir().join(format!("{name}.rpc"));
+        // A persistent container's mount source must survive host restarts, so its name is
+        // stable; every other one gets an unguessable name.
+        let rpc_dir = if persistent {
+            std::env::temp_dir().join(format!("{name}.rpc"))
+        } else {
+            std::env::temp_dir().join(format!("{name}.rpc-{}", super::random_hex(8)))
+        };
         let env = DockerEnv {
             agent: Self::agent_client(&binary, &name, settings.shell_session, &rpc_dir),
             binary: binary.clone(),
@@ -451,7 +457,7 @@ pub fn gc(binary: &str, all: bool) -> Result<GcReport, EnvError> {
             &[
                 "inspect",
                 "-f",
-                "{{.Name}}\t{{index .Config.Labels \"vibeos-exec.owner\"}}\t{{index .Config.Labels \"vibeos-exec.persistent\"}}",
+                "{{.Name}}\t{{index .Config.Labels \"vibeos-exec.owner\"}}\t{{index .Config.Labels \"vibeos-exec.persistent\"}}\t{{range .Mounts}}{{if eq .Destination \"/run/vibeos-rpc\"}}{{.Source}}{{end}}{{end}}",
                 id,
             ],
         )?;
@@ -467,6 +473,7 @@ pub fn gc(binary: &str, all: bool) -> Result<GcReport, EnvError> {
             .to_string();
         let owner = parts.next().unwrap_or("");
         let persistent = parts.next().unwrap_or("0") == "1";
+        let rpc_source = parts.next().unwrap_or("").to_string();
         let keep = if persistent { !all } else { owner_alive(owner) };
         if keep {
             report.kept.push(name);
@@ -476,7 +483,15 @@ pub fn gc(binary: &str, all: bool) -> Result<GcReport, EnvError> {
         if !rm.success() {
             return Err(engine_error(binary, &format!("removing {name}"), &rm));
         }
-        let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("{name}.rpc")));
+        // Only ever our own socket dir under the temp dir, whatever the label says.
+        let source = PathBuf::from(&rpc_source);
+        if source.parent() == Some(std::env::temp_dir().as_path())
+            && source
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("vibeos-exec-"))
+        {
+            let _ = std::fs::remove_dir_all(&source);
+        }
         report.removed.push(name);
     }
     Ok(report)

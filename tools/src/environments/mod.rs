@@ -261,3 +261,23 @@ pub fn shell_quote(s: &str) -> String {
 
 /// A shared handle to an environment.
 pub type EnvHandle = Arc<dyn Environment>;
+
+/// `n` random bytes from the kernel as hex (tokens, unguessable names); never fails: a missing
+/// /dev/urandom falls back to the clock and pid, which still makes names unique.
+pub(crate) fn random_hex(n: usize) -> String {
+    let mut bytes = vec![0u8; n];
+    let ok = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .is_ok();
+    if !ok {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+            ^ u128::from(std::process::id());
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = (seed >> ((i % 16) * 8)) as u8;
+        }
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

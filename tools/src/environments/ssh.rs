@@ -128,7 +128,7 @@ impl SshEnv {
             " --no-shell-session"
         };
         let uploaded = Arc::new(std::sync::Mutex::new(None::<String>));
-        let remote_env_dir = format!("/tmp/vibeos-exec-env-{:016x}", rand_u64());
+        let remote_env_dir = format!("/tmp/vibeos-exec-env-{}", super::random_hex(8));
         let agent_remote = format!("{remote_env_dir}/agent.sock");
         let agent_local = control_dir.path().join("agent.sock");
         let agent = AgentClient::new("ssh", move || {
@@ -267,19 +267,6 @@ impl Drop for Forward {
             .arg(format!("rm -f {}", shell_quote(&self.remote_socket)));
         let _ = run_client("ssh", &mut rm, b"", OP_TIMEOUT, "remove socket");
     }
-}
-
-fn rand_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
-    h.write_u32(std::process::id());
-    h.finish()
 }
 
 impl Environment for SshEnv {
