@@ -88,6 +88,10 @@ fn remote_env(
         Some(env) => env.clone(),
         None => std::env::vars_os().collect(),
     };
+    let base_tz = base
+        .iter()
+        .find(|(k, _)| k == "TZ")
+        .and_then(|(_, v)| v.clone().into_string().ok());
     let passthrough: BTreeSet<String> = request.env_passthrough.iter().cloned().collect();
     let scrubbed = policy.scrub_quiet(base, &passthrough);
     policy.log_dropped(&scrubbed);
@@ -99,6 +103,9 @@ fn remote_env(
         .filter(|(k, _)| !injected.contains(k.as_str()) && !HOST_ONLY.contains(&k.as_str()))
         .filter(|(k, _)| !k.starts_with("XDG_"))
         .collect();
+    if let Some(tz) = base_tz {
+        env.push(("TZ".into(), tz));
+    }
     env.push(("PYTHONDONTWRITEBYTECODE".into(), "1".into()));
     env.push(("PYTHONIOENCODING".into(), "utf-8".into()));
     env.push(("PYTHONUTF8".into(), "1".into()));
@@ -159,6 +166,17 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
     script_env.push(("VIBEOS_RPC_SOCKET".into(), channel.remote_socket.clone()));
     script_env.push(("VIBEOS_RPC_TOKEN".into(), token.clone()));
 
+    let header = boot_input(
+        &channel.remote_dir,
+        &cwd,
+        &[
+            ("vibeos_tools.py", r.stub.as_str()),
+            ("script.py", request.code.as_str()),
+        ],
+        &script_env,
+    )
+    .map_err(|e| StartError::Staging(std::io::Error::other(e)))?;
+
     let state = Arc::new(ChannelState::new(
         r.registry,
         token,
@@ -173,16 +191,6 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
     ));
     let server = serve_with(listener, Arc::clone(&state), false);
 
-    let header = boot_input(
-        &channel.remote_dir,
-        &cwd,
-        &[
-            ("vibeos_tools.py", r.stub.as_str()),
-            ("script.py", request.code.as_str()),
-        ],
-        &script_env,
-    )
-    .map_err(|e| StartError::Staging(std::io::Error::other(e)))?;
     let mut command = tokio::process::Command::from(r.env.script_command(
         &[
             python.clone(),
@@ -200,10 +208,17 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);
-    let mut child = command.spawn().map_err(|e| StartError::Spawn {
-        interpreter: python.clone().into(),
-        source: e,
-    })?;
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(source) => {
+            server.abort();
+            return Err(StartError::Spawn {
+                interpreter: python.clone().into(),
+                source,
+            }
+            .into());
+        }
+    };
     tracing::info!(backend, cwd = %cwd, "execute_code: script started");
     if let Some(mut stdin) = child.stdin.take() {
         // The header is small; a failure shows up as the bootstrap's error on stderr.
