@@ -364,10 +364,11 @@ pub(crate) fn launch(
         confinement = Some(prepared);
     }
 
-    let (lifeline, setup, read_end) = lifeline(spec.kill_grace).map_err(|e| StartError::Spawn {
-        interpreter: spec.interpreter.path.clone(),
-        source: e,
-    })?;
+    let (lifeline, setup, read_end) =
+        lifeline(spec.kill_grace, Some(staging.path())).map_err(|e| StartError::Spawn {
+            interpreter: spec.interpreter.path.clone(),
+            source: e,
+        })?;
     let child_cwd = spec.child_cwd(staging.path());
     let mut command = std::process::Command::new(&spec.interpreter.path);
     command.arg("-u");

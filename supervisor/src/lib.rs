@@ -29,6 +29,7 @@ pub mod remote;
 pub mod result;
 pub mod rpc_server;
 pub mod script_guard;
+pub mod staging_sweep;
 pub mod terminal_cwd;
 
 pub use config::{Config, ConfigError, Mode};

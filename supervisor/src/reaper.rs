@@ -23,6 +23,7 @@
 //! hierarchy. The subreaper works for any user on any Linux ≥ 3.4 and composes with both, which
 //! strict mode adds on top.
 
+use crate::staging_sweep::StagingPath;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
@@ -39,10 +40,16 @@ pub struct ReaperSetup {
     read_fd: RawFd,
     write_fd: RawFd,
     grace_ms: u64,
+    /// The staging dir the reaper removes if the supervisor dies without doing it.
+    staging: StagingPath,
 }
 
-/// Creates the lifeline pipe for one execution.
-pub fn lifeline(grace: Duration) -> io::Result<(Lifeline, ReaperSetup, OwnedFd)> {
+/// Creates the lifeline pipe for one execution; `staging` is the dir the reaper sweeps when it
+/// outlives the supervisor.
+pub fn lifeline(
+    grace: Duration,
+    staging: Option<&std::path::Path>,
+) -> io::Result<(Lifeline, ReaperSetup, OwnedFd)> {
     let mut fds = [0 as libc::c_int; 2];
     // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
     let rc = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
@@ -56,6 +63,7 @@ pub fn lifeline(grace: Duration) -> io::Result<(Lifeline, ReaperSetup, OwnedFd)>
         read_fd: read_end.as_raw_fd(),
         write_fd: write_end.as_raw_fd(),
         grace_ms: grace.as_millis().min(u64::MAX as u128) as u64,
+        staging: staging.map_or_else(StagingPath::none, StagingPath::new),
     };
     Ok((Lifeline { write_end }, setup, read_end))
 }
@@ -143,6 +151,8 @@ unsafe fn reaper_main(script: libc::pid_t, setup: ReaperSetup, mask: &libc::sigs
         // Keep only the lifeline. The supervisor's pipes (stdout, stderr, the exec-error pipe of
         // the spawn) must not be held open by the reaper, or the supervisor would wait on them.
         close_all_except(setup.read_fd);
+        // Our parent is the supervisor; once it is not, the supervisor died.
+        let supervisor = libc::getppid();
         let sfd = libc::signalfd(-1, mask, libc::SFD_CLOEXEC);
         let mut lifeline = setup.read_fd;
         let mut script_status: Option<libc::c_int> = None;
@@ -163,6 +173,10 @@ unsafe fn reaper_main(script: libc::pid_t, setup: ReaperSetup, mask: &libc::sigs
             }
             if let Some(st) = script_status {
                 kill_everything_below(libc::getpid());
+                if libc::getppid() != supervisor {
+                    // Nobody else will remove the staging dir now.
+                    setup.staging.sweep();
+                }
                 exit_like(st);
             }
             let now = now_ms();

@@ -555,3 +555,60 @@ fn interrupting_the_cli_stops_the_script_and_cleans_up() {
     assert_dies(pid);
     assert!(sb.staging_dirs().is_empty());
 }
+
+#[test]
+fn a_supervisor_killed_with_sigkill_leaves_no_staging_dir_process_or_mount() {
+    for mode in ["project", "strict"] {
+        if mode == "strict" {
+            if let Some(why) = vibeos_e2e::strict_unavailable() {
+                vibeos_testkit::skip!("strict mode is unavailable on this machine: {why}");
+            }
+        }
+        let sb = Sandbox::new();
+        let script = sb.work().join("sleeper.py");
+        std::fs::write(&script, "import time\ntime.sleep(300)\n").unwrap();
+        let mut child = sb
+            .command()
+            .args(["run", "--mode", mode])
+            .arg(&script)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // The interpreter runs the staged script (its command line names the staging dir).
+        let tmp = sb.tmp().display().to_string();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while vibeos_e2e::processes_mentioning(&tmp).is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            !vibeos_e2e::processes_mentioning(&tmp).is_empty(),
+            "{mode}: never started"
+        );
+        assert!(!sb.staging_dirs().is_empty(), "{mode}");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let mounted = || {
+            std::fs::read_to_string("/proc/self/mountinfo")
+                .unwrap()
+                .contains(&tmp)
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline
+            && (!sb.staging_dirs().is_empty()
+                || mounted()
+                || !vibeos_e2e::processes_mentioning(&tmp).is_empty())
+        {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(
+            sb.staging_dirs(),
+            Vec::<std::path::PathBuf>::new(),
+            "{mode}"
+        );
+        assert!(!mounted(), "{mode}: the staging tmpfs stayed mounted");
+        assert!(
+            vibeos_e2e::processes_mentioning(&tmp).is_empty(),
+            "{mode}: the script outlived its supervisor"
+        );
+    }
+}

@@ -6,8 +6,10 @@
 //! capture stay exactly as they are); the command is wrapped to restore the session's state
 //! first and to save `pwd` and `export -p` on exit. A long-lived shell per task would keep
 //! state for free but makes timeouts, output framing and kill semantics fragile. State is kept
-//! per task and per caller (agent or script): a script never inherits the variables the agent's
-//! unscrubbed environment exported, and vice versa. The same code runs in the tool agent, so
+//! per task, per caller (agent or script) and per base directory (the call's session working
+//! dir): a script never inherits the variables the agent's unscrubbed environment exported, and
+//! vice versa, and a host that moves a task to another directory starts a fresh session there
+//! rather than being pulled back into the old one. The same code runs in the tool agent, so
 //! every backend gets the same semantics. `terminal.shell_session: false` turns it off.
 
 use crate::{CallOrigin, ToolContext};
@@ -18,7 +20,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{LazyLock, Mutex};
 
 static ENABLED: AtomicBool = AtomicBool::new(true);
-static STATES: LazyLock<Mutex<BTreeMap<(String, bool), tempfile::TempDir>>> =
+/// Session key: task id, whether the caller is a script, and the base working dir.
+type SessionKey = (String, bool, PathBuf);
+
+static STATES: LazyLock<Mutex<BTreeMap<SessionKey, tempfile::TempDir>>> =
     LazyLock::new(|| Mutex::new(BTreeMap::new()));
 
 /// Turns shell sessions on or off for this process (`terminal.shell_session`).
@@ -47,6 +52,7 @@ fn state_dir(ctx: &ToolContext) -> Option<PathBuf> {
     let key = (
         ctx.task_id.clone().unwrap_or_default(),
         ctx.origin == CallOrigin::Script,
+        ctx.cwd.clone(),
     );
     let mut g = STATES.lock().ok()?;
     if let Some(d) = g.get(&key) {
