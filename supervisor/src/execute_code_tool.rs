@@ -28,6 +28,7 @@ pub fn execute_code_settings(config: &Config, cwd: Option<&Path>) -> ExecuteCode
         cwd: session_cwd(cwd).ok(),
         timeout: config.timeout,
         max_tool_calls: config.max_tool_calls,
+        strict_terminal: crate::confine::StrictOptions::from_config(config).terminal,
         stdout_limit: config.stdout_limit,
     }
 }

@@ -6,6 +6,7 @@
 //! [`ExecutionResult`]. The `vibeos-exec` binary is a thin CLI over it.
 
 pub mod audit;
+pub mod backends;
 pub mod capture;
 pub mod config;
 pub mod confine;
@@ -16,6 +17,7 @@ pub mod extensions;
 pub mod interpreter;
 pub mod interpreter_shim;
 pub mod interrupts;
+pub(crate) mod launch;
 pub mod logging;
 pub mod mcp;
 pub mod mcp_approval;
@@ -23,6 +25,7 @@ pub mod overrides;
 pub mod pool;
 pub mod reaper;
 pub mod redaction;
+pub mod remote;
 pub mod result;
 pub mod rpc_server;
 pub mod script_guard;

@@ -71,6 +71,9 @@ pub struct ExecutionResult {
     /// Interpreter that ran it, when one was chosen.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub interpreter: Option<String>,
+    /// The backend it ran in, when not local (`docker`, `ssh`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
 }
 
 impl ExecutionResult {
@@ -91,6 +94,7 @@ impl ExecutionResult {
             mode,
             redactions: 0,
             interpreter: None,
+            backend: None,
         }
     }
 

@@ -15,7 +15,7 @@
 //! and several calls can be in flight at once; replies carry the request id and are written
 //! whole under a lock, so they never interleave.
 
-use crate::reaper::is_descendant;
+use crate::reaper::descends_from;
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeSet, HashMap};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -53,9 +53,9 @@ pub struct ChannelState {
     pub root_pid: AtomicU32,
     /// Context handed to tool handlers.
     pub context: ToolContext,
-    /// Open connections by serial number, so [`ChannelState::close_all`] can end their
-    /// threads; a connection removes itself when it ends.
-    connections: Mutex<HashMap<u64, UnixStream>>,
+    /// Writers of the open connections by serial number, so [`ChannelState::close_all`] can
+    /// end their threads; a connection removes itself when it ends.
+    connections: Mutex<HashMap<u64, Writer>>,
     /// Serial number of the next connection.
     next_connection: AtomicU64,
 }
@@ -88,8 +88,11 @@ impl ChannelState {
     /// Shuts every open connection down (the execution is over); their threads then end.
     pub fn close_all(&self) {
         let mut conns = self.connections.lock().unwrap_or_else(|p| p.into_inner());
-        for (_, c) in conns.drain() {
-            let _ = c.shutdown(std::net::Shutdown::Both);
+        for (_, writer) in conns.drain() {
+            let guard = writer.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(w) = guard.as_ref() {
+                let _ = w.shutdown(std::net::Shutdown::Both);
+            }
         }
     }
 
@@ -101,19 +104,31 @@ impl ChannelState {
             .len()
     }
 
-    /// Registers an open connection (a clone of it, so [`ChannelState::close_all`] can shut it
-    /// down) unless the execution is at [`MAX_OPEN_CONNECTIONS`]. The returned guard
-    /// unregisters it, releasing the descriptor, when the connection's thread ends.
-    fn register(&self, stream: UnixStream) -> Result<Registration<'_>, ProtocolError> {
+    /// Registers a new connection unless the execution is at [`MAX_OPEN_CONNECTIONS`]: makes
+    /// its writer (a second descriptor of the stream, shared by the replies of calls in flight)
+    /// and records it so [`ChannelState::close_all`] can shut it down. The guard unregisters it
+    /// when dropped.
+    fn register(
+        self: &Arc<Self>,
+        stream: &UnixStream,
+    ) -> Result<(Registration, Writer), ProtocolError> {
         let mut conns = self.connections.lock().unwrap_or_else(|p| p.into_inner());
         if conns.len() >= MAX_OPEN_CONNECTIONS {
             return Err(ProtocolError::TooManyConnections {
                 limit: MAX_OPEN_CONNECTIONS,
             });
         }
+        let write_half = stream.try_clone().map_err(|e| {
+            ProtocolError::Internal(format!("cannot duplicate the connection: {e}"))
+        })?;
+        let writer: Writer = Arc::new(Mutex::new(Some(write_half)));
         let id = self.next_connection.fetch_add(1, Ordering::Relaxed);
-        conns.insert(id, stream);
-        Ok(Registration { state: self, id })
+        conns.insert(id, Arc::clone(&writer));
+        let registration = Registration {
+            state: Arc::clone(self),
+            id,
+        };
+        Ok((registration, writer))
     }
 
     /// Whether a call to `tool` is answered inline on the connection thread: refusals and
@@ -167,6 +182,18 @@ impl ChannelState {
 /// Accepts connections on `listener` until the returned task is aborted; each is served on its
 /// own thread after the peer-credential check.
 pub fn serve(listener: UnixListener, state: Arc<ChannelState>) -> tokio::task::JoinHandle<()> {
+    serve_with(listener, state, true)
+}
+
+/// [`serve`], choosing whether peers must pass the credential check. Only a channel that
+/// crosses a container or host boundary turns it off: peer credentials mean nothing there, so
+/// the token alone authenticates, on a socket reachable only through a private directory or an
+/// ssh forward (see docs/backends.md).
+pub fn serve_with(
+    listener: UnixListener,
+    state: Arc<ChannelState>,
+    check_peer: bool,
+) -> tokio::task::JoinHandle<()> {
     let pool = tokio::runtime::Handle::current();
     tokio::spawn(async move {
         loop {
@@ -176,7 +203,7 @@ pub fn serve(listener: UnixListener, state: Arc<ChannelState>) -> tokio::task::J
                         .into_std()
                         .and_then(|s| s.set_nonblocking(false).map(|_| s));
                     match std_stream {
-                        Ok(s) => serve_stream(s, Arc::clone(&state), true, pool.clone()),
+                        Ok(s) => serve_stream(s, Arc::clone(&state), check_peer, pool.clone()),
                         Err(e) => {
                             tracing::warn!("execute_code: cannot serve an RPC connection: {e}")
                         }
@@ -199,21 +226,37 @@ pub fn serve_stream(
     check_peer: bool,
     pool: tokio::runtime::Handle,
 ) {
+    // Registered before its thread starts: the cap then bounds the descriptors and threads
+    // connections hold, however fast a script connects and hangs up.
+    let (registration, writer) = match state.register(&stream) {
+        Ok(r) => r,
+        Err(e) => {
+            match &e {
+                ProtocolError::Internal(_) => tracing::error!("execute_code: {e}"),
+                _ => tracing::warn!("execute_code: {e}"),
+            }
+            refuse(stream, &e);
+            return;
+        }
+    };
     let spawned = std::thread::Builder::new()
         .name("vibeos-rpc-conn".into())
-        .spawn(move || serve_connection(stream, state, check_peer, pool));
+        .spawn(move || {
+            serve_connection(stream, writer, &state, check_peer, pool);
+            drop(registration);
+        });
     if let Err(e) = spawned {
         tracing::warn!("execute_code: cannot start a thread for an RPC connection: {e}");
     }
 }
 
 /// An open connection's entry in [`ChannelState`]; dropping it forgets the connection.
-struct Registration<'a> {
-    state: &'a ChannelState,
+struct Registration {
+    state: Arc<ChannelState>,
     id: u64,
 }
 
-impl Drop for Registration<'_> {
+impl Drop for Registration {
     fn drop(&mut self) {
         self.state
             .connections
@@ -233,7 +276,11 @@ fn check_peer_credentials(stream: &UnixStream, state: &ChannelState) -> Result<(
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     let root = state.root_pid.load(Ordering::SeqCst);
-    let pid_ok = cred.pid() > 0 && root != 0 && is_descendant(cred.pid() as u32, root);
+    let pid_ok = cred.pid() > 0
+        && root != 0
+        && descends_from(cred.pid() as u32, root).map_err(|e| {
+            ProtocolError::Internal(format!("cannot check the peer's ancestry in /proc: {e}"))
+        })?;
     if cred.uid() == me && pid_ok {
         Ok(())
     } else {
@@ -284,39 +331,23 @@ fn read_frame(reader: &mut impl BufRead, buf: &mut Vec<u8>) -> Result<bool, Prot
 
 fn serve_connection(
     stream: UnixStream,
-    state: Arc<ChannelState>,
+    writer: Writer,
+    state: &Arc<ChannelState>,
     check_peer: bool,
     pool: tokio::runtime::Handle,
 ) {
     if check_peer {
-        if let Err(e) = check_peer_credentials(&stream, &state) {
+        if let Err(e) = check_peer_credentials(&stream, state) {
             match &e {
                 ProtocolError::ForeignPeer => tracing::warn!(
                     "execute_code: refused an RPC connection from a process outside the execution"
                 ),
                 other => tracing::error!("execute_code: {other}"),
             }
-            refuse(stream, &e);
+            send(&writer, &encode_error(None, &e), true);
             return;
         }
     }
-    let (Ok(write_half), Ok(registered)) = (stream.try_clone(), stream.try_clone()) else {
-        tracing::error!("execute_code: cannot duplicate an RPC connection");
-        refuse(
-            stream,
-            &ProtocolError::Internal("cannot duplicate the connection".into()),
-        );
-        return;
-    };
-    let _registration = match state.register(registered) {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::warn!("execute_code: {e}");
-            refuse(stream, &e);
-            return;
-        }
-    };
-    let writer: Writer = Arc::new(Mutex::new(Some(write_half)));
     let mut reader = BufReader::with_capacity(64 * 1024, stream);
     let mut frame = Vec::with_capacity(4096);
     loop {
@@ -356,7 +387,7 @@ fn serve_connection(
             let result = state.answer(&request.tool, request.args);
             send(&writer, &encode_response_json(&request.id, &result), false);
         } else {
-            let state = Arc::clone(&state);
+            let state = Arc::clone(state);
             let writer = Arc::clone(&writer);
             pool.spawn_blocking(move || {
                 let result = state.answer(&request.tool, request.args);

@@ -32,6 +32,9 @@ pub struct ExecuteCodeSettings {
     pub timeout: Duration,
     /// Tool-call budget of one script.
     pub max_tool_calls: usize,
+    /// Strict mode only: whether `terminal` is opened to scripts
+    /// (`code_execution.strict.terminal`); otherwise it is not offered in strict mode.
+    pub strict_terminal: bool,
     /// Stdout cap of one script in bytes (`code_execution.stdout_limit`).
     pub stdout_limit: usize,
 }
@@ -44,6 +47,7 @@ impl Default for ExecuteCodeSettings {
             cwd: None,
             timeout: Duration::from_secs(300),
             max_tool_calls: 50,
+            strict_terminal: false,
             stdout_limit: 50 * 1024,
         }
     }
@@ -188,6 +192,13 @@ pub fn execute_code_description(
 ) -> String {
     let mut out = base.trim_end().to_string();
     out.push_str("\n\n");
+    let strict = settings.mode == "strict";
+    let kept: Vec<&ToolEntry> = script_tools
+        .iter()
+        .copied()
+        .filter(|e| !strict || settings.strict_terminal || e.name != "terminal")
+        .collect();
+    let script_tools = kept.as_slice();
     if script_tools.is_empty() {
         out.push_str(
             "No tools are available to scripts in this session: `vibeos_tools` exports none \
@@ -218,20 +229,26 @@ pub fn execute_code_description(
         out.push_str(
             "Mode strict: the script runs in an empty private staging directory (its working \
              directory), confined: no network and no files outside that directory. Use the tools \
-             for files.",
+             for files: they too act only inside the sandbox — reads beneath the staging \
+             directory, the session working directory and configured read roots; writes beneath \
+             the staging directory, the session working directory and configured write roots; symlinks, `..` and hard links \
+             cannot lead out.",
         );
+        if !settings.strict_terminal {
+            out.push_str(" No shell commands can be run from a strict script.");
+        }
     } else {
         match &settings.cwd {
             Some(cwd) => out.push_str(&format!(
                 "Mode project: the script runs in the session working directory ({}) with the \
                  project's Python (the active virtualenv or conda env when set); relative paths \
-                 resolve there.",
+                 resolve there. The tools act with the supervisor's rights on any path.",
                 cwd.display()
             )),
             None => out.push_str(
                 "Mode project: the script runs in the session working directory with the \
                  project's Python (the active virtualenv or conda env when set); relative paths \
-                 resolve there.",
+                 resolve there. The tools act with the supervisor's rights on any path.",
             ),
         }
     }

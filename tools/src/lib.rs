@@ -22,6 +22,7 @@ pub mod environments;
 mod error;
 mod hooks;
 pub mod mcp_client;
+pub mod path_policy;
 pub mod planner;
 pub mod redact;
 mod registry;

@@ -72,12 +72,17 @@ pub fn web_config() -> WebConfig {
 
 /// The HTTP client of the web tools: the same reqwest stack the MCP client uses (rustls with
 /// the ring provider), one request timeout for the whole exchange, at most 5 redirects.
-fn http_client(timeout: Duration) -> Result<reqwest::Client, ToolError> {
+/// `no_redirects` for a strict script's fetches: each hop would need the destination check again.
+fn http_client(timeout: Duration, no_redirects: bool) -> Result<reqwest::Client, ToolError> {
     // reqwest is built without a default TLS provider; install ring once (a no-op later).
     let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder()
         .timeout(timeout)
-        .redirect(reqwest::redirect::Policy::limited(5))
+        .redirect(if no_redirects {
+            reqwest::redirect::Policy::none()
+        } else {
+            reqwest::redirect::Policy::limited(5)
+        })
         .user_agent("vibeos-exec web tools")
         .build()
         .map_err(|e| ToolError::new("HttpClientError", format!("cannot set up HTTP: {e}")))
@@ -193,7 +198,7 @@ fn web_search(args: &Map<String, Value>, _ctx: &ToolContext) -> Result<Value, To
     let backend_error = |e: String| ToolError::new("SearchBackendError", format!("{url}: {e}"));
     let target = reqwest::Url::parse_with_params(&url, &[("q", query), ("format", "json")])
         .map_err(|e| backend_error(format!("not a usable URL ({e})")))?;
-    let client = http_client(cfg.timeout)?;
+    let client = http_client(cfg.timeout, false)?;
     let (status, body) = run_async(Box::pin(async move {
         let mut resp = client.get(target).send().await?;
         let status = resp.status();
@@ -266,13 +271,21 @@ fn html_title(html: &str) -> String {
         .unwrap_or_default()
 }
 
-async fn fetch_one(client: &reqwest::Client, url: &str, char_limit: usize) -> Value {
+async fn fetch_one(
+    client: &reqwest::Client,
+    url: &str,
+    char_limit: usize,
+    denied: Option<String>,
+) -> Value {
     let fail = |msg: String| json!({"url": url, "title": "", "content": "", "error": msg});
     let scheme_ok = url.split_once("://").is_some_and(|(s, rest)| {
         (s.eq_ignore_ascii_case("http") || s.eq_ignore_ascii_case("https")) && !rest.is_empty()
     });
     if !scheme_ok {
         return fail("only http:// and https:// URLs can be fetched".into());
+    }
+    if let Some(why) = denied {
+        return fail(why);
     }
     let mut resp = match client.get(url).send().await {
         Ok(r) => r,
@@ -332,7 +345,7 @@ async fn fetch_one(client: &reqwest::Client, url: &str, char_limit: usize) -> Va
     json!({"url": url, "title": title, "content": content, "error": Value::Null})
 }
 
-fn web_extract(args: &Map<String, Value>, _ctx: &ToolContext) -> Result<Value, ToolError> {
+fn web_extract(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolError> {
     let urls: Vec<String> = match args.get("urls") {
         Some(Value::String(s)) => vec![s.clone()],
         Some(Value::Array(items)) => items
@@ -372,18 +385,32 @@ fn web_extract(args: &Map<String, Value>, _ctx: &ToolContext) -> Result<Value, T
             "set VIBEOS_WEB_EXTRACT_BACKEND=http",
         ));
     }
-    let client = http_client(cfg.timeout)?;
+    // A strict script has no network of its own; through this tool it reaches public hosts
+    // only (no loopback, private or link-local address, no redirect that could lead there).
+    // The check resolves names (blocking), so it runs here, before the async fetches.
+    let public_only = ctx.paths.is_some();
+    let denied: Vec<Option<String>> = urls
+        .iter()
+        .map(|u| {
+            public_only
+                .then(|| crate::path_policy::public_destination(u).err())
+                .flatten()
+        })
+        .collect();
+    let client = http_client(cfg.timeout, public_only)?;
     // All pages at once, results in the order of `urls`.
     let results: Vec<Value> = run_async(Box::pin(async move {
-        let fetches: Vec<_> = urls
-            .into_iter()
-            .map(|url| {
-                let (client, target) = (client.clone(), url.clone());
-                let task =
-                    tokio::spawn(async move { fetch_one(&client, &target, char_limit).await });
-                (url, task)
-            })
-            .collect();
+        let fetches: Vec<_> =
+            urls.into_iter()
+                .zip(denied)
+                .map(|(url, denied)| {
+                    let (client, target) = (client.clone(), url.clone());
+                    let task = tokio::spawn(async move {
+                        fetch_one(&client, &target, char_limit, denied).await
+                    });
+                    (url, task)
+                })
+                .collect();
         let mut results = Vec::with_capacity(fetches.len());
         for (url, task) in fetches {
             results.push(task.await.unwrap_or_else(|_| {

@@ -29,8 +29,26 @@ fn entry() -> ToolEntry {
 inventory::submit! { BuiltinTool(entry) }
 
 fn write_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolError> {
+    // With a remote backend the tool acts on that side's filesystem (SPEC §9).
+    if let Some(remote) = crate::environments::agent::forward(
+        "write_file",
+        args,
+        ctx,
+        crate::environments::agent::FILE_TOOL_TIMEOUT,
+    ) {
+        return remote;
+    }
     let raw = checked_path(args, "path")?;
     let content = required_str(args, "content")?;
+    if let Some(policy) = &ctx.paths {
+        // Strict mode: beneath a writable root, never through a link.
+        let created = policy.write_atomic(&ctx.resolve(raw), content.as_bytes())?;
+        return Ok(json!({
+            "path": raw,
+            "bytes_written": content.len(),
+            "created": created,
+        }));
+    }
     // Write through a symlink to its target, so a linked file stays linked.
     let path = match ctx.resolve(raw) {
         p if p.is_symlink() => std::fs::canonicalize(&p).unwrap_or(p),
