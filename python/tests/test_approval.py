@@ -21,9 +21,11 @@ def _no_callbacks():
     vibeos_exec.set_smart_approver(None)
 
 
-def terminal(command: str, cwd: Path, task_id: str = "approval-test") -> dict:
+def terminal(command: str, cwd: Path) -> dict:
+    # One task id per test directory: a task's terminal keeps its shell session (cwd) between
+    # calls, so a shared id would run this test's commands in another test's directory.
     return json.loads(registry.handle_function_call(
-        "terminal", {"command": command}, task_id=task_id, cwd=str(cwd)))
+        "terminal", {"command": command}, task_id=f"approval-{cwd.name}", cwd=str(cwd)))
 
 
 def doomed(tmp_path: Path, name: str = "doomed") -> Path:
