@@ -44,6 +44,17 @@ struct Conn {
     writer: Box<dyn Write + Send>,
     pending: Pending,
     next_id: u64,
+    /// Socket mode: where to connect and the token, for per-caller connections that are
+    /// answered on the calling thread (no reader-thread hop per call).
+    direct: Option<(std::path::PathBuf, String)>,
+    /// Connections free for the next caller.
+    idle: Vec<DirectConn>,
+}
+
+/// One authenticated connection used by one caller at a time.
+struct DirectConn {
+    reader: BufReader<std::os::unix::net::UnixStream>,
+    writer: std::os::unix::net::UnixStream,
 }
 
 /// How the host reaches an agent's socket: the host-side path, and what must happen first
@@ -112,9 +123,10 @@ impl AgentClient {
             Box<dyn std::io::Read + Send>,
             Box<dyn Write + Send>,
             Option<ChildStdin>,
+            Option<(std::path::PathBuf, String)>,
         );
-        let (reader, writer, lifeline): Ends = match socket {
-            None => (Box::new(stdout), Box::new(stdin), None),
+        let (reader, writer, lifeline, direct): Ends = match socket {
+            None => (Box::new(stdout), Box::new(stdin), None, None),
             Some(sock) => {
                 let token = new_token();
                 let mut line = token.clone();
@@ -157,7 +169,12 @@ impl AgentClient {
                     let mut sink = Vec::new();
                     let _ = std::io::Read::read_to_end(&mut out, &mut sink);
                 });
-                (Box::new(stream), Box::new(w), Some(stdin))
+                (
+                    Box::new(stream),
+                    Box::new(w),
+                    Some(stdin),
+                    Some((sock.local.clone(), token)),
+                )
             }
         };
         let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
@@ -172,6 +189,8 @@ impl AgentClient {
             writer,
             pending,
             next_id: 1,
+            direct,
+            idle: Vec::new(),
         })
     }
 
@@ -225,6 +244,11 @@ impl AgentClient {
             });
             let mut line = request.to_string();
             line.push('\n');
+            if let Some((path, token)) = conn.direct.clone() {
+                let idle = conn.idle.pop();
+                drop(guard);
+                return self.call_direct(idle, &path, &token, &line, tool, timeout);
+            }
             if let Err(e) = conn
                 .writer
                 .write_all(line.as_bytes())
@@ -253,6 +277,83 @@ impl AgentClient {
                 ),
             )),
         }
+    }
+
+    /// One request on a connection of the caller's own, answered on this thread.
+    fn call_direct(
+        &self,
+        idle: Option<DirectConn>,
+        path: &std::path::Path,
+        token: &str,
+        line: &str,
+        tool: &str,
+        timeout: Duration,
+    ) -> Result<Value, ToolError> {
+        let broke = |e: std::io::Error| {
+            ToolError::new(
+                "BackendError",
+                format!(
+                    "{} backend: the tool agent connection broke during `{tool}`: {e}; the environment may have been stopped",
+                    self.backend
+                ),
+            )
+        };
+        let mut conn = match idle {
+            Some(c) => c,
+            None => {
+                let stream = std::os::unix::net::UnixStream::connect(path).map_err(broke)?;
+                let mut writer = stream.try_clone().map_err(broke)?;
+                writer
+                    .write_all(format!("{token}\n").as_bytes())
+                    .map_err(broke)?;
+                DirectConn {
+                    reader: BufReader::new(stream),
+                    writer,
+                }
+            }
+        };
+        conn.writer.write_all(line.as_bytes()).map_err(broke)?;
+        let _ = conn.writer.set_read_timeout(Some(timeout));
+        let mut reply = String::new();
+        match conn.reader.read_line(&mut reply) {
+            Ok(0) => {
+                return Err(broke(std::io::Error::from(
+                    std::io::ErrorKind::UnexpectedEof,
+                )))
+            }
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(ToolError::new(
+                    "BackendError",
+                    format!(
+                        "{} backend: `{tool}` got no answer within {}s",
+                        self.backend,
+                        timeout.as_secs()
+                    ),
+                ))
+            }
+            Err(e) => return Err(broke(e)),
+        }
+        let v: Value = serde_json::from_str(&reply).map_err(|e| {
+            ToolError::new(
+                "BackendError",
+                format!(
+                    "{} backend: the tool agent sent a reply that is not JSON: {e}",
+                    self.backend
+                ),
+            )
+        })?;
+        if let Ok(mut guard) = self.conn.lock() {
+            if let Some(c) = guard.as_mut() {
+                c.idle.push(conn);
+            }
+        }
+        decode_reply(v)
     }
 
     /// Kills (process group, SIGKILL) every command still running there for the execution
