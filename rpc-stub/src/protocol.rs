@@ -56,6 +56,19 @@ pub enum ProtocolError {
     /// The connecting process is not part of this execution.
     #[error("connection refused: the peer is not a process of this execution")]
     ForeignPeer,
+    /// The execution already has as many open connections as it may.
+    #[error(
+        "connection refused: this execution already has {limit} open RPC connections; \
+         close unused ones (threads of one process can share a connection)"
+    )]
+    TooManyConnections {
+        /// The per-execution limit.
+        limit: usize,
+    },
+    /// The supervisor failed on its side (say, it could not read the peer's credentials): not
+    /// the peer's fault, and not a verdict on who it is.
+    #[error("internal error of the supervisor: {0}")]
+    Internal(String),
 }
 
 impl ProtocolError {
@@ -68,6 +81,8 @@ impl ProtocolError {
             ProtocolError::TooLarge { .. } => "frame_too_large",
             ProtocolError::BadToken => "unauthorized",
             ProtocolError::ForeignPeer => "unauthorized",
+            ProtocolError::TooManyConnections { .. } => "too_many_connections",
+            ProtocolError::Internal(_) => "internal_error",
         }
     }
 
@@ -76,7 +91,11 @@ impl ProtocolError {
     pub fn closes_connection(&self) -> bool {
         matches!(
             self,
-            ProtocolError::BadToken | ProtocolError::ForeignPeer | ProtocolError::TooLarge { .. }
+            ProtocolError::BadToken
+                | ProtocolError::ForeignPeer
+                | ProtocolError::TooLarge { .. }
+                | ProtocolError::TooManyConnections { .. }
+                | ProtocolError::Internal(_)
         )
     }
 }
@@ -102,17 +121,21 @@ pub fn decode_request(frame: &[u8]) -> Result<Request, (Option<Value>, ProtocolE
             },
         ));
     }
-    // One pass straight into the request's fields; only a failure is looked at twice, to tell
-    // "not JSON" from "JSON but not an object".
+    // One pass straight into the request's fields. serde's error category tells "not JSON"
+    // (syntax, invalid UTF-8 in a string, nesting past the recursion limit, truncation) from
+    // "JSON, but not a request object" (a data error). A derived struct would also accept a
+    // JSON array of its fields in order; the protocol says object, so that is refused too.
     let raw: RawRequest = match serde_json::from_slice(frame) {
-        Ok(raw) => raw,
+        Ok(raw) if frame.trim_ascii_start().starts_with(b"{") => raw,
+        Ok(_) => return Err((None, ProtocolError::NotObject)),
         Err(e) => {
-            return Err(
-                match serde_json::from_slice::<serde::de::IgnoredAny>(frame) {
-                    Ok(_) => (None, ProtocolError::NotObject),
-                    Err(_) => (None, ProtocolError::NotJson(e.to_string())),
+            return Err((
+                None,
+                match e.classify() {
+                    serde_json::error::Category::Data => ProtocolError::NotObject,
+                    _ => ProtocolError::NotJson(e.to_string()),
                 },
-            )
+            ))
         }
     };
     let id = match raw.id {
@@ -214,6 +237,34 @@ mod tests {
         assert_eq!(e.code(), "invalid_json");
         let (_, e) = decode_request(b"[1,2]").err().unwrap_or_default_pair();
         assert_eq!(e, ProtocolError::NotObject);
+        let (_, e) = decode_request(br#"[1,"read_file",{},"t"]"#)
+            .err()
+            .unwrap_or_default_pair();
+        assert_eq!(e, ProtocolError::NotObject);
+    }
+
+    #[test]
+    fn broken_json_inside_an_object_is_invalid_json_not_invalid_request() {
+        // Invalid UTF-8 inside a string value.
+        let (_, e) =
+            decode_request(b"{\"id\":1,\"tool\":\"x\xff\xfe\",\"args\":{},\"token\":\"t\"}")
+                .err()
+                .unwrap_or_default_pair();
+        assert_eq!(e.code(), "invalid_json", "{e}");
+        // Nesting far past serde_json's recursion limit, inside an object and at the top.
+        let deep = format!(
+            "{{\"id\":1,\"tool\":\"x\",\"args\":{{\"a\":{}{}}},\"token\":\"t\"}}",
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        );
+        let (_, e) = decode_request(deep.as_bytes())
+            .err()
+            .unwrap_or_default_pair();
+        assert_eq!(e.code(), "invalid_json", "{e}");
+        let (_, e) = decode_request("[".repeat(100_000).as_bytes())
+            .err()
+            .unwrap_or_default_pair();
+        assert_eq!(e.code(), "invalid_json", "{e}");
         let (id, e) = decode_request(br#"{"id":"x","tool":3,"token":"t"}"#)
             .err()
             .unwrap_or_default_pair();

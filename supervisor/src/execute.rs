@@ -156,36 +156,45 @@ pub enum StartError {
     },
 }
 
-/// The session working dir: explicit, else `TERMINAL_CWD`, else the process cwd.
+/// The session working dir: explicit, else `TERMINAL_CWD` (`~` expanded; an unusable one is
+/// logged and skipped), else the process cwd. An explicit dir that is unusable is an error.
 pub fn session_cwd(explicit: Option<&Path>) -> Result<PathBuf, StartError> {
-    let dir = match explicit {
-        Some(p) => p.to_path_buf(),
-        None => match std::env::var_os("TERMINAL_CWD").filter(|v| !v.is_empty()) {
-            Some(p) => PathBuf::from(p),
-            None => std::env::current_dir().map_err(|e| StartError::BadCwd {
-                path: PathBuf::from("."),
-                reason: e.to_string(),
-            })?,
-        },
-    };
+    if let Some(p) = explicit {
+        return usable_dir(p);
+    }
+    if let Some(dir) = crate::terminal_cwd::from_env() {
+        match usable_dir(&dir) {
+            Ok(d) => return Ok(d),
+            Err(e) => tracing::warn!("TERMINAL_CWD ignored, using the process cwd instead: {e}"),
+        }
+    }
+    let cwd = std::env::current_dir().map_err(|e| StartError::BadCwd {
+        path: PathBuf::from("."),
+        reason: e.to_string(),
+    })?;
+    usable_dir(&cwd)
+}
+
+fn usable_dir(dir: &Path) -> Result<PathBuf, StartError> {
     let bad = |reason: &str| StartError::BadCwd {
-        path: dir.clone(),
+        path: dir.to_path_buf(),
         reason: reason.into(),
     };
-    let meta = std::fs::metadata(&dir).map_err(|e| bad(&e.to_string()))?;
+    let meta = std::fs::metadata(dir).map_err(|e| bad(&e.to_string()))?;
     if !meta.is_dir() {
         return Err(bad("not a directory"));
     }
-    std::fs::canonicalize(&dir).map_err(|e| bad(&e.to_string()))
+    std::fs::canonicalize(dir).map_err(|e| bad(&e.to_string()))
 }
 
-/// Formats seconds the way the timeout notice prints them (`300`, `0.5`).
+/// Formats seconds the way the timeout notice prints them (`300`, `0.5`, `0.0001`): the
+/// shortest decimal that reads back as the same value, so a sub-millisecond timeout is never
+/// reported as `0s`.
 pub fn format_seconds(d: Duration) -> String {
     if d.subsec_nanos() == 0 {
         d.as_secs().to_string()
     } else {
-        let s = format!("{:.3}", d.as_secs_f64());
-        s.trim_end_matches('0').trim_end_matches('.').to_string()
+        d.as_secs_f64().to_string()
     }
 }
 
@@ -227,6 +236,13 @@ async fn run(
     if request.code.trim().is_empty() {
         return Err(StartError::EmptyCode);
     }
+    if let Some(refusal) = crate::script_guard::refusal(&request).await {
+        return Ok(ExecutionResult::failed_to_start(
+            request.mode.as_str(),
+            refusal,
+            started.elapsed().as_secs_f64(),
+        ));
+    }
     let script_tools: Vec<_> = registry
         .script_tools()
         .into_iter()
@@ -236,13 +252,16 @@ async fn run(
                 .as_ref()
                 .is_none_or(|s| s.contains(&e.name))
         })
+        .filter(|e| {
+            request.mode != Mode::Strict || crate::confine::tools::offered(&request.strict, &e.name)
+        })
         .collect();
     let stub_tools: Vec<StubTool> = script_tools
         .iter()
         .map(|e| StubTool {
             name: e.name.clone(),
             description: e.description.clone(),
-            parameters: e.schema.clone(),
+            parameters: e.script_schema(),
         })
         .collect();
     let stub = generate_stub(&stub_tools);
@@ -255,7 +274,7 @@ async fn run(
         let env = tokio::task::spawn_blocking(move || envs.get(task.as_deref()))
             .await
             .map_err(|e| StartError::Listener(std::io::Error::other(e)))?;
-        return Ok(match env {
+        let mut result = match env {
             Ok(env) => {
                 crate::remote::run_remote(crate::remote::RemoteRun {
                     request: &request,
@@ -277,7 +296,13 @@ async fn run(
                 failed.backend = Some(envs_backend());
                 failed
             }
-        });
+        };
+        let base_env = match &request.base_env {
+            Some(env) => env.clone(),
+            None => std::env::vars_os().collect(),
+        };
+        crate::redaction::apply(&mut result, &base_env);
+        return Ok(result);
     }
     let spec = LaunchSpec::for_request(&request)?;
     let interpreter = spec.interpreter.clone();
@@ -289,10 +314,26 @@ async fn run(
     let launched = match warm {
         Some(launched) => launched,
         None => {
-            let staging = Staging::create()?;
+            let staging = Staging::create(spec.disk_budget())?;
             staging.write_files(&stub.source, &request.code, None)?;
             launch(&spec, staging, Program::Script)?
         }
+    };
+    // Strict mode: the file tools act only beneath the execution's roots.
+    let paths = if spec.mode == Mode::Strict {
+        match crate::confine::tools::path_policy(
+            &request.strict,
+            launched.staging.path(),
+            &session_cwd,
+        ) {
+            Ok(p) => Some(Arc::new(p)),
+            Err(e) => {
+                launched.discard(true);
+                return Err(e.into());
+            }
+        }
+    } else {
+        None
     };
     tracing::info!(
         mode = request.mode.as_str(),
@@ -302,7 +343,7 @@ async fn run(
         "execute_code: script started"
     );
     let tool_env = launched.tool_env.clone();
-    Ok(supervise(
+    let mut result = supervise(
         launched,
         Supervision {
             request: &request,
@@ -310,12 +351,15 @@ async fn run(
             session_cwd,
             allowed: stub.tools.iter().cloned().collect(),
             tool_env,
+            paths,
             registry,
             interrupt,
             started,
         },
     )
-    .await)
+    .await;
+    crate::redaction::apply(&mut result, &spec.base_env);
+    Ok(result)
 }
 
 /// The active backend's name, for results of executions that never reached it.
@@ -332,6 +376,7 @@ struct Supervision<'a> {
     session_cwd: PathBuf,
     allowed: BTreeSet<String>,
     tool_env: Vec<(OsString, OsString)>,
+    paths: Option<Arc<vibeos_tools::path_policy::PathPolicy>>,
     registry: &'static ToolRegistry,
     interrupt: Interrupt,
     started: Instant,
@@ -372,6 +417,7 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
                     .collect(),
             )),
             origin: CallOrigin::Script,
+            paths: s.paths.clone(),
         },
     ));
     let reaper_pid = child.id();
@@ -494,6 +540,7 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
         stderr_bytes: stderr_cap.total(),
         stderr_bytes_omitted: stderr_cap.omitted(),
         mode: request.mode.as_str(),
+        redactions: 0,
         interpreter: Some(s.interpreter.path.display().to_string()),
         backend: None,
     }
@@ -628,5 +675,7 @@ mod tests {
             "Script timed out after 300s and was killed."
         );
         assert_eq!(format_seconds(Duration::from_millis(1500)), "1.5");
+        assert_eq!(format_seconds(Duration::from_secs_f64(0.0001)), "0.0001");
+        assert_eq!(format_seconds(Duration::from_secs(300)), "300");
     }
 }

@@ -6,8 +6,9 @@
 //! plain sync code on the bridge's persistent runtime, and from inside a running runtime on a
 //! worker thread, never by blocking a runtime worker on itself.
 
-use crate::config::{positive_seconds, Config};
+use crate::config::Config;
 use crate::execute::{execute, session_cwd, ExecutionRequest, Interrupt};
+use crate::overrides::Overrides;
 use serde_json::{json, Map, Value};
 use std::path::Path;
 use vibeos_tools::{
@@ -27,6 +28,8 @@ pub fn execute_code_settings(config: &Config, cwd: Option<&Path>) -> ExecuteCode
         cwd: session_cwd(cwd).ok(),
         timeout: config.timeout,
         max_tool_calls: config.max_tool_calls,
+        strict_terminal: crate::confine::StrictOptions::from_config(config).terminal,
+        stdout_limit: config.stdout_limit,
     }
 }
 
@@ -75,7 +78,10 @@ pub fn execute_code_entry_for(
                     })?;
                     request.script_tools = Some(selected.iter().map(|e| e.name.clone()).collect());
                 }
-                Ok(execute(request, registry, Interrupt::new()).await.to_json())
+                let interrupt = Interrupt::new();
+                // `interrupt(task_id)` of a host reaches this execution too.
+                let _tracked = crate::interrupts::track(ctx.task_id.as_deref(), interrupt.clone());
+                Ok(execute(request, registry, interrupt).await.to_json())
             }
         },
     )
@@ -104,29 +110,14 @@ pub fn request_from(
         }
     };
     let mut request = ExecutionRequest::from_config(code, config);
-    match args.get("timeout") {
-        None | Some(Value::Null) => {}
-        Some(v) => {
-            request.timeout = v.as_f64().and_then(positive_seconds).ok_or_else(|| {
-                ToolError::invalid_args(format!(
-                    "argument `timeout` must be a positive number of seconds (at most 86400), got {v}"
-                ))
-            })?;
-        }
-    }
-    match args.get("max_tool_calls") {
-        None | Some(Value::Null) => {}
-        Some(v) => {
-            request.max_tool_calls = v
-                .as_u64()
-                .and_then(|n| usize::try_from(n).ok())
-                .ok_or_else(|| {
-                    ToolError::invalid_args(format!(
-                        "argument `max_tool_calls` must be a non-negative integer, got {v}"
-                    ))
-                })?;
-        }
-    }
+    // The mode is the host's setting, not the model's: only the limits are per call here.
+    Overrides::from_json(args, false)
+        .map_err(|e| ToolError::invalid_args(e.to_string()))?
+        .apply(
+            &mut request.mode,
+            &mut request.timeout,
+            &mut request.max_tool_calls,
+        );
     request.cwd = Some(ctx.cwd.clone());
     request.task_id = ctx.task_id.clone();
     Ok(request)

@@ -18,6 +18,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Longest path a Unix socket address can hold (sun_path minus its NUL).
@@ -80,6 +81,11 @@ impl LaunchSpec {
             strict: strict.then(|| self.strict.clone()),
             kill_grace: self.kill_grace,
         }
+    }
+
+    /// The disk budget of a strict execution's staging dir.
+    pub(crate) fn disk_budget(&self) -> Option<u64> {
+        (self.mode == Mode::Strict).then_some(self.strict.disk_bytes)
     }
 
     pub(crate) fn child_cwd(&self, staging: &Path) -> PathBuf {
@@ -151,22 +157,36 @@ pub(crate) fn with_channel(
 }
 
 /// A fresh staging dir with its private `rpc/` dir; removed when dropped.
+/// Created 0700 under a 0711 parent, files written with O_EXCL|O_NOFOLLOW: see
+/// [`crate::confine::staging`]. Fields drop in order: tmpfs unmounted, dir removed, parent
+/// removed when empty.
 #[derive(Debug)]
 pub(crate) struct Staging {
+    _budget: Option<crate::confine::staging::DiskBudget>,
     dir: tempfile::TempDir,
+    _parent: crate::confine::staging::ParentCleanup,
+    /// Strict mode as root: the script's uid, leased until the execution is over.
+    lease: Option<Arc<crate::confine::uids::UidLease>>,
     script: PathBuf,
     socket: PathBuf,
     rpc_dir: PathBuf,
 }
 
 impl Staging {
-    pub(crate) fn create() -> Result<Staging, StartError> {
-        let dir = tempfile::Builder::new()
-            .prefix("vibeos-exec-")
-            .tempdir()
-            .map_err(StartError::Staging)?;
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))
-            .map_err(StartError::Staging)?;
+    /// A fresh staging dir; `disk` (strict mode) caps its size with a tmpfs when root.
+    pub(crate) fn create(disk: Option<u64>) -> Result<Staging, StartError> {
+        let dir = crate::confine::staging::create_dir().map_err(StartError::Staging)?;
+        let parent = crate::confine::staging::ParentCleanup(
+            dir.path()
+                .parent()
+                .map(Path::to_path_buf)
+                .unwrap_or_default(),
+        );
+        let budget = match disk {
+            Some(bytes) => crate::confine::staging::DiskBudget::mount(dir.path(), bytes)
+                .map_err(StartError::Staging)?,
+            None => None,
+        };
         let script = dir.path().join("script.py");
         let rpc_dir = dir.path().join("rpc");
         std::fs::create_dir(&rpc_dir).map_err(StartError::Staging)?;
@@ -177,7 +197,10 @@ impl Staging {
             return Err(StartError::SocketPathTooLong(socket));
         }
         Ok(Staging {
+            _budget: budget,
             dir,
+            _parent: parent,
+            lease: None,
             script,
             socket,
             rpc_dir,
@@ -195,15 +218,9 @@ impl Staging {
         code: &str,
         owner: Option<(u32, u32)>,
     ) -> Result<(), StartError> {
-        for (path, text) in [
-            (self.dir.path().join("vibeos_tools.py"), stub),
-            (self.script.clone(), code),
-        ] {
-            std::fs::write(&path, text).map_err(StartError::Staging)?;
-            if let Some((uid, gid)) = owner {
-                std::os::unix::fs::lchown(&path, Some(uid), Some(gid))
-                    .map_err(StartError::Staging)?;
-            }
+        for (name, text) in [("vibeos_tools.py", stub), ("script.py", code)] {
+            crate::confine::staging::write_new(self.dir.path(), name, text, owner)
+                .map_err(StartError::Staging)?;
         }
         Ok(())
     }
@@ -291,7 +308,7 @@ impl Launched {
 /// Starts the interpreter for `spec` in `staging`: channel, environment, confinement, reaper.
 pub(crate) fn launch(
     spec: &LaunchSpec,
-    staging: Staging,
+    mut staging: Staging,
     program: Program,
 ) -> Result<Launched, StartError> {
     let env = spec.child_env(staging.path(), matches!(program, Program::Script))?;
@@ -338,11 +355,12 @@ pub(crate) fn launch(
         })?;
         tracing::debug!(
             uid = summary.uid,
-            dac_read_search = summary.dac_read_search,
+            covered = ?summary.covered,
             read_execute = ?summary.read_execute,
             "execute_code: strict confinement prepared"
         );
         owner = prepared.credentials.map(|c| (c.uid, c.gid));
+        staging.lease = summary.lease;
         confinement = Some(prepared);
     }
 

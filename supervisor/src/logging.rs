@@ -1,8 +1,12 @@
 //! Logs go to stderr and to `$VIBEOS_HOME/logs/agent.log`, at the level from `--log-level`,
 //! else config `logging.level`, else `warn`. Values of environment variables are never logged.
+//!
+//! The file is written off the caller's thread (`tracing-appender`'s non-blocking writer: a
+//! slow disk never stalls an execution) and rotated by size (`file-rotate`: past
+//! [`LOG_FILE_BYTES`] the file becomes `agent.log.1`, older ones shift up, [`LOG_FILES_KEPT`]
+//! are kept), so a long-lived server cannot fill the disk with its log.
 
 use std::path::PathBuf;
-use std::sync::Mutex;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{fmt, EnvFilter, Layer};
@@ -50,35 +54,56 @@ pub fn log_file() -> PathBuf {
     crate::config::vibeos_home().join("logs").join("agent.log")
 }
 
+/// Size past which `agent.log` is rotated.
+pub const LOG_FILE_BYTES: usize = 10 << 20;
+/// Rotated files kept besides `agent.log` (`agent.log.1` … `agent.log.5`).
+pub const LOG_FILES_KEPT: usize = 5;
+
+/// Keeps the log file's writer thread alive; dropping it flushes what is still queued. Hold it
+/// until the process is done logging.
+#[must_use = "dropping the guard stops writing the log file"]
+pub struct LogGuard {
+    _writer: Option<tracing_appender::non_blocking::WorkerGuard>,
+}
+
 /// Installs the global subscriber. Safe to call once per process; later calls are ignored.
-pub fn init(level: &str) -> Result<(), LogLevelError> {
+pub fn init(level: &str) -> Result<LogGuard, LogLevelError> {
     let stderr_layer = fmt::layer()
         .with_writer(std::io::stderr)
         .with_target(false)
         .with_ansi(false)
         .with_filter(filter(level)?);
     let path = log_file();
-    let file = path
-        .parent()
-        .map(std::fs::create_dir_all)
-        .transpose()
-        .ok()
-        .and_then(|_| {
-            std::fs::OpenOptions::new()
+    // Without a writable log directory the file log is left out (stderr still works); checked
+    // here because the rotating writer cannot report it.
+    let writable = path.parent().is_some_and(|dir| {
+        std::fs::create_dir_all(dir).is_ok()
+            && std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(&path)
-                .ok()
-        });
-    let file_layer = file.map(|f| {
-        fmt::layer()
-            .with_writer(Mutex::new(f))
-            .with_ansi(false)
-            .with_filter(filter(level).unwrap_or_else(|_| EnvFilter::new("warn")))
+                .is_ok()
     });
+    let (file_layer, guard) = if writable {
+        let rotating = file_rotate::FileRotate::new(
+            &path,
+            file_rotate::suffix::AppendCount::new(LOG_FILES_KEPT),
+            file_rotate::ContentLimit::BytesSurpassed(LOG_FILE_BYTES),
+            file_rotate::compression::Compression::None,
+            None,
+        );
+        let (writer, guard) = tracing_appender::non_blocking(rotating);
+        let layer = fmt::layer()
+            .with_writer(writer)
+            .with_ansi(false)
+            .with_filter(filter(level).unwrap_or_else(|_| EnvFilter::new("warn")));
+        (Some(layer), Some(guard))
+    } else {
+        (None, None)
+    };
     let _ = tracing_subscriber::registry()
         .with(stderr_layer)
         .with(file_layer)
         .try_init();
-    Ok(())
+    Ok(LogGuard { _writer: guard })
 }

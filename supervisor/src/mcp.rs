@@ -91,7 +91,17 @@ pub struct ServeSettings {
     pub max_concurrent: usize,
     /// Largest accepted request in bytes.
     pub max_request_bytes: usize,
+    /// HTTP sessions open at once (`--max-sessions`); a new client beyond it gets 503 until one
+    /// ends (DELETE, or idle for [`SESSION_IDLE_TIMEOUT`]).
+    pub max_sessions: usize,
 }
+
+/// Default `--max-sessions`: each open HTTP session holds a worker and its buffers (tens of
+/// KB), so clients that never close theirs must not be able to grow the server without bound.
+pub const DEFAULT_MAX_SESSIONS: usize = 64;
+
+/// An HTTP session with no request for this long is closed by the server.
+pub const SESSION_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -113,7 +123,7 @@ pub enum ServeError {
     /// `--toolsets` named something the registry does not know.
     #[error("--toolsets: {0}")]
     Toolsets(String),
-    /// `--max-concurrent` or `--max-request-bytes` is zero.
+    /// `--max-concurrent`, `--max-request-bytes` or `--max-sessions` is zero.
     #[error("{0} must be at least 1")]
     Zero(&'static str),
     /// The transport failed.
@@ -311,9 +321,15 @@ impl ExecServer {
             }
         }
         let settings = &self.shared.settings;
-        let ctx = ToolContext::agent(settings.cwd.clone());
+        let mut ctx = ToolContext::agent(settings.cwd.clone());
+        ctx.task_id = Some(crate::mcp_approval::task_id(self.conn));
         let request = request_from(&args, &ctx, &settings.config)
             .map_err(|e| ErrorData::invalid_params(e.message, None))?;
+        // Approvals of this call are asked of this client (elicitation).
+        let _approvals = crate::mcp_approval::bind(
+            &crate::mcp_approval::task_id(self.conn),
+            context.peer.clone(),
+        );
 
         let progress = Progress::new(&context);
         // Stop when the client cancels, and (over HTTP) when its response stream goes away.
@@ -403,9 +419,13 @@ impl ExecServer {
         &self,
         name: String,
         args: Map<String, Value>,
+        peer: rmcp::Peer<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let registry = self.shared.registry;
-        let ctx = ToolContext::agent(self.shared.settings.cwd.clone());
+        let mut ctx = ToolContext::agent(self.shared.settings.cwd.clone());
+        let task_id = crate::mcp_approval::task_id(self.conn);
+        let _approvals = crate::mcp_approval::bind(&task_id, peer);
+        ctx.task_id = Some(task_id);
         let text = tokio::task::spawn_blocking(move || {
             registry.handle_function_call(&name, &Value::Object(args), &ctx)
         })
@@ -510,7 +530,9 @@ impl ServerHandler for ExecServer {
                 None,
             ));
         }
-        self.call_registry_tool(name, args).await.map(Into::into)
+        self.call_registry_tool(name, args, context.peer.clone())
+            .await
+            .map(Into::into)
     }
 }
 
@@ -521,6 +543,9 @@ fn validate(registry: &'static ToolRegistry, settings: &ServeSettings) -> Result
     }
     if settings.max_request_bytes == 0 {
         return Err(ServeError::Zero("--max-request-bytes"));
+    }
+    if settings.max_sessions == 0 {
+        return Err(ServeError::Zero("--max-sessions"));
     }
     registry
         .select_tools(&settings.toolsets, &[])
@@ -536,6 +561,7 @@ pub async fn serve_stdio(
     stop: CancellationToken,
 ) -> Result<(), ServeError> {
     validate(registry, &settings)?;
+    crate::mcp_approval::install();
     let shared = Shared::new(registry, settings);
     let conn = shared.next_id();
     let closed = CancellationToken::new();
@@ -591,6 +617,7 @@ pub async fn serve_http(
     if !addr.ip().is_loopback() {
         return Err(ServeError::NotLoopback(addr));
     }
+    crate::mcp_approval::install();
     let shared = Shared::new(registry, settings);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -610,6 +637,9 @@ pub async fn serve_http(
         format!("[::1]:{}", bound.port()),
     ]);
     let factory_shared = shared.clone();
+    let mut sessions = LocalSessionManager::default();
+    sessions.session_config.keep_alive = Some(SESSION_IDLE_TIMEOUT);
+    let sessions = Arc::new(sessions);
     let service = StreamableHttpService::new(
         move || {
             Ok(ExecServer {
@@ -617,15 +647,19 @@ pub async fn serve_http(
                 shared: factory_shared.clone(),
             })
         },
-        Arc::new(LocalSessionManager::default()),
+        sessions.clone(),
         config,
     );
-    let limit = shared.settings.max_request_bytes;
+    let limits = HttpLimits {
+        max_body: shared.settings.max_request_bytes,
+        max_sessions: shared.settings.max_sessions,
+        sessions,
+    };
     let router =
         axum::Router::new()
             .nest_service("/mcp", service)
             .layer(axum::middleware::from_fn(move |req, next| {
-                check_http_body(req, next, limit)
+                check_http_request(req, next, limits.clone())
             }));
     on_listening(bound);
     let stopped = stop.clone();
@@ -667,19 +701,40 @@ async fn read_body_draining(mut body: axum::body::Body, limit: usize) -> Option<
     (total <= limit).then(|| axum::body::Bytes::from(kept))
 }
 
-/// Checks a POSTed body before the SDK sees it, so bad input gets a JSON-RPC error body (the
-/// SDK would answer 415 with plain text): over the limit → 413 with -32600; unparsable or not
-/// JSON-RPC → 400 with -32700 / -32600 / -32602 as [`check_message`] decides.
-async fn check_http_body(
+/// What the HTTP front checks before the SDK sees a request.
+#[derive(Clone)]
+struct HttpLimits {
+    /// Largest body (`--max-request-bytes`).
+    max_body: usize,
+    /// Sessions open at once (`--max-sessions`).
+    max_sessions: usize,
+    /// The SDK's session table, to count open sessions.
+    sessions: Arc<LocalSessionManager>,
+}
+
+/// Checks a request before the SDK sees it, so bad input gets a JSON-RPC error body (the SDK
+/// would answer 415 with plain text): a body over the limit → 413 with -32600; unparsable or not
+/// JSON-RPC → 400 with -32700 / -32600 / -32602 as [`check_message`] decides; a new session
+/// beyond `--max-sessions` → 503 with -32000. A successful `DELETE` (session closed) answers 200:
+/// the SDK answers 202, which the official clients log as a failed termination.
+async fn check_http_request(
     req: axum::extract::Request,
     next: axum::middleware::Next,
-    limit: usize,
+    limits: HttpLimits,
 ) -> axum::response::Response {
     use axum::http::{header, Method, StatusCode};
     use axum::response::IntoResponse;
+    if req.method() == Method::DELETE {
+        let mut response = next.run(req).await;
+        if response.status() == StatusCode::ACCEPTED {
+            *response.status_mut() = StatusCode::OK;
+        }
+        return response;
+    }
     if req.method() != Method::POST {
         return next.run(req).await;
     }
+    let limit = limits.max_body;
     let json_error = |status: StatusCode, rejection: Rejection| {
         (
             status,
@@ -688,6 +743,22 @@ async fn check_http_body(
         )
             .into_response()
     };
+    let opens_session = !req.headers().contains_key("mcp-session-id");
+    if opens_session && limits.sessions.sessions.read().await.len() >= limits.max_sessions {
+        return json_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            Rejection {
+                code: -32000,
+                message: format!(
+                    "Server busy: {} MCP sessions are open (--max-sessions); close one (DELETE \
+                     /mcp with its Mcp-Session-Id) or retry when an idle one expires ({}s)",
+                    limits.max_sessions,
+                    SESSION_IDLE_TIMEOUT.as_secs()
+                ),
+                id: Value::Null,
+            },
+        );
+    }
     let (parts, body) = req.into_parts();
     let bytes = match read_body_draining(body, limit).await {
         Some(b) => b,

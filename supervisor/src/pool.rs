@@ -679,7 +679,7 @@ fn send_all(stream: &std::os::unix::net::UnixStream, mut data: &[u8]) -> std::io
 }
 
 fn start_one(shared: &Shared, spec: &LaunchSpec) -> Result<Entry, BootError> {
-    let staging = Staging::create()?;
+    let staging = Staging::create(spec.disk_budget())?;
     shared.lock().starting_dir = Some(staging.path().to_path_buf());
     // A socketpair rather than a pipe, so a write to a dead interpreter can be made without
     // SIGPIPE (MSG_NOSIGNAL); the bootstrap only reads it.
@@ -837,7 +837,7 @@ extern "C" fn clean_up_at_exit() {
             drop(st);
             drop(idle);
             if let Some(dir) = starting {
-                let _ = std::fs::remove_dir_all(dir);
+                crate::confine::staging::remove_at_exit(&dir);
             }
             break;
         }

@@ -91,7 +91,7 @@ pub unsafe fn become_reaper(
     setup: ReaperSetup,
     confinement: Option<&crate::confine::child::ChildConfinement>,
 ) -> io::Result<()> {
-    // SAFETY (whole function): only async-signal-safe libc calls on plain integers and stack
+    // SAFETY: (the whole function) only async-signal-safe libc calls on plain integers and stack
     // buffers; no allocation or locking happens between fork and exec/_exit.
     unsafe {
         libc::close(setup.write_fd);
@@ -462,31 +462,48 @@ impl PathBuf64 {
     }
 }
 
-/// Whether `pid` is `ancestor` or one of its descendants (walks the parent chain in /proc).
+/// Whether `pid` is `ancestor` or one of its descendants (walks the parent chain in /proc); a
+/// process that is gone is not. Use [`descends_from`] where a failed lookup must not be taken
+/// for "no".
 pub fn is_descendant(pid: u32, ancestor: u32) -> bool {
+    descends_from(pid, ancestor).unwrap_or(false)
+}
+
+/// Like [`is_descendant`], but an error reading /proc (other than the process being gone) is
+/// reported instead of being taken for "no": out of descriptors, /proc hidden.
+pub fn descends_from(pid: u32, ancestor: u32) -> std::io::Result<bool> {
     let mut current = pid;
     for _ in 0..1024 {
         if current == ancestor {
-            return true;
+            return Ok(true);
         }
         if current <= 1 {
-            return false;
+            return Ok(false);
         }
-        match parent_of(current) {
+        match parent_of(current)? {
             Some(p) => current = p,
-            None => return false,
+            None => return Ok(false),
         }
     }
-    false
+    Ok(false)
 }
 
-fn parent_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+/// The parent of `pid`; `None` when the process is gone or its stat line is unreadable.
+fn parent_of(pid: u32) -> std::io::Result<Option<u32>> {
+    let stat = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => s,
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH)) => {
+            return Ok(None)
+        }
+        Err(e) => return Err(e),
+    };
     // The command name may contain spaces and parentheses: fields start after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace();
-    fields.next()?; // state
-    fields.next()?.parse().ok()
+    let Some(close) = stat.rfind(')') else {
+        return Ok(None);
+    };
+    let mut fields = stat[close + 1..].split_whitespace();
+    fields.next(); // state
+    Ok(fields.next().and_then(|f| f.parse().ok()))
 }
 
 #[cfg(test)]
@@ -516,8 +533,10 @@ mod tests {
     fn this_process_descends_from_itself_and_its_parent() {
         let me = std::process::id();
         assert!(is_descendant(me, me));
-        let parent = parent_of(me).unwrap();
+        let parent = parent_of(me).unwrap().unwrap();
         assert!(is_descendant(me, parent));
         assert!(!is_descendant(parent, me));
+        // A process that is gone is nobody's descendant, and that is not an error.
+        assert_eq!(descends_from(u32::MAX - 1, me).ok(), Some(false));
     }
 }

@@ -187,6 +187,8 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
             cwd: cwd.clone().into(),
             env: Some(Arc::new(tool_env)),
             origin: CallOrigin::Script,
+            // The backend is the sandbox; tools act inside it, not on this host's paths.
+            paths: None,
         },
     ));
     let server = serve_with(listener, Arc::clone(&state), false);
@@ -303,6 +305,7 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
         stderr_bytes: stderr_cap.total(),
         stderr_bytes_omitted: stderr_cap.omitted(),
         mode: request.mode.as_str(),
+        redactions: 0,
         interpreter: Some(python),
         backend: Some(backend.to_string()),
     })

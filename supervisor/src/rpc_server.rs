@@ -15,18 +15,24 @@
 //! and several calls can be in flight at once; replies carry the request id and are written
 //! whole under a lock, so they never interleave.
 
-use crate::reaper::is_descendant;
+use crate::reaper::descends_from;
 use serde_json::{json, Map, Value};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use subtle::ConstantTimeEq;
 use tokio::net::UnixListener;
 use vibeos_rpc::{
     decode_request, encode_error, encode_response_json, ProtocolError, MAX_FRAME_BYTES,
 };
 use vibeos_tools::{CallOrigin, ToolContext, ToolRegistry, SCRIPT_BLOCKED_TOOLS};
+
+/// Most connections one execution may hold open at once. Each costs the supervisor a thread and
+/// two descriptors; without a cap a script could exhaust the supervisor's descriptors and break
+/// every other execution it serves.
+pub const MAX_OPEN_CONNECTIONS: usize = 64;
 
 /// Parameters of `terminal` a script may not use: scripts run foreground commands only.
 const TERMINAL_STRIPPED: [&str; 5] = ["background", "pty", "notify", "notify_on_complete", "watch"];
@@ -47,8 +53,11 @@ pub struct ChannelState {
     pub root_pid: AtomicU32,
     /// Context handed to tool handlers.
     pub context: ToolContext,
-    /// Open connections, so [`ChannelState::close_all`] can end their threads.
-    connections: Mutex<Vec<UnixStream>>,
+    /// Writers of the open connections by serial number, so [`ChannelState::close_all`] can
+    /// end their threads; a connection removes itself when it ends.
+    connections: Mutex<HashMap<u64, Writer>>,
+    /// Serial number of the next connection.
+    next_connection: AtomicU64,
 }
 
 impl ChannelState {
@@ -71,16 +80,55 @@ impl ChannelState {
                 origin: CallOrigin::Script,
                 ..context
             },
-            connections: Mutex::new(Vec::new()),
+            connections: Mutex::new(HashMap::new()),
+            next_connection: AtomicU64::new(0),
         }
     }
 
     /// Shuts every open connection down (the execution is over); their threads then end.
     pub fn close_all(&self) {
         let mut conns = self.connections.lock().unwrap_or_else(|p| p.into_inner());
-        for c in conns.drain(..) {
-            let _ = c.shutdown(std::net::Shutdown::Both);
+        for (_, writer) in conns.drain() {
+            let guard = writer.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(w) = guard.as_ref() {
+                let _ = w.shutdown(std::net::Shutdown::Both);
+            }
         }
+    }
+
+    /// How many connections are open now.
+    pub fn open_connections(&self) -> usize {
+        self.connections
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+
+    /// Registers a new connection unless the execution is at [`MAX_OPEN_CONNECTIONS`]: makes
+    /// its writer (a second descriptor of the stream, shared by the replies of calls in flight)
+    /// and records it so [`ChannelState::close_all`] can shut it down. The guard unregisters it
+    /// when dropped.
+    fn register(
+        self: &Arc<Self>,
+        stream: &UnixStream,
+    ) -> Result<(Registration, Writer), ProtocolError> {
+        let mut conns = self.connections.lock().unwrap_or_else(|p| p.into_inner());
+        if conns.len() >= MAX_OPEN_CONNECTIONS {
+            return Err(ProtocolError::TooManyConnections {
+                limit: MAX_OPEN_CONNECTIONS,
+            });
+        }
+        let write_half = stream.try_clone().map_err(|e| {
+            ProtocolError::Internal(format!("cannot duplicate the connection: {e}"))
+        })?;
+        let writer: Writer = Arc::new(Mutex::new(Some(write_half)));
+        let id = self.next_connection.fetch_add(1, Ordering::Relaxed);
+        conns.insert(id, Arc::clone(&writer));
+        let registration = Registration {
+            state: Arc::clone(self),
+            id,
+        };
+        Ok((registration, writer))
     }
 
     /// Whether a call to `tool` is answered inline on the connection thread: refusals and
@@ -178,24 +226,72 @@ pub fn serve_stream(
     check_peer: bool,
     pool: tokio::runtime::Handle,
 ) {
+    // Registered before its thread starts: the cap then bounds the descriptors and threads
+    // connections hold, however fast a script connects and hangs up.
+    let (registration, writer) = match state.register(&stream) {
+        Ok(r) => r,
+        Err(e) => {
+            match &e {
+                ProtocolError::Internal(_) => tracing::error!("execute_code: {e}"),
+                _ => tracing::warn!("execute_code: {e}"),
+            }
+            refuse(stream, &e);
+            return;
+        }
+    };
     let spawned = std::thread::Builder::new()
         .name("vibeos-rpc-conn".into())
-        .spawn(move || serve_connection(stream, state, check_peer, pool));
+        .spawn(move || {
+            serve_connection(stream, writer, &state, check_peer, pool);
+            drop(registration);
+        });
     if let Err(e) = spawned {
         tracing::warn!("execute_code: cannot start a thread for an RPC connection: {e}");
     }
 }
 
-fn peer_allowed(stream: &UnixStream, state: &ChannelState) -> bool {
+/// An open connection's entry in [`ChannelState`]; dropping it forgets the connection.
+struct Registration {
+    state: Arc<ChannelState>,
+    id: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.state
+            .connections
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.id);
+    }
+}
+
+/// Checks that the peer is a process of this execution: `Err(ForeignPeer)` when it is not,
+/// `Err(Internal)` when its credentials cannot be read (the supervisor's failure, which
+/// must not be reported as the peer's).
+fn check_peer_credentials(stream: &UnixStream, state: &ChannelState) -> Result<(), ProtocolError> {
     use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
-    let Ok(cred) = getsockopt(stream, PeerCredentials) else {
-        return false;
-    };
+    let cred = getsockopt(stream, PeerCredentials)
+        .map_err(|e| ProtocolError::Internal(format!("cannot read the peer's credentials: {e}")))?;
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     let root = state.root_pid.load(Ordering::SeqCst);
-    let pid_ok = cred.pid() > 0 && root != 0 && is_descendant(cred.pid() as u32, root);
-    cred.uid() == me && pid_ok
+    let pid_ok = cred.pid() > 0
+        && root != 0
+        && descends_from(cred.pid() as u32, root).map_err(|e| {
+            ProtocolError::Internal(format!("cannot check the peer's ancestry in /proc: {e}"))
+        })?;
+    if cred.uid() == me && pid_ok {
+        Ok(())
+    } else {
+        Err(ProtocolError::ForeignPeer)
+    }
+}
+
+/// Answers `error` on a connection that will not be served, and closes it.
+fn refuse(mut stream: UnixStream, error: &ProtocolError) {
+    let _ = stream.write_all(&encode_error(None, error));
+    let _ = stream.shutdown(std::net::Shutdown::Both);
 }
 
 type Writer = Arc<Mutex<Option<UnixStream>>>;
@@ -235,29 +331,23 @@ fn read_frame(reader: &mut impl BufRead, buf: &mut Vec<u8>) -> Result<bool, Prot
 
 fn serve_connection(
     stream: UnixStream,
-    state: Arc<ChannelState>,
+    writer: Writer,
+    state: &Arc<ChannelState>,
     check_peer: bool,
     pool: tokio::runtime::Handle,
 ) {
-    if check_peer && !peer_allowed(&stream, &state) {
-        tracing::warn!(
-            "execute_code: refused an RPC connection from a process outside the execution"
-        );
-        let mut stream = stream;
-        let _ = stream.write_all(&encode_error(None, &ProtocolError::ForeignPeer));
-        let _ = stream.shutdown(std::net::Shutdown::Both);
-        return;
+    if check_peer {
+        if let Err(e) = check_peer_credentials(&stream, state) {
+            match &e {
+                ProtocolError::ForeignPeer => tracing::warn!(
+                    "execute_code: refused an RPC connection from a process outside the execution"
+                ),
+                other => tracing::error!("execute_code: {other}"),
+            }
+            send(&writer, &encode_error(None, &e), true);
+            return;
+        }
     }
-    let (Ok(write_half), Ok(registered)) = (stream.try_clone(), stream.try_clone()) else {
-        tracing::warn!("execute_code: cannot duplicate an RPC connection");
-        return;
-    };
-    state
-        .connections
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(registered);
-    let writer: Writer = Arc::new(Mutex::new(Some(write_half)));
     let mut reader = BufReader::with_capacity(64 * 1024, stream);
     let mut frame = Vec::with_capacity(4096);
     loop {
@@ -283,7 +373,8 @@ fn serve_connection(
                 continue;
             }
         };
-        if !constant_time_eq(request.token.as_bytes(), state.token.as_bytes()) {
+        // Constant time: how long a refusal takes must not tell a guesser how much it got right.
+        if !bool::from(request.token.as_bytes().ct_eq(state.token.as_bytes())) {
             tracing::warn!("execute_code: refused an RPC request with a wrong token");
             send(
                 &writer,
@@ -296,7 +387,7 @@ fn serve_connection(
             let result = state.answer(&request.tool, request.args);
             send(&writer, &encode_response_json(&request.id, &result), false);
         } else {
-            let state = Arc::clone(&state);
+            let state = Arc::clone(state);
             let writer = Arc::clone(&writer);
             pool.spawn_blocking(move || {
                 let result = state.answer(&request.tool, request.args);
@@ -304,13 +395,6 @@ fn serve_connection(
             });
         }
     }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 #[cfg(test)]

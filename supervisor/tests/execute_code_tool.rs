@@ -27,8 +27,7 @@ fn run_script(dir: &std::path::Path) -> Value {
 #[test]
 fn execute_code_runs_from_sync_code() {
     if !python_available() {
-        eprintln!("skipped: python3 is not on PATH");
-        return;
+        vibeos_testkit::skip!("python3 is not on PATH");
     }
     let dir = tempfile::tempdir().unwrap();
     let result = run_script(dir.path());
@@ -40,8 +39,7 @@ fn execute_code_runs_from_sync_code() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn execute_code_runs_from_inside_a_runtime() {
     if !python_available() {
-        eprintln!("skipped: python3 is not on PATH");
-        return;
+        vibeos_testkit::skip!("python3 is not on PATH");
     }
     let dir = tempfile::tempdir().unwrap();
     let result = run_script(dir.path());
@@ -52,8 +50,7 @@ async fn execute_code_runs_from_inside_a_runtime() {
 #[tokio::test(flavor = "current_thread")]
 async fn execute_code_runs_from_inside_a_current_thread_runtime() {
     if !python_available() {
-        eprintln!("skipped: python3 is not on PATH");
-        return;
+        vibeos_testkit::skip!("python3 is not on PATH");
     }
     let dir = tempfile::tempdir().unwrap();
     assert_eq!(run_script(dir.path())["status"], "success");
@@ -85,8 +82,7 @@ fn bad_execute_code_arguments_get_clear_errors() {
 #[test]
 fn scripts_get_only_the_script_tools_the_session_selected() {
     if !python_available() {
-        eprintln!("skipped: python3 is not on PATH");
-        return;
+        vibeos_testkit::skip!("python3 is not on PATH");
     }
     use vibeos_supervisor::execute_code_tool::execute_code_entry_for;
     let reg: &'static vibeos_tools::ToolRegistry =

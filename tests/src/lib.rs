@@ -100,20 +100,30 @@ impl Sandbox {
         self.root.path().join("tmp")
     }
 
-    /// Staging dirs left in the sandbox's TMPDIR (there should be none after a run).
+    /// Staging dirs left in the sandbox's TMPDIR (there should be none after a run): the
+    /// `vibeos-exec-*` dirs, directly there or in their per-user `vibeos-staging-*` parent, and
+    /// that parent itself (removed with the last staging dir).
     pub fn staging_dirs(&self) -> Vec<PathBuf> {
-        std::fs::read_dir(self.tmp())
-            .map(|rd| {
-                rd.flatten()
-                    .map(|e| e.path())
-                    .filter(|p| {
-                        p.file_name()
-                            .and_then(|n| n.to_str())
-                            .is_some_and(|n| n.starts_with("vibeos-exec-"))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
+        let named = |p: &Path, prefix: &str| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(prefix))
+        };
+        let list = |dir: &Path| -> Vec<PathBuf> {
+            std::fs::read_dir(dir)
+                .map(|rd| rd.flatten().map(|e| e.path()).collect())
+                .unwrap_or_default()
+        };
+        let mut out = Vec::new();
+        for p in list(&self.tmp()) {
+            if named(&p, "vibeos-exec-") {
+                out.push(p);
+            } else if named(&p, "vibeos-staging-") {
+                out.extend(list(&p).into_iter().filter(|c| named(c, "vibeos-exec-")));
+                out.push(p);
+            }
+        }
+        out
     }
 
     /// Writes `config.yaml`; `code_execution.python` is always pinned to [`python3`] unless the

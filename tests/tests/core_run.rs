@@ -284,6 +284,50 @@ fn the_channel_survives_garbage_and_refuses_what_it_must() {
 }
 
 #[test]
+fn closed_connections_are_released_and_open_ones_are_capped() {
+    // A supervisor with few descriptors: before connections were released on close, 1,100
+    // opened-and-closed connections exhausted them and the script's calls hung.
+    let sb = Sandbox::new();
+    let mut cmd = sb.command();
+    // SAFETY: setrlimit is async-signal-safe and touches only the child about to exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            let lim = libc::rlimit {
+                rlim_cur: 256,
+                rlim_max: 256,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let script = fixture("core/connection_churn.py");
+    let out = cmd
+        .args(["run", "--json", "--timeout", "120"])
+        .arg(&script)
+        .output()
+        .unwrap();
+    let r = parse_single_json(&out);
+    assert_eq!(r["status"], "success", "{r}");
+    let out = parse_output_json(&r);
+    // 80 held open, at most 64 served at once: at least 16 refused, each with the clear error
+    // (more when the server has not yet seen some of the churned connections close).
+    let refused = out["refused"].as_u64().unwrap();
+    assert!((16..80).contains(&refused), "{out}");
+    assert_eq!(out["codes"], serde_json::json!(["too_many_connections"]));
+    assert!(out["message"]
+        .as_str()
+        .unwrap()
+        .contains("64 open RPC connections"));
+    assert_eq!(out["served_after"], true, "{out}");
+    assert!(out["tool_after"]["error"]
+        .as_str()
+        .unwrap()
+        .contains("FileNotFound"));
+}
+
+#[test]
 fn a_process_outside_the_execution_cannot_use_the_socket() {
     let sb = Sandbox::new();
     let child = sb
@@ -368,6 +412,50 @@ fn bad_scripts_are_usage_errors() {
         assert_eq!(v["status"], "error");
         assert!(v["error"].as_str().unwrap().contains(needle));
     }
+}
+
+#[test]
+fn command_line_errors_with_json_print_the_result_object() {
+    let sb = Sandbox::new();
+    let script = fixture("core/tool_chain.py");
+    let script = script.to_str().unwrap();
+    for (args, needle) in [
+        (
+            vec!["run", "--json", "--bogus", script],
+            "unexpected argument '--bogus'",
+        ),
+        (
+            vec!["run", "--json", "--timeout", "abc", script],
+            "invalid value 'abc'",
+        ),
+        (
+            vec!["run", "--json"],
+            "required arguments were not provided",
+        ),
+        (
+            vec!["run", "--json", "--timeout", "0", script],
+            "--timeout 0",
+        ),
+    ] {
+        let out = sb.run(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let v = parse_single_json(&out);
+        assert_eq!(v["status"], "error", "{args:?}: {v}");
+        assert!(v["exit_code"].is_null());
+        assert_eq!(v["tool_calls_made"], 0);
+        assert!(
+            v["error"].as_str().unwrap().contains(needle),
+            "{args:?}: {v}"
+        );
+        // Humans still get clap's message on stderr for a malformed command line.
+        if !needle.starts_with("--timeout") {
+            assert!(!out.stderr.is_empty(), "{args:?}");
+        }
+    }
+    // Without --json nothing is printed on stdout.
+    let out = sb.run(&["run", "--bogus", "x.py"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
 }
 
 #[test]

@@ -126,6 +126,27 @@ fn dropped_vibeos_names_are_logged_once_at_debug_without_values() {
 }
 
 #[test]
+fn the_log_file_is_rotated_past_its_size_limit() {
+    let sb = Sandbox::new();
+    let logs = sb.home().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let old = "old line\n".repeat((10 << 20) / 9 + 1);
+    std::fs::write(logs.join("agent.log"), &old).unwrap();
+    let out = sb.run(&[
+        "run",
+        "--log-level",
+        "debug",
+        fixture("core/print_env.py").to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    // The full file moved aside whole; agent.log starts again with this run's lines.
+    let rotated = std::fs::read_to_string(logs.join("agent.log.1")).unwrap();
+    assert!(rotated.starts_with(&old), "the old log was not kept whole");
+    let current = std::fs::read_to_string(logs.join("agent.log")).unwrap_or_default();
+    assert!(current.len() < 1 << 20, "agent.log was not restarted");
+}
+
+#[test]
 fn env_audit_names_every_variable_and_its_rule_but_no_value() {
     let sb = secretive_sandbox();
     let out = sb.run(&["env", "audit", "--json"]);
@@ -143,10 +164,11 @@ fn env_audit_names_every_variable_and_its_rule_but_no_value() {
             .unwrap_or_else(|| panic!("{name} missing from audit"))
     };
     assert_eq!(find("GITHUB_TOKEN")["kept"], false);
+    // GitHub tokens are managed credentials (issue 17): the provider blocklist decides them.
     assert!(find("GITHUB_TOKEN")["rule"]
         .as_str()
         .unwrap()
-        .contains("secret"));
+        .contains("provider"));
     assert_eq!(find("OPENAI_API_KEY")["kept"], false);
     assert!(find("OPENAI_API_KEY")["rule"]
         .as_str()

@@ -93,8 +93,7 @@ fn scenario(sb: &Sandbox, name: &str) -> Option<Value> {
     let py = match mcp_python() {
         Ok(p) => p,
         Err(why) => {
-            eprintln!("SKIPPED mcp scenario {name}: {why}");
-            return None;
+            vibeos_testkit::skip!(None; "mcp scenario {name}: {why}");
         }
     };
     let dir = workspace_root().join("fixtures").join("mcp");
@@ -183,7 +182,7 @@ fn mcp_initialize_list_tools_and_run_scripts_that_call_tools() {
         "the per-call max_tool_calls overrides serve's: {out}"
     );
     assert_eq!(text["tool_calls_made"], 1);
-    assert!(sb.staging_dirs().is_empty());
+    assert!(sb.staging_dirs().is_empty(), "{:?}", sb.staging_dirs());
 }
 
 #[test]
@@ -352,6 +351,28 @@ fn mcp_streamable_http_serves_several_clients_and_rejects_bad_bodies() {
 }
 
 #[test]
+fn mcp_http_sessions_are_capped_and_delete_succeeds() {
+    let sb = Sandbox::new();
+    let Some(r) = scenario(&sb, "http_sessions") else {
+        return;
+    };
+    assert_eq!(r["opened"], serde_json::json!([true, true]), "{r}");
+    assert_eq!(r["third"]["status"], 503, "{r}");
+    let body: Value = serde_json::from_str(r["third"]["body"].as_str().unwrap()).unwrap();
+    assert_eq!(body["error"]["code"], -32000);
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("--max-sessions"));
+    assert_eq!(r["delete_status"], 200, "{r}");
+    let (is_error, text, _) = parts(&r["after"]);
+    assert!(!is_error, "{text}");
+    assert_eq!(text["output"], "ok\n");
+    assert_eq!(r["sdk_warnings"], serde_json::json!([]), "{r}");
+    assert_eq!(r["exit_code"], 0);
+}
+
+#[test]
 fn mcp_toolsets_offer_the_registry_tools_of_those_toolsets() {
     let sb = Sandbox::new();
     let Some(r) = scenario(&sb, "toolsets") else {
@@ -433,4 +454,135 @@ fn serve_help_documents_the_options() {
     ] {
         assert!(help.contains(word), "serve --help mentions {word}: {help}");
     }
+}
+
+/// The JSON after `prefix` on a line of an execution's output.
+fn tagged(text: &Value, prefix: &str) -> Value {
+    let out = text["output"].as_str().unwrap_or_default();
+    let line = out
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .unwrap_or_else(|| panic!("no {prefix} line in {text}"));
+    serde_json::from_str(line).unwrap()
+}
+
+#[test]
+fn strict_executions_served_together_can_neither_slow_nor_watch_nor_open_each_other() {
+    if let Some(why) = vibeos_e2e::strict_unavailable() {
+        vibeos_testkit::skip!("strict mode is unavailable on this machine: {why}");
+    }
+    let sb = Sandbox::new();
+    sb.write_config("code_execution:\n  pool_size: 2\n  strict:\n    max_processes: 64\n");
+    let Some(r) = scenario(&sb, "strict_cross") else {
+        return;
+    };
+    let (victim_err, victim, _) = parts(&r["victim"]);
+    let (_, attacker, _) = parts(&r["attacker"]);
+    assert!(!victim_err, "{victim}");
+    let v = tagged(victim, "VICTIM ");
+    let a = tagged(attacker, "ATTACKER ");
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        assert_ne!(v["uid"], a["uid"], "two live executions shared a uid");
+        assert_ne!(v["uid"], 0);
+    }
+    assert_eq!(
+        v["nice_before"], v["nice_after"],
+        "the victim was reniced: {v}"
+    );
+    assert_eq!(
+        v["affinity_before"], v["affinity_after"],
+        "the victim was pinned: {v}"
+    );
+    assert_eq!(v["mode_before"], "0o700");
+    assert_eq!(
+        v["mode_after"], "0o700",
+        "the victim's staging dir was opened"
+    );
+    assert_eq!(v["data_after"], "victim data");
+    assert_eq!(
+        v["forks_ok"], true,
+        "the victim was starved of processes: {v}"
+    );
+    assert_ne!(
+        a["prio_user"], 0,
+        "setpriority(PRIO_USER) went through: {a}"
+    );
+    assert_eq!(a["hits"]["renice"], 0, "{a}");
+    assert_eq!(a["hits"]["affinity"], 0, "{a}");
+    assert_ne!(a["inotify"], 0, "inotify was available: {a}");
+    assert!(
+        a["siblings"].is_string(),
+        "the staging parent was listed: {a}"
+    );
+    assert!(
+        a["kids"].as_u64().unwrap() < 64,
+        "the process limit did not hold: {a}"
+    );
+    let (after_err, after, _) = parts(&r["after"]);
+    assert!(!after_err && after["output"] == "after\n", "{after}");
+    assert!(sb.staging_dirs().is_empty(), "{:?}", sb.staging_dirs());
+    assert!(vibeos_e2e::processes_mentioning(&sb.tmp().display().to_string()).is_empty());
+}
+
+#[test]
+fn a_pinned_strict_uid_is_refused_on_a_server_with_a_warm_pool() {
+    if let Some(why) = vibeos_e2e::strict_unavailable() {
+        vibeos_testkit::skip!("strict mode is unavailable on this machine: {why}");
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        vibeos_testkit::skip_even_in_ci!("strict uids are only chosen by a root supervisor");
+    }
+    let sb = Sandbox::new();
+    sb.write_config("code_execution:\n  pool_size: 2\n  strict:\n    uid: 2113929300\n");
+    let Some(r) = scenario(&sb, "strict_pinned") else {
+        return;
+    };
+    let (_, text, _) = parts(&r["result"]);
+    assert_eq!(text["status"], "error", "{text}");
+    let error = text["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("code_execution.strict.uid") && error.contains("pool_size"),
+        "{text}"
+    );
+    assert!(!text["output"].as_str().unwrap_or_default().contains("ran"));
+}
+
+#[test]
+fn mcp_clients_answer_approvals_through_elicitation() {
+    let sb = Sandbox::new();
+    let Some(r) = scenario(&sb, "elicitation") else {
+        return;
+    };
+    // Supporting client: asked once (the whole script), "session" covered the command too.
+    let (is_error, text, _) = parts(&r["approved"]);
+    assert!(!is_error, "{text}");
+    assert_eq!(text["output"], "0 None\n", "{text}");
+    let asked = r["approved_asked"].as_array().unwrap();
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    let question = asked[0].as_str().unwrap();
+    assert!(
+        question.contains("recursive delete") && question.contains("rm -rf doomed1"),
+        "{question}"
+    );
+    // Its "deny" stops the script before it runs.
+    let (is_error, text, _) = parts(&r["denied"]);
+    assert!(is_error);
+    assert!(
+        text["error"].as_str().unwrap().contains("was not run"),
+        "{text}"
+    );
+    assert_eq!(r["denied_asked"].as_array().unwrap().len(), 1);
+    // A client without elicitation: the script runs (headless policy), the command is denied
+    // with the reason.
+    let (_, text, _) = parts(&r["unsupported"]);
+    let out = text["output"].as_str().unwrap();
+    assert!(
+        out.contains("does not support elicitation"),
+        "no clear message: {out}"
+    );
+    assert_eq!(r["exists"]["doomed1"], false);
+    assert_eq!(r["exists"]["doomed2"], true);
+    assert_eq!(r["exists"]["doomed3"], true);
 }

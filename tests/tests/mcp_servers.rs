@@ -38,8 +38,7 @@ macro_rules! need {
         match venv_python($modules) {
             Ok(p) => p,
             Err(missing) => {
-                eprintln!("SKIPPED: missing {missing}");
-                return;
+                vibeos_testkit::skip!("missing {missing}");
             }
         }
     };
@@ -346,8 +345,7 @@ fn plugins_without_the_python_package_are_skipped_with_a_clear_message() {
         .map(|o| o.status.success())
         .unwrap_or(true);
     if has {
-        eprintln!("SKIPPED: {} has vibeos_exec installed", system.display());
-        return;
+        vibeos_testkit::skip!("{} has vibeos_exec installed", system.display());
     }
     copy_plugins(&sb.home().join("plugins"));
     plugin_config(&sb, &system, "eager");

@@ -11,8 +11,7 @@ use vibeos_e2e::{fixture, processes_mentioning, strict_unavailable, Sandbox};
 macro_rules! require_strict {
     () => {
         if let Some(why) = strict_unavailable() {
-            eprintln!("SKIP: strict mode is unavailable on this machine: {why}");
-            return;
+            vibeos_testkit::skip!("strict mode is unavailable on this machine: {why}");
         }
     };
 }
@@ -70,8 +69,7 @@ fn benign_scripts_work_with_the_default_interpreter() {
 fn benign_scripts_work_with_the_system_interpreter_and_no_extra_capability() {
     require_strict!();
     if !std::path::Path::new("/usr/bin/python3").exists() {
-        eprintln!("SKIP: /usr/bin/python3 is missing");
-        return;
+        vibeos_testkit::skip!("/usr/bin/python3 is missing");
     }
     let sb = Sandbox::new();
     // World-searchable dirs: the script's uid reaches the staging dir without any capability.
@@ -110,7 +108,9 @@ fn a_pyenv_style_shim_interpreter_is_refused_by_name() {
     require_strict!();
     let sb = Sandbox::new();
     let shim = sb.root.path().join("shim-python3");
-    std::fs::write(&shim, "#!/bin/sh\nexec python3 \"$@\"\n").unwrap();
+    // A wrapper that cannot say which Python it runs: a resolvable one (a real pyenv shim) is
+    // run through its real interpreter instead (tests/tests/parity.rs).
+    std::fs::write(&shim, "#!/bin/sh\necho not-a-python\n").unwrap();
     std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755)).unwrap();
     sb.write_config(&format!("code_execution:\n  python: {}\n", shim.display()));
     let r = sb.run_json("print('hi')", &["--mode", "strict"]);
@@ -210,10 +210,9 @@ fn strict_mode_confines_for_an_unprivileged_supervisor_too() {
     let root = unsafe { libc::geteuid() } == 0;
     let setpriv = std::path::Path::new("/usr/bin/setpriv");
     if !root || !setpriv.exists() || !std::path::Path::new("/usr/bin/python3").exists() {
-        eprintln!(
-            "SKIP: running the supervisor unprivileged needs root, setpriv and /usr/bin/python3"
+        vibeos_testkit::skip!(
+            "running the supervisor unprivileged needs root, setpriv and /usr/bin/python3"
         );
-        return;
     }
     let sb = Sandbox::new();
     for dir in [sb.root.path().to_path_buf(), sb.home(), sb.work(), sb.tmp()] {
@@ -266,4 +265,146 @@ fn strict_mode_confines_for_an_unprivileged_supervisor_too() {
         "{output}"
     );
     assert!(sb.staging_dirs().is_empty());
+}
+
+#[test]
+fn a_pinned_uid_serves_one_execution_at_a_time() {
+    if let Some(why) = strict_unavailable() {
+        vibeos_testkit::skip!("strict mode is unavailable on this machine: {why}");
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        vibeos_testkit::skip_even_in_ci!("strict uids are only chosen by a root supervisor");
+    }
+    let sb = Sandbox::new();
+    // A uid of its own so parallel tests pinning another one do not interfere.
+    let uid = 0x7e00_0000u32 + 0xffff - (std::process::id() % 4096);
+    sb.write_config(&format!("code_execution:\n  strict:\n    uid: {uid}\n"));
+    let mut first = sb.command();
+    first.args(["run", "--mode", "strict", "--json", "-"]);
+    first
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped());
+    let mut first = first.spawn().unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = first.stdin.take().unwrap();
+        stdin
+            .write_all(b"import os, time\nprint(os.getuid())\ntime.sleep(4)\n")
+            .unwrap();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let second = sb.run_json("print('second ran')", &["--mode", "strict"]);
+    assert_eq!(second["status"], "error", "{second}");
+    assert!(
+        second["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("in use by another live strict execution"),
+        "{second}"
+    );
+    let out = first.wait_with_output().unwrap();
+    let first: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(first["status"], "success", "{first}");
+    assert_eq!(first["output"].as_str().unwrap().trim(), uid.to_string());
+    // Once the first is over, the uid is free again.
+    let third = sb.run_json("print('third ran')", &["--mode", "strict"]);
+    assert_eq!(third["status"], "success", "{third}");
+}
+
+#[test]
+fn configured_read_and_write_roots_open_exactly_what_they_name() {
+    if let Some(why) = strict_unavailable() {
+        vibeos_testkit::skip!("strict mode is unavailable on this machine: {why}");
+    }
+    let sb = Sandbox::new();
+    let data = sb.root.path().join("data");
+    let out = sb.root.path().join("out");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(data.join("input.txt"), "input line\n").unwrap();
+    sb.write_config(&format!(
+        "code_execution:\n  strict:\n    read_roots: [{}]\n    write_roots: [{}]\n",
+        data.display(),
+        out.display()
+    ));
+    let script = format!(
+        "import json\nfrom vibeos_tools import read_file, write_file, search_files\n\
+         r = {{}}\n\
+         r['read_data'] = read_file({data:?})\n\
+         r['write_data'] = write_file({data_new:?}, 'x')\n\
+         r['write_out'] = write_file({out_new:?}, 'result')\n\
+         r['search_data'] = search_files('input', path={data_dir:?})\n\
+         print('ROOTS ' + json.dumps(r))\n",
+        data = data.join("input.txt").display().to_string(),
+        data_new = data.join("new.txt").display().to_string(),
+        out_new = out.join("deep/result.txt").display().to_string(),
+        data_dir = data.display().to_string(),
+    );
+    let result = sb.run_json(&script, &["--mode", "strict"]);
+    assert_eq!(result["status"], "success", "{result}");
+    let line = result["output"]
+        .as_str()
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("ROOTS "))
+        .unwrap()
+        .to_string();
+    let r: Value = serde_json::from_str(&line).unwrap();
+    assert!(
+        r["read_data"]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("input line"),
+        "{r}"
+    );
+    let refused = r["write_data"]["error"].as_str().unwrap_or_default();
+    assert!(
+        refused.contains("write_roots"),
+        "a read root was written: {r}"
+    );
+    assert!(!data.join("new.txt").exists());
+    assert_eq!(r["write_out"]["created"], true, "{r}");
+    assert_eq!(
+        std::fs::read_to_string(out.join("deep/result.txt")).unwrap(),
+        "result"
+    );
+    assert_eq!(r["search_data"]["total"], 1, "{r}");
+
+    // A root that does not exist refuses the run with the setting named.
+    sb.write_config("code_execution:\n  strict:\n    read_roots: [/no/such/dir]\n");
+    let bad = sb.run_json("print('ran')", &["--mode", "strict"]);
+    assert_eq!(bad["status"], "error", "{bad}");
+    assert!(
+        bad["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("read_roots"),
+        "{bad}"
+    );
+}
+
+#[test]
+fn terminal_reaches_strict_scripts_only_when_config_opens_it() {
+    if let Some(why) = strict_unavailable() {
+        vibeos_testkit::skip!("strict mode is unavailable on this machine: {why}");
+    }
+    let sb = Sandbox::new();
+    let script = "import vibeos_tools\nprint('HAS', 'terminal' in vibeos_tools._TOOLS)\n\
+                  if 'terminal' in vibeos_tools._TOOLS:\n    \
+                  print('RAN', vibeos_tools.terminal(command='echo opened')['output'].strip())\n";
+    let closed = sb.run_json(script, &["--mode", "strict"]);
+    assert_eq!(closed["status"], "success", "{closed}");
+    assert!(
+        closed["output"].as_str().unwrap().contains("HAS False"),
+        "{closed}"
+    );
+    sb.write_config("code_execution:\n  strict:\n    terminal: true\n");
+    let open = sb.run_json(script, &["--mode", "strict"]);
+    assert_eq!(open["status"], "success", "{open}");
+    let out = open["output"].as_str().unwrap();
+    assert!(
+        out.contains("HAS True") && out.contains("RAN opened"),
+        "{open}"
+    );
 }

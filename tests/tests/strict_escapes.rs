@@ -23,8 +23,7 @@ use vibeos_e2e::{fixture, pid_alive, processes_mentioning, strict_unavailable, S
 macro_rules! require_strict {
     () => {
         if let Some(why) = strict_unavailable() {
-            eprintln!("SKIP: strict mode is unavailable on this machine: {why}");
-            return;
+            vibeos_testkit::skip!("strict mode is unavailable on this machine: {why}");
         }
     };
 }
@@ -378,8 +377,7 @@ fn a_setuid_root_interpreter_grants_nothing() {
     require_strict!();
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIP: making a setuid-root binary needs root");
-        return;
+        vibeos_testkit::skip!("making a setuid-root binary needs root");
     }
     let r = range();
     let suid_dir = r.sb.root.path().join("suid");
@@ -395,8 +393,7 @@ fn a_setuid_root_interpreter_grants_nothing() {
         .output()
         .is_ok_and(|o| o.status.success());
     if !lib_ok {
-        eprintln!("SKIP: a copy of {} does not run on its own", real.display());
-        return;
+        vibeos_testkit::skip!("a copy of {} does not run on its own", real.display());
     }
     r.sb.write_config(&format!(
         "code_execution:\n  python: {}\n  strict:\n    max_processes: 64\n",
@@ -463,4 +460,360 @@ fn a_memory_bomb_ends_in_a_clean_error() {
     assert_eq!(result["tool_calls_made"], 1);
     let next = r.sb.run_json("print('next')", &["--mode", "strict"]);
     assert_eq!(next["status"], "success", "{next}");
+}
+
+/// Links planted (by someone else) in the project dir, the tools' cwd root, that lead out.
+fn plant_project_links(r: &Range) {
+    let work = r.sb.work();
+    let key = r.sb.root.path().join("fakehome/.ssh/id_rsa");
+    std::fs::hard_link(&key, work.join("hardlink-to-key")).unwrap();
+    std::os::unix::fs::symlink(&key, work.join("symlink-to-key")).unwrap();
+    std::os::unix::fs::symlink(&r.outside, work.join("dir-link-to-outside")).unwrap();
+}
+
+#[test]
+fn the_file_tools_read_nothing_outside_the_allowed_roots() {
+    require_strict!();
+    let r = range();
+    plant_project_links(&r);
+    let attempts = r.contained(&r.attack("tools_read_outside", json!({}), &[]));
+    assert!(attempts.len() >= 15, "{attempts:?}");
+    for a in &attempts {
+        let detail = a["detail"].as_str().unwrap_or_default();
+        assert!(
+            !detail.contains("SSH-KEY-MARKER") && !detail.contains("root:"),
+            "a secret reached the script: {a}"
+        );
+    }
+}
+
+#[test]
+fn the_file_tools_write_nothing_outside_the_allowed_roots_and_terminal_is_not_offered() {
+    require_strict!();
+    let r = range();
+    plant_project_links(&r);
+    let before: Vec<_> = std::fs::read_dir(r.sb.work())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    let attempts = r.contained(&r.attack("tools_write_outside", json!({}), &[]));
+    assert!(attempts.len() >= 10, "{attempts:?}");
+    let terminal = attempts
+        .iter()
+        .find(|a| a["what"] == "terminal over the raw channel")
+        .unwrap();
+    assert!(
+        terminal["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not available"),
+        "{terminal}"
+    );
+    let after: Vec<_> = std::fs::read_dir(r.sb.work())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(
+        before.len(),
+        after.len(),
+        "files appeared in the project: {after:?}"
+    );
+    assert!(!std::path::Path::new("/tmp/pwned").exists());
+}
+
+#[test]
+fn inotify_and_fanotify_are_refused() {
+    require_strict!();
+    let r = range();
+    let attempts = r.contained(&r.attack("inotify_watch", json!({}), &[]));
+    assert_eq!(errno_of(&attempts, "inotify_init1"), EPERM);
+    assert_eq!(errno_of(&attempts, "inotify_init"), EPERM);
+    assert_eq!(errno_of(&attempts, "fanotify_init"), EPERM);
+}
+
+/// Mode, owner, mtime, atime and xattrs of a file, to compare before and after an attack.
+type FileMetadata = (u32, u32, i64, i64, Vec<(String, Vec<u8>)>);
+
+fn metadata_of(p: &std::path::Path) -> FileMetadata {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(p).unwrap();
+    let out = std::process::Command::new(vibeos_e2e::python3())
+        .args([
+            "-c",
+            "import os,sys,json; p=sys.argv[1]; print(json.dumps([[n, list(os.getxattr(p, n))] \
+             for n in sorted(os.listxattr(p))]))",
+        ])
+        .arg(p)
+        .output()
+        .unwrap();
+    let xattrs: Vec<(String, Vec<u8>)> = serde_json::from_slice(&out.stdout).unwrap();
+    (m.mode(), m.uid(), m.mtime(), m.atime(), xattrs)
+}
+
+#[test]
+fn metadata_of_files_outside_the_staging_dir_can_be_neither_read_nor_changed() {
+    require_strict!();
+    let r = range();
+    let secret = "XATTR-SECRET-VALUE";
+    let set = std::process::Command::new(vibeos_e2e::python3())
+        .args([
+            "-c",
+            &format!("import os,sys; os.setxattr(sys.argv[1], 'user.secret', b'{secret}')"),
+        ])
+        .arg(&r.victim)
+        .status()
+        .unwrap();
+    if !set.success() {
+        vibeos_testkit::skip_even_in_ci!("this filesystem has no user xattrs");
+    }
+    let interpreter = std::fs::canonicalize(vibeos_e2e::python3()).unwrap();
+    let before = (metadata_of(&r.victim), metadata_of(&interpreter));
+    let result = r.attack("metadata_outside", json!({}), &[]);
+    assert!(
+        !result["output"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(secret),
+        "the xattr value leaked: {result}"
+    );
+    let attempts = r.contained(&result);
+    for what in [
+        "getxattr outside",
+        "lgetxattr outside",
+        "listxattr outside",
+        "chmod outside",
+        "fchmodat2 raw",
+        "chown outside",
+        "utime now outside",
+        "fchmod interpreter",
+        "futimens interpreter",
+    ] {
+        assert_eq!(errno_of(&attempts, what), EPERM, "{what}: {attempts:?}");
+    }
+    let after = (metadata_of(&r.victim), metadata_of(&interpreter));
+    assert_eq!(before.0 .0, after.0 .0, "mode changed");
+    assert_eq!(before.0 .2, after.0 .2, "mtime changed");
+    assert_eq!(before.0 .4, after.0 .4, "xattrs changed");
+    assert_eq!(before.1 .0, after.1 .0, "the interpreter's mode changed");
+    assert_eq!(before.1 .2, after.1 .2, "the interpreter's mtime changed");
+}
+
+fn nice_and_affinity(pid: u32) -> (String, String) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let cpus = status
+        .lines()
+        .find(|l| l.starts_with("Cpus_allowed_list"))
+        .unwrap_or_default()
+        .to_string();
+    // Field 19 of stat is nice (index 16 after the comm field).
+    (fields[16].to_string(), cpus)
+}
+
+#[test]
+fn other_processes_cannot_be_reniced_pinned_or_rescheduled() {
+    require_strict!();
+    let r = range();
+    let me = std::process::id();
+    let before = nice_and_affinity(me);
+    let result = r.attack("renice_others", json!({}), &[]);
+    assert!(
+        result["output"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("SELF-SERVICE OK"),
+        "the script could not renice or pin itself: {result}"
+    );
+    let attempts = r.contained(&result);
+    for what in [
+        "setpriority PRIO_USER of my uid",
+        "setpriority PRIO_USER of my uid by number",
+        "setpriority PRIO_PGRP",
+        "setpriority of another pid",
+        "sched_setaffinity of another pid",
+        "sched_setscheduler of another pid",
+        "sched_setparam of another pid",
+        "prlimit of another pid",
+    ] {
+        assert_eq!(errno_of(&attempts, what), EPERM, "{what}: {attempts:?}");
+    }
+    assert_eq!(
+        nice_and_affinity(me),
+        before,
+        "the test process was reniced or pinned"
+    );
+}
+
+fn mounts_mentioning(needle: &str) -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(needle))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn filling_the_disk_ends_at_the_budget_in_a_clean_error() {
+    require_strict!();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        vibeos_testkit::skip_even_in_ci!("the disk budget (a tmpfs) needs a root supervisor");
+    }
+    let r = range();
+    r.sb.write_config(
+        "code_execution:\n  strict:\n    max_processes: 64\n    memory_mb: 256\n    disk_mb: 16\n",
+    );
+    let tmp = r.sb.tmp().display().to_string();
+    let result = r.attack("disk_fill", json!({}), &["--timeout", "60"]);
+    assert_eq!(result["status"], "error", "{result}");
+    let output = result["output"].as_str().unwrap();
+    let line = output
+        .lines()
+        .find(|l| l.starts_with("DISK FULL"))
+        .unwrap_or_else(|| panic!("{output}"));
+    assert!(line.contains("errno=28"), "not ENOSPC: {line}");
+    let mib: u64 = line.rsplit(' ').nth(1).unwrap().parse().unwrap();
+    assert!(mib <= 16, "wrote {mib} MiB past a 16 MiB budget");
+    assert!(output.contains("disk budget reached"), "{output}");
+    assert!(
+        mounts_mentioning(&tmp).is_empty(),
+        "a staging mount was left: {:?}",
+        mounts_mentioning(&tmp)
+    );
+    // The supervisor and the next execution are fine.
+    let next = r.sb.run_json("print('next')", &["--mode", "strict"]);
+    assert_eq!(next["status"], "success", "{next}");
+}
+
+#[test]
+fn the_staging_dir_is_private_and_its_parent_closed() {
+    require_strict!();
+    let r = range();
+    let result = r.attack("staging_probe", json!({}), &[]);
+    let output = result["output"].as_str().unwrap_or_default();
+    assert!(
+        output.contains("STAGING MODE 700 PARENT MODE 711"),
+        "{output}"
+    );
+    let attempts = r.contained(&result);
+    assert_eq!(errno_of(&attempts, "list the staging parent"), EACCES);
+    assert_eq!(errno_of(&attempts, "open the staging dir to others"), EPERM);
+}
+
+#[test]
+fn nothing_in_a_closed_directory_can_be_probed_and_no_capability_is_held() {
+    require_strict!();
+    let r = range();
+    let closed = r.sb.root.path().join("closed");
+    std::fs::create_dir(&closed).unwrap();
+    std::fs::write(closed.join("secret.txt"), "CLOSED-DIR-SECRET").unwrap();
+    std::os::unix::fs::symlink("/etc/CLOSED-LINK-TARGET", closed.join("link")).unwrap();
+    open_to_all(&closed, 0o700);
+    let result = r.attack("closed_dir_metadata", json!({ "closed_dir": closed }), &[]);
+    let output = result["output"].as_str().unwrap_or_default();
+    assert!(!output.contains("CLOSED-LINK-TARGET"), "{output}");
+    let attempts = r.contained(&result);
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        for what in [
+            "stat in closed dir",
+            "lstat in closed dir",
+            "readlink in closed dir",
+            "chdir into closed dir",
+            "listdir closed dir",
+        ] {
+            assert_eq!(errno_of(&attempts, what), EACCES, "{what}: {attempts:?}");
+        }
+    }
+    let caps: Value = serde_json::from_str(
+        output
+            .lines()
+            .find_map(|l| l.strip_prefix("CAPS "))
+            .unwrap_or_else(|| panic!("{output}")),
+    )
+    .unwrap();
+    assert_eq!(
+        caps,
+        json!({"sets": [0, 0, 0, 0, 0, 0], "ambient": 0}),
+        "the script holds a capability"
+    );
+}
+
+#[test]
+fn web_extract_does_not_reach_loopback_or_private_addresses_for_a_strict_script() {
+    require_strict!();
+    let mut r = range();
+    r.sb.set_env("VIBEOS_WEB_EXTRACT_BACKEND", "http");
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let attempts = r.contained(&r.attack("tools_web_loopback", json!({ "tcp_port": port }), &[]));
+    assert_eq!(attempts.len(), 4, "{attempts:?}");
+    for a in &attempts[..3] {
+        assert!(
+            a["detail"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("public hosts"),
+            "refused for another reason than the destination check: {a}"
+        );
+    }
+    assert_eq!(
+        listener.accept().map(|_| ()).unwrap_err().kind(),
+        ErrorKind::WouldBlock,
+        "the loopback listener was reached through web_extract"
+    );
+}
+
+#[test]
+fn swapping_a_directory_for_a_symlink_mid_call_gets_the_tools_nothing() {
+    require_strict!();
+    let r = range();
+    let key = r.sb.root.path().join("fakehome/.ssh/id_rsa");
+    let before = std::fs::read_to_string(&key).unwrap();
+    let result = r.attack("tools_race", json!({}), &["--max-tool-calls", "200"]);
+    r.contained(&result);
+    assert_eq!(
+        std::fs::read_to_string(&key).unwrap(),
+        before,
+        "the key was overwritten"
+    );
+}
+
+#[test]
+fn filling_the_disk_through_the_tools_stops_at_the_budget() {
+    require_strict!();
+    let r = range();
+    r.sb.write_config(
+        "code_execution:\n  strict:\n    max_processes: 64\n    memory_mb: 256\n    disk_mb: 8\n",
+    );
+    let result = r.attack("tools_disk_fill", json!({}), &["--max-tool-calls", "100"]);
+    let output = result["output"].as_str().unwrap_or_default().to_string();
+    let attempts = r.contained(&result);
+    assert!(
+        attempts[0]["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("disk budget"),
+        "{output}"
+    );
+    let written: u64 = std::fs::read_dir(r.sb.work())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("fill-"))
+        .map(|e| e.metadata().unwrap().len())
+        .sum();
+    assert!(
+        written <= 8 << 20,
+        "{written} bytes written past an 8 MiB budget"
+    );
 }

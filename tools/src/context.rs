@@ -1,5 +1,6 @@
 //! What a tool handler knows about the call it is serving.
 
+use crate::path_policy::PathPolicy;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -25,6 +26,9 @@ pub struct ToolContext {
     pub env: Option<Arc<Vec<(String, String)>>>,
     /// Who is calling.
     pub origin: CallOrigin,
+    /// Strict mode: the roots the file tools may act beneath (see [`PathPolicy`]). `None`
+    /// outside strict mode, where the tools act with the caller's own rights.
+    pub paths: Option<Arc<PathPolicy>>,
 }
 
 impl ToolContext {
@@ -35,6 +39,7 @@ impl ToolContext {
             cwd: cwd.into(),
             env: None,
             origin: CallOrigin::Agent,
+            paths: None,
         }
     }
 

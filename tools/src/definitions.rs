@@ -32,6 +32,11 @@ pub struct ExecuteCodeSettings {
     pub timeout: Duration,
     /// Tool-call budget of one script.
     pub max_tool_calls: usize,
+    /// Strict mode only: whether `terminal` is opened to scripts
+    /// (`code_execution.strict.terminal`); otherwise it is not offered in strict mode.
+    pub strict_terminal: bool,
+    /// Stdout cap of one script in bytes (`code_execution.stdout_limit`).
+    pub stdout_limit: usize,
 }
 
 impl Default for ExecuteCodeSettings {
@@ -42,6 +47,8 @@ impl Default for ExecuteCodeSettings {
             cwd: None,
             timeout: Duration::from_secs(300),
             max_tool_calls: 50,
+            strict_terminal: false,
+            stdout_limit: 50 * 1024,
         }
     }
 }
@@ -185,6 +192,13 @@ pub fn execute_code_description(
 ) -> String {
     let mut out = base.trim_end().to_string();
     out.push_str("\n\n");
+    let strict = settings.mode == "strict";
+    let kept: Vec<&ToolEntry> = script_tools
+        .iter()
+        .copied()
+        .filter(|e| !strict || settings.strict_terminal || e.name != "terminal")
+        .collect();
+    let script_tools = kept.as_slice();
     if script_tools.is_empty() {
         out.push_str(
             "No tools are available to scripts in this session: `vibeos_tools` exports none \
@@ -201,7 +215,7 @@ pub fn execute_code_description(
             out.push_str(&format!(
                 "- {}({}): {}\n",
                 e.name,
-                signature(&e.schema),
+                signature(&e.script_schema()),
                 e.description.lines().next().unwrap_or("").trim()
             ));
         }
@@ -215,30 +229,58 @@ pub fn execute_code_description(
         out.push_str(
             "Mode strict: the script runs in an empty private staging directory (its working \
              directory), confined: no network and no files outside that directory. Use the tools \
-             for files.",
+             for files: they too act only inside the sandbox — reads beneath the staging \
+             directory, the session working directory and configured read roots; writes beneath \
+             the staging directory, the session working directory and configured write roots; symlinks, `..` and hard links \
+             cannot lead out.",
         );
+        if !settings.strict_terminal {
+            out.push_str(" No shell commands can be run from a strict script.");
+        }
     } else {
         match &settings.cwd {
             Some(cwd) => out.push_str(&format!(
                 "Mode project: the script runs in the session working directory ({}) with the \
                  project's Python (the active virtualenv or conda env when set); relative paths \
-                 resolve there.",
+                 resolve there. The tools act with the supervisor's rights on any path.",
                 cwd.display()
             )),
             None => out.push_str(
                 "Mode project: the script runs in the session working directory with the \
                  project's Python (the active virtualenv or conda env when set); relative paths \
-                 resolve there.",
+                 resolve there. The tools act with the supervisor's rights on any path.",
             ),
         }
     }
     out.push_str(&format!(
         "\nLimits: killed after {}s; at most {} tool calls per script; only what the script \
-         prints is returned, and long output is truncated.",
+         prints is returned, and stdout is capped at {}: longer output keeps its first 40% and \
+         last 60% with a marker saying how much was left out, so print summaries, not raw data.",
         seconds(settings.timeout),
-        settings.max_tool_calls
+        settings.max_tool_calls,
+        byte_size(settings.stdout_limit)
     ));
     out
+}
+
+/// `50 KB`, `1.5 MB`, `900 bytes`: sizes as the description states them.
+fn byte_size(bytes: usize) -> String {
+    const KB: usize = 1024;
+    const MB: usize = 1024 * 1024;
+    let one_decimal = |n: usize, unit: usize, name: &str| {
+        if n.is_multiple_of(unit) {
+            format!("{} {name}", n / unit)
+        } else {
+            format!("{:.1} {name}", n as f64 / unit as f64)
+        }
+    };
+    if bytes >= MB {
+        one_decimal(bytes, MB, "MB")
+    } else if bytes >= KB {
+        one_decimal(bytes, KB, "KB")
+    } else {
+        format!("{bytes} bytes")
+    }
 }
 
 fn seconds(d: Duration) -> String {

@@ -45,8 +45,7 @@ macro_rules! need_python {
         match mcp_python() {
             Ok(p) => p,
             Err(missing) => {
-                eprintln!("SKIPPED: missing {missing}");
-                return;
+                vibeos_testkit::skip!("missing {missing}");
             }
         }
     };
@@ -124,6 +123,51 @@ fn tools_are_registered_and_called_from_the_agent_path() {
     let defs = reg.get_tool_definitions(&[], &[]).unwrap();
     assert!(defs.iter().any(|d| d["function"]["name"] == "echo"));
     m.shutdown();
+}
+
+#[test]
+fn stopping_a_stdio_server_ends_its_whole_process_group() {
+    let py = need_python!();
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("grandchild.pid");
+    let mut s = spec("family", stdio(&py, "stdio_server.py"));
+    s.env = Some(vec![
+        ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
+        (
+            "FIXTURE_GRANDCHILD_PID_FILE".into(),
+            pid_file.display().to_string(),
+        ),
+    ]);
+    let m = McpManager::start(vec![s], leaked());
+    assert!(
+        matches!(m.servers()[0].state(), ServerState::Running(_)),
+        "{:?}",
+        m.servers()[0].state()
+    );
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let alive = |pid: i32| {
+        // A zombie (exited, not yet reaped by its parent) counts as gone.
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|st| {
+                !st.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+            .unwrap_or(false)
+    };
+    assert!(alive(pid), "the server's child runs while the server does");
+    m.shutdown();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while alive(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!alive(pid), "the server's child outlived the server");
 }
 
 #[test]

@@ -8,9 +8,9 @@ use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use vibeos_supervisor::backends;
-use vibeos_supervisor::config::positive_seconds;
+use vibeos_supervisor::overrides::{Overrides, Spelling};
 use vibeos_supervisor::{
-    audit, execute, execute_code_tool, logging, Config, ExecutionRequest, Interrupt, Mode,
+    audit, execute, execute_code_tool, logging, Config, ExecutionRequest, Interrupt,
 };
 
 /// Run Python scripts that call the agent's tools, sandboxed and bounded.
@@ -152,6 +152,10 @@ struct ServeArgs {
     /// Largest request accepted, in bytes (one stdio line or one HTTP body).
     #[arg(long, value_name = "BYTES", default_value_t = vibeos_supervisor::mcp::DEFAULT_MAX_REQUEST_BYTES)]
     max_request_bytes: usize,
+    /// HTTP sessions open at once; a new client beyond it gets 503 until a session ends
+    /// (closed by its client, or idle for 5 minutes).
+    #[arg(long, value_name = "N", default_value_t = vibeos_supervisor::mcp::DEFAULT_MAX_SESSIONS)]
+    max_sessions: usize,
     /// Defaults of every call.
     #[command(flatten)]
     limits: LimitArgs,
@@ -181,23 +185,18 @@ struct LimitArgs {
 impl LimitArgs {
     /// Applies the flags over the config's settings, refusing impossible values.
     fn apply(&self, config: &mut Config) -> Result<(), UsageError> {
-        if let Some(mode) = &self.mode {
-            config.mode = Mode::parse(mode).ok_or_else(|| {
-                UsageError(format!(
-                    "--mode {mode:?} is not a mode; use project or strict"
-                ))
-            })?;
-        }
-        if let Some(t) = self.timeout {
-            config.timeout = positive_seconds(t).ok_or_else(|| {
-                UsageError(format!(
-                    "--timeout {t} is not a usable number of seconds (positive, at most 86400)"
-                ))
-            })?;
-        }
-        if let Some(n) = self.max_tool_calls {
-            config.max_tool_calls = n;
-        }
+        let overrides = Overrides::check(
+            self.mode.as_deref(),
+            self.timeout,
+            self.max_tool_calls.map(|n| n as u64),
+            Spelling::Flag,
+        )
+        .map_err(|e| UsageError(e.to_string()))?;
+        overrides.apply(
+            &mut config.mode,
+            &mut config.timeout,
+            &mut config.max_tool_calls,
+        );
         Ok(())
     }
 
@@ -225,9 +224,27 @@ fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
-            let code = if e.use_stderr() { 2 } else { 0 };
+            if !e.use_stderr() {
+                // --help, --version: not errors.
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            // A caller that asked for JSON parses stdout: it gets the result object even when
+            // the command line itself is wrong, and the human message stays on stderr.
             let _ = e.print();
-            return ExitCode::from(code);
+            if json_requested() {
+                // clap's first paragraph is the error itself (tips and usage follow).
+                let rendered = e.render().to_string();
+                let first: Vec<&str> = rendered
+                    .lines()
+                    .take_while(|l| !l.trim().is_empty())
+                    .map(str::trim)
+                    .collect();
+                let message = first.join(" ");
+                let message = message.strip_prefix("error: ").unwrap_or(&message);
+                print_usage_error_json(format!("{message} (see vibeos-exec --help)"));
+            }
+            return ExitCode::from(2);
         }
     };
     let json_output = matches!(&cli.command, Command::Run(r) if r.json);
@@ -235,22 +252,37 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(UsageError(message)) => {
             if json_output {
-                let v = serde_json::json!({
-                    "status": "error",
-                    "output": "",
-                    "tool_calls_made": 0,
-                    "duration_seconds": 0.0,
-                    "error": message,
-                    "exit_code": null,
-                    "truncated": false,
-                });
-                println!("{v}");
+                print_usage_error_json(message);
             } else {
                 eprintln!("vibeos-exec: {message}");
             }
             ExitCode::from(2)
         }
     }
+}
+
+/// Whether the raw command line asks for `--json` (before any `--`).
+fn json_requested() -> bool {
+    std::env::args_os()
+        .skip(1)
+        .take_while(|a| a != "--")
+        .any(|a| a == "--json")
+}
+
+/// Prints a usage or configuration error as the result object `run --json` prints for an
+/// execution that could not start (status `error`, `exit_code` null), so JSON callers always get
+/// the same shape.
+fn print_usage_error_json(message: String) {
+    let args: Vec<String> = std::env::args().collect();
+    let strict = args
+        .windows(2)
+        .any(|w| w[0] == "--mode" && w[1] == "strict")
+        || args.iter().any(|a| a == "--mode=strict");
+    let mode = if strict { "strict" } else { "project" };
+    println!(
+        "{}",
+        vibeos_supervisor::result::ExecutionResult::failed_to_start(mode, message, 0.0).to_json()
+    );
 }
 
 fn real_main(cli: Cli) -> Result<u8, UsageError> {
@@ -267,7 +299,8 @@ fn real_main(cli: Cli) -> Result<u8, UsageError> {
         .clone()
         .or_else(|| config.log_level.clone())
         .unwrap_or_else(|| "warn".into());
-    logging::init(&level).map_err(|e| UsageError(e.to_string()))?;
+    // Held to the end of main: dropping it flushes the log file.
+    let _log_guard = logging::init(&level).map_err(|e| UsageError(e.to_string()))?;
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }
@@ -471,7 +504,9 @@ fn server_status(
     let server = match source {
         vibeos_tools::ToolSource::Mcp(name) => name.as_str(),
         vibeos_tools::ToolSource::Plugin(_) => vibeos_supervisor::extensions::PLUGIN_HOST,
-        vibeos_tools::ToolSource::Builtin => return serde_json::Value::Null,
+        vibeos_tools::ToolSource::Builtin | vibeos_tools::ToolSource::Host(_) => {
+            return serde_json::Value::Null
+        }
     };
     extensions
         .servers()
@@ -572,6 +607,7 @@ fn serve(args: ServeArgs, mut config: Config) -> Result<u8, UsageError> {
         toolsets: args.toolsets,
         max_concurrent: args.max_concurrent,
         max_request_bytes: args.max_request_bytes,
+        max_sessions: args.max_sessions,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

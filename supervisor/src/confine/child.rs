@@ -7,8 +7,9 @@
 //! 1. mark every descriptor but stdio and the RPC channel close-on-exec (they close at exec,
 //!    after the landlock ruleset fd below has been used);
 //! 2. resource limits (processes, memory, file size, no core dumps);
-//! 3. drop privileges when root: groups cleared, then gid, then uid (all three ids, so nothing
-//!    can switch back), optionally keeping `CAP_DAC_READ_SEARCH` as an ambient capability;
+//! 3. when root: a private mount namespace that reveals an interpreter or staging dir lying
+//!    under a closed directory ([`super::reveal`]), then groups cleared, gid, uid (all three
+//!    ids, so nothing can switch back) — no capability survives;
 //! 4. (the reaper re-arms its parent-death signal, which a uid change clears);
 //! 5. `no_new_privs` — no setuid/file-capability gain at exec, and the precondition of 6 and 7;
 //! 6. landlock (filesystem, TCP, scopes);
@@ -28,10 +29,6 @@ pub struct Credentials {
     pub uid: libc::uid_t,
     /// The script's gid.
     pub gid: libc::gid_t,
-    /// Keep `CAP_DAC_READ_SEARCH` (ambient): only when the interpreter or staging dir lie below
-    /// a directory the uid may not search (say, an interpreter under /root). Landlock still
-    /// decides what may be opened; the capability only stops DAC from hiding the allowed paths.
-    pub dac_read_search: bool,
 }
 
 /// Everything the child needs, prepared in the parent before fork.
@@ -47,6 +44,8 @@ pub struct ChildConfinement {
     pub rlimits: Vec<Rlimit>,
     /// The script's end of the RPC socketpair; stays open across exec.
     pub rpc: OwnedFd,
+    /// Closed directories to cover in a private mount namespace (root only).
+    pub reveal: Option<super::reveal::Reveal>,
 }
 
 fn check(rc: libc::c_long) -> io::Result<()> {
@@ -55,23 +54,6 @@ fn check(rc: libc::c_long) -> io::Result<()> {
     } else {
         Ok(())
     }
-}
-
-const CAP_DAC_READ_SEARCH: u32 = 2;
-const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: libc::c_int,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
 }
 
 impl ChildConfinement {
@@ -92,10 +74,10 @@ impl ChildConfinement {
                 };
                 check(libc::setrlimit(resource, &lim) as libc::c_long)?;
             }
+            if let Some(reveal) = &self.reveal {
+                reveal.apply()?;
+            }
             if let Some(c) = self.credentials {
-                if c.dac_read_search {
-                    check(libc::prctl(libc::PR_SET_KEEPCAPS, 1, 0, 0, 0) as libc::c_long)?;
-                }
                 check(libc::syscall(
                     libc::SYS_setgroups,
                     0usize,
@@ -105,38 +87,6 @@ impl ChildConfinement {
                 check(libc::syscall(libc::SYS_setresuid, c.uid, c.uid, c.uid))?;
                 if libc::getuid() != c.uid || libc::geteuid() != c.uid || libc::getegid() != c.gid {
                     return Err(io::Error::from_raw_os_error(libc::EPERM));
-                }
-                if c.dac_read_search {
-                    let header = CapHeader {
-                        version: LINUX_CAPABILITY_VERSION_3,
-                        pid: 0,
-                    };
-                    let bit = 1u32 << CAP_DAC_READ_SEARCH;
-                    let data = [
-                        CapData {
-                            effective: bit,
-                            permitted: bit,
-                            inheritable: bit,
-                        },
-                        CapData {
-                            effective: 0,
-                            permitted: 0,
-                            inheritable: 0,
-                        },
-                    ];
-                    check(libc::syscall(
-                        libc::SYS_capset,
-                        &header as *const CapHeader,
-                        data.as_ptr(),
-                    ))?;
-                    check(libc::prctl(
-                        libc::PR_CAP_AMBIENT,
-                        libc::PR_CAP_AMBIENT_RAISE,
-                        CAP_DAC_READ_SEARCH as libc::c_ulong,
-                        0,
-                        0,
-                    ) as libc::c_long)?;
-                    check(libc::prctl(libc::PR_SET_KEEPCAPS, 0, 0, 0, 0) as libc::c_long)?;
                 }
             }
         }

@@ -103,6 +103,9 @@ impl Report {
             "no filesystem, network or syscall confinement (the script runs as you, in the \
              project dir)"
                 .to_string(),
+            "tools act with the supervisor's rights: file tools on any path, terminal runs any \
+             command"
+                .to_string(),
         ];
         let strict = match self.strict_blocker() {
             Some(why) => vec![format!("REFUSES to run: {why}")],
@@ -116,19 +119,32 @@ impl Report {
                      signals scoped to the script"
                         .to_string(),
                     "seccomp allowlist (EPERM otherwise): no new sockets, ptrace, namespaces, \
-                     io_uring, bpf, keyctl, mount, userfaultfd, personality, TIOCSTI"
+                     io_uring, bpf, keyctl, mount, userfaultfd, personality, TIOCSTI, \
+                     inotify/fanotify, chmod/chown/utime/xattr changes, path-based xattr reads; \
+                     setpriority/sched_set*/prlimit only on the script itself"
+                        .to_string(),
+                    "tools: read_file/search_files read beneath the staging dir, the session cwd \
+                     and code_execution.strict.read_roots; write_file/patch write beneath the \
+                     staging dir, the session cwd and code_execution.strict.write_roots (openat2 \
+                     RESOLVE_BENEATH: no symlink, `..`, hard link or /proc way out); web_extract \
+                     public hosts only; terminal not offered unless \
+                     code_execution.strict.terminal is true"
                         .to_string(),
                     "tools only over a pre-connected socketpair (no socket path to dial)"
                         .to_string(),
                     "no_new_privs: setuid binaries and file capabilities grant nothing".to_string(),
                 ];
                 v.push(if self.root {
-                    "runs as a dedicated unprivileged uid with no groups; pids and memory bounded \
-                     by RLIMIT_NPROC (per uid) and RLIMIT_DATA/RLIMIT_AS"
+                    "runs as its own unprivileged uid (leased: never shared with a live \
+                     execution), no groups, no capability (a closed interpreter dir is revealed \
+                     in a private mount namespace); pids and memory bounded by RLIMIT_NPROC (per \
+                     uid) and RLIMIT_DATA/RLIMIT_AS; disk by a tmpfs of \
+                     code_execution.strict.disk_mb on the staging dir"
                         .to_string()
                 } else {
-                    "runs as your uid (not root, so no uid to drop to); pids bounded by \
-                     RLIMIT_NPROC counted over all your processes, memory by RLIMIT_DATA/AS"
+                    "runs as your uid (not root, so no uid to drop to and nothing to mount): \
+                     executions share it; pids bounded by RLIMIT_NPROC counted over all your \
+                     processes, memory by RLIMIT_DATA/AS, disk only per file (RLIMIT_FSIZE)"
                         .to_string()
                 });
                 v.push(if self.cgroup_usable() {

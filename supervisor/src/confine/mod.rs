@@ -12,6 +12,10 @@
 pub mod child;
 pub mod doctor;
 pub mod policy;
+pub mod reveal;
+pub mod staging;
+pub mod tools;
+pub mod uids;
 
 use crate::config::Config;
 use child::{ChildConfinement, Credentials, Rlimit};
@@ -37,6 +41,9 @@ pub const DEFAULT_MAX_PROCESSES: u64 = 256;
 pub const DEFAULT_MEMORY_MB: u64 = 1024;
 /// Default `code_execution.strict.file_size_mb` (largest file the script may write).
 pub const DEFAULT_FILE_SIZE_MB: u64 = 1024;
+/// Default `code_execution.strict.disk_mb` (disk space of one execution's staging dir and
+/// TMPDIR).
+pub const DEFAULT_DISK_MB: u64 = 512;
 
 /// Settings of strict mode, from `code_execution.strict` in config.yaml.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +60,15 @@ pub struct StrictOptions {
     pub seccomp_policy: Option<PathBuf>,
     /// Override of the landlock policy.
     pub landlock_policy: Option<PathBuf>,
+    /// Extra directories the file tools may read for a strict script (`read_roots`).
+    pub read_roots: Vec<PathBuf>,
+    /// Extra directories the file tools may read and write for a strict script (`write_roots`).
+    pub write_roots: Vec<PathBuf>,
+    /// Whether `terminal` is offered to strict scripts (`terminal`, default false). It then
+    /// runs as the supervisor's user, outside the sandbox: an explicit opening by the operator.
+    pub terminal: bool,
+    /// Disk budget of one execution (staging dir and TMPDIR), in bytes (`disk_mb`).
+    pub disk_bytes: u64,
     /// A configuration problem found when reading config.yaml; strict mode refuses with it.
     pub invalid: Option<String>,
 }
@@ -66,6 +82,10 @@ impl Default for StrictOptions {
             file_size_bytes: DEFAULT_FILE_SIZE_MB << 20,
             seccomp_policy: None,
             landlock_policy: None,
+            read_roots: Vec::new(),
+            write_roots: Vec::new(),
+            terminal: false,
+            disk_bytes: DEFAULT_DISK_MB << 20,
             invalid: None,
         }
     }
@@ -130,12 +150,17 @@ impl StrictOptions {
                     "file_size_mb",
                     "seccomp_policy",
                     "landlock_policy",
+                    "read_roots",
+                    "write_roots",
+                    "terminal",
+                    "disk_mb",
                 ]
                 .contains(&k)
                 {
                     return Err(format!(
                         "`code_execution.strict.{k}` is not a setting (uid, max_processes, \
-                         memory_mb, file_size_mb, seccomp_policy, landlock_policy)"
+                         memory_mb, file_size_mb, disk_mb, seccomp_policy, landlock_policy, \
+                         read_roots, write_roots, terminal)"
                     ));
                 }
             }
@@ -151,6 +176,39 @@ impl StrictOptions {
         }
         if let Some(n) = number("file_size_mb", 1 << 30)? {
             self.file_size_bytes = n << 20;
+        }
+        if let Some(n) = number("disk_mb", 1 << 30)? {
+            self.disk_bytes = n << 20;
+        }
+        let roots = |key: &str| -> Result<Vec<PathBuf>, String> {
+            let bad = || {
+                format!(
+                    "`code_execution.strict.{key}` must be a list of absolute directory paths \
+                     (not `/`)"
+                )
+            };
+            match strict.get(key) {
+                None | Some(Value::Null) => Ok(Vec::new()),
+                Some(Value::Sequence(items)) => items
+                    .iter()
+                    .map(|v| match v.as_str() {
+                        Some(s) if s.starts_with('/') && Path::new(s) != Path::new("/") => {
+                            Ok(PathBuf::from(s))
+                        }
+                        _ => Err(bad()),
+                    })
+                    .collect(),
+                Some(_) => Err(bad()),
+            }
+        };
+        self.read_roots = roots("read_roots")?;
+        self.write_roots = roots("write_roots")?;
+        match strict.get("terminal") {
+            None | Some(Value::Null) => {}
+            Some(Value::Bool(b)) => self.terminal = *b,
+            Some(_) => {
+                return Err("`code_execution.strict.terminal` must be true or false".into());
+            }
         }
         self.seccomp_policy = path("seccomp_policy")?;
         self.landlock_policy = path("landlock_policy")?;
@@ -257,10 +315,13 @@ pub struct Plan<'a> {
 pub struct Summary {
     /// uid the script runs as.
     pub uid: u32,
-    /// Whether `CAP_DAC_READ_SEARCH` was kept.
-    pub dac_read_search: bool,
+    /// Closed directories covered in the script's mount namespace so its uid reaches the
+    /// interpreter or staging dir without any capability.
+    pub covered: Vec<String>,
     /// Paths granted read + execute.
     pub read_execute: Vec<PathBuf>,
+    /// The uid's lease (root only): hold it until every process of the execution is gone.
+    pub lease: Option<std::sync::Arc<uids::UidLease>>,
 }
 
 /// Prepares the confinement of one strict execution (everything but the in-child syscalls).
@@ -292,44 +353,30 @@ pub fn prepare(plan: Plan<'_>) -> Result<(ChildConfinement, Summary), ConfineErr
 
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
+    let mut lease = None;
+    let mut reveal = None;
     let (credentials, uid) = if root {
-        let uid = opts
-            .uid
-            .unwrap_or_else(|| UID_BASE + rand::random::<u32>() % UID_SPAN);
-        if uid == 0 {
+        if opts.uid == Some(0) {
             return Err(ConfineError::Config(
                 "code_execution.strict.uid is 0; the script must not run as root".into(),
             ));
         }
+        if opts.uid.is_some() && crate::pool::active().is_some() {
+            return Err(ConfineError::Config(
+                "code_execution.strict.uid pins one uid, but this host keeps a warm pool of \
+                 interpreters (code_execution.pool_size), which would run several executions \
+                 under it at once; remove code_execution.strict.uid or set \
+                 code_execution.pool_size: 0"
+                    .into(),
+            ));
+        }
+        let leased = uids::lease(opts.uid, UID_BASE, UID_SPAN)?;
+        let uid = leased.uid();
+        lease = Some(std::sync::Arc::new(leased));
         let gid = uid;
         hand_over(plan.staging, uid, gid)?;
-        let interpreter_real = std::fs::canonicalize(plan.interpreter).map_err(io_err(format!(
-            "resolving the interpreter {}",
-            plan.interpreter.display()
-        )))?;
-        let blocked: Vec<PathBuf> = [plan.staging, interpreter_real.as_path()]
-            .iter()
-            .filter_map(|p| first_unsearchable(p, uid, gid))
-            .collect();
-        if !blocked.is_empty() {
-            tracing::info!(
-                "execute_code: strict uid {uid} cannot search {}; keeping CAP_DAC_READ_SEARCH \
-                 (landlock still limits what it may open)",
-                blocked
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-        }
-        (
-            Some(Credentials {
-                uid,
-                gid,
-                dac_read_search: !blocked.is_empty(),
-            }),
-            uid,
-        )
+        reveal = reveal_for(plan.staging, &read_execute, plan.interpreter, uid, gid)?;
+        (Some(Credentials { uid, gid }), uid)
     } else {
         // SAFETY: getuid has no preconditions.
         (None, unsafe { libc::getuid() })
@@ -338,7 +385,11 @@ pub fn prepare(plan: Plan<'_>) -> Result<(ChildConfinement, Summary), ConfineErr
     let rlimits = rlimits(opts, credentials.is_some());
     let summary = Summary {
         uid,
-        dac_read_search: credentials.is_some_and(|c| c.dac_read_search),
+        lease,
+        covered: reveal
+            .as_ref()
+            .map(reveal::Reveal::covered)
+            .unwrap_or_default(),
         read_execute,
     };
     Ok((
@@ -348,9 +399,62 @@ pub fn prepare(plan: Plan<'_>) -> Result<(ChildConfinement, Summary), ConfineErr
             credentials,
             rlimits,
             rpc: plan.rpc,
+            reveal,
         },
         summary,
     ))
+}
+
+/// What the script's uid must reach (the staging dir, the interpreter's granted files) and
+/// cannot, revealed through a private mount namespace; see [`reveal`].
+fn reveal_for(
+    staging: &Path,
+    read_execute: &[PathBuf],
+    interpreter: &Path,
+    uid: u32,
+    gid: u32,
+) -> Result<Option<reveal::Reveal>, ConfineError> {
+    let mut needed: Vec<PathBuf> = vec![staging.to_path_buf()];
+    for p in interpreter_paths(interpreter) {
+        if !read_execute.contains(&p) {
+            continue;
+        }
+        // A lone binary is revealed with its directory (landlock still grants only the file).
+        let dir = if p.is_dir() {
+            p
+        } else {
+            match p.parent() {
+                Some(d) => d.to_path_buf(),
+                None => continue,
+            }
+        };
+        needed.push(dir);
+    }
+    needed.sort();
+    needed.dedup();
+    let outermost: Vec<PathBuf> = needed
+        .iter()
+        .filter(|n| !needed.iter().any(|o| o != *n && n.starts_with(o)))
+        .cloned()
+        .collect();
+    let plan =
+        reveal::Reveal::plan(&outermost, |p| first_unsearchable(p, uid, gid)).map_err(|e| {
+            ConfineError::Unreachable(format!(
+                "the strict uid cannot reach the interpreter {} or the staging dir {}: {e}; make \
+                 their directories searchable (chmod o+x), set code_execution.python to an \
+                 interpreter outside closed directories, or set TMPDIR to a searchable directory",
+                interpreter.display(),
+                staging.display()
+            ))
+        })?;
+    if let Some(r) = &plan {
+        tracing::debug!(
+            "execute_code: strict uid {uid} cannot search {}; covering it in the script's mount \
+             namespace (no capability is kept)",
+            r.covered().join(", ")
+        );
+    }
+    Ok(plan)
 }
 
 /// A `#!` script as interpreter (a pyenv shim, a wrapper) would need its own interpreter and
@@ -387,12 +491,17 @@ fn rlimits(opts: &StrictOptions, own_uid: bool) -> Vec<Rlimit> {
         (libc::RLIMIT_DATA, opts.memory_bytes),
         // Address space: a backstop for shared mappings RLIMIT_DATA does not count.
         (libc::RLIMIT_AS, opts.memory_bytes.saturating_mul(4)),
-        (libc::RLIMIT_FSIZE, opts.file_size_bytes),
+        // No single file beyond the disk budget either (the only disk cap a non-root
+        // supervisor has).
+        (
+            libc::RLIMIT_FSIZE,
+            opts.file_size_bytes.min(opts.disk_bytes),
+        ),
         (libc::RLIMIT_CORE, 0),
     ]
 }
 
-fn tasks_of_uid(uid: u32) -> u64 {
+pub(crate) fn tasks_of_uid(uid: u32) -> u64 {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return 0;
     };
@@ -630,6 +739,33 @@ mod tests {
         assert!(o.invalid.unwrap().contains("memory_mb"));
         let o = StrictOptions::from_config(&doc("code_execution:\n  strict:\n    nproc: 3\n"));
         assert!(o.invalid.unwrap().contains("nproc"));
+        let o = StrictOptions::from_config(&doc(
+            "code_execution:\n  strict:\n    disk_mb: 64\n    terminal: true\n    \
+             read_roots: [/srv/a]\n    write_roots: [/srv/b, /srv/c]\n",
+        ));
+        assert_eq!(o.invalid, None);
+        assert_eq!(o.disk_bytes, 64 << 20);
+        assert!(o.terminal);
+        assert_eq!(o.read_roots, vec![PathBuf::from("/srv/a")]);
+        assert_eq!(o.write_roots.len(), 2);
+        for bad in [
+            "read_roots: [relative/dir]",
+            "write_roots: [/]",
+            "write_roots: /srv/b",
+            "terminal: maybe",
+            "disk_mb: 0",
+        ] {
+            let o = StrictOptions::from_config(&doc(&format!(
+                "code_execution:\n  strict:\n    {bad}\n"
+            )));
+            let key = bad.split(':').next().unwrap();
+            assert!(
+                o.invalid.as_deref().unwrap_or("").contains(key),
+                "{bad}: {o:?}"
+            );
+        }
+        assert_eq!(StrictOptions::default().disk_bytes, DEFAULT_DISK_MB << 20);
+        assert!(!StrictOptions::default().terminal);
         assert_eq!(
             StrictOptions::from_config(&Config::default()),
             StrictOptions::default()

@@ -48,6 +48,7 @@ fn entry() -> ToolEntry {
         patch,
     )
     .with_emoji("🩹")
+    .with_path_scoped("path")
 }
 
 inventory::submit! { BuiltinTool(entry) }
@@ -83,8 +84,17 @@ fn patch(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolErro
 }
 
 /// Reads a file `patch` may edit: exists, regular, not huge, UTF-8 text.
-fn read_text(path: &Path) -> Result<String, ToolError> {
-    let meta = std::fs::metadata(path).map_err(|e| ToolError::io(path, &e))?;
+fn read_text(path: &Path, ctx: &ToolContext) -> Result<String, ToolError> {
+    // Strict mode: the file is opened beneath an allowed root, and read from that descriptor.
+    let mut confined = match &ctx.paths {
+        Some(policy) => Some(policy.open_read(path)?),
+        None => None,
+    };
+    let meta = match &confined {
+        Some(f) => f.metadata(),
+        None => std::fs::metadata(path),
+    }
+    .map_err(|e| ToolError::io(path, &e))?;
     if meta.is_dir() {
         return Err(ToolError::new(
             "IsADirectory",
@@ -101,7 +111,15 @@ fn read_text(path: &Path) -> Result<String, ToolError> {
             ),
         ));
     }
-    let bytes = std::fs::read(path).map_err(|e| ToolError::io(path, &e))?;
+    let bytes = match confined.as_mut() {
+        Some(f) => {
+            use std::io::Read;
+            let mut b = Vec::with_capacity(meta.len() as usize);
+            f.take(MAX_FILE_BYTES + 1).read_to_end(&mut b).map(|_| b)
+        }
+        None => std::fs::read(path),
+    }
+    .map_err(|e| ToolError::io(path, &e))?;
     if bytes.contains(&0) {
         return Err(ToolError::new(
             "BinaryFile",
@@ -125,8 +143,11 @@ fn read_text(path: &Path) -> Result<String, ToolError> {
 }
 
 /// Replaces `path` atomically, keeping its mode (0644 for new files).
-fn atomic_write(path: &Path, content: &str) -> Result<(), ToolError> {
+fn atomic_write(path: &Path, content: &str, ctx: &ToolContext) -> Result<(), ToolError> {
     use std::os::unix::fs::PermissionsExt;
+    if let Some(policy) = &ctx.paths {
+        return policy.write_atomic(path, content.as_bytes()).map(|_| ());
+    }
     // Edit a symlink's target, so a linked file stays linked.
     let resolved;
     let path = if path.is_symlink() {
@@ -180,7 +201,7 @@ fn replace_mode(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
         ));
     }
     let path = ctx.resolve(raw);
-    let text = read_text(&path)?;
+    let text = read_text(&path, ctx)?;
     let exact = text.matches(old).count();
     let (updated, replacements, strategy) = if exact == 1 || (exact > 1 && replace_all) {
         (text.replace(old, new), exact, "exact")
@@ -212,7 +233,7 @@ fn replace_mode(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
         })?;
         (t, n, "whitespace-tolerant")
     };
-    atomic_write(&path, &updated)?;
+    atomic_write(&path, &updated, ctx)?;
     Ok(json!({
         "path": raw,
         "replacements": replacements,
@@ -458,7 +479,11 @@ fn patch_mode(text: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
             ));
         }
         let old = if part.old_name.is_none() {
-            if path.exists() {
+            let exists = match &ctx.paths {
+                Some(policy) => policy.exists_for_write(&path)?,
+                None => path.exists(),
+            };
+            if exists {
                 return Err(ToolError::new(
                     "PatchError",
                     format!("the patch creates {name}, which already exists. Nothing was written"),
@@ -466,7 +491,7 @@ fn patch_mode(text: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
             }
             String::new()
         } else {
-            read_text(&path).map_err(|e| {
+            read_text(&path, ctx).map_err(|e| {
                 ToolError::new(e.kind, format!("{}. Nothing was written", e.message))
             })?
         };
@@ -502,8 +527,11 @@ fn patch_mode(text: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
     let mut diffs = String::new();
     for p in &plan {
         match &p.new {
-            Some(content) => atomic_write(&p.path, content)?,
-            None => std::fs::remove_file(&p.path).map_err(|e| ToolError::io(&p.path, &e))?,
+            Some(content) => atomic_write(&p.path, content, ctx)?,
+            None => match &ctx.paths {
+                Some(policy) => policy.remove_file(&p.path)?,
+                None => std::fs::remove_file(&p.path).map_err(|e| ToolError::io(&p.path, &e))?,
+            },
         }
         diffs.push_str(&diff(&p.name, &p.old, p.new.as_deref().unwrap_or("")));
         files.push(json!({

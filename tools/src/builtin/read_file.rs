@@ -52,7 +52,10 @@ fn read_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Tool
     // open + fstat + one read is all a small file costs; a tool call's latency budget is tens
     // of microseconds. O_NONBLOCK keeps the open of a FIFO from hanging until fstat below
     // refuses it; on regular files it changes nothing.
-    let mut file = {
+    let mut file = if let Some(policy) = &ctx.paths {
+        // Strict mode: resolved beneath an allowed root, or refused.
+        policy.open_read(&path)?
+    } else {
         use std::os::unix::fs::OpenOptionsExt;
         std::fs::OpenOptions::new()
             .read(true)

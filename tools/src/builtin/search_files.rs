@@ -59,6 +59,7 @@ fn entry() -> ToolEntry {
         search_files,
     )
     .with_emoji("🔎")
+    .with_parallel_safe(true)
 }
 
 inventory::submit! { BuiltinTool(entry) }
@@ -151,6 +152,9 @@ struct Walk {
     /// Prefix stripped from reported paths (the cwd when the search path was relative).
     display_base: Option<PathBuf>,
     file_glob: Option<(globset::GlobMatcher, bool)>,
+    /// Strict mode: every file is re-resolved beneath an allowed root before it is reported
+    /// or read, so a directory swapped for a symlink mid-walk leads nowhere.
+    policy: Option<std::sync::Arc<crate::path_policy::PathPolicy>>,
 }
 
 impl Walk {
@@ -181,6 +185,16 @@ impl Walk {
         let found: Mutex<Vec<(PathBuf, T)>> = Mutex::new(Vec::new());
         let mut builder = WalkBuilder::new(&self.root);
         builder.require_git(false).follow_links(false);
+        if self.policy.is_some() {
+            // Ignore files are read by path (and the global one lives outside every root): in
+            // strict mode none is read, so none can be a link to something outside.
+            builder
+                .ignore(false)
+                .git_ignore(false)
+                .git_global(false)
+                .git_exclude(false)
+                .parents(false);
+        }
         builder.build_parallel().run(|| {
             Box::new(|entry| {
                 let Ok(entry) = entry else {
@@ -193,6 +207,11 @@ impl Walk {
                 if !self.glob_ok(p) {
                     return WalkState::Continue;
                 }
+                if let Some(policy) = &self.policy {
+                    if !policy.check_read(p).is_ok_and(|m| m.is_file()) {
+                        return WalkState::Continue;
+                    }
+                }
                 if let Some(v) = f(p) {
                     if let Ok(mut g) = found.lock() {
                         g.push((p.to_path_buf(), v));
@@ -204,6 +223,29 @@ impl Walk {
         let mut found = found.into_inner().unwrap_or_else(|e| e.into_inner());
         found.sort_by(|a, b| a.0.cmp(&b.0));
         found
+    }
+}
+
+impl Walk {
+    /// Searches one file: by path, or in strict mode from a descriptor opened beneath an
+    /// allowed root.
+    fn search<S: Sink>(
+        &self,
+        searcher: &mut Searcher,
+        matcher: &RegexMatcher,
+        p: &Path,
+        sink: S,
+    ) -> Result<(), S::Error> {
+        match &self.policy {
+            None => searcher.search_path(matcher, p, sink),
+            Some(policy) => match policy.open_read(p) {
+                Ok(file) => searcher.search_file(matcher, &file, sink),
+                Err(e) => Err(grep_searcher::SinkError::error_io(std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    e.message,
+                ))),
+            },
+        }
     }
 }
 
@@ -264,8 +306,12 @@ fn search_files(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
     } else {
         ctx.resolve(raw_path)
     };
-    let meta = std::fs::metadata(&root).map_err(|e| ToolError::io(&root, &e))?;
+    let meta = match &ctx.paths {
+        Some(policy) => policy.check_read(&root)?,
+        None => std::fs::metadata(&root).map_err(|e| ToolError::io(&root, &e))?,
+    };
     let walk = Walk {
+        policy: ctx.paths.clone(),
         display_base: (!Path::new(raw_path).is_absolute()).then(|| ctx.cwd.clone()),
         root,
         file_glob,
@@ -335,7 +381,7 @@ fn search_files(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
         })?;
     let counts: Vec<(PathBuf, u64)> = if meta.is_file() {
         let mut sink = CountSink(0);
-        let _ = searcher(0).search_path(&matcher, &walk.root, &mut sink);
+        let _ = walk.search(&mut searcher(0), &matcher, &walk.root, &mut sink);
         if sink.0 > 0 {
             vec![(walk.root.clone(), sink.0)]
         } else {
@@ -345,7 +391,7 @@ fn search_files(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
         walk.files(|p| {
             let mut s = searcher(0);
             let mut sink = CountSink(0);
-            s.search_path(&matcher, p, &mut sink).ok()?;
+            walk.search(&mut s, &matcher, p, &mut sink).ok()?;
             (sink.0 > 0).then_some(sink.0)
         })
     };
@@ -401,7 +447,7 @@ fn search_files(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
                     with_context: context > 0,
                 };
                 // A file changed between the passes just yields fewer lines; never an error.
-                let _ = s.search_path(&matcher, p, &mut sink);
+                let _ = walk.search(&mut s, &matcher, p, &mut sink);
                 matches.extend(sink.out);
                 before += c;
             }

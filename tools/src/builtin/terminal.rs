@@ -164,7 +164,7 @@ fn terminal(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolE
     }
     let out = local::run_foreground(&spec, Duration::from_secs(timeout as u64), OUTPUT_CAP)
         .map_err(|e| ToolError::new("SpawnError", e.to_string()))?;
-    let mut output = out.output;
+    let (mut output, redactions) = crate::redact::redact_command_output(out.output, ctx);
     let error = if out.timed_out {
         let note =
             format!("Command timed out after {timeout}s and was killed (with its process group).");
@@ -186,6 +186,7 @@ fn terminal(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolE
         "timed_out": out.timed_out,
         "truncated": out.truncated,
         "output_bytes": out.output_bytes,
+        "redactions": redactions,
         "duration_seconds": (out.duration.as_secs_f64() * 1000.0).round() / 1000.0,
         "cwd": cwd.display().to_string(),
     }))

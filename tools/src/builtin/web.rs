@@ -19,15 +19,15 @@
 //! than failing the whole call.
 
 use super::args::{int_in_range, required_str};
+use crate::async_bridge::run_async;
 use crate::registry::CheckFnHolder;
 use crate::{BuiltinTool, ToolContext, ToolEntry, ToolError};
 use serde_json::{json, Map, Value};
-use std::io::Read;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 /// Largest response body read.
-const MAX_BODY_BYTES: u64 = 5 * 1024 * 1024;
+const MAX_BODY_BYTES: usize = 5 * 1024 * 1024;
 /// Default cap of extracted characters per page when `char_limit` is not given.
 const DEFAULT_CHAR_LIMIT: usize = 100_000;
 /// Most URLs per extract call.
@@ -70,14 +70,53 @@ pub fn web_config() -> WebConfig {
     }
 }
 
-fn agent(timeout: Duration) -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .timeout_global(Some(timeout))
-        .http_status_as_error(false)
-        .max_redirects(5)
+/// The HTTP client of the web tools: the same reqwest stack the MCP client uses (rustls with
+/// the ring provider), one request timeout for the whole exchange, at most 5 redirects.
+/// `no_redirects` for a strict script's fetches: each hop would need the destination check again.
+fn http_client(timeout: Duration, no_redirects: bool) -> Result<reqwest::Client, ToolError> {
+    // reqwest is built without a default TLS provider; install ring once (a no-op later).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .timeout(timeout)
+        .redirect(if no_redirects {
+            reqwest::redirect::Policy::none()
+        } else {
+            reqwest::redirect::Policy::limited(5)
+        })
         .user_agent("vibeos-exec web tools")
         .build()
-        .into()
+        .map_err(|e| ToolError::new("HttpClientError", format!("cannot set up HTTP: {e}")))
+}
+
+/// An HTTP error with its causes ("error sending request: connection refused"): reqwest's own
+/// message leaves out the why.
+fn describe(e: &reqwest::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
+/// A response body of at most `limit` bytes: `Ok((body, false))`, or the first `limit` bytes
+/// and `true` when it is longer (the rest is not read).
+async fn read_capped(
+    resp: &mut reqwest::Response,
+    limit: usize,
+) -> Result<(Vec<u8>, bool), reqwest::Error> {
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await? {
+        let room = limit - body.len();
+        if chunk.len() > room {
+            body.extend_from_slice(&chunk[..room]);
+            return Ok((body, true));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok((body, false))
 }
 
 fn search_entry() -> ToolEntry {
@@ -95,7 +134,8 @@ fn search_entry() -> ToolEntry {
         }),
         web_search,
     )
-    .with_emoji("🔍");
+    .with_emoji("🔍")
+    .with_parallel_safe(true);
     e.check_fn = Some(CheckFnHolder(Arc::new(|| {
         web_config().searxng_url.is_some()
     })));
@@ -118,7 +158,8 @@ fn extract_entry() -> ToolEntry {
         }),
         web_extract,
     )
-    .with_emoji("📄");
+    .with_emoji("📄")
+    .with_parallel_safe(true);
     e.check_fn = Some(CheckFnHolder(Arc::new(|| web_config().extract_http)));
     e.requires_env = vec!["VIBEOS_WEB_EXTRACT_BACKEND".into()];
     e
@@ -154,19 +195,27 @@ fn web_search(args: &Map<String, Value>, _ctx: &ToolContext) -> Result<Value, To
         not_configured("web_search", "set VIBEOS_WEB_SEARCH_URL to a SearXNG URL")
     })?;
     let url = format!("{base}/search");
-    let mut resp = agent(cfg.timeout)
-        .get(&url)
-        .query("q", query)
-        .query("format", "json")
-        .call()
-        .map_err(|e| ToolError::new("SearchBackendError", format!("{url}: {e}")))?;
-    let status = resp.status();
-    let body = resp
-        .body_mut()
-        .with_config()
-        .limit(MAX_BODY_BYTES)
-        .read_to_vec()
-        .map_err(|e| ToolError::new("SearchBackendError", format!("{url}: {e}")))?;
+    let backend_error = |e: String| ToolError::new("SearchBackendError", format!("{url}: {e}"));
+    let target = reqwest::Url::parse_with_params(&url, &[("q", query), ("format", "json")])
+        .map_err(|e| backend_error(format!("not a usable URL ({e})")))?;
+    let client = http_client(cfg.timeout, false)?;
+    let (status, body) = run_async(Box::pin(async move {
+        let mut resp = client.get(target).send().await?;
+        let status = resp.status();
+        read_capped(&mut resp, MAX_BODY_BYTES)
+            .await
+            .map(|(body, cut)| (status, body, cut))
+    }))?
+    .map_err(|e| backend_error(describe(&e)))
+    .and_then(|(status, body, cut)| {
+        if cut {
+            Err(backend_error(format!(
+                "the response is larger than {MAX_BODY_BYTES} bytes"
+            )))
+        } else {
+            Ok((status, body))
+        }
+    })?;
     if !status.is_success() {
         return Err(ToolError::new(
             "SearchBackendError",
@@ -222,7 +271,12 @@ fn html_title(html: &str) -> String {
         .unwrap_or_default()
 }
 
-fn fetch_one(agent: &ureq::Agent, url: &str, char_limit: usize) -> Value {
+async fn fetch_one(
+    client: &reqwest::Client,
+    url: &str,
+    char_limit: usize,
+    denied: Option<String>,
+) -> Value {
     let fail = |msg: String| json!({"url": url, "title": "", "content": "", "error": msg});
     let scheme_ok = url.split_once("://").is_some_and(|(s, rest)| {
         (s.eq_ignore_ascii_case("http") || s.eq_ignore_ascii_case("https")) && !rest.is_empty()
@@ -230,9 +284,12 @@ fn fetch_one(agent: &ureq::Agent, url: &str, char_limit: usize) -> Value {
     if !scheme_ok {
         return fail("only http:// and https:// URLs can be fetched".into());
     }
-    let mut resp = match agent.get(url).call() {
+    if let Some(why) = denied {
+        return fail(why);
+    }
+    let mut resp = match client.get(url).send().await {
         Ok(r) => r,
-        Err(e) => return fail(format!("fetch failed: {e}")),
+        Err(e) => return fail(format!("fetch failed: {}", describe(&e))),
     };
     let status = resp.status();
     let ctype = resp
@@ -241,15 +298,11 @@ fn fetch_one(agent: &ureq::Agent, url: &str, char_limit: usize) -> Value {
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_ascii_lowercase();
-    let mut body = Vec::new();
-    let read = resp
-        .body_mut()
-        .as_reader()
-        .take(MAX_BODY_BYTES)
-        .read_to_end(&mut body);
-    if let Err(e) = read {
-        return fail(format!("reading the response failed: {e}"));
-    }
+    // A page past the cap is converted from its first MAX_BODY_BYTES.
+    let body = match read_capped(&mut resp, MAX_BODY_BYTES).await {
+        Ok((body, _)) => body,
+        Err(e) => return fail(format!("reading the response failed: {}", describe(&e))),
+    };
     if !status.is_success() {
         return fail(format!("HTTP {status}"));
     }
@@ -292,7 +345,7 @@ fn fetch_one(agent: &ureq::Agent, url: &str, char_limit: usize) -> Value {
     json!({"url": url, "title": title, "content": content, "error": Value::Null})
 }
 
-fn web_extract(args: &Map<String, Value>, _ctx: &ToolContext) -> Result<Value, ToolError> {
+fn web_extract(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolError> {
     let urls: Vec<String> = match args.get("urls") {
         Some(Value::String(s)) => vec![s.clone()],
         Some(Value::Array(items)) => items
@@ -332,24 +385,39 @@ fn web_extract(args: &Map<String, Value>, _ctx: &ToolContext) -> Result<Value, T
             "set VIBEOS_WEB_EXTRACT_BACKEND=http",
         ));
     }
-    let agent = agent(cfg.timeout);
-    let results: Vec<Value> = std::thread::scope(|s| {
-        let handles: Vec<_> = urls
-            .iter()
-            .map(|u| {
-                let agent = &agent;
-                s.spawn(move || fetch_one(agent, u, char_limit))
-            })
-            .collect();
-        handles
-            .into_iter()
-            .zip(&urls)
-            .map(|(h, u)| {
-                h.join().unwrap_or_else(|_| {
-                    json!({"url": u, "title": "", "content": "", "error": "internal error while fetching"})
+    // A strict script has no network of its own; through this tool it reaches public hosts
+    // only (no loopback, private or link-local address, no redirect that could lead there).
+    // The check resolves names (blocking), so it runs here, before the async fetches.
+    let public_only = ctx.paths.is_some();
+    let denied: Vec<Option<String>> = urls
+        .iter()
+        .map(|u| {
+            public_only
+                .then(|| crate::path_policy::public_destination(u).err())
+                .flatten()
+        })
+        .collect();
+    let client = http_client(cfg.timeout, public_only)?;
+    // All pages at once, results in the order of `urls`.
+    let results: Vec<Value> = run_async(Box::pin(async move {
+        let fetches: Vec<_> =
+            urls.into_iter()
+                .zip(denied)
+                .map(|(url, denied)| {
+                    let (client, target) = (client.clone(), url.clone());
+                    let task = tokio::spawn(async move {
+                        fetch_one(&client, &target, char_limit, denied).await
+                    });
+                    (url, task)
                 })
-            })
-            .collect()
-    });
+                .collect();
+        let mut results = Vec::with_capacity(fetches.len());
+        for (url, task) in fetches {
+            results.push(task.await.unwrap_or_else(|_| {
+                json!({"url": url, "title": "", "content": "", "error": "internal error while fetching"})
+            }));
+        }
+        results
+    }))?;
     Ok(json!({"results": results}))
 }

@@ -22,6 +22,7 @@ fn entry() -> ToolEntry {
         write_file,
     )
     .with_emoji("✍️")
+    .with_path_scoped("path")
     .bounded()
 }
 
@@ -39,6 +40,15 @@ fn write_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Too
     }
     let raw = checked_path(args, "path")?;
     let content = required_str(args, "content")?;
+    if let Some(policy) = &ctx.paths {
+        // Strict mode: beneath a writable root, never through a link.
+        let created = policy.write_atomic(&ctx.resolve(raw), content.as_bytes())?;
+        return Ok(json!({
+            "path": raw,
+            "bytes_written": content.len(),
+            "created": created,
+        }));
+    }
     // Write through a symlink to its target, so a linked file stays linked.
     let path = match ctx.resolve(raw) {
         p if p.is_symlink() => std::fs::canonicalize(&p).unwrap_or(p),

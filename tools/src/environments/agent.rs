@@ -569,6 +569,7 @@ fn answer(registry: &'static ToolRegistry, req: Value) -> Value {
                 cwd: std::path::PathBuf::from("/"),
                 env: Some(env),
                 origin: CallOrigin::Script,
+                paths: None,
             })
         });
         return json!({"id": req.get("id"), "ok": {"killed": killed}});
@@ -631,6 +632,8 @@ fn answer(registry: &'static ToolRegistry, req: Value) -> Value {
             .map(std::path::PathBuf::from)
             .unwrap_or_else(|| std::path::PathBuf::from("/")),
         env,
+        // The backend itself is the sandbox: strict mode's host path policy does not apply here.
+        paths: None,
         origin: if req.get("origin").and_then(Value::as_str) == Some("script") {
             CallOrigin::Script
         } else {

@@ -108,7 +108,8 @@ enum Conn {
     None,
     Up {
         client: Arc<Client>,
-        pid: Option<u32>,
+        /// Process group a stdio server leads (its pid).
+        group: Option<u32>,
     },
     Down(String),
     Stopped,
@@ -239,12 +240,12 @@ impl McpServer {
 
     async fn start_locked(&self, conn: &mut Conn) -> Result<Arc<Client>, String> {
         match self.connect().await {
-            Ok((client, pid, tools)) => {
+            Ok((client, group, tools)) => {
                 let client = Arc::new(client);
                 self.read_plugin_failures(&client);
                 *conn = Conn::Up {
                     client: client.clone(),
-                    pid,
+                    group,
                 };
                 let n = self.register_tools(tools);
                 self.set_state(ServerState::Running(n));
@@ -270,16 +271,22 @@ impl McpServer {
         };
         let cfg = &self.spec.config;
         let work = async {
-            let (client, pid) = if let Some(command) = &cfg.command {
+            let (client, group) = if let Some(command) = &cfg.command {
                 let mut cmd = tokio::process::Command::new(command);
-                cmd.args(&cfg.args).kill_on_drop(true);
+                cmd.args(&cfg.args);
                 if let Some(env) = &self.spec.env {
                     cmd.env_clear().envs(env.iter().map(|(k, v)| (k, v)));
                 }
                 if let Some(dir) = &cfg.cwd {
                     cmd.current_dir(dir);
                 }
-                let (transport, stderr) = rmcp::transport::TokioChildProcess::builder(cmd)
+                // The server leads its own process group, and dropping the handle kills the
+                // group: whatever the server started dies with it, without polling pids.
+                let mut wrapped = process_wrap::tokio::CommandWrap::from(cmd);
+                wrapped
+                    .wrap(process_wrap::tokio::ProcessGroup::leader())
+                    .wrap(process_wrap::tokio::KillOnDrop);
+                let (transport, stderr) = rmcp::transport::TokioChildProcess::builder(wrapped)
                     .stderr(std::process::Stdio::piped())
                     .spawn()
                     .map_err(|e| match e.kind() {
@@ -290,7 +297,7 @@ impl McpServer {
                         }
                         _ => format!("cannot start `{command}`: {e}"),
                     })?;
-                let pid = transport.id();
+                let group = transport.id();
                 if let Some(stderr) = stderr {
                     tokio::spawn(forward_stderr(self.label(), stderr));
                 }
@@ -298,9 +305,9 @@ impl McpServer {
                     .serve(transport)
                     .await
                     .map_err(|e| format!("did not complete the MCP handshake: {e}"))?;
-                (client, pid)
+                (client, group)
             } else if let Some(url) = &cfg.url {
-                // reqwest is built without a default TLS provider; use ring, as ureq does.
+                // reqwest is built without a default TLS provider; use ring, as the web tools do.
                 let _ = rustls::crypto::ring::default_provider().install_default();
                 let mut headers = std::collections::HashMap::new();
                 for (k, v) in &cfg.headers {
@@ -325,7 +332,7 @@ impl McpServer {
                 .list_all_tools()
                 .await
                 .map_err(|e| format!("tools/list failed: {e}"))?;
-            Ok((client, pid, tools))
+            Ok((client, group, tools))
         };
         match tokio::time::timeout(self.start_timeout, work).await {
             Ok(r) => r,
@@ -564,32 +571,33 @@ impl McpServer {
         }
     }
 
-    /// Stops the server: ends the session and makes sure the child process is gone.
+    /// Stops the server: ends the session and, for a stdio server, its whole process group.
+    /// The server first gets the transport's shutdown sequence (stdin closed; SIGTERM, then
+    /// SIGKILL to the group if it lingers); whatever it started and left behind in its group is
+    /// then killed too.
     pub async fn stop(&self) {
         let previous = std::mem::replace(&mut *self.conn.lock().await, Conn::Stopped);
-        if let Conn::Up { client, pid } = previous {
-            client.cancellation_token().cancel();
-            drop(client);
-            if let Some(pid) = pid {
-                reap(pid).await;
+        if let Conn::Up { client, group } = previous {
+            match Arc::try_unwrap(client) {
+                Ok(client) => {
+                    let _ = client.cancel().await;
+                }
+                // Calls still hold the session: cancelling ends its loop, and the transport
+                // kills the group when the last holder lets go.
+                Err(shared) => shared.cancellation_token().cancel(),
+            }
+            if let Some(group) = group.and_then(|g| i32::try_from(g).ok()) {
+                // A group id stays taken while any member lives, so this reaches only what the
+                // server left behind; with nothing left it is ESRCH (reuse of the id would need
+                // the pid space to wrap within this instant).
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(group),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
             }
         }
         self.set_state(ServerState::Stopped);
     }
-}
-
-/// Waits briefly for a stopped server's process to exit, then kills it.
-async fn reap(pid: u32) {
-    let Ok(raw) = i32::try_from(pid) else { return };
-    let pid = nix::unistd::Pid::from_raw(raw);
-    let alive = || nix::sys::signal::kill(pid, None).is_ok();
-    for _ in 0..40 {
-        if !alive() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
 }
 
 fn sanitize(module: &str) -> String {

@@ -1,0 +1,210 @@
+//! Making an interpreter (or staging dir) under a closed directory reachable without any
+//! capability (SPEC §6: "no capabilities").
+//!
+//! A pyenv install in root's home (`/root` is 0700) cannot be reached by the script's
+//! unprivileged uid. The script used to keep `CAP_DAC_READ_SEARCH` for that, and that one
+//! capability let it stat, readlink, access, chdir into and read xattrs of anything under a
+//! closed directory — the path-based calls landlock does not mediate. Instead, the script
+//! process now gets a private mount namespace (set up while it is still root, before the uid
+//! drop) in which each closed ancestor is covered by a small empty tmpfs (mode 0711) holding
+//! just the directory chain down to the needed path, with the real directory bind-mounted at
+//! its own path. Paths stay the same (an interpreter's absolute RUNPATH keeps working), the
+//! rest of the closed directory is simply not there, and landlock rules — which are attached
+//! to inodes — still apply through the bind.
+//!
+//! Everything is prepared in the parent as C strings. The child, once in its namespace, takes a
+//! detached copy of each needed directory with `open_tree(OPEN_TREE_CLONE)` *before* the tmpfs
+//! hides it, and attaches it afterwards with `move_mount` (a bind from a descriptor opened
+//! before `unshare` would belong to the other namespace, which the kernel refuses). The child
+//! only makes raw system calls.
+
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const OPEN_TREE_CLOEXEC: libc::c_uint = libc::O_CLOEXEC as libc::c_uint;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+
+/// One closed directory covered by a tmpfs, and what to show in it.
+#[derive(Debug)]
+struct Cover {
+    target: CString,
+    /// Directories to create inside the tmpfs, parents first.
+    mkdirs: Vec<CString>,
+    /// Directories to show at their own path.
+    binds: Vec<CString>,
+}
+
+/// Most directories one plan may reveal (the child keeps their trees in a fixed array).
+const MAX_BINDS: usize = 16;
+
+/// The mount-namespace plan of one script process.
+#[derive(Debug)]
+pub struct Reveal {
+    covers: Vec<Cover>,
+}
+
+fn cstr(p: &Path) -> io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| io::Error::other(format!("{} contains a NUL byte", p.display())))
+}
+
+impl Reveal {
+    /// A plan that makes every path of `needed` reachable, given `closed(path)` that names the
+    /// first ancestor the script's uid cannot search. `None` when nothing is closed.
+    pub fn plan(
+        needed: &[PathBuf],
+        closed: impl Fn(&Path) -> Option<PathBuf>,
+    ) -> io::Result<Option<Reveal>> {
+        let mut pairs: Vec<(PathBuf, PathBuf)> = Vec::new();
+        for n in needed {
+            if let Some(a) = closed(n) {
+                // The needed path itself closed: nothing to cover it with but itself.
+                if &a == n {
+                    return Err(io::Error::other(format!(
+                        "{} itself is closed to the script's uid",
+                        n.display()
+                    )));
+                }
+                pairs.push((a, n.clone()));
+            }
+        }
+        if pairs.is_empty() {
+            return Ok(None);
+        }
+        // One cover per outermost closed dir; a closed dir inside another cover is recreated.
+        let mut targets: Vec<PathBuf> = pairs.iter().map(|(a, _)| a.clone()).collect();
+        targets.sort();
+        targets.dedup();
+        let outer: Vec<PathBuf> = targets
+            .iter()
+            .filter(|t| !targets.iter().any(|o| o != *t && t.starts_with(o)))
+            .cloned()
+            .collect();
+        let mut covers = Vec::new();
+        for target in outer {
+            let mut mkdirs = Vec::new();
+            let mut binds = Vec::new();
+            for (_, n) in pairs.iter().filter(|(_, n)| n.starts_with(&target)) {
+                let mut p = target.clone();
+                if let Ok(rel) = n.strip_prefix(&target) {
+                    for c in rel.components() {
+                        p.push(c);
+                        let c = cstr(&p)?;
+                        if !mkdirs.contains(&c) {
+                            mkdirs.push(c);
+                        }
+                    }
+                }
+                binds.push(cstr(n)?);
+            }
+            covers.push(Cover {
+                target: cstr(&target)?,
+                mkdirs,
+                binds,
+            });
+        }
+        if covers.iter().map(|c| c.binds.len()).sum::<usize>() > MAX_BINDS {
+            return Err(io::Error::other("too many closed directories to reveal"));
+        }
+        Ok(Some(Reveal { covers }))
+    }
+
+    /// The covered directories, for logs.
+    pub fn covered(&self) -> Vec<String> {
+        self.covers
+            .iter()
+            .map(|c| c.target.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    /// Enters a private mount namespace and sets the covers up.
+    ///
+    /// # Safety
+    /// Only between fork and exec in the script process, while it is still root.
+    pub unsafe fn apply(&self) -> io::Result<()> {
+        fn check(rc: libc::c_int) -> io::Result<()> {
+            if rc != 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(())
+            }
+        }
+        // SAFETY: raw system calls on C strings prepared before the fork.
+        unsafe {
+            check(libc::unshare(libc::CLONE_NEWNS))?;
+            // Nothing done here may propagate back to the host's mounts.
+            check(libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ))?;
+            // Detached copies of what must stay visible, taken before anything is covered.
+            let mut trees: [libc::c_int; MAX_BINDS] = [-1; MAX_BINDS];
+            let mut n = 0;
+            for cover in &self.covers {
+                for dir in &cover.binds {
+                    let fd = libc::syscall(
+                        libc::SYS_open_tree,
+                        libc::AT_FDCWD,
+                        dir.as_ptr(),
+                        OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | libc::AT_RECURSIVE as libc::c_uint,
+                    );
+                    if fd < 0 || n >= MAX_BINDS {
+                        return Err(io::Error::last_os_error());
+                    }
+                    trees[n] = fd as libc::c_int;
+                    n += 1;
+                }
+            }
+            let mut i = 0;
+            for cover in &self.covers {
+                check(libc::mount(
+                    c"vibeos-cover".as_ptr(),
+                    cover.target.as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                    c"mode=0711,size=64k,nr_inodes=256".as_ptr().cast(),
+                ))?;
+                for dir in &cover.mkdirs {
+                    let rc = libc::mkdir(dir.as_ptr(), 0o711);
+                    if rc != 0 && *libc::__errno_location() != libc::EEXIST {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                for dir in &cover.binds {
+                    let rc = libc::syscall(
+                        libc::SYS_move_mount,
+                        trees[i],
+                        c"".as_ptr(),
+                        libc::AT_FDCWD,
+                        dir.as_ptr(),
+                        MOVE_MOUNT_F_EMPTY_PATH,
+                    );
+                    if rc != 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    libc::close(trees[i]);
+                    i += 1;
+                }
+                // The cover itself: no more entries can appear in it.
+                check(libc::mount(
+                    std::ptr::null(),
+                    cover.target.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REMOUNT
+                        | libc::MS_RDONLY
+                        | libc::MS_NOSUID
+                        | libc::MS_NODEV
+                        | libc::MS_NOEXEC,
+                    c"mode=0711".as_ptr().cast(),
+                ))?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,256 @@
+//! Creating staging dirs so that nobody can get in between: no window in which another process
+//! can watch, list or plant anything (SPEC §6).
+//!
+//! - Every staging dir lives under one parent per supervisor user, `$TMPDIR/vibeos-staging-<euid>`,
+//!   owned by that user and mode 0711: others may pass through it to a dir whose name they
+//!   know (a strict script's uid needs to reach its own), but not list it or create in it.
+//!   The parent is checked on every use (a directory, not a symlink, ours) and its mode fixed.
+//! - The staging dir itself is created 0700 by the `mkdir` that makes it (not 0755 and then
+//!   chmod'ed: a watcher or a symlink planted in between would survive).
+//! - Strict mode as root: a size-capped tmpfs is mounted on it before anything is written, so
+//!   the script's files and its TMPDIR (the staging dir) have a disk budget
+//!   (`code_execution.strict.disk_mb`); filling it is ENOSPC for that script alone.
+//! - Every file the supervisor or the pool writes into it is created relative to a descriptor
+//!   of the dir with `O_CREAT | O_EXCL | O_NOFOLLOW`: a name planted in advance makes the write
+//!   fail instead of being followed.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::OFlag;
+use nix::sys::stat::Mode;
+
+/// Prefix of the per-user parent dir under TMPDIR.
+pub const PARENT_PREFIX: &str = "vibeos-staging-";
+
+/// The parent dir for staging dirs under `tmp`, created or checked.
+pub fn parent_in(tmp: &Path) -> io::Result<PathBuf> {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    let parent = tmp.join(format!("{PARENT_PREFIX}{euid}"));
+    match std::fs::DirBuilder::new().mode(0o711).create(&parent) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    // Check what is there now through a descriptor that did not follow a symlink, and fix the
+    // mode through that same descriptor.
+    let fd = nix::fcntl::open(
+        &parent,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| {
+        io::Error::new(
+            io::Error::from(e).kind(),
+            format!(
+                "{} is not a directory of ours ({e}); remove it or set TMPDIR elsewhere",
+                parent.display()
+            ),
+        )
+    })?;
+    let file = std::fs::File::from(fd);
+    let meta = file.metadata()?;
+    if meta.uid() != euid {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} belongs to uid {}, not to this supervisor (uid {euid}); someone may be \
+                 trying to intercept staging dirs: remove it or set TMPDIR elsewhere",
+                parent.display(),
+                meta.uid()
+            ),
+        ));
+    }
+    if meta.mode() & 0o7777 != 0o711 {
+        file.set_permissions(std::fs::Permissions::from_mode(0o711))?;
+    }
+    Ok(parent)
+}
+
+/// A fresh staging dir, mode 0700 from its creation, under [`parent_in`] of the TMPDIR.
+pub fn create_dir() -> io::Result<tempfile::TempDir> {
+    let tmp = std::env::temp_dir();
+    let mut last = None;
+    // A concurrent cleanup may remove an empty parent between our check and our mkdir.
+    for _ in 0..5 {
+        let parent = parent_in(&tmp)?;
+        match tempfile::Builder::new()
+            .prefix("vibeos-exec-")
+            .permissions(std::fs::Permissions::from_mode(0o700))
+            .tempdir_in(&parent)
+        {
+            Ok(dir) => return Ok(dir),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::other("the staging parent kept disappearing")))
+}
+
+/// Removes the staging dirs' parent, when empty, once the staging dir it was made for is gone
+/// (declared after the `TempDir` it guards, so it drops after it), so no run leaves anything
+/// in TMPDIR.
+#[derive(Debug)]
+pub struct ParentCleanup(pub PathBuf);
+
+impl Drop for ParentCleanup {
+    fn drop(&mut self) {
+        let named = self
+            .0
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with(PARENT_PREFIX));
+        if named {
+            // Fails (ENOTEMPTY) while another execution still has its dir there.
+            let _ = std::fs::remove_dir(&self.0);
+        }
+    }
+}
+
+/// Removes a staging dir whose owner cannot run its destructor (the process is exiting while
+/// the dir is being set up): its tmpfs (if any) detached, the dir, then the parent if empty.
+pub fn remove_at_exit(dir: &Path) {
+    if let Ok(target) = CString::new(dir.as_os_str().as_bytes()) {
+        // SAFETY: a valid NUL-terminated path; EINVAL when it is not a mount point is fine.
+        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+    }
+    let _ = std::fs::remove_dir_all(dir);
+    if let Some(parent) = dir.parent() {
+        drop(ParentCleanup(parent.to_path_buf()));
+    }
+}
+
+/// Creates `name` in `dir` with `text`: relative to a descriptor of `dir`, never following a
+/// symlink, never reusing an existing name. `owner` receives the file (strict mode as root).
+pub fn write_new(dir: &Path, name: &str, text: &str, owner: Option<(u32, u32)>) -> io::Result<()> {
+    let dirfd = nix::fcntl::open(
+        dir,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    let fd: OwnedFd = nix::fcntl::openat(
+        dirfd.as_fd(),
+        name,
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o644),
+    )?;
+    let mut file = std::fs::File::from(fd);
+    if let Some((uid, gid)) = owner {
+        nix::unistd::fchown(
+            &file,
+            Some(nix::unistd::Uid::from_raw(uid)),
+            Some(nix::unistd::Gid::from_raw(gid)),
+        )?;
+    }
+    io::Write::write_all(&mut file, text.as_bytes())
+}
+
+/// A size-capped tmpfs mounted on a staging dir (strict mode, root only); unmounted on drop,
+/// before the dir itself is removed.
+#[derive(Debug)]
+pub struct DiskBudget {
+    target: CString,
+}
+
+impl DiskBudget {
+    /// Mounts a tmpfs of `bytes` on `dir`, mode 0700. `Ok(None)` when the supervisor is not
+    /// root (it cannot mount; the budget is then only the per-file `RLIMIT_FSIZE`).
+    pub fn mount(dir: &Path, bytes: u64) -> io::Result<Option<DiskBudget>> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Ok(None);
+        }
+        let target = CString::new(dir.as_os_str().as_bytes())
+            .map_err(|_| io::Error::other("the staging path contains a NUL byte"))?;
+        // A quarter of the budget in inodes (at least 1024): file-count floods end there too.
+        let inodes = (bytes / 4096).max(1024);
+        let options = CString::new(format!("size={bytes},nr_inodes={inodes},mode=0700"))
+            .map_err(|_| io::Error::other("bad tmpfs options"))?;
+        // SAFETY: all pointers are valid NUL-terminated strings for the duration of the call.
+        let rc = unsafe {
+            libc::mount(
+                c"vibeos-exec".as_ptr(),
+                target.as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                options.as_ptr().cast(),
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Some(DiskBudget { target }))
+    }
+}
+
+impl Drop for DiskBudget {
+    fn drop(&mut self) {
+        // SAFETY: the path is a valid NUL-terminated string. MNT_DETACH: a process that still
+        // holds a file open there (it is being killed) does not keep the dir from going.
+        let rc = unsafe { libc::umount2(self.target.as_ptr(), libc::MNT_DETACH) };
+        if rc != 0 {
+            tracing::warn!(
+                "execute_code: cannot unmount the staging tmpfs {}: {}",
+                self.target.to_string_lossy(),
+                io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staging_is_private_from_its_first_moment_and_writes_never_follow_links() {
+        let tmp = tempfile::tempdir().unwrap();
+        let parent = parent_in(tmp.path()).unwrap();
+        assert_eq!(std::fs::metadata(&parent).unwrap().mode() & 0o7777, 0o711);
+        std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert_eq!(parent_in(tmp.path()).unwrap(), parent);
+        assert_eq!(
+            std::fs::metadata(&parent).unwrap().mode() & 0o7777,
+            0o711,
+            "a loosened parent is closed again"
+        );
+        let dir = tempfile::Builder::new()
+            .permissions(std::fs::Permissions::from_mode(0o700))
+            .tempdir_in(&parent)
+            .unwrap();
+        write_new(dir.path(), "a.py", "x", None).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("a.py")).unwrap(),
+            "x"
+        );
+        assert!(
+            write_new(dir.path(), "a.py", "y", None).is_err(),
+            "reused a name"
+        );
+        let victim = tmp.path().join("victim");
+        std::fs::write(&victim, "keep").unwrap();
+        std::os::unix::fs::symlink(&victim, dir.path().join("b.py")).unwrap();
+        assert!(write_new(dir.path(), "b.py", "PWNED", None).is_err());
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
+    }
+
+    #[test]
+    fn a_symlinked_or_foreign_parent_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        // SAFETY: geteuid has no preconditions.
+        let euid = unsafe { libc::geteuid() };
+        std::os::unix::fs::symlink(
+            elsewhere.path(),
+            tmp.path().join(format!("{PARENT_PREFIX}{euid}")),
+        )
+        .unwrap();
+        let e = parent_in(tmp.path()).unwrap_err().to_string();
+        assert!(e.contains("TMPDIR"), "{e}");
+    }
+}

@@ -1,0 +1,263 @@
+//! The per-call overrides of execute_code — `mode`, `timeout`, `max_tool_calls` — checked in
+//! one place for every face: the CLI's flags, the Python package's keyword arguments, the MCP
+//! server's and the agent path's JSON arguments. Each face only says how its caller spells the
+//! names ([`Spelling`]), so a bad value gets the same judgement and the same message everywhere.
+
+use crate::config::{positive_seconds, Mode};
+use serde_json::{Map, Value};
+use std::time::Duration;
+
+/// How the caller names an override in messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spelling {
+    /// Command-line flags: `--timeout`.
+    Flag,
+    /// Keyword or JSON arguments: `timeout`.
+    Argument,
+}
+
+impl Spelling {
+    fn name(self, base: &str) -> String {
+        match self {
+            Spelling::Flag => format!("--{}", base.replace('_', "-")),
+            Spelling::Argument => format!("argument `{base}`"),
+        }
+    }
+}
+
+/// Which override was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OverrideKind {
+    /// `mode`: neither `project` nor `strict`.
+    Mode,
+    /// `timeout`: not a positive number of seconds up to a day.
+    Timeout,
+    /// `max_tool_calls`: not a whole number of calls.
+    MaxToolCalls,
+}
+
+impl OverrideKind {
+    fn base(self) -> &'static str {
+        match self {
+            OverrideKind::Mode => "mode",
+            OverrideKind::Timeout => "timeout",
+            OverrideKind::MaxToolCalls => "max_tool_calls",
+        }
+    }
+
+    /// What the value must be, as an argument's message says it.
+    fn wanted(self) -> &'static str {
+        match self {
+            OverrideKind::Mode => "project or strict",
+            OverrideKind::Timeout => "a positive number of seconds (at most 86400)",
+            OverrideKind::MaxToolCalls => "a whole number of calls, 0 or more",
+        }
+    }
+
+    /// What is wrong with the value, as a flag's message says it.
+    fn flag_problem(self) -> &'static str {
+        match self {
+            OverrideKind::Mode => "is not a mode; use project or strict",
+            OverrideKind::Timeout => "is not a usable number of seconds (positive, at most 86400)",
+            OverrideKind::MaxToolCalls => "is not a usable call budget (a whole number, 0 or more)",
+        }
+    }
+}
+
+/// An override value that cannot be used. Flags read `--timeout 0 is not a usable number of
+/// seconds (…)`, arguments read ``argument `timeout` must be …, got 0``.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OverrideError {
+    /// Which override.
+    pub kind: OverrideKind,
+    /// The value given, as the caller wrote it.
+    pub value: String,
+    /// How the caller names it.
+    pub spelling: Spelling,
+}
+
+impl std::fmt::Display for OverrideError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = self.spelling.name(self.kind.base());
+        match self.spelling {
+            Spelling::Flag => write!(f, "{name} {} {}", self.value, self.kind.flag_problem()),
+            Spelling::Argument => {
+                write!(
+                    f,
+                    "{name} must be {}, got {}",
+                    self.kind.wanted(),
+                    self.value
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for OverrideError {}
+
+/// Overrides one call asked for, checked; `None` keeps the configured value.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Overrides {
+    /// Mode of the execution.
+    pub mode: Option<Mode>,
+    /// Wall-clock limit.
+    pub timeout: Option<Duration>,
+    /// Tool-call budget.
+    pub max_tool_calls: Option<usize>,
+}
+
+impl Overrides {
+    /// Checks typed values (flags, keyword arguments).
+    pub fn check(
+        mode: Option<&str>,
+        timeout: Option<f64>,
+        max_tool_calls: Option<u64>,
+        spelling: Spelling,
+    ) -> Result<Overrides, OverrideError> {
+        let mode = mode
+            .map(|m| {
+                Mode::parse(m).ok_or_else(|| OverrideError {
+                    kind: OverrideKind::Mode,
+                    value: format!("{m:?}"),
+                    spelling,
+                })
+            })
+            .transpose()?;
+        let timeout = timeout
+            .map(|t| {
+                positive_seconds(t).ok_or_else(|| OverrideError {
+                    kind: OverrideKind::Timeout,
+                    value: t.to_string(),
+                    spelling,
+                })
+            })
+            .transpose()?;
+        let max_tool_calls = max_tool_calls
+            .map(|n| {
+                usize::try_from(n).map_err(|_| OverrideError {
+                    kind: OverrideKind::MaxToolCalls,
+                    value: n.to_string(),
+                    spelling,
+                })
+            })
+            .transpose()?;
+        Ok(Overrides {
+            mode,
+            timeout,
+            max_tool_calls,
+        })
+    }
+
+    /// Checks JSON arguments (`timeout`, `max_tool_calls`, and `mode` when `allow_mode`); a
+    /// missing or null value keeps the configured one, a value of the wrong type is an error
+    /// naming what was given.
+    pub fn from_json(
+        args: &Map<String, Value>,
+        allow_mode: bool,
+    ) -> Result<Overrides, OverrideError> {
+        let spelling = Spelling::Argument;
+        let present = |key: &str| args.get(key).filter(|v| !v.is_null());
+        let mode = match present("mode").filter(|_| allow_mode) {
+            None => None,
+            Some(Value::String(m)) => Some(m.as_str()),
+            Some(other) => {
+                return Err(OverrideError {
+                    kind: OverrideKind::Mode,
+                    value: other.to_string(),
+                    spelling,
+                })
+            }
+        };
+        let timeout = match present("timeout") {
+            None => None,
+            Some(v) => Some(v.as_f64().ok_or_else(|| OverrideError {
+                kind: OverrideKind::Timeout,
+                value: v.to_string(),
+                spelling,
+            })?),
+        };
+        let max_tool_calls = match present("max_tool_calls") {
+            None => None,
+            Some(v) => Some(v.as_u64().ok_or_else(|| OverrideError {
+                kind: OverrideKind::MaxToolCalls,
+                value: v.to_string(),
+                spelling,
+            })?),
+        };
+        Overrides::check(mode, timeout, max_tool_calls, spelling)
+    }
+
+    /// Writes the overrides over configured values.
+    pub fn apply(&self, mode: &mut Mode, timeout: &mut Duration, max_tool_calls: &mut usize) {
+        if let Some(m) = self.mode {
+            *mode = m;
+        }
+        if let Some(t) = self.timeout {
+            *timeout = t;
+        }
+        if let Some(n) = self.max_tool_calls {
+            *max_tool_calls = n;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn args(v: Value) -> Map<String, Value> {
+        v.as_object().cloned().unwrap_or_default()
+    }
+
+    #[test]
+    fn every_face_gets_the_same_verdict_in_its_own_spelling() {
+        let flag = Overrides::check(None, Some(0.0), None, Spelling::Flag);
+        assert_eq!(
+            flag.err().map(|e| e.to_string()).unwrap_or_default(),
+            "--timeout 0 is not a usable number of seconds (positive, at most 86400)"
+        );
+        let arg = Overrides::from_json(&args(json!({"timeout": 0})), false);
+        assert_eq!(
+            arg.err().map(|e| e.to_string()).unwrap_or_default(),
+            "argument `timeout` must be a positive number of seconds (at most 86400), got 0"
+        );
+        let mode = Overrides::check(Some("loose"), None, None, Spelling::Flag);
+        assert_eq!(mode.err().map(|e| e.kind), Some(OverrideKind::Mode));
+        let budget = Overrides::from_json(&args(json!({"max_tool_calls": -1})), false);
+        assert_eq!(
+            budget.err().map(|e| e.kind),
+            Some(OverrideKind::MaxToolCalls)
+        );
+        let wrong_type = Overrides::from_json(&args(json!({"timeout": "soon"})), false);
+        assert_eq!(
+            wrong_type.err().map(|e| e.kind),
+            Some(OverrideKind::Timeout)
+        );
+        for t in [f64::NAN, f64::INFINITY, -1.0, 86_400.5] {
+            assert!(Overrides::check(None, Some(t), None, Spelling::Argument).is_err());
+        }
+    }
+
+    #[test]
+    fn good_values_override_and_absent_ones_keep_the_configuration() {
+        let o = Overrides::from_json(
+            &args(json!({"timeout": 1.5, "max_tool_calls": 0, "mode": "strict"})),
+            true,
+        )
+        .unwrap_or_default();
+        let (mut mode, mut timeout, mut calls) = (Mode::Project, Duration::from_secs(300), 50);
+        o.apply(&mut mode, &mut timeout, &mut calls);
+        assert_eq!(
+            (mode, timeout, calls),
+            (Mode::Strict, Duration::from_millis(1500), 0)
+        );
+        let none = Overrides::from_json(&args(json!({"timeout": null, "mode": "strict"})), false)
+            .unwrap_or_default();
+        assert_eq!(
+            none,
+            Overrides::default(),
+            "mode is not taken where not allowed"
+        );
+    }
+}

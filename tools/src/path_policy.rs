@@ -1,0 +1,715 @@
+//! What the tools may reach when a strict-mode script calls them (SPEC §6): paths and hosts.
+//!
+//! Files: see below. Hosts: [`public_destination`] keeps `web_extract` off loopback, private and
+//! link-local addresses, which the script itself cannot reach either.
+//!
+//! A strict script is confined by landlock and seccomp, but its tool calls run in the
+//! supervisor, with the supervisor's rights (root in CI). Without a policy of their own the
+//! tools would be the script's way out: `read_file("/etc/shadow")`, `write_file` anywhere. This
+//! module is that policy: a set of roots (the staging dir, the session cwd, and the configured
+//! `code_execution.strict.read_roots` / `write_roots`), and opening primitives that resolve a
+//! path *beneath* one root with `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)` from a
+//! descriptor of that root, opened once when the execution starts.
+//!
+//! Why `openat2` and not a check-then-open on path strings: the script runs while its tool
+//! calls are served and can swap a checked directory for a symlink in between. With
+//! `RESOLVE_BENEATH` the kernel refuses, during the one resolution that opens the file, any
+//! absolute symlink, any `..` or relative symlink that climbs above the root, and with
+//! `RESOLVE_NO_MAGICLINKS` any `/proc/*/fd`-style link. What is opened is what was checked.
+//!
+//! Hard links cannot be told apart from the original name, so a link planted inside a root to
+//! a secret outside would pass `RESOLVE_BENEATH`. Regular files with more than one link are
+//! therefore refused outside the staging dir (where landlock already stops the script from
+//! linking anything it cannot read). Writes replace the file by a rename in the resolved
+//! parent directory, so a write never lands in another name's inode.
+
+use crate::ToolError;
+use nix::errno::Errno;
+use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
+use nix::sys::stat::Mode;
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Component, Path, PathBuf};
+
+/// What a root lets the tools do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RootAccess {
+    /// read_file and search_files only.
+    Read,
+    /// Also write_file and patch.
+    ReadWrite,
+}
+
+#[derive(Debug)]
+struct Root {
+    /// The root as the tools see it (absolute; may contain symlinks, like a session cwd).
+    path: PathBuf,
+    /// Its canonical form, so a path given either way is matched.
+    canonical: PathBuf,
+    access: RootAccess,
+    /// Whether files with several hard links may be read (the staging dir only).
+    links_ok: bool,
+    dir: OwnedFd,
+}
+
+/// The roots beneath which the file tools act for one strict execution.
+#[derive(Debug)]
+pub struct PathPolicy {
+    roots: Vec<Root>,
+    /// Bytes the tools may still write outside the staging dir in this execution (`None`:
+    /// unbounded). The staging dir has its own cap (a tmpfs); without this, a script calling
+    /// write_file in a loop could fill the disk under the cwd or a write root.
+    write_budget: Option<std::sync::atomic::AtomicU64>,
+}
+
+/// Why a root could not be added (the execution then refuses to start).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot use {path} as a strict-mode tool root: {reason}")]
+pub struct RootError {
+    /// The root.
+    pub path: PathBuf,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+const RESOLVE: ResolveFlag = ResolveFlag::RESOLVE_BENEATH.union(ResolveFlag::RESOLVE_NO_MAGICLINKS);
+
+impl PathPolicy {
+    /// An empty policy: no root, every path refused.
+    pub fn new() -> Self {
+        PathPolicy {
+            roots: Vec::new(),
+            write_budget: None,
+        }
+    }
+
+    /// Caps what the tools may write outside the staging dir, in bytes, for the execution.
+    pub fn set_write_budget(&mut self, bytes: u64) {
+        self.write_budget = Some(std::sync::atomic::AtomicU64::new(bytes));
+    }
+
+    /// Takes `len` bytes from the write budget, or says why not.
+    fn charge(&self, len: u64, path: &Path) -> Result<(), ToolError> {
+        use std::sync::atomic::Ordering;
+        let Some(budget) = &self.write_budget else {
+            return Ok(());
+        };
+        budget
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                left.checked_sub(len)
+            })
+            .map(|_| ())
+            .map_err(|left| {
+                ToolError::new(
+                    "DiskBudgetExceeded",
+                    format!(
+                        "writing {} bytes to {} would pass this execution's disk budget ({left} \
+                         bytes left for tool writes outside the staging dir; \
+                         code_execution.strict.disk_mb sets it)",
+                        len,
+                        path.display()
+                    ),
+                )
+            })
+    }
+
+    /// Adds a root. `links_ok` marks the staging dir. `/` is refused (it would make the policy
+    /// meaningless), and so are paths that are not directories.
+    pub fn add_root(
+        &mut self,
+        path: &Path,
+        access: RootAccess,
+        links_ok: bool,
+    ) -> Result<(), RootError> {
+        let err = |reason: String| RootError {
+            path: path.to_path_buf(),
+            reason,
+        };
+        if !path.is_absolute() {
+            return Err(err("it is not an absolute path".into()));
+        }
+        let canonical = std::fs::canonicalize(path).map_err(|e| err(e.to_string()))?;
+        if canonical == Path::new("/") {
+            return Err(err(
+                "it is `/`, which would let the tools reach the whole filesystem".into(),
+            ));
+        }
+        let dir = nix::fcntl::open(
+            &canonical,
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| err(format!("it cannot be opened as a directory: {e}")))?;
+        self.roots.push(Root {
+            path: path.to_path_buf(),
+            canonical,
+            access,
+            links_ok,
+            dir,
+        });
+        Ok(())
+    }
+
+    /// One line naming the roots, for errors and logs.
+    pub fn describe(&self) -> String {
+        if self.roots.is_empty() {
+            return "none".into();
+        }
+        self.roots
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} ({})",
+                    r.path.display(),
+                    match r.access {
+                        RootAccess::Read => "read",
+                        RootAccess::ReadWrite => "read-write",
+                    }
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The root `path` lies in (the deepest one that grants `write` when asked) and the rest of
+    /// the path below it. Purely lexical: the kernel checks the rest during the open.
+    fn locate(&self, path: &Path, write: bool) -> Result<(&Root, PathBuf), ToolError> {
+        let mut best: Option<(&Root, PathBuf)> = None;
+        for root in &self.roots {
+            if write && root.access != RootAccess::ReadWrite {
+                continue;
+            }
+            for base in [&root.path, &root.canonical] {
+                if let Ok(rel) = path.strip_prefix(base) {
+                    let deeper = best
+                        .as_ref()
+                        .is_none_or(|(_, r)| rel.components().count() < r.components().count());
+                    if deeper {
+                        best = Some((root, rel.to_path_buf()));
+                    }
+                }
+            }
+        }
+        best.ok_or_else(|| {
+            ToolError::new(
+                "OutsideSandbox",
+                format!(
+                    "{} is outside what tools may {} for a strict-mode script ({}); add its \
+                     directory to code_execution.strict.{} to open it",
+                    path.display(),
+                    if write { "write" } else { "read" },
+                    self.describe_for(write),
+                    if write { "write_roots" } else { "read_roots" },
+                ),
+            )
+        })
+    }
+
+    fn describe_for(&self, write: bool) -> String {
+        let names: Vec<String> = self
+            .roots
+            .iter()
+            .filter(|r| !write || r.access == RootAccess::ReadWrite)
+            .map(|r| r.path.display().to_string())
+            .collect();
+        if names.is_empty() {
+            "no root allows it".into()
+        } else {
+            format!("allowed: {}", names.join(", "))
+        }
+    }
+
+    /// Opens `rel` beneath `root` with `flags`.
+    fn open_beneath(
+        dir: BorrowedFd<'_>,
+        rel: &Path,
+        flags: OFlag,
+        mode: Mode,
+        shown: &Path,
+    ) -> Result<OwnedFd, ToolError> {
+        let rel = if rel.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            rel
+        };
+        let how = OpenHow::new()
+            .flags(flags | OFlag::O_CLOEXEC)
+            .mode(mode)
+            .resolve(RESOLVE);
+        loop {
+            match openat2(dir, rel, how) {
+                Ok(fd) => return Ok(fd),
+                Err(Errno::EINTR) | Err(Errno::EAGAIN) => continue,
+                Err(e) => return Err(resolve_error(shown, e)),
+            }
+        }
+    }
+
+    /// Opens a file for reading. Directories open too (the caller decides what to do with
+    /// them); a regular file with several hard links outside the staging dir is refused.
+    pub fn open_read(&self, path: &Path) -> Result<File, ToolError> {
+        let (root, rel) = self.locate(path, false)?;
+        let fd = Self::open_beneath(
+            root.dir.as_fd(),
+            &rel,
+            OFlag::O_RDONLY | OFlag::O_NONBLOCK,
+            Mode::empty(),
+            path,
+        )?;
+        let file = File::from(fd);
+        let meta = file.metadata().map_err(|e| ToolError::io(path, &e))?;
+        if meta.is_file() && meta.nlink() > 1 && !root.links_ok {
+            return Err(ToolError::new(
+                "HardLinkRefused",
+                format!(
+                    "{} has {} hard links; in strict mode tools do not read hard-linked files \
+                     outside the staging dir (a link can lead to a file outside the allowed \
+                     roots)",
+                    path.display(),
+                    meta.nlink()
+                ),
+            ));
+        }
+        Ok(file)
+    }
+
+    /// Checks that `path` exists beneath a readable root (for directory walks, where the
+    /// walker lists names by path and each one is checked again before it is reported).
+    pub fn check_read(&self, path: &Path) -> Result<std::fs::Metadata, ToolError> {
+        let (root, rel) = self.locate(path, false)?;
+        let fd = Self::open_beneath(root.dir.as_fd(), &rel, OFlag::O_PATH, Mode::empty(), path)?;
+        File::from(fd)
+            .metadata()
+            .map_err(|e| ToolError::io(path, &e))
+    }
+
+    /// Whether `path` names an existing entry beneath a writable root.
+    pub fn exists_for_write(&self, path: &Path) -> Result<bool, ToolError> {
+        let (root, rel) = self.locate(path, true)?;
+        match Self::open_beneath(
+            root.dir.as_fd(),
+            &rel,
+            OFlag::O_PATH | OFlag::O_NOFOLLOW,
+            Mode::empty(),
+            path,
+        ) {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind == "FileNotFound" => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The parent directory of `path` beneath a writable root (created as needed, each level
+    /// resolved beneath the root) and the file name in it.
+    fn parent_for_write(&self, path: &Path) -> Result<(OwnedFd, std::ffi::OsString), ToolError> {
+        let (root, rel) = self.locate(path, true)?;
+        let name = match rel.file_name() {
+            Some(n) if matches!(rel.components().next_back(), Some(Component::Normal(_))) => {
+                n.to_os_string()
+            }
+            _ => {
+                return Err(ToolError::new(
+                    "IsADirectory",
+                    format!("{} is a directory; give a file path", path.display()),
+                ))
+            }
+        };
+        let parent_rel = rel.parent().unwrap_or(Path::new(""));
+        let mut walked = PathBuf::new();
+        let mut dir = Self::open_beneath(
+            root.dir.as_fd(),
+            Path::new("."),
+            OFlag::O_PATH | OFlag::O_DIRECTORY,
+            Mode::empty(),
+            &root.path,
+        )?;
+        for component in parent_rel.components() {
+            walked.push(component);
+            let flags = OFlag::O_PATH | OFlag::O_DIRECTORY;
+            match Self::open_beneath(root.dir.as_fd(), &walked, flags, Mode::empty(), path) {
+                Ok(fd) => dir = fd,
+                Err(e) if e.kind == "FileNotFound" => {
+                    let Component::Normal(part) = component else {
+                        return Err(e);
+                    };
+                    match nix::sys::stat::mkdirat(
+                        dir.as_fd(),
+                        part,
+                        Mode::from_bits_truncate(0o755),
+                    ) {
+                        Ok(()) | Err(Errno::EEXIST) => {}
+                        Err(err) => {
+                            return Err(ToolError::io(&root.path.join(&walked), &err.into()))
+                        }
+                    }
+                    follow_owner(dir.as_fd(), part);
+                    dir = Self::open_beneath(
+                        dir.as_fd(),
+                        Path::new(part),
+                        flags | OFlag::O_NOFOLLOW,
+                        Mode::empty(),
+                        path,
+                    )?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((dir, name))
+    }
+
+    /// Replaces (or creates) the file at `path` with `content`, atomically: a new file is
+    /// written beside it with `O_CREAT|O_EXCL|O_NOFOLLOW` and renamed over it within the
+    /// resolved parent. An existing entry's mode is kept; a symlink or directory there is
+    /// refused. Returns whether the file was created.
+    pub fn write_atomic(&self, path: &Path, content: &[u8]) -> Result<bool, ToolError> {
+        let in_staging = self
+            .locate(path, true)
+            .map(|(root, _)| root.links_ok)
+            .unwrap_or(false);
+        if !in_staging {
+            self.charge(content.len() as u64, path)?;
+        }
+        let (dir, name) = self.parent_for_write(path)?;
+        let existing = nix::sys::stat::fstatat(
+            dir.as_fd(),
+            name.as_os_str(),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        );
+        let mode = match existing {
+            Ok(st) => {
+                let kind = st.st_mode & libc::S_IFMT;
+                if kind == libc::S_IFDIR {
+                    return Err(ToolError::new(
+                        "IsADirectory",
+                        format!("{} is a directory; give a file path", path.display()),
+                    ));
+                }
+                if kind != libc::S_IFREG {
+                    return Err(ToolError::new(
+                        "NotARegularFile",
+                        format!(
+                            "{} is a symlink, device, FIFO or socket; in strict mode tools \
+                             only write regular files",
+                            path.display()
+                        ),
+                    ));
+                }
+                Some(st.st_mode & 0o7777 & !0o6000)
+            }
+            Err(Errno::ENOENT) => None,
+            Err(e) => return Err(ToolError::io(path, &e.into())),
+        };
+        // O_EXCL makes a name the script planted (or raced in) fail instead of being reused.
+        let (tmp_name, tmp) = {
+            let mut attempt = 0;
+            loop {
+                let name = temp_name();
+                match Self::open_beneath(
+                    dir.as_fd(),
+                    Path::new(&name),
+                    OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW,
+                    Mode::from_bits_truncate(0o600),
+                    path,
+                ) {
+                    Ok(fd) => break (name, fd),
+                    Err(e) if e.kind == "AlreadyExists" && attempt < 8 => attempt += 1,
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        let mut file = File::from(tmp);
+        let written = file
+            .write_all(content)
+            .and_then(|_| file.flush())
+            .and_then(|_| {
+                use std::os::unix::fs::PermissionsExt;
+                file.set_permissions(std::fs::Permissions::from_mode(mode.unwrap_or(0o644)))
+            });
+        let renamed = written.map_err(|e| ToolError::io(path, &e)).and_then(|_| {
+            follow_owner(dir.as_fd(), Path::new(&tmp_name).as_os_str());
+            nix::fcntl::renameat(
+                dir.as_fd(),
+                tmp_name.as_str(),
+                dir.as_fd(),
+                name.as_os_str(),
+            )
+            .map_err(|e| ToolError::io(path, &e.into()))
+        });
+        if let Err(e) = renamed {
+            let _ = nix::unistd::unlinkat(
+                dir.as_fd(),
+                tmp_name.as_str(),
+                nix::unistd::UnlinkatFlags::NoRemoveDir,
+            );
+            return Err(e);
+        }
+        Ok(mode.is_none())
+    }
+
+    /// Removes the regular file at `path` (beneath a writable root).
+    pub fn remove_file(&self, path: &Path) -> Result<(), ToolError> {
+        let (dir, name) = self.parent_for_write(path)?;
+        nix::unistd::unlinkat(
+            dir.as_fd(),
+            name.as_os_str(),
+            nix::unistd::UnlinkatFlags::NoRemoveDir,
+        )
+        .map_err(|e| ToolError::io(path, &e.into()))
+    }
+}
+
+impl Default for PathPolicy {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A fresh name for the file a write goes to before its rename.
+fn temp_name() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        ".vibeos-write-{}-{}-{nanos:x}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Gives an entry the supervisor created inside a directory to that directory's owner, so a
+/// strict script (which owns its staging dir) can change what the tools wrote for it. Nothing
+/// happens when the owners already match or when we may not chown (not root).
+fn follow_owner(dir: BorrowedFd<'_>, name: &std::ffi::OsStr) {
+    let Ok(parent) = nix::sys::stat::fstat(dir) else {
+        return;
+    };
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || parent.st_uid == 0 {
+        return;
+    }
+    let _ = nix::unistd::fchownat(
+        dir,
+        name,
+        Some(nix::unistd::Uid::from_raw(parent.st_uid)),
+        Some(nix::unistd::Gid::from_raw(parent.st_gid)),
+        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    );
+}
+
+/// A resolution failure, worded for the caller.
+fn resolve_error(path: &Path, e: Errno) -> ToolError {
+    match e {
+        Errno::EXDEV => ToolError::new(
+            "OutsideSandbox",
+            format!(
+                "{} leads out of its allowed root (through `..`, an absolute symlink or a \
+                 mount); in strict mode tools only act beneath the allowed roots",
+                path.display()
+            ),
+        ),
+        Errno::ELOOP => ToolError::new(
+            "OutsideSandbox",
+            format!(
+                "{} goes through a /proc magic link or a symlink loop; strict-mode tools \
+                 refuse it",
+                path.display()
+            ),
+        ),
+        Errno::ENOSYS => ToolError::new(
+            "Unsupported",
+            "this kernel has no openat2 (Linux 5.6+), which strict-mode file tools need",
+        ),
+        other => ToolError::io(path, &std::io::Error::from(other)),
+    }
+}
+
+impl PathPolicy {
+    /// Number of roots.
+    pub fn len(&self) -> usize {
+        self.roots.len()
+    }
+
+    /// Whether there is no root.
+    pub fn is_empty(&self) -> bool {
+        self.roots.is_empty()
+    }
+}
+
+/// Checks that `url` (http or https) names a host whose every address is public: no
+/// loopback, private, link-local, shared (CGNAT), unspecified, broadcast, multicast or
+/// documentation range, v4 or v6 (v4-mapped included). A strict script's `web_extract` may
+/// only reach those — otherwise the tool would be its way to the machine's own services and
+/// the cloud metadata endpoint. The name is resolved here and again by the HTTP client; a DNS
+/// answer that changes in between (rebinding) is the residual risk, documented.
+pub fn public_destination(url: &str) -> Result<(), String> {
+    use std::net::{IpAddr, ToSocketAddrs};
+    let rest = url.split_once("://").map(|(_, r)| r).unwrap_or(url);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let authority = authority
+        .rsplit_once('@')
+        .map(|(_, h)| h)
+        .unwrap_or(authority);
+    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+        let (h, after) = v6.split_once(']').ok_or("a malformed IPv6 host")?;
+        let port = after.strip_prefix(':').and_then(|p| p.parse().ok());
+        (h.to_string(), port)
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h.to_string(), p.parse().ok()),
+            None => (authority.to_string(), None),
+        }
+    };
+    if host.is_empty() {
+        return Err("the URL has no host".into());
+    }
+    let port = port.unwrap_or(if url.to_ascii_lowercase().starts_with("https") {
+        443
+    } else {
+        80
+    });
+    let addrs: Vec<IpAddr> = (host.as_str(), port)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {host}: {e}"))?
+        .map(|a| a.ip())
+        .collect();
+    fn v4_ok(ip: std::net::Ipv4Addr) -> bool {
+        let o = ip.octets();
+        !(ip.is_loopback()
+            || ip.is_private()
+            || ip.is_link_local()
+            || ip.is_unspecified()
+            || ip.is_broadcast()
+            || ip.is_multicast()
+            || ip.is_documentation()
+            || o[0] == 0
+            || (o[0] == 100 && (o[1] & 0xc0) == 64)
+            || (o[0] == 198 && (o[1] & 0xfe) == 18)
+            || o[0] >= 240)
+    }
+    let public = |ip: &IpAddr| match ip {
+        IpAddr::V4(v4) => v4_ok(*v4),
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return v4_ok(v4);
+            }
+            let s = v6.segments();
+            !(v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_multicast()
+                || (s[0] & 0xfe00) == 0xfc00
+                || (s[0] & 0xffc0) == 0xfe80
+                || s[0] == 0x2001 && s[1] == 0x0db8)
+        }
+    };
+    match addrs.iter().find(|ip| !public(ip)) {
+        Some(ip) => Err(format!(
+            "{host} resolves to {ip}, a loopback, private or link-local address; a strict-mode \
+             script may only fetch public hosts"
+        )),
+        None if addrs.is_empty() => Err(format!("{host} has no address")),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn setup() -> (tempfile::TempDir, PathPolicy) {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join("root")).unwrap();
+        std::fs::write(d.path().join("secret"), "SECRET").unwrap();
+        std::fs::write(d.path().join("root/ok.txt"), "fine").unwrap();
+        let mut p = PathPolicy::new();
+        p.add_root(&d.path().join("root"), RootAccess::ReadWrite, false)
+            .unwrap();
+        (d, p)
+    }
+
+    #[test]
+    fn strict_fetches_reach_public_hosts_only() {
+        for url in [
+            "http://127.0.0.1:8080/x",
+            "http://localhost/",
+            "https://[::1]/",
+            "http://169.254.169.254/latest/meta-data/",
+            "http://10.1.2.3/",
+            "http://user@192.168.0.1:81/",
+            "http://[::ffff:127.0.0.1]/",
+            "http://0.0.0.0/",
+        ] {
+            assert!(public_destination(url).is_err(), "{url}");
+        }
+        assert!(public_destination("http://8.8.8.8/").is_ok());
+        assert!(public_destination("https://[2606:4700::1111]:8443/").is_ok());
+    }
+
+    #[test]
+    fn reads_beneath_and_refuses_escapes() {
+        let (d, p) = setup();
+        let root = d.path().join("root");
+        assert!(p.open_read(&root.join("ok.txt")).is_ok());
+        let e = p.open_read(&root.join("../secret")).unwrap_err();
+        assert_eq!(e.kind, "OutsideSandbox", "{e}");
+        let e = p.open_read(&d.path().join("secret")).unwrap_err();
+        assert_eq!(e.kind, "OutsideSandbox", "{e}");
+        std::os::unix::fs::symlink(d.path().join("secret"), root.join("abs")).unwrap();
+        std::os::unix::fs::symlink("../secret", root.join("rel")).unwrap();
+        for name in ["abs", "rel"] {
+            let e = p.open_read(&root.join(name)).unwrap_err();
+            assert_eq!(e.kind, "OutsideSandbox", "{name}: {e}");
+        }
+        std::fs::hard_link(d.path().join("secret"), root.join("hard")).unwrap();
+        let e = p.open_read(&root.join("hard")).unwrap_err();
+        assert_eq!(e.kind, "HardLinkRefused", "{e}");
+        let e = p
+            .open_read(Path::new("/proc/self/root/etc/passwd"))
+            .unwrap_err();
+        assert_eq!(e.kind, "OutsideSandbox", "{e}");
+    }
+
+    #[test]
+    fn writes_replace_files_and_never_follow_links() {
+        let (d, mut p) = setup();
+        let root = d.path().join("root");
+        assert!(p.write_atomic(&root.join("new/deep/f.txt"), b"x").unwrap());
+        assert_eq!(
+            std::fs::read_to_string(root.join("new/deep/f.txt")).unwrap(),
+            "x"
+        );
+        assert!(!p.write_atomic(&root.join("ok.txt"), b"y").unwrap());
+        std::os::unix::fs::symlink(d.path().join("secret"), root.join("link")).unwrap();
+        assert!(p.write_atomic(&root.join("link"), b"z").is_err());
+        std::os::unix::fs::symlink(d.path(), root.join("dirlink")).unwrap();
+        let e = p
+            .write_atomic(&root.join("dirlink/secret"), b"z")
+            .unwrap_err();
+        assert_eq!(e.kind, "OutsideSandbox", "{e}");
+        std::fs::hard_link(d.path().join("secret"), root.join("hard")).unwrap();
+        p.write_atomic(&root.join("hard"), b"replaced").unwrap();
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("secret")).unwrap(),
+            "SECRET"
+        );
+        assert!(p.add_root(Path::new("/"), RootAccess::Read, false).is_err());
+        p.set_write_budget(10);
+        p.write_atomic(&root.join("b1"), b"123456").unwrap();
+        let e = p.write_atomic(&root.join("b2"), b"123456").unwrap_err();
+        assert_eq!(e.kind, "DiskBudgetExceeded", "{e}");
+        assert!(!root.join("b2").exists());
+        let mut ro = PathPolicy::new();
+        ro.add_root(&root, RootAccess::Read, false).unwrap();
+        assert_eq!(
+            ro.write_atomic(&root.join("ok.txt"), b"no")
+                .unwrap_err()
+                .kind,
+            "OutsideSandbox"
+        );
+    }
+}
