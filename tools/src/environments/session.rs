@@ -7,8 +7,10 @@
 //! first and to save `pwd` and `export -p` on exit. A long-lived shell per task would keep
 //! state for free but makes timeouts, output framing and kill semantics fragile. State is kept
 //! per task and per caller (agent or script): a script never inherits the variables the agent's
-//! unscrubbed environment exported, and vice versa. The same code runs in the tool agent, so
-//! every backend gets the same semantics. `terminal.shell_session: false` turns it off.
+//! unscrubbed environment exported, and vice versa; and per base working dir, so a host that
+//! gives one task several working dirs never has a `cd` in one redirect a call in another. The
+//! same code runs in the tool agent, so every backend gets the same semantics.
+//! `terminal.shell_session: false` turns it off.
 
 use crate::{CallOrigin, ToolContext};
 use std::collections::BTreeMap;
@@ -18,7 +20,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{LazyLock, Mutex};
 
 static ENABLED: AtomicBool = AtomicBool::new(true);
-static STATES: LazyLock<Mutex<BTreeMap<(String, bool), tempfile::TempDir>>> =
+
+/// Task id, whether the caller is a script, and the caller's base working dir.
+type SessionKey = (String, bool, String);
+static STATES: LazyLock<Mutex<BTreeMap<SessionKey, tempfile::TempDir>>> =
     LazyLock::new(|| Mutex::new(BTreeMap::new()));
 
 /// Turns shell sessions on or off for this process (`terminal.shell_session`).
@@ -44,9 +49,13 @@ fn state_dir(ctx: &ToolContext) -> Option<PathBuf> {
     if !enabled() {
         return None;
     }
+    // The caller's base directory is part of the key: a host that hands one task different
+    // working dirs (per-call `cwd` of an embedding API) gets one session per dir, so a `cd` made
+    // in one never redirects a call made in another.
     let key = (
         ctx.task_id.clone().unwrap_or_default(),
         ctx.origin == CallOrigin::Script,
+        ctx.cwd.display().to_string(),
     );
     let mut g = STATES.lock().ok()?;
     if let Some(d) = g.get(&key) {
