@@ -364,3 +364,52 @@ fn boot_input(
     }
     Ok(fields.join("\0").into_bytes())
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bootstrap_input_is_nul_separated_and_refuses_nul_bytes() {
+        let env = vec![("A".to_string(), "1".to_string())];
+        let input = boot_input("/d", "/c", &[("script.py", "print(1)")], &env).unwrap();
+        assert_eq!(
+            input,
+            b"/d\0/c\x001\0script.py\0print(1)\x001\0A\x001".to_vec()
+        );
+        let err = boot_input("/d", "/c", &[("script.py", "a\0b")], &env).unwrap_err();
+        assert!(err.contains("NUL"), "{err}");
+    }
+
+    #[test]
+    fn the_bootstrap_parses_what_the_host_sends() {
+        // The real bootstrap, fed by the real encoder, on this machine's python3.
+        let dir = tempfile::tempdir().unwrap();
+        let work = dir.path().join("w");
+        let env = vec![("ONLY_THIS".to_string(), "yes".to_string())];
+        let code = "import os, sys\nprint(sorted(k for k in os.environ if k.startswith('ONLY')), sys.argv[0].endswith('script.py'), os.getpgid(0) == os.getpid())";
+        let input = boot_input(
+            &work.display().to_string(),
+            &dir.path().display().to_string(),
+            &[("script.py", code)],
+            &env,
+        )
+        .unwrap();
+        let mut child = std::process::Command::new("python3")
+            .args(["-u", "-B", "-X", "utf8", "-c", &without_comments(BOOTSTRAP)])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(&input).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success());
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "['ONLY_THIS'] True True"
+        );
+        assert!(!work.exists(), "the bootstrap removes its work dir at exit");
+    }
+}

@@ -319,6 +319,7 @@ fn real_main(cli: Cli) -> Result<u8, UsageError> {
             listen,
         } => {
             vibeos_tools::environments::session::set_enabled(!no_shell_session);
+            vibeos_tools::environments::agent::approve_all();
             let stdin = std::io::stdin();
             let served = vibeos_tools::environments::agent::serve(
                 vibeos_tools::registry(),

@@ -44,6 +44,17 @@ struct Conn {
     writer: Box<dyn Write + Send>,
     pending: Pending,
     next_id: u64,
+    /// Socket mode: where to connect and the token, for per-caller connections that are
+    /// answered on the calling thread (no reader-thread hop per call).
+    direct: Option<(std::path::PathBuf, String)>,
+    /// Connections free for the next caller.
+    idle: Vec<DirectConn>,
+}
+
+/// One authenticated connection used by one caller at a time.
+struct DirectConn {
+    reader: BufReader<std::os::unix::net::UnixStream>,
+    writer: std::os::unix::net::UnixStream,
 }
 
 /// How the host reaches an agent's socket: the host-side path, and what must happen first
@@ -112,9 +123,10 @@ impl AgentClient {
             Box<dyn std::io::Read + Send>,
             Box<dyn Write + Send>,
             Option<ChildStdin>,
+            Option<(std::path::PathBuf, String)>,
         );
-        let (reader, writer, lifeline): Ends = match socket {
-            None => (Box::new(stdout), Box::new(stdin), None),
+        let (reader, writer, lifeline, direct): Ends = match socket {
+            None => (Box::new(stdout), Box::new(stdin), None, None),
             Some(sock) => {
                 let token = new_token();
                 let mut line = token.clone();
@@ -157,7 +169,12 @@ impl AgentClient {
                     let mut sink = Vec::new();
                     let _ = std::io::Read::read_to_end(&mut out, &mut sink);
                 });
-                (Box::new(stream), Box::new(w), Some(stdin))
+                (
+                    Box::new(stream),
+                    Box::new(w),
+                    Some(stdin),
+                    Some((sock.local.clone(), token)),
+                )
             }
         };
         let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
@@ -172,6 +189,8 @@ impl AgentClient {
             writer,
             pending,
             next_id: 1,
+            direct,
+            idle: Vec::new(),
         })
     }
 
@@ -225,6 +244,11 @@ impl AgentClient {
             });
             let mut line = request.to_string();
             line.push('\n');
+            if let Some((path, token)) = conn.direct.clone() {
+                let idle = conn.idle.pop();
+                drop(guard);
+                return self.call_direct(idle, &path, &token, &line, tool, timeout);
+            }
             if let Err(e) = conn
                 .writer
                 .write_all(line.as_bytes())
@@ -253,6 +277,83 @@ impl AgentClient {
                 ),
             )),
         }
+    }
+
+    /// One request on a connection of the caller's own, answered on this thread.
+    fn call_direct(
+        &self,
+        idle: Option<DirectConn>,
+        path: &std::path::Path,
+        token: &str,
+        line: &str,
+        tool: &str,
+        timeout: Duration,
+    ) -> Result<Value, ToolError> {
+        let broke = |e: std::io::Error| {
+            ToolError::new(
+                "BackendError",
+                format!(
+                    "{} backend: the tool agent connection broke during `{tool}`: {e}; the environment may have been stopped",
+                    self.backend
+                ),
+            )
+        };
+        let mut conn = match idle {
+            Some(c) => c,
+            None => {
+                let stream = std::os::unix::net::UnixStream::connect(path).map_err(broke)?;
+                let mut writer = stream.try_clone().map_err(broke)?;
+                writer
+                    .write_all(format!("{token}\n").as_bytes())
+                    .map_err(broke)?;
+                DirectConn {
+                    reader: BufReader::new(stream),
+                    writer,
+                }
+            }
+        };
+        conn.writer.write_all(line.as_bytes()).map_err(broke)?;
+        let _ = conn.writer.set_read_timeout(Some(timeout));
+        let mut reply = String::new();
+        match conn.reader.read_line(&mut reply) {
+            Ok(0) => {
+                return Err(broke(std::io::Error::from(
+                    std::io::ErrorKind::UnexpectedEof,
+                )))
+            }
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(ToolError::new(
+                    "BackendError",
+                    format!(
+                        "{} backend: `{tool}` got no answer within {}s",
+                        self.backend,
+                        timeout.as_secs()
+                    ),
+                ))
+            }
+            Err(e) => return Err(broke(e)),
+        }
+        let v: Value = serde_json::from_str(&reply).map_err(|e| {
+            ToolError::new(
+                "BackendError",
+                format!(
+                    "{} backend: the tool agent sent a reply that is not JSON: {e}",
+                    self.backend
+                ),
+            )
+        })?;
+        if let Ok(mut guard) = self.conn.lock() {
+            if let Some(c) = guard.as_mut() {
+                c.idle.push(conn);
+            }
+        }
+        decode_reply(v)
     }
 
     /// Kills (process group, SIGKILL) every command still running there for the execution
@@ -333,7 +434,8 @@ fn decode_reply(v: Value) -> Result<Value, ToolError> {
 }
 
 /// The agent's side: answers requests from `input` on `output` until `input` ends. Commands
-/// were approved on the host before they were forwarded, so approval here always agrees.
+/// were approved on the host before they were forwarded: the agent process installs
+/// [`approve_all`] so approval there always agrees.
 ///
 /// With `listen`, the first line of `input` is a token; the agent listens on that path (a
 /// private directory), says `ready` on `output`, and serves every connection that starts with
@@ -344,7 +446,6 @@ pub fn serve(
     mut output: impl Write + Send + 'static,
     listen: Option<&std::path::Path>,
 ) -> Result<(), String> {
-    crate::approval::set_smart_approval(Some(Arc::new(|_| true)));
     let Some(path) = listen else {
         serve_stream(registry, input, output);
         return Ok(());
@@ -389,6 +490,12 @@ pub fn serve(
     }
     let _ = std::fs::remove_file(path);
     Ok(())
+}
+
+/// Makes this process's approval agree with every command: for the agent process only, whose
+/// commands the host approved before forwarding them.
+pub fn approve_all() {
+    crate::approval::set_smart_approval(Some(Arc::new(|_| true)));
 }
 
 fn token_matches(a: &str, b: &str) -> bool {
@@ -594,4 +701,72 @@ pub fn agent_binary(configured: Option<&std::path::Path>) -> Result<std::path::P
             "cannot find the vibeos-exec binary to run as tool agent; set terminal.agent_binary"
                 .to_string()
         })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn listening_agent_answers_only_token_holders_and_exits_with_its_lifeline() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("agent.sock");
+        let file = dir.path().join("f.txt");
+        std::fs::write(&file, "agent side\n").unwrap();
+        let (stdin_r, mut stdin_w) = std::io::pipe().unwrap();
+        let (out_r, out_w) = std::io::pipe().unwrap();
+        let token = "t".repeat(64);
+        writeln!(stdin_w, "{token}").unwrap();
+        let path = sock.clone();
+        let agent = std::thread::spawn(move || {
+            serve(
+                crate::registry(),
+                BufReader::new(stdin_r),
+                out_w,
+                Some(&path),
+            )
+        });
+        let mut ready = String::new();
+        BufReader::new(out_r).read_line(&mut ready).unwrap();
+        assert_eq!(ready.trim(), "ready");
+
+        // A wrong token: the connection is closed without an answer.
+        let mut bad = UnixStream::connect(&sock).unwrap();
+        writeln!(bad, "{}", "x".repeat(64)).unwrap();
+        writeln!(
+            bad,
+            "{}",
+            json!({"id": 1, "tool": "read_file", "args": {"path": file}})
+        )
+        .unwrap();
+        let mut buf = String::new();
+        assert_eq!(bad.read_to_string(&mut buf).unwrap_or(0), 0, "{buf}");
+
+        // The right token: the real read_file answers.
+        let good = UnixStream::connect(&sock).unwrap();
+        let mut w = good.try_clone().unwrap();
+        writeln!(w, "{token}").unwrap();
+        writeln!(
+            w,
+            "{}",
+            json!({"id": 7, "tool": "read_file", "args": {"path": file}, "cwd": "/"})
+        )
+        .unwrap();
+        let mut line = String::new();
+        BufReader::new(good).read_line(&mut line).unwrap();
+        let v: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["id"], 7);
+        assert!(
+            v["ok"]["content"].as_str().unwrap().contains("agent side"),
+            "{v}"
+        );
+
+        // Closing its stdin ends it and removes the socket.
+        drop(stdin_w);
+        agent.join().unwrap().unwrap();
+        assert!(!sock.exists());
+    }
 }
