@@ -28,6 +28,7 @@ use vibeos_supervisor::overrides::{Overrides, Spelling};
 use vibeos_supervisor::{execute, Config, ExecutionRequest, ExecutionResult, Interrupt, Status};
 use vibeos_tools::approval::{self, ApprovalChoice, ApprovalRequest};
 use vibeos_tools::approval_policy::{self, SmartVerdict};
+use vibeos_tools::environments::BackendKind;
 use vibeos_tools::{
     registry, RegistrationError, ToolCall, ToolContext, ToolEntry, ToolError, ToolSource,
     SCRIPT_BLOCKED_TOOLS,
@@ -118,6 +119,7 @@ fn execute_code(
     let config = py
         .allow_threads(|| Config::load(None))
         .map_err(|e| PyRuntimeError::new_err(format!("vibeos config: {e}")))?;
+    py.allow_threads(|| ensure_backend(&config))?;
     let mut request = ExecutionRequest::from_config(code, &config);
     Overrides::check(mode.as_deref(), timeout, max_tool_calls, Spelling::Argument)
         .map_err(|e| value_error(e.to_string()))?
@@ -558,6 +560,27 @@ fn statuses() -> Vec<String> {
     .collect()
 }
 
+/// Makes the backend config.yaml selects (`terminal.backend`, SPEC §9) the process's backend,
+/// as `vibeos-exec run` does: re-read per call, so a host that changes the file gets the new
+/// choice, and a bad backend setting refuses the call (naming the key) rather than quietly
+/// running the script on this machine.
+fn ensure_backend(config: &Config) -> PyResult<()> {
+    let settings = vibeos_supervisor::backends::settings(config, None)
+        .map_err(|e| value_error(format!("vibeos config: {e}")))?;
+    let active = vibeos_tools::environments::active().map(|e| e.settings().backend);
+    let wanted = Some(settings.backend).filter(|b| *b != BackendKind::Local);
+    if active != wanted {
+        vibeos_supervisor::backends::activate(settings, None);
+    }
+    Ok(())
+}
+
+/// Stops the environments of the active backend (containers, ssh masters) at interpreter exit.
+#[pyfunction]
+fn shutdown_backends(py: Python<'_>) {
+    py.allow_threads(vibeos_supervisor::backends::shutdown);
+}
+
 /// Registers `execute_code` itself, so the host's tool definitions offer it to the model (with
 /// the description listing the script tools) and `handle_function_call("execute_code", ...)`
 /// works. Its settings are the config's at import, with the host's interpreter as the default.
@@ -579,6 +602,11 @@ fn register_execute_code_tool(py: Python<'_>) {
     py.allow_threads(|| {
         // A host process runs many scripts: keep warm interpreters (code_execution.pool_size).
         vibeos_supervisor::pool::enable(config.pool_size);
+        // The configured backend, for direct tool calls too; a bad setting is reported by
+        // every execute_code call.
+        if let Err(e) = ensure_backend(&config) {
+            tracing::error!("{e}");
+        }
         if registry().get("execute_code").is_none() {
             // Registration of a fixed, valid entry cannot fail; nothing to report if it did.
             let _ =
@@ -594,6 +622,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(execute_code, m)?)?;
     m.add_function(wrap_pyfunction!(interrupt, m)?)?;
     m.add_function(wrap_pyfunction!(interrupt_all, m)?)?;
+    m.add_function(wrap_pyfunction!(shutdown_backends, m)?)?;
     m.add_function(wrap_pyfunction!(running_count, m)?)?;
     m.add_function(wrap_pyfunction!(register_tool, m)?)?;
     m.add_function(wrap_pyfunction!(unregister_tool, m)?)?;

@@ -79,3 +79,18 @@ def test_terminal_sessions_of_two_executions_share_nothing(tmp_path):
         task_id="one-task", cwd=str(tmp_path))
     assert second["status"] == "success", second
     assert "[]" in second["output"] and "/sub" not in second["output"], second
+
+
+def test_the_configured_backend_applies_and_a_bad_one_refuses(home):
+    """terminal.backend in config.yaml selects the backend for the Python host as for the CLI;
+    a bad setting refuses the call by name instead of running the script on this machine."""
+    (home / "config.yaml").write_text("terminal:\n  backend: bogus\n")
+    with pytest.raises(ValueError, match="unknown backend `bogus`"):
+        vibeos_exec.execute_code("print('ran here')")
+    (home / "config.yaml").write_text("terminal:\n  backend: docker\n")
+    with pytest.raises(ValueError, match="terminal.docker_image"):
+        vibeos_exec.execute_code("print('ran here')")
+    # Back to local: scripts run here again.
+    (home / "config.yaml").write_text("terminal:\n  backend: local\n")
+    r = vibeos_exec.execute_code("print('ran here')")
+    assert r["output"] == "ran here\n" and "backend" not in r, r

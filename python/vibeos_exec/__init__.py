@@ -324,9 +324,11 @@ def _shutdown() -> None:
         with _active_lock:
             left = deadline - time.monotonic()
             if _active_lock.wait_for(lambda: _active == 0, timeout=max(0.0, min(0.2, left))):
-                return
+                break
         if left <= 0:
-            return
+            break
+    # Containers and ssh masters of a remote backend (terminal.backend) stop with the host.
+    _native.shutdown_backends()
 
 
 try:
