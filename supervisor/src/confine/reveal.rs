@@ -61,8 +61,9 @@ impl Reveal {
         let mut pairs: Vec<(PathBuf, PathBuf)> = Vec::new();
         for n in needed {
             if let Some(a) = closed(n) {
-                // The needed path itself closed: nothing to cover it with but itself.
-                if &a == n {
+                // The needed path itself closed: nothing to cover it with but itself. And `/`
+                // cannot be covered without hiding everything else.
+                if &a == n || a == Path::new("/") {
                     return Err(io::Error::other(format!(
                         "{} itself is closed to the script's uid",
                         n.display()
