@@ -209,3 +209,45 @@ impl Reveal {
         Ok(())
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_cover_per_outermost_closed_dir_with_the_chain_to_each_needed_path() {
+        let d = tempfile::tempdir().unwrap();
+        let closed = d.path().join("home");
+        let py = closed.join(".pyenv/versions/3.11");
+        let tmp = closed.join("tmp/staging");
+        std::fs::create_dir_all(&py).unwrap();
+        std::fs::create_dir_all(&tmp).unwrap();
+        let open = d.path().join("open");
+        std::fs::create_dir_all(&open).unwrap();
+        let c = closed.clone();
+        let plan = Reveal::plan(&[py.clone(), tmp.clone(), open.clone()], |p| {
+            p.starts_with(&c).then(|| c.clone())
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(plan.covered(), vec![closed.display().to_string()]);
+        let cover = &plan.covers[0];
+        let dirs: Vec<String> = cover
+            .mkdirs
+            .iter()
+            .map(|c| c.to_string_lossy().into_owned())
+            .collect();
+        for want in [&closed.join(".pyenv"), &py, &closed.join("tmp"), &tmp] {
+            assert!(
+                dirs.contains(&want.display().to_string()),
+                "{want:?} in {dirs:?}"
+            );
+        }
+        assert_eq!(cover.binds.len(), 2);
+
+        assert!(Reveal::plan(&[open.clone()], |_| None).unwrap().is_none());
+        assert!(Reveal::plan(&[py.clone()], |_| Some(PathBuf::from("/"))).is_err());
+        assert!(Reveal::plan(&[py.clone()], |p| Some(p.to_path_buf())).is_err());
+    }
+}
