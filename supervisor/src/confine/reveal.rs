@@ -246,8 +246,8 @@ mod tests {
         }
         assert_eq!(cover.binds.len(), 2);
 
-        assert!(Reveal::plan(&[open.clone()], |_| None).unwrap().is_none());
-        assert!(Reveal::plan(&[py.clone()], |_| Some(PathBuf::from("/"))).is_err());
-        assert!(Reveal::plan(&[py.clone()], |p| Some(p.to_path_buf())).is_err());
+        assert!(Reveal::plan(std::slice::from_ref(&open), |_| None).unwrap().is_none());
+        assert!(Reveal::plan(std::slice::from_ref(&py), |_| Some(PathBuf::from("/"))).is_err());
+        assert!(Reveal::plan(std::slice::from_ref(&py), |p| Some(p.to_path_buf())).is_err());
     }
 }
