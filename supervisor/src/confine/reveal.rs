@@ -246,7 +246,9 @@ mod tests {
         }
         assert_eq!(cover.binds.len(), 2);
 
-        assert!(Reveal::plan(std::slice::from_ref(&open), |_| None).unwrap().is_none());
+        assert!(Reveal::plan(std::slice::from_ref(&open), |_| None)
+            .unwrap()
+            .is_none());
         assert!(Reveal::plan(std::slice::from_ref(&py), |_| Some(PathBuf::from("/"))).is_err());
         assert!(Reveal::plan(std::slice::from_ref(&py), |p| Some(p.to_path_buf())).is_err());
     }
