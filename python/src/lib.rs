@@ -12,6 +12,8 @@
 //! wait is made with the GIL released, because Python tool handlers take the GIL from the
 //! registry's threads — holding the GIL while waiting on them would deadlock.
 
+mod log_bridge;
+
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use serde_json::{Map, Value};
@@ -24,8 +26,10 @@ use vibeos_supervisor::env_policy::EnvPolicy;
 use vibeos_supervisor::execute::session_cwd;
 use vibeos_supervisor::overrides::{Overrides, Spelling};
 use vibeos_supervisor::{execute, Config, ExecutionRequest, ExecutionResult, Interrupt, Status};
+use vibeos_tools::approval::{self, ApprovalChoice, ApprovalRequest};
+use vibeos_tools::approval_policy::{self, SmartVerdict};
 use vibeos_tools::{
-    registry, RegistrationError, ToolContext, ToolEntry, ToolError, ToolSource,
+    registry, RegistrationError, ToolCall, ToolContext, ToolEntry, ToolError, ToolSource,
     SCRIPT_BLOCKED_TOOLS,
 };
 
@@ -185,7 +189,8 @@ fn interrupt(task_id: &str) -> usize {
     for (_, i) in list {
         i.interrupt();
     }
-    list.len()
+    // Executions of the execute_code tool (started through handle_function_call).
+    list.len() + vibeos_supervisor::interrupts::interrupt(task_id)
 }
 
 /// Interrupts every running execution; returns how many.
@@ -197,13 +202,13 @@ fn interrupt_all() -> usize {
         i.interrupt();
         n += 1;
     }
-    n
+    n + vibeos_supervisor::interrupts::interrupt_all()
 }
 
 /// How many executions are running.
 #[pyfunction]
 fn running_count() -> usize {
-    running().values().map(Vec::len).sum()
+    running().values().map(Vec::len).sum::<usize>() + vibeos_supervisor::interrupts::count()
 }
 
 /// Calls a Python invoker made by `vibeos_exec.registry`: `(args_json, task_id)` in,
@@ -248,9 +253,13 @@ fn registration_error(e: RegistrationError) -> PyErr {
         RegistrationError::OverrideRefused { .. } => value_error(format!(
             "{e} (from Python: pass override=True to replace it)"
         )),
+        RegistrationError::ShadowRefused { .. } => value_error(e.to_string()),
         other => value_error(other.to_string()),
     }
 }
+
+/// The `source` of registrations made by the host itself (`registry.register`'s default).
+const HOST_SOURCE: &str = "python";
 
 /// Registers a Python tool. `invoker` is the adapter from `vibeos_exec.registry`.
 #[pyfunction]
@@ -289,7 +298,13 @@ fn register_tool(
     )
     .with_emoji(&emoji)
     .with_parallel_safe(parallel_safe)
-    .with_source(ToolSource::Plugin(source));
+    // The host's own registrations (the default source) follow the registry's toolset rules;
+    // a named plugin source is also subject to the operator's plugin override policy.
+    .with_source(if source == HOST_SOURCE {
+        ToolSource::Host(source)
+    } else {
+        ToolSource::Plugin(source)
+    });
     entry.requires_env = requires_env;
     entry.max_result_size_chars = max_result_size_chars;
     if let Some(check) = check_fn {
@@ -305,10 +320,14 @@ fn register_tool(
     }
     py.allow_threads(|| {
         let reg = registry();
-        if replace_builtin && reg.get(&name).is_some_and(|old| !old.source.is_external()) {
+        if replace_builtin
+            && entry.source.is_external()
+            && reg.get(&name).is_some_and(|old| !old.source.is_external())
+        {
             reg.set_override_policy(reg.override_policy().allow_name(&name));
         }
-        reg.register(entry).map_err(registration_error)?;
+        reg.register_with_override(entry, replace_builtin)
+            .map_err(registration_error)?;
         if script_callable {
             reg.allow_in_scripts(&name).map_err(registration_error)?;
         }
@@ -380,6 +399,26 @@ fn handle_function_call(
     Ok(py.allow_threads(|| registry().handle_function_call(name, &args, &ctx)))
 }
 
+/// One model turn's calls through the planner (`[{"name", "args"}]` JSON). Returns a JSON
+/// array of the result texts, in call order.
+#[pyfunction]
+#[pyo3(signature = (calls_json, task_id, cwd))]
+fn handle_function_calls(
+    py: Python<'_>,
+    calls_json: &str,
+    task_id: Option<String>,
+    cwd: Option<PathBuf>,
+) -> PyResult<String> {
+    let raw: Vec<(String, Value)> = serde_json::from_str(calls_json)
+        .map_err(|e| value_error(format!("calls are not a JSON list of [name, args]: {e}")))?;
+    let calls: Vec<ToolCall> = raw.into_iter().map(|(n, a)| ToolCall::new(n, a)).collect();
+    let cwd = session_cwd(cwd.as_deref()).map_err(|e| value_error(e.to_string()))?;
+    let mut ctx = ToolContext::agent(cwd);
+    ctx.task_id = task_id;
+    let results = py.allow_threads(|| registry().handle_function_calls(&calls, &ctx));
+    serde_json::to_string(&results).map_err(|e| PyRuntimeError::new_err(e.to_string()))
+}
+
 /// The function-calling definitions of the selected, available tools, as JSON text.
 #[pyfunction]
 fn get_tool_definitions(
@@ -387,7 +426,13 @@ fn get_tool_definitions(
     enabled: Vec<String>,
     disabled: Vec<String>,
 ) -> PyResult<String> {
-    py.allow_threads(|| registry().get_tool_definitions(&enabled, &disabled))
+    // The execute_code description states the configured mode and limits, read now, as
+    // `execute_code()` and `vibeos-exec tools schema` read them.
+    let config = py
+        .allow_threads(|| Config::load(None))
+        .map_err(|e| PyRuntimeError::new_err(format!("vibeos config: {e}")))?;
+    let settings = vibeos_supervisor::execute_code_tool::execute_code_settings(&config, None);
+    py.allow_threads(|| registry().get_tool_definitions_with(&enabled, &disabled, &settings))
         .map(|defs| Value::Array(defs).to_string())
         .map_err(|e| value_error(e.to_string()))
 }
@@ -401,6 +446,55 @@ fn provider_credentials(names: Vec<String>) -> PyResult<Vec<String>> {
         .into_iter()
         .filter(|n| policy.is_provider_credential(std::ffi::OsStr::new(n)))
         .collect())
+}
+
+/// Calls a Python approval adapter from `vibeos_exec.approval` with
+/// `(task_id, command, descriptions, is_script, timeout_seconds)`; its answer is text.
+fn ask_python(adapter: &Py<PyAny>, req: &ApprovalRequest) -> Option<String> {
+    let descriptions: Vec<String> = req.matches.iter().map(|(_, d)| d.clone()).collect();
+    let timeout = approval_policy::settings().timeout.as_secs_f64();
+    Python::with_gil(|py| {
+        adapter
+            .bind(py)
+            .call1((
+                req.task_id.clone(),
+                req.command.clone(),
+                descriptions,
+                req.is_script,
+                timeout,
+            ))
+            .and_then(|r| r.extract::<String>())
+            .map_err(|e| tracing::warn!("the Python approval callback failed: {e}"))
+            .ok()
+    })
+}
+
+/// Installs (or with `None` removes) the Python approval callback adapter.
+#[pyfunction]
+#[pyo3(signature = (adapter=None))]
+fn set_approval_callback(py: Python<'_>, adapter: Option<Py<PyAny>>) {
+    let callback = adapter.map(|a| {
+        let a = Arc::new(a);
+        Arc::new(move |req: &ApprovalRequest| match ask_python(&a, req) {
+            Some(answer) => approval::parse_choice(&answer),
+            None => ApprovalChoice::Deny,
+        }) as Arc<approval::ApprovalCallback>
+    });
+    py.allow_threads(|| approval::set_approval_callback(callback));
+}
+
+/// Installs (or with `None` removes) the Python smart-approver adapter.
+#[pyfunction]
+#[pyo3(signature = (adapter=None))]
+fn set_smart_approver(py: Python<'_>, adapter: Option<Py<PyAny>>) {
+    let approver = adapter.map(|a| {
+        let a = Arc::new(a);
+        Arc::new(move |req: &ApprovalRequest| match ask_python(&a, req) {
+            Some(answer) => SmartVerdict::parse(&answer),
+            None => SmartVerdict::Escalate,
+        }) as Arc<approval_policy::SmartApprover>
+    });
+    py.allow_threads(|| approval_policy::set_smart_approver(approver));
 }
 
 /// The statuses a result can have, for the type stubs and tests.
@@ -470,8 +564,10 @@ fn statuses() -> Vec<String> {
 /// A config that cannot be read leaves it out (every `execute_code` call reports that error).
 fn register_execute_code_tool(py: Python<'_>) {
     let Ok(mut config) = Config::load(None) else {
+        log_bridge::install(None);
         return;
     };
+    log_bridge::install(config.log_level.as_deref());
     if config.python.is_none() {
         config.python = py
             .import("sys")
@@ -506,9 +602,12 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(script_tools, m)?)?;
     m.add_function(wrap_pyfunction!(tool_names, m)?)?;
     m.add_function(wrap_pyfunction!(handle_function_call, m)?)?;
+    m.add_function(wrap_pyfunction!(handle_function_calls, m)?)?;
     m.add_function(wrap_pyfunction!(get_tool_definitions, m)?)?;
     m.add_function(wrap_pyfunction!(provider_credentials, m)?)?;
     m.add_function(wrap_pyfunction!(statuses, m)?)?;
+    m.add_function(wrap_pyfunction!(set_approval_callback, m)?)?;
+    m.add_function(wrap_pyfunction!(set_smart_approver, m)?)?;
     m.add_function(wrap_pyfunction!(load_mcp_servers, m)?)?;
     m.add_function(wrap_pyfunction!(mcp_server_status, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -115,27 +115,37 @@ def test_a_blocking_handler_does_not_deadlock_and_the_timeout_holds():
     assert ticks > 100
 
 
-def test_replacing_a_builtin_needs_override():
+def test_same_toolset_replaces_cross_toolset_needs_override():
     proc = run_python(
         """
         import json, vibeos_exec
         from vibeos_exec import registry
         schema = {"type": "object", "properties": {"path": {"type": "string"},
                   "content": {"type": "string"}}, "required": ["path", "content"]}
+        # Another toolset: shadowing the built-in is refused without override=True.
         try:
-            registry.register(name="write_file", toolset="file", schema=schema,
+            registry.register(name="write_file", toolset="host", schema=schema,
                               handler=lambda a: {"host": a["path"]})
             print("registered without override")
         except ValueError as e:
-            print("refused:", "override=True" in str(e))
-        registry.register(name="write_file", toolset="file", schema=schema,
+            print("refused:", "override=True" in str(e), "`file`" in str(e))
+        # The same toolset (as the original system's web_search example): last wins.
+        registry.register(name="web_search", toolset="web",
+                          schema={"type": "object", "properties": {"query": {"type": "string"}}},
+                          handler=lambda a: {"mine": a["query"]})
+        print(registry.handle_function_call("web_search", {"query": "q"}))
+        registry.register(name="write_file", toolset="host", schema=schema,
                           handler=lambda a: {"host": a["path"]}, override=True)
         r = vibeos_exec.execute_code("from vibeos_tools import write_file\\nprint(write_file('p', 'c'))")
         print(r["output"].strip())
         """
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == ["refused: True", "{'host': 'p'}"]
+    assert proc.stdout.splitlines() == [
+        "refused: True True",
+        '{"mine": "q"}',
+        "{'host': 'p'}",
+    ]
 
 
 def test_host_tools_reach_scripts_only_when_opted_in():
@@ -239,3 +249,83 @@ def test_unregister():
     assert "temp_tool" in registry.tool_names()
     assert registry.unregister("temp_tool") is True
     assert registry.unregister("temp_tool") is False
+
+
+def test_tool_definitions_describe_the_configured_execute_code(home):
+    (home / "config.yaml").write_text(
+        "code_execution:\n  mode: strict\n  timeout: 42\n  max_tool_calls: 7\n"
+        "  stdout_limit: 2048\n"
+    )
+    defs = registry.get_tool_definitions(["code_execution"])
+    desc = next(d for d in defs if d["function"]["name"] == "execute_code")["function"][
+        "description"
+    ]
+    assert "Mode strict" in desc, desc
+    assert "killed after 42s" in desc and "at most 7 tool calls" in desc, desc
+    assert "stdout is capped at 2 KB" in desc, desc
+
+
+def test_handle_function_calls_plans_a_turn_and_keeps_call_order(tmp_path):
+    import threading
+
+    inside = 0
+    peak = 0
+    lock = threading.Condition()
+
+    def slow_read(args):
+        # Waits (bounded) for a partner call to be inside at the same time: observation, not
+        # timing, of parallel execution.
+        nonlocal inside, peak
+        with lock:
+            inside += 1
+            peak = max(peak, inside)
+            lock.notify_all()
+            lock.wait_for(lambda: inside >= 2, timeout=1.0)
+            peak = max(peak, inside)
+            inside -= 1
+        return {"read": args["x"]}
+
+    registry.register(name="slow_read", toolset="host", schema=echo_schema(), handler=slow_read,
+                      parallel_safe=True)
+    (tmp_path / "in.txt").write_text("hello\n")
+    out = registry.handle_function_calls(
+        [
+            {"name": "slow_read", "arguments": {"x": "a"}},
+            {"function": {"name": "slow_read", "arguments": json.dumps({"x": "b"})}},
+            {"name": "write_file", "arguments": {"path": "out1.txt", "content": "1"}},
+            {"name": "write_file", "args": {"path": "out2.txt", "content": "2"}},
+            {"name": "read_file", "arguments": {"path": "in.txt"}},
+            {"name": "nope", "arguments": "{not json"},
+            ("write_file", {"path": "out3.txt", "content": "3"}),
+        ],
+        cwd=str(tmp_path),
+    )
+    results = [json.loads(r) for r in out]
+    assert results[0] == {"read": "a"} and results[1] == {"read": "b"}
+    assert peak == 2, "the two read-only calls did not run in parallel"
+    assert (tmp_path / "out1.txt").read_text() == "1" and (tmp_path / "out2.txt").read_text() == "2"
+    assert "hello" in out[4]
+    assert "error" in results[5]
+    assert (tmp_path / "out3.txt").read_text() == "3" and len(out) == 7
+    with pytest.raises(TypeError):
+        registry.handle_function_calls("write_file")
+
+
+def test_interrupt_stops_execute_code_started_through_handle_function_call():
+    import threading
+
+    box = {}
+
+    def run():
+        box["r"] = json.loads(registry.handle_function_call(
+            "execute_code", {"code": "import time\nprint('started', flush=True)\ntime.sleep(60)"},
+            task_id="hfc-interrupt"))
+
+    t = threading.Thread(target=run)
+    t.start()
+    deadline = time.monotonic() + 20
+    while vibeos_exec.interrupt("hfc-interrupt") == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    t.join(30)
+    assert not t.is_alive()
+    assert box["r"]["status"] == "interrupted", box["r"]

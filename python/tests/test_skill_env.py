@@ -9,10 +9,12 @@ import pytest
 import vibeos_exec
 from vibeos_exec import registry
 
+# The script reports whether it got the value rather than printing it: printed secrets are
+# redacted from the output (security.redact_output), which test_redaction_* covers.
 SCRIPT = (
     "import os, subprocess\n"
-    "print(os.environ.get('MY_SKILL_TOKEN'))\n"
-    "print(subprocess.run(['sh', '-c', 'echo $MY_SKILL_TOKEN'], capture_output=True, text=True).stdout.strip())\n"
+    "print(os.environ.get('MY_SKILL_TOKEN') == 's3cret-value')\n"
+    "print(subprocess.run(['sh', '-c', 'echo $MY_SKILL_TOKEN'], capture_output=True, text=True).stdout.strip() == 's3cret-value')\n"
 )
 
 
@@ -24,11 +26,14 @@ def skill_var(monkeypatch):
 
 def test_secret_looking_vars_are_dropped_until_a_skill_declares_them(skill_var):
     r = vibeos_exec.execute_code(SCRIPT)
-    assert r["output"].splitlines() == ["None", ""]
+    assert r["output"].splitlines() == ["False", "False"]
     vibeos_exec.register_skill_env(["MY_SKILL_TOKEN"])
     assert vibeos_exec.skill_env() == ["MY_SKILL_TOKEN"]
     r = vibeos_exec.execute_code(SCRIPT)
-    assert r["output"].splitlines() == ["s3cret-value", "s3cret-value"]
+    assert r["output"].splitlines() == ["True", "True"]
+    # Printed as it is, it comes back redacted, and counted.
+    r = vibeos_exec.execute_code("import os; print(os.environ['MY_SKILL_TOKEN'])")
+    assert r["output"].strip() == "[REDACTED:MY_SKILL_TOKEN]" and r["redactions"] == 1, r
 
 
 def test_terminal_children_of_scripts_get_them(skill_var):
@@ -36,8 +41,9 @@ def test_terminal_children_of_scripts_get_them(skill_var):
         pytest.skip("the terminal tool is not registered in this build")
     vibeos_exec.register_skill_env("MY_SKILL_TOKEN")
     r = vibeos_exec.execute_code(
-        "from vibeos_tools import terminal\nprint(terminal('echo $MY_SKILL_TOKEN')['output'].strip())")
-    assert r["output"].strip() == "s3cret-value", r
+        "from vibeos_tools import terminal\n"
+        "print(terminal('test \"$MY_SKILL_TOKEN\" = s3cret-value && echo got-it')['output'].strip())")
+    assert r["output"].strip() == "got-it", r
 
 
 def test_provider_credentials_are_refused(skill_var):

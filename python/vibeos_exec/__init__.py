@@ -29,6 +29,7 @@ import threading
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 from . import _native, registry
+from .approval import set_approval_callback, set_smart_approver
 from .discovery import discover_tools
 from .plugins import PluginReport, load_plugins
 
@@ -48,6 +49,8 @@ __all__ = [
     "load_mcp_servers",
     "mcp_servers",
     "PluginReport",
+    "set_approval_callback",
+    "set_smart_approver",
     "registry",
     "STATUSES",
     "__version__",
@@ -123,7 +126,8 @@ def execute_code(
         (success|error|timeout|interrupted), ``output``, ``tool_calls_made``,
         ``duration_seconds``, ``exit_code``, ``error`` (when not success), ``truncated``,
         ``stdout_bytes``, ``stdout_bytes_omitted``, ``stderr_bytes``, ``stderr_bytes_omitted``,
-        ``mode`` and ``interpreter``.
+        ``mode``, ``interpreter`` and ``redactions`` (secrets replaced by ``[REDACTED:…]``
+        markers in ``output`` and ``error``; ``security.redact_output``).
 
     Raises:
         TypeError: An argument has the wrong type (the message names it).

@@ -81,3 +81,16 @@ def load_mcp_servers() -> bool:
 
 def mcp_server_status(stop: bool = False) -> List[Tuple[str, str, List[str]]]:
     """(name, state, toolsets) of the loaded MCP servers; stops them first when ``stop``."""
+
+def set_approval_callback(
+    adapter: Optional[Callable[[Optional[str], str, List[str], bool, float], str]] = None,
+) -> None:
+    """Installs the approval adapter of :mod:`vibeos_exec.approval` (None removes it)."""
+
+def set_smart_approver(
+    adapter: Optional[Callable[[Optional[str], str, List[str], bool, float], str]] = None,
+) -> None:
+    """Installs the smart-approver adapter of :mod:`vibeos_exec.approval` (None removes it)."""
+
+def handle_function_calls(calls_json: str, task_id: Optional[str], cwd: Optional[str]) -> str:
+    """Runs one turn's calls through the planner; returns a JSON array of result texts."""

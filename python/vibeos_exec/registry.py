@@ -26,6 +26,7 @@ __all__ = [
     "script_tools",
     "get_tool_definitions",
     "handle_function_call",
+    "handle_function_calls",
 ]
 
 Handler = Callable[..., Any]
@@ -137,11 +138,15 @@ def register(
         description: What the tool does; its first line is the doc line scripts see.
         emoji: Shown in listings.
         max_result_size_chars: Longer results are truncated with a note.
-        override: Allow replacing a built-in tool of the same name (e.g. ``web_search``).
-            Without it, such a registration raises ``ValueError``.
+        override: Allow shadowing a tool of the same name in a *different* toolset. A
+            registration in the same toolset replaces the previous one without it (last wins,
+            logged), e.g. ``register(name="web_search", toolset="web", ...)``; shadowing
+            another toolset's tool without it raises ``ValueError``.
         script_callable: Also let execute_code scripts call it (see :func:`vibeos_exec.allow_in_scripts`).
         parallel_safe: Calls may run alongside other calls of the same model turn.
-        source: Plugin name recorded as the tool's source.
+        source: ``"python"`` (default): the host's own tool. Any other name records it as
+            that plugin's, which also needs the operator's plugin override policy to replace a
+            built-in.
 
     Raises:
         TypeError: An argument has the wrong type (the message names it).
@@ -248,6 +253,57 @@ def handle_function_call(
     except (TypeError, ValueError) as exc:
         raise TypeError(f"args must be JSON-serialisable: {exc}") from None
     return _native.handle_function_call(name, args_json, task_id, _path_or_none("cwd", cwd))
+
+
+def _call_of(i: int, call: Any) -> Tuple[str, Any]:
+    """``(name, args)`` of one call: ``{"name", "arguments"|"args"}`` or an OpenAI tool call
+    ``{"function": {"name", "arguments"}}``; arguments may be a dict, JSON text or None."""
+    if isinstance(call, (list, tuple)) and len(call) == 2:
+        call = {"name": call[0], "arguments": call[1]}
+    if not isinstance(call, Mapping):
+        raise TypeError(f"calls[{i}] must be a dict or a (name, arguments) pair, got {type(call).__name__}")
+    fn = call.get("function")
+    if isinstance(fn, Mapping):
+        call = fn
+    name = call.get("name")
+    if not isinstance(name, str):
+        raise TypeError(f"calls[{i}] has no str 'name'")
+    args = call.get("arguments", call.get("args"))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else None
+        except ValueError:
+            # Not an object: the registry reports it in this call's result ("arguments must
+            # be a JSON object"), as a model's malformed arguments are its error, not the host's.
+            return name, args
+    if args is not None and not isinstance(args, Mapping):
+        raise TypeError(f"calls[{i}] arguments must be a dict, JSON text or None")
+    return name, dict(args or {})
+
+
+def handle_function_calls(
+    calls: Sequence[Mapping[str, Any]],
+    *,
+    task_id: Optional[str] = None,
+    cwd: Optional[str] = None,
+) -> List[str]:
+    """Runs one model turn's tool calls as the planner segments them (SPEC §7): read-only
+    tools (reads, searches, web) in parallel, writes and patches in parallel when their paths
+    differ, everything else in order. Returns each call's JSON result text, in call order.
+
+    Each call is ``{"name": ..., "arguments": {...}}`` (or ``"args"``), or an OpenAI tool call
+    ``{"function": {"name": ..., "arguments": "<json>"}}``. The GIL is released while tools run.
+    """
+    if isinstance(calls, (str, bytes, Mapping)) or not isinstance(calls, Iterable):
+        raise TypeError(f"calls must be a list of dicts, got {type(calls).__name__}")
+    if task_id is not None:
+        _check_str("task_id", task_id)
+    pairs = [_call_of(i, c) for i, c in enumerate(calls)]
+    try:
+        calls_json = json.dumps(pairs)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"call arguments must be JSON-serialisable: {exc}") from None
+    return json.loads(_native.handle_function_calls(calls_json, task_id, _path_or_none("cwd", cwd)))
 
 
 def _path_or_none(param: str, value: Any) -> Optional[str]:

@@ -8,18 +8,13 @@
 use crate::capture::{drain, HeadTail};
 use crate::config::{Config, Mode};
 use crate::confine::{ConfineError, StrictOptions};
-use crate::env_policy::{EnvPolicy, Rule};
-use crate::interpreter::{Interpreter, Resolution};
-use crate::reaper::{become_reaper, lifeline, Lifeline};
+use crate::interpreter::Interpreter;
 use crate::result::{ExecutionResult, Status};
 use crate::rpc_server::{serve, serve_stream, ChannelState};
 use std::collections::BTreeSet;
 use std::ffi::OsString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,11 +22,13 @@ use tokio_util::sync::CancellationToken;
 use vibeos_rpc::{generate_stub, StubTool};
 use vibeos_tools::{CallOrigin, ToolContext, ToolRegistry};
 
+// The launch moved to its own module; these names stay reachable here for the pool.
+pub(crate) use crate::launch::{
+    launch, with_channel, LaunchKey, LaunchSpec, Launched, Program, RpcEnd, Staging,
+};
+
 /// Grace period between SIGTERM and SIGKILL.
 pub const KILL_GRACE: Duration = Duration::from_secs(5);
-
-/// Longest path a Unix socket address can hold (sun_path minus its NUL).
-const MAX_SOCKET_PATH: usize = 107;
 
 /// Everything one execution needs. Build it with [`ExecutionRequest::from_config`] and adjust
 /// per call.
@@ -107,6 +104,11 @@ impl Interrupt {
     pub fn is_interrupted(&self) -> bool {
         self.0.is_cancelled()
     }
+
+    /// Resolves once [`Interrupt::interrupt`] is called.
+    pub(crate) async fn cancelled(&self) {
+        self.0.cancelled().await
+    }
 }
 
 /// Why an execution could not start. Its message becomes the result's `error`.
@@ -154,27 +156,35 @@ pub enum StartError {
     },
 }
 
-/// The session working dir: explicit, else `TERMINAL_CWD`, else the process cwd.
+/// The session working dir: explicit, else `TERMINAL_CWD` (`~` expanded; an unusable one is
+/// logged and skipped), else the process cwd. An explicit dir that is unusable is an error.
 pub fn session_cwd(explicit: Option<&Path>) -> Result<PathBuf, StartError> {
-    let dir = match explicit {
-        Some(p) => p.to_path_buf(),
-        None => match std::env::var_os("TERMINAL_CWD").filter(|v| !v.is_empty()) {
-            Some(p) => PathBuf::from(p),
-            None => std::env::current_dir().map_err(|e| StartError::BadCwd {
-                path: PathBuf::from("."),
-                reason: e.to_string(),
-            })?,
-        },
-    };
+    if let Some(p) = explicit {
+        return usable_dir(p);
+    }
+    if let Some(dir) = crate::terminal_cwd::from_env() {
+        match usable_dir(&dir) {
+            Ok(d) => return Ok(d),
+            Err(e) => tracing::warn!("TERMINAL_CWD ignored, using the process cwd instead: {e}"),
+        }
+    }
+    let cwd = std::env::current_dir().map_err(|e| StartError::BadCwd {
+        path: PathBuf::from("."),
+        reason: e.to_string(),
+    })?;
+    usable_dir(&cwd)
+}
+
+fn usable_dir(dir: &Path) -> Result<PathBuf, StartError> {
     let bad = |reason: &str| StartError::BadCwd {
-        path: dir.clone(),
+        path: dir.to_path_buf(),
         reason: reason.into(),
     };
-    let meta = std::fs::metadata(&dir).map_err(|e| bad(&e.to_string()))?;
+    let meta = std::fs::metadata(dir).map_err(|e| bad(&e.to_string()))?;
     if !meta.is_dir() {
         return Err(bad("not a directory"));
     }
-    std::fs::canonicalize(&dir).map_err(|e| bad(&e.to_string()))
+    std::fs::canonicalize(dir).map_err(|e| bad(&e.to_string()))
 }
 
 /// Formats seconds the way the timeout notice prints them (`300`, `0.5`, `0.0001`): the
@@ -217,432 +227,6 @@ pub async fn execute(
     }
 }
 
-/// What decides how an interpreter is started for a call. Calls whose specs have equal
-/// [`LaunchSpec::key`]s can use each other's pre-started interpreters; the environment may differ
-/// and is reconciled per call ([`crate::pool`]).
-#[derive(Debug, Clone)]
-pub(crate) struct LaunchSpec {
-    pub(crate) mode: Mode,
-    pub(crate) interpreter: Interpreter,
-    pub(crate) session_cwd: PathBuf,
-    pub(crate) strict: StrictOptions,
-    pub(crate) kill_grace: Duration,
-    pub(crate) base_env: Vec<(OsString, OsString)>,
-    pub(crate) passthrough: BTreeSet<String>,
-}
-
-/// The part of a [`LaunchSpec`] a pre-started interpreter cannot change after the fact.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct LaunchKey {
-    mode: Mode,
-    interpreter: PathBuf,
-    /// The child's cwd and `PYTHONPATH` entry in project mode; strict runs in its staging dir.
-    session_cwd: Option<PathBuf>,
-    strict: Option<StrictOptions>,
-    kill_grace: Duration,
-}
-
-impl LaunchSpec {
-    fn new(request: &ExecutionRequest, interpreter: Interpreter, session_cwd: PathBuf) -> Self {
-        LaunchSpec {
-            mode: request.mode,
-            interpreter,
-            session_cwd,
-            strict: request.strict.clone(),
-            kill_grace: request.kill_grace,
-            base_env: match &request.base_env {
-                Some(env) => env.clone(),
-                None => std::env::vars_os().collect(),
-            },
-            passthrough: request.env_passthrough.iter().cloned().collect(),
-        }
-    }
-
-    /// The spec of `request` as it would run now (its cwd and interpreter resolved).
-    pub(crate) fn for_request(request: &ExecutionRequest) -> Result<Self, StartError> {
-        let session_cwd = session_cwd(request.cwd.as_deref())?;
-        let interpreter = Resolution::from_env(request.python.clone()).resolve(request.mode)?;
-        Ok(LaunchSpec::new(request, interpreter, session_cwd))
-    }
-
-    pub(crate) fn key(&self) -> LaunchKey {
-        let strict = self.mode == Mode::Strict;
-        LaunchKey {
-            mode: self.mode,
-            interpreter: self.interpreter.path.clone(),
-            session_cwd: (!strict).then(|| self.session_cwd.clone()),
-            strict: strict.then(|| self.strict.clone()),
-            kill_grace: self.kill_grace,
-        }
-    }
-
-    /// The disk budget of a strict execution's staging dir.
-    pub(crate) fn disk_budget(&self) -> Option<u64> {
-        (self.mode == Mode::Strict).then_some(self.strict.disk_bytes)
-    }
-
-    fn child_cwd(&self, staging: &Path) -> PathBuf {
-        match self.mode {
-            Mode::Project => self.session_cwd.clone(),
-            Mode::Strict => staging.to_path_buf(),
-        }
-    }
-
-    /// The child's environment: scrubbed base, then the injected names (SPEC §4). Without the
-    /// RPC channel's variables, which are what tools the script starts (terminal) get.
-    /// `log` says whether this is the execution's own computation (dropped `VIBEOS_*` names are
-    /// logged once per execution), not one made ahead of time for the pool.
-    pub(crate) fn child_env(
-        &self,
-        staging: &Path,
-        log: bool,
-    ) -> Result<Vec<(OsString, OsString)>, StartError> {
-        let policy = EnvPolicy::builtin()?;
-        let base = &self.base_env;
-        let lookup = |name: &str| base.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
-        let scrubbed = policy.scrub_quiet(base.clone(), &self.passthrough);
-        if log {
-            policy.log_dropped(&scrubbed);
-        }
-        let injected_names: BTreeSet<&str> = policy.injected.iter().map(String::as_str).collect();
-        let mut env: Vec<(OsString, OsString)> = scrubbed
-            .kept
-            .into_iter()
-            .filter(|(k, _)| !k.to_str().is_some_and(|k| injected_names.contains(k)))
-            .collect();
-        let home = match self.mode {
-            Mode::Project => lookup("HOME").unwrap_or_else(|| staging.as_os_str().to_owned()),
-            Mode::Strict => staging.as_os_str().to_owned(),
-        };
-        env.push(("HOME".into(), home));
-        if let Some(tz) = lookup("TZ") {
-            env.push(("TZ".into(), tz));
-        }
-        env.push(("PYTHONDONTWRITEBYTECODE".into(), "1".into()));
-        env.push(("PYTHONIOENCODING".into(), "utf-8".into()));
-        env.push(("PYTHONUTF8".into(), "1".into()));
-        // The staging dir first so `import vibeos_tools` works from any cwd; in project mode the
-        // session dir next, so project imports work as they do for `python -c` in terminal().
-        let mut pythonpath = staging.as_os_str().to_owned();
-        if self.mode == Mode::Project {
-            pythonpath.push(":");
-            pythonpath.push(self.session_cwd.as_os_str());
-        }
-        let keeps_pythonpath = policy.decide("PYTHONPATH", &self.passthrough) == Rule::SafeSystem
-            || self.passthrough.contains("PYTHONPATH");
-        if let Some(old) = lookup("PYTHONPATH").filter(|v| !v.is_empty() && keeps_pythonpath) {
-            pythonpath.push(":");
-            pythonpath.push(old);
-        }
-        env.push(("PYTHONPATH".into(), pythonpath));
-        Ok(env)
-    }
-}
-
-/// `env` with `channel` laid over it (a name in both takes the channel's value).
-pub(crate) fn with_channel(
-    mut env: Vec<(OsString, OsString)>,
-    channel: &[(OsString, OsString)],
-) -> Vec<(OsString, OsString)> {
-    env.retain(|(k, _)| !channel.iter().any(|(c, _)| c == k));
-    env.extend(channel.iter().cloned());
-    env
-}
-
-/// A fresh staging dir with its private `rpc/` dir; removed when dropped.
-/// Created 0700 under a 0711 parent, files written with O_EXCL|O_NOFOLLOW: see
-/// [`crate::confine::staging`]. Fields drop in order: tmpfs unmounted, dir removed, parent
-/// removed when empty.
-#[derive(Debug)]
-pub(crate) struct Staging {
-    _budget: Option<crate::confine::staging::DiskBudget>,
-    dir: tempfile::TempDir,
-    _parent: crate::confine::staging::ParentCleanup,
-    /// Strict mode as root: the script's uid, leased until the execution is over.
-    lease: Option<Arc<crate::confine::uids::UidLease>>,
-    script: PathBuf,
-    socket: PathBuf,
-    rpc_dir: PathBuf,
-}
-
-impl Staging {
-    /// A fresh staging dir; `disk` (strict mode) caps its size with a tmpfs when root.
-    pub(crate) fn create(disk: Option<u64>) -> Result<Staging, StartError> {
-        let dir = crate::confine::staging::create_dir().map_err(StartError::Staging)?;
-        let parent = crate::confine::staging::ParentCleanup(
-            dir.path()
-                .parent()
-                .map(Path::to_path_buf)
-                .unwrap_or_default(),
-        );
-        let budget = match disk {
-            Some(bytes) => crate::confine::staging::DiskBudget::mount(dir.path(), bytes)
-                .map_err(StartError::Staging)?,
-            None => None,
-        };
-        let script = dir.path().join("script.py");
-        let rpc_dir = dir.path().join("rpc");
-        std::fs::create_dir(&rpc_dir).map_err(StartError::Staging)?;
-        std::fs::set_permissions(&rpc_dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(StartError::Staging)?;
-        let socket = rpc_dir.join("rpc.sock");
-        if socket.as_os_str().len() > MAX_SOCKET_PATH {
-            return Err(StartError::SocketPathTooLong(socket));
-        }
-        Ok(Staging {
-            _budget: budget,
-            dir,
-            _parent: parent,
-            lease: None,
-            script,
-            socket,
-            rpc_dir,
-        })
-    }
-
-    pub(crate) fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    /// Writes the stub and the script; `owner` is the strict uid/gid the dir was handed to.
-    pub(crate) fn write_files(
-        &self,
-        stub: &str,
-        code: &str,
-        owner: Option<(u32, u32)>,
-    ) -> Result<(), StartError> {
-        for (name, text) in [("vibeos_tools.py", stub), ("script.py", code)] {
-            crate::confine::staging::write_new(self.dir.path(), name, text, owner)
-                .map_err(StartError::Staging)?;
-        }
-        Ok(())
-    }
-}
-
-/// The supervisor's end of the RPC channel.
-#[derive(Debug)]
-pub(crate) enum RpcEnd {
-    /// Project mode: a listener on the staging dir's socket.
-    Listener(std::os::unix::net::UnixListener),
-    /// Strict mode: our end of the socketpair whose other end the script inherits.
-    Stream(std::os::unix::net::UnixStream),
-}
-
-/// What the interpreter runs.
-pub(crate) enum Program {
-    /// `python -u script.py`.
-    Script,
-    /// The pool's bootstrap: imports done, then it waits for a line on `control` (see
-    /// [`crate::pool`]); it writes one byte to `ready` when its imports are done.
-    Warm {
-        /// The child's end of the control channel (a socketpair it only reads).
-        control: OwnedFd,
-        /// Write end of the readiness pipe (the child's).
-        ready: OwnedFd,
-    },
-}
-
-/// A started interpreter under its reaper, with everything the supervision needs.
-#[derive(Debug)]
-pub(crate) struct Launched {
-    /// The reaper (the interpreter's parent).
-    pub(crate) child: std::process::Child,
-    /// A pidfd of the reaper, so signals never reach a recycled pid.
-    pidfd: Option<OwnedFd>,
-    lifeline: Lifeline,
-    pub(crate) staging: Staging,
-    rpc: RpcEnd,
-    token: String,
-    /// The environment the interpreter was started with.
-    pub(crate) env: Vec<(OsString, OsString)>,
-    /// The channel's variables within `env` (socket or fd, token, strict TMPDIR).
-    pub(crate) channel_vars: Vec<(OsString, OsString)>,
-    /// `env` without the channel: what tools the script starts (terminal) get.
-    pub(crate) tool_env: Vec<(OsString, OsString)>,
-    /// uid/gid the staging dir belongs to (strict mode as root).
-    pub(crate) owner: Option<(u32, u32)>,
-    /// Held until the execution is over (a pooled interpreter's refill waits for it).
-    pub(crate) on_done: Option<crate::pool::RefillWhenDone>,
-}
-
-impl Launched {
-    /// Throws a started interpreter away: the lifeline's EOF makes its reaper stop the tree, and
-    /// the staging dir is removed. With `reap`, a thread collects the reaper's exit status so no
-    /// zombie is left in a long-lived host.
-    pub(crate) fn discard(self, reap: bool) {
-        let Launched {
-            mut child,
-            lifeline,
-            staging,
-            ..
-        } = self;
-        drop(lifeline);
-        drop(staging);
-        if reap {
-            let spawned = std::thread::Builder::new()
-                .name("vibeos-pool-reap".into())
-                .spawn(move || {
-                    let _ = child.wait();
-                });
-            if let Err(e) = spawned {
-                tracing::debug!(
-                    "execute_code: cannot start a thread to reap a pooled interpreter: {e}"
-                );
-            }
-        }
-    }
-
-    /// Whether the interpreter's reaper already exited (the pooled interpreter died idle).
-    pub(crate) fn has_exited(&mut self) -> bool {
-        !matches!(self.child.try_wait(), Ok(None))
-    }
-}
-
-/// Starts the interpreter for `spec` in `staging`: channel, environment, confinement, reaper.
-pub(crate) fn launch(
-    spec: &LaunchSpec,
-    mut staging: Staging,
-    program: Program,
-) -> Result<Launched, StartError> {
-    let env = spec.child_env(staging.path(), matches!(program, Program::Script))?;
-    let tool_env = env.clone();
-    let token = new_token();
-    let strict = spec.mode == Mode::Strict;
-    let mut channel_vars: Vec<(OsString, OsString)> = Vec::new();
-    // Strict mode: the script gets one end of a socketpair (landlock cannot stop a confined
-    // process from dialling a pathname socket, so there must be no path to dial at all).
-    let (rpc, theirs) = if strict {
-        let (ours, theirs) =
-            std::os::unix::net::UnixStream::pair().map_err(StartError::Listener)?;
-        channel_vars.push((
-            "VIBEOS_RPC_FD".into(),
-            theirs.as_raw_fd().to_string().into(),
-        ));
-        channel_vars.push(("VIBEOS_RPC_STRICT".into(), "1".into()));
-        channel_vars.push(("TMPDIR".into(), staging.path().as_os_str().to_owned()));
-        (RpcEnd::Stream(ours), Some(OwnedFd::from(theirs)))
-    } else {
-        channel_vars.push((
-            "VIBEOS_RPC_DIR".into(),
-            staging.rpc_dir.clone().into_os_string(),
-        ));
-        channel_vars.push((
-            "VIBEOS_RPC_SOCKET".into(),
-            staging.socket.clone().into_os_string(),
-        ));
-        let listener = std::os::unix::net::UnixListener::bind(&staging.socket)
-            .map_err(StartError::Listener)?;
-        (RpcEnd::Listener(listener), None)
-    };
-    channel_vars.push(("VIBEOS_RPC_TOKEN".into(), token.clone().into()));
-    let env = with_channel(env, &channel_vars);
-
-    let mut confinement = None;
-    let mut owner = None;
-    if let Some(theirs) = theirs {
-        let (prepared, summary) = crate::confine::prepare(crate::confine::Plan {
-            options: &spec.strict,
-            interpreter: &spec.interpreter.path,
-            staging: staging.path(),
-            rpc: theirs,
-        })?;
-        tracing::debug!(
-            uid = summary.uid,
-            covered = ?summary.covered,
-            read_execute = ?summary.read_execute,
-            "execute_code: strict confinement prepared"
-        );
-        owner = prepared.credentials.map(|c| (c.uid, c.gid));
-        staging.lease = summary.lease;
-        confinement = Some(prepared);
-    }
-
-    let (lifeline, setup, read_end) = lifeline(spec.kill_grace).map_err(|e| StartError::Spawn {
-        interpreter: spec.interpreter.path.clone(),
-        source: e,
-    })?;
-    let child_cwd = spec.child_cwd(staging.path());
-    let mut command = std::process::Command::new(&spec.interpreter.path);
-    command.arg("-u");
-    let inherit: [libc::c_int; 2] = match &program {
-        Program::Script => {
-            command.arg(&staging.script);
-            [-1, -1]
-        }
-        Program::Warm { control, ready } => {
-            command
-                .arg("-c")
-                .arg(crate::pool::BOOTSTRAP)
-                .arg(&staging.script)
-                .arg(control.as_raw_fd().to_string())
-                .arg(ready.as_raw_fd().to_string());
-            [control.as_raw_fd(), ready.as_raw_fd()]
-        }
-    };
-    command
-        .env_clear()
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .current_dir(&child_cwd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    // SAFETY: `become_reaper` (and the confinement it applies) is written for the pre_exec
-    // window: it only makes async-signal-safe system calls on values prepared before the fork,
-    // and never returns in the reaper branch. Clearing close-on-exec with fcntl is such a call
-    // too (and allowed by the strict filter); it runs only in the interpreter process, on
-    // descriptors the parent keeps open until the spawn returns.
-    unsafe {
-        command.pre_exec(move || {
-            become_reaper(setup, confinement.as_ref())?;
-            for fd in inherit {
-                if fd >= 0 && libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        });
-    }
-    let spawned = command.spawn();
-    // The command owns the confinement, with the script's end of the socketpair: drop it so
-    // only the script holds that end and the channel reaches EOF when the script is gone. The
-    // same goes for the child's ends of the pool's pipes.
-    drop(command);
-    drop(read_end);
-    drop(program);
-    let child = spawned.map_err(|source| StartError::Spawn {
-        interpreter: spec.interpreter.path.clone(),
-        source,
-    })?;
-    Ok(Launched {
-        pidfd: pidfd_open(child.id()),
-        child,
-        lifeline,
-        staging,
-        rpc,
-        token,
-        env,
-        channel_vars,
-        tool_env,
-        owner,
-        on_done: None,
-    })
-}
-
-fn pidfd_open(pid: u32) -> Option<OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0u32) };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: the descriptor was just created and is owned by nobody else.
-    Some(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
-}
-
-fn new_token() -> String {
-    let bytes: [u8; 32] = rand::random();
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 async fn run(
     request: ExecutionRequest,
     registry: &'static ToolRegistry,
@@ -652,10 +236,13 @@ async fn run(
     if request.code.trim().is_empty() {
         return Err(StartError::EmptyCode);
     }
-    let spec = LaunchSpec::for_request(&request)?;
-    let interpreter = spec.interpreter.clone();
-    let session_cwd = spec.session_cwd.clone();
-
+    if let Some(refusal) = crate::script_guard::refusal(&request).await {
+        return Ok(ExecutionResult::failed_to_start(
+            request.mode.as_str(),
+            refusal,
+            started.elapsed().as_secs_f64(),
+        ));
+    }
     let script_tools: Vec<_> = registry
         .script_tools()
         .into_iter()
@@ -666,7 +253,7 @@ async fn run(
                 .is_none_or(|s| s.contains(&e.name))
         })
         .filter(|e| {
-            spec.mode != Mode::Strict || crate::confine::tools::offered(&request.strict, &e.name)
+            request.mode != Mode::Strict || crate::confine::tools::offered(&request.strict, &e.name)
         })
         .collect();
     let stub_tools: Vec<StubTool> = script_tools
@@ -674,13 +261,52 @@ async fn run(
         .map(|e| StubTool {
             name: e.name.clone(),
             description: e.description.clone(),
-            parameters: e.schema.clone(),
+            parameters: e.script_schema(),
         })
         .collect();
     let stub = generate_stub(&stub_tools);
     for skipped in &stub.skipped {
         tracing::warn!("execute_code: {skipped}");
     }
+    // A remote backend runs the script where its tools act (SPEC §9).
+    if let Some(envs) = vibeos_tools::environments::active() {
+        let task = request.task_id.clone();
+        let env = tokio::task::spawn_blocking(move || envs.get(task.as_deref()))
+            .await
+            .map_err(|e| StartError::Listener(std::io::Error::other(e)))?;
+        let mut result = match env {
+            Ok(env) => {
+                crate::remote::run_remote(crate::remote::RemoteRun {
+                    request: &request,
+                    env,
+                    stub: stub.source,
+                    allowed: stub.tools.iter().cloned().collect(),
+                    registry,
+                    interrupt,
+                    started,
+                })
+                .await
+            }
+            Err(e) => {
+                let mut failed = ExecutionResult::failed_to_start(
+                    request.mode.as_str(),
+                    e.to_string(),
+                    started.elapsed().as_secs_f64(),
+                );
+                failed.backend = Some(envs_backend());
+                failed
+            }
+        };
+        let base_env = match &request.base_env {
+            Some(env) => env.clone(),
+            None => std::env::vars_os().collect(),
+        };
+        crate::redaction::apply(&mut result, &base_env);
+        return Ok(result);
+    }
+    let spec = LaunchSpec::for_request(&request)?;
+    let interpreter = spec.interpreter.clone();
+    let session_cwd = spec.session_cwd.clone();
     let warm = match crate::pool::active() {
         Some(pool) => pool.start_warm(&spec, &stub.source, &request.code),
         None => None,
@@ -717,7 +343,7 @@ async fn run(
         "execute_code: script started"
     );
     let tool_env = launched.tool_env.clone();
-    Ok(supervise(
+    let mut result = supervise(
         launched,
         Supervision {
             request: &request,
@@ -731,7 +357,16 @@ async fn run(
             started,
         },
     )
-    .await)
+    .await;
+    crate::redaction::apply(&mut result, &spec.base_env);
+    Ok(result)
+}
+
+/// The active backend's name, for results of executions that never reached it.
+fn envs_backend() -> String {
+    vibeos_tools::environments::active()
+        .map(|e| e.settings().backend.as_str().to_string())
+        .unwrap_or_else(|| "local".into())
 }
 
 /// Everything [`supervise`] needs besides the started child.
@@ -849,11 +484,6 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
         }
     };
 
-    enum Ending {
-        Exited,
-        Timeout,
-        Interrupted,
-    }
     let mut status = None;
     let ending = tokio::select! {
         s = &mut waiter => { status = s.ok().flatten(); Ending::Exited }
@@ -893,40 +523,8 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
         use std::os::unix::process::ExitStatusExt;
         s.code().unwrap_or_else(|| -s.signal().unwrap_or(0))
     });
-    let (status, error) = match ending {
-        Ending::Timeout => (Status::Timeout, Some(timeout_notice(request.timeout))),
-        Ending::Interrupted => (
-            Status::Interrupted,
-            Some("execution interrupted — user sent a new message".to_string()),
-        ),
-        Ending::Exited => match exit_code {
-            Some(0) => (Status::Success, None),
-            Some(code) => (Status::Error, Some(exit_error(code, &stderr_cap))),
-            None => (
-                Status::Error,
-                Some("the script's exit status was lost".into()),
-            ),
-        },
-    };
-    let mut output = stdout_cap.render("output");
-    if status != Status::Success && stderr_cap.total() > 0 {
-        if !output.is_empty() && !output.ends_with('\n') {
-            output.push('\n');
-        }
-        output.push_str("--- stderr ---\n");
-        output.push_str(&stderr_cap.render("stderr"));
-    }
-    let notice = match status {
-        Status::Timeout => Some(timeout_notice(request.timeout)),
-        Status::Interrupted => Some(INTERRUPT_NOTICE.to_string()),
-        _ => None,
-    };
-    if let Some(notice) = notice {
-        if !output.is_empty() && !output.ends_with('\n') {
-            output.push('\n');
-        }
-        output.push_str(&notice);
-    }
+    let (status, error, output) =
+        compose_output(ending, exit_code, &stdout_cap, &stderr_cap, request.timeout);
     drop(staging);
     drop(on_done);
     ExecutionResult {
@@ -942,8 +540,68 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
         stderr_bytes: stderr_cap.total(),
         stderr_bytes_omitted: stderr_cap.omitted(),
         mode: request.mode.as_str(),
+        redactions: 0,
         interpreter: Some(s.interpreter.path.display().to_string()),
+        backend: None,
     }
+}
+
+/// How an execution ended, as the supervision saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// The script (or its remote client) exited.
+    Exited,
+    /// The timeout fired.
+    Timeout,
+    /// [`Interrupt::interrupt`] was called.
+    Interrupted,
+}
+
+/// Status, error line and output of an ended execution: the captured stdout, stderr when it
+/// failed, and the closing notice. Shared by local and remote supervision, so every launch
+/// returns the same result object.
+pub(crate) fn compose_output(
+    ending: Ending,
+    exit_code: Option<i32>,
+    stdout_cap: &HeadTail,
+    stderr_cap: &HeadTail,
+    timeout: Duration,
+) -> (Status, Option<String>, String) {
+    let (status, error) = match ending {
+        Ending::Timeout => (Status::Timeout, Some(timeout_notice(timeout))),
+        Ending::Interrupted => (
+            Status::Interrupted,
+            Some("execution interrupted — user sent a new message".to_string()),
+        ),
+        Ending::Exited => match exit_code {
+            Some(0) => (Status::Success, None),
+            Some(code) => (Status::Error, Some(exit_error(code, stderr_cap))),
+            None => (
+                Status::Error,
+                Some("the script's exit status was lost".into()),
+            ),
+        },
+    };
+    let mut output = stdout_cap.render("output");
+    if status != Status::Success && stderr_cap.total() > 0 {
+        if !output.is_empty() && !output.ends_with('\n') {
+            output.push('\n');
+        }
+        output.push_str("--- stderr ---\n");
+        output.push_str(&stderr_cap.render("stderr"));
+    }
+    let notice = match status {
+        Status::Timeout => Some(timeout_notice(timeout)),
+        Status::Interrupted => Some(INTERRUPT_NOTICE.to_string()),
+        _ => None,
+    };
+    if let Some(notice) = notice {
+        if !output.is_empty() && !output.ends_with('\n') {
+            output.push('\n');
+        }
+        output.push_str(&notice);
+    }
+    (status, error, output)
 }
 
 /// Sends `sig` to the reaper: through its pidfd when there is one (never a recycled pid), else
@@ -988,7 +646,7 @@ async fn finish(
 
 /// The error line of a failed script: its exit code and the last line of stderr (the
 /// exception, for a Python traceback).
-fn exit_error(code: i32, stderr: &HeadTail) -> String {
+pub(crate) fn exit_error(code: i32, stderr: &HeadTail) -> String {
     let text = stderr.render("stderr");
     let last = text
         .lines()

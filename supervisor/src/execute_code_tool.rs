@@ -29,6 +29,7 @@ pub fn execute_code_settings(config: &Config, cwd: Option<&Path>) -> ExecuteCode
         timeout: config.timeout,
         max_tool_calls: config.max_tool_calls,
         strict_terminal: crate::confine::StrictOptions::from_config(config).terminal,
+        stdout_limit: config.stdout_limit,
     }
 }
 
@@ -77,7 +78,10 @@ pub fn execute_code_entry_for(
                     })?;
                     request.script_tools = Some(selected.iter().map(|e| e.name.clone()).collect());
                 }
-                Ok(execute(request, registry, Interrupt::new()).await.to_json())
+                let interrupt = Interrupt::new();
+                // `interrupt(task_id)` of a host reaches this execution too.
+                let _tracked = crate::interrupts::track(ctx.task_id.as_deref(), interrupt.clone());
+                Ok(execute(request, registry, interrupt).await.to_json())
             }
         },
     )

@@ -89,7 +89,28 @@ impl Resolution {
                 }
             }
         }
-        self.default_interpreter()
+        let interpreter = self.default_interpreter()?;
+        if mode == Mode::Strict && crate::interpreter_shim::is_script(&interpreter.path) {
+            // A wrapper (pyenv shim) cannot run confined: run what it would run.
+            match crate::interpreter_shim::real_interpreter(&interpreter.path) {
+                Ok(path) => {
+                    tracing::info!(
+                        "execute_code: strict mode runs {} (what the wrapper {} runs)",
+                        path.display(),
+                        interpreter.path.display()
+                    );
+                    return Ok(Interpreter {
+                        path,
+                        ..interpreter
+                    });
+                }
+                Err(why) => tracing::warn!(
+                    "execute_code: cannot resolve the wrapper interpreter {}: {why}",
+                    interpreter.path.display()
+                ),
+            }
+        }
+        Ok(interpreter)
     }
 
     /// The default interpreter: configured, else `python3` (then `python`) on PATH.

@@ -6,6 +6,7 @@
 //! [`ExecutionResult`]. The `vibeos-exec` binary is a thin CLI over it.
 
 pub mod audit;
+pub mod backends;
 pub mod capture;
 pub mod config;
 pub mod confine;
@@ -14,13 +15,21 @@ pub mod execute;
 pub mod execute_code_tool;
 pub mod extensions;
 pub mod interpreter;
+pub mod interpreter_shim;
+pub mod interrupts;
+pub(crate) mod launch;
 pub mod logging;
 pub mod mcp;
+pub mod mcp_approval;
 pub mod overrides;
 pub mod pool;
 pub mod reaper;
+pub mod redaction;
+pub mod remote;
 pub mod result;
 pub mod rpc_server;
+pub mod script_guard;
+pub mod terminal_cwd;
 
 pub use config::{Config, ConfigError, Mode};
 pub use execute::{execute, ExecutionRequest, Interrupt, StartError};

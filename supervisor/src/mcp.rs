@@ -321,9 +321,15 @@ impl ExecServer {
             }
         }
         let settings = &self.shared.settings;
-        let ctx = ToolContext::agent(settings.cwd.clone());
+        let mut ctx = ToolContext::agent(settings.cwd.clone());
+        ctx.task_id = Some(crate::mcp_approval::task_id(self.conn));
         let request = request_from(&args, &ctx, &settings.config)
             .map_err(|e| ErrorData::invalid_params(e.message, None))?;
+        // Approvals of this call are asked of this client (elicitation).
+        let _approvals = crate::mcp_approval::bind(
+            &crate::mcp_approval::task_id(self.conn),
+            context.peer.clone(),
+        );
 
         let progress = Progress::new(&context);
         // Stop when the client cancels, and (over HTTP) when its response stream goes away.
@@ -413,9 +419,13 @@ impl ExecServer {
         &self,
         name: String,
         args: Map<String, Value>,
+        peer: rmcp::Peer<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let registry = self.shared.registry;
-        let ctx = ToolContext::agent(self.shared.settings.cwd.clone());
+        let mut ctx = ToolContext::agent(self.shared.settings.cwd.clone());
+        let task_id = crate::mcp_approval::task_id(self.conn);
+        let _approvals = crate::mcp_approval::bind(&task_id, peer);
+        ctx.task_id = Some(task_id);
         let text = tokio::task::spawn_blocking(move || {
             registry.handle_function_call(&name, &Value::Object(args), &ctx)
         })
@@ -520,7 +530,9 @@ impl ServerHandler for ExecServer {
                 None,
             ));
         }
-        self.call_registry_tool(name, args).await.map(Into::into)
+        self.call_registry_tool(name, args, context.peer.clone())
+            .await
+            .map(Into::into)
     }
 }
 
@@ -549,6 +561,7 @@ pub async fn serve_stdio(
     stop: CancellationToken,
 ) -> Result<(), ServeError> {
     validate(registry, &settings)?;
+    crate::mcp_approval::install();
     let shared = Shared::new(registry, settings);
     let conn = shared.next_id();
     let closed = CancellationToken::new();
@@ -604,6 +617,7 @@ pub async fn serve_http(
     if !addr.ip().is_loopback() {
         return Err(ServeError::NotLoopback(addr));
     }
+    crate::mcp_approval::install();
     let shared = Shared::new(registry, settings);
     let listener = tokio::net::TcpListener::bind(addr)
         .await

@@ -66,9 +66,14 @@ pub struct ExecutionResult {
     pub stderr_bytes_omitted: u64,
     /// Mode the script ran in.
     pub mode: &'static str,
+    /// Secrets replaced by a marker in `output` and `error` (`security.redact_output`).
+    pub redactions: usize,
     /// Interpreter that ran it, when one was chosen.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub interpreter: Option<String>,
+    /// The backend it ran in, when not local (`docker`, `ssh`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
 }
 
 impl ExecutionResult {
@@ -87,7 +92,9 @@ impl ExecutionResult {
             stderr_bytes: 0,
             stderr_bytes_omitted: 0,
             mode,
+            redactions: 0,
             interpreter: None,
+            backend: None,
         }
     }
 

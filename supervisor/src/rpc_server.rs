@@ -182,6 +182,18 @@ impl ChannelState {
 /// Accepts connections on `listener` until the returned task is aborted; each is served on its
 /// own thread after the peer-credential check.
 pub fn serve(listener: UnixListener, state: Arc<ChannelState>) -> tokio::task::JoinHandle<()> {
+    serve_with(listener, state, true)
+}
+
+/// [`serve`], choosing whether peers must pass the credential check. Only a channel that
+/// crosses a container or host boundary turns it off: peer credentials mean nothing there, so
+/// the token alone authenticates, on a socket reachable only through a private directory or an
+/// ssh forward (see docs/backends.md).
+pub fn serve_with(
+    listener: UnixListener,
+    state: Arc<ChannelState>,
+    check_peer: bool,
+) -> tokio::task::JoinHandle<()> {
     let pool = tokio::runtime::Handle::current();
     tokio::spawn(async move {
         loop {
@@ -191,7 +203,7 @@ pub fn serve(listener: UnixListener, state: Arc<ChannelState>) -> tokio::task::J
                         .into_std()
                         .and_then(|s| s.set_nonblocking(false).map(|_| s));
                     match std_stream {
-                        Ok(s) => serve_stream(s, Arc::clone(&state), true, pool.clone()),
+                        Ok(s) => serve_stream(s, Arc::clone(&state), check_peer, pool.clone()),
                         Err(e) => {
                             tracing::warn!("execute_code: cannot serve an RPC connection: {e}")
                         }

@@ -400,8 +400,12 @@ fn environment_changes_are_applied_or_fall_back_to_a_cold_start() {
     let rt = runtime();
     let mut session = Session::new(python);
     pool::enable(2);
-    let show = "import json, os\nprint(json.dumps({k: os.environ.get(k) for k in \
-                ['VIBEOS_POOL_TEST_SECRET_TOKEN', 'LANG', 'ADDED_LATER']}))\n";
+    // The secret is printed reversed: printed as it is, it would be redacted from the output.
+    let show = "import json, os\nv = {k: os.environ.get(k) for k in \
+                ['VIBEOS_POOL_TEST_SECRET_TOKEN', 'LANG', 'ADDED_LATER']}\n\
+                t = v['VIBEOS_POOL_TEST_SECRET_TOKEN']\n\
+                v['VIBEOS_POOL_TEST_SECRET_TOKEN'] = t[::-1] if t else t\n\
+                print(json.dumps(v))\n";
     let plain = json_line(&run_warm(&rt, session.request(show)));
     assert_eq!(plain["VIBEOS_POOL_TEST_SECRET_TOKEN"], Value::Null);
     // A skill loaded later passes a secret through: applied to the waiting interpreter.
@@ -411,7 +415,7 @@ fn environment_changes_are_applied_or_fall_back_to_a_cold_start() {
     request.env_passthrough = vec!["VIBEOS_POOL_TEST_SECRET_TOKEN".into()];
     let before = pool::stats().unwrap();
     let seen = json_line(&run(&rt, request));
-    assert_eq!(seen["VIBEOS_POOL_TEST_SECRET_TOKEN"], "s3cret");
+    assert_eq!(seen["VIBEOS_POOL_TEST_SECRET_TOKEN"], "terc3s");
     assert_eq!(pool::stats().unwrap().warm_starts, before.warm_starts + 1);
     // The host's value of a passed-through variable changes: applied too.
     session
@@ -429,7 +433,7 @@ fn environment_changes_are_applied_or_fall_back_to_a_cold_start() {
     assert!(pool::wait_until_idle(None, 1, Duration::from_secs(30)));
     let before = pool::stats().unwrap();
     let seen = json_line(&run(&rt, request));
-    assert_eq!(seen["VIBEOS_POOL_TEST_SECRET_TOKEN"], "rotated");
+    assert_eq!(seen["VIBEOS_POOL_TEST_SECRET_TOKEN"], "detator");
     assert_eq!(seen["ADDED_LATER"], Value::Null);
     assert_eq!(pool::stats().unwrap().warm_starts, before.warm_starts + 1);
     // LANG is read at interpreter startup: a cold start, with the new value.

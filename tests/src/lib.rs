@@ -7,6 +7,8 @@
 // A test harness: a panic here is how a failed expectation is reported.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
+pub mod backends;
+
 use serde_json::Value;
 use std::ffi::OsString;
 use std::io::Write;

@@ -548,3 +548,41 @@ fn a_pinned_strict_uid_is_refused_on_a_server_with_a_warm_pool() {
     );
     assert!(!text["output"].as_str().unwrap_or_default().contains("ran"));
 }
+
+#[test]
+fn mcp_clients_answer_approvals_through_elicitation() {
+    let sb = Sandbox::new();
+    let Some(r) = scenario(&sb, "elicitation") else {
+        return;
+    };
+    // Supporting client: asked once (the whole script), "session" covered the command too.
+    let (is_error, text, _) = parts(&r["approved"]);
+    assert!(!is_error, "{text}");
+    assert_eq!(text["output"], "0 None\n", "{text}");
+    let asked = r["approved_asked"].as_array().unwrap();
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    let question = asked[0].as_str().unwrap();
+    assert!(
+        question.contains("recursive delete") && question.contains("rm -rf doomed1"),
+        "{question}"
+    );
+    // Its "deny" stops the script before it runs.
+    let (is_error, text, _) = parts(&r["denied"]);
+    assert!(is_error);
+    assert!(
+        text["error"].as_str().unwrap().contains("was not run"),
+        "{text}"
+    );
+    assert_eq!(r["denied_asked"].as_array().unwrap().len(), 1);
+    // A client without elicitation: the script runs (headless policy), the command is denied
+    // with the reason.
+    let (_, text, _) = parts(&r["unsupported"]);
+    let out = text["output"].as_str().unwrap();
+    assert!(
+        out.contains("does not support elicitation"),
+        "no clear message: {out}"
+    );
+    assert_eq!(r["exists"]["doomed1"], false);
+    assert_eq!(r["exists"]["doomed2"], true);
+    assert_eq!(r["exists"]["doomed3"], true);
+}

@@ -108,7 +108,9 @@ fn a_pyenv_style_shim_interpreter_is_refused_by_name() {
     require_strict!();
     let sb = Sandbox::new();
     let shim = sb.root.path().join("shim-python3");
-    std::fs::write(&shim, "#!/bin/sh\nexec python3 \"$@\"\n").unwrap();
+    // A wrapper that cannot say which Python it runs: a resolvable one (a real pyenv shim) is
+    // run through its real interpreter instead (tests/tests/parity.rs).
+    std::fs::write(&shim, "#!/bin/sh\necho not-a-python\n").unwrap();
     std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755)).unwrap();
     sb.write_config(&format!("code_execution:\n  python: {}\n", shim.display()));
     let r = sb.run_json("print('hi')", &["--mode", "strict"]);

@@ -6,18 +6,24 @@
 //! (`r\m`), `$IFS` instead of spaces, `/bin/rm` instead of `rm`, odd spacing or case — do not
 //! slip past a pattern written for the plain form.
 //!
-//! Decision order for a command that matches one or more patterns:
+//! Decision order (settings and the hardline tier: [`crate::approval_policy`]):
+//! 0. the hardline tier (`policies/hardline_patterns.json`): refused, whatever else says; then
+//!    user deny rules (`approvals.deny`): refused; then a command matching no dangerous pattern
+//!    runs, and with `approvals.mode: off` every other command runs too;
 //! 1. the permanent allowlist (`command_allowlist` in config.yaml: pattern keys, or globs matched
 //!    against the whole command);
 //! 2. approvals given earlier in the same session (per session/task id and pattern key);
-//! 3. the optional smart-approval callback (may auto-approve low-risk matches);
-//! 4. asking: the host callback when one is installed ([`set_approval_callback`]); else, for
+//! 3. the optional smart-approval callback (may auto-approve low-risk matches); in
+//!    `approvals.mode: smart` the smart approver (approve / deny / escalate);
+//! 4. asking: the host callback when one is installed ([`set_approval_callback`]), which has
+//!    `approvals.timeout` (default 60 s) to answer before it counts as a denial; else, for
 //!    direct agent calls on an interactive terminal, a TTY prompt (once / session / always /
 //!    deny); else (CI, scripts without a host) a denial with a message saying why.
 //!
 //! "always" adds the pattern keys to `command_allowlist` in config.yaml; see [`persist_always`]
 //! for how the rest of the file is kept.
 
+use crate::approval_policy::{self, ApprovalMode, SmartVerdict};
 use crate::{CallOrigin, ToolContext};
 use regex::Regex;
 use serde::Deserialize;
@@ -165,6 +171,9 @@ pub struct ApprovalRequest {
     pub origin: CallOrigin,
     /// `(key, description)` of every pattern that matched and is not yet approved.
     pub matches: Vec<(String, String)>,
+    /// `command` is the source of a whole execute_code script (the whole-script guard), not a
+    /// shell command.
+    pub is_script: bool,
 }
 
 /// A host's approval prompt.
@@ -256,10 +265,86 @@ pub enum Decision {
 
 /// Decides whether `command` may run in the call described by `ctx` (SPEC §8).
 pub fn check_command(command: &str, ctx: &ToolContext) -> Decision {
+    decide(command, ctx, false)
+}
+
+/// Says whether the installed host callback can reach someone for a task (an MCP server whose
+/// client may or may not support elicitation): `Err` gives the reason it cannot. Without one,
+/// an installed callback always can.
+pub type HostReachability = dyn Fn(Option<&str>) -> Result<(), String> + Send + Sync;
+
+static HOST_REACHABILITY: RwLock<Option<Arc<HostReachability>>> = RwLock::new(None);
+
+/// Installs (or removes) the check of whether the host callback can ask anyone for a task.
+pub fn set_host_reachability(check: Option<Arc<HostReachability>>) {
+    if let Ok(mut g) = HOST_REACHABILITY.write() {
+        *g = check;
+    }
+}
+
+/// Whether a person or host can be asked now about `task_id`: a host callback is installed
+/// (and reaches someone for that task), or this process has an interactive terminal. Scripts
+/// are checked as a whole before they run only then ([`check_script`]); headless runs keep
+/// the per-command checks.
+pub fn approvals_interactive(task_id: Option<&str>) -> bool {
+    let host = HOST_CALLBACK.read().ok().is_some_and(|g| g.is_some());
+    (host && host_reachable(task_id).is_ok()) || interactive()
+}
+
+fn host_reachable(task_id: Option<&str>) -> Result<(), String> {
+    match HOST_REACHABILITY.read().ok().and_then(|g| g.clone()) {
+        Some(check) => check(task_id),
+        None => Ok(()),
+    }
+}
+
+/// The whole-script guard: when approvals are interactive, an execute_code script whose source
+/// matches a dangerous pattern is asked about before it runs (the same chain as a command:
+/// hardline, deny rules, mode, allowlist, session, smart, ask). Headless: always allowed here
+/// (each `terminal` command is still checked when it runs). Static matching only sees what is
+/// written literally; see docs/strict-mode.md for its limits.
+pub fn check_script(source: &str, task_id: Option<&str>) -> Decision {
+    if !approvals_interactive(task_id) {
+        return Decision::Allow {
+            approved_by: "not interactive",
+        };
+    }
+    let mut ctx = ToolContext::agent("/");
+    ctx.task_id = task_id.map(str::to_string);
+    decide(source, &ctx, true)
+}
+
+fn decide(command: &str, ctx: &ToolContext, is_script: bool) -> Decision {
+    let what = if is_script { "Script" } else { "Command" };
+    if let Some(h) = approval_policy::detect_hardline(command) {
+        return Decision::Deny {
+            message: format!(
+                "{what} refused: it matches the hardline rule \"{}\" [{}], which no approval, \
+                 allowlist or mode can allow. Do not retry it in any form.",
+                h.description, h.key
+            ),
+        };
+    }
+    let settings = approval_policy::settings();
     let matched = detect_dangerous(command);
+    let keys: Vec<&str> = matched.iter().map(|p| p.key.as_str()).collect();
+    if let Some(rule) = approval_policy::denied_by_rule(&settings.deny, command, &keys) {
+        return Decision::Deny {
+            message: format!(
+                "{what} refused by the user's deny rule `{rule}` (approvals.deny in {}). Do not \
+                 retry it; choose another approach or ask the user.",
+                crate::settings::config_path().display()
+            ),
+        };
+    }
     if matched.is_empty() {
         return Decision::Allow {
             approved_by: "not dangerous",
+        };
+    }
+    if settings.mode == ApprovalMode::Off {
+        return Decision::Allow {
+            approved_by: "mode off",
         };
     }
     let allow = permanent_allowlist();
@@ -293,6 +378,7 @@ pub fn check_command(command: &str, ctx: &ToolContext) -> Decision {
             .iter()
             .map(|p| (p.key.clone(), p.description.clone()))
             .collect(),
+        is_script,
     };
     let smart = SMART_APPROVAL.read().ok().and_then(|g| g.clone());
     if let Some(smart) = smart {
@@ -302,12 +388,55 @@ pub fn check_command(command: &str, ctx: &ToolContext) -> Decision {
             };
         }
     }
-    let host = HOST_CALLBACK.read().ok().and_then(|g| g.clone());
+    if settings.mode == ApprovalMode::Smart {
+        match approval_policy::smart_verdict(&req, &settings) {
+            SmartVerdict::Approve => {
+                return Decision::Allow {
+                    approved_by: "smart",
+                }
+            }
+            SmartVerdict::Deny => {
+                return Decision::Deny {
+                    message: format!(
+                        "{what} denied by the smart approver: it matches {}. Do not retry it; \
+                         choose a safer approach or ask the user.",
+                        describe(&req)
+                    ),
+                }
+            }
+            SmartVerdict::Escalate => {}
+        }
+    }
+    let mut host = HOST_CALLBACK.read().ok().and_then(|g| g.clone());
+    if host.is_some() {
+        if let Err(reason) = host_reachable(ctx.task_id.as_deref()) {
+            if !(ctx.origin == CallOrigin::Agent && interactive()) {
+                return Decision::Deny {
+                    message: format!("{} ({reason})", non_interactive_message(&req)),
+                };
+            }
+            host = None;
+        }
+    }
     let choice = if let Some(host) = host {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| host(&req)))
-            .unwrap_or(ApprovalChoice::Deny)
+        match approval_policy::ask_host(host, &req, settings.timeout) {
+            Some(choice) => choice,
+            None => {
+                return Decision::Deny {
+                    message: format!(
+                        "{what} not run: nobody answered the approval request within {}s \
+                         (approvals.timeout), so it was denied. It matches {}.",
+                        settings.timeout.as_secs_f64(),
+                        describe(&req)
+                    ),
+                }
+            }
+        }
     } else if ctx.origin == CallOrigin::Agent && interactive() {
-        tty_prompt(&req)
+        // A person at the terminal has approvals.timeout too; silence is a denial.
+        let asked = req.clone();
+        approval_policy::within(settings.timeout, move || tty_prompt(&asked))
+            .unwrap_or(ApprovalChoice::Deny)
     } else {
         return Decision::Deny {
             message: non_interactive_message(&req),
@@ -316,7 +445,7 @@ pub fn check_command(command: &str, ctx: &ToolContext) -> Decision {
     match choice {
         ApprovalChoice::Deny => Decision::Deny {
             message: format!(
-                "Command denied by the user: it matches {}. Do not retry it; choose a safer \
+                "{what} denied by the user: it matches {}. Do not retry it; choose a safer \
                  command or ask the user.",
                 describe(&req)
             ),
@@ -717,6 +846,7 @@ mod tests {
                 .iter()
                 .map(|p| (p.key.clone(), p.description.clone()))
                 .collect(),
+            is_script: false,
         };
         assert!(low_risk_cleanup(&req("rm -rf node_modules/")));
         assert!(low_risk_cleanup(&req("rm -rf ./target __pycache__")));

@@ -35,6 +35,8 @@ pub struct ExecuteCodeSettings {
     /// Strict mode only: whether `terminal` is opened to scripts
     /// (`code_execution.strict.terminal`); otherwise it is not offered in strict mode.
     pub strict_terminal: bool,
+    /// Stdout cap of one script in bytes (`code_execution.stdout_limit`).
+    pub stdout_limit: usize,
 }
 
 impl Default for ExecuteCodeSettings {
@@ -46,6 +48,7 @@ impl Default for ExecuteCodeSettings {
             timeout: Duration::from_secs(300),
             max_tool_calls: 50,
             strict_terminal: false,
+            stdout_limit: 50 * 1024,
         }
     }
 }
@@ -212,7 +215,7 @@ pub fn execute_code_description(
             out.push_str(&format!(
                 "- {}({}): {}\n",
                 e.name,
-                signature(&e.schema),
+                signature(&e.script_schema()),
                 e.description.lines().next().unwrap_or("").trim()
             ));
         }
@@ -251,11 +254,33 @@ pub fn execute_code_description(
     }
     out.push_str(&format!(
         "\nLimits: killed after {}s; at most {} tool calls per script; only what the script \
-         prints is returned, and long output is truncated.",
+         prints is returned, and stdout is capped at {}: longer output keeps its first 40% and \
+         last 60% with a marker saying how much was left out, so print summaries, not raw data.",
         seconds(settings.timeout),
-        settings.max_tool_calls
+        settings.max_tool_calls,
+        byte_size(settings.stdout_limit)
     ));
     out
+}
+
+/// `50 KB`, `1.5 MB`, `900 bytes`: sizes as the description states them.
+fn byte_size(bytes: usize) -> String {
+    const KB: usize = 1024;
+    const MB: usize = 1024 * 1024;
+    let one_decimal = |n: usize, unit: usize, name: &str| {
+        if n.is_multiple_of(unit) {
+            format!("{} {name}", n / unit)
+        } else {
+            format!("{:.1} {name}", n as f64 / unit as f64)
+        }
+    };
+    if bytes >= MB {
+        one_decimal(bytes, MB, "MB")
+    } else if bytes >= KB {
+        one_decimal(bytes, KB, "KB")
+    } else {
+        format!("{bytes} bytes")
+    }
 }
 
 fn seconds(d: Duration) -> String {

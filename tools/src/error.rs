@@ -64,6 +64,16 @@ pub enum RegistrationError {
         /// Toolset of the built-in it would replace.
         toolset: String,
     },
+    /// A tool would shadow a tool of a different toolset without `override`.
+    #[error("cannot register tool `{name}` in toolset `{toolset}`: a tool of that name already belongs to toolset `{existing_toolset}`; register it in `{existing_toolset}` to replace it, pass override=True to shadow it, or rename it")]
+    ShadowRefused {
+        /// The tool's name.
+        name: String,
+        /// Toolset of the new registration.
+        toolset: String,
+        /// Toolset of the registered tool it would shadow.
+        existing_toolset: String,
+    },
     /// A tool cannot be opened to execute_code scripts.
     #[error("cannot let scripts call `{name}`: {reason}")]
     NotScriptCallable {

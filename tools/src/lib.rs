@@ -10,6 +10,7 @@
 //! registration", via `inventory`); there is no hand-kept list.
 
 pub mod approval;
+pub mod approval_policy;
 mod async_bridge;
 mod availability;
 pub mod builtin;
@@ -22,7 +23,10 @@ mod error;
 mod hooks;
 pub mod mcp_client;
 pub mod path_policy;
+pub mod planner;
+pub mod redact;
 mod registry;
+mod script_schema;
 pub mod settings;
 mod toolsets;
 
@@ -38,4 +42,5 @@ pub use registry::{
     ToolRegistry, ToolSource, AGENT_LOOP_TOOLS, MAX_PARALLEL_TOOL_CALLS, SCRIPT_BLOCKED_TOOLS,
     SCRIPT_TOOLS,
 };
+pub use script_schema::AGENT_ONLY_PARAMETERS;
 pub use toolsets::{static_toolsets, Toolset, ToolsetError, LEGACY_TOOLSET_ALIASES};

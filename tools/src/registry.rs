@@ -17,8 +17,7 @@ use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 /// Tools an execute_code script may call (SPEC §2). Everything else is refused on the channel.
@@ -89,12 +88,15 @@ pub enum ToolSource {
     Plugin(String),
     /// An MCP server, by name.
     Mcp(String),
+    /// The embedding host's own code (the Python package's `registry.register`), by name.
+    /// Like a built-in it is not subject to the plugin [`OverridePolicy`].
+    Host(String),
 }
 
 impl ToolSource {
     /// Plugins and MCP servers: subject to the [`OverridePolicy`].
     pub fn is_external(&self) -> bool {
-        !matches!(self, ToolSource::Builtin)
+        matches!(self, ToolSource::Plugin(_) | ToolSource::Mcp(_))
     }
 }
 
@@ -104,6 +106,7 @@ impl std::fmt::Display for ToolSource {
             ToolSource::Builtin => f.write_str("built-in"),
             ToolSource::Plugin(p) => write!(f, "plugin `{p}`"),
             ToolSource::Mcp(s) => write!(f, "MCP server `{s}`"),
+            ToolSource::Host(h) => write!(f, "host `{h}`"),
         }
     }
 }
@@ -142,7 +145,7 @@ impl OverridePolicy {
     /// Whether a tool from `source` may replace the built-in `name`.
     pub fn allows(&self, name: &str, source: &ToolSource) -> bool {
         let source_ok = match source {
-            ToolSource::Builtin => true,
+            ToolSource::Builtin | ToolSource::Host(_) => true,
             ToolSource::Plugin(s) | ToolSource::Mcp(s) => self.sources.contains(s),
         };
         source_ok
@@ -175,8 +178,12 @@ pub struct ToolEntry {
     pub emoji: String,
     /// Results longer than this many characters are truncated with a note.
     pub max_result_size_chars: Option<usize>,
-    /// Whether calls of this tool may run at the same time as other calls of the same turn.
+    /// Whether calls of this tool may run at the same time as other calls of the same turn
+    /// (read-only tools: reads, searches, web).
     pub parallel_safe: bool,
+    /// For tools that write one file named by an argument (`write_file`, `patch`): that
+    /// argument. The planner runs such calls in parallel when their paths differ.
+    pub path_arg: Option<String>,
     /// Who registered it.
     pub source: ToolSource,
     /// The handler is a short, bounded local operation (no network, no child process, no
@@ -215,6 +222,7 @@ impl ToolEntry {
             emoji: String::new(),
             max_result_size_chars: None,
             parallel_safe: false,
+            path_arg: None,
             source: ToolSource::Builtin,
             bounded: false,
         }
@@ -321,6 +329,13 @@ impl ToolEntry {
     /// Marks the tool safe (or not) to run alongside other calls of the same turn.
     pub fn with_parallel_safe(mut self, safe: bool) -> Self {
         self.parallel_safe = safe;
+        self
+    }
+
+    /// Marks the tool as writing the one file its argument `arg` names (see
+    /// [`ToolEntry::path_arg`]).
+    pub fn with_path_scoped(mut self, arg: &str) -> Self {
+        self.path_arg = Some(arg.to_string());
         self
     }
 
@@ -542,22 +557,47 @@ impl ToolRegistry {
         reg
     }
 
-    /// Adds a tool. A name already taken by another toolset is logged and the last registration
-    /// wins — except that a plugin or MCP tool may replace a built-in only when the
-    /// [`OverridePolicy`] allows it.
-    pub fn register(&self, mut entry: ToolEntry) -> Result<(), RegistrationError> {
+    /// Adds a tool without permission to shadow another toolset's tool; see
+    /// [`ToolRegistry::register_with_override`].
+    pub fn register(&self, entry: ToolEntry) -> Result<(), RegistrationError> {
+        self.register_with_override(entry, false)
+    }
+
+    /// Adds a tool (SPEC §7). When the name is taken:
+    /// - a registration in the same toolset replaces the previous one (last wins, logged);
+    /// - MCP-to-MCP overwrites are allowed (a server's tool may replace another server's);
+    /// - a plugin or MCP tool replacing a built-in or host tool also needs the operator's
+    ///   [`OverridePolicy`] (which, once it allows it, is the override);
+    /// - shadowing a tool of a different toolset otherwise needs `override_existing`.
+    pub fn register_with_override(
+        &self,
+        mut entry: ToolEntry,
+        override_existing: bool,
+    ) -> Result<(), RegistrationError> {
         entry.is_async = matches!(entry.handler, Handler::Async(_));
         entry.validate()?;
         let mut tools = write(&self.tools);
         if let Some(old) = tools.get(&entry.name) {
-            if entry.source.is_external()
-                && !old.source.is_external()
-                && !read(&self.override_policy).allows(&entry.name, &entry.source)
-            {
-                return Err(RegistrationError::OverrideRefused {
+            let mcp_to_mcp = matches!(
+                (&old.source, &entry.source),
+                (ToolSource::Mcp(_), ToolSource::Mcp(_))
+            );
+            let mut permitted = override_existing || mcp_to_mcp;
+            if entry.source.is_external() && !old.source.is_external() && !mcp_to_mcp {
+                if !read(&self.override_policy).allows(&entry.name, &entry.source) {
+                    return Err(RegistrationError::OverrideRefused {
+                        name: entry.name.clone(),
+                        by: entry.source.to_string(),
+                        toolset: old.toolset.clone(),
+                    });
+                }
+                permitted = true;
+            }
+            if old.toolset != entry.toolset && !permitted {
+                return Err(RegistrationError::ShadowRefused {
                     name: entry.name.clone(),
-                    by: entry.source.to_string(),
-                    toolset: old.toolset.clone(),
+                    toolset: entry.toolset.clone(),
+                    existing_toolset: old.toolset.clone(),
                 });
             }
             if old.toolset != entry.toolset || old.source != entry.source {
@@ -569,6 +609,13 @@ impl ToolRegistry {
                     entry.source,
                     old.toolset,
                     old.source
+                );
+            } else {
+                tracing::info!(
+                    tool = %entry.name,
+                    "tool `{}` of toolset `{}` re-registered: the last registration wins",
+                    entry.name,
+                    entry.toolset
                 );
             }
         }
@@ -1042,53 +1089,11 @@ impl ToolRegistry {
         None
     }
 
-    /// Runs the calls of one model turn: all at once (up to [`MAX_PARALLEL_TOOL_CALLS`]
-    /// threads) when every tool involved is `parallel_safe`, else one after another. Results
-    /// come back in call order either way.
+    /// Runs the calls of one model turn as the planner segments them ([`crate::planner`]):
+    /// read-only tools in parallel, writes in parallel when their paths differ, everything
+    /// else in order. Results come back in call order.
     pub fn handle_function_calls(&self, calls: &[ToolCall], ctx: &ToolContext) -> Vec<String> {
-        let parallel = calls.len() > 1
-            && calls
-                .iter()
-                .all(|c| self.get(&c.name).is_some_and(|e| e.parallel_safe));
-        if !parallel {
-            return calls
-                .iter()
-                .map(|c| self.handle_function_call(&c.name, &c.args, ctx))
-                .collect();
-        }
-        let results: Mutex<Vec<Option<String>>> = Mutex::new(vec![None; calls.len()]);
-        let next = AtomicUsize::new(0);
-        let work = || loop {
-            let i = next.fetch_add(1, Ordering::SeqCst);
-            let Some(call) = calls.get(i) else { break };
-            let text = self.handle_function_call(&call.name, &call.args, ctx);
-            results.lock().unwrap_or_else(|p| p.into_inner())[i] = Some(text);
-        };
-        std::thread::scope(|scope| {
-            let workers = calls.len().min(MAX_PARALLEL_TOOL_CALLS);
-            for _ in 1..workers {
-                if let Err(e) = std::thread::Builder::new()
-                    .name("vibeos-tool-call".into())
-                    .spawn_scoped(scope, work)
-                {
-                    // Fewer workers only means less parallelism; this thread still works.
-                    tracing::warn!("cannot start a parallel tool-call worker: {e}");
-                    break;
-                }
-            }
-            work();
-        });
-        results
-            .into_inner()
-            .unwrap_or_else(|p| p.into_inner())
-            .into_iter()
-            .zip(calls)
-            .map(|(r, c)| {
-                r.unwrap_or_else(|| {
-                    error_json(format!("Error executing {}: the call did not run", c.name))
-                })
-            })
-            .collect()
+        crate::planner::run(self, calls, ctx)
     }
 }
 
@@ -1275,10 +1280,13 @@ mod tests {
     }
 
     #[test]
-    fn last_registration_wins() {
+    fn last_registration_in_a_toolset_wins_and_shadowing_needs_override() {
         let reg = ToolRegistry::new();
         reg.register(echo("same", "a")).unwrap();
-        reg.register(echo("same", "b")).unwrap();
+        reg.register(echo("same", "a").with_emoji("2")).unwrap();
+        assert_eq!(reg.get("same").unwrap().emoji, "2");
+        assert!(reg.register(echo("same", "b")).is_err());
+        reg.register_with_override(echo("same", "b"), true).unwrap();
         assert_eq!(reg.get("same").unwrap().toolset, "b");
     }
 

@@ -140,6 +140,16 @@ fn decision_chain_host_session_always_smart_and_agent_env() {
         .unwrap()
         .to_string();
     assert!(!out.contains("sk-provider-secret"));
-    assert!(out.contains("MY_TOOL_TOKEN=agent-visible"));
+    // The command gets the user's secret-looking variable; its value is redacted from the
+    // output the model sees (security.redact_output).
+    assert!(
+        out.contains("MY_TOOL_TOKEN=[REDACTED:MY_TOOL_TOKEN]"),
+        "{out}"
+    );
+    let seen = terminal(
+        &agent,
+        "test \"$MY_TOOL_TOKEN\" = agent-visible && echo present",
+    );
+    assert_eq!(seen["output"], "present\n");
     vibeos_tools::settings::set_config_path(None);
 }

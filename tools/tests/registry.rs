@@ -239,12 +239,81 @@ fn plugins_may_not_replace_builtins_unless_the_policy_allows() {
     reg.set_override_policy(OverridePolicy::default().allow_source("fancy"));
     reg.register(tool("terminal", "fancy").with_source(plugin.clone()))
         .unwrap();
-    // Plugin replacing a plugin, and built-in replacing anything: last wins.
-    reg.register(tool("terminal", "other").with_source(ToolSource::Plugin("other".into())))
+    // A plugin shadowing another plugin's tool of a different toolset needs override; a
+    // built-in taking its name back does too.
+    let other = ToolSource::Plugin("other".into());
+    assert!(matches!(
+        reg.register(tool("terminal", "other").with_source(other.clone())),
+        Err(RegistrationError::ShadowRefused { .. })
+    ));
+    reg.register_with_override(tool("terminal", "other").with_source(other), true)
         .unwrap();
     assert_eq!(reg.get("terminal").unwrap().toolset, "other");
-    reg.register(tool("terminal", "terminal")).unwrap();
+    assert!(reg.register(tool("terminal", "terminal")).is_err());
+    reg.register_with_override(tool("terminal", "terminal"), true)
+        .unwrap();
     assert_eq!(reg.get("terminal").unwrap().source, ToolSource::Builtin);
+}
+
+#[test]
+fn same_toolset_replaces_cross_toolset_needs_override() {
+    let reg = product();
+    let host = ToolSource::Host("python".into());
+    // Same toolset: the last registration wins, from a host too.
+    reg.register(tool("web_search", "web").with_source(host.clone()))
+        .unwrap();
+    assert_eq!(reg.get("web_search").unwrap().source, host);
+    // Another toolset: refused, the registered tool stays, the message says what to do.
+    let err = reg
+        .register(tool("web_search", "research_tools").with_source(host.clone()))
+        .unwrap_err();
+    assert!(matches!(err, RegistrationError::ShadowRefused { .. }));
+    let msg = err.to_string();
+    assert!(msg.contains("`web`") && msg.contains("override"), "{msg}");
+    assert_eq!(reg.get("web_search").unwrap().toolset, "web");
+    // With override it shadows.
+    reg.register_with_override(tool("web_search", "research_tools").with_source(host), true)
+        .unwrap();
+    assert_eq!(reg.get("web_search").unwrap().toolset, "research_tools");
+    // MCP-to-MCP overwrites are allowed across servers' toolsets.
+    reg.register(tool("lookup", "mcp-a").with_source(ToolSource::Mcp("a".into())))
+        .unwrap();
+    reg.register(tool("lookup", "mcp-b").with_source(ToolSource::Mcp("b".into())))
+        .unwrap();
+    assert_eq!(reg.get("lookup").unwrap().toolset, "mcp-b");
+    // Plugin policy unchanged: a plugin cannot replace a built-in even in its toolset.
+    assert!(matches!(
+        reg.register(tool("read_file", "file").with_source(ToolSource::Plugin("p".into()))),
+        Err(RegistrationError::OverrideRefused { .. })
+    ));
+}
+
+#[test]
+fn agent_loop_tools_have_schemas_but_are_refused_at_dispatch() {
+    let reg = ToolRegistry::with_builtins();
+    let preset = reg.resolve_toolset("vibeos-cli").unwrap();
+    let defs = reg.get_tool_definitions(&s(&["vibeos-cli"]), &[]).unwrap();
+    let offered = names(&defs);
+    for name in ["todo", "memory", "session_search", "delegate_task"] {
+        assert!(preset.contains(name));
+        assert!(
+            offered.iter().any(|n| n == name),
+            "{name} not offered: {offered:?}"
+        );
+        let entry = reg.get(name).unwrap();
+        assert!(
+            entry.schema["properties"].is_object(),
+            "{name} has no schema"
+        );
+        let out = call(&reg, name, json!({}));
+        assert!(
+            out["error"]
+                .as_str()
+                .unwrap()
+                .contains("handled by the agent loop"),
+            "{out}"
+        );
+    }
 }
 
 #[test]
@@ -345,6 +414,7 @@ fn execute_code_schema_lists_only_surviving_script_tools() {
         timeout: Duration::from_secs(42),
         max_tool_calls: 7,
         strict_terminal: false,
+        stdout_limit: 20 * 1024,
     };
     let defs = reg
         .get_tool_definitions_with(
@@ -380,6 +450,7 @@ fn execute_code_schema_lists_only_surviving_script_tools() {
         desc.contains("killed after 42s") && desc.contains("at most 7 tool calls"),
         "{desc}"
     );
+    assert!(desc.contains("stdout is capped at 20 KB"), "{desc}");
 
     let project = ExecuteCodeSettings {
         cwd: Some("/srv/proj".into()),
@@ -396,6 +467,7 @@ fn execute_code_schema_lists_only_surviving_script_tools() {
         "{desc}"
     );
     assert!(desc.contains("killed after 300s") && desc.contains("at most 50 tool calls"));
+    assert!(desc.contains("stdout is capped at 50 KB"), "{desc}");
     // The registered entry itself is untouched.
     assert_eq!(
         reg.get("execute_code").unwrap().description,

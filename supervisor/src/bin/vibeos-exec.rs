@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use vibeos_supervisor::backends;
 use vibeos_supervisor::overrides::{Overrides, Spelling};
 use vibeos_supervisor::{
     audit, execute, execute_code_tool, logging, Config, ExecutionRequest, Interrupt,
@@ -53,6 +54,34 @@ enum Command {
     /// Show what this machine supports (landlock, seccomp, namespaces, cgroups, root) and what
     /// each mode enforces here.
     Doctor {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Manage execution backends (containers and hosts scripts run in).
+    Backends {
+        #[command(subcommand)]
+        command: BackendsCommand,
+    },
+    /// Internal: the tool agent a remote backend runs (JSON lines on stdin/stdout).
+    #[command(hide = true)]
+    BackendAgent {
+        /// Run every command without shell-session state.
+        #[arg(long)]
+        no_shell_session: bool,
+        /// Serve on this Unix socket (token first on stdin; stdin is then the lifeline).
+        #[arg(long, value_name = "PATH")]
+        listen: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum BackendsCommand {
+    /// Remove containers labelled vibeos-exec=1 whose owning process is gone (a crashed host).
+    Gc {
+        /// Also remove persistent containers (terminal.container_persistent).
+        #[arg(long)]
+        all: bool,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -147,6 +176,10 @@ struct LimitArgs {
     /// Session working directory (default: $TERMINAL_CWD, else the current directory).
     #[arg(long, value_name = "DIR")]
     cwd: Option<PathBuf>,
+    /// Where scripts, terminal and the file tools run: local, docker, ssh (default:
+    /// terminal.backend, else local).
+    #[arg(long, value_name = "NAME")]
+    backend: Option<String>,
 }
 
 impl LimitArgs {
@@ -274,7 +307,33 @@ fn real_main(cli: Cli) -> Result<u8, UsageError> {
     if let Err(e) = execute_code_tool::register_execute_code(vibeos_tools::registry(), &config) {
         tracing::error!("{e}");
     }
+    let backend_flag = match &cli.command {
+        Command::Run(a) => a.limits.backend.clone(),
+        Command::Serve(a) => a.limits.backend.clone(),
+        _ => None,
+    };
+    let backend = backends::settings(&config, backend_flag.as_deref()).map_err(UsageError)?;
     match cli.command {
+        Command::BackendAgent {
+            no_shell_session,
+            listen,
+        } => {
+            vibeos_tools::environments::session::set_enabled(!no_shell_session);
+            let stdin = std::io::stdin();
+            let served = vibeos_tools::environments::agent::serve(
+                vibeos_tools::registry(),
+                stdin.lock(),
+                std::io::stdout(),
+                listen.as_deref(),
+            );
+            vibeos_tools::environments::session::clear_all();
+            served
+                .map(|()| 0)
+                .map_err(|e| UsageError(format!("backend-agent: {e}")))
+        }
+        Command::Backends {
+            command: BackendsCommand::Gc { all, json },
+        } => backends::gc(&backend, all, json).map_err(UsageError),
         Command::Tools { command } => {
             let extensions = vibeos_supervisor::extensions::load(&config, vibeos_tools::registry());
             let code = tools(command, &config, &extensions);
@@ -283,21 +342,37 @@ fn real_main(cli: Cli) -> Result<u8, UsageError> {
         }
         Command::Run(args) => {
             let extensions = vibeos_supervisor::extensions::load(&config, vibeos_tools::registry());
+            backends::activate(backend, args.limits.cwd.as_deref());
             let code = run(args, &config);
+            backends::shutdown();
             extensions.shutdown();
             code
         }
         Command::Doctor { json } => {
             let report = vibeos_supervisor::confine::doctor::probe();
+            let backends = backends::report(&backend);
             let text = if json {
-                format!("{}\n", report.to_json())
+                let mut v = report.to_json();
+                if let Some(obj) = v.as_object_mut() {
+                    obj.insert("backends".into(), backends::report_json(&backends));
+                }
+                format!("{v}\n")
             } else {
-                report.render_text()
+                format!(
+                    "{}{}",
+                    report.render_text(),
+                    backends::report_text(&backends)
+                )
             };
             let _ = std::io::stdout().lock().write_all(text.as_bytes());
             Ok(0)
         }
-        Command::Serve(args) => serve(args, config),
+        Command::Serve(args) => {
+            backends::activate(backend, args.limits.cwd.as_deref());
+            let code = serve(args, config);
+            backends::shutdown();
+            code
+        }
         Command::Env {
             command: EnvCommand::Audit { json },
         } => {
@@ -428,7 +503,9 @@ fn server_status(
     let server = match source {
         vibeos_tools::ToolSource::Mcp(name) => name.as_str(),
         vibeos_tools::ToolSource::Plugin(_) => vibeos_supervisor::extensions::PLUGIN_HOST,
-        vibeos_tools::ToolSource::Builtin => return serde_json::Value::Null,
+        vibeos_tools::ToolSource::Builtin | vibeos_tools::ToolSource::Host(_) => {
+            return serde_json::Value::Null
+        }
     };
     extensions
         .servers()

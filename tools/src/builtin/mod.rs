@@ -1,6 +1,7 @@
 //! Built-in tools, one file each. Each file registers its tool with `inventory::submit!`;
 //! adding a tool touches no list here beyond its `mod` line.
 
+mod agent_loop;
 pub mod args;
 mod patch;
 mod process;

@@ -48,6 +48,7 @@ fn entry() -> ToolEntry {
         patch,
     )
     .with_emoji("🩹")
+    .with_path_scoped("path")
 }
 
 inventory::submit! { BuiltinTool(entry) }
@@ -64,6 +65,15 @@ fn limited<'a>(args: &'a Map<String, Value>, name: &str) -> Result<&'a str, Tool
 }
 
 fn patch(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolError> {
+    // With a remote backend the tool acts on that side's filesystem (SPEC §9).
+    if let Some(remote) = crate::environments::agent::forward(
+        "patch",
+        args,
+        ctx,
+        crate::environments::agent::FILE_TOOL_TIMEOUT,
+    ) {
+        return remote;
+    }
     match optional_str(args, "mode")?.unwrap_or("replace") {
         "replace" => replace_mode(args, ctx),
         "patch" => patch_mode(limited(args, "patch")?, ctx),

@@ -39,7 +39,7 @@ fn status(p: &local::BackgroundProcess) -> Value {
     }
 }
 
-fn process(args: &Map<String, Value>, _ctx: &ToolContext) -> Result<Value, ToolError> {
+fn process(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolError> {
     let action = required_str(args, "action")?;
     if action == "list" {
         let procs: Vec<Value> = local::list_processes()
@@ -66,9 +66,12 @@ fn process(args: &Map<String, Value>, _ctx: &ToolContext) -> Result<Value, ToolE
     let p = local::get_process(id).map_err(|e| ToolError::new("UnknownProcess", e.to_string()))?;
     let poll_json = |from_start: bool| {
         let r = p.poll(from_start);
+        // Background output reaches the model like foreground output: redacted.
+        let (output, redactions) = crate::redact::redact_command_output(r.output, ctx);
         let mut v = json!({
             "process_id": p.id,
-            "output": r.output,
+            "output": output,
+            "redactions": redactions,
             "lost_bytes": r.lost_bytes,
             "total_bytes": r.total_bytes,
         });

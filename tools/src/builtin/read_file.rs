@@ -36,6 +36,15 @@ fn entry() -> ToolEntry {
 inventory::submit! { BuiltinTool(entry) }
 
 fn read_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolError> {
+    // With a remote backend the tool acts on that side's filesystem (SPEC §9).
+    if let Some(remote) = crate::environments::agent::forward(
+        "read_file",
+        args,
+        ctx,
+        crate::environments::agent::FILE_TOOL_TIMEOUT,
+    ) {
+        return remote;
+    }
     let raw = checked_path(args, "path")?;
     let offset = int_in_range(args, "offset", 1, 1, i64::MAX)? as u64;
     let limit = int_in_range(args, "limit", 500, 1, MAX_LIMIT)? as u64;

@@ -59,6 +59,7 @@ fn entry() -> ToolEntry {
         search_files,
     )
     .with_emoji("🔎")
+    .with_parallel_safe(true)
 }
 
 inventory::submit! { BuiltinTool(entry) }
@@ -268,6 +269,15 @@ fn searcher(context: usize) -> Searcher {
 }
 
 fn search_files(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolError> {
+    // With a remote backend the tool acts on that side's filesystem (SPEC §9).
+    if let Some(remote) = crate::environments::agent::forward(
+        "search_files",
+        args,
+        ctx,
+        crate::environments::agent::FILE_TOOL_TIMEOUT,
+    ) {
+        return remote;
+    }
     let pattern = required_str(args, "pattern")?;
     if pattern.is_empty() {
         return Err(ToolError::invalid_args("argument `pattern` is empty"));

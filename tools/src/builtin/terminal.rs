@@ -114,7 +114,11 @@ fn terminal(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolE
              the foreground",
         ));
     }
-    let cwd = match optional_str(args, "workdir")? {
+    let workdir_arg = optional_str(args, "workdir")?;
+    if let Some(env) = crate::environments::remote_for(ctx)? {
+        return remote_terminal(env, command, args, ctx, timeout, background || pty);
+    }
+    let cwd = match workdir_arg {
         Some(w) if w.contains('\0') => {
             return Err(ToolError::invalid_args(
                 "argument `workdir` contains a NUL byte",
@@ -136,8 +140,9 @@ fn terminal(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolE
         return Err(ToolError::new("CommandDenied", message));
     }
     let env = command_env(ctx);
+    let wrapped = crate::environments::session::wrap(command, ctx, workdir_arg.is_some());
     let spec = SpawnSpec {
-        command,
+        command: &wrapped,
         cwd: &cwd,
         env: &env,
         pty,
@@ -159,7 +164,7 @@ fn terminal(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolE
     }
     let out = local::run_foreground(&spec, Duration::from_secs(timeout as u64), OUTPUT_CAP)
         .map_err(|e| ToolError::new("SpawnError", e.to_string()))?;
-    let mut output = out.output;
+    let (mut output, redactions) = crate::redact::redact_command_output(out.output, ctx);
     let error = if out.timed_out {
         let note =
             format!("Command timed out after {timeout}s and was killed (with its process group).");
@@ -181,7 +186,46 @@ fn terminal(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolE
         "timed_out": out.timed_out,
         "truncated": out.truncated,
         "output_bytes": out.output_bytes,
+        "redactions": redactions,
         "duration_seconds": (out.duration.as_secs_f64() * 1000.0).round() / 1000.0,
         "cwd": cwd.display().to_string(),
     }))
+}
+
+/// `terminal` with a remote backend: approval here (skipped for an isolated container when
+/// `approvals.skip_in_isolated_backends` allows), execution by the environment's tool agent.
+fn remote_terminal(
+    env: crate::environments::EnvHandle,
+    command: &str,
+    args: &Map<String, Value>,
+    ctx: &ToolContext,
+    timeout: i64,
+    background_or_pty: bool,
+) -> Result<Value, ToolError> {
+    if background_or_pty {
+        return Err(ToolError::invalid_args(format!(
+            "background and pty are not available with the {} backend yet; run the command in \
+             the foreground",
+            env.backend()
+        )));
+    }
+    let skip = env.isolated()
+        && crate::environments::active().is_some_and(|a| a.settings().skip_approvals_isolated);
+    if !skip {
+        if let Decision::Deny { message } = check_command(command, ctx) {
+            return Err(ToolError::new("CommandDenied", message));
+        }
+    }
+    match crate::environments::agent::forward(
+        "terminal",
+        args,
+        ctx,
+        Duration::from_secs(timeout as u64 + 30),
+    ) {
+        Some(result) => result,
+        None => Err(ToolError::new(
+            "BackendError",
+            format!("the {} backend has no tool agent", env.backend()),
+        )),
+    }
 }

@@ -134,7 +134,8 @@ fn search_entry() -> ToolEntry {
         }),
         web_search,
     )
-    .with_emoji("🔍");
+    .with_emoji("🔍")
+    .with_parallel_safe(true);
     e.check_fn = Some(CheckFnHolder(Arc::new(|| {
         web_config().searxng_url.is_some()
     })));
@@ -157,7 +158,8 @@ fn extract_entry() -> ToolEntry {
         }),
         web_extract,
     )
-    .with_emoji("📄");
+    .with_emoji("📄")
+    .with_parallel_safe(true);
     e.check_fn = Some(CheckFnHolder(Arc::new(|| web_config().extract_http)));
     e.requires_env = vec!["VIBEOS_WEB_EXTRACT_BACKEND".into()];
     e

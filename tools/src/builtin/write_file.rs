@@ -22,12 +22,22 @@ fn entry() -> ToolEntry {
         write_file,
     )
     .with_emoji("✍️")
+    .with_path_scoped("path")
     .bounded()
 }
 
 inventory::submit! { BuiltinTool(entry) }
 
 fn write_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolError> {
+    // With a remote backend the tool acts on that side's filesystem (SPEC §9).
+    if let Some(remote) = crate::environments::agent::forward(
+        "write_file",
+        args,
+        ctx,
+        crate::environments::agent::FILE_TOOL_TIMEOUT,
+    ) {
+        return remote;
+    }
     let raw = checked_path(args, "path")?;
     let content = required_str(args, "content")?;
     if let Some(policy) = &ctx.paths {

@@ -1,0 +1,180 @@
+"""Dangerous-command approval from Python hosts: sync and async callbacks, the timeout, the
+smart approver, and the hardline tier that nothing approves."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+import vibeos_exec
+from vibeos_exec import registry
+
+
+@pytest.fixture(autouse=True)
+def _no_callbacks():
+    yield
+    vibeos_exec.set_approval_callback(None)
+    vibeos_exec.set_smart_approver(None)
+
+
+def terminal(command: str, cwd: Path, task_id: str = "approval-test") -> dict:
+    return json.loads(registry.handle_function_call(
+        "terminal", {"command": command}, task_id=task_id, cwd=str(cwd)))
+
+
+def doomed(tmp_path: Path, name: str = "doomed") -> Path:
+    d = tmp_path / name
+    d.mkdir()
+    (d / "f").write_text("x")
+    return d
+
+
+def test_async_callback_answers_from_another_task(tmp_path):
+    target = doomed(tmp_path)
+    asked: list = []
+
+    async def main():
+        questions: asyncio.Queue = asyncio.Queue()
+        answers: asyncio.Queue = asyncio.Queue()
+
+        async def approve(task_id, command, descriptions):
+            await questions.put((task_id, command, descriptions))
+            return await answers.get()
+
+        async def ui():
+            # Another task of the host's loop: sees the question, answers it.
+            while True:
+                q = await questions.get()
+                asked.append(q)
+                await answers.put("session")
+
+        vibeos_exec.set_approval_callback(approve)
+        ui_task = asyncio.create_task(ui())
+        try:
+            return await vibeos_exec.aexecute_code(
+                "from vibeos_tools import terminal\n"
+                "r = terminal('rm -rf doomed')\n"
+                "print(r.get('exit_code'), r.get('error'))\n",
+                cwd=str(tmp_path), task_id="async-approval")
+        finally:
+            ui_task.cancel()
+
+    r = asyncio.run(main())
+    assert r["status"] == "success", r
+    assert r["output"].startswith("0 None"), r
+    assert not target.exists()
+    # Interactive approvals: the whole script was asked about first; "session" then covered
+    # the terminal command of the same task.
+    assert len(asked) == 1, asked
+    task_id, command, descriptions = asked[0]
+    assert task_id == "async-approval"
+    assert "from vibeos_tools import terminal" in command
+    assert any("recursive delete" in d for d in descriptions), descriptions
+
+
+def test_sync_callback_deny_once_and_bad_answers(tmp_path):
+    target = doomed(tmp_path)
+    answers = iter(["deny", "maybe", "once"])
+    seen = []
+
+    def approve(task_id, command, descriptions):
+        seen.append(command)
+        return next(answers)
+
+    vibeos_exec.set_approval_callback(approve)
+    r = terminal("rm -rf doomed", tmp_path)
+    assert "denied by the user" in r["error"], r
+    r = terminal("rm -rf doomed", tmp_path)  # an unknown answer is a denial
+    assert "denied by the user" in r["error"], r
+    assert target.exists()
+    r = terminal("rm -rf doomed", tmp_path)
+    assert r["exit_code"] == 0, r
+    assert not target.exists()
+    assert seen == ["rm -rf doomed"] * 3
+    with pytest.raises(TypeError):
+        vibeos_exec.set_approval_callback(42)
+
+
+def test_an_unanswered_request_times_out_to_deny(home, tmp_path):
+    (home / "config.yaml").write_text("approvals:\n  timeout: 0.5\n")
+    target = doomed(tmp_path)
+
+    async def never(task_id, command, descriptions):
+        await asyncio.sleep(30)
+        return "once"
+
+    vibeos_exec.set_approval_callback(never)
+    started = time.monotonic()
+    r = terminal("rm -rf doomed", tmp_path)
+    assert "approvals.timeout" in r["error"], r
+    assert time.monotonic() - started < 10
+    assert target.exists()
+
+
+def test_hardline_refuses_even_with_mode_off(home, tmp_path):
+    (home / "config.yaml").write_text(
+        "approvals:\n  mode: off\ncommand_allowlist:\n  - root_delete\n  - recursive_delete\n")
+    calls = []
+    vibeos_exec.set_approval_callback(lambda *a: calls.append(a) or "always")
+    # `--help` makes rm print its usage and exit, should this ever run at all.
+    r = terminal("rm -rf / --help", tmp_path)
+    assert "hardline" in r["error"], r
+    assert "Usage" not in json.dumps(r)
+    assert calls == []
+    # mode off approves what is merely dangerous, without asking.
+    target = doomed(tmp_path)
+    assert terminal("rm -rf doomed", tmp_path)["exit_code"] == 0
+    assert not target.exists() and calls == []
+
+
+def test_smart_approver_approves_denies_and_escalates(home, tmp_path):
+    (home / "config.yaml").write_text("approvals:\n  mode: smart\n")
+    scratch, keep, other = (doomed(tmp_path, n) for n in ("scratch", "keep", "other"))
+
+    async def smart(task_id, command, descriptions):
+        if "scratch" in command:
+            return "approve"
+        return "deny" if "keep" in command else "escalate"
+
+    vibeos_exec.set_smart_approver(smart)
+    assert terminal("rm -rf scratch", tmp_path)["exit_code"] == 0
+    assert "smart approver" in terminal("rm -rf keep", tmp_path)["error"]
+    # Escalated with nobody to ask: the non-interactive denial.
+    assert "non-interactive" in terminal("rm -rf other", tmp_path)["error"]
+    assert not scratch.exists() and keep.exists() and other.exists()
+
+
+def test_rust_log_records_reach_python_logging(home, tmp_path, caplog):
+    import logging
+
+    (home / "config.yaml").write_text("approvals:\n  mode: sometimes\n")
+    with caplog.at_level(logging.WARNING, logger="vibeos_exec"):
+        terminal("rm -rf not-there", tmp_path)
+    records = [r for r in caplog.records if "approvals.mode" in r.getMessage()]
+    assert records, [r.getMessage() for r in caplog.records]
+    assert records[0].name.startswith("vibeos_exec.vibeos_tools")
+    assert records[0].levelno == logging.WARNING
+
+
+def test_whole_script_guard_asks_only_where_approvals_are_interactive(tmp_path):
+    target = doomed(tmp_path)
+    script = "import subprocess\nsubprocess.run('rm -rf doomed', shell=True)\nprint('ran')\n"
+    # Headless (no callback, no TTY): today's policy, the script runs.
+    r = vibeos_exec.execute_code(script, cwd=str(tmp_path), task_id="guard-1")
+    assert r["output"].strip() == "ran" and not target.exists(), r
+    # A host is there to ask: the script is asked about before it runs; "deny" stops it.
+    target = doomed(tmp_path)
+    seen = []
+    vibeos_exec.set_approval_callback(lambda t, c, d: seen.append((t, c, d)) or "deny")
+    r = vibeos_exec.execute_code(script, cwd=str(tmp_path), task_id="guard-2")
+    assert r["status"] == "error" and "was not run" in r["error"], r
+    assert target.exists()
+    assert seen and seen[0][0] == "guard-2" and "subprocess.run" in seen[0][1]
+    # A script without dangerous patterns is not asked about.
+    seen.clear()
+    r = vibeos_exec.execute_code("print(1 + 1)", cwd=str(tmp_path), task_id="guard-3")
+    assert r["output"].strip() == "2" and seen == [], r

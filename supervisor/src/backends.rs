@@ -1,0 +1,153 @@
+//! The host's side of the backend choice: reading it from config and `--backend`, activating
+//! it for a run or a server, stopping its environments at exit, `backends gc` and doctor's
+//! backend report. The backends themselves live in `vibeos_tools::environments`.
+
+use crate::config::Config;
+use serde_json::{json, Value};
+use std::path::Path;
+use vibeos_tools::environments::{self, BackendKind, BackendSettings};
+
+/// The backend settings of `config`, `--backend` applied. The error names the backend or key.
+pub fn settings(config: &Config, flag: Option<&str>) -> Result<BackendSettings, String> {
+    BackendSettings::from_document(&config.document, flag).map_err(|e| e.to_string())
+}
+
+/// Makes `settings` the process's backend; `cwd` is the session dir (`--cwd`) a container may
+/// mount at /workspace.
+pub fn activate(mut settings: BackendSettings, cwd: Option<&Path>) {
+    environments::session::set_enabled(settings.shell_session);
+    settings.host_cwd = match cwd {
+        Some(c) => Some(c.to_path_buf()),
+        None => crate::execute::session_cwd(None).ok(),
+    };
+    let kind = settings.backend;
+    environments::activate(settings);
+    if kind != BackendKind::Local {
+        tracing::info!("backends: using the {} backend", kind.as_str());
+    }
+}
+
+/// Stops every environment and forgets shell sessions (host exit).
+pub fn shutdown() {
+    environments::shutdown();
+    environments::session::clear_all();
+}
+
+/// `vibeos-exec backends gc`: removes the containers a crashed host left. Returns the exit code.
+pub fn gc(settings: &BackendSettings, all: bool, json_out: bool) -> Result<u8, String> {
+    let report =
+        environments::docker::gc(&settings.docker_binary, all).map_err(|e| e.to_string())?;
+    if json_out {
+        println!(
+            "{}",
+            json!({"engine": settings.docker_binary, "removed": report.removed, "kept": report.kept})
+        );
+    } else {
+        for name in &report.removed {
+            println!("removed {name}");
+        }
+        for name in &report.kept {
+            println!("kept    {name} (its host is running, or persistent; --all removes persistent ones)");
+        }
+        if report.removed.is_empty() && report.kept.is_empty() {
+            println!(
+                "no vibeos-exec containers found ({})",
+                settings.docker_binary
+            );
+        }
+    }
+    Ok(0)
+}
+
+/// One line of doctor's backend report.
+#[derive(Debug, Clone)]
+pub struct BackendStatus {
+    /// Backend name.
+    pub name: &'static str,
+    /// Whether config selects it.
+    pub selected: bool,
+    /// Whether its required keys are set.
+    pub configured: bool,
+    /// Reachable (with a detail) or why not.
+    pub reachable: Result<String, String>,
+}
+
+/// Probes every backend: local always works; docker asks its engine; ssh opens (and closes) a
+/// master connection when a host is configured.
+pub fn report(settings: &BackendSettings) -> Vec<BackendStatus> {
+    let docker_configured = settings.docker_image.is_some();
+    let docker = environments::docker::probe(&settings.docker_binary)
+        .map(|v| format!("{} engine {v}", settings.docker_binary))
+        .map_err(|e| e.to_string());
+    let ssh = match &settings.ssh_host {
+        None => Err("terminal.ssh_host is not set".to_string()),
+        Some(host) => {
+            let mut s = settings.clone();
+            s.backend = BackendKind::Ssh;
+            match environments::ssh::SshEnv::start(&s, "doctor") {
+                Ok(_env) => Ok(format!("connected to {host}")),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    };
+    vec![
+        BackendStatus {
+            name: "local",
+            selected: settings.backend == BackendKind::Local,
+            configured: true,
+            reachable: Ok("this machine".into()),
+        },
+        BackendStatus {
+            name: "docker",
+            selected: settings.backend == BackendKind::Docker,
+            configured: docker_configured,
+            reachable: docker,
+        },
+        BackendStatus {
+            name: "ssh",
+            selected: settings.backend == BackendKind::Ssh,
+            configured: settings.ssh_host.is_some(),
+            reachable: ssh,
+        },
+    ]
+}
+
+/// The report as text.
+pub fn report_text(lines: &[BackendStatus]) -> String {
+    let mut s = String::from("\nbackends:\n");
+    for b in lines {
+        s.push_str(&format!(
+            "  {:<7} {}{}, {}\n",
+            b.name,
+            if b.selected { "selected, " } else { "" },
+            if b.configured {
+                "configured"
+            } else {
+                "not configured"
+            },
+            match &b.reachable {
+                Ok(d) => format!("reachable ({d})"),
+                Err(e) => format!("not reachable: {e}"),
+            }
+        ));
+    }
+    s
+}
+
+/// The report as JSON.
+pub fn report_json(lines: &[BackendStatus]) -> Value {
+    Value::Array(
+        lines
+            .iter()
+            .map(|b| {
+                json!({
+                    "name": b.name,
+                    "selected": b.selected,
+                    "configured": b.configured,
+                    "reachable": b.reachable.is_ok(),
+                    "detail": match &b.reachable { Ok(d) | Err(d) => d },
+                })
+            })
+            .collect(),
+    )
+}

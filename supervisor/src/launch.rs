@@ -1,0 +1,451 @@
+//! Launching an interpreter for one execution, split out of `execute.rs` so that every launch
+//! has one shape: a [`LaunchSpec`] (what decides how the interpreter starts), a [`Staging`] dir
+//! with the stub and the script, and a [`Launched`] child that [`crate::execute`] supervises.
+//! A cold launch is [`launch`] with [`Program::Script`]; the warm pool ([`crate::pool`]) starts
+//! the same thing early with [`Program::Warm`]; a remote launch ([`crate::remote`]) stages the
+//! same files through a backend instead and is supervised by the same limits.
+
+use crate::config::Mode;
+use crate::confine::StrictOptions;
+use crate::env_policy::{EnvPolicy, Rule};
+use crate::execute::{session_cwd, ExecutionRequest, StartError};
+use crate::interpreter::{Interpreter, Resolution};
+use crate::reaper::{become_reaper, lifeline, Lifeline};
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Longest path a Unix socket address can hold (sun_path minus its NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
+/// What decides how an interpreter is started for a call. Calls whose specs have equal
+/// [`LaunchSpec::key`]s can use each other's pre-started interpreters; the environment may differ
+/// and is reconciled per call ([`crate::pool`]).
+#[derive(Debug, Clone)]
+pub(crate) struct LaunchSpec {
+    pub(crate) mode: Mode,
+    pub(crate) interpreter: Interpreter,
+    pub(crate) session_cwd: PathBuf,
+    pub(crate) strict: StrictOptions,
+    pub(crate) kill_grace: Duration,
+    pub(crate) base_env: Vec<(OsString, OsString)>,
+    pub(crate) passthrough: BTreeSet<String>,
+}
+
+/// The part of a [`LaunchSpec`] a pre-started interpreter cannot change after the fact.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LaunchKey {
+    mode: Mode,
+    interpreter: PathBuf,
+    /// The child's cwd and `PYTHONPATH` entry in project mode; strict runs in its staging dir.
+    session_cwd: Option<PathBuf>,
+    strict: Option<StrictOptions>,
+    kill_grace: Duration,
+}
+
+impl LaunchSpec {
+    fn new(request: &ExecutionRequest, interpreter: Interpreter, session_cwd: PathBuf) -> Self {
+        LaunchSpec {
+            mode: request.mode,
+            interpreter,
+            session_cwd,
+            strict: request.strict.clone(),
+            kill_grace: request.kill_grace,
+            base_env: match &request.base_env {
+                Some(env) => env.clone(),
+                None => std::env::vars_os().collect(),
+            },
+            passthrough: request.env_passthrough.iter().cloned().collect(),
+        }
+    }
+
+    /// The spec of `request` as it would run now (its cwd and interpreter resolved).
+    pub(crate) fn for_request(request: &ExecutionRequest) -> Result<Self, StartError> {
+        let session_cwd = session_cwd(request.cwd.as_deref())?;
+        let interpreter = Resolution::from_env(request.python.clone()).resolve(request.mode)?;
+        Ok(LaunchSpec::new(request, interpreter, session_cwd))
+    }
+
+    pub(crate) fn key(&self) -> LaunchKey {
+        let strict = self.mode == Mode::Strict;
+        LaunchKey {
+            mode: self.mode,
+            interpreter: self.interpreter.path.clone(),
+            session_cwd: (!strict).then(|| self.session_cwd.clone()),
+            strict: strict.then(|| self.strict.clone()),
+            kill_grace: self.kill_grace,
+        }
+    }
+
+    /// The disk budget of a strict execution's staging dir.
+    pub(crate) fn disk_budget(&self) -> Option<u64> {
+        (self.mode == Mode::Strict).then_some(self.strict.disk_bytes)
+    }
+
+    pub(crate) fn child_cwd(&self, staging: &Path) -> PathBuf {
+        match self.mode {
+            Mode::Project => self.session_cwd.clone(),
+            Mode::Strict => staging.to_path_buf(),
+        }
+    }
+
+    /// The child's environment: scrubbed base, then the injected names (SPEC §4). Without the
+    /// RPC channel's variables, which are what tools the script starts (terminal) get.
+    /// `log` says whether this is the execution's own computation (dropped `VIBEOS_*` names are
+    /// logged once per execution), not one made ahead of time for the pool.
+    pub(crate) fn child_env(
+        &self,
+        staging: &Path,
+        log: bool,
+    ) -> Result<Vec<(OsString, OsString)>, StartError> {
+        let policy = EnvPolicy::builtin()?;
+        let base = &self.base_env;
+        let lookup = |name: &str| base.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+        let scrubbed = policy.scrub_quiet(base.clone(), &self.passthrough);
+        if log {
+            policy.log_dropped(&scrubbed);
+        }
+        let injected_names: BTreeSet<&str> = policy.injected.iter().map(String::as_str).collect();
+        let mut env: Vec<(OsString, OsString)> = scrubbed
+            .kept
+            .into_iter()
+            .filter(|(k, _)| !k.to_str().is_some_and(|k| injected_names.contains(k)))
+            .collect();
+        let home = match self.mode {
+            Mode::Project => lookup("HOME").unwrap_or_else(|| staging.as_os_str().to_owned()),
+            Mode::Strict => staging.as_os_str().to_owned(),
+        };
+        env.push(("HOME".into(), home));
+        if let Some(tz) = lookup("TZ") {
+            env.push(("TZ".into(), tz));
+        }
+        env.push(("PYTHONDONTWRITEBYTECODE".into(), "1".into()));
+        env.push(("PYTHONIOENCODING".into(), "utf-8".into()));
+        env.push(("PYTHONUTF8".into(), "1".into()));
+        // The staging dir first so `import vibeos_tools` works from any cwd; in project mode the
+        // session dir next, so project imports work as they do for `python -c` in terminal().
+        let mut pythonpath = staging.as_os_str().to_owned();
+        if self.mode == Mode::Project {
+            pythonpath.push(":");
+            pythonpath.push(self.session_cwd.as_os_str());
+        }
+        let keeps_pythonpath = policy.decide("PYTHONPATH", &self.passthrough) == Rule::SafeSystem
+            || self.passthrough.contains("PYTHONPATH");
+        if let Some(old) = lookup("PYTHONPATH").filter(|v| !v.is_empty() && keeps_pythonpath) {
+            pythonpath.push(":");
+            pythonpath.push(old);
+        }
+        env.push(("PYTHONPATH".into(), pythonpath));
+        Ok(env)
+    }
+}
+
+/// `env` with `channel` laid over it (a name in both takes the channel's value).
+pub(crate) fn with_channel(
+    mut env: Vec<(OsString, OsString)>,
+    channel: &[(OsString, OsString)],
+) -> Vec<(OsString, OsString)> {
+    env.retain(|(k, _)| !channel.iter().any(|(c, _)| c == k));
+    env.extend(channel.iter().cloned());
+    env
+}
+
+/// A fresh staging dir with its private `rpc/` dir; removed when dropped.
+/// Created 0700 under a 0711 parent, files written with O_EXCL|O_NOFOLLOW: see
+/// [`crate::confine::staging`]. Fields drop in order: tmpfs unmounted, dir removed, parent
+/// removed when empty.
+#[derive(Debug)]
+pub(crate) struct Staging {
+    _budget: Option<crate::confine::staging::DiskBudget>,
+    dir: tempfile::TempDir,
+    _parent: crate::confine::staging::ParentCleanup,
+    /// Strict mode as root: the script's uid, leased until the execution is over.
+    lease: Option<Arc<crate::confine::uids::UidLease>>,
+    script: PathBuf,
+    socket: PathBuf,
+    rpc_dir: PathBuf,
+}
+
+impl Staging {
+    /// A fresh staging dir; `disk` (strict mode) caps its size with a tmpfs when root.
+    pub(crate) fn create(disk: Option<u64>) -> Result<Staging, StartError> {
+        let dir = crate::confine::staging::create_dir().map_err(StartError::Staging)?;
+        let parent = crate::confine::staging::ParentCleanup(
+            dir.path()
+                .parent()
+                .map(Path::to_path_buf)
+                .unwrap_or_default(),
+        );
+        let budget = match disk {
+            Some(bytes) => crate::confine::staging::DiskBudget::mount(dir.path(), bytes)
+                .map_err(StartError::Staging)?,
+            None => None,
+        };
+        let script = dir.path().join("script.py");
+        let rpc_dir = dir.path().join("rpc");
+        std::fs::create_dir(&rpc_dir).map_err(StartError::Staging)?;
+        std::fs::set_permissions(&rpc_dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(StartError::Staging)?;
+        let socket = rpc_dir.join("rpc.sock");
+        if socket.as_os_str().len() > MAX_SOCKET_PATH {
+            return Err(StartError::SocketPathTooLong(socket));
+        }
+        Ok(Staging {
+            _budget: budget,
+            dir,
+            _parent: parent,
+            lease: None,
+            script,
+            socket,
+            rpc_dir,
+        })
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Writes the stub and the script; `owner` is the strict uid/gid the dir was handed to.
+    pub(crate) fn write_files(
+        &self,
+        stub: &str,
+        code: &str,
+        owner: Option<(u32, u32)>,
+    ) -> Result<(), StartError> {
+        for (name, text) in [("vibeos_tools.py", stub), ("script.py", code)] {
+            crate::confine::staging::write_new(self.dir.path(), name, text, owner)
+                .map_err(StartError::Staging)?;
+        }
+        Ok(())
+    }
+}
+
+/// The supervisor's end of the RPC channel.
+#[derive(Debug)]
+pub(crate) enum RpcEnd {
+    /// Project mode: a listener on the staging dir's socket.
+    Listener(std::os::unix::net::UnixListener),
+    /// Strict mode: our end of the socketpair whose other end the script inherits.
+    Stream(std::os::unix::net::UnixStream),
+}
+
+/// What the interpreter runs.
+pub(crate) enum Program {
+    /// `python -u script.py`.
+    Script,
+    /// The pool's bootstrap: imports done, then it waits for a line on `control` (see
+    /// [`crate::pool`]); it writes one byte to `ready` when its imports are done.
+    Warm {
+        /// The child's end of the control channel (a socketpair it only reads).
+        control: OwnedFd,
+        /// Write end of the readiness pipe (the child's).
+        ready: OwnedFd,
+    },
+}
+
+/// A started interpreter under its reaper, with everything the supervision needs.
+#[derive(Debug)]
+pub(crate) struct Launched {
+    /// The reaper (the interpreter's parent).
+    pub(crate) child: std::process::Child,
+    /// A pidfd of the reaper, so signals never reach a recycled pid.
+    pub(crate) pidfd: Option<OwnedFd>,
+    pub(crate) lifeline: Lifeline,
+    pub(crate) staging: Staging,
+    pub(crate) rpc: RpcEnd,
+    pub(crate) token: String,
+    /// The environment the interpreter was started with.
+    pub(crate) env: Vec<(OsString, OsString)>,
+    /// The channel's variables within `env` (socket or fd, token, strict TMPDIR).
+    pub(crate) channel_vars: Vec<(OsString, OsString)>,
+    /// `env` without the channel: what tools the script starts (terminal) get.
+    pub(crate) tool_env: Vec<(OsString, OsString)>,
+    /// uid/gid the staging dir belongs to (strict mode as root).
+    pub(crate) owner: Option<(u32, u32)>,
+    /// Held until the execution is over (a pooled interpreter's refill waits for it).
+    pub(crate) on_done: Option<crate::pool::RefillWhenDone>,
+}
+
+impl Launched {
+    /// Throws a started interpreter away: the lifeline's EOF makes its reaper stop the tree, and
+    /// the staging dir is removed. With `reap`, a thread collects the reaper's exit status so no
+    /// zombie is left in a long-lived host.
+    pub(crate) fn discard(self, reap: bool) {
+        let Launched {
+            mut child,
+            lifeline,
+            staging,
+            ..
+        } = self;
+        drop(lifeline);
+        drop(staging);
+        if reap {
+            let spawned = std::thread::Builder::new()
+                .name("vibeos-pool-reap".into())
+                .spawn(move || {
+                    let _ = child.wait();
+                });
+            if let Err(e) = spawned {
+                tracing::debug!(
+                    "execute_code: cannot start a thread to reap a pooled interpreter: {e}"
+                );
+            }
+        }
+    }
+
+    /// Whether the interpreter's reaper already exited (the pooled interpreter died idle).
+    pub(crate) fn has_exited(&mut self) -> bool {
+        !matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+/// Starts the interpreter for `spec` in `staging`: channel, environment, confinement, reaper.
+pub(crate) fn launch(
+    spec: &LaunchSpec,
+    mut staging: Staging,
+    program: Program,
+) -> Result<Launched, StartError> {
+    let env = spec.child_env(staging.path(), matches!(program, Program::Script))?;
+    let tool_env = env.clone();
+    let token = new_token();
+    let strict = spec.mode == Mode::Strict;
+    let mut channel_vars: Vec<(OsString, OsString)> = Vec::new();
+    // Strict mode: the script gets one end of a socketpair (landlock cannot stop a confined
+    // process from dialling a pathname socket, so there must be no path to dial at all).
+    let (rpc, theirs) = if strict {
+        let (ours, theirs) =
+            std::os::unix::net::UnixStream::pair().map_err(StartError::Listener)?;
+        channel_vars.push((
+            "VIBEOS_RPC_FD".into(),
+            theirs.as_raw_fd().to_string().into(),
+        ));
+        channel_vars.push(("VIBEOS_RPC_STRICT".into(), "1".into()));
+        channel_vars.push(("TMPDIR".into(), staging.path().as_os_str().to_owned()));
+        (RpcEnd::Stream(ours), Some(OwnedFd::from(theirs)))
+    } else {
+        channel_vars.push((
+            "VIBEOS_RPC_DIR".into(),
+            staging.rpc_dir.clone().into_os_string(),
+        ));
+        channel_vars.push((
+            "VIBEOS_RPC_SOCKET".into(),
+            staging.socket.clone().into_os_string(),
+        ));
+        let listener = std::os::unix::net::UnixListener::bind(&staging.socket)
+            .map_err(StartError::Listener)?;
+        (RpcEnd::Listener(listener), None)
+    };
+    channel_vars.push(("VIBEOS_RPC_TOKEN".into(), token.clone().into()));
+    let env = with_channel(env, &channel_vars);
+
+    let mut confinement = None;
+    let mut owner = None;
+    if let Some(theirs) = theirs {
+        let (prepared, summary) = crate::confine::prepare(crate::confine::Plan {
+            options: &spec.strict,
+            interpreter: &spec.interpreter.path,
+            staging: staging.path(),
+            rpc: theirs,
+        })?;
+        tracing::debug!(
+            uid = summary.uid,
+            covered = ?summary.covered,
+            read_execute = ?summary.read_execute,
+            "execute_code: strict confinement prepared"
+        );
+        owner = prepared.credentials.map(|c| (c.uid, c.gid));
+        staging.lease = summary.lease;
+        confinement = Some(prepared);
+    }
+
+    let (lifeline, setup, read_end) = lifeline(spec.kill_grace).map_err(|e| StartError::Spawn {
+        interpreter: spec.interpreter.path.clone(),
+        source: e,
+    })?;
+    let child_cwd = spec.child_cwd(staging.path());
+    let mut command = std::process::Command::new(&spec.interpreter.path);
+    command.arg("-u");
+    let inherit: [libc::c_int; 2] = match &program {
+        Program::Script => {
+            command.arg(&staging.script);
+            [-1, -1]
+        }
+        Program::Warm { control, ready } => {
+            command
+                .arg("-c")
+                .arg(crate::pool::BOOTSTRAP)
+                .arg(&staging.script)
+                .arg(control.as_raw_fd().to_string())
+                .arg(ready.as_raw_fd().to_string());
+            [control.as_raw_fd(), ready.as_raw_fd()]
+        }
+    };
+    command
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&child_cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: `become_reaper` (and the confinement it applies) is written for the pre_exec
+    // window: it only makes async-signal-safe system calls on values prepared before the fork,
+    // and never returns in the reaper branch. Clearing close-on-exec with fcntl is such a call
+    // too (and allowed by the strict filter); it runs only in the interpreter process, on
+    // descriptors the parent keeps open until the spawn returns.
+    unsafe {
+        command.pre_exec(move || {
+            become_reaper(setup, confinement.as_ref())?;
+            for fd in inherit {
+                if fd >= 0 && libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let spawned = command.spawn();
+    // The command owns the confinement, with the script's end of the socketpair: drop it so
+    // only the script holds that end and the channel reaches EOF when the script is gone. The
+    // same goes for the child's ends of the pool's pipes.
+    drop(command);
+    drop(read_end);
+    drop(program);
+    let child = spawned.map_err(|source| StartError::Spawn {
+        interpreter: spec.interpreter.path.clone(),
+        source,
+    })?;
+    Ok(Launched {
+        pidfd: pidfd_open(child.id()),
+        child,
+        lifeline,
+        staging,
+        rpc,
+        token,
+        env,
+        channel_vars,
+        tool_env,
+        owner,
+        on_done: None,
+    })
+}
+
+fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0u32) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: the descriptor was just created and is owned by nobody else.
+    Some(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
+}
+
+fn new_token() -> String {
+    let bytes: [u8; 32] = rand::random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -1,0 +1,33 @@
+//! Redaction of an execution's result (SPEC §8, `security.redact_output`).
+//!
+//! The script's environment was scrubbed, but it can still print secrets it found elsewhere
+//! (a `.env` file, a tool result, a credential format in a log it reads). Before the result
+//! leaves the supervisor, the values of the secret variables the scrubber removed and
+//! well-known credential formats are replaced by markers ([`vibeos_tools::redact`]); the count
+//! goes into the result (`"redactions"`), so a caller can tell output was changed.
+
+use crate::result::ExecutionResult;
+use std::ffi::OsString;
+use vibeos_tools::redact::{enabled, Redactor};
+
+/// Redacts `result.output` and `result.error` against the secrets of `base_env` (the
+/// environment the child's was scrubbed from), unless `security.redact_output` is off.
+pub fn apply(result: &mut ExecutionResult, base_env: &[(OsString, OsString)]) {
+    if !enabled() {
+        return;
+    }
+    let redactor = Redactor::from_env(
+        base_env
+            .iter()
+            .filter_map(|(k, v)| Some((k.to_str()?.to_string(), v.to_str()?.to_string()))),
+    );
+    let (output, n) = redactor.redact(&result.output);
+    result.output = output;
+    let mut total = n;
+    if let Some(error) = result.error.take() {
+        let (error, n) = redactor.redact(&error);
+        total += n;
+        result.error = Some(error);
+    }
+    result.redactions = total;
+}

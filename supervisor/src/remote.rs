@@ -1,0 +1,366 @@
+//! execute_code inside a backend (docker, podman, ssh): the remote launch (SPEC §9).
+//!
+//! The same shape as the local launch — stub and script staged, a socket listener, a child with
+//! the scrubbed environment, limits, result — with the backend in between. The stub and the
+//! script travel on the client's stdin (never argv) to a small bootstrap that
+//! writes them into a private 0700 work dir over there, starts the interpreter in a new session
+//! and reports its process-group id in a file, so a timeout or an interrupt kills the remote
+//! group through the backend (killing the local `docker exec`/`ssh` client would leave it
+//! running). The RPC channel is a real socket: a directory bind-mounted into the container, or an
+//! OpenSSH stream-local forward. Peer credentials mean nothing across a container or host
+//! boundary, so such a channel is authenticated by its token alone; the socket is reachable only
+//! through that 0700 directory (or the forward, which lands in the 0700 remote work dir of the
+//! remote user), and the token travels only in the script's environment. See docs/backends.md.
+
+use crate::capture::{drain, HeadTail};
+use crate::env_policy::EnvPolicy;
+use crate::execute::{compose_output, Ending, ExecutionRequest, Interrupt, StartError};
+use crate::result::ExecutionResult;
+use crate::rpc_server::{serve_with, ChannelState};
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+use vibeos_tools::environments::EnvHandle;
+use vibeos_tools::{CallOrigin, ToolContext, ToolRegistry};
+
+const BOOTSTRAP: &str = include_str!("remote_boot.py");
+
+/// Host-specific names that describe this machine, not the backend: the bootstrap takes the
+/// backend's own values (PATH, HOME) or none.
+const HOST_ONLY: [&str; 9] = [
+    "PATH",
+    "HOME",
+    "SHELL",
+    "TMPDIR",
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "PWD",
+    "OLDPWD",
+];
+
+/// Why a remote execution could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    /// The backend failed.
+    #[error(transparent)]
+    Backend(#[from] vibeos_tools::environments::EnvError),
+    /// Strict confinement is a local mechanism.
+    #[error("strict mode confines a local child and cannot be applied inside the {0} backend; use mode project there (the backend is the isolation) or the local backend")]
+    StrictRemote(&'static str),
+    /// Something on this side failed.
+    #[error(transparent)]
+    Start(#[from] StartError),
+}
+
+/// What [`run_remote`] needs from the caller.
+pub(crate) struct RemoteRun<'a> {
+    pub(crate) request: &'a ExecutionRequest,
+    pub(crate) env: EnvHandle,
+    pub(crate) stub: String,
+    pub(crate) allowed: BTreeSet<String>,
+    pub(crate) registry: &'static ToolRegistry,
+    pub(crate) interrupt: Interrupt,
+    pub(crate) started: Instant,
+}
+
+fn new_id() -> String {
+    let bytes: [u8; 16] = rand::random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn new_token() -> String {
+    let bytes: [u8; 32] = rand::random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The script's environment over there: the host's scrubbed variables minus host-specific
+/// ones, then the injected names of SPEC §4.
+fn remote_env(
+    request: &ExecutionRequest,
+    work_dir: &str,
+    cwd: &str,
+) -> Result<Vec<(String, String)>, StartError> {
+    let policy = EnvPolicy::builtin()?;
+    let base: Vec<(std::ffi::OsString, std::ffi::OsString)> = match &request.base_env {
+        Some(env) => env.clone(),
+        None => std::env::vars_os().collect(),
+    };
+    let base_tz = base
+        .iter()
+        .find(|(k, _)| k == "TZ")
+        .and_then(|(_, v)| v.clone().into_string().ok());
+    let passthrough: BTreeSet<String> = request.env_passthrough.iter().cloned().collect();
+    let scrubbed = policy.scrub_quiet(base, &passthrough);
+    policy.log_dropped(&scrubbed);
+    let injected: BTreeSet<&str> = policy.injected.iter().map(String::as_str).collect();
+    let mut env: Vec<(String, String)> = scrubbed
+        .kept
+        .into_iter()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .filter(|(k, _)| !injected.contains(k.as_str()) && !HOST_ONLY.contains(&k.as_str()))
+        .filter(|(k, _)| !k.starts_with("XDG_"))
+        .collect();
+    if let Some(tz) = base_tz {
+        env.push(("TZ".into(), tz));
+    }
+    env.push(("PYTHONDONTWRITEBYTECODE".into(), "1".into()));
+    env.push(("PYTHONIOENCODING".into(), "utf-8".into()));
+    env.push(("PYTHONUTF8".into(), "1".into()));
+    env.push(("PYTHONPATH".into(), format!("{work_dir}:{cwd}")));
+    Ok(env)
+}
+
+/// Runs the request's script inside `env` and returns its result.
+pub(crate) async fn run_remote(r: RemoteRun<'_>) -> ExecutionResult {
+    let backend = r.env.backend();
+    let mode = r.request.mode.as_str();
+    let started = r.started;
+    match run(r).await {
+        Ok(result) => result,
+        Err(e) => {
+            tracing::error!("execute_code ({backend}): {e}");
+            let mut result = ExecutionResult::failed_to_start(
+                mode,
+                e.to_string(),
+                started.elapsed().as_secs_f64(),
+            );
+            result.backend = Some(backend.to_string());
+            result
+        }
+    }
+}
+
+async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
+    let request = r.request;
+    let backend = r.env.backend();
+    if request.mode == crate::config::Mode::Strict {
+        return Err(RemoteError::StrictRemote(backend));
+    }
+    let exec_id = new_id();
+    let env = Arc::clone(&r.env);
+    let id = exec_id.clone();
+    let channel = tokio::task::spawn_blocking(move || env.open_channel(&id))
+        .await
+        .map_err(|e| StartError::Listener(std::io::Error::other(e)))??;
+    let listener = std::os::unix::net::UnixListener::bind(&channel.local_socket)
+        .map_err(StartError::Listener)?;
+    listener
+        .set_nonblocking(true)
+        .map_err(StartError::Listener)?;
+    let listener = tokio::net::UnixListener::from_std(listener).map_err(StartError::Listener)?;
+
+    let cwd = r.env.workdir();
+    let python = r.env.python();
+    let token = new_token();
+    let tool_env = remote_env(request, &channel.remote_dir, &cwd)?;
+    let rpc_dir = channel
+        .remote_socket
+        .rsplit_once('/')
+        .map(|(d, _)| d.to_string())
+        .unwrap_or_default();
+    let mut script_env = tool_env.clone();
+    script_env.push(("VIBEOS_RPC_DIR".into(), rpc_dir));
+    script_env.push(("VIBEOS_RPC_SOCKET".into(), channel.remote_socket.clone()));
+    script_env.push(("VIBEOS_RPC_TOKEN".into(), token.clone()));
+
+    let header = boot_input(
+        &channel.remote_dir,
+        &cwd,
+        &[
+            ("vibeos_tools.py", r.stub.as_str()),
+            ("script.py", request.code.as_str()),
+        ],
+        &script_env,
+    )
+    .map_err(|e| StartError::Staging(std::io::Error::other(e)))?;
+
+    let state = Arc::new(ChannelState::new(
+        r.registry,
+        token,
+        r.allowed,
+        request.max_tool_calls,
+        ToolContext {
+            task_id: request.task_id.clone(),
+            cwd: cwd.clone().into(),
+            env: Some(Arc::new(tool_env)),
+            origin: CallOrigin::Script,
+            // The backend is the sandbox; tools act inside it, not on this host's paths.
+            paths: None,
+        },
+    ));
+    let server = serve_with(listener, Arc::clone(&state), false);
+
+    let mut command = tokio::process::Command::from(r.env.script_command(
+        &[
+            python.clone(),
+            "-u".into(),
+            "-B".into(),
+            "-X".into(),
+            "utf8".into(),
+            "-c".into(),
+            without_comments(BOOTSTRAP),
+        ],
+        &channel,
+    ));
+    command
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(source) => {
+            server.abort();
+            return Err(StartError::Spawn {
+                interpreter: python.clone().into(),
+                source,
+            }
+            .into());
+        }
+    };
+    tracing::info!(backend, cwd = %cwd, "execute_code: script started");
+    if let Some(mut stdin) = child.stdin.take() {
+        // The header is small; a failure shows up as the bootstrap's error on stderr.
+        let _ = stdin.write_all(&header).await;
+        let _ = stdin.shutdown().await;
+    }
+    let (stdout_limit, stderr_limit) = (request.stdout_limit, request.stderr_limit);
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    let stdout_task = tokio::spawn(async move {
+        match stdout {
+            Some(s) => drain(s, stdout_limit).await,
+            None => HeadTail::new(stdout_limit),
+        }
+    });
+    let stderr_task = tokio::spawn(async move {
+        match stderr {
+            Some(s) => drain(s, stderr_limit).await,
+            None => HeadTail::new(stderr_limit),
+        }
+    });
+
+    let mut exit_code = None;
+    let ending = tokio::select! {
+        s = child.wait() => {
+            exit_code = s.ok().and_then(|s| s.code());
+            Ending::Exited
+        }
+        _ = tokio::time::sleep(request.timeout) => Ending::Timeout,
+        _ = r.interrupt.cancelled() => Ending::Interrupted,
+    };
+    if ending != Ending::Exited {
+        let pgid_file = format!("{}/pgid", channel.remote_dir);
+        let env = Arc::clone(&r.env);
+        let file = pgid_file.clone();
+        let _ = tokio::task::spawn_blocking(move || env.kill_group(&file, "TERM")).await;
+        match tokio::time::timeout(request.kill_grace, child.wait()).await {
+            Ok(s) => exit_code = s.ok().and_then(|s| s.code()),
+            Err(_) => {
+                let env = Arc::clone(&r.env);
+                let _ =
+                    tokio::task::spawn_blocking(move || env.kill_group(&pgid_file, "KILL")).await;
+                match tokio::time::timeout(Duration::from_secs(5), child.wait()).await {
+                    Ok(s) => exit_code = s.ok().and_then(|s| s.code()),
+                    Err(_) => {
+                        let _ = child.kill().await;
+                    }
+                }
+            }
+        }
+    }
+    let settle = Duration::from_secs(2);
+    let stdout_cap = finish(stdout_task, settle, stdout_limit).await;
+    let stderr_cap = finish(stderr_task, settle, stderr_limit).await;
+    server.abort();
+    let _ = server.await;
+    state.close_all();
+    // Terminal commands the script started run under the agent, not in the script's group.
+    if state.calls_made.load(Ordering::SeqCst) > 0 {
+        if let Some(agent) = r.env.agent() {
+            agent.kill_scope(&state.context);
+        }
+    }
+    // Removes the socket dir (docker) or cancels the forward (ssh). Nothing of the execution
+    // depends on it any more, so the result does not wait for it.
+    let guard = channel.guard;
+    drop(tokio::task::spawn_blocking(move || drop(guard)));
+    let tool_calls_made = state.calls_made.load(Ordering::SeqCst);
+
+    let (status, error, output) =
+        compose_output(ending, exit_code, &stdout_cap, &stderr_cap, request.timeout);
+    Ok(ExecutionResult {
+        status,
+        output,
+        tool_calls_made,
+        duration_seconds: r.started.elapsed().as_secs_f64(),
+        error,
+        exit_code,
+        truncated: stdout_cap.truncated() || stderr_cap.truncated(),
+        stdout_bytes: stdout_cap.total(),
+        stdout_bytes_omitted: stdout_cap.omitted(),
+        stderr_bytes: stderr_cap.total(),
+        stderr_bytes_omitted: stderr_cap.omitted(),
+        mode: request.mode.as_str(),
+        redactions: 0,
+        interpreter: Some(python),
+        backend: Some(backend.to_string()),
+    })
+}
+
+async fn finish(
+    task: tokio::task::JoinHandle<HeadTail>,
+    bound: Duration,
+    limit: usize,
+) -> HeadTail {
+    let abort = task.abort_handle();
+    match tokio::time::timeout(bound, task).await {
+        Ok(Ok(cap)) => cap,
+        _ => {
+            abort.abort();
+            HeadTail::new(limit)
+        }
+    }
+}
+
+/// Python source without its comment lines: it travels in argv, where `ps` shows it.
+pub(crate) fn without_comments(source: &str) -> String {
+    source
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#') && !l.trim().is_empty())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The bootstrap's input: NUL-separated fields (see remote_boot.py). No field may hold a NUL:
+/// paths, environment entries and Python source cannot.
+fn boot_input(
+    dir: &str,
+    cwd: &str,
+    files: &[(&str, &str)],
+    env: &[(String, String)],
+) -> Result<Vec<u8>, String> {
+    let mut fields: Vec<&str> = vec![dir, cwd];
+    let nfiles = files.len().to_string();
+    fields.push(&nfiles);
+    for (name, text) in files {
+        fields.push(name);
+        fields.push(text);
+    }
+    let nenv = env.len().to_string();
+    fields.push(&nenv);
+    for (k, v) in env {
+        fields.push(k);
+        fields.push(v);
+    }
+    if let Some(bad) = fields.iter().find(|f| f.contains('\0')) {
+        return Err(format!(
+            "cannot ship {:?}… to the backend: it contains a NUL byte (Python source cannot)",
+            bad.chars().take(40).collect::<String>()
+        ));
+    }
+    Ok(fields.join("\0").into_bytes())
+}

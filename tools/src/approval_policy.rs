@@ -1,0 +1,454 @@
+//! The configurable half of dangerous-command approval (SPEC §8): `approvals.*` settings, the
+//! hardline tier, user deny rules, the smart approver and asking a host within a timeout.
+//!
+//! [`crate::approval`] decides; this module holds what the decision consults, so the pattern
+//! matching there stays independent of configuration and hosts.
+//!
+//! ```yaml
+//! approvals:
+//!   mode: manual        # manual (ask) | smart (a smart approver first) | off (approve all but hardline)
+//!   timeout: 60         # seconds a host (callback, MCP client) has to answer; then deny
+//!   deny:               # user deny rules: pattern keys or globs over the command; never run
+//!     - "git push * main"  # (a top-level `command_denylist:` list is read too)
+//!   smart_command: "my-approver --json"   # optional: reads the request (JSON) on stdin,
+//!                                          # prints approve | deny | escalate
+//! ```
+
+use crate::approval::{normalize_command, ApprovalCallback, ApprovalChoice, ApprovalRequest};
+use regex::Regex;
+use serde::Deserialize;
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, LazyLock, RwLock};
+use std::time::{Duration, Instant};
+
+const HARDLINE_JSON: &str = include_str!("../../policies/hardline_patterns.json");
+
+/// Default time a host has to answer an approval request.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `approvals.mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApprovalMode {
+    /// Ask (host callback, MCP client, TTY); non-interactive runs deny.
+    Manual,
+    /// A smart approver decides first (approve / deny / escalate); escalations are asked.
+    Smart,
+    /// Approve every dangerous command except the hardline tier and user deny rules.
+    Off,
+}
+
+impl ApprovalMode {
+    /// The mode as config spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalMode::Manual => "manual",
+            ApprovalMode::Smart => "smart",
+            ApprovalMode::Off => "off",
+        }
+    }
+}
+
+/// The `approvals:` section, read at each check (an "always" answer or an edit applies to the
+/// next command).
+#[derive(Debug, Clone)]
+pub struct ApprovalSettings {
+    /// `approvals.mode` (default manual).
+    pub mode: ApprovalMode,
+    /// `approvals.timeout` (default 60 s).
+    pub timeout: Duration,
+    /// `approvals.deny`: pattern keys or globs over the command.
+    pub deny: Vec<String>,
+    /// `approvals.smart_command`: a command consulted in smart mode.
+    pub smart_command: Option<String>,
+}
+
+impl Default for ApprovalSettings {
+    fn default() -> Self {
+        ApprovalSettings {
+            mode: ApprovalMode::Manual,
+            timeout: DEFAULT_TIMEOUT,
+            deny: Vec::new(),
+            smart_command: None,
+        }
+    }
+}
+
+/// The current `approvals:` settings. A wrong value is logged and its default used, except an
+/// unknown `mode`, which falls back to `manual` (the strictest) with a warning.
+pub fn settings() -> ApprovalSettings {
+    use serde_yaml_ng::Value;
+    let mut s = ApprovalSettings::default();
+    let section = crate::settings::section("approvals");
+    match section.get("mode") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(m)) => match m.trim().to_ascii_lowercase().as_str() {
+            "manual" => s.mode = ApprovalMode::Manual,
+            "smart" => s.mode = ApprovalMode::Smart,
+            "off" => s.mode = ApprovalMode::Off,
+            other => tracing::warn!(
+                "approvals.mode is {other:?}; use manual, smart or off. Using manual"
+            ),
+        },
+        // YAML 1.1 spellings of `off` arrive as a boolean.
+        Some(Value::Bool(false)) => s.mode = ApprovalMode::Off,
+        Some(other) => {
+            tracing::warn!(
+                "approvals.mode must be manual, smart or off, found {other:?}; using manual"
+            )
+        }
+    }
+    match section.get("timeout") {
+        None | Some(Value::Null) => {}
+        Some(v) => match v.as_f64().filter(|t| *t > 0.0 && *t <= 86_400.0) {
+            Some(t) => s.timeout = Duration::from_secs_f64(t),
+            None => tracing::warn!(
+                "approvals.timeout must be a number of seconds from 0 to 86400, found {v:?}; using 60"
+            ),
+        },
+    }
+    match section.get("deny") {
+        None | Some(Value::Null) => {}
+        Some(Value::Sequence(items)) => {
+            s.deny = items
+                .iter()
+                .filter_map(|i| i.as_str().map(str::to_string))
+                .collect()
+        }
+        Some(Value::String(one)) => s.deny = vec![one.clone()],
+        Some(other) => tracing::warn!(
+            "approvals.deny must be a list of pattern keys or command globs, found {other:?}; ignored"
+        ),
+    }
+    // `command_denylist` at the top level, beside `command_allowlist`, means the same.
+    match crate::settings::section("command_denylist") {
+        Value::Sequence(items) => s
+            .deny
+            .extend(items.iter().filter_map(|i| i.as_str().map(str::to_string))),
+        Value::String(one) => s.deny.push(one),
+        _ => {}
+    }
+    if let Some(Value::String(c)) = section.get("smart_command") {
+        if !c.trim().is_empty() {
+            s.smart_command = Some(c.clone());
+        }
+    }
+    s
+}
+
+/// One never-approvable pattern.
+#[derive(Debug)]
+pub struct HardlinePattern {
+    /// Stable name.
+    pub key: String,
+    /// Shown in the refusal.
+    pub description: String,
+    /// Regex over the normalised command.
+    pub regex: Regex,
+    /// Applies only when the `device` group names a mounted device.
+    pub mounted_device: bool,
+}
+
+#[derive(Deserialize)]
+struct HardlineFile {
+    patterns: Vec<HardlineData>,
+}
+
+#[derive(Deserialize)]
+struct HardlineData {
+    key: String,
+    description: String,
+    regex: String,
+    #[serde(default)]
+    mounted_device: bool,
+}
+
+/// The hardline tier, compiled once from `policies/hardline_patterns.json`.
+pub static HARDLINE_PATTERNS: LazyLock<Vec<HardlinePattern>> = LazyLock::new(|| {
+    let file: HardlineFile = match serde_json::from_str(HARDLINE_JSON) {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::error!("policies/hardline_patterns.json is not valid: {e}");
+            return Vec::new();
+        }
+    };
+    file.patterns
+        .into_iter()
+        .filter_map(|p| match Regex::new(&p.regex) {
+            Ok(regex) => Some(HardlinePattern {
+                key: p.key,
+                description: p.description,
+                regex,
+                mounted_device: p.mounted_device,
+            }),
+            Err(e) => {
+                tracing::error!("hardline pattern {} does not compile: {e}", p.key);
+                None
+            }
+        })
+        .collect()
+});
+
+/// The hardline pattern `command` matches, if any (mounted devices read from /proc now).
+pub fn detect_hardline(command: &str) -> Option<&'static HardlinePattern> {
+    let mounts = format!(
+        "{}\n{}",
+        std::fs::read_to_string("/proc/mounts").unwrap_or_default(),
+        std::fs::read_to_string("/proc/swaps").unwrap_or_default()
+    );
+    detect_hardline_with(command, &mounts)
+}
+
+/// [`detect_hardline`] against a given mount table (first field of each line: the source).
+pub fn detect_hardline_with(command: &str, mounts: &str) -> Option<&'static HardlinePattern> {
+    let norm = normalize_command(command);
+    HARDLINE_PATTERNS.iter().find(|p| {
+        if !p.mounted_device {
+            return p.regex.is_match(&norm);
+        }
+        p.regex
+            .captures_iter(&norm)
+            .filter_map(|c| c.name("device").map(|d| d.as_str().to_string()))
+            .any(|dev| is_mounted(&dev, mounts))
+    })
+}
+
+/// Whether `dev` is a mounted source, or a whole disk one of whose partitions is.
+fn is_mounted(dev: &str, mounts: &str) -> bool {
+    let real = std::fs::canonicalize(dev)
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| dev.to_string());
+    mounts
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|src| src.starts_with("/dev/"))
+        .any(|src| {
+            [dev, real.as_str()].iter().any(|d| {
+                src == *d
+                    || src.strip_prefix(*d).is_some_and(|rest| {
+                        rest.trim_start_matches('p')
+                            .starts_with(|c: char| c.is_ascii_digit())
+                    })
+            })
+        })
+}
+
+/// Whether a user deny rule (pattern key or glob over the command) matches.
+pub fn denied_by_rule(rules: &[String], command: &str, matched_keys: &[&str]) -> Option<String> {
+    let norm = normalize_command(command);
+    rules
+        .iter()
+        .find(|rule| {
+            if matched_keys.contains(&rule.as_str()) {
+                return true;
+            }
+            globset::GlobBuilder::new(rule)
+                .literal_separator(false)
+                .build()
+                .map(|g| g.compile_matcher())
+                .is_ok_and(|m| m.is_match(command.trim()) || m.is_match(&norm))
+        })
+        .cloned()
+}
+
+/// What a smart approver says about a dangerous command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SmartVerdict {
+    /// Run it (once).
+    Approve,
+    /// Do not run it.
+    Deny,
+    /// Not sure: ask as in manual mode.
+    Escalate,
+}
+
+impl SmartVerdict {
+    /// Parses `approve` / `deny` / `escalate` (and `yes`/`no`); anything else escalates.
+    pub fn parse(answer: &str) -> SmartVerdict {
+        match answer.trim().to_ascii_lowercase().as_str() {
+            "approve" | "approved" | "allow" | "yes" | "y" => SmartVerdict::Approve,
+            "deny" | "denied" | "no" | "n" | "block" => SmartVerdict::Deny,
+            _ => SmartVerdict::Escalate,
+        }
+    }
+}
+
+/// A smart approver (an auxiliary model, a rule engine) installed by the host.
+pub type SmartApprover = dyn Fn(&ApprovalRequest) -> SmartVerdict + Send + Sync;
+
+static SMART_APPROVER: RwLock<Option<Arc<SmartApprover>>> = RwLock::new(None);
+
+/// Installs (or with `None` removes) the smart approver consulted in `approvals.mode: smart`.
+pub fn set_smart_approver(approver: Option<Arc<SmartApprover>>) {
+    if let Ok(mut g) = SMART_APPROVER.write() {
+        *g = approver;
+    }
+}
+
+/// The smart verdict on `req`: the installed approver, else `approvals.smart_command`, else
+/// the built-in low-risk rule (approve regenerable-directory cleanups, escalate the rest). A
+/// failing or slow approver escalates: it can only save a question, never approve by failing.
+pub fn smart_verdict(req: &ApprovalRequest, s: &ApprovalSettings) -> SmartVerdict {
+    let approver = SMART_APPROVER.read().ok().and_then(|g| g.clone());
+    if let Some(approver) = approver {
+        let req = req.clone();
+        return within(s.timeout, move || approver(&req)).unwrap_or_else(|| {
+            tracing::warn!(
+                "smart approver gave no verdict within {:?}; escalating",
+                s.timeout
+            );
+            SmartVerdict::Escalate
+        });
+    }
+    if let Some(cmd) = &s.smart_command {
+        return match run_smart_command(cmd, req, s.timeout) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!("approvals.smart_command failed ({e}); escalating");
+                SmartVerdict::Escalate
+            }
+        };
+    }
+    if crate::approval::low_risk_cleanup(req) {
+        SmartVerdict::Approve
+    } else {
+        SmartVerdict::Escalate
+    }
+}
+
+/// Runs `approvals.smart_command` (through `sh -c`) with the request as JSON on stdin; its
+/// first stdout line is the verdict.
+fn run_smart_command(
+    cmd: &str,
+    req: &ApprovalRequest,
+    timeout: Duration,
+) -> Result<SmartVerdict, String> {
+    let mut child = Command::new("/bin/sh")
+        .args(["-c", cmd])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start it: {e}"))?;
+    let body = serde_json::json!({
+        "command": req.command,
+        "task_id": req.task_id,
+        "patterns": req.matches.iter().map(|(k, d)| serde_json::json!({"key": k, "description": d})).collect::<Vec<_>>(),
+    });
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(body.to_string().as_bytes());
+    }
+    let deadline = Instant::now() + timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("no verdict within {timeout:?}"));
+            }
+        }
+    }
+    let mut out = String::new();
+    if let Some(mut stdout) = child.stdout.take() {
+        let _ = stdout.read_to_string(&mut out);
+    }
+    Ok(SmartVerdict::parse(out.lines().next().unwrap_or("")))
+}
+
+/// Asks `host` about `req`, waiting at most `timeout`; no answer in time is a denial (the
+/// host's call keeps running on its own thread and its late answer is dropped).
+pub fn ask_host(
+    host: Arc<ApprovalCallback>,
+    req: &ApprovalRequest,
+    timeout: Duration,
+) -> Option<ApprovalChoice> {
+    let req = req.clone();
+    within(timeout, move || host(&req))
+}
+
+/// Runs `f` on its own thread and waits at most `timeout` for it. `None`: it panicked, could
+/// not start, or did not finish in time.
+pub(crate) fn within<T: Send + 'static>(
+    timeout: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("vibeos-approval".into())
+        .spawn(move || {
+            if let Ok(v) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+                let _ = tx.send(v);
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot start the approval thread: {e}");
+        return None;
+    }
+    rx.recv_timeout(timeout).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_hardline_pattern_compiles() {
+        let file: HardlineFile =
+            serde_json::from_str(HARDLINE_JSON).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(HARDLINE_PATTERNS.len(), file.patterns.len());
+    }
+
+    #[test]
+    fn hardline_catches_the_catastrophic_and_not_the_merely_dangerous() {
+        let mounts =
+            "/dev/vda1 / ext4 rw 0 0\n/dev/nvme0n1p2 /home ext4 rw 0 0\ntmpfs /tmp tmpfs rw 0 0\n";
+        let key = |c: &str| detect_hardline_with(c, mounts).map(|p| p.key.as_str());
+        assert_eq!(key("rm -rf /"), Some("delete_root"));
+        assert_eq!(key("sudo /bin/rm -r -f /*"), Some("delete_root"));
+        assert_eq!(key("rm -rf --no-preserve-root /"), Some("delete_root"));
+        assert_eq!(key("rm -rf /usr"), Some("delete_root"));
+        assert_eq!(key("mkfs.ext4 /dev/vda1"), Some("format_mounted_device"));
+        assert_eq!(key("mkfs.ext4 /dev/vda"), Some("format_mounted_device"));
+        assert_eq!(key("wipefs -a /dev/nvme0n1"), Some("format_mounted_device"));
+        assert_eq!(
+            key("dd if=/dev/zero of=/dev/vda bs=1M"),
+            Some("overwrite_mounted_device")
+        );
+        assert_eq!(key(":(){ :|:& };:"), Some("fork_bomb"));
+        assert_eq!(key("kill -9 -1"), Some("kill_every_process"));
+        assert_eq!(key("chmod -R 777 /"), Some("chmod_root"));
+        // Dangerous but approvable.
+        for c in [
+            "rm -rf build/",
+            "rm -rf ./node_modules /tmp/x",
+            "mkfs.ext4 /dev/sdb1",
+            "dd if=/dev/zero of=/dev/sdc",
+            "dd if=/dev/zero of=disk.img",
+            "kill -9 1234",
+            "chmod -R 755 ./site",
+            "ls /",
+        ] {
+            assert_eq!(key(c), None, "{c}");
+        }
+    }
+
+    #[test]
+    fn deny_rules_match_keys_and_globs() {
+        let rules = vec![
+            "git_force_push".to_string(),
+            "terraform destroy*".to_string(),
+        ];
+        assert!(denied_by_rule(&rules, "git push -f", &["git_force_push"]).is_some());
+        assert!(denied_by_rule(&rules, "terraform destroy -auto-approve", &[]).is_some());
+        assert!(denied_by_rule(&rules, "terraform plan", &[]).is_none());
+    }
+
+    #[test]
+    fn verdicts_parse_and_unclear_ones_escalate() {
+        assert_eq!(SmartVerdict::parse("approve\n"), SmartVerdict::Approve);
+        assert_eq!(SmartVerdict::parse("DENY"), SmartVerdict::Deny);
+        assert_eq!(SmartVerdict::parse("maybe"), SmartVerdict::Escalate);
+    }
+}

@@ -1,0 +1,597 @@
+//! The tool agent: the same built-in tools, run on the backend's side.
+//!
+//! With a remote backend, `read_file`, `write_file`, `search_files`, `patch` and `terminal` must
+//! act on the backend's filesystem and processes. Rather than re-implementing each tool as a
+//! chain of remote shell commands (one round trip per file operation, different semantics,
+//! different bugs), the host starts `vibeos-exec backend-agent` there once per environment —
+//! the binary is bind-mounted read-only into containers and uploaded once to ssh hosts — and
+//! keeps one `exec -i` stream to it. Each forwarded call is one JSON line each way, answered by
+//! the identical handler code. Hooks, budgets and approval stay on the host, in front of the
+//! forward; the agent only executes.
+//!
+//! Wire format, one JSON object per line: request `{"id", "tool", "args", "task_id", "cwd",
+//! "env", "origin"}`, reply `{"id", "ok": value}` or `{"id", "err": {"kind", "message"}}`.
+//! Requests are answered concurrently (a thread each), replies written whole under a lock.
+
+use super::EnvError;
+use crate::{CallOrigin, Handler, ToolContext, ToolError, ToolRegistry};
+use serde_json::{json, Map, Value};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Tools the agent runs: the script tools that touch files and processes.
+pub const REMOTE_TOOLS: [&str; 5] = [
+    "read_file",
+    "write_file",
+    "search_files",
+    "patch",
+    "terminal",
+];
+
+/// How long a forwarded file tool may take.
+pub const FILE_TOOL_TIMEOUT: Duration = Duration::from_secs(120);
+
+type Pending = Arc<Mutex<HashMap<u64, mpsc::Sender<Value>>>>;
+
+struct Conn {
+    child: Child,
+    /// Kept open in socket mode: the agent exits when it closes (its lifeline).
+    _lifeline: Option<ChildStdin>,
+    writer: Box<dyn Write + Send>,
+    pending: Pending,
+    next_id: u64,
+}
+
+/// How the host reaches an agent's socket: the host-side path, and what must happen first
+/// (an ssh `-L` forward) once the agent listens.
+pub struct AgentSocket {
+    /// The socket as seen from the host (a bind mount or a forward's local end).
+    pub local: std::path::PathBuf,
+    /// Run after the agent is ready and before connecting.
+    pub prepare: Option<Box<dyn Fn() -> Result<(), EnvError> + Send + Sync>>,
+}
+
+/// How to start an agent.
+pub struct AgentLaunch {
+    /// The client command that runs `vibeos-exec backend-agent [--listen PATH]` there.
+    pub command: Command,
+    /// With a socket, calls go over it (one kernel socket hop for a bind mount, one ssh
+    /// traversal for a forward) instead of the exec client's stdio, which docker relays through
+    /// its daemon and shim and ssh through the mux client.
+    pub socket: Option<AgentSocket>,
+}
+
+/// The host's end of a tool agent: started on first call, restarted if it died.
+pub struct AgentClient {
+    backend: &'static str,
+    launch: Box<dyn Fn() -> Result<AgentLaunch, EnvError> + Send + Sync>,
+    conn: Mutex<Option<Conn>>,
+}
+
+impl AgentClient {
+    /// A client that starts the agent with the command `launch` builds.
+    pub fn new(
+        backend: &'static str,
+        launch: impl Fn() -> Result<AgentLaunch, EnvError> + Send + Sync + 'static,
+    ) -> Self {
+        AgentClient {
+            backend,
+            launch: Box::new(launch),
+            conn: Mutex::new(None),
+        }
+    }
+
+    fn start(&self) -> Result<Conn, EnvError> {
+        let AgentLaunch {
+            command: mut cmd,
+            socket,
+        } = (self.launch)()?;
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = cmd.spawn().map_err(|source| EnvError::Spawn {
+            backend: self.backend,
+            program: cmd.get_program().to_string_lossy().into_owned(),
+            source,
+        })?;
+        let (Some(mut stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(self.err("its pipes could not be set up"));
+        };
+        let fail = |child: &mut Child, e: EnvError| {
+            let _ = child.kill();
+            let _ = child.wait();
+            e
+        };
+        type Ends = (
+            Box<dyn std::io::Read + Send>,
+            Box<dyn Write + Send>,
+            Option<ChildStdin>,
+        );
+        let (reader, writer, lifeline): Ends = match socket {
+            None => (Box::new(stdout), Box::new(stdin), None),
+            Some(sock) => {
+                let token = new_token();
+                let mut line = token.clone();
+                line.push('\n');
+                if let Err(e) = stdin.write_all(line.as_bytes()).and_then(|_| stdin.flush()) {
+                    return Err(fail(
+                        &mut child,
+                        self.err(&format!("cannot send its token: {e}")),
+                    ));
+                }
+                // It prints one line when it listens (or exits with the reason on stderr).
+                let mut ready = String::new();
+                let mut out = BufReader::new(stdout);
+                if out.read_line(&mut ready).unwrap_or(0) == 0 || ready.trim() != "ready" {
+                    return Err(fail(
+                            &mut child,
+                            self.err("it exited before listening (is the vibeos-exec binary runnable there? see its stderr)"),
+                        ));
+                }
+                if let Some(prepare) = &sock.prepare {
+                    prepare().map_err(|e| fail(&mut child, e))?;
+                }
+                let stream = std::os::unix::net::UnixStream::connect(&sock.local).map_err(|e| {
+                    fail(
+                        &mut child,
+                        self.err(&format!("cannot connect to {}: {e}", sock.local.display())),
+                    )
+                })?;
+                let mut w = stream
+                    .try_clone()
+                    .map_err(|e| fail(&mut child, self.err(&e.to_string())))?;
+                if let Err(e) = w.write_all(line.as_bytes()) {
+                    return Err(fail(
+                        &mut child,
+                        self.err(&format!("cannot authenticate: {e}")),
+                    ));
+                }
+                // The stdout pipe stays with the reader below until EOF (agent gone).
+                std::thread::spawn(move || {
+                    let mut sink = Vec::new();
+                    let _ = std::io::Read::read_to_end(&mut out, &mut sink);
+                });
+                (Box::new(stream), Box::new(w), Some(stdin))
+            }
+        };
+        let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
+        let reader_pending = Arc::clone(&pending);
+        std::thread::Builder::new()
+            .name("vibeos-agent-reader".into())
+            .spawn(move || read_replies(reader, reader_pending))
+            .map_err(|e| self.err(&format!("cannot start its reader thread: {e}")))?;
+        Ok(Conn {
+            child,
+            _lifeline: lifeline,
+            writer,
+            pending,
+            next_id: 1,
+        })
+    }
+
+    fn err(&self, message: &str) -> EnvError {
+        EnvError::Agent {
+            backend: self.backend,
+            message: message.to_string(),
+        }
+    }
+
+    /// Runs `tool` with `args` on the backend's side, in the call's context.
+    pub fn call(
+        &self,
+        tool: &str,
+        args: &Map<String, Value>,
+        ctx: &ToolContext,
+        timeout: Duration,
+    ) -> Result<Value, ToolError> {
+        let backend_err = |e: EnvError| ToolError::new("BackendError", e.to_string());
+        let (rx, id, pending) = {
+            let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+            let dead = match guard.as_mut() {
+                Some(c) => !matches!(c.child.try_wait(), Ok(None)),
+                None => true,
+            };
+            if dead {
+                if let Some(mut old) = guard.take() {
+                    let _ = old.child.kill();
+                    let _ = old.child.wait();
+                }
+                *guard = Some(self.start().map_err(backend_err)?);
+            }
+            let Some(conn) = guard.as_mut() else {
+                return Err(backend_err(self.err("not running")));
+            };
+            let id = conn.next_id;
+            conn.next_id += 1;
+            let (tx, rx) = mpsc::channel();
+            if let Ok(mut p) = conn.pending.lock() {
+                p.insert(id, tx);
+            }
+            let request = json!({
+                "id": id,
+                "tool": tool,
+                "args": args,
+                "task_id": ctx.task_id,
+                "cwd": ctx.cwd.to_string_lossy(),
+                "env": ctx.env.as_ref().map(|e| e.as_ref().clone()),
+                "origin": match ctx.origin { CallOrigin::Agent => "agent", CallOrigin::Script => "script" },
+                "scope": super::local::scope_of(ctx),
+            });
+            let mut line = request.to_string();
+            line.push('\n');
+            if let Err(e) = conn
+                .writer
+                .write_all(line.as_bytes())
+                .and_then(|_| conn.writer.flush())
+            {
+                let _ = conn.child.kill();
+                return Err(backend_err(self.err(&format!("the connection broke: {e}"))));
+            }
+            (rx, id, Arc::clone(&conn.pending))
+        };
+        let reply = rx.recv_timeout(timeout);
+        if let Ok(mut p) = pending.lock() {
+            p.remove(&id);
+        }
+        match reply {
+            Ok(v) => decode_reply(v),
+            Err(mpsc::RecvTimeoutError::Timeout) => Err(ToolError::new(
+                "BackendError",
+                format!("{} backend: `{tool}` got no answer within {}s", self.backend, timeout.as_secs()),
+            )),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(ToolError::new(
+                "BackendError",
+                format!(
+                    "{} backend: the tool agent exited during `{tool}`; the environment may have been stopped",
+                    self.backend
+                ),
+            )),
+        }
+    }
+
+    /// Kills (process group, SIGKILL) every command still running there for the execution
+    /// whose tool context is `ctx`: they run under the agent, out of reach of the script's
+    /// process group, and must not outlive the execution.
+    pub fn kill_scope(&self, ctx: &ToolContext) {
+        let Some(scope) = super::local::scope_of(ctx) else {
+            return;
+        };
+        let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(conn) = guard.as_mut() else { return };
+        let id = conn.next_id;
+        conn.next_id += 1;
+        let line = format!("{}\n", json!({"id": id, "kill_scope": scope}));
+        let _ = conn
+            .writer
+            .write_all(line.as_bytes())
+            .and_then(|_| conn.writer.flush());
+    }
+
+    /// Stops the agent process (the environment is going away).
+    pub fn stop(&self) {
+        let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(mut c) = guard.take() {
+            let _ = c.child.kill();
+            let _ = c.child.wait();
+        }
+    }
+}
+
+impl Drop for AgentClient {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn read_replies(stream: Box<dyn std::io::Read + Send>, pending: Pending) {
+    let reader = BufReader::new(stream);
+    for line in reader.lines() {
+        let Ok(line) = line else { break };
+        let Ok(v) = serde_json::from_str::<Value>(&line) else {
+            tracing::warn!("backends: the tool agent sent a line that is not JSON");
+            continue;
+        };
+        let Some(id) = v.get("id").and_then(Value::as_u64) else {
+            continue;
+        };
+        let tx = pending.lock().ok().and_then(|mut p| p.remove(&id));
+        if let Some(tx) = tx {
+            let _ = tx.send(v);
+        }
+    }
+    // Dropping the senders wakes every waiting caller with "disconnected".
+    if let Ok(mut p) = pending.lock() {
+        p.clear();
+    }
+}
+
+fn decode_reply(v: Value) -> Result<Value, ToolError> {
+    if let Some(ok) = v.get("ok") {
+        return Ok(ok.clone());
+    }
+    let err = v.get("err");
+    let field = |k: &str| {
+        err.and_then(|e| e.get(k))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    if err.is_some() {
+        Err(ToolError::new(field("kind"), field("message")))
+    } else {
+        Err(ToolError::new(
+            "BackendError",
+            "the tool agent sent a reply with neither a result nor an error",
+        ))
+    }
+}
+
+/// The agent's side: answers requests from `input` on `output` until `input` ends. Commands
+/// were approved on the host before they were forwarded, so approval here always agrees.
+///
+/// With `listen`, the first line of `input` is a token; the agent listens on that path (a
+/// private directory), says `ready` on `output`, and serves every connection that starts with
+/// the token. `input` then only keeps it alive: the agent exits when it closes.
+pub fn serve(
+    registry: &'static ToolRegistry,
+    mut input: impl BufRead,
+    mut output: impl Write + Send + 'static,
+    listen: Option<&std::path::Path>,
+) -> Result<(), String> {
+    crate::approval::set_smart_approval(Some(Arc::new(|_| true)));
+    let Some(path) = listen else {
+        serve_stream(registry, input, output);
+        return Ok(());
+    };
+    let mut token = String::new();
+    input
+        .read_line(&mut token)
+        .map_err(|e| format!("cannot read the token: {e}"))?;
+    let token = token.trim().to_string();
+    if token.len() < 32 {
+        return Err("no token on stdin".into());
+    }
+    let _ = std::fs::remove_file(path);
+    let listener = std::os::unix::net::UnixListener::bind(path)
+        .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| format!("cannot protect {}: {e}", path.display()))?;
+    output
+        .write_all(b"ready\n")
+        .and_then(|_| output.flush())
+        .map_err(|e| format!("cannot report readiness: {e}"))?;
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { continue };
+            let token = token.clone();
+            std::thread::spawn(move || {
+                let Ok(writer) = conn.try_clone() else { return };
+                let mut reader = BufReader::new(conn);
+                let mut first = String::new();
+                if reader.read_line(&mut first).is_err() || !token_matches(first.trim(), &token) {
+                    return;
+                }
+                serve_stream(registry, reader, writer);
+            });
+        }
+    });
+    // Lifeline: the host closing our stdin (or dying) ends the agent.
+    let mut sink = String::new();
+    while input.read_line(&mut sink).unwrap_or(0) > 0 {
+        sink.clear();
+    }
+    let _ = std::fs::remove_file(path);
+    Ok(())
+}
+
+fn token_matches(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+fn new_token() -> String {
+    super::random_hex(32)
+}
+
+/// Answers the requests of one stream; bounded file tools inline, the rest on a thread each
+/// so a long command does not hold up other calls.
+fn serve_stream(
+    registry: &'static ToolRegistry,
+    input: impl BufRead,
+    output: impl Write + Send + 'static,
+) {
+    let output = Arc::new(Mutex::new(output));
+    for line in input.lines() {
+        let Ok(line) = line else { break };
+        if line.trim().is_empty() {
+            continue;
+        }
+        let output = Arc::clone(&output);
+        let request: Value = match serde_json::from_str(&line) {
+            Ok(v) => v,
+            Err(e) => json!({"id": null, "bad": e.to_string()}),
+        };
+        let inline = matches!(
+            request.get("tool").and_then(Value::as_str),
+            Some("read_file" | "write_file" | "patch")
+        );
+        let reply = move || {
+            let reply = answer(registry, request);
+            let mut text = reply.to_string();
+            text.push('\n');
+            let mut out = output.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = out.write_all(text.as_bytes()).and_then(|_| out.flush());
+        };
+        if inline {
+            reply();
+            continue;
+        }
+        let spawned = std::thread::Builder::new()
+            .name("vibeos-agent-call".into())
+            .spawn(reply);
+        if let Err(e) = spawned {
+            tracing::error!("backend-agent: cannot start a thread for a call: {e}");
+        }
+    }
+}
+
+/// Environments of the executions the agent serves, by the host's scope id: every call of one
+/// execution shares one `Arc`, so [`super::local::kill_scope`] finds its commands.
+static SCOPES: std::sync::LazyLock<Mutex<HashMap<u64, ScopeEnv>>> =
+    std::sync::LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// The environment shared by the calls of one execution.
+type ScopeEnv = Arc<Vec<(String, String)>>;
+
+fn answer(registry: &'static ToolRegistry, req: Value) -> Value {
+    if let Some(scope) = req.get("kill_scope").and_then(Value::as_u64) {
+        let env = SCOPES.lock().ok().and_then(|mut m| m.remove(&scope));
+        let killed = env.map_or(0, |env| {
+            super::local::kill_scope(&ToolContext {
+                task_id: None,
+                cwd: std::path::PathBuf::from("/"),
+                env: Some(env),
+                origin: CallOrigin::Script,
+                paths: None,
+            })
+        });
+        return json!({"id": req.get("id"), "ok": {"killed": killed}});
+    }
+    if let Some(bad) = req.get("bad").and_then(Value::as_str) {
+        return json!({"id": null, "err": {"kind": "ProtocolError", "message": format!("not JSON: {bad}")}});
+    }
+    let id = req.get("id").cloned().unwrap_or(Value::Null);
+    let fail =
+        |kind: &str, message: String| json!({"id": id, "err": {"kind": kind, "message": message}});
+    let tool = req.get("tool").and_then(Value::as_str).unwrap_or("");
+    if !REMOTE_TOOLS.contains(&tool) {
+        return fail(
+            "UnknownTool",
+            format!("the backend agent does not run `{tool}`"),
+        );
+    }
+    let Some(entry) = registry.get(tool) else {
+        return fail("UnknownTool", format!("no tool named `{tool}` here"));
+    };
+    let args = req
+        .get("args")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    let env = req.get("env").and_then(Value::as_array).map(|pairs| {
+        let mut env: Vec<(String, String)> = pairs
+            .iter()
+            .filter_map(|p| {
+                let p = p.as_array()?;
+                Some((
+                    p.first()?.as_str()?.to_string(),
+                    p.get(1)?.as_str()?.to_string(),
+                ))
+            })
+            .collect();
+        // The host cannot know the backend's PATH: take ours when the call brings none.
+        if !env.iter().any(|(k, _)| k == "PATH") {
+            if let Ok(path) = std::env::var("PATH") {
+                env.push(("PATH".into(), path));
+            }
+        }
+        let env = Arc::new(env);
+        match req.get("scope").and_then(Value::as_u64) {
+            Some(scope) => SCOPES
+                .lock()
+                .map(|mut m| Arc::clone(m.entry(scope).or_insert(env.clone())))
+                .unwrap_or(env),
+            None => env,
+        }
+    });
+    let ctx = ToolContext {
+        task_id: req
+            .get("task_id")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        cwd: req
+            .get("cwd")
+            .and_then(Value::as_str)
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| std::path::PathBuf::from("/")),
+        env,
+        // The backend itself is the sandbox: strict mode's host path policy does not apply here.
+        paths: None,
+        origin: if req.get("origin").and_then(Value::as_str) == Some("script") {
+            CallOrigin::Script
+        } else {
+            CallOrigin::Agent
+        },
+    };
+    let result = match &entry.handler {
+        Handler::Sync(f) => {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&args, &ctx)))
+                .unwrap_or_else(|_| Err(ToolError::new("Panic", format!("`{tool}` panicked"))))
+        }
+        _ => Err(ToolError::new(
+            "UnknownTool",
+            format!("`{tool}` is not a synchronous built-in"),
+        )),
+    };
+    match result {
+        Ok(v) => json!({"id": id, "ok": v}),
+        Err(e) => fail(&e.kind, e.message),
+    }
+}
+
+/// Forwards a tool call to the task's remote environment when a remote backend is active.
+/// `None`: run it here.
+pub fn forward(
+    tool: &str,
+    args: &Map<String, Value>,
+    ctx: &ToolContext,
+    timeout: Duration,
+) -> Option<Result<Value, ToolError>> {
+    let env = match super::remote_for(ctx) {
+        Ok(Some(env)) => env,
+        Ok(None) => return None,
+        Err(e) => return Some(Err(e)),
+    };
+    let agent = env.agent()?;
+    let mut ctx = ctx.clone();
+    if ctx.origin == CallOrigin::Agent {
+        // An agent call names paths relative to the backend's working dir, not the host's.
+        ctx.cwd = std::path::PathBuf::from(env.workdir());
+    }
+    Some(agent.call(tool, args, &ctx, timeout))
+}
+
+/// The vibeos-exec binary to run as tool agent: `terminal.agent_binary`, else
+/// `$VIBEOS_AGENT_BINARY`, else this program if it is vibeos-exec, else `vibeos-exec` on PATH.
+pub fn agent_binary(configured: Option<&std::path::Path>) -> Result<std::path::PathBuf, String> {
+    if let Some(p) = configured {
+        return Ok(p.to_path_buf());
+    }
+    if let Some(p) = std::env::var_os("VIBEOS_AGENT_BINARY").filter(|p| !p.is_empty()) {
+        return Ok(p.into());
+    }
+    if let Ok(me) = std::env::current_exe() {
+        if me.file_name().is_some_and(|n| n == "vibeos-exec") {
+            return Ok(me);
+        }
+    }
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|d| d.join("vibeos-exec"))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            "cannot find the vibeos-exec binary to run as tool agent; set terminal.agent_binary"
+                .to_string()
+        })
+}

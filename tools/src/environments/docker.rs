@@ -1,0 +1,508 @@
+//! The docker backend (also podman, `terminal.docker_binary: podman`): one container per task.
+//!
+//! Talks to the engine through its CLI (`DOCKER_HOST` and the engine's own config apply as
+//! usual); docs/backends.md records why the CLI and not the Engine API. A container is created
+//! on first use with the labels `vibeos-exec=1`, `vibeos-exec.task=<id>` and the owning
+//! process, no network (`--network none` unless `terminal.docker_network`), every capability
+//! dropped, no-new-privileges, pids/cpu/memory limits, and no host mounts except two the
+//! product needs: the per-environment RPC directory (sockets of its executions live in
+//! subdirectories, so a re-created socket is always the one the container sees) and the
+//! vibeos-exec binary, read-only, which runs there as the tool agent. Its PID 1 is a tiny
+//! Python reaper so orphans of scripts never pile up as zombies.
+
+use super::agent::{agent_binary, AgentClient, AgentLaunch, AgentSocket};
+use super::settings::BackendSettings;
+use super::{run_client, Channel, CommandOutput, EnvError, Environment};
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+/// Where the RPC directory appears inside the container.
+pub const RPC_MOUNT: &str = "/run/vibeos-rpc";
+/// Where the tool agent binary appears inside the container.
+pub const AGENT_PATH: &str = "/usr/local/libexec/vibeos-exec";
+/// Label every container carries.
+pub const LABEL: &str = "vibeos-exec=1";
+/// How long an engine command may take before the engine counts as hung.
+const ENGINE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// PID 1 of a container: reaps every orphan and exits on SIGTERM.
+const INIT: &str = include_str!("container_init.py");
+
+/// A running container of one task.
+pub struct DockerEnv {
+    binary: String,
+    name: String,
+    workdir: String,
+    python: String,
+    persistent: bool,
+    isolated: bool,
+    rpc_dir: PathBuf,
+    agent: AgentClient,
+}
+
+fn engine(binary: &str, args: &[&str]) -> Result<CommandOutput, EnvError> {
+    let mut cmd = Command::new(binary);
+    cmd.args(args);
+    run_client(
+        "docker",
+        &mut cmd,
+        b"",
+        ENGINE_TIMEOUT,
+        &format!("{binary} {}", args.first().copied().unwrap_or("")),
+    )
+}
+
+/// Turns an engine's error output into an error that says what to do.
+fn engine_error(binary: &str, what: &str, out: &CommandOutput) -> EnvError {
+    let text = out.stderr_text();
+    let lower = text.to_ascii_lowercase();
+    if lower.contains("cannot connect")
+        || lower.contains("connection refused")
+        || lower.contains("is the docker daemon running")
+        || lower.contains("no such file or directory") && lower.contains(".sock")
+    {
+        return EnvError::Unreachable {
+            backend: "docker",
+            message: format!(
+                "{binary} cannot reach its engine ({text}); start the daemon or set DOCKER_HOST"
+            ),
+        };
+    }
+    EnvError::Command {
+        backend: "docker",
+        what: what.to_string(),
+        message: if text.is_empty() {
+            format!("{binary} exited with {:?}", out.code)
+        } else {
+            text
+        },
+    }
+}
+
+/// `/proc/self/stat` start time: with the pid it names this process across pid reuse.
+fn owner_label() -> String {
+    let start = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| s.rsplit(')').next().map(str::to_string))
+        .and_then(|rest| rest.split_whitespace().nth(19).map(str::to_string))
+        .unwrap_or_default();
+    format!("{}:{start}", std::process::id())
+}
+
+fn owner_alive(label: &str) -> bool {
+    let Some((pid, start)) = label.split_once(':') else {
+        return false;
+    };
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    stat.rsplit(')')
+        .next()
+        .and_then(|rest| rest.split_whitespace().nth(19))
+        .is_some_and(|s| s == start)
+}
+
+fn container_name(task: &str, persistent: bool) -> String {
+    let clean: String = task
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(40)
+        .collect();
+    // FNV-1a: a stable short tag, so distinct task ids never share a name after cleaning.
+    let hash = task.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    if persistent {
+        format!("vibeos-exec-{clean}-{:08x}", hash as u32)
+    } else {
+        format!(
+            "vibeos-exec-{clean}-{:08x}-{}",
+            hash as u32,
+            std::process::id()
+        )
+    }
+}
+
+impl DockerEnv {
+    /// Creates (or, when persistent, restarts) the container of `task`.
+    pub fn start(settings: &BackendSettings, task: &str) -> Result<DockerEnv, EnvError> {
+        let binary = settings.docker_binary.clone();
+        let image = settings.docker_image.clone().ok_or(EnvError::Command {
+            backend: "docker",
+            what: "start".into(),
+            message: "terminal.docker_image is not set".into(),
+        })?;
+        let persistent = settings.container_persistent;
+        let name = container_name(task, persistent);
+        let agent_bin =
+            agent_binary(settings.agent_binary.as_deref()).map_err(|message| EnvError::Agent {
+                backend: "docker",
+                message,
+            })?;
+        let mount_cwd = settings
+            .docker_mount_cwd_to_workspace
+            .then(|| settings.host_cwd.clone())
+            .flatten();
+        let workdir = settings.cwd.clone().unwrap_or_else(|| {
+            if mount_cwd.is_some() {
+                "/workspace".into()
+            } else {
+                "/root".into()
+            }
+        });
+        // A persistent container's mount source must survive host restarts, so its name is
+        // stable; every other one gets an unguessable name.
+        let rpc_dir = if persistent {
+            std::env::temp_dir().join(format!("{name}.rpc"))
+        } else {
+            std::env::temp_dir().join(format!("{name}.rpc-{}", super::random_hex(8)))
+        };
+        let env = DockerEnv {
+            agent: Self::agent_client(&binary, &name, settings.shell_session, &rpc_dir),
+            binary: binary.clone(),
+            name: name.clone(),
+            workdir: workdir.clone(),
+            python: settings.python.clone(),
+            persistent,
+            isolated: settings.docker_volumes.is_empty() && mount_cwd.is_none(),
+            rpc_dir: rpc_dir.clone(),
+        };
+        if persistent {
+            let out = engine(&binary, &["inspect", "-f", "{{.State.Running}}", &name])?;
+            if out.success() {
+                if String::from_utf8_lossy(&out.stdout).trim() != "true" {
+                    std::fs::create_dir_all(&rpc_dir)
+                        .map_err(|e| env.io("create the RPC dir", &e))?;
+                    let out = engine(&binary, &["start", &name])?;
+                    if !out.success() {
+                        return Err(engine_error(
+                            &binary,
+                            "restarting the persistent container",
+                            &out,
+                        ));
+                    }
+                }
+                return Ok(env);
+            }
+        }
+        let _ = std::fs::remove_dir_all(&rpc_dir);
+        std::fs::create_dir(&rpc_dir).map_err(|e| env.io("create the RPC dir", &e))?;
+        std::fs::set_permissions(&rpc_dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| env.io("protect the RPC dir", &e))?;
+        let mut args: Vec<String> = vec![
+            "run".into(),
+            "-d".into(),
+            "--name".into(),
+            name.clone(),
+            "--label".into(),
+            LABEL.into(),
+            "--label".into(),
+            format!("vibeos-exec.task={task}"),
+            "--label".into(),
+            format!("vibeos-exec.owner={}", owner_label()),
+            "--label".into(),
+            format!("vibeos-exec.persistent={}", u8::from(persistent)),
+            "--network".into(),
+            settings.docker_network.clone(),
+            "--cap-drop".into(),
+            "ALL".into(),
+            "--security-opt".into(),
+            "no-new-privileges".into(),
+            "--pids-limit".into(),
+            settings.container_pids.to_string(),
+            "-v".into(),
+            format!("{}:{RPC_MOUNT}", rpc_dir.display()),
+            "-v".into(),
+            format!("{}:{AGENT_PATH}:ro", agent_bin.display()),
+            "-w".into(),
+            workdir,
+        ];
+        if let Some(cpu) = settings.container_cpu {
+            args.extend(["--cpus".into(), format!("{cpu}")]);
+        }
+        if let Some(mb) = settings.container_memory {
+            args.extend(["--memory".into(), format!("{mb}m")]);
+        }
+        for v in &settings.docker_volumes {
+            args.extend([
+                "-v".into(),
+                format!(
+                    "{}:{}{}",
+                    v.host.display(),
+                    v.container,
+                    if v.read_only { ":ro" } else { "" }
+                ),
+            ]);
+        }
+        if let Some(cwd) = &mount_cwd {
+            args.extend(["-v".into(), format!("{}:/workspace", cwd.display())]);
+        }
+        args.extend([
+            "--entrypoint".into(),
+            settings.python.clone(),
+            image.clone(),
+            "-c".into(),
+            INIT.lines()
+                .filter(|l| !l.trim_start().starts_with('#') && !l.trim().is_empty())
+                .collect::<Vec<_>>()
+                .join("\n"),
+        ]);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = engine(&binary, &refs)?;
+        if !out.success() {
+            let _ = std::fs::remove_dir_all(&rpc_dir);
+            let text = out.stderr_text();
+            let lower = text.to_ascii_lowercase();
+            if lower.contains("unable to find image")
+                || lower.contains("no such image")
+                || lower.contains("image not known")
+                || lower.contains("pull access denied")
+                || lower.contains("repository does not exist")
+            {
+                return Err(EnvError::Command {
+                    backend: "docker",
+                    what: "creating the container".into(),
+                    message: format!("image `{image}` is not available to {binary} ({text}); build or pull it, or fix terminal.docker_image"),
+                });
+            }
+            if lower.contains("executable file not found")
+                || lower.contains("no such file or directory") && lower.contains("exec")
+            {
+                return Err(EnvError::Command {
+                    backend: "docker",
+                    what: "creating the container".into(),
+                    message: format!(
+                        "image `{image}` has no `{}` ({text}); set terminal.python to its Python 3 interpreter",
+                        settings.python
+                    ),
+                });
+            }
+            return Err(engine_error(&binary, "creating the container", &out));
+        }
+        // An image without the interpreter makes PID 1 exit at once: say so now, not as a
+        // puzzling "container is not running" on the first exec.
+        let state = engine(&binary, &["inspect", "-f", "{{.State.Running}}", &name])?;
+        if String::from_utf8_lossy(&state.stdout).trim() != "true" {
+            let logs = engine(&binary, &["logs", "--tail", "5", &name])
+                .map(|o| {
+                    format!(
+                        "{} {}",
+                        o.stderr_text(),
+                        String::from_utf8_lossy(&o.stdout).trim()
+                    )
+                })
+                .unwrap_or_default();
+            let _ = engine(&binary, &["rm", "-f", &name]);
+            let _ = std::fs::remove_dir_all(&rpc_dir);
+            return Err(EnvError::Command {
+                backend: "docker",
+                what: "starting the container".into(),
+                message: format!(
+                    "it exited at once ({}); does image `{image}` have `{}` (terminal.python)?",
+                    logs.trim(),
+                    settings.python
+                ),
+            });
+        }
+        tracing::info!(container = %name, task, "backends: docker container started");
+        Ok(env)
+    }
+
+    fn agent_client(
+        binary: &str,
+        name: &str,
+        shell_session: bool,
+        rpc_dir: &std::path::Path,
+    ) -> AgentClient {
+        let (binary, name) = (binary.to_string(), name.to_string());
+        let local = rpc_dir.join("agent.sock");
+        AgentClient::new("docker", move || {
+            let mut cmd = Command::new(&binary);
+            cmd.args(["exec", "-i", &name, AGENT_PATH, "backend-agent", "--listen"])
+                .arg(format!("{RPC_MOUNT}/agent.sock"));
+            if !shell_session {
+                cmd.arg("--no-shell-session");
+            }
+            Ok(AgentLaunch {
+                command: cmd,
+                socket: Some(AgentSocket {
+                    local: local.clone(),
+                    prepare: None,
+                }),
+            })
+        })
+    }
+
+    fn io(&self, what: &str, e: &std::io::Error) -> EnvError {
+        EnvError::Command {
+            backend: "docker",
+            what: what.into(),
+            message: format!("{}: {e}", self.rpc_dir.display()),
+        }
+    }
+
+    /// The container's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// Removes a per-execution socket dir when the execution ends.
+struct RemoveDir(PathBuf);
+
+impl Drop for RemoveDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl Environment for DockerEnv {
+    fn backend(&self) -> &'static str {
+        "docker"
+    }
+
+    fn isolated(&self) -> bool {
+        self.isolated
+    }
+
+    fn workdir(&self) -> String {
+        self.workdir.clone()
+    }
+
+    fn python(&self) -> String {
+        self.python.clone()
+    }
+
+    fn command(&self, argv: &[String]) -> Command {
+        let mut cmd = Command::new(&self.binary);
+        cmd.args(["exec", "-i", &self.name]).args(argv);
+        cmd
+    }
+
+    fn open_channel(&self, exec_id: &str) -> Result<Channel, EnvError> {
+        let dir = self.rpc_dir.join(exec_id);
+        std::fs::create_dir(&dir).map_err(|e| self.io("create the execution's socket dir", &e))?;
+        let guard = RemoveDir(dir.clone());
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| self.io("protect the execution's socket dir", &e))?;
+        Ok(Channel {
+            local_socket: dir.join("rpc.sock"),
+            remote_socket: format!("{RPC_MOUNT}/{exec_id}/rpc.sock"),
+            remote_dir: format!("/tmp/vibeos-exec-{exec_id}"),
+            forward: None,
+            guard: Box::new(guard),
+        })
+    }
+
+    fn agent(&self) -> Option<&AgentClient> {
+        Some(&self.agent)
+    }
+
+    fn stop(&self) {
+        self.agent.stop();
+        let out = if self.persistent {
+            engine(&self.binary, &["stop", "-t", "1", &self.name])
+        } else {
+            engine(&self.binary, &["rm", "-f", &self.name])
+        };
+        match out {
+            Ok(o) if o.success() => {
+                tracing::info!(container = %self.name, "backends: docker container stopped")
+            }
+            Ok(o) => {
+                tracing::warn!(container = %self.name, "backends: cannot stop the container: {}", o.stderr_text())
+            }
+            Err(e) => {
+                tracing::warn!(container = %self.name, "backends: cannot stop the container: {e}")
+            }
+        }
+        if !self.persistent {
+            let _ = std::fs::remove_dir_all(&self.rpc_dir);
+        }
+    }
+}
+
+/// What `vibeos-exec backends gc` did.
+#[derive(Debug, Default)]
+pub struct GcReport {
+    /// Containers removed.
+    pub removed: Vec<String>,
+    /// Containers kept (owner alive, or persistent without `all`).
+    pub kept: Vec<String>,
+}
+
+/// Removes the containers labelled `vibeos-exec=1` whose owning process is gone (a crashed
+/// host); persistent ones only with `all`.
+pub fn gc(binary: &str, all: bool) -> Result<GcReport, EnvError> {
+    let out = engine(
+        binary,
+        &["ps", "-a", "-q", "--filter", &format!("label={LABEL}")],
+    )?;
+    if !out.success() {
+        return Err(engine_error(binary, "listing containers", &out));
+    }
+    let mut report = GcReport::default();
+    for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+        // `index .Config.Labels` reads the same in docker and podman.
+        let info = engine(
+            binary,
+            &[
+                "inspect",
+                "-f",
+                "{{.Name}}\t{{index .Config.Labels \"vibeos-exec.owner\"}}\t{{index .Config.Labels \"vibeos-exec.persistent\"}}\t{{range .Mounts}}{{if eq .Destination \"/run/vibeos-rpc\"}}{{.Source}}{{end}}{{end}}",
+                id,
+            ],
+        )?;
+        if !info.success() {
+            continue; // removed meanwhile
+        }
+        let text = String::from_utf8_lossy(&info.stdout).trim().to_string();
+        let mut parts = text.split('\t');
+        let name = parts
+            .next()
+            .unwrap_or(id)
+            .trim_start_matches('/')
+            .to_string();
+        let owner = parts.next().unwrap_or("");
+        let persistent = parts.next().unwrap_or("0") == "1";
+        let rpc_source = parts.next().unwrap_or("").to_string();
+        let keep = if persistent { !all } else { owner_alive(owner) };
+        if keep {
+            report.kept.push(name);
+            continue;
+        }
+        let rm = engine(binary, &["rm", "-f", id])?;
+        if !rm.success() {
+            return Err(engine_error(binary, &format!("removing {name}"), &rm));
+        }
+        // Only ever our own socket dir under the temp dir, whatever the label says.
+        let source = PathBuf::from(&rpc_source);
+        if source.parent() == Some(std::env::temp_dir().as_path())
+            && source
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("vibeos-exec-"))
+        {
+            let _ = std::fs::remove_dir_all(&source);
+        }
+        report.removed.push(name);
+    }
+    Ok(report)
+}
+
+/// Whether the engine answers (for `doctor`): its server version, or why not.
+pub fn probe(binary: &str) -> Result<String, EnvError> {
+    let out = engine(binary, &["version", "--format", "{{.Server.Version}}"])?;
+    if out.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    } else {
+        Err(engine_error(binary, "version", &out))
+    }
+}

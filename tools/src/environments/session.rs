@@ -1,0 +1,96 @@
+//! Shell-session semantics for `terminal` (SPEC §9): the working directory and exported
+//! variables of one call are seen by the next call of the same task, as agents trained on the
+//! system this product replaces expect (`cd build` then `make`).
+//!
+//! Each command still runs in a fresh `bash -c` (so timeouts, process-group kills and output
+//! capture stay exactly as they are); the command is wrapped to restore the session's state
+//! first and to save `pwd` and `export -p` on exit. A long-lived shell per task would keep
+//! state for free but makes timeouts, output framing and kill semantics fragile. State is kept
+//! per task and per caller (agent or script): a script never inherits the variables the agent's
+//! unscrubbed environment exported, and vice versa. The same code runs in the tool agent, so
+//! every backend gets the same semantics. `terminal.shell_session: false` turns it off.
+
+use crate::{CallOrigin, ToolContext};
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{LazyLock, Mutex};
+
+static ENABLED: AtomicBool = AtomicBool::new(true);
+static STATES: LazyLock<Mutex<BTreeMap<(String, bool), tempfile::TempDir>>> =
+    LazyLock::new(|| Mutex::new(BTreeMap::new()));
+
+/// Turns shell sessions on or off for this process (`terminal.shell_session`).
+pub fn set_enabled(enabled: bool) {
+    ENABLED.store(enabled, Ordering::SeqCst);
+}
+
+/// Whether shell sessions are on.
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::SeqCst)
+}
+
+/// Forgets every session and removes its state (host exit).
+pub fn clear_all() {
+    if let Ok(mut g) = STATES.lock() {
+        g.clear();
+    }
+}
+
+/// The state dir of the call's session, created on first use; `None` when sessions are off
+/// or the dir cannot be made (the command then runs without session state).
+fn state_dir(ctx: &ToolContext) -> Option<PathBuf> {
+    if !enabled() {
+        return None;
+    }
+    let key = (
+        ctx.task_id.clone().unwrap_or_default(),
+        ctx.origin == CallOrigin::Script,
+    );
+    let mut g = STATES.lock().ok()?;
+    if let Some(d) = g.get(&key) {
+        return Some(d.path().to_path_buf());
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("vibeos-shell-")
+        .tempdir()
+        .map_err(|e| tracing::warn!("terminal: cannot keep shell-session state: {e}"))
+        .ok()?;
+    let _ = std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700));
+    let path = dir.path().to_path_buf();
+    g.insert(key, dir);
+    Some(path)
+}
+
+/// `command` wrapped to restore and save the session state; unchanged when sessions are off.
+/// With `explicit_workdir` the call's `workdir` wins over the session's directory and is not
+/// remembered as the session's directory.
+pub fn wrap(command: &str, ctx: &ToolContext, explicit_workdir: bool) -> String {
+    let Some(dir) = state_dir(ctx) else {
+        return command.to_string();
+    };
+    let q = super::shell_quote(&dir.display().to_string());
+    let restore_cwd = if explicit_workdir {
+        String::new()
+    } else {
+        "if [ -f \"$__vibeos_s/cwd\" ]; then cd -- \"$(cat \"$__vibeos_s/cwd\")\" 2>/dev/null; fi\n"
+            .to_string()
+    };
+    // A call's `workdir` is a one-off override: it does not move the session.
+    let save_cwd = if explicit_workdir {
+        ""
+    } else {
+        "pwd > \"$__vibeos_s/cwd\" 2>/dev/null; "
+    };
+    format!(
+        "__vibeos_s={q}\n\
+         if [ -f \"$__vibeos_s/env\" ]; then . \"$__vibeos_s/env\" 2>/dev/null; fi\n\
+         {restore_cwd}\
+         __vibeos_save() {{ __vibeos_rc=$?; {save_cwd}\
+         export -p 2>/dev/null | grep -Ev '^(declare -x|export) (PWD|OLDPWD|SHLVL|_)(=|$)' > \"$__vibeos_s/env.new\" \
+         && mv -f \"$__vibeos_s/env.new\" \"$__vibeos_s/env\"; exit $__vibeos_rc; }}\n\
+         trap __vibeos_save EXIT\n\
+         {command}\n"
+    )
+}

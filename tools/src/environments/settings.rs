@@ -1,0 +1,395 @@
+//! The `terminal.*` backend keys of config.yaml (SPEC §9), checked once at start-up.
+//!
+//! Names follow the system this product replaces, so existing configs keep working. A wrong
+//! type, an unknown backend or a key the chosen backend cannot do without is an error naming
+//! the key: the CLI turns it into exit code 2 before anything runs.
+
+use serde_yaml_ng::Value;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Default `terminal.lifetime_seconds`.
+pub const DEFAULT_LIFETIME: Duration = Duration::from_secs(300);
+
+/// Which backend runs commands, tools and scripts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackendKind {
+    /// This machine.
+    #[default]
+    Local,
+    /// A container per task (docker or podman CLI).
+    Docker,
+    /// A remote host over one OpenSSH ControlMaster connection.
+    Ssh,
+}
+
+impl BackendKind {
+    /// The name as written in config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Local => "local",
+            BackendKind::Docker => "docker",
+            BackendKind::Ssh => "ssh",
+        }
+    }
+}
+
+/// Known-hosts policy of the ssh backend (`terminal.ssh_known_hosts`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KnownHosts {
+    /// `StrictHostKeyChecking=yes` against the user's known_hosts (default).
+    Strict,
+    /// `accept-new`: trust on first use, refuse changed keys.
+    AcceptNew,
+    /// Check against this file only.
+    File(PathBuf),
+}
+
+/// One `terminal.docker_volumes` entry: `host:container[:ro]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Volume {
+    /// Host path.
+    pub host: PathBuf,
+    /// Path inside the container.
+    pub container: String,
+    /// Mounted read-only.
+    pub read_only: bool,
+}
+
+/// Every backend setting, with defaults applied.
+#[derive(Debug, Clone)]
+pub struct BackendSettings {
+    /// `terminal.backend`.
+    pub backend: BackendKind,
+    /// `terminal.cwd`: the working dir inside the backend.
+    pub cwd: Option<String>,
+    /// `terminal.lifetime_seconds`: idle time before an environment is stopped.
+    pub lifetime: Duration,
+    /// `terminal.python`: interpreter inside the backend.
+    pub python: String,
+    /// `terminal.docker_image`.
+    pub docker_image: Option<String>,
+    /// `terminal.docker_volumes`.
+    pub docker_volumes: Vec<Volume>,
+    /// `terminal.docker_mount_cwd_to_workspace`: mount the session dir at /workspace.
+    pub docker_mount_cwd_to_workspace: bool,
+    /// `terminal.docker_network`: `none` unless configured.
+    pub docker_network: String,
+    /// `terminal.docker_binary`: `docker` or `podman` (or a path).
+    pub docker_binary: String,
+    /// `terminal.container_cpu`: CPUs.
+    pub container_cpu: Option<f64>,
+    /// `terminal.container_memory`: MB.
+    pub container_memory: Option<u64>,
+    /// `terminal.container_pids`: process limit.
+    pub container_pids: u64,
+    /// `terminal.container_persistent`: keep the container (stopped) instead of removing it.
+    pub container_persistent: bool,
+    /// `terminal.ssh_host`.
+    pub ssh_host: Option<String>,
+    /// `terminal.ssh_user`.
+    pub ssh_user: Option<String>,
+    /// `terminal.ssh_port`.
+    pub ssh_port: Option<u16>,
+    /// `terminal.ssh_key`.
+    pub ssh_key: Option<PathBuf>,
+    /// `terminal.ssh_known_hosts`: `strict` (default), `accept-new`, or a file path.
+    pub ssh_known_hosts: KnownHosts,
+    /// `terminal.shell_session`: `cd`/`export` persist between calls of one task.
+    pub shell_session: bool,
+    /// `terminal.agent_binary`: the vibeos-exec binary run as tool agent inside the backend.
+    pub agent_binary: Option<PathBuf>,
+    /// `approvals.skip_in_isolated_backends`.
+    pub skip_approvals_isolated: bool,
+    /// The host's session dir (for `docker_mount_cwd_to_workspace`), set by the host.
+    pub host_cwd: Option<PathBuf>,
+}
+
+impl Default for BackendSettings {
+    fn default() -> Self {
+        BackendSettings {
+            backend: BackendKind::Local,
+            cwd: None,
+            lifetime: DEFAULT_LIFETIME,
+            python: "python3".into(),
+            docker_image: None,
+            docker_volumes: Vec::new(),
+            docker_mount_cwd_to_workspace: false,
+            docker_network: "none".into(),
+            docker_binary: "docker".into(),
+            container_cpu: None,
+            container_memory: None,
+            container_pids: 512,
+            container_persistent: false,
+            ssh_host: None,
+            ssh_user: None,
+            ssh_port: None,
+            ssh_key: None,
+            ssh_known_hosts: KnownHosts::Strict,
+            shell_session: true,
+            agent_binary: None,
+            skip_approvals_isolated: true,
+            host_cwd: None,
+        }
+    }
+}
+
+/// The backend settings are unusable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SettingsError {
+    /// `terminal.backend` (or `--backend`) names no backend.
+    #[error(
+        "unknown backend `{0}` (terminal.backend / --backend); use one of: local, docker, ssh"
+    )]
+    UnknownBackend(String),
+    /// A backend of the product this one replaces that this build cannot run.
+    #[error("backend `{0}` is not available in this build (terminal.backend / --backend); use one of: local, docker, ssh")]
+    Unavailable(String),
+    /// The chosen backend needs a key that is not set.
+    #[error("backend `{backend}` needs `{key}` in config.yaml; {hint}")]
+    Missing {
+        /// The backend.
+        backend: &'static str,
+        /// The key.
+        key: &'static str,
+        /// What to put there.
+        hint: &'static str,
+    },
+    /// A key has the wrong type or value.
+    #[error("`{key}` {problem}")]
+    BadValue {
+        /// Dotted key.
+        key: String,
+        /// What is wrong and what is expected.
+        problem: String,
+    },
+}
+
+fn bad(key: &str, problem: impl Into<String>) -> SettingsError {
+    SettingsError::BadValue {
+        key: key.into(),
+        problem: problem.into(),
+    }
+}
+
+/// Parses a backend name.
+pub fn parse_backend(name: &str) -> Result<BackendKind, SettingsError> {
+    match name.trim().to_ascii_lowercase().as_str() {
+        "local" => Ok(BackendKind::Local),
+        "docker" | "podman" => Ok(BackendKind::Docker),
+        "ssh" => Ok(BackendKind::Ssh),
+        "singularity" | "modal" | "daytona" => Err(SettingsError::Unavailable(name.into())),
+        _ => Err(SettingsError::UnknownBackend(name.into())),
+    }
+}
+
+impl BackendSettings {
+    /// Reads the settings from a parsed config.yaml; `backend_override` is `--backend`.
+    pub fn from_document(
+        doc: &Value,
+        backend_override: Option<&str>,
+    ) -> Result<BackendSettings, SettingsError> {
+        let mut s = BackendSettings::default();
+        let get = |section: &str, key: &str| {
+            doc.get(section)
+                .and_then(|t| t.get(key))
+                .filter(|v| !v.is_null())
+        };
+        let t = |key: &str| get("terminal", key);
+        let string = |key: &str| -> Result<Option<String>, SettingsError> {
+            match t(key) {
+                None => Ok(None),
+                Some(Value::String(v)) if !v.trim().is_empty() => Ok(Some(v.clone())),
+                Some(Value::Number(n)) => Ok(Some(n.to_string())),
+                Some(_) => Err(bad(
+                    &format!("terminal.{key}"),
+                    "must be a non-empty string",
+                )),
+            }
+        };
+        let boolean = |section: &str, key: &str| -> Result<Option<bool>, SettingsError> {
+            match get(section, key) {
+                None => Ok(None),
+                Some(Value::Bool(b)) => Ok(Some(*b)),
+                Some(_) => Err(bad(&format!("{section}.{key}"), "must be true or false")),
+            }
+        };
+        let number = |key: &str| -> Result<Option<f64>, SettingsError> {
+            match t(key) {
+                None => Ok(None),
+                Some(v) => v
+                    .as_f64()
+                    .filter(|n| n.is_finite() && *n > 0.0)
+                    .map(Some)
+                    .ok_or_else(|| bad(&format!("terminal.{key}"), "must be a positive number")),
+            }
+        };
+        let backend_name = match backend_override {
+            Some(b) => Some(b.to_string()),
+            None => string("backend")?,
+        };
+        if let Some(name) = backend_name {
+            s.backend = parse_backend(&name)?;
+            if name.trim().eq_ignore_ascii_case("podman") {
+                s.docker_binary = "podman".into();
+            }
+        }
+        s.cwd = string("cwd")?;
+        if let Some(n) = number("lifetime_seconds")? {
+            s.lifetime = Duration::from_secs_f64(n.min(30.0 * 86_400.0));
+        }
+        if let Some(p) = string("python")? {
+            s.python = p;
+        }
+        s.docker_image = string("docker_image")?;
+        if let Some(v) = t("docker_volumes") {
+            let list = v.as_sequence().ok_or_else(|| {
+                bad(
+                    "terminal.docker_volumes",
+                    "must be a list of host:container[:ro]",
+                )
+            })?;
+            for (i, item) in list.iter().enumerate() {
+                let key = format!("terminal.docker_volumes[{i}]");
+                let text = item
+                    .as_str()
+                    .ok_or_else(|| bad(&key, "must be a string host:container[:ro]"))?;
+                s.docker_volumes
+                    .push(parse_volume(text).map_err(|p| bad(&key, p))?);
+            }
+        }
+        if let Some(b) = boolean("terminal", "docker_mount_cwd_to_workspace")? {
+            s.docker_mount_cwd_to_workspace = b;
+        }
+        if let Some(n) = string("docker_network")? {
+            s.docker_network = n;
+        }
+        if let Some(b) = string("docker_binary")? {
+            s.docker_binary = b;
+        }
+        s.container_cpu = number("container_cpu")?;
+        s.container_memory = number("container_memory")?.map(|m| m.ceil() as u64);
+        if let Some(p) = number("container_pids")? {
+            s.container_pids = p as u64;
+        }
+        if let Some(b) = boolean("terminal", "container_persistent")? {
+            s.container_persistent = b;
+        }
+        s.ssh_host = string("ssh_host")?;
+        s.ssh_user = string("ssh_user")?;
+        if let Some(p) = t("ssh_port") {
+            let port = p
+                .as_u64()
+                .and_then(|p| u16::try_from(p).ok())
+                .filter(|p| *p > 0)
+                .ok_or_else(|| bad("terminal.ssh_port", "must be a port number 1-65535"))?;
+            s.ssh_port = Some(port);
+        }
+        s.ssh_key = string("ssh_key")?.map(PathBuf::from);
+        if let Some(k) = string("ssh_known_hosts")? {
+            s.ssh_known_hosts = match k.as_str() {
+                "strict" | "yes" => KnownHosts::Strict,
+                "accept-new" => KnownHosts::AcceptNew,
+                path if path.starts_with('/') => KnownHosts::File(PathBuf::from(path)),
+                _ => {
+                    return Err(bad(
+                        "terminal.ssh_known_hosts",
+                        "must be strict, accept-new or an absolute path to a known_hosts file",
+                    ))
+                }
+            };
+        }
+        if let Some(b) = boolean("terminal", "shell_session")? {
+            s.shell_session = b;
+        }
+        s.agent_binary = string("agent_binary")?.map(PathBuf::from);
+        if let Some(b) = boolean("approvals", "skip_in_isolated_backends")? {
+            s.skip_approvals_isolated = b;
+        }
+        match s.backend {
+            BackendKind::Docker if s.docker_image.is_none() => {
+                return Err(SettingsError::Missing {
+                    backend: "docker",
+                    key: "terminal.docker_image",
+                    hint: "name an image with a Python 3 interpreter (e.g. python:3.12-slim)",
+                })
+            }
+            BackendKind::Ssh if s.ssh_host.is_none() => {
+                return Err(SettingsError::Missing {
+                    backend: "ssh",
+                    key: "terminal.ssh_host",
+                    hint: "name the host to run on",
+                })
+            }
+            _ => {}
+        }
+        Ok(s)
+    }
+}
+
+fn parse_volume(text: &str) -> Result<Volume, String> {
+    let parts: Vec<&str> = text.split(':').collect();
+    let (host, container, read_only) = match parts.as_slice() {
+        [h, c] => (*h, *c, false),
+        [h, c, "ro"] => (*h, *c, true),
+        [h, c, "rw"] => (*h, *c, false),
+        _ => {
+            return Err(format!(
+                "{text:?} must be host:container or host:container:ro"
+            ))
+        }
+    };
+    if !host.starts_with('/') || !container.starts_with('/') {
+        return Err(format!("{text:?}: both paths must be absolute"));
+    }
+    Ok(Volume {
+        host: PathBuf::from(host),
+        container: container.to_string(),
+        read_only,
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str, over: Option<&str>) -> Result<BackendSettings, SettingsError> {
+        let doc: Value = serde_yaml_ng::from_str(text).unwrap();
+        BackendSettings::from_document(&doc, over)
+    }
+
+    #[test]
+    fn reads_the_docker_keys() {
+        let s = parse(
+            "terminal:\n  backend: docker\n  docker_image: img\n  docker_volumes: ['/a:/b:ro', '/c:/d']\n  container_cpu: 1.5\n  container_memory: 512\n  container_persistent: true\n  lifetime_seconds: 10\n  python: python3.11\n",
+            None,
+        )
+        .unwrap();
+        assert_eq!(s.backend, BackendKind::Docker);
+        assert_eq!(s.docker_volumes.len(), 2);
+        assert!(s.docker_volumes[0].read_only);
+        assert_eq!(s.container_memory, Some(512));
+        assert_eq!(s.lifetime, Duration::from_secs(10));
+        assert_eq!(s.python, "python3.11");
+    }
+
+    #[test]
+    fn errors_name_the_backend_or_key() {
+        let e = parse("terminal:\n  backend: docker\n", None).unwrap_err();
+        assert!(e.to_string().contains("terminal.docker_image"), "{e}");
+        let e = parse("{}", Some("ssh")).unwrap_err();
+        assert!(e.to_string().contains("terminal.ssh_host"), "{e}");
+        let e = parse("{}", Some("kubernetes")).unwrap_err();
+        assert!(e.to_string().contains("kubernetes"), "{e}");
+        let e = parse("terminal:\n  ssh_port: 70000\n", None).unwrap_err();
+        assert!(e.to_string().contains("terminal.ssh_port"), "{e}");
+        let e = parse("terminal:\n  docker_volumes: ['rel:/x']\n", None).unwrap_err();
+        assert!(e.to_string().contains("docker_volumes[0]"), "{e}");
+        assert_eq!(
+            parse("{}", None).unwrap().backend,
+            BackendKind::Local,
+            "local is the default"
+        );
+    }
+}
