@@ -61,8 +61,9 @@ impl Reveal {
         let mut pairs: Vec<(PathBuf, PathBuf)> = Vec::new();
         for n in needed {
             if let Some(a) = closed(n) {
-                // The needed path itself closed: nothing to cover it with but itself.
-                if &a == n {
+                // The needed path itself closed: nothing to cover it with but itself. And `/`
+                // cannot be covered without hiding everything else.
+                if &a == n || a == Path::new("/") {
                     return Err(io::Error::other(format!(
                         "{} itself is closed to the script's uid",
                         n.display()
@@ -206,5 +207,49 @@ impl Reveal {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_cover_per_outermost_closed_dir_with_the_chain_to_each_needed_path() {
+        let d = tempfile::tempdir().unwrap();
+        let closed = d.path().join("home");
+        let py = closed.join(".pyenv/versions/3.11");
+        let tmp = closed.join("tmp/staging");
+        std::fs::create_dir_all(&py).unwrap();
+        std::fs::create_dir_all(&tmp).unwrap();
+        let open = d.path().join("open");
+        std::fs::create_dir_all(&open).unwrap();
+        let c = closed.clone();
+        let plan = Reveal::plan(&[py.clone(), tmp.clone(), open.clone()], |p| {
+            p.starts_with(&c).then(|| c.clone())
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(plan.covered(), vec![closed.display().to_string()]);
+        let cover = &plan.covers[0];
+        let dirs: Vec<String> = cover
+            .mkdirs
+            .iter()
+            .map(|c| c.to_string_lossy().into_owned())
+            .collect();
+        for want in [&closed.join(".pyenv"), &py, &closed.join("tmp"), &tmp] {
+            assert!(
+                dirs.contains(&want.display().to_string()),
+                "{want:?} in {dirs:?}"
+            );
+        }
+        assert_eq!(cover.binds.len(), 2);
+
+        assert!(Reveal::plan(std::slice::from_ref(&open), |_| None)
+            .unwrap()
+            .is_none());
+        assert!(Reveal::plan(std::slice::from_ref(&py), |_| Some(PathBuf::from("/"))).is_err());
+        assert!(Reveal::plan(std::slice::from_ref(&py), |p| Some(p.to_path_buf())).is_err());
     }
 }

@@ -181,7 +181,17 @@ impl DiskBudget {
             )
         };
         if rc != 0 {
-            return Err(io::Error::last_os_error());
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot mount the {} MiB disk-budget tmpfs (code_execution.strict.disk_mb) on \
+                     {}: {e}; a root supervisor needs CAP_SYS_ADMIN for it (in a container, \
+                     run it with that capability)",
+                    bytes >> 20,
+                    dir.display()
+                ),
+            ));
         }
         Ok(Some(DiskBudget { target }))
     }
