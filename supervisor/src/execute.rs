@@ -523,27 +523,20 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
         use std::os::unix::process::ExitStatusExt;
         s.code().unwrap_or_else(|| -s.signal().unwrap_or(0))
     });
-    let (status, error, output) =
-        compose_output(ending, exit_code, &stdout_cap, &stderr_cap, request.timeout);
     drop(staging);
     drop(on_done);
-    ExecutionResult {
-        status,
-        output,
-        tool_calls_made,
-        duration_seconds: s.started.elapsed().as_secs_f64(),
-        error,
-        exit_code,
-        truncated: stdout_cap.truncated() || stderr_cap.truncated(),
-        stdout_bytes: stdout_cap.total(),
-        stdout_bytes_omitted: stdout_cap.omitted(),
-        stderr_bytes: stderr_cap.total(),
-        stderr_bytes_omitted: stderr_cap.omitted(),
-        mode: request.mode.as_str(),
-        redactions: 0,
-        interpreter: Some(s.interpreter.path.display().to_string()),
-        backend: None,
-    }
+    ended_result(
+        Ended {
+            ending,
+            exit_code,
+            stdout: &stdout_cap,
+            stderr: &stderr_cap,
+            tool_calls_made,
+        },
+        request,
+        s.started,
+        s.interpreter.path.display().to_string(),
+    )
 }
 
 /// How an execution ended, as the supervision saw it.
@@ -557,10 +550,52 @@ pub(crate) enum Ending {
     Interrupted,
 }
 
+/// How an execution ended and what it left: the supervision's findings, local or remote.
+pub(crate) struct Ended<'a> {
+    pub(crate) ending: Ending,
+    pub(crate) exit_code: Option<i32>,
+    pub(crate) stdout: &'a HeadTail,
+    pub(crate) stderr: &'a HeadTail,
+    pub(crate) tool_calls_made: usize,
+}
+
+/// The result object of an ended execution. Shared by local and remote supervision, so every
+/// launch returns the same object (a remote one then sets `backend`).
+pub(crate) fn ended_result(
+    ended: Ended<'_>,
+    request: &ExecutionRequest,
+    started: Instant,
+    interpreter: String,
+) -> ExecutionResult {
+    let (status, error, output) = compose_output(
+        ended.ending,
+        ended.exit_code,
+        ended.stdout,
+        ended.stderr,
+        request.timeout,
+    );
+    ExecutionResult {
+        status,
+        output,
+        tool_calls_made: ended.tool_calls_made,
+        duration_seconds: started.elapsed().as_secs_f64(),
+        error,
+        exit_code: ended.exit_code,
+        truncated: ended.stdout.truncated() || ended.stderr.truncated(),
+        stdout_bytes: ended.stdout.total(),
+        stdout_bytes_omitted: ended.stdout.omitted(),
+        stderr_bytes: ended.stderr.total(),
+        stderr_bytes_omitted: ended.stderr.omitted(),
+        mode: request.mode.as_str(),
+        redactions: 0,
+        interpreter: Some(interpreter),
+        backend: None,
+    }
+}
+
 /// Status, error line and output of an ended execution: the captured stdout, stderr when it
-/// failed, and the closing notice. Shared by local and remote supervision, so every launch
-/// returns the same result object.
-pub(crate) fn compose_output(
+/// failed, and the closing notice.
+fn compose_output(
     ending: Ending,
     exit_code: Option<i32>,
     stdout_cap: &HeadTail,
@@ -629,7 +664,9 @@ fn signal(pidfd: Option<&OwnedFd>, pid: u32, sig: libc::c_int) {
     }
 }
 
-async fn finish(
+/// The capture of an output reader, waiting at most `bound` for it to drain (an empty capture
+/// if it does not).
+pub(crate) async fn finish(
     task: tokio::task::JoinHandle<HeadTail>,
     bound: Duration,
     limit: usize,

@@ -14,7 +14,9 @@
 
 use crate::capture::{drain, HeadTail};
 use crate::env_policy::EnvPolicy;
-use crate::execute::{compose_output, Ending, ExecutionRequest, Interrupt, StartError};
+use crate::execute::{
+    ended_result, finish, Ended, Ending, ExecutionRequest, Interrupt, StartError,
+};
 use crate::result::ExecutionResult;
 use crate::rpc_server::{serve_with, ChannelState};
 use std::collections::BTreeSet;
@@ -290,40 +292,20 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
     drop(tokio::task::spawn_blocking(move || drop(guard)));
     let tool_calls_made = state.calls_made.load(Ordering::SeqCst);
 
-    let (status, error, output) =
-        compose_output(ending, exit_code, &stdout_cap, &stderr_cap, request.timeout);
-    Ok(ExecutionResult {
-        status,
-        output,
-        tool_calls_made,
-        duration_seconds: r.started.elapsed().as_secs_f64(),
-        error,
-        exit_code,
-        truncated: stdout_cap.truncated() || stderr_cap.truncated(),
-        stdout_bytes: stdout_cap.total(),
-        stdout_bytes_omitted: stdout_cap.omitted(),
-        stderr_bytes: stderr_cap.total(),
-        stderr_bytes_omitted: stderr_cap.omitted(),
-        mode: request.mode.as_str(),
-        redactions: 0,
-        interpreter: Some(python),
-        backend: Some(backend.to_string()),
-    })
-}
-
-async fn finish(
-    task: tokio::task::JoinHandle<HeadTail>,
-    bound: Duration,
-    limit: usize,
-) -> HeadTail {
-    let abort = task.abort_handle();
-    match tokio::time::timeout(bound, task).await {
-        Ok(Ok(cap)) => cap,
-        _ => {
-            abort.abort();
-            HeadTail::new(limit)
-        }
-    }
+    let mut result = ended_result(
+        Ended {
+            ending,
+            exit_code,
+            stdout: &stdout_cap,
+            stderr: &stderr_cap,
+            tool_calls_made,
+        },
+        request,
+        r.started,
+        python,
+    );
+    result.backend = Some(backend.to_string());
+    Ok(result)
 }
 
 /// Python source without its comment lines: it travels in argv, where `ps` shows it.
