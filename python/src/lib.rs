@@ -17,9 +17,8 @@ mod log_bridge;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use serde_json::{Map, Value};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use vibeos_supervisor::env_policy::EnvPolicy;
@@ -51,48 +50,6 @@ fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
         })
         .as_ref()
         .map_err(|e| PyRuntimeError::new_err(format!("cannot start the execution runtime: {e}")))
-}
-
-/// Running executions by task id, so `interrupt(task_id)` from any thread can stop them.
-/// Several executions may share a task id; each has its own serial.
-type Running = HashMap<String, Vec<(u64, Interrupt)>>;
-
-fn running() -> std::sync::MutexGuard<'static, Running> {
-    static RUNNING: OnceLock<Mutex<Running>> = OnceLock::new();
-    RUNNING
-        .get_or_init(|| Mutex::new(HashMap::new()))
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-}
-
-/// Removes one execution from [`running`] when its call ends, on every path.
-struct RunningGuard {
-    key: String,
-    serial: u64,
-}
-
-impl RunningGuard {
-    fn enter(key: String, interrupt: Interrupt) -> Self {
-        static SERIAL: AtomicU64 = AtomicU64::new(0);
-        let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
-        running()
-            .entry(key.clone())
-            .or_default()
-            .push((serial, interrupt));
-        RunningGuard { key, serial }
-    }
-}
-
-impl Drop for RunningGuard {
-    fn drop(&mut self) {
-        let mut map = running();
-        if let Some(list) = map.get_mut(&self.key) {
-            list.retain(|(s, _)| *s != self.serial);
-            if list.is_empty() {
-                map.remove(&self.key);
-            }
-        }
-    }
 }
 
 fn value_error(message: impl Into<String>) -> PyErr {
@@ -157,7 +114,7 @@ fn execute_code(
     request.task_id = task_id.clone();
     let rt = runtime()?;
     let interrupt = Interrupt::new();
-    let _guard = RunningGuard::enter(task_id.unwrap_or_default(), interrupt.clone());
+    let _guard = vibeos_supervisor::interrupts::track(task_id.as_deref(), interrupt.clone());
     let mode_name = request.mode.as_str();
     let mut handle = rt.spawn(execute(request, registry(), interrupt.clone()));
     let mut pending_signal: Option<PyErr> = None;
@@ -183,34 +140,23 @@ fn execute_code(
     Ok(result.to_json().to_string())
 }
 
-/// Interrupts every running execution of `task_id`; returns how many.
+/// Interrupts every running execution of `task_id` (started by `execute_code` or by the
+/// execute_code tool through `handle_function_call`); returns how many.
 #[pyfunction]
 fn interrupt(task_id: &str) -> usize {
-    let map = running();
-    let list = map.get(task_id).map(Vec::as_slice).unwrap_or_default();
-    for (_, i) in list {
-        i.interrupt();
-    }
-    // Executions of the execute_code tool (started through handle_function_call).
-    list.len() + vibeos_supervisor::interrupts::interrupt(task_id)
+    vibeos_supervisor::interrupts::interrupt(task_id)
 }
 
 /// Interrupts every running execution; returns how many.
 #[pyfunction]
 fn interrupt_all() -> usize {
-    let map = running();
-    let mut n = 0;
-    for (_, i) in map.values().flatten() {
-        i.interrupt();
-        n += 1;
-    }
-    n + vibeos_supervisor::interrupts::interrupt_all()
+    vibeos_supervisor::interrupts::interrupt_all()
 }
 
 /// How many executions are running.
 #[pyfunction]
 fn running_count() -> usize {
-    running().values().map(Vec::len).sum::<usize>() + vibeos_supervisor::interrupts::count()
+    vibeos_supervisor::interrupts::count()
 }
 
 /// Calls a Python invoker made by `vibeos_exec.registry`: `(args_json, task_id)` in,
