@@ -61,26 +61,6 @@ def test_bad_names():
         vibeos_exec.register_skill_env(["A=B"])
 
 
-def test_terminal_sessions_of_two_executions_share_nothing(tmp_path):
-    """`cd` and `export` persist between a script's own terminal calls, never into the next
-    execution's, even of the same task."""
-    if "terminal" not in registry.script_tools():
-        pytest.skip("the terminal tool is not registered in this build")
-    first = vibeos_exec.execute_code(
-        "from vibeos_tools import terminal\n"
-        "terminal('export LEAKED=yes; mkdir -p sub; cd sub')\n"
-        "print(terminal('echo \"[$LEAKED]\"; pwd')['output'])",
-        task_id="one-task", cwd=str(tmp_path))
-    assert first["status"] == "success", first
-    assert "[yes]" in first["output"] and "/sub" in first["output"], first
-    second = vibeos_exec.execute_code(
-        "from vibeos_tools import terminal\n"
-        "print(terminal('echo \"[$LEAKED]\"; pwd')['output'])",
-        task_id="one-task", cwd=str(tmp_path))
-    assert second["status"] == "success", second
-    assert "[]" in second["output"] and "/sub" not in second["output"], second
-
-
 def test_the_configured_backend_applies_and_a_bad_one_refuses(home):
     """terminal.backend in config.yaml selects the backend for the Python host as for the CLI;
     a bad setting refuses the call by name instead of running the script on this machine."""

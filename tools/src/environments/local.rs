@@ -229,8 +229,6 @@ pub fn kill_scope(ctx: &crate::ToolContext) -> usize {
     let Some(scope) = scope_of(ctx) else {
         return 0;
     };
-    // The execution's shell session ends with it.
-    super::session::end_scope(ctx);
     let groups: Vec<i32> = RUNNING
         .lock()
         .map(|g| {

@@ -9,9 +9,9 @@
 //! per task, per caller (agent or script) and per base directory (the call's session working
 //! dir): a script never inherits the variables the agent's unscrubbed environment exported, and
 //! vice versa, and a host that moves a task to another directory starts a fresh session there
-//! rather than being pulled back into the old one. A script's session lasts as long as its
-//! execution (it is keyed by the execution's scope and dropped by [`end_scope`]): one
-//! execution's `cd` and `export` never reach another's commands. The same code runs in the tool agent, so
+//! rather than being pulled back into the old one. Like the task's environment (a container, an
+//! ssh host), a task's session outlives one execution: a later script of the same task starts
+//! where the last one left off. The same code runs in the tool agent, so
 //! every backend gets the same semantics. `terminal.shell_session: false` turns it off.
 
 use crate::{CallOrigin, ToolContext};
@@ -22,9 +22,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{LazyLock, Mutex};
 
 static ENABLED: AtomicBool = AtomicBool::new(true);
-/// Session key: task id, whether the caller is a script, the base working dir, and for a
-/// script the execution's scope (0 for the agent).
-type SessionKey = (String, bool, PathBuf, usize);
+/// Session key: task id, whether the caller is a script, and the base working dir.
+type SessionKey = (String, bool, PathBuf);
 
 static STATES: LazyLock<Mutex<BTreeMap<SessionKey, tempfile::TempDir>>> =
     LazyLock::new(|| Mutex::new(BTreeMap::new()));
@@ -37,16 +36,6 @@ pub fn set_enabled(enabled: bool) {
 /// Whether shell sessions are on.
 pub fn enabled() -> bool {
     ENABLED.load(Ordering::SeqCst)
-}
-
-/// Forgets the session state of the execution whose scope `ctx` carries (it ended).
-pub fn end_scope(ctx: &ToolContext) {
-    let Some(scope) = super::local::scope_of(ctx) else {
-        return;
-    };
-    if let Ok(mut g) = STATES.lock() {
-        g.retain(|(_, script, _, s), _| !(*script && *s == scope));
-    }
 }
 
 /// Forgets every session and removes its state (host exit).
@@ -62,17 +51,10 @@ fn state_dir(ctx: &ToolContext) -> Option<PathBuf> {
     if !enabled() {
         return None;
     }
-    let script = ctx.origin == CallOrigin::Script;
-    let scope = if script {
-        super::local::scope_of(ctx).unwrap_or(0)
-    } else {
-        0
-    };
     let key = (
         ctx.task_id.clone().unwrap_or_default(),
-        script,
+        ctx.origin == CallOrigin::Script,
         ctx.cwd.clone(),
-        scope,
     );
     let mut g = STATES.lock().ok()?;
     if let Some(d) = g.get(&key) {
