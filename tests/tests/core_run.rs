@@ -612,3 +612,15 @@ fn a_supervisor_killed_with_sigkill_leaves_no_staging_dir_process_or_mount() {
         );
     }
 }
+
+#[test]
+fn replies_larger_than_one_read_reach_their_caller_whole() {
+    let sb = Sandbox::new();
+    let r = sb.run_fixture("core/large_replies.py", &["--max-tool-calls", "200"]);
+    assert_eq!(r["status"], "success", "{r}");
+    let out = parse_output_json(&r);
+    assert_eq!(out["errors"], serde_json::json!([]), "{out}");
+    assert_eq!(out["big_ok"], true, "{out}");
+    assert_eq!(out["big_chars"], 5000 * (7 + 1995 + 1));
+    assert_eq!(r["tool_calls_made"], 1 + 4 * 25 + 1);
+}

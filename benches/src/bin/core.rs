@@ -1,10 +1,11 @@
 //! Benchmarks of the execute_code core, each a ratio against a baseline measured in this run.
 //!
 //! (a) wall time of `vibeos-exec run` on a no-op script over the same interpreter running
-//!     `import json, socket` (target ≤ 1.15);
+//!     `import json, socket` (target ≤ 1.15) and running `-c pass` (target ≤ 1.3);
 //! (b) per-call latency of `read_file` from inside a script (2,000 calls of a tiny file) over the
 //!     round trip of a minimal JSON echo on a Unix socket, driven by the same interpreter
-//!     (target ≤ 1.5);
+//!     (target ≤ 1.5), from a cold interpreter (`vibeos-exec run`) and from a warm one (a pooled
+//!     interpreter claimed by `vibeos_supervisor::execute`), all in this run;
 //! (c) peak RSS of the supervisor while a script writes 1 GB to stdout (target ≤ 32 MiB).
 //!
 //! Run: `cargo build --release --bins && cargo run --release -p vibeos-benches --bin core`.
@@ -17,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use vibeos_benches::{median, release_bin};
+use vibeos_supervisor::{execute, pool, Config, ExecutionRequest, Interrupt};
 
 struct Env {
     dir: tempfile::TempDir,
@@ -55,11 +57,12 @@ fn time_it(mut f: impl FnMut()) -> f64 {
     t.elapsed().as_secs_f64()
 }
 
-fn bench_startup(env: &Env, rounds: usize) -> (f64, f64) {
+fn bench_startup(env: &Env, rounds: usize) -> (f64, f64, f64) {
     let noop = env.dir.path().join("noop.py");
     std::fs::write(&noop, "pass\n").unwrap();
     let mut run = Vec::new();
     let mut bare = Vec::new();
+    let mut pass = Vec::new();
     for _ in 0..rounds {
         run.push(time_it(|| {
             let out = env.run_cmd(&noop).output().unwrap();
@@ -77,8 +80,16 @@ fn bench_startup(env: &Env, rounds: usize) -> (f64, f64) {
                 .unwrap();
             assert!(st.success());
         }));
+        pass.push(time_it(|| {
+            let st = Command::new(&env.python)
+                .args(["-c", "pass"])
+                .stdin(Stdio::null())
+                .status()
+                .unwrap();
+            assert!(st.success());
+        }));
     }
-    (median(run), median(bare))
+    (median(run), median(bare), median(pass))
 }
 
 const CALLS: usize = 2000;
@@ -139,26 +150,53 @@ fn echo_calls(env: &Env, round: usize) -> f64 {
     String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
 }
 
-/// Medians over interleaved rounds, so machine noise hits both sides alike.
-fn bench_tool_call(env: &Env) -> (f64, f64) {
+/// The same script run in a pooled interpreter through the library; seconds per call.
+fn warm_calls(env: &Env, runtime: &tokio::runtime::Runtime, code: &str) -> f64 {
+    let mut request = ExecutionRequest::from_config(code, &Config::default());
+    request.python = Some(env.python.clone());
+    request.cwd = Some(env.dir.path().to_path_buf());
+    request.timeout = Duration::from_secs(120);
+    request.max_tool_calls = CALLS + 10;
+    pool::prewarm(&request);
+    assert!(
+        pool::wait_until_idle(Some(&request), 1, Duration::from_secs(30)),
+        "the pool did not fill"
+    );
+    let before = pool::stats().unwrap().warm_starts;
+    let r = runtime.block_on(execute(request, vibeos_tools::registry(), Interrupt::new()));
+    assert_eq!(pool::stats().unwrap().warm_starts, before + 1, "not warm");
+    let json = r.to_json();
+    assert_eq!(json["status"], "success", "{json}");
+    r.output.trim().parse().unwrap()
+}
+
+/// Cold, warm and echo figures; medians over interleaved rounds, so machine noise hits all
+/// three alike.
+fn bench_tool_call(env: &Env) -> (f64, f64, f64) {
     std::fs::write(env.dir.path().join("tiny.txt"), "hello\n").unwrap();
+    let code = format!(
+        "import time\nfrom vibeos_tools import read_file\nread_file('tiny.txt')\n\
+         t = time.perf_counter()\nfor _ in range({CALLS}):\n    r = read_file('tiny.txt')\n\
+         print((time.perf_counter() - t) / {CALLS})\n"
+    );
     let script = env.dir.path().join("calls.py");
-    std::fs::write(
-        &script,
-        format!(
-            "import time\nfrom vibeos_tools import read_file\nread_file('tiny.txt')\n\
-             t = time.perf_counter()\nfor _ in range({CALLS}):\n    r = read_file('tiny.txt')\n\
-             print((time.perf_counter() - t) / {CALLS})\n"
-        ),
-    )
-    .unwrap();
-    let mut calls = Vec::new();
+    std::fs::write(&script, &code).unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    pool::enable(1);
+    let mut cold = Vec::new();
+    let mut warm = Vec::new();
     let mut echoes = Vec::new();
     for round in 0..ROUNDS {
-        calls.push(script_calls(env, &script));
+        cold.push(script_calls(env, &script));
+        warm.push(warm_calls(env, &runtime, &code));
         echoes.push(echo_calls(env, round));
     }
-    (median(calls), median(echoes))
+    pool::disable();
+    (median(cold), median(warm), median(echoes))
 }
 
 fn vm_hwm_kib(pid: u32) -> Option<u64> {
@@ -213,20 +251,31 @@ impl<R: std::io::Read> ReadLossy for R {
 fn main() {
     let env = Env::new();
     println!("interpreter: {}", env.python.display());
-    let (run, bare) = bench_startup(&env, 30);
+    let (run, bare, pass) = bench_startup(&env, 30);
     println!(
         "(a) no-op run: {:.1} ms median; python -c 'import json, socket': {:.1} ms median; ratio {:.3} (target <= 1.15)",
         run * 1e3,
         bare * 1e3,
         run / bare
     );
-    let (call, echo) = bench_tool_call(&env);
     println!(
-        "(b) read_file from a script: {:.1} us/call; JSON echo over a Unix socket: {:.1} us/round trip; ratio {:.3} (target <= 1.5)",
-        call * 1e6,
-        echo * 1e6,
-        call / echo
+        "(a) no-op run: {:.1} ms median; python -c pass: {:.1} ms median; ratio {:.3} (target <= 1.3)",
+        run * 1e3,
+        pass * 1e3,
+        run / pass
     );
+    let (cold, warm, echo) = bench_tool_call(&env);
+    println!(
+        "(b) JSON echo over a Unix socket: {:.1} us/round trip",
+        echo * 1e6
+    );
+    for (name, call) in [("cold", cold), ("warm (pooled)", warm)] {
+        println!(
+            "(b) read_file from a {name} script: {:.1} us/call; ratio to the echo {:.3} (target <= 1.5)",
+            call * 1e6,
+            call / echo
+        );
+    }
     let (peak_kib, took, bytes) = bench_flood(&env);
     println!(
         "(c) script wrote {:.2} GB to stdout in {:.1} s; supervisor peak RSS {:.1} MiB (target <= 32 MiB)",
