@@ -104,3 +104,55 @@ fn background_process_lifecycle_and_pty() {
         );
     }
 }
+
+#[test]
+fn a_command_started_meanwhile_does_not_hold_another_commands_output() {
+    // Long commands start on other threads while short ones run: none may inherit a short
+    // command's output pipe (it would then look like the short command left a process behind
+    // and cost it the drain wait).
+    let dir = tempfile::tempdir().unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let starters: Vec<_> = (0..2)
+        .map(|n| {
+            let (dir, stop) = (dir.path().to_path_buf(), stop.clone());
+            std::thread::spawn(move || {
+                let ctx = ToolContext {
+                    task_id: Some(format!("long-{n}")),
+                    ..ToolContext::agent(&dir)
+                };
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    call(
+                        "terminal",
+                        json!({"command": "sleep 0.3", "timeout": 10}),
+                        &ctx,
+                    );
+                }
+            })
+        })
+        .collect();
+    let ctx = ToolContext {
+        task_id: Some("short".into()),
+        ..ToolContext::agent(dir.path())
+    };
+    let mut held = Vec::new();
+    for _ in 0..40 {
+        let r = call("terminal", json!({"command": "echo quick"}), &ctx);
+        if r["output"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("still holds")
+        {
+            held.push(r);
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for s in starters {
+        s.join().unwrap();
+    }
+    assert!(
+        held.is_empty(),
+        "{} of 40 calls waited on a leaked pipe: {:?}",
+        held.len(),
+        held.first()
+    );
+}

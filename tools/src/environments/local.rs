@@ -116,6 +116,18 @@ fn spawn(spec: &SpawnSpec<'_>) -> Result<Spawned, BackendError> {
             what: "a pseudo-terminal",
             err,
         })?;
+        // openpty takes no flags: mark both ends close-on-exec at once, for the same reason as
+        // the pipe below (the child gets its own copies on stdin/stdout/stderr).
+        for fd in [&pty.master, &pty.slave] {
+            nix::fcntl::fcntl(
+                fd,
+                nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+            )
+            .map_err(|err| BackendError::Setup {
+                what: "a pseudo-terminal",
+                err,
+            })?;
+        }
         let dup = |fd: &OwnedFd| {
             fd.try_clone()
                 .map_err(|e| BackendError::Spawn(std::io::Error::other(e)))
@@ -150,10 +162,17 @@ fn spawn(spec: &SpawnSpec<'_>) -> Result<Spawned, BackendError> {
             stdin: Some(writer),
         })
     } else {
-        let (read_end, write_end) = nix::unistd::pipe().map_err(|err| BackendError::Setup {
-            what: "an output pipe",
-            err,
-        })?;
+        // Close-on-exec: a process another thread starts at the same moment (a concurrent
+        // command, a pool refill) must not inherit the write end, or it would hold this
+        // command's output open after the command exits. The child's copies on its stdout and
+        // stderr are made by dup2 in the spawn and stay open across its exec.
+        let (read_end, write_end) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|err| {
+                BackendError::Setup {
+                    what: "an output pipe",
+                    err,
+                }
+            })?;
         let write2 = write_end.try_clone().map_err(BackendError::Spawn)?;
         cmd.stdin(Stdio::null())
             .stdout(Stdio::from(write_end))
