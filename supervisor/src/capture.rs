@@ -5,6 +5,21 @@
 use tokio::io::{AsyncRead, AsyncReadExt};
 pub use vibeos_tools::capture::HeadTail;
 
+/// A task draining `stream` (when the child has one) into a capture of `limit` bytes; a missing
+/// stream gives an empty capture. Every supervision (local and remote) reads stdout and stderr
+/// this way.
+pub fn spawn_drain<R: AsyncRead + Unpin + Send + 'static>(
+    stream: Option<R>,
+    limit: usize,
+) -> tokio::task::JoinHandle<HeadTail> {
+    tokio::spawn(async move {
+        match stream {
+            Some(s) => drain(s, limit).await,
+            None => HeadTail::new(limit),
+        }
+    })
+}
+
 /// Reads `stream` to its end into a capture of `limit` bytes.
 pub async fn drain<R: AsyncRead + Unpin>(mut stream: R, limit: usize) -> HeadTail {
     let mut cap = HeadTail::new(limit);

@@ -5,7 +5,7 @@
 //! staging dir and socket are removed on every path, because they live in a `TempDir` owned by
 //! this function.
 
-use crate::capture::{drain, HeadTail};
+use crate::capture::{spawn_drain, HeadTail};
 use crate::config::{Config, Mode};
 use crate::confine::{ConfineError, StrictOptions};
 use crate::interpreter::Interpreter;
@@ -457,18 +457,8 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
         .and_then(|s| tokio::process::ChildStderr::from_std(s).ok());
     let stdout_limit = request.stdout_limit;
     let stderr_limit = request.stderr_limit;
-    let stdout_task = tokio::spawn(async move {
-        match stdout {
-            Some(s) => drain(s, stdout_limit).await,
-            None => HeadTail::new(stdout_limit),
-        }
-    });
-    let stderr_task = tokio::spawn(async move {
-        match stderr {
-            Some(s) => drain(s, stderr_limit).await,
-            None => HeadTail::new(stderr_limit),
-        }
-    });
+    let stdout_task = spawn_drain(stdout, stdout_limit);
+    let stderr_task = spawn_drain(stderr, stderr_limit);
     // std's wait blocks; it gets a thread of the blocking pool. The pidfd (or the reaped flag)
     // keeps our signals from reaching another process once it has returned.
     let reaped = Arc::new(std::sync::atomic::AtomicBool::new(false));

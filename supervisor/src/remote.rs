@@ -12,7 +12,7 @@
 //! through that 0700 directory (or the forward, which lands in the 0700 remote work dir of the
 //! remote user), and the token travels only in the script's environment. See docs/backends.md.
 
-use crate::capture::{drain, HeadTail};
+use crate::capture::spawn_drain;
 use crate::env_policy::EnvPolicy;
 use crate::execute::{
     ended_result, finish, Ended, Ending, ExecutionRequest, Interrupt, StartError,
@@ -232,18 +232,8 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
     let (stdout_limit, stderr_limit) = (request.stdout_limit, request.stderr_limit);
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
-    let stdout_task = tokio::spawn(async move {
-        match stdout {
-            Some(s) => drain(s, stdout_limit).await,
-            None => HeadTail::new(stdout_limit),
-        }
-    });
-    let stderr_task = tokio::spawn(async move {
-        match stderr {
-            Some(s) => drain(s, stderr_limit).await,
-            None => HeadTail::new(stderr_limit),
-        }
-    });
+    let stdout_task = spawn_drain(stdout, stdout_limit);
+    let stderr_task = spawn_drain(stderr, stderr_limit);
 
     let mut exit_code = None;
     let ending = tokio::select! {
