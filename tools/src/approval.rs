@@ -544,14 +544,11 @@ pub fn parse_choice(answer: &str) -> ApprovalChoice {
 
 /// `command_allowlist` of config.yaml (empty when absent or unreadable).
 pub fn permanent_allowlist() -> Vec<String> {
-    match crate::settings::section("command_allowlist") {
-        serde_yaml_ng::Value::Sequence(items) => items
-            .into_iter()
-            .filter_map(|v| v.as_str().map(str::to_string))
-            .collect(),
-        serde_yaml_ng::Value::String(s) => vec![s],
-        _ => Vec::new(),
-    }
+    crate::settings::current_or_default()
+        .command_allowlist
+        .as_ref()
+        .map(|l| l.to_vec())
+        .unwrap_or_default()
 }
 
 /// Whether every matched pattern is allowlisted by key, or the command as a whole matches an
@@ -577,6 +574,19 @@ fn allowlisted(allow: &[String], command: &str, matched: &[&DangerousPattern]) -
         .any(|m| m.is_match(command.trim()) || m.is_match(&norm))
 }
 
+/// `s` as a YAML scalar: plain when it is a simple word, else double-quoted (a JSON string is
+/// a valid YAML double-quoted scalar), so a glob such as `rm -rf *: x` cannot break the file.
+fn yaml_scalar(s: &str) -> Result<String, String> {
+    let plain = !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'));
+    if plain {
+        Ok(s.to_string())
+    } else {
+        serde_json::to_string(s).map_err(|e| format!("cannot write YAML: {e}"))
+    }
+}
+
 /// Adds `keys` to `command_allowlist` in config.yaml.
 ///
 /// When the file has no `command_allowlist` yet, a block is appended as text, so comments and
@@ -590,16 +600,10 @@ pub fn persist_always(keys: &[String]) -> Result<(), String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
     };
-    let mut doc: serde_yaml_ng::Value = if text.trim().is_empty() {
-        serde_yaml_ng::Value::Mapping(Default::default())
-    } else {
-        serde_yaml_ng::from_str(&text)
-            .map_err(|e| format!("{} is not valid YAML: {e}", path.display()))?
-    };
-    let map = doc
-        .as_mapping_mut()
-        .ok_or_else(|| format!("{} is not a YAML mapping", path.display()))?;
-    let new_text = match map.get_mut("command_allowlist") {
+    // The file must be a valid config before it is rewritten: an "always" never turns a
+    // broken file into a different broken file.
+    let parsed = crate::config_file::ConfigFile::parse(&text, &path).map_err(|e| e.to_string())?;
+    let new_text = match parsed.command_allowlist {
         None => {
             let mut t = text.clone();
             if !t.is_empty() && !t.ends_with('\n') {
@@ -607,23 +611,24 @@ pub fn persist_always(keys: &[String]) -> Result<(), String> {
             }
             t.push_str("command_allowlist:\n");
             for k in keys {
-                t.push_str(&format!("  - {k}\n"));
+                t.push_str(&format!("  - {}\n", yaml_scalar(k)?));
             }
             t
         }
         Some(existing) => {
-            let mut list: Vec<serde_yaml_ng::Value> = match std::mem::take(existing) {
-                serde_yaml_ng::Value::Sequence(s) => s,
-                serde_yaml_ng::Value::Null => Vec::new(),
-                other => vec![other],
-            };
+            let mut doc: serde_json::Value = serde_saphyr::from_str(&text)
+                .map_err(|e| format!("{} is not valid YAML: {e}", path.display()))?;
+            let map = doc
+                .as_object_mut()
+                .ok_or_else(|| format!("{} is not a YAML mapping", path.display()))?;
+            let mut list = existing.to_vec();
             for k in keys {
-                if !list.iter().any(|v| v.as_str() == Some(k)) {
-                    list.push(serde_yaml_ng::Value::String(k.clone()));
+                if !list.contains(k) {
+                    list.push(k.clone());
                 }
             }
-            *existing = serde_yaml_ng::Value::Sequence(list);
-            serde_yaml_ng::to_string(&doc).map_err(|e| format!("cannot write YAML: {e}"))?
+            map.insert("command_allowlist".into(), serde_json::json!(list));
+            serde_saphyr::to_string(&doc).map_err(|e| format!("cannot write YAML: {e}"))?
         }
     };
     let parent = match path.parent() {

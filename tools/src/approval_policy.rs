@@ -77,12 +77,13 @@ impl Default for ApprovalSettings {
 /// The current `approvals:` settings. A wrong value is logged and its default used, except an
 /// unknown `mode`, which falls back to `manual` (the strictest) with a warning.
 pub fn settings() -> ApprovalSettings {
-    use serde_yaml_ng::Value;
+    use crate::config_file::TextOrBool;
     let mut s = ApprovalSettings::default();
-    let section = crate::settings::section("approvals");
-    match section.get("mode") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(m)) => match m.trim().to_ascii_lowercase().as_str() {
+    let file = crate::settings::current_or_default();
+    let section = file.approvals.clone().unwrap_or_default();
+    match &section.mode {
+        None => {}
+        Some(TextOrBool::Text(m)) => match m.trim().to_ascii_lowercase().as_str() {
             "manual" => s.mode = ApprovalMode::Manual,
             "smart" => s.mode = ApprovalMode::Smart,
             "off" => s.mode = ApprovalMode::Off,
@@ -91,47 +92,29 @@ pub fn settings() -> ApprovalSettings {
             ),
         },
         // YAML 1.1 spellings of `off` arrive as a boolean.
-        Some(Value::Bool(false)) => s.mode = ApprovalMode::Off,
-        Some(other) => {
+        Some(TextOrBool::Bool(false)) => s.mode = ApprovalMode::Off,
+        Some(TextOrBool::Bool(true)) => {
+            tracing::warn!("approvals.mode must be manual, smart or off, found true; using manual")
+        }
+    }
+    if let Some(t) = section.timeout {
+        if t > 0.0 && t <= 86_400.0 {
+            s.timeout = Duration::from_secs_f64(t);
+        } else {
             tracing::warn!(
-                "approvals.mode must be manual, smart or off, found {other:?}; using manual"
-            )
+                "approvals.timeout must be a number of seconds from 0 to 86400, found {t}; using 60"
+            );
         }
     }
-    match section.get("timeout") {
-        None | Some(Value::Null) => {}
-        Some(v) => match v.as_f64().filter(|t| *t > 0.0 && *t <= 86_400.0) {
-            Some(t) => s.timeout = Duration::from_secs_f64(t),
-            None => tracing::warn!(
-                "approvals.timeout must be a number of seconds from 0 to 86400, found {v:?}; using 60"
-            ),
-        },
-    }
-    match section.get("deny") {
-        None | Some(Value::Null) => {}
-        Some(Value::Sequence(items)) => {
-            s.deny = items
-                .iter()
-                .filter_map(|i| i.as_str().map(str::to_string))
-                .collect()
-        }
-        Some(Value::String(one)) => s.deny = vec![one.clone()],
-        Some(other) => tracing::warn!(
-            "approvals.deny must be a list of pattern keys or command globs, found {other:?}; ignored"
-        ),
+    if let Some(deny) = &section.deny {
+        s.deny = deny.to_vec();
     }
     // `command_denylist` at the top level, beside `command_allowlist`, means the same.
-    match crate::settings::section("command_denylist") {
-        Value::Sequence(items) => s
-            .deny
-            .extend(items.iter().filter_map(|i| i.as_str().map(str::to_string))),
-        Value::String(one) => s.deny.push(one),
-        _ => {}
+    if let Some(deny) = &file.command_denylist {
+        s.deny.extend(deny.to_vec());
     }
-    if let Some(Value::String(c)) = section.get("smart_command") {
-        if !c.trim().is_empty() {
-            s.smart_command = Some(c.clone());
-        }
+    if let Some(c) = section.smart_command.filter(|c| !c.trim().is_empty()) {
+        s.smart_command = Some(c);
     }
     s
 }

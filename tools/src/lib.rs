@@ -16,6 +16,7 @@ mod availability;
 pub mod builtin;
 pub mod capture;
 pub mod coerce;
+pub mod config_file;
 mod context;
 mod definitions;
 pub mod environments;

@@ -93,10 +93,11 @@ static PATTERNS: LazyLock<Patterns> = LazyLock::new(|| {
 
 /// Whether `security.redact_output` is on (the default; only an explicit `false` turns it off).
 pub fn enabled() -> bool {
-    !matches!(
-        crate::settings::section("security").get("redact_output"),
-        Some(serde_yaml_ng::Value::Bool(false))
-    )
+    crate::settings::current_or_default()
+        .security
+        .as_ref()
+        .and_then(|s| s.redact_output)
+        != Some(false)
 }
 
 /// Whether the variable `name` holds a secret by the environment policy.

@@ -46,21 +46,24 @@ pub struct WebConfig {
 
 /// Reads the web settings (env vars first, then config.yaml `web:`).
 pub fn web_config() -> WebConfig {
-    let sec = crate::settings::section("web");
-    let get = |k: &str| sec.get(k).and_then(|v| v.as_str()).map(str::to_string);
+    let sec = crate::settings::current_or_default()
+        .web
+        .clone()
+        .unwrap_or_default();
+    let get = |v: &Option<String>| v.clone().filter(|v| !v.trim().is_empty());
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
     let searxng_url = env("VIBEOS_WEB_SEARCH_URL").or_else(|| {
-        let backend = get("search_backend").unwrap_or_else(|| "searxng".into());
+        let backend = get(&sec.search_backend).unwrap_or_else(|| "searxng".into());
         (backend.eq_ignore_ascii_case("searxng"))
-            .then(|| get("searxng_url"))
+            .then(|| get(&sec.searxng_url))
             .flatten()
     });
     let extract_http = env("VIBEOS_WEB_EXTRACT_BACKEND")
-        .or_else(|| get("extract_backend"))
+        .or_else(|| get(&sec.extract_backend))
         .is_some_and(|b| b.eq_ignore_ascii_case("http"));
     let timeout = env("VIBEOS_WEB_TIMEOUT")
         .and_then(|t| t.parse::<u64>().ok())
-        .or_else(|| sec.get("timeout").and_then(|v| v.as_u64()))
+        .or(sec.timeout)
         .filter(|t| (1..=600).contains(t))
         .unwrap_or(20);
     WebConfig {

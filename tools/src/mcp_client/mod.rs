@@ -15,7 +15,7 @@
 mod config;
 
 pub use config::{
-    McpConfigError, McpServerConfig, ScriptCallable, Startup, DEFAULT_CALL_TIMEOUT,
+    McpConfigError, McpServerConfig, PluginsConfig, ScriptCallable, Startup, DEFAULT_CALL_TIMEOUT,
     DEFAULT_CONNECT_TIMEOUT,
 };
 
