@@ -24,8 +24,10 @@
 //! for how the rest of the file is kept.
 
 use crate::approval_policy::{self, ApprovalMode, SmartVerdict};
+use crate::policy_file::{self, PolicyFileError};
 use crate::{CallOrigin, ToolContext};
 use regex::Regex;
+use regex::RegexBuilder;
 use serde::Deserialize;
 use std::collections::HashSet;
 use std::io::{BufRead, IsTerminal, Write};
@@ -61,38 +63,26 @@ struct PatternData {
     unless: Option<String>,
 }
 
-/// Every dangerous pattern, compiled once from `policies/dangerous_patterns.json`.
-///
-/// A pattern that does not compile is logged and skipped; the unit tests compile all of them,
-/// so that can only happen to a locally edited policy.
-pub static DANGEROUS_PATTERNS: LazyLock<Vec<DangerousPattern>> = LazyLock::new(|| {
-    let file: PatternFile = match serde_json::from_str(PATTERNS_JSON) {
-        Ok(f) => f,
-        Err(e) => {
-            tracing::error!("policies/dangerous_patterns.json is not valid: {e}");
-            return Vec::new();
-        }
-    };
-    file.patterns
+/// Where the dangerous patterns come from, as named in errors.
+pub const DANGEROUS_PATTERNS_FILE: &str = "policies/dangerous_patterns.json";
+
+/// Compiles a dangerous-pattern policy. Any pattern that does not compile, or a file that does
+/// not parse, is an error naming it: the list is never silently shorter.
+pub fn compile_dangerous_patterns(
+    json: &str,
+    file: &str,
+) -> Result<Vec<DangerousPattern>, PolicyFileError> {
+    let data: PatternFile = policy_file::parse(json, file)?;
+    data.patterns
         .into_iter()
-        .filter_map(|p| {
-            let regex = Regex::new(&p.regex)
-                .map_err(|e| tracing::error!("dangerous pattern {} does not compile: {e}", p.key))
-                .ok()?;
-            let unless = match p.unless {
-                Some(u) => Some(
-                    Regex::new(&u)
-                        .map_err(|e| {
-                            tracing::error!(
-                                "`unless` of dangerous pattern {} does not compile: {e}",
-                                p.key
-                            )
-                        })
-                        .ok()?,
-                ),
-                None => None,
-            };
-            Some(DangerousPattern {
+        .map(|p| {
+            let regex =
+                policy_file::compile(&mut RegexBuilder::new(&p.regex), file, &p.key, "regex")?;
+            let unless = p
+                .unless
+                .map(|u| policy_file::compile(&mut RegexBuilder::new(&u), file, &p.key, "unless"))
+                .transpose()?;
+            Ok(DangerousPattern {
                 key: p.key,
                 description: p.description,
                 regex,
@@ -100,7 +90,16 @@ pub static DANGEROUS_PATTERNS: LazyLock<Vec<DangerousPattern>> = LazyLock::new(|
             })
         })
         .collect()
-});
+}
+
+static DANGEROUS: LazyLock<Result<Vec<DangerousPattern>, PolicyFileError>> =
+    LazyLock::new(|| compile_dangerous_patterns(PATTERNS_JSON, DANGEROUS_PATTERNS_FILE));
+
+/// Every dangerous pattern, compiled once from `policies/dangerous_patterns.json`; the error
+/// when that policy is broken (then every command is refused).
+pub fn dangerous_patterns() -> Result<&'static [DangerousPattern], &'static PolicyFileError> {
+    DANGEROUS.as_deref()
+}
 
 static IFS: LazyLock<Option<Regex>> =
     LazyLock::new(|| Regex::new(r"\$\{?ifs\}?(?:\$[0-9@*])?").ok());
@@ -136,10 +135,17 @@ pub fn normalize_command(command: &str) -> String {
     s.trim().to_string()
 }
 
-/// The patterns `command` matches (empty when it is not dangerous).
-pub fn detect_dangerous(command: &str) -> Vec<&'static DangerousPattern> {
+/// The patterns `command` matches (empty when it is not dangerous); the policy's error when it
+/// is broken.
+pub fn detect_dangerous(
+    command: &str,
+) -> Result<Vec<&'static DangerousPattern>, &'static PolicyFileError> {
+    Ok(matching(dangerous_patterns()?, command))
+}
+
+fn matching<'p>(patterns: &'p [DangerousPattern], command: &str) -> Vec<&'p DangerousPattern> {
     let norm = normalize_command(command);
-    DANGEROUS_PATTERNS
+    patterns
         .iter()
         .filter(|p| {
             p.regex.is_match(&norm) && !p.unless.as_ref().is_some_and(|u| u.is_match(&norm))
@@ -315,8 +321,34 @@ pub fn check_script(source: &str, task_id: Option<&str>) -> Decision {
 }
 
 fn decide(command: &str, ctx: &ToolContext, is_script: bool) -> Decision {
+    let policies =
+        approval_policy::hardline_patterns().and_then(|h| Ok((h, dangerous_patterns()?)));
+    decide_with(command, ctx, is_script, policies)
+}
+
+/// [`decide`] against given pattern lists; a broken policy refuses everything (fail closed).
+fn decide_with(
+    command: &str,
+    ctx: &ToolContext,
+    is_script: bool,
+    policies: Result<(&[approval_policy::HardlinePattern], &[DangerousPattern]), &PolicyFileError>,
+) -> Decision {
     let what = if is_script { "Script" } else { "Command" };
-    if let Some(h) = approval_policy::detect_hardline(command) {
+    let (hardline, dangerous) = match policies {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::error!("{e}");
+            return Decision::Deny {
+                message: format!(
+                    "{what} refused: the approval policy cannot be checked: {e}. Nothing runs \
+                     through the approval check until the operator fixes it."
+                ),
+            };
+        }
+    };
+    if let Some(h) =
+        approval_policy::detect_hardline_in(hardline, command, &approval_policy::mount_table())
+    {
         return Decision::Deny {
             message: format!(
                 "{what} refused: it matches the hardline rule \"{}\" [{}], which no approval, \
@@ -326,7 +358,7 @@ fn decide(command: &str, ctx: &ToolContext, is_script: bool) -> Decision {
         };
     }
     let settings = approval_policy::settings();
-    let matched = detect_dangerous(command);
+    let matched = matching(dangerous, command);
     let keys: Vec<&str> = matched.iter().map(|p| p.key.as_str()).collect();
     if let Some(rule) = approval_policy::denied_by_rule(&settings.deny, command, &keys) {
         return Decision::Deny {
@@ -652,6 +684,7 @@ mod tests {
 
     fn keys(cmd: &str) -> Vec<String> {
         detect_dangerous(cmd)
+            .unwrap()
             .iter()
             .map(|p| p.key.clone())
             .collect()
@@ -677,8 +710,67 @@ mod tests {
     #[test]
     fn every_pattern_compiles() {
         let file: PatternFile = serde_json::from_str(PATTERNS_JSON).unwrap();
-        assert_eq!(DANGEROUS_PATTERNS.len(), file.patterns.len());
-        assert!(DANGEROUS_PATTERNS.len() >= 20);
+        assert_eq!(dangerous_patterns().unwrap().len(), file.patterns.len());
+        assert!(dangerous_patterns().unwrap().len() >= 20);
+    }
+
+    #[test]
+    fn a_broken_dangerous_policy_is_an_error_naming_file_and_pattern() {
+        for (json, needle) in [
+            (
+                r#"{"patterns": [{"key": "fine", "description": "d", "regex": "rm"},
+                                 {"key": "broken_one", "description": "d", "regex": "rm ("}]}"#,
+                "x/dangerous.json: pattern `broken_one` (regex) does not compile",
+            ),
+            (
+                r#"{"patterns": [{"key": "sql", "description": "d", "regex": "delete",
+                                  "unless": "where ["}]}"#,
+                "x/dangerous.json: pattern `sql` (unless) does not compile",
+            ),
+            (
+                "{\"patterns\": ",
+                "x/dangerous.json is not a valid pattern policy",
+            ),
+            (
+                r#"{"patterns": [{"key": "k", "regex": "a"}]}"#,
+                "missing field `description`",
+            ),
+        ] {
+            let e = compile_dangerous_patterns(json, "x/dangerous.json").unwrap_err();
+            assert!(e.to_string().contains(needle), "{json}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_broken_policy_refuses_every_command() {
+        let broken = compile_dangerous_patterns(
+            r#"{"patterns": [{"key": "broken_one", "description": "d", "regex": "("}]}"#,
+            "x/dangerous.json",
+        )
+        .unwrap_err();
+        let ctx = ToolContext::agent("/");
+        for cmd in ["ls", "echo harmless"] {
+            match decide_with(cmd, &ctx, false, Err(&broken)) {
+                Decision::Deny { message } => {
+                    assert!(
+                        message.contains("x/dangerous.json")
+                            && message.contains("broken_one")
+                            && message.contains("refused"),
+                        "{message}"
+                    );
+                }
+                other => panic!("{cmd}: a broken policy must refuse, got {other:?}"),
+            }
+        }
+        // The same lists, intact, let a harmless command through.
+        let ok = (
+            approval_policy::hardline_patterns().unwrap(),
+            dangerous_patterns().unwrap(),
+        );
+        assert!(matches!(
+            decide_with("ls", &ctx, false, Ok(ok)),
+            Decision::Allow { .. }
+        ));
     }
 
     /// One command that must match and one near miss that must not, for every pattern.
@@ -771,7 +863,7 @@ mod tests {
     #[test]
     fn each_pattern_has_a_hit_and_a_near_miss() {
         let covered: HashSet<&str> = CASES.iter().map(|c| c.0).collect();
-        for p in DANGEROUS_PATTERNS.iter() {
+        for p in dangerous_patterns().unwrap() {
             assert!(
                 covered.contains(p.key.as_str()),
                 "pattern {} has no test case",
@@ -848,6 +940,7 @@ mod tests {
             task_id: None,
             origin: CallOrigin::Agent,
             matches: detect_dangerous(cmd)
+                .unwrap()
                 .iter()
                 .map(|p| (p.key.clone(), p.description.clone()))
                 .collect(),
@@ -871,7 +964,7 @@ mod tests {
 
     #[test]
     fn allowlist_globs_and_keys() {
-        let m = detect_dangerous("git push --force origin feature");
+        let m = detect_dangerous("git push --force origin feature").unwrap();
         assert!(allowlisted(
             &["git_force_push".into()],
             "git push --force origin feature",

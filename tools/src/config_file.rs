@@ -330,11 +330,21 @@ impl ConfigFile {
             });
         match parsed {
             Ok(doc) => Ok(doc.unwrap_or_default()),
-            Err(e) => Err(ConfigFileError::Invalid {
-                path: path.to_path_buf(),
-                key,
-                message: e.to_string(),
-            }),
+            Err(e) => {
+                let mut message = e.to_string();
+                // The parser's wording for the nesting cap does not say what the cap is.
+                let lower = message.to_lowercase();
+                if lower.contains("recursion limit") || lower.contains("depth") {
+                    message.push_str(&format!(
+                        " (config.yaml may nest at most {MAX_CONFIG_DEPTH} levels deep)"
+                    ));
+                }
+                Err(ConfigFileError::Invalid {
+                    path: path.to_path_buf(),
+                    key,
+                    message,
+                })
+            }
         }
     }
 }

@@ -25,6 +25,7 @@ mod hooks;
 pub mod mcp_client;
 pub mod path_policy;
 pub mod planner;
+pub mod policy_file;
 pub mod redact;
 mod registry;
 mod script_schema;
