@@ -36,7 +36,7 @@ pub use async_bridge::{run_async, BoxFuture};
 pub use availability::{Availability, DEFAULT_CHECK_TIMEOUT};
 pub use context::{CallOrigin, ToolContext};
 pub use definitions::{execute_code_description, ExecuteCodeSettings, ToolStatus, EXECUTE_CODE};
-pub use error::{RegistrationError, ToolError};
+pub use error::{RegistrationError, ToolError, ToolErrorKind};
 pub use hooks::{CallStatus, HookDecision, PostHook, PostToolCall, PreHook, PreToolCall};
 pub use registry::{
     json_type, registry, AsyncHandler, BuiltinTool, CheckFn, CheckFnHolder, Handler,

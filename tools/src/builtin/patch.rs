@@ -97,13 +97,13 @@ fn read_text(path: &Path, ctx: &ToolContext) -> Result<String, ToolError> {
     .map_err(|e| ToolError::io(path, &e))?;
     if meta.is_dir() {
         return Err(ToolError::new(
-            "IsADirectory",
+            crate::ToolErrorKind::IsADirectory,
             format!("{} is a directory", path.display()),
         ));
     }
     if meta.len() > MAX_FILE_BYTES {
         return Err(ToolError::new(
-            "FileTooLarge",
+            crate::ToolErrorKind::FileTooLarge,
             format!(
                 "{} is {} bytes; patch edits files up to {MAX_FILE_BYTES} bytes",
                 path.display(),
@@ -122,7 +122,7 @@ fn read_text(path: &Path, ctx: &ToolContext) -> Result<String, ToolError> {
     .map_err(|e| ToolError::io(path, &e))?;
     if bytes.contains(&0) {
         return Err(ToolError::new(
-            "BinaryFile",
+            crate::ToolErrorKind::BinaryFile,
             format!(
                 "{} looks binary (it contains NUL bytes); patch only edits text",
                 path.display()
@@ -207,7 +207,7 @@ fn replace_mode(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
         (text.replace(old, new), exact, "exact")
     } else if exact > 1 {
         return Err(ToolError::new(
-            "AmbiguousMatch",
+            crate::ToolErrorKind::AmbiguousMatch,
             format!(
                 "old_string occurs {exact} times in {raw}; include more surrounding lines to make \
                  it unique, or set replace_all=true"
@@ -216,14 +216,14 @@ fn replace_mode(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
     } else {
         let (t, n) = fuzzy_replace(&text, old, new, replace_all).map_err(|e| match e {
             Fuzzy::NotFound => ToolError::new(
-                "NoMatch",
+                crate::ToolErrorKind::NoMatch,
                 format!(
                     "old_string was not found in {raw}, not even ignoring whitespace and \
                      indentation. Read the file again (read_file) and copy the text exactly"
                 ),
             ),
             Fuzzy::Ambiguous(n) => ToolError::new(
-                "AmbiguousMatch",
+                crate::ToolErrorKind::AmbiguousMatch,
                 format!(
                     "old_string matches {n} places in {raw} when whitespace is ignored (and none \
                      exactly); include more surrounding lines to make it unique, or set \
@@ -430,7 +430,7 @@ fn strip_git_prefixes(parts: &mut [FilePatch]) {
 fn checked_name(name: &str) -> Result<&str, ToolError> {
     if name.is_empty() || name.contains('\0') {
         return Err(ToolError::new(
-            "PatchError",
+            crate::ToolErrorKind::PatchError,
             format!("the patch names an impossible file {name:?}"),
         ));
     }
@@ -440,7 +440,7 @@ fn checked_name(name: &str) -> Result<&str, ToolError> {
 fn patch_mode(text: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
     let mut parts = split_patch(text).map_err(|e| {
         ToolError::new(
-            "PatchError",
+            crate::ToolErrorKind::PatchError,
             format!("the patch text cannot be parsed: {e}. Nothing was written"),
         )
     })?;
@@ -464,7 +464,7 @@ fn patch_mode(text: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
         .to_string();
         let parsed = diffy::Patch::from_str(&part.text).map_err(|e| {
             ToolError::new(
-                "PatchError",
+                crate::ToolErrorKind::PatchError,
                 format!(
                     "file #{} ({name}) of the patch: {e}. Nothing was written",
                     n + 1
@@ -474,7 +474,7 @@ fn patch_mode(text: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
         let path = ctx.resolve(&name);
         if plan.iter().any(|p| p.path == path) {
             return Err(ToolError::new(
-                "PatchError",
+                crate::ToolErrorKind::PatchError,
                 format!("the patch changes {name} twice; merge its hunks. Nothing was written"),
             ));
         }
@@ -485,7 +485,7 @@ fn patch_mode(text: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
             };
             if exists {
                 return Err(ToolError::new(
-                    "PatchError",
+                    crate::ToolErrorKind::PatchError,
                     format!("the patch creates {name}, which already exists. Nothing was written"),
                 ));
             }
@@ -497,7 +497,7 @@ fn patch_mode(text: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
         };
         let new = diffy::apply(&old, &parsed).map_err(|e| {
             ToolError::new(
-                "PatchError",
+                crate::ToolErrorKind::PatchError,
                 format!(
                     "{name}: {e} — its context or removed lines do not match the file. Read the \
                      file again and regenerate the diff. Nothing was written"
@@ -507,7 +507,7 @@ fn patch_mode(text: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
         let new = if part.new_name.is_none() {
             if !new.is_empty() {
                 return Err(ToolError::new(
-                    "PatchError",
+                    crate::ToolErrorKind::PatchError,
                     format!("the patch deletes {name} but does not remove all of its lines. Nothing was written"),
                 ));
             }

@@ -63,7 +63,8 @@ fn process(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolEr
     }
     let id = optional_str(args, "process_id")?
         .ok_or_else(|| ToolError::invalid_args(format!("action `{action}` needs `process_id`")))?;
-    let p = local::get_process(id).map_err(|e| ToolError::new("UnknownProcess", e.to_string()))?;
+    let p = local::get_process(id)
+        .map_err(|e| ToolError::new(crate::ToolErrorKind::UnknownProcess, e.to_string()))?;
     let poll_json = |from_start: bool| {
         let r = p.poll(from_start);
         // Background output reaches the model like foreground output: redacted.
@@ -95,7 +96,7 @@ fn process(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolEr
         "write" => {
             let data = required_str(args, "data")?;
             p.write_stdin(data.as_bytes())
-                .map_err(|e| ToolError::new("WriteError", e))?;
+                .map_err(|e| ToolError::new(crate::ToolErrorKind::WriteError, e))?;
             Ok(json!({"process_id": p.id, "bytes_written": data.len()}))
         }
         "kill" => {

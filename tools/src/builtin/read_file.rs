@@ -66,7 +66,7 @@ fn read_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Tool
     let meta = file.metadata().map_err(|e| ToolError::io(&path, &e))?;
     if meta.is_dir() {
         return Err(ToolError::new(
-            "IsADirectory",
+            crate::ToolErrorKind::IsADirectory,
             format!(
                 "{} is a directory; list it with search_files(target=\"files\") instead",
                 path.display()
@@ -76,7 +76,7 @@ fn read_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Tool
     if !meta.is_file() {
         // A FIFO or a character device would block or never end; only regular files are read.
         return Err(ToolError::new(
-            "NotARegularFile",
+            crate::ToolErrorKind::NotARegularFile,
             format!(
                 "{} is not a regular file (a device, FIFO or socket); read_file only reads files",
                 path.display()
@@ -87,7 +87,7 @@ fn read_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Tool
     let n = read_up_to(&mut file, &mut head, meta.len()).map_err(|e| ToolError::io(&path, &e))?;
     if head[..n].contains(&0) {
         return Err(ToolError::new(
-            "BinaryFile",
+            crate::ToolErrorKind::BinaryFile,
             format!(
                 "{} looks binary (it contains NUL bytes); read_file only shows text",
                 path.display()

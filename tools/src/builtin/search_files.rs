@@ -375,7 +375,7 @@ fn search_files(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
         .build(pattern)
         .map_err(|e| {
             ToolError::new(
-                "InvalidRegex",
+                crate::ToolErrorKind::InvalidRegex,
                 format!("pattern {pattern:?} is not a valid regex: {e}. Escape special characters (e.g. \\( \\.) for a literal search"),
             )
         })?;

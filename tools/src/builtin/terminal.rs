@@ -129,7 +129,7 @@ fn terminal(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolE
     };
     if !cwd.is_dir() {
         return Err(ToolError::new(
-            "NotADirectory",
+            crate::ToolErrorKind::NotADirectory,
             format!(
                 "working directory {} does not exist or is not a directory",
                 cwd.display()
@@ -137,7 +137,7 @@ fn terminal(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolE
         ));
     }
     if let Decision::Deny { message } = check_command(command, ctx) {
-        return Err(ToolError::new("CommandDenied", message));
+        return Err(ToolError::new(crate::ToolErrorKind::CommandDenied, message));
     }
     let env = command_env(ctx);
     let wrapped = crate::environments::session::wrap(command, ctx, workdir_arg.is_some());
@@ -150,7 +150,7 @@ fn terminal(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolE
     };
     if background {
         let p = local::start_background(&spec)
-            .map_err(|e| ToolError::new("SpawnError", e.to_string()))?;
+            .map_err(|e| ToolError::new(crate::ToolErrorKind::SpawnError, e.to_string()))?;
         return Ok(json!({
             "status": "running",
             "process_id": p.id,
@@ -163,7 +163,7 @@ fn terminal(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolE
         }));
     }
     let out = local::run_foreground(&spec, Duration::from_secs(timeout as u64), OUTPUT_CAP)
-        .map_err(|e| ToolError::new("SpawnError", e.to_string()))?;
+        .map_err(|e| ToolError::new(crate::ToolErrorKind::SpawnError, e.to_string()))?;
     let (mut output, redactions) = crate::redact::redact_command_output(out.output, ctx);
     let error = if out.timed_out {
         let note =
@@ -213,7 +213,7 @@ fn remote_terminal(
         && crate::environments::active().is_some_and(|a| a.settings().skip_approvals_isolated);
     if !skip {
         if let Decision::Deny { message } = check_command(command, ctx) {
-            return Err(ToolError::new("CommandDenied", message));
+            return Err(ToolError::new(crate::ToolErrorKind::CommandDenied, message));
         }
     }
     match crate::environments::agent::forward(
@@ -224,7 +224,7 @@ fn remote_terminal(
     ) {
         Some(result) => result,
         None => Err(ToolError::new(
-            "BackendError",
+            crate::ToolErrorKind::BackendError,
             format!("the {} backend has no tool agent", env.backend()),
         )),
     }

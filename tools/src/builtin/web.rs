@@ -88,7 +88,12 @@ fn http_client(timeout: Duration, no_redirects: bool) -> Result<reqwest::Client,
         })
         .user_agent("vibeos-exec web tools")
         .build()
-        .map_err(|e| ToolError::new("HttpClientError", format!("cannot set up HTTP: {e}")))
+        .map_err(|e| {
+            ToolError::new(
+                crate::ToolErrorKind::HttpClientError,
+                format!("cannot set up HTTP: {e}"),
+            )
+        })
 }
 
 /// An HTTP error with its causes ("error sending request: connection refused"): reqwest's own
@@ -173,7 +178,7 @@ inventory::submit! { BuiltinTool(extract_entry) }
 
 fn not_configured(what: &str, how: &str) -> ToolError {
     ToolError::new(
-        "NotConfigured",
+        crate::ToolErrorKind::NotConfigured,
         format!(
             "{what} has no backend configured: {how}, or the `web:` section of {}",
             crate::settings::config_path().display()
@@ -198,7 +203,12 @@ fn web_search(args: &Map<String, Value>, _ctx: &ToolContext) -> Result<Value, To
         not_configured("web_search", "set VIBEOS_WEB_SEARCH_URL to a SearXNG URL")
     })?;
     let url = format!("{base}/search");
-    let backend_error = |e: String| ToolError::new("SearchBackendError", format!("{url}: {e}"));
+    let backend_error = |e: String| {
+        ToolError::new(
+            crate::ToolErrorKind::SearchBackendError,
+            format!("{url}: {e}"),
+        )
+    };
     let target = reqwest::Url::parse_with_params(&url, &[("q", query), ("format", "json")])
         .map_err(|e| backend_error(format!("not a usable URL ({e})")))?;
     let client = http_client(cfg.timeout, false)?;
@@ -221,7 +231,7 @@ fn web_search(args: &Map<String, Value>, _ctx: &ToolContext) -> Result<Value, To
     })?;
     if !status.is_success() {
         return Err(ToolError::new(
-            "SearchBackendError",
+            crate::ToolErrorKind::SearchBackendError,
             format!(
                 "{url} answered HTTP {status}{}",
                 if status.as_u16() == 403 {
@@ -234,7 +244,7 @@ fn web_search(args: &Map<String, Value>, _ctx: &ToolContext) -> Result<Value, To
     }
     let parsed: Value = serde_json::from_slice(&body).map_err(|e| {
         ToolError::new(
-            "SearchBackendError",
+            crate::ToolErrorKind::SearchBackendError,
             format!("{url} did not return JSON ({e}); is it a SearXNG instance with format=json enabled?"),
         )
     })?;

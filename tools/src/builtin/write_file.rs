@@ -56,7 +56,7 @@ fn write_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Too
     };
     if path.is_dir() {
         return Err(ToolError::new(
-            "IsADirectory",
+            crate::ToolErrorKind::IsADirectory,
             format!("{} is a directory; give a file path", path.display()),
         ));
     }

@@ -418,7 +418,7 @@ impl McpServer {
                         match server {
                             Some(s) => s.call(&tool, args).await,
                             None => Err(ToolError::new(
-                                "McpServerGone",
+                                crate::ToolErrorKind::McpServerGone,
                                 format!("{label} was removed; `{tool}` cannot be called"),
                             )),
                         }
@@ -484,7 +484,7 @@ impl McpServer {
         let mut conn = self.conn.lock().await;
         let down = |label: String, why: &str| {
             ToolError::new(
-                "McpServerDown",
+                crate::ToolErrorKind::McpServerDown,
                 format!("{label} is down: {why}; fix it and restart vibeos-exec"),
             )
         };
@@ -533,7 +533,7 @@ impl McpServer {
         params.arguments = Some(args);
         match tokio::time::timeout(self.call_timeout, client.call_tool(params)).await {
             Err(_) => Err(ToolError::new(
-                "McpTimeout",
+                crate::ToolErrorKind::McpTimeout,
                 format!(
                     "{} did not answer `{tool}` within {} s; the call was abandoned (raise \
                      mcp_servers.{}.timeout if the tool is slow)",
@@ -551,7 +551,7 @@ impl McpServer {
                     );
                 if !dead {
                     return Err(ToolError::new(
-                        "McpError",
+                        crate::ToolErrorKind::McpError,
                         format!("{} failed `{tool}`: {e}", self.label()),
                     ));
                 }
@@ -566,7 +566,10 @@ impl McpServer {
                         self.label()
                     ),
                 };
-                Err(ToolError::new("McpServerCrashed", message))
+                Err(ToolError::new(
+                    crate::ToolErrorKind::McpServerCrashed,
+                    message,
+                ))
             }
         }
     }
@@ -640,7 +643,7 @@ fn result_value(label: &str, tool: &str, result: CallToolResult) -> Result<Value
         .collect();
     if result.is_error == Some(true) {
         return Err(ToolError::new(
-            "McpToolError",
+            crate::ToolErrorKind::McpToolError,
             format!(
                 "`{tool}` of {label} reported an error: {}",
                 texts.join("\n")
