@@ -14,8 +14,7 @@
 //!
 //! Both modes return a unified diff of what changed.
 
-use super::args::{checked_path, optional_str, required_str};
-use super::terminal::optional_bool;
+use super::args::{check_path, parse, schema_for};
 use crate::{BuiltinTool, ToolContext, ToolEntry, ToolError};
 use serde_json::{json, Map, Value};
 use std::io::Write;
@@ -26,6 +25,35 @@ const MAX_FILE_BYTES: u64 = 32 * 1024 * 1024;
 /// Largest argument text (old/new string, patch text).
 const MAX_ARG_BYTES: usize = 8 * 1024 * 1024;
 
+/// The arguments of `patch`: its schema and its parser. Which ones are needed depends on
+/// `mode`, so none is required by the schema; the handler names a missing one.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct PatchArgs {
+    /// File to edit (mode=replace)
+    path: Option<String>,
+    /// Text to find (mode=replace); include enough context to be unique
+    old_string: Option<String>,
+    /// Replacement text (mode=replace)
+    new_string: Option<String>,
+    /// Replace every match instead of refusing when there are several
+    #[serde(default)]
+    replace_all: bool,
+    #[serde(default)]
+    mode: PatchMode,
+    /// Unified diff text (mode=patch)
+    patch: Option<String>,
+}
+
+// `mode`: one replacement, or a unified diff. (No doc comment: it would become the schema's
+// description of the argument, which the tool has never had.)
+#[derive(serde::Deserialize, serde::Serialize, schemars::JsonSchema, Default, Clone, Copy)]
+#[serde(rename_all = "snake_case")]
+enum PatchMode {
+    #[default]
+    Replace,
+    Patch,
+}
+
 fn entry() -> ToolEntry {
     ToolEntry::new(
         "patch",
@@ -34,17 +62,7 @@ fn entry() -> ToolEntry {
          match first, then a whitespace/indentation-tolerant match; ambiguous matches are refused \
          unless replace_all. mode=\"patch\": apply a unified diff (may touch several files; nothing \
          is written if any hunk fails). Returns the diff of what changed.",
-        json!({
-            "type": "object",
-            "properties": {
-                "path": {"type": "string", "description": "File to edit (mode=replace)"},
-                "old_string": {"type": "string", "description": "Text to find (mode=replace); include enough context to be unique"},
-                "new_string": {"type": "string", "description": "Replacement text (mode=replace)"},
-                "replace_all": {"type": "boolean", "default": false, "description": "Replace every match instead of refusing when there are several"},
-                "mode": {"type": "string", "enum": ["replace", "patch"], "default": "replace"},
-                "patch": {"type": "string", "description": "Unified diff text (mode=patch)"}
-            }
-        }),
+        schema_for::<PatchArgs>(),
         patch,
     )
     .with_emoji("🩹")
@@ -53,8 +71,10 @@ fn entry() -> ToolEntry {
 
 inventory::submit! { BuiltinTool(entry) }
 
-fn limited<'a>(args: &'a Map<String, Value>, name: &str) -> Result<&'a str, ToolError> {
-    let s = required_str(args, name)?;
+fn limited<'a>(value: &'a Option<String>, name: &str) -> Result<&'a str, ToolError> {
+    let s = value
+        .as_deref()
+        .ok_or_else(|| ToolError::invalid_args(format!("missing required argument `{name}`")))?;
     if s.len() > MAX_ARG_BYTES {
         return Err(ToolError::invalid_args(format!(
             "argument `{name}` is {} bytes; the limit is {MAX_ARG_BYTES}",
@@ -74,12 +94,10 @@ fn patch(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolErro
     ) {
         return remote;
     }
-    match optional_str(args, "mode")?.unwrap_or("replace") {
-        "replace" => replace_mode(args, ctx),
-        "patch" => patch_mode(limited(args, "patch")?, ctx),
-        other => Err(ToolError::invalid_args(format!(
-            "argument `mode` must be \"replace\" or \"patch\", got {other:?}"
-        ))),
+    let a: PatchArgs = parse(args)?;
+    match a.mode {
+        PatchMode::Replace => replace_mode(&a, ctx),
+        PatchMode::Patch => patch_mode(limited(&a.patch, "patch")?, ctx),
     }
 }
 
@@ -185,11 +203,11 @@ fn diff(name: &str, old: &str, new: &str) -> String {
         .replacen("+++ modified", &format!("+++ b/{name}"), 1)
 }
 
-fn replace_mode(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolError> {
-    let raw = checked_path(args, "path")?;
-    let old = limited(args, "old_string")?;
-    let new = limited(args, "new_string")?;
-    let replace_all = optional_bool(args, "replace_all")?;
+fn replace_mode(a: &PatchArgs, ctx: &ToolContext) -> Result<Value, ToolError> {
+    let raw = check_path("path", limited(&a.path, "path")?)?;
+    let old = limited(&a.old_string, "old_string")?;
+    let new = limited(&a.new_string, "new_string")?;
+    let replace_all = a.replace_all;
     if old.is_empty() {
         return Err(ToolError::invalid_args(
             "argument `old_string` is empty; use write_file to create or overwrite a whole file",
@@ -646,5 +664,25 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.kind, "PatchError");
+    }
+
+    #[test]
+    fn schema_and_parser_come_from_one_definition() {
+        super::super::args::assert_schema_and_parser_agree::<PatchArgs>(
+            &entry().schema,
+            json!({
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "File to edit (mode=replace)"},
+                    "old_string": {"type": "string", "description": "Text to find (mode=replace); include enough context to be unique"},
+                    "new_string": {"type": "string", "description": "Replacement text (mode=replace)"},
+                    "replace_all": {"type": "boolean", "default": false, "description": "Replace every match instead of refusing when there are several"},
+                    "mode": {"type": "string", "enum": ["replace", "patch"], "default": "replace"},
+                    "patch": {"type": "string", "description": "Unified diff text (mode=patch)"}
+                }
+            }),
+            json!({"path": "app.py", "old_string": "x = 1", "new_string": "x = 2"}),
+            json!({"mode": "rewrite"}),
+        );
     }
 }
