@@ -88,19 +88,6 @@ pub fn command_env(ctx: &ToolContext) -> Vec<(String, String)> {
     }
 }
 
-/// Reads an optional boolean argument (accepting "true"/"false" strings, as models send them).
-pub fn optional_bool(args: &Map<String, Value>, name: &str) -> Result<bool, ToolError> {
-    match args.get(name) {
-        None | Some(Value::Null) => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(Value::String(s)) if s.eq_ignore_ascii_case("true") => Ok(true),
-        Some(Value::String(s)) if s.eq_ignore_ascii_case("false") => Ok(false),
-        Some(other) => Err(ToolError::invalid_args(format!(
-            "argument `{name}` must be true or false, got {other}"
-        ))),
-    }
-}
-
 fn terminal(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolError> {
     let a: TerminalArgs = parse(args)?;
     let command = a.command.as_str();

@@ -18,7 +18,7 @@
 //! `{url, title, content, error}` — one entry per URL, a failed URL carrying its `error` rather
 //! than failing the whole call.
 
-use super::args::{int_in_range, required_str};
+use super::args::{in_range, parse, schema_for};
 use crate::async_bridge::run_async;
 use crate::registry::CheckFnHolder;
 use crate::{BuiltinTool, ToolContext, ToolEntry, ToolError};
@@ -127,19 +127,45 @@ async fn read_capped(
     Ok((body, false))
 }
 
+/// The arguments of `web_search`: its schema and its parser.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct WebSearchArgs {
+    /// Search query
+    query: String,
+    #[serde(default = "default_results")]
+    #[schemars(range(min = 1, max = 50))]
+    limit: i64,
+}
+
+fn default_results() -> i64 {
+    5
+}
+
+/// The arguments of `web_extract`: its schema and its parser.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct WebExtractArgs {
+    /// http(s) URLs (a single string is accepted too)
+    #[schemars(with = "Vec<String>", length(max = MAX_URLS))]
+    urls: Urls,
+    /// Most characters of text per page (default 100000)
+    #[schemars(range(min = 1))]
+    char_limit: Option<i64>,
+}
+
+/// `urls`: a list, or one URL as a plain string (models send both).
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum Urls {
+    One(String),
+    Many(Vec<String>),
+}
+
 fn search_entry() -> ToolEntry {
     let mut e = ToolEntry::new(
         "web_search",
         "web",
         "Search the web. Returns data.web = [{title, url, description}].",
-        json!({
-            "type": "object",
-            "properties": {
-                "query": {"type": "string", "description": "Search query"},
-                "limit": {"type": "integer", "default": 5, "minimum": 1, "maximum": 50}
-            },
-            "required": ["query"]
-        }),
+        schema_for::<WebSearchArgs>(),
         web_search,
     )
     .with_emoji("🔍")
@@ -156,14 +182,7 @@ fn extract_entry() -> ToolEntry {
         "web_extract",
         "web",
         "Fetch web pages and return their text. Returns results = [{url, title, content, error}].",
-        json!({
-            "type": "object",
-            "properties": {
-                "urls": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_URLS, "description": "http(s) URLs (a single string is accepted too)"},
-                "char_limit": {"type": "integer", "minimum": 1, "description": "Most characters of text per page (default 100000)"}
-            },
-            "required": ["urls"]
-        }),
+        schema_for::<WebExtractArgs>(),
         web_extract,
     )
     .with_emoji("📄")
@@ -187,7 +206,8 @@ fn not_configured(what: &str, how: &str) -> ToolError {
 }
 
 fn web_search(args: &Map<String, Value>, _ctx: &ToolContext) -> Result<Value, ToolError> {
-    let query = required_str(args, "query")?.trim();
+    let a: WebSearchArgs = parse(args)?;
+    let query = a.query.trim();
     if query.is_empty() {
         return Err(ToolError::invalid_args("argument `query` is empty"));
     }
@@ -197,7 +217,7 @@ fn web_search(args: &Map<String, Value>, _ctx: &ToolContext) -> Result<Value, To
             query.len()
         )));
     }
-    let limit = int_in_range(args, "limit", 5, 1, 50)? as usize;
+    let limit = in_range("limit", a.limit, 1, 50)? as usize;
     let cfg = web_config();
     let base = cfg.searxng_url.ok_or_else(|| {
         not_configured("web_search", "set VIBEOS_WEB_SEARCH_URL to a SearXNG URL")
@@ -359,26 +379,10 @@ async fn fetch_one(
 }
 
 fn web_extract(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolError> {
-    let urls: Vec<String> = match args.get("urls") {
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|v| {
-                v.as_str().map(str::to_string).ok_or_else(|| {
-                    ToolError::invalid_args(format!(
-                        "every entry of `urls` must be a string, got {v}"
-                    ))
-                })
-            })
-            .collect::<Result<_, _>>()?,
-        None | Some(Value::Null) => {
-            return Err(ToolError::invalid_args("missing required argument `urls`"))
-        }
-        Some(other) => {
-            return Err(ToolError::invalid_args(format!(
-                "argument `urls` must be a list of URLs, got {other}"
-            )))
-        }
+    let a: WebExtractArgs = parse(args)?;
+    let urls = match a.urls {
+        Urls::One(u) => vec![u],
+        Urls::Many(list) => list,
     };
     if urls.is_empty() {
         return Err(ToolError::invalid_args("argument `urls` is empty"));
@@ -389,8 +393,12 @@ fn web_extract(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, To
             urls.len()
         )));
     }
-    let char_limit =
-        int_in_range(args, "char_limit", DEFAULT_CHAR_LIMIT as i64, 1, 10_000_000)? as usize;
+    let char_limit = in_range(
+        "char_limit",
+        a.char_limit.unwrap_or(DEFAULT_CHAR_LIMIT as i64),
+        1,
+        10_000_000,
+    )? as usize;
     let cfg = web_config();
     if !cfg.extract_http {
         return Err(not_configured(
@@ -433,4 +441,42 @@ fn web_extract(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, To
         results
     }))?;
     Ok(json!({"results": results}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schemas_and_parsers_come_from_one_definition() {
+        super::super::args::assert_schema_and_parser_agree::<WebSearchArgs>(
+            &search_entry().schema,
+            json!({
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string", "description": "Search query"},
+                    "limit": {"type": "integer", "default": 5, "minimum": 1, "maximum": 50}
+                },
+                "required": ["query"]
+            }),
+            json!({"query": "rust yaml crates", "limit": 3}),
+            json!({"query": ["a"]}),
+        );
+        super::super::args::assert_schema_and_parser_agree::<WebExtractArgs>(
+            &extract_entry().schema,
+            json!({
+                "type": "object",
+                "properties": {
+                    "urls": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_URLS, "description": "http(s) URLs (a single string is accepted too)"},
+                    "char_limit": {"type": "integer", "minimum": 1, "description": "Most characters of text per page (default 100000)"}
+                },
+                "required": ["urls"]
+            }),
+            json!({"urls": ["http://127.0.0.1:8000/a"], "char_limit": 500}),
+            json!({"urls": [1, 2]}),
+        );
+        let one: WebExtractArgs =
+            super::super::args::parse(json!({"urls": "http://x"}).as_object().unwrap()).unwrap();
+        assert!(matches!(one.urls, Urls::One(_)));
+    }
 }
