@@ -488,8 +488,7 @@ fn follow_owner(dir: BorrowedFd<'_>, name: &std::ffi::OsStr) {
     let Ok(parent) = nix::sys::stat::fstat(dir) else {
         return;
     };
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 || parent.st_uid == 0 {
+    if !rustix::process::geteuid().is_root() || parent.st_uid == 0 {
         return;
     }
     let _ = nix::unistd::fchownat(
