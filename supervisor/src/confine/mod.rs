@@ -309,8 +309,7 @@ pub fn prepare(plan: Plan<'_>) -> Result<(ChildConfinement, Summary), ConfineErr
     let read_execute = allowed_read_execute(&ll, plan.interpreter);
     let ruleset = build_ruleset(&ll, &read_execute, plan.staging)?;
 
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
+    let root = rustix::process::geteuid().is_root();
     let mut lease = None;
     let mut reveal = None;
     let (credentials, uid) = if root {
@@ -336,8 +335,7 @@ pub fn prepare(plan: Plan<'_>) -> Result<(ChildConfinement, Summary), ConfineErr
         reveal = reveal_for(plan.staging, &read_execute, plan.interpreter, uid, gid)?;
         (Some(Credentials { uid, gid }), uid)
     } else {
-        // SAFETY: getuid has no preconditions.
-        (None, unsafe { libc::getuid() })
+        (None, rustix::process::getuid().as_raw())
     };
 
     let rlimits = rlimits(opts, credentials.is_some());
@@ -441,8 +439,7 @@ fn rlimits(opts: &StrictOptions, own_uid: bool) -> Vec<Rlimit> {
     let nproc = if own_uid {
         opts.max_processes
     } else {
-        // SAFETY: getuid has no preconditions.
-        tasks_of_uid(unsafe { libc::getuid() }) + opts.max_processes
+        tasks_of_uid(rustix::process::getuid().as_raw()) + opts.max_processes
     };
     vec![
         (libc::RLIMIT_NPROC, nproc),
