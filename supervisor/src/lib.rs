@@ -3,7 +3,8 @@
 //! [`execute`] is the whole path of one call: a staging dir with the generated
 //! `vibeos_tools.py`, a private Unix-socket RPC listener, the interpreter started in the mode's
 //! cwd with a scrubbed environment under a per-execution reaper, the limits of SPEC §5, and a
-//! [`ExecutionResult`]. The `vibeos-exec` binary is a thin CLI over it.
+//! [`ExecutionResult`]. The `vibeos-exec` binary (crate vibeos-cli), the MCP server (crate
+//! vibeos-mcp-server) and the Python package are thin hosts over it.
 
 pub mod audit;
 pub mod backends;
@@ -19,8 +20,6 @@ pub mod interpreter_shim;
 pub mod interrupts;
 pub(crate) mod launch;
 pub mod logging;
-pub mod mcp;
-pub mod mcp_approval;
 pub mod overrides;
 pub mod pool;
 pub mod reaper;

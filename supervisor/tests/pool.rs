@@ -577,21 +577,7 @@ fn idle_interpreters_die_and_leave_no_staging_dirs_when_the_host_exits() {
 }
 
 fn strict_unavailable() -> Option<String> {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vibeos-exec"))
-        .args(["doctor", "--json"])
-        .output()
-        .ok()?;
-    let v: Value = serde_json::from_slice(&out.stdout).ok()?;
-    if v["strict_available"].as_bool() == Some(true) {
-        None
-    } else {
-        Some(
-            v["strict_blocker"]
-                .as_str()
-                .unwrap_or("unavailable")
-                .to_string(),
-        )
-    }
+    vibeos_supervisor::confine::doctor::probe().strict_blocker()
 }
 
 fn escapes(r: &ExecutionResult) -> Vec<Value> {

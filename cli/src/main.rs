@@ -150,11 +150,11 @@ struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = 4)]
     max_concurrent: usize,
     /// Largest request accepted, in bytes (one stdio line or one HTTP body).
-    #[arg(long, value_name = "BYTES", default_value_t = vibeos_supervisor::mcp::DEFAULT_MAX_REQUEST_BYTES)]
+    #[arg(long, value_name = "BYTES", default_value_t = vibeos_mcp_server::DEFAULT_MAX_REQUEST_BYTES)]
     max_request_bytes: usize,
     /// HTTP sessions open at once; a new client beyond it gets 503 until a session ends
     /// (closed by its client, or idle for 5 minutes).
-    #[arg(long, value_name = "N", default_value_t = vibeos_supervisor::mcp::DEFAULT_MAX_SESSIONS)]
+    #[arg(long, value_name = "N", default_value_t = vibeos_mcp_server::DEFAULT_MAX_SESSIONS)]
     max_sessions: usize,
     /// Defaults of every call.
     #[command(flatten)]
@@ -586,7 +586,7 @@ fn run(args: RunArgs, config: &Config) -> Result<u8, UsageError> {
 /// `serve`: the run limits applied to the config (so the execute_code description states
 /// them), then the MCP server until the client leaves or a signal stops it.
 fn serve(args: ServeArgs, mut config: Config) -> Result<u8, UsageError> {
-    use vibeos_supervisor::mcp;
+    use vibeos_mcp_server as mcp;
     args.limits.apply(&mut config)?;
     let cwd = args.limits.session_cwd()?;
     let addr = args
