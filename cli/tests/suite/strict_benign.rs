@@ -6,7 +6,7 @@
 
 use serde_json::Value;
 use std::os::unix::fs::PermissionsExt;
-use vibeos_e2e::{fixture, processes_mentioning, strict_unavailable, Sandbox};
+use vibeos_testkit::{fixture, processes_mentioning, strict_unavailable, Sandbox};
 
 macro_rules! require_strict {
     () => {
@@ -109,7 +109,7 @@ fn a_pyenv_style_shim_interpreter_is_refused_by_name() {
     let sb = Sandbox::new();
     let shim = sb.root.path().join("shim-python3");
     // A wrapper that cannot say which Python it runs: a resolvable one (a real pyenv shim) is
-    // run through its real interpreter instead (tests/tests/parity.rs).
+    // run through its real interpreter instead (cli/tests/suite/parity.rs).
     std::fs::write(&shim, "#!/bin/sh\necho not-a-python\n").unwrap();
     std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755)).unwrap();
     sb.write_config(&format!("code_execution:\n  python: {}\n", shim.display()));
@@ -253,7 +253,7 @@ fn strict_mode_confines_for_an_unprivileged_supervisor_too() {
         .args(["run", "--json", "--mode", "strict"])
         .arg(&script);
     let out = wrapped.output().unwrap();
-    let r = vibeos_e2e::parse_single_json(&out);
+    let r = vibeos_testkit::parse_single_json(&out);
     assert_eq!(r["status"], "success", "{r}");
     let output = r["output"].as_str().unwrap();
     assert!(output.contains("uid 65534"), "{output}");

@@ -2,11 +2,11 @@
 //! doctor reports every backend, `terminal` keeps `cd`/`export` between calls of a task in the
 //! local backend (and stops when `terminal.shell_session: false`), and a script's result gains
 //! `"backend"` only in a remote backend. The docker and ssh paths themselves are covered in
-//! supervisor/tests/backend_*.rs against real daemons.
+//! cli/tests/suite/backend_*.rs against real daemons.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use vibeos_e2e::Sandbox;
+use vibeos_testkit::Sandbox;
 
 fn exit_2_naming(sb: &Sandbox, args: &[&str], needle: &str) {
     let script = sb.root.path().join("noop.py");
@@ -44,7 +44,7 @@ fn unknown_backend_or_missing_key_exits_2_naming_it() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("kubernetes"));
     // --json still prints one result object.
     let out = sb.run(&["run", "--json", "--backend", "kubernetes", "-"]);
-    let v = vibeos_e2e::parse_single_json(&out);
+    let v = vibeos_testkit::parse_single_json(&out);
     assert_eq!(v["status"], "error");
     assert!(
         v["error"].as_str().unwrap_or("").contains("kubernetes"),

@@ -9,7 +9,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use vibeos_e2e::{fixture, parse_single_json, pid_alive, Sandbox};
+use vibeos_testkit::{fixture, parse_single_json, pid_alive, Sandbox};
 
 fn output(v: &Value) -> &str {
     v["output"].as_str().unwrap_or_default()
@@ -560,7 +560,7 @@ fn interrupting_the_cli_stops_the_script_and_cleans_up() {
 fn a_supervisor_killed_with_sigkill_leaves_no_staging_dir_process_or_mount() {
     for mode in ["project", "strict"] {
         if mode == "strict" {
-            if let Some(why) = vibeos_e2e::strict_unavailable() {
+            if let Some(why) = vibeos_testkit::strict_unavailable() {
                 vibeos_testkit::skip!("strict mode is unavailable on this machine: {why}");
             }
         }
@@ -577,11 +577,11 @@ fn a_supervisor_killed_with_sigkill_leaves_no_staging_dir_process_or_mount() {
         // The interpreter runs the staged script (its command line names the staging dir).
         let tmp = sb.tmp().display().to_string();
         let deadline = Instant::now() + Duration::from_secs(20);
-        while vibeos_e2e::processes_mentioning(&tmp).is_empty() && Instant::now() < deadline {
+        while vibeos_testkit::processes_mentioning(&tmp).is_empty() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
         assert!(
-            !vibeos_e2e::processes_mentioning(&tmp).is_empty(),
+            !vibeos_testkit::processes_mentioning(&tmp).is_empty(),
             "{mode}: never started"
         );
         assert!(!sb.staging_dirs().is_empty(), "{mode}");
@@ -596,7 +596,7 @@ fn a_supervisor_killed_with_sigkill_leaves_no_staging_dir_process_or_mount() {
         while Instant::now() < deadline
             && (!sb.staging_dirs().is_empty()
                 || mounted()
-                || !vibeos_e2e::processes_mentioning(&tmp).is_empty())
+                || !vibeos_testkit::processes_mentioning(&tmp).is_empty())
         {
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -607,7 +607,7 @@ fn a_supervisor_killed_with_sigkill_leaves_no_staging_dir_process_or_mount() {
         );
         assert!(!mounted(), "{mode}: the staging tmpfs stayed mounted");
         assert!(
-            vibeos_e2e::processes_mentioning(&tmp).is_empty(),
+            vibeos_testkit::processes_mentioning(&tmp).is_empty(),
             "{mode}: the script outlived its supervisor"
         );
     }

@@ -14,6 +14,7 @@ fn call(name: &str, args: Value, ctx: &ToolContext) -> Value {
 
 #[test]
 fn background_process_lifecycle_and_pty() {
+    let _process_state = super::process_state_lock();
     let dir = tempfile::tempdir().unwrap();
     let ctx = ToolContext::agent(dir.path());
     let started = call(
@@ -107,6 +108,7 @@ fn background_process_lifecycle_and_pty() {
 
 #[test]
 fn a_command_started_meanwhile_does_not_hold_another_commands_output() {
+    let _process_state = super::process_state_lock();
     // Long commands start on other threads while short ones run: none may inherit a short
     // command's output pipe (it would then look like the short command left a process behind
     // and cost it the drain wait).

@@ -6,8 +6,8 @@
 
 use std::path::PathBuf;
 use std::time::Duration;
-use vibeos_e2e::backends::{start_podman, unavailable};
 use vibeos_supervisor::{execute, Config, ExecutionRequest, ExecutionResult, Interrupt, Status};
+use vibeos_testkit::backends::{start_podman, unavailable};
 use vibeos_tools::environments::{self, BackendKind, BackendSettings};
 
 fn request(code: &str, task: &str) -> ExecutionRequest {
@@ -24,6 +24,7 @@ fn run(rt: &tokio::runtime::Runtime, req: ExecutionRequest) -> ExecutionResult {
 
 #[test]
 fn podman_as_docker_engine() {
+    let _backend = super::backend_lock();
     let podman = match start_podman() {
         Ok(p) => p,
         Err(e) => return unavailable(&e),

@@ -10,32 +10,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use serde_json::Value;
-use std::path::PathBuf;
-use vibeos_e2e::{fixture, pid_alive, workspace_root, Sandbox};
-
-/// The venv Python with `mcp` (and, for plugins, vibeos_exec), or what is missing.
-fn venv_python(modules: &str) -> Result<PathBuf, String> {
-    let py = std::env::var_os("VIBEOS_TEST_MCP_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target/pyvenv/bin/python"));
-    let ok = std::process::Command::new(&py)
-        .args(["-c", &format!("import {modules}")])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if ok {
-        Ok(py)
-    } else {
-        Err(format!(
-            "{} with the Python modules {modules} (scripts/test-all creates that venv)",
-            py.display()
-        ))
-    }
-}
+use vibeos_testkit::{fixture, pid_alive, Sandbox};
 
 macro_rules! need {
     ($modules:expr) => {
-        match venv_python($modules) {
+        match vibeos_testkit::venv_python($modules) {
             Ok(p) => p,
             Err(missing) => {
                 vibeos_testkit::skip!("missing {missing}");
@@ -71,7 +50,7 @@ fn tools_list_shows_each_server_with_its_status() {
     );
     sb.write_config(&format!(
         "code_execution:\n  python: {}\n{config}",
-        vibeos_e2e::python3().display()
+        vibeos_testkit::python3().display()
     ));
     let out = sb.run(&["tools", "list"]);
     let text = stdout(&out);
@@ -124,7 +103,7 @@ fn tools_schema_starts_lazy_servers_and_includes_their_tools() {
     let sb = Sandbox::new();
     sb.write_config(&format!(
         "code_execution:\n  python: {}\nmcp_servers:\n{}",
-        vibeos_e2e::python3().display(),
+        vibeos_testkit::python3().display(),
         server_entry(&py, "lazyone", "")
     ));
     let out = sb.run(&["tools", "schema"]);
@@ -158,7 +137,7 @@ fn scripts_cannot_call_mcp_tools_unless_configured() {
     let sb = Sandbox::new();
     sb.write_config(&format!(
         "code_execution:\n  python: {}\nmcp_servers:\n{}",
-        vibeos_e2e::python3().display(),
+        vibeos_testkit::python3().display(),
         server_entry(&py, "closed", "    startup: eager\n")
     ));
     let r = sb.run_json(script, &[]);
@@ -172,7 +151,7 @@ fn scripts_cannot_call_mcp_tools_unless_configured() {
     let sb = Sandbox::new();
     sb.write_config(&format!(
         "code_execution:\n  python: {}\nmcp_servers:\n{}",
-        vibeos_e2e::python3().display(),
+        vibeos_testkit::python3().display(),
         server_entry(&py, "open", "    script_callable: [echo]\n")
     ));
     let r = sb.run_json(script, &[]);
@@ -195,7 +174,7 @@ fn server_env_is_scrubbed_and_explicit_entries_pass() {
     sb.set_env("VIBEOS_TEST_INHERITED", "plain");
     sb.write_config(&format!(
         "code_execution:\n  python: {}\nmcp_servers:\n{}",
-        vibeos_e2e::python3().display(),
+        vibeos_testkit::python3().display(),
         server_entry(
             &py,
             "envsrv",
@@ -222,7 +201,7 @@ fn servers_are_stopped_when_the_cli_exits() {
     std::fs::create_dir_all(&state).unwrap();
     sb.write_config(&format!(
         "code_execution:\n  python: {}\nmcp_servers:\n{}",
-        vibeos_e2e::python3().display(),
+        vibeos_testkit::python3().display(),
         server_entry(
             &py,
             "tracked",
@@ -250,7 +229,7 @@ fn servers_are_stopped_when_the_cli_exits() {
 fn plugin_config(sb: &Sandbox, py: &std::path::Path, startup: &str) {
     sb.write_config(&format!(
         "code_execution:\n  python: {}\nplugins:\n  python: {}\n  startup: {startup}\n  entry_points: false\n",
-        vibeos_e2e::python3().display(),
+        vibeos_testkit::python3().display(),
         py.display()
     ));
 }
@@ -338,7 +317,7 @@ fn plugins_load_from_the_project_dir_lazily() {
 fn plugins_without_the_python_package_are_skipped_with_a_clear_message() {
     let sb = Sandbox::new();
     // The system interpreter: vibeos_exec is not installed there (skip if it happens to be).
-    let system = vibeos_e2e::python3();
+    let system = vibeos_testkit::python3();
     let has = std::process::Command::new(&system)
         .args(["-c", "import vibeos_exec"])
         .output()

@@ -10,8 +10,8 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use vibeos_e2e::backends::{rootfs, unavailable, Dockerd};
 use vibeos_supervisor::{execute, Config, ExecutionRequest, ExecutionResult, Interrupt, Status};
+use vibeos_testkit::backends::{rootfs, unavailable, Dockerd};
 use vibeos_tools::environments::{self, BackendKind, BackendSettings};
 
 const IMAGE: &str = "vibeos-py:test";
@@ -63,6 +63,7 @@ fn run(rt: &tokio::runtime::Runtime, req: ExecutionRequest) -> ExecutionResult {
 
 #[test]
 fn docker_backend_end_to_end() {
+    let _backend = super::backend_lock();
     let image = match rootfs() {
         Ok(p) => p,
         Err(e) => return unavailable(&e),

@@ -13,6 +13,8 @@ fn python_available() -> bool {
 }
 
 fn run_script(dir: &std::path::Path) -> Value {
+    // The pool tests of this binary switch the process-wide pool on and count its claims.
+    let _pool = super::pool::serial();
     register_execute_code(registry(), &Config::default()).unwrap();
     std::fs::write(dir.join("note.txt"), "alpha\nbeta\n").unwrap();
     let code = "from vibeos_tools import read_file\nr = read_file('note.txt')\nprint(r['total_lines'], 'lines')\n";

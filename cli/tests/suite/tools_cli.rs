@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 use std::process::Output;
-use vibeos_e2e::Sandbox;
+use vibeos_testkit::Sandbox;
 
 fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()

@@ -1,13 +1,11 @@
 //! Helpers for end-to-end tests: find the built `vibeos-exec`, run it on fixture scripts with a
 //! controlled environment, and read its JSON result.
 //!
-//! The binary is built by `cargo build --workspace --bins` (README's test command does that
-//! first); tests drive it as a user would, with real Python children and real sockets.
+//! The binary is the one cargo builds for the tests of package vibeos-cli ([`exec_bin`]); tests
+//! drive it as a user would, with real Python children and real sockets.
 
 // A test harness: a panic here is how a failed expectation is reported.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
-
-pub mod backends;
 
 use serde_json::Value;
 use std::ffi::OsString;
@@ -23,21 +21,24 @@ pub fn workspace_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
-/// Path of the built `vibeos-exec` (debug profile unless `VIBEOS_EXEC_BIN` says otherwise).
+/// Name of the variable naming the `vibeos-exec` to run when no cargo test sets it (the
+/// benchmarks point it at a release build).
+pub const EXEC_BIN_ENV: &str = "VIBEOS_EXEC_BIN";
+
+/// Path of the `vibeos-exec` to run: the one cargo built for the running test of package
+/// vibeos-cli (`CARGO_BIN_EXE_vibeos-exec`, which cargo also sets at run time), else
+/// `VIBEOS_EXEC_BIN`. Never a lookup under `target/`: that could run a stale build.
 pub fn exec_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("VIBEOS_EXEC_BIN") {
+    if let Some(p) = std::env::var_os("CARGO_BIN_EXE_vibeos-exec") {
         return PathBuf::from(p);
     }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"));
-    let bin = target.join("debug").join("vibeos-exec");
-    assert!(
-        bin.exists(),
-        "{} is missing: run `cargo build --workspace --bins` first (scripts/test-all does)",
-        bin.display()
-    );
-    bin
+    if let Some(p) = std::env::var_os(EXEC_BIN_ENV) {
+        return PathBuf::from(p);
+    }
+    panic!(
+        "no vibeos-exec to run: run these tests with `cargo test -p vibeos-cli` (which builds it and \
+         sets CARGO_BIN_EXE_vibeos-exec), or set {EXEC_BIN_ENV} to a built binary"
+    )
 }
 
 /// A file under `fixtures/`.
@@ -56,6 +57,28 @@ pub fn python3() -> PathBuf {
             PathBuf::from(String::from_utf8_lossy(&o.stdout).trim().to_string())
         }
         _ => PathBuf::from("python3"),
+    }
+}
+
+/// The test venv's Python (`VIBEOS_TEST_MCP_PYTHON`, else `target/pyvenv/bin/python`, which
+/// scripts/test-all creates with the MCP SDK and the vibeos_exec package) when it can import
+/// `modules` (as written after `import`), else what is missing, for the test's skip message.
+pub fn venv_python(modules: &str) -> Result<PathBuf, String> {
+    let py = std::env::var_os("VIBEOS_TEST_MCP_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/pyvenv/bin/python"));
+    let ok = Command::new(&py)
+        .args(["-c", &format!("import {modules}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if ok {
+        Ok(py)
+    } else {
+        Err(format!(
+            "{} with the Python modules {modules} (scripts/test-all creates that venv)",
+            py.display()
+        ))
     }
 }
 

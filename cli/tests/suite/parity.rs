@@ -1,13 +1,13 @@
 //! End-to-end tests of issue 17 (agent integration parity) through the `vibeos-exec` binary:
 //! the item-8 defects found by running the original system's execute_code tests, redaction of
 //! output, and strict mode behind a pyenv shim. (Approvals from hosts and the whole-script guard
-//! need a host to ask: python/tests/test_approval.py and tests/tests/mcp_serve.rs.)
+//! need a host to ask: python/tests/test_approval.py and cli/tests/suite/mcp_serve.rs.)
 
 // Tests report failures by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use serde_json::Value;
-use vibeos_e2e::{parse_single_json, Sandbox};
+use vibeos_testkit::{parse_single_json, Sandbox};
 
 #[test]
 fn terminal_cwd_tilde_is_home_and_an_unusable_one_falls_back_with_a_warning() {
@@ -90,7 +90,7 @@ fn strict_behind_shim(shim_dir: &std::path::Path) -> Value {
 
 #[test]
 fn strict_mode_starts_with_only_a_pyenv_shim_on_path() {
-    if let Some(why) = vibeos_e2e::strict_unavailable() {
+    if let Some(why) = vibeos_testkit::strict_unavailable() {
         eprintln!("SKIP: strict mode is unavailable on this machine: {why}");
         return;
     }
@@ -118,12 +118,12 @@ fn strict_mode_starts_with_only_a_pyenv_shim_on_path() {
 
 #[test]
 fn strict_mode_runs_what_a_wrapper_interpreter_runs() {
-    if let Some(why) = vibeos_e2e::strict_unavailable() {
+    if let Some(why) = vibeos_testkit::strict_unavailable() {
         eprintln!("SKIP: strict mode is unavailable on this machine: {why}");
         return;
     }
     // A hand-written wrapper like a pyenv shim: a #! script that execs the real interpreter.
-    let probe = std::process::Command::new(vibeos_e2e::python3())
+    let probe = std::process::Command::new(vibeos_testkit::python3())
         .args(["-c", "import sys; print(sys.executable)"])
         .output()
         .unwrap();

@@ -4,18 +4,21 @@
 //! image built from Debian packages by `scripts/backend-rootfs` (cached under target/).
 //! Without the daemon or binary a test reports SKIP with the reason; with `CI=true` it fails.
 
+// A test harness: a panic here is how a failed setup is reported.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn workspace() -> PathBuf {
-    crate::workspace_root()
+    crate::e2e::workspace_root()
 }
 
 /// Skips (recorded for `scripts/test-all`'s skipped count) or, in CI, fails with `why`. The
 /// caller returns right after.
 pub fn unavailable(why: &str) {
-    vibeos_testkit::skip_or_fail_in_ci(&why);
+    crate::skip_or_fail_in_ci(&why);
 }
 
 /// An executable on PATH (or in /usr/sbin, /sbin).

@@ -7,7 +7,7 @@
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
-use vibeos_e2e::{pid_alive, Sandbox};
+use vibeos_testkit::{pid_alive, Sandbox};
 
 /// Runs a fixture and parses the JSON it printed.
 fn run_tool_fixture(sb: &Sandbox, name: &str, args: &[&str]) -> Value {

@@ -12,6 +12,7 @@ use vibeos_tools::{registry, ToolContext};
 
 #[test]
 fn agent_terminal_gets_no_managed_credentials() {
+    let _process_state = super::process_state_lock();
     let managed = [
         ("GITHUB_TOKEN", "ghp_parityGithubValue000000000000000000"),
         ("GH_TOKEN", "gh-cli-parity-value"),

@@ -18,6 +18,7 @@ fn terminal(ctx: &ToolContext, cmd: &str) -> Value {
 
 #[test]
 fn decision_chain_host_session_always_smart_and_agent_env() {
+    let _process_state = super::process_state_lock();
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("config.yaml");
     std::fs::write(&cfg, "# my settings\ncode_execution:\n  timeout: 30\n").unwrap();

@@ -7,7 +7,7 @@
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use vibeos_e2e::{fixture, parse_single_json, python3, Sandbox};
+use vibeos_testkit::{fixture, parse_single_json, python3, Sandbox};
 
 fn child_env(sb: &Sandbox, args: &[&str]) -> (Value, Value) {
     let p = fixture("core/print_env.py");

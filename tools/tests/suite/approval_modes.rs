@@ -28,6 +28,7 @@ fn denied(d: &Decision) -> &str {
 
 #[test]
 fn hardline_deny_rules_modes_smart_and_timeout() {
+    let _process_state = super::process_state_lock();
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("config.yaml");
     let set = |text: &str| std::fs::write(&cfg, text).unwrap();

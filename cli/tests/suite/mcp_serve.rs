@@ -13,7 +13,7 @@ use serde_json::Value;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
-use vibeos_e2e::{exec_bin, python3, workspace_root, Sandbox};
+use vibeos_testkit::{exec_bin, python3, workspace_root, Sandbox};
 
 /// A Python interpreter that can `import mcp`, or why there is none.
 fn mcp_python() -> Result<PathBuf, String> {
@@ -468,7 +468,7 @@ fn tagged(text: &Value, prefix: &str) -> Value {
 
 #[test]
 fn strict_executions_served_together_can_neither_slow_nor_watch_nor_open_each_other() {
-    if let Some(why) = vibeos_e2e::strict_unavailable() {
+    if let Some(why) = vibeos_testkit::strict_unavailable() {
         vibeos_testkit::skip!("strict mode is unavailable on this machine: {why}");
     }
     let sb = Sandbox::new();
@@ -522,12 +522,12 @@ fn strict_executions_served_together_can_neither_slow_nor_watch_nor_open_each_ot
     let (after_err, after, _) = parts(&r["after"]);
     assert!(!after_err && after["output"] == "after\n", "{after}");
     assert!(sb.staging_dirs().is_empty(), "{:?}", sb.staging_dirs());
-    assert!(vibeos_e2e::processes_mentioning(&sb.tmp().display().to_string()).is_empty());
+    assert!(vibeos_testkit::processes_mentioning(&sb.tmp().display().to_string()).is_empty());
 }
 
 #[test]
 fn a_pinned_strict_uid_is_refused_on_a_server_with_a_warm_pool() {
-    if let Some(why) = vibeos_e2e::strict_unavailable() {
+    if let Some(why) = vibeos_testkit::strict_unavailable() {
         vibeos_testkit::skip!("strict mode is unavailable on this machine: {why}");
     }
     // SAFETY: geteuid has no preconditions.

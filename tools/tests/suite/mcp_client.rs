@@ -20,29 +20,9 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// The venv Python with `mcp`, or the reason it cannot be used.
-fn mcp_python() -> Result<PathBuf, String> {
-    let py = std::env::var_os("VIBEOS_TEST_MCP_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("target/pyvenv/bin/python"));
-    let ok = std::process::Command::new(&py)
-        .args(["-c", "import mcp.server.mcpserver"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if ok {
-        Ok(py)
-    } else {
-        Err(format!(
-            "{} with the `mcp` Python package (run scripts/test-all to create the venv)",
-            py.display()
-        ))
-    }
-}
-
 macro_rules! need_python {
     () => {
-        match mcp_python() {
+        match vibeos_testkit::venv_python("mcp.server.mcpserver") {
             Ok(p) => p,
             Err(missing) => {
                 vibeos_testkit::skip!("missing {missing}");

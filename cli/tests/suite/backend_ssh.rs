@@ -8,8 +8,8 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
-use vibeos_e2e::backends::{start_sshd, unavailable, Sshd, SSH_USER};
 use vibeos_supervisor::{execute, Config, ExecutionRequest, ExecutionResult, Interrupt, Status};
+use vibeos_testkit::backends::{start_sshd, unavailable, Sshd, SSH_USER};
 use vibeos_tools::environments::{self, settings::KnownHosts, BackendKind, BackendSettings};
 
 fn settings(sshd: &Sshd, port: u16) -> BackendSettings {
@@ -54,6 +54,7 @@ fn remote_processes() -> String {
 
 #[test]
 fn ssh_backend_end_to_end() {
+    let _backend = super::backend_lock();
     let sshd = match start_sshd() {
         Ok(s) => s,
         Err(e) => return unavailable(&e),

@@ -18,7 +18,7 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{SocketAddr, UnixListener};
 use std::path::PathBuf;
-use vibeos_e2e::{fixture, pid_alive, processes_mentioning, strict_unavailable, Sandbox};
+use vibeos_testkit::{fixture, pid_alive, processes_mentioning, strict_unavailable, Sandbox};
 
 macro_rules! require_strict {
     () => {
@@ -382,7 +382,7 @@ fn a_setuid_root_interpreter_grants_nothing() {
     let r = range();
     let suid_dir = r.sb.root.path().join("suid");
     std::fs::create_dir(&suid_dir).unwrap();
-    let real = std::fs::canonicalize(vibeos_e2e::python3()).unwrap();
+    let real = std::fs::canonicalize(vibeos_testkit::python3()).unwrap();
     let copy = suid_dir.join("python3");
     std::fs::copy(&real, &copy).unwrap();
     open_to_all(&copy, 0o4755);
@@ -539,7 +539,7 @@ type FileMetadata = (u32, u32, i64, i64, Vec<(String, Vec<u8>)>);
 fn metadata_of(p: &std::path::Path) -> FileMetadata {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::symlink_metadata(p).unwrap();
-    let out = std::process::Command::new(vibeos_e2e::python3())
+    let out = std::process::Command::new(vibeos_testkit::python3())
         .args([
             "-c",
             "import os,sys,json; p=sys.argv[1]; print(json.dumps([[n, list(os.getxattr(p, n))] \
@@ -557,7 +557,7 @@ fn metadata_of_files_outside_the_staging_dir_can_be_neither_read_nor_changed() {
     require_strict!();
     let r = range();
     let secret = "XATTR-SECRET-VALUE";
-    let set = std::process::Command::new(vibeos_e2e::python3())
+    let set = std::process::Command::new(vibeos_testkit::python3())
         .args([
             "-c",
             &format!("import os,sys; os.setxattr(sys.argv[1], 'user.secret', b'{secret}')"),
@@ -568,7 +568,7 @@ fn metadata_of_files_outside_the_staging_dir_can_be_neither_read_nor_changed() {
     if !set.success() {
         vibeos_testkit::skip_even_in_ci!("this filesystem has no user xattrs");
     }
-    let interpreter = std::fs::canonicalize(vibeos_e2e::python3()).unwrap();
+    let interpreter = std::fs::canonicalize(vibeos_testkit::python3()).unwrap();
     let before = (metadata_of(&r.victim), metadata_of(&interpreter));
     let result = r.attack("metadata_outside", json!({}), &[]);
     assert!(

@@ -17,7 +17,8 @@ use vibeos_supervisor::{
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-fn serial() -> std::sync::MutexGuard<'static, ()> {
+/// Held by every test of this binary that executes code: the pool is process-wide.
+pub(crate) fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -546,7 +547,7 @@ fn idle_interpreters_die_and_leave_no_staging_dirs_when_the_host_exits() {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "pool_host_child",
+            "suite::pool::pool_host_child",
             "--nocapture",
             "--test-threads=1",
         ])
