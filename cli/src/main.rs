@@ -202,8 +202,7 @@ impl LimitArgs {
 
     /// The session working dir the flags name (or the default), checked.
     fn session_cwd(&self) -> Result<PathBuf, UsageError> {
-        vibeos_supervisor::execute::session_cwd(self.cwd.as_deref())
-            .map_err(|e| UsageError(e.to_string()))
+        vibeos_supervisor::session_cwd(self.cwd.as_deref()).map_err(|e| UsageError(e.to_string()))
     }
 }
 
@@ -281,7 +280,7 @@ fn print_usage_error_json(message: String) {
     let mode = if strict { "strict" } else { "project" };
     println!(
         "{}",
-        vibeos_supervisor::result::ExecutionResult::failed_to_start(mode, message, 0.0).to_json()
+        vibeos_supervisor::ExecutionResult::failed_to_start(mode, message, 0.0).to_json()
     );
 }
 
@@ -350,7 +349,7 @@ fn real_main(cli: Cli) -> Result<u8, UsageError> {
             code
         }
         Command::Doctor { json } => {
-            let report = vibeos_supervisor::confine::doctor::probe();
+            let report = vibeos_supervisor::doctor::probe();
             let backends = backends::report(&backend);
             let text = if json {
                 let mut v = report.to_json();

@@ -180,7 +180,7 @@ fn pooled_interpreters() -> Vec<(i32, i32, PathBuf)> {
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
         let bootstrap = args.len() >= 5 && args[2] == "-c" && args[3].contains("pool discarded us");
-        if !bootstrap || !vibeos_supervisor::reaper::is_descendant(pid as u32, me) {
+        if !bootstrap || !vibeos_supervisor::is_descendant(pid as u32, me) {
             continue;
         }
         let Some(staging) = Path::new(&args[4]).parent() else {
@@ -578,7 +578,7 @@ fn idle_interpreters_die_and_leave_no_staging_dirs_when_the_host_exits() {
 }
 
 fn strict_unavailable() -> Option<String> {
-    vibeos_supervisor::confine::doctor::probe().strict_blocker()
+    vibeos_supervisor::doctor::probe().strict_blocker()
 }
 
 fn escapes(r: &ExecutionResult) -> Vec<Value> {
