@@ -691,7 +691,10 @@ fn wait_ready(fd: OwnedFd, timeout: Duration) -> Result<(), BootError> {
         if left.is_zero() {
             return Err(BootError::Slow(timeout));
         }
-        let mut pfd = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN)];
+        let mut pfd = [rustix::event::PollFd::new(
+            &fd,
+            rustix::event::PollFlags::IN,
+        )];
         let wait = rustix::event::Timespec::try_from(left).ok();
         match rustix::event::poll(&mut pfd, wait.as_ref()) {
             Ok(n) if n > 0 => break,
