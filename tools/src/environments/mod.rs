@@ -15,6 +15,7 @@ pub mod local;
 pub mod local_env;
 pub mod manager;
 pub mod process;
+pub mod route;
 pub mod session;
 pub mod settings;
 pub mod ssh;
