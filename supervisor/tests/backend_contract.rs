@@ -10,7 +10,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use vibeos_e2e::backends::{rootfs, start_sshd, unavailable, Dockerd, SSH_USER};
+use vibeos_e2e::backends::{start_sshd, unavailable, Dockerd, SSH_USER};
 use vibeos_tools::environments::{
     self, settings::KnownHosts, BackendKind, BackendSettings, EnvError, Environment, ExecSpec,
     GroupSignal,
@@ -202,32 +202,14 @@ fn ssh_environment_contract() {
 
 #[test]
 fn docker_environment_contract() {
-    let image = match rootfs() {
-        Ok(p) => p,
-        Err(e) => return unavailable(&e),
-    };
-    let daemon = match Dockerd::start() {
+    let (daemon, cli) = match Dockerd::with_image("vibeos-py:contract") {
         Ok(d) => d,
         Err(e) => return unavailable(&e),
     };
-    daemon
-        .import(&image, "vibeos-py:contract")
-        .expect("docker import");
-    let bin = daemon.dir.path().join("docker-here");
-    std::fs::write(
-        &bin,
-        format!(
-            "#!/bin/sh\nDOCKER_HOST={} exec docker \"$@\"\n",
-            daemon.host
-        ),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
     let settings = BackendSettings {
         backend: BackendKind::Docker,
         docker_image: Some("vibeos-py:contract".into()),
-        docker_binary: bin.display().to_string(),
+        docker_binary: cli,
         agent_binary: Some(PathBuf::from(env!("CARGO_BIN_EXE_vibeos-exec"))),
         ..BackendSettings::default()
     };

@@ -1,6 +1,7 @@
 //! `process`: manage background processes started with `terminal(background=true)` — list them,
 //! poll new output, wait, write to a PTY process's stdin, kill. Agent only: scripts cannot start
-//! background processes, so it is not among the script tools.
+//! background processes, so it is not among the script tools. With a remote backend the
+//! processes live under the task's tool agent there, and the call is forwarded to it.
 
 use super::args::{int_in_range, optional_str, required_str};
 use crate::environments::local;
@@ -41,6 +42,20 @@ fn status(p: &local::BackgroundProcess) -> Value {
 
 fn process(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolError> {
     let action = required_str(args, "action")?;
+    // With a remote backend, background commands run under the task's tool agent there.
+    let wait = if action == "wait" {
+        int_in_range(args, "timeout", 30, 0, 3600)?
+    } else {
+        0
+    };
+    if let Some(result) = crate::environments::agent::forward(
+        "process",
+        args,
+        ctx,
+        Duration::from_secs(wait as u64 + 60),
+    ) {
+        return result;
+    }
     if action == "list" {
         let procs: Vec<Value> = local::list_processes()
             .iter()
