@@ -99,6 +99,9 @@ except OSError as e:
 EXEC_WRAP = 'echo $$ > "/__modal/run/$0.pid"; exec "$@"'
 
 
+BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
 def log(*a):
     print("modal-standin:", *a, file=sys.stderr, flush=True)
 
@@ -320,7 +323,8 @@ class Control(api_grpc.ModalClientBase):
         ref = self.state.images.get(d.image_id)
         if ref is None:
             raise GRPCError(Status.NOT_FOUND, f"Image {d.image_id} not found")
-        sandbox_id = "sb-" + secrets.token_hex(8)
+        # Modal's V1 sandbox ids: `sb-` and 22 base62 characters (the SDK routes by this shape).
+        sandbox_id = "sb-" + "".join(secrets.choice(BASE62) for _ in range(22))
         args = ["run", "-d", "--network", "none", "--label", f"modal-standin={sandbox_id}"]
         args += ["--name", "modal-" + sandbox_id, "--tmpfs", "/__modal/run:mode=0700"]
         args += ["-v", f"{self.state.fs_dir}:/__modal/.bin:ro"]
