@@ -54,12 +54,19 @@ fn official_sdk_drives_the_stand_in() {
     assert_eq!(seen["exit"], 3, "{seen}");
     assert_eq!(seen["stdout"], "out\n", "{seen}");
     assert_eq!(seen["stderr"], "err\n", "{seen}");
-    assert_eq!(seen["cwd_env"], serde_json::json!(["/tmp", "hello"]), "{seen}");
+    assert_eq!(
+        seen["cwd_env"],
+        serde_json::json!(["/tmp", "hello"]),
+        "{seen}"
+    );
     assert_eq!(seen["stdin"], "through stdin", "{seen}");
     // The SDK reports a timed-out exec as -1; the stand-in killed the command in the sandbox.
     assert_eq!(seen["timeout_exit"], -1, "{seen}");
     assert!(seen["timeout_s"].as_f64().unwrap() < 10.0, "{seen}");
-    assert_eq!(seen["sleep_left"], "0", "the timed-out command still runs: {seen}");
+    assert_eq!(
+        seen["sleep_left"], "0",
+        "the timed-out command still runs: {seen}"
+    );
     assert_eq!(seen["uploaded_size"], "16384", "{seen}");
     assert_eq!(seen["downloaded"], "made inside", "{seen}");
     assert_eq!(seen["roundtrip_equal"], true, "{seen}");
@@ -74,7 +81,10 @@ fn official_sdk_drives_the_stand_in() {
     let id = seen["sandbox_id"].as_str().unwrap();
     let all = daemon.docker(&["ps", "-a", "--format", "{{.Names}}"]);
     let names = String::from_utf8_lossy(&all.stdout);
-    assert!(!names.contains(id), "terminated sandbox still exists: {names}");
+    assert!(
+        !names.contains(id),
+        "terminated sandbox still exists: {names}"
+    );
     assert!(
         standin.log_text().contains(&format!("created {id}")),
         "{}",

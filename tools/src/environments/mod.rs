@@ -14,6 +14,7 @@ pub mod docker;
 pub mod local;
 pub mod local_env;
 pub mod manager;
+pub mod modal;
 pub mod modal_sidecar;
 pub mod process;
 pub mod route;
@@ -230,6 +231,7 @@ pub fn start(settings: &BackendSettings, task: &str) -> Result<EnvHandle, EnvErr
     Ok(match settings.backend {
         BackendKind::Docker => Arc::new(docker::DockerEnv::start(settings, task)?),
         BackendKind::Ssh => Arc::new(ssh::SshEnv::start(settings, task)?),
+        BackendKind::Modal => Arc::new(modal::ModalEnv::start(settings, task)?),
         BackendKind::Local => Arc::new(local_env::LocalEnv::new(settings)),
     })
 }

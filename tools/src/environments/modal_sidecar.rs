@@ -227,9 +227,7 @@ impl Sidecar {
             "cwd": cwd,
             "env": env.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
         });
-        let mut w = stream
-            .try_clone()
-            .map_err(|e| err(what, e.to_string()))?;
+        let mut w = stream.try_clone().map_err(|e| err(what, e.to_string()))?;
         let mut line = request.to_string();
         line.push('\n');
         w.write_all(line.as_bytes())

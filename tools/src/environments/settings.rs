@@ -21,6 +21,8 @@ pub enum BackendKind {
     Docker,
     /// A remote host over one OpenSSH ControlMaster connection.
     Ssh,
+    /// A Modal sandbox per task, driven through the official SDK in a sidecar.
+    Modal,
 }
 
 impl BackendKind {
@@ -30,6 +32,7 @@ impl BackendKind {
             BackendKind::Local => "local",
             BackendKind::Docker => "docker",
             BackendKind::Ssh => "ssh",
+            BackendKind::Modal => "modal",
         }
     }
 }
@@ -95,6 +98,12 @@ pub struct BackendSettings {
     pub ssh_key: Option<PathBuf>,
     /// `terminal.ssh_known_hosts`: `strict` (default), `accept-new`, or a file path.
     pub ssh_known_hosts: KnownHosts,
+    /// `terminal.modal_image`: a registry image (`python:3.12-slim`) or a Modal image id
+    /// (`im-…`) for the modal backend.
+    pub modal_image: Option<String>,
+    /// `terminal.modal_python`: the host interpreter with the `modal` package that runs the
+    /// SDK sidecar.
+    pub modal_python: String,
     /// `terminal.shell_session`: `cd`/`export` persist between calls of one task.
     pub shell_session: bool,
     /// `terminal.agent_binary`: the vibeos-exec binary run as tool agent inside the backend.
@@ -126,6 +135,8 @@ impl Default for BackendSettings {
             ssh_port: None,
             ssh_key: None,
             ssh_known_hosts: KnownHosts::Strict,
+            modal_image: None,
+            modal_python: "python3".into(),
             shell_session: true,
             agent_binary: None,
             skip_approvals_isolated: true,
@@ -139,11 +150,11 @@ impl Default for BackendSettings {
 pub enum SettingsError {
     /// `terminal.backend` (or `--backend`) names no backend.
     #[error(
-        "unknown backend `{0}` (terminal.backend / --backend); use one of: local, docker, ssh"
+        "unknown backend `{0}` (terminal.backend / --backend); use one of: local, docker, ssh, modal"
     )]
     UnknownBackend(String),
     /// A backend of the product this one replaces that this build cannot run.
-    #[error("backend `{0}` is not available in this build (terminal.backend / --backend); use one of: local, docker, ssh")]
+    #[error("backend `{0}` is not available in this build (terminal.backend / --backend); use one of: local, docker, ssh, modal")]
     Unavailable(String),
     /// The chosen backend needs a key that is not set.
     #[error("backend `{backend}` needs `{key}` in config.yaml; {hint}")]
@@ -153,6 +164,16 @@ pub enum SettingsError {
         /// The key.
         key: &'static str,
         /// What to put there.
+        hint: &'static str,
+    },
+    /// The chosen backend needs a credential variable that is not set.
+    #[error("backend `{backend}` needs `{var}` in the environment of vibeos-exec; {hint}")]
+    MissingEnv {
+        /// The backend.
+        backend: &'static str,
+        /// The variable.
+        var: &'static str,
+        /// Where it comes from.
         hint: &'static str,
     },
     /// A key has the wrong type or value.
@@ -178,7 +199,8 @@ pub fn parse_backend(name: &str) -> Result<BackendKind, SettingsError> {
         "local" => Ok(BackendKind::Local),
         "docker" | "podman" => Ok(BackendKind::Docker),
         "ssh" => Ok(BackendKind::Ssh),
-        "singularity" | "modal" | "daytona" => Err(SettingsError::Unavailable(name.into())),
+        "modal" => Ok(BackendKind::Modal),
+        "singularity" | "daytona" => Err(SettingsError::Unavailable(name.into())),
         _ => Err(SettingsError::UnknownBackend(name.into())),
     }
 }
@@ -299,6 +321,10 @@ impl BackendSettings {
                 }
             };
         }
+        s.modal_image = string("modal_image")?;
+        if let Some(p) = string("modal_python")? {
+            s.modal_python = p;
+        }
         if let Some(b) = boolean("terminal", "shell_session")? {
             s.shell_session = b;
         }
@@ -321,10 +347,33 @@ impl BackendSettings {
                     hint: "name the host to run on",
                 })
             }
+            BackendKind::Modal => modal_required(&s)?,
             _ => {}
         }
         Ok(s)
     }
+}
+
+/// What the modal backend cannot start without: an image and both token variables (read
+/// here, by the supervisor, and handed to the SDK sidecar alone).
+fn modal_required(s: &BackendSettings) -> Result<(), SettingsError> {
+    if s.modal_image.is_none() {
+        return Err(SettingsError::Missing {
+            backend: "modal",
+            key: "terminal.modal_image",
+            hint: "name a registry image with Python 3 (e.g. python:3.12-slim) or a Modal image id (im-…)",
+        });
+    }
+    for var in ["MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET"] {
+        if std::env::var_os(var).is_none_or(|v| v.is_empty()) {
+            return Err(SettingsError::MissingEnv {
+                backend: "modal",
+                var,
+                hint: "create a token with `modal token new` (or in the Modal dashboard) and export MODAL_TOKEN_ID and MODAL_TOKEN_SECRET",
+            });
+        }
+    }
+    Ok(())
 }
 
 fn parse_volume(text: &str) -> Result<Volume, String> {
@@ -380,6 +429,8 @@ mod tests {
         assert!(e.to_string().contains("terminal.docker_image"), "{e}");
         let e = parse("{}", Some("ssh")).unwrap_err();
         assert!(e.to_string().contains("terminal.ssh_host"), "{e}");
+        let e = parse("{}", Some("modal")).unwrap_err();
+        assert!(e.to_string().contains("terminal.modal_image"), "{e}");
         let e = parse("{}", Some("kubernetes")).unwrap_err();
         assert!(e.to_string().contains("kubernetes"), "{e}");
         let e = parse("terminal:\n  ssh_port: 70000\n", None).unwrap_err();
