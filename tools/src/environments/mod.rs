@@ -14,6 +14,7 @@ pub mod docker;
 pub mod local;
 pub mod local_env;
 pub mod manager;
+pub mod relay;
 pub mod session;
 pub mod settings;
 pub mod ssh;
