@@ -8,6 +8,7 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 pub mod backends;
+pub mod daytona;
 
 use serde_json::Value;
 use std::ffi::OsString;
