@@ -212,6 +212,12 @@ pub trait Environment: Send + Sync {
     /// of several executions over one socket tells them apart by it).
     fn open_channel(&self, exec_id: &str, token: &str) -> Result<Channel, EnvError>;
 
+    /// Whether execute_code reaches the script through the relay ([`relay::spawn_relayed`]):
+    /// true for sandboxes nothing can be mounted into or forwarded to (daytona, modal).
+    fn relayed(&self) -> bool {
+        false
+    }
+
     /// The tool agent of this environment (started on first use); `None` where tools run in
     /// this process (local).
     fn agent(&self) -> Option<&agent::AgentClient>;

@@ -15,8 +15,10 @@
 //! exec's stdin (or lets [`pump_writer`] write it to an `AsyncWrite`). Each call to `feed` may
 //! carry any part of the stream; each outgoing item is one or more complete lines.
 
+use super::{EnvError, ExecSpec, GroupSignal, Process, Spawned};
 use base64::Engine as _;
 use std::collections::HashMap;
+use std::io::{Read as _, Write as _};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -338,6 +340,258 @@ pub fn pump_writer_blocking<W: std::io::Write>(mut rx: UnboundedReceiver<Vec<u8>
         if writer.write_all(&bytes).is_err() || writer.flush().is_err() {
             return;
         }
+    }
+}
+
+/// The channel of an execution that goes through the relay: the RPC server binds
+/// `rpc.sock` in a private 0700 temp dir on the host (removed when the channel is dropped); the
+/// relay binds the script's socket in the execution's private work dir over there, which is
+/// also what `VIBEOS_RPC_DIR` names.
+pub fn channel(backend: &'static str, exec_id: &str) -> Result<super::Channel, EnvError> {
+    let dir = tempfile::Builder::new()
+        .prefix("vibeos-relay-")
+        .tempdir()
+        .map_err(|e| EnvError::Command {
+            backend,
+            what: "creating the execution's local socket dir".into(),
+            message: format!("{e}; check that TMPDIR is writable"),
+        })?;
+    let remote_dir = format!("/tmp/vibeos-exec-{exec_id}");
+    Ok(super::Channel {
+        connections: super::Connections::Bind(dir.path().join("rpc.sock")),
+        remote_socket: format!("{remote_dir}/rpc.sock"),
+        remote_dir,
+        hello: false,
+        guard: Box::new(dir),
+    })
+}
+
+/// Starts `spec` (execute_code's bootstrap) in `env` behind a relay: one streaming exec of the
+/// relay program, which binds `remote_socket` over there and carries its connections to
+/// `local_socket` here. The returned handle behaves like a plain spawn: what is written to its
+/// stdin becomes the bootstrap's whole input (sent when the stdin is dropped), its stdout and
+/// stderr are the bootstrap's, `wait` gives its exit code, and `kill` signals its process group
+/// with one frame. Must be called where a tokio runtime is current (e.g. in `spawn_blocking`).
+pub fn spawn_relayed(
+    env: &dyn super::Environment,
+    spec: &ExecSpec,
+    local_socket: PathBuf,
+    remote_socket: &str,
+) -> Result<Spawned, EnvError> {
+    let backend = env.backend();
+    let runtime = tokio::runtime::Handle::try_current().map_err(|_| EnvError::Agent {
+        backend,
+        message: "the relay needs a tokio runtime (internal error)".into(),
+    })?;
+    let relay_spec = ExecSpec {
+        argv: relay_argv(&env.python()),
+        cwd: spec.cwd.clone(),
+        env: spec.env.clone(),
+    };
+    let raw = env.spawn(&relay_spec)?;
+    let Spawned {
+        stdin,
+        stdout,
+        stderr,
+        process: raw_process,
+    } = raw;
+    let (Some(stdin), Some(stdout)) = (stdin, stdout) else {
+        let _ = raw_process.kill(GroupSignal::Kill);
+        return Err(EnvError::Agent {
+            backend,
+            message: "the relay's streams could not be set up".into(),
+        });
+    };
+    let (relay, out, mut events) = Relay::new(local_socket, runtime);
+    let feeder = Arc::clone(&relay);
+    std::thread::spawn(move || pump_reader_blocking(feeder, stdout));
+    std::thread::spawn(move || pump_writer_blocking(out, stdin));
+    relay.listen(remote_socket);
+
+    let (out_r, mut out_w) = std::io::pipe().map_err(|e| pipe_err(backend, &e))?;
+    let (err_r, err_w) = std::io::pipe().map_err(|e| pipe_err(backend, &e))?;
+    let err_w = Arc::new(Mutex::new(Some(err_w)));
+    // The relay's own diagnostics (a Python traceback) belong to the script's stderr.
+    if let Some(mut raw_err) = stderr {
+        let sink = Arc::clone(&err_w);
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = raw_err.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                if let Ok(mut w) = sink.lock() {
+                    if let Some(w) = w.as_mut() {
+                        let _ = w.write_all(&buf[..n]);
+                    }
+                }
+            }
+        });
+    }
+    let process = Arc::new(RelayedProcess {
+        backend,
+        relay: Arc::clone(&relay),
+        raw: Arc::clone(&raw_process),
+        done: Mutex::new(None),
+        changed: std::sync::Condvar::new(),
+    });
+    let watcher = Arc::clone(&process);
+    std::thread::spawn(move || {
+        let mut outcome: Option<Result<i32, String>> = None;
+        while let Some(event) = events.blocking_recv() {
+            match event {
+                RelayEvent::Listening => {}
+                RelayEvent::Stdout(b) => {
+                    let _ = out_w.write_all(&b);
+                }
+                RelayEvent::Stderr(b) => {
+                    if let Ok(mut w) = err_w.lock() {
+                        if let Some(w) = w.as_mut() {
+                            let _ = w.write_all(&b);
+                        }
+                    }
+                }
+                RelayEvent::Exited(code) => {
+                    outcome = Some(Ok(code));
+                    break;
+                }
+                RelayEvent::Failed(message) => {
+                    tracing::warn!("{backend} relay: {message}");
+                    if let Ok(mut w) = err_w.lock() {
+                        if let Some(w) = w.as_mut() {
+                            let _ = writeln!(w, "vibeos-exec: {message}");
+                        }
+                    }
+                    if message.contains("stream ended") {
+                        outcome = Some(Err(message));
+                        break;
+                    }
+                }
+            }
+        }
+        // Closing the pipes ends the caller's readers; the relay program exits by itself.
+        drop(out_w);
+        if let Ok(mut w) = err_w.lock() {
+            w.take();
+        }
+        watcher.relay.close();
+        watcher.finish(outcome.unwrap_or_else(|| Err("the relay went away".into())));
+    });
+    // The raw exec is reaped (its client, if any) when it ends.
+    std::thread::spawn(move || {
+        let _ = raw_process.wait();
+    });
+    Ok(Spawned {
+        stdin: Some(Box::new(BootInput {
+            relay,
+            argv: spec.argv.clone(),
+            input: Vec::new(),
+        })),
+        stdout: Some(Box::new(out_r)),
+        stderr: Some(Box::new(err_r)),
+        process,
+    })
+}
+
+fn pipe_err(backend: &'static str, e: &std::io::Error) -> EnvError {
+    EnvError::Agent {
+        backend,
+        message: format!("cannot create a pipe for the relay: {e}"),
+    }
+}
+
+/// The bootstrap's stdin: collected, and sent with the boot frame when dropped.
+struct BootInput {
+    relay: Arc<Relay>,
+    argv: Vec<String>,
+    input: Vec<u8>,
+}
+
+impl std::io::Write for BootInput {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.input.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for BootInput {
+    fn drop(&mut self) {
+        self.relay.boot(&self.argv, &self.input);
+    }
+}
+
+/// The relayed child as a [`Process`]: its exit comes from the `X` frame, signals go as `K`
+/// frames; if the relay cannot be reached any more, the exec itself is killed.
+struct RelayedProcess {
+    backend: &'static str,
+    relay: Arc<Relay>,
+    raw: Arc<dyn Process>,
+    done: Mutex<Option<Result<i32, String>>>,
+    changed: std::sync::Condvar,
+}
+
+impl RelayedProcess {
+    fn finish(&self, outcome: Result<i32, String>) {
+        if let Ok(mut done) = self.done.lock() {
+            *done = Some(outcome);
+        }
+        self.changed.notify_all();
+    }
+
+    fn outcome(&self, done: &Option<Result<i32, String>>) -> Option<Result<i32, EnvError>> {
+        done.as_ref().map(|r| {
+            r.clone().map_err(|message| EnvError::Agent {
+                backend: self.backend,
+                message,
+            })
+        })
+    }
+}
+
+impl Process for RelayedProcess {
+    fn wait(&self) -> Result<i32, EnvError> {
+        let mut done = self.done.lock().map_err(|_| EnvError::Agent {
+            backend: self.backend,
+            message: "relay state poisoned".into(),
+        })?;
+        loop {
+            if let Some(r) = self.outcome(&done) {
+                return r;
+            }
+            done = self.changed.wait(done).map_err(|_| EnvError::Agent {
+                backend: self.backend,
+                message: "relay state poisoned".into(),
+            })?;
+        }
+    }
+
+    fn try_wait(&self) -> Result<Option<i32>, EnvError> {
+        let done = self.done.lock().map_err(|_| EnvError::Agent {
+            backend: self.backend,
+            message: "relay state poisoned".into(),
+        })?;
+        self.outcome(&done).transpose()
+    }
+
+    fn kill(&self, signal: GroupSignal) -> Result<(), EnvError> {
+        self.relay.signal(signal.name());
+        if signal == GroupSignal::Kill {
+            // A relay that no longer reads its stdin cannot pass the frame on: end the exec
+            // itself, but only after the relay had its chance (killing it first would orphan
+            // the script's group).
+            let raw = Arc::clone(&self.raw);
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_secs(2));
+                if let Ok(None) = raw.try_wait() {
+                    let _ = raw.kill(GroupSignal::Kill);
+                }
+            });
+        }
+        Ok(())
     }
 }
 

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use super::*;
+use std::io::{Read, Write};
 use std::process::Stdio;
 use std::time::Duration;
 use tokio::net::UnixListener;
@@ -246,4 +247,63 @@ async fn bad_frames_get_an_error_reply_on_both_sides() {
     }
     relay.stream_ended();
     assert!(matches!(next(&mut events).await, RelayEvent::Failed(_)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relayed_spawn_behaves_like_a_plain_one() {
+    // The adapter over a real environment's streaming spawn (local here): stdin becomes the
+    // child's input, stdout/stderr/exit code come back, a kill reaches the child's group.
+    let dir = tempfile::tempdir().unwrap();
+    let host = dir.path().join("host.sock");
+    echo_server(&host);
+    let env = crate::environments::local_env::LocalEnv::new(&Default::default());
+    let remote = dir.path().join("sb").join("rpc.sock").display().to_string();
+    let script = "import socket, sys\nline = sys.stdin.read()\ns = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\ns.sendall(line.encode()); print(s.recv(100).decode(), end='')\nsys.stderr.write('e\\n'); sys.exit(4)";
+    let spec = ExecSpec::new(["python3", "-c", script, &remote]);
+    let (h, r) = (host.clone(), remote.clone());
+    let spawned = tokio::task::spawn_blocking(move || spawn_relayed(&env, &spec, h, &r))
+        .await
+        .unwrap()
+        .unwrap();
+    let (code, out, err) = tokio::task::spawn_blocking(move || {
+        let Spawned {
+            stdin,
+            stdout,
+            stderr,
+            process,
+        } = spawned;
+        let mut stdin = stdin.unwrap();
+        stdin.write_all(b"ping\n").unwrap();
+        drop(stdin);
+        let (mut out, mut err) = (String::new(), String::new());
+        stdout.unwrap().read_to_string(&mut out).unwrap();
+        stderr.unwrap().read_to_string(&mut err).unwrap();
+        (process.wait().unwrap(), out, err)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        (code, out.as_str(), err.as_str()),
+        (4, "echo:ping\n", "e\n")
+    );
+
+    let env = crate::environments::local_env::LocalEnv::new(&Default::default());
+    let spec = ExecSpec::new([
+        "python3",
+        "-c",
+        "import time; print('up', flush=True); time.sleep(300)",
+    ]);
+    let r = remote.clone();
+    let code = tokio::task::spawn_blocking(move || {
+        let spawned = spawn_relayed(&env, &spec, host, &r).unwrap();
+        drop(spawned.stdin);
+        let mut out = spawned.stdout.unwrap();
+        let mut buf = [0u8; 3];
+        out.read_exact(&mut buf).unwrap();
+        spawned.process.kill(GroupSignal::Term).unwrap();
+        spawned.process.wait().unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, -15);
 }
