@@ -73,7 +73,7 @@ pub struct BackendStatus {
 }
 
 /// Probes every backend: local always works; docker asks its engine; ssh opens (and closes) a
-/// master connection when a host is configured.
+/// master connection when a host is configured; daytona lists sandboxes with the API key.
 pub fn report(settings: &BackendSettings) -> Vec<BackendStatus> {
     let docker_configured = settings.docker_image.is_some();
     let docker = environments::docker::probe(&settings.docker_binary)
@@ -90,6 +90,7 @@ pub fn report(settings: &BackendSettings) -> Vec<BackendStatus> {
             }
         }
     };
+    let daytona = environments::daytona::probe().map_err(|e| e.to_string());
     vec![
         BackendStatus {
             name: "local",
@@ -108,6 +109,12 @@ pub fn report(settings: &BackendSettings) -> Vec<BackendStatus> {
             selected: settings.backend == BackendKind::Ssh,
             configured: settings.ssh_host.is_some(),
             reachable: ssh,
+        },
+        BackendStatus {
+            name: "daytona",
+            selected: settings.backend == BackendKind::Daytona,
+            configured: std::env::var_os("DAYTONA_API_KEY").is_some(),
+            reachable: daytona,
         },
     ]
 }

@@ -6,7 +6,8 @@ call): POST /sandbox, GET /sandbox[/{idOrName}], DELETE /sandbox/{id}, POST /san
 and /stop, GET /sandbox/{id}/toolbox-proxy-url. Toolbox under /toolbox/{sandboxId}:
 POST /process/execute, the session endpoints (create, exec with runAsync, command status, logs
 with ?follow=true over a websocket in the SDK's stdout/stderr framing, input, delete),
-POST /files/bulk-upload (multipart) and /files/bulk-download (multipart answer). Every sandbox
+POST /files/bulk-upload (multipart) and /files/bulk-download (multipart answer), GET
+/files/download?path= and /user-home-dir. Every sandbox
 is a real container of a private dockerd (DOCKER_HOST), started with --network none; every
 request needs `Authorization: Bearer <key>`.
 
@@ -349,6 +350,21 @@ class Service:
                 return error(400, "cannot write %s: %s" % (path, err.decode().strip()))
         return web.Response(status=200)
 
+    async def download_one(self, request):
+        sb = self.sandbox(request)
+        path = request.query.get("path")
+        if not path:
+            return error(400, "path is required")
+        code, out, err = await docker("exec", sb.container, "cat", "--", path)
+        if code != 0:
+            return error(404, "file not found: %s" % err.decode().strip())
+        return web.Response(body=out, content_type="application/octet-stream")
+
+    async def home(self, request):
+        sb = self.sandbox(request)
+        code, out, _ = await docker("exec", sb.container, "sh", "-c", 'echo "$HOME"')
+        return web.json_response({"dir": out.decode().strip() or "/"})
+
     async def download(self, request):
         sb = self.sandbox(request)
         body = await request.json()
@@ -401,6 +417,8 @@ def main():
     r.add_post(t + "/process/session/{session}/command/{cmd}/input", svc.command_input)
     r.add_post(t + "/files/bulk-upload", svc.upload)
     r.add_post(t + "/files/bulk-download", svc.download)
+    r.add_get(t + "/files/download", svc.download_one)
+    r.add_get(t + "/user-home-dir", svc.home)
 
     async def run():
         runner = web.AppRunner(app, access_log=None)

@@ -10,6 +10,7 @@
 //! tool behaves identically wherever it runs, and only what crosses the boundary differs.
 
 pub mod agent;
+pub mod daytona;
 pub mod docker;
 pub mod local;
 pub mod local_env;
@@ -235,6 +236,7 @@ pub fn start(settings: &BackendSettings, task: &str) -> Result<EnvHandle, EnvErr
     Ok(match settings.backend {
         BackendKind::Docker => Arc::new(docker::DockerEnv::start(settings, task)?),
         BackendKind::Ssh => Arc::new(ssh::SshEnv::start(settings, task)?),
+        BackendKind::Daytona => Arc::new(daytona::DaytonaEnv::start(settings, task)?),
         BackendKind::Local => Arc::new(local_env::LocalEnv::new(settings)),
     })
 }

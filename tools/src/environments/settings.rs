@@ -21,6 +21,8 @@ pub enum BackendKind {
     Docker,
     /// A remote host over one OpenSSH ControlMaster connection.
     Ssh,
+    /// A Daytona sandbox per task, through the service's REST API.
+    Daytona,
 }
 
 impl BackendKind {
@@ -30,6 +32,7 @@ impl BackendKind {
             BackendKind::Local => "local",
             BackendKind::Docker => "docker",
             BackendKind::Ssh => "ssh",
+            BackendKind::Daytona => "daytona",
         }
     }
 }
@@ -81,6 +84,11 @@ pub struct BackendSettings {
     pub container_cpu: Option<f64>,
     /// `terminal.container_memory`: MB.
     pub container_memory: Option<u64>,
+    /// `terminal.container_disk`: MB (daytona rounds up to whole GiB).
+    pub container_disk: Option<u64>,
+    /// `terminal.daytona_image`: the image a new Daytona sandbox is built from (the service's
+    /// default snapshot when unset).
+    pub daytona_image: Option<String>,
     /// `terminal.container_pids`: process limit.
     pub container_pids: u64,
     /// `terminal.container_persistent`: keep the container (stopped) instead of removing it.
@@ -119,6 +127,8 @@ impl Default for BackendSettings {
             docker_binary: "docker".into(),
             container_cpu: None,
             container_memory: None,
+            container_disk: None,
+            daytona_image: None,
             container_pids: 512,
             container_persistent: false,
             ssh_host: None,
@@ -139,11 +149,11 @@ impl Default for BackendSettings {
 pub enum SettingsError {
     /// `terminal.backend` (or `--backend`) names no backend.
     #[error(
-        "unknown backend `{0}` (terminal.backend / --backend); use one of: local, docker, ssh"
+        "unknown backend `{0}` (terminal.backend / --backend); use one of: local, docker, ssh, daytona"
     )]
     UnknownBackend(String),
     /// A backend of the product this one replaces that this build cannot run.
-    #[error("backend `{0}` is not available in this build (terminal.backend / --backend); use one of: local, docker, ssh")]
+    #[error("backend `{0}` is not available in this build (terminal.backend / --backend); use one of: local, docker, ssh, daytona")]
     Unavailable(String),
     /// The chosen backend needs a key that is not set.
     #[error("backend `{backend}` needs `{key}` in config.yaml; {hint}")]
@@ -152,6 +162,16 @@ pub enum SettingsError {
         backend: &'static str,
         /// The key.
         key: &'static str,
+        /// What to put there.
+        hint: &'static str,
+    },
+    /// The chosen backend needs a variable in the environment (a credential, never config).
+    #[error("backend `{backend}` needs the environment variable {var}; {hint}")]
+    MissingEnv {
+        /// The backend.
+        backend: &'static str,
+        /// The variable.
+        var: &'static str,
         /// What to put there.
         hint: &'static str,
     },
@@ -178,7 +198,8 @@ pub fn parse_backend(name: &str) -> Result<BackendKind, SettingsError> {
         "local" => Ok(BackendKind::Local),
         "docker" | "podman" => Ok(BackendKind::Docker),
         "ssh" => Ok(BackendKind::Ssh),
-        "singularity" | "modal" | "daytona" => Err(SettingsError::Unavailable(name.into())),
+        "daytona" => Ok(BackendKind::Daytona),
+        "singularity" | "modal" => Err(SettingsError::Unavailable(name.into())),
         _ => Err(SettingsError::UnknownBackend(name.into())),
     }
 }
@@ -269,6 +290,8 @@ impl BackendSettings {
         }
         s.container_cpu = number("container_cpu")?;
         s.container_memory = number("container_memory")?.map(|m| m.ceil() as u64);
+        s.container_disk = number("container_disk")?.map(|m| m.ceil() as u64);
+        s.daytona_image = string("daytona_image")?;
         if let Some(p) = number("container_pids")? {
             s.container_pids = p as u64;
         }
@@ -319,6 +342,15 @@ impl BackendSettings {
                     backend: "ssh",
                     key: "terminal.ssh_host",
                     hint: "name the host to run on",
+                })
+            }
+            BackendKind::Daytona
+                if std::env::var("DAYTONA_API_KEY").map_or(true, |k| k.trim().is_empty()) =>
+            {
+                return Err(SettingsError::MissingEnv {
+                    backend: "daytona",
+                    var: "DAYTONA_API_KEY",
+                    hint: "export the API key of your Daytona organization (and DAYTONA_API_URL for a self-hosted service)",
                 })
             }
             _ => {}
