@@ -276,3 +276,48 @@ print(u.urlopen(r).status)",
     assert!(r.output.contains("kept"), "{r:?}");
     environments::shutdown();
 }
+
+/// `--backend daytona` without `DAYTONA_API_KEY` is a usage error (exit 2) naming the variable;
+/// an unreachable service is a clear error naming `DAYTONA_API_URL`, promptly, never a hang;
+/// doctor lists the backend with the reason.
+#[test]
+fn daytona_cli_errors_name_what_is_missing() {
+    let mut sb = vibeos_e2e::Sandbox::new();
+    let script = sb.root.path().join("s.py");
+    std::fs::write(&script, "print(1)").unwrap();
+    let out = sb
+        .command()
+        .env_remove("DAYTONA_API_KEY")
+        .args(["run", "--backend", "daytona"])
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("DAYTONA_API_KEY"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    sb.set_env("DAYTONA_API_KEY", "k");
+    sb.set_env("DAYTONA_API_URL", "http://127.0.0.1:9/api");
+    let started = Instant::now();
+    let out = sb
+        .command()
+        .args(["run", "--json", "--backend", "daytona"])
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let r = vibeos_e2e::parse_single_json(&out);
+    assert_eq!(r["status"], "error", "{r}");
+    let e = r["error"].as_str().unwrap();
+    assert!(
+        e.contains("daytona backend unreachable") && e.contains("DAYTONA_API_URL"),
+        "{e}"
+    );
+
+    let out = sb.run(&["doctor"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("daytona configured, not reachable"), "{text}");
+}
