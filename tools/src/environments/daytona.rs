@@ -220,6 +220,10 @@ struct Inner {
     python: String,
     sandbox: Mutex<SandboxRef>,
     recreated: std::sync::atomic::AtomicBool,
+    /// A relay started ahead of the next execution (see [`Inner::relay`]).
+    warm: Mutex<Option<Spawned>>,
+    /// Set by [`Environment::stop`]: nothing may start (or restart) the sandbox after it.
+    stopped: std::sync::atomic::AtomicBool,
 }
 
 /// One Daytona sandbox (see the module doc).
@@ -372,6 +376,12 @@ impl Inner {
     fn recover(&self, why: &str) -> Result<SandboxRef, EnvError> {
         use std::sync::atomic::Ordering;
         let old = self.current();
+        if self.stopped.load(Ordering::SeqCst) {
+            return Err(err(
+                "reaching the sandbox",
+                format!("sandbox {} was stopped ({why})", old.id),
+            ));
+        }
         let (status, v) =
             self.api
                 .control(reqwest::Method::GET, &format!("/sandbox/{}", old.id), None)?;
@@ -540,6 +550,43 @@ impl Inner {
             stderr: Some(Box::new(err_r)),
             process,
         })
+    }
+}
+
+impl Inner {
+    /// The relay program holds no state until its first frame, so one is kept started ahead:
+    /// an execution takes it (saving a session command's start and a Python start-up, most of
+    /// a no-op's cost) and the next one is started in the background.
+    fn relay(self: &Arc<Self>, spec: &ExecSpec) -> Result<Spawned, EnvError> {
+        let warm = self.warm.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let ready = warm.filter(|w| matches!(w.process.try_wait(), Ok(None)));
+        let spawned = match ready {
+            Some(w) => w,
+            None => self.spawn(spec)?,
+        };
+        let inner = Arc::clone(self);
+        let spec = spec.clone();
+        std::thread::spawn(move || {
+            use std::sync::atomic::Ordering;
+            if inner.stopped.load(Ordering::SeqCst) {
+                return;
+            }
+            if let Ok(next) = inner.spawn(&spec) {
+                if inner.stopped.load(Ordering::SeqCst) {
+                    let _ = next.process.kill(GroupSignal::Kill);
+                    return;
+                }
+                let old = inner
+                    .warm
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .replace(next);
+                if let Some(old) = old {
+                    let _ = old.process.kill(GroupSignal::Kill);
+                }
+            }
+        });
+        Ok(spawned)
     }
 }
 
@@ -788,6 +835,8 @@ impl DaytonaEnv {
                 toolbox: String::new(),
             }),
             recreated: std::sync::atomic::AtomicBool::new(false),
+            warm: Mutex::new(None),
+            stopped: std::sync::atomic::AtomicBool::new(false),
         };
         let sb = inner.resume_or_create()?;
         tracing::info!(sandbox = %sb.id, name = %inner.name, "backends: daytona sandbox ready");
@@ -929,6 +978,10 @@ impl Environment for DaytonaEnv {
     }
 
     fn spawn(&self, spec: &ExecSpec) -> Result<Spawned, EnvError> {
+        let plain = spec.cwd.is_none() && spec.env.is_empty();
+        if plain && spec.argv == super::relay::relay_argv(&self.inner.python) {
+            return self.inner.relay(spec);
+        }
         self.inner.spawn(spec)
     }
 
@@ -1019,7 +1072,19 @@ impl Environment for DaytonaEnv {
     }
 
     fn stop(&self) {
+        self.inner
+            .stopped
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         self.agent.stop();
+        let warm = self
+            .inner
+            .warm
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(w) = warm {
+            let _ = w.process.kill(GroupSignal::Kill);
+        }
         let sb = self.inner.current();
         let (method, path) = if self.inner.persistent {
             (reqwest::Method::POST, format!("/sandbox/{}/stop", sb.id))
