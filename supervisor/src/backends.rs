@@ -73,7 +73,7 @@ pub struct BackendStatus {
 }
 
 /// Probes every backend: local always works; docker asks its engine; ssh opens (and closes) a
-/// master connection when a host is configured; daytona lists sandboxes with the API key.
+/// master connection when a host is configured; daytona lists sandboxes with the API key; singularity asks its CLI's version.
 pub fn report(settings: &BackendSettings) -> Vec<BackendStatus> {
     let docker_configured = settings.docker_image.is_some();
     let docker = environments::docker::probe(&settings.docker_binary)
@@ -91,6 +91,7 @@ pub fn report(settings: &BackendSettings) -> Vec<BackendStatus> {
         }
     };
     let daytona = environments::daytona::probe().map_err(|e| e.to_string());
+    let singularity = environments::singularity::probe().map_err(|e| e.to_string());
     vec![
         BackendStatus {
             name: "local",
@@ -115,6 +116,12 @@ pub fn report(settings: &BackendSettings) -> Vec<BackendStatus> {
             selected: settings.backend == BackendKind::Daytona,
             configured: std::env::var_os("DAYTONA_API_KEY").is_some(),
             reachable: daytona,
+        },
+        BackendStatus {
+            name: "singularity",
+            selected: settings.backend == BackendKind::Singularity,
+            configured: settings.singularity_image.is_some(),
+            reachable: singularity,
         },
     ]
 }

@@ -19,6 +19,7 @@ pub mod process;
 pub mod relay;
 pub mod session;
 pub mod settings;
+pub mod singularity;
 pub mod ssh;
 
 pub use crate::capture::HeadTail;
@@ -237,6 +238,7 @@ pub fn start(settings: &BackendSettings, task: &str) -> Result<EnvHandle, EnvErr
         BackendKind::Docker => Arc::new(docker::DockerEnv::start(settings, task)?),
         BackendKind::Ssh => Arc::new(ssh::SshEnv::start(settings, task)?),
         BackendKind::Daytona => Arc::new(daytona::DaytonaEnv::start(settings, task)?),
+        BackendKind::Singularity => Arc::new(singularity::SingularityEnv::start(settings, task)?),
         BackendKind::Local => Arc::new(local_env::LocalEnv::new(settings)),
     })
 }

@@ -23,6 +23,8 @@ pub enum BackendKind {
     Ssh,
     /// A Daytona sandbox per task, through the service's REST API.
     Daytona,
+    /// An Apptainer/Singularity instance per task (HPC clusters without Docker).
+    Singularity,
 }
 
 impl BackendKind {
@@ -33,6 +35,7 @@ impl BackendKind {
             BackendKind::Docker => "docker",
             BackendKind::Ssh => "ssh",
             BackendKind::Daytona => "daytona",
+            BackendKind::Singularity => "singularity",
         }
     }
 }
@@ -89,6 +92,9 @@ pub struct BackendSettings {
     /// `terminal.daytona_image`: the image a new Daytona sandbox is built from (the service's
     /// default snapshot when unset).
     pub daytona_image: Option<String>,
+    /// `terminal.singularity_image`: a SIF file, a sandbox dir or a `docker://` reference
+    /// (built once into a cached SIF).
+    pub singularity_image: Option<String>,
     /// `terminal.container_pids`: process limit.
     pub container_pids: u64,
     /// `terminal.container_persistent`: keep the container (stopped) instead of removing it.
@@ -129,6 +135,7 @@ impl Default for BackendSettings {
             container_memory: None,
             container_disk: None,
             daytona_image: None,
+            singularity_image: None,
             container_pids: 512,
             container_persistent: false,
             ssh_host: None,
@@ -149,11 +156,11 @@ impl Default for BackendSettings {
 pub enum SettingsError {
     /// `terminal.backend` (or `--backend`) names no backend.
     #[error(
-        "unknown backend `{0}` (terminal.backend / --backend); use one of: local, docker, ssh, daytona"
+        "unknown backend `{0}` (terminal.backend / --backend); use one of: local, docker, ssh, daytona, singularity"
     )]
     UnknownBackend(String),
     /// A backend of the product this one replaces that this build cannot run.
-    #[error("backend `{0}` is not available in this build (terminal.backend / --backend); use one of: local, docker, ssh, daytona")]
+    #[error("backend `{0}` is not available in this build (terminal.backend / --backend); use one of: local, docker, ssh, daytona, singularity")]
     Unavailable(String),
     /// The chosen backend needs a key that is not set.
     #[error("backend `{backend}` needs `{key}` in config.yaml; {hint}")]
@@ -199,7 +206,8 @@ pub fn parse_backend(name: &str) -> Result<BackendKind, SettingsError> {
         "docker" | "podman" => Ok(BackendKind::Docker),
         "ssh" => Ok(BackendKind::Ssh),
         "daytona" => Ok(BackendKind::Daytona),
-        "singularity" | "modal" => Err(SettingsError::Unavailable(name.into())),
+        "singularity" | "apptainer" => Ok(BackendKind::Singularity),
+        "modal" => Err(SettingsError::Unavailable(name.into())),
         _ => Err(SettingsError::UnknownBackend(name.into())),
     }
 }
@@ -292,6 +300,7 @@ impl BackendSettings {
         s.container_memory = number("container_memory")?.map(|m| m.ceil() as u64);
         s.container_disk = number("container_disk")?.map(|m| m.ceil() as u64);
         s.daytona_image = string("daytona_image")?;
+        s.singularity_image = string("singularity_image")?;
         if let Some(p) = number("container_pids")? {
             s.container_pids = p as u64;
         }
@@ -342,6 +351,13 @@ impl BackendSettings {
                     backend: "ssh",
                     key: "terminal.ssh_host",
                     hint: "name the host to run on",
+                })
+            }
+            BackendKind::Singularity if s.singularity_image.is_none() => {
+                return Err(SettingsError::Missing {
+                    backend: "singularity",
+                    key: "terminal.singularity_image",
+                    hint: "name a SIF file or a docker:// image with a Python 3 interpreter",
                 })
             }
             BackendKind::Daytona
