@@ -74,8 +74,9 @@ pub struct BackendStatus {
 }
 
 /// Probes every backend: local always works; docker asks its engine; ssh opens (and closes) a
-/// master connection when a host is configured; modal asks the API (through the SDK sidecar)
-/// whether it takes the credentials, when modal is selected or configured.
+/// master connection when a host is configured; daytona lists sandboxes with the API key;
+/// singularity asks its CLI's version; modal asks the API (through the SDK sidecar) whether it
+/// takes the credentials, when modal is selected or configured.
 pub fn report(settings: &BackendSettings) -> Vec<BackendStatus> {
     let docker_configured = settings.docker_image.is_some();
     let docker = environments::docker::probe(&settings.docker_binary)
@@ -97,6 +98,8 @@ pub fn report(settings: &BackendSettings) -> Vec<BackendStatus> {
     } else {
         Err("terminal.modal_image is not set".to_string())
     };
+    let daytona = environments::daytona::probe().map_err(|e| e.to_string());
+    let singularity = environments::singularity::probe().map_err(|e| e.to_string());
     vec![
         BackendStatus {
             name: "local",
@@ -115,6 +118,18 @@ pub fn report(settings: &BackendSettings) -> Vec<BackendStatus> {
             selected: settings.backend == BackendKind::Ssh,
             configured: settings.ssh_host.is_some(),
             reachable: ssh,
+        },
+        BackendStatus {
+            name: "daytona",
+            selected: settings.backend == BackendKind::Daytona,
+            configured: std::env::var_os("DAYTONA_API_KEY").is_some(),
+            reachable: daytona,
+        },
+        BackendStatus {
+            name: "singularity",
+            selected: settings.backend == BackendKind::Singularity,
+            configured: settings.singularity_image.is_some(),
+            reachable: singularity,
         },
         BackendStatus {
             name: "modal",

@@ -11,10 +11,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use serde_json::{json, Map, Value};
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use vibeos_e2e::backends::{rootfs, unavailable, Dockerd};
 use vibeos_e2e::modal::{sdk_python, ModalStandin, TOKEN_ID, TOKEN_SECRET};
+use vibeos_supervisor::{execute, Config, ExecutionRequest, ExecutionResult, Interrupt, Status};
 use vibeos_tools::environments::{self, BackendKind, BackendSettings, EnvError, ExecSpec};
 use vibeos_tools::ToolContext;
 
@@ -28,6 +30,34 @@ fn settings(python: &std::path::Path) -> BackendSettings {
         agent_binary: Some(PathBuf::from(env!("CARGO_BIN_EXE_vibeos-exec"))),
         ..BackendSettings::default()
     }
+}
+
+fn request(code: &str, task: &str) -> ExecutionRequest {
+    let mut r = ExecutionRequest::from_config(code, &Config::default());
+    r.task_id = Some(task.into());
+    r.timeout = Duration::from_secs(120);
+    r.base_env = Some(vec![
+        (OsString::from("PATH"), OsString::from("/host/only/bin")),
+        (OsString::from("LANG"), OsString::from("C.UTF-8")),
+        (
+            OsString::from("MY_SECRET_TOKEN"),
+            OsString::from("hunter2-host-secret"),
+        ),
+        (
+            OsString::from("OPENAI_API_KEY"),
+            OsString::from("sk-host-provider-secret"),
+        ),
+        (OsString::from("MODAL_TOKEN_ID"), OsString::from(TOKEN_ID)),
+        (
+            OsString::from("MODAL_TOKEN_SECRET"),
+            OsString::from(TOKEN_SECRET),
+        ),
+    ]);
+    r
+}
+
+fn run(rt: &tokio::runtime::Runtime, req: ExecutionRequest) -> ExecutionResult {
+    rt.block_on(execute(req, vibeos_tools::registry(), Interrupt::new()))
 }
 
 /// Calls a tool as a script of `task` would.
@@ -84,6 +114,10 @@ fn modal_backend_against_the_stand_in() {
     for (k, v) in standin.env() {
         std::env::set_var(k, v);
     }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     environments::activate(settings(&python));
     let envs = environments::active().unwrap();
 
@@ -183,6 +217,87 @@ fn modal_backend_against_the_stand_in() {
     let a = tool("task-a", "terminal", json!({"command": "hostname"}));
     assert_ne!(a["output"], b["output"]);
     assert_eq!(sandboxes(&daemon).len(), 2);
+
+    // execute_code in the sandbox, through the relay: a script with tool calls; its
+    // environment is scrubbed (no host secrets, no host PATH, no Modal credentials).
+    let code = format!(
+        r#"
+from vibeos_tools import write_file, read_file, terminal
+import os, json, socket
+print("w:", "error" not in write_file("/srv/from-script.txt", "gamma\n"))
+print("r:", read_file("/srv/from-script.txt")["content"].strip().endswith("gamma"))
+print("t:", terminal("cat {marker}")["output"].split())
+print("host:", socket.gethostname() == terminal("hostname")["output"].strip())
+print("env:", json.dumps(dict(os.environ)))
+"#
+    );
+    let r = run(&rt, request(&code, "task-a"));
+    assert_eq!(r.status, Status::Success, "{r:?}");
+    assert_eq!(r.backend.as_deref(), Some("modal"));
+    assert!(r.output.contains("w: True"), "{}", r.output);
+    assert!(r.output.contains("r: True"), "{}", r.output);
+    assert!(r.output.contains("t: ['alpha', 'beta']"), "{}", r.output);
+    assert!(r.output.contains("host: True"), "{}", r.output);
+    assert_eq!(r.tool_calls_made, 4, "{r:?}");
+    for leak in [
+        "hunter2-host-secret",
+        "sk-host-provider-secret",
+        "/host/only/bin",
+        TOKEN_ID,
+        TOKEN_SECRET,
+        standin.url.as_str(),
+    ] {
+        assert!(
+            !r.output.contains(leak),
+            "{leak} reached the script: {}",
+            r.output
+        );
+    }
+    assert!(
+        r.output.contains("C.UTF-8"),
+        "safe variables pass: {}",
+        r.output
+    );
+
+    // execute_code timeout and interrupt: the script and what it started die in the sandbox,
+    // the sandbox stays.
+    let before_scripts = sandboxes(&daemon);
+    let mut req = request(
+        "import subprocess, time\nsubprocess.Popen(['sleep', '5151'])\nprint('started', flush=True)\ntime.sleep(600)",
+        "task-a",
+    );
+    req.timeout = Duration::from_secs(3);
+    req.kill_grace = Duration::from_secs(1);
+    let started = Instant::now();
+    let r = run(&rt, req);
+    assert_eq!(r.status, Status::Timeout, "{r:?}");
+    assert!(r.output.contains("started"), "{r:?}");
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let ps = processes("task-a");
+    assert!(
+        !ps.contains("sleep 5151") && !ps.contains("time.sleep(600)"),
+        "left behind: {ps}"
+    );
+    let interrupt = Interrupt::new();
+    let stopper = interrupt.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(3));
+        stopper.interrupt();
+    });
+    let mut req = request(
+        "import subprocess, time\nsubprocess.Popen(['sleep', '5252'])\ntime.sleep(600)",
+        "task-a",
+    );
+    req.kill_grace = Duration::from_secs(1);
+    let r = rt.block_on(execute(req, vibeos_tools::registry(), interrupt));
+    assert_eq!(r.status, Status::Interrupted, "{r:?}");
+    let ps = processes("task-a");
+    assert!(!ps.contains("sleep 5252"), "left behind: {ps}");
+    assert_eq!(
+        sandboxes(&daemon),
+        before_scripts,
+        "the sandbox must survive"
+    );
 
     // A timeout kills the command and what it started, in the sandbox; the sandbox stays.
     let before = sandboxes(&daemon);
@@ -302,7 +417,8 @@ fn modal_backend_against_the_stand_in() {
     let (out, _) = cli(&[], &["MODAL_TOKEN_SECRET"]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(
-        String::from_utf8_lossy(&out.stdout).contains("needs `MODAL_TOKEN_SECRET`"),
+        String::from_utf8_lossy(&out.stdout)
+            .contains("needs the environment variable MODAL_TOKEN_SECRET"),
         "{out:?}"
     );
     let (out, took) = cli(&[("MODAL_TOKEN_SECRET", "wrong")], &[]);

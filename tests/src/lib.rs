@@ -8,6 +8,7 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 pub mod backends;
+pub mod daytona;
 pub mod modal;
 
 use serde_json::Value;

@@ -468,11 +468,12 @@ impl Environment for ModalEnv {
         })
     }
 
-    fn open_channel(&self, _exec_id: &str, _token: &str) -> Result<Channel, EnvError> {
-        Err(modal_err(
-            "opening the script's RPC channel",
-            "execute_code needs the relay, which this build does not have yet",
-        ))
+    fn open_channel(&self, exec_id: &str, _token: &str) -> Result<Channel, EnvError> {
+        super::relay::channel("modal", exec_id)
+    }
+
+    fn relayed(&self) -> bool {
+        true
     }
 
     fn agent(&self) -> Option<&AgentClient> {

@@ -23,6 +23,10 @@ pub enum BackendKind {
     Ssh,
     /// A Modal sandbox per task, driven through the official SDK in a sidecar.
     Modal,
+    /// A Daytona sandbox per task, through the service's REST API.
+    Daytona,
+    /// An Apptainer/Singularity instance per task (HPC clusters without Docker).
+    Singularity,
 }
 
 impl BackendKind {
@@ -33,6 +37,8 @@ impl BackendKind {
             BackendKind::Docker => "docker",
             BackendKind::Ssh => "ssh",
             BackendKind::Modal => "modal",
+            BackendKind::Daytona => "daytona",
+            BackendKind::Singularity => "singularity",
         }
     }
 }
@@ -84,6 +90,14 @@ pub struct BackendSettings {
     pub container_cpu: Option<f64>,
     /// `terminal.container_memory`: MB.
     pub container_memory: Option<u64>,
+    /// `terminal.container_disk`: MB (daytona rounds up to whole GiB).
+    pub container_disk: Option<u64>,
+    /// `terminal.daytona_image`: the image a new Daytona sandbox is built from (the service's
+    /// default snapshot when unset).
+    pub daytona_image: Option<String>,
+    /// `terminal.singularity_image`: a SIF file, a sandbox dir or a `docker://` reference
+    /// (built once into a cached SIF).
+    pub singularity_image: Option<String>,
     /// `terminal.container_pids`: process limit.
     pub container_pids: u64,
     /// `terminal.container_persistent`: keep the container (stopped) instead of removing it.
@@ -128,6 +142,9 @@ impl Default for BackendSettings {
             docker_binary: "docker".into(),
             container_cpu: None,
             container_memory: None,
+            container_disk: None,
+            daytona_image: None,
+            singularity_image: None,
             container_pids: 512,
             container_persistent: false,
             ssh_host: None,
@@ -150,11 +167,11 @@ impl Default for BackendSettings {
 pub enum SettingsError {
     /// `terminal.backend` (or `--backend`) names no backend.
     #[error(
-        "unknown backend `{0}` (terminal.backend / --backend); use one of: local, docker, ssh, modal"
+        "unknown backend `{0}` (terminal.backend / --backend); use one of: local, docker, ssh, daytona, singularity, modal"
     )]
     UnknownBackend(String),
     /// A backend of the product this one replaces that this build cannot run.
-    #[error("backend `{0}` is not available in this build (terminal.backend / --backend); use one of: local, docker, ssh, modal")]
+    #[error("backend `{0}` is not available in this build (terminal.backend / --backend); use one of: local, docker, ssh, daytona, singularity, modal")]
     Unavailable(String),
     /// The chosen backend needs a key that is not set.
     #[error("backend `{backend}` needs `{key}` in config.yaml; {hint}")]
@@ -166,14 +183,14 @@ pub enum SettingsError {
         /// What to put there.
         hint: &'static str,
     },
-    /// The chosen backend needs a credential variable that is not set.
-    #[error("backend `{backend}` needs `{var}` in the environment of vibeos-exec; {hint}")]
+    /// The chosen backend needs a variable in the environment (a credential, never config).
+    #[error("backend `{backend}` needs the environment variable {var}; {hint}")]
     MissingEnv {
         /// The backend.
         backend: &'static str,
         /// The variable.
         var: &'static str,
-        /// Where it comes from.
+        /// What to put there.
         hint: &'static str,
     },
     /// A key has the wrong type or value.
@@ -199,8 +216,9 @@ pub fn parse_backend(name: &str) -> Result<BackendKind, SettingsError> {
         "local" => Ok(BackendKind::Local),
         "docker" | "podman" => Ok(BackendKind::Docker),
         "ssh" => Ok(BackendKind::Ssh),
+        "daytona" => Ok(BackendKind::Daytona),
+        "singularity" | "apptainer" => Ok(BackendKind::Singularity),
         "modal" => Ok(BackendKind::Modal),
-        "singularity" | "daytona" => Err(SettingsError::Unavailable(name.into())),
         _ => Err(SettingsError::UnknownBackend(name.into())),
     }
 }
@@ -291,6 +309,9 @@ impl BackendSettings {
         }
         s.container_cpu = number("container_cpu")?;
         s.container_memory = number("container_memory")?.map(|m| m.ceil() as u64);
+        s.container_disk = number("container_disk")?.map(|m| m.ceil() as u64);
+        s.daytona_image = string("daytona_image")?;
+        s.singularity_image = string("singularity_image")?;
         if let Some(p) = number("container_pids")? {
             s.container_pids = p as u64;
         }
@@ -345,6 +366,22 @@ impl BackendSettings {
                     backend: "ssh",
                     key: "terminal.ssh_host",
                     hint: "name the host to run on",
+                })
+            }
+            BackendKind::Singularity if s.singularity_image.is_none() => {
+                return Err(SettingsError::Missing {
+                    backend: "singularity",
+                    key: "terminal.singularity_image",
+                    hint: "name a SIF file or a docker:// image with a Python 3 interpreter",
+                })
+            }
+            BackendKind::Daytona
+                if std::env::var("DAYTONA_API_KEY").map_or(true, |k| k.trim().is_empty()) =>
+            {
+                return Err(SettingsError::MissingEnv {
+                    backend: "daytona",
+                    var: "DAYTONA_API_KEY",
+                    hint: "export the API key of your Daytona organization (and DAYTONA_API_URL for a self-hosted service)",
                 })
             }
             BackendKind::Modal => modal_required(&s)?,
