@@ -17,9 +17,9 @@
 use std::ffi::OsString;
 use std::time::{Duration, Instant};
 use vibeos_benches::{median, release_bin};
-use vibeos_e2e::backends::{rootfs, Dockerd};
-use vibeos_e2e::modal::{sdk_python, ModalStandin};
 use vibeos_supervisor::{execute, Config, ExecutionRequest, Interrupt};
+use vibeos_testkit::backends::{rootfs, Dockerd};
+use vibeos_testkit::modal::{sdk_python, ModalStandin};
 use vibeos_tools::environments::{self, BackendKind, BackendSettings, ExecSpec};
 
 const IMAGE: &str = "vibeos-py:bench";
@@ -123,7 +123,7 @@ fn main() {
 
     // Sidecar or direct gRPC: the same exec round trip three ways.
     let transport = std::process::Command::new(&python)
-        .arg(vibeos_e2e::workspace_root().join("benches/modal_transport.py"))
+        .arg(vibeos_testkit::workspace_root().join("benches/modal_transport.py"))
         .arg(IMAGE)
         .arg(runs.to_string())
         .arg(environments::modal_sidecar::SIDECAR_SOURCE)
