@@ -1,5 +1,5 @@
 //! The modal backend against the Modal stand-in (tests/standins/modal_server.py, proven
-//! faithful by tests/tests/modal_conformance.rs with the official SDK), whose sandboxes are
+//! faithful by suite/modal_conformance.rs with the official SDK), whose sandboxes are
 //! real containers of a private dockerd: exec with cwd, env, exit code and timeout; file
 //! upload and download; the tools running inside the sandbox (not on the host); one sandbox
 //! per task; a timeout or an interrupt kills the command and its children in the sandbox and
@@ -415,6 +415,25 @@ print("env:", json.dumps(dict(os.environ)))
         let out = cmd.output().unwrap();
         (out, t.elapsed())
     };
+    // doctor asks the API whether it takes the token.
+    let doctor = std::process::Command::new(env!("CARGO_BIN_EXE_vibeos-exec"))
+        .args(["doctor", "--json"])
+        .env("VIBEOS_HOME", home.path())
+        .output()
+        .unwrap();
+    let report: Value =
+        serde_json::from_slice(&doctor.stdout).unwrap_or_else(|_| panic!("{doctor:?}"));
+    let modal = report["backends"]
+        .as_array()
+        .and_then(|b| b.iter().find(|e| e["name"] == "modal"))
+        .cloned()
+        .unwrap_or_else(|| panic!("no modal line: {report}"));
+    assert_eq!(modal["configured"], true, "{modal}");
+    assert_eq!(modal["reachable"], true, "{modal}");
+    assert!(
+        modal["detail"].as_str().unwrap().contains(&standin.url),
+        "{modal}"
+    );
     let (out, _) = cli(&[], &["MODAL_TOKEN_SECRET"]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(
