@@ -12,9 +12,9 @@
 use std::ffi::OsString;
 use std::time::{Duration, Instant};
 use vibeos_benches::{median, release_bin};
-use vibeos_e2e::backends::{rootfs, Dockerd};
-use vibeos_e2e::daytona::Standin;
 use vibeos_supervisor::{execute, Config, ExecutionRequest, Interrupt};
+use vibeos_testkit::backends::{rootfs, Dockerd};
+use vibeos_testkit::daytona::Standin;
 use vibeos_tools::environments::{self, BackendKind, BackendSettings, ExecSpec};
 
 const CALLS: usize = 100;
