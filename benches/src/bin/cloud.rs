@@ -1,6 +1,6 @@
 //! Cloud sandbox backends against their own exec round trip, measured in the same run against
 //! the stand-ins (tests/standins/, whose sandboxes are real containers of a private dockerd):
-//! - daytona: one exec round trip (`POST /process/execute` of `true`, through the backend) vs
+//! - daytona: one exec round trip (`POST /process/execute` of `true`, the service's cheapest) vs
 //!   a tool call from a script in the sandbox (target ≤ 1.5×) and vs `execute_code("pass")`
 //!   (target ≤ 2×).
 //!
@@ -15,7 +15,8 @@ use vibeos_benches::{median, release_bin};
 use vibeos_supervisor::{execute, Config, ExecutionRequest, Interrupt};
 use vibeos_testkit::backends::{rootfs, Dockerd};
 use vibeos_testkit::daytona::Standin;
-use vibeos_tools::environments::{self, BackendKind, BackendSettings, ExecSpec};
+use vibeos_tools::environments::daytona::DaytonaEnv;
+use vibeos_tools::environments::{self, BackendKind, BackendSettings, Environment};
 
 const CALLS: usize = 100;
 
@@ -68,26 +69,25 @@ fn main() {
     let standin = Standin::start(&daemon, "vibeos-py:bench").expect("daytona stand-in");
     std::env::set_var("DAYTONA_API_URL", &standin.api_url);
     std::env::set_var("DAYTONA_API_KEY", &standin.api_key);
-    environments::activate(BackendSettings {
+    let settings = BackendSettings {
         backend: BackendKind::Daytona,
         daytona_image: Some("vibeos-py:bench".into()),
         agent_binary: Some(agent),
         ..BackendSettings::default()
-    });
+    };
+    // The baseline: the service's cheapest round trip, `POST /process/execute`, in a sandbox of
+    // its own (same service, same image).
+    let baseline = DaytonaEnv::start(&settings, "baseline").expect("baseline sandbox");
+    environments::activate(settings);
     // Warm: the sandbox exists and the tool agent runs.
     exec(
         &rt,
         "from vibeos_tools import write_file\nwrite_file('/root/bench.txt', 'x\\n')",
     );
-    let env = environments::active()
-        .expect("active")
-        .get(Some("bench"))
-        .expect("the warm sandbox");
-    let true_spec = ExecSpec::new(["true"]);
     let (mut base, mut noop) = (Vec::new(), Vec::new());
     for _ in 0..runs {
         let t = Instant::now();
-        let out = env.exec(&true_spec, b"", Duration::from_secs(30)).unwrap();
+        let out = baseline.execute("true", Duration::from_secs(30)).unwrap();
         assert!(out.success());
         base.push(t.elapsed().as_secs_f64());
         noop.push(exec(&rt, "pass").0);
@@ -103,6 +103,7 @@ fn main() {
             .collect(),
     );
     environments::shutdown();
+    baseline.stop();
     let (b, n) = (median(base), median(noop));
     println!("daytona stand-in ({runs} runs, medians; {CALLS} calls per tool-call sample):");
     println!("  exec round trip (POST /process/execute true)  {}", ms(b));

@@ -75,7 +75,7 @@ fn ps(d: &Dockerd) -> String {
 
 #[test]
 fn daytona_backend_end_to_end() {
-    let _backend = super::backend_lock();
+    let _lock = super::backend_lock();
     if let Err(why) = sdk_python() {
         return unavailable(&why);
     }
@@ -283,7 +283,6 @@ print(u.urlopen(r).status)",
 /// doctor lists the backend with the reason.
 #[test]
 fn daytona_cli_errors_name_what_is_missing() {
-    let _backend = super::backend_lock();
     let mut sb = vibeos_testkit::Sandbox::new();
     let script = sb.root.path().join("s.py");
     std::fs::write(&script, "print(1)").unwrap();

@@ -12,7 +12,7 @@ use vibeos_tools::environments::{self, singularity, BackendKind, BackendSettings
 
 #[test]
 fn singularity_backend_end_to_end() {
-    let _backend = super::backend_lock();
+    let _lock = super::backend_lock();
     if let Err(e) = singularity::find_binary() {
         vibeos_testkit::skip_even_in_ci!("{e}");
     }

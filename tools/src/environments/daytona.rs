@@ -883,6 +883,13 @@ impl DaytonaEnv {
         })
     }
 
+    /// One `POST /process/execute` of a shell `command` (output is stdout and stderr combined,
+    /// as the service returns it): the cheapest round trip the service offers, which the
+    /// benchmarks compare against.
+    pub fn execute(&self, command: &str, timeout: Duration) -> Result<CommandOutput, EnvError> {
+        self.inner.execute(command, timeout)
+    }
+
     /// The sandbox's id at the service (it changes if an expired sandbox was recreated).
     pub fn sandbox_id(&self) -> String {
         self.inner.current().id
@@ -991,32 +998,32 @@ impl Environment for DaytonaEnv {
         stdin: &[u8],
         timeout: Duration,
     ) -> Result<CommandOutput, EnvError> {
-        if !stdin.is_empty() {
-            // The one-shot endpoint takes no input: stream it through a session command.
-            let spawned = self.spawn(spec)?;
-            return super::collect(BACKEND, spawned, stdin, timeout, &spec.display());
-        }
+        // A session command, not the one-shot endpoint: it keeps stdout and stderr apart and
+        // runs in its own group, which a timeout kills. The toolbox cannot close a command's
+        // stdin, so the input is uploaded and redirected from (or /dev/null when empty).
         spec.check(BACKEND)?;
-        let mut line = String::new();
-        if let Some(cwd) = &spec.cwd {
-            line.push_str(&format!("cd {} && ", shell_quote(cwd)));
-        }
-        if !spec.env.is_empty() {
-            line.push_str("env ");
-            for (k, v) in &spec.env {
-                line.push_str(&shell_quote(&format!("{k}={v}")));
-                line.push(' ');
-            }
-        }
-        line.push_str(
-            &spec
-                .argv
-                .iter()
-                .map(|a| shell_quote(a))
-                .collect::<Vec<_>>()
-                .join(" "),
-        );
-        self.inner.execute(&line, timeout)
+        let input = if stdin.is_empty() {
+            "/dev/null".to_string()
+        } else {
+            let path = format!("/tmp/.vibeos-stdin-{}", random_hex(8));
+            upload(&self.inner, stdin, &path, 0o600)?;
+            path
+        };
+        let mut argv: Vec<String> = vec![
+            "sh".into(),
+            "-c".into(),
+            "f=$0; exec 0<\"$f\" || exit 125; [ \"$f\" = /dev/null ] || rm -f \"$f\"; exec \"$@\""
+                .into(),
+            input,
+        ];
+        argv.extend(spec.argv.iter().cloned());
+        let wrapped = ExecSpec {
+            argv,
+            cwd: spec.cwd.clone(),
+            env: spec.env.clone(),
+        };
+        let spawned = self.inner.spawn(&wrapped)?;
+        super::collect(BACKEND, spawned, b"", timeout, &spec.display())
     }
 
     fn upload(&self, data: &[u8], path: &str, mode: u32) -> Result<(), EnvError> {

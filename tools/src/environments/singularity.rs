@@ -404,6 +404,17 @@ impl Environment for SingularityEnv {
     }
 }
 
+/// doctor: the CLI found and its version, or why not.
+pub fn probe() -> Result<String, EnvError> {
+    let binary = find_binary()?;
+    let out = cli(&binary, &["--version".to_string()], Duration::from_secs(20))?;
+    if out.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    } else {
+        Err(failed("--version", &out))
+    }
+}
+
 struct RemoveDir(PathBuf);
 
 impl Drop for RemoveDir {
@@ -518,16 +529,5 @@ mod tests {
         assert!(find_binary_in(path()).unwrap().ends_with("singularity"));
         make("apptainer");
         assert!(find_binary_in(path()).unwrap().ends_with("apptainer"));
-    }
-}
-
-/// doctor: the CLI found and its version, or why not.
-pub fn probe() -> Result<String, EnvError> {
-    let binary = find_binary()?;
-    let out = cli(&binary, &["--version".to_string()], Duration::from_secs(20))?;
-    if out.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-    } else {
-        Err(failed("--version", &out))
     }
 }
