@@ -9,6 +9,7 @@ mod backend_singularity;
 mod backend_ssh;
 mod backends_cli;
 mod builtin_tools;
+mod config_validation;
 mod core_run;
 mod daytona_standin;
 mod env_and_interpreter;
