@@ -22,13 +22,15 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// Tools the agent runs: the script tools that touch files and processes.
-pub const REMOTE_TOOLS: [&str; 5] = [
+/// Tools the agent runs: the tools that touch files and processes. `process` manages the
+/// background commands `terminal(background=true)` started there.
+pub const REMOTE_TOOLS: [&str; 6] = [
     "read_file",
     "write_file",
     "search_files",
     "patch",
     "terminal",
+    "process",
 ];
 
 /// How long a forwarded file tool may take.
@@ -461,6 +463,7 @@ pub fn serve(
 ) -> Result<(), String> {
     let Some(path) = listen else {
         serve_stream(registry, input, output);
+        end_background();
         return Ok(());
     };
     let mut token = String::new();
@@ -504,7 +507,26 @@ pub fn serve(
         sink.clear();
     }
     let _ = std::fs::remove_file(path);
+    end_background();
     Ok(())
+}
+
+/// Kills (process group) every background command started here: the environment is going
+/// away, and with ssh nothing else would end them.
+fn end_background() {
+    let procs = super::local::list_processes();
+    let killers: Vec<_> = procs
+        .into_iter()
+        .map(|p| {
+            std::thread::spawn(move || {
+                p.kill();
+                super::local::remove_process(&p.id);
+            })
+        })
+        .collect();
+    for k in killers {
+        let _ = k.join();
+    }
 }
 
 /// Makes this process's approval agree with every command: for the agent process only, whose
