@@ -31,6 +31,7 @@ pub mod rpc_server;
 pub mod script_guard;
 pub mod staging_sweep;
 pub mod terminal_cwd;
+pub mod zygote;
 
 pub use config::{Config, ConfigError, Mode};
 pub use execute::{execute, ExecutionRequest, Interrupt, StartError};
