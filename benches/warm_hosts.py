@@ -80,7 +80,7 @@ async def mcp_figures(binary, home, runs):
                 t = time.perf_counter()
                 r = await session.call_tool("execute_code", {"code": "pass"})
                 took = time.perf_counter() - t
-                assert not r.isError, r
+                assert not getattr(r, "is_error", getattr(r, "isError", False)), r
                 return took
 
             await call()

@@ -165,6 +165,7 @@ static ENABLED: AtomicBool = AtomicBool::new(false);
 static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
 static CLOCK: AtomicU64 = AtomicU64::new(0);
 static FORKS: AtomicU64 = AtomicU64::new(0);
+static NEXT_REQUEST: AtomicU64 = AtomicU64::new(1);
 
 /// Turns the process-wide fork servers on or off. Off (the default), executions start from the
 /// pool or cold; on, every local execution of this process whose key a server can serve is
@@ -489,6 +490,8 @@ fn fork(
             "move_mount": libc::SYS_move_mount,
         });
     }
+    let id = NEXT_REQUEST.fetch_add(1, Ordering::SeqCst);
+    request["id"] = serde_json::json!(id);
     let body = request.to_string();
 
     let reply = {
@@ -505,45 +508,21 @@ fn fork(
             None,
         )
         .map_err(|e| ZygoteError::Gone(format!("send: {e}")))?;
-        if !poll_in(ctl.as_raw_fd(), REPLY_TIMEOUT) {
-            return Err(ZygoteError::Gone("no reply to a fork request".into()));
-        }
-        let mut buf = vec![0u8; 4096];
-        let mut space = nix::cmsg_space!([RawFd; 1]);
-        let mut iov = [IoSliceMut::new(&mut buf)];
-        let msg = recvmsg::<()>(
-            ctl.as_raw_fd(),
-            &mut iov,
-            Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        )
-        .map_err(|e| ZygoteError::Gone(format!("recv: {e}")))?;
-        let mut pidfd = None;
-        for c in msg
-            .cmsgs()
-            .map_err(|e| ZygoteError::Channel(format!("recv: {e}")))?
-        {
-            if let ControlMessageOwned::ScmRights(got) = c {
-                for fd in got {
-                    // SAFETY: SCM_RIGHTS delivered a new descriptor that nobody else owns.
-                    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-                    if pidfd.is_none() {
-                        pidfd = Some(owned);
-                    }
-                }
+        // Replies carry the request's id: one meant for no request of ours (a forked process
+        // that still held the channel could have written it) is dropped, never taken as ours.
+        let deadline = Instant::now() + REPLY_TIMEOUT;
+        loop {
+            let (text, pidfd) = receive(ctl, deadline)?;
+            let value: serde_json::Value = serde_json::from_slice(&text)
+                .map_err(|e| ZygoteError::Channel(format!("bad reply: {e}")))?;
+            if value.get("id").and_then(|i| i.as_u64()) == Some(id) {
+                break (value, pidfd);
             }
         }
-        let len = msg.bytes;
-        if len == 0 {
-            return Err(ZygoteError::Gone("it closed its control channel".into()));
-        }
-        (buf[..len].to_vec(), pidfd)
     };
     // Only the forked processes hold these ends now.
     drop((out_w, err_w, lifeline_read, status_w, confinement));
-    let (text, pidfd) = reply;
-    let value: serde_json::Value = serde_json::from_slice(&text)
-        .map_err(|e| ZygoteError::Channel(format!("bad reply: {e}")))?;
+    let (value, pidfd) = reply;
     if let Some(e) = value.get("error").and_then(|e| e.as_str()) {
         return Err(ZygoteError::Refused(e.to_string()));
     }
@@ -571,4 +550,44 @@ fn fork(
         owner,
         on_done: None,
     })
+}
+
+/// One reply from the server (its text and the descriptor it carried), waiting until `deadline`.
+fn receive(ctl: &OwnedFd, deadline: Instant) -> Result<(Vec<u8>, Option<OwnedFd>), ZygoteError> {
+    if !poll_in(
+        ctl.as_raw_fd(),
+        deadline.saturating_duration_since(Instant::now()),
+    ) {
+        return Err(ZygoteError::Gone("no reply to a fork request".into()));
+    }
+    let mut buf = vec![0u8; 4096];
+    let mut space = nix::cmsg_space!([RawFd; 1]);
+    let mut iov = [IoSliceMut::new(&mut buf)];
+    let msg = recvmsg::<()>(
+        ctl.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .map_err(|e| ZygoteError::Gone(format!("recv: {e}")))?;
+    let mut pidfd = None;
+    for c in msg
+        .cmsgs()
+        .map_err(|e| ZygoteError::Channel(format!("recv: {e}")))?
+    {
+        if let ControlMessageOwned::ScmRights(got) = c {
+            for fd in got {
+                // SAFETY: SCM_RIGHTS delivered a new descriptor that nobody else owns.
+                let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+                if pidfd.is_none() {
+                    pidfd = Some(owned);
+                }
+            }
+        }
+    }
+    let len = msg.bytes;
+    if len == 0 {
+        return Err(ZygoteError::Gone("it closed its control channel".into()));
+    }
+    Ok((buf[..len].to_vec(), pidfd))
 }

@@ -407,7 +407,14 @@ def _serve():
                 os.close(fd)
             _ctl.sendall(json.dumps({"error": "malformed request"}).encode())
             continue
-        req = json.loads(msg.decode("utf-8"))
+        try:
+            req = json.loads(msg.decode("utf-8"))
+            rid = req["id"]
+        except Exception:
+            for fd in fds:
+                os.close(fd)
+            _ctl.sendall(json.dumps({"error": "malformed request"}).encode())
+            continue
         # SIGCHLD stays blocked until the pidfd is open: the handler must not reap the new
         # child first (its pid could then be reused).
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
@@ -426,7 +433,7 @@ def _serve():
             pidfd = os.pidfd_open(pid)
         except OSError as exc:
             pidfd = None
-            reply = {"error": "pidfd_open: %s" % exc}
+            reply = {"error": "pidfd_open: %s" % exc, "id": rid}
             os.kill(pid, signal.SIGKILL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
         for fd in fds:
@@ -434,7 +441,7 @@ def _serve():
         if pidfd is None:
             _ctl.sendall(json.dumps(reply).encode())
             continue
-        _ctl.sendmsg([json.dumps({"pid": pid}).encode()],
+        _ctl.sendmsg([json.dumps({"pid": pid, "id": rid}).encode()],
                      [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [pidfd]))])
         os.close(pidfd)
 

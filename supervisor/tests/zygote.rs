@@ -227,21 +227,7 @@ fn json_line(r: &ExecutionResult) -> Value {
 }
 
 fn strict_unavailable() -> Option<String> {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vibeos-exec"))
-        .args(["doctor", "--json"])
-        .output()
-        .ok()?;
-    let v: Value = serde_json::from_slice(&out.stdout).ok()?;
-    if v["strict_available"].as_bool() == Some(true) {
-        None
-    } else {
-        Some(
-            v["strict_blocker"]
-                .as_str()
-                .unwrap_or("unavailable")
-                .to_string(),
-        )
-    }
+    vibeos_supervisor::confine::doctor::probe().strict_blocker()
 }
 
 fn escapes(r: &ExecutionResult) -> Vec<Value> {

@@ -112,24 +112,7 @@ fn row(name: &str, v: &[f64], bare: f64) {
 }
 
 fn strict_unavailable() -> Option<String> {
-    let bin = vibeos_e2e::workspace_root().join("target/release/vibeos-exec");
-    let bin = if bin.exists() {
-        bin
-    } else {
-        vibeos_e2e::workspace_root().join("target/debug/vibeos-exec")
-    };
-    let out = Command::new(bin).args(["doctor", "--json"]).output().ok()?;
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-    if v["strict_available"].as_bool() == Some(true) {
-        None
-    } else {
-        Some(
-            v["strict_blocker"]
-                .as_str()
-                .unwrap_or("unknown")
-                .to_string(),
-        )
-    }
+    vibeos_supervisor::confine::doctor::probe().strict_blocker()
 }
 
 fn main() {
