@@ -10,10 +10,25 @@ pub fn release_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("VIBEOS_EXEC_BIN") {
         return PathBuf::from(p);
     }
-    let bin = vibeos_e2e::workspace_root().join("target/release/vibeos-exec");
+    let bin = vibeos_testkit::workspace_root().join("target/release/vibeos-exec");
     assert!(
         bin.exists(),
         "{} missing: run `cargo build --release --bins` first",
+        bin.display()
+    );
+    bin
+}
+
+/// The debug `vibeos-exec` (or `VIBEOS_EXEC_BIN`), for the benchmarks that measure the build
+/// the tests use.
+pub fn debug_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("VIBEOS_EXEC_BIN") {
+        return PathBuf::from(p);
+    }
+    let bin = vibeos_testkit::workspace_root().join("target/debug/vibeos-exec");
+    assert!(
+        bin.exists(),
+        "{} missing: run `cargo build --bins` first",
         bin.display()
     );
     bin
@@ -30,7 +45,7 @@ pub fn median<T: PartialOrd + Copy>(mut v: Vec<T>) -> T {
 /// measure the same interpreter as the baselines. Returns the dir and that interpreter.
 pub fn bench_home() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
-    let python = vibeos_e2e::python3();
+    let python = vibeos_testkit::python3();
     std::fs::create_dir_all(dir.path().join("home")).unwrap();
     std::fs::create_dir_all(dir.path().join("tmp")).unwrap();
     std::fs::write(

@@ -16,6 +16,10 @@ pub const DEFAULT_MAX_TOOL_CALLS: usize = 50;
 pub const DEFAULT_STDOUT_LIMIT: usize = 50 * 1024;
 /// Default stderr cap in bytes.
 pub const DEFAULT_STDERR_LIMIT: usize = 10 * 1024;
+/// Default `code_execution.pool_size`.
+pub const DEFAULT_POOL_SIZE: usize = 2;
+/// Largest accepted `code_execution.pool_size`.
+pub const MAX_POOL_SIZE: usize = 64;
 
 /// Where a script runs and with which interpreter (SPEC §3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -102,7 +106,7 @@ impl Default for Config {
             stdout_limit: DEFAULT_STDOUT_LIMIT,
             stderr_limit: DEFAULT_STDERR_LIMIT,
             env_passthrough: Vec::new(),
-            pool_size: crate::pool::DEFAULT_POOL_SIZE,
+            pool_size: DEFAULT_POOL_SIZE,
             log_level: None,
             document: Value::Null,
             warnings: Vec::new(),
@@ -260,18 +264,16 @@ impl Config {
                 cfg.python = Some(PathBuf::from(s));
             }
             if let Some(v) = present(ce.get("pool_size")) {
-                cfg.pool_size = count(v)
-                    .filter(|n| *n <= crate::pool::MAX_POOL_SIZE)
-                    .ok_or_else(|| {
-                        bad(
-                            "code_execution.pool_size",
-                            format!(
-                                "must be a whole number from 0 (no pool) to {}, found {}",
-                                crate::pool::MAX_POOL_SIZE,
-                                describe(v)
-                            ),
-                        )
-                    })?;
+                cfg.pool_size = count(v).filter(|n| *n <= MAX_POOL_SIZE).ok_or_else(|| {
+                    bad(
+                        "code_execution.pool_size",
+                        format!(
+                            "must be a whole number from 0 (no pool) to {}, found {}",
+                            MAX_POOL_SIZE,
+                            describe(v)
+                        ),
+                    )
+                })?;
             }
             for (key, slot) in [
                 ("stdout_limit", &mut cfg.stdout_limit),
@@ -381,7 +383,7 @@ mod tests {
         assert_eq!(c.timeout, Duration::from_millis(12_500));
         assert_eq!(c.max_tool_calls, 3);
         assert_eq!(c.env_passthrough, vec!["A_KEY", "B"]);
-        assert_eq!(c.pool_size, crate::pool::DEFAULT_POOL_SIZE);
+        assert_eq!(c.pool_size, DEFAULT_POOL_SIZE);
         assert_eq!(
             parse("code_execution:\n  pool_size: 0\n")
                 .unwrap()

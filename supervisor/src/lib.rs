@@ -3,36 +3,42 @@
 //! [`execute`] is the whole path of one call: a staging dir with the generated
 //! `vibeos_tools.py`, a private Unix-socket RPC listener, the interpreter started in the mode's
 //! cwd with a scrubbed environment under a per-execution reaper, the limits of SPEC §5, and a
-//! [`ExecutionResult`]. The `vibeos-exec` binary is a thin CLI over it.
+//! [`ExecutionResult`]. The `vibeos-exec` binary (crate vibeos-cli), the MCP server (crate
+//! vibeos-mcp-server) and the Python package are thin hosts over it.
 
+// The public face: what hosts (the CLI, the MCP server, the Python package, benchmarks and
+// tests) use. Modules a host calls into by name stay public; the machinery of one execution is
+// private, and the few items of it hosts need are re-exported below.
 pub mod audit;
 pub mod backends;
-pub mod capture;
-pub mod config;
-pub mod confine;
-pub mod env_policy;
-pub mod execute;
 pub mod execute_code_tool;
 pub mod extensions;
-pub mod interpreter;
-pub mod interpreter_shim;
 pub mod interrupts;
-pub(crate) mod launch;
 pub mod logging;
-pub mod mcp;
-pub mod mcp_approval;
 pub mod overrides;
 pub mod pool;
-pub mod reaper;
-pub mod redaction;
-pub mod remote;
-pub mod result;
-pub mod rpc_server;
-pub mod script_guard;
-pub mod staging_sweep;
-pub mod terminal_cwd;
 pub mod zygote;
 
+mod capture;
+mod config;
+mod confine;
+mod env_policy;
+mod execute;
+mod interpreter;
+mod interpreter_shim;
+mod launch;
+mod reaper;
+mod redaction;
+mod remote;
+mod result;
+mod rpc_server;
+mod script_guard;
+mod staging_sweep;
+mod terminal_cwd;
+
 pub use config::{Config, ConfigError, Mode};
-pub use execute::{execute, ExecutionRequest, Interrupt, StartError};
+pub use confine::doctor;
+pub use env_policy::EnvPolicy;
+pub use execute::{execute, session_cwd, ExecutionRequest, Interrupt, StartError};
+pub use reaper::is_descendant;
 pub use result::{ExecutionResult, Status};

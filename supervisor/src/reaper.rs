@@ -31,7 +31,8 @@ use std::time::Duration;
 /// The supervisor's end of a reaper's lifeline. Dropping it tells the reaper to stop the tree.
 #[derive(Debug)]
 pub struct Lifeline {
-    write_end: OwnedFd,
+    // Held, never read: dropping it closes the pipe, which is the reaper's signal.
+    _write_end: OwnedFd,
 }
 
 /// The reaper's end, moved into the `pre_exec` closure.
@@ -65,14 +66,13 @@ pub fn lifeline(
         grace_ms: grace.as_millis().min(u64::MAX as u128) as u64,
         staging: staging.map_or_else(StagingPath::none, StagingPath::new),
     };
-    Ok((Lifeline { write_end }, setup, read_end))
-}
-
-impl Lifeline {
-    /// Raw descriptor (kept open until drop).
-    pub fn as_raw_fd(&self) -> RawFd {
-        self.write_end.as_raw_fd()
-    }
+    Ok((
+        Lifeline {
+            _write_end: write_end,
+        },
+        setup,
+        read_end,
+    ))
 }
 
 const WATCHED: [libc::c_int; 5] = [

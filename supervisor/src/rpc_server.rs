@@ -96,14 +96,6 @@ impl ChannelState {
         }
     }
 
-    /// How many connections are open now.
-    pub fn open_connections(&self) -> usize {
-        self.connections
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .len()
-    }
-
     /// Registers a new connection unless the execution is at [`MAX_OPEN_CONNECTIONS`]: makes
     /// its writer (a second descriptor of the stream, shared by the replies of calls in flight)
     /// and records it so [`ChannelState::close_all`] can shut it down. The guard unregisters it

@@ -1,6 +1,8 @@
 //! Helpers every integration-test binary of the workspace shares.
 //!
-//! Why it exists: libtest has no runtime skip. A test that returns early because something it
+//! Why it exists: the end-to-end helpers ([`Sandbox`], [`exec_bin`], [`strict_unavailable`], the
+//! real daemons of [`backends`]) are used by the CLI's suite, the supervisor's tests and the
+//! benchmarks alike, so they live here once instead of being copied. And libtest has no runtime skip. A test that returns early because something it
 //! needs is missing (a Python with the MCP SDK, strict-mode support, a daemon) is reported as
 //! *passed*, which overstates what was checked. [`skip!`] makes such a test say why on stderr and
 //! append one record to the file named by `VIBEOS_TEST_SKIPS`; `scripts/test-all` counts those
@@ -9,6 +11,11 @@
 //! On CI (`CI=true`) the machine is expected to have everything the suite can install, so a skip
 //! there is a failure: [`skip!`] panics with the reason. Only what can never exist on these
 //! machines may skip on CI, through [`skip_even_in_ci!`].
+
+pub mod backends;
+mod e2e;
+
+pub use e2e::*;
 
 use std::fmt::Display;
 use std::io::Write;

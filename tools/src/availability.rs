@@ -9,7 +9,7 @@
 //! address of their `Arc`, which is what "one shared check" means: several tools holding clones of
 //! the same `Arc` run it once.
 
-use crate::registry::{panic_message, CheckFn, ToolEntry};
+use crate::entry::{panic_message, CheckFn, ToolEntry};
 use std::collections::{HashMap, HashSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc;
@@ -60,6 +60,18 @@ fn hung() -> &'static Mutex<HashSet<usize>> {
 struct RunState {
     done: bool,
     abandoned: bool,
+}
+
+// Lives here rather than with the entry type, so that entries do not depend on the machinery
+// that runs their checks.
+impl ToolEntry {
+    /// Whether the tool is usable now (its check passes within the default timeout, or it has
+    /// none). A panicking or hanging check counts as unavailable.
+    pub fn is_available(&self) -> bool {
+        availability_of(&[Arc::new(self.clone())], DEFAULT_CHECK_TIMEOUT)
+            .first()
+            .is_some_and(Availability::is_available)
+    }
 }
 
 /// Runs every distinct check among `entries` once, concurrently, and returns each tool's

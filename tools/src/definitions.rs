@@ -9,7 +9,8 @@
 //! about a tool a script could not call.
 
 use crate::availability::{availability_of, Availability};
-use crate::registry::{ToolEntry, ToolRegistry, ToolSource};
+use crate::entry::{ToolEntry, ToolSource};
+use crate::registry::ToolRegistry;
 use crate::toolsets::ToolsetError;
 use serde_json::Value;
 use std::collections::BTreeSet;

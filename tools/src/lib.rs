@@ -18,6 +18,8 @@ pub mod capture;
 pub mod coerce;
 mod context;
 mod definitions;
+mod dispatch;
+mod entry;
 pub mod environments;
 mod error;
 mod hooks;
@@ -34,13 +36,15 @@ pub use async_bridge::{run_async, BoxFuture};
 pub use availability::{Availability, DEFAULT_CHECK_TIMEOUT};
 pub use context::{CallOrigin, ToolContext};
 pub use definitions::{execute_code_description, ExecuteCodeSettings, ToolStatus, EXECUTE_CODE};
+pub use entry::{
+    AsyncHandler, BuiltinTool, CheckFn, CheckFnHolder, Handler, OverridePolicy, SyncHandler,
+    TextHandler, ToolCall, ToolEntry, ToolSource,
+};
 pub use error::{RegistrationError, ToolError};
 pub use hooks::{CallStatus, HookDecision, PostHook, PostToolCall, PreHook, PreToolCall};
 pub use registry::{
-    json_type, registry, AsyncHandler, BuiltinTool, CheckFn, CheckFnHolder, Handler,
-    OverridePolicy, Prepare, PrepareHook, SyncHandler, TextHandler, ToolCall, ToolEntry,
-    ToolRegistry, ToolSource, AGENT_LOOP_TOOLS, MAX_PARALLEL_TOOL_CALLS, SCRIPT_BLOCKED_TOOLS,
-    SCRIPT_TOOLS,
+    json_type, registry, Prepare, PrepareHook, ToolRegistry, AGENT_LOOP_TOOLS,
+    MAX_PARALLEL_TOOL_CALLS, SCRIPT_BLOCKED_TOOLS, SCRIPT_TOOLS,
 };
 pub use script_schema::AGENT_ONLY_PARAMETERS;
 pub use toolsets::{static_toolsets, Toolset, ToolsetError, LEGACY_TOOLSET_ALIASES};

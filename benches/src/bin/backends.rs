@@ -16,8 +16,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use vibeos_benches::{median, release_bin};
-use vibeos_e2e::backends::{rootfs, start_sshd, Dockerd, SSH_USER};
 use vibeos_supervisor::{execute, Config, ExecutionRequest, Interrupt};
+use vibeos_testkit::backends::{rootfs, start_sshd, Dockerd, SSH_USER};
 use vibeos_tools::environments::{self, settings::KnownHosts, BackendKind, BackendSettings};
 
 const CALLS: usize = 200;
@@ -26,7 +26,7 @@ fn request(code: &str) -> ExecutionRequest {
     let mut r = ExecutionRequest::from_config(code, &Config::default());
     r.task_id = Some("bench".into());
     r.timeout = Duration::from_secs(120);
-    r.python = Some(vibeos_e2e::python3());
+    r.python = Some(vibeos_testkit::python3());
     r.base_env = Some(vec![(OsString::from("LANG"), OsString::from("C.UTF-8"))]);
     r
 }

@@ -24,7 +24,7 @@ use vibeos_tools::{ToolContext, ToolRegistry};
 const CALLS: usize = 300;
 
 fn main() {
-    let root = vibeos_e2e::workspace_root();
+    let root = vibeos_testkit::workspace_root();
     let python = root.join("target/pyvenv/bin/python");
     let server = root.join("fixtures/mcp_servers/stdio_server.py");
     assert!(

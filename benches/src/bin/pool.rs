@@ -30,7 +30,7 @@ fn main() {
         .nth(1)
         .and_then(|n| n.parse().ok())
         .unwrap_or(40);
-    let python = vibeos_e2e::python3();
+    let python = vibeos_testkit::python3();
     let dir = tempfile::tempdir().unwrap();
     let mut request = ExecutionRequest::from_config("pass", &Config::default());
     request.python = Some(python.clone());

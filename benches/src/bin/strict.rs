@@ -10,9 +10,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Instant;
-use vibeos_e2e::{strict_unavailable, Sandbox};
+use vibeos_testkit::{strict_unavailable, Sandbox};
 
 fn main() {
+    // The testkit's sandbox runs the binary this names; nothing else reads the environment yet.
+    std::env::set_var(vibeos_testkit::EXEC_BIN_ENV, vibeos_benches::debug_bin());
     if let Some(why) = strict_unavailable() {
         println!("strict mode is unavailable here ({why}); nothing to measure");
         return;

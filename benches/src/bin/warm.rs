@@ -112,7 +112,7 @@ fn row(name: &str, v: &[f64], bare: f64) {
 }
 
 fn strict_unavailable() -> Option<String> {
-    vibeos_supervisor::confine::doctor::probe().strict_blocker()
+    vibeos_supervisor::doctor::probe().strict_blocker()
 }
 
 fn main() {
@@ -121,7 +121,7 @@ fn main() {
         .nth(1)
         .and_then(|n| n.parse().ok())
         .unwrap_or(40);
-    let python = vibeos_e2e::python3();
+    let python = vibeos_testkit::python3();
     let dir = tempfile::tempdir().unwrap();
     let mut request = ExecutionRequest::from_config("pass", &Config::default());
     request.python = Some(python.clone());

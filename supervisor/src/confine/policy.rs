@@ -121,6 +121,7 @@ pub enum ScopeName {
 pub struct LandlockPolicy {
     /// Free text for reviewers; ignored.
     #[serde(default)]
+    #[allow(dead_code)] // Accepted so the policy file can explain itself; nothing reads it.
     pub comment: Option<String>,
     /// Oldest landlock ABI that enforces the policy; older kernels make strict mode refuse.
     pub min_abi: i32,

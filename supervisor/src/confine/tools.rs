@@ -24,16 +24,6 @@ pub fn offered(options: &StrictOptions, tool: &str) -> bool {
     tool != "terminal" || options.terminal
 }
 
-/// One sentence per mode on what the tools reach, for the execute_code description and
-/// `doctor`.
-pub const TOOL_REACH: &str = "Tool reach: in project mode the tools act with the \
-supervisor's rights on any path and terminal runs any command; in strict mode read_file, \
-write_file, patch and search_files read only beneath the staging dir, the session cwd and \
-code_execution.strict.read_roots, and write only beneath the staging dir, the session cwd and \
-code_execution.strict.write_roots (symlinks, `..`, hard links and /proc links cannot lead \
-out), and terminal is not offered unless code_execution.strict.terminal is \
-set.";
-
 /// The roots of one strict execution. A configured root that does not exist refuses the run;
 /// a session cwd of `/` is not a root (it would open everything).
 pub fn path_policy(

@@ -20,7 +20,7 @@
 
 use super::args::{int_in_range, required_str};
 use crate::async_bridge::run_async;
-use crate::registry::CheckFnHolder;
+use crate::entry::CheckFnHolder;
 use crate::{BuiltinTool, ToolContext, ToolEntry, ToolError};
 use serde_json::{json, Map, Value};
 use std::sync::{Arc, LazyLock};

@@ -19,7 +19,8 @@ pub use config::{
     DEFAULT_CONNECT_TIMEOUT,
 };
 
-use crate::registry::{Prepare, ToolEntry, ToolRegistry, ToolSource};
+use crate::entry::{ToolEntry, ToolSource};
+use crate::registry::{Prepare, ToolRegistry};
 use crate::{run_async, CheckFn, ToolError};
 use rmcp::model::{CallToolRequestParams, CallToolResult, ClientConfig, Implementation, Tool};
 use rmcp::service::{NotificationContext, RunningService};

@@ -1,0 +1,681 @@
+//! `vibeos-exec`: the command-line face of execute_code.
+//!
+//! Exit codes of `run` (without `--json` they are the only status signal): 0 success, 1 error,
+//! 124 timeout, 130 interrupted, 2 usage or config error.
+
+use clap::{Args, Parser, Subcommand};
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use vibeos_supervisor::backends;
+use vibeos_supervisor::overrides::{Overrides, Spelling};
+use vibeos_supervisor::{
+    audit, execute, execute_code_tool, logging, Config, ExecutionRequest, Interrupt,
+};
+
+/// Run Python scripts that call the agent's tools, sandboxed and bounded.
+#[derive(Parser, Debug)]
+#[command(
+    name = "vibeos-exec",
+    version,
+    about = "Run Python scripts that call the agent's tools over a private RPC channel, scrubbed, confined and bounded."
+)]
+struct Cli {
+    /// Log level for stderr and $VIBEOS_HOME/logs/agent.log (error, warn, info, debug, trace).
+    #[arg(long, global = true, value_name = "LEVEL")]
+    log_level: Option<String>,
+    /// Config file (default: $VIBEOS_HOME/config.yaml, else ~/.vibeos/config.yaml).
+    #[arg(long, global = true, value_name = "PATH")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a script (a file, or - for stdin) and print what it printed.
+    #[command(
+        after_help = "Exit codes: 0 success, 1 error, 124 timeout, 130 interrupted (SIGINT/SIGTERM), 2 usage or config error.\nWith --json, stdout holds exactly one result object: status, output, tool_calls_made, duration_seconds, exit_code, error, truncation figures."
+    )]
+    Run(RunArgs),
+    /// Inspect the environment policy.
+    Env {
+        #[command(subcommand)]
+        command: EnvCommand,
+    },
+    /// Serve execute_code to MCP clients (stdio by default, or streamable HTTP on loopback).
+    #[command(long_about = SERVE_ABOUT)]
+    Serve(ServeArgs),
+    /// Inspect the tool registry: what the model would get.
+    Tools {
+        #[command(subcommand)]
+        command: ToolsCommand,
+    },
+    /// Show what this machine supports (landlock, seccomp, namespaces, cgroups, root) and what
+    /// each mode enforces here.
+    Doctor {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Manage execution backends (containers and hosts scripts run in).
+    Backends {
+        #[command(subcommand)]
+        command: BackendsCommand,
+    },
+    /// Internal: the tool agent a remote backend runs (JSON lines on stdin/stdout).
+    #[command(hide = true)]
+    BackendAgent {
+        /// Run every command without shell-session state.
+        #[arg(long)]
+        no_shell_session: bool,
+        /// Serve on this Unix socket (token first on stdin; stdin is then the lifeline).
+        #[arg(long, value_name = "PATH")]
+        listen: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum BackendsCommand {
+    /// Remove containers labelled vibeos-exec=1 whose owning process is gone (a crashed host).
+    Gc {
+        /// Also remove persistent containers (terminal.container_persistent).
+        #[arg(long)]
+        all: bool,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum ToolsCommand {
+    /// Table of the selected tools: name, toolset, available or why not, emoji.
+    List(ToolsArgs),
+    /// The JSON array of function-calling schemas the model would get.
+    Schema(ToolsArgs),
+}
+
+#[derive(Args, Debug)]
+struct ToolsArgs {
+    /// Only these toolsets (comma-separated; composites, presets and legacy names accepted).
+    #[arg(long, value_name = "A,B", value_delimiter = ',')]
+    enable_toolsets: Vec<String>,
+    /// All toolsets except these (comma-separated).
+    #[arg(long, value_name = "C,D", value_delimiter = ',')]
+    disable_toolsets: Vec<String>,
+    /// `tools list` only: print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// Script file, or - to read it from stdin.
+    file: String,
+    #[command(flatten)]
+    limits: LimitArgs,
+    /// Print exactly one JSON result object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+const SERVE_ABOUT: &str = "Serve execute_code over the Model Context Protocol.
+
+By default the server speaks MCP on stdin/stdout (register it with a client as the command
+`vibeos-exec serve`); with --http it serves streamable HTTP at http://ADDR/mcp on a loopback
+address only. Tools offered: execute_code (its description lists the script tools available now
+and the limits below), plus the tools of --toolsets.
+
+--config, --mode, --timeout, --max-tool-calls and --cwd work exactly as for `run` and are the
+defaults of every call. A call's arguments may override `timeout` and `max_tool_calls` (the
+execute_code schema offers them); `mode` and `cwd` are the server's and cannot be changed per
+call, so a client cannot loosen strict mode.
+
+Up to --max-concurrent executions run at once; further calls wait in a queue. Clients that send
+a progressToken get notifications/progress while a call is queued and while it runs.
+notifications/cancelled interrupts the execution (status `interrupted`); a client that
+disconnects has all its running executions interrupted and cleaned up.";
+
+#[derive(Args, Debug)]
+struct ServeArgs {
+    /// Serve streamable HTTP on this loopback address (127.0.0.1:PORT, [::1]:PORT,
+    /// localhost:PORT; port 0 picks one) instead of stdio. Non-loopback addresses are refused.
+    #[arg(long, value_name = "ADDR")]
+    http: Option<String>,
+    /// Also offer the registry's tools of these toolsets (comma-separated).
+    #[arg(long, value_name = "A,B", value_delimiter = ',')]
+    toolsets: Vec<String>,
+    /// Executions running at once; further calls are queued.
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    max_concurrent: usize,
+    /// Largest request accepted, in bytes (one stdio line or one HTTP body).
+    #[arg(long, value_name = "BYTES", default_value_t = vibeos_mcp_server::DEFAULT_MAX_REQUEST_BYTES)]
+    max_request_bytes: usize,
+    /// HTTP sessions open at once; a new client beyond it gets 503 until a session ends
+    /// (closed by its client, or idle for 5 minutes).
+    #[arg(long, value_name = "N", default_value_t = vibeos_mcp_server::DEFAULT_MAX_SESSIONS)]
+    max_sessions: usize,
+    /// Defaults of every call.
+    #[command(flatten)]
+    limits: LimitArgs,
+}
+
+/// Mode, limits and session dir, as `run` and `serve` take them.
+#[derive(Args, Debug)]
+struct LimitArgs {
+    /// project (session cwd, active venv) or strict (staging dir, confined).
+    #[arg(long, value_name = "project|strict")]
+    mode: Option<String>,
+    /// Wall-clock limit in seconds (default: code_execution.timeout, else 300).
+    #[arg(long, value_name = "SECONDS")]
+    timeout: Option<f64>,
+    /// Tool-call budget (default: code_execution.max_tool_calls, else 50).
+    #[arg(long, value_name = "N")]
+    max_tool_calls: Option<usize>,
+    /// Session working directory (default: $TERMINAL_CWD, else the current directory).
+    #[arg(long, value_name = "DIR")]
+    cwd: Option<PathBuf>,
+    /// Where scripts, terminal and the file tools run: local, docker, ssh (default:
+    /// terminal.backend, else local).
+    #[arg(long, value_name = "NAME")]
+    backend: Option<String>,
+}
+
+impl LimitArgs {
+    /// Applies the flags over the config's settings, refusing impossible values.
+    fn apply(&self, config: &mut Config) -> Result<(), UsageError> {
+        let overrides = Overrides::check(
+            self.mode.as_deref(),
+            self.timeout,
+            self.max_tool_calls.map(|n| n as u64),
+            Spelling::Flag,
+        )
+        .map_err(|e| UsageError(e.to_string()))?;
+        overrides.apply(
+            &mut config.mode,
+            &mut config.timeout,
+            &mut config.max_tool_calls,
+        );
+        Ok(())
+    }
+
+    /// The session working dir the flags name (or the default), checked.
+    fn session_cwd(&self) -> Result<PathBuf, UsageError> {
+        vibeos_supervisor::session_cwd(self.cwd.as_deref()).map_err(|e| UsageError(e.to_string()))
+    }
+}
+
+#[derive(Subcommand, Debug)]
+enum EnvCommand {
+    /// Show every variable of this environment, kept or dropped, and the rule that decided it.
+    Audit {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// A failure before any script ran: usage or configuration (exit 2).
+struct UsageError(String);
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            if !e.use_stderr() {
+                // --help, --version: not errors.
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            // A caller that asked for JSON parses stdout: it gets the result object even when
+            // the command line itself is wrong, and the human message stays on stderr.
+            let _ = e.print();
+            if json_requested() {
+                // clap's first paragraph is the error itself (tips and usage follow).
+                let rendered = e.render().to_string();
+                let first: Vec<&str> = rendered
+                    .lines()
+                    .take_while(|l| !l.trim().is_empty())
+                    .map(str::trim)
+                    .collect();
+                let message = first.join(" ");
+                let message = message.strip_prefix("error: ").unwrap_or(&message);
+                print_usage_error_json(format!("{message} (see vibeos-exec --help)"));
+            }
+            return ExitCode::from(2);
+        }
+    };
+    let json_output = matches!(&cli.command, Command::Run(r) if r.json);
+    match real_main(cli) {
+        Ok(code) => ExitCode::from(code),
+        Err(UsageError(message)) => {
+            if json_output {
+                print_usage_error_json(message);
+            } else {
+                eprintln!("vibeos-exec: {message}");
+            }
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Whether the raw command line asks for `--json` (before any `--`).
+fn json_requested() -> bool {
+    std::env::args_os()
+        .skip(1)
+        .take_while(|a| a != "--")
+        .any(|a| a == "--json")
+}
+
+/// Prints a usage or configuration error as the result object `run --json` prints for an
+/// execution that could not start (status `error`, `exit_code` null), so JSON callers always get
+/// the same shape.
+fn print_usage_error_json(message: String) {
+    let args: Vec<String> = std::env::args().collect();
+    let strict = args
+        .windows(2)
+        .any(|w| w[0] == "--mode" && w[1] == "strict")
+        || args.iter().any(|a| a == "--mode=strict");
+    let mode = if strict { "strict" } else { "project" };
+    println!(
+        "{}",
+        vibeos_supervisor::ExecutionResult::failed_to_start(mode, message, 0.0).to_json()
+    );
+}
+
+fn real_main(cli: Cli) -> Result<u8, UsageError> {
+    if let Some(level) = &cli.log_level {
+        logging::validate_level(level).map_err(|e| UsageError(e.to_string()))?;
+    }
+    let config = Config::load(cli.config.as_deref()).map_err(|e| UsageError(e.to_string()))?;
+    // The tools read their own sections (command_allowlist, web) from the same file.
+    if let Some(path) = &cli.config {
+        vibeos_tools::settings::set_config_path(Some(path.clone()));
+    }
+    let level = cli
+        .log_level
+        .clone()
+        .or_else(|| config.log_level.clone())
+        .unwrap_or_else(|| "warn".into());
+    // Held to the end of main: dropping it flushes the log file.
+    let _log_guard = logging::init(&level).map_err(|e| UsageError(e.to_string()))?;
+    for warning in &config.warnings {
+        tracing::warn!("{warning}");
+    }
+    if let Err(e) = execute_code_tool::register_execute_code(vibeos_tools::registry(), &config) {
+        tracing::error!("{e}");
+    }
+    let backend_flag = match &cli.command {
+        Command::Run(a) => a.limits.backend.clone(),
+        Command::Serve(a) => a.limits.backend.clone(),
+        _ => None,
+    };
+    let backend = backends::settings(&config, backend_flag.as_deref()).map_err(UsageError)?;
+    match cli.command {
+        Command::BackendAgent {
+            no_shell_session,
+            listen,
+        } => {
+            vibeos_tools::environments::session::set_enabled(!no_shell_session);
+            vibeos_tools::environments::agent::approve_all();
+            let stdin = std::io::stdin();
+            let served = vibeos_tools::environments::agent::serve(
+                vibeos_tools::registry(),
+                stdin.lock(),
+                std::io::stdout(),
+                listen.as_deref(),
+            );
+            vibeos_tools::environments::session::clear_all();
+            served
+                .map(|()| 0)
+                .map_err(|e| UsageError(format!("backend-agent: {e}")))
+        }
+        Command::Backends {
+            command: BackendsCommand::Gc { all, json },
+        } => backends::gc(&backend, all, json).map_err(UsageError),
+        Command::Tools { command } => {
+            let extensions = vibeos_supervisor::extensions::load(&config, vibeos_tools::registry());
+            let code = tools(command, &config, &extensions);
+            extensions.shutdown();
+            code
+        }
+        Command::Run(args) => {
+            let extensions = vibeos_supervisor::extensions::load(&config, vibeos_tools::registry());
+            backends::activate(backend, args.limits.cwd.as_deref());
+            let code = run(args, &config);
+            backends::shutdown();
+            extensions.shutdown();
+            code
+        }
+        Command::Doctor { json } => {
+            let report = vibeos_supervisor::doctor::probe();
+            let backends = backends::report(&backend);
+            let text = if json {
+                let mut v = report.to_json();
+                if let Some(obj) = v.as_object_mut() {
+                    obj.insert("backends".into(), backends::report_json(&backends));
+                }
+                format!("{v}\n")
+            } else {
+                format!(
+                    "{}{}",
+                    report.render_text(),
+                    backends::report_text(&backends)
+                )
+            };
+            let _ = std::io::stdout().lock().write_all(text.as_bytes());
+            Ok(0)
+        }
+        Command::Serve(args) => {
+            backends::activate(backend, args.limits.cwd.as_deref());
+            let code = serve(args, config);
+            backends::shutdown();
+            code
+        }
+        Command::Env {
+            command: EnvCommand::Audit { json },
+        } => {
+            let (lines, injected) =
+                audit::audit(&config.env_passthrough).map_err(|e| UsageError(e.to_string()))?;
+            let mut out = std::io::stdout().lock();
+            let text = if json {
+                format!("{}\n", audit::render_json(&lines, &injected))
+            } else {
+                audit::render_table(&lines, &injected)
+            };
+            let _ = out.write_all(text.as_bytes());
+            Ok(0)
+        }
+    }
+}
+
+/// `tools list` and `tools schema`: both built from the registry exactly as the model's tool
+/// list is, so what they show is what the model gets.
+fn tools(
+    command: ToolsCommand,
+    config: &Config,
+    extensions: &vibeos_tools::mcp_client::McpManager,
+) -> Result<u8, UsageError> {
+    let reg = vibeos_tools::registry();
+    let mut out = std::io::stdout().lock();
+    match command {
+        ToolsCommand::Schema(args) => {
+            let settings = execute_code_tool::execute_code_settings(config, None);
+            let defs = reg
+                .get_tool_definitions_with(&args.enable_toolsets, &args.disable_toolsets, &settings)
+                .map_err(|e| UsageError(e.to_string()))?;
+            let text = serde_json::to_string_pretty(&defs)
+                .map_err(|e| UsageError(format!("cannot render the schemas: {e}")))?;
+            let _ = writeln!(out, "{text}");
+        }
+        ToolsCommand::List(args) => {
+            let rows = reg
+                .tool_report(&args.enable_toolsets, &args.disable_toolsets)
+                .map_err(|e| UsageError(e.to_string()))?;
+            let status = |a: &vibeos_tools::Availability| match a {
+                vibeos_tools::Availability::Available => "available".to_string(),
+                vibeos_tools::Availability::Unavailable(why) => format!("unavailable: {why}"),
+            };
+            if args.json {
+                let list: Vec<serde_json::Value> = rows
+                    .iter()
+                    .map(|r| {
+                        serde_json::json!({
+                            "name": r.name,
+                            "toolset": r.toolset,
+                            "available": r.availability.is_available(),
+                            "status": status(&r.availability),
+                            "requires_env": r.requires_env,
+                            "emoji": r.emoji,
+                            "is_async": r.is_async,
+                            "source": r.source.to_string(),
+                            "server_status": server_status(extensions, &r.source),
+                        })
+                    })
+                    .collect();
+                let _ = writeln!(out, "{}", serde_json::Value::Array(list));
+            } else {
+                let table: Vec<[String; 4]> = rows
+                    .iter()
+                    .map(|r| {
+                        let mut st = status(&r.availability);
+                        if r.availability.is_available() && !r.requires_env.is_empty() {
+                            st.push_str(&format!(" (requires env: {})", r.requires_env.join(", ")));
+                        }
+                        [r.name.clone(), r.toolset.clone(), st, r.emoji.clone()]
+                    })
+                    .collect();
+                let header = [
+                    "NAME".to_string(),
+                    "TOOLSET".to_string(),
+                    "STATUS".to_string(),
+                    "EMOJI".to_string(),
+                ];
+                let width = |i: usize| {
+                    table
+                        .iter()
+                        .chain(std::iter::once(&header))
+                        .map(|r| r[i].chars().count())
+                        .max()
+                        .unwrap_or(0)
+                };
+                let (w0, w1, w2) = (width(0), width(1), width(2));
+                for row in std::iter::once(&header).chain(table.iter()) {
+                    let line =
+                        format!("{:w0$}  {:w1$}  {:w2$}  {}", row[0], row[1], row[2], row[3]);
+                    let _ = writeln!(out, "{}", line.trim_end());
+                }
+                let available = rows
+                    .iter()
+                    .filter(|r| r.availability.is_available())
+                    .count();
+                let _ = writeln!(out, "\n{} tools, {available} available", rows.len());
+                let servers = extensions.report();
+                if !servers.is_empty() {
+                    let _ = writeln!(out, "\nMCP SERVERS AND PLUGINS");
+                    for s in &servers {
+                        let toolsets = if s.toolsets.is_empty() {
+                            String::new()
+                        } else {
+                            format!("  [{}]", s.toolsets.join(", "))
+                        };
+                        let _ = writeln!(
+                            out,
+                            "{}  {} ({}, {})  {}{toolsets}",
+                            s.name, s.kind, s.transport, s.startup, s.state
+                        );
+                    }
+                }
+            }
+        }
+    }
+    let _ = out.flush();
+    Ok(0)
+}
+
+/// The state of the MCP server or plugin host behind a tool, for `tools list --json`
+/// (`null` for built-ins and host tools).
+fn server_status(
+    extensions: &vibeos_tools::mcp_client::McpManager,
+    source: &vibeos_tools::ToolSource,
+) -> serde_json::Value {
+    let server = match source {
+        vibeos_tools::ToolSource::Mcp(name) => name.as_str(),
+        vibeos_tools::ToolSource::Plugin(_) => vibeos_supervisor::extensions::PLUGIN_HOST,
+        vibeos_tools::ToolSource::Builtin | vibeos_tools::ToolSource::Host(_) => {
+            return serde_json::Value::Null
+        }
+    };
+    extensions
+        .servers()
+        .iter()
+        .find(|s| s.name() == server)
+        .map(|s| serde_json::Value::String(s.state().to_string()))
+        .unwrap_or(serde_json::Value::Null)
+}
+
+fn read_script(file: &str) -> Result<String, UsageError> {
+    let bytes = if file == "-" {
+        let mut buf = Vec::new();
+        std::io::stdin()
+            .lock()
+            .read_to_end(&mut buf)
+            .map_err(|e| UsageError(format!("cannot read the script from stdin: {e}")))?;
+        buf
+    } else {
+        std::fs::read(file).map_err(|e| UsageError(format!("cannot read script {file}: {e}")))?
+    };
+    let name = if file == "-" { "stdin" } else { file };
+    String::from_utf8(bytes).map_err(|e| {
+        UsageError(format!(
+            "script {name} is not valid UTF-8 (invalid byte at offset {}); save it as UTF-8",
+            e.utf8_error().valid_up_to()
+        ))
+    })
+}
+
+fn run(args: RunArgs, config: &Config) -> Result<u8, UsageError> {
+    let code = read_script(&args.file)?;
+    if code.trim().is_empty() {
+        return Err(UsageError(format!(
+            "script {} is empty; pass Python code that prints its result",
+            if args.file == "-" {
+                "from stdin"
+            } else {
+                &args.file
+            }
+        )));
+    }
+    let mut config = config.clone();
+    args.limits.apply(&mut config)?;
+    let mut request = ExecutionRequest::from_config(code, &config);
+    if args.limits.cwd.is_some() {
+        request.cwd = Some(args.limits.session_cwd()?);
+    }
+    // One thread serves the whole execution: RPC replies then never wait for a wake-up on
+    // another core. Tools that may block run on the blocking pool, bounded ones inline.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| UsageError(format!("cannot start the async runtime: {e}")))?;
+    let result = runtime.block_on(async {
+        let interrupt = Interrupt::new();
+        watch_signals(interrupt.clone());
+        execute(request, vibeos_tools::registry(), interrupt).await
+    });
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let _ = writeln!(out, "{}", result.to_json());
+    } else {
+        let _ = out.write_all(result.output.as_bytes());
+        if !result.output.is_empty() && !result.output.ends_with('\n') {
+            let _ = out.write_all(b"\n");
+        }
+        if result.output.is_empty() {
+            if let Some(e) = &result.error {
+                eprintln!("vibeos-exec: {e}");
+            }
+        }
+    }
+    let _ = out.flush();
+    Ok(result.status.exit_code() as u8)
+}
+
+/// `serve`: the run limits applied to the config (so the execute_code description states
+/// them), then the MCP server until the client leaves or a signal stops it.
+fn serve(args: ServeArgs, mut config: Config) -> Result<u8, UsageError> {
+    use vibeos_mcp_server as mcp;
+    args.limits.apply(&mut config)?;
+    let cwd = args.limits.session_cwd()?;
+    let addr = args
+        .http
+        .as_deref()
+        .map(mcp::parse_http_addr)
+        .transpose()
+        .map_err(|e| UsageError(e.to_string()))?;
+    let registry = vibeos_tools::registry();
+    if let Err(e) = execute_code_tool::register_execute_code(registry, &config) {
+        tracing::error!("{e}");
+    }
+    // A long-lived server runs many scripts: keep warm interpreters (code_execution.pool_size).
+    vibeos_supervisor::pool::enable(config.pool_size);
+    // Warm calls fork from one pre-initialised interpreter per key (docs/warm-pool.md).
+    vibeos_supervisor::zygote::set_enabled(config.pool_size > 0);
+    let settings = mcp::ServeSettings {
+        config,
+        cwd,
+        toolsets: args.toolsets,
+        max_concurrent: args.max_concurrent,
+        max_request_bytes: args.max_request_bytes,
+        max_sessions: args.max_sessions,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| UsageError(format!("cannot start the async runtime: {e}")))?;
+    let served = runtime.block_on(async {
+        let stop = tokio_util::sync::CancellationToken::new();
+        stop_on_signals(stop.clone());
+        match addr {
+            None => mcp::serve_stdio(registry, settings, stop).await,
+            Some(addr) => {
+                mcp::serve_http(registry, settings, addr, stop, |bound| {
+                    eprintln!(
+                        "vibeos-exec: serving MCP over streamable HTTP at http://{bound}/mcp"
+                    );
+                })
+                .await
+            }
+        }
+    });
+    // Executions still cleaning up in blocking threads must not hold the process open.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    served.map(|()| 0).map_err(|e| UsageError(e.to_string()))
+}
+
+/// SIGINT, SIGTERM and SIGHUP stop the MCP server: every running execution is interrupted and
+/// cleaned up before the process exits.
+fn stop_on_signals(stop: tokio_util::sync::CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    for kind in [
+        SignalKind::interrupt(),
+        SignalKind::terminate(),
+        SignalKind::hangup(),
+    ] {
+        let stop = stop.clone();
+        match signal(kind) {
+            Ok(mut stream) => {
+                tokio::spawn(async move {
+                    if stream.recv().await.is_some() {
+                        stop.cancel();
+                    }
+                });
+            }
+            Err(e) => tracing::warn!("cannot watch signal {kind:?}: {e}"),
+        }
+    }
+}
+
+/// SIGINT, SIGTERM and SIGHUP stop the running script (status `interrupted`) so that cleanup
+/// runs: no staging dir, socket or process is left behind when the CLI itself is stopped.
+fn watch_signals(interrupt: Interrupt) {
+    use tokio::signal::unix::{signal, SignalKind};
+    for kind in [
+        SignalKind::interrupt(),
+        SignalKind::terminate(),
+        SignalKind::hangup(),
+    ] {
+        let interrupt = interrupt.clone();
+        match signal(kind) {
+            Ok(mut stream) => {
+                tokio::spawn(async move {
+                    if stream.recv().await.is_some() {
+                        interrupt.interrupt();
+                    }
+                });
+            }
+            Err(e) => tracing::warn!("cannot watch signal {kind:?}: {e}"),
+        }
+    }
+}

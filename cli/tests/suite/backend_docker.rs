@@ -1,0 +1,437 @@
+//! execute_code and the tools inside the docker backend, against a private dockerd started by
+//! the test and a python3 image built from Debian packages: tools act in the container (not on
+//! the host), remote env scrubbing, shell sessions, one container per task and reuse, timeout
+//! and interrupt leave no process (checked with `ps` in the container), call budget and output
+//! caps, idle stop, `backends gc`, and clear errors for a missing image and a dead daemon.
+//!
+//! The backend choice is process-wide, so everything runs in one test, phase by phase.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use vibeos_supervisor::{execute, Config, ExecutionRequest, ExecutionResult, Interrupt, Status};
+use vibeos_testkit::backends::{rootfs, unavailable, Dockerd};
+use vibeos_tools::environments::{self, BackendKind, BackendSettings};
+
+const IMAGE: &str = "vibeos-py:test";
+
+fn wrapper(dir: &std::path::Path, name: &str, host: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(
+        &path,
+        format!("#!/bin/sh\nDOCKER_HOST={host} exec docker \"$@\"\n"),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path.display().to_string()
+}
+
+fn settings(binary: &str) -> BackendSettings {
+    BackendSettings {
+        backend: BackendKind::Docker,
+        docker_image: Some(IMAGE.into()),
+        docker_binary: binary.into(),
+        agent_binary: Some(PathBuf::from(env!("CARGO_BIN_EXE_vibeos-exec"))),
+        ..BackendSettings::default()
+    }
+}
+
+fn request(code: &str, task: &str) -> ExecutionRequest {
+    let mut r = ExecutionRequest::from_config(code, &Config::default());
+    r.task_id = Some(task.into());
+    r.timeout = Duration::from_secs(60);
+    r.base_env = Some(vec![
+        (OsString::from("PATH"), OsString::from("/host/only/bin")),
+        (OsString::from("LANG"), OsString::from("C.UTF-8")),
+        (
+            OsString::from("MY_SECRET_TOKEN"),
+            OsString::from("hunter2-host-secret"),
+        ),
+        (
+            OsString::from("OPENAI_API_KEY"),
+            OsString::from("sk-host-provider-secret"),
+        ),
+    ]);
+    r
+}
+
+fn run(rt: &tokio::runtime::Runtime, req: ExecutionRequest) -> ExecutionResult {
+    rt.block_on(execute(req, vibeos_tools::registry(), Interrupt::new()))
+}
+
+#[test]
+fn docker_backend_end_to_end() {
+    let _backend = super::backend_lock();
+    let image = match rootfs() {
+        Ok(p) => p,
+        Err(e) => return unavailable(&e),
+    };
+    let daemon = match Dockerd::start() {
+        Ok(d) => d,
+        Err(e) => return unavailable(&e),
+    };
+    daemon.import(&image, IMAGE).expect("docker import");
+    let docker = wrapper(daemon.dir.path(), "docker-here", &daemon.host);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    environments::activate(settings(&docker));
+
+    // Tools act in the container: what write_file writes, open() sees; the host does not.
+    let marker = format!("/srv/vibeos-test-{}.txt", std::process::id());
+    let code = format!(
+        r#"
+from vibeos_tools import write_file, read_file, search_files, patch, terminal
+import os, json
+w = write_file("{marker}", "alpha\nbeta\n")
+assert "error" not in w, w
+print("open:", open("{marker}").read().split())
+p = patch(path="{marker}", old_string="beta", new_string="gamma")
+assert "error" not in p, p
+print("read:", "gamma" in read_file("{marker}")["content"])
+s = search_files("gamma", path="/srv")
+print("search:", json.dumps(s)[:300])
+t = terminal("cat {marker} && hostname")
+print("terminal:", t["output"].split())
+print("env:", json.dumps(dict(os.environ)))
+print("tenv:", terminal("env")["output"].replace("\n", " "))
+"#
+    );
+    let r = run(&rt, request(&code, "task-a"));
+    assert_eq!(r.status, Status::Success, "{r:?}");
+    assert_eq!(r.backend.as_deref(), Some("docker"));
+    assert!(r.output.contains("open: ['alpha', 'beta']"), "{}", r.output);
+    assert!(r.output.contains("read: True"), "{}", r.output);
+    assert!(
+        r.output.contains("vibeos-test-"),
+        "search found the file: {}",
+        r.output
+    );
+    assert!(
+        r.output.contains("terminal: ['alpha', 'gamma'"),
+        "{}",
+        r.output
+    );
+    assert!(
+        !std::path::Path::new(&marker).exists(),
+        "the file leaked to the host"
+    );
+    // Remote env scrubbing: nothing secret from the host, no host PATH.
+    for leak in [
+        "hunter2-host-secret",
+        "sk-host-provider-secret",
+        "/host/only/bin",
+    ] {
+        assert!(
+            !r.output.contains(leak),
+            "{leak} reached the container: {}",
+            r.output
+        );
+    }
+    assert!(
+        r.output.contains("C.UTF-8"),
+        "safe variables pass: {}",
+        r.output
+    );
+    assert_eq!(r.tool_calls_made, 6);
+
+    // Shell sessions: cd/export persist between calls, and across executions of one task.
+    let r = run(&rt, request(
+        "from vibeos_tools import terminal\nterminal('cd /tmp && export VIBEOS_SESSION_T=kept')\nprint(terminal('pwd; echo $VIBEOS_SESSION_T')['output'])",
+        "task-a",
+    ));
+    assert!(r.output.contains("/tmp\nkept"), "{r:?}");
+    let r = run(
+        &rt,
+        request(
+            "from vibeos_tools import terminal\nprint(terminal('pwd')['output'])",
+            "task-a",
+        ),
+    );
+    assert!(r.output.contains("/tmp"), "{r:?}");
+
+    // One task reuses its container; two tasks get two.
+    let host_a1 = run(
+        &rt,
+        request("import socket; print(socket.gethostname())", "task-a"),
+    )
+    .output;
+    let host_a2 = run(
+        &rt,
+        request("import socket; print(socket.gethostname())", "task-a"),
+    )
+    .output;
+    let host_b = run(
+        &rt,
+        request("import socket; print(socket.gethostname())", "task-b"),
+    )
+    .output;
+    assert_eq!(host_a1, host_a2);
+    assert_ne!(host_a1, host_b);
+    assert_eq!(daemon.labelled().len(), 2, "{:?}", daemon.labelled());
+
+    // Timeout kills the remote process group: nothing is left in the container.
+    let mut req = request(
+        "import subprocess, time\nsubprocess.Popen(['sleep', '4242'])\nprint('started', flush=True)\ntime.sleep(600)",
+        "task-a",
+    );
+    req.timeout = Duration::from_secs(2);
+    req.kill_grace = Duration::from_secs(1);
+    let started = Instant::now();
+    let r = run(&rt, req);
+    assert_eq!(r.status, Status::Timeout, "{r:?}");
+    assert!(r.output.contains("started"), "{r:?}");
+    assert!(started.elapsed() < Duration::from_secs(20));
+    let ps = run(
+        &rt,
+        request(
+            "from vibeos_tools import terminal\nprint(terminal('ps -eo pid,cmd')['output'])",
+            "task-a",
+        ),
+    );
+    assert!(ps.output.contains("ps -eo"), "{ps:?}");
+    assert!(
+        !ps.output.contains("sleep 4242") && !ps.output.contains("time.sleep(600)"),
+        "left behind: {}",
+        ps.output
+    );
+
+    // A terminal command the script is waiting on runs under the agent, not in the script's
+    // group: it is killed when the execution ends too.
+    let mut req = request(
+        "from vibeos_tools import terminal\nprint(terminal('sleep 4747', timeout=600))",
+        "task-a",
+    );
+    req.timeout = Duration::from_secs(2);
+    req.kill_grace = Duration::from_secs(1);
+    let r = run(&rt, req);
+    assert_eq!(r.status, Status::Timeout, "{r:?}");
+    std::thread::sleep(Duration::from_millis(300));
+    let ps = run(
+        &rt,
+        request(
+            "from vibeos_tools import terminal\nprint(terminal('ps -eo pid,cmd')['output'])",
+            "task-a",
+        ),
+    );
+    assert!(
+        !ps.output.contains("sleep 4747"),
+        "left behind: {}",
+        ps.output
+    );
+
+    // Interrupt does the same.
+    let interrupt = Interrupt::new();
+    let stopper = interrupt.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(2));
+        stopper.interrupt();
+    });
+    let mut req = request(
+        "import subprocess, time\nsubprocess.Popen(['sleep', '4343'])\ntime.sleep(600)",
+        "task-a",
+    );
+    req.kill_grace = Duration::from_secs(1);
+    let r = rt.block_on(execute(req, vibeos_tools::registry(), interrupt));
+    assert_eq!(r.status, Status::Interrupted, "{r:?}");
+    let ps = run(
+        &rt,
+        request(
+            "from vibeos_tools import terminal\nprint(terminal('ps -eo pid,cmd')['output'])",
+            "task-a",
+        ),
+    );
+    assert!(
+        !ps.output.contains("sleep 4343"),
+        "left behind: {}",
+        ps.output
+    );
+
+    // Call budget and output caps hold inside.
+    let mut req = request(
+        "from vibeos_tools import terminal\nfor i in range(3):\n    print(terminal('true').get('error', 'ok'))\nprint('x' * 200000)",
+        "task-a",
+    );
+    req.max_tool_calls = 2;
+    req.stdout_limit = 2000;
+    let r = run(&rt, req);
+    assert_eq!(r.tool_calls_made, 2, "{r:?}");
+    assert!(
+        r.output.contains("Tool call limit reached (2)"),
+        "{}",
+        r.output
+    );
+    assert!(
+        r.truncated && r.stdout_bytes > 200000 && r.output.len() < 4000,
+        "{r:?}"
+    );
+
+    // Dangerous-command approval: skipped in an isolated container, checked (and, with no one
+    // to ask, denied) once a host volume is mounted.
+    let dangerous = "from vibeos_tools import terminal\nr = terminal('mkdir -p /tmp/victim && rm -rf /tmp/victim && echo removed')\nprint(r.get('output'), r.get('error'))";
+    let r = run(&rt, request(dangerous, "task-a"));
+    assert!(
+        r.output.contains("removed"),
+        "isolated: no approval needed: {r:?}"
+    );
+    environments::shutdown();
+    assert!(
+        daemon.labelled().is_empty(),
+        "host exit stops every container: {:?}",
+        daemon.labelled()
+    );
+    let shared = tempfile::tempdir().unwrap();
+    let mut mounted = settings(&docker);
+    mounted.docker_volumes = vec![environments::settings::Volume {
+        host: shared.path().to_path_buf(),
+        container: "/mnt/host".into(),
+        read_only: false,
+    }];
+    environments::activate(mounted);
+    let r = run(&rt, request(dangerous, "task-v"));
+    assert!(
+        !r.output.contains("removed") && r.output.contains("CommandDenied"),
+        "host mount: checked: {r:?}"
+    );
+    // The volume is the one way a tool's file reaches the host.
+    let r = run(&rt, request("from vibeos_tools import write_file\nprint(write_file('/mnt/host/out.txt', 'via volume'))", "task-v"));
+    assert_eq!(r.status, Status::Success, "{r:?}");
+    assert_eq!(
+        std::fs::read_to_string(shared.path().join("out.txt")).unwrap(),
+        "via volume"
+    );
+    environments::shutdown();
+
+    // The CLI: --backend docker, then nothing left behind when it exits.
+    let home = tempfile::tempdir().unwrap();
+    std::fs::write(
+        home.path().join("config.yaml"),
+        format!("terminal:\n  docker_image: {IMAGE}\n  docker_binary: {docker}\n"),
+    )
+    .unwrap();
+    let script = home.path().join("s.py");
+    std::fs::write(
+        &script,
+        "from vibeos_tools import terminal\nprint(terminal('cat /etc/debian_version')['output'])",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vibeos-exec"))
+        .args(["run", "--json", "--backend", "docker"])
+        .arg(&script)
+        .env("VIBEOS_HOME", home.path())
+        .env("VIBEOS_AGENT_BINARY", env!("CARGO_BIN_EXE_vibeos-exec"))
+        .output()
+        .unwrap();
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{out:?}"));
+    assert_eq!(v["status"], "success", "{v}");
+    assert_eq!(v["backend"], "docker", "{v}");
+    assert!(
+        v["output"].as_str().unwrap_or("").starts_with("12."),
+        "bookworm inside: {v}"
+    );
+    assert!(
+        daemon.labelled().is_empty(),
+        "the CLI stops its container at exit: {:?}",
+        daemon.labelled()
+    );
+
+    // Idle stop after lifetime_seconds.
+    let mut idle = settings(&docker);
+    idle.lifetime = Duration::from_secs(1);
+    environments::activate(idle);
+    let r = run(&rt, request("print('hi')", "task-idle"));
+    assert_eq!(r.status, Status::Success, "{r:?}");
+    assert_eq!(daemon.labelled().len(), 1);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !daemon.labelled().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        daemon.labelled().is_empty(),
+        "idle container not stopped: {:?}",
+        daemon.labelled()
+    );
+
+    // backends gc removes what a crashed host left (its owner pid is gone), keeps live ones.
+    let out = daemon.docker(&[
+        "run",
+        "-d",
+        "--name",
+        "vibeos-exec-crashed",
+        "--label",
+        "vibeos-exec=1",
+        "--label",
+        "vibeos-exec.owner=999999999:1",
+        "--network",
+        "none",
+        "--entrypoint",
+        "sleep",
+        IMAGE,
+        "600",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = run(&rt, request("print('live')", "task-live"));
+    assert_eq!(r.status, Status::Success);
+    let gc = std::process::Command::new(env!("CARGO_BIN_EXE_vibeos-exec"))
+        .args(["backends", "gc", "--json"])
+        .env("VIBEOS_HOME", daemon.dir.path())
+        .env("DOCKER_HOST", &daemon.host)
+        .output()
+        .unwrap();
+    let report: serde_json::Value =
+        serde_json::from_slice(&gc.stdout).unwrap_or_else(|_| panic!("{gc:?}"));
+    assert_eq!(
+        report["removed"],
+        serde_json::json!(["vibeos-exec-crashed"]),
+        "{report}"
+    );
+    assert_eq!(report["kept"].as_array().map(Vec::len), Some(1), "{report}");
+    environments::shutdown();
+
+    // A missing image and a dead daemon: clear errors, quickly.
+    let mut missing = settings(&docker);
+    missing.docker_image = Some("no-such-image:none".into());
+    environments::activate(missing);
+    let started = Instant::now();
+    let r = run(&rt, request("print(1)", "task-x"));
+    assert_eq!(r.status, Status::Error);
+    let err = r.error.unwrap_or_default();
+    assert!(
+        err.contains("no-such-image:none") && err.contains("terminal.docker_image"),
+        "{err}"
+    );
+    let mut no_python = settings(&docker);
+    no_python.python = "python-does-not-exist".into();
+    environments::activate(no_python);
+    let r = run(&rt, request("print(1)", "task-z"));
+    assert_eq!(r.status, Status::Error);
+    let err = r.error.unwrap_or_default();
+    assert!(
+        err.contains("python-does-not-exist") && err.contains("terminal.python"),
+        "{err}"
+    );
+    let dead = wrapper(
+        daemon.dir.path(),
+        "docker-dead",
+        "unix:///nonexistent/docker.sock",
+    );
+    environments::activate(settings(&dead));
+    let r = run(&rt, request("print(1)", "task-y"));
+    assert_eq!(r.status, Status::Error);
+    let err = r.error.unwrap_or_default();
+    assert!(
+        err.contains("unreachable") && err.contains("DOCKER_HOST"),
+        "{err}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(30));
+    environments::activate(BackendSettings::default());
+    drop(daemon);
+}

@@ -1,0 +1,143 @@
+//! execute_code and the tools over the ssh backend, against an sshd the test starts on
+//! 127.0.0.1 with generated keys and a non-root user: tools act on the remote side as that
+//! user, remote env scrubbing, shell sessions, a timeout leaves no remote process (checked with
+//! `ps` there), the private work dir is removed, and an unreachable host is a clear error.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+use vibeos_supervisor::{execute, Config, ExecutionRequest, ExecutionResult, Interrupt, Status};
+use vibeos_testkit::backends::{start_sshd, unavailable, Sshd, SSH_USER};
+use vibeos_tools::environments::{self, settings::KnownHosts, BackendKind, BackendSettings};
+
+fn settings(sshd: &Sshd, port: u16) -> BackendSettings {
+    let d = sshd.dir.path();
+    BackendSettings {
+        backend: BackendKind::Ssh,
+        ssh_host: Some("127.0.0.1".into()),
+        ssh_port: Some(port),
+        ssh_user: Some(SSH_USER.into()),
+        ssh_key: Some(d.join("userkey")),
+        ssh_known_hosts: KnownHosts::File(d.join("known_hosts")),
+        agent_binary: Some(PathBuf::from(env!("CARGO_BIN_EXE_vibeos-exec"))),
+        ..BackendSettings::default()
+    }
+}
+
+fn request(code: &str) -> ExecutionRequest {
+    let mut r = ExecutionRequest::from_config(code, &Config::default());
+    r.task_id = Some("ssh-task".into());
+    r.timeout = Duration::from_secs(60);
+    r.base_env = Some(vec![
+        (OsString::from("LANG"), OsString::from("C.UTF-8")),
+        (
+            OsString::from("MY_SECRET_TOKEN"),
+            OsString::from("hunter2-host-secret"),
+        ),
+    ]);
+    r
+}
+
+fn run(rt: &tokio::runtime::Runtime, req: ExecutionRequest) -> ExecutionResult {
+    rt.block_on(execute(req, vibeos_tools::registry(), Interrupt::new()))
+}
+
+fn remote_processes() -> String {
+    let out = Command::new("ps")
+        .args(["-u", SSH_USER, "-o", "pid,args"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn ssh_backend_end_to_end() {
+    let _backend = super::backend_lock();
+    let sshd = match start_sshd() {
+        Ok(s) => s,
+        Err(e) => return unavailable(&e),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    environments::activate(settings(&sshd, sshd.port));
+    let home = sshd.dir.path().join("home");
+    let code = r#"
+from vibeos_tools import write_file, read_file, terminal
+import os, json
+w = write_file("notes.txt", "written remotely")
+assert "error" not in w, w
+print("open:", open(os.path.expanduser("~/notes.txt")).read())
+print("whoami:", terminal("whoami")["output"].strip())
+terminal("cd /tmp && export SSH_SESSION_T=kept")
+print("session:", terminal("pwd; echo $SSH_SESSION_T")["output"].split())
+print("env:", json.dumps(dict(os.environ)), terminal("env")["output"].replace("\n", " "))
+print("workdir:", os.path.dirname(os.path.abspath(__file__)), oct(os.stat(os.path.dirname(os.path.abspath(__file__))).st_mode & 0o777))
+"#;
+    let r = run(&rt, request(code));
+    assert_eq!(r.status, Status::Success, "{r:?}");
+    assert_eq!(r.backend.as_deref(), Some("ssh"));
+    assert!(r.output.contains("open: written remotely"), "{}", r.output);
+    assert!(
+        r.output.contains(&format!("whoami: {SSH_USER}")),
+        "{}",
+        r.output
+    );
+    assert!(
+        r.output.contains("session: ['/tmp', 'kept']"),
+        "{}",
+        r.output
+    );
+    assert!(r.output.contains("0o700"), "private work dir: {}", r.output);
+    assert!(!r.output.contains("hunter2-host-secret"), "{}", r.output);
+    assert!(
+        home.join("notes.txt").exists(),
+        "written on the remote side (the user's home)"
+    );
+    let workdir = r
+        .output
+        .lines()
+        .find_map(|l| l.strip_prefix("workdir: "))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap()
+        .to_string();
+    assert!(
+        !Path::new(&workdir).exists(),
+        "the remote work dir was removed: {workdir}"
+    );
+
+    // A timeout kills the remote process group, not just the local client.
+    let mut req = request("import subprocess, time\nsubprocess.Popen(['sleep', '4545'])\nprint('up', flush=True)\ntime.sleep(600)");
+    req.timeout = Duration::from_secs(2);
+    req.kill_grace = Duration::from_secs(1);
+    let r = run(&rt, req);
+    assert_eq!(r.status, Status::Timeout, "{r:?}");
+    std::thread::sleep(Duration::from_millis(500));
+    let ps = remote_processes();
+    assert!(
+        !ps.contains("sleep 4545") && !ps.contains("script.py"),
+        "left behind: {ps}"
+    );
+
+    environments::shutdown();
+    let ps = remote_processes();
+    assert!(!ps.contains("backend-agent"), "agent left behind: {ps}");
+
+    // An unreachable host: a clear error, quickly.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    environments::activate(settings(&sshd, closed));
+    let started = Instant::now();
+    let r = run(&rt, request("print(1)"));
+    assert_eq!(r.status, Status::Error);
+    let err = r.error.unwrap_or_default();
+    assert!(err.contains("cannot connect to 127.0.0.1"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(30));
+    environments::activate(BackendSettings::default());
+}

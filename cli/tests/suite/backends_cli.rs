@@ -1,0 +1,118 @@
+//! The backend choice through the CLI: unknown backends and missing keys exit 2 naming them,
+//! doctor reports every backend, `terminal` keeps `cd`/`export` between calls of a task in the
+//! local backend (and stops when `terminal.shell_session: false`), and a script's result gains
+//! `"backend"` only in a remote backend. The docker and ssh paths themselves are covered in
+//! cli/tests/suite/backend_*.rs against real daemons.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use vibeos_testkit::Sandbox;
+
+fn exit_2_naming(sb: &Sandbox, args: &[&str], needle: &str) {
+    let script = sb.root.path().join("noop.py");
+    std::fs::write(&script, "print(1)\n").expect("script");
+    let mut all: Vec<&str> = args.to_vec();
+    let p = script.to_string_lossy().into_owned();
+    all.push(&p);
+    let out = sb.run(&all);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+    assert!(stderr.contains(needle), "{args:?}: {stderr}");
+}
+
+#[test]
+fn unknown_backend_or_missing_key_exits_2_naming_it() {
+    let sb = Sandbox::new();
+    sb.write_config("");
+    exit_2_naming(&sb, &["run", "--backend", "kubernetes"], "kubernetes");
+    exit_2_naming(&sb, &["run", "--backend", "modal"], "modal");
+    exit_2_naming(
+        &sb,
+        &["run", "--backend", "docker"],
+        "terminal.docker_image",
+    );
+    exit_2_naming(&sb, &["run", "--backend", "ssh"], "terminal.ssh_host");
+    sb.write_config("terminal:\n  backend: docker\n");
+    exit_2_naming(&sb, &["run"], "terminal.docker_image");
+    sb.write_config("terminal:\n  backend: ssh\n  ssh_host: h\n  ssh_port: nope\n");
+    exit_2_naming(&sb, &["run"], "terminal.ssh_port");
+    sb.write_config("terminal:\n  backend: nonsense\n");
+    exit_2_naming(&sb, &["run"], "nonsense");
+    // serve takes the same flag and fails the same way before serving anything.
+    let out = sb.run(&["serve", "--backend", "kubernetes"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("kubernetes"));
+    // --json still prints one result object.
+    let out = sb.run(&["run", "--json", "--backend", "kubernetes", "-"]);
+    let v = vibeos_testkit::parse_single_json(&out);
+    assert_eq!(v["status"], "error");
+    assert!(
+        v["error"].as_str().unwrap_or("").contains("kubernetes"),
+        "{v}"
+    );
+}
+
+#[test]
+fn doctor_reports_every_backend() {
+    let sb = Sandbox::new();
+    sb.write_config(
+        "terminal:\n  ssh_host: 127.0.0.1\n  ssh_port: 1\n  ssh_known_hosts: accept-new\n",
+    );
+    let out = sb.run(&["doctor", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("doctor json");
+    let backends = v["backends"].as_array().expect("backends array");
+    let by_name = |n: &str| {
+        backends
+            .iter()
+            .find(|b| b["name"] == n)
+            .unwrap_or_else(|| panic!("{n} missing: {v}"))
+            .clone()
+    };
+    let local = by_name("local");
+    assert_eq!(local["selected"], true);
+    assert_eq!(local["reachable"], true);
+    let docker = by_name("docker");
+    assert_eq!(docker["configured"], false, "no docker_image set: {docker}");
+    let ssh = by_name("ssh");
+    assert_eq!(ssh["configured"], true);
+    assert_eq!(ssh["reachable"], false, "nothing listens on port 1: {ssh}");
+    assert!(
+        ssh["detail"].as_str().unwrap_or("").contains("127.0.0.1"),
+        "{ssh}"
+    );
+    let text = sb.run(&["doctor"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("backends:") && text.contains("ssh") && text.contains("not reachable"),
+        "{text}"
+    );
+}
+
+#[test]
+fn local_terminal_keeps_cd_and_export_between_calls() {
+    let sb = Sandbox::new();
+    sb.write_config("");
+    let script = "from vibeos_tools import terminal\n\
+                  terminal('mkdir -p deeper && cd deeper && export KEPT_VAR=yes')\n\
+                  r = terminal('pwd; echo \"[$KEPT_VAR]\"')\n\
+                  print(r['output'])\n";
+    let v = sb.run_json(script, &[]);
+    assert_eq!(v["status"], "success", "{v}");
+    let out = v["output"].as_str().unwrap_or("");
+    assert!(out.contains("/deeper\n[yes]"), "{v}");
+    assert!(
+        v.get("backend").is_none(),
+        "local results have no backend key: {v}"
+    );
+
+    sb.write_config("terminal:\n  shell_session: false\n");
+    let v = sb.run_json(script, &[]);
+    assert_eq!(v["status"], "success", "{v}");
+    let out = v["output"].as_str().unwrap_or("");
+    assert!(out.contains("[]") && !out.contains("/deeper"), "{v}");
+}

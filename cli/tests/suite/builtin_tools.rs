@@ -1,0 +1,305 @@
+//! End-to-end tests of the built-in tools as scripts see them: `vibeos-exec run` on fixture
+//! scripts under fixtures/tools/, with real files, real shells and a real HTTP server.
+
+// A test harness: a panic here is how a failed expectation is reported.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use vibeos_testkit::{pid_alive, Sandbox};
+
+/// Runs a fixture and parses the JSON it printed.
+fn run_tool_fixture(sb: &Sandbox, name: &str, args: &[&str]) -> Value {
+    let result = sb.run_fixture(&format!("tools/{name}"), args);
+    assert_eq!(
+        result["status"], "success",
+        "fixture {name} failed: {result:#}"
+    );
+    let output = result["output"].as_str().expect("output string");
+    serde_json::from_str(output.trim())
+        .unwrap_or_else(|e| panic!("fixture {name} printed no JSON ({e}): {output}"))
+}
+
+fn error_of(v: &Value) -> &str {
+    v.get("error")
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| panic!("expected an error dict, got {v}"))
+}
+
+#[test]
+fn file_tools_chain_through_a_script() {
+    let sb = Sandbox::new();
+    let r = run_tool_fixture(&sb, "file_chain.py", &[]);
+    assert_eq!(r["write"]["bytes_written"], 56);
+    assert_eq!(r["write"]["created"], true);
+    assert_eq!(
+        r["read"]["content"],
+        "     2|    if ready:\n     3|        return 1\n"
+    );
+    assert_eq!(r["read"]["total_lines"], 4);
+    assert_eq!(r["read"]["next_offset"], 4);
+    let m = &r["search"]["matches"];
+    assert_eq!(m.as_array().map(Vec::len), Some(1));
+    assert_eq!(m[0]["path"], "pkg/conf.yaml");
+    assert_eq!(m[0]["line"], 1);
+    assert_eq!(m[0]["content"], "database: pg");
+    assert_eq!(r["search_all"]["total"], 2);
+    assert_eq!(r["search_all"]["truncated"], true);
+    assert_eq!(r["search_all"]["next_offset"], 1);
+    assert_eq!(r["files"]["files"], serde_json::json!(["pkg/app.py"]));
+    assert_eq!(r["count"]["counts"][0]["count"], 2);
+    assert_eq!(r["replace"]["match"], "exact");
+    assert!(r["replace"]["diff"]
+        .as_str()
+        .unwrap_or("")
+        .contains("+    return 2"));
+    assert_eq!(r["fuzzy"]["match"], "whitespace-tolerant");
+    assert_eq!(r["multi"]["files"].as_array().map(Vec::len), Some(2));
+    assert!(r["final_app"]
+        .as_str()
+        .unwrap_or("")
+        .contains("        return 10\n"));
+    assert!(r["final_app"]
+        .as_str()
+        .unwrap_or("")
+        .contains("    return 2\n"));
+    assert!(r["final_conf"]
+        .as_str()
+        .unwrap_or("")
+        .contains("port: 5432"));
+    assert_eq!(
+        std::fs::read_to_string(sb.work().join("pkg/new.txt")).unwrap_or_default(),
+        "created by patch\n"
+    );
+}
+
+#[test]
+fn spec_example_runs_as_written() {
+    let sb = Sandbox::new();
+    std::fs::create_dir_all(sb.work().join("deploy")).unwrap();
+    std::fs::write(sb.work().join("deploy/db.yaml"), "database:\n  host: db\n").unwrap();
+    std::fs::write(sb.work().join("app.yaml"), "name: app\ndatabase: sqlite\n").unwrap();
+    std::fs::write(sb.work().join("readme.md"), "the database\n").unwrap();
+    let result = sb.run_fixture("tools/spec_example.py", &[]);
+    assert_eq!(result["status"], "success", "{result:#}");
+    let configs: Value = serde_json::from_str(result["output"].as_str().unwrap()).unwrap();
+    let files: Vec<&str> = configs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["file"].as_str().unwrap())
+        .collect();
+    assert_eq!(files, ["app.yaml", "deploy/db.yaml"]);
+    assert!(configs[1]["preview"].as_str().unwrap().contains("host: db"));
+}
+
+#[test]
+fn bad_inputs_come_back_as_error_dicts() {
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("blob.bin"), b"\x7fELF\0\0\x01binary").unwrap();
+    std::fs::write(sb.work().join("keep.txt"), "original line\n").unwrap();
+    let r = run_tool_fixture(&sb, "bad_inputs.py", &[]);
+    assert!(error_of(&r["missing"]).contains("FileNotFound"));
+    assert!(error_of(&r["directory"]).contains("IsADirectory"));
+    assert!(error_of(&r["binary"]).contains("BinaryFile"));
+    assert!(error_of(&r["nul_path"]).contains("NUL"));
+    assert!(error_of(&r["bad_regex"]).contains("InvalidRegex"));
+    assert!(error_of(&r["bad_offset"]).contains("offset"));
+    assert!(error_of(&r["patch_nomatch"]).contains("NoMatch"));
+    let bad = error_of(&r["patch_bad_diff"]);
+    assert!(
+        bad.contains("keep.txt") && bad.contains("Nothing was written"),
+        "{bad}"
+    );
+    assert!(error_of(&r["patch_garbage"]).contains("PatchError"));
+    assert!(error_of(&r["huge_command"]).contains("limit"));
+    assert!(error_of(&r["empty_command"]).contains("empty"));
+    assert_eq!(r["dotdot"]["content"], "     1|original line\n");
+    assert_eq!(r["keep_after"], "     1|original line\n");
+}
+
+#[test]
+fn terminal_from_a_script_is_scrubbed_capped_and_killed_on_timeout() {
+    let mut sb = Sandbox::new();
+    sb.set_env("MY_SERVICE_API_KEY", "sk-must-not-leak");
+    sb.set_env("OPENAI_API_KEY", "sk-provider");
+    sb.set_env("VIBEOS_E2E_PLAIN", "plain");
+    let r = run_tool_fixture(&sb, "terminal_script.py", &[]);
+    assert_eq!(r["echo"]["exit_code"], 3);
+    assert_eq!(r["echo"]["output"], "hello\noops\n");
+    let env = r["env"].as_str().unwrap();
+    assert!(
+        !env.contains("sk-must-not-leak") && !env.contains("sk-provider"),
+        "{env}"
+    );
+    assert!(
+        !env.contains("VIBEOS_RPC_TOKEN"),
+        "the RPC token reached a terminal command"
+    );
+    assert!(env.contains("PATH="));
+    assert!(r["workdir"].as_str().unwrap().ends_with("/work/sub"));
+    assert_eq!(r["timeout"]["timed_out"], true);
+    assert!(r["timeout"]["error"]
+        .as_str()
+        .unwrap()
+        .contains("timed out after 1s"));
+    let bg = r["bg_pid"].as_i64().unwrap() as i32;
+    assert!(!pid_alive(bg), "a child of the timed-out command survived");
+    assert_eq!(r["flood"]["truncated"], true);
+    assert_eq!(r["flood"]["output_bytes"], 3_000_000);
+    assert!(r["flood"]["output_len"].as_u64().unwrap() < 60_000);
+    assert_eq!(r["flood"]["marker"], true);
+    assert_eq!(r["nonutf8"], "caf\u{fffd}\n");
+}
+
+#[test]
+fn dangerous_commands_are_denied_in_scripts_without_a_host() {
+    let sb = Sandbox::new();
+    std::fs::create_dir_all(sb.work().join("victim")).unwrap();
+    std::fs::write(sb.work().join("victim/precious.txt"), "keep me").unwrap();
+    let r = run_tool_fixture(&sb, "dangerous.py", &[]);
+    for key in ["rm", "obfuscated", "pipe"] {
+        let e = error_of(&r[key]);
+        assert!(
+            e.contains("CommandDenied") && e.contains("non-interactive"),
+            "{key}: {e}"
+        );
+        assert!(e.contains("command_allowlist"), "{key}: {e}");
+    }
+    assert!(error_of(&r["rm"]).contains("recursive_delete"));
+    assert!(error_of(&r["pipe"]).contains("remote_to_shell"));
+    assert_eq!(r["safe"]["exit_code"], 0);
+    assert!(sb.work().join("victim/precious.txt").exists());
+}
+
+#[test]
+fn permanent_allowlist_lets_a_pattern_through() {
+    let sb = Sandbox::new();
+    sb.write_config("command_allowlist:\n  - recursive_delete\n");
+    std::fs::create_dir_all(sb.work().join("victim")).unwrap();
+    std::fs::write(sb.work().join("victim/f.txt"), "x").unwrap();
+    let r = run_tool_fixture(&sb, "dangerous.py", &[]);
+    assert_eq!(r["rm"]["exit_code"], 0, "{}", r["rm"]);
+    assert!(!sb.work().join("victim").exists());
+    assert!(error_of(&r["pipe"]).contains("remote_to_shell"));
+}
+
+/// A tiny HTTP/1.1 server on 127.0.0.1 serving a SearXNG-like JSON endpoint and some pages.
+fn start_server() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(&stream);
+                let mut request_line = String::new();
+                if reader.read_line(&mut request_line).is_err() {
+                    return;
+                }
+                loop {
+                    let mut h = String::new();
+                    if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                        break;
+                    }
+                }
+                let target = request_line
+                    .split_whitespace()
+                    .nth(1)
+                    .unwrap_or("/")
+                    .to_string();
+                let (status, ctype, body) = if target.starts_with("/search?") {
+                    assert!(target.contains("format=json") && target.contains("q=rust"));
+                    (
+                        "200 OK",
+                        "application/json",
+                        r#"{"query":"rust sandbox","results":[
+                            {"title":"First","url":"https://one.example/","content":"about one"},
+                            {"title":"Second","url":"https://two.example/","content":"about two"},
+                            {"title":"Third","url":"https://three.example/","content":"about three"}]}"#
+                            .to_string(),
+                    )
+                } else if target == "/page.html" {
+                    (
+                        "200 OK",
+                        "text/html; charset=utf-8",
+                        "<html><head><title>Test &amp; Page</title><script>var hidden=1;</script></head>\
+                         <body><h1>Heading</h1><p>Some <b>bold</b> paragraph text that goes on and on.</p></body></html>"
+                            .to_string(),
+                    )
+                } else if target == "/plain.txt" {
+                    ("200 OK", "text/plain", "just plain text".to_string())
+                } else {
+                    ("404 Not Found", "text/plain", "nope".to_string())
+                };
+                let mut s = &stream;
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+#[test]
+fn web_tools_use_the_configured_backends() {
+    let base = start_server();
+    let sb = Sandbox::new();
+    sb.write_config(&format!(
+        "web:\n  search_backend: searxng\n  searxng_url: {base}\n  extract_backend: http\n"
+    ));
+    std::fs::write(sb.work().join("server_url.txt"), &base).unwrap();
+    let r = run_tool_fixture(&sb, "web.py", &[]);
+    let web = r["search"]["data"]["web"].as_array().unwrap();
+    assert_eq!(web.len(), 2);
+    assert_eq!(web[0]["title"], "First");
+    assert_eq!(web[0]["url"], "https://one.example/");
+    assert_eq!(web[0]["description"], "about one");
+    let results = r["extract"]["results"].as_array().unwrap();
+    assert_eq!(results.len(), 4);
+    assert_eq!(results[0]["title"], "Test & Page");
+    let page = results[0]["content"].as_str().unwrap();
+    assert!(
+        page.contains("Heading") && !page.contains("<p>") && !page.contains("hidden=1"),
+        "{page}"
+    );
+    assert!(page.contains("content cut at 40"));
+    assert_eq!(results[0]["error"], Value::Null);
+    assert_eq!(results[1]["content"], "just plain text");
+    assert!(results[2]["error"].as_str().unwrap().contains("404"));
+    assert!(results[3]["error"].as_str().unwrap().contains("http"));
+}
+
+#[test]
+fn unconfigured_web_tools_are_left_out_of_the_stub() {
+    let sb = Sandbox::new();
+    let r = run_tool_fixture(&sb, "web_unconfigured.py", &[]);
+    assert_eq!(r["web_search"], false);
+    assert_eq!(r["web_extract"], false);
+    assert_eq!(r["read_file"], true);
+}
+
+#[test]
+fn terminal_commands_end_with_the_execution() {
+    let sb = Sandbox::new();
+    let started = std::time::Instant::now();
+    let result = sb.run_fixture("tools/terminal_outlive.py", &["--timeout", "2"]);
+    assert_eq!(result["status"], "timeout", "{result:#}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "vibeos-exec waited for the terminal command: {:?}",
+        started.elapsed()
+    );
+    let pid: i32 = std::fs::read_to_string(sb.work().join("cmd.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        !pid_alive(pid),
+        "the terminal command outlived its execution"
+    );
+}

@@ -1,0 +1,626 @@
+//! End-to-end tests of `vibeos-exec run` in project mode: tool calls over the real RPC channel,
+//! limits, exit codes, bad input and cleanup, each with a real Python child.
+
+// Tests report failures by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use vibeos_testkit::{fixture, parse_single_json, pid_alive, Sandbox};
+
+fn output(v: &Value) -> &str {
+    v["output"].as_str().unwrap_or_default()
+}
+
+fn parse_output_json(v: &Value) -> Value {
+    serde_json::from_str(output(v).trim()).unwrap_or_else(|e| panic!("output not JSON ({e}): {v}"))
+}
+
+#[test]
+fn a_tool_chain_returns_only_what_the_script_prints() {
+    let sb = Sandbox::new();
+    let r = sb.run_fixture("core/tool_chain.py", &[]);
+    assert_eq!(r["status"], "success", "{r}");
+    assert_eq!(r["exit_code"], 0);
+    assert_eq!(r["tool_calls_made"], 7);
+    let out = parse_output_json(&r);
+    assert_eq!(out["lines"], serde_json::json!([1, 2, 3]));
+    assert!(out["missing_error"]
+        .as_str()
+        .unwrap()
+        .starts_with("Tool execution failed: FileNotFound:"));
+    // The files really were written in the session cwd.
+    assert_eq!(
+        std::fs::read_to_string(sb.work().join("notes/n2.txt")).unwrap(),
+        "line\nline\nline\n"
+    );
+    assert!(r["duration_seconds"].as_f64().unwrap() > 0.0);
+    for key in [
+        "truncated",
+        "stdout_bytes",
+        "stdout_bytes_omitted",
+        "stderr_bytes",
+    ] {
+        assert!(r.get(key).is_some(), "missing {key} in {r}");
+    }
+    assert!(r.get("error").is_none());
+    assert!(sb.staging_dirs().is_empty());
+}
+
+#[test]
+fn the_stub_has_real_signatures_and_helpers() {
+    let sb = Sandbox::new();
+    let r = sb.run_fixture("core/stub_helpers.py", &[]);
+    assert_eq!(r["status"], "success", "{r}");
+    let out = parse_output_json(&r);
+    assert_eq!(out["parse"], serde_json::json!({"a": [1, 2]}));
+    assert_eq!(out["parse_ctrl"]["a"], "tab\there");
+    assert_eq!(out["quote"], "'it'\"'\"'s a file.txt'");
+    assert_eq!(out["quote_plain"], "plain.txt");
+    assert_eq!(out["retry"], "ok");
+    assert_eq!(out["attempts"], 3);
+    assert_eq!(out["signature"], "(path, offset=1, limit=500)");
+    assert!(out["doc"].as_str().unwrap().starts_with("Read a text file"));
+    let tools: Vec<&str> = out["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(tools.contains(&"read_file") && tools.contains(&"write_file"));
+    assert!(!tools.contains(&"execute_code"));
+}
+
+#[test]
+fn exit_codes_follow_the_status() {
+    let sb = Sandbox::new();
+    let ok = sb.run_stdin(b"print('hi')", &[]);
+    assert_eq!(ok.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&ok.stdout), "hi\n");
+    let err = sb.run_stdin(b"raise SystemExit(7)", &[]);
+    assert_eq!(err.status.code(), Some(1));
+    let timeout = sb.run_stdin(b"import time; time.sleep(30)", &["--timeout", "0.5"]);
+    assert_eq!(timeout.status.code(), Some(124));
+    assert!(String::from_utf8_lossy(&timeout.stdout)
+        .ends_with("Script timed out after 0.5s and was killed.\n"));
+    let usage = sb.run(&["run", "/definitely/missing.py"]);
+    assert_eq!(usage.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&usage.stderr).contains("/definitely/missing.py"));
+    let bad_mode = sb.run_stdin(b"print(1)", &["--mode", "sandboxy"]);
+    assert_eq!(bad_mode.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad_mode.stderr).contains("project or strict"));
+}
+
+#[test]
+fn a_failing_script_reports_its_traceback() {
+    let sb = Sandbox::new();
+    let r = sb.run_json("print('before')\n1/0\n", &[]);
+    assert_eq!(r["status"], "error");
+    assert_eq!(r["exit_code"], 1);
+    assert!(output(&r).starts_with("before\n--- stderr ---\nTraceback"));
+    assert_eq!(
+        r["error"],
+        "the script exited with code 1: ZeroDivisionError: division by zero"
+    );
+}
+
+#[test]
+fn timeout_kills_the_script_and_says_so() {
+    let sb = Sandbox::new();
+    let started = Instant::now();
+    let r = sb.run_fixture("core/sleep_forever.py", &["--timeout", "1"]);
+    assert_eq!(r["status"], "timeout", "{r}");
+    assert!(output(&r).starts_with("started\n"), "{r}");
+    assert!(output(&r).ends_with("Script timed out after 1s and was killed."));
+    assert_eq!(r["error"], "Script timed out after 1s and was killed.");
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert!(sb.staging_dirs().is_empty());
+}
+
+#[test]
+fn sigterm_is_followed_by_sigkill_after_the_grace_period() {
+    let sb = Sandbox::new();
+    let started = Instant::now();
+    let r = sb.run_fixture("core/ignore_sigterm.py", &["--timeout", "0.5"]);
+    let took = started.elapsed();
+    assert_eq!(r["status"], "timeout", "{r}");
+    assert_eq!(r["exit_code"], -9, "ended by SIGKILL: {r}");
+    // SIGTERM at 0.5 s was ignored; SIGKILL came 5 s later.
+    assert!(took >= Duration::from_millis(5400), "took {took:?}");
+}
+
+fn read_pid(path: &Path) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            if let Ok(pid) = text.trim().parse() {
+                return pid;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn assert_dies(pid: i32) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while pid_alive(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "process {pid} outlived its execution"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_detached_daemon_does_not_outlive_the_script() {
+    let sb = Sandbox::new();
+    let r = sb.run_fixture("core/daemon_escape.py", &[]);
+    assert_eq!(r["status"], "success", "{r}");
+    let pid = read_pid(&sb.work().join("daemon.pid"));
+    assert_dies(pid);
+}
+
+#[test]
+fn a_detached_daemon_does_not_outlive_the_timeout() {
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("wait-for-timeout"), "").unwrap();
+    let r = sb.run_fixture("core/daemon_escape.py", &["--timeout", "2"]);
+    assert_eq!(r["status"], "timeout", "{r}");
+    let pid = read_pid(&sb.work().join("daemon.pid"));
+    assert_dies(pid);
+}
+
+#[test]
+fn stdout_keeps_head_and_tail_with_a_marker() {
+    let sb = Sandbox::new();
+    let r = sb.run_fixture("core/flood_stdout.py", &[]);
+    assert_eq!(r["status"], "success");
+    assert_eq!(r["stdout_bytes"], 220_000);
+    assert_eq!(r["truncated"], true);
+    let out = output(&r);
+    let omitted = r["stdout_bytes_omitted"].as_u64().unwrap();
+    assert_eq!(omitted, 220_000 - 50 * 1024);
+    assert!(out.starts_with("line 00000\nline 00001\n"));
+    assert!(out.ends_with("line 19999\n"));
+    assert!(out.contains(&format!(
+        "[output truncated: {omitted} of 220000 bytes omitted]"
+    )));
+    // 40% head, 60% tail of the 50 KB cap.
+    let (head, tail) = out.split_once("\n\n... [output truncated").unwrap();
+    assert!(
+        (20_000..=20_480).contains(&head.len()),
+        "head {}",
+        head.len()
+    );
+    assert!(tail.len() > 30_000);
+}
+
+#[test]
+fn stderr_is_capped_and_shown_on_failure() {
+    let sb = Sandbox::new();
+    let r = sb.run_fixture("core/flood_stderr.py", &[]);
+    assert_eq!(r["status"], "error");
+    assert_eq!(r["exit_code"], 3);
+    assert_eq!(r["stderr_bytes"], 50_018);
+    let out = output(&r);
+    assert!(out.starts_with("partial stdout\n--- stderr ---\n"));
+    assert!(out.contains("[stderr truncated:"));
+    assert!(out.ends_with("last stderr line\n"));
+    assert!(out.len() < 12 * 1024);
+}
+
+#[test]
+fn the_call_budget_returns_errors_and_the_script_goes_on() {
+    let sb = Sandbox::new();
+    let r = sb.run_fixture("core/budget.py", &["--max-tool-calls", "3"]);
+    assert_eq!(r["status"], "success", "{r}");
+    assert_eq!(r["tool_calls_made"], 3);
+    let lines: Vec<&str> = output(&r).lines().collect();
+    let errors: Vec<String> = serde_json::from_str(lines[0]).unwrap();
+    assert!(errors[..3].iter().all(|e| e.contains("FileNotFound")));
+    for e in &errors[3..] {
+        assert_eq!(
+            e,
+            "Tool call limit reached (3). No more tool calls allowed in this execution."
+        );
+    }
+    assert_eq!(lines[1], "still running");
+}
+
+#[test]
+fn the_budget_comes_from_config_too() {
+    let sb = Sandbox::new();
+    sb.write_config("code_execution:\n  max_tool_calls: 1\n");
+    let r = sb.run_fixture("core/budget.py", &[]);
+    assert_eq!(r["tool_calls_made"], 1);
+    assert!(output(&r).contains("Tool call limit reached (1)."));
+}
+
+#[test]
+fn the_channel_survives_garbage_and_refuses_what_it_must() {
+    let sb = Sandbox::new();
+    let r = sb.run_fixture("core/raw_channel.py", &[]);
+    assert_eq!(r["status"], "success", "{r}");
+    let out = parse_output_json(&r);
+    assert_eq!(out["garbage"]["error"]["code"], "invalid_json");
+    assert_eq!(out["not_object"]["error"]["code"], "invalid_request");
+    assert_eq!(out["missing_tool"]["id"], 1);
+    assert_eq!(out["missing_tool"]["error"]["code"], "invalid_request");
+    for key in ["execute_code", "delegate_task", "unknown"] {
+        let err = out[key]["result"]["error"].as_str().unwrap();
+        assert!(
+            err.contains("Available: read_file, write_file") || err.contains("Available: "),
+            "{err}"
+        );
+        assert!(err.contains("read_file"), "{err}");
+    }
+    assert!(out["execute_code"]["result"]["error"]
+        .as_str()
+        .unwrap()
+        .contains("can never be called"));
+    assert_eq!(out["ok_after_garbage"]["id"], "five");
+    assert!(out["ok_after_garbage"]["result"]["error"]
+        .as_str()
+        .unwrap()
+        .contains("FileNotFound"));
+    assert_eq!(out["bad_token"]["error"]["code"], "unauthorized");
+    assert_eq!(
+        out["after_bad_token"], "",
+        "connection closed after a bad token"
+    );
+    assert_eq!(out["oversized"]["error"]["code"], "frame_too_large");
+    assert!(out["fresh_connection"]["result"]["error"].is_string());
+    // Refused requests are not counted: only the two read_file calls were dispatched.
+    assert_eq!(r["tool_calls_made"], 2);
+}
+
+#[test]
+fn closed_connections_are_released_and_open_ones_are_capped() {
+    // A supervisor with few descriptors: before connections were released on close, 1,100
+    // opened-and-closed connections exhausted them and the script's calls hung.
+    let sb = Sandbox::new();
+    let mut cmd = sb.command();
+    // SAFETY: setrlimit is async-signal-safe and touches only the child about to exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            let lim = libc::rlimit {
+                rlim_cur: 256,
+                rlim_max: 256,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let script = fixture("core/connection_churn.py");
+    let out = cmd
+        .args(["run", "--json", "--timeout", "120"])
+        .arg(&script)
+        .output()
+        .unwrap();
+    let r = parse_single_json(&out);
+    assert_eq!(r["status"], "success", "{r}");
+    let out = parse_output_json(&r);
+    // 80 held open, at most 64 served at once: at least 16 refused, each with the clear error
+    // (more when the server has not yet seen some of the churned connections close).
+    let refused = out["refused"].as_u64().unwrap();
+    assert!((16..80).contains(&refused), "{out}");
+    assert_eq!(out["codes"], serde_json::json!(["too_many_connections"]));
+    assert!(out["message"]
+        .as_str()
+        .unwrap()
+        .contains("64 open RPC connections"));
+    assert_eq!(out["served_after"], true, "{out}");
+    assert!(out["tool_after"]["error"]
+        .as_str()
+        .unwrap()
+        .contains("FileNotFound"));
+}
+
+#[test]
+fn a_process_outside_the_execution_cannot_use_the_socket() {
+    let sb = Sandbox::new();
+    let child = sb
+        .command()
+        .args(["run", "--json"])
+        .arg(fixture("core/publish_socket.py"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let published = sb.work().join("socket.path");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        if let Ok(t) = std::fs::read_to_string(&published) {
+            if t.contains('\n') {
+                break t;
+            }
+        }
+        assert!(Instant::now() < deadline, "socket path never published");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (path, token) = text.split_once('\n').unwrap();
+    // The test process is not a descendant of the execution: refused, even with the token.
+    let mut stream = UnixStream::connect(path).unwrap();
+    let request = format!(
+        "{{\"id\": 1, \"tool\": \"write_file\", \"args\": {{\"path\": \"pwned.txt\", \"content\": \"x\"}}, \"token\": \"{token}\"}}\n"
+    );
+    let _ = stream.write_all(request.as_bytes());
+    let mut line = String::new();
+    let _ = BufReader::new(&stream).read_line(&mut line);
+    let reply: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(reply["error"]["code"], "unauthorized", "{line}");
+    std::fs::write(sb.work().join("outside.done"), "").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let r = parse_single_json(&out);
+    assert_eq!(r["status"], "success", "{r}");
+    assert!(output(&r).contains("inside works: True"));
+    assert!(!sb.work().join("pwned.txt").exists());
+    assert_eq!(r["tool_calls_made"], 1);
+}
+
+#[test]
+fn threads_forks_and_subprocesses_all_reach_the_tools() {
+    let sb = Sandbox::new();
+    let r = sb.run_fixture("core/threads_and_subprocess.py", &[]);
+    assert_eq!(r["status"], "success", "{r}");
+    let out = parse_output_json(&r);
+    assert_eq!(out["thread_calls"], 40);
+    assert_eq!(out["errors"], serde_json::json!([]));
+    assert_eq!(out["fork_status"], 0);
+    assert_eq!(out["subprocess_out"], "3", "{out}");
+    assert_eq!(r["tool_calls_made"], 1 + 40 + 1 + 1);
+}
+
+#[test]
+fn a_script_that_reads_stdin_gets_eof_not_a_hang() {
+    let sb = Sandbox::new();
+    let started = Instant::now();
+    let r = sb.run_fixture("core/reads_stdin.py", &["--timeout", "20"]);
+    assert_eq!(r["status"], "error");
+    assert!(r["error"].as_str().unwrap().contains("EOFError"), "{r}");
+    assert!(started.elapsed() < Duration::from_secs(15));
+}
+
+#[test]
+fn bad_scripts_are_usage_errors() {
+    let sb = Sandbox::new();
+    for (script, needle) in [
+        (&b""[..], "empty"),
+        (&b"  \n\t\n"[..], "empty"),
+        (&b"print('\xff\xfe')"[..], "not valid UTF-8"),
+    ] {
+        let out = sb.run_stdin(script, &[]);
+        assert_eq!(out.status.code(), Some(2));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(needle),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let json = sb.run_stdin(script, &["--json"]);
+        assert_eq!(json.status.code(), Some(2));
+        let v = parse_single_json(&json);
+        assert_eq!(v["status"], "error");
+        assert!(v["error"].as_str().unwrap().contains(needle));
+    }
+}
+
+#[test]
+fn command_line_errors_with_json_print_the_result_object() {
+    let sb = Sandbox::new();
+    let script = fixture("core/tool_chain.py");
+    let script = script.to_str().unwrap();
+    for (args, needle) in [
+        (
+            vec!["run", "--json", "--bogus", script],
+            "unexpected argument '--bogus'",
+        ),
+        (
+            vec!["run", "--json", "--timeout", "abc", script],
+            "invalid value 'abc'",
+        ),
+        (
+            vec!["run", "--json"],
+            "required arguments were not provided",
+        ),
+        (
+            vec!["run", "--json", "--timeout", "0", script],
+            "--timeout 0",
+        ),
+    ] {
+        let out = sb.run(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let v = parse_single_json(&out);
+        assert_eq!(v["status"], "error", "{args:?}: {v}");
+        assert!(v["exit_code"].is_null());
+        assert_eq!(v["tool_calls_made"], 0);
+        assert!(
+            v["error"].as_str().unwrap().contains(needle),
+            "{args:?}: {v}"
+        );
+        // Humans still get clap's message on stderr for a malformed command line.
+        if !needle.starts_with("--timeout") {
+            assert!(!out.stderr.is_empty(), "{args:?}");
+        }
+    }
+    // Without --json nothing is printed on stdout.
+    let out = sb.run(&["run", "--bogus", "x.py"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
+fn config_errors_name_the_key_and_the_file() {
+    let sb = Sandbox::new();
+    sb.write_config("code_execution:\n  timeout: forever\n");
+    let out = sb.run_stdin(b"print(1)", &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("code_execution.timeout"), "{err}");
+    assert!(
+        err.contains(&sb.home().join("config.yaml").display().to_string()),
+        "{err}"
+    );
+    let missing = sb.run(&["run", "--config", "/no/such/config.yaml", "x.py"]);
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("/no/such/config.yaml"));
+}
+
+#[test]
+fn an_unknown_mode_in_config_warns_and_runs_in_project_mode() {
+    let sb = Sandbox::new();
+    sb.write_config("code_execution:\n  mode: sandboxy\n");
+    let out = sb.run_stdin(b"import os; print(os.getcwd())", &[]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a known mode"));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        sb.work().canonicalize().unwrap().display().to_string()
+    );
+}
+
+#[test]
+fn project_mode_runs_in_the_session_cwd_and_imports_from_it() {
+    let sb = Sandbox::new();
+    let proj = sb.root.path().join("project");
+    std::fs::create_dir_all(&proj).unwrap();
+    std::fs::write(proj.join("mymod.py"), "VALUE = 42\n").unwrap();
+    let script =
+        "import os, mymod; from vibeos_tools import read_file\nprint(os.getcwd(), mymod.VALUE)";
+    let r = sb.run_json(script, &["--cwd", proj.to_str().unwrap()]);
+    assert_eq!(r["status"], "success", "{r}");
+    assert_eq!(
+        output(&r).trim(),
+        format!("{} 42", proj.canonicalize().unwrap().display())
+    );
+    // TERMINAL_CWD is the session dir when --cwd is not given.
+    let mut sb2 = Sandbox::new();
+    sb2.set_env("TERMINAL_CWD", proj.to_str().unwrap());
+    let r = sb2.run_json("import os; print(os.getcwd())", &[]);
+    assert_eq!(
+        output(&r).trim(),
+        proj.canonicalize().unwrap().display().to_string()
+    );
+    let bad = sb.run_stdin(b"print(1)", &["--cwd", "/no/such/dir"]);
+    assert_eq!(bad.status.code(), Some(2));
+}
+
+#[test]
+fn interrupting_the_cli_stops_the_script_and_cleans_up() {
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("wait-for-timeout"), "").unwrap();
+    let child = sb
+        .command()
+        .args(["run", "--json"])
+        .arg(fixture("core/daemon_escape.py"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = read_pid(&sb.work().join("daemon.pid"));
+    std::thread::sleep(Duration::from_millis(200));
+    // SAFETY: plain signal to our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let r = parse_single_json(&out);
+    assert_eq!(r["status"], "interrupted", "{r}");
+    assert!(output(&r).ends_with("[execution interrupted — user sent a new message]"));
+    assert_dies(pid);
+    assert!(sb.staging_dirs().is_empty());
+
+    // SIGTERM to the CLI, without --json: exit 130 and the same cleanup.
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("wait-for-timeout"), "").unwrap();
+    let child = sb
+        .command()
+        .args(["run"])
+        .arg(fixture("core/daemon_escape.py"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = read_pid(&sb.work().join("daemon.pid"));
+    std::thread::sleep(Duration::from_millis(200));
+    // SAFETY: plain signal to our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130));
+    assert_dies(pid);
+    assert!(sb.staging_dirs().is_empty());
+}
+
+#[test]
+fn a_supervisor_killed_with_sigkill_leaves_no_staging_dir_process_or_mount() {
+    for mode in ["project", "strict"] {
+        if mode == "strict" {
+            if let Some(why) = vibeos_testkit::strict_unavailable() {
+                vibeos_testkit::skip!("strict mode is unavailable on this machine: {why}");
+            }
+        }
+        let sb = Sandbox::new();
+        let script = sb.work().join("sleeper.py");
+        std::fs::write(&script, "import time\ntime.sleep(300)\n").unwrap();
+        let mut child = sb
+            .command()
+            .args(["run", "--mode", mode])
+            .arg(&script)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // The interpreter runs the staged script (its command line names the staging dir).
+        let tmp = sb.tmp().display().to_string();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while vibeos_testkit::processes_mentioning(&tmp).is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            !vibeos_testkit::processes_mentioning(&tmp).is_empty(),
+            "{mode}: never started"
+        );
+        assert!(!sb.staging_dirs().is_empty(), "{mode}");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let mounted = || {
+            std::fs::read_to_string("/proc/self/mountinfo")
+                .unwrap()
+                .contains(&tmp)
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline
+            && (!sb.staging_dirs().is_empty()
+                || mounted()
+                || !vibeos_testkit::processes_mentioning(&tmp).is_empty())
+        {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(
+            sb.staging_dirs(),
+            Vec::<std::path::PathBuf>::new(),
+            "{mode}"
+        );
+        assert!(!mounted(), "{mode}: the staging tmpfs stayed mounted");
+        assert!(
+            vibeos_testkit::processes_mentioning(&tmp).is_empty(),
+            "{mode}: the script outlived its supervisor"
+        );
+    }
+}
+
+#[test]
+fn replies_larger_than_one_read_reach_their_caller_whole() {
+    let sb = Sandbox::new();
+    let r = sb.run_fixture("core/large_replies.py", &["--max-tool-calls", "200"]);
+    assert_eq!(r["status"], "success", "{r}");
+    let out = parse_output_json(&r);
+    assert_eq!(out["errors"], serde_json::json!([]), "{out}");
+    assert_eq!(out["big_ok"], true, "{out}");
+    assert_eq!(out["big_chars"], 5000 * (7 + 1995 + 1));
+    assert_eq!(r["tool_calls_made"], 1 + 4 * 25 + 1);
+}

@@ -1,0 +1,303 @@
+//! End-to-end tests of what reaches the child: the scrubbed environment (SPEC §4), the audit
+//! that explains it, and interpreter resolution in project mode (SPEC §3).
+
+// Tests report failures by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use vibeos_testkit::{fixture, parse_single_json, python3, Sandbox};
+
+fn child_env(sb: &Sandbox, args: &[&str]) -> (Value, Value) {
+    let p = fixture("core/print_env.py");
+    let mut all = vec!["run", "--json"];
+    all.extend_from_slice(args);
+    all.push(p.to_str().unwrap());
+    let out = sb.run(&all);
+    let r = parse_single_json(&out);
+    assert_eq!(r["status"], "success", "{r}");
+    let env: Value = serde_json::from_str(r["output"].as_str().unwrap().trim()).unwrap();
+    (r, env)
+}
+
+const SECRET_VALUE: &str = "sup3r-s3cret-value-do-not-leak";
+
+fn secretive_sandbox() -> Sandbox {
+    let mut sb = Sandbox::new();
+    for name in [
+        "GITHUB_TOKEN",
+        "MY_API_KEY",
+        "DB_PASSWORD",
+        "SENTRY_DSN",
+        "SLACK_WEBHOOK_URL",
+        "aws_secret_access_key",
+        "OPENAI_API_KEY",
+        "MY_PASSTHROUGH_KEY",
+        "VIBEOS_KANBAN_DB",
+        "VIBEOS_BASE_URL",
+        "PATHOLOGICAL_VAR",
+        "RANDOM_SETTING",
+    ] {
+        sb.set_env(name, SECRET_VALUE);
+    }
+    sb.set_env("LC_ALL", "C.UTF-8");
+    sb.set_env("XDG_CONFIG_HOME", "/tmp/xdg");
+    sb.set_env("VIBEOS_PROFILE", "work");
+    sb.set_env("TZ", "Europe/Berlin");
+    sb.write_config(
+        "terminal:\n  env_passthrough:\n    - MY_PASSTHROUGH_KEY\n    - OPENAI_API_KEY\n    - VIBEOS_KANBAN_DB\n",
+    );
+    sb
+}
+
+#[test]
+fn the_child_sees_only_what_the_policy_allows() {
+    let sb = secretive_sandbox();
+    let (_, env) = child_env(&sb, &["--log-level", "debug"]);
+    let has = |k: &str| env.get(k).is_some();
+    for dropped in [
+        "GITHUB_TOKEN",
+        "MY_API_KEY",
+        "DB_PASSWORD",
+        "SENTRY_DSN",
+        "SLACK_WEBHOOK_URL",
+        "aws_secret_access_key",
+        "OPENAI_API_KEY", // provider credential: passthrough cannot bring it back
+        "VIBEOS_BASE_URL",
+        "PATHOLOGICAL_VAR",
+        "RANDOM_SETTING",
+    ] {
+        assert!(!has(dropped), "{dropped} leaked into the child");
+    }
+    for kept in [
+        "PATH",
+        "HOME",
+        "LC_ALL",
+        "XDG_CONFIG_HOME",
+        "VIBEOS_PROFILE",
+        "VIBEOS_HOME",
+        "MY_PASSTHROUGH_KEY",
+        "VIBEOS_KANBAN_DB",
+    ] {
+        assert!(has(kept), "{kept} should reach the child");
+    }
+    assert_eq!(env["TZ"], "Europe/Berlin");
+    assert_eq!(env["PYTHONDONTWRITEBYTECODE"], "1");
+    assert_eq!(env["PYTHONIOENCODING"], "utf-8");
+    assert_eq!(env["PYTHONUTF8"], "1");
+    let pythonpath = env["PYTHONPATH"].as_str().unwrap();
+    let socket = env["VIBEOS_RPC_SOCKET"].as_str().unwrap();
+    let staging = Path::new(socket).parent().unwrap().parent().unwrap();
+    assert!(pythonpath.starts_with(&staging.display().to_string()));
+    assert_eq!(
+        env["VIBEOS_RPC_DIR"].as_str().unwrap(),
+        Path::new(socket).parent().unwrap().display().to_string()
+    );
+    assert_eq!(env["VIBEOS_RPC_TOKEN"].as_str().unwrap().len(), 64);
+}
+
+#[test]
+fn dropped_vibeos_names_are_logged_once_at_debug_without_values() {
+    let sb = secretive_sandbox();
+    let out = sb.run(&[
+        "run",
+        "--log-level",
+        "debug",
+        fixture("core/print_env.py").to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("non-allowlisted VIBEOS_* var(s)"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(lines[0].contains(
+        "execute_code: dropped 1 non-allowlisted VIBEOS_* var(s): VIBEOS_BASE_URL — add them to terminal.env_passthrough to allow them"
+    ), "{}", lines[0]);
+    assert!(!stderr.contains(SECRET_VALUE));
+    // The same line lands in the log file, still without values.
+    let log = std::fs::read_to_string(sb.home().join("logs/agent.log")).unwrap();
+    assert!(log.contains("dropped 1 non-allowlisted VIBEOS_* var(s): VIBEOS_BASE_URL"));
+    assert!(!log.contains(SECRET_VALUE));
+    // At the default level the line is not printed.
+    let quiet = sb.run(&["run", fixture("core/print_env.py").to_str().unwrap()]);
+    assert!(!String::from_utf8_lossy(&quiet.stderr).contains("non-allowlisted"));
+}
+
+#[test]
+fn the_log_file_is_rotated_past_its_size_limit() {
+    let sb = Sandbox::new();
+    let logs = sb.home().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let old = "old line\n".repeat((10 << 20) / 9 + 1);
+    std::fs::write(logs.join("agent.log"), &old).unwrap();
+    let out = sb.run(&[
+        "run",
+        "--log-level",
+        "debug",
+        fixture("core/print_env.py").to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    // The full file moved aside whole; agent.log starts again with this run's lines.
+    let rotated = std::fs::read_to_string(logs.join("agent.log.1")).unwrap();
+    assert!(rotated.starts_with(&old), "the old log was not kept whole");
+    let current = std::fs::read_to_string(logs.join("agent.log")).unwrap_or_default();
+    assert!(current.len() < 1 << 20, "agent.log was not restarted");
+}
+
+#[test]
+fn env_audit_names_every_variable_and_its_rule_but_no_value() {
+    let sb = secretive_sandbox();
+    let out = sb.run(&["env", "audit", "--json"]);
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stdout.contains(SECRET_VALUE));
+    let v: Value = serde_json::from_str(stdout.trim()).unwrap();
+    let find = |name: &str| -> Value {
+        v["variables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("{name} missing from audit"))
+    };
+    assert_eq!(find("GITHUB_TOKEN")["kept"], false);
+    // GitHub tokens are managed credentials (issue 17): the provider blocklist decides them.
+    assert!(find("GITHUB_TOKEN")["rule"]
+        .as_str()
+        .unwrap()
+        .contains("provider"));
+    assert_eq!(find("OPENAI_API_KEY")["kept"], false);
+    assert!(find("OPENAI_API_KEY")["rule"]
+        .as_str()
+        .unwrap()
+        .contains("provider"));
+    assert_eq!(find("MY_PASSTHROUGH_KEY")["kept"], true);
+    assert!(find("MY_PASSTHROUGH_KEY")["rule"]
+        .as_str()
+        .unwrap()
+        .contains("passthrough"));
+    assert_eq!(find("PATH")["kept"], true);
+    assert_eq!(find("PATHOLOGICAL_VAR")["kept"], false);
+    assert_eq!(find("VIBEOS_BASE_URL")["kept"], false);
+    assert_eq!(find("VIBEOS_PROFILE")["kept"], true);
+    assert!(v["injected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|n| n == "VIBEOS_RPC_SOCKET"));
+    let table = sb.run(&["env", "audit"]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(text.contains("GITHUB_TOKEN") && text.contains("dropped"));
+    assert!(!text.contains(SECRET_VALUE));
+}
+
+fn make_venv(python: &Path, dir: &Path) -> bool {
+    Command::new(python)
+        .args(["-m", "venv", "--without-pip"])
+        .arg(dir)
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn prefix_of(r: &Value) -> String {
+    r["output"].as_str().unwrap().trim().to_string()
+}
+
+#[test]
+fn project_mode_uses_the_active_virtualenv() {
+    let mut sb = Sandbox::new();
+    let venv = sb.root.path().join("venv");
+    assert!(make_venv(&python3(), &venv), "python3 -m venv failed");
+    sb.set_env("VIRTUAL_ENV", venv.to_str().unwrap());
+    let r = sb.run_json("import sys; print(sys.prefix)", &[]);
+    assert_eq!(r["status"], "success", "{r}");
+    assert_eq!(prefix_of(&r), venv.display().to_string());
+    assert!(r["interpreter"]
+        .as_str()
+        .unwrap()
+        .starts_with(venv.to_str().unwrap()));
+    // CONDA_PREFIX works the same way when no venv is active.
+    let mut sb = Sandbox::new();
+    sb.set_env("CONDA_PREFIX", venv.to_str().unwrap());
+    let r = sb.run_json("import sys; print(sys.prefix)", &[]);
+    assert_eq!(prefix_of(&r), venv.display().to_string());
+}
+
+#[test]
+fn a_broken_or_old_virtualenv_falls_back_with_a_reason() {
+    // Broken: no interpreter inside.
+    let mut sb = Sandbox::new();
+    let broken = sb.root.path().join("broken-venv");
+    std::fs::create_dir_all(broken.join("bin")).unwrap();
+    sb.set_env("VIRTUAL_ENV", broken.to_str().unwrap());
+    let out = sb.run_stdin(b"import sys; print(sys.prefix)", &["--json"]);
+    let r = parse_single_json(&out);
+    assert_eq!(r["status"], "success", "{r}");
+    assert!(!prefix_of(&r).starts_with(broken.to_str().unwrap()));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("not using the VIRTUAL_ENV interpreter"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("no executable bin/python3"), "{stderr}");
+
+    // Old: a venv that declares Python 3.7 (a real one when pyenv has it, else a copy of the
+    // layout with the declared version).
+    let mut sb = Sandbox::new();
+    let old = sb.root.path().join("old-venv");
+    let real37 = pyenv_python("3.7");
+    match &real37 {
+        Some(py) => assert!(make_venv(py, &old), "venv with {} failed", py.display()),
+        None => {
+            eprintln!(
+                "note: no Python 3.7 under /root/.pyenv/versions; using a venv declaring 3.7"
+            );
+            assert!(make_venv(&python3(), &old));
+            let cfg = std::fs::read_to_string(old.join("pyvenv.cfg")).unwrap();
+            let cfg: String = cfg
+                .lines()
+                .map(|l| {
+                    if l.starts_with("version") {
+                        "version = 3.7.16".to_string()
+                    } else {
+                        l.to_string()
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("\n");
+            std::fs::write(old.join("pyvenv.cfg"), cfg).unwrap();
+        }
+    }
+    sb.set_env("VIRTUAL_ENV", old.to_str().unwrap());
+    let out = sb.run_stdin(
+        b"import sys; print(sys.version_info[:2] >= (3, 8), sys.prefix)",
+        &["--json"],
+    );
+    let r = parse_single_json(&out);
+    assert_eq!(r["status"], "success", "{r}");
+    assert!(prefix_of(&r).starts_with("True "), "{r}");
+    assert!(!prefix_of(&r).contains(old.to_str().unwrap()));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("older than the required 3.8"), "{stderr}");
+}
+
+fn pyenv_python(minor: &str) -> Option<PathBuf> {
+    let root = Path::new("/root/.pyenv/versions");
+    let mut found: Vec<PathBuf> = std::fs::read_dir(root)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&format!("{minor}.")))
+        })
+        .map(|p| p.join("bin/python3"))
+        .filter(|p| p.exists())
+        .collect();
+    found.sort();
+    found.pop()
+}

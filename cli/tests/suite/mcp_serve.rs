@@ -1,0 +1,588 @@
+//! `vibeos-exec serve`, driven by the official MCP Python SDK (`mcp` from the Python package
+//! index) as a real client over stdio and streamable HTTP, plus raw JSON-RPC lines a broken
+//! client would send.
+//!
+//! The scenarios live in `fixtures/mcp/scenario_*.py`; each prints one JSON report of what it
+//! observed and the assertions are here. The SDK is installed once into a venv cached under
+//! `target/pyvenv` (scripts/test-all creates it), else in `target/mcp-venv`; when it cannot be installed the
+//! SDK-driven tests skip with a message naming what is missing.
+// Helpers outside `#[test]` fns unwrap too: a failure there is a test failure.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+use vibeos_testkit::{exec_bin, python3, workspace_root, Sandbox};
+
+/// A Python interpreter that can `import mcp`, or why there is none.
+fn mcp_python() -> Result<PathBuf, String> {
+    static PY: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    PY.get_or_init(find_or_install_mcp).clone()
+}
+
+fn imports_mcp(py: &PathBuf) -> bool {
+    Command::new(py)
+        .args([
+            "-c",
+            "import mcp, mcp.client.stdio, mcp.client.streamable_http",
+        ])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn find_or_install_mcp() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("VIBEOS_MCP_PYTHON") {
+        let p = PathBuf::from(p);
+        return if imports_mcp(&p) {
+            Ok(p)
+        } else {
+            Err(format!(
+                "VIBEOS_MCP_PYTHON={} cannot `import mcp`",
+                p.display()
+            ))
+        };
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    // scripts/test-all's venv already holds the SDK; a separate one is made only without it.
+    let shared = target.join("pyvenv").join("bin").join("python");
+    if shared.exists() && imports_mcp(&shared) {
+        return Ok(shared);
+    }
+    let venv = target.join("mcp-venv");
+    let py = venv.join("bin").join("python");
+    if py.exists() && imports_mcp(&py) {
+        return Ok(py);
+    }
+    let made = Command::new(python3())
+        .args(["-m", "venv", "--clear"])
+        .arg(&venv)
+        .output()
+        .map_err(|e| format!("cannot run python3 -m venv: {e}"))?;
+    if !made.status.success() {
+        return Err(format!(
+            "python3 -m venv failed (Debian needs the python3-venv package): {}",
+            String::from_utf8_lossy(&made.stderr).trim()
+        ));
+    }
+    let pip = Command::new(&py)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "mcp",
+        ])
+        .output()
+        .map_err(|e| format!("cannot run pip: {e}"))?;
+    if !pip.status.success() || !imports_mcp(&py) {
+        return Err(format!(
+            "pip could not install the `mcp` package (the MCP Python SDK): {}",
+            String::from_utf8_lossy(&pip.stderr).trim()
+        ));
+    }
+    Ok(py)
+}
+
+/// Runs `fixtures/mcp/scenario_<name>.py` in `sb` and returns its JSON report, or `None` (after
+/// saying why) when the MCP Python SDK is missing.
+fn scenario(sb: &Sandbox, name: &str) -> Option<Value> {
+    let py = match mcp_python() {
+        Ok(p) => p,
+        Err(why) => {
+            vibeos_testkit::skip!(None; "mcp scenario {name}: {why}");
+        }
+    };
+    let dir = workspace_root().join("fixtures").join("mcp");
+    let out = Command::new(py)
+        .arg(dir.join(format!("scenario_{name}.py")))
+        .env("PYTHONPATH", &dir)
+        .env("VIBEOS_EXEC_BIN", exec_bin())
+        .env("VIBEOS_HOME", sb.home())
+        .env("TMPDIR", sb.tmp())
+        .env_remove("VIRTUAL_ENV")
+        .env_remove("TERMINAL_CWD")
+        .current_dir(sb.work())
+        .output()
+        .expect("run the scenario");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "scenario {name} failed ({:?})\nstdout: {stdout}\nstderr: {stderr}\nserver log: {}",
+        out.status,
+        server_log(sb)
+    );
+    let last = stdout.lines().last().unwrap_or("");
+    Some(serde_json::from_str(last).unwrap_or_else(|e| {
+        panic!("scenario {name} printed no JSON report ({e}): {stdout}\nstderr: {stderr}")
+    }))
+}
+
+/// What the stdio servers of a scenario wrote to stderr (the harness appends it there).
+fn server_log(sb: &Sandbox) -> String {
+    std::fs::read_to_string(sb.root.path().join("serve-stderr.log")).unwrap_or_default()
+}
+
+/// `[is_error, text result, structuredContent]` of an execute_code call.
+fn parts(v: &Value) -> (bool, &Value, &Value) {
+    (v[0].as_bool().expect("is_error"), &v[1], &v[2])
+}
+
+#[test]
+fn mcp_initialize_list_tools_and_run_scripts_that_call_tools() {
+    let sb = Sandbox::new();
+    let Some(r) = scenario(&sb, "basic") else {
+        return;
+    };
+    assert_eq!(r["server_name"], "vibeos-exec");
+    let tools = r["tools"].as_array().unwrap();
+    assert_eq!(
+        tools.len(),
+        1,
+        "only execute_code without --toolsets: {tools:?}"
+    );
+    assert_eq!(tools[0]["name"], "execute_code");
+    let description = tools[0]["description"].as_str().unwrap();
+    assert!(
+        description.contains("from vibeos_tools import read_file, write_file"),
+        "the description lists the script tools available now: {description}"
+    );
+    assert!(
+        description.contains("killed after 60s") && description.contains("at most 20 tool calls"),
+        "the description states serve's --timeout and --max-tool-calls: {description}"
+    );
+    assert_eq!(tools[0]["schema"]["required"], serde_json::json!(["code"]));
+    assert!(tools[0]["schema"]["properties"]["timeout"].is_object());
+
+    let (is_error, text, structured) = parts(&r["ok"]);
+    assert!(!is_error);
+    assert_eq!(text["status"], "success");
+    assert_eq!(text["output"], "read 3 files\n");
+    assert_eq!(text["tool_calls_made"], 6);
+    assert_eq!(
+        text, structured,
+        "structuredContent is the same result object"
+    );
+    assert!(sb.work().join("note2.txt").exists());
+
+    let (is_error, text, _) = parts(&r["failed"]);
+    assert!(is_error, "isError when status is not success");
+    assert_eq!(text["status"], "error");
+    assert_eq!(text["exit_code"], 3);
+    assert_eq!(text["output"], "oops\n");
+
+    let (_, text, _) = parts(&r["over_budget"]);
+    let out = text["output"].as_str().unwrap();
+    assert!(
+        out.contains("Tool call limit reached (1)"),
+        "the per-call max_tool_calls overrides serve's: {out}"
+    );
+    assert_eq!(text["tool_calls_made"], 1);
+    assert!(sb.staging_dirs().is_empty(), "{:?}", sb.staging_dirs());
+}
+
+#[test]
+fn mcp_concurrent_calls_are_bounded_queued_and_report_progress() {
+    let sb = Sandbox::new();
+    let Some(r) = scenario(&sb, "concurrent_calls") else {
+        return;
+    };
+    let mut spans = Vec::new();
+    for res in r["results"].as_array().unwrap() {
+        let (is_error, text, _) = parts(res);
+        assert!(!is_error, "{text}");
+        let t: Value = serde_json::from_str(text["output"].as_str().unwrap().trim()).unwrap();
+        spans.push((t["start"].as_f64().unwrap(), t["end"].as_f64().unwrap()));
+    }
+    assert_eq!(spans.len(), 5);
+    // Most scripts alive at any one moment: sample at each start.
+    let max_overlap = spans
+        .iter()
+        .map(|(s, _)| spans.iter().filter(|(a, b)| a <= s && s < b).count())
+        .max()
+        .unwrap();
+    assert_eq!(
+        max_overlap, 2,
+        "--max-concurrent 2: two run together, never more: {spans:?}"
+    );
+    let progress = r["progress"].as_array().unwrap();
+    let messages: Vec<&str> = progress
+        .iter()
+        .flat_map(|p| p.as_array().unwrap())
+        .map(|m| m["message"].as_str().unwrap_or(""))
+        .collect();
+    assert!(
+        messages.iter().any(|m| m.starts_with("queued")),
+        "queued calls hear why they wait: {messages:?}"
+    );
+    for p in progress {
+        let p = p.as_array().unwrap();
+        assert!(
+            p.iter()
+                .any(|m| m["message"].as_str().unwrap_or("").starts_with("running")),
+            "every call reports progress while it runs: {p:?}"
+        );
+        let values: Vec<f64> = p.iter().map(|m| m["progress"].as_f64().unwrap()).collect();
+        assert!(
+            values.windows(2).all(|w| w[0] < w[1]),
+            "progress increases: {values:?}"
+        );
+    }
+}
+
+#[test]
+fn mcp_cancellation_interrupts_the_execution_and_the_session_goes_on() {
+    let sb = Sandbox::new();
+    let Some(r) = scenario(&sb, "cancel") else {
+        return;
+    };
+    assert_eq!(r["timed_out_waiting"], false);
+    assert_eq!(
+        r["pid_alive_after_cancel"], false,
+        "the script is stopped when the client cancels"
+    );
+    assert!(r["seconds_to_stop"].as_f64().unwrap() < 8.0, "{r}");
+    let (is_error, text, _) = parts(&r["after"]);
+    assert!(!is_error);
+    assert_eq!(text["output"], "still serving\n");
+    let log = server_log(&sb);
+    assert!(
+        log.contains("status interrupted (cancelled by the client)"),
+        "the cancelled execution ended as interrupted: {log}"
+    );
+    assert!(sb.staging_dirs().is_empty());
+}
+
+#[test]
+fn mcp_bad_json_rpc_over_stdio_gets_error_codes_and_a_disconnect_cleans_up() {
+    let sb = Sandbox::new();
+    let Some(r) = scenario(&sb, "raw_stdio") else {
+        return;
+    };
+    let replies = &r["replies"];
+    let code = |name: &str| replies[name]["error"]["code"].as_i64();
+    assert_eq!(code("not_json"), Some(-32700), "{}", replies["not_json"]);
+    assert_eq!(code("binary"), Some(-32700));
+    assert_eq!(code("not_jsonrpc"), Some(-32600));
+    assert_eq!(code("batch"), Some(-32600));
+    assert_eq!(code("oversized"), Some(-32600));
+    assert!(replies["oversized"]["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("larger than 4096 bytes"));
+    assert_eq!(code("unknown_method"), Some(-32601));
+    assert_eq!(replies["unknown_method"]["id"], 10);
+    assert_eq!(code("unknown_tool"), Some(-32602));
+    assert_eq!(replies["unknown_tool"]["id"], 11);
+    for (name, id) in [
+        ("args_not_object", 12),
+        ("code_wrong_type", 13),
+        ("timeout_wrong_type", 14),
+        ("mode_per_call", 15),
+        ("missing_code", 16),
+    ] {
+        assert_eq!(code(name), Some(-32602), "{name}: {}", replies[name]);
+        assert_eq!(replies[name]["id"], id, "{name}");
+    }
+    assert_eq!(replies["after"]["result"]["isError"], false);
+    assert_eq!(
+        replies["after"]["result"]["structuredContent"]["output"], "alive\n",
+        "still serving after every bad line"
+    );
+
+    assert_eq!(
+        r["exit_code"], 0,
+        "closing stdin ends the server cleanly: {}",
+        r["stderr"]
+    );
+    assert_eq!(
+        r["pids_alive"],
+        serde_json::json!([false, false]),
+        "the script and its child are gone after the client left"
+    );
+    assert_eq!(r["staging_left"], serde_json::json!([]));
+    assert!(r["stderr"].as_str().unwrap().contains("status interrupted"));
+}
+
+#[test]
+fn mcp_streamable_http_serves_several_clients_and_rejects_bad_bodies() {
+    let sb = Sandbox::new();
+    let Some(r) = scenario(&sb, "http") else {
+        return;
+    };
+    assert!(r["url"].as_str().unwrap().starts_with("http://127.0.0.1:"));
+    for n in ["0", "1", "2"] {
+        assert_eq!(r["tools"][n], serde_json::json!(["execute_code"]));
+        let (is_error, text, _) = parts(&r["results"][n]);
+        assert!(!is_error, "{text}");
+        assert_eq!(text["output"], format!("1|client {n}\n"));
+    }
+    let raw = &r["raw"];
+    let body = |name: &str| -> Value {
+        serde_json::from_str(raw[name]["body"].as_str().unwrap())
+            .unwrap_or_else(|e| panic!("{name}: not a JSON-RPC error body ({e}): {raw}"))
+    };
+    assert_eq!(raw["not_json"]["status"], 400);
+    assert_eq!(body("not_json")["error"]["code"], -32700);
+    assert_eq!(raw["not_jsonrpc"]["status"], 400);
+    assert_eq!(body("not_jsonrpc")["error"]["code"], -32600);
+    assert_eq!(body("args_not_object")["error"]["code"], -32602);
+    assert_eq!(body("args_not_object")["id"], 5);
+    assert_eq!(raw["oversized"]["status"], 413);
+    assert_eq!(body("oversized")["error"]["code"], -32600);
+
+    assert_eq!(
+        r["vanished_client_pid_alive"], false,
+        "a client that leaves mid-run gets its execution stopped"
+    );
+    assert_eq!(
+        r["dropped_connection_pid_alive"], false,
+        "a client whose connection drops mid-run gets its execution stopped"
+    );
+    let (is_error, text, _) = parts(&r["after"]);
+    assert!(!is_error);
+    assert_eq!(text["output"], "ok\n");
+    assert_eq!(r["exit_code"], 0, "SIGTERM stops the HTTP server cleanly");
+    assert_eq!(r["staging_left"], serde_json::json!([]));
+}
+
+#[test]
+fn mcp_http_sessions_are_capped_and_delete_succeeds() {
+    let sb = Sandbox::new();
+    let Some(r) = scenario(&sb, "http_sessions") else {
+        return;
+    };
+    assert_eq!(r["opened"], serde_json::json!([true, true]), "{r}");
+    assert_eq!(r["third"]["status"], 503, "{r}");
+    let body: Value = serde_json::from_str(r["third"]["body"].as_str().unwrap()).unwrap();
+    assert_eq!(body["error"]["code"], -32000);
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("--max-sessions"));
+    assert_eq!(r["delete_status"], 200, "{r}");
+    let (is_error, text, _) = parts(&r["after"]);
+    assert!(!is_error, "{text}");
+    assert_eq!(text["output"], "ok\n");
+    assert_eq!(r["sdk_warnings"], serde_json::json!([]), "{r}");
+    assert_eq!(r["exit_code"], 0);
+}
+
+#[test]
+fn mcp_toolsets_offer_the_registry_tools_of_those_toolsets() {
+    let sb = Sandbox::new();
+    let Some(r) = scenario(&sb, "toolsets") else {
+        return;
+    };
+    assert_eq!(
+        r["names"],
+        serde_json::json!([
+            "execute_code",
+            "patch",
+            "read_file",
+            "search_files",
+            "write_file"
+        ])
+    );
+    assert_eq!(r["wrote"]["is_error"], false);
+    assert_eq!(r["read"]["is_error"], false);
+    assert_eq!(r["read"]["structured"]["content"], "     1|direct call\n");
+    assert_eq!(r["missing"]["is_error"], true);
+    assert!(r["missing"]["text"]
+        .as_str()
+        .unwrap()
+        .contains("FileNotFound"));
+}
+
+#[test]
+fn serve_refuses_non_loopback_addresses_and_bad_settings() {
+    let sb = Sandbox::new();
+    for (args, expect) in [
+        (
+            vec!["serve", "--http", "0.0.0.0:8080"],
+            "not a loopback address",
+        ),
+        (
+            vec!["serve", "--http", "192.168.1.10:80"],
+            "not a loopback address",
+        ),
+        (vec!["serve", "--http", "[::]:80"], "not a loopback address"),
+        (
+            vec!["serve", "--http", "example.com:80"],
+            "is not an address",
+        ),
+        (vec!["serve", "--http", "127.0.0.1"], "is not an address"),
+        (vec!["serve", "--toolsets", "no_such_toolset"], "--toolsets"),
+        (
+            vec!["serve", "--max-concurrent", "0"],
+            "--max-concurrent must be at least 1",
+        ),
+        (vec!["serve", "--mode", "loose"], "is not a mode"),
+        (
+            vec!["serve", "--timeout=-1"],
+            "not a usable number of seconds",
+        ),
+    ] {
+        let out = sb.run(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(expect), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn serve_help_documents_the_options() {
+    let sb = Sandbox::new();
+    let out = sb.run(&["serve", "--help"]);
+    assert_eq!(out.status.code(), Some(0));
+    let help = String::from_utf8_lossy(&out.stdout);
+    for word in [
+        "--http",
+        "--toolsets",
+        "--max-concurrent",
+        "--mode",
+        "--timeout",
+        "--max-tool-calls",
+        "--cwd",
+        "--config",
+        "notifications/cancelled",
+        "progressToken",
+    ] {
+        assert!(help.contains(word), "serve --help mentions {word}: {help}");
+    }
+}
+
+/// The JSON after `prefix` on a line of an execution's output.
+fn tagged(text: &Value, prefix: &str) -> Value {
+    let out = text["output"].as_str().unwrap_or_default();
+    let line = out
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .unwrap_or_else(|| panic!("no {prefix} line in {text}"));
+    serde_json::from_str(line).unwrap()
+}
+
+#[test]
+fn strict_executions_served_together_can_neither_slow_nor_watch_nor_open_each_other() {
+    if let Some(why) = vibeos_testkit::strict_unavailable() {
+        vibeos_testkit::skip!("strict mode is unavailable on this machine: {why}");
+    }
+    let sb = Sandbox::new();
+    sb.write_config("code_execution:\n  pool_size: 2\n  strict:\n    max_processes: 64\n");
+    let Some(r) = scenario(&sb, "strict_cross") else {
+        return;
+    };
+    let (victim_err, victim, _) = parts(&r["victim"]);
+    let (_, attacker, _) = parts(&r["attacker"]);
+    assert!(!victim_err, "{victim}");
+    let v = tagged(victim, "VICTIM ");
+    let a = tagged(attacker, "ATTACKER ");
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        assert_ne!(v["uid"], a["uid"], "two live executions shared a uid");
+        assert_ne!(v["uid"], 0);
+    }
+    assert_eq!(
+        v["nice_before"], v["nice_after"],
+        "the victim was reniced: {v}"
+    );
+    assert_eq!(
+        v["affinity_before"], v["affinity_after"],
+        "the victim was pinned: {v}"
+    );
+    assert_eq!(v["mode_before"], "0o700");
+    assert_eq!(
+        v["mode_after"], "0o700",
+        "the victim's staging dir was opened"
+    );
+    assert_eq!(v["data_after"], "victim data");
+    assert_eq!(
+        v["forks_ok"], true,
+        "the victim was starved of processes: {v}"
+    );
+    assert_ne!(
+        a["prio_user"], 0,
+        "setpriority(PRIO_USER) went through: {a}"
+    );
+    assert_eq!(a["hits"]["renice"], 0, "{a}");
+    assert_eq!(a["hits"]["affinity"], 0, "{a}");
+    assert_ne!(a["inotify"], 0, "inotify was available: {a}");
+    assert!(
+        a["siblings"].is_string(),
+        "the staging parent was listed: {a}"
+    );
+    assert!(
+        a["kids"].as_u64().unwrap() < 64,
+        "the process limit did not hold: {a}"
+    );
+    let (after_err, after, _) = parts(&r["after"]);
+    assert!(!after_err && after["output"] == "after\n", "{after}");
+    assert!(sb.staging_dirs().is_empty(), "{:?}", sb.staging_dirs());
+    assert!(vibeos_testkit::processes_mentioning(&sb.tmp().display().to_string()).is_empty());
+}
+
+#[test]
+fn a_pinned_strict_uid_is_refused_on_a_server_with_a_warm_pool() {
+    if let Some(why) = vibeos_testkit::strict_unavailable() {
+        vibeos_testkit::skip!("strict mode is unavailable on this machine: {why}");
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        vibeos_testkit::skip_even_in_ci!("strict uids are only chosen by a root supervisor");
+    }
+    let sb = Sandbox::new();
+    sb.write_config("code_execution:\n  pool_size: 2\n  strict:\n    uid: 2113929300\n");
+    let Some(r) = scenario(&sb, "strict_pinned") else {
+        return;
+    };
+    let (_, text, _) = parts(&r["result"]);
+    assert_eq!(text["status"], "error", "{text}");
+    let error = text["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("code_execution.strict.uid") && error.contains("pool_size"),
+        "{text}"
+    );
+    assert!(!text["output"].as_str().unwrap_or_default().contains("ran"));
+}
+
+#[test]
+fn mcp_clients_answer_approvals_through_elicitation() {
+    let sb = Sandbox::new();
+    let Some(r) = scenario(&sb, "elicitation") else {
+        return;
+    };
+    // Supporting client: asked once (the whole script), "session" covered the command too.
+    let (is_error, text, _) = parts(&r["approved"]);
+    assert!(!is_error, "{text}");
+    assert_eq!(text["output"], "0 None\n", "{text}");
+    let asked = r["approved_asked"].as_array().unwrap();
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    let question = asked[0].as_str().unwrap();
+    assert!(
+        question.contains("recursive delete") && question.contains("rm -rf doomed1"),
+        "{question}"
+    );
+    // Its "deny" stops the script before it runs.
+    let (is_error, text, _) = parts(&r["denied"]);
+    assert!(is_error);
+    assert!(
+        text["error"].as_str().unwrap().contains("was not run"),
+        "{text}"
+    );
+    assert_eq!(r["denied_asked"].as_array().unwrap().len(), 1);
+    // A client without elicitation: the script runs (headless policy), the command is denied
+    // with the reason.
+    let (_, text, _) = parts(&r["unsupported"]);
+    let out = text["output"].as_str().unwrap();
+    assert!(
+        out.contains("does not support elicitation"),
+        "no clear message: {out}"
+    );
+    assert_eq!(r["exists"]["doomed1"], false);
+    assert_eq!(r["exists"]["doomed2"], true);
+    assert_eq!(r["exists"]["doomed3"], true);
+}

@@ -1,0 +1,405 @@
+//! The MCP handler: execute_code (and the served toolsets' tools) as MCP tools, with
+//! concurrency slots, progress notifications and interrupts of a closing client's executions.
+
+use crate::http::ClientGone;
+use crate::ServeSettings;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData,
+    Implementation, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
+    ProgressToken, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::{RequestContext, RoleServer};
+use rmcp::ServerHandler;
+use serde_json::{Map, Value};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{Notify, Semaphore};
+use vibeos_supervisor::execute_code_tool::{execute_code_settings, request_from};
+use vibeos_supervisor::Status;
+use vibeos_supervisor::{execute, Interrupt};
+use vibeos_tools::{ToolContext, ToolRegistry, EXECUTE_CODE};
+
+/// How often a queued or running execution reports progress when the client asked for it.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
+/// How long shutdown waits for interrupted executions to clean up (SIGTERM, the kill grace,
+/// then reaping and staging-dir removal).
+pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Arguments of execute_code a call may set; the rest (mode, cwd, interpreter) are the
+/// server's, so a client cannot loosen what the operator chose (e.g. strict → project).
+const CALL_ARGUMENTS: [&str; 3] = ["code", "timeout", "max_tool_calls"];
+
+/// State shared by every connection of one server: the slots that bound concurrency and the
+/// executions running now, so a closing connection (or the whole server) can interrupt its own.
+pub(crate) struct Shared {
+    registry: &'static ToolRegistry,
+    pub(crate) settings: ServeSettings,
+    slots: Arc<Semaphore>,
+    next_id: AtomicU64,
+    running: Mutex<HashMap<u64, (u64, Interrupt)>>,
+    idle: Notify,
+}
+
+impl Shared {
+    pub(crate) fn new(registry: &'static ToolRegistry, settings: ServeSettings) -> Arc<Self> {
+        Arc::new(Shared {
+            registry,
+            slots: Arc::new(Semaphore::new(settings.max_concurrent)),
+            settings,
+            next_id: AtomicU64::new(1),
+            running: Mutex::new(HashMap::new()),
+            idle: Notify::new(),
+        })
+    }
+
+    pub(crate) fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn running(&self) -> std::sync::MutexGuard<'_, HashMap<u64, (u64, Interrupt)>> {
+        self.running.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Interrupts the executions of connection `conn` (all of them when `None`).
+    pub(crate) fn interrupt(&self, conn: Option<u64>) -> usize {
+        let running = self.running();
+        let mut n = 0;
+        for (c, interrupt) in running.values() {
+            if conn.is_none_or(|want| want == *c) {
+                interrupt.interrupt();
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Waits until the executions of `conn` (all when `None`) have finished their cleanup.
+    pub(crate) async fn wait_idle(&self, conn: Option<u64>, limit: Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let notified = self.idle.notified();
+            let busy = self
+                .running()
+                .values()
+                .any(|(c, _)| conn.is_none_or(|want| want == *c));
+            if !busy {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                tracing::warn!("executions still cleaning up after {limit:?}; giving up waiting");
+                return;
+            }
+        }
+    }
+}
+
+/// Removes an execution from the running set when its call ends, however it ends.
+struct Registration<'a> {
+    shared: &'a Shared,
+    id: u64,
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        self.shared.running().remove(&self.id);
+        self.shared.idle.notify_waiters();
+    }
+}
+
+/// The MCP server of one connection (a stdio session or an HTTP session).
+#[derive(Clone)]
+pub struct ExecServer {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) conn: u64,
+}
+
+impl ExecServer {
+    /// The tools this server offers now: execute_code, described for the script tools
+    /// available now and the configured limits, plus the available tools of `--toolsets`.
+    fn tools(&self) -> Result<Vec<Tool>, ErrorData> {
+        let reg = self.shared.registry;
+        let settings = execute_code_settings(
+            &self.shared.settings.config,
+            Some(&self.shared.settings.cwd),
+        );
+        // Built from the whole registry so the execute_code description names every available
+        // script tool, not only those of the extra toolsets.
+        let defs = reg
+            .get_tool_definitions_with(&[], &[], &settings)
+            .map_err(|e| ErrorData::internal_error(format!("tool registry: {e}"), None))?;
+        let extra = self.extra_tools()?;
+        Ok(defs
+            .iter()
+            .filter_map(|def| {
+                let f = def.get("function")?;
+                let name = f.get("name")?.as_str()?;
+                if name != EXECUTE_CODE && !extra.contains(name) {
+                    return None;
+                }
+                let description = f
+                    .get("description")
+                    .and_then(Value::as_str)
+                    .map(|d| d.to_string().into());
+                let schema = match f.get("parameters") {
+                    Some(Value::Object(m)) => m.clone(),
+                    _ => Map::new(),
+                };
+                Some(Tool::new_with_raw(name.to_string(), description, schema))
+            })
+            .collect())
+    }
+
+    /// Names of the tools `--toolsets` adds (before availability checks).
+    fn extra_tools(&self) -> Result<BTreeSet<String>, ErrorData> {
+        if self.shared.settings.toolsets.is_empty() {
+            return Ok(BTreeSet::new());
+        }
+        let entries = self
+            .shared
+            .registry
+            .select_tools(&self.shared.settings.toolsets, &[])
+            .map_err(|e| ErrorData::internal_error(format!("--toolsets: {e}"), None))?;
+        Ok(entries.iter().map(|e| e.name.clone()).collect())
+    }
+
+    async fn call_execute_code(
+        &self,
+        args: Map<String, Value>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        if let Some(bad) = args.keys().find(|k| !CALL_ARGUMENTS.contains(&k.as_str())) {
+            return Err(ErrorData::invalid_params(
+                format!(
+                    "execute_code has no argument `{bad}`; it takes code, timeout and max_tool_calls (mode and cwd are the server's settings)"
+                ),
+                None,
+            ));
+        }
+        match args.get("code") {
+            Some(Value::String(_)) | None => {}
+            Some(other) => {
+                return Err(ErrorData::invalid_params(
+                    format!(
+                        "argument `code` must be a string of Python source, got {}",
+                        vibeos_tools::json_type(other)
+                    ),
+                    None,
+                ))
+            }
+        }
+        let settings = &self.shared.settings;
+        let mut ctx = ToolContext::agent(settings.cwd.clone());
+        ctx.task_id = Some(crate::approval::task_id(self.conn));
+        let request = request_from(&args, &ctx, &settings.config)
+            .map_err(|e| ErrorData::invalid_params(e.message, None))?;
+        // Approvals of this call are asked of this client (elicitation).
+        let _approvals =
+            crate::approval::bind(&crate::approval::task_id(self.conn), context.peer.clone());
+
+        let progress = Progress::new(&context);
+        // Stop when the client cancels, and (over HTTP) when its response stream goes away.
+        let ct = context.ct.child_token();
+        if let Some(ClientGone(gone)) = context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|p| p.extensions.get::<ClientGone>())
+        {
+            let (gone, ct) = (gone.clone(), ct.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = gone.cancelled() => ct.cancel(),
+                    _ = ct.cancelled() => {}
+                }
+            });
+        }
+        let started = Instant::now();
+        let slots = self.shared.slots.clone();
+        // Queue: wait for a slot, telling the client why it waits, until cancelled.
+        let permit = {
+            let acquire = slots.acquire_owned();
+            tokio::pin!(acquire);
+            let mut tick = tokio::time::interval(PROGRESS_EVERY);
+            loop {
+                tokio::select! {
+                    permit = &mut acquire => break permit.map_err(|_| ErrorData::internal_error("the server is shutting down", None))?,
+                    _ = ct.cancelled() => return Err(ErrorData::internal_error("cancelled by the client while queued", None)),
+                    _ = tick.tick() => progress.send(format!(
+                        "queued: all {} execution slots are busy (--max-concurrent), waited {:.0}s",
+                        settings.max_concurrent, started.elapsed().as_secs_f64()
+                    )).await,
+                }
+            }
+        };
+
+        let interrupt = Interrupt::new();
+        let id = self.shared.next_id();
+        self.shared
+            .running()
+            .insert(id, (self.conn, interrupt.clone()));
+        let _registration = Registration {
+            shared: &self.shared,
+            id,
+        };
+        let run = execute(request, self.shared.registry, interrupt.clone());
+        tokio::pin!(run);
+        let run_started = Instant::now();
+        let mut tick = tokio::time::interval(PROGRESS_EVERY);
+        let mut cancelled = false;
+        let result = loop {
+            tokio::select! {
+                result = &mut run => break result,
+                _ = ct.cancelled(), if !cancelled => {
+                    cancelled = true;
+                    interrupt.interrupt();
+                }
+                _ = tick.tick() => progress.send(format!(
+                    "running for {:.0}s", run_started.elapsed().as_secs_f64()
+                )).await,
+            }
+        };
+        drop(permit);
+        tracing::info!(
+            "execute_code call {id}: status {}{}",
+            result.status.as_str(),
+            if cancelled {
+                " (cancelled by the client)"
+            } else {
+                ""
+            }
+        );
+        let value = result.to_json();
+        let text = serde_json::to_string(&value).map_err(|e| {
+            ErrorData::internal_error(format!("cannot render the result: {e}"), None)
+        })?;
+        let mut out = if result.status == Status::Success {
+            CallToolResult::success(vec![ContentBlock::text(text)])
+        } else {
+            CallToolResult::error(vec![ContentBlock::text(text)])
+        };
+        out.structured_content = Some(value);
+        Ok(out)
+    }
+
+    async fn call_registry_tool(
+        &self,
+        name: String,
+        args: Map<String, Value>,
+        peer: rmcp::Peer<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let registry = self.shared.registry;
+        let mut ctx = ToolContext::agent(self.shared.settings.cwd.clone());
+        let task_id = crate::approval::task_id(self.conn);
+        let _approvals = crate::approval::bind(&task_id, peer);
+        ctx.task_id = Some(task_id);
+        let text = tokio::task::spawn_blocking(move || {
+            registry.handle_function_call(&name, &Value::Object(args), &ctx)
+        })
+        .await
+        .map_err(|e| ErrorData::internal_error(format!("the tool call failed: {e}"), None))?;
+        let parsed: Option<Value> = serde_json::from_str(&text).ok();
+        let is_error = parsed
+            .as_ref()
+            .and_then(Value::as_object)
+            .is_some_and(|o| o.contains_key("error"));
+        let mut out = if is_error {
+            CallToolResult::error(vec![ContentBlock::text(text)])
+        } else {
+            CallToolResult::success(vec![ContentBlock::text(text)])
+        };
+        if let Some(v @ Value::Object(_)) = parsed {
+            out.structured_content = Some(v);
+        }
+        Ok(out)
+    }
+}
+
+/// Progress notifications of one call, when the client sent a `progressToken`.
+struct Progress {
+    target: Option<(ProgressToken, rmcp::Peer<RoleServer>)>,
+    count: AtomicU64,
+}
+
+impl Progress {
+    fn new(context: &RequestContext<RoleServer>) -> Self {
+        Progress {
+            target: context
+                .meta
+                .get_progress_token()
+                .map(|t| (t, context.peer.clone())),
+            count: AtomicU64::new(0),
+        }
+    }
+
+    async fn send(&self, message: String) {
+        let Some((token, peer)) = &self.target else {
+            return;
+        };
+        let n = self.count.fetch_add(1, Ordering::Relaxed) + 1;
+        let param = ProgressNotificationParam::new(token.clone(), n as f64).with_message(message);
+        if let Err(e) = peer.notify_progress(param).await {
+            tracing::debug!("cannot send a progress notification: {e}");
+        }
+    }
+}
+
+impl ServerHandler for ExecServer {
+    fn get_info(&self) -> ServerConfig {
+        let mut info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build());
+        info.server_info = Implementation::new("vibeos-exec", env!("CARGO_PKG_VERSION"));
+        info.instructions = Some(
+            "execute_code runs a Python script that imports your tools from `vibeos_tools`, \
+             calls them in loops and branches, and returns only what it prints."
+                .into(),
+        );
+        info
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        let this = self.clone();
+        // Availability checks may block (bounded by the registry's check timeout).
+        let tools = tokio::task::spawn_blocking(move || this.tools())
+            .await
+            .map_err(|e| ErrorData::internal_error(format!("listing tools failed: {e}"), None))??;
+        Ok(ListToolsResult::with_all_items(tools))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let name = request.name.to_string();
+        let args = request.arguments.unwrap_or_default();
+        if name == EXECUTE_CODE {
+            return self.call_execute_code(args, context).await.map(Into::into);
+        }
+        let offered = {
+            let this = self.clone();
+            tokio::task::spawn_blocking(move || this.tools())
+                .await
+                .map_err(|e| {
+                    ErrorData::internal_error(format!("listing tools failed: {e}"), None)
+                })??
+        };
+        if !offered.iter().any(|t| t.name == name) {
+            let names: Vec<String> = offered.iter().map(|t| t.name.to_string()).collect();
+            return Err(ErrorData::invalid_params(
+                format!(
+                    "unknown tool `{name}`; this server offers: {}",
+                    names.join(", ")
+                ),
+                None,
+            ));
+        }
+        self.call_registry_tool(name, args, context.peer.clone())
+            .await
+            .map(Into::into)
+    }
+}

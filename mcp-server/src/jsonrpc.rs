@@ -1,0 +1,150 @@
+//! JSON-RPC 2.0 checks the SDK does not make: which incoming messages get -32700, -32600 or
+//! -32602, shared by the stdio framing and the HTTP front.
+
+use rmcp::model::{CallToolRequestParams, ClientJsonRpcMessage, ClientRequest, JsonRpcRequest};
+use serde_json::Value;
+
+/// Methods of the MCP spec a client sends; a request for one of them that the SDK could not
+/// type has malformed params.
+const STANDARD_METHODS: [&str; 15] = [
+    "initialize",
+    "ping",
+    "tools/list",
+    "tools/call",
+    "prompts/list",
+    "prompts/get",
+    "resources/list",
+    "resources/read",
+    "resources/templates/list",
+    "resources/subscribe",
+    "resources/unsubscribe",
+    "completion/complete",
+    "logging/setLevel",
+    "server/discover",
+    "subscriptions/listen",
+];
+
+/// A message the client sent that JSON-RPC says to answer with an error.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rejection {
+    /// JSON-RPC error code: -32700 parse error, -32600 invalid request, -32602 invalid params.
+    pub code: i32,
+    /// What was wrong.
+    pub message: String,
+    /// The request's id when it could be read, else null.
+    pub id: Value,
+}
+
+impl Rejection {
+    /// The JSON-RPC error response.
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({
+            "jsonrpc": "2.0",
+            "id": self.id,
+            "error": {"code": self.code, "message": self.message},
+        })
+    }
+}
+
+/// What to do with one incoming message.
+#[derive(Debug)]
+pub enum Checked {
+    /// A message for the SDK to handle.
+    Message(Box<ClientJsonRpcMessage>),
+    /// An unknown or malformed notification: never answered, dropped.
+    Ignore,
+    /// Answer with this error.
+    Reject(Rejection),
+}
+
+/// Classifies one incoming message the way JSON-RPC 2.0 asks: unparsable → -32700; JSON that
+/// is not a JSON-RPC message (or a batch, which MCP does not use) → -32600; a standard MCP
+/// method whose params do not fit its schema → -32602 (the SDK would call it "method not
+/// found", but the method exists).
+pub fn check_message(text: &[u8]) -> Checked {
+    let reject =
+        |code, message: String, id: Value| Checked::Reject(Rejection { code, message, id });
+    let value: Value = match serde_json::from_slice(text) {
+        Ok(v) => v,
+        Err(e) => return reject(-32700, format!("Parse error: {e}"), Value::Null),
+    };
+    let id = match value.get("id") {
+        Some(v @ (Value::String(_) | Value::Number(_))) => v.clone(),
+        _ => Value::Null,
+    };
+    let is_notification = value.is_object() && value.get("id").is_none();
+    match serde_json::from_value::<ClientJsonRpcMessage>(value.clone()) {
+        Ok(ClientJsonRpcMessage::Request(JsonRpcRequest {
+            request: ClientRequest::CustomRequest(custom),
+            ..
+        })) if STANDARD_METHODS.contains(&custom.method.as_str()) => {
+            let detail = match custom.method.as_str() {
+                "tools/call" => serde_json::from_value::<CallToolRequestParams>(
+                    custom.params.clone().unwrap_or(Value::Null),
+                )
+                .err()
+                .map(|e| format!(": {e}"))
+                .unwrap_or_default(),
+                _ => String::new(),
+            };
+            reject(
+                -32602,
+                format!(
+                    "Invalid params: the params of `{}` do not match the MCP schema{detail}",
+                    custom.method
+                ),
+                id,
+            )
+        }
+        Ok(msg) => Checked::Message(Box::new(msg)),
+        Err(_) if is_notification && value.get("method").is_some_and(Value::is_string) => {
+            Checked::Ignore
+        }
+        Err(e) => {
+            let message = if value.is_array() {
+                "Invalid Request: batches are not supported; send one message per line".to_string()
+            } else {
+                format!("Invalid Request: not a JSON-RPC 2.0 message ({e})")
+            };
+            reject(-32600, message, id)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rejection(text: &str) -> Rejection {
+        match check_message(text.as_bytes()) {
+            Checked::Reject(r) => r,
+            other => panic!("{text}: expected a rejection, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn messages_are_classified_as_json_rpc_asks() {
+        assert_eq!(rejection("{oops").code, -32700);
+        assert_eq!(rejection("{\"a\":1}").code, -32600);
+        assert_eq!(rejection("[]").code, -32600);
+        assert_eq!(rejection("42").code, -32600);
+        let r = rejection(
+            r#"{"jsonrpc":"2.0","id":"x","method":"tools/call","params":{"name":"execute_code","arguments":[1]}}"#,
+        );
+        assert_eq!((r.code, r.id.clone()), (-32602, Value::from("x")));
+        assert!(r.message.contains("tools/call"), "{}", r.message);
+        assert!(matches!(
+            check_message(br#"{"jsonrpc":"2.0","method":"notifications/whatever","params":5}"#),
+            Checked::Ignore | Checked::Message(_)
+        ));
+        assert!(matches!(
+            check_message(br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#),
+            Checked::Message(_)
+        ));
+        // An unknown method is the SDK's to answer (-32601), with the request's id.
+        assert!(matches!(
+            check_message(br#"{"jsonrpc":"2.0","id":1,"method":"no/such"}"#),
+            Checked::Message(_)
+        ));
+    }
+}

@@ -1,0 +1,246 @@
+//! MCP over stdin/stdout with our own line framing: the SDK's silently drops unparsable and
+//! oversized lines, while JSON-RPC asks for an error reply to each.
+
+use crate::handler::{ExecServer, Shared, DRAIN_TIMEOUT};
+use crate::jsonrpc::{check_message, Checked, Rejection};
+use crate::{validate, ServeError, ServeSettings};
+use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
+use rmcp::service::RoleServer;
+use rmcp::transport::Transport;
+use rmcp::ServiceExt;
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use vibeos_tools::ToolRegistry;
+
+/// Serves MCP on stdin/stdout until the client closes stdin (or `stop` fires). Every execution
+/// of the session is interrupted and cleaned up before this returns.
+pub async fn serve_stdio(
+    registry: &'static ToolRegistry,
+    settings: ServeSettings,
+    stop: CancellationToken,
+) -> Result<(), ServeError> {
+    validate(registry, &settings)?;
+    crate::approval::install();
+    let shared = Shared::new(registry, settings);
+    let conn = shared.next_id();
+    let closed = CancellationToken::new();
+    let (transport, writer) = StdioLines::new(
+        tokio::io::stdin(),
+        tokio::io::stdout(),
+        shared.settings.max_request_bytes,
+        closed.clone(),
+    );
+    let server = ExecServer {
+        shared: shared.clone(),
+        conn,
+    };
+    // The moment the client is gone (EOF on stdin, or a signal) its executions are stopped,
+    // without waiting for the SDK to drain in-flight responses nobody will read.
+    {
+        let shared = shared.clone();
+        let closed = closed.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = closed.cancelled() => {}
+                _ = stop.cancelled() => {}
+            }
+            let n = shared.interrupt(Some(conn));
+            if n > 0 {
+                tracing::info!("client gone: interrupted {n} running execution(s)");
+            }
+        });
+    }
+    let running = server
+        .serve_with_ct(transport, stop.child_token())
+        .await
+        .map_err(|e| ServeError::Io(e.to_string()))?;
+    let quit = running.waiting().await;
+    tracing::debug!("MCP stdio session ended: {quit:?}");
+    shared.interrupt(None);
+    shared.wait_idle(None, DRAIN_TIMEOUT).await;
+    let _ = writer.await;
+    Ok(())
+}
+
+/// Newline-delimited JSON-RPC over a byte stream, answering what JSON-RPC says to answer:
+/// unparsable lines get `-32700 Parse error`, lines longer than the limit and JSON that is not
+/// a JSON-RPC message get `-32600 Invalid Request` (with the request's id when it has one).
+/// Replies and the SDK's messages go out through one writer task, a whole line at a time.
+pub struct StdioLines<R> {
+    reader: BufReader<R>,
+    line: Vec<u8>,
+    discarding: bool,
+    max: usize,
+    out: mpsc::UnboundedSender<Vec<u8>>,
+    closed: CancellationToken,
+}
+
+impl<R: tokio::io::AsyncRead + Unpin + Send> StdioLines<R> {
+    /// A transport reading `read` and writing `write`; `closed` fires at end of input. The
+    /// returned task ends once every queued line is written and the transport is dropped.
+    pub fn new<W: tokio::io::AsyncWrite + Unpin + Send + 'static>(
+        read: R,
+        mut write: W,
+        max: usize,
+        closed: CancellationToken,
+    ) -> (Self, tokio::task::JoinHandle<()>) {
+        let (out, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let writer = tokio::spawn(async move {
+            while let Some(line) = rx.recv().await {
+                if write.write_all(&line).await.is_err() || write.flush().await.is_err() {
+                    break;
+                }
+            }
+        });
+        (
+            StdioLines {
+                reader: BufReader::new(read),
+                line: Vec::new(),
+                discarding: false,
+                max,
+                out,
+                closed,
+            },
+            writer,
+        )
+    }
+
+    fn reply_error(&self, code: i32, message: String, id: Value) {
+        let v = Rejection { code, message, id }.to_json();
+        let mut line = v.to_string().into_bytes();
+        line.push(b'\n');
+        let _ = self.out.send(line);
+    }
+
+    /// One complete line into `self.line`; `false` at end of input. Cancel-safe: bytes are
+    /// consumed from the reader only after they are copied into `self.line`.
+    async fn read_line(&mut self) -> std::io::Result<bool> {
+        loop {
+            let buf = self.reader.fill_buf().await?;
+            if buf.is_empty() {
+                return Ok(false);
+            }
+            let (take, done) = match buf.iter().position(|b| *b == b'\n') {
+                Some(i) => (i + 1, true),
+                None => (buf.len(), false),
+            };
+            if !self.discarding {
+                if self.line.len() + take > self.max + 1 {
+                    self.discarding = true;
+                    self.line.clear();
+                } else {
+                    self.line.extend_from_slice(&buf[..take]);
+                }
+            }
+            self.reader.consume(take);
+            if done {
+                if self.discarding {
+                    self.discarding = false;
+                    self.reply_error(
+                        -32600,
+                        format!(
+                            "Invalid Request: the message is larger than {} bytes (--max-request-bytes); it was discarded",
+                            self.max
+                        ),
+                        Value::Null,
+                    );
+                    continue;
+                }
+                return Ok(true);
+            }
+        }
+    }
+}
+
+impl<R: tokio::io::AsyncRead + Unpin + Send> Transport<RoleServer> for StdioLines<R> {
+    type Error = std::io::Error;
+
+    fn send(
+        &mut self,
+        item: ServerJsonRpcMessage,
+    ) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send + 'static {
+        let sent = serde_json::to_vec(&item)
+            .map_err(std::io::Error::other)
+            .and_then(|mut line| {
+                line.push(b'\n');
+                self.out.send(line).map_err(|_| {
+                    std::io::Error::new(std::io::ErrorKind::BrokenPipe, "stdout is closed")
+                })
+            });
+        std::future::ready(sent)
+    }
+
+    async fn receive(&mut self) -> Option<ClientJsonRpcMessage> {
+        loop {
+            match self.read_line().await {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.closed.cancel();
+                    return None;
+                }
+                Err(e) => {
+                    tracing::warn!("cannot read stdin: {e}");
+                    self.closed.cancel();
+                    return None;
+                }
+            }
+            let line = std::mem::take(&mut self.line);
+            let text = line.strip_suffix(b"\n").unwrap_or(&line);
+            let text = text.strip_suffix(b"\r").unwrap_or(text);
+            if text.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            match check_message(text) {
+                Checked::Message(msg) => return Some(*msg),
+                Checked::Ignore => tracing::debug!("ignoring an unknown or malformed notification"),
+                Checked::Reject(e) => self.reply_error(e.code, e.message, e.id),
+            }
+        }
+    }
+
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn stdio_lines_answer_bad_lines_and_pass_good_ones() {
+        let input = format!(
+            "not json\n\n{}\n{}\n",
+            r#"{"jsonrpc":"2.0","id":3,"method":"ping"}"#,
+            "x".repeat(80)
+        )
+        .into_bytes();
+        let (out_w, mut out_r) = tokio::io::duplex(4096);
+        let closed = CancellationToken::new();
+        let (mut t, writer) = StdioLines::new(&input[..], out_w, 64, closed.clone());
+        let msg = t.receive().await.expect("the ping");
+        assert_eq!(serde_json::to_value(&msg).unwrap()["id"], 3);
+        assert!(t.receive().await.is_none(), "end of input");
+        assert!(closed.is_cancelled());
+        drop(t);
+        writer.await.unwrap();
+        let mut text = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut out_r, &mut text)
+            .await
+            .unwrap();
+        let replies: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(replies.len(), 2, "{text}");
+        assert_eq!(replies[0]["error"]["code"], -32700);
+        assert_eq!(replies[1]["error"]["code"], -32600);
+        assert!(replies[1]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("larger than 64 bytes"));
+    }
+}

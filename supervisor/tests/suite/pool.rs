@@ -1,0 +1,677 @@
+//! The warm interpreter pool, driven through the Rust API with real Python children: nothing
+//! passes from one pooled execution to the next, pooled scripts behave as cold ones (semantics,
+//! limits, timeout, interrupt, strict confinement), size 0 means cold starts, the pool never
+//! holds more than its size, and it leaves nothing behind on shutdown or host exit.
+//!
+//! The pool is process-wide, so the tests take a lock and run one at a time.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use serde_json::Value;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use vibeos_supervisor::{
+    execute, pool, Config, ExecutionRequest, ExecutionResult, Interrupt, Mode,
+};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Held by every test of this binary that executes code: the pool is process-wide.
+pub(crate) fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn python() -> Option<PathBuf> {
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+macro_rules! require_python {
+    () => {
+        match python() {
+            Some(p) => p,
+            None => {
+                vibeos_testkit::skip!("python3 is not on PATH");
+            }
+        }
+    };
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn fixture(rel: &str) -> String {
+    std::fs::read_to_string(workspace().join("fixtures").join(rel)).unwrap()
+}
+
+/// A session dir, and requests pinned to it, to the real interpreter and to a fixed environment.
+struct Session {
+    dir: tempfile::TempDir,
+    python: PathBuf,
+    env: Vec<(OsString, OsString)>,
+}
+
+impl Session {
+    fn new(python: PathBuf) -> Session {
+        let dir = tempfile::tempdir().unwrap();
+        let dir_path = std::fs::canonicalize(dir.path()).unwrap();
+        let env = vec![
+            ("PATH".into(), std::env::var_os("PATH").unwrap_or_default()),
+            ("HOME".into(), dir_path.clone().into_os_string()),
+            ("LANG".into(), "C.UTF-8".into()),
+            ("EXPECTED_CWD".into(), dir_path.into_os_string()),
+            ("VIBEOS_POOL_TEST_SECRET_TOKEN".into(), "s3cret".into()),
+        ];
+        Session { dir, python, env }
+    }
+
+    fn cwd(&self) -> PathBuf {
+        std::fs::canonicalize(self.dir.path()).unwrap()
+    }
+
+    fn request(&self, code: &str) -> ExecutionRequest {
+        let mut r = ExecutionRequest::from_config(code, &Config::default());
+        r.cwd = Some(self.cwd());
+        r.python = Some(self.python.clone());
+        r.base_env = Some(self.env.clone());
+        r.timeout = Duration::from_secs(60);
+        r
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn run(rt: &tokio::runtime::Runtime, request: ExecutionRequest) -> ExecutionResult {
+    rt.block_on(execute(request, vibeos_tools::registry(), Interrupt::new()))
+}
+
+/// Runs `request` in a pooled interpreter: fills the pool first and checks it was used.
+fn run_warm(rt: &tokio::runtime::Runtime, request: ExecutionRequest) -> ExecutionResult {
+    pool::prewarm(&request);
+    assert!(
+        pool::wait_until_idle(Some(&request), 1, Duration::from_secs(30)),
+        "the pool did not fill: {:?}",
+        pool::stats()
+    );
+    let before = pool::stats().unwrap().warm_starts;
+    let result = run(rt, request);
+    assert_eq!(
+        pool::stats().unwrap().warm_starts,
+        before + 1,
+        "the call did not use the pool"
+    );
+    result
+}
+
+/// Runs `request` cold (the pool off), then restores `size`.
+fn run_cold(
+    rt: &tokio::runtime::Runtime,
+    request: ExecutionRequest,
+    size: usize,
+) -> ExecutionResult {
+    pool::disable();
+    let result = run(rt, request);
+    pool::enable(size);
+    result
+}
+
+/// The result with every staging dir path replaced, so cold and warm runs compare equal.
+fn normalized(r: &ExecutionResult) -> Value {
+    let re = |s: &str| {
+        let mut out = String::new();
+        let mut rest = s;
+        while let Some(i) = rest.find("vibeos-exec-") {
+            let start = rest[..i]
+                .rfind(|c: char| c == '"' || c.is_whitespace() || c == '\'')
+                .map(|p| p + 1)
+                .unwrap_or(0);
+            out.push_str(&rest[..start]);
+            out.push_str("<staging>");
+            let tail = &rest[i + "vibeos-exec-".len()..];
+            let end = tail
+                .find(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+                .unwrap_or(tail.len());
+            rest = &tail[end..];
+        }
+        out.push_str(rest);
+        out
+    };
+    serde_json::json!({
+        "status": r.status,
+        "exit_code": r.exit_code,
+        "output": re(&r.output),
+        "error": r.error.as_deref().map(re),
+        "tool_calls_made": r.tool_calls_made,
+        "truncated": r.truncated,
+        "stdout_bytes": r.stdout_bytes,
+        "stderr_bytes": r.stderr_bytes,
+    })
+}
+
+/// Pooled interpreters of this process: (interpreter pid, its reaper's pid, staging dir).
+fn pooled_interpreters() -> Vec<(i32, i32, PathBuf)> {
+    let me = std::process::id();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let bootstrap = args.len() >= 5 && args[2] == "-c" && args[3].contains("pool discarded us");
+        if !bootstrap || !vibeos_supervisor::is_descendant(pid as u32, me) {
+            continue;
+        }
+        let Some(staging) = Path::new(&args[4]).parent() else {
+            continue;
+        };
+        found.push((pid, parent_of(pid), staging.to_path_buf()));
+    }
+    found
+}
+
+fn parent_of(pid: i32) -> i32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().nth(1))
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0)
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie has exited; only its status is left to collect.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rfind(')')
+                .and_then(|i| s[i + 1..].split_whitespace().next())
+                .is_some_and(|state| state != "Z")
+        })
+        .unwrap_or(false)
+}
+
+fn eventually(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn status(r: &ExecutionResult) -> String {
+    r.to_json()["status"].as_str().unwrap_or("").to_string()
+}
+
+fn json_line(r: &ExecutionResult) -> Value {
+    assert_eq!(status(r), "success", "{}", r.to_json());
+    serde_json::from_str(r.output.lines().last().unwrap_or("")).unwrap_or_else(|e| {
+        panic!("no JSON line ({e}): {}", r.output);
+    })
+}
+
+#[test]
+fn nothing_passes_from_one_pooled_script_to_the_next() {
+    let python = require_python!();
+    let _guard = serial();
+    let rt = runtime();
+    let session = Session::new(python);
+    for size in [1, 2] {
+        pool::enable(size);
+        let first = run_warm(&rt, session.request(&fixture("pool/leave_traces.py")));
+        assert_eq!(status(&first), "success", "{}", first.to_json());
+        let first_staging = PathBuf::from(first.output.trim());
+        assert!(
+            !first_staging.exists(),
+            "the first script's staging dir is left"
+        );
+        let second = json_line(&run_warm(
+            &rt,
+            session.request(&fixture("pool/look_for_traces.py")),
+        ));
+        assert_eq!(second["env"], false, "{second}");
+        assert_eq!(second["json_patched"], false, "{second}");
+        assert_eq!(second["os_attr"], false, "{second}");
+        assert_eq!(second["decimal_loaded"], false, "{second}");
+        assert_eq!(second["leak_module"], false, "{second}");
+        assert_eq!(second["fd77"], false, "{second}");
+        assert_eq!(
+            second["files"],
+            serde_json::json!(["rpc", "script.py", "vibeos_tools.py"]),
+            "{second}"
+        );
+        assert_eq!(second["cwd"], session.cwd().display().to_string());
+        assert_ne!(second["here"], first_staging.display().to_string());
+        // Exactly the descriptors a cold interpreter has.
+        let cold = json_line(&run_cold(
+            &rt,
+            session.request(&fixture("pool/look_for_traces.py")),
+            size,
+        ));
+        assert_eq!(second["fds"], cold["fds"], "warm {second} cold {cold}");
+    }
+    pool::disable();
+}
+
+#[test]
+fn a_pooled_script_is_started_exactly_like_a_cold_one() {
+    let python = require_python!();
+    let _guard = serial();
+    let rt = runtime();
+    let session = Session::new(python);
+    pool::enable(2);
+    let scripts = [
+        fixture("pool/semantics.py"),
+        "import sys\nprint('before')\nsys.exit(3)\n".to_string(),
+        "import sys\nsys.exit('bye with a message')\n".to_string(),
+        "def f():\n    raise ValueError('boom')\nprint('partial')\nf()\n".to_string(),
+        "def broken(:\n    pass\n".to_string(),
+        "import os\nprint('x', end='')\nos._exit(7)\n".to_string(),
+        "import atexit, threading, time\natexit.register(print, 'atexit ran')\n\
+         t = threading.Thread(target=lambda: (time.sleep(0.2), print('thread done')))\n\
+         t.start()\nprint('main done')\n"
+            .to_string(),
+        "raise KeyboardInterrupt\n".to_string(),
+        "import pickle\nclass C: pass\nprint(type(pickle.loads(pickle.dumps(C()))).__module__)\n"
+            .to_string(),
+        "print(__import__('sys').stdin.read() == '')\n".to_string(),
+        "import warnings\nwarnings.warn('careful')\nraise SystemExit(0)\n".to_string(),
+        "class D:\n    def __del__(self):\n        print('del ran at exit')\nd = D()\n".to_string(),
+        "import sys\nsys.exit(256 + 5)\n".to_string(),
+        "import sys\nsys.stdout.write('no newline')\nsys.exit(None)\n".to_string(),
+        "import threading\nthreading.Thread(target=lambda: 1/0).start()\n".to_string(),
+    ];
+    for code in scripts {
+        let cold = normalized(&run_cold(&rt, session.request(&code), 2));
+        let warm = normalized(&run_warm(&rt, session.request(&code)));
+        assert_eq!(warm, cold, "script:\n{code}");
+    }
+    let report = json_line(&run_warm(
+        &rt,
+        session.request(&fixture("pool/semantics.py")),
+    ));
+    assert_eq!(report["name"], "__main__");
+    assert_eq!(report["path0_is_script_dir"], true);
+    assert_eq!(report["main_is_this_module"], true);
+    assert_eq!(report["stdout_write_through"], true);
+    pool::disable();
+}
+
+#[test]
+fn limits_timeout_and_interrupt_behave_as_on_the_cold_path() {
+    let python = require_python!();
+    let _guard = serial();
+    let rt = runtime();
+    let session = Session::new(python);
+    pool::enable(2);
+    // Budget, output caps, tool calls from threads, a forked child and a subprocess.
+    for (name, tweak) in [
+        (
+            "core/budget.py",
+            (|r: &mut ExecutionRequest| r.max_tool_calls = 2) as fn(&mut _),
+        ),
+        ("core/flood_stdout.py", |r| r.stdout_limit = 1000),
+        ("core/flood_stderr.py", |r| r.stderr_limit = 500),
+        ("core/tool_chain.py", |_| {}),
+        ("core/stub_helpers.py", |_| {}),
+        ("core/threads_and_subprocess.py", |_| {}),
+    ] {
+        let mut request = session.request(&fixture(name));
+        tweak(&mut request);
+        let cold = normalized(&run_cold(&rt, request.clone(), 2));
+        let warm = normalized(&run_warm(&rt, request));
+        assert_eq!(warm, cold, "{name}");
+    }
+
+    // Timeout: the notice, and the detached daemon dies with the execution.
+    std::fs::write(session.cwd().join("wait-for-timeout"), "").unwrap();
+    let mut request = session.request(&fixture("core/daemon_escape.py"));
+    request.timeout = Duration::from_millis(1500);
+    request.kill_grace = Duration::from_millis(500);
+    let cold = run_cold(&rt, request.clone(), 2);
+    let warm = run_warm(&rt, request);
+    assert_eq!(normalized(&warm), normalized(&cold));
+    assert_eq!(status(&warm), "timeout");
+    assert!(warm
+        .output
+        .ends_with("Script timed out after 1.5s and was killed."));
+    let daemon: i32 = std::fs::read_to_string(session.cwd().join("daemon.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    eventually("the daemon is gone", || !alive(daemon));
+    std::fs::remove_file(session.cwd().join("wait-for-timeout")).unwrap();
+
+    // SIGTERM ignored: the SIGKILL after the grace period ends it.
+    let mut request = session.request(&fixture("core/ignore_sigterm.py"));
+    request.timeout = Duration::from_millis(800);
+    request.kill_grace = Duration::from_millis(300);
+    let warm = run_warm(&rt, request.clone());
+    assert_eq!(normalized(&warm), normalized(&run_cold(&rt, request, 2)));
+
+    // Interrupt from another thread.
+    let request = session.request(&fixture("core/sleep_forever.py"));
+    pool::prewarm(&request);
+    assert!(pool::wait_until_idle(
+        Some(&request),
+        1,
+        Duration::from_secs(30)
+    ));
+    let interrupt = Interrupt::new();
+    let remote = interrupt.clone();
+    let stopper = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        remote.interrupt();
+    });
+    let started = Instant::now();
+    let result = rt.block_on(execute(request, vibeos_tools::registry(), interrupt));
+    stopper.join().unwrap();
+    assert_eq!(status(&result), "interrupted", "{}", result.to_json());
+    assert!(result
+        .output
+        .ends_with("[execution interrupted — user sent a new message]"));
+    assert!(started.elapsed() < Duration::from_secs(10));
+    pool::disable();
+}
+
+#[test]
+fn environment_changes_are_applied_or_fall_back_to_a_cold_start() {
+    let python = require_python!();
+    let _guard = serial();
+    let rt = runtime();
+    let mut session = Session::new(python);
+    pool::enable(2);
+    // The secret is printed reversed: printed as it is, it would be redacted from the output.
+    let show = "import json, os\nv = {k: os.environ.get(k) for k in \
+                ['VIBEOS_POOL_TEST_SECRET_TOKEN', 'LANG', 'ADDED_LATER']}\n\
+                t = v['VIBEOS_POOL_TEST_SECRET_TOKEN']\n\
+                v['VIBEOS_POOL_TEST_SECRET_TOKEN'] = t[::-1] if t else t\n\
+                print(json.dumps(v))\n";
+    let plain = json_line(&run_warm(&rt, session.request(show)));
+    assert_eq!(plain["VIBEOS_POOL_TEST_SECRET_TOKEN"], Value::Null);
+    // A skill loaded later passes a secret through: applied to the waiting interpreter.
+    pool::prewarm(&session.request(show));
+    assert!(pool::wait_until_idle(None, 2, Duration::from_secs(30)));
+    let mut request = session.request(show);
+    request.env_passthrough = vec!["VIBEOS_POOL_TEST_SECRET_TOKEN".into()];
+    let before = pool::stats().unwrap();
+    let seen = json_line(&run(&rt, request));
+    assert_eq!(seen["VIBEOS_POOL_TEST_SECRET_TOKEN"], "terc3s");
+    assert_eq!(pool::stats().unwrap().warm_starts, before.warm_starts + 1);
+    // The host's value of a passed-through variable changes: applied too.
+    session
+        .env
+        .retain(|(k, _)| k != "VIBEOS_POOL_TEST_SECRET_TOKEN");
+    session
+        .env
+        .push(("VIBEOS_POOL_TEST_SECRET_TOKEN".into(), "rotated".into()));
+    session
+        .env
+        .push(("ADDED_LATER".into(), "dropped by the policy".into()));
+    let mut request = session.request(show);
+    request.env_passthrough = vec!["VIBEOS_POOL_TEST_SECRET_TOKEN".into()];
+    pool::prewarm(&request);
+    assert!(pool::wait_until_idle(None, 1, Duration::from_secs(30)));
+    let before = pool::stats().unwrap();
+    let seen = json_line(&run(&rt, request));
+    assert_eq!(seen["VIBEOS_POOL_TEST_SECRET_TOKEN"], "detator");
+    assert_eq!(seen["ADDED_LATER"], Value::Null);
+    assert_eq!(pool::stats().unwrap().warm_starts, before.warm_starts + 1);
+    // LANG is read at interpreter startup: a cold start, with the new value.
+    session.env.retain(|(k, _)| k != "LANG");
+    session.env.push(("LANG".into(), "C".into()));
+    assert!(pool::wait_until_idle(None, 1, Duration::from_secs(30)));
+    let before = pool::stats().unwrap();
+    let seen = json_line(&run(&rt, session.request(show)));
+    assert_eq!(seen["LANG"], "C");
+    let after = pool::stats().unwrap();
+    assert_eq!(after.warm_starts, before.warm_starts);
+    assert_eq!(after.cold_starts, before.cold_starts + 1);
+    // The pool then refills with the new environment and is used again.
+    let seen = json_line(&run_warm(&rt, session.request(show)));
+    assert_eq!(seen["LANG"], "C");
+    // Another session dir is another key: cold, never a pooled interpreter from elsewhere.
+    let other = Session::new(session.python.clone());
+    let before = pool::stats().unwrap();
+    let r = run(&rt, other.request("import os\nprint(os.getcwd())\n"));
+    assert_eq!(r.output.trim(), other.cwd().display().to_string());
+    assert_eq!(pool::stats().unwrap().warm_starts, before.warm_starts);
+    pool::disable();
+}
+
+#[test]
+fn pool_size_zero_means_cold_starts() {
+    let python = require_python!();
+    let _guard = serial();
+    let rt = runtime();
+    let session = Session::new(python);
+    let config = Config::parse(
+        "code_execution:\n  pool_size: 0\n",
+        Path::new("/test/config.yaml"),
+    )
+    .unwrap();
+    assert_eq!(Config::default().pool_size, pool::DEFAULT_POOL_SIZE);
+    pool::enable(2);
+    pool::enable(config.pool_size);
+    assert_eq!(pool::stats(), None);
+    pool::prewarm(&session.request("pass"));
+    for _ in 0..3 {
+        let r = run(&rt, session.request("print('cold')"));
+        assert_eq!(r.output, "cold\n");
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        pooled_interpreters().is_empty(),
+        "{:?}",
+        pooled_interpreters()
+    );
+}
+
+#[test]
+fn the_pool_never_holds_more_than_its_size_and_shuts_down_cleanly() {
+    let python = require_python!();
+    let _guard = serial();
+    let rt = runtime();
+    let a = Session::new(python.clone());
+    let b = Session::new(python);
+    pool::enable(2);
+    pool::prewarm(&a.request("pass"));
+    assert!(pool::wait_until_idle(None, 2, Duration::from_secs(30)));
+    for i in 0..6 {
+        let session = if i % 2 == 0 { &a } else { &b };
+        let r = run(&rt, session.request("print('ok')"));
+        assert_eq!(r.output, "ok\n");
+        let n = pooled_interpreters().len();
+        assert!(n <= 2, "{n} pooled interpreters for a pool of 2");
+        let stats = pool::stats().unwrap();
+        assert!(stats.idle + stats.starting <= 2, "{stats:?}");
+    }
+    assert!(pool::wait_until_idle(None, 2, Duration::from_secs(30)));
+    let pooled = pooled_interpreters();
+    assert_eq!(pooled.len(), 2, "{pooled:?}");
+    pool::disable();
+    for (pid, reaper, staging) in &pooled {
+        assert!(!staging.exists(), "{} left", staging.display());
+        eventually("the pooled interpreter died", || !alive(*pid));
+        eventually("its reaper was collected", || {
+            !Path::new(&format!("/proc/{reaper}")).exists()
+        });
+    }
+    assert_eq!(pool::stats(), None);
+}
+
+/// Runs as a separate host process (see the test below): fills the pool, prints what it holds,
+/// and exits normally without shutting the pool down.
+#[test]
+fn pool_host_child() {
+    if std::env::var_os("VIBEOS_POOL_HOST_CHILD").is_none() {
+        return;
+    }
+    let python = require_python!();
+    let session = Session::new(python);
+    pool::enable(2);
+    pool::prewarm(&session.request("pass"));
+    assert!(pool::wait_until_idle(None, 2, Duration::from_secs(30)));
+    let held: Vec<Value> = pooled_interpreters()
+        .into_iter()
+        .map(|(pid, reaper, staging)| serde_json::json!([pid, reaper, staging]))
+        .collect();
+    println!("POOLED {}", Value::Array(held));
+    std::mem::forget(session);
+}
+
+#[test]
+fn idle_interpreters_die_and_leave_no_staging_dirs_when_the_host_exits() {
+    let _python = require_python!();
+    let _guard = serial();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "suite::pool::pool_host_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("VIBEOS_POOL_HOST_CHILD", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find_map(|l| l.split_once("POOLED ").map(|(_, rest)| rest))
+        .unwrap_or_else(|| panic!("no report: {stdout}"));
+    let held: Vec<(i32, i32, PathBuf)> = serde_json::from_str(line).unwrap();
+    assert_eq!(held.len(), 2, "{line}");
+    for (pid, reaper, staging) in held {
+        assert!(
+            !staging.exists(),
+            "{} left after the host exited",
+            staging.display()
+        );
+        eventually("the pooled interpreter died", || !alive(pid));
+        eventually("its reaper died", || !alive(reaper));
+    }
+}
+
+fn strict_unavailable() -> Option<String> {
+    vibeos_supervisor::doctor::probe().strict_blocker()
+}
+
+fn escapes(r: &ExecutionResult) -> Vec<Value> {
+    let line = r
+        .output
+        .lines()
+        .find_map(|l| l.strip_prefix("ESCAPES "))
+        .unwrap_or_else(|| panic!("no report: {}", r.to_json()));
+    let attempts: Vec<Value> = serde_json::from_str(line).unwrap();
+    attempts
+        .into_iter()
+        .map(|a| serde_json::json!({"what": a["what"], "escaped": a["escaped"], "errno": a["errno"]}))
+        .collect()
+}
+
+#[test]
+fn strict_confinement_is_the_same_for_pooled_interpreters() {
+    let python = require_python!();
+    if let Some(why) = strict_unavailable() {
+        vibeos_testkit::skip!("strict mode is unavailable on this machine: {why}");
+    }
+    let _guard = serial();
+    let rt = runtime();
+    let session = Session::new(python);
+    pool::enable(2);
+    let strict = |code: &str| {
+        let mut r = session.request(code);
+        r.mode = Mode::Strict;
+        r
+    };
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(outside.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let victim = outside.path().join("victim.txt");
+    std::fs::write(&victim, "intact").unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let project_file = session.cwd().join("project.txt");
+    std::fs::write(&project_file, "project secret").unwrap();
+    let params = serde_json::json!({
+        "tcp_port": listener.local_addr().unwrap().port(),
+        "supervisor_pid": std::process::id(),
+        "test_pid": std::process::id(),
+        "victim": victim,
+        "outside_dir": outside.path(),
+        "project_file": project_file,
+        "project_dir": session.cwd(),
+    });
+    let prelude = fixture("escapes/_prelude.py");
+    for name in [
+        "read_shadow.py",
+        "read_project.py",
+        "tcp_connect.py",
+        "write_outside.py",
+        "signal_supervisor.py",
+    ] {
+        let code = format!(
+            "PARAMS = {params}\n{prelude}\n{}",
+            fixture(&format!("escapes/{name}"))
+        );
+        let cold = run_cold(&rt, strict(&code), 2);
+        let warm = run_warm(&rt, strict(&code));
+        assert_eq!(warm.mode, "strict");
+        let warm_attempts = escapes(&warm);
+        assert_eq!(warm_attempts, escapes(&cold), "{name}");
+        assert!(
+            warm_attempts.iter().all(|a| a["escaped"] == false),
+            "{name}: {warm_attempts:?}"
+        );
+    }
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "intact");
+    assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 1);
+    // The process itself: same uid class, no_new_privs, seccomp, staging cwd and channel.
+    let probe = "import ctypes, os, json\nfrom vibeos_tools import write_file\n\
+                 libc = ctypes.CDLL(None)\n\
+                 print(json.dumps({'root': os.getuid() == 0, 'nnp': libc.prctl(39, 0, 0, 0, 0), \
+                 'seccomp': libc.prctl(21, 0, 0, 0, 0), 'cwd_is_staging': os.getcwd() == os.path.dirname(__file__), \
+                 'tmp': os.environ['TMPDIR'] == os.path.dirname(__file__), \
+                 'write': write_file('pool-strict.txt', 'via rpc').get('bytes_written')}))\n";
+    let cold = json_line(&run_cold(&rt, strict(probe), 2));
+    let warm = json_line(&run_warm(&rt, strict(probe)));
+    assert_eq!(warm, cold);
+    assert_eq!(warm["root"], false);
+    assert_eq!(warm["nnp"], 1);
+    assert_eq!(warm["seccomp"], 2);
+    assert_eq!(warm["cwd_is_staging"], true);
+    assert_eq!(warm["write"], 7);
+    // Timeout in strict mode.
+    let mut request = strict(&fixture("core/sleep_forever.py"));
+    request.timeout = Duration::from_millis(700);
+    let warm = run_warm(&rt, request.clone());
+    assert_eq!(normalized(&warm), normalized(&run_cold(&rt, request, 2)));
+    assert_eq!(status(&warm), "timeout");
+    drop(listener);
+    pool::disable();
+}

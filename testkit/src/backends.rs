@@ -1,0 +1,357 @@
+//! Real backends for tests and benchmarks: a private dockerd (the lab's flags, no host
+//! networking changes), rootful podman with its own storage, an sshd on 127.0.0.1 with generated
+//! keys and a non-root user — each stopped by its own pid or cleaned up on drop — and the python3
+//! image built from Debian packages by `scripts/backend-rootfs` (cached under target/).
+//! Without the daemon or binary a test reports SKIP with the reason; with `CI=true` it fails.
+
+// A test harness: a panic here is how a failed setup is reported.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn workspace() -> PathBuf {
+    crate::e2e::workspace_root()
+}
+
+/// Skips (recorded for `scripts/test-all`'s skipped count) or, in CI, fails with `why`. The
+/// caller returns right after.
+pub fn unavailable(why: &str) {
+    crate::skip_or_fail_in_ci(&why);
+}
+
+/// An executable on PATH (or in /usr/sbin, /sbin).
+pub fn which(bin: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
+        .map(|d| d.join(bin))
+        .find(|p| p.is_file())
+}
+
+/// The python3 root filesystem tarball (built once by scripts/backend-rootfs).
+pub fn rootfs() -> Result<PathBuf, String> {
+    let out = Command::new(workspace().join("scripts/backend-rootfs"))
+        .output()
+        .map_err(|e| format!("cannot run scripts/backend-rootfs: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "scripts/backend-rootfs failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+/// A private dockerd, killed by its pid on drop (containers first).
+pub struct Dockerd {
+    /// Its data, exec root and socket.
+    pub dir: tempfile::TempDir,
+    /// `DOCKER_HOST` for it.
+    pub host: String,
+    child: Child,
+}
+
+impl Dockerd {
+    /// Starts it and waits until it answers.
+    pub fn start() -> Result<Dockerd, String> {
+        let dockerd = which("dockerd").ok_or("dockerd is not installed")?;
+        which("docker").ok_or("the docker CLI is not installed")?;
+        let dir = tempfile::Builder::new()
+            .prefix("vdk")
+            .tempdir_in("/tmp")
+            .map_err(|e| e.to_string())?;
+        let d = dir.path();
+        let host = format!("unix://{}/docker.sock", d.display());
+        let child = Command::new(dockerd)
+            .arg("--data-root")
+            .arg(d.join("data"))
+            .arg("--exec-root")
+            .arg(d.join("x"))
+            .arg("--pidfile")
+            .arg(d.join("dockerd.pid"))
+            .args(["-H", &host])
+            .args([
+                "--iptables=false",
+                "--ip6tables=false",
+                "--ip-masq=false",
+                "--bridge=none",
+                "--ip-forward=false",
+                "--userland-proxy=false",
+                "--storage-driver",
+                "overlay2",
+                "--exec-opt",
+                "native.cgroupdriver=cgroupfs",
+            ])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(d.join("dockerd.log")).map_err(|e| e.to_string())?)
+            .spawn()
+            .map_err(|e| format!("cannot start dockerd: {e}"))?;
+        let mut daemon = Dockerd { dir, host, child };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let ok = daemon
+                .docker(&["version", "--format", "{{.Server.Version}}"])
+                .status
+                .success();
+            if ok {
+                break;
+            }
+            if Instant::now() > deadline || matches!(daemon.child.try_wait(), Ok(Some(_))) {
+                let log = std::fs::read_to_string(daemon.dir.path().join("dockerd.log"))
+                    .unwrap_or_default();
+                return Err(format!(
+                    "dockerd did not come up: {}",
+                    log.lines().rev().take(5).collect::<Vec<_>>().join(" | ")
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(daemon)
+    }
+
+    /// Runs the docker CLI against it.
+    pub fn docker(&self, args: &[&str]) -> std::process::Output {
+        Command::new("docker")
+            .env("DOCKER_HOST", &self.host)
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    /// Imports a root filesystem tarball as image `name`.
+    pub fn import(&self, rootfs: &Path, name: &str) -> Result<(), String> {
+        let out = self.docker(&["import", &rootfs.display().to_string(), name]);
+        out.status
+            .success()
+            .then_some(())
+            .ok_or_else(|| String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+
+    /// Names of the containers labelled vibeos-exec=1 (running or not).
+    pub fn labelled(&self) -> Vec<String> {
+        let out = self.docker(&[
+            "ps",
+            "-a",
+            "--filter",
+            "label=vibeos-exec=1",
+            "--format",
+            "{{.Names}}",
+        ]);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl Drop for Dockerd {
+    fn drop(&mut self) {
+        let out = self.docker(&["ps", "-aq"]);
+        for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+            let _ = self.docker(&["rm", "-f", id]);
+        }
+        // SAFETY: kill with our own child's pid, not yet reaped.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The non-root user the ssh tests log in as.
+pub const SSH_USER: &str = "vibeos-sshtest";
+
+/// A private sshd on 127.0.0.1, stopped by its pid on drop.
+pub struct Sshd {
+    /// Its config, keys (`userkey`, `known_hosts`) and the user's home (`home/`).
+    pub dir: tempfile::TempDir,
+    /// Its port.
+    pub port: u16,
+    child: Child,
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        // SAFETY: kill with our own child's pid, not yet reaped.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+fn keygen(path: &Path) {
+    let ok = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", ""])
+        .arg("-f")
+        .arg(path)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "ssh-keygen failed");
+}
+
+/// Starts an sshd for [`SSH_USER`] (created if missing; needs root).
+pub fn start_sshd() -> Result<Sshd, String> {
+    let sshd = which("sshd").ok_or("sshd (openssh-server) is not installed")?;
+    which("ssh").ok_or("the ssh client is not installed")?;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("creating the non-root test user needs root".into());
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("vssh")
+        .tempdir_in("/tmp")
+        .map_err(|e| e.to_string())?;
+    let d = dir.path();
+    let home = d.join("home");
+    let exists = Command::new("id")
+        .arg(SSH_USER)
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !exists {
+        let ok = Command::new("useradd")
+            .args(["-M", "-s", "/bin/sh", SSH_USER])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if !ok {
+            return Err("useradd failed".into());
+        }
+    }
+    let _ = Command::new("usermod")
+        .args(["-p", "*", "-d"])
+        .arg(&home)
+        .arg(SSH_USER)
+        .status();
+    std::fs::create_dir(&home).unwrap();
+    let _ = Command::new("chown").arg(SSH_USER).arg(&home).status();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::create_dir_all("/run/sshd").map_err(|e| e.to_string())?;
+    keygen(&d.join("hostkey"));
+    keygen(&d.join("userkey"));
+    std::fs::copy(d.join("userkey.pub"), d.join("authorized_keys")).unwrap();
+    std::fs::set_permissions(
+        d.join("authorized_keys"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    std::fs::write(
+        d.join("sshd_config"),
+        format!(
+            "ListenAddress 127.0.0.1\nPort {port}\nHostKey {d}/hostkey\nAuthorizedKeysFile {d}/authorized_keys\nPidFile {d}/sshd.pid\nUsePAM no\nPasswordAuthentication no\nStrictModes no\nAllowStreamLocalForwarding yes\nStreamLocalBindUnlink yes\n",
+            d = d.display()
+        ),
+    )
+    .unwrap();
+    let hostkey = std::fs::read_to_string(d.join("hostkey.pub")).unwrap();
+    std::fs::write(
+        d.join("known_hosts"),
+        format!("[127.0.0.1]:{port} {hostkey}"),
+    )
+    .unwrap();
+    let child = Command::new(sshd)
+        .args(["-D", "-e", "-f"])
+        .arg(d.join("sshd_config"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(d.join("sshd.log")).unwrap())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if Instant::now() > deadline {
+            return Err("sshd did not listen".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(Sshd { dir, port, child })
+}
+
+/// Rootful podman with its own storage and the lab's flags, behind a wrapper script.
+pub struct Podman {
+    dir: tempfile::TempDir,
+    /// The wrapper: use it as `terminal.docker_binary`.
+    pub wrapper: String,
+}
+
+impl Podman {
+    /// Runs podman with `args`.
+    pub fn cmd(&self, args: &[&str]) -> std::process::Output {
+        Command::new(&self.wrapper).args(args).output().unwrap()
+    }
+    /// Names of the containers labelled vibeos-exec=1.
+    pub fn labelled(&self) -> Vec<String> {
+        let out = self.cmd(&[
+            "ps",
+            "-a",
+            "--filter",
+            "label=vibeos-exec=1",
+            "--format",
+            "{{.Names}}",
+        ]);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl Drop for Podman {
+    fn drop(&mut self) {
+        let _ = self.cmd(&["rm", "-af", "-t", "0"]);
+        let _ = self.cmd(&["system", "reset", "-f"]);
+        let _ = self.dir.path();
+    }
+}
+
+/// Starts podman storage and imports the test image as `vibeos-py:test`.
+pub fn start_podman() -> Result<Podman, String> {
+    which("podman").ok_or("podman is not installed")?;
+    which("runc").ok_or("runc is not installed")?;
+    let image = rootfs()?;
+    let dir = tempfile::Builder::new()
+        .prefix("vpm")
+        .tempdir_in("/tmp")
+        .map_err(|e| e.to_string())?;
+    let p = dir.path().display().to_string();
+    let wrapper = dir.path().join("podman-here");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = run ]; then shift; set -- run --ulimit nofile=20000:20000 --ulimit nproc=32768:32768 \"$@\"; fi\n\
+             exec podman --root {p}/root --runroot {p}/runroot --tmpdir {p}/tmp --cgroup-manager cgroupfs --events-backend file --runtime runc \"$@\"\n"
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let podman = Podman {
+        dir,
+        wrapper: wrapper.display().to_string(),
+    };
+    let out = podman.cmd(&["import", &image.display().to_string(), "vibeos-py:test"]);
+    if !out.status.success() {
+        return Err(format!(
+            "podman import failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(podman)
+}

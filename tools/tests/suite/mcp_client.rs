@@ -1,0 +1,401 @@
+//! The MCP client against real MCP servers (official Python SDK, fixtures/mcp_servers/) started
+//! by the tests: registration, calls through `handle_function_call` (the agent path), script
+//! gating, crash/restart, hang timeout, garbage, missing command, bad schema, list changes.
+//!
+//! Needs the test venv's Python with the `mcp` package (scripts/test-all creates it under
+//! target/pyvenv); each test skips with a message naming what is missing otherwise.
+
+// A test harness: a panic here is how a failed expectation is reported.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use vibeos_tools::mcp_client::{
+    McpManager, McpServerConfig, ServerKind, ServerSpec, ServerState, Startup,
+};
+use vibeos_tools::{ToolContext, ToolRegistry, ToolSource};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+macro_rules! need_python {
+    () => {
+        match vibeos_testkit::venv_python("mcp.server.mcpserver") {
+            Ok(p) => p,
+            Err(missing) => {
+                vibeos_testkit::skip!("missing {missing}");
+            }
+        }
+    };
+}
+
+fn fixture(name: &str) -> String {
+    root()
+        .join("fixtures/mcp_servers")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+fn stdio(python: &std::path::Path, script: &str) -> McpServerConfig {
+    McpServerConfig {
+        command: Some(python.display().to_string()),
+        args: vec![fixture(script)],
+        startup: Startup::Eager,
+        connect_timeout: Some(20.0),
+        ..Default::default()
+    }
+}
+
+fn spec(name: &str, config: McpServerConfig) -> ServerSpec {
+    ServerSpec {
+        name: name.into(),
+        config,
+        env: None,
+        kind: ServerKind::Mcp,
+        start_hint: None,
+    }
+}
+
+fn leaked() -> &'static ToolRegistry {
+    Box::leak(Box::new(ToolRegistry::new()))
+}
+
+fn call(reg: &ToolRegistry, name: &str, args: Value) -> Value {
+    let out = reg.handle_function_call(name, &args, &ToolContext::agent("/"));
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
+}
+
+#[test]
+fn tools_are_registered_and_called_from_the_agent_path() {
+    let py = need_python!();
+    let reg = leaked();
+    let m = McpManager::start(vec![spec("fx", stdio(&py, "stdio_server.py"))], reg);
+    assert!(
+        matches!(m.servers()[0].state(), ServerState::Running(n) if n >= 6),
+        "{:?}",
+        m.servers()[0].state()
+    );
+    let echo = reg.get("echo").expect("echo registered");
+    assert_eq!(echo.toolset, "mcp-fx");
+    assert_eq!(echo.source, ToolSource::Mcp("fx".into()));
+    assert_eq!(echo.schema["properties"]["text"]["type"], "string");
+    assert!(reg.resolve_toolset("mcp-fx").unwrap().contains("add"));
+    assert_eq!(
+        call(reg, "echo", json!({"text": "hi"})),
+        json!({"echo": "hi"})
+    );
+    // Coercion runs before the MCP call, as for any tool.
+    assert_eq!(
+        call(reg, "add", json!({"a": "2", "b": 3})),
+        json!({"result": 5})
+    );
+    let err = call(reg, "fail", json!({}));
+    let msg = err["error"].as_str().unwrap();
+    // The SDK hides the exception text; the error names the tool, the server and the failure.
+    assert!(
+        msg.contains("`fail` of MCP server `fx` reported an error"),
+        "{msg}"
+    );
+    // The definitions the model gets include them.
+    let defs = reg.get_tool_definitions(&[], &[]).unwrap();
+    assert!(defs.iter().any(|d| d["function"]["name"] == "echo"));
+    m.shutdown();
+}
+
+#[test]
+fn stopping_a_stdio_server_ends_its_whole_process_group() {
+    let py = need_python!();
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("grandchild.pid");
+    let mut s = spec("family", stdio(&py, "stdio_server.py"));
+    s.env = Some(vec![
+        ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
+        (
+            "FIXTURE_GRANDCHILD_PID_FILE".into(),
+            pid_file.display().to_string(),
+        ),
+    ]);
+    let m = McpManager::start(vec![s], leaked());
+    assert!(
+        matches!(m.servers()[0].state(), ServerState::Running(_)),
+        "{:?}",
+        m.servers()[0].state()
+    );
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let alive = |pid: i32| {
+        // A zombie (exited, not yet reaped by its parent) counts as gone.
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|st| {
+                !st.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+            .unwrap_or(false)
+    };
+    assert!(alive(pid), "the server's child runs while the server does");
+    m.shutdown();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while alive(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!alive(pid), "the server's child outlived the server");
+}
+
+#[test]
+fn scripts_cannot_call_mcp_tools_unless_the_operator_opens_them() {
+    let py = need_python!();
+    let reg = leaked();
+    let closed = McpManager::start(vec![spec("closed", stdio(&py, "stdio_server.py"))], reg);
+    assert!(reg.get("echo").is_some());
+    assert!(!reg.script_tool_names().contains(&"echo".to_string()));
+    assert!(reg.script_tools().iter().all(|t| t.name != "echo"));
+    // The host API cannot open them.
+    assert!(reg.allow_in_scripts("echo").is_err());
+    closed.shutdown();
+
+    let reg = leaked();
+    let mut cfg = stdio(&py, "stdio_server.py");
+    cfg.script_callable =
+        vibeos_tools::mcp_client::ScriptCallable::Only(["echo".to_string()].into());
+    let open = McpManager::start(vec![spec("open", cfg)], reg);
+    let names: Vec<String> = reg.script_tools().iter().map(|t| t.name.clone()).collect();
+    assert!(names.contains(&"echo".to_string()), "{names:?}");
+    assert!(
+        !names.contains(&"add".to_string()),
+        "only the listed tool: {names:?}"
+    );
+    open.shutdown();
+}
+
+#[test]
+fn a_crashed_server_is_restarted_once_then_reported_down() {
+    let py = need_python!();
+    let state = tempfile::tempdir().unwrap();
+    let reg = leaked();
+    let mut s = spec("crashy", stdio(&py, "stdio_server.py"));
+    s.env = Some(vec![
+        ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
+        (
+            "FIXTURE_STATE_DIR".into(),
+            state.path().display().to_string(),
+        ),
+        ("FIXTURE_MAX_STARTS".into(), "2".into()),
+    ]);
+    let m = McpManager::start(vec![s], reg);
+    assert_eq!(
+        call(reg, "echo", json!({"text": "a"})),
+        json!({"echo": "a"})
+    );
+    let err = call(reg, "crash", json!({}));
+    let msg = err["error"].as_str().unwrap();
+    assert!(
+        msg.contains("exited during the call to `crash`") && msg.contains("restarted"),
+        "{msg}"
+    );
+    // The restarted server answers.
+    assert_eq!(
+        call(reg, "echo", json!({"text": "b"})),
+        json!({"echo": "b"})
+    );
+    // Second crash: the restart is refused by the fixture (start limit), so it stays down.
+    let err = call(reg, "crash", json!({}));
+    let msg = err["error"].as_str().unwrap();
+    assert!(msg.contains("could not be restarted"), "{msg}");
+    let err = call(reg, "echo", json!({"text": "c"}));
+    let msg = err["error"].as_str().unwrap();
+    assert!(msg.contains("MCP server `crashy` is down"), "{msg}");
+    assert!(matches!(m.servers()[0].state(), ServerState::Failed(_)));
+    // Its tools leave the model's list (the check fails) but stay callable for the clear error.
+    let defs = reg.get_tool_definitions(&[], &[]).unwrap();
+    assert!(!defs.iter().any(|d| d["function"]["name"] == "echo"));
+    m.shutdown();
+}
+
+#[test]
+fn a_hung_call_times_out_without_blocking_other_calls() {
+    let py = need_python!();
+    let reg = leaked();
+    let mut cfg = stdio(&py, "stdio_server.py");
+    cfg.timeout = Some(1.0);
+    let m = McpManager::start(vec![spec("slowpoke", cfg)], reg);
+    let t0 = Instant::now();
+    std::thread::scope(|scope| {
+        let hung = scope.spawn(|| call(reg, "slow", json!({"seconds": 30})));
+        std::thread::sleep(Duration::from_millis(200));
+        // Another call of the same server answers while the first one hangs.
+        let t1 = Instant::now();
+        assert_eq!(
+            call(reg, "echo", json!({"text": "x"})),
+            json!({"echo": "x"})
+        );
+        assert!(
+            t1.elapsed() < Duration::from_secs(1),
+            "blocked behind the hung call"
+        );
+        let err = hung.join().unwrap();
+        let msg = err["error"].as_str().unwrap();
+        assert!(msg.contains("did not answer `slow` within 1 s"), "{msg}");
+    });
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    m.shutdown();
+}
+
+#[test]
+fn broken_servers_are_logged_and_skipped_and_the_rest_works() {
+    let py = need_python!();
+    let reg = leaked();
+    let quick = |script: &str, extra: &[&str]| {
+        let mut c = stdio(&py, script);
+        c.args.extend(extra.iter().map(|s| s.to_string()));
+        c.connect_timeout = Some(2.0);
+        c
+    };
+    let missing = McpServerConfig {
+        command: Some("/nonexistent/vibeos-mcp-server".into()),
+        startup: Startup::Eager,
+        ..Default::default()
+    };
+    let t0 = Instant::now();
+    let m = McpManager::start(
+        vec![
+            spec("missing", missing),
+            spec("garbage", quick("garbage_server.py", &[])),
+            spec("garbage-hang", quick("garbage_server.py", &["--hang"])),
+            spec("silent", quick("silent_server.py", &[])),
+            spec("badschema", stdio(&py, "bad_schema_server.py")),
+            spec("good", stdio(&py, "stdio_server.py")),
+        ],
+        reg,
+    );
+    // Started in parallel: the hung ones cost one start-up timeout, not three.
+    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
+    let state = |name: &str| {
+        m.servers()
+            .iter()
+            .find(|s| s.name() == name)
+            .unwrap()
+            .state()
+    };
+    match state("missing") {
+        ServerState::Failed(why) => assert!(why.contains("was not found"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    for name in ["garbage", "garbage-hang", "silent"] {
+        assert!(
+            matches!(state(name), ServerState::Failed(_)),
+            "{name}: {:?}",
+            state(name)
+        );
+    }
+    match state("silent") {
+        ServerState::Failed(why) => assert!(why.contains("did not start within 2 s"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    // The bad schema's tool is skipped, its good sibling kept.
+    assert!(
+        matches!(state("badschema"), ServerState::Running(1)),
+        "{:?}",
+        state("badschema")
+    );
+    assert!(reg.get("good").is_some() && reg.get("broken").is_none());
+    assert_eq!(
+        call(reg, "echo", json!({"text": "ok"})),
+        json!({"echo": "ok"})
+    );
+    m.shutdown();
+}
+
+#[test]
+fn lazy_servers_start_on_the_first_definitions_build() {
+    let py = need_python!();
+    let reg = leaked();
+    let mut cfg = stdio(&py, "stdio_server.py");
+    cfg.startup = Startup::Lazy;
+    let m = McpManager::start(vec![spec("lazy", cfg)], reg);
+    assert_eq!(m.servers()[0].state(), ServerState::NotStarted);
+    assert!(reg.get("echo").is_none());
+    // Building the script tool list does not start a server scripts cannot call.
+    let _ = reg.script_tools();
+    assert_eq!(m.servers()[0].state(), ServerState::NotStarted);
+    let defs = reg.get_tool_definitions(&[], &[]).unwrap();
+    assert!(defs.iter().any(|d| d["function"]["name"] == "echo"));
+    assert!(matches!(m.servers()[0].state(), ServerState::Running(_)));
+    m.shutdown();
+    assert_eq!(m.servers()[0].state(), ServerState::Stopped);
+}
+
+#[test]
+fn a_tool_list_change_updates_the_toolset() {
+    let py = need_python!();
+    let reg = leaked();
+    let m = McpManager::start(vec![spec("grower", stdio(&py, "stdio_server.py"))], reg);
+    assert!(reg.get("late_tool").is_none());
+    assert_eq!(call(reg, "grow", json!({})), json!({"result": "grown"}));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while reg.get("late_tool").is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(reg.get("late_tool").is_some(), "list_changed not applied");
+    assert!(reg
+        .resolve_toolset("mcp-grower")
+        .unwrap()
+        .contains("late_tool"));
+    assert_eq!(
+        call(reg, "late_tool", json!({"x": 21})),
+        json!({"result": 42})
+    );
+    m.shutdown();
+}
+
+#[test]
+fn http_servers_are_reached_over_streamable_http() {
+    let py = need_python!();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut child = std::process::Command::new(&py)
+        .args([
+            fixture("stdio_server.py"),
+            "--http".into(),
+            port.to_string(),
+        ])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "HTTP fixture did not listen");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let reg = leaked();
+    let cfg = McpServerConfig {
+        url: Some(format!("http://127.0.0.1:{port}/mcp")),
+        headers: [("X-Test".to_string(), "yes".to_string())].into(),
+        startup: Startup::Eager,
+        ..Default::default()
+    };
+    let m = McpManager::start(vec![spec("web", cfg)], reg);
+    assert!(
+        matches!(m.servers()[0].state(), ServerState::Running(_)),
+        "{:?}",
+        m.servers()[0].state()
+    );
+    assert_eq!(
+        call(reg, "echo", json!({"text": "over http"})),
+        json!({"echo": "over http"})
+    );
+    assert_eq!(reg.get("add").unwrap().toolset, "mcp-web");
+    m.shutdown();
+    let _ = child.kill();
+    let _ = child.wait();
+}
