@@ -1,5 +1,7 @@
 //! One module per area; see each module's docs.
 
+mod backend_background;
+mod backend_contract;
 mod backend_docker;
 mod backend_podman;
 mod backend_ssh;

@@ -1,6 +1,7 @@
 //! `process`: manage background processes started with `terminal(background=true)` — list them,
 //! poll new output, wait, write to a PTY process's stdin, kill. Agent only: scripts cannot start
-//! background processes, so it is not among the script tools.
+//! background processes, so it is not among the script tools. With a remote backend the
+//! processes live under the task's tool agent there, and the call is forwarded to it.
 
 use super::args::{in_range, parse, schema_for};
 use crate::environments::local;
@@ -71,6 +72,20 @@ fn process(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolEr
         Action::Write => "write",
         Action::Kill => "kill",
     };
+    // With a remote backend, background commands run under the task's tool agent there.
+    let wait = if action == "wait" {
+        in_range("timeout", a.timeout, 0, 3600)?
+    } else {
+        0
+    };
+    if let Some(result) = crate::environments::agent::forward(
+        "process",
+        args,
+        ctx,
+        Duration::from_secs(wait as u64 + 60),
+    ) {
+        return result;
+    }
     if action == "list" {
         let procs: Vec<Value> = local::list_processes()
             .iter()

@@ -116,7 +116,9 @@ fn terminal(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolE
     }
     let workdir_arg = a.workdir.as_deref();
     if let Some(env) = crate::environments::remote_for(ctx)? {
-        return remote_terminal(env, command, args, ctx, timeout, background || pty);
+        // Background and PTY commands run under the agent there, like foreground ones; the
+        // `process` tool reaches them through the same agent.
+        return remote_terminal(env, command, args, ctx, timeout);
     }
     let cwd = match workdir_arg {
         Some(w) if w.contains('\0') => {
@@ -200,15 +202,7 @@ fn remote_terminal(
     args: &Map<String, Value>,
     ctx: &ToolContext,
     timeout: i64,
-    background_or_pty: bool,
 ) -> Result<Value, ToolError> {
-    if background_or_pty {
-        return Err(ToolError::invalid_args(format!(
-            "background and pty are not available with the {} backend yet; run the command in \
-             the foreground",
-            env.backend()
-        )));
-    }
     let skip = env.isolated()
         && crate::environments::active().is_some_and(|a| a.settings().skip_approvals_isolated);
     if !skip {
