@@ -600,6 +600,8 @@ fn serve(args: ServeArgs, mut config: Config) -> Result<u8, UsageError> {
     }
     // A long-lived server runs many scripts: keep warm interpreters (code_execution.pool_size).
     vibeos_supervisor::pool::enable(config.pool_size);
+    // Warm calls fork from one pre-initialised interpreter per key (docs/warm-pool.md).
+    vibeos_supervisor::zygote::set_enabled(config.pool_size > 0);
     let settings = mcp::ServeSettings {
         config,
         cwd,

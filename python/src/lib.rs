@@ -549,6 +549,8 @@ fn register_execute_code_tool(py: Python<'_>) {
     py.allow_threads(|| {
         // A host process runs many scripts: keep warm interpreters (code_execution.pool_size).
         vibeos_supervisor::pool::enable(config.pool_size);
+        // Warm calls fork from one pre-initialised interpreter per key (docs/warm-pool.md).
+        vibeos_supervisor::zygote::set_enabled(config.pool_size > 0);
         // The configured backend, for direct tool calls too; a bad setting is reported by
         // every execute_code call.
         if let Err(e) = ensure_backend(&config) {

@@ -86,7 +86,8 @@ pub struct Config {
     /// `terminal.env_passthrough`.
     pub env_passthrough: Vec<String>,
     /// `code_execution.pool_size`: pre-started interpreters a long-lived host keeps (0: none).
-    /// Only hosts that call [`crate::pool::enable`] use it; the one-shot CLI never does.
+    /// Only hosts that call [`crate::pool::enable`] use it; the one-shot CLI never does. Those
+    /// hosts also fork warm executions from a fork server ([`crate::zygote`]) when it is > 0.
     pub pool_size: usize,
     /// `logging.level`.
     pub log_level: Option<String>,

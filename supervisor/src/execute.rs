@@ -307,9 +307,12 @@ async fn run(
     let spec = LaunchSpec::for_request(&request)?;
     let interpreter = spec.interpreter.clone();
     let session_cwd = spec.session_cwd.clone();
-    let warm = match crate::pool::active() {
-        Some(pool) => pool.start_warm(&spec, &stub.source, &request.code),
-        None => None,
+    let warm = match crate::zygote::start(&spec, &stub.source, &request.code) {
+        Some(forked) => Some(forked),
+        None => match crate::pool::active() {
+            Some(pool) => pool.start_warm(&spec, &stub.source, &request.code),
+            None => None,
+        },
     };
     let launched = match warm {
         Some(launched) => launched,
@@ -448,12 +451,10 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
     };
 
     let stdout = child
-        .stdout
-        .take()
+        .take_stdout()
         .and_then(|s| tokio::process::ChildStdout::from_std(s).ok());
     let stderr = child
-        .stderr
-        .take()
+        .take_stderr()
         .and_then(|s| tokio::process::ChildStderr::from_std(s).ok());
     let stdout_limit = request.stdout_limit;
     let stderr_limit = request.stderr_limit;

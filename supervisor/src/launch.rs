@@ -249,11 +249,63 @@ pub(crate) enum Program {
     },
 }
 
+/// An execution's reaper: spawned by the supervisor (cold, pooled) or forked by a fork server
+/// ([`crate::zygote`]), which is not our child, so its status arrives on a pipe.
+#[derive(Debug)]
+pub(crate) enum Proc {
+    /// A child of the supervisor.
+    Spawned(std::process::Child),
+    /// A child of a fork server.
+    Forked(crate::zygote::Forked),
+}
+
+impl Proc {
+    /// The reaper's pid.
+    pub(crate) fn id(&self) -> u32 {
+        match self {
+            Proc::Spawned(c) => c.id(),
+            Proc::Forked(f) => f.pid,
+        }
+    }
+
+    /// The script's stdout (once).
+    pub(crate) fn take_stdout(&mut self) -> Option<std::process::ChildStdout> {
+        match self {
+            Proc::Spawned(c) => c.stdout.take(),
+            Proc::Forked(f) => f.stdout.take(),
+        }
+    }
+
+    /// The script's stderr (once).
+    pub(crate) fn take_stderr(&mut self) -> Option<std::process::ChildStderr> {
+        match self {
+            Proc::Spawned(c) => c.stderr.take(),
+            Proc::Forked(f) => f.stderr.take(),
+        }
+    }
+
+    /// Blocks until the script's status is known.
+    pub(crate) fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        match self {
+            Proc::Spawned(c) => c.wait(),
+            Proc::Forked(f) => f.wait(),
+        }
+    }
+
+    /// The status if already known.
+    pub(crate) fn try_wait(&mut self) -> std::io::Result<Option<std::process::ExitStatus>> {
+        match self {
+            Proc::Spawned(c) => c.try_wait(),
+            Proc::Forked(f) => f.try_wait(),
+        }
+    }
+}
+
 /// A started interpreter under its reaper, with everything the supervision needs.
 #[derive(Debug)]
 pub(crate) struct Launched {
     /// The reaper (the interpreter's parent).
-    pub(crate) child: std::process::Child,
+    pub(crate) child: Proc,
     /// A pidfd of the reaper, so signals never reach a recycled pid.
     pub(crate) pidfd: Option<OwnedFd>,
     pub(crate) lifeline: Lifeline,
@@ -313,56 +365,14 @@ pub(crate) fn launch(
 ) -> Result<Launched, StartError> {
     let env = spec.child_env(staging.path(), matches!(program, Program::Script))?;
     let tool_env = env.clone();
-    let token = new_token();
-    let strict = spec.mode == Mode::Strict;
-    let mut channel_vars: Vec<(OsString, OsString)> = Vec::new();
-    // Strict mode: the script gets one end of a socketpair (landlock cannot stop a confined
-    // process from dialling a pathname socket, so there must be no path to dial at all).
-    let (rpc, theirs) = if strict {
-        let (ours, theirs) =
-            std::os::unix::net::UnixStream::pair().map_err(StartError::Listener)?;
-        channel_vars.push((
-            "VIBEOS_RPC_FD".into(),
-            theirs.as_raw_fd().to_string().into(),
-        ));
-        channel_vars.push(("VIBEOS_RPC_STRICT".into(), "1".into()));
-        channel_vars.push(("TMPDIR".into(), staging.path().as_os_str().to_owned()));
-        (RpcEnd::Stream(ours), Some(OwnedFd::from(theirs)))
-    } else {
-        channel_vars.push((
-            "VIBEOS_RPC_DIR".into(),
-            staging.rpc_dir.clone().into_os_string(),
-        ));
-        channel_vars.push((
-            "VIBEOS_RPC_SOCKET".into(),
-            staging.socket.clone().into_os_string(),
-        ));
-        let listener = std::os::unix::net::UnixListener::bind(&staging.socket)
-            .map_err(StartError::Listener)?;
-        (RpcEnd::Listener(listener), None)
-    };
-    channel_vars.push(("VIBEOS_RPC_TOKEN".into(), token.clone().into()));
+    let Channel {
+        rpc,
+        token,
+        channel_vars,
+        confinement,
+        owner,
+    } = open_channel(spec, &mut staging)?;
     let env = with_channel(env, &channel_vars);
-
-    let mut confinement = None;
-    let mut owner = None;
-    if let Some(theirs) = theirs {
-        let (prepared, summary) = crate::confine::prepare(crate::confine::Plan {
-            options: &spec.strict,
-            interpreter: &spec.interpreter.path,
-            staging: staging.path(),
-            rpc: theirs,
-        })?;
-        tracing::debug!(
-            uid = summary.uid,
-            covered = ?summary.covered,
-            read_execute = ?summary.read_execute,
-            "execute_code: strict confinement prepared"
-        );
-        owner = prepared.credentials.map(|c| (c.uid, c.gid));
-        staging.lease = summary.lease;
-        confinement = Some(prepared);
-    }
 
     let (lifeline, setup, read_end) =
         lifeline(spec.kill_grace, Some(staging.path())).map_err(|e| StartError::Spawn {
@@ -423,7 +433,7 @@ pub(crate) fn launch(
     })?;
     Ok(Launched {
         pidfd: pidfd_open(child.id()),
-        child,
+        child: Proc::Spawned(child),
         lifeline,
         staging,
         rpc,
@@ -433,6 +443,83 @@ pub(crate) fn launch(
         tool_env,
         owner,
         on_done: None,
+    })
+}
+
+/// An execution's RPC channel and, in strict mode, its prepared confinement: what every local
+/// launch (cold, pooled, forked by [`crate::zygote`]) sets up the same way.
+pub(crate) struct Channel {
+    pub(crate) rpc: RpcEnd,
+    pub(crate) token: String,
+    /// The channel's variables (socket or fd, token, strict TMPDIR).
+    pub(crate) channel_vars: Vec<(OsString, OsString)>,
+    /// Strict mode: everything the script process applies to itself.
+    pub(crate) confinement: Option<crate::confine::child::ChildConfinement>,
+    /// uid/gid the staging dir belongs to (strict mode as root).
+    pub(crate) owner: Option<(u32, u32)>,
+}
+
+/// Opens the channel for `staging` and prepares strict confinement (leasing a uid into
+/// `staging`, so it is held until the execution is over).
+pub(crate) fn open_channel(
+    spec: &LaunchSpec,
+    staging: &mut Staging,
+) -> Result<Channel, StartError> {
+    let token = new_token();
+    let strict = spec.mode == Mode::Strict;
+    let mut channel_vars: Vec<(OsString, OsString)> = Vec::new();
+    // Strict mode: the script gets one end of a socketpair (landlock cannot stop a confined
+    // process from dialling a pathname socket, so there must be no path to dial at all).
+    let (rpc, theirs) = if strict {
+        let (ours, theirs) =
+            std::os::unix::net::UnixStream::pair().map_err(StartError::Listener)?;
+        channel_vars.push((
+            "VIBEOS_RPC_FD".into(),
+            theirs.as_raw_fd().to_string().into(),
+        ));
+        channel_vars.push(("VIBEOS_RPC_STRICT".into(), "1".into()));
+        channel_vars.push(("TMPDIR".into(), staging.path().as_os_str().to_owned()));
+        (RpcEnd::Stream(ours), Some(OwnedFd::from(theirs)))
+    } else {
+        channel_vars.push((
+            "VIBEOS_RPC_DIR".into(),
+            staging.rpc_dir.clone().into_os_string(),
+        ));
+        channel_vars.push((
+            "VIBEOS_RPC_SOCKET".into(),
+            staging.socket.clone().into_os_string(),
+        ));
+        let listener = std::os::unix::net::UnixListener::bind(&staging.socket)
+            .map_err(StartError::Listener)?;
+        (RpcEnd::Listener(listener), None)
+    };
+    channel_vars.push(("VIBEOS_RPC_TOKEN".into(), token.clone().into()));
+
+    let mut confinement = None;
+    let mut owner = None;
+    if let Some(theirs) = theirs {
+        let (prepared, summary) = crate::confine::prepare(crate::confine::Plan {
+            options: &spec.strict,
+            interpreter: &spec.interpreter.path,
+            staging: staging.path(),
+            rpc: theirs,
+        })?;
+        tracing::debug!(
+            uid = summary.uid,
+            covered = ?summary.covered,
+            read_execute = ?summary.read_execute,
+            "execute_code: strict confinement prepared"
+        );
+        owner = prepared.credentials.map(|c| (c.uid, c.gid));
+        staging.lease = summary.lease;
+        confinement = Some(prepared);
+    }
+    Ok(Channel {
+        rpc,
+        token,
+        channel_vars,
+        confinement,
+        owner,
     })
 }
 

@@ -17,6 +17,7 @@ pub mod interrupts;
 pub mod logging;
 pub mod overrides;
 pub mod pool;
+pub mod zygote;
 
 mod capture;
 mod config;

@@ -5,7 +5,8 @@
 //! (b) per-call latency of `read_file` from inside a script (2,000 calls of a tiny file) over the
 //!     round trip of a minimal JSON echo on a Unix socket, driven by the same interpreter
 //!     (target ≤ 1.5), from a cold interpreter (`vibeos-exec run`) and from a warm one (a pooled
-//!     interpreter claimed by `vibeos_supervisor::execute`), all in this run;
+//!     interpreter claimed by `vibeos_supervisor::execute`, and one forked by the fork server),
+//!     all in this run;
 //! (c) peak RSS of the supervisor while a script writes 1 GB to stdout (target ≤ 32 MiB).
 //!
 //! Run: `cargo build --release --bins && cargo run --release -p vibeos-benches --bin core`.
@@ -18,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use vibeos_benches::{median, release_bin};
-use vibeos_supervisor::{execute, pool, Config, ExecutionRequest, Interrupt};
+use vibeos_supervisor::{execute, pool, zygote, Config, ExecutionRequest, Interrupt};
 
 struct Env {
     dir: tempfile::TempDir,
@@ -170,9 +171,26 @@ fn warm_calls(env: &Env, runtime: &tokio::runtime::Runtime, code: &str) -> f64 {
     r.output.trim().parse().unwrap()
 }
 
+/// The same script forked from the fork server through the library; seconds per call.
+fn forked_calls(env: &Env, runtime: &tokio::runtime::Runtime, code: &str) -> f64 {
+    let mut request = ExecutionRequest::from_config(code, &Config::default());
+    request.python = Some(env.python.clone());
+    request.cwd = Some(env.dir.path().to_path_buf());
+    request.timeout = Duration::from_secs(120);
+    request.max_tool_calls = CALLS + 10;
+    zygote::set_enabled(true);
+    let before = zygote::forks();
+    let r = runtime.block_on(execute(request, vibeos_tools::registry(), Interrupt::new()));
+    assert_eq!(zygote::forks(), before + 1, "not forked");
+    zygote::set_enabled(false);
+    let json = r.to_json();
+    assert_eq!(json["status"], "success", "{json}");
+    r.output.trim().parse().unwrap()
+}
+
 /// Cold, warm and echo figures; medians over interleaved rounds, so machine noise hits all
 /// three alike.
-fn bench_tool_call(env: &Env) -> (f64, f64, f64) {
+fn bench_tool_call(env: &Env) -> (f64, f64, f64, f64) {
     std::fs::write(env.dir.path().join("tiny.txt"), "hello\n").unwrap();
     let code = format!(
         "import time\nfrom vibeos_tools import read_file\nread_file('tiny.txt')\n\
@@ -189,14 +207,16 @@ fn bench_tool_call(env: &Env) -> (f64, f64, f64) {
     pool::enable(1);
     let mut cold = Vec::new();
     let mut warm = Vec::new();
+    let mut forked = Vec::new();
     let mut echoes = Vec::new();
     for round in 0..ROUNDS {
         cold.push(script_calls(env, &script));
         warm.push(warm_calls(env, &runtime, &code));
+        forked.push(forked_calls(env, &runtime, &code));
         echoes.push(echo_calls(env, round));
     }
     pool::disable();
-    (median(cold), median(warm), median(echoes))
+    (median(cold), median(warm), median(forked), median(echoes))
 }
 
 fn vm_hwm_kib(pid: u32) -> Option<u64> {
@@ -264,12 +284,16 @@ fn main() {
         pass * 1e3,
         run / pass
     );
-    let (cold, warm, echo) = bench_tool_call(&env);
+    let (cold, warm, forked, echo) = bench_tool_call(&env);
     println!(
         "(b) JSON echo over a Unix socket: {:.1} us/round trip",
         echo * 1e6
     );
-    for (name, call) in [("cold", cold), ("warm (pooled)", warm)] {
+    for (name, call) in [
+        ("cold", cold),
+        ("warm (pooled)", warm),
+        ("warm (forked)", forked),
+    ] {
         println!(
             "(b) read_file from a {name} script: {:.1} us/call; ratio to the echo {:.3} (target <= 1.5)",
             call * 1e6,

@@ -113,6 +113,23 @@ impl Reveal {
         Ok(Some(Reveal { covers }))
     }
 
+    /// Each cover as (closed dir, dirs to create in its tmpfs, paths to bind back), for a
+    /// process that applies the same steps itself (the fork server's children, which run
+    /// Python, not this code).
+    pub fn steps(&self) -> Vec<(String, Vec<String>, Vec<String>)> {
+        let text = |c: &CString| c.to_string_lossy().into_owned();
+        self.covers
+            .iter()
+            .map(|c| {
+                (
+                    text(&c.target),
+                    c.mkdirs.iter().map(text).collect(),
+                    c.binds.iter().map(text).collect(),
+                )
+            })
+            .collect()
+    }
+
     /// The covered directories, for logs.
     pub fn covered(&self) -> Vec<String> {
         self.covers

@@ -2,3 +2,4 @@
 
 mod execute_code_tool;
 mod pool;
+mod zygote;

@@ -1,0 +1,148 @@
+"""Warm no-op executions through the two long-lived hosts, against the bare interpreter of the
+same venv, measured in one run:
+
+(a) the Python package: `vibeos_exec.execute_code("pass")`, calls 100 ms apart and back to back;
+(b) `vibeos-exec serve` driven by the official MCP client (the `mcp` SDK over stdio), the same
+    two ways;
+(c) 16 concurrent MCP callers on one session (`--max-concurrent 16`): executions per second.
+
+Targets (issue 15): (a) and (b) medians <= 0.15 x bare `python -c 'import json, socket'`;
+(c) >= 200 executions/s on 2 cores. Both hosts fork warm executions from their fork server.
+
+Run with the venv that has the package and the SDK (scripts/test-all builds target/pyvenv):
+    target/pyvenv/bin/python benches/warm_hosts.py [--runs N] [--bin PATH]
+`--bin` defaults to target/release/vibeos-exec, else target/debug/vibeos-exec.
+"""
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def median(v):
+    return statistics.median(v)
+
+
+def p90(v):
+    s = sorted(v)
+    return s[round((len(s) - 1) * 0.9)]
+
+
+def bare(runs):
+    out = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import json, socket"], check=True,
+                       stdin=subprocess.DEVNULL)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def package(runs, gap):
+    import vibeos_exec
+
+    vibeos_exec.execute_code("pass")
+    out = []
+    for _ in range(runs):
+        time.sleep(gap)
+        t = time.perf_counter()
+        r = vibeos_exec.execute_code("pass")
+        out.append(time.perf_counter() - t)
+        assert r["status"] == "success", r
+    return out
+
+
+async def mcp_figures(binary, home, runs):
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    env = dict(os.environ, VIBEOS_HOME=str(home))
+    params = StdioServerParameters(command=str(binary),
+                                   args=["serve", "--max-concurrent", "16"], env=env)
+    async with stdio_client(params) as (read, write):
+        async with ClientSession(read, write) as session:
+            await session.initialize()
+
+            async def call():
+                t = time.perf_counter()
+                r = await session.call_tool("execute_code", {"code": "pass"})
+                took = time.perf_counter() - t
+                assert not getattr(r, "is_error", getattr(r, "isError", False)), r
+                return took
+
+            await call()
+            paced, b2b = [], []
+            for _ in range(runs):
+                await asyncio.sleep(0.1)
+                paced.append(await call())
+            for _ in range(runs):
+                b2b.append(await call())
+            total = max(runs * 8, 320)
+
+            async def caller(n):
+                for _ in range(n):
+                    await call()
+
+            t = time.perf_counter()
+            await asyncio.gather(*(caller(total // 16) for _ in range(16)))
+            rate = (total // 16) * 16 / (time.perf_counter() - t)
+            return paced, b2b, rate
+
+
+def row(name, v, base):
+    print("  %-44s median %7.2f ms  p90 %7.2f ms  / bare %.3f  %s" % (
+        name, median(v) * 1e3, p90(v) * 1e3, median(v) / base,
+        "OK" if median(v) / base <= 0.15 else "MISSED"))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=40)
+    ap.add_argument("--bin", type=Path)
+    args = ap.parse_args()
+    binary = args.bin
+    if binary is None:
+        binary = ROOT / "target/release/vibeos-exec"
+        if not binary.exists():
+            binary = ROOT / "target/debug/vibeos-exec"
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp) / "home"
+        home.mkdir()
+        (home / "config.yaml").write_text(
+            "code_execution:\n  python: %s\n  pool_size: 2\n" % sys.executable)
+        os.environ["VIBEOS_HOME"] = str(home)
+        os.chdir(tmp)
+        print("interpreter: %s; server: %s; %d runs each" % (sys.executable, binary, args.runs))
+        print("load before: %s" % load())
+        base_v = bare(args.runs)
+        base = median(base_v)
+        print("  %-44s median %7.2f ms  p90 %7.2f ms" % (
+            "bare `python -c 'import json, socket'`", base * 1e3, p90(base_v) * 1e3))
+        print("(a) Python package, load %s" % load())
+        row("execute_code('pass'), 100 ms apart", package(args.runs, 0.1), base)
+        row("execute_code('pass'), back to back", package(args.runs, 0.0), base)
+        print("(b) serve + official MCP client, load %s" % load())
+        paced, b2b, rate = asyncio.run(mcp_figures(binary, home, args.runs))
+        row("tools/call execute_code, 100 ms apart", paced, base)
+        row("tools/call execute_code, back to back", b2b, base)
+        print("(c) 16 concurrent MCP callers: %.0f executions/s (target >= 200) %s; load %s" % (
+            rate, "OK" if rate >= 200 else "MISSED", load()))
+        bare_after = median(bare(args.runs))
+        print("bare median again after the runs: %.2f ms" % (bare_after * 1e3))
+
+
+if __name__ == "__main__":
+    main()

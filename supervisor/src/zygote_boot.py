@@ -1,0 +1,452 @@
+import sys
+# The fork server of one launch key (supervisor/src/zygote.rs, docs/warm-pool.md). It imports
+# what the stub imports, then forks one child per request of its supervisor and never runs any
+# script code itself. argv: -c BOOT CONTROL_FD EMPTY_DIR.
+_fresh_names = set(globals())
+_control_fd, _empty = int(sys.argv[1]), sys.argv[2]
+# Import only from the interpreter's own library: neither the cwd nor a PYTHONPATH entry (the
+# project dir in project mode) may contribute a module, so no user code ever runs here.
+_saved_path = list(sys.path)
+_own = [p for p in sys.path if p and p.startswith((sys.prefix, sys.base_prefix, sys.exec_prefix))]
+sys.path[:] = _own
+
+import json, os, socket, threading, time  # noqa: E401,F401  (the stub's imports)
+import atexit, gc, types, signal, select, resource, errno, array, ctypes  # noqa: E401
+import importlib.machinery
+
+sys.path[:] = _saved_path
+del _saved_path, _own
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+_libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS, _PR_SET_CHILD_SUBREAPER = 1, 38, 36
+_WATCHED = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+_ctl = socket.socket(fileno=_control_fd)
+
+
+def _reap_all(*_):
+    while True:
+        try:
+            pid, _st = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
+                ("k", ctypes.c_uint)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def _check(rc, what):
+    if rc < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, "%s: %s" % (what, os.strerror(e)))
+
+
+def _children(pid):
+    out = []
+    try:
+        tids = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open("/proc/%d/task/%s/children" % (pid, tid)) as f:
+                out.extend(int(x) for x in f.read().split())
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def _signal_tree(root, sig):
+    # As the Rust reaper does (reaper.rs): depth first, stopping each process before looking at
+    # its children so it cannot fork meanwhile.
+    stack, seen = _children(root), 0
+    while stack and seen < 1000000:
+        pid = stack.pop()
+        try:
+            if sig == signal.SIGKILL:
+                os.kill(pid, signal.SIGSTOP)
+            stack.extend(_children(pid))
+            os.kill(pid, sig)
+            if sig == signal.SIGTERM:
+                os.kill(pid, signal.SIGCONT)
+        except OSError:
+            pass
+        seen += 1
+
+
+def _kill_everything_below():
+    me = os.getpid()
+    while True:
+        _signal_tree(me, signal.SIGKILL)
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+
+
+def _sweep(path):
+    # The supervisor died before removing the staging dir: do what its reaper would.
+    try:
+        _libc.umount2(path.encode(), 2 | 8)  # MNT_DETACH | UMOUNT_NOFOLLOW
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+        os.rmdir(os.path.dirname(path))
+    except Exception:
+        pass
+
+
+def _reveal(covers, nr):
+    """confine/reveal.rs: a private mount namespace in which each closed directory is covered
+    by a read-only tmpfs holding only the paths the script needs, bound back."""
+    ms_nosuid, ms_nodev, ms_noexec, ms_remount, ms_rdonly = 2, 4, 8, 32, 1
+    at_fdcwd, at_recursive, open_tree_clone, o_cloexec = -100, 0x8000, 1, 0o2000000
+    _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
+                            ctypes.c_char_p]
+    _check(_libc.unshare(0x00020000), "unshare(CLONE_NEWNS)")
+    _check(_libc.mount(None, b"/", None, 16384 | 262144, None), "making / private")
+    trees = []
+    for _target, _mkdirs, binds in covers:
+        for d in binds:
+            fd = _libc.syscall(ctypes.c_long(nr["open_tree"]), ctypes.c_int(at_fdcwd),
+                               ctypes.c_char_p(d.encode()),
+                               ctypes.c_uint(open_tree_clone | o_cloexec | at_recursive))
+            _check(fd, "open_tree " + d)
+            trees.append(fd)
+    i = 0
+    for target, mkdirs, binds in covers:
+        _check(_libc.mount(b"vibeos-cover", target.encode(), b"tmpfs",
+                           ms_nosuid | ms_nodev | ms_noexec, b"mode=0711,size=64k,nr_inodes=256"),
+               "covering " + target)
+        for d in mkdirs:
+            try:
+                os.mkdir(d, 0o711)
+            except FileExistsError:
+                pass
+        for d in binds:
+            _check(_libc.syscall(ctypes.c_long(nr["move_mount"]), ctypes.c_int(trees[i]),
+                                 ctypes.c_char_p(b""), ctypes.c_int(at_fdcwd),
+                                 ctypes.c_char_p(d.encode()), ctypes.c_uint(4)),
+                   "move_mount " + d)
+            os.close(trees[i])
+            i += 1
+        _check(_libc.mount(None, target.encode(), None,
+                           ms_remount | ms_rdonly | ms_nosuid | ms_nodev | ms_noexec, b"mode=0711"),
+               "remounting " + target)
+
+
+def _confine(req, rpc, ruleset):
+    """The strict steps of confine/child.rs, in its order, in the script process."""
+    for res, value in req.get("rlimits", ()):
+        resource.setrlimit(res, (value, value))
+    if req.get("reveal"):
+        _reveal(req["reveal"], req["syscalls"])
+    creds = req.get("credentials")
+    if creds is not None:
+        uid, gid = creds
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+        if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid):
+            raise OSError(errno.EPERM, "the uid change did not stick")
+    _check(_libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG")
+    if os.getppid() != req["reaper"]:
+        os._exit(127)
+    if ruleset is None:
+        return
+    nr = req["syscalls"]
+    _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
+    _check(_libc.syscall(ctypes.c_long(nr["landlock_restrict_self"]), ctypes.c_int(ruleset),
+                         ctypes.c_uint(0)), "landlock_restrict_self")
+    os.close(ruleset)
+    for prog in req.get("filters", ()):
+        arr = (_SockFilter * len(prog))(*[_SockFilter(*ins) for ins in prog])
+        fprog = _SockFprog(len(prog), arr)
+        _check(_libc.syscall(ctypes.c_long(nr["seccomp"]), ctypes.c_uint(1), ctypes.c_uint(0),
+                             ctypes.byref(fprog)), "seccomp")
+
+
+def _reseed():
+    # State a fork would otherwise share with every sibling (docs/warm-pool.md lists the rest).
+    mod = sys.modules.get("random")
+    if mod is not None:
+        mod.seed()
+    mod = sys.modules.get("tempfile")
+    if mod is not None:
+        mod._name_sequence = None
+        mod.tempdir = None
+
+
+def _script_process(req, fds, reaper):
+    """Runs in the script's process: stdio, descriptors, confinement, environment, script."""
+    for sig in _WATCHED:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.set_wakeup_fd(-1)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    stdout_w, stderr_w = fds[0], fds[1]
+    rpc = fds[4] if len(fds) > 4 else None
+    ruleset = fds[5] if len(fds) > 5 else None
+    null = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(stdout_w, 1)
+    os.dup2(stderr_w, 2)
+    keep = {0, 1, 2, rpc, ruleset}
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    if rpc is not None:
+        os.set_inheritable(rpc, True)
+    _confine(dict(req, reaper=reaper), rpc, ruleset)
+    os.chdir(req["cwd"])
+    env = dict(req["env"])
+    if rpc is not None:
+        env["VIBEOS_RPC_FD"] = str(rpc)
+    os.environ.clear()
+    os.environ.update(env)
+    # PYTHONPATH named the zygote's empty dir where this execution's staging dir belongs.
+    staging = req["staging"]
+    sys.path[:] = [staging if p == _empty else p for p in sys.path]
+    sys.path[0] = staging
+    _reseed()
+    _finish(*_run(req["script"]))
+
+
+def _reaper(req, fds):
+    """The execution's reaper, as reaper.rs: own session, subreaper, relays termination, kills
+    every descendant once the script is gone, reports the script's wait status."""
+    zygote = os.getppid()
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    _ctl.close()
+    stdout_w, stderr_w, lifeline, status_w = fds[:4]
+    os.setsid()
+    _check(_libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "PR_SET_CHILD_SUBREAPER")
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    flags = {"stop": False}
+
+    def on_signal(signo, _frame):
+        if signo != signal.SIGCHLD:
+            flags["stop"] = True
+
+    for sig in _WATCHED:
+        signal.signal(sig, on_signal)
+    signal.set_wakeup_fd(wake_w)
+    me = os.getpid()
+    script = os.fork()
+    if script == 0:
+        os.close(wake_r)
+        os.close(wake_w)
+        os.close(lifeline)
+        os.close(status_w)
+        try:
+            _script_process(req, fds, me)
+        except BaseException as exc:  # never let the child fall back into the zygote's loop
+            try:
+                os.write(2, ("vibeos: cannot start the script: %s\n" % exc).encode())
+            finally:
+                os._exit(126)
+        os._exit(126)
+    for fd in fds:
+        if fd not in (lifeline, status_w):
+            os.close(fd)
+    # Blocked since before the fork, so no signal was lost; from here the handlers wake poll.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(_WATCHED))
+    poller = select.poll()
+    poller.register(wake_r, select.POLLIN)
+    poller.register(lifeline, select.POLLIN)
+    grace = req["grace_ms"] / 1000.0
+    status, kill_at, terminating = None, None, False
+    while True:
+        while True:
+            try:
+                pid, st = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            if pid == script:
+                status = st
+        if status is not None:
+            _kill_everything_below()
+            if os.getppid() != zygote:
+                _sweep(req["staging"])
+            os.write(status_w, b"%d\n" % status)
+            os._exit(0)
+        now = time.monotonic()
+        if kill_at is not None and now >= kill_at:
+            _signal_tree(me, signal.SIGKILL)
+            kill_at = None
+        timeout = None if kill_at is None else max(0, int((kill_at - now) * 1000) + 1)
+        for fd, _ev in poller.poll(timeout):
+            if fd == lifeline:
+                poller.unregister(lifeline)
+                flags["stop"] = True
+            else:
+                try:
+                    os.read(wake_r, 512)
+                except OSError:
+                    pass
+        if flags["stop"] and not terminating:
+            terminating = True
+            _signal_tree(me, signal.SIGTERM)
+            kill_at = time.monotonic() + grace
+
+
+def _exit_status(code):
+    # As the interpreter turns an uncaught SystemExit into a status (and prints a non-int one).
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        print(code, file=sys.stderr)
+    except Exception:
+        pass
+    return 1
+
+
+def _run(path):
+    """Runs the script as `__main__`; returns (exit status, whether it ended by Ctrl-C)."""
+    main = types.ModuleType("__main__")
+    main.__file__ = path
+    main.__cached__ = None
+    main.__builtins__ = __builtins__
+    if "__annotations__" in _fresh_names:
+        main.__annotations__ = {}
+    try:
+        main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    except Exception:
+        pass
+    sys.modules["__main__"] = main
+    sys.argv[:] = [path]
+    try:
+        with open(path, "rb") as f:
+            source = f.read()
+        code = compile(source, path, "exec", dont_inherit=True)
+        del source
+        exec(code, main.__dict__)
+    except SystemExit as exc:
+        code = exc.code
+        del exc
+        return _exit_status(code), False
+    except BaseException as exc:
+        # Report as `python script.py` would: without this bootstrap's frame.
+        tb = exc.__traceback__
+        if tb is not None and tb.tb_frame.f_code is _run.__code__:
+            tb = tb.tb_next
+        kind, value = type(exc), exc.with_traceback(tb)
+        del exc
+        sys.excepthook(kind, value, tb)
+        del value, tb
+        return 1, issubclass(kind, KeyboardInterrupt)
+    return 0, False
+
+
+def _finish(status, sigint):
+    """The interpreter's exit minus the teardown of every module (see pool_boot.py)."""
+    try:
+        threading._shutdown()
+    except BaseException:
+        pass
+    atexit._run_exitfuncs()
+    main = sys.modules.get("__main__")
+    if main is not None:
+        try:
+            main.__dict__.clear()
+        except Exception:
+            pass
+    del main
+    gc.collect()
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    if sigint:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(status)
+
+
+def _serve():
+    signal.signal(signal.SIGCHLD, _reap_all)
+    # Ctrl-C of a terminal host or a hangup must not end the server between requests: the
+    # supervisor ends it by closing the control channel.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    gc.freeze()
+    _ctl.sendall(b"R")
+    space = socket.CMSG_SPACE(8 * array.array("i").itemsize)
+    while True:
+        try:
+            msg, anc, flags, _addr = _ctl.recvmsg(1 << 22, space)
+        except InterruptedError:
+            continue
+        if not msg:
+            os._exit(0)
+        fds = []
+        for level, kind, data in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                a = array.array("i")
+                a.frombytes(data[: len(data) - (len(data) % a.itemsize)])
+                fds.extend(a)
+        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(fds) < 4:
+            for fd in fds:
+                os.close(fd)
+            _ctl.sendall(json.dumps({"error": "malformed request"}).encode())
+            continue
+        try:
+            req = json.loads(msg.decode("utf-8"))
+            rid = req["id"]
+        except Exception:
+            for fd in fds:
+                os.close(fd)
+            _ctl.sendall(json.dumps({"error": "malformed request"}).encode())
+            continue
+        # SIGCHLD stays blocked until the pidfd is open: the handler must not reap the new
+        # child first (its pid could then be reused).
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+        pid = os.fork()
+        if pid == 0:
+            try:
+                signal.pthread_sigmask(signal.SIG_BLOCK, set(_WATCHED))
+                _reaper(req, fds)
+            except BaseException as exc:
+                try:
+                    os.write(fds[1], ("vibeos: cannot start the script: %s\n" % exc).encode())
+                finally:
+                    os._exit(126)
+            os._exit(126)
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError as exc:
+            pidfd = None
+            reply = {"error": "pidfd_open: %s" % exc, "id": rid}
+            os.kill(pid, signal.SIGKILL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+        for fd in fds:
+            os.close(fd)
+        if pidfd is None:
+            _ctl.sendall(json.dumps(reply).encode())
+            continue
+        _ctl.sendmsg([json.dumps({"pid": pid, "id": rid}).encode()],
+                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [pidfd]))])
+        os.close(pidfd)
+
+
+if not hasattr(os, "pidfd_open"):
+    sys.stderr.write("the fork server needs Python 3.9 or newer (os.pidfd_open)\n")
+    os._exit(3)
+_serve()

@@ -1,0 +1,627 @@
+//! The fork server (zygote), driven through the Rust API with real Python children: forked
+//! executions behave as cold ones (semantics, limits, timeout, interrupt, strict confinement),
+//! two consecutive ones share no state, concurrent ones get their own channels, a script cannot
+//! reach the server's control channel, and everything a script starts dies with it.
+//!
+//! Fork servers are process-wide, so the tests take a lock and run one at a time.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use serde_json::Value;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use vibeos_supervisor::{
+    execute, zygote, Config, ExecutionRequest, ExecutionResult, Interrupt, Mode,
+};
+
+/// One test at a time (the lock the pool's tests hold: servers and pool are both process-wide),
+/// each starting without servers (a failed test may have left some).
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    let guard = super::pool::serial();
+    zygote::set_enabled(false);
+    guard
+}
+
+fn python() -> Option<PathBuf> {
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+macro_rules! require_python {
+    () => {
+        match python() {
+            Some(p) => p,
+            None => {
+                vibeos_testkit::skip!("python3 is not on PATH");
+            }
+        }
+    };
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn fixture(rel: &str) -> String {
+    std::fs::read_to_string(workspace().join("fixtures").join(rel)).unwrap()
+}
+
+/// A session dir, and requests pinned to it, to the real interpreter and to a fixed environment.
+struct Session {
+    dir: tempfile::TempDir,
+    python: PathBuf,
+    env: Vec<(OsString, OsString)>,
+}
+
+impl Session {
+    fn new(python: PathBuf) -> Session {
+        let dir = tempfile::tempdir().unwrap();
+        let dir_path = std::fs::canonicalize(dir.path()).unwrap();
+        let env = vec![
+            ("PATH".into(), std::env::var_os("PATH").unwrap_or_default()),
+            ("HOME".into(), dir_path.clone().into_os_string()),
+            ("LANG".into(), "C.UTF-8".into()),
+            ("EXPECTED_CWD".into(), dir_path.into_os_string()),
+            ("VIBEOS_POOL_TEST_SECRET_TOKEN".into(), "s3cret".into()),
+        ];
+        Session { dir, python, env }
+    }
+
+    fn cwd(&self) -> PathBuf {
+        std::fs::canonicalize(self.dir.path()).unwrap()
+    }
+
+    fn request(&self, code: &str) -> ExecutionRequest {
+        let mut r = ExecutionRequest::from_config(code, &Config::default());
+        r.cwd = Some(self.cwd());
+        r.python = Some(self.python.clone());
+        r.base_env = Some(self.env.clone());
+        r.timeout = Duration::from_secs(60);
+        r
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    // The test harness hands this process inheritable descriptors (the build's jobserver) that a
+    // cold child would inherit and a forked one, which starts from the server, would not.
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only changes descriptor flags.
+    unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        );
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn run(rt: &tokio::runtime::Runtime, request: ExecutionRequest) -> ExecutionResult {
+    rt.block_on(execute(request, vibeos_tools::registry(), Interrupt::new()))
+}
+
+/// The result with every staging dir path replaced, so cold and warm runs compare equal.
+fn normalized(r: &ExecutionResult) -> Value {
+    let re = |s: &str| {
+        let mut out = String::new();
+        let mut rest = s;
+        while let Some(i) = rest.find("vibeos-exec-") {
+            let start = rest[..i]
+                .rfind(|c: char| c == '"' || c.is_whitespace() || c == '\'')
+                .map(|p| p + 1)
+                .unwrap_or(0);
+            out.push_str(&rest[..start]);
+            out.push_str("<staging>");
+            let tail = &rest[i + "vibeos-exec-".len()..];
+            let end = tail
+                .find(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+                .unwrap_or(tail.len());
+            rest = &tail[end..];
+        }
+        out.push_str(rest);
+        out
+    };
+    serde_json::json!({
+        "status": r.status,
+        "exit_code": r.exit_code,
+        "output": re(&r.output),
+        "error": r.error.as_deref().map(re),
+        "tool_calls_made": r.tool_calls_made,
+        "truncated": r.truncated,
+        "stdout_bytes": r.stdout_bytes,
+        "stderr_bytes": r.stderr_bytes,
+    })
+}
+
+/// Runs `request` forked from its key's server and checks it was.
+fn run_forked(rt: &tokio::runtime::Runtime, request: ExecutionRequest) -> ExecutionResult {
+    zygote::set_enabled(true);
+    let before = zygote::forks();
+    let result = run(rt, request);
+    assert_eq!(
+        zygote::forks(),
+        before + 1,
+        "the call was not forked: {}",
+        result.to_json()
+    );
+    result
+}
+
+/// Runs `request` cold (servers off), then turns them back on.
+fn run_cold(rt: &tokio::runtime::Runtime, request: ExecutionRequest) -> ExecutionResult {
+    zygote::set_enabled(false);
+    let result = run(rt, request);
+    zygote::set_enabled(true);
+    result
+}
+
+/// The fork servers of this process (pids).
+fn servers() -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&cmdline);
+        if text.contains("The fork server of one launch key") && parent_of(pid) == me {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+fn parent_of(pid: i32) -> i32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().nth(1))
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0)
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie has exited; only its status is left to collect.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rfind(')')
+                .and_then(|i| s[i + 1..].split_whitespace().next())
+                .is_some_and(|state| state != "Z")
+        })
+        .unwrap_or(false)
+}
+
+fn eventually(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn status(r: &ExecutionResult) -> String {
+    r.to_json()["status"].as_str().unwrap_or("").to_string()
+}
+
+fn json_line(r: &ExecutionResult) -> Value {
+    assert_eq!(status(r), "success", "{}", r.to_json());
+    serde_json::from_str(r.output.lines().last().unwrap_or("")).unwrap_or_else(|e| {
+        panic!("no JSON line ({e}): {}", r.output);
+    })
+}
+
+fn strict_unavailable() -> Option<String> {
+    vibeos_supervisor::doctor::probe().strict_blocker()
+}
+
+fn escapes(r: &ExecutionResult) -> Vec<Value> {
+    let line = r
+        .output
+        .lines()
+        .find_map(|l| l.strip_prefix("ESCAPES "))
+        .unwrap_or_else(|| panic!("no report: {}", r.to_json()));
+    let attempts: Vec<Value> = serde_json::from_str(line).unwrap();
+    attempts
+        .into_iter()
+        .map(|a| serde_json::json!({"what": a["what"], "escaped": a["escaped"], "errno": a["errno"]}))
+        .collect()
+}
+
+#[test]
+fn forked_scripts_behave_exactly_like_cold_ones() {
+    let python = require_python!();
+    let _guard = serial();
+    let rt = runtime();
+    let session = Session::new(python);
+    let scripts = [
+        fixture("pool/semantics.py"),
+        "import sys\nprint('before')\nsys.exit(3)\n".to_string(),
+        "import sys\nsys.exit('bye with a message')\n".to_string(),
+        "def f():\n    raise ValueError('boom')\nprint('partial')\nf()\n".to_string(),
+        "def broken(:\n    pass\n".to_string(),
+        "import os\nprint('x', end='')\nos._exit(7)\n".to_string(),
+        "import atexit, threading, time\natexit.register(print, 'atexit ran')\n\
+         t = threading.Thread(target=lambda: (time.sleep(0.2), print('thread done')))\n\
+         t.start()\nprint('main done')\n"
+            .to_string(),
+        "raise KeyboardInterrupt\n".to_string(),
+        "import pickle\nclass C: pass\nprint(type(pickle.loads(pickle.dumps(C()))).__module__)\n"
+            .to_string(),
+        "print(__import__('sys').stdin.read() == '')\n".to_string(),
+        "import os\nprint(os.getcwd() == os.environ['EXPECTED_CWD'])\n".to_string(),
+        "import os\nprint(sorted(k for k in os.environ if k.startswith('VIBEOS_POOL')))\n"
+            .to_string(),
+        "class D:\n    def __del__(self):\n        print('del ran at exit')\nd = D()\n".to_string(),
+        "import sys\nsys.exit(256 + 5)\n".to_string(),
+        "import signal, os\nos.kill(os.getpid(), signal.SIGTERM)\n".to_string(),
+        "import threading\nthreading.Thread(target=lambda: 1/0).start()\n".to_string(),
+    ];
+    for code in scripts {
+        let cold = normalized(&run_cold(&rt, session.request(&code)));
+        let forked = normalized(&run_forked(&rt, session.request(&code)));
+        assert_eq!(forked, cold, "script:\n{code}");
+    }
+    let report = json_line(&run_forked(
+        &rt,
+        session.request(&fixture("pool/semantics.py")),
+    ));
+    assert_eq!(report["name"], "__main__");
+    assert_eq!(report["path0_is_script_dir"], true);
+    assert_eq!(report["main_is_this_module"], true);
+    zygote::set_enabled(false);
+}
+
+#[test]
+fn two_consecutive_forked_executions_share_no_state() {
+    let python = require_python!();
+    let _guard = serial();
+    let rt = runtime();
+    let session = Session::new(python);
+    zygote::set_enabled(true);
+    let first = run_forked(&rt, session.request(&fixture("pool/leave_traces.py")));
+    assert_eq!(status(&first), "success", "{}", first.to_json());
+    let first_staging = PathBuf::from(first.output.trim());
+    assert!(!first_staging.exists(), "the first staging dir is left");
+    let second = json_line(&run_forked(
+        &rt,
+        session.request(&fixture("pool/look_for_traces.py")),
+    ));
+    assert_eq!(second["env"], false, "{second}");
+    assert_eq!(second["json_patched"], false, "{second}");
+    assert_eq!(second["os_attr"], false, "{second}");
+    assert_eq!(second["decimal_loaded"], false, "{second}");
+    assert_eq!(second["leak_module"], false, "{second}");
+    assert_eq!(second["fd77"], false, "{second}");
+    assert_eq!(
+        second["files"],
+        serde_json::json!(["rpc", "script.py", "vibeos_tools.py"]),
+        "{second}"
+    );
+    assert_eq!(second["cwd"], session.cwd().display().to_string());
+    assert_ne!(second["here"], first_staging.display().to_string());
+    let cold = json_line(&run_cold(
+        &rt,
+        session.request(&fixture("pool/look_for_traces.py")),
+    ));
+    assert_eq!(second["fds"], cold["fds"], "forked {second} cold {cold}");
+    // Random streams, temp names and uuids: a fork must not hand siblings the same sequence.
+    let a = json_line(&run_forked(
+        &rt,
+        session.request(&fixture("zygote/random_streams.py")),
+    ));
+    let b = json_line(&run_forked(
+        &rt,
+        session.request(&fixture("zygote/random_streams.py")),
+    ));
+    for k in ["random", "tempname", "uuid4", "urandom", "pid"] {
+        assert_ne!(a[k], b[k], "{k} repeated: {a} {b}");
+    }
+    zygote::set_enabled(false);
+}
+
+#[test]
+fn concurrent_forked_executions_get_their_own_channel_and_dir() {
+    let python = require_python!();
+    let _guard = serial();
+    let rt = runtime();
+    let session = Session::new(python);
+    zygote::set_enabled(true);
+    let code = "from vibeos_tools import write_file, read_file\nimport os, time\n\
+                name = 'c-%d.txt' % os.getpid()\nwrite_file(name, name)\ntime.sleep(0.2)\n\
+                print(name in read_file(name)['content'], os.path.dirname(__file__))\n";
+    let before = zygote::forks();
+    let results: Vec<ExecutionResult> = rt.block_on(async {
+        let calls = (0..8).map(|_| {
+            execute(
+                session.request(code),
+                vibeos_tools::registry(),
+                Interrupt::new(),
+            )
+        });
+        futures_join_all(calls).await
+    });
+    assert_eq!(zygote::forks(), before + 8);
+    let mut dirs = std::collections::BTreeSet::new();
+    for r in &results {
+        assert_eq!(status(r), "success", "{}", r.to_json());
+        let line = r.output.trim();
+        assert!(line.starts_with("True "), "{line}");
+        dirs.insert(line[5..].to_string());
+    }
+    assert_eq!(dirs.len(), 8, "staging dirs were shared: {dirs:?}");
+    assert_eq!(servers().len(), 1, "one server per key");
+    zygote::set_enabled(false);
+    eventually("the server is gone", || servers().is_empty());
+}
+
+async fn futures_join_all<F: std::future::Future<Output = ExecutionResult> + Send + 'static>(
+    calls: impl Iterator<Item = F>,
+) -> Vec<ExecutionResult> {
+    let handles: Vec<_> = calls.map(tokio::spawn).collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.unwrap());
+    }
+    out
+}
+
+#[test]
+fn limits_timeout_interrupt_and_descendants_as_on_the_cold_path() {
+    let python = require_python!();
+    let _guard = serial();
+    let rt = runtime();
+    let session = Session::new(python);
+    for (name, tweak) in [
+        (
+            "core/budget.py",
+            (|r: &mut ExecutionRequest| r.max_tool_calls = 2) as fn(&mut _),
+        ),
+        ("core/flood_stdout.py", |r| r.stdout_limit = 1000),
+        ("core/flood_stderr.py", |r| r.stderr_limit = 500),
+        ("core/tool_chain.py", |_| {}),
+        ("core/stub_helpers.py", |_| {}),
+        ("core/threads_and_subprocess.py", |_| {}),
+    ] {
+        let mut request = session.request(&fixture(name));
+        tweak(&mut request);
+        let cold = normalized(&run_cold(&rt, request.clone()));
+        let forked = normalized(&run_forked(&rt, request));
+        assert_eq!(forked, cold, "{name}");
+    }
+
+    // A detached grandchild of a script that ends normally dies with the execution.
+    let r = run_forked(&rt, session.request(&fixture("zygote/detach_and_exit.py")));
+    assert_eq!(status(&r), "success", "{}", r.to_json());
+    let orphan: i32 = r
+        .output
+        .lines()
+        .find_map(|l| l.strip_prefix("ORPHAN "))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    eventually("the detached grandchild is gone", || !alive(orphan));
+
+    // Timeout: the notice, and the detached daemon dies with the execution.
+    std::fs::write(session.cwd().join("wait-for-timeout"), "").unwrap();
+    let mut request = session.request(&fixture("core/daemon_escape.py"));
+    request.timeout = Duration::from_millis(1500);
+    request.kill_grace = Duration::from_millis(500);
+    let cold = run_cold(&rt, request.clone());
+    let forked = run_forked(&rt, request);
+    assert_eq!(normalized(&forked), normalized(&cold));
+    assert_eq!(status(&forked), "timeout");
+    let daemon: i32 = std::fs::read_to_string(session.cwd().join("daemon.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    eventually("the daemon is gone", || !alive(daemon));
+    std::fs::remove_file(session.cwd().join("wait-for-timeout")).unwrap();
+
+    // SIGTERM ignored: the SIGKILL after the grace period ends it.
+    let mut request = session.request(&fixture("core/ignore_sigterm.py"));
+    request.timeout = Duration::from_millis(800);
+    request.kill_grace = Duration::from_millis(300);
+    let forked = run_forked(&rt, request.clone());
+    assert_eq!(normalized(&forked), normalized(&run_cold(&rt, request)));
+
+    // Interrupt from another thread.
+    let request = session.request(&fixture("core/sleep_forever.py"));
+    let interrupt = Interrupt::new();
+    let remote = interrupt.clone();
+    let stopper = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        remote.interrupt();
+    });
+    let started = Instant::now();
+    let before = zygote::forks();
+    let result = rt.block_on(execute(request, vibeos_tools::registry(), interrupt));
+    stopper.join().unwrap();
+    assert_eq!(zygote::forks(), before + 1);
+    assert_eq!(status(&result), "interrupted", "{}", result.to_json());
+    assert!(started.elapsed() < Duration::from_secs(10));
+    zygote::set_enabled(false);
+}
+
+#[test]
+fn the_server_dies_with_its_host_and_leaves_no_staging_dirs() {
+    let python = require_python!();
+    let _guard = serial();
+    let rt = runtime();
+    let session = Session::new(python);
+    zygote::set_enabled(true);
+    let r = run_forked(&rt, session.request("print('up')\n"));
+    assert_eq!(r.output, "up\n");
+    let pids = servers();
+    assert_eq!(pids.len(), 1);
+    zygote::set_enabled(false);
+    eventually("the server exited", || !alive(pids[0]));
+}
+
+#[test]
+fn strict_confinement_is_the_same_for_forked_executions() {
+    let python = require_python!();
+    if let Some(why) = strict_unavailable() {
+        vibeos_testkit::skip!("strict mode is unavailable on this machine: {why}");
+    }
+    let _guard = serial();
+    let rt = runtime();
+    let session = Session::new(python);
+    let strict = |code: &str| {
+        let mut r = session.request(code);
+        r.mode = Mode::Strict;
+        r
+    };
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(outside.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let victim = outside.path().join("victim.txt");
+    std::fs::write(&victim, "intact").unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let project_file = session.cwd().join("project.txt");
+    std::fs::write(&project_file, "project secret").unwrap();
+    let params = serde_json::json!({
+        "tcp_port": listener.local_addr().unwrap().port(),
+        "supervisor_pid": std::process::id(),
+        "test_pid": std::process::id(),
+        "victim": victim,
+        "outside_dir": outside.path(),
+        "project_file": project_file,
+        "project_dir": session.cwd(),
+    });
+    let prelude = fixture("escapes/_prelude.py");
+    for name in [
+        "read_shadow.py",
+        "read_project.py",
+        "tcp_connect.py",
+        "write_outside.py",
+        "signal_supervisor.py",
+        "ptrace_supervisor.py",
+    ] {
+        let code = format!(
+            "PARAMS = {params}\n{prelude}\n{}",
+            fixture(&format!("escapes/{name}"))
+        );
+        let cold = run_cold(&rt, strict(&code));
+        let forked = run_forked(&rt, strict(&code));
+        assert_eq!(forked.mode, "strict");
+        let attempts = escapes(&forked);
+        assert_eq!(attempts, escapes(&cold), "{name}");
+        assert!(
+            attempts.iter().all(|a| a["escaped"] == false),
+            "{name}: {attempts:?}"
+        );
+    }
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "intact");
+    assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 1);
+    let probe = "import ctypes, os, json\nfrom vibeos_tools import write_file\n\
+                 libc = ctypes.CDLL(None)\n\
+                 print(json.dumps({'root': os.getuid() == 0, 'nnp': libc.prctl(39, 0, 0, 0, 0), \
+                 'seccomp': libc.prctl(21, 0, 0, 0, 0), 'cwd_is_staging': os.getcwd() == os.path.dirname(__file__), \
+                 'tmp': os.environ['TMPDIR'] == os.path.dirname(__file__), \
+                 'home': os.environ['HOME'] == os.path.dirname(__file__), \
+                 'write': write_file('zygote-strict.txt', 'via rpc').get('bytes_written')}))\n";
+    let cold = json_line(&run_cold(&rt, strict(probe)));
+    let forked = json_line(&run_forked(&rt, strict(probe)));
+    assert_eq!(forked, cold);
+    assert_eq!(forked["root"], false);
+    assert_eq!(forked["nnp"], 1);
+    assert_eq!(forked["seccomp"], 2);
+    assert_eq!(forked["cwd_is_staging"], true);
+    assert_eq!(forked["home"], true);
+    assert_eq!(forked["write"], 7);
+    // Two live strict executions never share a uid (root only: otherwise there is one uid).
+    let uid_probe = "import os, time\nprint(os.getuid())\ntime.sleep(0.3)\n";
+    let uids: Vec<String> = rt.block_on(async {
+        let a = tokio::spawn(execute(
+            strict(uid_probe),
+            vibeos_tools::registry(),
+            Interrupt::new(),
+        ));
+        let b = tokio::spawn(execute(
+            strict(uid_probe),
+            vibeos_tools::registry(),
+            Interrupt::new(),
+        ));
+        vec![a.await.unwrap().output, b.await.unwrap().output]
+    });
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        assert_ne!(uids[0], uids[1], "two live executions shared a uid");
+    }
+    // Timeout in strict mode.
+    let mut request = strict(&fixture("core/sleep_forever.py"));
+    request.timeout = Duration::from_millis(700);
+    let forked = run_forked(&rt, request.clone());
+    assert_eq!(normalized(&forked), normalized(&run_cold(&rt, request)));
+    assert_eq!(status(&forked), "timeout");
+    drop(listener);
+    zygote::set_enabled(false);
+}
+
+#[test]
+fn a_strict_script_cannot_reach_the_fork_server() {
+    let python = require_python!();
+    if let Some(why) = strict_unavailable() {
+        vibeos_testkit::skip!("strict mode is unavailable on this machine: {why}");
+    }
+    let _guard = serial();
+    let rt = runtime();
+    let session = Session::new(python);
+    let strict = |code: &str| {
+        let mut r = session.request(code);
+        r.mode = Mode::Strict;
+        r
+    };
+    zygote::set_enabled(false);
+    zygote::set_enabled(true);
+    let warm = run_forked(&rt, strict("print('warm')\n"));
+    assert_eq!(warm.output, "warm\n", "{}", warm.to_json());
+    let pids = servers();
+    assert_eq!(pids.len(), 1, "{pids:?}");
+    let server = pids[0];
+    let code = format!(
+        "PARAMS = {}\n{}",
+        serde_json::json!({ "server_pid": server }),
+        fixture("zygote/control_channel.py")
+    );
+    let r = run_forked(&rt, strict(&code));
+    let line = r
+        .output
+        .lines()
+        .find_map(|l| l.strip_prefix("ATTACK "))
+        .unwrap_or_else(|| panic!("no report: {}", r.to_json()));
+    let got: Value = serde_json::from_str(line).unwrap();
+    assert_eq!(got["own_sockets"], serde_json::json!([]), "{got}");
+    assert!(
+        got["proc_fds"].is_null(),
+        "the server's descriptors were listed: {got}"
+    );
+    assert_eq!(got["proc_fd_opened"], serde_json::json!([]), "{got}");
+    assert_eq!(got["getfd"], serde_json::json!([]), "{got}");
+    assert_eq!(got["signal"], false, "{got}");
+    assert_eq!(got["ptrace"], false, "{got}");
+    assert_eq!(got["mem"], false, "{got}");
+    // The server was neither stopped nor confused: it still forks, and is the same process.
+    assert!(alive(server));
+    let after = run_forked(&rt, strict("print('after')\n"));
+    assert_eq!(after.output, "after\n", "{}", after.to_json());
+    assert_eq!(servers(), vec![server]);
+    zygote::set_enabled(false);
+}
