@@ -179,6 +179,8 @@ fn local_environment_contract() {
 
 #[test]
 fn ssh_environment_contract() {
+    // Every sshd the suite starts points the one test user's home at its own dir: take turns.
+    let _backend = super::backend_lock();
     let sshd = match start_sshd() {
         Ok(s) => s,
         Err(e) => return unavailable(&e),
@@ -203,32 +205,14 @@ fn ssh_environment_contract() {
 
 #[test]
 fn docker_environment_contract() {
-    let image = match rootfs() {
-        Ok(p) => p,
-        Err(e) => return unavailable(&e),
-    };
-    let daemon = match Dockerd::start() {
+    let (daemon, cli) = match Dockerd::with_image("vibeos-py:contract") {
         Ok(d) => d,
         Err(e) => return unavailable(&e),
     };
-    daemon
-        .import(&image, "vibeos-py:contract")
-        .expect("docker import");
-    let bin = daemon.dir.path().join("docker-here");
-    std::fs::write(
-        &bin,
-        format!(
-            "#!/bin/sh\nDOCKER_HOST={} exec docker \"$@\"\n",
-            daemon.host
-        ),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
     let settings = BackendSettings {
         backend: BackendKind::Docker,
         docker_image: Some("vibeos-py:contract".into()),
-        docker_binary: bin.display().to_string(),
+        docker_binary: cli,
         agent_binary: Some(PathBuf::from(env!("CARGO_BIN_EXE_vibeos-exec"))),
         ..BackendSettings::default()
     };

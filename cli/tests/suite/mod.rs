@@ -1,5 +1,6 @@
 //! One module per area; see each module's docs.
 
+mod backend_background;
 mod backend_contract;
 mod backend_daytona;
 mod backend_docker;
@@ -8,6 +9,7 @@ mod backend_singularity;
 mod backend_ssh;
 mod backends_cli;
 mod builtin_tools;
+mod config_validation;
 mod core_run;
 mod daytona_standin;
 mod env_and_interpreter;

@@ -22,13 +22,15 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// Tools the agent runs: the script tools that touch files and processes.
-pub const REMOTE_TOOLS: [&str; 5] = [
+/// Tools the agent runs: the tools that touch files and processes. `process` manages the
+/// background commands `terminal(background=true)` started there.
+pub const REMOTE_TOOLS: [&str; 6] = [
     "read_file",
     "write_file",
     "search_files",
     "patch",
     "terminal",
+    "process",
 ];
 
 /// How long a forwarded file tool may take.
@@ -211,7 +213,8 @@ impl AgentClient {
         ctx: &ToolContext,
         timeout: Duration,
     ) -> Result<Value, ToolError> {
-        let backend_err = |e: EnvError| ToolError::new("BackendError", e.to_string());
+        let backend_err =
+            |e: EnvError| ToolError::new(crate::ToolErrorKind::BackendError, e.to_string());
         let (rx, id, pending) = {
             let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
             let dead = match guard.as_mut() {
@@ -267,11 +270,11 @@ impl AgentClient {
         match reply {
             Ok(v) => decode_reply(v),
             Err(mpsc::RecvTimeoutError::Timeout) => Err(ToolError::new(
-                "BackendError",
+                crate::ToolErrorKind::BackendError,
                 format!("{} backend: `{tool}` got no answer within {}s", self.backend, timeout.as_secs()),
             )),
             Err(mpsc::RecvTimeoutError::Disconnected) => Err(ToolError::new(
-                "BackendError",
+                crate::ToolErrorKind::BackendError,
                 format!(
                     "{} backend: the tool agent exited during `{tool}`; the environment may have been stopped",
                     self.backend
@@ -292,7 +295,7 @@ impl AgentClient {
     ) -> Result<Value, ToolError> {
         let broke = |e: std::io::Error| {
             ToolError::new(
-                "BackendError",
+                crate::ToolErrorKind::BackendError,
                 format!(
                     "{} backend: the tool agent connection broke during `{tool}`: {e}; the environment may have been stopped",
                     self.backend
@@ -330,7 +333,7 @@ impl AgentClient {
                 ) =>
             {
                 return Err(ToolError::new(
-                    "BackendError",
+                    crate::ToolErrorKind::BackendError,
                     format!(
                         "{} backend: `{tool}` got no answer within {}s",
                         self.backend,
@@ -342,7 +345,7 @@ impl AgentClient {
         }
         let v: Value = serde_json::from_str(&reply).map_err(|e| {
             ToolError::new(
-                "BackendError",
+                crate::ToolErrorKind::BackendError,
                 format!(
                     "{} backend: the tool agent sent a reply that is not JSON: {e}",
                     self.backend
@@ -439,7 +442,7 @@ fn decode_reply(v: Value) -> Result<Value, ToolError> {
         Err(ToolError::new(field("kind"), field("message")))
     } else {
         Err(ToolError::new(
-            "BackendError",
+            crate::ToolErrorKind::BackendError,
             "the tool agent sent a reply with neither a result nor an error",
         ))
     }
@@ -460,6 +463,7 @@ pub fn serve(
 ) -> Result<(), String> {
     let Some(path) = listen else {
         serve_stream(registry, input, output);
+        end_background();
         return Ok(());
     };
     let mut token = String::new();
@@ -488,7 +492,9 @@ pub fn serve(
                 let Ok(writer) = conn.try_clone() else { return };
                 let mut reader = BufReader::new(conn);
                 let mut first = String::new();
-                if reader.read_line(&mut first).is_err() || !token_matches(first.trim(), &token) {
+                if reader.read_line(&mut first).is_err()
+                    || !token_matches(first.trim().as_bytes(), token.as_bytes())
+                {
                     return;
                 }
                 serve_stream(registry, reader, writer);
@@ -501,7 +507,26 @@ pub fn serve(
         sink.clear();
     }
     let _ = std::fs::remove_file(path);
+    end_background();
     Ok(())
+}
+
+/// Kills (process group) every background command started here: the environment is going
+/// away, and with ssh nothing else would end them.
+fn end_background() {
+    let procs = super::local::list_processes();
+    let killers: Vec<_> = procs
+        .into_iter()
+        .map(|p| {
+            std::thread::spawn(move || {
+                p.kill();
+                super::local::remove_process(&p.id);
+            })
+        })
+        .collect();
+    for k in killers {
+        let _ = k.join();
+    }
 }
 
 /// Makes this process's approval agree with every command: for the agent process only, whose
@@ -510,10 +535,11 @@ pub fn approve_all() {
     crate::approval::set_smart_approval(Some(Arc::new(|_| true)));
 }
 
-fn token_matches(a: &str, b: &str) -> bool {
+/// Whether two tokens are equal, in time that does not depend on where they differ.
+pub(crate) fn token_matches(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len()
-        && a.bytes()
-            .zip(b.bytes())
+        && a.iter()
+            .zip(b.iter())
             .fold(0u8, |acc, (x, y)| acc | (x ^ y))
             == 0
 }
@@ -655,16 +681,21 @@ fn answer(registry: &'static ToolRegistry, req: Value) -> Value {
     let result = match &entry.handler {
         Handler::Sync(f) => {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&args, &ctx)))
-                .unwrap_or_else(|_| Err(ToolError::new("Panic", format!("`{tool}` panicked"))))
+                .unwrap_or_else(|_| {
+                    Err(ToolError::new(
+                        crate::ToolErrorKind::Panic,
+                        format!("`{tool}` panicked"),
+                    ))
+                })
         }
         _ => Err(ToolError::new(
-            "UnknownTool",
+            crate::ToolErrorKind::UnknownTool,
             format!("`{tool}` is not a synchronous built-in"),
         )),
     };
     match result {
         Ok(v) => json!({"id": id, "ok": v}),
-        Err(e) => fail(&e.kind, e.message),
+        Err(e) => fail(e.kind.as_str(), e.message),
     }
 }
 

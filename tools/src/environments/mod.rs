@@ -17,6 +17,7 @@ pub mod local_env;
 pub mod manager;
 pub mod process;
 pub mod relay;
+pub mod route;
 pub mod session;
 pub mod settings;
 pub mod singularity;

@@ -8,9 +8,9 @@
 //!
 //! CLI backends start every command through [`group_wrapper`]: a POSIX `sh` line that puts the
 //! command in a new session (so it leads its own process group), records that group's id in a
-//! file on that side, waits, removes the file and exits with the command's status. Killing the
-//! local client alone would leave the remote command running; [`ClientProcess::kill`] runs
-//! `kill -s SIG -- -PGID` there instead.
+//! file on that side, waits, removes the file (in the background, so the exit does not wait for
+//! `rm`) and exits with the command's status. Killing the local client alone would leave the
+//! remote command running; [`ClientProcess::kill`] runs `kill -s SIG -- -PGID` there instead.
 
 use super::{shell_quote, EnvError};
 use nix::sys::signal::{killpg, Signal};
@@ -297,7 +297,8 @@ pub fn group_wrapper(spec: &ExecSpec, pgid_file: &str, python: &str) -> String {
     format!(
         "{cd}exec 3<&0; if command -v setsid >/dev/null 2>&1; then setsid {cmd} <&3 3<&- & \
          else {py} -c 'import os,sys;os.setsid();os.execvp(sys.argv[1],sys.argv[1:])' {cmd} <&3 3<&- & fi; \
-         p=$!; exec 3<&-; echo $p > {f}; wait $p; s=$?; rm -f {f}; exit $s"
+         p=$!; exec 3<&-; echo $p > {f}; wait $p; s=$?; \
+         rm -f {f} </dev/null >/dev/null 2>&1 & exit $s"
     )
 }
 
@@ -364,6 +365,9 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         assert!(killpg(Pid::from_raw(pgid), None).is_err());
+        while std::path::Path::new(&pgid_file).exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         assert!(!std::path::Path::new(&pgid_file).exists());
     }
 }

@@ -499,8 +499,10 @@ mod tests {
 
     #[test]
     fn config_selects_it_and_names_the_missing_image() {
-        let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(
+        let at = Path::new("/t/config.yaml");
+        let doc = crate::config_file::ConfigFile::parse(
             "terminal:\n  backend: singularity\n  singularity_image: docker://python:3.12-slim\n",
+            at,
         )
         .unwrap();
         let s = BackendSettings::from_document(&doc, None).unwrap();
@@ -509,7 +511,7 @@ mod tests {
             s.singularity_image.as_deref(),
             Some("docker://python:3.12-slim")
         );
-        let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str("terminal: {}\n").unwrap();
+        let doc = crate::config_file::ConfigFile::parse("terminal: {}\n", at).unwrap();
         let e = BackendSettings::from_document(&doc, Some("apptainer")).unwrap_err();
         assert!(e.to_string().contains("terminal.singularity_image"), "{e}");
     }

@@ -11,6 +11,7 @@
 
 use super::agent::{agent_binary, AgentClient, AgentLaunch, AgentSocket};
 use super::process::{group_kill, group_wrapper};
+use super::route::Router;
 use super::settings::{BackendSettings, KnownHosts};
 use super::{
     run_client, shell_quote, Channel, ClientProcess, Connections, EnvError, Environment, ExecSpec,
@@ -83,6 +84,10 @@ impl Target {
 /// One remote host, reached through its master connection.
 pub struct SshEnv {
     target: Target,
+    /// The shared RPC socket there (`<remote_env_dir>/rpc.sock`).
+    rpc_remote: String,
+    /// Its host end, set up with the first execution.
+    router: std::sync::Mutex<Option<Arc<Router>>>,
     /// A private 0700 dir on the host for this environment's forwarded sockets.
     remote_env_dir: String,
     _control_dir: tempfile::TempDir,
@@ -196,6 +201,8 @@ impl SshEnv {
         });
         let mut env = SshEnv {
             target: target.clone(),
+            rpc_remote: format!("{remote_env_dir}/rpc.sock"),
+            router: std::sync::Mutex::new(None),
             remote_env_dir: remote_env_dir.clone(),
             _control_dir: control_dir,
             workdir: String::new(),
@@ -258,25 +265,31 @@ fn upload_agent(target: &Target, bin: &std::path::Path) -> Result<String, EnvErr
     Ok(name)
 }
 
-/// Cancels an execution's forward and removes its remote socket when the execution ends.
-struct Forward {
-    target: Target,
-    spec: String,
-    remote_socket: String,
-    _local: tempfile::TempDir,
-}
-
-impl Drop for Forward {
-    fn drop(&mut self) {
-        let mut cancel = self.target.ssh();
-        cancel
-            .args(["-O", "cancel", "-R", &self.spec])
+impl SshEnv {
+    /// The environment's shared RPC socket: forwarded once over the master, its connections
+    /// routed to executions by token (see [`super::route`]).
+    fn router(&self) -> Result<Arc<Router>, EnvError> {
+        let mut slot = self.router.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(r) = slot.as_ref() {
+            return Ok(Arc::clone(r));
+        }
+        let local = self._control_dir.path().join("rpc.sock");
+        let router = Router::listen(&local).map_err(|e| EnvError::Command {
+            backend: "ssh",
+            what: "listening for the RPC forward".into(),
+            message: format!("{}: {e}", local.display()),
+        })?;
+        let mut fwd = self.target.ssh();
+        fwd.args(["-O", "forward", "-R"])
+            .arg(format!("{}:{}", self.rpc_remote, local.display()))
             .arg(&self.target.host);
-        let _ = run_client("ssh", &mut cancel, b"", OP_TIMEOUT, "cancel forward");
-        let _ = self.target.run(
-            &format!("rm -f {}", shell_quote(&self.remote_socket)),
-            "remove socket",
-        );
+        let out = run_client("ssh", &mut fwd, b"", OP_TIMEOUT, "RPC forward")?;
+        if !out.success() {
+            return Err(ssh_error("forwarding the RPC socket", &out));
+        }
+        let router = Arc::new(router);
+        *slot = Some(Arc::clone(&router));
+        Ok(router)
     }
 }
 
@@ -319,38 +332,14 @@ impl Environment for SshEnv {
         )
     }
 
-    fn open_channel(&self, exec_id: &str, _token: &str) -> Result<Channel, EnvError> {
-        let local = tempfile::Builder::new()
-            .prefix("vibeos-exec-")
-            .tempdir()
-            .map_err(|e| EnvError::Command {
-                backend: "ssh",
-                what: "creating the local socket dir".into(),
-                message: e.to_string(),
-            })?;
-        let _ = std::fs::set_permissions(local.path(), std::fs::Permissions::from_mode(0o700));
-        let local_socket = local.path().join("rpc.sock");
-        let remote_socket = format!("{}/{exec_id}.sock", self.remote_env_dir);
-        let spec = format!("{remote_socket}:{}", local_socket.display());
-        let mut fwd = self.target.ssh();
-        fwd.args(["-O", "forward", "-R"])
-            .arg(&spec)
-            .arg(&self.target.host);
-        let out = run_client("ssh", &mut fwd, b"", OP_TIMEOUT, "execution forward")?;
-        if !out.success() {
-            return Err(ssh_error("forwarding the execution's socket", &out));
-        }
+    fn open_channel(&self, exec_id: &str, token: &str) -> Result<Channel, EnvError> {
+        let (route, incoming) = self.router()?.register(token);
         Ok(Channel {
-            connections: Connections::Bind(local_socket),
-            remote_socket: remote_socket.clone(),
+            connections: Connections::Routed(incoming),
+            remote_socket: self.rpc_remote.clone(),
             remote_dir: format!("/tmp/vibeos-exec-{exec_id}"),
-            hello: false,
-            guard: Box::new(Forward {
-                target: self.target.clone(),
-                spec,
-                remote_socket,
-                _local: local,
-            }),
+            hello: true,
+            guard: Box::new(route),
         })
     }
 
