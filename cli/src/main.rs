@@ -176,8 +176,8 @@ struct LimitArgs {
     /// Session working directory (default: $TERMINAL_CWD, else the current directory).
     #[arg(long, value_name = "DIR")]
     cwd: Option<PathBuf>,
-    /// Where scripts, terminal and the file tools run: local, docker, ssh (default:
-    /// terminal.backend, else local).
+    /// Where scripts, terminal and the file tools run: local, docker, ssh, daytona,
+    /// singularity (default: terminal.backend, else local).
     #[arg(long, value_name = "NAME")]
     backend: Option<String>,
 }

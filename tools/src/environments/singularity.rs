@@ -499,9 +499,10 @@ mod tests {
 
     #[test]
     fn config_selects_it_and_names_the_missing_image() {
+        let at = Path::new("/t/config.yaml");
         let doc = crate::config_file::ConfigFile::parse(
             "terminal:\n  backend: singularity\n  singularity_image: docker://python:3.12-slim\n",
-            Path::new("/t/config.yaml"),
+            at,
         )
         .unwrap();
         let s = BackendSettings::from_document(&doc, None).unwrap();
@@ -510,9 +511,7 @@ mod tests {
             s.singularity_image.as_deref(),
             Some("docker://python:3.12-slim")
         );
-        let doc =
-            crate::config_file::ConfigFile::parse("terminal: {}\n", Path::new("/t/config.yaml"))
-                .unwrap();
+        let doc = crate::config_file::ConfigFile::parse("terminal: {}\n", at).unwrap();
         let e = BackendSettings::from_document(&doc, Some("apptainer")).unwrap_err();
         assert!(e.to_string().contains("terminal.singularity_image"), "{e}");
     }
