@@ -7,6 +7,7 @@ mod backend_podman;
 mod backend_ssh;
 mod backends_cli;
 mod builtin_tools;
+mod config_validation;
 mod core_run;
 mod env_and_interpreter;
 mod mcp_serve;

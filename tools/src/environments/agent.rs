@@ -213,7 +213,8 @@ impl AgentClient {
         ctx: &ToolContext,
         timeout: Duration,
     ) -> Result<Value, ToolError> {
-        let backend_err = |e: EnvError| ToolError::new("BackendError", e.to_string());
+        let backend_err =
+            |e: EnvError| ToolError::new(crate::ToolErrorKind::BackendError, e.to_string());
         let (rx, id, pending) = {
             let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
             let dead = match guard.as_mut() {
@@ -269,11 +270,11 @@ impl AgentClient {
         match reply {
             Ok(v) => decode_reply(v),
             Err(mpsc::RecvTimeoutError::Timeout) => Err(ToolError::new(
-                "BackendError",
+                crate::ToolErrorKind::BackendError,
                 format!("{} backend: `{tool}` got no answer within {}s", self.backend, timeout.as_secs()),
             )),
             Err(mpsc::RecvTimeoutError::Disconnected) => Err(ToolError::new(
-                "BackendError",
+                crate::ToolErrorKind::BackendError,
                 format!(
                     "{} backend: the tool agent exited during `{tool}`; the environment may have been stopped",
                     self.backend
@@ -294,7 +295,7 @@ impl AgentClient {
     ) -> Result<Value, ToolError> {
         let broke = |e: std::io::Error| {
             ToolError::new(
-                "BackendError",
+                crate::ToolErrorKind::BackendError,
                 format!(
                     "{} backend: the tool agent connection broke during `{tool}`: {e}; the environment may have been stopped",
                     self.backend
@@ -332,7 +333,7 @@ impl AgentClient {
                 ) =>
             {
                 return Err(ToolError::new(
-                    "BackendError",
+                    crate::ToolErrorKind::BackendError,
                     format!(
                         "{} backend: `{tool}` got no answer within {}s",
                         self.backend,
@@ -344,7 +345,7 @@ impl AgentClient {
         }
         let v: Value = serde_json::from_str(&reply).map_err(|e| {
             ToolError::new(
-                "BackendError",
+                crate::ToolErrorKind::BackendError,
                 format!(
                     "{} backend: the tool agent sent a reply that is not JSON: {e}",
                     self.backend
@@ -441,7 +442,7 @@ fn decode_reply(v: Value) -> Result<Value, ToolError> {
         Err(ToolError::new(field("kind"), field("message")))
     } else {
         Err(ToolError::new(
-            "BackendError",
+            crate::ToolErrorKind::BackendError,
             "the tool agent sent a reply with neither a result nor an error",
         ))
     }
@@ -680,16 +681,21 @@ fn answer(registry: &'static ToolRegistry, req: Value) -> Value {
     let result = match &entry.handler {
         Handler::Sync(f) => {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&args, &ctx)))
-                .unwrap_or_else(|_| Err(ToolError::new("Panic", format!("`{tool}` panicked"))))
+                .unwrap_or_else(|_| {
+                    Err(ToolError::new(
+                        crate::ToolErrorKind::Panic,
+                        format!("`{tool}` panicked"),
+                    ))
+                })
         }
         _ => Err(ToolError::new(
-            "UnknownTool",
+            crate::ToolErrorKind::UnknownTool,
             format!("`{tool}` is not a synchronous built-in"),
         )),
     };
     match result {
         Ok(v) => json!({"id": id, "ok": v}),
-        Err(e) => fail(&e.kind, e.message),
+        Err(e) => fail(e.kind.as_str(), e.message),
     }
 }
 

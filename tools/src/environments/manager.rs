@@ -89,7 +89,7 @@ pub fn remote_for(ctx: &ToolContext) -> Result<Option<EnvHandle>, ToolError> {
         Some(envs) => envs
             .get(ctx.task_id.as_deref())
             .map(Some)
-            .map_err(|e| ToolError::new("BackendError", e.to_string())),
+            .map_err(|e| ToolError::new(crate::ToolErrorKind::BackendError, e.to_string())),
     }
 }
 
