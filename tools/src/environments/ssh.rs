@@ -2,12 +2,13 @@
 //!
 //! The master is opened once per environment (BatchMode, so a missing key or an unknown host
 //! key is an error, never a prompt; known-hosts policy from `terminal.ssh_known_hosts`), and
-//! every command, the tool agent and each execution's RPC forward ride on it: a command costs
-//! one channel open (~14 ms) instead of a new connection (~230 ms). An execution's socket
-//! reaches the script through OpenSSH stream-local forwarding (`-R remote.sock:local.sock`,
-//! added to the running master with `-O forward`) into a private 0700 work dir on the remote
-//! side, removed afterwards. Killing the local ssh client does not stop the remote command, so
-//! timeouts and interrupts kill the remote process group explicitly.
+//! every command, the tool agent and the environment's RPC forward ride on it: a command costs
+//! one channel open (~14 ms) instead of a new connection (~230 ms). Executions reach the host
+//! through one OpenSSH stream-local forward per environment (`-R remote.sock:local.sock`, added
+//! to the running master with `-O forward` at the first execution) in a private 0700 dir on the
+//! remote side, their connections routed by token ([`super::route`]). Killing the local ssh
+//! client does not stop the remote command, so timeouts and interrupts kill the remote process
+//! group explicitly.
 
 use super::agent::{agent_binary, AgentClient, AgentLaunch, AgentSocket};
 use super::process::{group_kill, group_wrapper};
