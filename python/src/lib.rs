@@ -166,8 +166,9 @@ fn call_invoker(
     args: &Map<String, Value>,
     ctx: &ToolContext,
 ) -> Result<String, ToolError> {
-    let args_json = serde_json::to_string(args)
-        .map_err(|e| ToolError::new("InvalidArguments", e.to_string()))?;
+    let args_json = serde_json::to_string(args).map_err(|e| {
+        ToolError::new(vibeos_tools::ToolErrorKind::InvalidArguments, e.to_string())
+    })?;
     Python::with_gil(|py| {
         let out = invoker
             .bind(py)

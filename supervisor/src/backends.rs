@@ -9,7 +9,7 @@ use vibeos_tools::environments::{self, BackendKind, BackendSettings};
 
 /// The backend settings of `config`, `--backend` applied. The error names the backend or key.
 pub fn settings(config: &Config, flag: Option<&str>) -> Result<BackendSettings, String> {
-    BackendSettings::from_document(&config.document, flag).map_err(|e| e.to_string())
+    BackendSettings::from_document(&config.file, flag).map_err(|e| e.to_string())
 }
 
 /// Makes `settings` the process's backend; `cwd` is the session dir (`--cwd`) a container may

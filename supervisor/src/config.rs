@@ -1,12 +1,14 @@
 //! `$VIBEOS_HOME/config.yaml`: the settings execute_code reads.
 //!
-//! Only the keys this crate uses are interpreted; other sections belong to other parts of the
-//! product and are left alone. A key with the wrong type is an error naming the key and the
-//! file, so a typo never silently becomes a default.
+//! The file is parsed once, into the typed [`ConfigFile`] of the tools crate (which rejects
+//! unknown keys and wrong types, naming the key path and the file); this module checks the
+//! values of the keys execute_code uses and applies the defaults. Other parts read their own
+//! sections from [`Config::file`], the same parsed document.
 
-use serde_yaml_ng::Value;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
+pub use vibeos_tools::config_file::{ConfigFile, ConfigFileError};
 
 /// Default `code_execution.timeout`.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -88,8 +90,8 @@ pub struct Config {
     pub pool_size: usize,
     /// `logging.level`.
     pub log_level: Option<String>,
-    /// The whole parsed document, for sections other crates interpret.
-    pub document: Value,
+    /// The whole parsed file, for the sections other modules and crates interpret.
+    pub file: Arc<ConfigFile>,
     /// Problems that did not stop loading (e.g. an unknown mode), to log once logging is up.
     pub warnings: Vec<String>,
 }
@@ -107,7 +109,7 @@ impl Default for Config {
             env_passthrough: Vec::new(),
             pool_size: DEFAULT_POOL_SIZE,
             log_level: None,
-            document: Value::Null,
+            file: Arc::new(ConfigFile::default()),
             warnings: Vec::new(),
         }
     }
@@ -116,23 +118,11 @@ impl Default for Config {
 /// config.yaml could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// The file exists (or was named) but cannot be read.
-    #[error("cannot read config file {path}: {source}")]
-    Unreadable {
-        /// The file.
-        path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// The file is not valid YAML.
-    #[error("config file {path} is not valid YAML: {message}")]
-    Syntax {
-        /// The file.
-        path: PathBuf,
-        /// What the parser said, with the position.
-        message: String,
-    },
-    /// A key holds the wrong type or an impossible value.
+    /// The file cannot be read, is too large, is not valid YAML, or has an unknown key or a
+    /// value of the wrong type.
+    #[error(transparent)]
+    File(#[from] ConfigFileError),
+    /// A key holds an impossible value.
     #[error("config file {path}: `{key}` {problem}")]
     BadValue {
         /// The file.
@@ -146,95 +136,54 @@ pub enum ConfigError {
 
 /// The vibeos home dir: `$VIBEOS_HOME`, else `~/.vibeos`.
 pub fn vibeos_home() -> PathBuf {
-    if let Some(h) = std::env::var_os("VIBEOS_HOME").filter(|h| !h.is_empty()) {
-        return PathBuf::from(h);
-    }
-    let home = std::env::var_os("HOME")
-        .filter(|h| !h.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/"));
-    home.join(".vibeos")
+    vibeos_tools::settings::vibeos_home()
 }
 
-/// The config file to read: an explicit path, else `$VIBEOS_CONFIG`, else
-/// `$VIBEOS_HOME/config.yaml`. The flag says whether it must exist.
+/// The config file to read: an explicit path, else the pinned one, else `$VIBEOS_CONFIG`, else
+/// `$VIBEOS_HOME/config.yaml`. The flag says whether it must exist. One resolver for the whole
+/// product: [`vibeos_tools::settings::resolve_config_path`].
 pub fn config_path(explicit: Option<&Path>) -> (PathBuf, bool) {
-    if let Some(p) = explicit {
-        return (p.to_path_buf(), true);
-    }
-    if let Some(p) = std::env::var_os("VIBEOS_CONFIG").filter(|p| !p.is_empty()) {
-        return (PathBuf::from(p), true);
-    }
-    (vibeos_home().join("config.yaml"), false)
+    vibeos_tools::settings::resolve_config_path(explicit)
 }
 
 impl Config {
     /// Loads the config: an explicit path must exist; the default one may be absent (defaults).
+    /// The file is parsed once per version on disk (the tools crate's cache), so the
+    /// supervisor and the tools share one parse.
     pub fn load(explicit: Option<&Path>) -> Result<Config, ConfigError> {
         let (path, required) = config_path(explicit);
-        match std::fs::read_to_string(&path) {
-            Ok(text) => Config::parse(&text, &path),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => {
-                Ok(Config::default())
-            }
-            Err(source) => Err(ConfigError::Unreadable { path, source }),
+        let file = vibeos_tools::settings::load_at(&path, required)?;
+        let exists = path.exists();
+        let mut cfg = Config::from_file(file, &path)?;
+        if !exists {
+            cfg.source = None;
         }
+        Ok(cfg)
     }
 
     /// Parses config text read from `path`.
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
-        let doc: Value = if text.trim().is_empty() {
-            Value::Null
-        } else {
-            serde_yaml_ng::from_str(text).map_err(|e| ConfigError::Syntax {
-                path: path.to_path_buf(),
-                message: e.to_string(),
-            })?
-        };
+        Config::from_file(Arc::new(ConfigFile::parse(text, path)?), path)
+    }
+
+    /// Checks the values execute_code uses in a parsed file read from `path`.
+    pub fn from_file(file: Arc<ConfigFile>, path: &Path) -> Result<Config, ConfigError> {
         let bad = |key: &str, problem: String| ConfigError::BadValue {
             path: path.to_path_buf(),
             key: key.to_string(),
             problem,
         };
-        if !matches!(doc, Value::Mapping(_) | Value::Null) {
-            return Err(bad("(top level)", "must be a mapping of sections".into()));
-        }
         let mut cfg = Config {
             source: Some(path.to_path_buf()),
             ..Config::default()
         };
-        let section = |name: &str| -> Result<Option<&Value>, ConfigError> {
-            match doc.get(name) {
-                None | Some(Value::Null) => Ok(None),
-                Some(v @ Value::Mapping(_)) => Ok(Some(v)),
-                Some(other) => Err(bad(
-                    name,
-                    format!("must be a mapping, found {}", yaml_type(other)),
-                )),
-            }
-        };
-        if let Some(ce) = section("code_execution")? {
-            if let Some(v) = present(ce.get("mode")) {
-                let s = v.as_str().ok_or_else(|| {
-                    bad(
-                        "code_execution.mode",
-                        format!(
-                            "must be a string (project or strict), found {}",
-                            yaml_type(v)
-                        ),
-                    )
-                })?;
+        if let Some(ce) = &file.code_execution {
+            if let Some(s) = &ce.mode {
                 let (mode, warning) = Mode::parse_or_project(s);
                 cfg.mode = mode;
                 cfg.warnings.extend(warning);
             }
-            if let Some(v) = present(ce.get("timeout")) {
-                let secs = v.as_f64().ok_or_else(|| {
-                    bad(
-                        "code_execution.timeout",
-                        format!("must be a number of seconds, found {}", yaml_type(v)),
-                    )
-                })?;
+            if let Some(secs) = ce.timeout {
                 cfg.timeout = positive_seconds(secs).ok_or_else(|| {
                     bad(
                         "code_execution.timeout",
@@ -242,96 +191,73 @@ impl Config {
                     )
                 })?;
             }
-            if let Some(v) = present(ce.get("max_tool_calls")) {
-                cfg.max_tool_calls = count(v).ok_or_else(|| {
+            if let Some(n) = ce.max_tool_calls {
+                cfg.max_tool_calls = usize::try_from(n).map_err(|_| {
                     bad(
                         "code_execution.max_tool_calls",
-                        format!("must be a whole number ≥ 0, found {}", describe(v)),
+                        format!("must be a whole number ≥ 0, found {n}"),
                     )
                 })?;
             }
-            if let Some(v) = present(ce.get("python")) {
-                let s = v.as_str().filter(|s| !s.trim().is_empty()).ok_or_else(|| {
-                    bad(
+            if let Some(s) = &ce.python {
+                if s.trim().is_empty() {
+                    return Err(bad(
                         "code_execution.python",
-                        format!(
-                            "must be a path to a Python interpreter, found {}",
-                            describe(v)
-                        ),
-                    )
-                })?;
+                        "must be a path to a Python interpreter, found an empty string".into(),
+                    ));
+                }
                 cfg.python = Some(PathBuf::from(s));
             }
-            if let Some(v) = present(ce.get("pool_size")) {
-                cfg.pool_size = count(v).filter(|n| *n <= MAX_POOL_SIZE).ok_or_else(|| {
-                    bad(
-                        "code_execution.pool_size",
-                        format!(
-                            "must be a whole number from 0 (no pool) to {}, found {}",
-                            MAX_POOL_SIZE,
-                            describe(v)
-                        ),
-                    )
-                })?;
-            }
-            for (key, slot) in [
-                ("stdout_limit", &mut cfg.stdout_limit),
-                ("stderr_limit", &mut cfg.stderr_limit),
-            ] {
-                if let Some(v) = present(ce.get(key)) {
-                    *slot = count(v).filter(|n| *n >= 64).ok_or_else(|| {
+            if let Some(n) = ce.pool_size {
+                cfg.pool_size = usize::try_from(n)
+                    .ok()
+                    .filter(|n| *n <= MAX_POOL_SIZE)
+                    .ok_or_else(|| {
                         bad(
-                            &format!("code_execution.{key}"),
-                            format!("must be a number of bytes ≥ 64, found {}", describe(v)),
-                        )
-                    })?;
-                }
-            }
-        }
-        if let Some(t) = section("terminal")? {
-            if let Some(v) = present(t.get("env_passthrough")) {
-                let list = v.as_sequence().ok_or_else(|| {
-                    bad(
-                        "terminal.env_passthrough",
-                        format!("must be a list of variable names, found {}", yaml_type(v)),
-                    )
-                })?;
-                for (i, item) in list.iter().enumerate() {
-                    let name = item.as_str().filter(|s| valid_env_name(s)).ok_or_else(|| {
-                        bad(
-                            &format!("terminal.env_passthrough[{i}]"),
+                            "code_execution.pool_size",
                             format!(
-                                "must be an environment variable name, found {}",
-                                describe(item)
+                                "must be a whole number from 0 (no pool) to {}, found {n}",
+                                MAX_POOL_SIZE,
                             ),
                         )
                     })?;
-                    cfg.env_passthrough.push(name.to_string());
+            }
+            for (key, value, slot) in [
+                ("stdout_limit", ce.stdout_limit, &mut cfg.stdout_limit),
+                ("stderr_limit", ce.stderr_limit, &mut cfg.stderr_limit),
+            ] {
+                if let Some(n) = value {
+                    *slot = usize::try_from(n)
+                        .ok()
+                        .filter(|n| *n >= 64)
+                        .ok_or_else(|| {
+                            bad(
+                                &format!("code_execution.{key}"),
+                                format!("must be a number of bytes ≥ 64, found {n}"),
+                            )
+                        })?;
                 }
             }
         }
-        if let Some(l) = section("logging")? {
-            if let Some(v) = present(l.get("level")) {
-                let s = v.as_str().ok_or_else(|| {
-                    bad(
-                        "logging.level",
-                        format!("must be a string, found {}", yaml_type(v)),
-                    )
-                })?;
-                cfg.log_level = Some(s.to_string());
+        if let Some(list) = file
+            .terminal
+            .as_ref()
+            .and_then(|t| t.env_passthrough.as_ref())
+        {
+            for (i, name) in list.iter().enumerate() {
+                if !valid_env_name(name) {
+                    return Err(bad(
+                        &format!("terminal.env_passthrough[{i}]"),
+                        format!("must be an environment variable name, found {name:?}"),
+                    ));
+                }
+                cfg.env_passthrough.push(name.clone());
             }
         }
-        cfg.document = doc;
+        cfg.log_level = file.logging.as_ref().and_then(|l| l.level.clone());
+        cfg.file = file;
         Ok(cfg)
     }
-}
-
-fn present(v: Option<&Value>) -> Option<&Value> {
-    v.filter(|v| !v.is_null())
-}
-
-fn count(v: &Value) -> Option<usize> {
-    v.as_u64().and_then(|n| usize::try_from(n).ok())
 }
 
 /// Turns seconds into a duration if positive and finite (capped at a day, beyond which a
@@ -342,26 +268,6 @@ pub fn positive_seconds(secs: f64) -> Option<Duration> {
 
 fn valid_env_name(s: &str) -> bool {
     !s.is_empty() && !s.contains('=') && !s.contains('\0')
-}
-
-fn yaml_type(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Sequence(_) => "a list",
-        Value::Mapping(_) => "a mapping",
-        Value::Tagged(_) => "a tagged value",
-    }
-}
-
-fn describe(v: &Value) -> String {
-    match v {
-        Value::String(s) => format!("the string {s:?}"),
-        Value::Number(n) => format!("{n}"),
-        other => yaml_type(other).to_string(),
-    }
 }
 
 #[cfg(test)]
@@ -414,12 +320,74 @@ mod tests {
             .to_string();
         assert!(e.contains("terminal.env_passthrough"), "{e}");
         let e = parse("code_execution: [1]\n").unwrap_err().to_string();
-        assert!(e.contains("`code_execution`"), "{e}");
+        assert!(e.contains("/x/config.yaml: code_execution: "), "{e}");
         let e = parse("code_execution:\n  timeout: 0\n")
             .unwrap_err()
             .to_string();
         assert!(e.contains("positive"), "{e}");
         assert!(parse(": : :\n -").is_err());
+    }
+
+    #[test]
+    fn unknown_keys_and_wrong_types_are_errors_naming_the_path() {
+        let e = parse("code_execution:\n  strict:\n    disk_mb: x\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("/x/config.yaml: code_execution.strict.disk_mb: ") && e.contains("u64"),
+            "{e}"
+        );
+        let e = parse("code_execution:\n  max_tool_cals: 3\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("code_execution") && e.contains("unknown field `max_tool_cals`"),
+            "{e}"
+        );
+        let e = parse("terminal:\n  env_passthrough: ['A=B']\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("terminal.env_passthrough[0]"), "{e}");
+    }
+
+    #[test]
+    fn every_documented_key_is_accepted() {
+        // Every key SPEC.md, README and docs/ name, in one file: a valid config keeps loading.
+        let c = parse(concat!(
+            "code_execution:\n  mode: strict\n  timeout: 300\n  max_tool_calls: 50\n",
+            "  python: /usr/bin/python3\n  pool_size: 2\n  stdout_limit: 51200\n",
+            "  stderr_limit: 10240\n",
+            "  strict:\n    uid: 60000\n    max_processes: 64\n    memory_mb: 512\n",
+            "    file_size_mb: 64\n    disk_mb: 256\n    seccomp_policy: /p/s.json\n",
+            "    landlock_policy: /p/l.json\n    read_roots: [/data]\n    write_roots: [/out]\n",
+            "    terminal: false\n",
+            "terminal:\n  backend: local\n  cwd: /work\n  lifetime_seconds: 300\n",
+            "  python: python3\n  env_passthrough: [MY_KEY]\n  docker_image: python:3.12\n",
+            "  docker_volumes: ['/a:/b:ro']\n  docker_mount_cwd_to_workspace: true\n",
+            "  docker_network: none\n  docker_binary: podman\n  container_cpu: 1\n",
+            "  container_memory: 512\n  container_disk: 1024\n  container_pids: 256\n",
+            "  container_persistent: false\n  ssh_host: h\n  ssh_user: u\n  ssh_port: 22\n",
+            "  ssh_key: /k\n  ssh_known_hosts: accept-new\n  shell_session: true\n",
+            "  agent_binary: /bin/a\n  singularity_image: docker://python:3.12\n",
+            "  modal_image: python:3.12\n  daytona_image: python:3.12\n",
+            "logging:\n  level: debug\n",
+            "approvals:\n  mode: smart\n  timeout: 60\n  deny: [fork_bomb]\n",
+            "  smart_command: /bin/judge\n  skip_in_isolated_backends: true\n",
+            "command_allowlist: [git_clean]\ncommand_denylist: [kill_all]\n",
+            "web:\n  search_backend: searxng\n  searxng_url: http://127.0.0.1:8888\n",
+            "  extract_backend: http\n  timeout: 20\n",
+            "security:\n  redact_output: true\n",
+            "mcp_servers:\n  github:\n    command: gh-mcp\n    args: [x]\n    env: {A: b}\n",
+            "    cwd: /tmp\n    startup: eager\n    timeout: 30\n    connect_timeout: 10\n",
+            "    script_callable: [search]\n    enabled: true\n",
+            "  docs:\n    url: http://127.0.0.1:1/mcp\n    headers: {Authorization: x}\n",
+            "plugins:\n  enabled: true\n  startup: lazy\n  python: /usr/bin/python3\n",
+            "  dirs: [/p]\n  timeout: 60\n  connect_timeout: 30\n  entry_points: false\n",
+        ))
+        .unwrap();
+        assert_eq!(c.mode, Mode::Strict);
+        assert_eq!(c.log_level.as_deref(), Some("debug"));
+        assert_eq!(c.pool_size, 2);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use crate::result::{ExecutionResult, Status};
 use crate::rpc_server::{serve, serve_stream, ChannelState};
 use std::collections::BTreeSet;
 use std::ffi::OsString;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -468,7 +468,7 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
         reaped_flag.store(true, Ordering::SeqCst);
         status
     });
-    let send = |sig: libc::c_int| {
+    let send = |sig: rustix::process::Signal| {
         if pidfd.is_some() || !reaped.load(Ordering::SeqCst) {
             signal(pidfd.as_ref(), reaper_pid, sig);
         }
@@ -483,12 +483,12 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
     if !matches!(ending, Ending::Exited) {
         // The reaper relays SIGTERM to every process of the execution and SIGKILLs what is
         // left after the grace period.
-        send(libc::SIGTERM);
+        send(rustix::process::Signal::TERM);
         let backstop = request.kill_grace + Duration::from_secs(3);
         status = match tokio::time::timeout(backstop, &mut waiter).await {
             Ok(s) => s.ok().flatten(),
             Err(_) => {
-                send(libc::SIGKILL);
+                send(rustix::process::Signal::KILL);
                 waiter.await.ok().flatten()
             }
         };
@@ -631,26 +631,17 @@ fn compose_output(
 
 /// Sends `sig` to the reaper: through its pidfd when there is one (never a recycled pid), else
 /// by pid, which the caller only does while the reaper is unreaped.
-fn signal(pidfd: Option<&OwnedFd>, pid: u32, sig: libc::c_int) {
+fn signal(pidfd: Option<&OwnedFd>, pid: u32, sig: rustix::process::Signal) {
     if let Some(fd) = pidfd {
-        // SAFETY: pidfd_send_signal with a valid pidfd, a signal number and no siginfo.
-        unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                fd.as_raw_fd(),
-                sig,
-                std::ptr::null::<libc::siginfo_t>(),
-                0u32,
-            );
-        }
+        let _ = rustix::process::pidfd_send_signal(fd, sig);
         return;
     }
-    if pid == 0 {
-        return;
-    }
-    // SAFETY: kill has no memory-safety preconditions; `pid` is our own child, not yet reaped.
-    unsafe {
-        libc::kill(pid as libc::pid_t, sig);
+    // `pid` is our own child, not yet reaped (0: none).
+    if let Some(pid) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    {
+        let _ = rustix::process::kill_process(pid, sig);
     }
 }
 

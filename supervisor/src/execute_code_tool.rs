@@ -74,7 +74,7 @@ pub fn execute_code_entry_for(
                 let mut request = request_from(&args, &ctx, &config)?;
                 if let Some((enabled, disabled)) = selection {
                     let selected = registry.select_tools(&enabled, &disabled).map_err(|e| {
-                        ToolError::new("ToolsetError", format!("the session's toolsets: {e}"))
+                        ToolError::new(vibeos_tools::ToolErrorKind::ToolsetError, format!("the session's toolsets: {e}"))
                     })?;
                     request.script_tools = Some(selected.iter().map(|e| e.name.clone()).collect());
                 }

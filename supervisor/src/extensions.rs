@@ -11,39 +11,14 @@
 use crate::config::{vibeos_home, Config};
 use crate::env_policy::EnvPolicy;
 use crate::interpreter::Resolution;
-use serde::Deserialize;
-use serde_yaml_ng::Value;
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 use std::sync::Arc;
-use vibeos_tools::mcp_client::{McpManager, McpServerConfig, ServerKind, ServerSpec, Startup};
+pub use vibeos_tools::mcp_client::PluginsConfig;
+use vibeos_tools::mcp_client::{McpManager, McpServerConfig, ServerKind, ServerSpec};
 use vibeos_tools::ToolRegistry;
 
 /// Name of the plugin host's server (and its row in `tools list`).
 pub const PLUGIN_HOST: &str = "plugins";
-
-/// The `plugins:` section of config.yaml.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PluginsConfig {
-    /// `false` loads no plugins (default `true`).
-    pub enabled: Option<bool>,
-    /// `eager` or `lazy` (default).
-    pub startup: Startup,
-    /// Interpreter of the plugin host (default: the default interpreter, `code_execution.python`
-    /// or `python3` on PATH).
-    pub python: Option<PathBuf>,
-    /// Extra plugin directories, after `$VIBEOS_HOME/plugins` and `<cwd>/.vibeos/plugins`.
-    pub dirs: Vec<PathBuf>,
-    /// Per-call timeout in seconds (default 60).
-    pub timeout: Option<f64>,
-    /// Start-up timeout in seconds (default 30).
-    pub connect_timeout: Option<f64>,
-    /// Whether installed packages' `vibeos.plugins` entry points are loaded. Unset: loaded when
-    /// the host runs, which it does only when a plugin directory exists; `true` runs the host
-    /// for entry points alone; `false` never loads them.
-    pub entry_points: Option<bool>,
-}
 
 /// The environment of a stdio server: this process's environment scrubbed by the execute_code
 /// policy (`terminal.env_passthrough` applies), `HOME` and `TZ` kept, then the server's
@@ -105,62 +80,32 @@ pub fn specs(config: &Config) -> Vec<ServerSpec> {
 /// The `mcp_servers:` specs alone (a Python host loads its plugins in-process instead).
 pub fn mcp_server_specs(config: &Config) -> Vec<ServerSpec> {
     let mut out = Vec::new();
-    match config.document.get("mcp_servers") {
-        None | Some(Value::Null) => {}
-        Some(Value::Mapping(map)) => {
-            for (key, value) in map {
-                let Some(name) = key.as_str() else {
-                    tracing::warn!("mcp_servers: an entry's name is not a string; skipped");
-                    continue;
-                };
-                let cfg: McpServerConfig = match serde_yaml_ng::from_value(value.clone()) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        tracing::warn!("MCP server `{name}` skipped: mcp_servers.{name}: {e}");
-                        continue;
-                    }
-                };
-                if let Err(e) = cfg.validate(name) {
-                    tracing::warn!("MCP server `{name}` skipped: {e}");
-                    continue;
-                }
-                let env = cfg
-                    .command
-                    .is_some()
-                    .then(|| server_env(name, config, &cfg.env));
-                out.push(ServerSpec {
-                    name: name.to_string(),
-                    config: cfg,
-                    env,
-                    kind: ServerKind::Mcp,
-                    start_hint: None,
-                });
-            }
+    let Some(servers) = &config.file.mcp_servers else {
+        return out;
+    };
+    for (name, cfg) in servers {
+        if let Err(e) = cfg.validate(name) {
+            tracing::warn!("MCP server `{name}` skipped: {e}");
+            continue;
         }
-        Some(_) => tracing::warn!(
-            "mcp_servers in {} is not a mapping of server name to settings; no MCP servers loaded",
-            config
-                .source
-                .as_deref()
-                .map(|p| p.display().to_string())
-                .unwrap_or_else(|| "config.yaml".into())
-        ),
+        let env = cfg
+            .command
+            .is_some()
+            .then(|| server_env(name, config, &cfg.env));
+        out.push(ServerSpec {
+            name: name.clone(),
+            config: cfg.clone(),
+            env,
+            kind: ServerKind::Mcp,
+            start_hint: None,
+        });
     }
     out
 }
 
 /// The plugin host's spec, or `None` when plugins are disabled or misconfigured (logged).
 pub fn plugin_host_spec(config: &Config) -> Option<ServerSpec> {
-    let plugins: PluginsConfig = match config.document.get("plugins") {
-        None | Some(Value::Null) => PluginsConfig::default(),
-        Some(v) => match serde_yaml_ng::from_value(v.clone()) {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::warn!("plugins skipped: plugins: {e}");
-                return None;
-            }
-        },
-    };
+    let plugins = config.file.plugins.clone().unwrap_or_default();
     if plugins.enabled == Some(false) {
         return None;
     }
@@ -230,6 +175,7 @@ pub fn load_mcp_servers(config: &Config, registry: &'static ToolRegistry) -> Arc
 mod tests {
     use super::*;
     use std::path::Path;
+    use vibeos_tools::mcp_client::Startup;
 
     fn config(yaml: &str) -> Config {
         Config::parse(yaml, Path::new("/test/config.yaml")).unwrap()
@@ -238,7 +184,7 @@ mod tests {
     #[test]
     fn entries_are_parsed_and_bad_ones_skipped_by_name() {
         let cfg = config(
-            "mcp_servers:\n  good:\n    command: srv\n    args: [a, b]\n    startup: eager\n    script_callable: [t1]\n  http:\n    url: http://127.0.0.1:9/mcp\n    headers: {X-A: b}\n  both:\n    command: x\n    url: http://x\n  typo:\n    comand: x\n  slow:\n    command: x\n    timeout: -1\n  bad.name:\n    command: x\nplugins:\n  enabled: false\n",
+            "mcp_servers:\n  good:\n    command: srv\n    args: [a, b]\n    startup: eager\n    script_callable: [t1]\n  http:\n    url: http://127.0.0.1:9/mcp\n    headers: {X-A: b}\n  both:\n    command: x\n    url: http://x\n  slow:\n    command: x\n    timeout: -1\n  bad.name:\n    command: x\nplugins:\n  enabled: false\n",
         );
         let specs = specs(&cfg);
         let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
@@ -255,9 +201,22 @@ mod tests {
     }
 
     #[test]
-    fn a_non_mapping_section_loads_nothing() {
-        assert!(mcp_server_specs(&config("mcp_servers: [a, b]\n")).is_empty());
-        assert!(mcp_server_specs(&config("other: 1\n")).is_empty());
+    fn a_mistyped_entry_or_section_is_a_config_error_naming_it() {
+        let parse = |yaml: &str| {
+            Config::parse(yaml, Path::new("/test/config.yaml"))
+                .unwrap_err()
+                .to_string()
+        };
+        let e = parse("mcp_servers:\n  typo:\n    comand: x\n");
+        assert!(
+            e.starts_with("/test/config.yaml: mcp_servers.typo") && e.contains("comand"),
+            "{e}"
+        );
+        let e = parse("mcp_servers: [a, b]\n");
+        assert!(e.starts_with("/test/config.yaml: mcp_servers: "), "{e}");
+        let e = parse("plugins:\n  dirs: 3\n");
+        assert!(e.starts_with("/test/config.yaml: plugins.dirs: "), "{e}");
+        assert!(mcp_server_specs(&config("plugins: {}\n")).is_empty());
     }
 
     #[test]
@@ -307,6 +266,12 @@ mod tests {
             "plugins:\n  enabled: false\n  entry_points: true\n"
         ))
         .is_none());
-        assert!(plugin_host_spec(&config("plugins:\n  bogus: 1\n")).is_none());
+        let e = Config::parse("plugins:\n  bogus: 1\n", Path::new("/test/config.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("plugins.bogus") && e.contains("unknown field"),
+            "{e}"
+        );
     }
 }

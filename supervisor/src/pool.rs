@@ -57,7 +57,7 @@ use crate::execute::{Program, Staging, StartError};
 use std::collections::{BTreeMap, VecDeque};
 use std::ffi::OsString;
 use std::io::Read;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -644,36 +644,18 @@ enum BootError {
 }
 
 fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0 as libc::c_int; 2];
-    // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: pipe2 succeeded, so both descriptors are open and owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    Ok(rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?)
 }
 
 /// Writes all of `data` without ever raising SIGPIPE in the host (an interpreter that died idle
 /// must be an error, not the end of the host).
 fn send_all(stream: &std::os::unix::net::UnixStream, mut data: &[u8]) -> std::io::Result<()> {
     while !data.is_empty() {
-        // SAFETY: `data` is a valid buffer of `data.len()` bytes; the fd is open while borrowed.
-        let n = unsafe {
-            libc::send(
-                stream.as_raw_fd(),
-                data.as_ptr().cast(),
-                data.len(),
-                libc::MSG_NOSIGNAL,
-            )
-        };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
+        match rustix::net::send(stream, data, rustix::net::SendFlags::NOSIGNAL) {
+            Ok(n) => data = &data[n..],
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
         }
-        data = &data[n as usize..];
     }
     Ok(())
 }
@@ -703,24 +685,21 @@ fn start_one(shared: &Shared, spec: &LaunchSpec) -> Result<Entry, BootError> {
 }
 
 fn wait_ready(fd: OwnedFd, timeout: Duration) -> Result<(), BootError> {
-    let mut pfd = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
     let deadline = Instant::now() + timeout;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(BootError::Slow(timeout));
         }
-        // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
-        if n > 0 {
-            break;
-        }
-        if n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-            return Err(BootError::Died);
+        let mut pfd = [rustix::event::PollFd::new(
+            &fd,
+            rustix::event::PollFlags::IN,
+        )];
+        let wait = rustix::event::Timespec::try_from(left).ok();
+        match rustix::event::poll(&mut pfd, wait.as_ref()) {
+            Ok(n) if n > 0 => break,
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(_) => return Err(BootError::Died),
         }
     }
     let mut byte = [0u8; 1];

@@ -12,19 +12,18 @@
 //! through that 0700 directory (or the forward, which lands in the 0700 remote work dir of the
 //! remote user), and the token travels only in the script's environment. See docs/backends.md.
 
-use crate::capture::spawn_drain;
+use crate::capture::HeadTail;
 use crate::env_policy::EnvPolicy;
 use crate::execute::{
     ended_result, finish, Ended, Ending, ExecutionRequest, Interrupt, StartError,
 };
 use crate::result::ExecutionResult;
-use crate::rpc_server::{serve_with, ChannelState};
+use crate::rpc_server::{serve_stream, serve_with, ChannelState};
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::AsyncWriteExt;
-use vibeos_tools::environments::EnvHandle;
+use vibeos_tools::environments::{Channel, Connections, EnvHandle, ExecSpec, GroupSignal, Spawned};
 use vibeos_tools::{CallOrigin, ToolContext, ToolRegistry};
 
 const BOOTSTRAP: &str = include_str!("remote_boot.py");
@@ -142,34 +141,37 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
         return Err(RemoteError::StrictRemote(backend));
     }
     let exec_id = new_id();
+    let token = new_token();
     let env = Arc::clone(&r.env);
-    let id = exec_id.clone();
-    let channel = tokio::task::spawn_blocking(move || env.open_channel(&id))
+    let (id, tok) = (exec_id.clone(), token.clone());
+    let channel = tokio::task::spawn_blocking(move || env.open_channel(&id, &tok))
         .await
         .map_err(|e| StartError::Listener(std::io::Error::other(e)))??;
-    let listener = std::os::unix::net::UnixListener::bind(&channel.local_socket)
-        .map_err(StartError::Listener)?;
-    listener
-        .set_nonblocking(true)
-        .map_err(StartError::Listener)?;
-    let listener = tokio::net::UnixListener::from_std(listener).map_err(StartError::Listener)?;
+    let Channel {
+        connections,
+        remote_socket,
+        remote_dir,
+        hello,
+        guard,
+    } = channel;
 
     let cwd = r.env.workdir();
     let python = r.env.python();
-    let token = new_token();
-    let tool_env = remote_env(request, &channel.remote_dir, &cwd)?;
-    let rpc_dir = channel
-        .remote_socket
+    let tool_env = remote_env(request, &remote_dir, &cwd)?;
+    let rpc_dir = remote_socket
         .rsplit_once('/')
         .map(|(d, _)| d.to_string())
         .unwrap_or_default();
     let mut script_env = tool_env.clone();
     script_env.push(("VIBEOS_RPC_DIR".into(), rpc_dir));
-    script_env.push(("VIBEOS_RPC_SOCKET".into(), channel.remote_socket.clone()));
+    script_env.push(("VIBEOS_RPC_SOCKET".into(), remote_socket.clone()));
     script_env.push(("VIBEOS_RPC_TOKEN".into(), token.clone()));
+    if hello {
+        script_env.push(("VIBEOS_RPC_HELLO".into(), "1".into()));
+    }
 
     let header = boot_input(
-        &channel.remote_dir,
+        &remote_dir,
         &cwd,
         &[
             ("vibeos_tools.py", r.stub.as_str()),
@@ -193,73 +195,72 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
             paths: None,
         },
     ));
-    let server = serve_with(listener, Arc::clone(&state), false);
+    let server = serve_connections(connections, Arc::clone(&state))?;
 
-    let mut command = tokio::process::Command::from(r.env.script_command(
-        &[
-            python.clone(),
-            "-u".into(),
-            "-B".into(),
-            "-X".into(),
-            "utf8".into(),
-            "-c".into(),
-            without_comments(BOOTSTRAP),
-        ],
-        &channel,
-    ));
-    command
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true);
-    let mut child = match command.spawn() {
-        Ok(child) => child,
-        Err(source) => {
-            server.abort();
-            return Err(StartError::Spawn {
-                interpreter: python.clone().into(),
-                source,
-            }
-            .into());
+    let spec = ExecSpec::new([
+        python.clone(),
+        "-u".into(),
+        "-B".into(),
+        "-X".into(),
+        "utf8".into(),
+        "-c".into(),
+        without_comments(BOOTSTRAP),
+    ]);
+    let env = Arc::clone(&r.env);
+    let spawned = match tokio::task::spawn_blocking(move || env.spawn(&spec)).await {
+        Ok(Ok(spawned)) => spawned,
+        Ok(Err(e)) => {
+            server.stop();
+            return Err(e.into());
+        }
+        Err(e) => {
+            server.stop();
+            return Err(StartError::Listener(std::io::Error::other(e)).into());
         }
     };
     tracing::info!(backend, cwd = %cwd, "execute_code: script started");
-    if let Some(mut stdin) = child.stdin.take() {
+    let Spawned {
+        stdin,
+        stdout,
+        stderr,
+        process,
+    } = spawned;
+    if let Some(mut stdin) = stdin {
         // The header is small; a failure shows up as the bootstrap's error on stderr.
-        let _ = stdin.write_all(&header).await;
-        let _ = stdin.shutdown().await;
+        let _ = tokio::task::spawn_blocking(move || {
+            use std::io::Write;
+            let _ = stdin.write_all(&header);
+        })
+        .await;
     }
     let (stdout_limit, stderr_limit) = (request.stdout_limit, request.stderr_limit);
-    let stdout = child.stdout.take();
-    let stderr = child.stderr.take();
-    let stdout_task = spawn_drain(stdout, stdout_limit);
-    let stderr_task = spawn_drain(stderr, stderr_limit);
+    let stdout_task = drain_blocking(stdout, stdout_limit);
+    let stderr_task = drain_blocking(stderr, stderr_limit);
 
+    let waiter = {
+        let process = Arc::clone(&process);
+        detached(move || process.wait().ok())
+    };
+    tokio::pin!(waiter);
     let mut exit_code = None;
     let ending = tokio::select! {
-        s = child.wait() => {
-            exit_code = s.ok().and_then(|s| s.code());
+        s = &mut waiter => {
+            exit_code = s.ok().flatten().flatten();
             Ending::Exited
         }
         _ = tokio::time::sleep(request.timeout) => Ending::Timeout,
         _ = r.interrupt.cancelled() => Ending::Interrupted,
     };
     if ending != Ending::Exited {
-        let pgid_file = format!("{}/pgid", channel.remote_dir);
-        let env = Arc::clone(&r.env);
-        let file = pgid_file.clone();
-        let _ = tokio::task::spawn_blocking(move || env.kill_group(&file, "TERM")).await;
-        match tokio::time::timeout(request.kill_grace, child.wait()).await {
-            Ok(s) => exit_code = s.ok().and_then(|s| s.code()),
+        let p = Arc::clone(&process);
+        let _ = tokio::task::spawn_blocking(move || p.kill(GroupSignal::Term)).await;
+        match tokio::time::timeout(request.kill_grace, &mut waiter).await {
+            Ok(s) => exit_code = s.ok().flatten().flatten(),
             Err(_) => {
-                let env = Arc::clone(&r.env);
-                let _ =
-                    tokio::task::spawn_blocking(move || env.kill_group(&pgid_file, "KILL")).await;
-                match tokio::time::timeout(Duration::from_secs(5), child.wait()).await {
-                    Ok(s) => exit_code = s.ok().and_then(|s| s.code()),
-                    Err(_) => {
-                        let _ = child.kill().await;
-                    }
+                let p = Arc::clone(&process);
+                let _ = tokio::task::spawn_blocking(move || p.kill(GroupSignal::Kill)).await;
+                if let Ok(s) = tokio::time::timeout(Duration::from_secs(5), &mut waiter).await {
+                    exit_code = s.ok().flatten().flatten();
                 }
             }
         }
@@ -267,8 +268,7 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
     let settle = Duration::from_secs(2);
     let stdout_cap = finish(stdout_task, settle, stdout_limit).await;
     let stderr_cap = finish(stderr_task, settle, stderr_limit).await;
-    server.abort();
-    let _ = server.await;
+    server.stop();
     state.close_all();
     // Terminal commands the script started run under the agent, not in the script's group.
     if state.calls_made.load(Ordering::SeqCst) > 0 {
@@ -278,7 +278,6 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
     }
     // Removes the socket dir (docker) or cancels the forward (ssh). Nothing of the execution
     // depends on it any more, so the result does not wait for it.
-    let guard = channel.guard;
     drop(tokio::task::spawn_blocking(move || drop(guard)));
     let tool_calls_made = state.calls_made.load(Ordering::SeqCst);
 
@@ -296,6 +295,109 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
     );
     result.backend = Some(backend.to_string());
     Ok(result)
+}
+
+/// Serves the script's connections until stopped.
+enum Server {
+    /// A listener the supervisor bound.
+    Listener(tokio::task::JoinHandle<()>),
+    /// Streams the backend routed to this execution; dropping the flag's last user ends it.
+    Routed(Arc<std::sync::atomic::AtomicBool>),
+}
+
+impl Server {
+    fn stop(&self) {
+        match self {
+            Server::Listener(task) => task.abort(),
+            Server::Routed(stop) => stop.store(true, Ordering::SeqCst),
+        }
+    }
+}
+
+fn serve_connections(
+    connections: Connections,
+    state: Arc<ChannelState>,
+) -> Result<Server, StartError> {
+    match connections {
+        Connections::Bind(path) => {
+            let listener =
+                std::os::unix::net::UnixListener::bind(&path).map_err(StartError::Listener)?;
+            listener
+                .set_nonblocking(true)
+                .map_err(StartError::Listener)?;
+            let listener =
+                tokio::net::UnixListener::from_std(listener).map_err(StartError::Listener)?;
+            // Across the boundary peer credentials describe the runtime, not the script: the
+            // token alone authenticates (see the module doc).
+            Ok(Server::Listener(serve_with(listener, state, false)))
+        }
+        Connections::Routed(incoming) => {
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let flag = Arc::clone(&stop);
+            let pool = tokio::runtime::Handle::current();
+            std::thread::Builder::new()
+                .name("vibeos-rpc-routed".into())
+                .spawn(move || loop {
+                    match incoming.recv_timeout(Duration::from_millis(100)) {
+                        Ok(stream) if !flag.load(Ordering::SeqCst) => {
+                            serve_stream(stream, Arc::clone(&state), false, pool.clone())
+                        }
+                        Ok(_) => return,
+                        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                            if flag.load(Ordering::SeqCst) {
+                                return;
+                            }
+                        }
+                        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+                    }
+                })
+                .map_err(StartError::Listener)?;
+            Ok(Server::Routed(stop))
+        }
+    }
+}
+
+/// Runs `f` on a thread of its own and resolves to its value (`None` if it panicked). Not
+/// tokio's blocking pool: a backend call that never returns (a stream a stray process holds
+/// open) must not keep the runtime from shutting down.
+fn detached<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> tokio::task::JoinHandle<Option<T>> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    tokio::spawn(async move { rx.await.ok() })
+}
+
+/// Reads a stream of the backend to its end into a capture of `limit` bytes, on a thread of
+/// its own (a backend's streams are plain `Read`ers, not necessarily pipes of this process).
+fn drain_blocking(
+    stream: Option<Box<dyn std::io::Read + Send>>,
+    limit: usize,
+) -> tokio::task::JoinHandle<HeadTail> {
+    let task = detached(move || {
+        let mut cap = HeadTail::new(limit);
+        let Some(mut stream) = stream else {
+            return cap;
+        };
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match stream.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => cap.push(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+        }
+        cap
+    });
+    tokio::spawn(async move {
+        task.await
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| HeadTail::new(limit))
+    })
 }
 
 /// Python source without its comment lines: it travels in argv, where `ps` shows it.

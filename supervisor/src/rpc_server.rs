@@ -265,8 +265,7 @@ fn check_peer_credentials(stream: &UnixStream, state: &ChannelState) -> Result<(
     use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
     let cred = getsockopt(stream, PeerCredentials)
         .map_err(|e| ProtocolError::Internal(format!("cannot read the peer's credentials: {e}")))?;
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
+    let me = rustix::process::geteuid().as_raw();
     let root = state.root_pid.load(Ordering::SeqCst);
     let pid_ok = cred.pid() > 0
         && root != 0

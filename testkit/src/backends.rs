@@ -45,13 +45,73 @@ pub fn rootfs() -> Result<PathBuf, String> {
     Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
+/// A daemon the tests started: SIGTERM by its own pid on drop, SIGKILL if it has not exited
+/// within 15 s. One implementation for dockerd and sshd.
+struct Daemon {
+    child: Child,
+}
+
+impl Daemon {
+    /// Starts `cmd` with stderr into `log`.
+    fn spawn(mut cmd: Command, log: &Path) -> Result<Daemon, String> {
+        let program = cmd.get_program().to_string_lossy().into_owned();
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).map_err(|e| e.to_string())?)
+            .spawn()
+            .map_err(|e| format!("cannot start {program}: {e}"))?;
+        Ok(Daemon { child })
+    }
+
+    /// Polls `ready` until it holds; an error with the log's last lines if the daemon exits or
+    /// `timeout` passes first.
+    fn wait_ready(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        log: &Path,
+        mut ready: impl FnMut() -> bool,
+    ) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
+        while !ready() {
+            if Instant::now() > deadline || matches!(self.child.try_wait(), Ok(Some(_))) {
+                let log = std::fs::read_to_string(log).unwrap_or_default();
+                return Err(format!(
+                    "{what} did not come up: {}",
+                    log.lines().rev().take(5).collect::<Vec<_>>().join(" | ")
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // SAFETY: kill with our own child's pid, not yet reaped.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// A private dockerd, killed by its pid on drop (containers first).
 pub struct Dockerd {
     /// Its data, exec root and socket.
     pub dir: tempfile::TempDir,
     /// `DOCKER_HOST` for it.
     pub host: String,
-    child: Child,
+    daemon: Daemon,
 }
 
 impl Dockerd {
@@ -65,8 +125,8 @@ impl Dockerd {
             .map_err(|e| e.to_string())?;
         let d = dir.path();
         let host = format!("unix://{}/docker.sock", d.display());
-        let child = Command::new(dockerd)
-            .arg("--data-root")
+        let mut cmd = Command::new(dockerd);
+        cmd.arg("--data-root")
             .arg(d.join("data"))
             .arg("--exec-root")
             .arg(d.join("x"))
@@ -84,32 +144,45 @@ impl Dockerd {
                 "overlay2",
                 "--exec-opt",
                 "native.cgroupdriver=cgroupfs",
-            ])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(d.join("dockerd.log")).map_err(|e| e.to_string())?)
-            .spawn()
-            .map_err(|e| format!("cannot start dockerd: {e}"))?;
-        let mut daemon = Dockerd { dir, host, child };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let ok = daemon
-                .docker(&["version", "--format", "{{.Server.Version}}"])
-                .status
-                .success();
-            if ok {
-                break;
-            }
-            if Instant::now() > deadline || matches!(daemon.child.try_wait(), Ok(Some(_))) {
-                let log = std::fs::read_to_string(daemon.dir.path().join("dockerd.log"))
-                    .unwrap_or_default();
-                return Err(format!(
-                    "dockerd did not come up: {}",
-                    log.lines().rev().take(5).collect::<Vec<_>>().join(" | ")
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Ok(daemon)
+            ]);
+        let log = d.join("dockerd.log");
+        let daemon = Daemon::spawn(cmd, &log)?;
+        let mut dockerd = Dockerd { dir, host, daemon };
+        let ping = |host: &str| {
+            Command::new("docker")
+                .env("DOCKER_HOST", host)
+                .args(["version", "--format", "{{.Server.Version}}"])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        };
+        let host = dockerd.host.clone();
+        dockerd
+            .daemon
+            .wait_ready("dockerd", Duration::from_secs(30), &log, || ping(&host))?;
+        Ok(dockerd)
+    }
+
+    /// Starts it with the python3 image imported as `tag`, and a docker CLI wrapper bound to
+    /// it (use as `terminal.docker_binary`).
+    pub fn with_image(tag: &str) -> Result<(Dockerd, String), String> {
+        let image = rootfs()?;
+        let daemon = Dockerd::start()?;
+        daemon.import(&image, tag)?;
+        let cli = daemon.cli_wrapper("docker-here", &daemon.host);
+        Ok((daemon, cli))
+    }
+
+    /// Writes an executable `name` in its dir that runs the docker CLI against `host`.
+    pub fn cli_wrapper(&self, name: &str, host: &str) -> String {
+        let path = self.dir.path().join(name);
+        std::fs::write(
+            &path,
+            format!("#!/bin/sh\nDOCKER_HOST={host} exec docker \"$@\"\n"),
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path.display().to_string()
     }
 
     /// Runs the docker CLI against it.
@@ -149,23 +222,11 @@ impl Dockerd {
 
 impl Drop for Dockerd {
     fn drop(&mut self) {
+        // Containers first; the daemon itself stops when `daemon` drops.
         let out = self.docker(&["ps", "-aq"]);
         for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
             let _ = self.docker(&["rm", "-f", id]);
         }
-        // SAFETY: kill with our own child's pid, not yet reaped.
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -178,17 +239,7 @@ pub struct Sshd {
     pub dir: tempfile::TempDir,
     /// Its port.
     pub port: u16,
-    child: Child,
-}
-
-impl Drop for Sshd {
-    fn drop(&mut self) {
-        // SAFETY: kill with our own child's pid, not yet reaped.
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
-        }
-        let _ = self.child.wait();
-    }
+    _daemon: Daemon,
 }
 
 fn keygen(path: &Path) {
@@ -267,21 +318,44 @@ pub fn start_sshd() -> Result<Sshd, String> {
         format!("[127.0.0.1]:{port} {hostkey}"),
     )
     .unwrap();
-    let child = Command::new(sshd)
-        .args(["-D", "-e", "-f"])
-        .arg(d.join("sshd_config"))
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(d.join("sshd.log")).unwrap())
-        .spawn()
-        .map_err(|e| e.to_string())?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if Instant::now() > deadline {
-            return Err("sshd did not listen".into());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Ok(Sshd { dir, port, child })
+    let mut cmd = Command::new(sshd);
+    cmd.args(["-D", "-e", "-f"]).arg(d.join("sshd_config"));
+    let log = d.join("sshd.log");
+    let mut daemon = Daemon::spawn(cmd, &log)?;
+    daemon.wait_ready("sshd", Duration::from_secs(10), &log, || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    })?;
+    Ok(Sshd {
+        dir,
+        port,
+        _daemon: daemon,
+    })
+}
+
+/// Starts a container the way a crashed host would have left it (labelled, owner pid gone) with
+/// `cli` (docker or podman) from `image`, for `backends gc` to find.
+pub fn plant_crashed_container(cli: impl Fn(&[&str]) -> std::process::Output, image: &str) {
+    let out = cli(&[
+        "run",
+        "-d",
+        "--name",
+        "vibeos-exec-crashed",
+        "--label",
+        "vibeos-exec=1",
+        "--label",
+        "vibeos-exec.owner=999999999:1",
+        "--network",
+        "none",
+        "--entrypoint",
+        "sleep",
+        image,
+        "600",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Rootful podman with its own storage and the lab's flags, behind a wrapper script.

@@ -24,8 +24,10 @@
 //! for how the rest of the file is kept.
 
 use crate::approval_policy::{self, ApprovalMode, SmartVerdict};
+use crate::policy_file::{self, PolicyFileError};
 use crate::{CallOrigin, ToolContext};
 use regex::Regex;
+use regex::RegexBuilder;
 use serde::Deserialize;
 use std::collections::HashSet;
 use std::io::{BufRead, IsTerminal, Write};
@@ -61,38 +63,26 @@ struct PatternData {
     unless: Option<String>,
 }
 
-/// Every dangerous pattern, compiled once from `policies/dangerous_patterns.json`.
-///
-/// A pattern that does not compile is logged and skipped; the unit tests compile all of them,
-/// so that can only happen to a locally edited policy.
-pub static DANGEROUS_PATTERNS: LazyLock<Vec<DangerousPattern>> = LazyLock::new(|| {
-    let file: PatternFile = match serde_json::from_str(PATTERNS_JSON) {
-        Ok(f) => f,
-        Err(e) => {
-            tracing::error!("policies/dangerous_patterns.json is not valid: {e}");
-            return Vec::new();
-        }
-    };
-    file.patterns
+/// Where the dangerous patterns come from, as named in errors.
+pub const DANGEROUS_PATTERNS_FILE: &str = "policies/dangerous_patterns.json";
+
+/// Compiles a dangerous-pattern policy. Any pattern that does not compile, or a file that does
+/// not parse, is an error naming it: the list is never silently shorter.
+pub fn compile_dangerous_patterns(
+    json: &str,
+    file: &str,
+) -> Result<Vec<DangerousPattern>, PolicyFileError> {
+    let data: PatternFile = policy_file::parse(json, file)?;
+    data.patterns
         .into_iter()
-        .filter_map(|p| {
-            let regex = Regex::new(&p.regex)
-                .map_err(|e| tracing::error!("dangerous pattern {} does not compile: {e}", p.key))
-                .ok()?;
-            let unless = match p.unless {
-                Some(u) => Some(
-                    Regex::new(&u)
-                        .map_err(|e| {
-                            tracing::error!(
-                                "`unless` of dangerous pattern {} does not compile: {e}",
-                                p.key
-                            )
-                        })
-                        .ok()?,
-                ),
-                None => None,
-            };
-            Some(DangerousPattern {
+        .map(|p| {
+            let regex =
+                policy_file::compile(&mut RegexBuilder::new(&p.regex), file, &p.key, "regex")?;
+            let unless = p
+                .unless
+                .map(|u| policy_file::compile(&mut RegexBuilder::new(&u), file, &p.key, "unless"))
+                .transpose()?;
+            Ok(DangerousPattern {
                 key: p.key,
                 description: p.description,
                 regex,
@@ -100,7 +90,16 @@ pub static DANGEROUS_PATTERNS: LazyLock<Vec<DangerousPattern>> = LazyLock::new(|
             })
         })
         .collect()
-});
+}
+
+static DANGEROUS: LazyLock<Result<Vec<DangerousPattern>, PolicyFileError>> =
+    LazyLock::new(|| compile_dangerous_patterns(PATTERNS_JSON, DANGEROUS_PATTERNS_FILE));
+
+/// Every dangerous pattern, compiled once from `policies/dangerous_patterns.json`; the error
+/// when that policy is broken (then every command is refused).
+pub fn dangerous_patterns() -> Result<&'static [DangerousPattern], &'static PolicyFileError> {
+    DANGEROUS.as_deref()
+}
 
 static IFS: LazyLock<Option<Regex>> =
     LazyLock::new(|| Regex::new(r"\$\{?ifs\}?(?:\$[0-9@*])?").ok());
@@ -136,10 +135,17 @@ pub fn normalize_command(command: &str) -> String {
     s.trim().to_string()
 }
 
-/// The patterns `command` matches (empty when it is not dangerous).
-pub fn detect_dangerous(command: &str) -> Vec<&'static DangerousPattern> {
+/// The patterns `command` matches (empty when it is not dangerous); the policy's error when it
+/// is broken.
+pub fn detect_dangerous(
+    command: &str,
+) -> Result<Vec<&'static DangerousPattern>, &'static PolicyFileError> {
+    Ok(matching(dangerous_patterns()?, command))
+}
+
+fn matching<'p>(patterns: &'p [DangerousPattern], command: &str) -> Vec<&'p DangerousPattern> {
     let norm = normalize_command(command);
-    DANGEROUS_PATTERNS
+    patterns
         .iter()
         .filter(|p| {
             p.regex.is_match(&norm) && !p.unless.as_ref().is_some_and(|u| u.is_match(&norm))
@@ -315,8 +321,34 @@ pub fn check_script(source: &str, task_id: Option<&str>) -> Decision {
 }
 
 fn decide(command: &str, ctx: &ToolContext, is_script: bool) -> Decision {
+    let policies =
+        approval_policy::hardline_patterns().and_then(|h| Ok((h, dangerous_patterns()?)));
+    decide_with(command, ctx, is_script, policies)
+}
+
+/// [`decide`] against given pattern lists; a broken policy refuses everything (fail closed).
+fn decide_with(
+    command: &str,
+    ctx: &ToolContext,
+    is_script: bool,
+    policies: Result<(&[approval_policy::HardlinePattern], &[DangerousPattern]), &PolicyFileError>,
+) -> Decision {
     let what = if is_script { "Script" } else { "Command" };
-    if let Some(h) = approval_policy::detect_hardline(command) {
+    let (hardline, dangerous) = match policies {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::error!("{e}");
+            return Decision::Deny {
+                message: format!(
+                    "{what} refused: the approval policy cannot be checked: {e}. Nothing runs \
+                     through the approval check until the operator fixes it."
+                ),
+            };
+        }
+    };
+    if let Some(h) =
+        approval_policy::detect_hardline_in(hardline, command, &approval_policy::mount_table())
+    {
         return Decision::Deny {
             message: format!(
                 "{what} refused: it matches the hardline rule \"{}\" [{}], which no approval, \
@@ -326,7 +358,7 @@ fn decide(command: &str, ctx: &ToolContext, is_script: bool) -> Decision {
         };
     }
     let settings = approval_policy::settings();
-    let matched = detect_dangerous(command);
+    let matched = matching(dangerous, command);
     let keys: Vec<&str> = matched.iter().map(|p| p.key.as_str()).collect();
     if let Some(rule) = approval_policy::denied_by_rule(&settings.deny, command, &keys) {
         return Decision::Deny {
@@ -544,14 +576,11 @@ pub fn parse_choice(answer: &str) -> ApprovalChoice {
 
 /// `command_allowlist` of config.yaml (empty when absent or unreadable).
 pub fn permanent_allowlist() -> Vec<String> {
-    match crate::settings::section("command_allowlist") {
-        serde_yaml_ng::Value::Sequence(items) => items
-            .into_iter()
-            .filter_map(|v| v.as_str().map(str::to_string))
-            .collect(),
-        serde_yaml_ng::Value::String(s) => vec![s],
-        _ => Vec::new(),
-    }
+    crate::settings::current_or_default()
+        .command_allowlist
+        .as_ref()
+        .map(|l| l.to_vec())
+        .unwrap_or_default()
 }
 
 /// Whether every matched pattern is allowlisted by key, or the command as a whole matches an
@@ -577,6 +606,19 @@ fn allowlisted(allow: &[String], command: &str, matched: &[&DangerousPattern]) -
         .any(|m| m.is_match(command.trim()) || m.is_match(&norm))
 }
 
+/// `s` as a YAML scalar: plain when it is a simple word, else double-quoted (a JSON string is
+/// a valid YAML double-quoted scalar), so a glob such as `rm -rf *: x` cannot break the file.
+fn yaml_scalar(s: &str) -> Result<String, String> {
+    let plain = !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'));
+    if plain {
+        Ok(s.to_string())
+    } else {
+        serde_json::to_string(s).map_err(|e| format!("cannot write YAML: {e}"))
+    }
+}
+
 /// Adds `keys` to `command_allowlist` in config.yaml.
 ///
 /// When the file has no `command_allowlist` yet, a block is appended as text, so comments and
@@ -590,16 +632,10 @@ pub fn persist_always(keys: &[String]) -> Result<(), String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
     };
-    let mut doc: serde_yaml_ng::Value = if text.trim().is_empty() {
-        serde_yaml_ng::Value::Mapping(Default::default())
-    } else {
-        serde_yaml_ng::from_str(&text)
-            .map_err(|e| format!("{} is not valid YAML: {e}", path.display()))?
-    };
-    let map = doc
-        .as_mapping_mut()
-        .ok_or_else(|| format!("{} is not a YAML mapping", path.display()))?;
-    let new_text = match map.get_mut("command_allowlist") {
+    // The file must be a valid config before it is rewritten: an "always" never turns a
+    // broken file into a different broken file.
+    let parsed = crate::config_file::ConfigFile::parse(&text, &path).map_err(|e| e.to_string())?;
+    let new_text = match parsed.command_allowlist {
         None => {
             let mut t = text.clone();
             if !t.is_empty() && !t.ends_with('\n') {
@@ -607,23 +643,24 @@ pub fn persist_always(keys: &[String]) -> Result<(), String> {
             }
             t.push_str("command_allowlist:\n");
             for k in keys {
-                t.push_str(&format!("  - {k}\n"));
+                t.push_str(&format!("  - {}\n", yaml_scalar(k)?));
             }
             t
         }
         Some(existing) => {
-            let mut list: Vec<serde_yaml_ng::Value> = match std::mem::take(existing) {
-                serde_yaml_ng::Value::Sequence(s) => s,
-                serde_yaml_ng::Value::Null => Vec::new(),
-                other => vec![other],
-            };
+            let mut doc: serde_json::Value = serde_saphyr::from_str(&text)
+                .map_err(|e| format!("{} is not valid YAML: {e}", path.display()))?;
+            let map = doc
+                .as_object_mut()
+                .ok_or_else(|| format!("{} is not a YAML mapping", path.display()))?;
+            let mut list = existing.to_vec();
             for k in keys {
-                if !list.iter().any(|v| v.as_str() == Some(k)) {
-                    list.push(serde_yaml_ng::Value::String(k.clone()));
+                if !list.contains(k) {
+                    list.push(k.clone());
                 }
             }
-            *existing = serde_yaml_ng::Value::Sequence(list);
-            serde_yaml_ng::to_string(&doc).map_err(|e| format!("cannot write YAML: {e}"))?
+            map.insert("command_allowlist".into(), serde_json::json!(list));
+            serde_saphyr::to_string(&doc).map_err(|e| format!("cannot write YAML: {e}"))?
         }
     };
     let parent = match path.parent() {

@@ -15,6 +15,7 @@
 //! ```
 
 use crate::approval::{normalize_command, ApprovalCallback, ApprovalChoice, ApprovalRequest};
+use crate::policy_file::{self, PolicyFileError};
 use regex::Regex;
 use serde::Deserialize;
 use std::io::{Read, Write};
@@ -77,12 +78,13 @@ impl Default for ApprovalSettings {
 /// The current `approvals:` settings. A wrong value is logged and its default used, except an
 /// unknown `mode`, which falls back to `manual` (the strictest) with a warning.
 pub fn settings() -> ApprovalSettings {
-    use serde_yaml_ng::Value;
+    use crate::config_file::TextOrBool;
     let mut s = ApprovalSettings::default();
-    let section = crate::settings::section("approvals");
-    match section.get("mode") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(m)) => match m.trim().to_ascii_lowercase().as_str() {
+    let file = crate::settings::current_or_default();
+    let section = file.approvals.clone().unwrap_or_default();
+    match &section.mode {
+        None => {}
+        Some(TextOrBool::Text(m)) => match m.trim().to_ascii_lowercase().as_str() {
             "manual" => s.mode = ApprovalMode::Manual,
             "smart" => s.mode = ApprovalMode::Smart,
             "off" => s.mode = ApprovalMode::Off,
@@ -91,47 +93,29 @@ pub fn settings() -> ApprovalSettings {
             ),
         },
         // YAML 1.1 spellings of `off` arrive as a boolean.
-        Some(Value::Bool(false)) => s.mode = ApprovalMode::Off,
-        Some(other) => {
+        Some(TextOrBool::Bool(false)) => s.mode = ApprovalMode::Off,
+        Some(TextOrBool::Bool(true)) => {
+            tracing::warn!("approvals.mode must be manual, smart or off, found true; using manual")
+        }
+    }
+    if let Some(t) = section.timeout {
+        if t > 0.0 && t <= 86_400.0 {
+            s.timeout = Duration::from_secs_f64(t);
+        } else {
             tracing::warn!(
-                "approvals.mode must be manual, smart or off, found {other:?}; using manual"
-            )
+                "approvals.timeout must be a number of seconds from 0 to 86400, found {t}; using 60"
+            );
         }
     }
-    match section.get("timeout") {
-        None | Some(Value::Null) => {}
-        Some(v) => match v.as_f64().filter(|t| *t > 0.0 && *t <= 86_400.0) {
-            Some(t) => s.timeout = Duration::from_secs_f64(t),
-            None => tracing::warn!(
-                "approvals.timeout must be a number of seconds from 0 to 86400, found {v:?}; using 60"
-            ),
-        },
-    }
-    match section.get("deny") {
-        None | Some(Value::Null) => {}
-        Some(Value::Sequence(items)) => {
-            s.deny = items
-                .iter()
-                .filter_map(|i| i.as_str().map(str::to_string))
-                .collect()
-        }
-        Some(Value::String(one)) => s.deny = vec![one.clone()],
-        Some(other) => tracing::warn!(
-            "approvals.deny must be a list of pattern keys or command globs, found {other:?}; ignored"
-        ),
+    if let Some(deny) = &section.deny {
+        s.deny = deny.to_vec();
     }
     // `command_denylist` at the top level, beside `command_allowlist`, means the same.
-    match crate::settings::section("command_denylist") {
-        Value::Sequence(items) => s
-            .deny
-            .extend(items.iter().filter_map(|i| i.as_str().map(str::to_string))),
-        Value::String(one) => s.deny.push(one),
-        _ => {}
+    if let Some(deny) = &file.command_denylist {
+        s.deny.extend(deny.to_vec());
     }
-    if let Some(Value::String(c)) = section.get("smart_command") {
-        if !c.trim().is_empty() {
-            s.smart_command = Some(c.clone());
-        }
+    if let Some(c) = section.smart_command.filter(|c| !c.trim().is_empty()) {
+        s.smart_command = Some(c);
     }
     s
 }
@@ -163,46 +147,81 @@ struct HardlineData {
     mounted_device: bool,
 }
 
-/// The hardline tier, compiled once from `policies/hardline_patterns.json`.
-pub static HARDLINE_PATTERNS: LazyLock<Vec<HardlinePattern>> = LazyLock::new(|| {
-    let file: HardlineFile = match serde_json::from_str(HARDLINE_JSON) {
-        Ok(f) => f,
-        Err(e) => {
-            tracing::error!("policies/hardline_patterns.json is not valid: {e}");
-            return Vec::new();
-        }
-    };
-    file.patterns
+/// Where the hardline patterns come from, as named in errors.
+pub const HARDLINE_PATTERNS_FILE: &str = "policies/hardline_patterns.json";
+
+/// Compiles a hardline policy. A pattern that does not compile, or a file that does not parse,
+/// is an error naming it: the hardline tier is never silently shorter.
+pub fn compile_hardline_patterns(
+    json: &str,
+    file: &str,
+) -> Result<Vec<HardlinePattern>, PolicyFileError> {
+    let data: HardlineFile = policy_file::parse(json, file)?;
+    data.patterns
         .into_iter()
-        .filter_map(|p| match Regex::new(&p.regex) {
-            Ok(regex) => Some(HardlinePattern {
+        .map(|p| {
+            let regex = policy_file::compile(
+                &mut regex::RegexBuilder::new(&p.regex),
+                file,
+                &p.key,
+                "regex",
+            )?;
+            Ok(HardlinePattern {
                 key: p.key,
                 description: p.description,
                 regex,
                 mounted_device: p.mounted_device,
-            }),
-            Err(e) => {
-                tracing::error!("hardline pattern {} does not compile: {e}", p.key);
-                None
-            }
+            })
         })
         .collect()
-});
+}
 
-/// The hardline pattern `command` matches, if any (mounted devices read from /proc now).
-pub fn detect_hardline(command: &str) -> Option<&'static HardlinePattern> {
-    let mounts = format!(
+static HARDLINE: LazyLock<Result<Vec<HardlinePattern>, PolicyFileError>> =
+    LazyLock::new(|| compile_hardline_patterns(HARDLINE_JSON, HARDLINE_PATTERNS_FILE));
+
+/// The hardline tier, compiled once from `policies/hardline_patterns.json`; the error when that
+/// policy is broken (then every command is refused).
+pub fn hardline_patterns() -> Result<&'static [HardlinePattern], &'static PolicyFileError> {
+    HARDLINE.as_deref()
+}
+
+/// The mount and swap tables (`/proc/mounts`, `/proc/swaps`) the mounted-device rules read.
+pub fn mount_table() -> String {
+    format!(
         "{}\n{}",
         std::fs::read_to_string("/proc/mounts").unwrap_or_default(),
         std::fs::read_to_string("/proc/swaps").unwrap_or_default()
-    );
-    detect_hardline_with(command, &mounts)
+    )
+}
+
+/// The hardline pattern `command` matches, if any (mounted devices read from /proc now); the
+/// policy's error when it is broken.
+pub fn detect_hardline(
+    command: &str,
+) -> Result<Option<&'static HardlinePattern>, &'static PolicyFileError> {
+    Ok(detect_hardline_in(
+        hardline_patterns()?,
+        command,
+        &mount_table(),
+    ))
 }
 
 /// [`detect_hardline`] against a given mount table (first field of each line: the source).
-pub fn detect_hardline_with(command: &str, mounts: &str) -> Option<&'static HardlinePattern> {
+pub fn detect_hardline_with(
+    command: &str,
+    mounts: &str,
+) -> Result<Option<&'static HardlinePattern>, &'static PolicyFileError> {
+    Ok(detect_hardline_in(hardline_patterns()?, command, mounts))
+}
+
+/// The first of `patterns` that `command` matches, given the mount table.
+pub fn detect_hardline_in<'p>(
+    patterns: &'p [HardlinePattern],
+    command: &str,
+    mounts: &str,
+) -> Option<&'p HardlinePattern> {
     let norm = normalize_command(command);
-    HARDLINE_PATTERNS.iter().find(|p| {
+    patterns.iter().find(|p| {
         if !p.mounted_device {
             return p.regex.is_match(&norm);
         }
@@ -397,14 +416,42 @@ mod tests {
     fn every_hardline_pattern_compiles() {
         let file: HardlineFile =
             serde_json::from_str(HARDLINE_JSON).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(HARDLINE_PATTERNS.len(), file.patterns.len());
+        assert_eq!(hardline_patterns().unwrap().len(), file.patterns.len());
+    }
+
+    #[test]
+    fn a_broken_hardline_policy_is_an_error_naming_file_and_pattern() {
+        let e = compile_hardline_patterns(
+            r#"{"patterns": [{"key": "ok", "description": "d", "regex": "a"},
+                             {"key": "bad_one", "description": "d", "regex": "(unclosed"}]}"#,
+            "x/hardline.json",
+        )
+        .unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.starts_with("x/hardline.json: pattern `bad_one` (regex) does not compile"),
+            "{text}"
+        );
+        let e = compile_hardline_patterns("{\"patterns\": [", "x/hardline.json").unwrap_err();
+        assert!(matches!(e, PolicyFileError::Parse { .. }), "{e}");
+        assert!(
+            e.to_string().starts_with("x/hardline.json is not a valid"),
+            "{e}"
+        );
+        let e =
+            compile_hardline_patterns(r#"{"patterns": [{"key": "k"}]}"#, "x/h.json").unwrap_err();
+        assert!(e.to_string().contains("missing field"), "{e}");
     }
 
     #[test]
     fn hardline_catches_the_catastrophic_and_not_the_merely_dangerous() {
         let mounts =
             "/dev/vda1 / ext4 rw 0 0\n/dev/nvme0n1p2 /home ext4 rw 0 0\ntmpfs /tmp tmpfs rw 0 0\n";
-        let key = |c: &str| detect_hardline_with(c, mounts).map(|p| p.key.as_str());
+        let key = |c: &str| {
+            detect_hardline_with(c, mounts)
+                .unwrap()
+                .map(|p| p.key.as_str())
+        };
         assert_eq!(key("rm -rf /"), Some("delete_root"));
         assert_eq!(key("sudo /bin/rm -r -f /*"), Some("delete_root"));
         assert_eq!(key("rm -rf --no-preserve-root /"), Some("delete_root"));

@@ -34,7 +34,7 @@ fn bridge_runtime() -> Result<&'static tokio::runtime::Runtime, ToolError> {
         .as_ref()
         .map_err(|e| {
             ToolError::new(
-                "AsyncRuntimeUnavailable",
+                crate::ToolErrorKind::AsyncRuntimeUnavailable,
                 format!("cannot start the runtime for async tools: {e}"),
             )
         })
@@ -53,7 +53,7 @@ pub fn run_async<T: Send + 'static>(fut: BoxFuture<T>) -> Result<T, ToolError> {
             .spawn_scoped(scope, move || runtime.block_on(fut))
             .map_err(|e| {
                 ToolError::new(
-                    "AsyncRuntimeUnavailable",
+                    crate::ToolErrorKind::AsyncRuntimeUnavailable,
                     format!("cannot start a worker thread for an async tool: {e}"),
                 )
             })?;

@@ -1,19 +1,222 @@
 //! Errors of tools and of registration.
 
+/// What kind of failure a [`ToolError`] is. The built-in tools' kinds are variants, so a typo
+/// is a compile error; kinds from elsewhere (a Python exception type, an MCP server, a plugin)
+/// are [`ToolErrorKind::Other`]. On the wire a kind is its name, exactly as before
+/// (`Tool execution failed: <kind>: <message>`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ToolErrorKind {
+    /// The arguments do not fit the tool's schema.
+    InvalidArguments,
+    /// A path does not exist.
+    FileNotFound,
+    /// The OS refused access.
+    PermissionDenied,
+    /// The path already exists.
+    AlreadyExists,
+    /// A file was expected, a directory found.
+    IsADirectory,
+    /// A directory was expected.
+    NotADirectory,
+    /// Another I/O error.
+    IoError,
+    /// Not a regular file (device, FIFO, socket).
+    NotARegularFile,
+    /// The file is not text.
+    BinaryFile,
+    /// The file is over the tool's size limit.
+    FileTooLarge,
+    /// The file is not UTF-8 text.
+    NotUtf8,
+    /// A strict script's path leads outside its allowed roots.
+    OutsideSandbox,
+    /// A hard link out of the allowed roots.
+    HardLinkRefused,
+    /// The execution's disk budget is spent.
+    DiskBudgetExceeded,
+    /// Writing failed.
+    WriteError,
+    /// A patch does not apply.
+    PatchError,
+    /// The text to replace occurs more than once.
+    AmbiguousMatch,
+    /// The text to replace does not occur.
+    NoMatch,
+    /// A search pattern does not compile.
+    InvalidRegex,
+    /// Dangerous-command approval refused the command.
+    CommandDenied,
+    /// A command could not be started.
+    SpawnError,
+    /// No such background process.
+    UnknownProcess,
+    /// The execution backend failed.
+    BackendError,
+    /// The web search backend failed.
+    SearchBackendError,
+    /// The HTTP client could not be set up.
+    HttpClientError,
+    /// The tool needs configuration it does not have.
+    NotConfigured,
+    /// The operation is not supported here.
+    Unsupported,
+    /// No tool of that name.
+    UnknownTool,
+    /// A toolset cannot be resolved.
+    ToolsetError,
+    /// An agent-loop tool reached dispatch.
+    AgentLoopTool,
+    /// No async runtime could run the handler.
+    AsyncRuntimeUnavailable,
+    /// The handler panicked.
+    Panic,
+    /// An MCP server returned a protocol error.
+    McpError,
+    /// An MCP tool reported an error.
+    McpToolError,
+    /// An MCP call timed out.
+    McpTimeout,
+    /// The MCP server is no longer connected.
+    McpServerGone,
+    /// The MCP server is not running.
+    McpServerDown,
+    /// The MCP server crashed.
+    McpServerCrashed,
+    /// A kind named by code outside this crate (e.g. a Python exception type).
+    Other(String),
+}
+
+impl ToolErrorKind {
+    /// The kind's name as it appears in messages.
+    pub fn as_str(&self) -> &str {
+        match self {
+            ToolErrorKind::InvalidArguments => "InvalidArguments",
+            ToolErrorKind::FileNotFound => "FileNotFound",
+            ToolErrorKind::PermissionDenied => "PermissionDenied",
+            ToolErrorKind::AlreadyExists => "AlreadyExists",
+            ToolErrorKind::IsADirectory => "IsADirectory",
+            ToolErrorKind::NotADirectory => "NotADirectory",
+            ToolErrorKind::IoError => "IOError",
+            ToolErrorKind::NotARegularFile => "NotARegularFile",
+            ToolErrorKind::BinaryFile => "BinaryFile",
+            ToolErrorKind::FileTooLarge => "FileTooLarge",
+            ToolErrorKind::NotUtf8 => "NotUtf8",
+            ToolErrorKind::OutsideSandbox => "OutsideSandbox",
+            ToolErrorKind::HardLinkRefused => "HardLinkRefused",
+            ToolErrorKind::DiskBudgetExceeded => "DiskBudgetExceeded",
+            ToolErrorKind::WriteError => "WriteError",
+            ToolErrorKind::PatchError => "PatchError",
+            ToolErrorKind::AmbiguousMatch => "AmbiguousMatch",
+            ToolErrorKind::NoMatch => "NoMatch",
+            ToolErrorKind::InvalidRegex => "InvalidRegex",
+            ToolErrorKind::CommandDenied => "CommandDenied",
+            ToolErrorKind::SpawnError => "SpawnError",
+            ToolErrorKind::UnknownProcess => "UnknownProcess",
+            ToolErrorKind::BackendError => "BackendError",
+            ToolErrorKind::SearchBackendError => "SearchBackendError",
+            ToolErrorKind::HttpClientError => "HttpClientError",
+            ToolErrorKind::NotConfigured => "NotConfigured",
+            ToolErrorKind::Unsupported => "Unsupported",
+            ToolErrorKind::UnknownTool => "UnknownTool",
+            ToolErrorKind::ToolsetError => "ToolsetError",
+            ToolErrorKind::AgentLoopTool => "AgentLoopTool",
+            ToolErrorKind::AsyncRuntimeUnavailable => "AsyncRuntimeUnavailable",
+            ToolErrorKind::Panic => "Panic",
+            ToolErrorKind::McpError => "McpError",
+            ToolErrorKind::McpToolError => "McpToolError",
+            ToolErrorKind::McpTimeout => "McpTimeout",
+            ToolErrorKind::McpServerGone => "McpServerGone",
+            ToolErrorKind::McpServerDown => "McpServerDown",
+            ToolErrorKind::McpServerCrashed => "McpServerCrashed",
+            ToolErrorKind::Other(name) => name,
+        }
+    }
+}
+
+impl From<&str> for ToolErrorKind {
+    fn from(name: &str) -> Self {
+        match name {
+            "InvalidArguments" => ToolErrorKind::InvalidArguments,
+            "FileNotFound" => ToolErrorKind::FileNotFound,
+            "PermissionDenied" => ToolErrorKind::PermissionDenied,
+            "AlreadyExists" => ToolErrorKind::AlreadyExists,
+            "IsADirectory" => ToolErrorKind::IsADirectory,
+            "NotADirectory" => ToolErrorKind::NotADirectory,
+            "IOError" => ToolErrorKind::IoError,
+            "NotARegularFile" => ToolErrorKind::NotARegularFile,
+            "BinaryFile" => ToolErrorKind::BinaryFile,
+            "FileTooLarge" => ToolErrorKind::FileTooLarge,
+            "NotUtf8" => ToolErrorKind::NotUtf8,
+            "OutsideSandbox" => ToolErrorKind::OutsideSandbox,
+            "HardLinkRefused" => ToolErrorKind::HardLinkRefused,
+            "DiskBudgetExceeded" => ToolErrorKind::DiskBudgetExceeded,
+            "WriteError" => ToolErrorKind::WriteError,
+            "PatchError" => ToolErrorKind::PatchError,
+            "AmbiguousMatch" => ToolErrorKind::AmbiguousMatch,
+            "NoMatch" => ToolErrorKind::NoMatch,
+            "InvalidRegex" => ToolErrorKind::InvalidRegex,
+            "CommandDenied" => ToolErrorKind::CommandDenied,
+            "SpawnError" => ToolErrorKind::SpawnError,
+            "UnknownProcess" => ToolErrorKind::UnknownProcess,
+            "BackendError" => ToolErrorKind::BackendError,
+            "SearchBackendError" => ToolErrorKind::SearchBackendError,
+            "HttpClientError" => ToolErrorKind::HttpClientError,
+            "NotConfigured" => ToolErrorKind::NotConfigured,
+            "Unsupported" => ToolErrorKind::Unsupported,
+            "UnknownTool" => ToolErrorKind::UnknownTool,
+            "ToolsetError" => ToolErrorKind::ToolsetError,
+            "AgentLoopTool" => ToolErrorKind::AgentLoopTool,
+            "AsyncRuntimeUnavailable" => ToolErrorKind::AsyncRuntimeUnavailable,
+            "Panic" => ToolErrorKind::Panic,
+            "McpError" => ToolErrorKind::McpError,
+            "McpToolError" => ToolErrorKind::McpToolError,
+            "McpTimeout" => ToolErrorKind::McpTimeout,
+            "McpServerGone" => ToolErrorKind::McpServerGone,
+            "McpServerDown" => ToolErrorKind::McpServerDown,
+            "McpServerCrashed" => ToolErrorKind::McpServerCrashed,
+            other => ToolErrorKind::Other(other.to_string()),
+        }
+    }
+}
+
+impl From<String> for ToolErrorKind {
+    fn from(name: String) -> Self {
+        ToolErrorKind::from(name.as_str())
+    }
+}
+
+impl std::fmt::Display for ToolErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<str> for ToolErrorKind {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for ToolErrorKind {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
 /// A tool failed. `kind` names the failure (like an exception type) and appears in the wrapped
 /// message the caller sees: `Tool execution failed: <kind>: <message>`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{kind}: {message}")]
 pub struct ToolError {
-    /// Short name of the failure, e.g. `FileNotFound`.
-    pub kind: String,
+    /// What kind of failure, e.g. [`ToolErrorKind::FileNotFound`].
+    pub kind: ToolErrorKind,
     /// What went wrong and, where it helps, what to do.
     pub message: String,
 }
 
 impl ToolError {
-    /// A tool error of the given kind.
-    pub fn new(kind: impl Into<String>, message: impl Into<String>) -> Self {
+    /// A tool error of the given kind (a variant, or a name: known names map to their variant).
+    pub fn new(kind: impl Into<ToolErrorKind>, message: impl Into<String>) -> Self {
         ToolError {
             kind: kind.into(),
             message: message.into(),
@@ -22,21 +225,44 @@ impl ToolError {
 
     /// The arguments do not fit the tool.
     pub fn invalid_args(message: impl Into<String>) -> Self {
-        Self::new("InvalidArguments", message)
+        Self::new(ToolErrorKind::InvalidArguments, message)
     }
 
     /// An I/O error on `path`, named by what happened.
     pub fn io(path: &std::path::Path, err: &std::io::Error) -> Self {
         use std::io::ErrorKind as K;
         let kind = match err.kind() {
-            K::NotFound => "FileNotFound",
-            K::PermissionDenied => "PermissionDenied",
-            K::AlreadyExists => "AlreadyExists",
-            K::IsADirectory => "IsADirectory",
-            K::NotADirectory => "NotADirectory",
-            _ => "IOError",
+            K::NotFound => ToolErrorKind::FileNotFound,
+            K::PermissionDenied => ToolErrorKind::PermissionDenied,
+            K::AlreadyExists => ToolErrorKind::AlreadyExists,
+            K::IsADirectory => ToolErrorKind::IsADirectory,
+            K::NotADirectory => ToolErrorKind::NotADirectory,
+            _ => ToolErrorKind::IoError,
         };
         Self::new(kind, format!("{}: {err}", path.display()))
+    }
+}
+
+#[cfg(test)]
+mod kind_tests {
+    use super::*;
+
+    #[test]
+    fn kinds_keep_their_wire_names() {
+        let e = ToolError::new(ToolErrorKind::FileNotFound, "a: gone");
+        assert_eq!(e.to_string(), "FileNotFound: a: gone");
+        assert_eq!(ToolErrorKind::IoError.as_str(), "IOError");
+        assert_eq!(ToolErrorKind::from("IOError"), ToolErrorKind::IoError);
+        assert_eq!(
+            ToolErrorKind::from("ValueError"),
+            ToolErrorKind::Other("ValueError".into())
+        );
+        assert_eq!(
+            ToolError::new("ValueError", "x").to_string(),
+            "ValueError: x"
+        );
+        assert!(ToolError::new("NoMatch", "x").kind == ToolErrorKind::NoMatch);
+        assert_eq!(ToolErrorKind::NoMatch, "NoMatch");
     }
 }
 

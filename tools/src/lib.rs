@@ -16,6 +16,7 @@ mod availability;
 pub mod builtin;
 pub mod capture;
 pub mod coerce;
+pub mod config_file;
 mod context;
 mod definitions;
 mod dispatch;
@@ -26,6 +27,7 @@ mod hooks;
 pub mod mcp_client;
 pub mod path_policy;
 pub mod planner;
+pub mod policy_file;
 pub mod redact;
 mod registry;
 mod script_schema;
@@ -40,7 +42,7 @@ pub use entry::{
     AsyncHandler, BuiltinTool, CheckFn, CheckFnHolder, Handler, OverridePolicy, SyncHandler,
     TextHandler, ToolCall, ToolEntry, ToolSource,
 };
-pub use error::{RegistrationError, ToolError};
+pub use error::{RegistrationError, ToolError, ToolErrorKind};
 pub use hooks::{CallStatus, HookDecision, PostHook, PostToolCall, PreHook, PreToolCall};
 pub use registry::{
     json_type, registry, Prepare, PrepareHook, ToolRegistry, AGENT_LOOP_TOOLS,

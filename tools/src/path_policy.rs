@@ -103,7 +103,7 @@ impl PathPolicy {
             .map(|_| ())
             .map_err(|left| {
                 ToolError::new(
-                    "DiskBudgetExceeded",
+                    crate::ToolErrorKind::DiskBudgetExceeded,
                     format!(
                         "writing {} bytes to {} would pass this execution's disk budget ({left} \
                          bytes left for tool writes outside the staging dir; \
@@ -194,7 +194,7 @@ impl PathPolicy {
         }
         best.ok_or_else(|| {
             ToolError::new(
-                "OutsideSandbox",
+                crate::ToolErrorKind::OutsideSandbox,
                 format!(
                     "{} is outside what tools may {} for a strict-mode script ({}); add its \
                      directory to code_execution.strict.{} to open it",
@@ -262,7 +262,7 @@ impl PathPolicy {
         let meta = file.metadata().map_err(|e| ToolError::io(path, &e))?;
         if meta.is_file() && meta.nlink() > 1 && !root.links_ok {
             return Err(ToolError::new(
-                "HardLinkRefused",
+                crate::ToolErrorKind::HardLinkRefused,
                 format!(
                     "{} has {} hard links; in strict mode tools do not read hard-linked files \
                      outside the staging dir (a link can lead to a file outside the allowed \
@@ -311,7 +311,7 @@ impl PathPolicy {
             }
             _ => {
                 return Err(ToolError::new(
-                    "IsADirectory",
+                    crate::ToolErrorKind::IsADirectory,
                     format!("{} is a directory; give a file path", path.display()),
                 ))
             }
@@ -382,13 +382,13 @@ impl PathPolicy {
                 let kind = st.st_mode & libc::S_IFMT;
                 if kind == libc::S_IFDIR {
                     return Err(ToolError::new(
-                        "IsADirectory",
+                        crate::ToolErrorKind::IsADirectory,
                         format!("{} is a directory; give a file path", path.display()),
                     ));
                 }
                 if kind != libc::S_IFREG {
                     return Err(ToolError::new(
-                        "NotARegularFile",
+                        crate::ToolErrorKind::NotARegularFile,
                         format!(
                             "{} is a symlink, device, FIFO or socket; in strict mode tools \
                              only write regular files",
@@ -488,8 +488,7 @@ fn follow_owner(dir: BorrowedFd<'_>, name: &std::ffi::OsStr) {
     let Ok(parent) = nix::sys::stat::fstat(dir) else {
         return;
     };
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 || parent.st_uid == 0 {
+    if !rustix::process::geteuid().is_root() || parent.st_uid == 0 {
         return;
     }
     let _ = nix::unistd::fchownat(
@@ -505,7 +504,7 @@ fn follow_owner(dir: BorrowedFd<'_>, name: &std::ffi::OsStr) {
 fn resolve_error(path: &Path, e: Errno) -> ToolError {
     match e {
         Errno::EXDEV => ToolError::new(
-            "OutsideSandbox",
+            crate::ToolErrorKind::OutsideSandbox,
             format!(
                 "{} leads out of its allowed root (through `..`, an absolute symlink or a \
                  mount); in strict mode tools only act beneath the allowed roots",
@@ -513,7 +512,7 @@ fn resolve_error(path: &Path, e: Errno) -> ToolError {
             ),
         ),
         Errno::ELOOP => ToolError::new(
-            "OutsideSandbox",
+            crate::ToolErrorKind::OutsideSandbox,
             format!(
                 "{} goes through a /proc magic link or a symlink loop; strict-mode tools \
                  refuse it",
@@ -521,7 +520,7 @@ fn resolve_error(path: &Path, e: Errno) -> ToolError {
             ),
         ),
         Errno::ENOSYS => ToolError::new(
-            "Unsupported",
+            crate::ToolErrorKind::Unsupported,
             "this kernel has no openat2 (Linux 5.6+), which strict-mode file tools need",
         ),
         other => ToolError::io(path, &std::io::Error::from(other)),

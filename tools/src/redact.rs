@@ -15,6 +15,7 @@
 //! This is a safety net, not a boundary: a script that encodes a secret (base64, reversed,
 //! split over lines) gets it out. The boundary is the environment scrubbing of SPEC §4.
 
+use crate::policy_file::{self, PolicyFileError};
 use regex::{Regex, RegexBuilder};
 use serde::Deserialize;
 use std::sync::LazyLock;
@@ -49,36 +50,30 @@ struct Patterns {
     provider_blocklist: Vec<String>,
 }
 
-static PATTERNS: LazyLock<Patterns> = LazyLock::new(|| {
-    let file: PatternFile = serde_json::from_str(PATTERNS_JSON).unwrap_or_else(|e| {
-        tracing::error!("policies/redact_patterns.json is not valid: {e}");
-        PatternFile {
-            marker: "[REDACTED:{name}]".into(),
-            min_env_value_chars: 6,
-            patterns: Vec::new(),
-        }
-    });
-    let env: EnvNames = serde_json::from_str(ENV_JSON).unwrap_or_else(|e| {
-        tracing::error!("policies/env.json is not valid: {e}");
-        EnvNames {
-            deny_substrings: Vec::new(),
-            provider_blocklist: Vec::new(),
-        }
-    });
+/// Where the redaction patterns come from, as named in errors.
+pub const REDACT_PATTERNS_FILE: &str = "policies/redact_patterns.json";
+/// Where the secret-name rules come from, as named in errors.
+pub const ENV_POLICY_FILE: &str = "policies/env.json";
+
+/// Compiles the redaction policy. A pattern that does not compile, or a file that does not
+/// parse, is an error naming it: the list of credential formats is never silently shorter.
+fn compile_patterns(redact_json: &str, env_json: &str) -> Result<Patterns, PolicyFileError> {
+    let file: PatternFile = policy_file::parse(redact_json, REDACT_PATTERNS_FILE)?;
+    let env: EnvNames = policy_file::parse(env_json, ENV_POLICY_FILE)?;
     let formats = file
         .patterns
         .into_iter()
-        .filter_map(
-            |p| match RegexBuilder::new(&p.regex).size_limit(1 << 22).build() {
-                Ok(re) => Some((p.name, re)),
-                Err(e) => {
-                    tracing::error!("redaction pattern {} does not compile: {e}", p.name);
-                    None
-                }
-            },
-        )
-        .collect();
-    Patterns {
+        .map(|p| {
+            let re = policy_file::compile(
+                RegexBuilder::new(&p.regex).size_limit(1 << 22),
+                REDACT_PATTERNS_FILE,
+                &p.name,
+                "regex",
+            )?;
+            Ok((p.name, re))
+        })
+        .collect::<Result<Vec<_>, PolicyFileError>>()?;
+    Ok(Patterns {
         marker: file.marker,
         min_env_value_chars: file.min_env_value_chars,
         formats,
@@ -88,20 +83,31 @@ static PATTERNS: LazyLock<Patterns> = LazyLock::new(|| {
             .map(|s| s.to_ascii_uppercase())
             .collect(),
         provider_blocklist: env.provider_blocklist,
-    }
-});
+    })
+}
+
+static PATTERNS: LazyLock<Result<Patterns, PolicyFileError>> =
+    LazyLock::new(|| compile_patterns(PATTERNS_JSON, ENV_JSON));
+
+fn patterns() -> Result<&'static Patterns, &'static PolicyFileError> {
+    PATTERNS.as_ref()
+}
 
 /// Whether `security.redact_output` is on (the default; only an explicit `false` turns it off).
 pub fn enabled() -> bool {
-    !matches!(
-        crate::settings::section("security").get("redact_output"),
-        Some(serde_yaml_ng::Value::Bool(false))
-    )
+    crate::settings::current_or_default()
+        .security
+        .as_ref()
+        .and_then(|s| s.redact_output)
+        != Some(false)
 }
 
 /// Whether the variable `name` holds a secret by the environment policy.
 pub fn is_secret_name(name: &str) -> bool {
-    let p = &*PATTERNS;
+    // Fail closed: with no policy to tell, every name counts as secret.
+    let Ok(p) = patterns() else {
+        return true;
+    };
     let upper = name.to_ascii_uppercase();
     p.provider_blocklist
         .iter()
@@ -112,6 +118,8 @@ pub fn is_secret_name(name: &str) -> bool {
 /// Replaces secrets in text. Build one per execution or command; applying it is one pass per
 /// pattern.
 pub struct Redactor {
+    /// The compiled policy, or why it is broken (then all output is withheld).
+    policy: Result<&'static Patterns, &'static PolicyFileError>,
     /// Secret values (longest first) with the variable name each came from.
     env_values: Option<(Regex, Vec<(String, String)>)>,
 }
@@ -125,7 +133,25 @@ impl Redactor {
         K: AsRef<str>,
         V: AsRef<str>,
     {
-        let min = PATTERNS.min_env_value_chars;
+        Self::with_policy(patterns(), env)
+    }
+
+    fn with_policy<I, K, V>(
+        policy: Result<&'static Patterns, &'static PolicyFileError>,
+        env: I,
+    ) -> Self
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: AsRef<str>,
+        V: AsRef<str>,
+    {
+        let Ok(p) = policy else {
+            return Redactor {
+                policy,
+                env_values: None,
+            };
+        };
+        let min = p.min_env_value_chars;
         let mut values: Vec<(String, String)> = env
             .into_iter()
             .filter(|(k, v)| is_secret_name(k.as_ref()) && v.as_ref().trim().chars().count() >= min)
@@ -145,7 +171,7 @@ impl Redactor {
             })
             .flatten()
             .map(|re| (re, values));
-        Redactor { env_values }
+        Redactor { policy, env_values }
     }
 
     /// A redactor for the secret variables of this process's environment.
@@ -156,9 +182,19 @@ impl Redactor {
         )
     }
 
-    /// `text` with every secret replaced by a marker, and how many were replaced.
+    /// `text` with every secret replaced by a marker, and how many were replaced. With a broken
+    /// redaction policy nothing can be told apart, so the whole text is withheld (fail closed).
     pub fn redact(&self, text: &str) -> (String, usize) {
-        let p = &*PATTERNS;
+        let p = match self.policy {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!("{e}");
+                return (
+                    format!("[output withheld: the redaction policy is broken: {e}]"),
+                    1,
+                );
+            }
+        };
         let mut count = 0;
         let mut out = text.to_string();
         if let Some((re, values)) = &self.env_values {
@@ -227,7 +263,42 @@ mod tests {
     fn every_pattern_compiles() {
         let file: PatternFile =
             serde_json::from_str(PATTERNS_JSON).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(PATTERNS.formats.len(), file.patterns.len());
+        assert_eq!(patterns().unwrap().formats.len(), file.patterns.len());
+    }
+
+    #[test]
+    fn a_broken_redaction_policy_fails_closed() {
+        let bad_regex = r#"{"marker": "[R:{name}]", "min_env_value_chars": 6,
+            "patterns": [{"name": "fine", "regex": "x"}, {"name": "broken_one", "regex": "(a"}]}"#;
+        let e = compile_patterns(bad_regex, ENV_JSON).err().unwrap();
+        assert!(
+            e.to_string().starts_with(
+                "policies/redact_patterns.json: pattern `broken_one` (regex) does not compile"
+            ),
+            "{e}"
+        );
+        let e = compile_patterns("{", ENV_JSON).err().unwrap();
+        assert!(
+            e.to_string()
+                .starts_with("policies/redact_patterns.json is not a valid"),
+            "{e}"
+        );
+        let e = compile_patterns(PATTERNS_JSON, "[]").err().unwrap();
+        assert!(
+            e.to_string()
+                .starts_with("policies/env.json is not a valid"),
+            "{e}"
+        );
+        // A redactor over a broken policy withholds everything rather than pass secrets.
+        let broken: &'static PolicyFileError = Box::leak(Box::new(e));
+        let r = Redactor::with_policy(Err(broken), [("API_TOKEN", "supersecretvalue")]);
+        let (out, n) = r.redact("the token is supersecretvalue and AKIAIOSFODNN7EXAMPLE");
+        assert_eq!(n, 1);
+        assert!(
+            !out.contains("supersecretvalue") && !out.contains("AKIA"),
+            "{out}"
+        );
+        assert!(out.contains("policies/env.json"), "{out}");
     }
 
     #[test]

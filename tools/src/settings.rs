@@ -1,15 +1,19 @@
-//! Where the tools find `config.yaml`, and reading its sections.
+//! Where `config.yaml` is, and the parsed file every part of the product reads.
 //!
 //! The tools crate knows nothing of the supervisor (ARCHITECTURE: one direction, no
-//! back-references), yet approval (`command_allowlist`) and the web backends (`web:`) are
-//! configured in the same file the supervisor reads. So this module locates it the same way —
-//! `$VIBEOS_CONFIG`, else `$VIBEOS_HOME/config.yaml`, else `~/.vibeos/config.yaml` — and an
-//! embedder (or the CLI's `--config`) can pin it with [`set_config_path`]. The file is re-read on
-//! each use: it is small, and an "always" approval written by one call must be seen by the next.
+//! back-references), yet approval (`command_allowlist`), the web backends (`web:`) and the
+//! terminal backends are configured in the same file the supervisor reads. So the one resolver
+//! of the config path lives here — the pinned path ([`set_config_path`], the CLI's `--config`),
+//! else `$VIBEOS_CONFIG`, else `$VIBEOS_HOME/config.yaml`, else `~/.vibeos/config.yaml` — and the
+//! supervisor asks it too.
+//!
+//! The parsed file is cached per path and re-read only when the file changes (size, mtime or
+//! inode differ): one `run` parses it once, yet an "always" approval written by one call (an
+//! atomic rename, so a new inode) is seen by the next.
 
-use serde_yaml_ng::Value;
-use std::path::PathBuf;
-use std::sync::RwLock;
+use crate::config_file::{ConfigFile, ConfigFileError};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
 
 static CONFIG_OVERRIDE: RwLock<Option<PathBuf>> = RwLock::new(None);
 
@@ -20,42 +24,118 @@ pub fn set_config_path(path: Option<PathBuf>) {
     }
 }
 
-/// The config file the tools use: the pinned path, else `$VIBEOS_CONFIG`, else
+/// The config file in use: the pinned path, else `$VIBEOS_CONFIG`, else
 /// `$VIBEOS_HOME/config.yaml`, else `~/.vibeos/config.yaml`.
 pub fn config_path() -> PathBuf {
+    resolve_config_path(None).0
+}
+
+/// The one resolver of the config path. An `explicit` path (a `--config` flag) wins, then the
+/// pinned path, `$VIBEOS_CONFIG`, `$VIBEOS_HOME/config.yaml` and `~/.vibeos/config.yaml`. The
+/// flag says whether the file must exist: a path somebody named must, the default one may be
+/// absent (then the defaults apply), and so may a pinned one.
+pub fn resolve_config_path(explicit: Option<&Path>) -> (PathBuf, bool) {
+    if let Some(p) = explicit {
+        return (p.to_path_buf(), true);
+    }
+    // A pinned path may not exist yet: "always" approvals create it.
     if let Some(p) = CONFIG_OVERRIDE.read().ok().and_then(|g| g.clone()) {
-        return p;
+        return (p, false);
     }
     if let Some(p) = std::env::var_os("VIBEOS_CONFIG").filter(|p| !p.is_empty()) {
-        return PathBuf::from(p);
+        return (PathBuf::from(p), true);
     }
+    (vibeos_home().join("config.yaml"), false)
+}
+
+/// The vibeos home dir: `$VIBEOS_HOME`, else `~/.vibeos`.
+pub fn vibeos_home() -> PathBuf {
     if let Some(h) = std::env::var_os("VIBEOS_HOME").filter(|h| !h.is_empty()) {
-        return PathBuf::from(h).join("config.yaml");
+        return PathBuf::from(h);
     }
     let home = std::env::var_os("HOME")
         .filter(|h| !h.is_empty())
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/"));
-    home.join(".vibeos").join("config.yaml")
+    home.join(".vibeos")
 }
 
-/// The parsed config document; `Null` when the file is missing. A file that exists but does
-/// not parse is an error naming the file, so a typo never silently disables a setting.
-pub fn load_document() -> Result<Value, String> {
-    let path = config_path();
-    match std::fs::read_to_string(&path) {
-        Ok(text) if text.trim().is_empty() => Ok(Value::Null),
-        Ok(text) => serde_yaml_ng::from_str(&text)
-            .map_err(|e| format!("config file {} is not valid YAML: {e}", path.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Value::Null),
-        Err(e) => Err(format!("cannot read config file {}: {e}", path.display())),
+/// What identifies one version of the file on disk; `None` when it does not exist.
+type Stamp = Option<(u64, std::time::SystemTime, u64)>;
+
+fn stamp(path: &Path) -> Result<Stamp, ConfigFileError> {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::metadata(path) {
+        Ok(m) => Ok(Some((
+            m.len(),
+            m.modified().unwrap_or(std::time::UNIX_EPOCH),
+            m.ino(),
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(ConfigFileError::Unreadable {
+            path: path.to_path_buf(),
+            source,
+        }),
     }
 }
 
-/// A top-level section of the config document (`Null` when absent or unreadable).
-pub fn section(name: &str) -> Value {
-    load_document()
-        .ok()
-        .and_then(|doc| doc.get(name).cloned())
-        .unwrap_or(Value::Null)
+struct Cached {
+    path: PathBuf,
+    stamp: Stamp,
+    file: Arc<ConfigFile>,
+}
+
+static CACHE: Mutex<Option<Cached>> = Mutex::new(None);
+
+/// The parsed file at `path` (the defaults when it does not exist and `required` is false),
+/// from the cache when the file has not changed since it was parsed.
+pub fn load_at(path: &Path, required: bool) -> Result<Arc<ConfigFile>, ConfigFileError> {
+    let before = stamp(path)?;
+    if let Ok(guard) = CACHE.lock() {
+        if let Some(c) = guard.as_ref() {
+            if c.path == path && c.stamp == before && (before.is_some() || !required) {
+                return Ok(c.file.clone());
+            }
+        }
+    }
+    let file = match ConfigFile::read(path)? {
+        Some(f) => Arc::new(f),
+        None if required => {
+            return Err(ConfigFileError::Unreadable {
+                path: path.to_path_buf(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "No such file or directory (named by --config or $VIBEOS_CONFIG)",
+                ),
+            })
+        }
+        None => Arc::new(ConfigFile::default()),
+    };
+    // Cache under the stamp taken before reading: if the file changed in between, the next
+    // call sees a different stamp and reads it again.
+    if let Ok(mut guard) = CACHE.lock() {
+        *guard = Some(Cached {
+            path: path.to_path_buf(),
+            stamp: before,
+            file: file.clone(),
+        });
+    }
+    Ok(file)
+}
+
+/// The parsed config file in use ([`config_path`]). A missing default file is the defaults; a
+/// file that does not parse is an error naming the file and the key.
+pub fn current() -> Result<Arc<ConfigFile>, ConfigFileError> {
+    let (path, required) = resolve_config_path(None);
+    load_at(&path, required)
+}
+
+/// [`current`] for readers that must go on with safe defaults when the file is broken (the
+/// host already refused to start on it; this covers an edit made while it runs): the error is
+/// logged and the defaults are used.
+pub fn current_or_default() -> Arc<ConfigFile> {
+    current().unwrap_or_else(|e| {
+        tracing::warn!("{e}; using the defaults");
+        Arc::new(ConfigFile::default())
+    })
 }

@@ -11,22 +11,10 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use vibeos_supervisor::{execute, Config, ExecutionRequest, ExecutionResult, Interrupt, Status};
-use vibeos_testkit::backends::{rootfs, unavailable, Dockerd};
+use vibeos_testkit::backends::{plant_crashed_container, unavailable, Dockerd};
 use vibeos_tools::environments::{self, BackendKind, BackendSettings};
 
 const IMAGE: &str = "vibeos-py:test";
-
-fn wrapper(dir: &std::path::Path, name: &str, host: &str) -> String {
-    let path = dir.join(name);
-    std::fs::write(
-        &path,
-        format!("#!/bin/sh\nDOCKER_HOST={host} exec docker \"$@\"\n"),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    path.display().to_string()
-}
 
 fn settings(binary: &str) -> BackendSettings {
     BackendSettings {
@@ -61,19 +49,29 @@ fn run(rt: &tokio::runtime::Runtime, req: ExecutionRequest) -> ExecutionResult {
     rt.block_on(execute(req, vibeos_tools::registry(), Interrupt::new()))
 }
 
+/// Asserts that no process in task-a's container has any of `left` in its command line
+/// (checked with `ps` there, through a script's terminal call).
+fn assert_none_left(rt: &tokio::runtime::Runtime, left: &[&str]) {
+    let ps = run(
+        rt,
+        request(
+            "from vibeos_tools import terminal\nprint(terminal('ps -eo pid,cmd')['output'])",
+            "task-a",
+        ),
+    );
+    assert!(ps.output.contains("ps -eo"), "{ps:?}");
+    for l in left {
+        assert!(!ps.output.contains(l), "left behind: {l}: {}", ps.output);
+    }
+}
+
 #[test]
 fn docker_backend_end_to_end() {
     let _backend = super::backend_lock();
-    let image = match rootfs() {
-        Ok(p) => p,
-        Err(e) => return unavailable(&e),
-    };
-    let daemon = match Dockerd::start() {
+    let (daemon, docker) = match Dockerd::with_image(IMAGE) {
         Ok(d) => d,
         Err(e) => return unavailable(&e),
     };
-    daemon.import(&image, IMAGE).expect("docker import");
-    let docker = wrapper(daemon.dir.path(), "docker-here", &daemon.host);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -185,19 +183,7 @@ print("tenv:", terminal("env")["output"].replace("\n", " "))
     assert_eq!(r.status, Status::Timeout, "{r:?}");
     assert!(r.output.contains("started"), "{r:?}");
     assert!(started.elapsed() < Duration::from_secs(20));
-    let ps = run(
-        &rt,
-        request(
-            "from vibeos_tools import terminal\nprint(terminal('ps -eo pid,cmd')['output'])",
-            "task-a",
-        ),
-    );
-    assert!(ps.output.contains("ps -eo"), "{ps:?}");
-    assert!(
-        !ps.output.contains("sleep 4242") && !ps.output.contains("time.sleep(600)"),
-        "left behind: {}",
-        ps.output
-    );
+    assert_none_left(&rt, &["sleep 4242", "time.sleep(600)"]);
 
     // A terminal command the script is waiting on runs under the agent, not in the script's
     // group: it is killed when the execution ends too.
@@ -210,18 +196,7 @@ print("tenv:", terminal("env")["output"].replace("\n", " "))
     let r = run(&rt, req);
     assert_eq!(r.status, Status::Timeout, "{r:?}");
     std::thread::sleep(Duration::from_millis(300));
-    let ps = run(
-        &rt,
-        request(
-            "from vibeos_tools import terminal\nprint(terminal('ps -eo pid,cmd')['output'])",
-            "task-a",
-        ),
-    );
-    assert!(
-        !ps.output.contains("sleep 4747"),
-        "left behind: {}",
-        ps.output
-    );
+    assert_none_left(&rt, &["sleep 4747"]);
 
     // Interrupt does the same.
     let interrupt = Interrupt::new();
@@ -237,18 +212,7 @@ print("tenv:", terminal("env")["output"].replace("\n", " "))
     req.kill_grace = Duration::from_secs(1);
     let r = rt.block_on(execute(req, vibeos_tools::registry(), interrupt));
     assert_eq!(r.status, Status::Interrupted, "{r:?}");
-    let ps = run(
-        &rt,
-        request(
-            "from vibeos_tools import terminal\nprint(terminal('ps -eo pid,cmd')['output'])",
-            "task-a",
-        ),
-    );
-    assert!(
-        !ps.output.contains("sleep 4343"),
-        "left behind: {}",
-        ps.output
-    );
+    assert_none_left(&rt, &["sleep 4343"]);
 
     // Call budget and output caps hold inside.
     let mut req = request(
@@ -357,27 +321,7 @@ print("tenv:", terminal("env")["output"].replace("\n", " "))
     );
 
     // backends gc removes what a crashed host left (its owner pid is gone), keeps live ones.
-    let out = daemon.docker(&[
-        "run",
-        "-d",
-        "--name",
-        "vibeos-exec-crashed",
-        "--label",
-        "vibeos-exec=1",
-        "--label",
-        "vibeos-exec.owner=999999999:1",
-        "--network",
-        "none",
-        "--entrypoint",
-        "sleep",
-        IMAGE,
-        "600",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    plant_crashed_container(|args| daemon.docker(args), IMAGE);
     let r = run(&rt, request("print('live')", "task-live"));
     assert_eq!(r.status, Status::Success);
     let gc = std::process::Command::new(env!("CARGO_BIN_EXE_vibeos-exec"))
@@ -418,11 +362,7 @@ print("tenv:", terminal("env")["output"].replace("\n", " "))
         err.contains("python-does-not-exist") && err.contains("terminal.python"),
         "{err}"
     );
-    let dead = wrapper(
-        daemon.dir.path(),
-        "docker-dead",
-        "unix:///nonexistent/docker.sock",
-    );
+    let dead = daemon.cli_wrapper("docker-dead", "unix:///nonexistent/docker.sock");
     environments::activate(settings(&dead));
     let r = run(&rt, request("print(1)", "task-y"));
     assert_eq!(r.status, Status::Error);

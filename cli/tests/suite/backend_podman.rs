@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 use vibeos_supervisor::{execute, Config, ExecutionRequest, ExecutionResult, Interrupt, Status};
-use vibeos_testkit::backends::{start_podman, unavailable};
+use vibeos_testkit::backends::{plant_crashed_container, start_podman, unavailable};
 use vibeos_tools::environments::{self, BackendKind, BackendSettings};
 
 fn request(code: &str, task: &str) -> ExecutionRequest {
@@ -72,27 +72,7 @@ fn podman_as_docker_engine() {
     environments::shutdown();
     assert!(podman.labelled().is_empty(), "{:?}", podman.labelled());
 
-    let out = podman.cmd(&[
-        "run",
-        "-d",
-        "--name",
-        "vibeos-exec-crashed",
-        "--label",
-        "vibeos-exec=1",
-        "--label",
-        "vibeos-exec.owner=999999999:1",
-        "--network",
-        "none",
-        "--entrypoint",
-        "sleep",
-        "localhost/vibeos-py:test",
-        "600",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    plant_crashed_container(|args| podman.cmd(args), "localhost/vibeos-py:test");
     let report = environments::docker::gc(&podman.wrapper, false).unwrap();
     assert_eq!(report.removed, vec!["vibeos-exec-crashed".to_string()]);
     assert!(podman.labelled().is_empty());

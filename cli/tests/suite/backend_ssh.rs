@@ -109,6 +109,26 @@ print("workdir:", os.path.dirname(os.path.abspath(__file__)), oct(os.stat(os.pat
         "the remote work dir was removed: {workdir}"
     );
 
+    // Attack: the environment's shared RPC socket refuses every connection that does not
+    // start with the token of a running execution, with an error reply.
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../fixtures/core/routed_wrong_token.py"
+    );
+    let r = run(&rt, request(&std::fs::read_to_string(fixture).unwrap()));
+    assert_eq!(r.status, Status::Success, "{r:?}");
+    let v: serde_json::Value = serde_json::from_str(r.output.trim()).unwrap();
+    assert_eq!(v["shared"], true, "{v}");
+    for case in ["wrong_token", "no_token_line", "right_line_wrong_request"] {
+        assert_eq!(v[case]["error"]["code"], "unauthorized", "{case}: {v}");
+    }
+    // A flood may be cut before its reply crosses the forward: refused either way.
+    assert!(
+        v["overlong"]["error"]["code"] == "unauthorized" || v["overlong"]["closed"].is_string(),
+        "{v}"
+    );
+    assert_eq!(v["own_call_ok"], true, "{v}");
+
     // A timeout kills the remote process group, not just the local client.
     let mut req = request("import subprocess, time\nsubprocess.Popen(['sleep', '4545'])\nprint('up', flush=True)\ntime.sleep(600)");
     req.timeout = Duration::from_secs(2);

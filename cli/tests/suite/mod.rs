@@ -1,10 +1,13 @@
 //! One module per area; see each module's docs.
 
+mod backend_background;
+mod backend_contract;
 mod backend_docker;
 mod backend_podman;
 mod backend_ssh;
 mod backends_cli;
 mod builtin_tools;
+mod config_validation;
 mod core_run;
 mod env_and_interpreter;
 mod mcp_serve;

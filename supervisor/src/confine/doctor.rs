@@ -60,8 +60,7 @@ pub fn probe() -> Report {
         user_namespaces,
         cgroup2_mount,
         cgroup2_controllers,
-        // SAFETY: geteuid has no preconditions.
-        root: unsafe { libc::geteuid() } == 0,
+        root: rustix::process::geteuid().is_root(),
         policies,
     }
 }

@@ -26,10 +26,10 @@ use landlock::{
     Ruleset, RulesetAttr, RulesetCreatedAttr, Scope, ABI,
 };
 use policy::{LandlockPolicy, PolicyError, StagingAccess};
-use serde_yaml_ng::Value;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use vibeos_tools::config_file::StrictSection;
 
 /// First uid of the range strict-mode scripts run as when the supervisor is root. It lies above
 /// the ranges distributions and container managers hand out (below 2^31, above 0x6fffffff), so
@@ -98,7 +98,12 @@ impl StrictOptions {
     /// mode must keep working); it is kept in [`StrictOptions::invalid`] and refuses strict mode.
     pub fn from_config(config: &Config) -> Self {
         let mut opts = StrictOptions::default();
-        if let Err(problem) = opts.read(&config.document) {
+        let strict = config
+            .file
+            .code_execution
+            .as_ref()
+            .and_then(|c| c.strict.as_ref());
+        if let Err(problem) = strict.map_or(Ok(()), |s| opts.read(s)) {
             let file = config
                 .source
                 .as_ref()
@@ -109,111 +114,64 @@ impl StrictOptions {
         opts
     }
 
-    fn read(&mut self, doc: &Value) -> Result<(), String> {
-        let Some(strict) = doc.get("code_execution").and_then(|c| c.get("strict")) else {
-            return Ok(());
-        };
-        if strict.is_null() {
-            return Ok(());
-        }
-        if !strict.is_mapping() {
-            return Err("`code_execution.strict` must be a mapping".into());
-        }
-        let number = |key: &str, max: u64| -> Result<Option<u64>, String> {
-            match strict.get(key) {
-                None | Some(Value::Null) => Ok(None),
-                Some(v) => v
-                    .as_u64()
-                    .filter(|n| *n > 0 && *n <= max)
-                    .map(Some)
-                    .ok_or_else(|| {
-                        format!(
-                            "`code_execution.strict.{key}` must be a whole number from 1 to {max}"
-                        )
-                    }),
+    /// Checks the values of `code_execution.strict` (types and key names were checked when
+    /// the file was parsed).
+    fn read(&mut self, strict: &StrictSection) -> Result<(), String> {
+        let number = |key: &str, v: Option<u64>, max: u64| -> Result<Option<u64>, String> {
+            match v {
+                None => Ok(None),
+                Some(n) if n > 0 && n <= max => Ok(Some(n)),
+                Some(_) => Err(format!(
+                    "`code_execution.strict.{key}` must be a whole number from 1 to {max}"
+                )),
             }
         };
-        let path = |key: &str| -> Result<Option<PathBuf>, String> {
-            match strict.get(key) {
-                None | Some(Value::Null) => Ok(None),
-                Some(Value::String(s)) if !s.is_empty() => Ok(Some(PathBuf::from(s))),
+        let path = |key: &str, v: &Option<String>| -> Result<Option<PathBuf>, String> {
+            match v {
+                None => Ok(None),
+                Some(s) if !s.is_empty() => Ok(Some(PathBuf::from(s))),
                 Some(_) => Err(format!(
                     "`code_execution.strict.{key}` must be the path of a policy file"
                 )),
             }
         };
-        if let Some(mapping) = strict.as_mapping() {
-            for key in mapping.keys() {
-                let k = key.as_str().unwrap_or("");
-                if ![
-                    "uid",
-                    "max_processes",
-                    "memory_mb",
-                    "file_size_mb",
-                    "seccomp_policy",
-                    "landlock_policy",
-                    "read_roots",
-                    "write_roots",
-                    "terminal",
-                    "disk_mb",
-                ]
-                .contains(&k)
-                {
-                    return Err(format!(
-                        "`code_execution.strict.{k}` is not a setting (uid, max_processes, \
-                         memory_mb, file_size_mb, disk_mb, seccomp_policy, landlock_policy, \
-                         read_roots, write_roots, terminal)"
-                    ));
-                }
-            }
-        }
-        if let Some(uid) = number("uid", u32::MAX as u64 - 1)? {
+        if let Some(uid) = number("uid", strict.uid, u32::MAX as u64 - 1)? {
             self.uid = Some(uid as u32);
         }
-        if let Some(n) = number("max_processes", 1 << 22)? {
+        if let Some(n) = number("max_processes", strict.max_processes, 1 << 22)? {
             self.max_processes = n;
         }
-        if let Some(n) = number("memory_mb", 1 << 30)? {
+        if let Some(n) = number("memory_mb", strict.memory_mb, 1 << 30)? {
             self.memory_bytes = n << 20;
         }
-        if let Some(n) = number("file_size_mb", 1 << 30)? {
+        if let Some(n) = number("file_size_mb", strict.file_size_mb, 1 << 30)? {
             self.file_size_bytes = n << 20;
         }
-        if let Some(n) = number("disk_mb", 1 << 30)? {
+        if let Some(n) = number("disk_mb", strict.disk_mb, 1 << 30)? {
             self.disk_bytes = n << 20;
         }
-        let roots = |key: &str| -> Result<Vec<PathBuf>, String> {
-            let bad = || {
-                format!(
-                    "`code_execution.strict.{key}` must be a list of absolute directory paths \
-                     (not `/`)"
-                )
-            };
-            match strict.get(key) {
-                None | Some(Value::Null) => Ok(Vec::new()),
-                Some(Value::Sequence(items)) => items
-                    .iter()
-                    .map(|v| match v.as_str() {
-                        Some(s) if s.starts_with('/') && Path::new(s) != Path::new("/") => {
-                            Ok(PathBuf::from(s))
-                        }
-                        _ => Err(bad()),
-                    })
-                    .collect(),
-                Some(_) => Err(bad()),
-            }
+        let roots = |key: &str, v: &Option<Vec<String>>| -> Result<Vec<PathBuf>, String> {
+            v.iter()
+                .flatten()
+                .map(|s| {
+                    if s.starts_with('/') && Path::new(s) != Path::new("/") {
+                        Ok(PathBuf::from(s))
+                    } else {
+                        Err(format!(
+                            "`code_execution.strict.{key}` must be a list of absolute directory \
+                             paths (not `/`)"
+                        ))
+                    }
+                })
+                .collect()
         };
-        self.read_roots = roots("read_roots")?;
-        self.write_roots = roots("write_roots")?;
-        match strict.get("terminal") {
-            None | Some(Value::Null) => {}
-            Some(Value::Bool(b)) => self.terminal = *b,
-            Some(_) => {
-                return Err("`code_execution.strict.terminal` must be true or false".into());
-            }
+        self.read_roots = roots("read_roots", &strict.read_roots)?;
+        self.write_roots = roots("write_roots", &strict.write_roots)?;
+        if let Some(b) = strict.terminal {
+            self.terminal = b;
         }
-        self.seccomp_policy = path("seccomp_policy")?;
-        self.landlock_policy = path("landlock_policy")?;
+        self.seccomp_policy = path("seccomp_policy", &strict.seccomp_policy)?;
+        self.landlock_policy = path("landlock_policy", &strict.landlock_policy)?;
         Ok(())
     }
 }
@@ -353,8 +311,7 @@ pub fn prepare(plan: Plan<'_>) -> Result<(ChildConfinement, Summary), ConfineErr
     let read_execute = allowed_read_execute(&ll, plan.interpreter);
     let ruleset = build_ruleset(&ll, &read_execute, plan.staging)?;
 
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
+    let root = rustix::process::geteuid().is_root();
     let mut lease = None;
     let mut reveal = None;
     let (credentials, uid) = if root {
@@ -380,8 +337,7 @@ pub fn prepare(plan: Plan<'_>) -> Result<(ChildConfinement, Summary), ConfineErr
         reveal = reveal_for(plan.staging, &read_execute, plan.interpreter, uid, gid)?;
         (Some(Credentials { uid, gid }), uid)
     } else {
-        // SAFETY: getuid has no preconditions.
-        (None, unsafe { libc::getuid() })
+        (None, rustix::process::getuid().as_raw())
     };
 
     let rlimits = rlimits(opts, credentials.is_some());
@@ -485,8 +441,7 @@ fn rlimits(opts: &StrictOptions, own_uid: bool) -> Vec<Rlimit> {
     let nproc = if own_uid {
         opts.max_processes
     } else {
-        // SAFETY: getuid has no preconditions.
-        tasks_of_uid(unsafe { libc::getuid() }) + opts.max_processes
+        tasks_of_uid(rustix::process::getuid().as_raw()) + opts.max_processes
     };
     vec![
         (libc::RLIMIT_NPROC, nproc),
@@ -653,10 +608,7 @@ mod tests {
 
     #[test]
     fn strict_settings_are_read_and_checked() {
-        let doc = |text: &str| Config {
-            document: serde_yaml_ng::from_str(text).unwrap(),
-            ..Config::default()
-        };
+        let doc = |text: &str| Config::parse(text, Path::new("/x/config.yaml")).unwrap();
         let o = StrictOptions::from_config(&doc(
             "code_execution:\n  strict:\n    uid: 4242\n    max_processes: 64\n    memory_mb: 512\n",
         ));
@@ -664,10 +616,24 @@ mod tests {
         assert_eq!(o.uid, Some(4242));
         assert_eq!(o.max_processes, 64);
         assert_eq!(o.memory_bytes, 512 << 20);
-        let o = StrictOptions::from_config(&doc("code_execution:\n  strict:\n    memory_mb: -1\n"));
-        assert!(o.invalid.unwrap().contains("memory_mb"));
-        let o = StrictOptions::from_config(&doc("code_execution:\n  strict:\n    nproc: 3\n"));
-        assert!(o.invalid.unwrap().contains("nproc"));
+        // Wrong types and unknown keys fail the whole file, naming the key path.
+        for (bad, path) in [
+            ("memory_mb: -1", "code_execution.strict.memory_mb"),
+            ("nproc: 3", "code_execution.strict"),
+            ("terminal: maybe", "code_execution.strict.terminal"),
+            ("read_roots: [[/a]]", "code_execution.strict.read_roots[0]"),
+        ] {
+            let e = Config::parse(
+                &format!("code_execution:\n  strict:\n    {bad}\n"),
+                Path::new("/x/config.yaml"),
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(
+                e.starts_with(&format!("/x/config.yaml: {path}")),
+                "{bad}: {e}"
+            );
+        }
         let o = StrictOptions::from_config(&doc(
             "code_execution:\n  strict:\n    disk_mb: 64\n    terminal: true\n    \
              read_roots: [/srv/a]\n    write_roots: [/srv/b, /srv/c]\n",
@@ -680,8 +646,6 @@ mod tests {
         for bad in [
             "read_roots: [relative/dir]",
             "write_roots: [/]",
-            "write_roots: /srv/b",
-            "terminal: maybe",
             "disk_mb: 0",
         ] {
             let o = StrictOptions::from_config(&doc(&format!(

@@ -17,7 +17,6 @@
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -29,8 +28,7 @@ pub const PARENT_PREFIX: &str = "vibeos-staging-";
 
 /// The parent dir for staging dirs under `tmp`, created or checked.
 pub fn parent_in(tmp: &Path) -> io::Result<PathBuf> {
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
+    let euid = rustix::process::geteuid().as_raw();
     let parent = tmp.join(format!("{PARENT_PREFIX}{euid}"));
     match std::fs::DirBuilder::new().mode(0o711).create(&parent) {
         Ok(()) => {}
@@ -114,10 +112,8 @@ impl Drop for ParentCleanup {
 /// Removes a staging dir whose owner cannot run its destructor (the process is exiting while
 /// the dir is being set up): its tmpfs (if any) detached, the dir, then the parent if empty.
 pub fn remove_at_exit(dir: &Path) {
-    if let Ok(target) = CString::new(dir.as_os_str().as_bytes()) {
-        // SAFETY: a valid NUL-terminated path; EINVAL when it is not a mount point is fine.
-        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
-    }
+    // EINVAL when it is not a mount point is fine.
+    let _ = rustix::mount::unmount(dir, rustix::mount::UnmountFlags::DETACH);
     let _ = std::fs::remove_dir_all(dir);
     if let Some(parent) = dir.parent() {
         drop(ParentCleanup(parent.to_path_buf()));
@@ -153,35 +149,29 @@ pub fn write_new(dir: &Path, name: &str, text: &str, owner: Option<(u32, u32)>) 
 /// before the dir itself is removed.
 #[derive(Debug)]
 pub struct DiskBudget {
-    target: CString,
+    target: PathBuf,
 }
 
 impl DiskBudget {
     /// Mounts a tmpfs of `bytes` on `dir`, mode 0700. `Ok(None)` when the supervisor is not
     /// root (it cannot mount; the budget is then only the per-file `RLIMIT_FSIZE`).
     pub fn mount(dir: &Path, bytes: u64) -> io::Result<Option<DiskBudget>> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
+        if !rustix::process::geteuid().is_root() {
             return Ok(None);
         }
-        let target = CString::new(dir.as_os_str().as_bytes())
-            .map_err(|_| io::Error::other("the staging path contains a NUL byte"))?;
         // A quarter of the budget in inodes (at least 1024): file-count floods end there too.
         let inodes = (bytes / 4096).max(1024);
         let options = CString::new(format!("size={bytes},nr_inodes={inodes},mode=0700"))
             .map_err(|_| io::Error::other("bad tmpfs options"))?;
-        // SAFETY: all pointers are valid NUL-terminated strings for the duration of the call.
-        let rc = unsafe {
-            libc::mount(
-                c"vibeos-exec".as_ptr(),
-                target.as_ptr(),
-                c"tmpfs".as_ptr(),
-                libc::MS_NOSUID | libc::MS_NODEV,
-                options.as_ptr().cast(),
-            )
-        };
-        if rc != 0 {
-            let e = io::Error::last_os_error();
+        let mounted = rustix::mount::mount(
+            "vibeos-exec",
+            dir,
+            "tmpfs",
+            rustix::mount::MountFlags::NOSUID | rustix::mount::MountFlags::NODEV,
+            options.as_c_str(),
+        );
+        if let Err(errno) = mounted {
+            let e = io::Error::from(errno);
             return Err(io::Error::new(
                 e.kind(),
                 format!(
@@ -193,20 +183,21 @@ impl DiskBudget {
                 ),
             ));
         }
-        Ok(Some(DiskBudget { target }))
+        Ok(Some(DiskBudget {
+            target: dir.to_path_buf(),
+        }))
     }
 }
 
 impl Drop for DiskBudget {
     fn drop(&mut self) {
-        // SAFETY: the path is a valid NUL-terminated string. MNT_DETACH: a process that still
-        // holds a file open there (it is being killed) does not keep the dir from going.
-        let rc = unsafe { libc::umount2(self.target.as_ptr(), libc::MNT_DETACH) };
-        if rc != 0 {
+        // DETACH: a process that still holds a file open there (it is being killed) does not
+        // keep the dir from going.
+        if let Err(e) = rustix::mount::unmount(&self.target, rustix::mount::UnmountFlags::DETACH) {
             tracing::warn!(
                 "execute_code: cannot unmount the staging tmpfs {}: {}",
-                self.target.to_string_lossy(),
-                io::Error::last_os_error()
+                self.target.display(),
+                io::Error::from(e)
             );
         }
     }
@@ -253,8 +244,7 @@ mod tests {
     fn a_symlinked_or_foreign_parent_is_refused() {
         let tmp = tempfile::tempdir().unwrap();
         let elsewhere = tempfile::tempdir().unwrap();
-        // SAFETY: geteuid has no preconditions.
-        let euid = unsafe { libc::geteuid() };
+        let euid = rustix::process::geteuid().as_raw();
         std::os::unix::fs::symlink(
             elsewhere.path(),
             tmp.path().join(format!("{PARENT_PREFIX}{euid}")),

@@ -83,23 +83,14 @@ fn try_lease(dir: &Path, uid: u32) -> Result<Option<UidLease>, ConfineError> {
             what: format!("opening the uid lease {}", path.display()),
             source,
         })?;
-    // SAFETY: flock on a descriptor we own; LOCK_NB never blocks.
-    let rc = unsafe {
-        libc::flock(
-            std::os::fd::AsRawFd::as_raw_fd(&file),
-            libc::LOCK_EX | libc::LOCK_NB,
-        )
-    };
-    if rc == 0 {
-        return Ok(Some(UidLease { uid, _lock: file }));
-    }
-    let e = std::io::Error::last_os_error();
-    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-        return Ok(None);
+    match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => return Ok(Some(UidLease { uid, _lock: file })),
+        Err(rustix::io::Errno::WOULDBLOCK) => return Ok(None),
+        Err(_) => {}
     }
     Err(ConfineError::Io {
         what: format!("locking the uid lease {}", path.display()),
-        source: e,
+        source: std::io::Error::last_os_error(),
     })
 }
 

@@ -4,6 +4,7 @@ use super::*;
 
 fn keys(cmd: &str) -> Vec<String> {
     detect_dangerous(cmd)
+        .unwrap()
         .iter()
         .map(|p| p.key.clone())
         .collect()
@@ -29,8 +30,67 @@ fn assert_miss(key: &str, cmd: &str) {
 #[test]
 fn every_pattern_compiles() {
     let file: PatternFile = serde_json::from_str(PATTERNS_JSON).unwrap();
-    assert_eq!(DANGEROUS_PATTERNS.len(), file.patterns.len());
-    assert!(DANGEROUS_PATTERNS.len() >= 20);
+    assert_eq!(dangerous_patterns().unwrap().len(), file.patterns.len());
+    assert!(dangerous_patterns().unwrap().len() >= 20);
+}
+
+#[test]
+fn a_broken_dangerous_policy_is_an_error_naming_file_and_pattern() {
+    for (json, needle) in [
+        (
+            r#"{"patterns": [{"key": "fine", "description": "d", "regex": "rm"},
+                             {"key": "broken_one", "description": "d", "regex": "rm ("}]}"#,
+            "x/dangerous.json: pattern `broken_one` (regex) does not compile",
+        ),
+        (
+            r#"{"patterns": [{"key": "sql", "description": "d", "regex": "delete",
+                              "unless": "where ["}]}"#,
+            "x/dangerous.json: pattern `sql` (unless) does not compile",
+        ),
+        (
+            "{\"patterns\": ",
+            "x/dangerous.json is not a valid pattern policy",
+        ),
+        (
+            r#"{"patterns": [{"key": "k", "regex": "a"}]}"#,
+            "missing field `description`",
+        ),
+    ] {
+        let e = compile_dangerous_patterns(json, "x/dangerous.json").unwrap_err();
+        assert!(e.to_string().contains(needle), "{json}: {e}");
+    }
+}
+
+#[test]
+fn a_broken_policy_refuses_every_command() {
+    let broken = compile_dangerous_patterns(
+        r#"{"patterns": [{"key": "broken_one", "description": "d", "regex": "("}]}"#,
+        "x/dangerous.json",
+    )
+    .unwrap_err();
+    let ctx = ToolContext::agent("/");
+    for cmd in ["ls", "echo harmless"] {
+        match decide_with(cmd, &ctx, false, Err(&broken)) {
+            Decision::Deny { message } => {
+                assert!(
+                    message.contains("x/dangerous.json")
+                        && message.contains("broken_one")
+                        && message.contains("refused"),
+                    "{message}"
+                );
+            }
+            other => panic!("{cmd}: a broken policy must refuse, got {other:?}"),
+        }
+    }
+    // The same lists, intact, let a harmless command through.
+    let ok = (
+        approval_policy::hardline_patterns().unwrap(),
+        dangerous_patterns().unwrap(),
+    );
+    assert!(matches!(
+        decide_with("ls", &ctx, false, Ok(ok)),
+        Decision::Allow { .. }
+    ));
 }
 
 /// One command that must match and one near miss that must not, for every pattern.
@@ -123,7 +183,7 @@ const CASES: &[(&str, &str, &str)] = &[
 #[test]
 fn each_pattern_has_a_hit_and_a_near_miss() {
     let covered: HashSet<&str> = CASES.iter().map(|c| c.0).collect();
-    for p in DANGEROUS_PATTERNS.iter() {
+    for p in dangerous_patterns().unwrap() {
         assert!(
             covered.contains(p.key.as_str()),
             "pattern {} has no test case",
@@ -200,6 +260,7 @@ fn smart_rule_only_takes_regenerable_dirs() {
         task_id: None,
         origin: CallOrigin::Agent,
         matches: detect_dangerous(cmd)
+            .unwrap()
             .iter()
             .map(|p| (p.key.clone(), p.description.clone()))
             .collect(),
@@ -223,7 +284,7 @@ fn choices_parse() {
 
 #[test]
 fn allowlist_globs_and_keys() {
-    let m = detect_dangerous("git push --force origin feature");
+    let m = detect_dangerous("git push --force origin feature").unwrap();
     assert!(allowlisted(
         &["git_force_push".into()],
         "git push --force origin feature",

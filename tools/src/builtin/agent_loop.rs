@@ -14,7 +14,7 @@ fn refuse(
 ) -> impl Fn(&Map<String, Value>, &ToolContext) -> Result<Value, ToolError> {
     move |_, _| {
         Err(ToolError::new(
-            "AgentLoopTool",
+            crate::ToolErrorKind::AgentLoopTool,
             format!("`{name}` is handled by the agent loop and cannot be dispatched as a tool"),
         ))
     }

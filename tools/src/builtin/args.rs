@@ -1,69 +1,93 @@
-//! Reading typed arguments out of a call's argument object, with errors that name the parameter.
+//! Built-in tools' arguments: one typed struct per tool (serde + schemars) gives both the JSON
+//! schema offered to the model ([`schema_for`]) and the parser of a call ([`parse`]), so the two
+//! cannot drift; errors name the argument.
 
 use crate::ToolError;
 use serde_json::{Map, Value};
 
-/// A required string argument.
-pub fn required_str<'a>(args: &'a Map<String, Value>, name: &str) -> Result<&'a str, ToolError> {
-    match args.get(name) {
-        Some(Value::String(s)) => Ok(s),
-        None | Some(Value::Null) => Err(ToolError::invalid_args(format!(
-            "missing required argument `{name}`"
-        ))),
-        Some(other) => Err(ToolError::invalid_args(format!(
-            "argument `{name}` must be a string, got {other}"
-        ))),
+/// The JSON schema of a tool's typed arguments, as offered to the model: generated from the
+/// same struct the handler deserializes ([`parse`]), so the two cannot drift. Generator noise
+/// the model does not need (`$schema`, `title`, integer `format`, `null` in the type of an
+/// optional argument) is left out; names, types, `required`, descriptions, defaults, bounds and
+/// enums stay.
+pub fn schema_for<T: schemars::JsonSchema>() -> Value {
+    let mut settings = schemars::generate::SchemaSettings::draft2020_12();
+    settings.meta_schema = None;
+    settings.inline_subschemas = true;
+    let mut schema = settings
+        .into_generator()
+        .into_root_schema_for::<T>()
+        .to_value();
+    tidy(&mut schema);
+    // The struct's own doc comment is for readers of the code; the model gets the tool's
+    // description instead.
+    if let Some(map) = schema.as_object_mut() {
+        map.remove("description");
+    }
+    schema
+}
+
+fn tidy(v: &mut Value) {
+    match v {
+        Value::Object(map) => {
+            for noise in ["$schema", "title", "format"] {
+                map.remove(noise);
+            }
+            if let Some(Value::Array(types)) = map.get("type") {
+                let real: Vec<Value> = types.iter().filter(|t| *t != "null").cloned().collect();
+                if real.len() == 1 {
+                    map.insert("type".into(), real[0].clone());
+                }
+            }
+            if map.get("default") == Some(&Value::Null) {
+                map.remove("default");
+            }
+            // An optional enum argument comes out as `enum: [..., null]`.
+            if let Some(Value::Array(options)) = map.get_mut("enum") {
+                options.retain(|o| !o.is_null());
+            }
+            for (_, child) in map.iter_mut() {
+                tidy(child);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(tidy),
+        _ => {}
     }
 }
 
-/// An optional string argument.
-pub fn optional_str<'a>(
-    args: &'a Map<String, Value>,
-    name: &str,
-) -> Result<Option<&'a str>, ToolError> {
-    match args.get(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s)),
-        Some(other) => Err(ToolError::invalid_args(format!(
-            "argument `{name}` must be a string, got {other}"
-        ))),
+/// Deserializes a call's arguments into the tool's typed arguments. `null` counts as absent
+/// (models send it for "not given"); unknown arguments are ignored, as before. Errors name the
+/// argument.
+pub fn parse<T: serde::de::DeserializeOwned>(args: &Map<String, Value>) -> Result<T, ToolError> {
+    let present: Map<String, Value> = args
+        .iter()
+        .filter(|(_, v)| !v.is_null())
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    serde_path_to_error::deserialize(Value::Object(present)).map_err(|e| {
+        let inner = e.inner().to_string();
+        let path = e.path().to_string();
+        match inner.strip_prefix("missing field ") {
+            Some(field) => ToolError::invalid_args(format!("missing required argument {field}")),
+            None if path == "." => ToolError::invalid_args(inner),
+            None => ToolError::invalid_args(format!("argument `{path}`: {inner}")),
+        }
+    })
+}
+
+/// `value` of argument `name` if within `[min, max]`.
+pub fn in_range(name: &str, value: i64, min: i64, max: i64) -> Result<i64, ToolError> {
+    if (min..=max).contains(&value) {
+        Ok(value)
+    } else {
+        Err(ToolError::invalid_args(format!(
+            "argument `{name}` must be between {min} and {max}, got {value}"
+        )))
     }
 }
 
-/// An optional integer argument within `[min, max]`, `default` when absent. Integral strings
-/// ("5") are accepted, as models often send them.
-pub fn int_in_range(
-    args: &Map<String, Value>,
-    name: &str,
-    default: i64,
-    min: i64,
-    max: i64,
-) -> Result<i64, ToolError> {
-    let value = match args.get(name) {
-        None | Some(Value::Null) => return Ok(default),
-        Some(Value::Number(n)) => n.as_i64().or_else(|| {
-            n.as_f64()
-                .filter(|f| f.fract() == 0.0 && f.abs() < 9.0e15)
-                .map(|f| f as i64)
-        }),
-        Some(Value::String(s)) => s.trim().parse::<i64>().ok(),
-        Some(_) => None,
-    };
-    match value {
-        Some(v) if (min..=max).contains(&v) => Ok(v),
-        Some(v) => Err(ToolError::invalid_args(format!(
-            "argument `{name}` must be between {min} and {max}, got {v}"
-        ))),
-        None => Err(ToolError::invalid_args(format!(
-            "argument `{name}` must be an integer, got {}",
-            args.get(name).map(Value::to_string).unwrap_or_default()
-        ))),
-    }
-}
-
-/// Refuses paths a filesystem call cannot take (NUL bytes, empty).
-pub fn checked_path<'a>(args: &'a Map<String, Value>, name: &str) -> Result<&'a str, ToolError> {
-    let path = required_str(args, name)?;
+/// Refuses a path a filesystem call cannot take (empty, NUL bytes).
+pub fn check_path<'a>(name: &str, path: &'a str) -> Result<&'a str, ToolError> {
     if path.is_empty() {
         return Err(ToolError::invalid_args(format!(
             "argument `{name}` is empty"
@@ -75,4 +99,33 @@ pub fn checked_path<'a>(args: &'a Map<String, Value>, name: &str) -> Result<&'a 
         )));
     }
     Ok(path)
+}
+
+/// Checks the JSON schema a tool offers against the schema its typed arguments generate and
+/// the example arguments it documents: the example parses, a wrong type is refused.
+#[cfg(test)]
+pub fn assert_schema_and_parser_agree<T: schemars::JsonSchema + serde::de::DeserializeOwned>(
+    offered: &Value,
+    expected_before: Value,
+    example: Value,
+    wrong_type: Value,
+) {
+    assert_eq!(
+        offered,
+        &schema_for::<T>(),
+        "the entry must offer the generated schema"
+    );
+    assert_eq!(
+        offered, &expected_before,
+        "the schema's observable content changed:\n{offered:#}\nvs\n{expected_before:#}"
+    );
+    let example = example.as_object().cloned().unwrap_or_default();
+    if let Err(e) = parse::<T>(&example) {
+        panic!("the documented example does not parse: {e}");
+    }
+    let wrong = wrong_type.as_object().cloned().unwrap_or_default();
+    match parse::<T>(&wrong) {
+        Ok(_) => panic!("a wrong type was accepted: {wrong_type}"),
+        Err(e) => assert_eq!(e.kind, crate::ToolErrorKind::InvalidArguments, "{e}"),
+    }
 }

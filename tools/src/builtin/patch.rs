@@ -14,8 +14,7 @@
 //!
 //! Both modes return a unified diff of what changed.
 
-use super::args::{checked_path, optional_str, required_str};
-use super::terminal::optional_bool;
+use super::args::{check_path, parse, schema_for};
 use crate::{BuiltinTool, ToolContext, ToolEntry, ToolError};
 use serde_json::{json, Map, Value};
 use std::io::Write;
@@ -26,6 +25,35 @@ const MAX_FILE_BYTES: u64 = 32 * 1024 * 1024;
 /// Largest argument text (old/new string, patch text).
 const MAX_ARG_BYTES: usize = 8 * 1024 * 1024;
 
+/// The arguments of `patch`: its schema and its parser. Which ones are needed depends on
+/// `mode`, so none is required by the schema; the handler names a missing one.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct PatchArgs {
+    /// File to edit (mode=replace)
+    path: Option<String>,
+    /// Text to find (mode=replace); include enough context to be unique
+    old_string: Option<String>,
+    /// Replacement text (mode=replace)
+    new_string: Option<String>,
+    /// Replace every match instead of refusing when there are several
+    #[serde(default)]
+    replace_all: bool,
+    #[serde(default)]
+    mode: PatchMode,
+    /// Unified diff text (mode=patch)
+    patch: Option<String>,
+}
+
+// `mode`: one replacement, or a unified diff. (No doc comment: it would become the schema's
+// description of the argument, which the tool has never had.)
+#[derive(serde::Deserialize, serde::Serialize, schemars::JsonSchema, Default, Clone, Copy)]
+#[serde(rename_all = "snake_case")]
+enum PatchMode {
+    #[default]
+    Replace,
+    Patch,
+}
+
 fn entry() -> ToolEntry {
     ToolEntry::new(
         "patch",
@@ -34,17 +62,7 @@ fn entry() -> ToolEntry {
          match first, then a whitespace/indentation-tolerant match; ambiguous matches are refused \
          unless replace_all. mode=\"patch\": apply a unified diff (may touch several files; nothing \
          is written if any hunk fails). Returns the diff of what changed.",
-        json!({
-            "type": "object",
-            "properties": {
-                "path": {"type": "string", "description": "File to edit (mode=replace)"},
-                "old_string": {"type": "string", "description": "Text to find (mode=replace); include enough context to be unique"},
-                "new_string": {"type": "string", "description": "Replacement text (mode=replace)"},
-                "replace_all": {"type": "boolean", "default": false, "description": "Replace every match instead of refusing when there are several"},
-                "mode": {"type": "string", "enum": ["replace", "patch"], "default": "replace"},
-                "patch": {"type": "string", "description": "Unified diff text (mode=patch)"}
-            }
-        }),
+        schema_for::<PatchArgs>(),
         patch,
     )
     .with_emoji("🩹")
@@ -53,8 +71,10 @@ fn entry() -> ToolEntry {
 
 inventory::submit! { BuiltinTool(entry) }
 
-fn limited<'a>(args: &'a Map<String, Value>, name: &str) -> Result<&'a str, ToolError> {
-    let s = required_str(args, name)?;
+fn limited<'a>(value: &'a Option<String>, name: &str) -> Result<&'a str, ToolError> {
+    let s = value
+        .as_deref()
+        .ok_or_else(|| ToolError::invalid_args(format!("missing required argument `{name}`")))?;
     if s.len() > MAX_ARG_BYTES {
         return Err(ToolError::invalid_args(format!(
             "argument `{name}` is {} bytes; the limit is {MAX_ARG_BYTES}",
@@ -74,12 +94,10 @@ fn patch(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolErro
     ) {
         return remote;
     }
-    match optional_str(args, "mode")?.unwrap_or("replace") {
-        "replace" => replace_mode(args, ctx),
-        "patch" => patch_mode(limited(args, "patch")?, ctx),
-        other => Err(ToolError::invalid_args(format!(
-            "argument `mode` must be \"replace\" or \"patch\", got {other:?}"
-        ))),
+    let a: PatchArgs = parse(args)?;
+    match a.mode {
+        PatchMode::Replace => replace_mode(&a, ctx),
+        PatchMode::Patch => patch_mode(limited(&a.patch, "patch")?, ctx),
     }
 }
 
@@ -97,13 +115,13 @@ fn read_text(path: &Path, ctx: &ToolContext) -> Result<String, ToolError> {
     .map_err(|e| ToolError::io(path, &e))?;
     if meta.is_dir() {
         return Err(ToolError::new(
-            "IsADirectory",
+            crate::ToolErrorKind::IsADirectory,
             format!("{} is a directory", path.display()),
         ));
     }
     if meta.len() > MAX_FILE_BYTES {
         return Err(ToolError::new(
-            "FileTooLarge",
+            crate::ToolErrorKind::FileTooLarge,
             format!(
                 "{} is {} bytes; patch edits files up to {MAX_FILE_BYTES} bytes",
                 path.display(),
@@ -122,7 +140,7 @@ fn read_text(path: &Path, ctx: &ToolContext) -> Result<String, ToolError> {
     .map_err(|e| ToolError::io(path, &e))?;
     if bytes.contains(&0) {
         return Err(ToolError::new(
-            "BinaryFile",
+            crate::ToolErrorKind::BinaryFile,
             format!(
                 "{} looks binary (it contains NUL bytes); patch only edits text",
                 path.display()
@@ -185,11 +203,11 @@ fn diff(name: &str, old: &str, new: &str) -> String {
         .replacen("+++ modified", &format!("+++ b/{name}"), 1)
 }
 
-fn replace_mode(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolError> {
-    let raw = checked_path(args, "path")?;
-    let old = limited(args, "old_string")?;
-    let new = limited(args, "new_string")?;
-    let replace_all = optional_bool(args, "replace_all")?;
+fn replace_mode(a: &PatchArgs, ctx: &ToolContext) -> Result<Value, ToolError> {
+    let raw = check_path("path", limited(&a.path, "path")?)?;
+    let old = limited(&a.old_string, "old_string")?;
+    let new = limited(&a.new_string, "new_string")?;
+    let replace_all = a.replace_all;
     if old.is_empty() {
         return Err(ToolError::invalid_args(
             "argument `old_string` is empty; use write_file to create or overwrite a whole file",
@@ -207,7 +225,7 @@ fn replace_mode(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
         (text.replace(old, new), exact, "exact")
     } else if exact > 1 {
         return Err(ToolError::new(
-            "AmbiguousMatch",
+            crate::ToolErrorKind::AmbiguousMatch,
             format!(
                 "old_string occurs {exact} times in {raw}; include more surrounding lines to make \
                  it unique, or set replace_all=true"
@@ -216,14 +234,14 @@ fn replace_mode(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
     } else {
         let (t, n) = fuzzy_replace(&text, old, new, replace_all).map_err(|e| match e {
             Fuzzy::NotFound => ToolError::new(
-                "NoMatch",
+                crate::ToolErrorKind::NoMatch,
                 format!(
                     "old_string was not found in {raw}, not even ignoring whitespace and \
                      indentation. Read the file again (read_file) and copy the text exactly"
                 ),
             ),
             Fuzzy::Ambiguous(n) => ToolError::new(
-                "AmbiguousMatch",
+                crate::ToolErrorKind::AmbiguousMatch,
                 format!(
                     "old_string matches {n} places in {raw} when whitespace is ignored (and none \
                      exactly); include more surrounding lines to make it unique, or set \
@@ -430,7 +448,7 @@ fn strip_git_prefixes(parts: &mut [FilePatch]) {
 fn checked_name(name: &str) -> Result<&str, ToolError> {
     if name.is_empty() || name.contains('\0') {
         return Err(ToolError::new(
-            "PatchError",
+            crate::ToolErrorKind::PatchError,
             format!("the patch names an impossible file {name:?}"),
         ));
     }
@@ -440,7 +458,7 @@ fn checked_name(name: &str) -> Result<&str, ToolError> {
 fn patch_mode(text: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
     let mut parts = split_patch(text).map_err(|e| {
         ToolError::new(
-            "PatchError",
+            crate::ToolErrorKind::PatchError,
             format!("the patch text cannot be parsed: {e}. Nothing was written"),
         )
     })?;
@@ -464,7 +482,7 @@ fn patch_mode(text: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
         .to_string();
         let parsed = diffy::Patch::from_str(&part.text).map_err(|e| {
             ToolError::new(
-                "PatchError",
+                crate::ToolErrorKind::PatchError,
                 format!(
                     "file #{} ({name}) of the patch: {e}. Nothing was written",
                     n + 1
@@ -474,7 +492,7 @@ fn patch_mode(text: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
         let path = ctx.resolve(&name);
         if plan.iter().any(|p| p.path == path) {
             return Err(ToolError::new(
-                "PatchError",
+                crate::ToolErrorKind::PatchError,
                 format!("the patch changes {name} twice; merge its hunks. Nothing was written"),
             ));
         }
@@ -485,7 +503,7 @@ fn patch_mode(text: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
             };
             if exists {
                 return Err(ToolError::new(
-                    "PatchError",
+                    crate::ToolErrorKind::PatchError,
                     format!("the patch creates {name}, which already exists. Nothing was written"),
                 ));
             }
@@ -497,7 +515,7 @@ fn patch_mode(text: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
         };
         let new = diffy::apply(&old, &parsed).map_err(|e| {
             ToolError::new(
-                "PatchError",
+                crate::ToolErrorKind::PatchError,
                 format!(
                     "{name}: {e} — its context or removed lines do not match the file. Read the \
                      file again and regenerate the diff. Nothing was written"
@@ -507,7 +525,7 @@ fn patch_mode(text: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
         let new = if part.new_name.is_none() {
             if !new.is_empty() {
                 return Err(ToolError::new(
-                    "PatchError",
+                    crate::ToolErrorKind::PatchError,
                     format!("the patch deletes {name} but does not remove all of its lines. Nothing was written"),
                 ));
             }
@@ -646,5 +664,25 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.kind, "PatchError");
+    }
+
+    #[test]
+    fn schema_and_parser_come_from_one_definition() {
+        super::super::args::assert_schema_and_parser_agree::<PatchArgs>(
+            &entry().schema,
+            json!({
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "File to edit (mode=replace)"},
+                    "old_string": {"type": "string", "description": "Text to find (mode=replace); include enough context to be unique"},
+                    "new_string": {"type": "string", "description": "Replacement text (mode=replace)"},
+                    "replace_all": {"type": "boolean", "default": false, "description": "Replace every match instead of refusing when there are several"},
+                    "mode": {"type": "string", "enum": ["replace", "patch"], "default": "replace"},
+                    "patch": {"type": "string", "description": "Unified diff text (mode=patch)"}
+                }
+            }),
+            json!({"path": "app.py", "old_string": "x = 1", "new_string": "x = 2"}),
+            json!({"mode": "rewrite"}),
+        );
     }
 }

@@ -1,12 +1,44 @@
 //! `process`: manage background processes started with `terminal(background=true)` — list them,
 //! poll new output, wait, write to a PTY process's stdin, kill. Agent only: scripts cannot start
-//! background processes, so it is not among the script tools.
+//! background processes, so it is not among the script tools. With a remote backend the
+//! processes live under the task's tool agent there, and the call is forwarded to it.
 
-use super::args::{int_in_range, optional_str, required_str};
+use super::args::{in_range, parse, schema_for};
 use crate::environments::local;
 use crate::{BuiltinTool, ToolContext, ToolEntry, ToolError};
 use serde_json::{json, Map, Value};
 use std::time::Duration;
+
+/// The arguments of `process`: its schema and its parser.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct ProcessArgs {
+    action: Action,
+    /// Id returned by terminal(background=true)
+    process_id: Option<String>,
+    /// Seconds to wait (action=wait)
+    #[serde(default = "default_wait")]
+    #[schemars(range(min = 0, max = 3600))]
+    timeout: i64,
+    /// Text to send (action=write)
+    data: Option<String>,
+}
+
+// What to do. (No doc comment: it would become the schema's description of `action`, which
+// the tool has never had.)
+#[derive(serde::Deserialize, schemars::JsonSchema, Clone, Copy)]
+#[serde(rename_all = "snake_case")]
+enum Action {
+    List,
+    Poll,
+    Log,
+    Wait,
+    Write,
+    Kill,
+}
+
+fn default_wait() -> i64 {
+    30
+}
 
 fn entry() -> ToolEntry {
     ToolEntry::new(
@@ -15,16 +47,7 @@ fn entry() -> ToolEntry {
         "Manage background processes started with terminal(background=true): action list | poll \
          (new output since the last poll) | log (all buffered output) | wait (until it ends or \
          timeout) | write (send `data` to a pty process's stdin) | kill (its whole process group).",
-        json!({
-            "type": "object",
-            "properties": {
-                "action": {"type": "string", "enum": ["list", "poll", "log", "wait", "write", "kill"]},
-                "process_id": {"type": "string", "description": "Id returned by terminal(background=true)"},
-                "timeout": {"type": "integer", "minimum": 0, "maximum": 3600, "default": 30, "description": "Seconds to wait (action=wait)"},
-                "data": {"type": "string", "description": "Text to send (action=write)"}
-            },
-            "required": ["action"]
-        }),
+        schema_for::<ProcessArgs>(),
         process,
     )
     .with_emoji("⚙️")
@@ -40,7 +63,29 @@ fn status(p: &local::BackgroundProcess) -> Value {
 }
 
 fn process(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolError> {
-    let action = required_str(args, "action")?;
+    let a: ProcessArgs = parse(args)?;
+    let action = match a.action {
+        Action::List => "list",
+        Action::Poll => "poll",
+        Action::Log => "log",
+        Action::Wait => "wait",
+        Action::Write => "write",
+        Action::Kill => "kill",
+    };
+    // With a remote backend, background commands run under the task's tool agent there.
+    let wait = if action == "wait" {
+        in_range("timeout", a.timeout, 0, 3600)?
+    } else {
+        0
+    };
+    if let Some(result) = crate::environments::agent::forward(
+        "process",
+        args,
+        ctx,
+        Duration::from_secs(wait as u64 + 60),
+    ) {
+        return result;
+    }
     if action == "list" {
         let procs: Vec<Value> = local::list_processes()
             .iter()
@@ -61,9 +106,12 @@ fn process(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolEr
             .collect();
         return Ok(json!({"processes": procs}));
     }
-    let id = optional_str(args, "process_id")?
+    let id = a
+        .process_id
+        .as_deref()
         .ok_or_else(|| ToolError::invalid_args(format!("action `{action}` needs `process_id`")))?;
-    let p = local::get_process(id).map_err(|e| ToolError::new("UnknownProcess", e.to_string()))?;
+    let p = local::get_process(id)
+        .map_err(|e| ToolError::new(crate::ToolErrorKind::UnknownProcess, e.to_string()))?;
     let poll_json = |from_start: bool| {
         let r = p.poll(from_start);
         // Background output reaches the model like foreground output: redacted.
@@ -84,7 +132,7 @@ fn process(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolEr
         "poll" => Ok(poll_json(false)),
         "log" => Ok(poll_json(true)),
         "wait" => {
-            let secs = int_in_range(args, "timeout", 30, 0, 3600)?;
+            let secs = in_range("timeout", a.timeout, 0, 3600)?;
             let done = p.wait(Duration::from_secs(secs as u64)).is_some();
             let mut v = poll_json(false);
             if let Some(o) = v.as_object_mut() {
@@ -93,9 +141,12 @@ fn process(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolEr
             Ok(v)
         }
         "write" => {
-            let data = required_str(args, "data")?;
+            let data = a
+                .data
+                .as_deref()
+                .ok_or_else(|| ToolError::invalid_args("missing required argument `data`"))?;
             p.write_stdin(data.as_bytes())
-                .map_err(|e| ToolError::new("WriteError", e))?;
+                .map_err(|e| ToolError::new(crate::ToolErrorKind::WriteError, e))?;
             Ok(json!({"process_id": p.id, "bytes_written": data.len()}))
         }
         "kill" => {
@@ -109,5 +160,29 @@ fn process(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolEr
         other => Err(ToolError::invalid_args(format!(
             "unknown action `{other}`; use list, poll, log, wait, write or kill"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_and_parser_come_from_one_definition() {
+        super::super::args::assert_schema_and_parser_agree::<ProcessArgs>(
+            &entry().schema,
+            json!({
+                "type": "object",
+                "properties": {
+                    "action": {"type": "string", "enum": ["list", "poll", "log", "wait", "write", "kill"]},
+                    "process_id": {"type": "string", "description": "Id returned by terminal(background=true)"},
+                    "timeout": {"type": "integer", "minimum": 0, "maximum": 3600, "default": 30, "description": "Seconds to wait (action=wait)"},
+                    "data": {"type": "string", "description": "Text to send (action=write)"}
+                },
+                "required": ["action"]
+            }),
+            json!({"action": "wait", "process_id": "proc_1", "timeout": 10}),
+            json!({"action": "explode"}),
+        );
     }
 }

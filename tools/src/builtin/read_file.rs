@@ -1,7 +1,8 @@
 //! `read_file`: a page of a text file with line numbers, without loading the whole file.
 
-use super::args::{checked_path, int_in_range};
+use super::args::{check_path, in_range, parse, schema_for};
 use crate::{BuiltinTool, ToolContext, ToolEntry, ToolError};
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
@@ -11,21 +12,36 @@ const MAX_LINE_CHARS: usize = 2000;
 /// Most lines one call returns.
 const MAX_LIMIT: i64 = 5000;
 
+/// The arguments of `read_file`: its schema and its parser.
+#[derive(Deserialize, schemars::JsonSchema)]
+struct ReadFileArgs {
+    /// File to read, absolute or relative to the working directory
+    path: String,
+    /// First line to return (1-based)
+    #[serde(default = "first_line")]
+    #[schemars(range(min = 1))]
+    offset: i64,
+    /// Most lines to return
+    #[serde(default = "default_limit")]
+    #[schemars(range(min = 1, max = MAX_LIMIT))]
+    limit: i64,
+}
+
+fn first_line() -> i64 {
+    1
+}
+
+fn default_limit() -> i64 {
+    500
+}
+
 fn entry() -> ToolEntry {
     ToolEntry::new(
         "read_file",
         "file",
         "Read a text file as numbered lines (`LINE|text`), a page at a time. Returns content, \
          total_lines and next_offset when more remains.",
-        json!({
-            "type": "object",
-            "properties": {
-                "path": {"type": "string", "description": "File to read, absolute or relative to the working directory"},
-                "offset": {"type": "integer", "default": 1, "minimum": 1, "description": "First line to return (1-based)"},
-                "limit": {"type": "integer", "default": 500, "minimum": 1, "maximum": MAX_LIMIT, "description": "Most lines to return"}
-            },
-            "required": ["path"]
-        }),
+        schema_for::<ReadFileArgs>(),
         read_file,
     )
     .with_emoji("📖")
@@ -45,9 +61,10 @@ fn read_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Tool
     ) {
         return remote;
     }
-    let raw = checked_path(args, "path")?;
-    let offset = int_in_range(args, "offset", 1, 1, i64::MAX)? as u64;
-    let limit = int_in_range(args, "limit", 500, 1, MAX_LIMIT)? as u64;
+    let a: ReadFileArgs = parse(args)?;
+    let raw = check_path("path", &a.path)?;
+    let offset = in_range("offset", a.offset, 1, i64::MAX)? as u64;
+    let limit = in_range("limit", a.limit, 1, MAX_LIMIT)? as u64;
     let path = ctx.resolve(raw);
     // open + fstat + one read is all a small file costs; a tool call's latency budget is tens
     // of microseconds. O_NONBLOCK keeps the open of a FIFO from hanging until fstat below
@@ -66,7 +83,7 @@ fn read_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Tool
     let meta = file.metadata().map_err(|e| ToolError::io(&path, &e))?;
     if meta.is_dir() {
         return Err(ToolError::new(
-            "IsADirectory",
+            crate::ToolErrorKind::IsADirectory,
             format!(
                 "{} is a directory; list it with search_files(target=\"files\") instead",
                 path.display()
@@ -76,7 +93,7 @@ fn read_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Tool
     if !meta.is_file() {
         // A FIFO or a character device would block or never end; only regular files are read.
         return Err(ToolError::new(
-            "NotARegularFile",
+            crate::ToolErrorKind::NotARegularFile,
             format!(
                 "{} is not a regular file (a device, FIFO or socket); read_file only reads files",
                 path.display()
@@ -87,7 +104,7 @@ fn read_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Tool
     let n = read_up_to(&mut file, &mut head, meta.len()).map_err(|e| ToolError::io(&path, &e))?;
     if head[..n].contains(&0) {
         return Err(ToolError::new(
-            "BinaryFile",
+            crate::ToolErrorKind::BinaryFile,
             format!(
                 "{} looks binary (it contains NUL bytes); read_file only shows text",
                 path.display()
@@ -240,5 +257,23 @@ mod tests {
         let p = page(&long, 1, 1);
         assert!(p.content.contains("[line cut: 10000 bytes]"));
         assert!(p.content.len() < 2100);
+    }
+
+    #[test]
+    fn schema_and_parser_come_from_one_definition() {
+        super::super::args::assert_schema_and_parser_agree::<ReadFileArgs>(
+            &entry().schema,
+            json!({
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "File to read, absolute or relative to the working directory"},
+                    "offset": {"type": "integer", "default": 1, "minimum": 1, "description": "First line to return (1-based)"},
+                    "limit": {"type": "integer", "default": 500, "minimum": 1, "maximum": MAX_LIMIT, "description": "Most lines to return"}
+                },
+                "required": ["path"]
+            }),
+            json!({"path": "src/main.rs", "offset": 10, "limit": 50}),
+            json!({"path": ["not", "a", "string"]}),
+        );
     }
 }

@@ -16,13 +16,14 @@
 //! Paths are relative to the working directory when the searched path was relative, so they can
 //! be passed straight to `read_file`.
 
-use super::args::{checked_path, int_in_range, optional_str, required_str};
+use super::args::{check_path, in_range, parse, schema_for};
 use crate::{BuiltinTool, ToolContext, ToolEntry, ToolError};
 use grep_regex::{RegexMatcher, RegexMatcherBuilder};
 use grep_searcher::{
     BinaryDetection, Searcher, SearcherBuilder, Sink, SinkContext, SinkContextKind, SinkMatch,
 };
 use ignore::{WalkBuilder, WalkState};
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -34,6 +35,61 @@ const MAX_LINE_CHARS: usize = 500;
 /// Most results in one page.
 const MAX_LIMIT: i64 = 1000;
 
+/// The arguments of `search_files`: its schema and its parser.
+#[derive(Deserialize, schemars::JsonSchema)]
+struct SearchFilesArgs {
+    /// Regex (content search) or glob such as *.py (target="files")
+    pattern: String,
+    #[serde(default)]
+    target: Target,
+    /// Directory or file to search
+    #[serde(default = "dot")]
+    path: String,
+    /// Only files whose name (or, with a /, relative path) matches this glob, e.g. *.yaml
+    file_glob: Option<String>,
+    #[serde(default = "default_limit")]
+    #[schemars(range(min = 1, max = MAX_LIMIT))]
+    limit: i64,
+    /// Results to skip (use next_offset)
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    offset: i64,
+    #[serde(default)]
+    output_mode: OutputMode,
+    /// Lines of context around each match
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 20))]
+    context: i64,
+}
+
+// `target`: search contents or file names. (No doc comment: it would become the schema's
+// description of the argument, which the tool has never had.)
+#[derive(Deserialize, Serialize, schemars::JsonSchema, Default, Clone, Copy)]
+#[serde(rename_all = "snake_case")]
+enum Target {
+    #[default]
+    Content,
+    Files,
+}
+
+// `output_mode` of a content search (no doc comment, as for `Target`).
+#[derive(Deserialize, Serialize, schemars::JsonSchema, Default, Clone, Copy)]
+#[serde(rename_all = "snake_case")]
+enum OutputMode {
+    #[default]
+    Content,
+    FilesWithMatches,
+    Count,
+}
+
+fn dot() -> String {
+    ".".into()
+}
+
+fn default_limit() -> i64 {
+    50
+}
+
 fn entry() -> ToolEntry {
     ToolEntry::new(
         "search_files",
@@ -42,20 +98,7 @@ fn entry() -> ToolEntry {
          glob (target=\"files\"). Respects .gitignore, skips hidden and binary files, pages results. \
          Content results: matches=[{path, line, content}]; files mode: files=[path]; always total, \
          truncated, next_offset.",
-        json!({
-            "type": "object",
-            "properties": {
-                "pattern": {"type": "string", "description": "Regex (content search) or glob such as *.py (target=\"files\")"},
-                "target": {"type": "string", "enum": ["content", "files"], "default": "content"},
-                "path": {"type": "string", "default": ".", "description": "Directory or file to search"},
-                "file_glob": {"type": "string", "description": "Only files whose name (or, with a /, relative path) matches this glob, e.g. *.yaml"},
-                "limit": {"type": "integer", "default": 50, "minimum": 1, "maximum": MAX_LIMIT},
-                "offset": {"type": "integer", "default": 0, "minimum": 0, "description": "Results to skip (use next_offset)"},
-                "output_mode": {"type": "string", "enum": ["content", "files_with_matches", "count"], "default": "content"},
-                "context": {"type": "integer", "default": 0, "minimum": 0, "maximum": 20, "description": "Lines of context around each match"}
-            },
-            "required": ["pattern"]
-        }),
+        schema_for::<SearchFilesArgs>(),
         search_files,
     )
     .with_emoji("🔎")
@@ -278,7 +321,8 @@ fn search_files(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
     ) {
         return remote;
     }
-    let pattern = required_str(args, "pattern")?;
+    let a: SearchFilesArgs = parse(args)?;
+    let pattern = a.pattern.as_str();
     if pattern.is_empty() {
         return Err(ToolError::invalid_args("argument `pattern` is empty"));
     }
@@ -288,16 +332,20 @@ fn search_files(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
             pattern.len()
         )));
     }
-    let target = optional_str(args, "target")?.unwrap_or("content");
-    let mode = optional_str(args, "output_mode")?.unwrap_or("content");
-    let raw_path = match args.get("path") {
-        None | Some(Value::Null) => ".",
-        _ => checked_path(args, "path")?,
+    let target = match a.target {
+        Target::Content => "content",
+        Target::Files => "files",
     };
-    let limit = int_in_range(args, "limit", 50, 1, MAX_LIMIT)? as u64;
-    let offset = int_in_range(args, "offset", 0, 0, i64::MAX)? as u64;
-    let context = int_in_range(args, "context", 0, 0, 20)? as usize;
-    let file_glob = match optional_str(args, "file_glob")? {
+    let mode = match a.output_mode {
+        OutputMode::Content => "content",
+        OutputMode::FilesWithMatches => "files_with_matches",
+        OutputMode::Count => "count",
+    };
+    let raw_path = check_path("path", &a.path)?;
+    let limit = in_range("limit", a.limit, 1, MAX_LIMIT)? as u64;
+    let offset = in_range("offset", a.offset, 0, i64::MAX)? as u64;
+    let context = in_range("context", a.context, 0, 20)? as usize;
+    let file_glob = match a.file_glob.as_deref() {
         Some(g) if !g.trim().is_empty() => Some((glob(g.trim(), "file_glob")?, g.contains('/'))),
         _ => None,
     };
@@ -375,7 +423,7 @@ fn search_files(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
         .build(pattern)
         .map_err(|e| {
             ToolError::new(
-                "InvalidRegex",
+                crate::ToolErrorKind::InvalidRegex,
                 format!("pattern {pattern:?} is not a valid regex: {e}. Escape special characters (e.g. \\( \\.) for a literal search"),
             )
         })?;
@@ -557,5 +605,28 @@ mod tests {
         assert_eq!(e.kind, "InvalidArguments");
         let r = call(d.path(), json!({"pattern": "port", "path": "a.yaml"})).unwrap();
         assert_eq!(r["matches"][0]["path"], "a.yaml");
+    }
+
+    #[test]
+    fn schema_and_parser_come_from_one_definition() {
+        super::super::args::assert_schema_and_parser_agree::<SearchFilesArgs>(
+            &entry().schema,
+            json!({
+                "type": "object",
+                "properties": {
+                    "pattern": {"type": "string", "description": "Regex (content search) or glob such as *.py (target=\"files\")"},
+                    "target": {"type": "string", "enum": ["content", "files"], "default": "content"},
+                    "path": {"type": "string", "default": ".", "description": "Directory or file to search"},
+                    "file_glob": {"type": "string", "description": "Only files whose name (or, with a /, relative path) matches this glob, e.g. *.yaml"},
+                    "limit": {"type": "integer", "default": 50, "minimum": 1, "maximum": MAX_LIMIT},
+                    "offset": {"type": "integer", "default": 0, "minimum": 0, "description": "Results to skip (use next_offset)"},
+                    "output_mode": {"type": "string", "enum": ["content", "files_with_matches", "count"], "default": "content"},
+                    "context": {"type": "integer", "default": 0, "minimum": 0, "maximum": 20, "description": "Lines of context around each match"}
+                },
+                "required": ["pattern"]
+            }),
+            json!({"pattern": "database", "path": ".", "file_glob": "*.yaml", "limit": 20}),
+            json!({"pattern": "x", "limit": "many"}),
+        );
     }
 }

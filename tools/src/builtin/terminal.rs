@@ -6,7 +6,7 @@
 //! `provider_blocklist` of `policies/env.json`, the one list the supervisor's scrubbing uses too.
 //! Background processes and PTY mode are for the agent only; scripts run foreground commands.
 
-use super::args::{int_in_range, optional_str, required_str};
+use super::args::{in_range, parse, schema_for};
 use crate::approval::{check_command, Decision};
 use crate::environments::local::{self, SpawnSpec};
 use crate::{BuiltinTool, CallOrigin, ToolContext, ToolEntry, ToolError};
@@ -37,6 +37,29 @@ pub static PROVIDER_BLOCKLIST: LazyLock<Vec<String>> = LazyLock::new(|| {
         })
 });
 
+/// The arguments of `terminal`: its schema and its parser.
+#[derive(Deserialize, schemars::JsonSchema)]
+struct TerminalArgs {
+    /// Shell command line
+    command: String,
+    /// Seconds before the command and its process group are killed
+    #[serde(default = "default_timeout")]
+    #[schemars(range(min = 1, max = 86400))]
+    timeout: i64,
+    /// Working directory (default: the session working dir)
+    workdir: Option<String>,
+    /// Start in the background and return a process id (not available in scripts)
+    #[serde(default)]
+    background: bool,
+    /// Run under a pseudo-terminal (not available in scripts)
+    #[serde(default)]
+    pty: bool,
+}
+
+fn default_timeout() -> i64 {
+    DEFAULT_TIMEOUT
+}
+
 fn entry() -> ToolEntry {
     ToolEntry::new(
         "terminal",
@@ -46,17 +69,7 @@ fn entry() -> ToolEntry {
          timeout; output is capped (head and tail kept). Agent only: background=true starts it in \
          the background (manage it with the `process` tool), pty=true runs it under a \
          pseudo-terminal.",
-        json!({
-            "type": "object",
-            "properties": {
-                "command": {"type": "string", "description": "Shell command line"},
-                "timeout": {"type": "integer", "minimum": 1, "maximum": 86400, "default": DEFAULT_TIMEOUT, "description": "Seconds before the command and its process group are killed"},
-                "workdir": {"type": "string", "description": "Working directory (default: the session working dir)"},
-                "background": {"type": "boolean", "default": false, "description": "Start in the background and return a process id (not available in scripts)"},
-                "pty": {"type": "boolean", "default": false, "description": "Run under a pseudo-terminal (not available in scripts)"}
-            },
-            "required": ["command"]
-        }),
+        schema_for::<TerminalArgs>(),
         terminal,
     )
     .with_emoji("💻")
@@ -75,21 +88,9 @@ pub fn command_env(ctx: &ToolContext) -> Vec<(String, String)> {
     }
 }
 
-/// Reads an optional boolean argument (accepting "true"/"false" strings, as models send them).
-pub fn optional_bool(args: &Map<String, Value>, name: &str) -> Result<bool, ToolError> {
-    match args.get(name) {
-        None | Some(Value::Null) => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(Value::String(s)) if s.eq_ignore_ascii_case("true") => Ok(true),
-        Some(Value::String(s)) if s.eq_ignore_ascii_case("false") => Ok(false),
-        Some(other) => Err(ToolError::invalid_args(format!(
-            "argument `{name}` must be true or false, got {other}"
-        ))),
-    }
-}
-
 fn terminal(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolError> {
-    let command = required_str(args, "command")?;
+    let a: TerminalArgs = parse(args)?;
+    let command = a.command.as_str();
     if command.trim().is_empty() {
         return Err(ToolError::invalid_args("argument `command` is empty"));
     }
@@ -105,18 +106,19 @@ fn terminal(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolE
             "argument `command` contains a NUL byte, which no shell command can hold",
         ));
     }
-    let timeout = int_in_range(args, "timeout", DEFAULT_TIMEOUT, 1, 86_400)?;
-    let background = optional_bool(args, "background")?;
-    let pty = optional_bool(args, "pty")?;
+    let timeout = in_range("timeout", a.timeout, 1, 86_400)?;
+    let (background, pty) = (a.background, a.pty);
     if ctx.origin == CallOrigin::Script && (background || pty) {
         return Err(ToolError::invalid_args(
             "background and pty are not available to execute_code scripts; run the command in \
              the foreground",
         ));
     }
-    let workdir_arg = optional_str(args, "workdir")?;
+    let workdir_arg = a.workdir.as_deref();
     if let Some(env) = crate::environments::remote_for(ctx)? {
-        return remote_terminal(env, command, args, ctx, timeout, background || pty);
+        // Background and PTY commands run under the agent there, like foreground ones; the
+        // `process` tool reaches them through the same agent.
+        return remote_terminal(env, command, args, ctx, timeout);
     }
     let cwd = match workdir_arg {
         Some(w) if w.contains('\0') => {
@@ -129,7 +131,7 @@ fn terminal(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolE
     };
     if !cwd.is_dir() {
         return Err(ToolError::new(
-            "NotADirectory",
+            crate::ToolErrorKind::NotADirectory,
             format!(
                 "working directory {} does not exist or is not a directory",
                 cwd.display()
@@ -137,7 +139,7 @@ fn terminal(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolE
         ));
     }
     if let Decision::Deny { message } = check_command(command, ctx) {
-        return Err(ToolError::new("CommandDenied", message));
+        return Err(ToolError::new(crate::ToolErrorKind::CommandDenied, message));
     }
     let env = command_env(ctx);
     let wrapped = crate::environments::session::wrap(command, ctx, workdir_arg.is_some());
@@ -150,7 +152,7 @@ fn terminal(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolE
     };
     if background {
         let p = local::start_background(&spec)
-            .map_err(|e| ToolError::new("SpawnError", e.to_string()))?;
+            .map_err(|e| ToolError::new(crate::ToolErrorKind::SpawnError, e.to_string()))?;
         return Ok(json!({
             "status": "running",
             "process_id": p.id,
@@ -163,7 +165,7 @@ fn terminal(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolE
         }));
     }
     let out = local::run_foreground(&spec, Duration::from_secs(timeout as u64), OUTPUT_CAP)
-        .map_err(|e| ToolError::new("SpawnError", e.to_string()))?;
+        .map_err(|e| ToolError::new(crate::ToolErrorKind::SpawnError, e.to_string()))?;
     let (mut output, redactions) = crate::redact::redact_command_output(out.output, ctx);
     let error = if out.timed_out {
         let note =
@@ -200,20 +202,12 @@ fn remote_terminal(
     args: &Map<String, Value>,
     ctx: &ToolContext,
     timeout: i64,
-    background_or_pty: bool,
 ) -> Result<Value, ToolError> {
-    if background_or_pty {
-        return Err(ToolError::invalid_args(format!(
-            "background and pty are not available with the {} backend yet; run the command in \
-             the foreground",
-            env.backend()
-        )));
-    }
     let skip = env.isolated()
         && crate::environments::active().is_some_and(|a| a.settings().skip_approvals_isolated);
     if !skip {
         if let Decision::Deny { message } = check_command(command, ctx) {
-            return Err(ToolError::new("CommandDenied", message));
+            return Err(ToolError::new(crate::ToolErrorKind::CommandDenied, message));
         }
     }
     match crate::environments::agent::forward(
@@ -224,8 +218,33 @@ fn remote_terminal(
     ) {
         Some(result) => result,
         None => Err(ToolError::new(
-            "BackendError",
+            crate::ToolErrorKind::BackendError,
             format!("the {} backend has no tool agent", env.backend()),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_and_parser_come_from_one_definition() {
+        super::super::args::assert_schema_and_parser_agree::<TerminalArgs>(
+            &entry().schema,
+            json!({
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string", "description": "Shell command line"},
+                    "timeout": {"type": "integer", "minimum": 1, "maximum": 86400, "default": DEFAULT_TIMEOUT, "description": "Seconds before the command and its process group are killed"},
+                    "workdir": {"type": "string", "description": "Working directory (default: the session working dir)"},
+                    "background": {"type": "boolean", "default": false, "description": "Start in the background and return a process id (not available in scripts)"},
+                    "pty": {"type": "boolean", "default": false, "description": "Run under a pseudo-terminal (not available in scripts)"}
+                },
+                "required": ["command"]
+            }),
+            json!({"command": "ls -la", "timeout": 30, "workdir": "/tmp"}),
+            json!({"command": "ls", "background": "sometimes"}),
+        );
     }
 }

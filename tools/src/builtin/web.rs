@@ -18,7 +18,7 @@
 //! `{url, title, content, error}` — one entry per URL, a failed URL carrying its `error` rather
 //! than failing the whole call.
 
-use super::args::{int_in_range, required_str};
+use super::args::{in_range, parse, schema_for};
 use crate::async_bridge::run_async;
 use crate::entry::CheckFnHolder;
 use crate::{BuiltinTool, ToolContext, ToolEntry, ToolError};
@@ -46,21 +46,24 @@ pub struct WebConfig {
 
 /// Reads the web settings (env vars first, then config.yaml `web:`).
 pub fn web_config() -> WebConfig {
-    let sec = crate::settings::section("web");
-    let get = |k: &str| sec.get(k).and_then(|v| v.as_str()).map(str::to_string);
+    let sec = crate::settings::current_or_default()
+        .web
+        .clone()
+        .unwrap_or_default();
+    let get = |v: &Option<String>| v.clone().filter(|v| !v.trim().is_empty());
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
     let searxng_url = env("VIBEOS_WEB_SEARCH_URL").or_else(|| {
-        let backend = get("search_backend").unwrap_or_else(|| "searxng".into());
+        let backend = get(&sec.search_backend).unwrap_or_else(|| "searxng".into());
         (backend.eq_ignore_ascii_case("searxng"))
-            .then(|| get("searxng_url"))
+            .then(|| get(&sec.searxng_url))
             .flatten()
     });
     let extract_http = env("VIBEOS_WEB_EXTRACT_BACKEND")
-        .or_else(|| get("extract_backend"))
+        .or_else(|| get(&sec.extract_backend))
         .is_some_and(|b| b.eq_ignore_ascii_case("http"));
     let timeout = env("VIBEOS_WEB_TIMEOUT")
         .and_then(|t| t.parse::<u64>().ok())
-        .or_else(|| sec.get("timeout").and_then(|v| v.as_u64()))
+        .or(sec.timeout)
         .filter(|t| (1..=600).contains(t))
         .unwrap_or(20);
     WebConfig {
@@ -85,7 +88,12 @@ fn http_client(timeout: Duration, no_redirects: bool) -> Result<reqwest::Client,
         })
         .user_agent("vibeos-exec web tools")
         .build()
-        .map_err(|e| ToolError::new("HttpClientError", format!("cannot set up HTTP: {e}")))
+        .map_err(|e| {
+            ToolError::new(
+                crate::ToolErrorKind::HttpClientError,
+                format!("cannot set up HTTP: {e}"),
+            )
+        })
 }
 
 /// An HTTP error with its causes ("error sending request: connection refused"): reqwest's own
@@ -119,19 +127,45 @@ async fn read_capped(
     Ok((body, false))
 }
 
+/// The arguments of `web_search`: its schema and its parser.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct WebSearchArgs {
+    /// Search query
+    query: String,
+    #[serde(default = "default_results")]
+    #[schemars(range(min = 1, max = 50))]
+    limit: i64,
+}
+
+fn default_results() -> i64 {
+    5
+}
+
+/// The arguments of `web_extract`: its schema and its parser.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct WebExtractArgs {
+    /// http(s) URLs (a single string is accepted too)
+    #[schemars(with = "Vec<String>", length(max = MAX_URLS))]
+    urls: Urls,
+    /// Most characters of text per page (default 100000)
+    #[schemars(range(min = 1))]
+    char_limit: Option<i64>,
+}
+
+/// `urls`: a list, or one URL as a plain string (models send both).
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum Urls {
+    One(String),
+    Many(Vec<String>),
+}
+
 fn search_entry() -> ToolEntry {
     let mut e = ToolEntry::new(
         "web_search",
         "web",
         "Search the web. Returns data.web = [{title, url, description}].",
-        json!({
-            "type": "object",
-            "properties": {
-                "query": {"type": "string", "description": "Search query"},
-                "limit": {"type": "integer", "default": 5, "minimum": 1, "maximum": 50}
-            },
-            "required": ["query"]
-        }),
+        schema_for::<WebSearchArgs>(),
         web_search,
     )
     .with_emoji("🔍")
@@ -148,14 +182,7 @@ fn extract_entry() -> ToolEntry {
         "web_extract",
         "web",
         "Fetch web pages and return their text. Returns results = [{url, title, content, error}].",
-        json!({
-            "type": "object",
-            "properties": {
-                "urls": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_URLS, "description": "http(s) URLs (a single string is accepted too)"},
-                "char_limit": {"type": "integer", "minimum": 1, "description": "Most characters of text per page (default 100000)"}
-            },
-            "required": ["urls"]
-        }),
+        schema_for::<WebExtractArgs>(),
         web_extract,
     )
     .with_emoji("📄")
@@ -170,7 +197,7 @@ inventory::submit! { BuiltinTool(extract_entry) }
 
 fn not_configured(what: &str, how: &str) -> ToolError {
     ToolError::new(
-        "NotConfigured",
+        crate::ToolErrorKind::NotConfigured,
         format!(
             "{what} has no backend configured: {how}, or the `web:` section of {}",
             crate::settings::config_path().display()
@@ -179,7 +206,8 @@ fn not_configured(what: &str, how: &str) -> ToolError {
 }
 
 fn web_search(args: &Map<String, Value>, _ctx: &ToolContext) -> Result<Value, ToolError> {
-    let query = required_str(args, "query")?.trim();
+    let a: WebSearchArgs = parse(args)?;
+    let query = a.query.trim();
     if query.is_empty() {
         return Err(ToolError::invalid_args("argument `query` is empty"));
     }
@@ -189,13 +217,18 @@ fn web_search(args: &Map<String, Value>, _ctx: &ToolContext) -> Result<Value, To
             query.len()
         )));
     }
-    let limit = int_in_range(args, "limit", 5, 1, 50)? as usize;
+    let limit = in_range("limit", a.limit, 1, 50)? as usize;
     let cfg = web_config();
     let base = cfg.searxng_url.ok_or_else(|| {
         not_configured("web_search", "set VIBEOS_WEB_SEARCH_URL to a SearXNG URL")
     })?;
     let url = format!("{base}/search");
-    let backend_error = |e: String| ToolError::new("SearchBackendError", format!("{url}: {e}"));
+    let backend_error = |e: String| {
+        ToolError::new(
+            crate::ToolErrorKind::SearchBackendError,
+            format!("{url}: {e}"),
+        )
+    };
     let target = reqwest::Url::parse_with_params(&url, &[("q", query), ("format", "json")])
         .map_err(|e| backend_error(format!("not a usable URL ({e})")))?;
     let client = http_client(cfg.timeout, false)?;
@@ -218,7 +251,7 @@ fn web_search(args: &Map<String, Value>, _ctx: &ToolContext) -> Result<Value, To
     })?;
     if !status.is_success() {
         return Err(ToolError::new(
-            "SearchBackendError",
+            crate::ToolErrorKind::SearchBackendError,
             format!(
                 "{url} answered HTTP {status}{}",
                 if status.as_u16() == 403 {
@@ -231,7 +264,7 @@ fn web_search(args: &Map<String, Value>, _ctx: &ToolContext) -> Result<Value, To
     }
     let parsed: Value = serde_json::from_slice(&body).map_err(|e| {
         ToolError::new(
-            "SearchBackendError",
+            crate::ToolErrorKind::SearchBackendError,
             format!("{url} did not return JSON ({e}); is it a SearXNG instance with format=json enabled?"),
         )
     })?;
@@ -346,26 +379,10 @@ async fn fetch_one(
 }
 
 fn web_extract(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolError> {
-    let urls: Vec<String> = match args.get("urls") {
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|v| {
-                v.as_str().map(str::to_string).ok_or_else(|| {
-                    ToolError::invalid_args(format!(
-                        "every entry of `urls` must be a string, got {v}"
-                    ))
-                })
-            })
-            .collect::<Result<_, _>>()?,
-        None | Some(Value::Null) => {
-            return Err(ToolError::invalid_args("missing required argument `urls`"))
-        }
-        Some(other) => {
-            return Err(ToolError::invalid_args(format!(
-                "argument `urls` must be a list of URLs, got {other}"
-            )))
-        }
+    let a: WebExtractArgs = parse(args)?;
+    let urls = match a.urls {
+        Urls::One(u) => vec![u],
+        Urls::Many(list) => list,
     };
     if urls.is_empty() {
         return Err(ToolError::invalid_args("argument `urls` is empty"));
@@ -376,8 +393,12 @@ fn web_extract(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, To
             urls.len()
         )));
     }
-    let char_limit =
-        int_in_range(args, "char_limit", DEFAULT_CHAR_LIMIT as i64, 1, 10_000_000)? as usize;
+    let char_limit = in_range(
+        "char_limit",
+        a.char_limit.unwrap_or(DEFAULT_CHAR_LIMIT as i64),
+        1,
+        10_000_000,
+    )? as usize;
     let cfg = web_config();
     if !cfg.extract_http {
         return Err(not_configured(
@@ -420,4 +441,42 @@ fn web_extract(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, To
         results
     }))?;
     Ok(json!({"results": results}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schemas_and_parsers_come_from_one_definition() {
+        super::super::args::assert_schema_and_parser_agree::<WebSearchArgs>(
+            &search_entry().schema,
+            json!({
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string", "description": "Search query"},
+                    "limit": {"type": "integer", "default": 5, "minimum": 1, "maximum": 50}
+                },
+                "required": ["query"]
+            }),
+            json!({"query": "rust yaml crates", "limit": 3}),
+            json!({"query": ["a"]}),
+        );
+        super::super::args::assert_schema_and_parser_agree::<WebExtractArgs>(
+            &extract_entry().schema,
+            json!({
+                "type": "object",
+                "properties": {
+                    "urls": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_URLS, "description": "http(s) URLs (a single string is accepted too)"},
+                    "char_limit": {"type": "integer", "minimum": 1, "description": "Most characters of text per page (default 100000)"}
+                },
+                "required": ["urls"]
+            }),
+            json!({"urls": ["http://127.0.0.1:8000/a"], "char_limit": 500}),
+            json!({"urls": [1, 2]}),
+        );
+        let one: WebExtractArgs =
+            super::super::args::parse(json!({"urls": "http://x"}).as_object().unwrap()).unwrap();
+        assert!(matches!(one.urls, Urls::One(_)));
+    }
 }

@@ -1,9 +1,18 @@
 //! `write_file`: replace a file's content atomically, creating parent directories.
 
-use super::args::{checked_path, required_str};
+use super::args::{check_path, parse, schema_for};
 use crate::{BuiltinTool, ToolContext, ToolEntry, ToolError};
 use serde_json::{json, Map, Value};
 use std::io::Write;
+
+/// The arguments of `write_file`: its schema and its parser.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct WriteFileArgs {
+    /// File to write, absolute or relative to the working directory
+    path: String,
+    /// The complete new content
+    content: String,
+}
 
 fn entry() -> ToolEntry {
     ToolEntry::new(
@@ -11,14 +20,7 @@ fn entry() -> ToolEntry {
         "file",
         "Write content to a file, replacing it atomically and creating parent directories. \
          Returns bytes_written.",
-        json!({
-            "type": "object",
-            "properties": {
-                "path": {"type": "string", "description": "File to write, absolute or relative to the working directory"},
-                "content": {"type": "string", "description": "The complete new content"}
-            },
-            "required": ["path", "content"]
-        }),
+        schema_for::<WriteFileArgs>(),
         write_file,
     )
     .with_emoji("✍️")
@@ -38,8 +40,9 @@ fn write_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Too
     ) {
         return remote;
     }
-    let raw = checked_path(args, "path")?;
-    let content = required_str(args, "content")?;
+    let a: WriteFileArgs = parse(args)?;
+    let raw = check_path("path", &a.path)?;
+    let content = a.content.as_str();
     if let Some(policy) = &ctx.paths {
         // Strict mode: beneath a writable root, never through a link.
         let created = policy.write_atomic(&ctx.resolve(raw), content.as_bytes())?;
@@ -56,7 +59,7 @@ fn write_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Too
     };
     if path.is_dir() {
         return Err(ToolError::new(
-            "IsADirectory",
+            crate::ToolErrorKind::IsADirectory,
             format!("{} is a directory; give a file path", path.display()),
         ));
     }
@@ -119,6 +122,23 @@ mod tests {
                 .unwrap_err()
                 .kind,
             "IsADirectory"
+        );
+    }
+
+    #[test]
+    fn schema_and_parser_come_from_one_definition() {
+        super::super::args::assert_schema_and_parser_agree::<WriteFileArgs>(
+            &entry().schema,
+            json!({
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "File to write, absolute or relative to the working directory"},
+                    "content": {"type": "string", "description": "The complete new content"}
+                },
+                "required": ["path", "content"]
+            }),
+            json!({"path": "out/report.md", "content": "# Report\n"}),
+            json!({"path": "x", "content": 42}),
         );
     }
 }

@@ -13,23 +13,24 @@
 //! "env", "origin"}`, reply `{"id", "ok": value}` or `{"id", "err": {"kind", "message"}}`.
 //! Requests are answered concurrently (a thread each), replies written whole under a lock.
 
-use super::EnvError;
+use super::{EnvError, GroupSignal, Process, Spawned};
 use crate::{CallOrigin, Handler, ToolContext, ToolError, ToolRegistry};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// Tools the agent runs: the script tools that touch files and processes.
-pub const REMOTE_TOOLS: [&str; 5] = [
+/// Tools the agent runs: the tools that touch files and processes. `process` manages the
+/// background commands `terminal(background=true)` started there.
+pub const REMOTE_TOOLS: [&str; 6] = [
     "read_file",
     "write_file",
     "search_files",
     "patch",
     "terminal",
+    "process",
 ];
 
 /// How long a forwarded file tool may take.
@@ -38,9 +39,9 @@ pub const FILE_TOOL_TIMEOUT: Duration = Duration::from_secs(120);
 type Pending = Arc<Mutex<HashMap<u64, mpsc::Sender<Value>>>>;
 
 struct Conn {
-    child: Child,
+    process: Arc<dyn Process>,
     /// Kept open in socket mode: the agent exits when it closes (its lifeline).
-    _lifeline: Option<ChildStdin>,
+    _lifeline: Option<Box<dyn Write + Send>>,
     writer: Box<dyn Write + Send>,
     pending: Pending,
     next_id: u64,
@@ -68,8 +69,10 @@ pub struct AgentSocket {
 
 /// How to start an agent.
 pub struct AgentLaunch {
-    /// The client command that runs `vibeos-exec backend-agent [--listen PATH]` there.
-    pub command: Command,
+    /// `vibeos-exec backend-agent [--listen PATH]` started there (any backend's
+    /// [`super::Environment::spawn`]-like handle: its stdin is the agent's lifeline, or in
+    /// stdio mode its request stream). Killing it must end the agent.
+    pub process: Spawned,
     /// With a socket, calls go over it (one kernel socket hop for a bind mount, one ssh
     /// traversal for a forward) instead of the exec client's stdio, which docker relays through
     /// its daemon and shim and ssh through the mux client.
@@ -98,42 +101,43 @@ impl AgentClient {
 
     fn start(&self) -> Result<Conn, EnvError> {
         let AgentLaunch {
-            command: mut cmd,
+            process: spawned,
             socket,
         } = (self.launch)()?;
-        cmd.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        let mut child = cmd.spawn().map_err(|source| EnvError::Spawn {
-            backend: self.backend,
-            program: cmd.get_program().to_string_lossy().into_owned(),
-            source,
-        })?;
-        let (Some(mut stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(self.err("its pipes could not be set up"));
-        };
-        let fail = |child: &mut Child, e: EnvError| {
-            let _ = child.kill();
-            let _ = child.wait();
+        let Spawned {
+            stdin,
+            stdout,
+            stderr,
+            process,
+        } = spawned;
+        let fail = |process: &Arc<dyn Process>, e: EnvError| {
+            let _ = process.kill(GroupSignal::Kill);
             e
         };
+        let (Some(mut stdin), Some(stdout)) = (stdin, stdout) else {
+            return Err(fail(&process, self.err("its pipes could not be set up")));
+        };
+        // Its diagnostics go where the host's own go.
+        if let Some(mut err) = stderr {
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut err, &mut std::io::stderr());
+            });
+        }
         type Ends = (
             Box<dyn std::io::Read + Send>,
             Box<dyn Write + Send>,
-            Option<ChildStdin>,
+            Option<Box<dyn Write + Send>>,
             Option<(std::path::PathBuf, String)>,
         );
         let (reader, writer, lifeline, direct): Ends = match socket {
-            None => (Box::new(stdout), Box::new(stdin), None, None),
+            None => (stdout, stdin, None, None),
             Some(sock) => {
                 let token = new_token();
                 let mut line = token.clone();
                 line.push('\n');
                 if let Err(e) = stdin.write_all(line.as_bytes()).and_then(|_| stdin.flush()) {
                     return Err(fail(
-                        &mut child,
+                        &process,
                         self.err(&format!("cannot send its token: {e}")),
                     ));
                 }
@@ -142,25 +146,25 @@ impl AgentClient {
                 let mut out = BufReader::new(stdout);
                 if out.read_line(&mut ready).unwrap_or(0) == 0 || ready.trim() != "ready" {
                     return Err(fail(
-                            &mut child,
+                            &process,
                             self.err("it exited before listening (is the vibeos-exec binary runnable there? see its stderr)"),
                         ));
                 }
                 if let Some(prepare) = &sock.prepare {
-                    prepare().map_err(|e| fail(&mut child, e))?;
+                    prepare().map_err(|e| fail(&process, e))?;
                 }
                 let stream = std::os::unix::net::UnixStream::connect(&sock.local).map_err(|e| {
                     fail(
-                        &mut child,
+                        &process,
                         self.err(&format!("cannot connect to {}: {e}", sock.local.display())),
                     )
                 })?;
                 let mut w = stream
                     .try_clone()
-                    .map_err(|e| fail(&mut child, self.err(&e.to_string())))?;
+                    .map_err(|e| fail(&process, self.err(&e.to_string())))?;
                 if let Err(e) = w.write_all(line.as_bytes()) {
                     return Err(fail(
-                        &mut child,
+                        &process,
                         self.err(&format!("cannot authenticate: {e}")),
                     ));
                 }
@@ -184,7 +188,7 @@ impl AgentClient {
             .spawn(move || read_replies(reader, reader_pending))
             .map_err(|e| self.err(&format!("cannot start its reader thread: {e}")))?;
         Ok(Conn {
-            child,
+            process,
             _lifeline: lifeline,
             writer,
             pending,
@@ -209,17 +213,17 @@ impl AgentClient {
         ctx: &ToolContext,
         timeout: Duration,
     ) -> Result<Value, ToolError> {
-        let backend_err = |e: EnvError| ToolError::new("BackendError", e.to_string());
+        let backend_err =
+            |e: EnvError| ToolError::new(crate::ToolErrorKind::BackendError, e.to_string());
         let (rx, id, pending) = {
             let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
             let dead = match guard.as_mut() {
-                Some(c) => !matches!(c.child.try_wait(), Ok(None)),
+                Some(c) => !matches!(c.process.try_wait(), Ok(None)),
                 None => true,
             };
             if dead {
-                if let Some(mut old) = guard.take() {
-                    let _ = old.child.kill();
-                    let _ = old.child.wait();
+                if let Some(old) = guard.take() {
+                    old.end();
                 }
                 *guard = Some(self.start().map_err(backend_err)?);
             }
@@ -254,7 +258,7 @@ impl AgentClient {
                 .write_all(line.as_bytes())
                 .and_then(|_| conn.writer.flush())
             {
-                let _ = conn.child.kill();
+                let _ = conn.process.kill(GroupSignal::Kill);
                 return Err(backend_err(self.err(&format!("the connection broke: {e}"))));
             }
             (rx, id, Arc::clone(&conn.pending))
@@ -266,11 +270,11 @@ impl AgentClient {
         match reply {
             Ok(v) => decode_reply(v),
             Err(mpsc::RecvTimeoutError::Timeout) => Err(ToolError::new(
-                "BackendError",
+                crate::ToolErrorKind::BackendError,
                 format!("{} backend: `{tool}` got no answer within {}s", self.backend, timeout.as_secs()),
             )),
             Err(mpsc::RecvTimeoutError::Disconnected) => Err(ToolError::new(
-                "BackendError",
+                crate::ToolErrorKind::BackendError,
                 format!(
                     "{} backend: the tool agent exited during `{tool}`; the environment may have been stopped",
                     self.backend
@@ -291,7 +295,7 @@ impl AgentClient {
     ) -> Result<Value, ToolError> {
         let broke = |e: std::io::Error| {
             ToolError::new(
-                "BackendError",
+                crate::ToolErrorKind::BackendError,
                 format!(
                     "{} backend: the tool agent connection broke during `{tool}`: {e}; the environment may have been stopped",
                     self.backend
@@ -329,7 +333,7 @@ impl AgentClient {
                 ) =>
             {
                 return Err(ToolError::new(
-                    "BackendError",
+                    crate::ToolErrorKind::BackendError,
                     format!(
                         "{} backend: `{tool}` got no answer within {}s",
                         self.backend,
@@ -341,7 +345,7 @@ impl AgentClient {
         }
         let v: Value = serde_json::from_str(&reply).map_err(|e| {
             ToolError::new(
-                "BackendError",
+                crate::ToolErrorKind::BackendError,
                 format!(
                     "{} backend: the tool agent sent a reply that is not JSON: {e}",
                     self.backend
@@ -377,10 +381,21 @@ impl AgentClient {
     /// Stops the agent process (the environment is going away).
     pub fn stop(&self) {
         let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(mut c) = guard.take() {
-            let _ = c.child.kill();
-            let _ = c.child.wait();
+        if let Some(c) = guard.take() {
+            c.end();
         }
+    }
+}
+
+impl Conn {
+    /// Ends the agent: its lifeline closes and its process is killed and reaped.
+    fn end(self) {
+        let Conn {
+            process, _lifeline, ..
+        } = self;
+        drop(_lifeline);
+        let _ = process.kill(GroupSignal::Kill);
+        let _ = process.wait();
     }
 }
 
@@ -427,7 +442,7 @@ fn decode_reply(v: Value) -> Result<Value, ToolError> {
         Err(ToolError::new(field("kind"), field("message")))
     } else {
         Err(ToolError::new(
-            "BackendError",
+            crate::ToolErrorKind::BackendError,
             "the tool agent sent a reply with neither a result nor an error",
         ))
     }
@@ -448,6 +463,7 @@ pub fn serve(
 ) -> Result<(), String> {
     let Some(path) = listen else {
         serve_stream(registry, input, output);
+        end_background();
         return Ok(());
     };
     let mut token = String::new();
@@ -476,7 +492,9 @@ pub fn serve(
                 let Ok(writer) = conn.try_clone() else { return };
                 let mut reader = BufReader::new(conn);
                 let mut first = String::new();
-                if reader.read_line(&mut first).is_err() || !token_matches(first.trim(), &token) {
+                if reader.read_line(&mut first).is_err()
+                    || !token_matches(first.trim().as_bytes(), token.as_bytes())
+                {
                     return;
                 }
                 serve_stream(registry, reader, writer);
@@ -489,7 +507,26 @@ pub fn serve(
         sink.clear();
     }
     let _ = std::fs::remove_file(path);
+    end_background();
     Ok(())
+}
+
+/// Kills (process group) every background command started here: the environment is going
+/// away, and with ssh nothing else would end them.
+fn end_background() {
+    let procs = super::local::list_processes();
+    let killers: Vec<_> = procs
+        .into_iter()
+        .map(|p| {
+            std::thread::spawn(move || {
+                p.kill();
+                super::local::remove_process(&p.id);
+            })
+        })
+        .collect();
+    for k in killers {
+        let _ = k.join();
+    }
 }
 
 /// Makes this process's approval agree with every command: for the agent process only, whose
@@ -498,10 +535,11 @@ pub fn approve_all() {
     crate::approval::set_smart_approval(Some(Arc::new(|_| true)));
 }
 
-fn token_matches(a: &str, b: &str) -> bool {
+/// Whether two tokens are equal, in time that does not depend on where they differ.
+pub(crate) fn token_matches(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len()
-        && a.bytes()
-            .zip(b.bytes())
+        && a.iter()
+            .zip(b.iter())
             .fold(0u8, |acc, (x, y)| acc | (x ^ y))
             == 0
 }
@@ -643,16 +681,21 @@ fn answer(registry: &'static ToolRegistry, req: Value) -> Value {
     let result = match &entry.handler {
         Handler::Sync(f) => {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&args, &ctx)))
-                .unwrap_or_else(|_| Err(ToolError::new("Panic", format!("`{tool}` panicked"))))
+                .unwrap_or_else(|_| {
+                    Err(ToolError::new(
+                        crate::ToolErrorKind::Panic,
+                        format!("`{tool}` panicked"),
+                    ))
+                })
         }
         _ => Err(ToolError::new(
-            "UnknownTool",
+            crate::ToolErrorKind::UnknownTool,
             format!("`{tool}` is not a synchronous built-in"),
         )),
     };
     match result {
         Ok(v) => json!({"id": id, "ok": v}),
-        Err(e) => fail(&e.kind, e.message),
+        Err(e) => fail(e.kind.as_str(), e.message),
     }
 }
 

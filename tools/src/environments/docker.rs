@@ -11,9 +11,14 @@
 //! Python reaper so orphans of scripts never pile up as zombies.
 
 use super::agent::{agent_binary, AgentClient, AgentLaunch, AgentSocket};
+use super::process::{group_kill, group_wrapper};
 use super::settings::BackendSettings;
-use super::{run_client, Channel, CommandOutput, EnvError, Environment};
+use super::{
+    run_client, Channel, ClientProcess, CommandOutput, Connections, EnvError, Environment,
+    ExecSpec, Spawned,
+};
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
@@ -331,8 +336,10 @@ impl DockerEnv {
             if !shell_session {
                 cmd.arg("--no-shell-session");
             }
+            // Killing the client closes the agent's lifeline, which ends it.
+            cmd.process_group(0);
             Ok(AgentLaunch {
-                command: cmd,
+                process: ClientProcess::spawn("docker", cmd, None)?,
                 socket: Some(AgentSocket {
                     local: local.clone(),
                     prepare: None,
@@ -381,23 +388,42 @@ impl Environment for DockerEnv {
         self.python.clone()
     }
 
-    fn command(&self, argv: &[String]) -> Command {
+    fn spawn(&self, spec: &ExecSpec) -> Result<Spawned, EnvError> {
+        spec.check("docker")?;
+        // The pgid file sits in the bind-mounted RPC dir: private to this environment.
+        let pgid_file = format!("{RPC_MOUNT}/pg-{}", super::random_hex(8));
         let mut cmd = Command::new(&self.binary);
-        cmd.args(["exec", "-i", &self.name]).args(argv);
-        cmd
+        cmd.args(["exec", "-i", &self.name, "sh", "-c"])
+            .arg(group_wrapper(spec, &pgid_file, &self.python));
+        let (binary, name) = (self.binary.clone(), self.name.clone());
+        ClientProcess::spawn(
+            "docker",
+            cmd,
+            Some(Box::new(move |signal| {
+                let out = engine(
+                    &binary,
+                    &["exec", &name, "sh", "-c", &group_kill(&pgid_file, signal)],
+                )?;
+                if out.success() {
+                    Ok(())
+                } else {
+                    Err(engine_error(&binary, "killing a process group", &out))
+                }
+            })),
+        )
     }
 
-    fn open_channel(&self, exec_id: &str) -> Result<Channel, EnvError> {
+    fn open_channel(&self, exec_id: &str, _token: &str) -> Result<Channel, EnvError> {
         let dir = self.rpc_dir.join(exec_id);
         std::fs::create_dir(&dir).map_err(|e| self.io("create the execution's socket dir", &e))?;
         let guard = RemoveDir(dir.clone());
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
             .map_err(|e| self.io("protect the execution's socket dir", &e))?;
         Ok(Channel {
-            local_socket: dir.join("rpc.sock"),
+            connections: Connections::Bind(dir.join("rpc.sock")),
             remote_socket: format!("{RPC_MOUNT}/{exec_id}/rpc.sock"),
             remote_dir: format!("/tmp/vibeos-exec-{exec_id}"),
-            forward: None,
+            hello: false,
             guard: Box::new(guard),
         })
     }

@@ -6,7 +6,7 @@
 //! written against the trait also runs locally.
 
 use super::settings::BackendSettings;
-use super::{Channel, EnvError, Environment};
+use super::{Channel, ClientProcess, Connections, EnvError, Environment, ExecSpec, Spawned};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
@@ -49,13 +49,17 @@ impl Environment for LocalEnv {
         self.python.clone()
     }
 
-    fn command(&self, argv: &[String]) -> Command {
-        let mut cmd = Command::new(argv.first().map(String::as_str).unwrap_or("true"));
-        cmd.args(argv.iter().skip(1)).process_group(0);
-        cmd
+    fn spawn(&self, spec: &ExecSpec) -> Result<Spawned, EnvError> {
+        spec.check("local")?;
+        let mut cmd = Command::new(&spec.argv[0]);
+        cmd.args(spec.argv.iter().skip(1))
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(spec.cwd.as_deref().unwrap_or(&self.workdir))
+            .process_group(0);
+        ClientProcess::spawn("local", cmd, None)
     }
 
-    fn open_channel(&self, exec_id: &str) -> Result<Channel, EnvError> {
+    fn open_channel(&self, exec_id: &str, _token: &str) -> Result<Channel, EnvError> {
         let err = |e: std::io::Error| EnvError::Command {
             backend: "local",
             what: "creating the socket dir".into(),
@@ -72,10 +76,10 @@ impl Environment for LocalEnv {
             .display()
             .to_string();
         Ok(Channel {
-            local_socket: dir.path().join("rpc.sock"),
+            connections: Connections::Bind(dir.path().join("rpc.sock")),
             remote_socket: dir.path().join("rpc.sock").display().to_string(),
             remote_dir,
-            forward: None,
+            hello: false,
             guard: Box::new(dir),
         })
     }

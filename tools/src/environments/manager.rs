@@ -89,7 +89,7 @@ pub fn remote_for(ctx: &ToolContext) -> Result<Option<EnvHandle>, ToolError> {
         Some(envs) => envs
             .get(ctx.task_id.as_deref())
             .map(Some)
-            .map_err(|e| ToolError::new("BackendError", e.to_string())),
+            .map_err(|e| ToolError::new(crate::ToolErrorKind::BackendError, e.to_string())),
     }
 }
 
@@ -115,11 +115,7 @@ impl Environments {
         if let Some(env) = guard.as_ref() {
             return Ok(Arc::clone(env));
         }
-        let env: EnvHandle = match self.settings.backend {
-            BackendKind::Docker => Arc::new(super::docker::DockerEnv::start(&self.settings, key)?),
-            BackendKind::Ssh => Arc::new(super::ssh::SshEnv::start(&self.settings, key)?),
-            BackendKind::Local => Arc::new(super::local_env::LocalEnv::new(&self.settings)),
-        };
+        let env = super::start(&self.settings, key)?;
         *guard = Some(Arc::clone(&env));
         Ok(env)
     }

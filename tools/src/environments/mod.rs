@@ -14,18 +14,22 @@ pub mod docker;
 pub mod local;
 pub mod local_env;
 pub mod manager;
+pub mod process;
+pub mod route;
 pub mod session;
 pub mod settings;
 pub mod ssh;
 
 pub use crate::capture::HeadTail;
 pub use manager::{activate, active, remote_for, shutdown, Environments};
+pub use process::{ClientProcess, ExecSpec, GroupSignal, Process, Spawned};
 pub use settings::{BackendKind, BackendSettings, SettingsError};
 
 use std::io::{Read, Write};
-use std::process::{Command, Stdio};
+use std::os::unix::process::CommandExt;
+use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Errors of a backend: every message says what failed and what to do about it.
 #[derive(Debug, thiserror::Error)]
@@ -58,7 +62,7 @@ pub enum EnvError {
         /// The OS error.
         source: std::io::Error,
     },
-    /// An operation did not finish in time (the backend hangs).
+    /// An operation did not finish in time (the backend hangs, or the command ran too long).
     #[error("{backend} backend: {what} did not finish within {seconds}s; check that the engine/host responds")]
     Timeout {
         /// Backend name.
@@ -101,12 +105,16 @@ impl CommandOutput {
     }
 }
 
-/// One environment of a backend: a container, an ssh host, or this machine.
+/// One environment of a backend: a container, an ssh host, a cloud sandbox, or this machine.
 ///
-/// Commands are built as client processes (`docker exec -i …`, `ssh -S master …`): the caller
-/// owns their pipes, so streaming executions (execute_code) and short admin commands share one
-/// path. Killing a client process does not stop what it started on the other side; that is
-/// what [`Environment::kill_group`] is for.
+/// The operations every caller needs and nothing backend-specific: run a command to completion
+/// ([`Environment::exec`]) or streaming ([`Environment::spawn`], a handle with byte streams,
+/// wait and a kill of the whole process group over there), move files in and out
+/// ([`Environment::upload`], [`Environment::download`]), open an execution's RPC channel, reach
+/// the tool agent, stop. Environments are started by [`start`] (one constructor per backend).
+/// A backend must implement `spawn`, `open_channel`, `agent` and `stop`; `exec`, `upload` and
+/// `download` have defaults built on `spawn` (`cat` over there) that an API backend with its
+/// own file transfer overrides.
 pub trait Environment: Send + Sync {
     /// The backend's name (`local`, `docker`, `ssh`).
     fn backend(&self) -> &'static str;
@@ -121,100 +129,167 @@ pub trait Environment: Send + Sync {
     /// The interpreter on that side (`terminal.python`).
     fn python(&self) -> String;
 
-    /// A client process that runs `argv` there with stdin, stdout and stderr piped.
-    fn command(&self, argv: &[String]) -> Command;
+    /// Starts `spec` there in a new process group, with its three streams piped.
+    fn spawn(&self, spec: &ExecSpec) -> Result<Spawned, EnvError>;
 
-    /// [`Environment::command`] for an execution's script: the client also carries what the
-    /// channel needs (ssh adds the socket forward to the same request, saving a round trip).
-    fn script_command(&self, argv: &[String], _channel: &Channel) -> Command {
-        self.command(argv)
+    /// Runs `spec` to completion with `stdin`. After `timeout` the whole process group there
+    /// is killed and the result is [`EnvError::Timeout`]: a hung command never hangs the caller.
+    fn exec(
+        &self,
+        spec: &ExecSpec,
+        stdin: &[u8],
+        timeout: Duration,
+    ) -> Result<CommandOutput, EnvError> {
+        let spawned = self.spawn(spec)?;
+        collect(self.backend(), spawned, stdin, timeout, &spec.display())
     }
 
-    /// Kills the process group `pgid` there with `signal` (`TERM`, `KILL`).
-    fn kill_group(&self, pgid_file: &str, signal: &str) -> Result<(), EnvError> {
-        let script = format!(
-            "p=$(cat '{pgid_file}' 2>/dev/null) && [ -n \"$p\" ] && kill -s {signal} -- -\"$p\" 2>/dev/null; true"
-        );
-        run(
-            self,
-            &["sh".into(), "-c".into(), script],
-            b"",
-            Duration::from_secs(15),
-        )
-        .map(|_| ())
+    /// Writes `data` to `path` there (created or replaced, with permission bits `mode`); the
+    /// parent directory must exist. Written to a temporary name first, then renamed.
+    fn upload(&self, data: &[u8], path: &str, mode: u32) -> Result<(), EnvError> {
+        let p = shell_quote(path);
+        let tmp = shell_quote(&format!("{path}.vibeos-part"));
+        let script = format!("umask 077; cat > {tmp} && chmod {mode:o} {tmp} && mv -f {tmp} {p}");
+        let out = self.exec(
+            &ExecSpec::new(["sh", "-c", &script]),
+            data,
+            TRANSFER_TIMEOUT,
+        )?;
+        if out.success() {
+            Ok(())
+        } else {
+            Err(EnvError::Command {
+                backend: self.backend(),
+                what: format!("uploading to {path}"),
+                message: out.stderr_text(),
+            })
+        }
     }
 
-    /// Where an execution's RPC socket lives on both sides, and how the script reaches it.
-    fn open_channel(&self, exec_id: &str) -> Result<Channel, EnvError>;
+    /// Copies the host file `src` to `path` there, keeping its permission bits.
+    fn upload_file(&self, src: &std::path::Path, path: &str) -> Result<(), EnvError> {
+        use std::os::unix::fs::PermissionsExt;
+        let local_err = |e: std::io::Error| EnvError::Command {
+            backend: self.backend(),
+            what: format!("reading {}", src.display()),
+            message: e.to_string(),
+        };
+        let mode = std::fs::metadata(src)
+            .map_err(local_err)?
+            .permissions()
+            .mode()
+            & 0o7777;
+        let data = std::fs::read(src).map_err(local_err)?;
+        self.upload(&data, path, mode)
+    }
+
+    /// The contents of the file `path` there.
+    fn download(&self, path: &str) -> Result<Vec<u8>, EnvError> {
+        let out = self.exec(&ExecSpec::new(["cat", "--", path]), b"", TRANSFER_TIMEOUT)?;
+        if out.success() {
+            Ok(out.stdout)
+        } else {
+            Err(EnvError::Command {
+                backend: self.backend(),
+                what: format!("downloading {path}"),
+                message: out.stderr_text(),
+            })
+        }
+    }
+
+    /// Copies the file `path` there to the host file `dest` (created or replaced).
+    fn download_file(&self, path: &str, dest: &std::path::Path) -> Result<(), EnvError> {
+        let data = self.download(path)?;
+        std::fs::write(dest, data).map_err(|e| EnvError::Command {
+            backend: self.backend(),
+            what: format!("writing {}", dest.display()),
+            message: e.to_string(),
+        })
+    }
+
+    /// Where an execution's RPC socket lives on both sides, and how its connections reach the
+    /// supervisor. `token` is the execution's RPC token (a backend that routes the connections
+    /// of several executions over one socket tells them apart by it).
+    fn open_channel(&self, exec_id: &str, token: &str) -> Result<Channel, EnvError>;
 
     /// The tool agent of this environment (started on first use); `None` where tools run in
     /// this process (local).
     fn agent(&self) -> Option<&agent::AgentClient>;
 
-    /// Stops the environment (container stopped and, unless persistent, removed).
+    /// Stops the environment (container stopped and, unless persistent, removed); what runs
+    /// there is killed.
     fn stop(&self);
 }
 
+/// How long a default [`Environment::upload`] or [`Environment::download`] may take.
+pub const TRANSFER_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Starts the environment of `task` for the configured backend.
+pub fn start(settings: &BackendSettings, task: &str) -> Result<EnvHandle, EnvError> {
+    Ok(match settings.backend {
+        BackendKind::Docker => Arc::new(docker::DockerEnv::start(settings, task)?),
+        BackendKind::Ssh => Arc::new(ssh::SshEnv::start(settings, task)?),
+        BackendKind::Local => Arc::new(local_env::LocalEnv::new(settings)),
+    })
+}
+
 /// An execution's RPC socket, seen from both sides. Dropping it removes what the backend set
-/// up for it (the socket dir, the ssh forward).
+/// up for it (the socket dir, the route).
 pub struct Channel {
-    /// Where the supervisor binds its listener.
-    pub local_socket: std::path::PathBuf,
-    /// The same socket's path as the script sees it.
+    /// How the supervisor receives the script's connections.
+    pub connections: Connections,
+    /// The socket's path as the script sees it (`VIBEOS_RPC_SOCKET`).
     pub remote_socket: String,
     /// The private work dir of the execution on that side (the bootstrap creates it 0700).
     pub remote_dir: String,
-    /// An ssh forward spec (`remote.sock:local.sock`) the script's client must request.
-    pub forward: Option<String>,
+    /// Whether the stub must send the token as its first line on each connection
+    /// (`VIBEOS_RPC_HELLO=1`): set by backends whose connections are [`Connections::Routed`].
+    pub hello: bool,
     /// Undoes the set-up when dropped.
     pub guard: Box<dyn Send>,
 }
 
-/// Runs `argv` in `env` to completion with `stdin`, killing the client after `timeout`.
+/// Where the script's connections arrive.
+pub enum Connections {
+    /// The supervisor binds a listener at this host path (a bind-mounted dir, a forward's end).
+    Bind(std::path::PathBuf),
+    /// The backend accepts and routes: each stream arrives here with its hello line read and
+    /// its token already checked.
+    Routed(std::sync::mpsc::Receiver<std::os::unix::net::UnixStream>),
+}
+
+/// Runs `argv` in `env` to completion with `stdin`, killing it after `timeout`.
 pub fn run<E: Environment + ?Sized>(
     env: &E,
     argv: &[String],
     stdin: &[u8],
     timeout: Duration,
 ) -> Result<CommandOutput, EnvError> {
-    let mut cmd = env.command(argv);
-    run_client(env.backend(), &mut cmd, stdin, timeout, &argv.join(" "))
+    env.exec(&ExecSpec::new(argv.iter().cloned()), stdin, timeout)
 }
 
-/// Runs a client command to completion: feeds `stdin`, collects both outputs, kills it after
-/// `timeout` so a hung engine or host gives an error instead of a hang.
-pub fn run_client(
+/// Feeds `stdin` to a spawned process, collects both outputs, and kills its group after
+/// `timeout` ([`EnvError::Timeout`]).
+pub fn collect(
     backend: &'static str,
-    cmd: &mut Command,
+    spawned: Spawned,
     stdin: &[u8],
     timeout: Duration,
     what: &str,
 ) -> Result<CommandOutput, EnvError> {
-    cmd.stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().map_err(|source| EnvError::Spawn {
-        backend,
-        program: cmd.get_program().to_string_lossy().into_owned(),
-        source,
-    })?;
-    let input = stdin.to_vec();
-    let writer = child.stdin.take().map(|mut w| {
+    let Spawned {
+        stdin: input,
+        stdout,
+        stderr,
+        process,
+    } = spawned;
+    let data = stdin.to_vec();
+    let writer = input.map(|mut w| {
         std::thread::spawn(move || {
-            let _ = w.write_all(&input);
+            let _ = w.write_all(&data);
         })
     });
-    let readers = [
-        child
-            .stdout
-            .take()
-            .map(|r| Box::new(r) as Box<dyn Read + Send>),
-        child
-            .stderr
-            .take()
-            .map(|r| Box::new(r) as Box<dyn Read + Send>),
-    ]
-    .map(|r| {
+    let readers = [stdout, stderr].map(|r| {
         r.map(|mut r| {
             std::thread::spawn(move || {
                 let mut buf = Vec::new();
@@ -223,35 +298,59 @@ pub fn run_client(
             })
         })
     });
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(st)) => break Some(st),
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(2)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
+    let waiter = {
+        let process = Arc::clone(&process);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(process.wait());
+        });
+        rx
+    };
+    let status = match waiter.recv_timeout(timeout) {
+        Ok(s) => Some(s?),
+        Err(_) => {
+            let _ = process.kill(GroupSignal::Kill);
+            // The client ends when what it ran does; give it a moment, never forever.
+            let _ = waiter.recv_timeout(Duration::from_secs(5));
+            None
         }
     };
     if let Some(w) = writer {
         let _ = w.join();
     }
-    let [out, err] = readers.map(|r| r.and_then(|h| h.join().ok()).unwrap_or_default());
-    let Some(status) = status else {
+    let [out, err] = readers.map(|r| {
+        r.filter(|h| status.is_some() || h.is_finished())
+            .and_then(|h| h.join().ok())
+            .unwrap_or_default()
+    });
+    let Some(code) = status else {
         return Err(EnvError::Timeout {
             backend,
             what: what.chars().take(120).collect(),
             seconds: timeout.as_secs(),
         });
     };
-    use std::os::unix::process::ExitStatusExt;
     Ok(CommandOutput {
-        code: status.code().or_else(|| status.signal().map(|s| -s)),
+        code: Some(code),
         stdout: out,
         stderr: err,
     })
+}
+
+/// Runs a client command to completion: feeds `stdin`, collects both outputs, kills it after
+/// `timeout` so a hung engine or host gives an error instead of a hang. For the backend's own
+/// administration (engine commands, ssh control commands), not for commands *in* an environment.
+pub fn run_client(
+    backend: &'static str,
+    cmd: &mut Command,
+    stdin: &[u8],
+    timeout: Duration,
+    what: &str,
+) -> Result<CommandOutput, EnvError> {
+    cmd.process_group(0);
+    let spawned =
+        process::ClientProcess::spawn(backend, std::mem::replace(cmd, Command::new("true")), None)?;
+    collect(backend, spawned, stdin, timeout, what)
 }
 
 /// `s` quoted for a POSIX shell.

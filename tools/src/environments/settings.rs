@@ -4,7 +4,7 @@
 //! type, an unknown backend or a key the chosen backend cannot do without is an error naming
 //! the key: the CLI turns it into exit code 2 before anything runs.
 
-use serde_yaml_ng::Value;
+use crate::config_file::ConfigFile;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -184,49 +184,34 @@ pub fn parse_backend(name: &str) -> Result<BackendKind, SettingsError> {
 }
 
 impl BackendSettings {
-    /// Reads the settings from a parsed config.yaml; `backend_override` is `--backend`.
+    /// Reads the settings from the parsed config.yaml; `backend_override` is `--backend`.
+    /// Types and unknown keys were checked when the file was parsed; this checks values.
     pub fn from_document(
-        doc: &Value,
+        doc: &ConfigFile,
         backend_override: Option<&str>,
     ) -> Result<BackendSettings, SettingsError> {
         let mut s = BackendSettings::default();
-        let get = |section: &str, key: &str| {
-            doc.get(section)
-                .and_then(|t| t.get(key))
-                .filter(|v| !v.is_null())
-        };
-        let t = |key: &str| get("terminal", key);
-        let string = |key: &str| -> Result<Option<String>, SettingsError> {
-            match t(key) {
+        let t = doc.terminal.clone().unwrap_or_default();
+        let string = |key: &str, v: Option<String>| -> Result<Option<String>, SettingsError> {
+            match v {
                 None => Ok(None),
-                Some(Value::String(v)) if !v.trim().is_empty() => Ok(Some(v.clone())),
-                Some(Value::Number(n)) => Ok(Some(n.to_string())),
+                Some(v) if !v.trim().is_empty() => Ok(Some(v)),
                 Some(_) => Err(bad(
                     &format!("terminal.{key}"),
                     "must be a non-empty string",
                 )),
             }
         };
-        let boolean = |section: &str, key: &str| -> Result<Option<bool>, SettingsError> {
-            match get(section, key) {
+        let number = |key: &str, v: Option<f64>| -> Result<Option<f64>, SettingsError> {
+            match v {
                 None => Ok(None),
-                Some(Value::Bool(b)) => Ok(Some(*b)),
-                Some(_) => Err(bad(&format!("{section}.{key}"), "must be true or false")),
-            }
-        };
-        let number = |key: &str| -> Result<Option<f64>, SettingsError> {
-            match t(key) {
-                None => Ok(None),
-                Some(v) => v
-                    .as_f64()
-                    .filter(|n| n.is_finite() && *n > 0.0)
-                    .map(Some)
-                    .ok_or_else(|| bad(&format!("terminal.{key}"), "must be a positive number")),
+                Some(n) if n.is_finite() && n > 0.0 => Ok(Some(n)),
+                Some(_) => Err(bad(&format!("terminal.{key}"), "must be a positive number")),
             }
         };
         let backend_name = match backend_override {
             Some(b) => Some(b.to_string()),
-            None => string("backend")?,
+            None => string("backend", t.backend)?,
         };
         if let Some(name) = backend_name {
             s.backend = parse_backend(&name)?;
@@ -234,59 +219,48 @@ impl BackendSettings {
                 s.docker_binary = "podman".into();
             }
         }
-        s.cwd = string("cwd")?;
-        if let Some(n) = number("lifetime_seconds")? {
+        s.cwd = string("cwd", t.cwd)?;
+        if let Some(n) = number("lifetime_seconds", t.lifetime_seconds)? {
             s.lifetime = Duration::from_secs_f64(n.min(30.0 * 86_400.0));
         }
-        if let Some(p) = string("python")? {
+        if let Some(p) = string("python", t.python)? {
             s.python = p;
         }
-        s.docker_image = string("docker_image")?;
-        if let Some(v) = t("docker_volumes") {
-            let list = v.as_sequence().ok_or_else(|| {
-                bad(
-                    "terminal.docker_volumes",
-                    "must be a list of host:container[:ro]",
-                )
-            })?;
-            for (i, item) in list.iter().enumerate() {
-                let key = format!("terminal.docker_volumes[{i}]");
-                let text = item
-                    .as_str()
-                    .ok_or_else(|| bad(&key, "must be a string host:container[:ro]"))?;
-                s.docker_volumes
-                    .push(parse_volume(text).map_err(|p| bad(&key, p))?);
-            }
+        s.docker_image = string("docker_image", t.docker_image)?;
+        for (i, text) in t.docker_volumes.unwrap_or_default().iter().enumerate() {
+            let key = format!("terminal.docker_volumes[{i}]");
+            s.docker_volumes
+                .push(parse_volume(text).map_err(|p| bad(&key, p))?);
         }
-        if let Some(b) = boolean("terminal", "docker_mount_cwd_to_workspace")? {
+        if let Some(b) = t.docker_mount_cwd_to_workspace {
             s.docker_mount_cwd_to_workspace = b;
         }
-        if let Some(n) = string("docker_network")? {
+        if let Some(n) = string("docker_network", t.docker_network)? {
             s.docker_network = n;
         }
-        if let Some(b) = string("docker_binary")? {
+        if let Some(b) = string("docker_binary", t.docker_binary)? {
             s.docker_binary = b;
         }
-        s.container_cpu = number("container_cpu")?;
-        s.container_memory = number("container_memory")?.map(|m| m.ceil() as u64);
-        if let Some(p) = number("container_pids")? {
+        s.container_cpu = number("container_cpu", t.container_cpu)?;
+        s.container_memory =
+            number("container_memory", t.container_memory)?.map(|m| m.ceil() as u64);
+        if let Some(p) = number("container_pids", t.container_pids)? {
             s.container_pids = p as u64;
         }
-        if let Some(b) = boolean("terminal", "container_persistent")? {
+        if let Some(b) = t.container_persistent {
             s.container_persistent = b;
         }
-        s.ssh_host = string("ssh_host")?;
-        s.ssh_user = string("ssh_user")?;
-        if let Some(p) = t("ssh_port") {
-            let port = p
-                .as_u64()
-                .and_then(|p| u16::try_from(p).ok())
+        s.ssh_host = string("ssh_host", t.ssh_host)?;
+        s.ssh_user = string("ssh_user", t.ssh_user)?;
+        if let Some(p) = t.ssh_port {
+            let port = u16::try_from(p)
+                .ok()
                 .filter(|p| *p > 0)
                 .ok_or_else(|| bad("terminal.ssh_port", "must be a port number 1-65535"))?;
             s.ssh_port = Some(port);
         }
-        s.ssh_key = string("ssh_key")?.map(PathBuf::from);
-        if let Some(k) = string("ssh_known_hosts")? {
+        s.ssh_key = string("ssh_key", t.ssh_key)?.map(PathBuf::from);
+        if let Some(k) = string("ssh_known_hosts", t.ssh_known_hosts)? {
             s.ssh_known_hosts = match k.as_str() {
                 "strict" | "yes" => KnownHosts::Strict,
                 "accept-new" => KnownHosts::AcceptNew,
@@ -299,11 +273,15 @@ impl BackendSettings {
                 }
             };
         }
-        if let Some(b) = boolean("terminal", "shell_session")? {
+        if let Some(b) = t.shell_session {
             s.shell_session = b;
         }
-        s.agent_binary = string("agent_binary")?.map(PathBuf::from);
-        if let Some(b) = boolean("approvals", "skip_in_isolated_backends")? {
+        s.agent_binary = string("agent_binary", t.agent_binary)?.map(PathBuf::from);
+        if let Some(b) = doc
+            .approvals
+            .as_ref()
+            .and_then(|a| a.skip_in_isolated_backends)
+        {
             s.skip_approvals_isolated = b;
         }
         match s.backend {
@@ -355,7 +333,7 @@ mod tests {
     use super::*;
 
     fn parse(text: &str, over: Option<&str>) -> Result<BackendSettings, SettingsError> {
-        let doc: Value = serde_yaml_ng::from_str(text).unwrap();
+        let doc = ConfigFile::parse(text, std::path::Path::new("/t/config.yaml")).unwrap();
         BackendSettings::from_document(&doc, over)
     }
 

@@ -10,9 +10,15 @@
 //! timeouts and interrupts kill the remote process group explicitly.
 
 use super::agent::{agent_binary, AgentClient, AgentLaunch, AgentSocket};
+use super::process::{group_kill, group_wrapper};
+use super::route::Router;
 use super::settings::{BackendSettings, KnownHosts};
-use super::{run, run_client, shell_quote, Channel, EnvError, Environment};
+use super::{
+    run_client, shell_quote, Channel, ClientProcess, Connections, EnvError, Environment, ExecSpec,
+    Spawned,
+};
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
@@ -61,11 +67,27 @@ impl Target {
         }
         cmd
     }
+
+    /// A client running the shell line `script` on the host over the master.
+    fn remote(&self, script: &str) -> Command {
+        let mut cmd = self.ssh();
+        cmd.arg(&self.host).arg("--").arg(script);
+        cmd
+    }
+
+    /// Runs the shell line `script` on the host to completion (administration: no wrapper).
+    fn run(&self, script: &str, what: &str) -> Result<super::CommandOutput, EnvError> {
+        run_client("ssh", &mut self.remote(script), b"", OP_TIMEOUT, what)
+    }
 }
 
 /// One remote host, reached through its master connection.
 pub struct SshEnv {
     target: Target,
+    /// The shared RPC socket there (`<remote_env_dir>/rpc.sock`).
+    rpc_remote: String,
+    /// Its host end, set up with the first execution.
+    router: std::sync::Mutex<Option<Arc<Router>>>,
     /// A private 0700 dir on the host for this environment's forwarded sockets.
     remote_env_dir: String,
     _control_dir: tempfile::TempDir,
@@ -145,11 +167,12 @@ impl SshEnv {
                     r
                 }
             };
-            let mut cmd = agent_target.ssh();
-            cmd.arg(&agent_target.host).arg("--").arg(format!(
+            let mut cmd = agent_target.remote(&format!(
                 "{remote} backend-agent --listen {}{session_flag}",
                 shell_quote(&agent_remote)
             ));
+            // Killing the client closes the agent's lifeline, which ends it.
+            cmd.process_group(0);
             let (target, local, remote_sock) = (
                 agent_target.clone(),
                 agent_local.clone(),
@@ -157,7 +180,7 @@ impl SshEnv {
             );
             let _ = std::fs::remove_file(&local);
             Ok(AgentLaunch {
-                command: cmd,
+                process: ClientProcess::spawn("ssh", cmd, None)?,
                 socket: Some(AgentSocket {
                     local: agent_local.clone(),
                     prepare: Some(Box::new(move || {
@@ -177,7 +200,9 @@ impl SshEnv {
             })
         });
         let mut env = SshEnv {
-            target,
+            target: target.clone(),
+            rpc_remote: format!("{remote_env_dir}/rpc.sock"),
+            router: std::sync::Mutex::new(None),
             remote_env_dir: remote_env_dir.clone(),
             _control_dir: control_dir,
             workdir: String::new(),
@@ -185,18 +210,12 @@ impl SshEnv {
             agent,
         };
         // One round trip: the private socket dir, and the home dir as default working dir.
-        let out = run(
-            &env,
-            &[
-                "sh".into(),
-                "-c".into(),
-                format!(
-                    "mkdir -m 0700 {} && cd && pwd",
-                    shell_quote(&remote_env_dir)
-                ),
-            ],
-            b"",
-            OP_TIMEOUT,
+        let out = target.run(
+            &format!(
+                "mkdir -m 0700 {} && cd && pwd",
+                shell_quote(&remote_env_dir)
+            ),
+            "preparing the remote socket dir",
         )?;
         if !out.success() {
             return Err(ssh_error("preparing the remote socket dir", &out));
@@ -246,26 +265,31 @@ fn upload_agent(target: &Target, bin: &std::path::Path) -> Result<String, EnvErr
     Ok(name)
 }
 
-/// Cancels an execution's forward and removes its remote socket when the execution ends.
-struct Forward {
-    target: Target,
-    spec: String,
-    remote_socket: String,
-    _local: tempfile::TempDir,
-}
-
-impl Drop for Forward {
-    fn drop(&mut self) {
-        let mut cancel = self.target.ssh();
-        cancel
-            .args(["-O", "cancel", "-R", &self.spec])
+impl SshEnv {
+    /// The environment's shared RPC socket: forwarded once over the master, its connections
+    /// routed to executions by token (see [`super::route`]).
+    fn router(&self) -> Result<Arc<Router>, EnvError> {
+        let mut slot = self.router.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(r) = slot.as_ref() {
+            return Ok(Arc::clone(r));
+        }
+        let local = self._control_dir.path().join("rpc.sock");
+        let router = Router::listen(&local).map_err(|e| EnvError::Command {
+            backend: "ssh",
+            what: "listening for the RPC forward".into(),
+            message: format!("{}: {e}", local.display()),
+        })?;
+        let mut fwd = self.target.ssh();
+        fwd.args(["-O", "forward", "-R"])
+            .arg(format!("{}:{}", self.rpc_remote, local.display()))
             .arg(&self.target.host);
-        let _ = run_client("ssh", &mut cancel, b"", OP_TIMEOUT, "cancel forward");
-        let mut rm = self.target.ssh();
-        rm.arg(&self.target.host)
-            .arg("--")
-            .arg(format!("rm -f {}", shell_quote(&self.remote_socket)));
-        let _ = run_client("ssh", &mut rm, b"", OP_TIMEOUT, "remove socket");
+        let out = run_client("ssh", &mut fwd, b"", OP_TIMEOUT, "RPC forward")?;
+        if !out.success() {
+            return Err(ssh_error("forwarding the RPC socket", &out));
+        }
+        let router = Arc::new(router);
+        *slot = Some(Arc::clone(&router));
+        Ok(router)
     }
 }
 
@@ -286,48 +310,36 @@ impl Environment for SshEnv {
         self.python.clone()
     }
 
-    fn command(&self, argv: &[String]) -> Command {
-        let mut cmd = self.target.ssh();
-        let line: Vec<String> = argv.iter().map(|a| shell_quote(a)).collect();
-        cmd.arg(&self.target.host).arg("--").arg(line.join(" "));
-        cmd
+    fn spawn(&self, spec: &ExecSpec) -> Result<Spawned, EnvError> {
+        spec.check("ssh")?;
+        let pgid_file = format!("{}/pg-{}", self.remote_env_dir, super::random_hex(8));
+        let wrapper = group_wrapper(spec, &pgid_file, &self.python);
+        let cmd = self
+            .target
+            .remote(&format!("sh -c {}", shell_quote(&wrapper)));
+        let target = self.target.clone();
+        ClientProcess::spawn(
+            "ssh",
+            cmd,
+            Some(Box::new(move |signal| {
+                let out = target.run(&group_kill(&pgid_file, signal), "killing a process group")?;
+                if out.success() {
+                    Ok(())
+                } else {
+                    Err(ssh_error("killing a process group", &out))
+                }
+            })),
+        )
     }
 
-    fn script_command(&self, argv: &[String], channel: &Channel) -> Command {
-        let mut cmd = self.target.ssh();
-        if let Some(spec) = &channel.forward {
-            // Requested through the master with the session itself: no extra round trip.
-            cmd.arg("-R").arg(spec);
-        }
-        let line: Vec<String> = argv.iter().map(|a| shell_quote(a)).collect();
-        cmd.arg(&self.target.host).arg("--").arg(line.join(" "));
-        cmd
-    }
-
-    fn open_channel(&self, exec_id: &str) -> Result<Channel, EnvError> {
-        let local = tempfile::Builder::new()
-            .prefix("vibeos-exec-")
-            .tempdir()
-            .map_err(|e| EnvError::Command {
-                backend: "ssh",
-                what: "creating the local socket dir".into(),
-                message: e.to_string(),
-            })?;
-        let _ = std::fs::set_permissions(local.path(), std::fs::Permissions::from_mode(0o700));
-        let local_socket = local.path().join("rpc.sock");
-        let remote_socket = format!("{}/{exec_id}.sock", self.remote_env_dir);
-        let spec = format!("{remote_socket}:{}", local_socket.display());
+    fn open_channel(&self, exec_id: &str, token: &str) -> Result<Channel, EnvError> {
+        let (route, incoming) = self.router()?.register(token);
         Ok(Channel {
-            local_socket,
-            remote_socket: remote_socket.clone(),
+            connections: Connections::Routed(incoming),
+            remote_socket: self.rpc_remote.clone(),
             remote_dir: format!("/tmp/vibeos-exec-{exec_id}"),
-            forward: Some(spec.clone()),
-            guard: Box::new(Forward {
-                target: self.target.clone(),
-                spec,
-                remote_socket,
-                _local: local,
-            }),
+            hello: true,
+            guard: Box::new(route),
         })
     }
 
@@ -337,11 +349,10 @@ impl Environment for SshEnv {
 
     fn stop(&self) {
         self.agent.stop();
-        let mut rm = self.target.ssh();
-        rm.arg(&self.target.host)
-            .arg("--")
-            .arg(format!("rm -rf {}", shell_quote(&self.remote_env_dir)));
-        let _ = run_client("ssh", &mut rm, b"", OP_TIMEOUT, "remove socket dir");
+        let _ = self.target.run(
+            &format!("rm -rf {}", shell_quote(&self.remote_env_dir)),
+            "remove socket dir",
+        );
         let mut exit = self.target.ssh();
         exit.args(["-O", "exit"]).arg(&self.target.host);
         let _ = run_client("ssh", &mut exit, b"", OP_TIMEOUT, "ssh -O exit");

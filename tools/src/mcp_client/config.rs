@@ -93,6 +93,29 @@ pub struct McpServerConfig {
     pub enabled: Option<bool>,
 }
 
+/// The `plugins:` section of config.yaml.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PluginsConfig {
+    /// `false` loads no plugins (default `true`).
+    pub enabled: Option<bool>,
+    /// `eager` or `lazy` (default).
+    pub startup: Startup,
+    /// Interpreter of the plugin host (default: the default interpreter, `code_execution.python`
+    /// or `python3` on PATH).
+    pub python: Option<PathBuf>,
+    /// Extra plugin directories, after `$VIBEOS_HOME/plugins` and `<cwd>/.vibeos/plugins`.
+    pub dirs: Vec<PathBuf>,
+    /// Per-call timeout in seconds (default 60).
+    pub timeout: Option<f64>,
+    /// Start-up timeout in seconds (default 30).
+    pub connect_timeout: Option<f64>,
+    /// Whether installed packages' `vibeos.plugins` entry points are loaded. Unset: loaded when
+    /// the host runs, which it does only when a plugin directory exists; `true` runs the host
+    /// for entry points alone; `false` never loads them.
+    pub entry_points: Option<bool>,
+}
+
 /// Why an `mcp_servers` entry cannot be used.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum McpConfigError {

@@ -15,7 +15,7 @@
 mod config;
 
 pub use config::{
-    McpConfigError, McpServerConfig, ScriptCallable, Startup, DEFAULT_CALL_TIMEOUT,
+    McpConfigError, McpServerConfig, PluginsConfig, ScriptCallable, Startup, DEFAULT_CALL_TIMEOUT,
     DEFAULT_CONNECT_TIMEOUT,
 };
 
@@ -419,7 +419,7 @@ impl McpServer {
                         match server {
                             Some(s) => s.call(&tool, args).await,
                             None => Err(ToolError::new(
-                                "McpServerGone",
+                                crate::ToolErrorKind::McpServerGone,
                                 format!("{label} was removed; `{tool}` cannot be called"),
                             )),
                         }
@@ -485,7 +485,7 @@ impl McpServer {
         let mut conn = self.conn.lock().await;
         let down = |label: String, why: &str| {
             ToolError::new(
-                "McpServerDown",
+                crate::ToolErrorKind::McpServerDown,
                 format!("{label} is down: {why}; fix it and restart vibeos-exec"),
             )
         };
@@ -534,7 +534,7 @@ impl McpServer {
         params.arguments = Some(args);
         match tokio::time::timeout(self.call_timeout, client.call_tool(params)).await {
             Err(_) => Err(ToolError::new(
-                "McpTimeout",
+                crate::ToolErrorKind::McpTimeout,
                 format!(
                     "{} did not answer `{tool}` within {} s; the call was abandoned (raise \
                      mcp_servers.{}.timeout if the tool is slow)",
@@ -552,7 +552,7 @@ impl McpServer {
                     );
                 if !dead {
                     return Err(ToolError::new(
-                        "McpError",
+                        crate::ToolErrorKind::McpError,
                         format!("{} failed `{tool}`: {e}", self.label()),
                     ));
                 }
@@ -567,7 +567,10 @@ impl McpServer {
                         self.label()
                     ),
                 };
-                Err(ToolError::new("McpServerCrashed", message))
+                Err(ToolError::new(
+                    crate::ToolErrorKind::McpServerCrashed,
+                    message,
+                ))
             }
         }
     }
@@ -641,7 +644,7 @@ fn result_value(label: &str, tool: &str, result: CallToolResult) -> Result<Value
         .collect();
     if result.is_error == Some(true) {
         return Err(ToolError::new(
-            "McpToolError",
+            crate::ToolErrorKind::McpToolError,
             format!(
                 "`{tool}` of {label} reported an error: {}",
                 texts.join("\n")

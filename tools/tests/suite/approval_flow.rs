@@ -110,8 +110,8 @@ fn decision_chain_host_session_always_smart_and_agent_env() {
     );
     // A second "always" edits the existing list and keeps the other keys.
     approval::persist_always(&["recursive_delete".into()]).unwrap();
-    let doc: serde_yaml_ng::Value =
-        serde_yaml_ng::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    let doc: serde_json::Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
     assert_eq!(doc["code_execution"]["timeout"], 30);
     assert_eq!(doc["command_allowlist"][1], "recursive_delete");
     std::fs::write(&cfg, "command_allowlist: []\n").unwrap();

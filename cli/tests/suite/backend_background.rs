@@ -1,0 +1,199 @@
+//! `terminal(background=true)` and `terminal(pty=true)` in the remote backends, against the
+//! real sshd and dockerd the tests start: a background command runs over there (seen in that
+//! side's /proc), the `process` tool polls, lists, writes to a PTY command and kills it (its
+//! whole group, checked over there), a foreground PTY command has a terminal, and stopping the
+//! environment ends what is still running in the background.
+//!
+//! The backend choice is process-wide, so both backends run in one test, one after the other.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use vibeos_testkit::backends::{start_sshd, unavailable, Dockerd, SSH_USER};
+use vibeos_tools::environments::{
+    self, settings::KnownHosts, BackendKind, BackendSettings, Environment, ExecSpec,
+};
+use vibeos_tools::ToolContext;
+
+const TASK: &str = "bg-task";
+
+fn call(name: &str, args: Value) -> Value {
+    let mut ctx = ToolContext::agent("/");
+    ctx.task_id = Some(TASK.into());
+    let text = vibeos_tools::registry().handle_function_call(name, &args, &ctx);
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Command lines (NULs as spaces) of the processes on the environment's side.
+fn processes(env: &dyn Environment) -> Vec<String> {
+    let out = env
+        .exec(
+            &ExecSpec::new([
+                "sh",
+                "-c",
+                "for p in /proc/[0-9]*; do cat $p/cmdline 2>/dev/null; echo; done",
+            ]),
+            b"",
+            Duration::from_secs(60),
+        )
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim_end_matches('\0').replace('\0', " "))
+        .collect()
+}
+
+fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting: {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn host_runs(cmdline: &str) -> bool {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .any(|c| {
+            String::from_utf8_lossy(&c)
+                .trim_end_matches('\0')
+                .replace('\0', " ")
+                == cmdline
+        })
+}
+
+/// Everything but the stop, for the active backend.
+fn background_and_pty(name: &str) {
+    let env = environments::active().unwrap().get(Some(TASK)).unwrap();
+    assert_eq!(env.backend(), name);
+
+    // Background: starts, runs over there, reports output through poll, is listed.
+    let r = call(
+        "terminal",
+        json!({"command": "echo started-$((6*7)); sh -c 'sleep 3031' & sleep 3030", "background": true}),
+    );
+    assert_eq!(r["status"], "running", "{name}: {r}");
+    let id = r["process_id"].as_str().unwrap().to_string();
+    eventually("the background command's output", || {
+        let p = call("process", json!({"action": "poll", "process_id": id}));
+        p["output"].as_str().unwrap_or("").contains("started-42")
+    });
+    let procs = processes(env.as_ref());
+    assert!(procs.iter().any(|p| p == "sleep 3030"), "{name}: {procs:?}");
+    assert!(procs.iter().any(|p| p == "sleep 3031"), "{name}: {procs:?}");
+    let list = call("process", json!({"action": "list"}));
+    assert!(
+        list["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["process_id"] == id.as_str() && p["status"] == "running"),
+        "{name}: {list}"
+    );
+    // Kill reaches the whole group over there, including what the command started.
+    let k = call("process", json!({"action": "kill", "process_id": id}));
+    assert_eq!(k["killed"], true, "{name}: {k}");
+    eventually("the killed group to be gone", || {
+        let procs = processes(env.as_ref());
+        !procs.iter().any(|p| p == "sleep 3030" || p == "sleep 3031")
+    });
+    let gone = call("process", json!({"action": "poll", "process_id": id}));
+    assert!(
+        gone["error"].is_string(),
+        "{name}: forgotten after kill: {gone}"
+    );
+
+    // A foreground PTY command has a terminal over there.
+    let r = call(
+        "terminal",
+        json!({"command": "test -t 0 && test -t 1 && echo has-a-tty", "pty": true}),
+    );
+    assert!(
+        r["output"].as_str().unwrap_or("").contains("has-a-tty"),
+        "{name}: {r}"
+    );
+    assert_eq!(r["exit_code"], 0, "{name}: {r}");
+
+    // A background PTY command reads what `process write` sends.
+    let r = call(
+        "terminal",
+        json!({"command": "read -r line; echo got:$line", "background": true, "pty": true}),
+    );
+    let id = r["process_id"].as_str().unwrap().to_string();
+    let w = call(
+        "process",
+        json!({"action": "write", "process_id": id, "data": "hello-pty\n"}),
+    );
+    assert_eq!(w["bytes_written"], 10, "{name}: {w}");
+    let done = call(
+        "process",
+        json!({"action": "wait", "process_id": id, "timeout": 20}),
+    );
+    assert_eq!(done["waited_until_exit"], true, "{name}: {done}");
+    assert!(
+        done["output"]
+            .as_str()
+            .unwrap_or("")
+            .contains("got:hello-pty"),
+        "{name}: {done}"
+    );
+
+    // Left running for the environment's stop to end.
+    let r = call(
+        "terminal",
+        json!({"command": "exec sleep 3032", "background": true}),
+    );
+    assert_eq!(r["status"], "running", "{name}: {r}");
+    eventually("the last background command to start", || {
+        processes(env.as_ref()).iter().any(|p| p == "sleep 3032")
+    });
+}
+
+#[test]
+fn background_and_pty_terminal_in_remote_backends() {
+    let _backend = super::backend_lock();
+    let agent = PathBuf::from(env!("CARGO_BIN_EXE_vibeos-exec"));
+
+    // ssh: the host is this machine, so after the stop its /proc must hold none of them.
+    match start_sshd() {
+        Err(e) => unavailable(&e),
+        Ok(sshd) => {
+            let d = sshd.dir.path();
+            environments::activate(BackendSettings {
+                backend: BackendKind::Ssh,
+                ssh_host: Some("127.0.0.1".into()),
+                ssh_port: Some(sshd.port),
+                ssh_user: Some(SSH_USER.into()),
+                ssh_key: Some(d.join("userkey")),
+                ssh_known_hosts: KnownHosts::File(d.join("known_hosts")),
+                agent_binary: Some(agent.clone()),
+                ..BackendSettings::default()
+            });
+            background_and_pty("ssh");
+            assert!(host_runs("sleep 3032"));
+            environments::shutdown();
+            eventually("the stop to end the background command", || {
+                !host_runs("sleep 3032")
+            });
+        }
+    }
+
+    // docker
+    let (daemon, cli) = match Dockerd::with_image("vibeos-py:bg") {
+        Ok(d) => d,
+        Err(e) => return unavailable(&e),
+    };
+    environments::activate(BackendSettings {
+        backend: BackendKind::Docker,
+        docker_image: Some("vibeos-py:bg".into()),
+        docker_binary: cli,
+        agent_binary: Some(agent),
+        ..BackendSettings::default()
+    });
+    background_and_pty("docker");
+    environments::shutdown();
+    assert!(daemon.labelled().is_empty(), "the container was removed");
+}

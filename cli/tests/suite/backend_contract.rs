@@ -1,0 +1,223 @@
+//! The `Environment` contract, checked the same way against every backend that runs here:
+//! `local`, `docker` (a private dockerd and the python3 image built from Debian packages) and
+//! `ssh` (an sshd on 127.0.0.1 with a non-root user). exec with argv, cwd, env and stdin; exit
+//! codes; a timeout that kills the whole process group over there (checked in that side's
+//! /proc); a streaming spawn whose kill reaches the group; upload and download of bytes and
+//! host files; clear errors for an empty argv and a missing file. A new backend (Modal,
+//! Daytona, Singularity) adds one call of [`contract`].
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use vibeos_testkit::backends::{start_sshd, unavailable, Dockerd, SSH_USER};
+use vibeos_tools::environments::{
+    self, settings::KnownHosts, BackendKind, BackendSettings, EnvError, Environment, ExecSpec,
+    GroupSignal,
+};
+
+/// Whether a process whose argv is exactly `argv` runs on the environment's side.
+fn running(env: &dyn Environment, argv: &[&str]) -> bool {
+    let needle = argv.join("\0");
+    let out = env
+        .exec(
+            &ExecSpec::new([
+                "sh",
+                "-c",
+                "for p in /proc/[0-9]*; do cat $p/cmdline 2>/dev/null; echo; done",
+            ]),
+            b"",
+            Duration::from_secs(60),
+        )
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .any(|l| l.trim_end_matches('\0') == needle)
+}
+
+fn wait_gone(env: &dyn Environment, argv: &[&str]) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while running(env, argv) {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    true
+}
+
+/// Everything a backend must do, in one pass. `scratch` is a writable dir over there.
+fn contract(env: &dyn Environment, scratch: &str) {
+    let name = env.backend();
+    // exec: argv (quoting survives), cwd, env on top of the backend's own, stdin.
+    let out = env
+        .exec(
+            &ExecSpec::new([
+                "sh",
+                "-c",
+                "pwd; printf '%s|%s\\n' \"$MARK\" \"$1\"; cat; test -n \"$PATH\"",
+                "sh",
+                "it's \"quoted\" $HOME",
+            ])
+            .cwd(scratch)
+            .env("MARK", "a b'c"),
+            b"from stdin\n",
+            Duration::from_secs(60),
+        )
+        .unwrap();
+    assert!(out.success(), "{name}: {out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{scratch}\na b'c|it's \"quoted\" $HOME\nfrom stdin\n"),
+        "{name}"
+    );
+    // Exit codes and stderr come back.
+    let out = env
+        .exec(
+            &ExecSpec::new(["sh", "-c", "echo oops >&2; exit 7"]),
+            b"",
+            Duration::from_secs(60),
+        )
+        .unwrap();
+    assert_eq!(out.code, Some(7), "{name}");
+    assert_eq!(out.stderr_text(), "oops", "{name}");
+
+    // A timeout kills the whole group over there, including what the command started.
+    let started = Instant::now();
+    let err = env
+        .exec(
+            &ExecSpec::new(["sh", "-c", "sleep 3017 & sleep 3016; wait"]),
+            b"",
+            Duration::from_secs(2),
+        )
+        .unwrap_err();
+    assert!(matches!(err, EnvError::Timeout { .. }), "{name}: {err}");
+    assert!(started.elapsed() < Duration::from_secs(20), "{name}");
+    assert!(
+        wait_gone(env, &["sleep", "3017"]),
+        "{name}: orphan survived"
+    );
+    assert!(
+        wait_gone(env, &["sleep", "3016"]),
+        "{name}: command survived"
+    );
+
+    // A streaming spawn: stdin and stdout are live streams, and kill reaches the group.
+    let mut spawned = env
+        .spawn(&ExecSpec::new([
+            "sh",
+            "-c",
+            "read l; echo got:$l; sleep 3018 & sleep 3019",
+        ]))
+        .unwrap();
+    let mut stdin = spawned.stdin.take().unwrap();
+    stdin.write_all(b"ping\n").unwrap();
+    stdin.flush().unwrap();
+    let mut line = String::new();
+    BufReader::new(spawned.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "got:ping\n", "{name}");
+    assert_eq!(spawned.process.try_wait().unwrap(), None, "{name}");
+    assert!(running(env, &["sleep", "3018"]), "{name}");
+    spawned.process.kill(GroupSignal::Term).unwrap();
+    let code = spawned.process.wait().unwrap();
+    assert_ne!(code, 0, "{name}: killed, not a clean exit");
+    assert!(
+        wait_gone(env, &["sleep", "3018"]),
+        "{name}: orphan survived"
+    );
+    assert!(
+        wait_gone(env, &["sleep", "3019"]),
+        "{name}: command survived"
+    );
+
+    // upload / download: arbitrary bytes, permission bits, host files both ways.
+    let data: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
+    let path = format!("{scratch}/vibeos-contract.bin");
+    env.upload(&data, &path, 0o640).unwrap();
+    assert_eq!(env.download(&path).unwrap(), data, "{name}");
+    let out = env
+        .exec(
+            &ExecSpec::new(["stat", "-c", "%a", &path]),
+            b"",
+            Duration::from_secs(60),
+        )
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "640", "{name}");
+    let host = tempfile::tempdir().unwrap();
+    let src = host.path().join("src.txt");
+    std::fs::write(&src, "host file\n").unwrap();
+    let remote = format!("{scratch}/vibeos-contract.txt");
+    env.upload_file(&src, &remote).unwrap();
+    let back = host.path().join("back.txt");
+    env.download_file(&remote, &back).unwrap();
+    assert_eq!(std::fs::read_to_string(&back).unwrap(), "host file\n");
+    let err = env
+        .download(&format!("{scratch}/no-such-file"))
+        .unwrap_err();
+    assert!(err.to_string().contains("no-such-file"), "{name}: {err}");
+
+    // What no backend can run is refused with a reason, not started.
+    let err = env.spawn(&ExecSpec::default()).err().unwrap();
+    assert!(err.to_string().contains("argv is empty"), "{name}: {err}");
+}
+
+#[test]
+fn local_environment_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = BackendSettings {
+        cwd: Some(dir.path().display().to_string()),
+        ..BackendSettings::default()
+    };
+    let env = environments::start(&settings, "contract").unwrap();
+    assert_eq!(env.backend(), "local");
+    contract(env.as_ref(), &dir.path().display().to_string());
+    env.stop();
+}
+
+#[test]
+fn ssh_environment_contract() {
+    // Every sshd the suite starts points the one test user's home at its own dir: take turns.
+    let _backend = super::backend_lock();
+    let sshd = match start_sshd() {
+        Ok(s) => s,
+        Err(e) => return unavailable(&e),
+    };
+    let d = sshd.dir.path();
+    let settings = BackendSettings {
+        backend: BackendKind::Ssh,
+        ssh_host: Some("127.0.0.1".into()),
+        ssh_port: Some(sshd.port),
+        ssh_user: Some(SSH_USER.into()),
+        ssh_key: Some(d.join("userkey")),
+        ssh_known_hosts: KnownHosts::File(d.join("known_hosts")),
+        agent_binary: Some(PathBuf::from(env!("CARGO_BIN_EXE_vibeos-exec"))),
+        ..BackendSettings::default()
+    };
+    let env = environments::start(&settings, "contract").unwrap();
+    assert_eq!(env.backend(), "ssh");
+    let scratch = env.workdir();
+    contract(env.as_ref(), &scratch);
+    env.stop();
+}
+
+#[test]
+fn docker_environment_contract() {
+    let (daemon, cli) = match Dockerd::with_image("vibeos-py:contract") {
+        Ok(d) => d,
+        Err(e) => return unavailable(&e),
+    };
+    let settings = BackendSettings {
+        backend: BackendKind::Docker,
+        docker_image: Some("vibeos-py:contract".into()),
+        docker_binary: cli,
+        agent_binary: Some(PathBuf::from(env!("CARGO_BIN_EXE_vibeos-exec"))),
+        ..BackendSettings::default()
+    };
+    let env = environments::start(&settings, "contract").unwrap();
+    assert_eq!(env.backend(), "docker");
+    contract(env.as_ref(), "/tmp");
+    env.stop();
+    assert!(daemon.labelled().is_empty(), "the container was removed");
+}

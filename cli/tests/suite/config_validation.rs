@@ -1,0 +1,96 @@
+//! End-to-end: config.yaml is validated once, by its typed schema, before anything runs — an
+//! unknown key, a value of the wrong type, an oversized or absurdly nested file are refused
+//! with exit code 2 and a message naming the file and the key path; `--json` gets the same
+//! message in a result object.
+
+// Tests report failures by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use vibeos_testkit::{parse_single_json, Sandbox};
+
+fn refused(sb: &Sandbox) -> String {
+    let out = sb.run_stdin(b"print('ran')", &[]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(out.stdout.is_empty(), "the script must not run: {out:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn an_unknown_key_is_refused_naming_the_file_and_key_path() {
+    let sb = Sandbox::new();
+    let file = sb.home().join("config.yaml").display().to_string();
+    sb.write_config("code_execution:\n  strict:\n    dsk_mb: 64\n");
+    let err = refused(&sb);
+    assert!(err.contains(&file), "{err}");
+    assert!(err.contains("code_execution.strict"), "{err}");
+    assert!(err.contains("unknown field `dsk_mb`"), "{err}");
+
+    sb.write_config("termnal:\n  backend: local\n");
+    let err = refused(&sb);
+    assert!(err.contains("unknown field `termnal`"), "{err}");
+}
+
+#[test]
+fn a_wrong_type_is_refused_naming_the_key_path_also_with_json() {
+    let sb = Sandbox::new();
+    let file = sb.home().join("config.yaml").display().to_string();
+    sb.write_config("code_execution:\n  strict:\n    disk_mb: x\n");
+    let err = refused(&sb);
+    assert!(
+        err.contains(&format!("{file}: code_execution.strict.disk_mb: ")),
+        "{err}"
+    );
+    let out = sb.run(&["run", "--json", "-"]);
+    assert_eq!(out.status.code(), Some(2));
+    let r = parse_single_json(&out);
+    assert_eq!(r["status"], "error", "{r}");
+    assert!(
+        r["error"]
+            .as_str()
+            .unwrap()
+            .contains("code_execution.strict.disk_mb"),
+        "{r}"
+    );
+}
+
+#[test]
+fn an_absurdly_nested_file_is_refused_with_a_clear_error() {
+    // The file of issue 16: ~200 KB nested 100k deep (it took 20 s to reject before).
+    let sb = Sandbox::new();
+    let depth = 100_000;
+    sb.write_config(&format!(
+        "command_allowlist: {}{}\n",
+        "[".repeat(depth),
+        "]".repeat(depth)
+    ));
+    let err = refused(&sb);
+    assert!(err.contains("command_allowlist"), "{err}");
+    let lower = err.to_lowercase();
+    assert!(
+        lower.contains("depth") || lower.contains("nest") || lower.contains("recursion"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_oversized_file_is_refused_before_parsing() {
+    let sb = Sandbox::new();
+    let comment = format!("# {}\n", "x".repeat(1000));
+    sb.write_config(&comment.repeat(1100));
+    let err = refused(&sb);
+    assert!(err.contains("larger than"), "{err}");
+}
+
+#[test]
+fn every_documented_section_loads() {
+    let sb = Sandbox::new();
+    sb.write_config(
+        "code_execution:\n  timeout: 30\n  max_tool_calls: 5\nterminal:\n  backend: local\n  \
+         env_passthrough: [MY_VAR]\nlogging:\n  level: warn\napprovals:\n  mode: manual\n\
+         command_allowlist: []\nweb:\n  timeout: 5\nsecurity:\n  redact_output: true\n\
+         plugins:\n  enabled: false\nmcp_servers: {}\n",
+    );
+    let out = sb.run_stdin(b"print('ran')", &[]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n");
+}

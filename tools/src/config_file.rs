@@ -1,0 +1,501 @@
+//! The whole of `config.yaml` as one typed document, parsed in one place.
+//!
+//! Every part of the product reads its settings from this struct instead of picking keys out of
+//! a loosely typed YAML value: serde derive checks the types, `deny_unknown_fields` turns a typo
+//! into an error instead of a silently ignored key, and `serde_path_to_error` names the key path
+//! of whatever is wrong (`code_execution.strict.disk_mb: invalid type: …`). What a value *means*
+//! (ranges, the mode name, volume syntax) is checked by the part that uses it, against these
+//! fields.
+//!
+//! The parser is serde-saphyr (docs/config.md says why): it works on the YAML events without
+//! building a tree, and its budget caps nesting depth and node counts, so a hostile file is
+//! refused at once. The file size is capped before parsing.
+
+use indexmap::IndexMap;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+use crate::mcp_client::{McpServerConfig, PluginsConfig};
+
+/// Largest config file accepted. A real config is a few KB; anything near this is a mistake or
+/// an attack, and is refused before parsing.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+/// Deepest nesting of mappings and lists accepted. The deepest real key
+/// (`mcp_servers.NAME.env.VAR`) is four levels down.
+pub const MAX_CONFIG_DEPTH: usize = 32;
+/// Most YAML nodes (scalars, mappings, lists) accepted in one file.
+pub const MAX_CONFIG_NODES: usize = 100_000;
+
+/// config.yaml, every section optional. Unknown keys are errors at every level.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    /// `code_execution:` — the execute_code tool (SPEC §3, §5, §6).
+    pub code_execution: Option<CodeExecutionSection>,
+    /// `terminal:` — the terminal tool and the execution backends (SPEC §4, §9).
+    pub terminal: Option<TerminalSection>,
+    /// `logging:`.
+    pub logging: Option<LoggingSection>,
+    /// `approvals:` — dangerous-command approval (SPEC §8).
+    pub approvals: Option<ApprovalsSection>,
+    /// `command_allowlist:` — pattern keys or command globs approved for good.
+    pub command_allowlist: Option<StringList>,
+    /// `command_denylist:` — pattern keys or command globs always denied.
+    pub command_denylist: Option<StringList>,
+    /// `web:` — backends of web_search and web_extract.
+    pub web: Option<WebSection>,
+    /// `security:`.
+    pub security: Option<SecuritySection>,
+    /// `mcp_servers:` — external MCP servers, in file order.
+    pub mcp_servers: Option<IndexMap<String, McpServerConfig>>,
+    /// `plugins:` — the plugin host.
+    pub plugins: Option<PluginsConfig>,
+}
+
+/// `code_execution:`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CodeExecutionSection {
+    /// `mode`: `project` or `strict` (an unknown name falls back to project with a warning).
+    pub mode: Option<String>,
+    /// `timeout` in seconds.
+    pub timeout: Option<f64>,
+    /// `max_tool_calls` per execution.
+    pub max_tool_calls: Option<u64>,
+    /// `python`: the default interpreter.
+    pub python: Option<String>,
+    /// `pool_size`: pre-started interpreters of a long-lived host.
+    pub pool_size: Option<u64>,
+    /// `stdout_limit` in bytes.
+    pub stdout_limit: Option<u64>,
+    /// `stderr_limit` in bytes.
+    pub stderr_limit: Option<u64>,
+    /// `strict:` — strict-mode confinement.
+    pub strict: Option<StrictSection>,
+}
+
+/// `code_execution.strict:`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StrictSection {
+    /// `uid` pinned for the script when the supervisor runs as root.
+    pub uid: Option<u64>,
+    /// `max_processes` of the script's uid.
+    pub max_processes: Option<u64>,
+    /// `memory_mb` per process.
+    pub memory_mb: Option<u64>,
+    /// `file_size_mb`: largest file the script may write.
+    pub file_size_mb: Option<u64>,
+    /// `disk_mb`: disk budget of one execution.
+    pub disk_mb: Option<u64>,
+    /// `seccomp_policy`: path of a seccompiler JSON policy replacing the built-in one.
+    pub seccomp_policy: Option<String>,
+    /// `landlock_policy`: path of a landlock rules file replacing the built-in one.
+    pub landlock_policy: Option<String>,
+    /// `read_roots`: extra directories the file tools may read.
+    pub read_roots: Option<Vec<String>>,
+    /// `write_roots`: extra directories the file tools may read and write.
+    pub write_roots: Option<Vec<String>>,
+    /// `terminal`: whether strict scripts get the terminal tool.
+    pub terminal: Option<bool>,
+}
+
+/// `terminal:`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TerminalSection {
+    /// `env_passthrough`: variables kept even when they look secret.
+    pub env_passthrough: Option<Vec<String>>,
+    /// `backend`: local, docker, podman, ssh, singularity, modal, daytona.
+    pub backend: Option<String>,
+    /// `cwd` inside the backend.
+    pub cwd: Option<String>,
+    /// `lifetime_seconds` an idle environment is kept.
+    pub lifetime_seconds: Option<f64>,
+    /// `python` inside the backend.
+    pub python: Option<String>,
+    /// `docker_image`.
+    pub docker_image: Option<String>,
+    /// `docker_volumes`: `host:container[:ro]` entries.
+    pub docker_volumes: Option<Vec<String>>,
+    /// `docker_mount_cwd_to_workspace`.
+    pub docker_mount_cwd_to_workspace: Option<bool>,
+    /// `docker_network`.
+    pub docker_network: Option<String>,
+    /// `docker_binary`: docker, podman or a path.
+    pub docker_binary: Option<String>,
+    /// `container_cpu`: CPUs.
+    pub container_cpu: Option<f64>,
+    /// `container_memory`: MB.
+    pub container_memory: Option<f64>,
+    /// `container_disk`: MB (cloud sandboxes).
+    pub container_disk: Option<f64>,
+    /// `container_pids`: process limit.
+    pub container_pids: Option<f64>,
+    /// `container_persistent`.
+    pub container_persistent: Option<bool>,
+    /// `ssh_host`.
+    pub ssh_host: Option<String>,
+    /// `ssh_user`.
+    pub ssh_user: Option<String>,
+    /// `ssh_port`.
+    pub ssh_port: Option<u64>,
+    /// `ssh_key`.
+    pub ssh_key: Option<String>,
+    /// `ssh_known_hosts`: strict, accept-new or a file.
+    pub ssh_known_hosts: Option<String>,
+    /// `shell_session`: `cd`/`export` persist between calls.
+    pub shell_session: Option<bool>,
+    /// `agent_binary`: the tool agent run inside a backend.
+    pub agent_binary: Option<String>,
+    /// `singularity_image`.
+    pub singularity_image: Option<String>,
+    /// `modal_image`.
+    pub modal_image: Option<String>,
+    /// `daytona_image`.
+    pub daytona_image: Option<String>,
+}
+
+/// `logging:`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoggingSection {
+    /// `level`: error, warn, info, debug, trace (or a tracing filter).
+    pub level: Option<String>,
+}
+
+/// `approvals:`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalsSection {
+    /// `mode`: manual, smart or off.
+    pub mode: Option<TextOrBool>,
+    /// `timeout` in seconds a host has to answer.
+    pub timeout: Option<f64>,
+    /// `deny`: pattern keys or command globs always denied.
+    pub deny: Option<StringList>,
+    /// `smart_command`: the program asked in smart mode.
+    pub smart_command: Option<String>,
+    /// `skip_in_isolated_backends`.
+    pub skip_in_isolated_backends: Option<bool>,
+}
+
+/// `web:`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebSection {
+    /// `search_backend` (searxng).
+    pub search_backend: Option<String>,
+    /// `searxng_url`.
+    pub searxng_url: Option<String>,
+    /// `extract_backend` (http).
+    pub extract_backend: Option<String>,
+    /// `timeout` in whole seconds.
+    pub timeout: Option<u64>,
+}
+
+/// `security:`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecuritySection {
+    /// `redact_output` (default true).
+    pub redact_output: Option<bool>,
+}
+
+/// A value written either as text or as a boolean (YAML 1.1 reads `off` as `false`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum TextOrBool {
+    /// `true` / `false`.
+    Bool(bool),
+    /// Anything else.
+    Text(String),
+}
+
+/// One string or a list of strings.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum StringList {
+    /// A single entry.
+    One(String),
+    /// Several entries.
+    Many(Vec<String>),
+}
+
+impl StringList {
+    /// The entries.
+    pub fn to_vec(&self) -> Vec<String> {
+        match self {
+            StringList::One(s) => vec![s.clone()],
+            StringList::Many(v) => v.clone(),
+        }
+    }
+}
+
+/// config.yaml could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigFileError {
+    /// The file exists (or was named) but cannot be read.
+    #[error("cannot read config file {path}: {source}")]
+    Unreadable {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is larger than [`MAX_CONFIG_BYTES`].
+    #[error("config file {path} is larger than {limit} bytes; a config.yaml is a few KB — check that the path names the right file")]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// The cap.
+        limit: u64,
+    },
+    /// The text is not valid YAML, breaks a budget, or a key is unknown or of the wrong type.
+    #[error("{path}: {}{message}", key_prefix(.key))]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// Dotted key path of the offending value (empty at the top level).
+        key: String,
+        /// What the parser said.
+        message: String,
+    },
+}
+
+fn key_prefix(key: &str) -> String {
+    if key.is_empty() || key == "." {
+        String::new()
+    } else {
+        format!("{key}: ")
+    }
+}
+
+impl ConfigFile {
+    /// Reads and parses the file at `path`. A missing file is `Ok(None)`, for the caller to
+    /// decide whether that is an error (a named file) or the defaults (the default location).
+    pub fn read(path: &Path) -> Result<Option<ConfigFile>, ConfigFileError> {
+        use std::io::Read;
+        let unreadable = |source| ConfigFileError::Unreadable {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = match std::fs::File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(unreadable(e)),
+        };
+        // Read one byte past the cap to tell "exactly at the cap" from "over it" without
+        // trusting a size that can change between stat and read.
+        let mut bytes = Vec::new();
+        file.take(MAX_CONFIG_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(unreadable)?;
+        if bytes.len() as u64 > MAX_CONFIG_BYTES {
+            return Err(ConfigFileError::TooLarge {
+                path: path.to_path_buf(),
+                limit: MAX_CONFIG_BYTES,
+            });
+        }
+        let text = String::from_utf8(bytes).map_err(|e| ConfigFileError::Invalid {
+            path: path.to_path_buf(),
+            key: String::new(),
+            message: format!("not UTF-8 text ({e})"),
+        })?;
+        ConfigFile::parse(&text, path).map(Some)
+    }
+
+    /// Parses config text; `path` names the file in errors.
+    pub fn parse(text: &str, path: &Path) -> Result<ConfigFile, ConfigFileError> {
+        if text.len() as u64 > MAX_CONFIG_BYTES {
+            return Err(ConfigFileError::TooLarge {
+                path: path.to_path_buf(),
+                limit: MAX_CONFIG_BYTES,
+            });
+        }
+        // An empty file (or one with only comments) is the defaults, as an absent one is.
+        if text.lines().all(|l| {
+            let l = l.trim();
+            l.is_empty() || l.starts_with('#') || l == "---"
+        }) {
+            return Ok(ConfigFile::default());
+        }
+        let mut key = String::new();
+        let parsed =
+            serde_saphyr::with_deserializer_from_str_with_options(text, parse_options(), |de| {
+                serde_path_to_error::deserialize::<_, Option<ConfigFile>>(de).map_err(|e| {
+                    key = e.path().to_string();
+                    e.into_inner()
+                })
+            });
+        match parsed {
+            Ok(doc) => Ok(doc.unwrap_or_default()),
+            Err(e) => {
+                let mut message = e.to_string();
+                // The parser's wording for the nesting cap does not say what the cap is.
+                let lower = message.to_lowercase();
+                if lower.contains("recursion limit") || lower.contains("depth") {
+                    message.push_str(&format!(
+                        " (config.yaml may nest at most {MAX_CONFIG_DEPTH} levels deep)"
+                    ));
+                }
+                Err(ConfigFileError::Invalid {
+                    path: path.to_path_buf(),
+                    key,
+                    message,
+                })
+            }
+        }
+    }
+}
+
+/// The parser's options: budgets sized for a config file, no source snippets in messages
+/// (errors go to one log or stderr line).
+fn parse_options() -> serde_saphyr::Options {
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_depth = MAX_CONFIG_DEPTH;
+    budget.flow_nesting_limit = MAX_CONFIG_DEPTH;
+    budget.max_nodes = MAX_CONFIG_NODES;
+    budget.max_reader_input_bytes = Some(MAX_CONFIG_BYTES as usize);
+    let mut options = serde_saphyr::Options::default();
+    options.budget = Some(budget);
+    options.with_snippet = false;
+    options
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<ConfigFile, ConfigFileError> {
+        ConfigFile::parse(text, Path::new("/x/config.yaml"))
+    }
+
+    #[test]
+    fn reads_typed_sections() {
+        let c = parse(
+            "code_execution:\n  mode: strict\n  timeout: 12\n  strict:\n    disk_mb: 64\n    read_roots: [/a]\nterminal:\n  ssh_user: 1000\n  env_passthrough: [A]\n  daytona_image: img\napprovals:\n  mode: off\n  deny: rm\ncommand_allowlist: [a, b]\nmcp_servers:\n  z: {command: zz}\n  a: {url: 'http://127.0.0.1:1/mcp'}\n",
+        )
+        .unwrap();
+        let ce = c.code_execution.unwrap();
+        assert_eq!(ce.mode.as_deref(), Some("strict"));
+        assert_eq!(ce.timeout, Some(12.0));
+        let strict = ce.strict.unwrap();
+        assert_eq!(strict.disk_mb, Some(64));
+        assert_eq!(strict.read_roots, Some(vec!["/a".to_string()]));
+        let t = c.terminal.unwrap();
+        assert_eq!(t.ssh_user.as_deref(), Some("1000"));
+        assert_eq!(t.daytona_image.as_deref(), Some("img"));
+        let a = c.approvals.unwrap();
+        assert!(
+            matches!(
+                a.mode,
+                Some(TextOrBool::Text(ref s)) if s == "off"
+            ) || a.mode == Some(TextOrBool::Bool(false))
+        );
+        assert_eq!(a.deny.unwrap().to_vec(), vec!["rm"]);
+        assert_eq!(c.command_allowlist.unwrap().to_vec(), vec!["a", "b"]);
+        let names: Vec<_> = c.mcp_servers.unwrap().keys().cloned().collect();
+        assert_eq!(names, ["z", "a"], "file order is kept");
+    }
+
+    #[test]
+    fn empty_and_null_sections_are_defaults() {
+        assert!(parse("").unwrap().code_execution.is_none());
+        assert!(parse("# nothing\n").unwrap().terminal.is_none());
+        assert!(parse("code_execution:\n").unwrap().code_execution.is_none());
+        let c = parse("code_execution:\n  timeout: null\n").unwrap();
+        assert_eq!(c.code_execution.unwrap().timeout, None);
+    }
+
+    #[test]
+    fn errors_name_the_file_and_key_path() {
+        let e = parse("code_execution:\n  strict:\n    disk_mb: x\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("/x/config.yaml: code_execution.strict.disk_mb: "),
+            "{e}"
+        );
+        assert!(e.contains("invalid type") || e.contains("invalid"), "{e}");
+        let e = parse("terminal:\n  env_passthrough: [A, [B]]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("terminal.env_passthrough[1]"), "{e}");
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_at_every_level() {
+        for (text, key) in [
+            ("colour: blue\n", "colour"),
+            ("code_execution:\n  timeot: 5\n", "timeot"),
+            ("code_execution:\n  strict:\n    dsk_mb: 5\n", "dsk_mb"),
+            ("terminal:\n  dockr_image: x\n", "dockr_image"),
+            ("approvals:\n  mod: off\n", "mod"),
+            ("web:\n  url: x\n", "url"),
+            ("mcp_servers:\n  s:\n    comand: x\n", "comand"),
+        ] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(
+                e.contains("/x/config.yaml") && e.contains(key),
+                "{text}: {e}"
+            );
+            assert!(e.contains("unknown field"), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_by_the_budget() {
+        // The file of the issue: 200 KB nested 100k deep. Under a key whose value is read
+        // generically (an untagged list), the parser must stop at the depth cap, not recurse.
+        let depth = 100_000;
+        for text in [
+            format!(
+                "command_allowlist: {}{}\n",
+                "[".repeat(depth),
+                "]".repeat(depth)
+            ),
+            format!(
+                "approvals:\n  deny: {}{}\n",
+                "{a: ".repeat(depth),
+                "}".repeat(depth)
+            ),
+            format!(
+                "command_allowlist:\n{}x\n",
+                (0..200)
+                    .map(|i| format!("{}- ", "  ".repeat(i)))
+                    .collect::<String>()
+            ),
+        ] {
+            let e = parse(&text).unwrap_err().to_string();
+            assert!(e.starts_with("/x/config.yaml: "), "{e}");
+            let lower = e.to_lowercase();
+            assert!(
+                lower.contains("depth") || lower.contains("nest") || lower.contains("recursion"),
+                "{e}"
+            );
+        }
+        // At the top level, the first key already fails.
+        let e = parse(&format!("a: {}{}", "[".repeat(depth), "]".repeat(depth)))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `a`"), "{e}");
+        // Nesting within the cap is fine where the type allows it.
+        assert!(parse("mcp_servers:\n  s:\n    env:\n      A: b\n").is_ok());
+    }
+
+    #[test]
+    fn oversized_files_are_refused_before_parsing() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("config.yaml");
+        let filler = format!("# {}\n", "x".repeat(1000));
+        std::fs::write(&p, filler.repeat(1100)).unwrap();
+        let e = ConfigFile::read(&p).unwrap_err();
+        assert!(matches!(e, ConfigFileError::TooLarge { .. }), "{e}");
+        assert!(e.to_string().contains("larger than"), "{e}");
+        assert!(ConfigFile::read(&dir.path().join("absent.yaml"))
+            .unwrap()
+            .is_none());
+    }
+}

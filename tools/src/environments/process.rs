@@ -1,0 +1,373 @@
+//! A process running in an environment, as the backend-neutral handle callers hold.
+//!
+//! Why this exists: callers (execute_code, the tool agent, `exec`) need byte streams, a wait
+//! and a kill that reaches the *whole process group over there* — and nothing else. A backend
+//! driven by a CLI client (`docker exec`, `ssh`) implements it with a local client process plus
+//! a remote kill; an HTTP-API or SDK backend implements [`Process`] over its own session and
+//! hands out its own streams. Nobody has to fake a local `std::process::Command`.
+//!
+//! CLI backends start every command through [`group_wrapper`]: a POSIX `sh` line that puts the
+//! command in a new session (so it leads its own process group), records that group's id in a
+//! file on that side, waits, removes the file (in the background, so the exit does not wait for
+//! `rm`) and exits with the command's status. Killing the local client alone would leave the
+//! remote command running; [`ClientProcess::kill`] runs `kill -s SIG -- -PGID` there instead.
+
+use super::{shell_quote, EnvError};
+use nix::sys::signal::{killpg, Signal};
+use nix::sys::wait::{waitid, Id, WaitPidFlag};
+use nix::unistd::Pid;
+use std::io::{Read, Write};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+
+/// A signal for a process group over there; only these are needed to stop commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupSignal {
+    /// SIGINT: an interrupt, as Ctrl-C would send.
+    Int,
+    /// SIGTERM: asks it to exit.
+    Term,
+    /// SIGKILL: ends it.
+    Kill,
+}
+
+impl GroupSignal {
+    /// The name `kill -s` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            GroupSignal::Int => "INT",
+            GroupSignal::Term => "TERM",
+            GroupSignal::Kill => "KILL",
+        }
+    }
+
+    fn nix(self) -> Signal {
+        match self {
+            GroupSignal::Int => Signal::SIGINT,
+            GroupSignal::Term => Signal::SIGTERM,
+            GroupSignal::Kill => Signal::SIGKILL,
+        }
+    }
+}
+
+/// What to run in an environment: argv, working dir and variables.
+#[derive(Debug, Clone, Default)]
+pub struct ExecSpec {
+    /// The program and its arguments (never empty when run).
+    pub argv: Vec<String>,
+    /// Working dir over there; `None`: the environment's default.
+    pub cwd: Option<String>,
+    /// Variables set on top of the environment's own. CLI backends pass them in the client's
+    /// argv (visible to `ps` on the host and, for ssh, on the remote host): send secrets on
+    /// stdin instead, as execute_code does.
+    pub env: Vec<(String, String)>,
+}
+
+impl ExecSpec {
+    /// Runs `argv` in the default working dir with the default environment.
+    pub fn new<S: Into<String>>(argv: impl IntoIterator<Item = S>) -> Self {
+        ExecSpec {
+            argv: argv.into_iter().map(Into::into).collect(),
+            cwd: None,
+            env: Vec::new(),
+        }
+    }
+
+    /// Sets the working dir.
+    pub fn cwd(mut self, cwd: impl Into<String>) -> Self {
+        self.cwd = Some(cwd.into());
+        self
+    }
+
+    /// Adds a variable.
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// Refuses what no backend can run (an empty argv), naming the backend.
+    pub fn check(&self, backend: &'static str) -> Result<(), EnvError> {
+        if self.argv.first().is_none_or(|p| p.is_empty()) {
+            return Err(EnvError::Command {
+                backend,
+                what: "starting a command".into(),
+                message: "the argv is empty: name the program to run".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The argv as one line for logs and error messages.
+    pub fn display(&self) -> String {
+        self.argv.join(" ")
+    }
+}
+
+/// A started process: its streams (each `None` once taken) and its control handle.
+pub struct Spawned {
+    /// Its stdin; dropping it closes the stream.
+    pub stdin: Option<Box<dyn Write + Send>>,
+    /// Its stdout.
+    pub stdout: Option<Box<dyn Read + Send>>,
+    /// Its stderr.
+    pub stderr: Option<Box<dyn Read + Send>>,
+    /// Wait and kill; shareable so one thread can wait while another kills.
+    pub process: std::sync::Arc<dyn Process>,
+}
+
+/// Control of a process running in an environment. All methods take `&self`: a blocked
+/// [`Process::wait`] on one thread must not stop [`Process::kill`] on another.
+pub trait Process: Send + Sync {
+    /// Blocks until it ends: the exit code, or `-N` when a signal N ended it.
+    fn wait(&self) -> Result<i32, EnvError>;
+
+    /// The exit code if it has ended, without blocking.
+    fn try_wait(&self) -> Result<Option<i32>, EnvError>;
+
+    /// Sends `signal` to its whole process group over there (what it started, too).
+    fn kill(&self, signal: GroupSignal) -> Result<(), EnvError>;
+}
+
+/// How a [`ClientProcess`] reaches the process group over there.
+pub type RemoteKill = Box<dyn Fn(GroupSignal) -> Result<(), EnvError> + Send + Sync>;
+
+/// A process driven through a local client (or a local process itself): waited for through
+/// the client, killed through `remote_kill` (or, with none, the local process group).
+pub struct ClientProcess {
+    backend: &'static str,
+    pid: Pid,
+    child: Mutex<Child>,
+    remote_kill: Option<RemoteKill>,
+}
+
+impl ClientProcess {
+    /// Spawns `cmd` with all three streams piped. With `remote_kill` `None` the command must
+    /// lead its own process group here (`process_group(0)`), which [`Process::kill`] signals.
+    pub fn spawn(
+        backend: &'static str,
+        mut cmd: Command,
+        remote_kill: Option<RemoteKill>,
+    ) -> Result<Spawned, EnvError> {
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().map_err(|source| EnvError::Spawn {
+            backend,
+            program: cmd.get_program().to_string_lossy().into_owned(),
+            source,
+        })?;
+        let stdin = child
+            .stdin
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Write + Send>);
+        let stdout = child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>);
+        let stderr = child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>);
+        let pid = Pid::from_raw(child.id() as i32);
+        Ok(Spawned {
+            stdin,
+            stdout,
+            stderr,
+            process: std::sync::Arc::new(ClientProcess {
+                backend,
+                pid,
+                child: Mutex::new(child),
+                remote_kill,
+            }),
+        })
+    }
+
+    /// Kills the local client (not what it started over there).
+    pub fn kill_client(&self) {
+        let mut child = self.child.lock().unwrap_or_else(|p| p.into_inner());
+        if matches!(child.try_wait(), Ok(None)) {
+            let _ = child.kill();
+        }
+    }
+
+    fn io(&self, what: &str, e: impl std::fmt::Display) -> EnvError {
+        EnvError::Command {
+            backend: self.backend,
+            what: what.into(),
+            message: e.to_string(),
+        }
+    }
+}
+
+fn code_of(status: std::process::ExitStatus) -> i32 {
+    status
+        .code()
+        .or_else(|| status.signal().map(|s| -s))
+        .unwrap_or(-1)
+}
+
+impl Process for ClientProcess {
+    fn wait(&self) -> Result<i32, EnvError> {
+        // Block without reaping (WNOWAIT), so the pid stays ours and `kill` on another thread
+        // never races with pid reuse; then reap under the lock.
+        loop {
+            match waitid(
+                Id::Pid(self.pid),
+                WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT,
+            ) {
+                Ok(_) => break,
+                Err(nix::errno::Errno::EINTR) => continue,
+                // ECHILD: someone reaped it already (try_wait below reports it).
+                Err(_) => break,
+            }
+        }
+        let mut child = self.child.lock().unwrap_or_else(|p| p.into_inner());
+        child
+            .wait()
+            .map(code_of)
+            .map_err(|e| self.io("waiting for the client", e))
+    }
+
+    fn try_wait(&self) -> Result<Option<i32>, EnvError> {
+        let mut child = self.child.lock().unwrap_or_else(|p| p.into_inner());
+        child
+            .try_wait()
+            .map(|s| s.map(code_of))
+            .map_err(|e| self.io("polling the client", e))
+    }
+
+    fn kill(&self, signal: GroupSignal) -> Result<(), EnvError> {
+        match &self.remote_kill {
+            Some(kill) => kill(signal),
+            None => {
+                let child = self.child.lock().unwrap_or_else(|p| p.into_inner());
+                // Unreaped (we hold the lock that reaping needs), so the group id is still ours.
+                let _ = killpg(self.pid, signal.nix());
+                drop(child);
+                Ok(())
+            }
+        }
+    }
+}
+
+impl Drop for ClientProcess {
+    fn drop(&mut self) {
+        // Nobody waits any more: end the client (like `kill_on_drop`) and reap it.
+        let child = self.child.get_mut().unwrap_or_else(|p| p.into_inner());
+        if matches!(child.try_wait(), Ok(None)) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The `sh` line that runs `spec` in a new session over there and records its process-group
+/// id in `pgid_file` (removed when it ends). `python` is the fallback when `setsid` is missing.
+///
+/// The command runs in the background of the wrapper shell so that `$!` is its pid — and, as
+/// `setsid` does not need to fork there, its session and group id — while the wrapper stays
+/// outside that group to clean up and pass on the exit status. Its stdin is handed over
+/// explicitly (a background job's stdin would otherwise be /dev/null).
+pub fn group_wrapper(spec: &ExecSpec, pgid_file: &str, python: &str) -> String {
+    let mut words: Vec<String> = Vec::new();
+    if !spec.env.is_empty() {
+        words.push("env".into());
+        words.extend(
+            spec.env
+                .iter()
+                .map(|(k, v)| shell_quote(&format!("{k}={v}"))),
+        );
+    }
+    words.extend(spec.argv.iter().map(|a| shell_quote(a)));
+    let cmd = words.join(" ");
+    let cd = spec
+        .cwd
+        .as_ref()
+        .map(|c| {
+            format!(
+                "cd {} || {{ echo \"vibeos-exec: no directory {}\" >&2; exit 125; }}; ",
+                shell_quote(c),
+                c.replace(['"', '\\', '$', '`'], "?")
+            )
+        })
+        .unwrap_or_default();
+    let f = shell_quote(pgid_file);
+    let py = shell_quote(python);
+    format!(
+        "{cd}exec 3<&0; if command -v setsid >/dev/null 2>&1; then setsid {cmd} <&3 3<&- & \
+         else {py} -c 'import os,sys;os.setsid();os.execvp(sys.argv[1],sys.argv[1:])' {cmd} <&3 3<&- & fi; \
+         p=$!; exec 3<&-; echo $p > {f}; wait $p; s=$?; \
+         rm -f {f} </dev/null >/dev/null 2>&1 & exit $s"
+    )
+}
+
+/// The `sh` line that signals the group recorded in `pgid_file` (nothing when it has ended).
+pub fn group_kill(pgid_file: &str, signal: GroupSignal) -> String {
+    format!(
+        "p=$(cat {} 2>/dev/null) && [ -n \"$p\" ] && kill -s {} -- -\"$p\" 2>/dev/null; true",
+        shell_quote(pgid_file),
+        signal.name()
+    )
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wrapper_runs_the_command_in_its_own_group_and_kill_reaches_all_of_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let pgid_file = dir.path().join("pg").display().to_string();
+        let spec = ExecSpec::new(["sh", "-c", "sleep 30 & echo started; cat; wait"])
+            .cwd(dir.path().display().to_string())
+            .env("MARK", "x y");
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(group_wrapper(&spec, &pgid_file, "python3"));
+        let kill_file = pgid_file.clone();
+        let mut spawned = ClientProcess::spawn(
+            "test",
+            cmd,
+            Some(Box::new(move |sig| {
+                let out = Command::new("sh")
+                    .arg("-c")
+                    .arg(group_kill(&kill_file, sig))
+                    .output()
+                    .unwrap();
+                assert!(out.status.success());
+                Ok(())
+            })),
+        )
+        .unwrap();
+        let mut line = [0u8; 8];
+        spawned
+            .stdout
+            .as_mut()
+            .unwrap()
+            .read_exact(&mut line)
+            .unwrap();
+        assert_eq!(&line, b"started\n");
+        let pgid: i32 = std::fs::read_to_string(&pgid_file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert_ne!(pgid, nix::unistd::getpgrp().as_raw());
+        spawned.process.kill(GroupSignal::Kill).unwrap();
+        let code = spawned.process.wait().unwrap();
+        assert_eq!(code, 128 + 9, "the wrapper reports the kill");
+        // No process of the group is left (orphans are reaped by init a moment later), and
+        // the pgid file is gone.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while killpg(Pid::from_raw(pgid), None).is_ok() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(killpg(Pid::from_raw(pgid), None).is_err());
+        while std::path::Path::new(&pgid_file).exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(!std::path::Path::new(&pgid_file).exists());
+    }
+}
