@@ -31,6 +31,7 @@ pub fn activate(mut settings: BackendSettings, cwd: Option<&Path>) {
 pub fn shutdown() {
     environments::shutdown();
     environments::session::clear_all();
+    environments::modal_sidecar::Sidecar::shutdown();
 }
 
 /// `vibeos-exec backends gc`: removes the containers a crashed host left. Returns the exit code.
@@ -73,7 +74,9 @@ pub struct BackendStatus {
 }
 
 /// Probes every backend: local always works; docker asks its engine; ssh opens (and closes) a
-/// master connection when a host is configured.
+/// master connection when a host is configured; daytona lists sandboxes with the API key;
+/// singularity asks its CLI's version; modal asks the API (through the SDK sidecar) whether it
+/// takes the credentials, when modal is selected or configured.
 pub fn report(settings: &BackendSettings) -> Vec<BackendStatus> {
     let docker_configured = settings.docker_image.is_some();
     let docker = environments::docker::probe(&settings.docker_binary)
@@ -90,6 +93,13 @@ pub fn report(settings: &BackendSettings) -> Vec<BackendStatus> {
             }
         }
     };
+    let modal = if settings.backend == BackendKind::Modal || settings.modal_image.is_some() {
+        environments::modal::probe(&settings.modal_python).map_err(|e| e.to_string())
+    } else {
+        Err("terminal.modal_image is not set".to_string())
+    };
+    let daytona = environments::daytona::probe().map_err(|e| e.to_string());
+    let singularity = environments::singularity::probe().map_err(|e| e.to_string());
     vec![
         BackendStatus {
             name: "local",
@@ -108,6 +118,26 @@ pub fn report(settings: &BackendSettings) -> Vec<BackendStatus> {
             selected: settings.backend == BackendKind::Ssh,
             configured: settings.ssh_host.is_some(),
             reachable: ssh,
+        },
+        BackendStatus {
+            name: "daytona",
+            selected: settings.backend == BackendKind::Daytona,
+            configured: std::env::var_os("DAYTONA_API_KEY").is_some(),
+            reachable: daytona,
+        },
+        BackendStatus {
+            name: "singularity",
+            selected: settings.backend == BackendKind::Singularity,
+            configured: settings.singularity_image.is_some(),
+            reachable: singularity,
+        },
+        BackendStatus {
+            name: "modal",
+            selected: settings.backend == BackendKind::Modal,
+            configured: settings.modal_image.is_some()
+                && std::env::var_os("MODAL_TOKEN_ID").is_some()
+                && std::env::var_os("MODAL_TOKEN_SECRET").is_some(),
+            reachable: modal,
         },
     ]
 }

@@ -23,7 +23,9 @@ use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vibeos_tools::environments::{Channel, Connections, EnvHandle, ExecSpec, GroupSignal, Spawned};
+use vibeos_tools::environments::{
+    relay, Channel, Connections, EnvHandle, ExecSpec, GroupSignal, Spawned,
+};
 use vibeos_tools::{CallOrigin, ToolContext, ToolRegistry};
 
 const BOOTSTRAP: &str = include_str!("remote_boot.py");
@@ -195,6 +197,11 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
             paths: None,
         },
     ));
+    // Through the relay, the relay connects to the bound socket on this side.
+    let relay_local = match (&connections, r.env.relayed()) {
+        (Connections::Bind(path), true) => Some(path.clone()),
+        _ => None,
+    };
     let server = serve_connections(connections, Arc::clone(&state))?;
 
     let spec = ExecSpec::new([
@@ -207,7 +214,13 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
         without_comments(BOOTSTRAP),
     ]);
     let env = Arc::clone(&r.env);
-    let spawned = match tokio::task::spawn_blocking(move || env.spawn(&spec)).await {
+    let relayed_socket = remote_socket.clone();
+    let spawned = match tokio::task::spawn_blocking(move || match relay_local {
+        Some(local) => relay::spawn_relayed(&*env, &spec, local, &relayed_socket),
+        None => env.spawn(&spec),
+    })
+    .await
+    {
         Ok(Ok(spawned)) => spawned,
         Ok(Err(e)) => {
             server.stop();

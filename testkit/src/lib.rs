@@ -13,7 +13,9 @@
 //! machines may skip on CI, through [`skip_even_in_ci!`].
 
 pub mod backends;
+pub mod daytona;
 mod e2e;
+pub mod modal;
 
 pub use e2e::*;
 

@@ -152,6 +152,8 @@ pub struct TerminalSection {
     pub singularity_image: Option<String>,
     /// `modal_image`.
     pub modal_image: Option<String>,
+    /// `modal_python`: the host interpreter (with the `modal` package) of the SDK sidecar.
+    pub modal_python: Option<String>,
     /// `daytona_image`.
     pub daytona_image: Option<String>,
 }

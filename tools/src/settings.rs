@@ -82,6 +82,8 @@ fn stamp(path: &Path) -> Result<Stamp, ConfigFileError> {
 struct Cached {
     path: PathBuf,
     stamp: Stamp,
+    /// The bytes that were parsed, to tell a recent same-size rewrite from no change.
+    text: Vec<u8>,
     file: Arc<ConfigFile>,
 }
 
@@ -94,10 +96,21 @@ pub fn load_at(path: &Path, required: bool) -> Result<Arc<ConfigFile>, ConfigFil
     if let Ok(guard) = CACHE.lock() {
         if let Some(c) = guard.as_ref() {
             if c.path == path && c.stamp == before && (before.is_some() || !required) {
-                return Ok(c.file.clone());
+                // File timestamps tick coarsely (milliseconds): two writes of the same size
+                // within one tick look alike, so a file changed in the last seconds is
+                // compared by content before the cached parse is trusted.
+                let settled = before.is_none_or(|(_, mtime, _)| {
+                    mtime
+                        .elapsed()
+                        .is_ok_and(|age| age > std::time::Duration::from_secs(2))
+                });
+                if settled || std::fs::read(path).ok().as_deref() == Some(c.text.as_slice()) {
+                    return Ok(c.file.clone());
+                }
             }
         }
     }
+    let text = std::fs::read(path).unwrap_or_default();
     let file = match ConfigFile::read(path)? {
         Some(f) => Arc::new(f),
         None if required => {
@@ -117,6 +130,7 @@ pub fn load_at(path: &Path, required: bool) -> Result<Arc<ConfigFile>, ConfigFil
         *guard = Some(Cached {
             path: path.to_path_buf(),
             stamp: before,
+            text,
             file: file.clone(),
         });
     }

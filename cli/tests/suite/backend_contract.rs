@@ -1,6 +1,7 @@
 //! The `Environment` contract, checked the same way against every backend that runs here:
 //! `local`, `docker` (a private dockerd and the python3 image built from Debian packages) and
-//! `ssh` (an sshd on 127.0.0.1 with a non-root user). exec with argv, cwd, env and stdin; exit
+//! `ssh` (an sshd on 127.0.0.1 with a non-root user), `daytona` (the stand-in of
+//! tests/standins/, its sandboxes real containers). exec with argv, cwd, env and stdin; exit
 //! codes; a timeout that kills the whole process group over there (checked in that side's
 //! /proc); a streaming spawn whose kill reaches the group; upload and download of bytes and
 //! host files; clear errors for an empty argv and a missing file. A new backend (Modal,
@@ -10,7 +11,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use vibeos_testkit::backends::{start_sshd, unavailable, Dockerd, SSH_USER};
+use vibeos_testkit::backends::{rootfs, start_sshd, unavailable, Dockerd, SSH_USER};
 use vibeos_tools::environments::{
     self, settings::KnownHosts, BackendKind, BackendSettings, EnvError, Environment, ExecSpec,
     GroupSignal,
@@ -220,4 +221,41 @@ fn docker_environment_contract() {
     contract(env.as_ref(), "/tmp");
     env.stop();
     assert!(daemon.labelled().is_empty(), "the container was removed");
+}
+
+#[test]
+fn daytona_environment_contract() {
+    let _lock = super::backend_lock();
+    if let Err(why) = vibeos_testkit::daytona::sdk_python() {
+        return unavailable(&why);
+    }
+    let image = match rootfs() {
+        Ok(p) => p,
+        Err(e) => return unavailable(&e),
+    };
+    let daemon = match Dockerd::start() {
+        Ok(d) => d,
+        Err(e) => return unavailable(&e),
+    };
+    daemon
+        .import(&image, "vibeos-py:contract")
+        .expect("docker import");
+    let standin = vibeos_testkit::daytona::Standin::start(&daemon, "vibeos-py:contract").unwrap();
+    std::env::set_var("DAYTONA_API_URL", &standin.api_url);
+    std::env::set_var("DAYTONA_API_KEY", &standin.api_key);
+    let settings = BackendSettings {
+        backend: BackendKind::Daytona,
+        daytona_image: Some("vibeos-py:contract".into()),
+        agent_binary: Some(PathBuf::from(env!("CARGO_BIN_EXE_vibeos-exec"))),
+        ..BackendSettings::default()
+    };
+    let env = environments::start(&settings, "contract").unwrap();
+    assert_eq!(env.backend(), "daytona");
+    contract(env.as_ref(), "/tmp");
+    env.stop();
+    let left = daemon.docker(&["ps", "-aq", "--filter", "label=daytona-standin=1"]);
+    assert!(
+        String::from_utf8_lossy(&left.stdout).trim().is_empty(),
+        "the sandbox was deleted"
+    );
 }

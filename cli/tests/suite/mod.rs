@@ -2,16 +2,21 @@
 
 mod backend_background;
 mod backend_contract;
+mod backend_daytona;
 mod backend_docker;
+mod backend_modal;
 mod backend_podman;
+mod backend_singularity;
 mod backend_ssh;
 mod backends_cli;
 mod builtin_tools;
 mod config_validation;
 mod core_run;
+mod daytona_standin;
 mod env_and_interpreter;
 mod mcp_serve;
 mod mcp_servers;
+mod modal_conformance;
 mod parity;
 mod strict_benign;
 mod strict_escapes;

@@ -10,14 +10,19 @@
 //! tool behaves identically wherever it runs, and only what crosses the boundary differs.
 
 pub mod agent;
+pub mod daytona;
 pub mod docker;
 pub mod local;
 pub mod local_env;
 pub mod manager;
+pub mod modal;
+pub mod modal_sidecar;
 pub mod process;
+pub mod relay;
 pub mod route;
 pub mod session;
 pub mod settings;
+pub mod singularity;
 pub mod ssh;
 
 pub use crate::capture::HeadTail;
@@ -212,6 +217,12 @@ pub trait Environment: Send + Sync {
     /// of several executions over one socket tells them apart by it).
     fn open_channel(&self, exec_id: &str, token: &str) -> Result<Channel, EnvError>;
 
+    /// Whether execute_code reaches the script through the relay ([`relay::spawn_relayed`]):
+    /// true for sandboxes nothing can be mounted into or forwarded to (daytona, modal).
+    fn relayed(&self) -> bool {
+        false
+    }
+
     /// The tool agent of this environment (started on first use); `None` where tools run in
     /// this process (local).
     fn agent(&self) -> Option<&agent::AgentClient>;
@@ -229,6 +240,9 @@ pub fn start(settings: &BackendSettings, task: &str) -> Result<EnvHandle, EnvErr
     Ok(match settings.backend {
         BackendKind::Docker => Arc::new(docker::DockerEnv::start(settings, task)?),
         BackendKind::Ssh => Arc::new(ssh::SshEnv::start(settings, task)?),
+        BackendKind::Modal => Arc::new(modal::ModalEnv::start(settings, task)?),
+        BackendKind::Daytona => Arc::new(daytona::DaytonaEnv::start(settings, task)?),
+        BackendKind::Singularity => Arc::new(singularity::SingularityEnv::start(settings, task)?),
         BackendKind::Local => Arc::new(local_env::LocalEnv::new(settings)),
     })
 }

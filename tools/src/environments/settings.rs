@@ -21,6 +21,12 @@ pub enum BackendKind {
     Docker,
     /// A remote host over one OpenSSH ControlMaster connection.
     Ssh,
+    /// A Modal sandbox per task, driven through the official SDK in a sidecar.
+    Modal,
+    /// A Daytona sandbox per task, through the service's REST API.
+    Daytona,
+    /// An Apptainer/Singularity instance per task (HPC clusters without Docker).
+    Singularity,
 }
 
 impl BackendKind {
@@ -30,6 +36,9 @@ impl BackendKind {
             BackendKind::Local => "local",
             BackendKind::Docker => "docker",
             BackendKind::Ssh => "ssh",
+            BackendKind::Modal => "modal",
+            BackendKind::Daytona => "daytona",
+            BackendKind::Singularity => "singularity",
         }
     }
 }
@@ -81,6 +90,14 @@ pub struct BackendSettings {
     pub container_cpu: Option<f64>,
     /// `terminal.container_memory`: MB.
     pub container_memory: Option<u64>,
+    /// `terminal.container_disk`: MB (daytona rounds up to whole GiB).
+    pub container_disk: Option<u64>,
+    /// `terminal.daytona_image`: the image a new Daytona sandbox is built from (the service's
+    /// default snapshot when unset).
+    pub daytona_image: Option<String>,
+    /// `terminal.singularity_image`: a SIF file, a sandbox dir or a `docker://` reference
+    /// (built once into a cached SIF).
+    pub singularity_image: Option<String>,
     /// `terminal.container_pids`: process limit.
     pub container_pids: u64,
     /// `terminal.container_persistent`: keep the container (stopped) instead of removing it.
@@ -95,6 +112,12 @@ pub struct BackendSettings {
     pub ssh_key: Option<PathBuf>,
     /// `terminal.ssh_known_hosts`: `strict` (default), `accept-new`, or a file path.
     pub ssh_known_hosts: KnownHosts,
+    /// `terminal.modal_image`: a registry image (`python:3.12-slim`) or a Modal image id
+    /// (`im-…`) for the modal backend.
+    pub modal_image: Option<String>,
+    /// `terminal.modal_python`: the host interpreter with the `modal` package that runs the
+    /// SDK sidecar.
+    pub modal_python: String,
     /// `terminal.shell_session`: `cd`/`export` persist between calls of one task.
     pub shell_session: bool,
     /// `terminal.agent_binary`: the vibeos-exec binary run as tool agent inside the backend.
@@ -119,6 +142,9 @@ impl Default for BackendSettings {
             docker_binary: "docker".into(),
             container_cpu: None,
             container_memory: None,
+            container_disk: None,
+            daytona_image: None,
+            singularity_image: None,
             container_pids: 512,
             container_persistent: false,
             ssh_host: None,
@@ -126,6 +152,8 @@ impl Default for BackendSettings {
             ssh_port: None,
             ssh_key: None,
             ssh_known_hosts: KnownHosts::Strict,
+            modal_image: None,
+            modal_python: "python3".into(),
             shell_session: true,
             agent_binary: None,
             skip_approvals_isolated: true,
@@ -139,11 +167,11 @@ impl Default for BackendSettings {
 pub enum SettingsError {
     /// `terminal.backend` (or `--backend`) names no backend.
     #[error(
-        "unknown backend `{0}` (terminal.backend / --backend); use one of: local, docker, ssh"
+        "unknown backend `{0}` (terminal.backend / --backend); use one of: local, docker, ssh, daytona, singularity, modal"
     )]
     UnknownBackend(String),
     /// A backend of the product this one replaces that this build cannot run.
-    #[error("backend `{0}` is not available in this build (terminal.backend / --backend); use one of: local, docker, ssh")]
+    #[error("backend `{0}` is not available in this build (terminal.backend / --backend); use one of: local, docker, ssh, daytona, singularity, modal")]
     Unavailable(String),
     /// The chosen backend needs a key that is not set.
     #[error("backend `{backend}` needs `{key}` in config.yaml; {hint}")]
@@ -152,6 +180,16 @@ pub enum SettingsError {
         backend: &'static str,
         /// The key.
         key: &'static str,
+        /// What to put there.
+        hint: &'static str,
+    },
+    /// The chosen backend needs a variable in the environment (a credential, never config).
+    #[error("backend `{backend}` needs the environment variable {var}; {hint}")]
+    MissingEnv {
+        /// The backend.
+        backend: &'static str,
+        /// The variable.
+        var: &'static str,
         /// What to put there.
         hint: &'static str,
     },
@@ -178,7 +216,9 @@ pub fn parse_backend(name: &str) -> Result<BackendKind, SettingsError> {
         "local" => Ok(BackendKind::Local),
         "docker" | "podman" => Ok(BackendKind::Docker),
         "ssh" => Ok(BackendKind::Ssh),
-        "singularity" | "modal" | "daytona" => Err(SettingsError::Unavailable(name.into())),
+        "daytona" => Ok(BackendKind::Daytona),
+        "singularity" | "apptainer" => Ok(BackendKind::Singularity),
+        "modal" => Ok(BackendKind::Modal),
         _ => Err(SettingsError::UnknownBackend(name.into())),
     }
 }
@@ -244,6 +284,9 @@ impl BackendSettings {
         s.container_cpu = number("container_cpu", t.container_cpu)?;
         s.container_memory =
             number("container_memory", t.container_memory)?.map(|m| m.ceil() as u64);
+        s.container_disk = number("container_disk", t.container_disk)?.map(|m| m.ceil() as u64);
+        s.daytona_image = string("daytona_image", t.daytona_image)?;
+        s.singularity_image = string("singularity_image", t.singularity_image)?;
         if let Some(p) = number("container_pids", t.container_pids)? {
             s.container_pids = p as u64;
         }
@@ -273,6 +316,10 @@ impl BackendSettings {
                 }
             };
         }
+        s.modal_image = string("modal_image", t.modal_image)?;
+        if let Some(p) = string("modal_python", t.modal_python)? {
+            s.modal_python = p;
+        }
         if let Some(b) = t.shell_session {
             s.shell_session = b;
         }
@@ -299,10 +346,49 @@ impl BackendSettings {
                     hint: "name the host to run on",
                 })
             }
+            BackendKind::Singularity if s.singularity_image.is_none() => {
+                return Err(SettingsError::Missing {
+                    backend: "singularity",
+                    key: "terminal.singularity_image",
+                    hint: "name a SIF file or a docker:// image with a Python 3 interpreter",
+                })
+            }
+            BackendKind::Daytona
+                if std::env::var("DAYTONA_API_KEY").map_or(true, |k| k.trim().is_empty()) =>
+            {
+                return Err(SettingsError::MissingEnv {
+                    backend: "daytona",
+                    var: "DAYTONA_API_KEY",
+                    hint: "export the API key of your Daytona organization (and DAYTONA_API_URL for a self-hosted service)",
+                })
+            }
+            BackendKind::Modal => modal_required(&s)?,
             _ => {}
         }
         Ok(s)
     }
+}
+
+/// What the modal backend cannot start without: an image and both token variables (read
+/// here, by the supervisor, and handed to the SDK sidecar alone).
+fn modal_required(s: &BackendSettings) -> Result<(), SettingsError> {
+    if s.modal_image.is_none() {
+        return Err(SettingsError::Missing {
+            backend: "modal",
+            key: "terminal.modal_image",
+            hint: "name a registry image with Python 3 (e.g. python:3.12-slim) or a Modal image id (im-…)",
+        });
+    }
+    for var in ["MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET"] {
+        if std::env::var_os(var).is_none_or(|v| v.is_empty()) {
+            return Err(SettingsError::MissingEnv {
+                backend: "modal",
+                var,
+                hint: "create a token with `modal token new` (or in the Modal dashboard) and export MODAL_TOKEN_ID and MODAL_TOKEN_SECRET",
+            });
+        }
+    }
+    Ok(())
 }
 
 fn parse_volume(text: &str) -> Result<Volume, String> {
@@ -358,6 +444,8 @@ mod tests {
         assert!(e.to_string().contains("terminal.docker_image"), "{e}");
         let e = parse("{}", Some("ssh")).unwrap_err();
         assert!(e.to_string().contains("terminal.ssh_host"), "{e}");
+        let e = parse("{}", Some("modal")).unwrap_err();
+        assert!(e.to_string().contains("terminal.modal_image"), "{e}");
         let e = parse("{}", Some("kubernetes")).unwrap_err();
         assert!(e.to_string().contains("kubernetes"), "{e}");
         let e = parse("terminal:\n  ssh_port: 70000\n", None).unwrap_err();

@@ -16,6 +16,8 @@ fn call(name: &str, args: Value, ctx: &ToolContext) -> Value {
 
 #[test]
 fn terminal_and_background_output_are_redacted_unless_turned_off() {
+    // The pinned config path is process-wide: tests that pin one take turns.
+    let _process_state = super::process_state_lock();
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("config.yaml");
     std::fs::write(&cfg, "").unwrap();

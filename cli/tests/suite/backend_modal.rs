@@ -1,0 +1,477 @@
+//! The modal backend against the Modal stand-in (tests/standins/modal_server.py, proven
+//! faithful by suite/modal_conformance.rs with the official SDK), whose sandboxes are
+//! real containers of a private dockerd: exec with cwd, env, exit code and timeout; file
+//! upload and download; the tools running inside the sandbox (not on the host); one sandbox
+//! per task; a timeout or an interrupt kills the command and its children in the sandbox and
+//! keeps the sandbox; an expired sandbox is recreated once; idle stop; the Modal credentials
+//! never reach the sandbox; a wrong token or an unreachable API is a clear, quick error.
+//!
+//! The backend choice and the SDK sidecar are process-wide, so everything runs in one test,
+//! phase by phase.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use serde_json::{json, Map, Value};
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use vibeos_supervisor::{execute, Config, ExecutionRequest, ExecutionResult, Interrupt, Status};
+use vibeos_testkit::backends::{rootfs, unavailable, Dockerd};
+use vibeos_testkit::modal::{sdk_python, ModalStandin, TOKEN_ID, TOKEN_SECRET};
+use vibeos_tools::environments::{self, BackendKind, BackendSettings, EnvError, ExecSpec};
+use vibeos_tools::ToolContext;
+
+const IMAGE: &str = "vibeos-py:test";
+
+fn settings(python: &std::path::Path) -> BackendSettings {
+    BackendSettings {
+        backend: BackendKind::Modal,
+        modal_image: Some(IMAGE.into()),
+        modal_python: python.display().to_string(),
+        agent_binary: Some(PathBuf::from(env!("CARGO_BIN_EXE_vibeos-exec"))),
+        ..BackendSettings::default()
+    }
+}
+
+fn request(code: &str, task: &str) -> ExecutionRequest {
+    let mut r = ExecutionRequest::from_config(code, &Config::default());
+    r.task_id = Some(task.into());
+    r.timeout = Duration::from_secs(120);
+    r.base_env = Some(vec![
+        (OsString::from("PATH"), OsString::from("/host/only/bin")),
+        (OsString::from("LANG"), OsString::from("C.UTF-8")),
+        (
+            OsString::from("MY_SECRET_TOKEN"),
+            OsString::from("hunter2-host-secret"),
+        ),
+        (
+            OsString::from("OPENAI_API_KEY"),
+            OsString::from("sk-host-provider-secret"),
+        ),
+        (OsString::from("MODAL_TOKEN_ID"), OsString::from(TOKEN_ID)),
+        (
+            OsString::from("MODAL_TOKEN_SECRET"),
+            OsString::from(TOKEN_SECRET),
+        ),
+    ]);
+    r
+}
+
+fn run(rt: &tokio::runtime::Runtime, req: ExecutionRequest) -> ExecutionResult {
+    rt.block_on(execute(req, vibeos_tools::registry(), Interrupt::new()))
+}
+
+/// Calls a tool as a script of `task` would.
+fn tool(task: &str, name: &str, args: Value) -> Value {
+    let mut ctx = ToolContext::agent(std::env::temp_dir());
+    ctx.task_id = Some(task.into());
+    let args: Map<String, Value> = args.as_object().cloned().unwrap_or_default();
+    let out = vibeos_tools::registry().dispatch(name, &args, &ctx);
+    serde_json::from_str(&out).unwrap_or(Value::String(out))
+}
+
+/// The sandbox containers the stand-in runs.
+fn sandboxes(daemon: &Dockerd) -> Vec<String> {
+    let out = daemon.docker(&[
+        "ps",
+        "--filter",
+        "label=modal-standin",
+        "--format",
+        "{{.Names}}",
+    ]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Command lines of every process in the sandbox of `task` (no procps in the image).
+fn processes(task: &str) -> String {
+    let r = tool(
+        task,
+        "terminal",
+        json!({"command": "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done"}),
+    );
+    r["output"].as_str().unwrap_or_default().to_string()
+}
+
+#[test]
+fn modal_backend_against_the_stand_in() {
+    let _backend = super::backend_lock();
+    let python = match sdk_python() {
+        Ok(p) => p,
+        Err(e) => return unavailable(&e),
+    };
+    let image = match rootfs() {
+        Ok(p) => p,
+        Err(e) => return unavailable(&e),
+    };
+    let daemon = match Dockerd::start() {
+        Ok(d) => d,
+        Err(e) => return unavailable(&e),
+    };
+    daemon.import(&image, IMAGE).expect("docker import");
+    let standin = ModalStandin::start(&python, &daemon).expect("stand-in");
+    // The supervisor's environment: where the credentials are read (by the sidecar alone).
+    for (k, v) in standin.env() {
+        std::env::set_var(k, v);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    environments::activate(settings(&python));
+    let envs = environments::active().unwrap();
+
+    // Exec: cwd, env, stdin, exit code, stdout and stderr apart.
+    let env = envs.get(Some("task-a")).expect("sandbox");
+    assert_eq!(env.backend(), "modal");
+    let spec = ExecSpec::new([
+        "sh",
+        "-c",
+        "pwd; echo $GREETING; cat; echo oops >&2; exit 3",
+    ])
+    .cwd("/tmp")
+    .env("GREETING", "hello there");
+    let out = env
+        .exec(&spec, b"from stdin", Duration::from_secs(60))
+        .unwrap();
+    assert_eq!(out.code, Some(3), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "/tmp\nhello there\nfrom stdin"
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "oops\n");
+    let missing = env
+        .exec(
+            &ExecSpec::new(["true"]).cwd("/no/such/dir"),
+            b"",
+            Duration::from_secs(60),
+        )
+        .unwrap();
+    assert_eq!(missing.code, Some(125), "{missing:?}");
+    assert_eq!(sandboxes(&daemon).len(), 1);
+
+    // Files: upload and download, binary-safe, with the mode asked for.
+    let payload: Vec<u8> = (0..=255u8).cycle().take(200_000).collect();
+    env.upload(&payload, "/srv/blob.bin", 0o640).unwrap();
+    assert_eq!(env.download("/srv/blob.bin").unwrap(), payload);
+    let mode = env
+        .exec(
+            &ExecSpec::new(["stat", "-c", "%a", "/srv/blob.bin"]),
+            b"",
+            Duration::from_secs(60),
+        )
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&mode.stdout).trim(), "640");
+    match env.download("/srv/none.bin") {
+        Err(e) => assert!(e.to_string().contains("/srv/none.bin"), "{e}"),
+        Ok(d) => panic!("downloaded a missing file: {d:?}"),
+    }
+
+    // Tools run in the sandbox: what write_file writes, the terminal sees; the host does not.
+    let marker = format!("/srv/vibeos-modal-{}.txt", std::process::id());
+    let w = tool(
+        "task-a",
+        "write_file",
+        json!({"path": marker, "content": "alpha\nbeta\n"}),
+    );
+    assert!(w.get("error").is_none(), "{w}");
+    let r = tool("task-a", "read_file", json!({"path": marker}));
+    assert!(r["content"].as_str().unwrap().contains("beta"), "{r}");
+    let t = tool(
+        "task-a",
+        "terminal",
+        json!({"command": format!("cat {marker}")}),
+    );
+    assert_eq!(t["output"].as_str().unwrap().trim(), "alpha\nbeta", "{t}");
+    assert!(
+        !std::path::Path::new(&marker).exists(),
+        "leaked to the host"
+    );
+
+    // The credentials never reach the sandbox: not in a command's environment, not in any
+    // process's environment there, not in a file under / the agent can read.
+    let t = tool(
+        "task-a",
+        "terminal",
+        json!({"command": "env; cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'"}),
+    );
+    let seen = t["output"].as_str().unwrap().to_string();
+    assert!(seen.contains("PATH="), "{t}");
+    for secret in [TOKEN_ID, TOKEN_SECRET, standin.url.as_str(), "MODAL_TOKEN"] {
+        assert!(
+            !seen.contains(secret),
+            "{secret} reached the sandbox: {seen}"
+        );
+    }
+    let t = tool(
+        "task-a",
+        "terminal",
+        json!({"command": format!("grep -rl {TOKEN_SECRET} /tmp /root /srv /etc 2>/dev/null; echo done")}),
+    );
+    assert_eq!(t["output"].as_str().unwrap().trim(), "done", "{t}");
+
+    // One sandbox per task, reused.
+    let env_again = envs.get(Some("task-a")).unwrap();
+    assert!(std::sync::Arc::ptr_eq(&env, &env_again));
+    let b = tool("task-b", "terminal", json!({"command": "hostname"}));
+    let a = tool("task-a", "terminal", json!({"command": "hostname"}));
+    assert_ne!(a["output"], b["output"]);
+    assert_eq!(sandboxes(&daemon).len(), 2);
+
+    // execute_code in the sandbox, through the relay: a script with tool calls; its
+    // environment is scrubbed (no host secrets, no host PATH, no Modal credentials).
+    let code = format!(
+        r#"
+from vibeos_tools import write_file, read_file, terminal
+import os, json, socket
+print("w:", "error" not in write_file("/srv/from-script.txt", "gamma\n"))
+print("r:", read_file("/srv/from-script.txt")["content"].strip().endswith("gamma"))
+print("t:", terminal("cat {marker}")["output"].split())
+print("host:", socket.gethostname() == terminal("hostname")["output"].strip())
+print("env:", json.dumps(dict(os.environ)))
+"#
+    );
+    let r = run(&rt, request(&code, "task-a"));
+    assert_eq!(r.status, Status::Success, "{r:?}");
+    assert_eq!(r.backend.as_deref(), Some("modal"));
+    assert!(r.output.contains("w: True"), "{}", r.output);
+    assert!(r.output.contains("r: True"), "{}", r.output);
+    assert!(r.output.contains("t: ['alpha', 'beta']"), "{}", r.output);
+    assert!(r.output.contains("host: True"), "{}", r.output);
+    assert_eq!(r.tool_calls_made, 4, "{r:?}");
+    for leak in [
+        "hunter2-host-secret",
+        "sk-host-provider-secret",
+        "/host/only/bin",
+        TOKEN_ID,
+        TOKEN_SECRET,
+        standin.url.as_str(),
+    ] {
+        assert!(
+            !r.output.contains(leak),
+            "{leak} reached the script: {}",
+            r.output
+        );
+    }
+    assert!(
+        r.output.contains("C.UTF-8"),
+        "safe variables pass: {}",
+        r.output
+    );
+
+    // execute_code timeout and interrupt: the script and what it started die in the sandbox,
+    // the sandbox stays.
+    let before_scripts = sandboxes(&daemon);
+    let mut req = request(
+        "import subprocess, time\nsubprocess.Popen(['sleep', '5151'])\nprint('started', flush=True)\ntime.sleep(600)",
+        "task-a",
+    );
+    req.timeout = Duration::from_secs(3);
+    req.kill_grace = Duration::from_secs(1);
+    let started = Instant::now();
+    let r = run(&rt, req);
+    assert_eq!(r.status, Status::Timeout, "{r:?}");
+    assert!(r.output.contains("started"), "{r:?}");
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let ps = processes("task-a");
+    assert!(
+        !ps.contains("sleep 5151") && !ps.contains("time.sleep(600)"),
+        "left behind: {ps}"
+    );
+    let interrupt = Interrupt::new();
+    let stopper = interrupt.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(3));
+        stopper.interrupt();
+    });
+    let mut req = request(
+        "import subprocess, time\nsubprocess.Popen(['sleep', '5252'])\ntime.sleep(600)",
+        "task-a",
+    );
+    req.kill_grace = Duration::from_secs(1);
+    let r = rt.block_on(execute(req, vibeos_tools::registry(), interrupt));
+    assert_eq!(r.status, Status::Interrupted, "{r:?}");
+    let ps = processes("task-a");
+    assert!(!ps.contains("sleep 5252"), "left behind: {ps}");
+    assert_eq!(
+        sandboxes(&daemon),
+        before_scripts,
+        "the sandbox must survive"
+    );
+
+    // A timeout kills the command and what it started, in the sandbox; the sandbox stays.
+    let before = sandboxes(&daemon);
+    let started = Instant::now();
+    let r = env.exec(
+        &ExecSpec::new(["sh", "-c", "sleep 4242 & sleep 4343; echo never"]),
+        b"",
+        Duration::from_secs(2),
+    );
+    assert!(matches!(r, Err(EnvError::Timeout { .. })), "{r:?}");
+    assert!(started.elapsed() < Duration::from_secs(20));
+    let ps = processes("task-a");
+    assert!(
+        !ps.contains("sleep 4242") && !ps.contains("sleep 4343"),
+        "left behind: {ps}"
+    );
+    assert_eq!(sandboxes(&daemon), before, "the sandbox must survive");
+    let t = tool(
+        "task-a",
+        "terminal",
+        json!({"command": "sleep 4747; echo never", "timeout": 2}),
+    );
+    assert!(!t["output"].as_str().unwrap_or("").contains("never"), "{t}");
+    assert!(!processes("task-a").contains("sleep 4747"));
+    assert_eq!(sandboxes(&daemon), before);
+
+    // An interrupt (TERM to the running command's group, then KILL, as execute_code's
+    // interrupt does) ends the command and what it started; the sandbox stays.
+    let spawned = env
+        .spawn(&ExecSpec::new(["sh", "-c", "sleep 4848 & sleep 4949"]))
+        .unwrap();
+    let process = std::sync::Arc::clone(&spawned.process);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(process.try_wait().unwrap(), None);
+    process.kill(environments::GroupSignal::Term).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    process.kill(environments::GroupSignal::Kill).unwrap();
+    let code = process.wait().unwrap();
+    assert!(code < 0, "killed by a signal: {code}");
+    let ps = processes("task-a");
+    assert!(
+        !ps.contains("sleep 4848") && !ps.contains("sleep 4949"),
+        "left behind: {ps}"
+    );
+    assert_eq!(sandboxes(&daemon), before);
+
+    // Modal ends a sandbox (its lifetime ran out): the next call recreates it, once.
+    let old = sandboxes(&daemon);
+    standin.control("expire-all");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !sandboxes(&daemon).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(sandboxes(&daemon).is_empty());
+    let t = tool("task-a", "terminal", json!({"command": "echo back"}));
+    assert_eq!(t["output"].as_str().unwrap_or("").trim(), "back", "{t}");
+    let now = sandboxes(&daemon);
+    assert_eq!(now.len(), 1, "{now:?}");
+    assert!(!old.contains(&now[0]), "a new sandbox: {old:?} {now:?}");
+    // The second loss is an error that says so, not a loop.
+    standin.control("expire-all");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !sandboxes(&daemon).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let r = env.exec(&ExecSpec::new(["true"]), b"", Duration::from_secs(60));
+    let e = r.expect_err("a second expiry is an error");
+    assert!(e.to_string().contains("recreated once"), "{e}");
+
+    // Host exit terminates every sandbox.
+    environments::shutdown();
+    assert!(sandboxes(&daemon).is_empty(), "{:?}", sandboxes(&daemon));
+
+    // Idle stop after lifetime_seconds.
+    let mut idle = settings(&python);
+    idle.lifetime = Duration::from_secs(1);
+    environments::activate(idle);
+    let t = tool("task-idle", "terminal", json!({"command": "echo hi"}));
+    assert_eq!(t["output"].as_str().unwrap_or("").trim(), "hi", "{t}");
+    assert_eq!(sandboxes(&daemon).len(), 1);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !sandboxes(&daemon).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(sandboxes(&daemon).is_empty(), "idle sandbox not stopped");
+    environments::shutdown();
+
+    // The CLI: a wrong secret and an unreachable API are clear errors, quickly, naming what
+    // to fix; a missing token is exit 2 before anything runs.
+    let home = tempfile::tempdir().unwrap();
+    std::fs::write(
+        home.path().join("config.yaml"),
+        format!(
+            "terminal:\n  modal_image: {IMAGE}\n  modal_python: {}\n",
+            python.display()
+        ),
+    )
+    .unwrap();
+    let script = home.path().join("s.py");
+    std::fs::write(&script, "print('hi')\n").unwrap();
+    let cli = |vars: &[(&str, &str)], unset: &[&str]| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_vibeos-exec"));
+        cmd.args(["run", "--json", "--backend", "modal"])
+            .arg(&script)
+            .env("VIBEOS_HOME", home.path())
+            .env("VIBEOS_AGENT_BINARY", env!("CARGO_BIN_EXE_vibeos-exec"));
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        for k in unset {
+            cmd.env_remove(k);
+        }
+        let t = Instant::now();
+        let out = cmd.output().unwrap();
+        (out, t.elapsed())
+    };
+    // doctor asks the API whether it takes the token.
+    let doctor = std::process::Command::new(env!("CARGO_BIN_EXE_vibeos-exec"))
+        .args(["doctor", "--json"])
+        .env("VIBEOS_HOME", home.path())
+        .output()
+        .unwrap();
+    let report: Value =
+        serde_json::from_slice(&doctor.stdout).unwrap_or_else(|_| panic!("{doctor:?}"));
+    let modal = report["backends"]
+        .as_array()
+        .and_then(|b| b.iter().find(|e| e["name"] == "modal"))
+        .cloned()
+        .unwrap_or_else(|| panic!("no modal line: {report}"));
+    assert_eq!(modal["configured"], true, "{modal}");
+    assert_eq!(modal["reachable"], true, "{modal}");
+    assert!(
+        modal["detail"].as_str().unwrap().contains(&standin.url),
+        "{modal}"
+    );
+    let (out, _) = cli(&[], &["MODAL_TOKEN_SECRET"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .contains("needs the environment variable MODAL_TOKEN_SECRET"),
+        "{out:?}"
+    );
+    let (out, took) = cli(&[("MODAL_TOKEN_SECRET", "wrong")], &[]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("MODAL_TOKEN_ID and MODAL_TOKEN_SECRET"),
+        "{text}"
+    );
+    assert!(took < Duration::from_secs(30), "{took:?}");
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let (out, took) = cli(
+        &[("MODAL_SERVER_URL", &format!("http://127.0.0.1:{dead}"))],
+        &[],
+    );
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("MODAL_SERVER_URL"), "{text}");
+    assert!(took < Duration::from_secs(40), "{took:?}");
+    assert!(sandboxes(&daemon).is_empty());
+    // This suite is one process: leave no Modal endpoint behind for the next test.
+    for (k, _) in standin.env() {
+        std::env::remove_var(k);
+    }
+}
