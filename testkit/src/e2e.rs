@@ -60,13 +60,21 @@ pub fn python3() -> PathBuf {
     }
 }
 
+/// The cargo target dir (`CARGO_TARGET_DIR`, else `target/` of the workspace), where the test
+/// venvs and cached images live.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
 /// The test venv's Python (`VIBEOS_TEST_MCP_PYTHON`, else `target/pyvenv/bin/python`, which
 /// scripts/test-all creates with the MCP SDK and the vibeos_exec package) when it can import
 /// `modules` (as written after `import`), else what is missing, for the test's skip message.
 pub fn venv_python(modules: &str) -> Result<PathBuf, String> {
     let py = std::env::var_os("VIBEOS_TEST_MCP_PYTHON")
         .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target/pyvenv/bin/python"));
+        .unwrap_or_else(|| target_dir().join("pyvenv/bin/python"));
     let ok = Command::new(&py)
         .args(["-c", &format!("import {modules}")])
         .output()

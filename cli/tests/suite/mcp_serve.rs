@@ -21,12 +21,12 @@ fn mcp_python() -> Result<PathBuf, String> {
     PY.get_or_init(find_or_install_mcp).clone()
 }
 
+/// What the scenarios import: the MCP SDK's client side.
+const MCP_CLIENT_MODULES: &str = "mcp, mcp.client.stdio, mcp.client.streamable_http";
+
 fn imports_mcp(py: &PathBuf) -> bool {
     Command::new(py)
-        .args([
-            "-c",
-            "import mcp, mcp.client.stdio, mcp.client.streamable_http",
-        ])
+        .args(["-c", &format!("import {MCP_CLIENT_MODULES}")])
         .output()
         .is_ok_and(|o| o.status.success())
 }
@@ -43,15 +43,11 @@ fn find_or_install_mcp() -> Result<PathBuf, String> {
             ))
         };
     }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"));
     // scripts/test-all's venv already holds the SDK; a separate one is made only without it.
-    let shared = target.join("pyvenv").join("bin").join("python");
-    if shared.exists() && imports_mcp(&shared) {
+    if let Ok(shared) = vibeos_testkit::venv_python(MCP_CLIENT_MODULES) {
         return Ok(shared);
     }
-    let venv = target.join("mcp-venv");
+    let venv = vibeos_testkit::target_dir().join("mcp-venv");
     let py = venv.join("bin").join("python");
     if py.exists() && imports_mcp(&py) {
         return Ok(py);

@@ -1,0 +1,65 @@
+//! Unit tests of the in-environment agent.
+
+use super::*;
+use std::io::Read;
+use std::os::unix::net::UnixStream;
+
+#[test]
+fn listening_agent_answers_only_token_holders_and_exits_with_its_lifeline() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("agent.sock");
+    let file = dir.path().join("f.txt");
+    std::fs::write(&file, "agent side\n").unwrap();
+    let (stdin_r, mut stdin_w) = std::io::pipe().unwrap();
+    let (out_r, out_w) = std::io::pipe().unwrap();
+    let token = "t".repeat(64);
+    writeln!(stdin_w, "{token}").unwrap();
+    let path = sock.clone();
+    let agent = std::thread::spawn(move || {
+        serve(
+            crate::registry(),
+            BufReader::new(stdin_r),
+            out_w,
+            Some(&path),
+        )
+    });
+    let mut ready = String::new();
+    BufReader::new(out_r).read_line(&mut ready).unwrap();
+    assert_eq!(ready.trim(), "ready");
+
+    // A wrong token: the connection is closed without an answer.
+    let mut bad = UnixStream::connect(&sock).unwrap();
+    writeln!(bad, "{}", "x".repeat(64)).unwrap();
+    writeln!(
+        bad,
+        "{}",
+        json!({"id": 1, "tool": "read_file", "args": {"path": file}})
+    )
+    .unwrap();
+    let mut buf = String::new();
+    assert_eq!(bad.read_to_string(&mut buf).unwrap_or(0), 0, "{buf}");
+
+    // The right token: the real read_file answers.
+    let good = UnixStream::connect(&sock).unwrap();
+    let mut w = good.try_clone().unwrap();
+    writeln!(w, "{token}").unwrap();
+    writeln!(
+        w,
+        "{}",
+        json!({"id": 7, "tool": "read_file", "args": {"path": file}, "cwd": "/"})
+    )
+    .unwrap();
+    let mut line = String::new();
+    BufReader::new(good).read_line(&mut line).unwrap();
+    let v: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(v["id"], 7);
+    assert!(
+        v["ok"]["content"].as_str().unwrap().contains("agent side"),
+        "{v}"
+    );
+
+    // Closing its stdin ends it and removes the socket.
+    drop(stdin_w);
+    agent.join().unwrap().unwrap();
+    assert!(!sock.exists());
+}
