@@ -153,6 +153,10 @@ async fn check_http_request(
     };
     let opens_session = !req.headers().contains_key("mcp-session-id");
     if opens_session && limits.sessions.sessions.read().await.len() >= limits.max_sessions {
+        // Read the body before refusing: a response sent over an unread body makes the server
+        // close the connection, and a client that already reused it for its next request (the
+        // official one does) sees "Server disconnected" instead of an answer.
+        let _ = read_body_draining(req.into_body(), limit).await;
         return json_error(
             StatusCode::SERVICE_UNAVAILABLE,
             Rejection {

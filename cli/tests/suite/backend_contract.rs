@@ -168,7 +168,6 @@ fn contract(env: &dyn Environment, scratch: &str) {
 }
 
 #[test]
-#[ignore = "after merging main the local orphan check fails in the shared suite (a killed group's background sleep is still seen in /proc); not yet diagnosed"]
 fn local_environment_contract() {
     let dir = tempfile::tempdir().unwrap();
     let settings = BackendSettings {

@@ -712,11 +712,23 @@ mod tests {
             true,
         ))
         .unwrap();
-        std::thread::sleep(Duration::from_millis(300));
-        assert!(p.poll(false).output.contains("started"));
+        // Output arrives when the shell gets a CPU: poll for it rather than sleeping a fixed
+        // time (a loaded machine took longer than 300 ms).
+        let wait_for = |needle: &str| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            let mut seen = String::new();
+            while !seen.contains(needle) {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "no {needle:?} in {seen:?}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+                seen.push_str(&p.poll(false).output);
+            }
+        };
+        wait_for("started");
         p.write_stdin(b"hello\n").unwrap();
-        std::thread::sleep(Duration::from_millis(300));
-        assert!(p.poll(false).output.contains("got:hello"));
+        wait_for("got:hello");
         assert!(p.exit_code().is_none());
         let code = p.kill();
         assert!(code.is_some());

@@ -1,0 +1,150 @@
+//! The service's two HTTP faces (control plane and the sandbox's toolbox) behind one client
+//! with its own runtime, and the credentials it carries. Only this process reads them.
+
+use super::{err, BACKEND, DEFAULT_API_URL, REQUEST_TIMEOUT};
+use crate::environments::EnvError;
+use serde_json::Value;
+use std::time::Duration;
+
+/// The service's address and credentials, from this process's environment.
+#[derive(Clone)]
+pub struct Credentials {
+    /// `DAYTONA_API_URL` (control plane), without a trailing slash.
+    pub api_url: String,
+    /// `DAYTONA_API_KEY`.
+    pub api_key: String,
+}
+
+impl Credentials {
+    /// Reads `DAYTONA_API_KEY` and `DAYTONA_API_URL` (default [`DEFAULT_API_URL`]).
+    pub fn from_env() -> Result<Credentials, EnvError> {
+        let api_key = std::env::var("DAYTONA_API_KEY")
+            .ok()
+            .filter(|k| !k.trim().is_empty())
+            .ok_or_else(|| EnvError::Unreachable {
+                backend: BACKEND,
+                message:
+                    "DAYTONA_API_KEY is not set; export the API key of your Daytona organization"
+                        .into(),
+            })?;
+        let api_url = std::env::var("DAYTONA_API_URL")
+            .ok()
+            .filter(|u| !u.trim().is_empty())
+            .unwrap_or_else(|| DEFAULT_API_URL.into());
+        Ok(Credentials {
+            api_url: api_url.trim_end_matches('/').to_string(),
+            api_key,
+        })
+    }
+}
+
+/// An HTTP client with its own runtime, so the synchronous [`Environment`] methods can be
+/// called from any thread (a tool handler, a blocking task, a test).
+pub(super) struct Api {
+    pub(super) creds: Credentials,
+    pub(super) http: reqwest::Client,
+    pub(super) rt: tokio::runtime::Runtime,
+}
+
+impl Api {
+    pub(super) fn new(creds: Credentials) -> Result<Api, EnvError> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| err("building the HTTP client", e.to_string()))?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("vibeos-daytona")
+            .enable_all()
+            .build()
+            .map_err(|e| err("starting the HTTP runtime", e.to_string()))?;
+        Ok(Api { creds, http, rt })
+    }
+
+    /// Runs `fut` on the client's runtime and waits for it, from any thread.
+    pub(super) fn block<T: Send + 'static>(
+        &self,
+        fut: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> Result<T, EnvError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.rt.spawn(async move {
+            let _ = tx.send(fut.await);
+        });
+        rx.recv()
+            .map_err(|_| err("an API request", "the HTTP runtime stopped"))
+    }
+
+    /// One JSON request; `Ok((status, body))` for any HTTP answer.
+    pub(super) fn request(
+        &self,
+        method: reqwest::Method,
+        url: String,
+        body: Option<Value>,
+        timeout: Duration,
+    ) -> Result<(u16, Value), EnvError> {
+        let mut req = self
+            .http
+            .request(method.clone(), &url)
+            .bearer_auth(&self.creds.api_key)
+            .timeout(timeout);
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let what = format!("{method} {url}");
+        let base = self.creds.api_url.clone();
+        self.block(async move {
+            let resp = req.send().await.map_err(|e| {
+                if e.is_timeout() {
+                    EnvError::Timeout {
+                        backend: BACKEND,
+                        what: what.clone(),
+                        seconds: timeout.as_secs(),
+                    }
+                } else {
+                    EnvError::Unreachable {
+                        backend: BACKEND,
+                        message: format!(
+                            "{what}: {e}; check DAYTONA_API_URL ({base}) and the network"
+                        ),
+                    }
+                }
+            })?;
+            let status = resp.status().as_u16();
+            let bytes = resp
+                .bytes()
+                .await
+                .map_err(|e| err(what.clone(), e.to_string()))?;
+            let value = serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+            Ok((status, value))
+        })?
+    }
+
+    pub(super) fn control(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<(u16, Value), EnvError> {
+        let url = format!("{}{path}", self.creds.api_url);
+        let (status, value) = self.request(method, url, body, REQUEST_TIMEOUT)?;
+        if status == 401 || status == 403 {
+            return Err(EnvError::Unreachable {
+                backend: BACKEND,
+                message: format!(
+                    "the service refused DAYTONA_API_KEY (HTTP {status}): {}",
+                    message(&value)
+                ),
+            });
+        }
+        Ok((status, value))
+    }
+}
+
+pub(super) fn message(v: &Value) -> String {
+    v.get("message")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .unwrap_or_else(|| v.to_string().chars().take(300).collect())
+}
