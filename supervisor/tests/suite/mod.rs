@@ -1,5 +1,7 @@
 //! One module per area; see each module's docs.
 
+#[macro_use]
+mod common;
 mod execute_code_tool;
 mod pool;
 mod zygote;

@@ -6,13 +6,11 @@
 //! Fork servers are process-wide, so the tests take a lock and run one at a time.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use super::common::*;
 use serde_json::Value;
-use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use vibeos_supervisor::{
-    execute, zygote, Config, ExecutionRequest, ExecutionResult, Interrupt, Mode,
-};
+use vibeos_supervisor::{execute, zygote, ExecutionRequest, ExecutionResult, Interrupt, Mode};
 
 /// One test at a time (the lock the pool's tests hold: servers and pool are both process-wide),
 /// each starting without servers (a failed test may have left some).
@@ -20,73 +18,6 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     let guard = super::pool::serial();
     zygote::set_enabled(false);
     guard
-}
-
-fn python() -> Option<PathBuf> {
-    let out = std::process::Command::new("python3")
-        .args(["-c", "import sys; print(sys.executable)"])
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
-}
-
-macro_rules! require_python {
-    () => {
-        match python() {
-            Some(p) => p,
-            None => {
-                vibeos_testkit::skip!("python3 is not on PATH");
-            }
-        }
-    };
-}
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn fixture(rel: &str) -> String {
-    std::fs::read_to_string(workspace().join("fixtures").join(rel)).unwrap()
-}
-
-/// A session dir, and requests pinned to it, to the real interpreter and to a fixed environment.
-struct Session {
-    dir: tempfile::TempDir,
-    python: PathBuf,
-    env: Vec<(OsString, OsString)>,
-}
-
-impl Session {
-    fn new(python: PathBuf) -> Session {
-        let dir = tempfile::tempdir().unwrap();
-        let dir_path = std::fs::canonicalize(dir.path()).unwrap();
-        let env = vec![
-            ("PATH".into(), std::env::var_os("PATH").unwrap_or_default()),
-            ("HOME".into(), dir_path.clone().into_os_string()),
-            ("LANG".into(), "C.UTF-8".into()),
-            ("EXPECTED_CWD".into(), dir_path.into_os_string()),
-            ("VIBEOS_POOL_TEST_SECRET_TOKEN".into(), "s3cret".into()),
-        ];
-        Session { dir, python, env }
-    }
-
-    fn cwd(&self) -> PathBuf {
-        std::fs::canonicalize(self.dir.path()).unwrap()
-    }
-
-    fn request(&self, code: &str) -> ExecutionRequest {
-        let mut r = ExecutionRequest::from_config(code, &Config::default());
-        r.cwd = Some(self.cwd());
-        r.python = Some(self.python.clone());
-        r.base_env = Some(self.env.clone());
-        r.timeout = Duration::from_secs(60);
-        r
-    }
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -106,43 +37,6 @@ fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
-}
-
-fn run(rt: &tokio::runtime::Runtime, request: ExecutionRequest) -> ExecutionResult {
-    rt.block_on(execute(request, vibeos_tools::registry(), Interrupt::new()))
-}
-
-/// The result with every staging dir path replaced, so cold and warm runs compare equal.
-fn normalized(r: &ExecutionResult) -> Value {
-    let re = |s: &str| {
-        let mut out = String::new();
-        let mut rest = s;
-        while let Some(i) = rest.find("vibeos-exec-") {
-            let start = rest[..i]
-                .rfind(|c: char| c == '"' || c.is_whitespace() || c == '\'')
-                .map(|p| p + 1)
-                .unwrap_or(0);
-            out.push_str(&rest[..start]);
-            out.push_str("<staging>");
-            let tail = &rest[i + "vibeos-exec-".len()..];
-            let end = tail
-                .find(|c: char| !c.is_ascii_alphanumeric() && c != '_')
-                .unwrap_or(tail.len());
-            rest = &tail[end..];
-        }
-        out.push_str(rest);
-        out
-    };
-    serde_json::json!({
-        "status": r.status,
-        "exit_code": r.exit_code,
-        "output": re(&r.output),
-        "error": r.error.as_deref().map(re),
-        "tool_calls_made": r.tool_calls_made,
-        "truncated": r.truncated,
-        "stdout_bytes": r.stdout_bytes,
-        "stderr_bytes": r.stderr_bytes,
-    })
 }
 
 /// Runs `request` forked from its key's server and checks it was.
@@ -184,61 +78,6 @@ fn servers() -> Vec<i32> {
         }
     }
     found
-}
-
-fn parent_of(pid: i32) -> i32 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    stat.rfind(')')
-        .and_then(|i| stat[i + 1..].split_whitespace().nth(1))
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(0)
-}
-
-fn alive(pid: i32) -> bool {
-    // A zombie has exited; only its status is left to collect.
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| {
-            s.rfind(')')
-                .and_then(|i| s[i + 1..].split_whitespace().next())
-                .is_some_and(|state| state != "Z")
-        })
-        .unwrap_or(false)
-}
-
-fn eventually(what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !ok() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn status(r: &ExecutionResult) -> String {
-    r.to_json()["status"].as_str().unwrap_or("").to_string()
-}
-
-fn json_line(r: &ExecutionResult) -> Value {
-    assert_eq!(status(r), "success", "{}", r.to_json());
-    serde_json::from_str(r.output.lines().last().unwrap_or("")).unwrap_or_else(|e| {
-        panic!("no JSON line ({e}): {}", r.output);
-    })
-}
-
-fn strict_unavailable() -> Option<String> {
-    vibeos_supervisor::doctor::probe().strict_blocker()
-}
-
-fn escapes(r: &ExecutionResult) -> Vec<Value> {
-    let line = r
-        .output
-        .lines()
-        .find_map(|l| l.strip_prefix("ESCAPES "))
-        .unwrap_or_else(|| panic!("no report: {}", r.to_json()));
-    let attempts: Vec<Value> = serde_json::from_str(line).unwrap();
-    attempts
-        .into_iter()
-        .map(|a| serde_json::json!({"what": a["what"], "escaped": a["escaped"], "errno": a["errno"]}))
-        .collect()
 }
 
 #[test]
