@@ -64,7 +64,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// The bootstrap a pooled interpreter runs with `-c`.
-pub(crate) const BOOTSTRAP: &str = include_str!("pool_boot.py");
+pub(crate) const BOOTSTRAP: &str = concat!(
+    include_str!("script_runner.py"),
+    include_str!("pool_boot.py")
+);
 
 mod active;
 

@@ -45,7 +45,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// The server's program, run with `-c`.
-const BOOT: &str = include_str!("zygote_boot.py");
+const BOOT: &str = concat!(
+    include_str!("script_runner.py"),
+    include_str!("zygote_boot.py")
+);
 
 /// How long a server may take to start and import before it counts as failed.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
