@@ -87,9 +87,13 @@ impl Daemon {
     }
 }
 
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        // SAFETY: kill with our own child's pid, not yet reaped.
+impl Daemon {
+    /// SIGTERM, then SIGKILL after 15 s; returns once it has exited. Idempotent.
+    fn stop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        // SAFETY: kill with our own child's pid, not yet reaped (try_wait just said so).
         unsafe {
             libc::kill(self.child.id() as i32, libc::SIGTERM);
         }
@@ -102,6 +106,29 @@ impl Drop for Daemon {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Detaches every mount at or below `dir` (deepest first): a dockerd that was stopped leaves
+/// its data-root bind mount and network namespaces behind, and the dir could not be removed.
+fn unmount_below(dir: &Path) {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let mut points: Vec<&str> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| Path::new(m).starts_with(dir))
+        .collect();
+    points.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    for m in points {
+        let _ = nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH);
     }
 }
 
@@ -222,11 +249,14 @@ impl Dockerd {
 
 impl Drop for Dockerd {
     fn drop(&mut self) {
-        // Containers first; the daemon itself stops when `daemon` drops.
+        // Containers first, then the daemon, then its leftover mounts, so that `dir` (dropped
+        // after this) can be removed.
         let out = self.docker(&["ps", "-aq"]);
         for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
             let _ = self.docker(&["rm", "-f", id]);
         }
+        self.daemon.stop();
+        unmount_below(self.dir.path());
     }
 }
 
@@ -240,6 +270,13 @@ pub struct Sshd {
     /// Its port.
     pub port: u16,
     _daemon: Daemon,
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        // The daemon before `dir` (fields drop in order, and `dir` comes first).
+        self._daemon.stop();
+    }
 }
 
 fn keygen(path: &Path) {
