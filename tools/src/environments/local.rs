@@ -617,8 +617,13 @@ pub fn remove_process(id: &str) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// The background-process registry is process-wide, and the agent's `serve` ends every
+    /// entry when it returns: a test that starts a background process and one that runs `serve`
+    /// take turns.
+    pub(crate) static BACKGROUND_REGISTRY: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
     fn env() -> Vec<(String, String)> {
         vec![("PATH".into(), std::env::var("PATH").unwrap_or_default())]
@@ -705,6 +710,9 @@ mod tests {
 
     #[test]
     fn background_poll_write_and_kill() {
+        let _turn = BACKGROUND_REGISTRY
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let e = env();
         let p = start_background(&spec(
             "echo started; read line; echo got:$line; sleep 60",
