@@ -167,3 +167,60 @@ pub(crate) fn escapes(r: &ExecutionResult) -> Vec<Value> {
         .map(|a| serde_json::json!({"what": a["what"], "escaped": a["escaped"], "errno": a["errno"]}))
         .collect()
 }
+
+/// The targets of the escape fixtures (fixtures/escapes/): a listening TCP port, a
+/// world-writable dir outside with a victim file, a file in the project dir. Kept alive as long
+/// as this value is.
+pub(crate) struct Escapes {
+    _listener: std::net::TcpListener,
+    outside: tempfile::TempDir,
+    victim: PathBuf,
+    params: Value,
+    prelude: String,
+}
+
+impl Escapes {
+    pub(crate) fn new(session: &Session) -> Escapes {
+        use std::os::unix::fs::PermissionsExt;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(outside.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let victim = outside.path().join("victim.txt");
+        std::fs::write(&victim, "intact").unwrap();
+        std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let project_file = session.cwd().join("project.txt");
+        std::fs::write(&project_file, "project secret").unwrap();
+        let params = serde_json::json!({
+            "tcp_port": listener.local_addr().unwrap().port(),
+            "supervisor_pid": std::process::id(),
+            "test_pid": std::process::id(),
+            "victim": victim,
+            "outside_dir": outside.path(),
+            "project_file": project_file,
+            "project_dir": session.cwd(),
+        });
+        Escapes {
+            _listener: listener,
+            outside,
+            victim,
+            params,
+            prelude: fixture("escapes/_prelude.py"),
+        }
+    }
+
+    /// The script of escape fixture `name`, with its targets.
+    pub(crate) fn code(&self, name: &str) -> String {
+        format!(
+            "PARAMS = {}\n{}\n{}",
+            self.params,
+            self.prelude,
+            fixture(&format!("escapes/{name}"))
+        )
+    }
+
+    /// Nothing outside was changed or added.
+    pub(crate) fn assert_untouched(&self) {
+        assert_eq!(std::fs::read_to_string(&self.victim).unwrap(), "intact");
+        assert_eq!(std::fs::read_dir(self.outside.path()).unwrap().count(), 1);
+    }
+}

@@ -450,25 +450,7 @@ fn strict_confinement_is_the_same_for_pooled_interpreters() {
         r.mode = Mode::Strict;
         r
     };
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    let outside = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(outside.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
-    let victim = outside.path().join("victim.txt");
-    std::fs::write(&victim, "intact").unwrap();
-    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o666)).unwrap();
-    let project_file = session.cwd().join("project.txt");
-    std::fs::write(&project_file, "project secret").unwrap();
-    let params = serde_json::json!({
-        "tcp_port": listener.local_addr().unwrap().port(),
-        "supervisor_pid": std::process::id(),
-        "test_pid": std::process::id(),
-        "victim": victim,
-        "outside_dir": outside.path(),
-        "project_file": project_file,
-        "project_dir": session.cwd(),
-    });
-    let prelude = fixture("escapes/_prelude.py");
+    let escapes_at = Escapes::new(&session);
     for name in [
         "read_shadow.py",
         "read_project.py",
@@ -476,10 +458,7 @@ fn strict_confinement_is_the_same_for_pooled_interpreters() {
         "write_outside.py",
         "signal_supervisor.py",
     ] {
-        let code = format!(
-            "PARAMS = {params}\n{prelude}\n{}",
-            fixture(&format!("escapes/{name}"))
-        );
+        let code = escapes_at.code(name);
         let cold = run_cold(&rt, strict(&code), 2);
         let warm = run_warm(&rt, strict(&code));
         assert_eq!(warm.mode, "strict");
@@ -490,8 +469,7 @@ fn strict_confinement_is_the_same_for_pooled_interpreters() {
             "{name}: {warm_attempts:?}"
         );
     }
-    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "intact");
-    assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 1);
+    escapes_at.assert_untouched();
     // The process itself: same uid class, no_new_privs, seccomp, staging cwd and channel.
     let probe = "import ctypes, os, json\nfrom vibeos_tools import write_file\n\
                  libc = ctypes.CDLL(None)\n\
@@ -513,6 +491,6 @@ fn strict_confinement_is_the_same_for_pooled_interpreters() {
     let warm = run_warm(&rt, request.clone());
     assert_eq!(normalized(&warm), normalized(&run_cold(&rt, request, 2)));
     assert_eq!(status(&warm), "timeout");
-    drop(listener);
+    drop(escapes_at);
     pool::disable();
 }

@@ -326,25 +326,7 @@ fn strict_confinement_is_the_same_for_forked_executions() {
         r.mode = Mode::Strict;
         r
     };
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    let outside = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(outside.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
-    let victim = outside.path().join("victim.txt");
-    std::fs::write(&victim, "intact").unwrap();
-    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o666)).unwrap();
-    let project_file = session.cwd().join("project.txt");
-    std::fs::write(&project_file, "project secret").unwrap();
-    let params = serde_json::json!({
-        "tcp_port": listener.local_addr().unwrap().port(),
-        "supervisor_pid": std::process::id(),
-        "test_pid": std::process::id(),
-        "victim": victim,
-        "outside_dir": outside.path(),
-        "project_file": project_file,
-        "project_dir": session.cwd(),
-    });
-    let prelude = fixture("escapes/_prelude.py");
+    let escapes_at = Escapes::new(&session);
     for name in [
         "read_shadow.py",
         "read_project.py",
@@ -353,10 +335,7 @@ fn strict_confinement_is_the_same_for_forked_executions() {
         "signal_supervisor.py",
         "ptrace_supervisor.py",
     ] {
-        let code = format!(
-            "PARAMS = {params}\n{prelude}\n{}",
-            fixture(&format!("escapes/{name}"))
-        );
+        let code = escapes_at.code(name);
         let cold = run_cold(&rt, strict(&code));
         let forked = run_forked(&rt, strict(&code));
         assert_eq!(forked.mode, "strict");
@@ -367,8 +346,7 @@ fn strict_confinement_is_the_same_for_forked_executions() {
             "{name}: {attempts:?}"
         );
     }
-    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "intact");
-    assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 1);
+    escapes_at.assert_untouched();
     let probe = "import ctypes, os, json\nfrom vibeos_tools import write_file\n\
                  libc = ctypes.CDLL(None)\n\
                  print(json.dumps({'root': os.getuid() == 0, 'nnp': libc.prctl(39, 0, 0, 0, 0), \
@@ -410,7 +388,7 @@ fn strict_confinement_is_the_same_for_forked_executions() {
     let forked = run_forked(&rt, request.clone());
     assert_eq!(normalized(&forked), normalized(&run_cold(&rt, request)));
     assert_eq!(status(&forked), "timeout");
-    drop(listener);
+    drop(escapes_at);
     zygote::set_enabled(false);
 }
 
