@@ -204,20 +204,27 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
     };
     let server = serve_connections(connections, Arc::clone(&state))?;
 
-    let spec = ExecSpec::new([
-        python.clone(),
-        "-u".into(),
-        "-B".into(),
-        "-X".into(),
-        "utf8".into(),
-        "-c".into(),
-        without_comments(BOOTSTRAP),
-    ]);
+    let bootstrap = without_comments(BOOTSTRAP);
+    let boot_python = python.clone();
+    // The bootstrap records its own process group when the backend gives it a file for it.
+    let build = move |pgid_file: Option<&str>| {
+        let mut argv = vec![
+            boot_python.clone(),
+            "-u".into(),
+            "-B".into(),
+            "-X".into(),
+            "utf8".into(),
+            "-c".into(),
+            bootstrap.clone(),
+        ];
+        argv.extend(pgid_file.map(str::to_string));
+        ExecSpec::new(argv)
+    };
     let env = Arc::clone(&r.env);
     let relayed_socket = remote_socket.clone();
     let spawned = match tokio::task::spawn_blocking(move || match relay_local {
-        Some(local) => relay::spawn_relayed(&*env, &spec, local, &relayed_socket),
-        None => env.spawn(&spec),
+        Some(local) => relay::spawn_relayed(&*env, &build(None), local, &relayed_socket),
+        None => env.spawn_leader(&build),
     })
     .await
     {
@@ -483,8 +490,10 @@ mod tests {
             &env,
         )
         .unwrap();
+        let pgid_file = dir.path().join("pg");
         let mut child = std::process::Command::new("python3")
             .args(["-u", "-B", "-X", "utf8", "-c", &without_comments(BOOTSTRAP)])
+            .arg(&pgid_file)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .spawn()
@@ -498,5 +507,75 @@ mod tests {
             "['ONLY_THIS'] True True"
         );
         assert!(!work.exists(), "the bootstrap removes its work dir at exit");
+        assert!(!pgid_file.exists(), "and its process-group file");
+    }
+
+    #[test]
+    fn without_the_wrapper_the_bootstrap_records_its_group_and_the_kill_reaches_all_of_it() {
+        // What ssh's spawn_leader does, on this machine: the bootstrap exec'd by `sh` (no group
+        // wrapper), killed through the group id it recorded itself.
+        use std::io::{BufRead, Write};
+        use vibeos_tools::environments::process::{exec_line, group_kill};
+        let dir = tempfile::tempdir().unwrap();
+        let pgid_file = dir.path().join("pg").display().to_string();
+        let code = "import subprocess, time\nsubprocess.Popen(['sleep', '4547'])\nprint('up', flush=True)\ntime.sleep(600)";
+        let input = boot_input(
+            &dir.path().join("w").display().to_string(),
+            &dir.path().display().to_string(),
+            &[("script.py", code)],
+            &[],
+        )
+        .unwrap();
+        let spec = ExecSpec::new([
+            "python3".to_string(),
+            "-u".into(),
+            "-c".into(),
+            without_comments(BOOTSTRAP),
+            pgid_file.clone(),
+        ]);
+        let mut cmd = std::process::Command::new("sh");
+        // Its own group here, as sshd's session would give it.
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        cmd.arg("-c").arg(exec_line(&spec));
+        let kill_file = pgid_file.clone();
+        let mut spawned = vibeos_tools::environments::ClientProcess::spawn(
+            "test",
+            cmd,
+            Some(Box::new(move |sig| {
+                let out = std::process::Command::new("sh")
+                    .arg("-c")
+                    .arg(group_kill(&kill_file, sig))
+                    .output()
+                    .unwrap();
+                assert!(out.status.success());
+                Ok(())
+            })),
+        )
+        .unwrap();
+        let mut stdin = spawned.stdin.take().unwrap();
+        stdin.write_all(&input).unwrap();
+        drop(stdin);
+        let mut line = String::new();
+        std::io::BufReader::new(spawned.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line, "up\n");
+        let pgid: i32 = std::fs::read_to_string(&pgid_file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert_ne!(pgid, nix::unistd::getpgrp().as_raw());
+        spawned.process.kill(GroupSignal::Kill).unwrap();
+        assert_eq!(spawned.process.wait().unwrap(), -9);
+        let group = nix::unistd::Pid::from_raw(pgid);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while nix::sys::signal::killpg(group, None).is_ok() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            nix::sys::signal::killpg(group, None).is_err(),
+            "the script's child (sleep 4547) was left running"
+        );
     }
 }

@@ -137,6 +137,19 @@ pub trait Environment: Send + Sync {
     /// Starts `spec` there in a new process group, with its three streams piped.
     fn spawn(&self, spec: &ExecSpec) -> Result<Spawned, EnvError>;
 
+    /// Starts a command that puts itself in a new process group and records that group's id
+    /// itself, like execute_code's bootstrap: `build(Some(path))` must give a command that
+    /// writes its group id to `path` before anything else and removes it when it ends. A
+    /// backend that can skip [`Environment::spawn`]'s group wrapper that way (ssh: one `sh`
+    /// and one `setsid` less per execution) picks the path and kills through it; the default
+    /// asks for no file (`build(None)`) and spawns through the wrapper.
+    fn spawn_leader(
+        &self,
+        build: &dyn Fn(Option<&str>) -> ExecSpec,
+    ) -> Result<Spawned, EnvError> {
+        self.spawn(&build(None))
+    }
+
     /// Runs `spec` to completion with `stdin`. After `timeout` the whole process group there
     /// is killed and the result is [`EnvError::Timeout`]: a hung command never hangs the caller.
     fn exec(

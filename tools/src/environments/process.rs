@@ -270,6 +270,25 @@ impl Drop for ClientProcess {
 /// outside that group to clean up and pass on the exit status. Its stdin is handed over
 /// explicitly (a background job's stdin would otherwise be /dev/null).
 pub fn group_wrapper(spec: &ExecSpec, pgid_file: &str, python: &str) -> String {
+    let (cd, cmd) = (cd_prefix(spec), command_words(spec));
+    let f = shell_quote(pgid_file);
+    let py = shell_quote(python);
+    format!(
+        "{cd}exec 3<&0; if command -v setsid >/dev/null 2>&1; then setsid {cmd} <&3 3<&- & \
+         else {py} -c 'import os,sys;os.setsid();os.execvp(sys.argv[1],sys.argv[1:])' {cmd} <&3 3<&- & fi; \
+         p=$!; exec 3<&-; echo $p > {f}; wait $p; s=$?; \
+         rm -f {f} </dev/null >/dev/null 2>&1 & exit $s"
+    )
+}
+
+/// The `sh` line that runs `spec` as is (`exec`, no wrapper): for a command that leads its own
+/// process group and records it itself ([`super::Environment::spawn_leader`]).
+pub fn exec_line(spec: &ExecSpec) -> String {
+    format!("{}exec {}", cd_prefix(spec), command_words(spec))
+}
+
+/// `spec`'s variables (through `env`) and argv as shell words.
+fn command_words(spec: &ExecSpec) -> String {
     let mut words: Vec<String> = Vec::new();
     if !spec.env.is_empty() {
         words.push("env".into());
@@ -280,9 +299,12 @@ pub fn group_wrapper(spec: &ExecSpec, pgid_file: &str, python: &str) -> String {
         );
     }
     words.extend(spec.argv.iter().map(|a| shell_quote(a)));
-    let cmd = words.join(" ");
-    let cd = spec
-        .cwd
+    words.join(" ")
+}
+
+/// `cd DIR; ` for `spec`'s working dir (exit 125 naming it when it is missing), or nothing.
+fn cd_prefix(spec: &ExecSpec) -> String {
+    spec.cwd
         .as_ref()
         .map(|c| {
             format!(
@@ -291,15 +313,7 @@ pub fn group_wrapper(spec: &ExecSpec, pgid_file: &str, python: &str) -> String {
                 c.replace(['"', '\\', '$', '`'], "?")
             )
         })
-        .unwrap_or_default();
-    let f = shell_quote(pgid_file);
-    let py = shell_quote(python);
-    format!(
-        "{cd}exec 3<&0; if command -v setsid >/dev/null 2>&1; then setsid {cmd} <&3 3<&- & \
-         else {py} -c 'import os,sys;os.setsid();os.execvp(sys.argv[1],sys.argv[1:])' {cmd} <&3 3<&- & fi; \
-         p=$!; exec 3<&-; echo $p > {f}; wait $p; s=$?; \
-         rm -f {f} </dev/null >/dev/null 2>&1 & exit $s"
-    )
+        .unwrap_or_default()
 }
 
 /// The `sh` line that signals the group recorded in `pgid_file` (nothing when it has ended).
