@@ -371,6 +371,30 @@ impl Drop for RemoveDir {
     }
 }
 
+impl DockerEnv {
+    /// A fresh name for a process group's id file, in the bind-mounted RPC dir: private to
+    /// this environment.
+    fn pgid_file(&self) -> String {
+        format!("{RPC_MOUNT}/pg-{}", super::random_hex(8))
+    }
+
+    /// Signals the group recorded in `pgid_file` through the engine.
+    fn group_killer(&self, pgid_file: String) -> super::process::RemoteKill {
+        let (binary, name) = (self.binary.clone(), self.name.clone());
+        Box::new(move |signal| {
+            let out = engine(
+                &binary,
+                &["exec", &name, "sh", "-c", &group_kill(&pgid_file, signal)],
+            )?;
+            if out.success() {
+                Ok(())
+            } else {
+                Err(engine_error(&binary, "killing a process group", &out))
+            }
+        })
+    }
+}
+
 impl Environment for DockerEnv {
     fn backend(&self) -> &'static str {
         "docker"
@@ -390,27 +414,29 @@ impl Environment for DockerEnv {
 
     fn spawn(&self, spec: &ExecSpec) -> Result<Spawned, EnvError> {
         spec.check("docker")?;
-        // The pgid file sits in the bind-mounted RPC dir: private to this environment.
-        let pgid_file = format!("{RPC_MOUNT}/pg-{}", super::random_hex(8));
+        let pgid_file = self.pgid_file();
         let mut cmd = Command::new(&self.binary);
         cmd.args(["exec", "-i", &self.name, "sh", "-c"])
             .arg(group_wrapper(spec, &pgid_file, &self.python));
-        let (binary, name) = (self.binary.clone(), self.name.clone());
-        ClientProcess::spawn(
-            "docker",
-            cmd,
-            Some(Box::new(move |signal| {
-                let out = engine(
-                    &binary,
-                    &["exec", &name, "sh", "-c", &group_kill(&pgid_file, signal)],
-                )?;
-                if out.success() {
-                    Ok(())
-                } else {
-                    Err(engine_error(&binary, "killing a process group", &out))
-                }
-            })),
-        )
+        ClientProcess::spawn("docker", cmd, Some(self.group_killer(pgid_file)))
+    }
+
+    fn spawn_leader(&self, build: &dyn Fn(Option<&str>) -> ExecSpec) -> Result<Spawned, EnvError> {
+        // The command records its own group: the engine starts it directly, without the
+        // wrapper's `sh` and `setsid`.
+        let pgid_file = self.pgid_file();
+        let spec = build(Some(&pgid_file));
+        spec.check("docker")?;
+        let mut cmd = Command::new(&self.binary);
+        cmd.args(["exec", "-i"]);
+        if let Some(cwd) = &spec.cwd {
+            cmd.arg("-w").arg(cwd);
+        }
+        for (k, v) in &spec.env {
+            cmd.arg("-e").arg(format!("{k}={v}"));
+        }
+        cmd.arg(&self.name).args(&spec.argv);
+        ClientProcess::spawn("docker", cmd, Some(self.group_killer(pgid_file)))
     }
 
     fn open_channel(&self, exec_id: &str, _token: &str) -> Result<Channel, EnvError> {
