@@ -7,7 +7,8 @@
 //!
 //! It starts its own dockerd and sshd (as the tests do) and uses the release vibeos-exec as the
 //! tool agent. Run: `cargo build --release --bins && cargo run --release -p vibeos-benches
-//! --bin backends` (options: `--runs N`, default 20).
+//! --bin backends` (options: `--runs N`, default 20; `--breakdown` adds where an ssh no-op's
+//! time goes, each step timed over the same master as the baseline).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -18,7 +19,13 @@ use std::time::{Duration, Instant};
 use vibeos_benches::{median, release_bin};
 use vibeos_supervisor::{execute, Config, ExecutionRequest, Interrupt};
 use vibeos_testkit::backends::{rootfs, start_sshd, Dockerd, SSH_USER};
-use vibeos_tools::environments::{self, settings::KnownHosts, BackendKind, BackendSettings};
+use vibeos_tools::environments::process::{exec_line, group_wrapper};
+use vibeos_tools::environments::{
+    self, settings::KnownHosts, BackendKind, BackendSettings, ExecSpec,
+};
+
+/// execute_code's remote bootstrap, as the supervisor ships it (for the breakdown).
+const BOOTSTRAP: &str = include_str!("../../../supervisor/src/remote_boot.py");
 
 const CALLS: usize = 200;
 
@@ -82,6 +89,7 @@ fn main() {
         .nth(1)
         .and_then(|n| n.parse().ok())
         .unwrap_or(20);
+    let breakdown = std::env::args().any(|a| a == "--breakdown");
     let agent = release_bin();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -185,6 +193,7 @@ fn main() {
         base.push(time_cmd(&mut ssh(&["127.0.0.1", "python3 -c pass"])));
         ours.push(exec(&rt, "pass").0);
     }
+    let steps = breakdown.then(|| ssh_breakdown(&rt, &ssh, runs));
     let home = d.join("home");
     exec(&rt, "open('bench.txt', 'w').write('x\\n')");
     let ssh_call = median(
@@ -264,5 +273,116 @@ fn main() {
     println!("  read_file from a script over ssh        {}", ms(ssh_call));
     let r = ssh_call / echo;
     println!("  ratio {r:.2} (target ≤ 1.5) {}", verdict(r, 1.5));
+    if let Some(steps) = steps {
+        println!("ssh no-op breakdown ({runs} runs each, interleaved, medians; one ssh command each over the bench's master):");
+        for (name, t) in &steps {
+            println!("  {name:58} {}", ms(*t));
+        }
+    }
     drop(sshd);
+}
+
+/// Where an ssh no-op's time goes: each step of the launch timed on its own over the bench's
+/// master, interleaved with the baseline and execute_code itself so load drifts hit all alike.
+fn ssh_breakdown(
+    rt: &tokio::runtime::Runtime,
+    ssh: &dyn Fn(&[&str]) -> Command,
+    runs: usize,
+) -> Vec<(String, f64)> {
+    // The stub the supervisor generates, read back from inside a real execution.
+    let stub = exec(
+        rt,
+        "import vibeos_tools, sys\nsys.stdout.write(open(vibeos_tools.__file__).read())",
+    )
+    .1;
+    // The bootstrap's stdin as the supervisor encodes it (supervisor/src/remote_boot.py).
+    let input = |dir: &str| {
+        let fields = [
+            dir,
+            "/tmp",
+            "2",
+            "vibeos_tools.py",
+            &stub,
+            "script.py",
+            "pass",
+            "1",
+            "LANG",
+            "C.UTF-8",
+        ];
+        fields.join("\0").into_bytes()
+    };
+    let python = |args: &[&str]| {
+        let mut argv = vec!["python3", "-u", "-B", "-X", "utf8", "-c"];
+        argv.extend_from_slice(args);
+        ExecSpec::new(argv)
+    };
+    let timed = |line: &str, stdin: &[u8]| {
+        let t = Instant::now();
+        let mut child = ssh(&["127.0.0.1", line])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(stdin).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{line:.80}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        t.elapsed().as_secs_f64()
+    };
+    // Unique names for the pgid files and work dirs of the runs.
+    let n = std::sync::atomic::AtomicUsize::new(0);
+    let rand = || {
+        let i = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("{}-{i}", std::process::id())
+    };
+    type Step<'a> = (&'static str, Box<dyn Fn() -> f64 + 'a>);
+    let steps: Vec<Step> = vec![
+        (
+            "ssh -S MASTER host true (a channel and the login shell)",
+            Box::new(|| timed("true", b"")),
+        ),
+        (
+            "ssh -S MASTER host python3 -c pass (the baseline)",
+            Box::new(|| timed("python3 -c pass", b"")),
+        ),
+        (
+            "the same in the group wrapper (sh + setsid, before)",
+            Box::new(|| {
+                let pg = format!("/tmp/vibeos-bench-pg-{}", rand());
+                let w = group_wrapper(&ExecSpec::new(["python3", "-c", "pass"]), &pg, "python3");
+                timed(&format!("sh -c {}", environments::shell_quote(&w)), b"")
+            }),
+        ),
+        (
+            "python3 -c 'import signal' (the old bootstrap's import)",
+            Box::new(|| timed("python3 -c 'import signal'", b"")),
+        ),
+        (
+            "bootstrap, stub + script over stdin, exec'd (now)",
+            Box::new(|| {
+                let pg = format!("/tmp/vibeos-bench-pg-{}", rand());
+                let dir = format!("/tmp/vibeos-exec-bench-{}", rand());
+                timed(&exec_line(&python(&[BOOTSTRAP, &pg])), &input(&dir))
+            }),
+        ),
+        (
+            "execute_code(\"pass\") (all of it, host side included)",
+            Box::new(|| exec(rt, "pass").0),
+        ),
+    ];
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); steps.len()];
+    for _ in 0..runs {
+        for (i, (_, step)) in steps.iter().enumerate() {
+            times[i].push(step());
+        }
+    }
+    steps
+        .iter()
+        .zip(times)
+        .map(|((name, _), t)| (name.to_string(), median(t)))
+        .collect()
 }

@@ -152,10 +152,7 @@ pub trait Environment: Send + Sync {
     /// backend that can skip [`Environment::spawn`]'s group wrapper that way (ssh: one `sh`
     /// and one `setsid` less per execution) picks the path and kills through it; the default
     /// asks for no file (`build(None)`) and spawns through the wrapper.
-    fn spawn_leader(
-        &self,
-        build: &dyn Fn(Option<&str>) -> ExecSpec,
-    ) -> Result<Spawned, EnvError> {
+    fn spawn_leader(&self, build: &dyn Fn(Option<&str>) -> ExecSpec) -> Result<Spawned, EnvError> {
         self.spawn(&build(None))
     }
 
