@@ -56,6 +56,11 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a fork request may take before the server counts as hung.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a call waits for its key's server to finish starting before it starts another way:
+/// a normal start (an interpreter start and the stub's imports) takes well under this even on a
+/// loaded machine, so only a slow or hung start sends calls elsewhere.
+const STARTING_WAIT: Duration = Duration::from_secs(5);
+
 /// Failed starts after which a key is no longer served by a fork server.
 const MAX_FAILURES: u32 = 3;
 
@@ -93,6 +98,52 @@ pub struct Forked {
     /// Read end of the pipe the reaper writes the script's wait status on.
     status: Option<std::fs::File>,
     done: Option<std::process::ExitStatus>,
+    /// Counts the execution as in flight until it is dropped.
+    _busy: InFlight,
+}
+
+/// One forked execution in flight, for [`wait_until_idle`].
+#[derive(Debug)]
+struct InFlight;
+
+impl InFlight {
+    fn new() -> InFlight {
+        IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
+        *lock(&LAST_FORK) = Some(Instant::now());
+        InFlight
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// How long no fork may have been requested before the servers count as idle.
+const QUIET: Duration = Duration::from_millis(50);
+
+/// Blocks while the fork servers are serving (an execution forked within [`QUIET`], or one
+/// still running), for at most `max`, or until `stop` says to give up.
+///
+/// The pool's refill thread calls this before it starts an interpreter: a whole interpreter
+/// start takes a core from the forked scripts of a burst for tens of milliseconds (16 callers
+/// got 181/s with refills running against 254/s without, docs/warm-pool.md), while the fork
+/// server serves the burst without the pool; the refill is only needed for the next paced call.
+pub(crate) fn wait_until_idle(max: Duration, stop: impl Fn() -> bool) {
+    let deadline = Instant::now() + max;
+    loop {
+        let since = lock(&LAST_FORK).map(|t| t.elapsed());
+        let busy = IN_FLIGHT.load(Ordering::SeqCst) > 0 || since.is_some_and(|d| d < QUIET);
+        let left = deadline.saturating_duration_since(Instant::now());
+        if !busy || left.is_zero() || stop() {
+            return;
+        }
+        let nap = since
+            .map_or(QUIET, |d| QUIET.saturating_sub(d))
+            .max(Duration::from_millis(5));
+        std::thread::sleep(nap.min(left));
+    }
 }
 
 impl Forked {
@@ -162,6 +213,35 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 struct Registry {
     servers: Vec<Arc<Server>>,
     failures: Vec<(LaunchKey, u32)>,
+    /// Keys whose server is being started (outside the lock).
+    starting: Vec<(LaunchKey, Arc<Starting>)>,
+}
+
+/// A server start in progress, which calls of the same key wait for (bounded).
+#[derive(Default)]
+struct Starting {
+    done: Mutex<bool>,
+    over: std::sync::Condvar,
+}
+
+impl Starting {
+    fn wait(&self, limit: Duration) {
+        let done = lock(&self.done);
+        let _ = self
+            .over
+            .wait_timeout_while(done, limit, |done| !*done)
+            .map_err(|p| p.into_inner());
+    }
+}
+
+/// Marks a start as over when dropped.
+struct Release<'a>(&'a Starting);
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        *lock(&self.0.done) = true;
+        self.0.over.notify_all();
+    }
 }
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
@@ -169,6 +249,12 @@ static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
 static CLOCK: AtomicU64 = AtomicU64::new(0);
 static FORKS: AtomicU64 = AtomicU64::new(0);
 static NEXT_REQUEST: AtomicU64 = AtomicU64::new(1);
+/// Bumped whenever the servers are turned off, so a server whose start began before is dropped.
+static EPOCH: AtomicU64 = AtomicU64::new(0);
+/// Forked executions not yet over.
+static IN_FLIGHT: AtomicU64 = AtomicU64::new(0);
+/// When the last execution was forked.
+static LAST_FORK: Mutex<Option<Instant>> = Mutex::new(None);
 
 /// Turns the process-wide fork servers on or off. Off (the default), executions start from the
 /// pool or cold; on, every local execution of this process whose key a server can serve is
@@ -177,6 +263,7 @@ static NEXT_REQUEST: AtomicU64 = AtomicU64::new(1);
 pub fn set_enabled(on: bool) {
     ENABLED.store(on, Ordering::SeqCst);
     if !on {
+        EPOCH.fetch_add(1, Ordering::SeqCst);
         let old = lock(&REGISTRY).take();
         drop(old);
     }
@@ -232,6 +319,31 @@ pub(crate) fn start(spec: &LaunchSpec, stub: &str, code: &str) -> Option<Launche
     }
 }
 
+/// [`start`] for an async caller: a call that first has to start its key's server (which may
+/// take up to [`READY_TIMEOUT`]) does that on a blocking thread, so no runtime worker, and with
+/// it no other execution or request of the host, waits for the start.
+pub(crate) async fn start_async(spec: &LaunchSpec, stub: &str, code: &str) -> Option<Launched> {
+    if !enabled() {
+        return None;
+    }
+    if has_server(spec) {
+        return start(spec, stub, code);
+    }
+    let (spec, stub, code) = (spec.clone(), stub.to_owned(), code.to_owned());
+    tokio::task::spawn_blocking(move || start(&spec, &stub, &code))
+        .await
+        .ok()
+        .flatten()
+}
+
+/// Whether a server for `spec`'s key is registered (it may still turn out stale).
+fn has_server(spec: &LaunchSpec) -> bool {
+    let key = spec.key();
+    lock(&REGISTRY)
+        .as_ref()
+        .is_some_and(|r| r.servers.iter().any(|s| s.key == key))
+}
+
 fn forget(server: &Arc<Server>) {
     let removed = {
         let mut reg = lock(&REGISTRY);
@@ -247,35 +359,74 @@ fn forget(server: &Arc<Server>) {
 
 /// The server for `spec`'s key, started if needed (or restarted when a variable the
 /// interpreter reads at startup changed).
+///
+/// The registry lock is held only to look up and record servers, never while one starts (which
+/// may take up to [`READY_TIMEOUT`]): calls for other keys go on meanwhile, and a call for a key
+/// whose server is still starting waits for it at most [`STARTING_WAIT`], then starts from the
+/// pool or cold.
 fn server_for(spec: &LaunchSpec) -> Result<Arc<Server>, ZygoteError> {
     if spec.mode == Mode::Strict && spec.strict.uid.is_some() {
         // A pinned uid is one uid for every execution: concurrent ones would share it.
         return Err(ZygoteError::Unsuitable("strict.uid is pinned".into()));
     }
     let key = spec.key();
-    let mut reg = lock(&REGISTRY);
-    let reg = reg.get_or_insert_with(Registry::default);
-    if reg
-        .failures
-        .iter()
-        .any(|(k, n)| *k == key && *n >= MAX_FAILURES)
-    {
-        return Err(ZygoteError::Unsuitable(
-            "its fork server failed to start repeatedly".into(),
-        ));
-    }
+    let epoch = EPOCH.load(Ordering::SeqCst);
     let mut stale = Vec::new();
-    if let Some(i) = reg.servers.iter().position(|s| s.key == key) {
-        let s = Arc::clone(&reg.servers[i]);
-        let wanted = spec.child_env(s.empty.path(), false)?;
-        if startup_names(&wanted) == startup_names(&s.startup_env) && !exited(&s) {
-            s.last_used
-                .store(CLOCK.fetch_add(1, Ordering::SeqCst), Ordering::SeqCst);
-            return Ok(s);
+    let mut waited = false;
+    let starting = loop {
+        let mut guard = lock(&REGISTRY);
+        let reg = guard.get_or_insert_with(Registry::default);
+        if reg
+            .failures
+            .iter()
+            .any(|(k, n)| *k == key && *n >= MAX_FAILURES)
+        {
+            return Err(ZygoteError::Unsuitable(
+                "its fork server failed to start repeatedly".into(),
+            ));
         }
-        stale.push(reg.servers.remove(i));
-    }
+        if let Some((_, starting)) = reg.starting.iter().find(|(k, _)| *k == key) {
+            if waited {
+                return Err(ZygoteError::Unsuitable(
+                    "its fork server is still starting".into(),
+                ));
+            }
+            let starting = Arc::clone(starting);
+            drop(guard);
+            starting.wait(STARTING_WAIT);
+            waited = true;
+            continue;
+        }
+        if let Some(i) = reg.servers.iter().position(|s| s.key == key) {
+            let s = Arc::clone(&reg.servers[i]);
+            let wanted = spec.child_env(s.empty.path(), false)?;
+            if startup_names(&wanted) == startup_names(&s.startup_env) && !exited(&s) {
+                s.last_used
+                    .store(CLOCK.fetch_add(1, Ordering::SeqCst), Ordering::SeqCst);
+                return Ok(s);
+            }
+            stale.push(reg.servers.remove(i));
+        }
+        let starting = Arc::new(Starting::default());
+        reg.starting.push((key.clone(), Arc::clone(&starting)));
+        break starting;
+    };
+    // Waiters are released however this ends (the registry is updated first).
+    let _release = Release(&starting);
+    // Stopping a server waits for its process: not under the lock either.
+    drop(std::mem::take(&mut stale));
     let started = start_server(spec);
+    let mut guard = lock(&REGISTRY);
+    let current = EPOCH.load(Ordering::SeqCst) == epoch;
+    let Some(reg) = guard.as_mut().filter(|_| current) else {
+        // Servers were turned off while this one started: it must not outlive that.
+        drop(guard);
+        drop(started);
+        return Err(ZygoteError::Gone(
+            "fork servers were turned off while it started".into(),
+        ));
+    };
+    reg.starting.retain(|(k, _)| *k != key);
     let server = match started {
         Ok(s) => Arc::new(s),
         Err(e) => {
@@ -300,6 +451,7 @@ fn server_for(spec: &LaunchSpec) -> Result<Arc<Server>, ZygoteError> {
             None => break,
         }
     }
+    drop(guard);
     drop(stale);
     Ok(server)
 }
@@ -478,13 +630,13 @@ fn fork(
             Some(cr) => serde_json::json!([cr.uid, cr.gid]),
             None => serde_json::Value::Null,
         };
+        // Each program as the hex of its `struct sock_filter` array, which the child hands to
+        // the kernel as one buffer: a thousand instructions as JSON lists cost the server's
+        // decode and the child's ctypes construction over a millisecond per execution.
         request["filters"] = serde_json::json!(c
             .filters
             .iter()
-            .map(|p| p
-                .iter()
-                .map(|i| (i.code, i.jt, i.jf, i.k))
-                .collect::<Vec<_>>())
+            .map(|p| sock_filter_hex(p))
             .collect::<Vec<_>>());
         request["syscalls"] = serde_json::json!({
             "landlock_restrict_self": libc::SYS_landlock_restrict_self,
@@ -541,6 +693,7 @@ fn fork(
             stderr: Some(std::process::ChildStderr::from(err_r)),
             status: Some(std::fs::File::from(status_r)),
             done: None,
+            _busy: InFlight::new(),
         }),
         pidfd: Some(pidfd),
         lifeline,
@@ -553,6 +706,24 @@ fn fork(
         owner,
         on_done: None,
     })
+}
+
+/// A BPF program as the hex of its `struct sock_filter` array in this machine's byte order.
+fn sock_filter_hex(program: &[seccompiler::sock_filter]) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(program.len() * 16);
+    for i in program {
+        let bytes = i
+            .code
+            .to_ne_bytes()
+            .into_iter()
+            .chain([i.jt, i.jf])
+            .chain(i.k.to_ne_bytes());
+        for b in bytes {
+            let _ = write!(out, "{b:02x}");
+        }
+    }
+    out
 }
 
 /// One reply from the server (its text and the descriptor it carried), waiting until `deadline`.
