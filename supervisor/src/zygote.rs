@@ -190,6 +190,80 @@ struct Server {
     control: Mutex<Option<OwnedFd>>,
     child: Mutex<std::process::Child>,
     last_used: AtomicU64,
+    /// The next execution's staging dir and channel, prepared while the previous one ran.
+    ready: Mutex<Option<Prepared>>,
+    /// A thread is preparing `ready`.
+    preparing: AtomicBool,
+}
+
+/// A staging dir (disk-budget tmpfs included) with its RPC channel and, in strict mode, its
+/// confinement (uid lease, staging dir handed over, landlock ruleset, seccomp programs, reveal
+/// plan), made before the execution that uses it is asked for.
+///
+/// This is exactly what a cold launch prepares, only earlier: nothing runs in the dir until it
+/// is used, no process of the leased uid exists (the lease is exclusive and was taken when no
+/// task had that uid), and the script and stub are written at use with `O_EXCL|O_NOFOLLOW` and
+/// chowned to that uid, as the pool writes into its waiting interpreters' dirs. An area is used
+/// once; one that is never used is removed with its server or at the host's exit.
+struct Prepared {
+    staging: Staging,
+    channel: Channel,
+}
+
+/// Prepares the staging dir and channel of one execution of `spec` (everything but the script).
+fn prepare(spec: &LaunchSpec) -> Result<Prepared, ZygoteError> {
+    let mut staging = Staging::create(spec.disk_budget())?;
+    let channel = open_channel(spec, &mut staging)?;
+    Ok(Prepared { staging, channel })
+}
+
+/// Prepares the next execution of `server`'s key on a thread of its own, unless one is ready
+/// or being prepared: the strict steps that cost most in the supervisor (the landlock ruleset
+/// over the interpreter's paths, the uid lease with its scan of `/proc`, the tmpfs mount) then
+/// happen while the previous script runs, not between a request and its fork.
+fn prepare_next(server: &Arc<Server>, spec: &LaunchSpec) {
+    if lock(&server.ready).is_some() || server.preparing.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let (for_thread, spec) = (Arc::clone(server), spec.clone());
+    let spawned = std::thread::Builder::new()
+        .name("vibeos-zygote-prepare".into())
+        .spawn(move || {
+            let server = for_thread;
+            if !EXITING.load(Ordering::SeqCst) {
+                match prepare(&spec) {
+                    Ok(p) => {
+                        let mut ready = lock(&server.ready);
+                        if ready.is_none() && !EXITING.load(Ordering::SeqCst) {
+                            *ready = Some(p);
+                        }
+                    }
+                    Err(e) => tracing::debug!("execute_code: preparing the next execution: {e}"),
+                }
+            }
+            server.preparing.store(false, Ordering::SeqCst);
+        });
+    if spawned.is_err() {
+        server.preparing.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Set at the host's exit: prepared areas are removed, no new ones are kept.
+static EXITING: AtomicBool = AtomicBool::new(false);
+static AT_EXIT: std::sync::Once = std::sync::Once::new();
+
+/// Removes the prepared staging dirs (and their tmpfs mounts) at the host's normal exit; the
+/// servers themselves end when the kernel closes their control channels.
+extern "C" fn clean_up_at_exit() {
+    EXITING.store(true, Ordering::SeqCst);
+    // Never block at exit: a lock held by a thread that exit() froze would hang the process.
+    let Ok(reg) = REGISTRY.try_lock() else { return };
+    let Some(reg) = reg.as_ref() else { return };
+    for server in &reg.servers {
+        if let Ok(mut ready) = server.ready.try_lock() {
+            drop(ready.take());
+        }
+    }
 }
 
 impl Drop for Server {
@@ -197,6 +271,7 @@ impl Drop for Server {
         // EOF on its control channel ends the server; children already forked go on (their
         // lifelines belong to their executions).
         drop(lock(&self.control).take());
+        drop(lock(&self.ready).take());
         let mut child = lock(&self.child);
         if !matches!(child.try_wait(), Ok(Some(_))) {
             let _ = child.kill();
@@ -261,6 +336,17 @@ static LAST_FORK: Mutex<Option<Instant>> = Mutex::new(None);
 /// forked from that key's server (started at the first such call). Turning it off stops the
 /// servers; executions already forked are not affected.
 pub fn set_enabled(on: bool) {
+    if on {
+        AT_EXIT.call_once(|| {
+            // SAFETY: registering a plain `extern "C" fn()` with no arguments.
+            if unsafe { libc::atexit(clean_up_at_exit) } != 0 {
+                tracing::warn!(
+                    "execute_code: cannot register the fork servers' exit hook; a prepared \
+                     staging dir may be left in TMPDIR at exit"
+                );
+            }
+        });
+    }
     ENABLED.store(on, Ordering::SeqCst);
     if !on {
         EPOCH.fetch_add(1, Ordering::SeqCst);
@@ -307,6 +393,7 @@ pub(crate) fn start(spec: &LaunchSpec, stub: &str, code: &str) -> Option<Launche
     match fork(&server, spec, stub, code) {
         Ok(l) => {
             FORKS.fetch_add(1, Ordering::SeqCst);
+            prepare_next(&server, spec);
             Some(l)
         }
         Err(e) => {
@@ -525,6 +612,8 @@ fn start_server(spec: &LaunchSpec) -> Result<Server, ZygoteError> {
         control: Mutex::new(Some(ours)),
         child: Mutex::new(child),
         last_used: AtomicU64::new(CLOCK.fetch_add(1, Ordering::SeqCst)),
+        ready: Mutex::new(None),
+        preparing: AtomicBool::new(false),
     };
     let ready = {
         let control = lock(&server.control);
@@ -579,20 +668,24 @@ fn text(s: &OsString) -> Result<&str, ZygoteError> {
 
 /// Sets up one execution as a cold launch would and has `server` fork it.
 fn fork(
-    server: &Server,
+    server: &Arc<Server>,
     spec: &LaunchSpec,
     stub: &str,
     code: &str,
 ) -> Result<Launched, ZygoteError> {
-    let mut staging = Staging::create(spec.disk_budget())?;
-    staging.write_files(stub, code, None)?;
+    let ready = lock(&server.ready).take();
+    let Prepared { staging, channel } = match ready {
+        Some(p) => p,
+        None => prepare(spec)?,
+    };
+    staging.write_files(stub, code, channel.owner)?;
     let Channel {
         rpc,
         token,
         channel_vars,
         confinement,
         owner,
-    } = open_channel(spec, &mut staging)?;
+    } = channel;
     let tool_env = spec.child_env(staging.path(), true)?;
     let env = with_channel(tool_env.clone(), &channel_vars);
     let (lifeline, _setup, lifeline_read) = lifeline(spec.kill_grace, Some(staging.path()))
