@@ -25,6 +25,7 @@ mod confine;
 mod env_policy;
 mod error;
 mod execute;
+mod fork_activity;
 mod forked;
 mod interpreter;
 mod interpreter_shim;

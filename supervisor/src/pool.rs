@@ -589,7 +589,7 @@ fn refill_loop(shared: &Shared) {
         };
         // While the fork server serves a burst, an interpreter start would take a core from
         // its scripts; the refill is for the next paced call and can wait for a lull.
-        crate::zygote::wait_until_idle(REFILL_DEFERRAL, || shared.lock().shutdown);
+        crate::fork_activity::wait_until_idle(REFILL_DEFERRAL, || shared.lock().shutdown);
         let started = start_one(shared, &spec);
         let surplus = {
             let mut st = shared.lock();

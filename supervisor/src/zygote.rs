@@ -90,50 +90,6 @@ pub enum ZygoteError {
     Unsuitable(String),
 }
 
-/// One forked execution in flight, for [`wait_until_idle`].
-#[derive(Debug)]
-struct InFlight;
-
-impl InFlight {
-    fn new() -> InFlight {
-        IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
-        *lock(&LAST_FORK) = Some(Instant::now());
-        InFlight
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// How long no fork may have been requested before the servers count as idle.
-const QUIET: Duration = Duration::from_millis(50);
-
-/// Blocks while the fork servers are serving (an execution forked within [`QUIET`], or one
-/// still running), for at most `max`, or until `stop` says to give up.
-///
-/// The pool's refill thread calls this before it starts an interpreter: a whole interpreter
-/// start takes a core from the forked scripts of a burst for tens of milliseconds (16 callers
-/// got 181/s with refills running against 254/s without, docs/warm-pool.md), while the fork
-/// server serves the burst without the pool; the refill is only needed for the next paced call.
-pub(crate) fn wait_until_idle(max: Duration, stop: impl Fn() -> bool) {
-    let deadline = Instant::now() + max;
-    loop {
-        let since = lock(&LAST_FORK).map(|t| t.elapsed());
-        let busy = IN_FLIGHT.load(Ordering::SeqCst) > 0 || since.is_some_and(|d| d < QUIET);
-        let left = deadline.saturating_duration_since(Instant::now());
-        if !busy || left.is_zero() || stop() {
-            return;
-        }
-        let nap = since
-            .map_or(QUIET, |d| QUIET.saturating_sub(d))
-            .max(Duration::from_millis(5));
-        std::thread::sleep(nap.min(left));
-    }
-}
-
 /// One running fork server.
 struct Server {
     key: LaunchKey,
@@ -280,10 +236,6 @@ static FORKS: AtomicU64 = AtomicU64::new(0);
 static NEXT_REQUEST: AtomicU64 = AtomicU64::new(1);
 /// Bumped whenever the servers are turned off, so a server whose start began before is dropped.
 static EPOCH: AtomicU64 = AtomicU64::new(0);
-/// Forked executions not yet over.
-static IN_FLIGHT: AtomicU64 = AtomicU64::new(0);
-/// When the last execution was forked.
-static LAST_FORK: Mutex<Option<Instant>> = Mutex::new(None);
 
 /// Turns the process-wide fork servers on or off. Off (the default), executions start from the
 /// pool or cold; on, every local execution of this process whose key a server can serve is
@@ -727,8 +679,8 @@ fn fork(
         channel_vars,
         tool_env,
         owner,
-        // Counts the execution as in flight until it is over (see wait_until_idle).
-        on_done: Some(Box::new(InFlight::new())),
+        // Counts the execution as in flight until it is over (fork_activity::wait_until_idle).
+        on_done: Some(Box::new(crate::fork_activity::InFlight::new())),
     })
 }
 
