@@ -454,13 +454,15 @@ fn a_slow_or_failed_server_start_blocks_no_other_execution() {
     let dir = tempfile::tempdir().unwrap();
     let release = dir.path().join("release");
     let wrapper = dir.path().join("python3");
-    // Only the fork server's start (its program names itself) waits, then fails; every other
-    // use of this interpreter (version probe, cold scripts) runs the real one.
+    // Only the fork server's start (its program names itself) waits, then fails (after 60 s at
+    // most, so a failed test leaves nothing behind); every other use of this interpreter
+    // (version probe, cold scripts) runs the real one.
     std::fs::write(
         &wrapper,
         format!(
-            "#!/bin/sh\ncase \"$3\" in *'The fork server of one launch key'*)\n  \
-             while [ ! -e '{}' ]; do sleep 0.02; done\n  exit 1;;\nesac\nexec '{}' \"$@\"\n",
+            "#!/bin/sh\ncase \"$3\" in *'The fork server of one launch key'*)\n  i=0\n  \
+             while [ ! -e '{}' ] && [ $i -lt 3000 ]; do sleep 0.02; i=$((i+1)); done\n  \
+             exit 1;;\nesac\nexec '{}' \"$@\"\n",
             release.display(),
             python.display()
         ),
