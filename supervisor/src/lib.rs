@@ -27,6 +27,7 @@ mod execute;
 mod interpreter;
 mod interpreter_shim;
 mod launch;
+mod leftovers;
 mod reaper;
 mod redaction;
 mod remote;
