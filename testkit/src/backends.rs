@@ -192,11 +192,18 @@ impl Dockerd {
     /// Starts it with the python3 image imported as `tag`, and a docker CLI wrapper bound to
     /// it (use as `terminal.docker_binary`).
     pub fn with_image(tag: &str) -> Result<(Dockerd, String), String> {
+        let daemon = Dockerd::with_python_image(tag)?;
+        let cli = daemon.cli_wrapper("docker-here", &daemon.host);
+        Ok((daemon, cli))
+    }
+
+    /// Starts it with the python3 image of `scripts/backend-rootfs` imported as `tag` (the
+    /// image the stand-ins' sandboxes run).
+    pub fn with_python_image(tag: &str) -> Result<Dockerd, String> {
         let image = rootfs()?;
         let daemon = Dockerd::start()?;
         daemon.import(&image, tag)?;
-        let cli = daemon.cli_wrapper("docker-here", &daemon.host);
-        Ok((daemon, cli))
+        Ok(daemon)
     }
 
     /// Writes an executable `name` in its dir that runs the docker CLI against `host`.
@@ -232,19 +239,40 @@ impl Dockerd {
 
     /// Names of the containers labelled vibeos-exec=1 (running or not).
     pub fn labelled(&self) -> Vec<String> {
-        let out = self.docker(&[
+        self.containers_with_label("vibeos-exec=1")
+    }
+
+    /// Names of the running containers carrying `label` (`KEY` or `KEY=VALUE`): the sandboxes
+    /// of a stand-in (`modal-standin`, `daytona-standin=1`).
+    pub fn running_with_label(&self, label: &str) -> Vec<String> {
+        names(&self.docker(&[
+            "ps",
+            "--filter",
+            &format!("label={label}"),
+            "--format",
+            "{{.Names}}",
+        ]))
+    }
+
+    /// Names of the containers carrying `label`, running or not.
+    pub fn containers_with_label(&self, label: &str) -> Vec<String> {
+        names(&self.docker(&[
             "ps",
             "-a",
             "--filter",
-            "label=vibeos-exec=1",
+            &format!("label={label}"),
             "--format",
             "{{.Names}}",
-        ]);
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(str::to_string)
-            .collect()
+        ]))
     }
+}
+
+/// The lines of a `ps --format {{.Names}}` output.
+fn names(out: &std::process::Output) -> Vec<String> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
 }
 
 impl Drop for Dockerd {
@@ -409,18 +437,14 @@ impl Podman {
     }
     /// Names of the containers labelled vibeos-exec=1.
     pub fn labelled(&self) -> Vec<String> {
-        let out = self.cmd(&[
+        names(&self.cmd(&[
             "ps",
             "-a",
             "--filter",
             "label=vibeos-exec=1",
             "--format",
             "{{.Names}}",
-        ]);
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(str::to_string)
-            .collect()
+        ]))
     }
 }
 

@@ -71,6 +71,45 @@ impl Standin {
     }
 }
 
+impl Standin {
+    /// The variables the official SDK (and the daytona backend) read to reach it.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("DAYTONA_API_URL", self.api_url.clone()),
+            ("DAYTONA_API_KEY", self.api_key.clone()),
+        ]
+    }
+
+    /// Makes it the endpoint of this process (see [`crate::export_env`]).
+    pub fn export(&self) -> crate::ExportedEnv {
+        crate::export_env(self.env())
+    }
+}
+
+/// A private dockerd with the python3 image as `image`, and the stand-in on it: what every
+/// test and benchmark of the daytona backend starts from. The stand-in goes first on drop.
+pub struct DaytonaLab {
+    /// The stand-in.
+    pub standin: Standin,
+    /// Its dockerd (each sandbox is a container labelled `daytona-standin=1` there).
+    pub dockerd: Dockerd,
+}
+
+impl DaytonaLab {
+    /// Starts both, or says what is missing (the venv with the SDK, docker, the image).
+    pub fn start(image: &str) -> Result<DaytonaLab, String> {
+        sdk_python()?;
+        let dockerd = Dockerd::with_python_image(image)?;
+        let standin = Standin::start(&dockerd, image)?;
+        Ok(DaytonaLab { standin, dockerd })
+    }
+
+    /// The containers of the running sandboxes.
+    pub fn sandboxes(&self) -> Vec<String> {
+        self.dockerd.running_with_label("daytona-standin=1")
+    }
+}
+
 impl Drop for Standin {
     fn drop(&mut self) {
         // Closing its stdin makes it remove its containers and exit.

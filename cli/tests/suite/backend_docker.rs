@@ -7,10 +7,9 @@
 //! The backend choice is process-wide, so everything runs in one test, phase by phase.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::ffi::OsString;
-use std::path::PathBuf;
+use super::common::{backend, request_from, run, runtime, HOST_ENV};
 use std::time::{Duration, Instant};
-use vibeos_supervisor::{execute, Config, ExecutionRequest, ExecutionResult, Interrupt, Status};
+use vibeos_supervisor::{execute, ExecutionRequest, Interrupt, Status};
 use vibeos_testkit::backends::{plant_crashed_container, unavailable, Dockerd};
 use vibeos_tools::environments::{self, BackendKind, BackendSettings};
 
@@ -18,35 +17,14 @@ const IMAGE: &str = "vibeos-py:test";
 
 fn settings(binary: &str) -> BackendSettings {
     BackendSettings {
-        backend: BackendKind::Docker,
         docker_image: Some(IMAGE.into()),
         docker_binary: binary.into(),
-        agent_binary: Some(PathBuf::from(env!("CARGO_BIN_EXE_vibeos-exec"))),
-        ..BackendSettings::default()
+        ..backend(BackendKind::Docker)
     }
 }
 
 fn request(code: &str, task: &str) -> ExecutionRequest {
-    let mut r = ExecutionRequest::from_config(code, &Config::default());
-    r.task_id = Some(task.into());
-    r.timeout = Duration::from_secs(60);
-    r.base_env = Some(vec![
-        (OsString::from("PATH"), OsString::from("/host/only/bin")),
-        (OsString::from("LANG"), OsString::from("C.UTF-8")),
-        (
-            OsString::from("MY_SECRET_TOKEN"),
-            OsString::from("hunter2-host-secret"),
-        ),
-        (
-            OsString::from("OPENAI_API_KEY"),
-            OsString::from("sk-host-provider-secret"),
-        ),
-    ]);
-    r
-}
-
-fn run(rt: &tokio::runtime::Runtime, req: ExecutionRequest) -> ExecutionResult {
-    rt.block_on(execute(req, vibeos_tools::registry(), Interrupt::new()))
+    request_from(code, task, HOST_ENV)
 }
 
 /// Asserts that no process in task-a's container has any of `left` in its command line
@@ -72,10 +50,7 @@ fn docker_backend_end_to_end() {
         Ok(d) => d,
         Err(e) => return unavailable(&e),
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     environments::activate(settings(&docker));
 
     // Tools act in the container: what write_file writes, open() sees; the host does not.

@@ -10,6 +10,7 @@ mod backend_singularity;
 mod backend_ssh;
 mod backends_cli;
 mod builtin_tools;
+mod common;
 mod config_validation;
 mod core_run;
 mod daytona_standin;
