@@ -6,12 +6,16 @@
 //! container), an expired sandbox recreated once, idle stop, persistent resume by name, and
 //! `backends gc` deleting what a crashed host left while keeping a live host's sandbox.
 //!
-//! The backend choice is process-wide, so everything runs in one test, phase by phase.
+//! The backend choice is process-wide, so everything runs in one test, phase by phase, in a
+//! process of its own (`common::in_own_process`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use super::common::{backend, request_from, run, runtime, HOST_ENV};
+use super::common::{
+    backend, hanging_script, request_from, run, run_interrupted_after, run_into_timeout, runtime,
+    HOST_ENV,
+};
 use std::time::{Duration, Instant};
-use vibeos_supervisor::{execute, ExecutionRequest, Interrupt, Status};
+use vibeos_supervisor::{ExecutionRequest, Status};
 use vibeos_testkit::backends::unavailable;
 use vibeos_testkit::daytona::{sdk_python, DaytonaLab};
 use vibeos_tools::environments::{self, BackendKind, BackendSettings};
@@ -55,7 +59,9 @@ fn ps(lab: &DaytonaLab) -> String {
 
 #[test]
 fn daytona_backend_end_to_end() {
-    let _lock = super::backend_lock();
+    if super::common::in_own_process() {
+        return;
+    }
     let lab = match DaytonaLab::start(IMAGE) {
         Ok(l) => l,
         Err(e) => return unavailable(&e),
@@ -127,17 +133,12 @@ print("keyhits:", hits)
     assert_eq!(lab.sandboxes().len(), 1);
 
     // Timeout: the command dies, the sandbox stays.
-    let mut req = request(
-        "import subprocess, time\nsubprocess.Popen(['sleep', '4242'])\nprint('started', flush=True)\ntime.sleep(600)",
-        "task-a",
+    run_into_timeout(
+        &rt,
+        request(&hanging_script("4242"), "task-a"),
+        Duration::from_secs(3),
+        Duration::from_secs(30),
     );
-    req.timeout = Duration::from_secs(3);
-    req.kill_grace = Duration::from_secs(1);
-    let started = Instant::now();
-    let r = run(&rt, req);
-    assert_eq!(r.status, Status::Timeout, "{r:?}");
-    assert!(r.output.contains("started"), "{r:?}");
-    assert!(started.elapsed() < Duration::from_secs(30));
     std::thread::sleep(Duration::from_millis(500));
     let procs = ps(&lab);
     assert!(
@@ -147,18 +148,14 @@ print("keyhits:", hits)
     assert_eq!(lab.sandboxes().len(), 1, "the sandbox survives a timeout");
 
     // Interrupt: the same.
-    let interrupt = Interrupt::new();
-    let stopper = interrupt.clone();
-    std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(3));
-        stopper.interrupt();
-    });
-    let mut req = request(
-        "import subprocess, time\nsubprocess.Popen(['sleep', '4343'])\ntime.sleep(600)",
-        "task-a",
+    let r = run_interrupted_after(
+        &rt,
+        request(
+            "import subprocess, time\nsubprocess.Popen(['sleep', '4343'])\ntime.sleep(600)",
+            "task-a",
+        ),
+        Duration::from_secs(3),
     );
-    req.kill_grace = Duration::from_secs(1);
-    let r = rt.block_on(execute(req, vibeos_tools::registry(), interrupt));
     assert_eq!(r.status, Status::Interrupted, "{r:?}");
     std::thread::sleep(Duration::from_millis(500));
     let procs = ps(&lab);

@@ -8,13 +8,16 @@
 //! `backends gc` terminates what a crashed host left and keeps a live host's sandbox.
 //!
 //! The backend choice and the SDK sidecar are process-wide, so everything runs in one test,
-//! phase by phase.
+//! phase by phase, in a process of its own (`common::in_own_process`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use super::common::{backend, request_from, run, runtime, HOST_ENV};
+use super::common::{
+    backend, hanging_script, request_from, run, run_interrupted_after, run_into_timeout, runtime,
+    HOST_ENV,
+};
 use serde_json::{json, Map, Value};
 use std::time::{Duration, Instant};
-use vibeos_supervisor::{execute, ExecutionRequest, Interrupt, Status};
+use vibeos_supervisor::{ExecutionRequest, Status};
 use vibeos_testkit::backends::unavailable;
 use vibeos_testkit::modal::{ModalLab, TOKEN_ID, TOKEN_SECRET};
 use vibeos_tools::environments::{self, BackendKind, BackendSettings, EnvError, ExecSpec};
@@ -64,7 +67,9 @@ fn processes(task: &str) -> String {
 
 #[test]
 fn modal_backend_against_the_stand_in() {
-    let _backend = super::backend_lock();
+    if super::common::in_own_process() {
+        return;
+    }
     let lab = match ModalLab::start(IMAGE) {
         Ok(l) => l,
         Err(e) => return unavailable(&e),
@@ -217,34 +222,25 @@ print("env:", json.dumps(dict(os.environ)))
     // execute_code timeout and interrupt: the script and what it started die in the sandbox,
     // the sandbox stays.
     let before_scripts = lab.sandboxes();
-    let mut req = request(
-        "import subprocess, time\nsubprocess.Popen(['sleep', '5151'])\nprint('started', flush=True)\ntime.sleep(600)",
-        "task-a",
+    run_into_timeout(
+        &rt,
+        request(&hanging_script("5151"), "task-a"),
+        Duration::from_secs(3),
+        Duration::from_secs(30),
     );
-    req.timeout = Duration::from_secs(3);
-    req.kill_grace = Duration::from_secs(1);
-    let started = Instant::now();
-    let r = run(&rt, req);
-    assert_eq!(r.status, Status::Timeout, "{r:?}");
-    assert!(r.output.contains("started"), "{r:?}");
-    assert!(started.elapsed() < Duration::from_secs(30));
     let ps = processes("task-a");
     assert!(
         !ps.contains("sleep 5151") && !ps.contains("time.sleep(600)"),
         "left behind: {ps}"
     );
-    let interrupt = Interrupt::new();
-    let stopper = interrupt.clone();
-    std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(3));
-        stopper.interrupt();
-    });
-    let mut req = request(
-        "import subprocess, time\nsubprocess.Popen(['sleep', '5252'])\ntime.sleep(600)",
-        "task-a",
+    let r = run_interrupted_after(
+        &rt,
+        request(
+            "import subprocess, time\nsubprocess.Popen(['sleep', '5252'])\ntime.sleep(600)",
+            "task-a",
+        ),
+        Duration::from_secs(3),
     );
-    req.kill_grace = Duration::from_secs(1);
-    let r = rt.block_on(execute(req, vibeos_tools::registry(), interrupt));
     assert_eq!(r.status, Status::Interrupted, "{r:?}");
     let ps = processes("task-a");
     assert!(!ps.contains("sleep 5252"), "left behind: {ps}");
