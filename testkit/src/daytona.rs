@@ -12,20 +12,8 @@ use std::process::{Child, Command, Stdio};
 pub fn sdk_python() -> Result<PathBuf, String> {
     let py = std::env::var_os("VIBEOS_TEST_DAYTONA_PYTHON")
         .map(PathBuf::from)
-        .unwrap_or_else(|| crate::workspace_root().join("target/pyvenv/bin/python"));
-    let ok = Command::new(&py)
-        .args(["-c", "import daytona, aiohttp"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if ok {
-        Ok(py)
-    } else {
-        Err(format!(
-            "{} with the `daytona` SDK (run scripts/test-all to create the venv)",
-            py.display()
-        ))
-    }
+        .unwrap_or_else(|| crate::target_dir().join("pyvenv/bin/python"));
+    crate::python_with(py, "daytona, aiohttp")
 }
 
 /// A running stand-in.
