@@ -318,6 +318,31 @@ fn keygen(path: &Path) {
     assert!(ok, "ssh-keygen failed");
 }
 
+/// Points [`SSH_USER`]'s home at `home`. usermod refuses while the user has processes — on a
+/// machine shared by several test runs, another run's ssh session — so it is retried for a
+/// while, then reported (a skip, or a failure on CI) instead of leaving the home elsewhere.
+fn point_home_at(home: &Path) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = Command::new("usermod")
+            .args(["-p", "*", "-d"])
+            .arg(home)
+            .arg(SSH_USER)
+            .output()
+            .map_err(|e| format!("cannot run usermod: {e}"))?;
+        if out.status.success() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "cannot point {SSH_USER}'s home at this sshd's dir ({}): another test run on this machine is logged in as {SSH_USER}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 /// Starts an sshd for [`SSH_USER`] (created if missing; needs root).
 pub fn start_sshd() -> Result<Sshd, String> {
     let sshd = which("sshd").ok_or("sshd (openssh-server) is not installed")?;
@@ -347,11 +372,7 @@ pub fn start_sshd() -> Result<Sshd, String> {
             return Err("useradd failed".into());
         }
     }
-    let _ = Command::new("usermod")
-        .args(["-p", "*", "-d"])
-        .arg(&home)
-        .arg(SSH_USER)
-        .status();
+    point_home_at(&home)?;
     std::fs::create_dir(&home).unwrap();
     let _ = Command::new("chown").arg(SSH_USER).arg(&home).status();
     use std::os::unix::fs::PermissionsExt;
