@@ -110,9 +110,14 @@ fn print_text(settings: &BackendSettings, sweeps: &[Sweep]) {
                 for name in &r.removed {
                     println!("removed {}", tag(name));
                 }
+                // A cloud sandbox may also belong to another machine, which docker's cannot.
+                let why = match s.backend {
+                    "docker" => "its host is running, or persistent",
+                    _ => "its host is running, it belongs to another machine, or persistent",
+                };
                 for name in &r.kept {
                     println!(
-                        "kept    {} (its host is running, it belongs to another machine, or persistent; --all removes persistent ones)",
+                        "kept    {} ({why}; --all removes persistent ones)",
                         tag(name)
                     );
                 }

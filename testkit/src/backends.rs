@@ -302,9 +302,37 @@ pub struct Sshd {
 
 impl Drop for Sshd {
     fn drop(&mut self) {
+        // A test that failed before it stopped its ssh environment leaves that backend's
+        // master connection (ControlPersist) running, and with it a session of the test user,
+        // which makes usermod refuse every later sshd of every run on this machine: end the
+        // clients that name this sshd's keys, by pid.
+        let dir = self.dir.path().display().to_string();
+        for (pid, cmdline) in processes() {
+            if cmdline.contains(&dir) && pid != self._daemon.child.id() {
+                // SAFETY: kill with a pid just read from /proc; at worst it has exited meanwhile.
+                unsafe {
+                    libc::kill(pid as i32, libc::SIGTERM);
+                }
+            }
+        }
         // The daemon before `dir` (fields drop in order, and `dir` comes first).
         self._daemon.stop();
     }
+}
+
+/// Every process's pid and command line (NULs as spaces).
+fn processes() -> Vec<(u32, String)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            Some((pid, String::from_utf8_lossy(&cmdline).replace('\0', " ")))
+        })
+        .collect()
 }
 
 fn keygen(path: &Path) {

@@ -390,3 +390,21 @@ pub fn assert_no_module_cycles(crate_dir: &str) {
     );
     assert!(report.contains("no cycles"), "{report}");
 }
+
+/// Runs the Python snippet `code` with `python`, `args` as its `sys.argv[1:]` and `env` added
+/// to its environment; asserts that it succeeded and returns its stdout, trimmed.
+pub fn python_output(python: &Path, code: &str, args: &[&str], env: &[(&str, String)]) -> String {
+    let out = Command::new(python)
+        .arg("-c")
+        .arg(code)
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}

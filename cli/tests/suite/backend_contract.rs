@@ -226,3 +226,38 @@ fn daytona_environment_contract() {
         "the sandbox was deleted"
     );
 }
+
+/// A test that fails before it stops its ssh environment leaves the backend's master
+/// connection running; dropping the test's sshd ends it, so that no session of the test user
+/// outlives the test (it would make every later sshd's usermod fail, on the whole machine).
+#[test]
+fn an_ssh_environment_that_was_never_stopped_ends_with_its_sshd() {
+    let _ssh = super::ssh_lock();
+    let sshd = match start_sshd() {
+        Ok(s) => s,
+        Err(e) => return unavailable(&e),
+    };
+    let dir = sshd.dir.path().display().to_string();
+    let env = environments::start(&ssh_backend(&sshd, sshd.port), "abandoned").unwrap();
+    assert!(env
+        .exec(&ExecSpec::new(["true"]), b"", Duration::from_secs(60))
+        .unwrap()
+        .success());
+    // What a panicking test does: never stops it.
+    std::mem::forget(env);
+    let clients = || {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+            .filter(|c| String::from_utf8_lossy(c).contains(&dir))
+            .count()
+    };
+    assert!(clients() > 0, "the master connection runs");
+    drop(sshd);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while clients() > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(clients(), 0, "a client of the dropped sshd is left");
+}

@@ -11,8 +11,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use super::common::{
-    backend, hanging_script, request_from, run, run_interrupted_after, run_into_timeout, runtime,
-    HOST_ENV,
+    backend, hanging_script, python_output, request_from, run, run_interrupted_after,
+    run_into_timeout, runtime, HOST_ENV,
 };
 use std::time::{Duration, Instant};
 use vibeos_supervisor::{ExecutionRequest, Status};
@@ -169,21 +169,16 @@ print("keyhits:", hits)
     // An expired sandbox (the service deleted it behind our back) is recreated once.
     let gone = lab.sandboxes();
     let id = gone.concat().trim_start_matches("daytona-").to_string();
-    let deleted = std::process::Command::new(sdk_python().unwrap())
-        .args([
-            "-c",
-            "import sys, urllib.request as u
+    python_output(
+        &sdk_python().unwrap(),
+        "import sys, urllib.request as u
 r = u.Request(sys.argv[1], method='DELETE', headers={'Authorization': 'Bearer ' + sys.argv[2]})
 print(u.urlopen(r).status)",
-        ])
-        .arg(format!("{}/sandbox/{id}", standin.api_url))
-        .arg(&standin.api_key)
-        .output()
-        .unwrap();
-    assert!(
-        deleted.status.success(),
-        "{}",
-        String::from_utf8_lossy(&deleted.stderr)
+        &[
+            &format!("{}/sandbox/{id}", standin.api_url),
+            &standin.api_key,
+        ],
+        &[],
     );
     let r = run(&rt, request("print('back')", "task-a"));
     assert_eq!(r.status, Status::Success, "{r:?}");
@@ -289,17 +284,7 @@ labels.update({"vibeos-exec.task": "task-gc-crashed", "vibeos-exec.owner": "9999
 sb = client.create(CreateSandboxFromSnapshotParams(name="vibeos-exec-crashed", snapshot=sys.argv[1], labels=labels), timeout=120)
 print(sb.name)
 "#;
-    let out = std::process::Command::new(sdk_python().unwrap())
-        .args(["-c", plant, IMAGE])
-        .envs(standin.env())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+    python_output(&sdk_python().unwrap(), plant, &[IMAGE], &standin.env())
 }
 
 /// `--backend daytona` without `DAYTONA_API_KEY` is a usage error (exit 2) naming the variable;

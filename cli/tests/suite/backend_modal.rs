@@ -12,8 +12,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use super::common::{
-    backend, hanging_script, request_from, run, run_interrupted_after, run_into_timeout, runtime,
-    HOST_ENV,
+    backend, hanging_script, python_output, request_from, run, run_interrupted_after,
+    run_into_timeout, runtime, HOST_ENV,
 };
 use serde_json::{json, Map, Value};
 use std::time::{Duration, Instant};
@@ -466,14 +466,5 @@ tags.update({"vibeos-exec.task": "task-gc-crashed", "vibeos-exec.owner": "999999
 sb = modal.Sandbox.create(app=app, image=modal.Image.from_registry(sys.argv[1]), tags=tags, timeout=600)
 print(sb.object_id)
 "#;
-    let out = std::process::Command::new(python)
-        .args(["-c", plant, IMAGE])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+    python_output(python, plant, &[IMAGE], &[])
 }

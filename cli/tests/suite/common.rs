@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use vibeos_supervisor::{execute, Config, ExecutionRequest, ExecutionResult, Interrupt, Status};
 use vibeos_testkit::backends::{Sshd, SSH_USER};
+pub(crate) use vibeos_testkit::python_output;
 use vibeos_tools::environments::{
     settings::KnownHosts, BackendKind, BackendSettings, Environment, ExecSpec,
 };
