@@ -30,6 +30,7 @@ mod forked;
 mod interpreter;
 mod interpreter_shim;
 mod launch;
+mod leftovers;
 mod outcome;
 mod reaper;
 mod redaction;

@@ -117,11 +117,7 @@ fn strict_unavailable() -> Option<String> {
 }
 
 fn main() {
-    let runs: usize = std::env::args()
-        .skip_while(|a| a != "--runs")
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(40);
+    let runs = vibeos_benches::runs_arg(40);
     let python = vibeos_testkit::python3();
     let dir = tempfile::tempdir().unwrap();
     let mut request = ExecutionRequest::from_config("pass", &Config::default());
