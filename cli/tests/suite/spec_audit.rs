@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use serde_json::Value;
-use vibeos_testkit::backends::{unavailable, Dockerd};
+use vibeos_testkit::backends::{start_sshd, unavailable, Dockerd, SSH_USER};
 use vibeos_testkit::Sandbox;
 
 /// The script's printed JSON.
@@ -56,6 +56,32 @@ fn closed_connections_never_block_the_next_call_in_docker() {
     sb.set_env("VIBEOS_AGENT_BINARY", env!("CARGO_BIN_EXE_vibeos-exec"));
     churn_then_call(&sb, &["--backend", "docker"]);
     assert!(daemon.labelled().is_empty(), "{:?}", daemon.labelled());
+}
+
+#[test]
+fn ssh_backend_works_below_a_long_tmpdir() {
+    // The ControlMaster's socket lived in $TMPDIR: below a long one, every ssh run failed with
+    // "unix_listener: path ... too long for Unix domain socket".
+    let _backend = super::backend_lock();
+    let sshd = match start_sshd() {
+        Ok(s) => s,
+        Err(why) => return unavailable(&why),
+    };
+    let mut sb = Sandbox::new();
+    let long = sb
+        .root
+        .path()
+        .join("a-temporary-directory-with-a-name-as-long-as-some-ci-runners-use");
+    std::fs::create_dir(&long).unwrap();
+    let d = sshd.dir.path().display();
+    sb.write_config(&format!(
+        "terminal:\n  ssh_host: 127.0.0.1\n  ssh_port: {}\n  ssh_user: {SSH_USER}\n  \
+         ssh_key: {d}/userkey\n  ssh_known_hosts: {d}/known_hosts\n",
+        sshd.port
+    ));
+    sb.set_env("TMPDIR", long.to_str().unwrap());
+    sb.set_env("VIBEOS_AGENT_BINARY", env!("CARGO_BIN_EXE_vibeos-exec"));
+    churn_then_call(&sb, &["--backend", "ssh"]);
 }
 
 #[test]
