@@ -186,3 +186,26 @@ fn readme_configs_load() {
         }
     }
 }
+
+#[test]
+fn terminal_reports_the_directory_the_session_is_in() {
+    // With shell sessions a `cd` moves the next call; the result's `cwd` kept naming the base
+    // dir, contradicting `pwd` in the same result.
+    let sb = Sandbox::new();
+    let script = "import json\nfrom vibeos_tools import terminal\n\
+                  a = terminal('mkdir -p sub && cd sub')\n\
+                  b = terminal('pwd')\n\
+                  c = terminal('pwd', workdir='/')\n\
+                  print(json.dumps([a['cwd'], b['cwd'], b['output'].strip(), c['cwd']]))\n";
+    let v = sb.run_json(script, &[]);
+    assert_eq!(v["status"], "success", "{v}");
+    let got = printed(&v);
+    let sub = sb.work().join("sub").display().to_string();
+    assert_eq!(got, serde_json::json!([sub, sub, sub, "/"]), "{v}");
+
+    sb.write_config("terminal:\n  shell_session: false\n");
+    let v = sb.run_json(script, &[]);
+    let got = printed(&v);
+    let work = sb.work().display().to_string();
+    assert_eq!(got, serde_json::json!([work, work, work, "/"]), "{v}");
+}
