@@ -113,14 +113,14 @@ fn owner_alive(label: &str) -> bool {
 const MAX_SOCKET_PATH: usize = 107;
 /// Characters of an execution id naming its socket dir (64 random bits: unique among the
 /// executions of one container, and short enough for sun_path).
-const EXEC_DIR_CHARS: usize = 16;
+pub(crate) const EXEC_DIR_CHARS: usize = 16;
 
 /// The host dir bind-mounted at [`RPC_MOUNT`]. Its name does not embed the container name
 /// (up to 69 characters with a long task id): the execution sockets below it,
 /// `<dir>/<16 hex>/rpc.sock`, must fit in sun_path. A persistent container's mount source
 /// must survive host restarts, so its name is stable; every other one is unguessable. When
 /// `$TMPDIR` itself is too long for that, `/tmp` is used.
-fn rpc_dir_for(name: &str, persistent: bool) -> PathBuf {
+pub(crate) fn rpc_dir_for(name: &str, persistent: bool) -> PathBuf {
     let tag = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
     });
