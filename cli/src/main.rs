@@ -335,7 +335,11 @@ fn real_main(cli: Cli) -> Result<u8, UsageError> {
         }
         Command::Backends {
             command: BackendsCommand::Gc { all, json },
-        } => backends::gc(&backend, all, json).map_err(UsageError),
+        } => Ok(backends::gc(&backend, all, json).unwrap_or_else(|e| {
+            // The engine failing is a runtime error (exit 1, as for `run`), not a usage one.
+            eprintln!("vibeos-exec: {e}");
+            1
+        })),
         Command::Tools { command } => {
             let extensions = vibeos_supervisor::extensions::load(&config, vibeos_tools::registry());
             let code = tools(command, &config, &extensions);

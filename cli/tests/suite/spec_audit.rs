@@ -209,3 +209,19 @@ fn terminal_reports_the_directory_the_session_is_in() {
     let work = sb.work().display().to_string();
     assert_eq!(got, serde_json::json!([work, work, work, "/"]), "{v}");
 }
+
+#[test]
+fn backends_gc_with_a_dead_engine_is_a_runtime_error() {
+    // SPEC §10: exit 2 is for usage and config errors. An engine that cannot be reached is
+    // neither (`run` exits 1 for it); `backends gc` exited 2.
+    let mut sb = Sandbox::new();
+    sb.set_env("DOCKER_HOST", "unix:///nonexistent/docker.sock");
+    let out = sb.run(&["backends", "gc"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    // Names the engine and what to do (start the daemon / set DOCKER_HOST, or install the CLI).
+    assert!(
+        stderr.contains("docker") && (stderr.contains("DOCKER_HOST") || stderr.contains("install")),
+        "{stderr}"
+    );
+}
