@@ -225,3 +225,40 @@ fn backends_gc_with_a_dead_engine_is_a_runtime_error() {
         "{stderr}"
     );
 }
+
+#[test]
+fn doctor_lists_each_backend_on_one_aligned_line() {
+    // "singularity" overflowed the name column, and a client's multi-line message split a
+    // backend's entry over several lines.
+    let sb = Sandbox::new();
+    let out = sb.run(&["doctor"]);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let section: Vec<&str> = text
+        .split("\nbackends:\n")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no backends section: {text}"))
+        .lines()
+        .take_while(|l| l.starts_with("  "))
+        .collect();
+    let names: Vec<&str> = section
+        .iter()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(
+        names,
+        ["local", "docker", "ssh", "daytona", "singularity", "modal"],
+        "{text}"
+    );
+    // Where each line's status starts (after the name and its padding).
+    let column: Vec<usize> = section
+        .iter()
+        .map(|l| {
+            let after_name = l
+                .trim_start()
+                .trim_start_matches(|c: char| !c.is_whitespace());
+            l.len() - after_name.trim_start().len()
+        })
+        .collect();
+    assert!(column.windows(2).all(|w| w[0] == w[1]), "{text}");
+}
