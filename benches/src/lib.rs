@@ -55,3 +55,28 @@ pub fn bench_home() -> (tempfile::TempDir, PathBuf) {
     .unwrap();
     (dir, python)
 }
+
+/// `--runs N` from the command line, else `default`.
+pub fn runs_arg(default: usize) -> usize {
+    std::env::args()
+        .skip_while(|a| a != "--runs")
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Seconds as right-aligned milliseconds.
+pub fn ms(s: f64) -> String {
+    format!("{:8.3} ms", s * 1000.0)
+}
+
+/// `OK` when `ratio` meets `target` (at most), else `MISSED`.
+pub fn verdict(ratio: f64, target: f64) -> &'static str {
+    if ratio <= target {
+        "OK"
+    } else {
+        "MISSED"
+    }
+}
+
+pub mod sandbox;

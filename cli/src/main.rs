@@ -77,7 +77,8 @@ enum Command {
 
 #[derive(Subcommand, Debug)]
 enum BackendsCommand {
-    /// Remove containers labelled vibeos-exec=1 whose owning process is gone (a crashed host).
+    /// Remove containers, and Modal and Daytona sandboxes when those are configured, labelled
+    /// vibeos-exec=1 whose owning process is gone (a crashed host).
     Gc {
         /// Also remove persistent containers (terminal.container_persistent).
         #[arg(long)]

@@ -34,30 +34,10 @@ pub fn shutdown() {
     environments::modal_sidecar::Sidecar::shutdown();
 }
 
-/// `vibeos-exec backends gc`: removes the containers a crashed host left. Returns the exit code.
+/// `vibeos-exec backends gc`: removes the containers and cloud sandboxes a crashed host left
+/// (see [`crate::leftovers`]). Returns the exit code.
 pub fn gc(settings: &BackendSettings, all: bool, json_out: bool) -> Result<u8, String> {
-    let report =
-        environments::docker::gc(&settings.docker_binary, all).map_err(|e| e.to_string())?;
-    if json_out {
-        println!(
-            "{}",
-            json!({"engine": settings.docker_binary, "removed": report.removed, "kept": report.kept})
-        );
-    } else {
-        for name in &report.removed {
-            println!("removed {name}");
-        }
-        for name in &report.kept {
-            println!("kept    {name} (its host is running, or persistent; --all removes persistent ones)");
-        }
-        if report.removed.is_empty() && report.kept.is_empty() {
-            println!(
-                "no vibeos-exec containers found ({})",
-                settings.docker_binary
-            );
-        }
-    }
-    Ok(0)
+    crate::leftovers::gc(settings, all, json_out)
 }
 
 /// One line of doctor's backend report.

@@ -131,7 +131,7 @@ async fn run(
     };
     let warm = match pooled {
         Some(launched) => Some(launched),
-        None => crate::zygote::start(&spec, &stub.source, &request.code),
+        None => crate::zygote::start_async(&spec, &stub.source, &request.code).await,
     };
     let launched = match warm {
         Some(launched) => launched,

@@ -75,6 +75,10 @@ pub use active::{active, disable, enable, prewarm, stats, wait_until_idle};
 /// How long a pooled interpreter may take to finish its imports before it counts as failed.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The longest a refill waits for the fork servers to go idle (a long-running forked script
+/// must not keep the pool dry).
+const REFILL_DEFERRAL: Duration = Duration::from_secs(2);
+
 /// Consecutive failed starts after which a key is no longer refilled (until its spec changes).
 const MAX_FAILURES: u32 = 3;
 
@@ -583,6 +587,9 @@ fn refill_loop(shared: &Shared) {
                 st = shared.work.wait(st).unwrap_or_else(|p| p.into_inner());
             }
         };
+        // While the fork server serves a burst, an interpreter start would take a core from
+        // its scripts; the refill is for the next paced call and can wait for a lull.
+        crate::fork_activity::wait_until_idle(REFILL_DEFERRAL, || shared.lock().shutdown);
         let started = start_one(shared, &spec);
         let surplus = {
             let mut st = shared.lock();

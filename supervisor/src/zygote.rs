@@ -58,6 +58,11 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a fork request may take before the server counts as hung.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a call waits for its key's server to finish starting before it starts another way:
+/// a normal start (an interpreter start and the stub's imports) takes well under this even on a
+/// loaded machine, so only a slow or hung start sends calls elsewhere.
+const STARTING_WAIT: Duration = Duration::from_secs(5);
+
 /// Failed starts after which a key is no longer served by a fork server.
 const MAX_FAILURES: u32 = 3;
 
@@ -95,6 +100,80 @@ struct Server {
     control: Mutex<Option<OwnedFd>>,
     child: Mutex<std::process::Child>,
     last_used: AtomicU64,
+    /// The next execution's staging dir and channel, prepared while the previous one ran.
+    ready: Mutex<Option<Prepared>>,
+    /// A thread is preparing `ready`.
+    preparing: AtomicBool,
+}
+
+/// A staging dir (disk-budget tmpfs included) with its RPC channel and, in strict mode, its
+/// confinement (uid lease, staging dir handed over, landlock ruleset, seccomp programs, reveal
+/// plan), made before the execution that uses it is asked for.
+///
+/// This is exactly what a cold launch prepares, only earlier: nothing runs in the dir until it
+/// is used, no process of the leased uid exists (the lease is exclusive and was taken when no
+/// task had that uid), and the script and stub are written at use with `O_EXCL|O_NOFOLLOW` and
+/// chowned to that uid, as the pool writes into its waiting interpreters' dirs. An area is used
+/// once; one that is never used is removed with its server or at the host's exit.
+struct Prepared {
+    staging: Staging,
+    channel: Channel,
+}
+
+/// Prepares the staging dir and channel of one execution of `spec` (everything but the script).
+fn prepare(spec: &LaunchSpec) -> Result<Prepared, ZygoteError> {
+    let mut staging = Staging::create(spec.disk_budget())?;
+    let channel = open_channel(spec, &mut staging)?;
+    Ok(Prepared { staging, channel })
+}
+
+/// Prepares the next execution of `server`'s key on a thread of its own, unless one is ready
+/// or being prepared: the strict steps that cost most in the supervisor (the landlock ruleset
+/// over the interpreter's paths, the uid lease with its scan of `/proc`, the tmpfs mount) then
+/// happen while the previous script runs, not between a request and its fork.
+fn prepare_next(server: &Arc<Server>, spec: &LaunchSpec) {
+    if lock(&server.ready).is_some() || server.preparing.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let (for_thread, spec) = (Arc::clone(server), spec.clone());
+    let spawned = std::thread::Builder::new()
+        .name("vibeos-zygote-prepare".into())
+        .spawn(move || {
+            let server = for_thread;
+            if !EXITING.load(Ordering::SeqCst) {
+                match prepare(&spec) {
+                    Ok(p) => {
+                        let mut ready = lock(&server.ready);
+                        if ready.is_none() && !EXITING.load(Ordering::SeqCst) {
+                            *ready = Some(p);
+                        }
+                    }
+                    Err(e) => tracing::debug!("execute_code: preparing the next execution: {e}"),
+                }
+            }
+            server.preparing.store(false, Ordering::SeqCst);
+        });
+    if spawned.is_err() {
+        server.preparing.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Set at the host's exit: prepared areas are removed, no new ones are kept.
+static EXITING: AtomicBool = AtomicBool::new(false);
+static AT_EXIT: std::sync::Once = std::sync::Once::new();
+
+/// Removes the prepared staging dirs (and their tmpfs mounts) at the host's normal exit; the
+/// servers themselves end when the kernel closes their control channels.
+extern "C" fn clean_up_at_exit() {
+    EXITING.store(true, Ordering::SeqCst);
+    // Never block at exit: a lock held by a thread that exit() froze would hang the process.
+    let Ok(reg) = REGISTRY.try_lock() else { return };
+    let Some(reg) = reg.as_ref() else { return };
+    for server in &reg.servers {
+        if let Ok(mut ready) = server.ready.try_lock() {
+            drop(ready.take());
+        }
+    }
 }
 
 impl Drop for Server {
@@ -102,6 +181,7 @@ impl Drop for Server {
         // EOF on its control channel ends the server; children already forked go on (their
         // lifelines belong to their executions).
         drop(lock(&self.control).take());
+        drop(lock(&self.ready).take());
         let mut child = lock(&self.child);
         if !matches!(child.try_wait(), Ok(Some(_))) {
             let _ = child.kill();
@@ -118,6 +198,35 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 struct Registry {
     servers: Vec<Arc<Server>>,
     failures: Vec<(LaunchKey, u32)>,
+    /// Keys whose server is being started (outside the lock).
+    starting: Vec<(LaunchKey, Arc<Starting>)>,
+}
+
+/// A server start in progress, which calls of the same key wait for (bounded).
+#[derive(Default)]
+struct Starting {
+    done: Mutex<bool>,
+    over: std::sync::Condvar,
+}
+
+impl Starting {
+    fn wait(&self, limit: Duration) {
+        let done = lock(&self.done);
+        let _ = self
+            .over
+            .wait_timeout_while(done, limit, |done| !*done)
+            .map_err(|p| p.into_inner());
+    }
+}
+
+/// Marks a start as over when dropped.
+struct Release<'a>(&'a Starting);
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        *lock(&self.0.done) = true;
+        self.0.over.notify_all();
+    }
 }
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
@@ -125,14 +234,28 @@ static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
 static CLOCK: AtomicU64 = AtomicU64::new(0);
 static FORKS: AtomicU64 = AtomicU64::new(0);
 static NEXT_REQUEST: AtomicU64 = AtomicU64::new(1);
+/// Bumped whenever the servers are turned off, so a server whose start began before is dropped.
+static EPOCH: AtomicU64 = AtomicU64::new(0);
 
 /// Turns the process-wide fork servers on or off. Off (the default), executions start from the
 /// pool or cold; on, every local execution of this process whose key a server can serve is
 /// forked from that key's server (started at the first such call). Turning it off stops the
 /// servers; executions already forked are not affected.
 pub fn set_enabled(on: bool) {
+    if on {
+        AT_EXIT.call_once(|| {
+            // SAFETY: registering a plain `extern "C" fn()` with no arguments.
+            if unsafe { libc::atexit(clean_up_at_exit) } != 0 {
+                tracing::warn!(
+                    "execute_code: cannot register the fork servers' exit hook; a prepared \
+                     staging dir may be left in TMPDIR at exit"
+                );
+            }
+        });
+    }
     ENABLED.store(on, Ordering::SeqCst);
     if !on {
+        EPOCH.fetch_add(1, Ordering::SeqCst);
         let old = lock(&REGISTRY).take();
         drop(old);
     }
@@ -176,6 +299,7 @@ pub(crate) fn start(spec: &LaunchSpec, stub: &str, code: &str) -> Option<Launche
     match fork(&server, spec, stub, code) {
         Ok(l) => {
             FORKS.fetch_add(1, Ordering::SeqCst);
+            prepare_next(&server, spec);
             Some(l)
         }
         Err(e) => {
@@ -186,6 +310,31 @@ pub(crate) fn start(spec: &LaunchSpec, stub: &str, code: &str) -> Option<Launche
             None
         }
     }
+}
+
+/// [`start`] for an async caller: a call that first has to start its key's server (which may
+/// take up to [`READY_TIMEOUT`]) does that on a blocking thread, so no runtime worker, and with
+/// it no other execution or request of the host, waits for the start.
+pub(crate) async fn start_async(spec: &LaunchSpec, stub: &str, code: &str) -> Option<Launched> {
+    if !enabled() {
+        return None;
+    }
+    if has_server(spec) {
+        return start(spec, stub, code);
+    }
+    let (spec, stub, code) = (spec.clone(), stub.to_owned(), code.to_owned());
+    tokio::task::spawn_blocking(move || start(&spec, &stub, &code))
+        .await
+        .ok()
+        .flatten()
+}
+
+/// Whether a server for `spec`'s key is registered (it may still turn out stale).
+fn has_server(spec: &LaunchSpec) -> bool {
+    let key = spec.key();
+    lock(&REGISTRY)
+        .as_ref()
+        .is_some_and(|r| r.servers.iter().any(|s| s.key == key))
 }
 
 fn forget(server: &Arc<Server>) {
@@ -203,35 +352,74 @@ fn forget(server: &Arc<Server>) {
 
 /// The server for `spec`'s key, started if needed (or restarted when a variable the
 /// interpreter reads at startup changed).
+///
+/// The registry lock is held only to look up and record servers, never while one starts (which
+/// may take up to [`READY_TIMEOUT`]): calls for other keys go on meanwhile, and a call for a key
+/// whose server is still starting waits for it at most [`STARTING_WAIT`], then starts from the
+/// pool or cold.
 fn server_for(spec: &LaunchSpec) -> Result<Arc<Server>, ZygoteError> {
     if spec.mode == Mode::Strict && spec.strict.uid.is_some() {
         // A pinned uid is one uid for every execution: concurrent ones would share it.
         return Err(ZygoteError::Unsuitable("strict.uid is pinned".into()));
     }
     let key = spec.key();
-    let mut reg = lock(&REGISTRY);
-    let reg = reg.get_or_insert_with(Registry::default);
-    if reg
-        .failures
-        .iter()
-        .any(|(k, n)| *k == key && *n >= MAX_FAILURES)
-    {
-        return Err(ZygoteError::Unsuitable(
-            "its fork server failed to start repeatedly".into(),
-        ));
-    }
+    let epoch = EPOCH.load(Ordering::SeqCst);
     let mut stale = Vec::new();
-    if let Some(i) = reg.servers.iter().position(|s| s.key == key) {
-        let s = Arc::clone(&reg.servers[i]);
-        let wanted = spec.child_env(s.empty.path(), false)?;
-        if startup_names(&wanted) == startup_names(&s.startup_env) && !exited(&s) {
-            s.last_used
-                .store(CLOCK.fetch_add(1, Ordering::SeqCst), Ordering::SeqCst);
-            return Ok(s);
+    let mut waited = false;
+    let starting = loop {
+        let mut guard = lock(&REGISTRY);
+        let reg = guard.get_or_insert_with(Registry::default);
+        if reg
+            .failures
+            .iter()
+            .any(|(k, n)| *k == key && *n >= MAX_FAILURES)
+        {
+            return Err(ZygoteError::Unsuitable(
+                "its fork server failed to start repeatedly".into(),
+            ));
         }
-        stale.push(reg.servers.remove(i));
-    }
+        if let Some((_, starting)) = reg.starting.iter().find(|(k, _)| *k == key) {
+            if waited {
+                return Err(ZygoteError::Unsuitable(
+                    "its fork server is still starting".into(),
+                ));
+            }
+            let starting = Arc::clone(starting);
+            drop(guard);
+            starting.wait(STARTING_WAIT);
+            waited = true;
+            continue;
+        }
+        if let Some(i) = reg.servers.iter().position(|s| s.key == key) {
+            let s = Arc::clone(&reg.servers[i]);
+            let wanted = spec.child_env(s.empty.path(), false)?;
+            if startup_names(&wanted) == startup_names(&s.startup_env) && !exited(&s) {
+                s.last_used
+                    .store(CLOCK.fetch_add(1, Ordering::SeqCst), Ordering::SeqCst);
+                return Ok(s);
+            }
+            stale.push(reg.servers.remove(i));
+        }
+        let starting = Arc::new(Starting::default());
+        reg.starting.push((key.clone(), Arc::clone(&starting)));
+        break starting;
+    };
+    // Waiters are released however this ends (the registry is updated first).
+    let _release = Release(&starting);
+    // Stopping a server waits for its process: not under the lock either.
+    drop(std::mem::take(&mut stale));
     let started = start_server(spec);
+    let mut guard = lock(&REGISTRY);
+    let current = EPOCH.load(Ordering::SeqCst) == epoch;
+    let Some(reg) = guard.as_mut().filter(|_| current) else {
+        // Servers were turned off while this one started: it must not outlive that.
+        drop(guard);
+        drop(started);
+        return Err(ZygoteError::Gone(
+            "fork servers were turned off while it started".into(),
+        ));
+    };
+    reg.starting.retain(|(k, _)| *k != key);
     let server = match started {
         Ok(s) => Arc::new(s),
         Err(e) => {
@@ -256,6 +444,7 @@ fn server_for(spec: &LaunchSpec) -> Result<Arc<Server>, ZygoteError> {
             None => break,
         }
     }
+    drop(guard);
     drop(stale);
     Ok(server)
 }
@@ -329,6 +518,8 @@ fn start_server(spec: &LaunchSpec) -> Result<Server, ZygoteError> {
         control: Mutex::new(Some(ours)),
         child: Mutex::new(child),
         last_used: AtomicU64::new(CLOCK.fetch_add(1, Ordering::SeqCst)),
+        ready: Mutex::new(None),
+        preparing: AtomicBool::new(false),
     };
     let ready = {
         let control = lock(&server.control);
@@ -360,20 +551,24 @@ fn text(s: &OsString) -> Result<&str, ZygoteError> {
 
 /// Sets up one execution as a cold launch would and has `server` fork it.
 fn fork(
-    server: &Server,
+    server: &Arc<Server>,
     spec: &LaunchSpec,
     stub: &str,
     code: &str,
 ) -> Result<Launched, ZygoteError> {
-    let mut staging = Staging::create(spec.disk_budget())?;
-    staging.write_files(stub, code, None)?;
+    let ready = lock(&server.ready).take();
+    let Prepared { staging, channel } = match ready {
+        Some(p) => p,
+        None => prepare(spec)?,
+    };
+    staging.write_files(stub, code, channel.owner)?;
     let Channel {
         rpc,
         token,
         channel_vars,
         confinement,
         owner,
-    } = open_channel(spec, &mut staging)?;
+    } = channel;
     let tool_env = spec.child_env(staging.path(), true)?;
     let env = with_channel(tool_env.clone(), &channel_vars);
     let (lifeline, _setup, lifeline_read) = lifeline(spec.kill_grace, Some(staging.path()))
@@ -411,13 +606,13 @@ fn fork(
             Some(cr) => serde_json::json!([cr.uid, cr.gid]),
             None => serde_json::Value::Null,
         };
+        // Each program as the hex of its `struct sock_filter` array, which the child hands to
+        // the kernel as one buffer: a thousand instructions as JSON lists cost the server's
+        // decode and the child's ctypes construction over a millisecond per execution.
         request["filters"] = serde_json::json!(c
             .filters
             .iter()
-            .map(|p| p
-                .iter()
-                .map(|i| (i.code, i.jt, i.jf, i.k))
-                .collect::<Vec<_>>())
+            .map(|p| sock_filter_hex(p))
             .collect::<Vec<_>>());
         request["syscalls"] = serde_json::json!({
             "landlock_restrict_self": libc::SYS_landlock_restrict_self,
@@ -484,8 +679,27 @@ fn fork(
         channel_vars,
         tool_env,
         owner,
-        on_done: None,
+        // Counts the execution as in flight until it is over (fork_activity::wait_until_idle).
+        on_done: Some(Box::new(crate::fork_activity::InFlight::new())),
     })
+}
+
+/// A BPF program as the hex of its `struct sock_filter` array in this machine's byte order.
+fn sock_filter_hex(program: &[seccompiler::sock_filter]) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(program.len() * 16);
+    for i in program {
+        let bytes = i
+            .code
+            .to_ne_bytes()
+            .into_iter()
+            .chain([i.jt, i.jf])
+            .chain(i.k.to_ne_bytes());
+        for b in bytes {
+            let _ = write!(out, "{b:02x}");
+        }
+    }
+    out
 }
 
 /// One reply from the server (its text and the descriptor it carried), waiting until `deadline`.

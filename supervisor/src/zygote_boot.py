@@ -169,8 +169,13 @@ def _confine(req, rpc, ruleset):
                          ctypes.c_uint(0)), "landlock_restrict_self")
     os.close(ruleset)
     for prog in req.get("filters", ()):
-        arr = (_SockFilter * len(prog))(*[_SockFilter(*ins) for ins in prog])
-        fprog = _SockFprog(len(prog), arr)
+        # The program's struct sock_filter array, in hex (zygote.rs: sock_filter_hex).
+        raw = bytes.fromhex(prog)
+        count = len(raw) // ctypes.sizeof(_SockFilter)
+        if count == 0 or count * ctypes.sizeof(_SockFilter) != len(raw):
+            raise OSError(errno.EINVAL, "malformed seccomp program")
+        arr = (_SockFilter * count).from_buffer_copy(raw)
+        fprog = _SockFprog(count, arr)
         _check(_libc.syscall(ctypes.c_long(nr["seccomp"]), ctypes.c_uint(1), ctypes.c_uint(0),
                              ctypes.byref(fprog)), "seccomp")
 

@@ -192,11 +192,18 @@ impl Dockerd {
     /// Starts it with the python3 image imported as `tag`, and a docker CLI wrapper bound to
     /// it (use as `terminal.docker_binary`).
     pub fn with_image(tag: &str) -> Result<(Dockerd, String), String> {
+        let daemon = Dockerd::with_python_image(tag)?;
+        let cli = daemon.cli_wrapper("docker-here", &daemon.host);
+        Ok((daemon, cli))
+    }
+
+    /// Starts it with the python3 image of `scripts/backend-rootfs` imported as `tag` (the
+    /// image the stand-ins' sandboxes run).
+    pub fn with_python_image(tag: &str) -> Result<Dockerd, String> {
         let image = rootfs()?;
         let daemon = Dockerd::start()?;
         daemon.import(&image, tag)?;
-        let cli = daemon.cli_wrapper("docker-here", &daemon.host);
-        Ok((daemon, cli))
+        Ok(daemon)
     }
 
     /// Writes an executable `name` in its dir that runs the docker CLI against `host`.
@@ -232,19 +239,40 @@ impl Dockerd {
 
     /// Names of the containers labelled vibeos-exec=1 (running or not).
     pub fn labelled(&self) -> Vec<String> {
-        let out = self.docker(&[
+        self.containers_with_label("vibeos-exec=1")
+    }
+
+    /// Names of the running containers carrying `label` (`KEY` or `KEY=VALUE`): the sandboxes
+    /// of a stand-in (`modal-standin`, `daytona-standin=1`).
+    pub fn running_with_label(&self, label: &str) -> Vec<String> {
+        names(&self.docker(&[
+            "ps",
+            "--filter",
+            &format!("label={label}"),
+            "--format",
+            "{{.Names}}",
+        ]))
+    }
+
+    /// Names of the containers carrying `label`, running or not.
+    pub fn containers_with_label(&self, label: &str) -> Vec<String> {
+        names(&self.docker(&[
             "ps",
             "-a",
             "--filter",
-            "label=vibeos-exec=1",
+            &format!("label={label}"),
             "--format",
             "{{.Names}}",
-        ]);
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(str::to_string)
-            .collect()
+        ]))
     }
+}
+
+/// The lines of a `ps --format {{.Names}}` output.
+fn names(out: &std::process::Output) -> Vec<String> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
 }
 
 impl Drop for Dockerd {
@@ -274,9 +302,37 @@ pub struct Sshd {
 
 impl Drop for Sshd {
     fn drop(&mut self) {
+        // A test that failed before it stopped its ssh environment leaves that backend's
+        // master connection (ControlPersist) running, and with it a session of the test user,
+        // which makes usermod refuse every later sshd of every run on this machine: end the
+        // clients that name this sshd's keys, by pid.
+        let dir = self.dir.path().display().to_string();
+        for (pid, cmdline) in processes() {
+            if cmdline.contains(&dir) && pid != self._daemon.child.id() {
+                // SAFETY: kill with a pid just read from /proc; at worst it has exited meanwhile.
+                unsafe {
+                    libc::kill(pid as i32, libc::SIGTERM);
+                }
+            }
+        }
         // The daemon before `dir` (fields drop in order, and `dir` comes first).
         self._daemon.stop();
     }
+}
+
+/// Every process's pid and command line (NULs as spaces).
+fn processes() -> Vec<(u32, String)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            Some((pid, String::from_utf8_lossy(&cmdline).replace('\0', " ")))
+        })
+        .collect()
 }
 
 fn keygen(path: &Path) {
@@ -288,6 +344,31 @@ fn keygen(path: &Path) {
         .unwrap()
         .success();
     assert!(ok, "ssh-keygen failed");
+}
+
+/// Points [`SSH_USER`]'s home at `home`. usermod refuses while the user has processes — on a
+/// machine shared by several test runs, another run's ssh session — so it is retried for a
+/// while, then reported (a skip, or a failure on CI) instead of leaving the home elsewhere.
+fn point_home_at(home: &Path) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = Command::new("usermod")
+            .args(["-p", "*", "-d"])
+            .arg(home)
+            .arg(SSH_USER)
+            .output()
+            .map_err(|e| format!("cannot run usermod: {e}"))?;
+        if out.status.success() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "cannot point {SSH_USER}'s home at this sshd's dir ({}): another test run on this machine is logged in as {SSH_USER}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 /// Starts an sshd for [`SSH_USER`] (created if missing; needs root).
@@ -319,11 +400,7 @@ pub fn start_sshd() -> Result<Sshd, String> {
             return Err("useradd failed".into());
         }
     }
-    let _ = Command::new("usermod")
-        .args(["-p", "*", "-d"])
-        .arg(&home)
-        .arg(SSH_USER)
-        .status();
+    point_home_at(&home)?;
     std::fs::create_dir(&home).unwrap();
     let _ = Command::new("chown").arg(SSH_USER).arg(&home).status();
     use std::os::unix::fs::PermissionsExt;
@@ -409,18 +486,14 @@ impl Podman {
     }
     /// Names of the containers labelled vibeos-exec=1.
     pub fn labelled(&self) -> Vec<String> {
-        let out = self.cmd(&[
+        names(&self.cmd(&[
             "ps",
             "-a",
             "--filter",
             "label=vibeos-exec=1",
             "--format",
             "{{.Names}}",
-        ]);
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(str::to_string)
-            .collect()
+        ]))
     }
 }
 

@@ -12,20 +12,8 @@ use std::process::{Child, Command, Stdio};
 pub fn sdk_python() -> Result<PathBuf, String> {
     let py = std::env::var_os("VIBEOS_TEST_DAYTONA_PYTHON")
         .map(PathBuf::from)
-        .unwrap_or_else(|| crate::workspace_root().join("target/pyvenv/bin/python"));
-    let ok = Command::new(&py)
-        .args(["-c", "import daytona, aiohttp"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if ok {
-        Ok(py)
-    } else {
-        Err(format!(
-            "{} with the `daytona` SDK (run scripts/test-all to create the venv)",
-            py.display()
-        ))
-    }
+        .unwrap_or_else(|| crate::target_dir().join("pyvenv/bin/python"));
+    crate::python_with(py, "daytona, aiohttp")
 }
 
 /// A running stand-in.
@@ -68,6 +56,45 @@ impl Standin {
             api_key,
             child,
         })
+    }
+}
+
+impl Standin {
+    /// The variables the official SDK (and the daytona backend) read to reach it.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("DAYTONA_API_URL", self.api_url.clone()),
+            ("DAYTONA_API_KEY", self.api_key.clone()),
+        ]
+    }
+
+    /// Makes it the endpoint of this process (see [`crate::export_env`]).
+    pub fn export(&self) -> crate::ExportedEnv {
+        crate::export_env(self.env())
+    }
+}
+
+/// A private dockerd with the python3 image as `image`, and the stand-in on it: what every
+/// test and benchmark of the daytona backend starts from. The stand-in goes first on drop.
+pub struct DaytonaLab {
+    /// The stand-in.
+    pub standin: Standin,
+    /// Its dockerd (each sandbox is a container labelled `daytona-standin=1` there).
+    pub dockerd: Dockerd,
+}
+
+impl DaytonaLab {
+    /// Starts both, or says what is missing (the venv with the SDK, docker, the image).
+    pub fn start(image: &str) -> Result<DaytonaLab, String> {
+        sdk_python()?;
+        let dockerd = Dockerd::with_python_image(image)?;
+        let standin = Standin::start(&dockerd, image)?;
+        Ok(DaytonaLab { standin, dockerd })
+    }
+
+    /// The containers of the running sandboxes.
+    pub fn sandboxes(&self) -> Vec<String> {
+        self.dockerd.running_with_label("daytona-standin=1")
     }
 }
 

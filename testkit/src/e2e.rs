@@ -75,6 +75,11 @@ pub fn venv_python(modules: &str) -> Result<PathBuf, String> {
     let py = std::env::var_os("VIBEOS_TEST_MCP_PYTHON")
         .map(PathBuf::from)
         .unwrap_or_else(|| target_dir().join("pyvenv/bin/python"));
+    python_with(py, modules)
+}
+
+/// `py` when it can import `modules` (as written after `import`), else what is missing.
+pub fn python_with(py: PathBuf, modules: &str) -> Result<PathBuf, String> {
     let ok = Command::new(&py)
         .args(["-c", &format!("import {modules}")])
         .output()
@@ -364,4 +369,42 @@ pub fn strict_unavailable() -> Option<String> {
                 .to_string(),
         )
     }
+}
+
+/// Asserts that the modules under `crate_dir/src` depend on each other without cycles, as
+/// `scripts/module-cycles` reads them (the crates keep a bottom-up shape; a new cycle fails).
+pub fn assert_no_module_cycles(crate_dir: &str) {
+    let crate_dir = Path::new(crate_dir);
+    let src = crate_dir.join("src");
+    let out = Command::new("python3")
+        .arg(workspace_root().join("scripts/module-cycles"))
+        .arg(&src)
+        .output()
+        .expect("python3 runs scripts/module-cycles");
+    let report = String::from_utf8_lossy(&out.stdout);
+    let name = crate_dir.file_name().unwrap_or_default().to_string_lossy();
+    assert!(
+        out.status.success(),
+        "module cycles in {name}/src (move the shared items into a module below both):\n{report}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(report.contains("no cycles"), "{report}");
+}
+
+/// Runs the Python snippet `code` with `python`, `args` as its `sys.argv[1:]` and `env` added
+/// to its environment; asserts that it succeeded and returns its stdout, trimmed.
+pub fn python_output(python: &Path, code: &str, args: &[&str], env: &[(&str, String)]) -> String {
+    let out = Command::new(python)
+        .arg("-c")
+        .arg(code)
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }

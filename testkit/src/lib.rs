@@ -22,6 +22,29 @@ pub use e2e::*;
 use std::fmt::Display;
 use std::io::Write;
 
+/// Variables a test set in its own process's environment (a stand-in's credentials, which
+/// the supervisor under test reads from there), removed again when this is dropped, so that no
+/// later test of the same binary inherits an endpoint that no longer exists.
+#[must_use = "the variables are removed when this is dropped"]
+pub struct ExportedEnv(Vec<&'static str>);
+
+/// Sets `vars` in this process's environment until the returned guard is dropped.
+pub fn export_env(vars: Vec<(&'static str, String)>) -> ExportedEnv {
+    let names = vars.iter().map(|(k, _)| *k).collect();
+    for (k, v) in vars {
+        std::env::set_var(k, v);
+    }
+    ExportedEnv(names)
+}
+
+impl Drop for ExportedEnv {
+    fn drop(&mut self) {
+        for k in &self.0 {
+            std::env::remove_var(k);
+        }
+    }
+}
+
 /// Environment variable naming the file skip records are appended to.
 pub const SKIP_LOG_ENV: &str = "VIBEOS_TEST_SKIPS";
 

@@ -113,6 +113,41 @@ impl ModalStandin {
     }
 }
 
+/// A private dockerd with the python3 image as `image`, and the stand-in on it: what every
+/// test and benchmark of the modal backend starts from. The stand-in goes first on drop.
+pub struct ModalLab {
+    /// The stand-in.
+    pub standin: ModalStandin,
+    /// Its dockerd (each sandbox is a container labelled `modal-standin` there).
+    pub dockerd: Dockerd,
+    /// The venv's interpreter with the pinned SDK (`terminal.modal_python`).
+    pub python: PathBuf,
+}
+
+impl ModalLab {
+    /// Starts both, or says what is missing (the venv with the SDK, docker, the image).
+    pub fn start(image: &str) -> Result<ModalLab, String> {
+        let python = sdk_python()?;
+        let dockerd = Dockerd::with_python_image(image)?;
+        let standin = ModalStandin::start(&python, &dockerd)?;
+        Ok(ModalLab {
+            standin,
+            dockerd,
+            python,
+        })
+    }
+
+    /// The containers of the running sandboxes.
+    pub fn sandboxes(&self) -> Vec<String> {
+        self.dockerd.running_with_label("modal-standin")
+    }
+
+    /// Makes the stand-in the Modal endpoint of this process (see [`crate::export_env`]).
+    pub fn export(&self) -> crate::ExportedEnv {
+        crate::export_env(self.standin.env())
+    }
+}
+
 impl Drop for ModalStandin {
     fn drop(&mut self) {
         // SAFETY: kill with our own child's pid, not yet reaped.

@@ -1,14 +1,20 @@
 """Drives the Daytona stand-in with the official, unmodified `daytona` SDK (pinned in
 scripts/test-all's venv): create, exec with exit code and output, cwd/env/timeout, file
-upload/download, a session command with streamed logs and input, delete. Prints one JSON line
-of observations; the Rust test asserts on them. Usage: daytona_conformance.py IMAGE
+upload/download, a session command with streamed logs and input, listing by labels, delete.
+Prints one JSON line of observations; the Rust test asserts on them. Usage: daytona_conformance.py IMAGE
 (DAYTONA_API_URL and DAYTONA_API_KEY point at the stand-in)."""
 
 import asyncio
 import json
 import sys
 
-from daytona import AsyncDaytona, CreateSandboxFromSnapshotParams, Daytona, SessionExecuteRequest
+from daytona import (
+    AsyncDaytona,
+    CreateSandboxFromSnapshotParams,
+    Daytona,
+    ListSandboxesQuery,
+    SessionExecuteRequest,
+)
 
 image = sys.argv[1]
 seen = {}
@@ -17,6 +23,13 @@ sb = client.create(CreateSandboxFromSnapshotParams(snapshot=image, labels={"conf
                    timeout=120)
 seen["state"] = str(sb.state.value if hasattr(sb.state, "value") else sb.state)
 seen["labels"] = sb.labels
+# Listing by labels, one item a page (what `backends gc` finds leftovers by).
+other = client.create(CreateSandboxFromSnapshotParams(snapshot=image, labels={"conformance": "2"}), timeout=120)
+seen["listed"] = [s.id for s in client.list(ListSandboxesQuery(labels={"conformance": "1"}))]
+seen["listed_paged"] = sorted(s.id for s in client.list(ListSandboxesQuery(limit=1)))
+seen["listed_expected"] = sorted([sb.id, other.id])
+seen["listed_is_sb"] = seen["listed"] == [sb.id]
+client.delete(other)
 r = sb.process.exec("echo out; echo err >&2; exit 7")
 seen["exec"] = [r.exit_code, r.result]
 r = sb.process.exec("pwd; echo $GREETING", cwd="/tmp", env={"GREETING": "hi there"})

@@ -145,10 +145,17 @@ class Service:
         return web.json_response(sb.json())
 
     async def list(self, request):
+        # As the pinned SDK's API lists them (ListSandboxesResponse): a page of `items` and the
+        # `nextCursor` of the next page (here the offset of its first item), null on the last.
         want = json.loads(request.query.get("labels") or "{}")
-        return web.json_response([
-            sb.json() for sb in self.sandboxes.values()
-            if all(sb.labels.get(k) == v for k, v in want.items())])
+        found = [sb.json() for sb in self.sandboxes.values()
+                 if all(sb.labels.get(k) == v for k, v in want.items())]
+        start = int(request.query.get("cursor") or 0)
+        end = start + int(request.query.get("limit") or 100)
+        return web.json_response({
+            "items": found[start:end],
+            "nextCursor": str(end) if end < len(found) else None,
+        })
 
     async def delete(self, request):
         sb = self.find(request.match_info["ref"])

@@ -1,6 +1,6 @@
 """Drives a Modal endpoint with the official, unmodified `modal` SDK through the sandbox life
 cycle the vibeos-exec modal backend relies on: create, exec (exit code, stdout, stderr, stdin,
-workdir, env, timeout), file upload and download, terminate. Prints one JSON object of what it
+workdir, env, timeout), file upload and download, tags and listing by tags, terminate. Prints one JSON object of what it
 observed; the Rust conformance test asserts on it. Endpoint and token come from the standard
 MODAL_SERVER_URL / MODAL_TOKEN_ID / MODAL_TOKEN_SECRET; argv[1] is the image tag.
 """
@@ -15,7 +15,9 @@ image_tag = sys.argv[1]
 seen = {}
 app = modal.App.lookup("vibeos-conformance", create_if_missing=True)
 t = time.monotonic()
-sb = modal.Sandbox.create(app=app, image=modal.Image.from_registry(image_tag), timeout=600)
+sb = modal.Sandbox.create(
+    app=app, image=modal.Image.from_registry(image_tag), timeout=600, tags={"conformance": "1"}
+)
 seen["create_s"] = round(time.monotonic() - t, 3)
 seen["sandbox_id"] = sb.object_id
 
@@ -65,7 +67,13 @@ for _ in range(n):
     sb.exec("true").wait()
 seen["exec_roundtrip_ms"] = round((time.monotonic() - t) / n * 1000, 2)
 
+# Tags and listing by tags (what `backends gc` finds leftovers by).
+seen["tags"] = sb.get_tags()
+seen["listed"] = [s.object_id for s in modal.Sandbox.list(app_id=app.app_id, tags={"conformance": "1"})]
+seen["listed_other_tag"] = [s.object_id for s in modal.Sandbox.list(app_id=app.app_id, tags={"conformance": "2"})]
+
 sb.terminate()
 sb.wait(raise_on_termination=False)
 seen["terminated_poll"] = sb.poll() is not None
+seen["listed_after_terminate"] = [s.object_id for s in modal.Sandbox.list(app_id=app.app_id, tags={"conformance": "1"})]
 print(json.dumps(seen))

@@ -8,7 +8,8 @@ runs every sandbox as a real container of a private dockerd (through the docker 
 
   control plane  ClientHello, EnvironmentGetOrCreate, AppGetOrCreate, ImageFromId, ImageGetOrCreate +
                  ImageJoinStreaming (a registry tag is looked up in the private dockerd),
-                 SandboxCreate, SandboxGetTaskId, SandboxWait, SandboxTerminate,
+                 SandboxCreate (with tags), SandboxGetTaskId, SandboxWait, SandboxList (by
+                 app and tags, paged by creation time), SandboxTagsGet, SandboxTerminate,
                  TaskGetCommandRouterAccess
   command router TaskExecStart, TaskExecStdioRead (server streaming, resumable by offset),
                  TaskExecStdinWrite, TaskExecStdinWriteStream, TaskExecStdinStatus,
@@ -180,10 +181,13 @@ class Exec:
 
 
 class Sandbox:
-    def __init__(self, sandbox_id, container):
+    def __init__(self, sandbox_id, container, app_id="", tags=None):
         self.id = sandbox_id
         self.task_id = "ta-" + sandbox_id[3:]
         self.container = container
+        self.app_id = app_id
+        self.tags = dict(tags or {})
+        self.created_at = time.time()
         self.execs = {}
         self.terminated = False
 
@@ -334,7 +338,8 @@ class Control(api_grpc.ModalClientBase):
         code, out, err = await self.state.docker.run(*args, ref, *entry)
         if code != 0:
             raise GRPCError(Status.INTERNAL, f"cannot start the sandbox container: {err}")
-        self.state.sandboxes[sandbox_id] = Sandbox(sandbox_id, out)
+        tags = {t.tag_name: t.tag_value for t in req.tags}
+        self.state.sandboxes[sandbox_id] = Sandbox(sandbox_id, out, req.app_id, tags)
         log("created", sandbox_id, "from", ref)
         await stream.send_message(api_pb2.SandboxCreateResponse(sandbox_id=sandbox_id))
 
@@ -365,6 +370,43 @@ class Control(api_grpc.ModalClientBase):
                 await stream.send_message(api_pb2.SandboxWaitResponse())
                 return
             await asyncio.sleep(0.2)
+
+    async def SandboxList(self, stream):
+        # Newest first, one page per call: `before_timestamp` (the last one's `created_at`)
+        # asks for the next, as the SDK pages; `include_finished` is False in the SDK's list.
+        self.state.check(stream, "SandboxList")
+        req = await stream.recv_message()
+        want = {t.tag_name: t.tag_value for t in req.tags}
+        found = []
+        for sb in self.state.sandboxes.values():
+            if req.app_id and sb.app_id != req.app_id:
+                continue
+            if any(sb.tags.get(k) != v for k, v in want.items()):
+                continue
+            if req.before_timestamp and sb.created_at >= req.before_timestamp:
+                continue
+            if not req.include_finished and (sb.terminated or not await self.state.running(sb)):
+                continue
+            found.append(sb)
+        found.sort(key=lambda sb: sb.created_at, reverse=True)
+        infos = [
+            api_pb2.SandboxInfo(
+                id=sb.id,
+                created_at=sb.created_at,
+                app_id=sb.app_id,
+                tags=[api_pb2.SandboxTag(tag_name=k, tag_value=v) for k, v in sb.tags.items()],
+                task_info=api_pb2.TaskInfo(id=sb.task_id, sandbox_id=sb.id),
+            )
+            for sb in found
+        ]
+        await stream.send_message(api_pb2.SandboxListResponse(sandboxes=infos))
+
+    async def SandboxTagsGet(self, stream):
+        self.state.check(stream, "SandboxTagsGet")
+        req = await stream.recv_message()
+        sb = self.state.sandbox(req.sandbox_id)
+        tags = [api_pb2.SandboxTag(tag_name=k, tag_value=v) for k, v in sb.tags.items()]
+        await stream.send_message(api_pb2.SandboxTagsGetResponse(tags=tags))
 
     async def SandboxTerminate(self, stream):
         self.state.check(stream, "SandboxTerminate")

@@ -11,33 +11,18 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-use vibeos_benches::{median, release_bin};
-use vibeos_supervisor::{execute, Config, ExecutionRequest, Interrupt};
-use vibeos_testkit::backends::{rootfs, start_sshd, Dockerd, SSH_USER};
+use std::time::Instant;
+use vibeos_benches::sandbox::{read_file_per_call, request, timed};
+use vibeos_benches::{median, ms, release_bin, runs_arg, verdict};
+use vibeos_testkit::backends::{start_sshd, Dockerd, SSH_USER};
 use vibeos_tools::environments::{self, settings::KnownHosts, BackendKind, BackendSettings};
 
 const CALLS: usize = 200;
 
-fn request(code: &str) -> ExecutionRequest {
-    let mut r = ExecutionRequest::from_config(code, &Config::default());
-    r.task_id = Some("bench".into());
-    r.timeout = Duration::from_secs(120);
-    r.python = Some(vibeos_testkit::python3());
-    r.base_env = Some(vec![(OsString::from("LANG"), OsString::from("C.UTF-8"))]);
-    r
-}
-
 fn exec(rt: &tokio::runtime::Runtime, code: &str) -> (f64, String) {
-    let req = request(code);
-    let t = Instant::now();
-    let r = rt.block_on(execute(req, vibeos_tools::registry(), Interrupt::new()));
-    let wall = t.elapsed().as_secs_f64();
-    assert_eq!(r.to_json()["status"], "success", "{}", r.to_json());
-    (wall, r.output)
+    timed(rt, request(code))
 }
 
 fn time_cmd(cmd: &mut Command) -> f64 {
@@ -51,37 +36,13 @@ fn time_cmd(cmd: &mut Command) -> f64 {
     t.elapsed().as_secs_f64()
 }
 
-/// A script that times `CALLS` read_file calls and prints seconds per call.
-fn tool_script(path: &str) -> String {
-    format!(
-        "import time\nfrom vibeos_tools import read_file\nfor _ in range(10): read_file('{path}')\n\
-         t = time.perf_counter()\nfor _ in range({CALLS}): read_file('{path}')\n\
-         print((time.perf_counter() - t) / {CALLS})"
-    )
-}
-
+/// Seconds per `read_file` call from a script (median of 5 samples of `CALLS` calls).
 fn per_call(rt: &tokio::runtime::Runtime, path: &str) -> f64 {
-    exec(rt, &tool_script(path)).1.trim().parse().unwrap()
-}
-
-fn ms(s: f64) -> String {
-    format!("{:8.3} ms", s * 1000.0)
-}
-
-fn verdict(ratio: f64, target: f64) -> &'static str {
-    if ratio <= target {
-        "OK"
-    } else {
-        "MISSED"
-    }
+    read_file_per_call(rt, path, 10, CALLS, 5)
 }
 
 fn main() {
-    let runs: usize = std::env::args()
-        .skip_while(|a| a != "--runs")
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(20);
+    let runs = runs_arg(20);
     let agent = release_bin();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -93,12 +54,10 @@ fn main() {
     std::fs::write(local_file.path(), "x\n").unwrap();
     let local_path = local_file.path().display().to_string();
     environments::activate(BackendSettings::default());
-    let local_call = median((0..5).map(|_| per_call(&rt, &local_path)).collect());
+    let local_call = per_call(&rt, &local_path);
 
     // docker
-    let image = rootfs().expect("scripts/backend-rootfs");
-    let daemon = Dockerd::start().expect("dockerd");
-    daemon.import(&image, "vibeos-py:bench").unwrap();
+    let daemon = Dockerd::with_python_image("vibeos-py:bench").expect("dockerd with the image");
     std::env::set_var("DOCKER_HOST", &daemon.host);
     environments::activate(BackendSettings {
         backend: BackendKind::Docker,
@@ -116,7 +75,7 @@ fn main() {
         ours.push(exec(&rt, "pass").0);
     }
     exec(&rt, "open('/root/bench.txt', 'w').write('x\\n')");
-    let docker_call = median((0..5).map(|_| per_call(&rt, "/root/bench.txt")).collect());
+    let docker_call = per_call(&rt, "/root/bench.txt");
     environments::shutdown();
     drop(daemon);
     let (b, o) = (median(base), median(ours));
@@ -187,11 +146,7 @@ fn main() {
     }
     let home = d.join("home");
     exec(&rt, "open('bench.txt', 'w').write('x\\n')");
-    let ssh_call = median(
-        (0..5)
-            .map(|_| per_call(&rt, &home.join("bench.txt").display().to_string()))
-            .collect(),
-    );
+    let ssh_call = per_call(&rt, &home.join("bench.txt").display().to_string());
     // JSON echo over a socket forwarded the same way (-R remote.sock:local.sock on a master).
     let sock_dir = tempfile::tempdir().unwrap();
     let local_sock = sock_dir.path().join("echo.sock");

@@ -9,66 +9,28 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::ffi::OsString;
 use std::time::{Duration, Instant};
-use vibeos_benches::{median, release_bin};
-use vibeos_supervisor::{execute, Config, ExecutionRequest, Interrupt};
-use vibeos_testkit::backends::{rootfs, Dockerd};
-use vibeos_testkit::daytona::Standin;
+use vibeos_benches::sandbox::{read_file_per_call, request, timed};
+use vibeos_benches::{median, ms, release_bin, runs_arg, verdict};
+use vibeos_testkit::daytona::DaytonaLab;
 use vibeos_tools::environments::daytona::DaytonaEnv;
 use vibeos_tools::environments::{self, BackendKind, BackendSettings, Environment};
 
 const CALLS: usize = 100;
 
-fn request(code: &str) -> ExecutionRequest {
-    let mut r = ExecutionRequest::from_config(code, &Config::default());
-    r.task_id = Some("bench".into());
-    r.timeout = Duration::from_secs(300);
-    r.base_env = Some(vec![(OsString::from("LANG"), OsString::from("C.UTF-8"))]);
-    r
-}
-
 fn exec(rt: &tokio::runtime::Runtime, code: &str) -> (f64, String) {
-    let t = Instant::now();
-    let r = rt.block_on(execute(
-        request(code),
-        vibeos_tools::registry(),
-        Interrupt::new(),
-    ));
-    let wall = t.elapsed().as_secs_f64();
-    assert_eq!(r.to_json()["status"], "success", "{}", r.to_json());
-    (wall, r.output)
-}
-
-fn ms(s: f64) -> String {
-    format!("{:8.3} ms", s * 1000.0)
-}
-
-fn verdict(ratio: f64, target: f64) -> &'static str {
-    if ratio <= target {
-        "OK"
-    } else {
-        "MISSED"
-    }
+    timed(rt, request(code))
 }
 
 fn main() {
-    let runs: usize = std::env::args()
-        .skip_while(|a| a != "--runs")
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(20);
+    let runs = runs_arg(20);
     let agent = release_bin();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
-    let image = rootfs().expect("scripts/backend-rootfs");
-    let daemon = Dockerd::start().expect("dockerd");
-    daemon.import(&image, "vibeos-py:bench").unwrap();
-    let standin = Standin::start(&daemon, "vibeos-py:bench").expect("daytona stand-in");
-    std::env::set_var("DAYTONA_API_URL", &standin.api_url);
-    std::env::set_var("DAYTONA_API_KEY", &standin.api_key);
+    let lab = DaytonaLab::start("vibeos-py:bench").expect("the daytona stand-in");
+    let _endpoint = lab.standin.export();
     let settings = BackendSettings {
         backend: BackendKind::Daytona,
         daytona_image: Some("vibeos-py:bench".into()),
@@ -92,16 +54,7 @@ fn main() {
         base.push(t.elapsed().as_secs_f64());
         noop.push(exec(&rt, "pass").0);
     }
-    let script = format!(
-        "import time\nfrom vibeos_tools import read_file\nfor _ in range(5): read_file('/root/bench.txt')\n\
-         t = time.perf_counter()\nfor _ in range({CALLS}): read_file('/root/bench.txt')\n\
-         print((time.perf_counter() - t) / {CALLS})"
-    );
-    let call = median(
-        (0..5)
-            .map(|_| exec(&rt, &script).1.trim().parse::<f64>().unwrap())
-            .collect(),
-    );
+    let call = read_file_per_call(&rt, "/root/bench.txt", 5, CALLS, 5);
     environments::shutdown();
     baseline.stop();
     let (b, n) = (median(base), median(noop));

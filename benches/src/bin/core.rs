@@ -138,17 +138,9 @@ fn echo_calls(env: &Env, round: usize) -> f64 {
          print((time.perf_counter() - t) / {CALLS})\n",
         sock = sock.display().to_string()
     );
-    let out = Command::new(&env.python)
-        .args(["-c", &client])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = vibeos_testkit::python_output(&env.python, &client, &[], &[]);
     server.join().unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    out.parse().unwrap()
 }
 
 /// The same script run in a pooled interpreter through the library; seconds per call.

@@ -14,60 +14,25 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::ffi::OsString;
 use std::time::{Duration, Instant};
-use vibeos_benches::{median, release_bin};
-use vibeos_supervisor::{execute, Config, ExecutionRequest, Interrupt};
-use vibeos_testkit::backends::{rootfs, Dockerd};
-use vibeos_testkit::modal::{sdk_python, ModalStandin};
+use vibeos_benches::sandbox::{read_file_per_call, request, timed};
+use vibeos_benches::{median, ms, release_bin, runs_arg, verdict};
+use vibeos_testkit::modal::ModalLab;
 use vibeos_tools::environments::{self, BackendKind, BackendSettings, ExecSpec};
 
 const IMAGE: &str = "vibeos-py:bench";
 const CALLS: usize = 100;
 
-fn request(code: &str) -> ExecutionRequest {
-    let mut r = ExecutionRequest::from_config(code, &Config::default());
-    r.task_id = Some("bench".into());
-    r.timeout = Duration::from_secs(300);
-    r.base_env = Some(vec![(OsString::from("LANG"), OsString::from("C.UTF-8"))]);
-    r
-}
-
 fn exec(rt: &tokio::runtime::Runtime, code: &str) -> (f64, String) {
-    let req = request(code);
-    let t = Instant::now();
-    let r = rt.block_on(execute(req, vibeos_tools::registry(), Interrupt::new()));
-    let wall = t.elapsed().as_secs_f64();
-    assert_eq!(r.to_json()["status"], "success", "{}", r.to_json());
-    (wall, r.output)
-}
-
-fn ms(s: f64) -> String {
-    format!("{:8.2} ms", s * 1000.0)
-}
-
-fn verdict(ratio: f64, target: f64) -> &'static str {
-    if ratio <= target {
-        "OK"
-    } else {
-        "MISSED"
-    }
+    timed(rt, request(code))
 }
 
 fn main() {
-    let runs: usize = std::env::args()
-        .skip_while(|a| a != "--runs")
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(20);
-    let python = sdk_python().expect("target/pyvenv with the pinned modal SDK");
-    let image = rootfs().expect("scripts/backend-rootfs");
-    let daemon = Dockerd::start().expect("dockerd");
-    daemon.import(&image, IMAGE).unwrap();
-    let standin = ModalStandin::start(&python, &daemon).expect("the Modal stand-in");
-    for (k, v) in standin.env() {
-        std::env::set_var(k, v);
-    }
+    let runs = runs_arg(20);
+    let lab = ModalLab::start(IMAGE)
+        .expect("the Modal stand-in (target/pyvenv with the pinned modal SDK, dockerd)");
+    let python = &lab.python;
+    let _endpoint = lab.export();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -98,16 +63,7 @@ fn main() {
         base.push(round_trip());
         noop.push(exec(&rt, "pass").0);
     }
-    let script = format!(
-        "import time\nfrom vibeos_tools import read_file\nfor _ in range(10): read_file('/root/bench.txt')\n\
-         t = time.perf_counter()\nfor _ in range({CALLS}): read_file('/root/bench.txt')\n\
-         print((time.perf_counter() - t) / {CALLS})"
-    );
-    let call = median(
-        (0..5)
-            .map(|_| exec(&rt, &script).1.trim().parse::<f64>().unwrap())
-            .collect(),
-    );
+    let call = read_file_per_call(&rt, "/root/bench.txt", 10, CALLS, 5);
     let (b, n) = (median(base), median(noop));
     println!("modal against the stand-in ({runs} runs, medians):");
     println!("  exec round trip (`true`)                {}", ms(b));
@@ -122,7 +78,7 @@ fn main() {
     environments::shutdown();
 
     // Sidecar or direct gRPC: the same exec round trip three ways.
-    let transport = std::process::Command::new(&python)
+    let transport = std::process::Command::new(python)
         .arg(vibeos_testkit::workspace_root().join("benches/modal_transport.py"))
         .arg(IMAGE)
         .arg(runs.to_string())

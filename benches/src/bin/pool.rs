@@ -11,6 +11,7 @@
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use vibeos_benches::ms;
 use vibeos_supervisor::{execute, pool, Config, ExecutionRequest, Interrupt};
 
 fn percentile(v: &[f64], p: f64) -> f64 {
@@ -20,16 +21,8 @@ fn percentile(v: &[f64], p: f64) -> f64 {
     v[i]
 }
 
-fn ms(s: f64) -> String {
-    format!("{:8.2} ms", s * 1000.0)
-}
-
 fn main() {
-    let runs: usize = std::env::args()
-        .skip_while(|a| a != "--runs")
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(40);
+    let runs = vibeos_benches::runs_arg(40);
     let python = vibeos_testkit::python3();
     let dir = tempfile::tempdir().unwrap();
     let mut request = ExecutionRequest::from_config("pass", &Config::default());

@@ -9,7 +9,8 @@
 //! (c) strict mode: the fork server's paced and back-to-back medians over project mode's
 //!     (target ≤ 1.2); skipped with the reason when strict mode is unavailable.
 //!
-//! Run: `cargo run --release -p vibeos-benches --bin warm` (options: `--runs N`, default 40).
+//! Run: `cargo run --release -p vibeos-benches --bin warm` (options: `--runs N`, default 40;
+//! `--strict-only` runs (c) alone).
 //! Prints the load average with each section: the machine is shared.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -116,11 +117,7 @@ fn strict_unavailable() -> Option<String> {
 }
 
 fn main() {
-    let runs: usize = std::env::args()
-        .skip_while(|a| a != "--runs")
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(40);
+    let runs = vibeos_benches::runs_arg(40);
     let python = vibeos_testkit::python3();
     let dir = tempfile::tempdir().unwrap();
     let mut request = ExecutionRequest::from_config("pass", &Config::default());
@@ -138,6 +135,12 @@ fn main() {
         _dir: dir,
         request,
     };
+    if std::env::args().any(|a| a == "--strict-only") {
+        // Only (c), against a bare-interpreter median of its own: for tracing the strict path.
+        let bare: Vec<f64> = (0..5).map(|_| b.bare("import json, socket")).collect();
+        strict_section(&b, runs, percentile(&bare, 0.5));
+        return;
+    }
     let paced = Duration::from_millis(100);
     println!("interpreter: {}; {runs} runs each", python.display());
 
@@ -264,7 +267,12 @@ fn main() {
         if hr >= 200.0 { "OK" } else { "MISSED" }
     );
 
-    // (c) Strict mode.
+    strict_section(&b, runs, bare_m);
+}
+
+/// (c) Strict mode against project mode, both through the fork server.
+fn strict_section(b: &Bench, runs: usize, bare_m: f64) {
+    let paced = Duration::from_millis(100);
     match strict_unavailable() {
         Some(why) => println!("(c) strict mode skipped: {why}"),
         None => {

@@ -7,13 +7,11 @@
 //! The backend choice is process-wide, so both backends run in one test, one after the other.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use super::common::{backend, processes_in, ssh_backend};
 use serde_json::{json, Value};
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use vibeos_testkit::backends::{start_sshd, unavailable, Dockerd, SSH_USER};
-use vibeos_tools::environments::{
-    self, settings::KnownHosts, BackendKind, BackendSettings, Environment, ExecSpec,
-};
+use vibeos_testkit::backends::{start_sshd, unavailable, Dockerd};
+use vibeos_tools::environments::{self, BackendKind, BackendSettings};
 use vibeos_tools::ToolContext;
 
 const TASK: &str = "bg-task";
@@ -23,25 +21,6 @@ fn call(name: &str, args: Value) -> Value {
     ctx.task_id = Some(TASK.into());
     let text = vibeos_tools::registry().handle_function_call(name, &args, &ctx);
     serde_json::from_str(&text).unwrap()
-}
-
-/// Command lines (NULs as spaces) of the processes on the environment's side.
-fn processes(env: &dyn Environment) -> Vec<String> {
-    let out = env
-        .exec(
-            &ExecSpec::new([
-                "sh",
-                "-c",
-                "for p in /proc/[0-9]*; do cat $p/cmdline 2>/dev/null; echo; done",
-            ]),
-            b"",
-            Duration::from_secs(60),
-        )
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| l.trim_end_matches('\0').replace('\0', " "))
-        .collect()
 }
 
 fn eventually(what: &str, mut check: impl FnMut() -> bool) {
@@ -81,7 +60,7 @@ fn background_and_pty(name: &str) {
         let p = call("process", json!({"action": "poll", "process_id": id}));
         p["output"].as_str().unwrap_or("").contains("started-42")
     });
-    let procs = processes(env.as_ref());
+    let procs = processes_in(env.as_ref());
     assert!(procs.iter().any(|p| p == "sleep 3030"), "{name}: {procs:?}");
     assert!(procs.iter().any(|p| p == "sleep 3031"), "{name}: {procs:?}");
     let list = call("process", json!({"action": "list"}));
@@ -97,7 +76,7 @@ fn background_and_pty(name: &str) {
     let k = call("process", json!({"action": "kill", "process_id": id}));
     assert_eq!(k["killed"], true, "{name}: {k}");
     eventually("the killed group to be gone", || {
-        let procs = processes(env.as_ref());
+        let procs = processes_in(env.as_ref());
         !procs.iter().any(|p| p == "sleep 3030" || p == "sleep 3031")
     });
     let gone = call("process", json!({"action": "poll", "process_id": id}));
@@ -148,30 +127,22 @@ fn background_and_pty(name: &str) {
     );
     assert_eq!(r["status"], "running", "{name}: {r}");
     eventually("the last background command to start", || {
-        processes(env.as_ref()).iter().any(|p| p == "sleep 3032")
+        processes_in(env.as_ref()).iter().any(|p| p == "sleep 3032")
     });
 }
 
 #[test]
 fn background_and_pty_terminal_in_remote_backends() {
-    let _backend = super::backend_lock();
-    let agent = PathBuf::from(env!("CARGO_BIN_EXE_vibeos-exec"));
+    let _ssh = super::ssh_lock();
+    if super::common::in_own_process() {
+        return;
+    }
 
     // ssh: the host is this machine, so after the stop its /proc must hold none of them.
     match start_sshd() {
         Err(e) => unavailable(&e),
         Ok(sshd) => {
-            let d = sshd.dir.path();
-            environments::activate(BackendSettings {
-                backend: BackendKind::Ssh,
-                ssh_host: Some("127.0.0.1".into()),
-                ssh_port: Some(sshd.port),
-                ssh_user: Some(SSH_USER.into()),
-                ssh_key: Some(d.join("userkey")),
-                ssh_known_hosts: KnownHosts::File(d.join("known_hosts")),
-                agent_binary: Some(agent.clone()),
-                ..BackendSettings::default()
-            });
+            environments::activate(ssh_backend(&sshd, sshd.port));
             background_and_pty("ssh");
             assert!(host_runs("sleep 3032"));
             environments::shutdown();
@@ -187,11 +158,9 @@ fn background_and_pty_terminal_in_remote_backends() {
         Err(e) => return unavailable(&e),
     };
     environments::activate(BackendSettings {
-        backend: BackendKind::Docker,
         docker_image: Some("vibeos-py:bg".into()),
         docker_binary: cli,
-        agent_binary: Some(agent),
-        ..BackendSettings::default()
+        ..backend(BackendKind::Docker)
     });
     background_and_pty("docker");
     environments::shutdown();

@@ -8,32 +8,19 @@
 //! Daytona, Singularity) adds one call of [`contract`].
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use super::common::{backend, processes_in, ssh_backend};
 use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use vibeos_testkit::backends::{rootfs, start_sshd, unavailable, Dockerd, SSH_USER};
+use vibeos_testkit::backends::{start_sshd, unavailable, Dockerd};
+use vibeos_testkit::daytona::DaytonaLab;
 use vibeos_tools::environments::{
-    self, settings::KnownHosts, BackendKind, BackendSettings, EnvError, Environment, ExecSpec,
-    GroupSignal,
+    self, BackendKind, BackendSettings, EnvError, Environment, ExecSpec, GroupSignal,
 };
 
 /// Whether a process whose argv is exactly `argv` runs on the environment's side.
 fn running(env: &dyn Environment, argv: &[&str]) -> bool {
-    let needle = argv.join("\0");
-    let out = env
-        .exec(
-            &ExecSpec::new([
-                "sh",
-                "-c",
-                "for p in /proc/[0-9]*; do cat $p/cmdline 2>/dev/null; echo; done",
-            ]),
-            b"",
-            Duration::from_secs(60),
-        )
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .any(|l| l.trim_end_matches('\0') == needle)
+    let needle = argv.join(" ");
+    processes_in(env).contains(&needle)
 }
 
 fn wait_gone(env: &dyn Environment, argv: &[&str]) -> bool {
@@ -183,23 +170,12 @@ fn local_environment_contract() {
 #[test]
 fn ssh_environment_contract() {
     // Every sshd the suite starts points the one test user's home at its own dir: take turns.
-    let _backend = super::backend_lock();
+    let _ssh = super::ssh_lock();
     let sshd = match start_sshd() {
         Ok(s) => s,
         Err(e) => return unavailable(&e),
     };
-    let d = sshd.dir.path();
-    let settings = BackendSettings {
-        backend: BackendKind::Ssh,
-        ssh_host: Some("127.0.0.1".into()),
-        ssh_port: Some(sshd.port),
-        ssh_user: Some(SSH_USER.into()),
-        ssh_key: Some(d.join("userkey")),
-        ssh_known_hosts: KnownHosts::File(d.join("known_hosts")),
-        agent_binary: Some(PathBuf::from(env!("CARGO_BIN_EXE_vibeos-exec"))),
-        ..BackendSettings::default()
-    };
-    let env = environments::start(&settings, "contract").unwrap();
+    let env = environments::start(&ssh_backend(&sshd, sshd.port), "contract").unwrap();
     assert_eq!(env.backend(), "ssh");
     let scratch = env.workdir();
     contract(env.as_ref(), &scratch);
@@ -213,11 +189,9 @@ fn docker_environment_contract() {
         Err(e) => return unavailable(&e),
     };
     let settings = BackendSettings {
-        backend: BackendKind::Docker,
         docker_image: Some("vibeos-py:contract".into()),
         docker_binary: cli,
-        agent_binary: Some(PathBuf::from(env!("CARGO_BIN_EXE_vibeos-exec"))),
-        ..BackendSettings::default()
+        ..backend(BackendKind::Docker)
     };
     let env = environments::start(&settings, "contract").unwrap();
     assert_eq!(env.backend(), "docker");
@@ -228,37 +202,62 @@ fn docker_environment_contract() {
 
 #[test]
 fn daytona_environment_contract() {
-    let _lock = super::backend_lock();
-    if let Err(why) = vibeos_testkit::daytona::sdk_python() {
-        return unavailable(&why);
+    // It exports the stand-in's credentials, which are process-wide.
+    if super::common::in_own_process() {
+        return;
     }
-    let image = match rootfs() {
-        Ok(p) => p,
+    let lab = match DaytonaLab::start("vibeos-py:contract") {
+        Ok(l) => l,
         Err(e) => return unavailable(&e),
     };
-    let daemon = match Dockerd::start() {
-        Ok(d) => d,
-        Err(e) => return unavailable(&e),
-    };
-    daemon
-        .import(&image, "vibeos-py:contract")
-        .expect("docker import");
-    let standin = vibeos_testkit::daytona::Standin::start(&daemon, "vibeos-py:contract").unwrap();
-    std::env::set_var("DAYTONA_API_URL", &standin.api_url);
-    std::env::set_var("DAYTONA_API_KEY", &standin.api_key);
+    let _endpoint = lab.standin.export();
     let settings = BackendSettings {
-        backend: BackendKind::Daytona,
         daytona_image: Some("vibeos-py:contract".into()),
-        agent_binary: Some(PathBuf::from(env!("CARGO_BIN_EXE_vibeos-exec"))),
-        ..BackendSettings::default()
+        ..backend(BackendKind::Daytona)
     };
     let env = environments::start(&settings, "contract").unwrap();
     assert_eq!(env.backend(), "daytona");
     contract(env.as_ref(), "/tmp");
     env.stop();
-    let left = daemon.docker(&["ps", "-aq", "--filter", "label=daytona-standin=1"]);
     assert!(
-        String::from_utf8_lossy(&left.stdout).trim().is_empty(),
+        lab.dockerd
+            .containers_with_label("daytona-standin=1")
+            .is_empty(),
         "the sandbox was deleted"
     );
+}
+
+/// A test that fails before it stops its ssh environment leaves the backend's master
+/// connection running; dropping the test's sshd ends it, so that no session of the test user
+/// outlives the test (it would make every later sshd's usermod fail, on the whole machine).
+#[test]
+fn an_ssh_environment_that_was_never_stopped_ends_with_its_sshd() {
+    let _ssh = super::ssh_lock();
+    let sshd = match start_sshd() {
+        Ok(s) => s,
+        Err(e) => return unavailable(&e),
+    };
+    let dir = sshd.dir.path().display().to_string();
+    let env = environments::start(&ssh_backend(&sshd, sshd.port), "abandoned").unwrap();
+    assert!(env
+        .exec(&ExecSpec::new(["true"]), b"", Duration::from_secs(60))
+        .unwrap()
+        .success());
+    // What a panicking test does: never stops it.
+    std::mem::forget(env);
+    let clients = || {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+            .filter(|c| String::from_utf8_lossy(c).contains(&dir))
+            .count()
+    };
+    assert!(clients() > 0, "the master connection runs");
+    drop(sshd);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while clients() > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(clients(), 0, "a client of the dropped sshd is left");
 }

@@ -3,99 +3,73 @@
 //! are real containers of a private dockerd: tool calls through the relay, tools acting in the
 //! sandbox, env scrubbing, the API key invisible to the script and absent from the sandbox,
 //! timeout and interrupt killing the command but keeping the sandbox (checked with `ps` in the
-//! container), an expired sandbox recreated once, idle stop, and persistent resume by name.
+//! container), an expired sandbox recreated once, idle stop, persistent resume by name, and
+//! `backends gc` deleting what a crashed host left while keeping a live host's sandbox.
 //!
-//! The backend choice is process-wide, so everything runs in one test, phase by phase.
+//! The backend choice is process-wide, so everything runs in one test, phase by phase, in a
+//! process of its own (`common::in_own_process`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::ffi::OsString;
-use std::path::PathBuf;
+use super::common::{
+    backend, hanging_script, python_output, request_from, run, run_interrupted_after,
+    run_into_timeout, runtime, HOST_ENV,
+};
 use std::time::{Duration, Instant};
-use vibeos_supervisor::{execute, Config, ExecutionRequest, ExecutionResult, Interrupt, Status};
-use vibeos_testkit::backends::{rootfs, unavailable, Dockerd};
-use vibeos_testkit::daytona::{sdk_python, Standin};
+use vibeos_supervisor::{ExecutionRequest, Status};
+use vibeos_testkit::backends::unavailable;
+use vibeos_testkit::daytona::{sdk_python, DaytonaLab};
 use vibeos_tools::environments::{self, BackendKind, BackendSettings};
 
 const IMAGE: &str = "vibeos-py:test";
 
 fn settings() -> BackendSettings {
     BackendSettings {
-        backend: BackendKind::Daytona,
         daytona_image: Some(IMAGE.into()),
-        agent_binary: Some(PathBuf::from(env!("CARGO_BIN_EXE_vibeos-exec"))),
-        ..BackendSettings::default()
+        ..backend(BackendKind::Daytona)
     }
 }
 
+/// A request whose host environment also holds the host's own credentials for the service:
+/// the supervisor uses them, no script may.
 fn request(code: &str, task: &str) -> ExecutionRequest {
-    let mut r = ExecutionRequest::from_config(code, &Config::default());
-    r.task_id = Some(task.into());
-    r.timeout = Duration::from_secs(60);
-    r.base_env = Some(vec![
-        (OsString::from("PATH"), OsString::from("/host/only/bin")),
-        (OsString::from("LANG"), OsString::from("C.UTF-8")),
-        (
-            OsString::from("MY_SECRET_TOKEN"),
-            OsString::from("hunter2-host-secret"),
-        ),
-        // The host's own credentials for the service: the supervisor uses them, no script may.
-        (
-            OsString::from("DAYTONA_API_KEY"),
-            std::env::var_os("DAYTONA_API_KEY").unwrap(),
-        ),
-        (
-            OsString::from("DAYTONA_API_URL"),
-            std::env::var_os("DAYTONA_API_URL").unwrap(),
-        ),
+    let url = std::env::var("DAYTONA_API_URL").unwrap();
+    let key = std::env::var("DAYTONA_API_KEY").unwrap();
+    let mut env = HOST_ENV.to_vec();
+    env.extend([
+        ("DAYTONA_API_KEY", key.as_str()),
+        ("DAYTONA_API_URL", url.as_str()),
     ]);
-    r
+    request_from(code, task, &env)
 }
 
-fn run(rt: &tokio::runtime::Runtime, req: ExecutionRequest) -> ExecutionResult {
-    rt.block_on(execute(req, vibeos_tools::registry(), Interrupt::new()))
-}
-
-fn sandboxes(d: &Dockerd) -> Vec<String> {
-    let out = d.docker(&["ps", "-q", "--filter", "label=daytona-standin=1"]);
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .map(str::to_string)
-        .collect()
-}
-
-fn ps(d: &Dockerd) -> String {
-    sandboxes(d)
+/// Processes in every sandbox, as `ps` there lists them.
+fn ps(lab: &DaytonaLab) -> String {
+    lab.sandboxes()
         .iter()
         .map(|c| {
-            String::from_utf8_lossy(&d.docker(&["exec", c, "ps", "-eo", "pid,args"]).stdout)
-                .into_owned()
+            String::from_utf8_lossy(
+                &lab.dockerd
+                    .docker(&["exec", c, "ps", "-eo", "pid,args"])
+                    .stdout,
+            )
+            .into_owned()
         })
         .collect()
 }
 
 #[test]
 fn daytona_backend_end_to_end() {
-    let _lock = super::backend_lock();
-    if let Err(why) = sdk_python() {
-        return unavailable(&why);
+    if super::common::in_own_process() {
+        return;
     }
-    let daemon = match Dockerd::start() {
-        Ok(d) => d,
+    let lab = match DaytonaLab::start(IMAGE) {
+        Ok(l) => l,
         Err(e) => return unavailable(&e),
     };
-    let tar = match rootfs() {
-        Ok(t) => t,
-        Err(e) => return unavailable(&e),
-    };
-    daemon.import(&tar, IMAGE).unwrap();
-    let standin = Standin::start(&daemon, IMAGE).unwrap();
+    let standin = &lab.standin;
     // Read by the supervisor only (this process).
-    std::env::set_var("DAYTONA_API_URL", &standin.api_url);
-    std::env::set_var("DAYTONA_API_KEY", &standin.api_key);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let _endpoint = standin.export();
+    let rt = runtime();
     environments::activate(settings());
 
     // Tool calls through the relay; the tools act in the sandbox, not on this host.
@@ -156,89 +130,61 @@ print("keyhits:", hits)
     }
     assert!(r.output.contains("keyhits: []"), "{}", r.output);
     assert!(r.output.contains("C.UTF-8"), "{}", r.output);
-    assert_eq!(sandboxes(&daemon).len(), 1);
+    assert_eq!(lab.sandboxes().len(), 1);
 
     // Timeout: the command dies, the sandbox stays.
-    let mut req = request(
-        "import subprocess, time\nsubprocess.Popen(['sleep', '4242'])\nprint('started', flush=True)\ntime.sleep(600)",
-        "task-a",
+    run_into_timeout(
+        &rt,
+        request(&hanging_script("4242"), "task-a"),
+        Duration::from_secs(3),
+        Duration::from_secs(30),
     );
-    req.timeout = Duration::from_secs(3);
-    req.kill_grace = Duration::from_secs(1);
-    let started = Instant::now();
-    let r = run(&rt, req);
-    assert_eq!(r.status, Status::Timeout, "{r:?}");
-    assert!(r.output.contains("started"), "{r:?}");
-    assert!(started.elapsed() < Duration::from_secs(30));
     std::thread::sleep(Duration::from_millis(500));
-    let procs = ps(&daemon);
+    let procs = ps(&lab);
     assert!(
         !procs.contains("sleep 4242") && !procs.contains("time.sleep(600)"),
         "left behind: {procs}"
     );
-    assert_eq!(
-        sandboxes(&daemon).len(),
-        1,
-        "the sandbox survives a timeout"
-    );
+    assert_eq!(lab.sandboxes().len(), 1, "the sandbox survives a timeout");
 
     // Interrupt: the same.
-    let interrupt = Interrupt::new();
-    let stopper = interrupt.clone();
-    std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(3));
-        stopper.interrupt();
-    });
-    let mut req = request(
-        "import subprocess, time\nsubprocess.Popen(['sleep', '4343'])\ntime.sleep(600)",
-        "task-a",
+    let r = run_interrupted_after(
+        &rt,
+        request(
+            "import subprocess, time\nsubprocess.Popen(['sleep', '4343'])\ntime.sleep(600)",
+            "task-a",
+        ),
+        Duration::from_secs(3),
     );
-    req.kill_grace = Duration::from_secs(1);
-    let r = rt.block_on(execute(req, vibeos_tools::registry(), interrupt));
     assert_eq!(r.status, Status::Interrupted, "{r:?}");
     std::thread::sleep(Duration::from_millis(500));
-    let procs = ps(&daemon);
+    let procs = ps(&lab);
     assert!(!procs.contains("sleep 4343"), "left behind: {procs}");
     assert_eq!(
-        sandboxes(&daemon).len(),
+        lab.sandboxes().len(),
         1,
         "the sandbox survives an interrupt"
     );
 
     // An expired sandbox (the service deleted it behind our back) is recreated once.
-    let gone = sandboxes(&daemon);
-    let names = daemon.docker(&[
-        "ps",
-        "--format",
-        "{{.Names}}",
-        "--filter",
-        "label=daytona-standin=1",
-    ]);
-    let id = String::from_utf8_lossy(&names.stdout)
-        .trim()
-        .trim_start_matches("daytona-")
-        .to_string();
-    let deleted = std::process::Command::new(sdk_python().unwrap())
-        .args([
-            "-c",
-            "import sys, urllib.request as u
+    let gone = lab.sandboxes();
+    let id = gone.concat().trim_start_matches("daytona-").to_string();
+    python_output(
+        &sdk_python().unwrap(),
+        "import sys, urllib.request as u
 r = u.Request(sys.argv[1], method='DELETE', headers={'Authorization': 'Bearer ' + sys.argv[2]})
 print(u.urlopen(r).status)",
-        ])
-        .arg(format!("{}/sandbox/{id}", standin.api_url))
-        .arg(&standin.api_key)
-        .output()
-        .unwrap();
-    assert!(
-        deleted.status.success(),
-        "{}",
-        String::from_utf8_lossy(&deleted.stderr)
+        &[
+            &format!("{}/sandbox/{id}", standin.api_url),
+            &standin.api_key,
+        ],
+        &[],
     );
     let r = run(&rt, request("print('back')", "task-a"));
     assert_eq!(r.status, Status::Success, "{r:?}");
     assert!(r.output.contains("back"));
-    assert_eq!(sandboxes(&daemon).len(), 1);
-    assert_ne!(sandboxes(&daemon), gone);
+    assert_eq!(lab.sandboxes().len(), 1);
+    assert_ne!(lab.sandboxes(), gone);
 
     // Idle stop after lifetime_seconds: the (non-persistent) sandbox is deleted.
     environments::shutdown();
@@ -248,10 +194,10 @@ print(u.urlopen(r).status)",
     let r = run(&rt, request("print('hi')", "task-idle"));
     assert_eq!(r.status, Status::Success, "{r:?}");
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !sandboxes(&daemon).is_empty() && Instant::now() < deadline {
+    while !lab.sandboxes().is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert!(sandboxes(&daemon).is_empty(), "idle sandbox not deleted");
+    assert!(lab.sandboxes().is_empty(), "idle sandbox not deleted");
 
     // Persistent: stopped at the end, resumed by name (same sandbox, files kept).
     environments::shutdown();
@@ -265,7 +211,7 @@ print(u.urlopen(r).status)",
     assert_eq!(r.status, Status::Success, "{r:?}");
     environments::shutdown();
     assert!(
-        sandboxes(&daemon).is_empty(),
+        lab.sandboxes().is_empty(),
         "a persistent sandbox is stopped at exit"
     );
     environments::activate(keep);
@@ -276,6 +222,69 @@ print(u.urlopen(r).status)",
     assert_eq!(r.status, Status::Success, "{r:?}");
     assert!(r.output.contains("kept"), "{r:?}");
     environments::shutdown();
+
+    // backends gc: a sandbox that a crashed host of this machine left (its owner process is
+    // gone) is deleted; a live host's and the persistent one are kept, and `--all` takes the
+    // persistent one too.
+    environments::activate(settings());
+    let r = run(&rt, request("print('live')", "task-gc-live"));
+    assert_eq!(r.status, Status::Success, "{r:?}");
+    let crashed = plant_crashed_sandbox(standin);
+    assert_eq!(lab.sandboxes().len(), 2);
+    let home = tempfile::tempdir().unwrap();
+    let gc = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_vibeos-exec"))
+            .args(["backends", "gc"])
+            .args(args)
+            .env("VIBEOS_HOME", home.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        out.stdout
+    };
+    let report: serde_json::Value = serde_json::from_slice(&gc(&["--json"])).unwrap();
+    assert_eq!(report["removed"], serde_json::json!([crashed]), "{report}");
+    let kept = &report["backends"]["daytona"]["kept"];
+    assert_eq!(kept.as_array().map(Vec::len), Some(2), "{report}");
+    assert_eq!(
+        lab.sandboxes().len(),
+        1,
+        "the leftover is gone, the live one runs"
+    );
+    let text = String::from_utf8(gc(&["--all"])).unwrap();
+    assert!(text.contains("removed daytona sandbox "), "{text}");
+    assert!(text.contains("kept    daytona sandbox "), "{text}");
+    let r = run(&rt, request("print('still')", "task-gc-live"));
+    assert!(r.output.contains("still"), "{r:?}");
+    environments::shutdown();
+    let report: serde_json::Value = serde_json::from_slice(&gc(&["--json", "--all"])).unwrap();
+    assert_eq!(
+        report["removed"],
+        serde_json::json!([]),
+        "nothing left: {report}"
+    );
+    assert_eq!(
+        report["kept"],
+        serde_json::json!([]),
+        "nothing left: {report}"
+    );
+}
+
+/// With the official SDK, a sandbox as a host of this machine that crashed would have left it:
+/// labelled as the backend labels the live sandbox of `task-gc-live`, but for a task of its own
+/// and an owner process that does not exist. Returns its name.
+fn plant_crashed_sandbox(standin: &vibeos_testkit::daytona::Standin) -> String {
+    let plant = r#"
+import sys
+from daytona import CreateSandboxFromSnapshotParams, Daytona, ListSandboxesQuery
+client = Daytona()
+live = list(client.list(ListSandboxesQuery(labels={"vibeos-exec.task": "task-gc-live"})))
+labels = dict(live[0].labels)
+labels.update({"vibeos-exec.task": "task-gc-crashed", "vibeos-exec.owner": "999999999:1"})
+sb = client.create(CreateSandboxFromSnapshotParams(name="vibeos-exec-crashed", snapshot=sys.argv[1], labels=labels), timeout=120)
+print(sb.name)
+"#;
+    python_output(&sdk_python().unwrap(), plant, &[IMAGE], &standin.env())
 }
 
 /// `--backend daytona` without `DAYTONA_API_KEY` is a usage error (exit 2) naming the variable;

@@ -4,13 +4,16 @@
 //! and interrupt leave no process (checked with `ps` in the container), call budget and output
 //! caps, idle stop, `backends gc`, and clear errors for a missing image and a dead daemon.
 //!
-//! The backend choice is process-wide, so everything runs in one test, phase by phase.
+//! The backend choice is process-wide, so everything runs in one test, phase by phase, in a
+//! process of its own (`common::in_own_process`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::ffi::OsString;
-use std::path::PathBuf;
+use super::common::{
+    backend, hanging_script, request_from, run, run_interrupted_after, run_into_timeout, runtime,
+    HOST_ENV,
+};
 use std::time::{Duration, Instant};
-use vibeos_supervisor::{execute, Config, ExecutionRequest, ExecutionResult, Interrupt, Status};
+use vibeos_supervisor::{ExecutionRequest, Status};
 use vibeos_testkit::backends::{plant_crashed_container, unavailable, Dockerd};
 use vibeos_tools::environments::{self, BackendKind, BackendSettings};
 
@@ -18,35 +21,14 @@ const IMAGE: &str = "vibeos-py:test";
 
 fn settings(binary: &str) -> BackendSettings {
     BackendSettings {
-        backend: BackendKind::Docker,
         docker_image: Some(IMAGE.into()),
         docker_binary: binary.into(),
-        agent_binary: Some(PathBuf::from(env!("CARGO_BIN_EXE_vibeos-exec"))),
-        ..BackendSettings::default()
+        ..backend(BackendKind::Docker)
     }
 }
 
 fn request(code: &str, task: &str) -> ExecutionRequest {
-    let mut r = ExecutionRequest::from_config(code, &Config::default());
-    r.task_id = Some(task.into());
-    r.timeout = Duration::from_secs(60);
-    r.base_env = Some(vec![
-        (OsString::from("PATH"), OsString::from("/host/only/bin")),
-        (OsString::from("LANG"), OsString::from("C.UTF-8")),
-        (
-            OsString::from("MY_SECRET_TOKEN"),
-            OsString::from("hunter2-host-secret"),
-        ),
-        (
-            OsString::from("OPENAI_API_KEY"),
-            OsString::from("sk-host-provider-secret"),
-        ),
-    ]);
-    r
-}
-
-fn run(rt: &tokio::runtime::Runtime, req: ExecutionRequest) -> ExecutionResult {
-    rt.block_on(execute(req, vibeos_tools::registry(), Interrupt::new()))
+    request_from(code, task, HOST_ENV)
 }
 
 /// Asserts that no process in task-a's container has any of `left` in its command line
@@ -67,15 +49,14 @@ fn assert_none_left(rt: &tokio::runtime::Runtime, left: &[&str]) {
 
 #[test]
 fn docker_backend_end_to_end() {
-    let _backend = super::backend_lock();
+    if super::common::in_own_process() {
+        return;
+    }
     let (daemon, docker) = match Dockerd::with_image(IMAGE) {
         Ok(d) => d,
         Err(e) => return unavailable(&e),
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     environments::activate(settings(&docker));
 
     // Tools act in the container: what write_file writes, open() sees; the host does not.
@@ -172,17 +153,12 @@ print("tenv:", terminal("env")["output"].replace("\n", " "))
     assert_eq!(daemon.labelled().len(), 2, "{:?}", daemon.labelled());
 
     // Timeout kills the remote process group: nothing is left in the container.
-    let mut req = request(
-        "import subprocess, time\nsubprocess.Popen(['sleep', '4242'])\nprint('started', flush=True)\ntime.sleep(600)",
-        "task-a",
+    run_into_timeout(
+        &rt,
+        request(&hanging_script("4242"), "task-a"),
+        Duration::from_secs(2),
+        Duration::from_secs(20),
     );
-    req.timeout = Duration::from_secs(2);
-    req.kill_grace = Duration::from_secs(1);
-    let started = Instant::now();
-    let r = run(&rt, req);
-    assert_eq!(r.status, Status::Timeout, "{r:?}");
-    assert!(r.output.contains("started"), "{r:?}");
-    assert!(started.elapsed() < Duration::from_secs(20));
     assert_none_left(&rt, &["sleep 4242", "time.sleep(600)"]);
 
     // A terminal command the script is waiting on runs under the agent, not in the script's
@@ -199,18 +175,14 @@ print("tenv:", terminal("env")["output"].replace("\n", " "))
     assert_none_left(&rt, &["sleep 4747"]);
 
     // Interrupt does the same.
-    let interrupt = Interrupt::new();
-    let stopper = interrupt.clone();
-    std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(2));
-        stopper.interrupt();
-    });
-    let mut req = request(
-        "import subprocess, time\nsubprocess.Popen(['sleep', '4343'])\ntime.sleep(600)",
-        "task-a",
+    let r = run_interrupted_after(
+        &rt,
+        request(
+            "import subprocess, time\nsubprocess.Popen(['sleep', '4343'])\ntime.sleep(600)",
+            "task-a",
+        ),
+        Duration::from_secs(2),
     );
-    req.kill_grace = Duration::from_secs(1);
-    let r = rt.block_on(execute(req, vibeos_tools::registry(), interrupt));
     assert_eq!(r.status, Status::Interrupted, "{r:?}");
     assert_none_left(&rt, &["sleep 4343"]);
 

@@ -4,19 +4,22 @@
 //! upload and download; the tools running inside the sandbox (not on the host); one sandbox
 //! per task; a timeout or an interrupt kills the command and its children in the sandbox and
 //! keeps the sandbox; an expired sandbox is recreated once; idle stop; the Modal credentials
-//! never reach the sandbox; a wrong token or an unreachable API is a clear, quick error.
+//! never reach the sandbox; a wrong token or an unreachable API is a clear, quick error;
+//! `backends gc` terminates what a crashed host left and keeps a live host's sandbox.
 //!
 //! The backend choice and the SDK sidecar are process-wide, so everything runs in one test,
-//! phase by phase.
+//! phase by phase, in a process of its own (`common::in_own_process`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use super::common::{
+    backend, hanging_script, python_output, request_from, run, run_interrupted_after,
+    run_into_timeout, runtime, HOST_ENV,
+};
 use serde_json::{json, Map, Value};
-use std::ffi::OsString;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use vibeos_supervisor::{execute, Config, ExecutionRequest, ExecutionResult, Interrupt, Status};
-use vibeos_testkit::backends::{rootfs, unavailable, Dockerd};
-use vibeos_testkit::modal::{sdk_python, ModalStandin, TOKEN_ID, TOKEN_SECRET};
+use vibeos_supervisor::{ExecutionRequest, Status};
+use vibeos_testkit::backends::unavailable;
+use vibeos_testkit::modal::{ModalLab, TOKEN_ID, TOKEN_SECRET};
 use vibeos_tools::environments::{self, BackendKind, BackendSettings, EnvError, ExecSpec};
 use vibeos_tools::ToolContext;
 
@@ -24,40 +27,23 @@ const IMAGE: &str = "vibeos-py:test";
 
 fn settings(python: &std::path::Path) -> BackendSettings {
     BackendSettings {
-        backend: BackendKind::Modal,
         modal_image: Some(IMAGE.into()),
         modal_python: python.display().to_string(),
-        agent_binary: Some(PathBuf::from(env!("CARGO_BIN_EXE_vibeos-exec"))),
-        ..BackendSettings::default()
+        ..backend(BackendKind::Modal)
     }
 }
 
+/// A request whose host environment also holds the Modal credentials: the supervisor's
+/// sidecar uses them, no script may.
 fn request(code: &str, task: &str) -> ExecutionRequest {
-    let mut r = ExecutionRequest::from_config(code, &Config::default());
-    r.task_id = Some(task.into());
-    r.timeout = Duration::from_secs(120);
-    r.base_env = Some(vec![
-        (OsString::from("PATH"), OsString::from("/host/only/bin")),
-        (OsString::from("LANG"), OsString::from("C.UTF-8")),
-        (
-            OsString::from("MY_SECRET_TOKEN"),
-            OsString::from("hunter2-host-secret"),
-        ),
-        (
-            OsString::from("OPENAI_API_KEY"),
-            OsString::from("sk-host-provider-secret"),
-        ),
-        (OsString::from("MODAL_TOKEN_ID"), OsString::from(TOKEN_ID)),
-        (
-            OsString::from("MODAL_TOKEN_SECRET"),
-            OsString::from(TOKEN_SECRET),
-        ),
+    let mut env = HOST_ENV.to_vec();
+    env.extend([
+        ("MODAL_TOKEN_ID", TOKEN_ID),
+        ("MODAL_TOKEN_SECRET", TOKEN_SECRET),
     ]);
+    let mut r = request_from(code, task, &env);
+    r.timeout = Duration::from_secs(120);
     r
-}
-
-fn run(rt: &tokio::runtime::Runtime, req: ExecutionRequest) -> ExecutionResult {
-    rt.block_on(execute(req, vibeos_tools::registry(), Interrupt::new()))
 }
 
 /// Calls a tool as a script of `task` would.
@@ -67,21 +53,6 @@ fn tool(task: &str, name: &str, args: Value) -> Value {
     let args: Map<String, Value> = args.as_object().cloned().unwrap_or_default();
     let out = vibeos_tools::registry().dispatch(name, &args, &ctx);
     serde_json::from_str(&out).unwrap_or(Value::String(out))
-}
-
-/// The sandbox containers the stand-in runs.
-fn sandboxes(daemon: &Dockerd) -> Vec<String> {
-    let out = daemon.docker(&[
-        "ps",
-        "--filter",
-        "label=modal-standin",
-        "--format",
-        "{{.Names}}",
-    ]);
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_string)
-        .collect()
 }
 
 /// Command lines of every process in the sandbox of `task` (no procps in the image).
@@ -96,30 +67,18 @@ fn processes(task: &str) -> String {
 
 #[test]
 fn modal_backend_against_the_stand_in() {
-    let _backend = super::backend_lock();
-    let python = match sdk_python() {
-        Ok(p) => p,
-        Err(e) => return unavailable(&e),
-    };
-    let image = match rootfs() {
-        Ok(p) => p,
-        Err(e) => return unavailable(&e),
-    };
-    let daemon = match Dockerd::start() {
-        Ok(d) => d,
-        Err(e) => return unavailable(&e),
-    };
-    daemon.import(&image, IMAGE).expect("docker import");
-    let standin = ModalStandin::start(&python, &daemon).expect("stand-in");
-    // The supervisor's environment: where the credentials are read (by the sidecar alone).
-    for (k, v) in standin.env() {
-        std::env::set_var(k, v);
+    if super::common::in_own_process() {
+        return;
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    environments::activate(settings(&python));
+    let lab = match ModalLab::start(IMAGE) {
+        Ok(l) => l,
+        Err(e) => return unavailable(&e),
+    };
+    let (standin, python) = (&lab.standin, &lab.python);
+    // The supervisor's environment: where the credentials are read (by the sidecar alone).
+    let _endpoint = lab.export();
+    let rt = runtime();
+    environments::activate(settings(python));
     let envs = environments::active().unwrap();
 
     // Exec: cwd, env, stdin, exit code, stdout and stderr apart.
@@ -149,7 +108,7 @@ fn modal_backend_against_the_stand_in() {
         )
         .unwrap();
     assert_eq!(missing.code, Some(125), "{missing:?}");
-    assert_eq!(sandboxes(&daemon).len(), 1);
+    assert_eq!(lab.sandboxes().len(), 1);
 
     // Files: upload and download, binary-safe, with the mode asked for.
     let payload: Vec<u8> = (0..=255u8).cycle().take(200_000).collect();
@@ -217,7 +176,7 @@ fn modal_backend_against_the_stand_in() {
     let b = tool("task-b", "terminal", json!({"command": "hostname"}));
     let a = tool("task-a", "terminal", json!({"command": "hostname"}));
     assert_ne!(a["output"], b["output"]);
-    assert_eq!(sandboxes(&daemon).len(), 2);
+    assert_eq!(lab.sandboxes().len(), 2);
 
     // execute_code in the sandbox, through the relay: a script with tool calls; its
     // environment is scrubbed (no host secrets, no host PATH, no Modal credentials).
@@ -262,46 +221,33 @@ print("env:", json.dumps(dict(os.environ)))
 
     // execute_code timeout and interrupt: the script and what it started die in the sandbox,
     // the sandbox stays.
-    let before_scripts = sandboxes(&daemon);
-    let mut req = request(
-        "import subprocess, time\nsubprocess.Popen(['sleep', '5151'])\nprint('started', flush=True)\ntime.sleep(600)",
-        "task-a",
+    let before_scripts = lab.sandboxes();
+    run_into_timeout(
+        &rt,
+        request(&hanging_script("5151"), "task-a"),
+        Duration::from_secs(3),
+        Duration::from_secs(30),
     );
-    req.timeout = Duration::from_secs(3);
-    req.kill_grace = Duration::from_secs(1);
-    let started = Instant::now();
-    let r = run(&rt, req);
-    assert_eq!(r.status, Status::Timeout, "{r:?}");
-    assert!(r.output.contains("started"), "{r:?}");
-    assert!(started.elapsed() < Duration::from_secs(30));
     let ps = processes("task-a");
     assert!(
         !ps.contains("sleep 5151") && !ps.contains("time.sleep(600)"),
         "left behind: {ps}"
     );
-    let interrupt = Interrupt::new();
-    let stopper = interrupt.clone();
-    std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(3));
-        stopper.interrupt();
-    });
-    let mut req = request(
-        "import subprocess, time\nsubprocess.Popen(['sleep', '5252'])\ntime.sleep(600)",
-        "task-a",
+    let r = run_interrupted_after(
+        &rt,
+        request(
+            "import subprocess, time\nsubprocess.Popen(['sleep', '5252'])\ntime.sleep(600)",
+            "task-a",
+        ),
+        Duration::from_secs(3),
     );
-    req.kill_grace = Duration::from_secs(1);
-    let r = rt.block_on(execute(req, vibeos_tools::registry(), interrupt));
     assert_eq!(r.status, Status::Interrupted, "{r:?}");
     let ps = processes("task-a");
     assert!(!ps.contains("sleep 5252"), "left behind: {ps}");
-    assert_eq!(
-        sandboxes(&daemon),
-        before_scripts,
-        "the sandbox must survive"
-    );
+    assert_eq!(lab.sandboxes(), before_scripts, "the sandbox must survive");
 
     // A timeout kills the command and what it started, in the sandbox; the sandbox stays.
-    let before = sandboxes(&daemon);
+    let before = lab.sandboxes();
     let started = Instant::now();
     let r = env.exec(
         &ExecSpec::new(["sh", "-c", "sleep 4242 & sleep 4343; echo never"]),
@@ -315,7 +261,7 @@ print("env:", json.dumps(dict(os.environ)))
         !ps.contains("sleep 4242") && !ps.contains("sleep 4343"),
         "left behind: {ps}"
     );
-    assert_eq!(sandboxes(&daemon), before, "the sandbox must survive");
+    assert_eq!(lab.sandboxes(), before, "the sandbox must survive");
     let t = tool(
         "task-a",
         "terminal",
@@ -323,7 +269,7 @@ print("env:", json.dumps(dict(os.environ)))
     );
     assert!(!t["output"].as_str().unwrap_or("").contains("never"), "{t}");
     assert!(!processes("task-a").contains("sleep 4747"));
-    assert_eq!(sandboxes(&daemon), before);
+    assert_eq!(lab.sandboxes(), before);
 
     // An interrupt (TERM to the running command's group, then KILL, as execute_code's
     // interrupt does) ends the command and what it started; the sandbox stays.
@@ -343,25 +289,25 @@ print("env:", json.dumps(dict(os.environ)))
         !ps.contains("sleep 4848") && !ps.contains("sleep 4949"),
         "left behind: {ps}"
     );
-    assert_eq!(sandboxes(&daemon), before);
+    assert_eq!(lab.sandboxes(), before);
 
     // Modal ends a sandbox (its lifetime ran out): the next call recreates it, once.
-    let old = sandboxes(&daemon);
+    let old = lab.sandboxes();
     standin.control("expire-all");
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !sandboxes(&daemon).is_empty() && Instant::now() < deadline {
+    while !lab.sandboxes().is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert!(sandboxes(&daemon).is_empty());
+    assert!(lab.sandboxes().is_empty());
     let t = tool("task-a", "terminal", json!({"command": "echo back"}));
     assert_eq!(t["output"].as_str().unwrap_or("").trim(), "back", "{t}");
-    let now = sandboxes(&daemon);
+    let now = lab.sandboxes();
     assert_eq!(now.len(), 1, "{now:?}");
     assert!(!old.contains(&now[0]), "a new sandbox: {old:?} {now:?}");
     // The second loss is an error that says so, not a loop.
     standin.control("expire-all");
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !sandboxes(&daemon).is_empty() && Instant::now() < deadline {
+    while !lab.sandboxes().is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
     }
     let r = env.exec(&ExecSpec::new(["true"]), b"", Duration::from_secs(60));
@@ -370,20 +316,20 @@ print("env:", json.dumps(dict(os.environ)))
 
     // Host exit terminates every sandbox.
     environments::shutdown();
-    assert!(sandboxes(&daemon).is_empty(), "{:?}", sandboxes(&daemon));
+    assert!(lab.sandboxes().is_empty(), "{:?}", lab.sandboxes());
 
     // Idle stop after lifetime_seconds.
-    let mut idle = settings(&python);
+    let mut idle = settings(python);
     idle.lifetime = Duration::from_secs(1);
     environments::activate(idle);
     let t = tool("task-idle", "terminal", json!({"command": "echo hi"}));
     assert_eq!(t["output"].as_str().unwrap_or("").trim(), "hi", "{t}");
-    assert_eq!(sandboxes(&daemon).len(), 1);
+    assert_eq!(lab.sandboxes().len(), 1);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !sandboxes(&daemon).is_empty() && Instant::now() < deadline {
+    while !lab.sandboxes().is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert!(sandboxes(&daemon).is_empty(), "idle sandbox not stopped");
+    assert!(lab.sandboxes().is_empty(), "idle sandbox not stopped");
     environments::shutdown();
 
     // The CLI: a wrong secret and an unreachable API are clear errors, quickly, naming what
@@ -469,9 +415,56 @@ print("env:", json.dumps(dict(os.environ)))
     assert!(!out.status.success(), "{text}");
     assert!(text.contains("MODAL_SERVER_URL"), "{text}");
     assert!(took < Duration::from_secs(40), "{took:?}");
-    assert!(sandboxes(&daemon).is_empty());
-    // This suite is one process: leave no Modal endpoint behind for the next test.
-    for (k, _) in standin.env() {
-        std::env::remove_var(k);
-    }
+    assert!(lab.sandboxes().is_empty());
+
+    // backends gc: a sandbox that a crashed host of this machine left (its owner process is
+    // gone) is terminated, a live host's is kept and goes on working.
+    environments::activate(settings(python));
+    let t = tool("task-gc-live", "terminal", json!({"command": "echo live"}));
+    assert_eq!(t["output"].as_str().unwrap_or("").trim(), "live", "{t}");
+    let crashed = plant_crashed_sandbox(python);
+    assert_eq!(lab.sandboxes().len(), 2);
+    let gc = |json: bool| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_vibeos-exec"));
+        cmd.args(["backends", "gc"]).env("VIBEOS_HOME", home.path());
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        out.stdout
+    };
+    let report: Value = serde_json::from_slice(&gc(true)).unwrap();
+    assert_eq!(report["removed"], json!([crashed]), "{report}");
+    let kept = &report["backends"]["modal"]["kept"];
+    assert_eq!(kept.as_array().map(Vec::len), Some(1), "{report}");
+    assert_ne!(kept[0], json!(crashed), "{report}");
+    assert_eq!(
+        lab.sandboxes().len(),
+        1,
+        "the leftover is gone, the live one runs"
+    );
+    let text = String::from_utf8(gc(false)).unwrap();
+    assert!(text.contains("kept    modal sandbox sb-"), "{text}");
+    assert!(!text.contains("removed"), "{text}");
+    let t = tool("task-gc-live", "terminal", json!({"command": "echo still"}));
+    assert_eq!(t["output"].as_str().unwrap_or("").trim(), "still", "{t}");
+    environments::shutdown();
+    assert!(lab.sandboxes().is_empty());
+}
+
+/// With the official SDK, a sandbox as a host of this machine that crashed would have left it:
+/// tagged as the backend tags the live sandbox of `task-gc-live`, but for a task of its own and
+/// an owner process that does not exist. Returns its id.
+fn plant_crashed_sandbox(python: &std::path::Path) -> String {
+    let plant = r#"
+import sys, modal
+app = modal.App.lookup("vibeos-exec", create_if_missing=True)
+live = list(modal.Sandbox.list(app_id=app.app_id, tags={"vibeos-exec.task": "task-gc-live"}))
+tags = live[0].get_tags()
+tags.update({"vibeos-exec.task": "task-gc-crashed", "vibeos-exec.owner": "999999999:1"})
+sb = modal.Sandbox.create(app=app, image=modal.Image.from_registry(sys.argv[1]), tags=tags, timeout=600)
+print(sb.object_id)
+"#;
+    python_output(python, plant, &[IMAGE], &[])
 }

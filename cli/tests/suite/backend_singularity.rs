@@ -12,7 +12,9 @@ use vibeos_tools::environments::{self, singularity, BackendKind, BackendSettings
 
 #[test]
 fn singularity_backend_end_to_end() {
-    let _lock = super::backend_lock();
+    if super::common::in_own_process() {
+        return;
+    }
     if let Err(e) = singularity::find_binary() {
         vibeos_testkit::skip_even_in_ci!("{e}");
     }

@@ -4,44 +4,23 @@
 //! `ps` there), the private work dir is removed, and an unreachable host is a clear error.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use super::common::{request_from, run, runtime, ssh_backend};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
-use vibeos_supervisor::{execute, Config, ExecutionRequest, ExecutionResult, Interrupt, Status};
-use vibeos_testkit::backends::{start_sshd, unavailable, Sshd, SSH_USER};
-use vibeos_tools::environments::{self, settings::KnownHosts, BackendKind, BackendSettings};
-
-fn settings(sshd: &Sshd, port: u16) -> BackendSettings {
-    let d = sshd.dir.path();
-    BackendSettings {
-        backend: BackendKind::Ssh,
-        ssh_host: Some("127.0.0.1".into()),
-        ssh_port: Some(port),
-        ssh_user: Some(SSH_USER.into()),
-        ssh_key: Some(d.join("userkey")),
-        ssh_known_hosts: KnownHosts::File(d.join("known_hosts")),
-        agent_binary: Some(PathBuf::from(env!("CARGO_BIN_EXE_vibeos-exec"))),
-        ..BackendSettings::default()
-    }
-}
+use vibeos_supervisor::{ExecutionRequest, Status};
+use vibeos_testkit::backends::{start_sshd, unavailable, SSH_USER};
+use vibeos_tools::environments::{self, BackendSettings};
 
 fn request(code: &str) -> ExecutionRequest {
-    let mut r = ExecutionRequest::from_config(code, &Config::default());
-    r.task_id = Some("ssh-task".into());
-    r.timeout = Duration::from_secs(60);
-    r.base_env = Some(vec![
-        (OsString::from("LANG"), OsString::from("C.UTF-8")),
-        (
-            OsString::from("MY_SECRET_TOKEN"),
-            OsString::from("hunter2-host-secret"),
-        ),
-    ]);
-    r
-}
-
-fn run(rt: &tokio::runtime::Runtime, req: ExecutionRequest) -> ExecutionResult {
-    rt.block_on(execute(req, vibeos_tools::registry(), Interrupt::new()))
+    request_from(
+        code,
+        "ssh-task",
+        &[
+            ("LANG", "C.UTF-8"),
+            ("MY_SECRET_TOKEN", "hunter2-host-secret"),
+        ],
+    )
 }
 
 fn remote_processes() -> String {
@@ -54,16 +33,16 @@ fn remote_processes() -> String {
 
 #[test]
 fn ssh_backend_end_to_end() {
-    let _backend = super::backend_lock();
+    let _ssh = super::ssh_lock();
+    if super::common::in_own_process() {
+        return;
+    }
     let sshd = match start_sshd() {
         Ok(s) => s,
         Err(e) => return unavailable(&e),
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    environments::activate(settings(&sshd, sshd.port));
+    let rt = runtime();
+    environments::activate(ssh_backend(&sshd, sshd.port));
     let home = sshd.dir.path().join("home");
     let code = r#"
 from vibeos_tools import write_file, read_file, terminal
@@ -152,7 +131,7 @@ print("workdir:", os.path.dirname(os.path.abspath(__file__)), oct(os.stat(os.pat
         .local_addr()
         .unwrap()
         .port();
-    environments::activate(settings(&sshd, closed));
+    environments::activate(ssh_backend(&sshd, closed));
     let started = Instant::now();
     let r = run(&rt, request("print(1)"));
     assert_eq!(r.status, Status::Error);

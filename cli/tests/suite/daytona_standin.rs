@@ -1,35 +1,25 @@
 //! The Daytona stand-in is faithful: the official, unmodified `daytona` SDK (pinned in the test
 //! venv) drives it through create, exec with exit code, output, cwd, env and timeout, file
 //! upload and download (binary-safe, a missing file an error), a session command with input and
-//! streamed logs, and delete — against real containers of a private dockerd.
+//! streamed logs, listing by labels page by page, and delete — against real containers of a
+//! private dockerd.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use vibeos_testkit::backends::{rootfs, unavailable, Dockerd};
-use vibeos_testkit::daytona::{sdk_python, Standin};
+use vibeos_testkit::backends::unavailable;
+use vibeos_testkit::daytona::{sdk_python, DaytonaLab};
 
 const IMAGE: &str = "vibeos-py:test";
 
 #[test]
 fn the_official_sdk_drives_the_standin() {
-    let python = match sdk_python() {
-        Ok(p) => p,
+    let lab = match DaytonaLab::start(IMAGE) {
+        Ok(l) => l,
         Err(why) => return unavailable(&why),
     };
-    let dockerd = match Dockerd::start() {
-        Ok(d) => d,
-        Err(why) => return unavailable(&why),
-    };
-    let tar = match rootfs() {
-        Ok(t) => t,
-        Err(why) => return unavailable(&why),
-    };
-    dockerd.import(&tar, IMAGE).unwrap();
-    let standin = Standin::start(&dockerd, IMAGE).unwrap();
-    let out = std::process::Command::new(python)
+    let out = std::process::Command::new(sdk_python().unwrap())
         .arg(vibeos_testkit::workspace_root().join("tests/standins/daytona_conformance.py"))
         .arg(IMAGE)
-        .env("DAYTONA_API_URL", &standin.api_url)
-        .env("DAYTONA_API_KEY", &standin.api_key)
+        .envs(lab.standin.env())
         .output()
         .unwrap();
     assert!(
@@ -41,6 +31,9 @@ fn the_official_sdk_drives_the_standin() {
         serde_json::from_slice(out.stdout.rsplit(|b| *b == b'\n').nth(1).unwrap()).unwrap();
     assert_eq!(seen["state"], "started");
     assert_eq!(seen["labels"]["conformance"], "1");
+    // The SDK lists by labels and follows the pages.
+    assert_eq!(seen["listed_is_sb"], true, "{seen}");
+    assert_eq!(seen["listed_paged"], seen["listed_expected"], "{seen}");
     // Exit code, and stdout and stderr combined in `result`, as the service documents.
     assert_eq!(seen["exec"][0], 7);
     let combined = seen["exec"][1].as_str().unwrap();
@@ -74,6 +67,8 @@ fn the_official_sdk_drives_the_standin() {
     assert_eq!(seen["get_same"], true);
     assert_eq!(seen["after_delete"], "DaytonaNotFoundError");
     // The sandbox was a real container, and delete removed it.
-    let left = dockerd.docker(&["ps", "-aq", "--filter", "label=daytona-standin=1"]);
-    assert!(String::from_utf8_lossy(&left.stdout).trim().is_empty());
+    assert!(lab
+        .dockerd
+        .containers_with_label("daytona-standin=1")
+        .is_empty());
 }

@@ -31,6 +31,16 @@ fn server_entry(py: &std::path::Path, name: &str, extra: &str) -> String {
     )
 }
 
+/// A config that runs scripts with the real interpreter and has the one MCP server
+/// [`server_entry`] describes.
+fn config_with_server(py: &std::path::Path, name: &str, extra: &str) -> String {
+    format!(
+        "code_execution:\n  python: {}\nmcp_servers:\n{}",
+        vibeos_testkit::python3().display(),
+        server_entry(py, name, extra)
+    )
+}
+
 fn stdout(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
@@ -101,11 +111,7 @@ fn tools_list_shows_each_server_with_its_status() {
 fn tools_schema_starts_lazy_servers_and_includes_their_tools() {
     let py = need!("mcp.server.mcpserver");
     let sb = Sandbox::new();
-    sb.write_config(&format!(
-        "code_execution:\n  python: {}\nmcp_servers:\n{}",
-        vibeos_testkit::python3().display(),
-        server_entry(&py, "lazyone", "")
-    ));
+    sb.write_config(&config_with_server(&py, "lazyone", ""));
     let out = sb.run(&["tools", "schema"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let defs: Value = serde_json::from_slice(&out.stdout).expect("json");
@@ -135,11 +141,7 @@ fn scripts_cannot_call_mcp_tools_unless_configured() {
     let py = need!("mcp.server.mcpserver");
     let script = "from vibeos_tools import echo\nprint(echo(text='from a script'))\n";
     let sb = Sandbox::new();
-    sb.write_config(&format!(
-        "code_execution:\n  python: {}\nmcp_servers:\n{}",
-        vibeos_testkit::python3().display(),
-        server_entry(&py, "closed", "    startup: eager\n")
-    ));
+    sb.write_config(&config_with_server(&py, "closed", "    startup: eager\n"));
     let r = sb.run_json(script, &[]);
     assert_eq!(r["status"], "error", "{r}");
     assert!(
@@ -149,10 +151,10 @@ fn scripts_cannot_call_mcp_tools_unless_configured() {
     );
 
     let sb = Sandbox::new();
-    sb.write_config(&format!(
-        "code_execution:\n  python: {}\nmcp_servers:\n{}",
-        vibeos_testkit::python3().display(),
-        server_entry(&py, "open", "    script_callable: [echo]\n")
+    sb.write_config(&config_with_server(
+        &py,
+        "open",
+        "    script_callable: [echo]\n",
     ));
     let r = sb.run_json(script, &[]);
     assert_eq!(r["status"], "success", "{r}");
@@ -172,15 +174,11 @@ fn server_env_is_scrubbed_and_explicit_entries_pass() {
     let mut sb = Sandbox::new();
     sb.set_env("OPENAI_API_KEY", "sk-inherited-secret");
     sb.set_env("VIBEOS_TEST_INHERITED", "plain");
-    sb.write_config(&format!(
-        "code_execution:\n  python: {}\nmcp_servers:\n{}",
-        vibeos_testkit::python3().display(),
-        server_entry(
+    sb.write_config(&config_with_server(
             &py,
             "envsrv",
             "    script_callable: true\n    env:\n      ANTHROPIC_API_KEY: from-config\n      FIXTURE_FLAG: on\n"
-        )
-    ));
+        ));
     let script = "from vibeos_tools import getenv\nfor n in ['OPENAI_API_KEY', 'ANTHROPIC_API_KEY', 'FIXTURE_FLAG']:\n    print(n, getenv(name=n)['value'])\n";
     let r = sb.run_json(script, &[]);
     assert_eq!(r["status"], "success", "{r}");
@@ -199,17 +197,13 @@ fn servers_are_stopped_when_the_cli_exits() {
     let sb = Sandbox::new();
     let state = sb.root.path().join("state");
     std::fs::create_dir_all(&state).unwrap();
-    sb.write_config(&format!(
-        "code_execution:\n  python: {}\nmcp_servers:\n{}",
-        vibeos_testkit::python3().display(),
-        server_entry(
-            &py,
-            "tracked",
-            &format!(
-                "    startup: eager\n    env:\n      FIXTURE_STATE_DIR: {}\n",
-                state.display()
-            )
-        )
+    sb.write_config(&config_with_server(
+        &py,
+        "tracked",
+        &format!(
+            "    startup: eager\n    env:\n      FIXTURE_STATE_DIR: {}\n",
+            state.display()
+        ),
     ));
     let out = sb.run(&["tools", "list"]);
     assert!(out.status.success(), "{}", stderr(&out));

@@ -10,6 +10,7 @@ mod backend_singularity;
 mod backend_ssh;
 mod backends_cli;
 mod builtin_tools;
+mod common;
 mod config_validation;
 mod core_run;
 mod daytona_standin;
@@ -23,9 +24,14 @@ mod strict_benign;
 mod strict_escapes;
 mod tools_cli;
 
-/// The execution backend is process-wide (`environments::activate`), and this suite is one
-/// process: the tests that switch it hold this lock, so they take turns.
-pub(crate) fn backend_lock() -> std::sync::MutexGuard<'static, ()> {
+/// Every sshd the suite starts points the home of the one test user ([`SSH_USER`]) at its own
+/// dir: the tests that log in over ssh hold this lock, so they take turns. (The process-wide
+/// backend choice no longer needs a lock: the tests that switch it run in processes of their
+/// own, [`common::in_own_process`]; a test that does both takes this lock before it starts its
+/// child, which then runs while the parent holds it.)
+///
+/// [`SSH_USER`]: vibeos_testkit::backends::SSH_USER
+pub(crate) fn ssh_lock() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     // A test that failed while holding it leaves nothing behind that the next one relies on.
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())

@@ -2,15 +2,16 @@
 //! venv) drives it through the sandbox flow V1 — create, exec with exit code, stdout, stderr,
 //! stdin, workdir and env, a server-side exec timeout that kills the command and keeps the
 //! sandbox, file upload and download (`sandbox.filesystem`, including the SDK's typed error for
-//! a missing file), terminate — and every sandbox is a real container of a private dockerd.
+//! a missing file), tags and listing by tags, terminate — and every sandbox is a real container
+//! of a private dockerd.
 //! A wrong token is refused the way Modal refuses it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use serde_json::Value;
 use std::process::Command;
-use vibeos_testkit::backends::{rootfs, unavailable, Dockerd};
-use vibeos_testkit::modal::{sdk_python, ModalStandin};
+use vibeos_testkit::backends::unavailable;
+use vibeos_testkit::modal::ModalLab;
 
 const IMAGE: &str = "vibeos-py:test";
 
@@ -28,22 +29,13 @@ fn drive(python: &std::path::Path, env: &[(&str, String)]) -> std::process::Outp
 
 #[test]
 fn official_sdk_drives_the_stand_in() {
-    let python = match sdk_python() {
-        Ok(p) => p,
+    let lab = match ModalLab::start(IMAGE) {
+        Ok(l) => l,
         Err(e) => return unavailable(&e),
     };
-    let image = match rootfs() {
-        Ok(p) => p,
-        Err(e) => return unavailable(&e),
-    };
-    let daemon = match Dockerd::start() {
-        Ok(d) => d,
-        Err(e) => return unavailable(&e),
-    };
-    daemon.import(&image, IMAGE).expect("docker import");
-    let standin = ModalStandin::start(&python, &daemon).expect("stand-in");
+    let (standin, python, daemon) = (&lab.standin, &lab.python, &lab.dockerd);
 
-    let out = drive(&python, &standin.env());
+    let out = drive(python, &standin.env());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
@@ -72,6 +64,24 @@ fn official_sdk_drives_the_stand_in() {
     assert_eq!(seen["roundtrip_equal"], true, "{seen}");
     assert_eq!(seen["missing"], "SandboxFilesystemNotFoundError", "{seen}");
     assert_eq!(seen["terminated_poll"], true, "{seen}");
+    // Tags set at create come back, and list finds the sandbox by them (and only by them)
+    // while it runs: what `backends gc` relies on.
+    assert_eq!(
+        seen["tags"],
+        serde_json::json!({"conformance": "1"}),
+        "{seen}"
+    );
+    assert_eq!(
+        seen["listed"],
+        serde_json::json!([seen["sandbox_id"]]),
+        "{seen}"
+    );
+    assert_eq!(seen["listed_other_tag"], serde_json::json!([]), "{seen}");
+    assert_eq!(
+        seen["listed_after_terminate"],
+        serde_json::json!([]),
+        "{seen}"
+    );
     println!(
         "modal stand-in: create {}s, SDK exec round trip {} ms",
         seen["create_s"], seen["exec_roundtrip_ms"]
@@ -95,7 +105,7 @@ fn official_sdk_drives_the_stand_in() {
     let mut env = standin.env();
     env.retain(|(k, _)| *k != "MODAL_TOKEN_SECRET");
     env.push(("MODAL_TOKEN_SECRET", "wrong".into()));
-    let out = drive(&python, &env);
+    let out = drive(python, &env);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -62,7 +62,7 @@ fn closed_connections_never_block_the_next_call_in_docker() {
 fn ssh_backend_works_below_a_long_tmpdir() {
     // The ControlMaster's socket lived in $TMPDIR: below a long one, every ssh run failed with
     // "unix_listener: path ... too long for Unix domain socket".
-    let _backend = super::backend_lock();
+    let _ssh = super::ssh_lock();
     let sshd = match start_sshd() {
         Ok(s) => s,
         Err(why) => return unavailable(&why),

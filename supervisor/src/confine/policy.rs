@@ -66,6 +66,9 @@ pub fn load_seccomp(path: Option<&Path>) -> Result<Vec<BpfProgram>, PolicyError>
         }
     };
     let (text, source_name) = policy_text(path, DEFAULT_SECCOMP_X86_64, "seccomp")?;
+    if let Some((_, programs)) = lock_compiled().iter().find(|(t, _)| *t == text) {
+        return Ok(programs.clone());
+    }
     let err = |problem: String| PolicyError {
         source_name: source_name.clone(),
         problem,
@@ -92,7 +95,25 @@ pub fn load_seccomp(path: Option<&Path>) -> Result<Vec<BpfProgram>, PolicyError>
             "a filter compiles to an empty program or more than 4096 BPF instructions".into(),
         ));
     }
+    let mut compiled = lock_compiled();
+    if compiled.len() >= COMPILED_KEPT {
+        compiled.remove(0);
+    }
+    compiled.push((text, programs.clone()));
     Ok(programs)
+}
+
+/// Policy texts compiled so far, with their programs. Compiling the built-in policy (about a
+/// thousand instructions) took a millisecond or more of every strict execution's start; the
+/// text is still read every time, so an edited policy file is compiled (and checked) afresh.
+static COMPILED: std::sync::Mutex<Vec<(String, Vec<BpfProgram>)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Distinct policy texts kept compiled (the built-in one and a few configured files).
+const COMPILED_KEPT: usize = 4;
+
+fn lock_compiled() -> std::sync::MutexGuard<'static, Vec<(String, Vec<BpfProgram>)>> {
+    COMPILED.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// What the staging dir may be used for.

@@ -442,3 +442,78 @@ fn a_strict_script_cannot_reach_the_fork_server() {
     assert_eq!(servers(), vec![server]);
     zygote::set_enabled(false);
 }
+
+/// A fork server that is slow to start (here one that waits for the test, then fails) does not
+/// hold up the executions of other keys, and the calls of its own key wait for it only briefly,
+/// then start cold; once its start fails, the call that started it runs cold as well.
+#[test]
+fn a_slow_or_failed_server_start_blocks_no_other_execution() {
+    let python = require_python!();
+    let _guard = serial();
+    let rt = std::sync::Arc::new(runtime());
+    let dir = tempfile::tempdir().unwrap();
+    let release = dir.path().join("release");
+    let wrapper = dir.path().join("python3");
+    // Only the fork server's start (its program names itself) waits, then fails (after 60 s at
+    // most, so a failed test leaves nothing behind); every other use of this interpreter
+    // (version probe, cold scripts) runs the real one.
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\ncase \"$3\" in *'The fork server of one launch key'*)\n  i=0\n  \
+             while [ ! -e '{}' ] && [ $i -lt 3000 ]; do sleep 0.02; i=$((i+1)); done\n  \
+             exit 1;;\nesac\nexec '{}' \"$@\"\n",
+            release.display(),
+            python.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let slow = Session::new(wrapper);
+    let other = Session::new(python);
+    zygote::set_enabled(true);
+
+    let first = slow.request("print('first call of the slow key')\n");
+    let first_rt = std::sync::Arc::clone(&rt);
+    let stuck = std::thread::spawn(move || run(&first_rt, first));
+    eventually("the slow server's start began", || !servers().is_empty());
+
+    // Another key: served by its own server while the slow one is still starting. Under the
+    // registry lock the start used to hold, this waited for the start's 30 s timeout.
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let other_rt = std::sync::Arc::clone(&rt);
+    let other_request = other.request("print('other key')\n");
+    let before = zygote::forks();
+    std::thread::spawn(move || {
+        let _ = done_tx.send(run(&other_rt, other_request));
+    });
+    let served = done_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("another key's execution waited for a fork server's start");
+    assert_eq!(served.output, "other key\n", "{}", served.to_json());
+    assert_eq!(zygote::forks(), before + 1, "the other key was not forked");
+
+    // The slow key itself: started cold after a short wait instead of waiting for its server.
+    let before = zygote::forks();
+    let cold = run(&rt, slow.request("print('same key, cold')\n"));
+    assert_eq!(cold.output, "same key, cold\n", "{}", cold.to_json());
+    assert_eq!(
+        zygote::forks(),
+        before,
+        "a call was forked by a server still starting"
+    );
+    assert!(
+        !stuck.is_finished(),
+        "the slow start ended before the test released it"
+    );
+
+    // The start fails: its call runs cold, and nothing of the failed server is left.
+    std::fs::write(&release, "").unwrap();
+    let first = stuck.join().unwrap();
+    assert_eq!(status(&first), "success", "{}", first.to_json());
+    assert_eq!(first.output, "first call of the slow key\n");
+    assert_eq!(zygote::forks(), before, "the failed server forked a call");
+    zygote::set_enabled(false);
+    eventually("no server is left", || servers().is_empty());
+}

@@ -22,10 +22,12 @@ use std::time::Duration;
 use stream::{demux, stream_logs, DaytonaProcess, Input};
 
 mod api;
+mod gc;
 mod stream;
 
 pub use api::Credentials;
 use api::{message, Api};
+pub use gc::gc;
 
 /// The public service the official SDK talks to when `DAYTONA_API_URL` is not set.
 pub const DEFAULT_API_URL: &str = "https://app.daytona.io/api";
@@ -47,18 +49,7 @@ fn err(what: impl Into<String>, message: impl Into<String>) -> EnvError {
 /// doctor: whether the service answers with these credentials (lists this product's sandboxes).
 pub fn probe() -> Result<String, EnvError> {
     let api = Api::new(Credentials::from_env()?)?;
-    let (status, v) = api.control(
-        reqwest::Method::GET,
-        "/sandbox?labels=%7B%22vibeos-exec%22%3A%221%22%7D",
-        None,
-    )?;
-    if status != 200 {
-        return Err(err(
-            "listing sandboxes",
-            format!("HTTP {status}: {}", message(&v)),
-        ));
-    }
-    let n = v.as_array().map(Vec::len).unwrap_or(0);
+    let n = gc::list_ours(&api)?.len();
     Ok(format!(
         "{} answers, {n} vibeos-exec sandbox(es)",
         api.creds.api_url
@@ -103,11 +94,7 @@ fn gib(mb: Option<u64>) -> Option<u64> {
 
 impl Inner {
     fn labels(&self) -> Value {
-        json!({
-            "vibeos-exec": "1",
-            "vibeos-exec.task": self.task,
-            "vibeos-exec.persistent": if self.persistent { "1" } else { "0" },
-        })
+        super::owner::cloud_labels(&self.task, self.persistent)
     }
 
     fn create(&self) -> Result<SandboxRef, EnvError> {

@@ -11,6 +11,7 @@
 //! Python reaper so orphans of scripts never pile up as zombies.
 
 use super::agent::{agent_binary, AgentClient, AgentLaunch, AgentSocket};
+use super::owner::{owner_alive, owner_label};
 use super::process::{group_kill, group_wrapper};
 use super::settings::BackendSettings;
 use super::Site;
@@ -84,29 +85,6 @@ fn engine_error(binary: &str, what: &str, out: &CommandOutput) -> EnvError {
             text
         },
     }
-}
-
-/// `/proc/self/stat` start time: with the pid it names this process across pid reuse.
-fn owner_label() -> String {
-    let start = std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .and_then(|s| s.rsplit(')').next().map(str::to_string))
-        .and_then(|rest| rest.split_whitespace().nth(19).map(str::to_string))
-        .unwrap_or_default();
-    format!("{}:{start}", std::process::id())
-}
-
-fn owner_alive(label: &str) -> bool {
-    let Some((pid, start)) = label.split_once(':') else {
-        return false;
-    };
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    stat.rsplit(')')
-        .next()
-        .and_then(|rest| rest.split_whitespace().nth(19))
-        .is_some_and(|s| s == start)
 }
 
 /// Longest path a Unix socket address can hold (sun_path minus its NUL).

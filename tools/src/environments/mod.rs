@@ -17,6 +17,7 @@ pub mod local_env;
 pub mod manager;
 pub mod modal;
 pub mod modal_sidecar;
+pub mod owner;
 pub mod process;
 pub mod relay;
 pub mod route;

@@ -76,14 +76,7 @@ impl ModalEnv {
                 "terminal.modal_image is not set; name a registry image or a Modal image id",
             )
         })?;
-        for var in ["MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET"] {
-            if std::env::var_os(var).is_none_or(|v| v.is_empty()) {
-                return Err(EnvError::Unreachable {
-                    backend: "modal",
-                    message: format!("{var} is not set in the environment of vibeos-exec"),
-                });
-            }
-        }
+        require_tokens()?;
         let sidecar = Sidecar::get(&settings.modal_python)?;
         hello(&sidecar)?;
         let workdir = settings.cwd.clone().unwrap_or_else(|| "/root".into());
@@ -139,6 +132,7 @@ impl Inner {
                 "timeout": SANDBOX_TIMEOUT_SECS,
                 "cpu": self.cpu,
                 "memory": self.memory,
+                "tags": super::owner::cloud_labels(&self.task, false),
             }),
             b"",
             OP_TIMEOUT,
@@ -362,14 +356,7 @@ fn hello(sidecar: &Sidecar) -> Result<(), EnvError> {
 
 /// Checks that the Modal API answers and takes the credentials (doctor).
 pub fn probe(python: &str) -> Result<String, EnvError> {
-    for var in ["MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET"] {
-        if std::env::var_os(var).is_none_or(|v| v.is_empty()) {
-            return Err(EnvError::Unreachable {
-                backend: "modal",
-                message: format!("{var} is not set in the environment of vibeos-exec"),
-            });
-        }
-    }
+    require_tokens()?;
     let sidecar = Sidecar::get(python)?;
     let (reply, _) = sidecar.call(
         "checking the Modal credentials and API",
@@ -382,6 +369,59 @@ pub fn probe(python: &str) -> Result<String, EnvError> {
         super::modal_sidecar::server_url(),
         reply.get("sdk").and_then(|v| v.as_str()).unwrap_or("?")
     ))
+}
+
+/// The credentials the sidecar's SDK reads must be in this process's environment.
+fn require_tokens() -> Result<(), EnvError> {
+    for var in ["MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET"] {
+        if std::env::var_os(var).is_none_or(|v| v.is_empty()) {
+            return Err(EnvError::Unreachable {
+                backend: "modal",
+                message: format!("{var} is not set in the environment of vibeos-exec"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `vibeos-exec backends gc` for Modal: terminates the running sandboxes of this product's app
+/// tagged `vibeos-exec=1` whose owner on this machine is gone (the same rule as daytona's, see
+/// [`super::owner::cloud_verdict`]). Modal would end them only when their lifetime (a day) ran
+/// out. `python` is `terminal.modal_python`.
+pub fn gc(python: &str, all: bool) -> Result<super::docker::GcReport, EnvError> {
+    require_tokens()?;
+    let sidecar = Sidecar::get(python)?;
+    hello(&sidecar)?;
+    let (reply, _) = sidecar.call(
+        "listing sandboxes",
+        json!({"op": "list", "tags": {super::owner::PRODUCT: "1"}}),
+        b"",
+        OP_TIMEOUT,
+    )?;
+    let mut report = super::docker::GcReport::default();
+    let listed = reply.get("sandboxes").and_then(|v| v.as_array());
+    for sb in listed.map(Vec::as_slice).unwrap_or_default() {
+        let Some(id) = sb.get("sandbox_id").and_then(|v| v.as_str()) else {
+            continue;
+        };
+        let tags = sb.get("tags").cloned().unwrap_or_default();
+        match super::owner::cloud_verdict(&tags, all) {
+            super::owner::Verdict::Keep(why) => {
+                tracing::info!(sandbox = %id, "backends gc: modal sandbox kept: {why}");
+                report.kept.push(id.to_string());
+            }
+            super::owner::Verdict::Remove => {
+                sidecar.call(
+                    &format!("terminating sandbox {id}"),
+                    json!({"op": "terminate", "sandbox_id": id}),
+                    b"",
+                    OP_TIMEOUT,
+                )?;
+                report.removed.push(id.to_string());
+            }
+        }
+    }
+    Ok(report)
 }
 
 /// A command running in a sandbox.

@@ -76,6 +76,8 @@ async def op_create(req):
         kwargs["cpu"] = float(req["cpu"])
     if req.get("memory"):
         kwargs["memory"] = int(req["memory"])
+    if req.get("tags"):
+        kwargs["tags"] = {str(k): str(v) for k, v in req["tags"].items()}
     sb = await modal.Sandbox.create.aio(**kwargs)
     sandboxes[sb.object_id] = sb
     return {"sandbox_id": sb.object_id}
@@ -84,6 +86,16 @@ async def op_create(req):
 async def op_alive(req):
     sb = await sandbox(req)
     return {"alive": (await sb.poll.aio()) is None}
+
+
+async def op_list(req):
+    # The running sandboxes of this app that carry every tag of `tags`, with all their tags
+    # (for `backends gc`).
+    found = []
+    app_id = (await app()).app_id
+    async for sb in modal.Sandbox.list.aio(app_id=app_id, tags=req.get("tags") or None):
+        found.append({"sandbox_id": sb.object_id, "tags": await sb.get_tags.aio()})
+    return {"sandboxes": found}
 
 
 async def op_terminate(req):
@@ -169,7 +181,7 @@ async def handle(reader, writer):
                 data = await op_read(req)
                 writer.write(json.dumps({"ok": {"size": len(data)}}).encode() + b"\n" + data)
             else:
-                fn = {"hello": op_hello, "create": op_create, "alive": op_alive, "terminate": op_terminate}.get(op)
+                fn = {"hello": op_hello, "create": op_create, "alive": op_alive, "list": op_list, "terminate": op_terminate}.get(op)
                 if op == "write":
                     result = await op_write(req, reader)
                 elif fn is None:

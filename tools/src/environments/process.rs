@@ -268,7 +268,10 @@ impl Drop for ClientProcess {
 /// The command runs in the background of the wrapper shell so that `$!` is its pid — and, as
 /// `setsid` does not need to fork there, its session and group id — while the wrapper stays
 /// outside that group to clean up and pass on the exit status. Its stdin is handed over
-/// explicitly (a background job's stdin would otherwise be /dev/null).
+/// explicitly (a background job's stdin would otherwise be /dev/null). `wait` speaks with its
+/// stderr closed: dash reports a job that a signal ended ("Killed") on the shell's stderr, which
+/// is the command's stderr, so an interrupt or a sandbox teardown would add a line the command
+/// never wrote; the status still says how it ended.
 pub fn group_wrapper(spec: &ExecSpec, pgid_file: &str, python: &str) -> String {
     let mut words: Vec<String> = Vec::new();
     if !spec.env.is_empty() {
@@ -297,7 +300,7 @@ pub fn group_wrapper(spec: &ExecSpec, pgid_file: &str, python: &str) -> String {
     format!(
         "{cd}exec 3<&0; if command -v setsid >/dev/null 2>&1; then setsid {cmd} <&3 3<&- & \
          else {py} -c 'import os,sys;os.setsid();os.execvp(sys.argv[1],sys.argv[1:])' {cmd} <&3 3<&- & fi; \
-         p=$!; exec 3<&-; echo $p > {f}; wait $p; s=$?; \
+         p=$!; exec 3<&-; echo $p > {f}; wait $p 2>/dev/null; s=$?; \
          rm -f {f} </dev/null >/dev/null 2>&1 & exit $s"
     )
 }
@@ -317,7 +320,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_wrapper_runs_the_command_in_its_own_group_and_kill_reaches_all_of_it() {
+    fn the_wrapper_runs_the_command_in_its_own_group_and_kill_reaches_all_of_it_quietly() {
         let dir = tempfile::tempdir().unwrap();
         let pgid_file = dir.path().join("pg").display().to_string();
         let spec = ExecSpec::new(["sh", "-c", "sleep 30 & echo started; cat; wait"])
@@ -358,6 +361,15 @@ mod tests {
         spawned.process.kill(GroupSignal::Kill).unwrap();
         let code = spawned.process.wait().unwrap();
         assert_eq!(code, 128 + 9, "the wrapper reports the kill");
+        // The wrapper itself adds nothing to the command's stderr (dash's "Killed").
+        let mut stderr = String::new();
+        spawned
+            .stderr
+            .as_mut()
+            .unwrap()
+            .read_to_string(&mut stderr)
+            .unwrap();
+        assert_eq!(stderr, "", "the kill added a line to stderr");
         // No process of the group is left (orphans are reaped by init a moment later), and
         // the pgid file is gone.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
