@@ -51,8 +51,8 @@ enum Command {
         #[command(subcommand)]
         command: ToolsCommand,
     },
-    /// Show what this machine supports (landlock, seccomp, namespaces, cgroups, root) and what
-    /// each mode enforces here.
+    /// Show what this machine supports (landlock, seccomp, namespaces, cgroups, root), what
+    /// each mode enforces here, and each backend: configured or not, reachable or why not.
     Doctor {
         /// Print JSON instead of text.
         #[arg(long)]
@@ -169,16 +169,18 @@ struct LimitArgs {
     #[arg(long, value_name = "project|strict")]
     mode: Option<String>,
     /// Wall-clock limit in seconds (default: code_execution.timeout, else 300).
-    #[arg(long, value_name = "SECONDS")]
+    // Negative values reach the range check, whose message names the flag, instead of being
+    // taken for an unknown option.
+    #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
     timeout: Option<f64>,
     /// Tool-call budget (default: code_execution.max_tool_calls, else 50).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     max_tool_calls: Option<usize>,
     /// Session working directory (default: $TERMINAL_CWD, else the current directory).
     #[arg(long, value_name = "DIR")]
     cwd: Option<PathBuf>,
-    /// Where scripts, terminal and the file tools run: local, docker, ssh, daytona,
-    /// singularity (default: terminal.backend, else local).
+    /// Where scripts, terminal and the file tools run: local, docker (or podman), ssh,
+    /// singularity (or apptainer), modal, daytona (default: terminal.backend, else local).
     #[arg(long, value_name = "NAME")]
     backend: Option<String>,
 }
@@ -334,7 +336,11 @@ fn real_main(cli: Cli) -> Result<u8, UsageError> {
         }
         Command::Backends {
             command: BackendsCommand::Gc { all, json },
-        } => backends::gc(&backend, all, json).map_err(UsageError),
+        } => Ok(backends::gc(&backend, all, json).unwrap_or_else(|e| {
+            // The engine failing is a runtime error (exit 1, as for `run`), not a usage one.
+            eprintln!("vibeos-exec: {e}");
+            1
+        })),
         Command::Tools { command } => {
             let extensions = vibeos_supervisor::extensions::load(&config, vibeos_tools::registry());
             let code = tools(command, &config, &extensions);

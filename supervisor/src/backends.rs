@@ -127,7 +127,7 @@ pub fn report_text(lines: &[BackendStatus]) -> String {
     let mut s = String::from("\nbackends:\n");
     for b in lines {
         s.push_str(&format!(
-            "  {:<7} {}{}, {}\n",
+            "  {:<11} {}{}, {}\n",
             b.name,
             if b.selected { "selected, " } else { "" },
             if b.configured {
@@ -137,7 +137,12 @@ pub fn report_text(lines: &[BackendStatus]) -> String {
             },
             match &b.reachable {
                 Ok(d) => format!("reachable ({d})"),
-                Err(e) => format!("not reachable: {e}"),
+                // One line per backend: a client's message may carry its own line breaks
+                // (ssh ends lines with \r\n).
+                Err(e) => format!(
+                    "not reachable: {}",
+                    e.split_whitespace().collect::<Vec<_>>().join(" ")
+                ),
             }
         ));
     }

@@ -20,8 +20,9 @@ use serde_json::{json, Map, Value};
 use std::collections::{BTreeSet, HashMap};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use subtle::ConstantTimeEq;
 use tokio::net::UnixListener;
 use vibeos_rpc::{
@@ -33,6 +34,13 @@ use vibeos_tools::{CallOrigin, ToolContext, ToolRegistry, SCRIPT_BLOCKED_TOOLS};
 /// two descriptors; without a cap a script could exhaust the supervisor's descriptors and break
 /// every other execution it serves.
 pub const MAX_OPEN_CONNECTIONS: usize = 64;
+
+/// How long a new connection waits for a slot when the execution is at
+/// [`MAX_OPEN_CONNECTIONS`]. A script that just closed connections is not refused while their
+/// threads are still noticing the close (they free their slots within milliseconds); a script
+/// that really holds the cap open is refused after this once, and at once after that until one
+/// of its connections ends.
+const SLOT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Parameters of `terminal` a script may not use: scripts run foreground commands only.
 const TERMINAL_STRIPPED: [&str; 5] = ["background", "pty", "notify", "notify_on_complete", "watch"];
@@ -56,6 +64,11 @@ pub struct ChannelState {
     /// Writers of the open connections by serial number, so [`ChannelState::close_all`] can
     /// end their threads; a connection removes itself when it ends.
     connections: Mutex<HashMap<u64, Writer>>,
+    /// Signalled when a connection ends (its slot is free).
+    slot_freed: Condvar,
+    /// Set when a wait for a slot timed out; cleared when a connection ends. While set, a new
+    /// connection beyond the cap is refused without waiting again.
+    saturated: AtomicBool,
     /// Serial number of the next connection.
     next_connection: AtomicU64,
 }
@@ -81,6 +94,8 @@ impl ChannelState {
                 ..context
             },
             connections: Mutex::new(HashMap::new()),
+            slot_freed: Condvar::new(),
+            saturated: AtomicBool::new(false),
             next_connection: AtomicU64::new(0),
         }
     }
@@ -93,6 +108,32 @@ impl ChannelState {
             if let Some(w) = guard.as_ref() {
                 let _ = w.shutdown(std::net::Shutdown::Both);
             }
+        }
+        self.slot_freed.notify_all();
+    }
+
+    /// Whether the execution holds [`MAX_OPEN_CONNECTIONS`] open connections.
+    fn at_capacity(&self) -> bool {
+        self.connections
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+            >= MAX_OPEN_CONNECTIONS
+    }
+
+    /// Blocks up to [`SLOT_WAIT`] until a slot is free (see there); returns at once when one
+    /// is, or when an earlier wait already found the cap really held.
+    fn wait_for_slot(&self) {
+        let conns = self.connections.lock().unwrap_or_else(|p| p.into_inner());
+        if conns.len() < MAX_OPEN_CONNECTIONS || self.saturated.load(Ordering::SeqCst) {
+            return;
+        }
+        let (_conns, waited) = self
+            .slot_freed
+            .wait_timeout_while(conns, SLOT_WAIT, |c| c.len() >= MAX_OPEN_CONNECTIONS)
+            .unwrap_or_else(|p| p.into_inner());
+        if waited.timed_out() {
+            self.saturated.store(true, Ordering::SeqCst);
         }
     }
 
@@ -189,6 +230,12 @@ pub fn serve_with(
     let pool = tokio::runtime::Handle::current();
     tokio::spawn(async move {
         loop {
+            // At the cap, leave new connections in the kernel's backlog (no descriptor here)
+            // until a slot frees or the wait gives up; then accept, and refuse if still full.
+            if state.at_capacity() {
+                let waiting = Arc::clone(&state);
+                let _ = tokio::task::spawn_blocking(move || waiting.wait_for_slot()).await;
+            }
             match listener.accept().await {
                 Ok((stream, _)) => {
                     let std_stream = stream
@@ -218,6 +265,9 @@ pub fn serve_stream(
     check_peer: bool,
     pool: tokio::runtime::Handle,
 ) {
+    // A routed stream (ssh) arrives here without the accept loop's wait. From the accept loop
+    // this returns at once: that loop already waited, and nothing else adds connections.
+    state.wait_for_slot();
     // Registered before its thread starts: the cap then bounds the descriptors and threads
     // connections hold, however fast a script connects and hangs up.
     let (registration, writer) = match state.register(&stream) {
@@ -255,6 +305,8 @@ impl Drop for Registration {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&self.id);
+        self.state.saturated.store(false, Ordering::SeqCst);
+        self.state.slot_freed.notify_all();
     }
 }
 

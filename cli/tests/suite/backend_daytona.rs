@@ -328,6 +328,11 @@ fn daytona_cli_errors_name_what_is_missing() {
     );
 
     let out = sb.run(&["doctor"]);
-    let text = String::from_utf8_lossy(&out.stdout);
+    // Names are padded to one column: compare with the padding collapsed.
+    let text = String::from_utf8_lossy(&out.stdout)
+        .split(' ')
+        .filter(|w| !w.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
     assert!(text.contains("daytona configured, not reachable"), "{text}");
 }

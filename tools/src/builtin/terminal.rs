@@ -190,7 +190,16 @@ fn terminal(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolE
         "output_bytes": out.output_bytes,
         "redactions": redactions,
         "duration_seconds": (out.duration.as_secs_f64() * 1000.0).round() / 1000.0,
-        "cwd": cwd.display().to_string(),
+        // Where the session now is: a `cd` in this command moves it (the next call starts
+        // there), and the field must not keep naming the base dir. A `workdir` call does not
+        // move the session, so it reports that dir.
+        "cwd": workdir_arg
+            .is_none()
+            .then(|| crate::environments::session::current_dir(ctx))
+            .flatten()
+            .unwrap_or(cwd)
+            .display()
+            .to_string(),
     }))
 }
 

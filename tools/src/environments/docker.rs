@@ -87,7 +87,36 @@ fn engine_error(binary: &str, what: &str, out: &CommandOutput) -> EnvError {
     }
 }
 
-/// `/proc/self/stat` start time: with the pid it names this process across pid reuse.
+/// Longest path a Unix socket address can hold (sun_path minus its NUL).
+const MAX_SOCKET_PATH: usize = 107;
+/// Characters of an execution id naming its socket dir (64 random bits: unique among the
+/// executions of one container, and short enough for sun_path).
+pub(crate) const EXEC_DIR_CHARS: usize = 16;
+
+/// The host dir bind-mounted at [`RPC_MOUNT`]. Its name does not embed the container name
+/// (up to 69 characters with a long task id): the execution sockets below it,
+/// `<dir>/<16 hex>/rpc.sock`, must fit in sun_path. A persistent container's mount source
+/// must survive host restarts, so its name is stable; every other one is unguessable. When
+/// `$TMPDIR` itself is too long for that, `/tmp` is used.
+pub(crate) fn rpc_dir_for(name: &str, persistent: bool) -> PathBuf {
+    let tag = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    let leaf = if persistent {
+        format!("vibeos-rpc-{tag:016x}")
+    } else {
+        format!("vibeos-rpc-{tag:016x}-{}", super::random_hex(8))
+    };
+    let tail = 1 + EXEC_DIR_CHARS + "/rpc.sock".len();
+    let base = std::env::temp_dir();
+    let fits = |b: &std::path::Path| b.join(&leaf).as_os_str().len() + tail <= MAX_SOCKET_PATH;
+    if fits(&base) {
+        base.join(leaf)
+    } else {
+        PathBuf::from("/tmp").join(leaf)
+    }
+}
+
 fn container_name(task: &str, persistent: bool) -> String {
     let clean: String = task
         .chars()
@@ -142,13 +171,7 @@ impl DockerEnv {
                 "/root".into()
             }
         });
-        // A persistent container's mount source must survive host restarts, so its name is
-        // stable; every other one gets an unguessable name.
-        let rpc_dir = if persistent {
-            std::env::temp_dir().join(format!("{name}.rpc"))
-        } else {
-            std::env::temp_dir().join(format!("{name}.rpc-{}", super::random_hex(8)))
-        };
+        let rpc_dir = rpc_dir_for(&name, persistent);
         let env = DockerEnv {
             agent: Self::agent_client(&binary, &name, settings.shell_session, &rpc_dir),
             binary: binary.clone(),
@@ -417,14 +440,16 @@ impl Environment for DockerEnv {
     }
 
     fn open_channel(&self, exec_id: &str, _token: &str) -> Result<Channel, EnvError> {
-        let dir = self.rpc_dir.join(exec_id);
+        // Shortened so the socket path fits in sun_path (see `rpc_dir_for`).
+        let short = exec_id.get(..EXEC_DIR_CHARS).unwrap_or(exec_id);
+        let dir = self.rpc_dir.join(short);
         std::fs::create_dir(&dir).map_err(|e| self.io("create the execution's socket dir", &e))?;
         let guard = RemoveDir(dir.clone());
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
             .map_err(|e| self.io("protect the execution's socket dir", &e))?;
         Ok(Channel {
             connections: Connections::Bind(dir.join("rpc.sock")),
-            remote_socket: format!("{RPC_MOUNT}/{exec_id}/rpc.sock"),
+            remote_socket: format!("{RPC_MOUNT}/{short}/rpc.sock"),
             remote_dir: format!("/tmp/vibeos-exec-{exec_id}"),
             hello: false,
             guard: Box::new(guard),
@@ -533,5 +558,37 @@ pub fn probe(binary: &str) -> Result<String, EnvError> {
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     } else {
         Err(engine_error(binary, "version", &out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn execution_sockets_fit_in_sun_path_for_any_task_id() {
+        // The container name embeds up to 40 characters of the task id; the socket path must
+        // not (it used to: a task id over ~10 characters failed with "path must be shorter
+        // than SUN_LEN").
+        let task = "a-rather-long-task-identifier-of-a-host-app-0123456789";
+        for persistent in [false, true] {
+            let name = container_name(task, persistent);
+            let dir = rpc_dir_for(&name, persistent);
+            let socket = dir
+                .join(
+                    "0123456789abcdef0123456789abcdef"
+                        .get(..EXEC_DIR_CHARS)
+                        .unwrap_or_default(),
+                )
+                .join("rpc.sock");
+            assert!(
+                socket.as_os_str().len() <= MAX_SOCKET_PATH,
+                "{}",
+                socket.display()
+            );
+            // Stable for a persistent container (its mount source survives restarts),
+            // unguessable otherwise.
+            assert_eq!(rpc_dir_for(&name, persistent) == dir, persistent);
+        }
     }
 }

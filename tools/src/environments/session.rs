@@ -45,17 +45,21 @@ pub fn clear_all() {
     }
 }
 
+fn session_key(ctx: &ToolContext) -> SessionKey {
+    (
+        ctx.task_id.clone().unwrap_or_default(),
+        ctx.origin == CallOrigin::Script,
+        ctx.cwd.clone(),
+    )
+}
+
 /// The state dir of the call's session, created on first use; `None` when sessions are off
 /// or the dir cannot be made (the command then runs without session state).
 fn state_dir(ctx: &ToolContext) -> Option<PathBuf> {
     if !enabled() {
         return None;
     }
-    let key = (
-        ctx.task_id.clone().unwrap_or_default(),
-        ctx.origin == CallOrigin::Script,
-        ctx.cwd.clone(),
-    );
+    let key = session_key(ctx);
     let mut g = STATES.lock().ok()?;
     if let Some(d) = g.get(&key) {
         return Some(d.path().to_path_buf());
@@ -69,6 +73,19 @@ fn state_dir(ctx: &ToolContext) -> Option<PathBuf> {
     let path = dir.path().to_path_buf();
     g.insert(key, dir);
     Some(path)
+}
+
+/// The directory the call's session is in now (where its last command left it), if sessions
+/// are on and a command of the session has run.
+pub fn current_dir(ctx: &ToolContext) -> Option<PathBuf> {
+    if !enabled() {
+        return None;
+    }
+    let key = session_key(ctx);
+    let file = STATES.lock().ok()?.get(&key)?.path().join("cwd");
+    let text = std::fs::read_to_string(file).ok()?;
+    let dir = PathBuf::from(text.strip_suffix('\n').unwrap_or(&text));
+    dir.is_absolute().then_some(dir)
 }
 
 /// `command` wrapped to restore and save the session state; unchanged when sessions are off.

@@ -222,7 +222,8 @@ impl SingularityEnv {
         } else {
             format!("vibeos_{safe}_{}", super::random_hex(4))
         };
-        let rpc_dir = std::env::temp_dir().join(format!("{name}.{}.rpc", super::random_hex(8)));
+        // Named like docker's, so the execution sockets below it fit in sun_path.
+        let rpc_dir = super::docker::rpc_dir_for(&name, false);
         std::fs::create_dir_all(&rpc_dir).map_err(|e| io("create the RPC dir", &rpc_dir, &e))?;
         std::fs::set_permissions(&rpc_dir, std::fs::Permissions::from_mode(0o700))
             .map_err(|e| io("protect the RPC dir", &rpc_dir, &e))?;
@@ -366,13 +367,16 @@ impl Environment for SingularityEnv {
     }
 
     fn open_channel(&self, exec_id: &str, _token: &str) -> Result<Channel, EnvError> {
-        let dir = self.rpc_dir.join(exec_id);
+        let short = exec_id
+            .get(..super::docker::EXEC_DIR_CHARS)
+            .unwrap_or(exec_id);
+        let dir = self.rpc_dir.join(short);
         std::fs::create_dir(&dir).map_err(|e| io("create the execution's socket dir", &dir, &e))?;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
             .map_err(|e| io("protect the execution's socket dir", &dir, &e))?;
         Ok(Channel {
             connections: Connections::Bind(dir.join("rpc.sock")),
-            remote_socket: format!("{RPC_MOUNT}/{exec_id}/rpc.sock"),
+            remote_socket: format!("{RPC_MOUNT}/{short}/rpc.sock"),
             remote_dir: format!("/tmp/vibeos-exec-{exec_id}"),
             hello: false,
             guard: Box::new(RemoveDir(dir)),

@@ -112,9 +112,16 @@ impl SshEnv {
             backend: "ssh",
             message: "terminal.ssh_host is not set".into(),
         })?;
+        // The master's socket (`cm.` plus 16 characters while it starts) and the forwarded
+        // sockets live in this dir: below a long $TMPDIR they would not fit in sun_path
+        // ("unix_listener: path too long"), so such a TMPDIR is passed over for /tmp.
+        let mut base = std::env::temp_dir();
+        if base.as_os_str().len() + "/vibeos-ssh-XXXXXX/cm.XXXXXXXXXXXXXXXX".len() > 107 {
+            base = "/tmp".into();
+        }
         let control_dir = tempfile::Builder::new()
             .prefix("vibeos-ssh-")
-            .tempdir()
+            .tempdir_in(base)
             .map_err(|e| EnvError::Unreachable {
                 backend: "ssh",
                 message: format!("cannot create the control socket dir: {e}"),
