@@ -17,6 +17,10 @@ import time as _time
 
 # One encoder for every call: json.dumps with non-default options builds a new encoder per call.
 _ENCODE = _json.JSONEncoder(ensure_ascii=False).encode
+# And one decoder: json.loads(bytes) first sniffs the encoding and checks its arguments on every
+# call; the supervisor always sends UTF-8, so a reply is decoded as text and parsed directly
+# (2.4 against 3.4 us of CPU for a small read_file reply on CPython 3.11).
+_DECODE = _json.JSONDecoder().decode
 
 
 class ToolChannelError(RuntimeError):
@@ -166,7 +170,8 @@ class _Channel(object):
             msg = None
             if line:
                 try:
-                    msg = _json.loads(line)
+                    # UnicodeDecodeError is a ValueError: a reply that is not UTF-8 is malformed.
+                    msg = _DECODE(line.decode("utf-8"))
                 except ValueError:
                     reason = "the supervisor sent a malformed reply"
                     line = None

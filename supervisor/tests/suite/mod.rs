@@ -4,4 +4,5 @@
 mod common;
 mod execute_code_tool;
 mod pool;
+mod stub_channel;
 mod zygote;
