@@ -18,7 +18,7 @@ pub fn activate(mut settings: BackendSettings, cwd: Option<&Path>) {
     environments::session::set_enabled(settings.shell_session);
     settings.host_cwd = match cwd {
         Some(c) => Some(c.to_path_buf()),
-        None => crate::execute::session_cwd(None).ok(),
+        None => crate::request::session_cwd(None).ok(),
     };
     let kind = settings.backend;
     environments::activate(settings);

@@ -5,209 +5,24 @@
 //! staging dir and socket are removed on every path, because they live in a `TempDir` owned by
 //! this function.
 
-use crate::capture::{spawn_drain, HeadTail};
-use crate::config::{Config, Mode};
-use crate::confine::{ConfineError, StrictOptions};
+use crate::capture::spawn_drain;
+use crate::config::Mode;
+use crate::error::StartError;
 use crate::interpreter::Interpreter;
-use crate::result::{ExecutionResult, Status};
+use crate::launch::{launch, LaunchSpec, Launched, Program, RpcEnd, Staging};
+use crate::outcome::{ended_result, finish, Ended, Ending};
+use crate::request::{ExecutionRequest, Interrupt};
+use crate::result::ExecutionResult;
 use crate::rpc_server::{serve, serve_stream, ChannelState};
 use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::os::fd::OwnedFd;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio_util::sync::CancellationToken;
 use vibeos_rpc::{generate_stub, StubTool};
 use vibeos_tools::{CallOrigin, ToolContext, ToolRegistry};
-
-// The launch moved to its own module; these names stay reachable here for the pool.
-pub(crate) use crate::launch::{
-    launch, with_channel, LaunchKey, LaunchSpec, Launched, Program, RpcEnd, Staging,
-};
-
-/// Grace period between SIGTERM and SIGKILL.
-pub const KILL_GRACE: Duration = Duration::from_secs(5);
-
-/// Everything one execution needs. Build it with [`ExecutionRequest::from_config`] and adjust
-/// per call.
-#[derive(Debug, Clone)]
-pub struct ExecutionRequest {
-    /// The script's source.
-    pub code: String,
-    /// Where and with what it runs.
-    pub mode: Mode,
-    /// Wall-clock limit.
-    pub timeout: Duration,
-    /// Tool-call budget.
-    pub max_tool_calls: usize,
-    /// Session working dir (`--cwd`); `None` means `TERMINAL_CWD`, else the process cwd.
-    pub cwd: Option<PathBuf>,
-    /// Default interpreter (`code_execution.python`, or the embedding host's executable).
-    pub python: Option<PathBuf>,
-    /// Names kept even if they look secret (config plus skills), except provider credentials.
-    pub env_passthrough: Vec<String>,
-    /// Stdout cap in bytes.
-    pub stdout_limit: usize,
-    /// Stderr cap in bytes.
-    pub stderr_limit: usize,
-    /// Agent task id, handed to tools.
-    pub task_id: Option<String>,
-    /// Grace between SIGTERM and SIGKILL.
-    pub kill_grace: Duration,
-    /// Environment to scrub; `None` means this process's environment.
-    pub base_env: Option<Vec<(OsString, OsString)>>,
-    /// Script tools the session's toolset selection left enabled; `None` means every available
-    /// one. Only narrows: names that are not script tools or not available are ignored.
-    pub script_tools: Option<BTreeSet<String>>,
-    /// Strict-mode settings (`code_execution.strict`).
-    pub strict: StrictOptions,
-}
-
-impl ExecutionRequest {
-    /// A request with the limits and settings of `config`.
-    pub fn from_config(code: impl Into<String>, config: &Config) -> Self {
-        ExecutionRequest {
-            code: code.into(),
-            mode: config.mode,
-            timeout: config.timeout,
-            max_tool_calls: config.max_tool_calls,
-            cwd: None,
-            python: config.python.clone(),
-            env_passthrough: config.env_passthrough.clone(),
-            stdout_limit: config.stdout_limit,
-            stderr_limit: config.stderr_limit,
-            task_id: None,
-            kill_grace: KILL_GRACE,
-            base_env: None,
-            script_tools: None,
-            strict: StrictOptions::from_config(config),
-        }
-    }
-}
-
-/// Stops a running execution from anywhere (another task, thread or a signal handler).
-#[derive(Debug, Clone, Default)]
-pub struct Interrupt(CancellationToken);
-
-impl Interrupt {
-    /// A fresh handle.
-    pub fn new() -> Self {
-        Self::default()
-    }
-    /// Stops the execution: status `interrupted`.
-    pub fn interrupt(&self) {
-        self.0.cancel();
-    }
-    /// Whether [`Interrupt::interrupt`] was called.
-    pub fn is_interrupted(&self) -> bool {
-        self.0.is_cancelled()
-    }
-
-    /// Resolves once [`Interrupt::interrupt`] is called.
-    pub(crate) async fn cancelled(&self) {
-        self.0.cancelled().await
-    }
-}
-
-/// Why an execution could not start. Its message becomes the result's `error`.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    /// Nothing to run.
-    #[error("the script is empty; pass Python code that prints its result")]
-    EmptyCode,
-    /// Strict confinement is not available.
-    #[error("{0}")]
-    StrictUnavailable(String),
-    /// Strict confinement could not be prepared (missing kernel feature, bad policy, ...).
-    #[error(transparent)]
-    Confine(#[from] ConfineError),
-    /// The session working dir is unusable.
-    #[error("working directory {path} is not usable: {reason}")]
-    BadCwd {
-        /// The directory.
-        path: PathBuf,
-        /// Why.
-        reason: String,
-    },
-    /// No interpreter.
-    #[error(transparent)]
-    Interpreter(#[from] crate::interpreter::InterpreterError),
-    /// The environment policy is broken.
-    #[error(transparent)]
-    Policy(#[from] crate::env_policy::PolicyError),
-    /// The staging dir could not be prepared.
-    #[error("cannot prepare the staging directory: {0}; check that TMPDIR is writable")]
-    Staging(std::io::Error),
-    /// The socket path would be too long.
-    #[error("the RPC socket path {0} is longer than Unix sockets allow; set TMPDIR to a shorter directory")]
-    SocketPathTooLong(PathBuf),
-    /// The RPC listener could not be opened.
-    #[error("cannot open the RPC socket: {0}")]
-    Listener(std::io::Error),
-    /// The interpreter could not be started.
-    #[error("cannot start {interpreter}: {source}")]
-    Spawn {
-        /// The interpreter.
-        interpreter: PathBuf,
-        /// What failed.
-        source: std::io::Error,
-    },
-}
-
-/// The session working dir: explicit, else `TERMINAL_CWD` (`~` expanded; an unusable one is
-/// logged and skipped), else the process cwd. An explicit dir that is unusable is an error.
-pub fn session_cwd(explicit: Option<&Path>) -> Result<PathBuf, StartError> {
-    if let Some(p) = explicit {
-        return usable_dir(p);
-    }
-    if let Some(dir) = crate::terminal_cwd::from_env() {
-        match usable_dir(&dir) {
-            Ok(d) => return Ok(d),
-            Err(e) => tracing::warn!("TERMINAL_CWD ignored, using the process cwd instead: {e}"),
-        }
-    }
-    let cwd = std::env::current_dir().map_err(|e| StartError::BadCwd {
-        path: PathBuf::from("."),
-        reason: e.to_string(),
-    })?;
-    usable_dir(&cwd)
-}
-
-fn usable_dir(dir: &Path) -> Result<PathBuf, StartError> {
-    let bad = |reason: &str| StartError::BadCwd {
-        path: dir.to_path_buf(),
-        reason: reason.into(),
-    };
-    let meta = std::fs::metadata(dir).map_err(|e| bad(&e.to_string()))?;
-    if !meta.is_dir() {
-        return Err(bad("not a directory"));
-    }
-    std::fs::canonicalize(dir).map_err(|e| bad(&e.to_string()))
-}
-
-/// Formats seconds the way the timeout notice prints them (`300`, `0.5`, `0.0001`): the
-/// shortest decimal that reads back as the same value, so a sub-millisecond timeout is never
-/// reported as `0s`.
-pub fn format_seconds(d: Duration) -> String {
-    if d.subsec_nanos() == 0 {
-        d.as_secs().to_string()
-    } else {
-        d.as_secs_f64().to_string()
-    }
-}
-
-/// The notice a timed-out execution ends with.
-pub fn timeout_notice(timeout: Duration) -> String {
-    format!(
-        "Script timed out after {}s and was killed.",
-        format_seconds(timeout)
-    )
-}
-
-/// The notice an interrupted execution ends with.
-pub const INTERRUPT_NOTICE: &str = "[execution interrupted — user sent a new message]";
 
 /// Runs one script to completion and returns its result. Never panics on script input; always
 /// removes its staging dir and leaves no process behind.
@@ -483,7 +298,7 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
     let ending = tokio::select! {
         s = &mut waiter => { status = s.ok().flatten(); Ending::Exited }
         _ = tokio::time::sleep(request.timeout) => Ending::Timeout,
-        _ = s.interrupt.0.cancelled() => Ending::Interrupted,
+        _ = s.interrupt.cancelled() => Ending::Interrupted,
     };
     if !matches!(ending, Ending::Exited) {
         // The reaper relays SIGTERM to every process of the execution and SIGKILLs what is
@@ -534,106 +349,6 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
     )
 }
 
-/// How an execution ended, as the supervision saw it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Ending {
-    /// The script (or its remote client) exited.
-    Exited,
-    /// The timeout fired.
-    Timeout,
-    /// [`Interrupt::interrupt`] was called.
-    Interrupted,
-}
-
-/// How an execution ended and what it left: the supervision's findings, local or remote.
-pub(crate) struct Ended<'a> {
-    pub(crate) ending: Ending,
-    pub(crate) exit_code: Option<i32>,
-    pub(crate) stdout: &'a HeadTail,
-    pub(crate) stderr: &'a HeadTail,
-    pub(crate) tool_calls_made: usize,
-}
-
-/// The result object of an ended execution. Shared by local and remote supervision, so every
-/// launch returns the same object (a remote one then sets `backend`).
-pub(crate) fn ended_result(
-    ended: Ended<'_>,
-    request: &ExecutionRequest,
-    started: Instant,
-    interpreter: String,
-) -> ExecutionResult {
-    let (status, error, output) = compose_output(
-        ended.ending,
-        ended.exit_code,
-        ended.stdout,
-        ended.stderr,
-        request.timeout,
-    );
-    ExecutionResult {
-        status,
-        output,
-        tool_calls_made: ended.tool_calls_made,
-        duration_seconds: started.elapsed().as_secs_f64(),
-        error,
-        exit_code: ended.exit_code,
-        truncated: ended.stdout.truncated() || ended.stderr.truncated(),
-        stdout_bytes: ended.stdout.total(),
-        stdout_bytes_omitted: ended.stdout.omitted(),
-        stderr_bytes: ended.stderr.total(),
-        stderr_bytes_omitted: ended.stderr.omitted(),
-        mode: request.mode.as_str(),
-        redactions: 0,
-        interpreter: Some(interpreter),
-        backend: None,
-    }
-}
-
-/// Status, error line and output of an ended execution: the captured stdout, stderr when it
-/// failed, and the closing notice.
-fn compose_output(
-    ending: Ending,
-    exit_code: Option<i32>,
-    stdout_cap: &HeadTail,
-    stderr_cap: &HeadTail,
-    timeout: Duration,
-) -> (Status, Option<String>, String) {
-    let (status, error) = match ending {
-        Ending::Timeout => (Status::Timeout, Some(timeout_notice(timeout))),
-        Ending::Interrupted => (
-            Status::Interrupted,
-            Some("execution interrupted — user sent a new message".to_string()),
-        ),
-        Ending::Exited => match exit_code {
-            Some(0) => (Status::Success, None),
-            Some(code) => (Status::Error, Some(exit_error(code, stderr_cap))),
-            None => (
-                Status::Error,
-                Some("the script's exit status was lost".into()),
-            ),
-        },
-    };
-    let mut output = stdout_cap.render("output");
-    if status != Status::Success && stderr_cap.total() > 0 {
-        if !output.is_empty() && !output.ends_with('\n') {
-            output.push('\n');
-        }
-        output.push_str("--- stderr ---\n");
-        output.push_str(&stderr_cap.render("stderr"));
-    }
-    let notice = match status {
-        Status::Timeout => Some(timeout_notice(timeout)),
-        Status::Interrupted => Some(INTERRUPT_NOTICE.to_string()),
-        _ => None,
-    };
-    if let Some(notice) = notice {
-        if !output.is_empty() && !output.ends_with('\n') {
-            output.push('\n');
-        }
-        output.push_str(&notice);
-    }
-    (status, error, output)
-}
-
 /// Sends `sig` to the reaper: through its pidfd when there is one (never a recycled pid), else
 /// by pid, which the caller only does while the reaper is unreaped.
 fn signal(pidfd: Option<&OwnedFd>, pid: u32, sig: rustix::process::Signal) {
@@ -647,58 +362,5 @@ fn signal(pidfd: Option<&OwnedFd>, pid: u32, sig: rustix::process::Signal) {
         .and_then(rustix::process::Pid::from_raw)
     {
         let _ = rustix::process::kill_process(pid, sig);
-    }
-}
-
-/// The capture of an output reader, waiting at most `bound` for it to drain (an empty capture
-/// if it does not).
-pub(crate) async fn finish(
-    task: tokio::task::JoinHandle<HeadTail>,
-    bound: Duration,
-    limit: usize,
-) -> HeadTail {
-    let abort = task.abort_handle();
-    match tokio::time::timeout(bound, task).await {
-        Ok(Ok(cap)) => cap,
-        _ => {
-            abort.abort();
-            HeadTail::new(limit)
-        }
-    }
-}
-
-/// The error line of a failed script: its exit code and the last line of stderr (the
-/// exception, for a Python traceback).
-pub(crate) fn exit_error(code: i32, stderr: &HeadTail) -> String {
-    let text = stderr.render("stderr");
-    let last = text
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .map(str::trim);
-    let what = if code < 0 {
-        format!("the script was killed by signal {}", -code)
-    } else {
-        format!("the script exited with code {code}")
-    };
-    match last {
-        Some(line) => format!("{what}: {line}"),
-        None => what,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn formats_timeouts_like_the_spec() {
-        assert_eq!(
-            timeout_notice(Duration::from_secs(300)),
-            "Script timed out after 300s and was killed."
-        );
-        assert_eq!(format_seconds(Duration::from_millis(1500)), "1.5");
-        assert_eq!(format_seconds(Duration::from_secs_f64(0.0001)), "0.0001");
-        assert_eq!(format_seconds(Duration::from_secs(300)), "300");
     }
 }

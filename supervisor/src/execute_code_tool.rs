@@ -7,8 +7,9 @@
 //! worker thread, never by blocking a runtime worker on itself.
 
 use crate::config::Config;
-use crate::execute::{execute, session_cwd, ExecutionRequest, Interrupt};
+use crate::execute::execute;
 use crate::overrides::Overrides;
+use crate::request::{session_cwd, ExecutionRequest, Interrupt};
 use serde_json::{json, Map, Value};
 use std::path::Path;
 use vibeos_tools::{

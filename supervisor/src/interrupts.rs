@@ -3,7 +3,7 @@
 //! through `handle_function_call` (an agent loop that registered it), which has no handle of
 //! its own to give back.
 
-use crate::execute::Interrupt;
+use crate::request::Interrupt;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};

@@ -8,9 +8,10 @@
 use crate::config::Mode;
 use crate::confine::StrictOptions;
 use crate::env_policy::{EnvPolicy, Rule};
-use crate::execute::{session_cwd, ExecutionRequest, StartError};
+use crate::error::StartError;
 use crate::interpreter::{Interpreter, Resolution};
 use crate::reaper::{become_reaper, lifeline, Lifeline};
+use crate::request::{session_cwd, ExecutionRequest};
 use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -20,6 +21,12 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// The bootstrap a pooled interpreter ([`Program::Warm`], [`crate::pool`]) runs with `-c`.
+const POOL_BOOTSTRAP: &str = concat!(
+    include_str!("script_runner.py"),
+    include_str!("pool_boot.py")
+);
 
 /// Longest path a Unix socket address can hold (sun_path minus its NUL).
 const MAX_SOCKET_PATH: usize = 107;
@@ -256,7 +263,7 @@ pub(crate) enum Proc {
     /// A child of the supervisor.
     Spawned(std::process::Child),
     /// A child of a fork server.
-    Forked(crate::zygote::Forked),
+    Forked(crate::forked::Forked),
 }
 
 impl Proc {
@@ -301,6 +308,11 @@ impl Proc {
     }
 }
 
+/// What a launch's owner does when the execution that took it is over, by being dropped then
+/// (the warm pool wakes its refill thread). A box, so that a launch need not name the pool
+/// that launches through it.
+pub(crate) type OnDone = Box<dyn std::fmt::Debug + Send + Sync>;
+
 /// A started interpreter under its reaper, with everything the supervision needs.
 #[derive(Debug)]
 pub(crate) struct Launched {
@@ -321,7 +333,7 @@ pub(crate) struct Launched {
     /// uid/gid the staging dir belongs to (strict mode as root).
     pub(crate) owner: Option<(u32, u32)>,
     /// Held until the execution is over (a pooled interpreter's refill waits for it).
-    pub(crate) on_done: Option<crate::pool::RefillWhenDone>,
+    pub(crate) on_done: Option<OnDone>,
 }
 
 impl Launched {
@@ -390,7 +402,7 @@ pub(crate) fn launch(
         Program::Warm { control, ready } => {
             command
                 .arg("-c")
-                .arg(crate::pool::BOOTSTRAP)
+                .arg(POOL_BOOTSTRAP)
                 .arg(&staging.script)
                 .arg(control.as_raw_fd().to_string())
                 .arg(ready.as_raw_fd().to_string());

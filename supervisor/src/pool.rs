@@ -52,8 +52,11 @@
 //! which costs more than the rest of a small warm call. What a script could tell apart from a
 //! cold start, and the alternatives considered, are in docs/warm-pool.md.
 
-use crate::execute::{launch, with_channel, ExecutionRequest, LaunchKey, LaunchSpec, Launched};
-use crate::execute::{Program, Staging, StartError};
+use crate::error::StartError;
+use crate::launch::{
+    launch, with_channel, LaunchKey, LaunchSpec, Launched, OnDone, Program, Staging,
+};
+use crate::request::ExecutionRequest;
 use std::collections::{BTreeMap, VecDeque};
 use std::ffi::OsString;
 use std::io::Read;
@@ -62,12 +65,6 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-
-/// The bootstrap a pooled interpreter runs with `-c`.
-pub(crate) const BOOTSTRAP: &str = concat!(
-    include_str!("script_runner.py"),
-    include_str!("pool_boot.py")
-);
 
 mod active;
 
@@ -398,8 +395,10 @@ impl Pool {
                     self.shared.work.notify_all();
                 }
                 let mut launched = entry.launched.take()?;
-                launched.on_done = (!refill_now).then(|| RefillWhenDone {
-                    shared: Arc::downgrade(&self.shared),
+                launched.on_done = (!refill_now).then(|| -> OnDone {
+                    Box::new(RefillWhenDone {
+                        shared: Arc::downgrade(&self.shared),
+                    })
                 });
                 Some(launched)
             }
@@ -474,7 +473,7 @@ impl Drop for Pool {
 
 /// Wakes the refill thread when dropped, at the end of the execution that took an interpreter.
 #[derive(Debug)]
-pub(crate) struct RefillWhenDone {
+struct RefillWhenDone {
     shared: std::sync::Weak<Shared>,
 }
 

@@ -32,41 +32,5 @@ for _k in _msg.get("unset", ()):
 for _k, _v in _msg.get("set", {}).items():
     os.environ[_k] = _v
 
-
-def _finish(status, sigint):
-    """The interpreter's exit, in its order, minus the teardown of every module.
-
-    Waiting for non-daemon threads, atexit callbacks, releasing the script's globals (so files
-    it left open are flushed and closed, and its objects' __del__ run) and flushing stdio are
-    what a script can observe of a normal exit; freeing every module and the interpreter itself
-    would only cost time, and the process is discarded anyway.
-    """
-    try:
-        threading._shutdown()
-    except BaseException:
-        pass
-    atexit._run_exitfuncs()
-    main = sys.modules.get("__main__")
-    if main is not None:
-        try:
-            main.__dict__.clear()
-        except Exception:
-            pass
-    del main
-    gc.collect()
-    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-        try:
-            stream.flush()
-        except Exception:
-            pass
-    if sigint:
-        # A cold interpreter ends an uncaught Ctrl-C by dying of SIGINT after its cleanup.
-        import signal
-
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-    os._exit(status)
-
-
 del _buf, _chunk, _msg, _control, _ready
 _finish(*_run(_script))

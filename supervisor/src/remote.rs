@@ -14,9 +14,9 @@
 
 use crate::capture::HeadTail;
 use crate::env_policy::EnvPolicy;
-use crate::execute::{
-    ended_result, finish, Ended, Ending, ExecutionRequest, Interrupt, StartError,
-};
+use crate::error::StartError;
+use crate::outcome::{ended_result, finish, Ended, Ending};
+use crate::request::{ExecutionRequest, Interrupt};
 use crate::result::ExecutionResult;
 use crate::rpc_server::{serve_stream, serve_with, ChannelState};
 use std::collections::BTreeSet;

@@ -9,7 +9,7 @@
 //! easily evaded (string building, encoding, a second file). docs/strict-mode.md lists the
 //! limits; strict mode is the boundary.
 
-use crate::execute::ExecutionRequest;
+use crate::request::ExecutionRequest;
 use vibeos_tools::approval::{check_script, Decision};
 
 /// Why the script must not run, when the guard (or the person or host it asked) refuses.

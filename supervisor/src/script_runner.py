@@ -1,7 +1,8 @@
-# Running a script as `__main__` the way `python script.py` does, shared by the pool's
-# bootstrap (pool_boot.py) and the fork server (zygote_boot.py): the supervisor puts this file
-# in front of either one. Names used here (sys, types, importlib.machinery, _fresh_names) are
-# the including bootstrap's globals, looked up when a script runs.
+# Running a script as `__main__` the way `python script.py` does, and ending the process the
+# way its interpreter would, shared by the pool's bootstrap (pool_boot.py) and the fork server
+# (zygote_boot.py): the supervisor puts this file in front of either one. Names used here (sys,
+# os, types, importlib.machinery, threading, atexit, gc, _fresh_names) are the including
+# bootstrap's globals, looked up when a script runs.
 
 
 def _exit_status(code):
@@ -54,3 +55,38 @@ def _run(path):
     return 0, False
 
 
+def _finish(status, sigint):
+    """The interpreter's exit, in its order, minus the teardown of every module.
+
+    Waiting for non-daemon threads, atexit callbacks, releasing the script's globals (so files
+    it left open are flushed and closed, and its objects' __del__ run) and flushing stdio are
+    what a script can observe of a normal exit; freeing every module and the interpreter itself
+    would only cost time, and the process is discarded anyway.
+    """
+    try:
+        threading._shutdown()
+    except BaseException:
+        pass
+    atexit._run_exitfuncs()
+    main = sys.modules.get("__main__")
+    if main is not None:
+        try:
+            main.__dict__.clear()
+        except Exception:
+            pass
+    del main
+    gc.collect()
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    if sigint:
+        # A cold interpreter ends an uncaught Ctrl-C by dying of SIGINT after its cleanup.
+        # Imported here: the pool's bootstrap loads only what the stub imports (the fork server
+        # has it loaded already, so this costs it a lookup).
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(status)

@@ -27,7 +27,9 @@
 //! docs/warm-pool.md for what a script can still observe of its siblings.
 
 use crate::config::Mode;
-use crate::execute::StartError;
+use crate::error::StartError;
+use crate::forked::poll_in;
+pub use crate::forked::Forked;
 use crate::launch::{open_channel, with_channel, Channel, LaunchKey, LaunchSpec, Launched};
 use crate::launch::{Proc, Staging};
 use crate::reaper::lifeline;
@@ -36,9 +38,9 @@ use nix::sys::socket::{
     SockFlag, SockType,
 };
 use std::ffi::OsString;
-use std::io::{IoSlice, IoSliceMut, Read};
+use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::CommandExt;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -81,52 +83,6 @@ pub enum ZygoteError {
     /// another way).
     #[error("not served by the fork server: {0}")]
     Unsuitable(String),
-}
-
-/// A process forked by a fork server: the execution's reaper.
-#[derive(Debug)]
-pub struct Forked {
-    /// The reaper's pid.
-    pub(crate) pid: u32,
-    pub(crate) stdout: Option<std::process::ChildStdout>,
-    pub(crate) stderr: Option<std::process::ChildStderr>,
-    /// Read end of the pipe the reaper writes the script's wait status on.
-    status: Option<std::fs::File>,
-    done: Option<std::process::ExitStatus>,
-}
-
-impl Forked {
-    /// Blocks until the reaper reports the script's status. A reaper that died without
-    /// reporting (SIGKILLed) counts as the script killed by SIGKILL.
-    pub(crate) fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
-        if let Some(done) = self.done {
-            return Ok(done);
-        }
-        let mut text = String::new();
-        if let Some(mut f) = self.status.take() {
-            f.read_to_string(&mut text)?;
-        }
-        let raw = text.trim().parse::<i32>().unwrap_or(libc::SIGKILL);
-        let status = std::process::ExitStatus::from_raw(raw);
-        self.done = Some(status);
-        Ok(status)
-    }
-
-    /// The status if the reaper already reported it.
-    pub(crate) fn try_wait(&mut self) -> std::io::Result<Option<std::process::ExitStatus>> {
-        if self.done.is_some() {
-            return Ok(self.done);
-        }
-        let ready = self
-            .status
-            .as_ref()
-            .is_none_or(|f| poll_in(f.as_raw_fd(), Duration::ZERO));
-        if ready {
-            self.wait().map(Some)
-        } else {
-            Ok(None)
-        }
-    }
 }
 
 /// One running fork server.
@@ -390,29 +346,6 @@ fn start_server(spec: &LaunchSpec) -> Result<Server, ZygoteError> {
         ));
     }
     Ok(server)
-}
-
-fn poll_in(fd: RawFd, timeout: Duration) -> bool {
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let deadline = Instant::now() + timeout;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
-        if n > 0 {
-            return pfd.revents & libc::POLLIN != 0;
-        }
-        if n == 0 {
-            return false;
-        }
-        if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-            return false;
-        }
-    }
 }
 
 fn pipe() -> Result<(OwnedFd, OwnedFd), ZygoteError> {

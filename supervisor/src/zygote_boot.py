@@ -305,32 +305,6 @@ def _reaper(req, fds):
             kill_at = time.monotonic() + grace
 
 
-def _finish(status, sigint):
-    """The interpreter's exit minus the teardown of every module (see pool_boot.py)."""
-    try:
-        threading._shutdown()
-    except BaseException:
-        pass
-    atexit._run_exitfuncs()
-    main = sys.modules.get("__main__")
-    if main is not None:
-        try:
-            main.__dict__.clear()
-        except Exception:
-            pass
-    del main
-    gc.collect()
-    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-        try:
-            stream.flush()
-        except Exception:
-            pass
-    if sigint:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-    os._exit(status)
-
-
 def _serve():
     signal.signal(signal.SIGCHLD, _reap_all)
     # Ctrl-C of a terminal host or a hangup must not end the server between requests: the

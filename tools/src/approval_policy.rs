@@ -14,7 +14,9 @@
 //!                                          # prints approve | deny | escalate
 //! ```
 
-use crate::approval::{normalize_command, ApprovalCallback, ApprovalChoice, ApprovalRequest};
+use crate::approval_request::{
+    low_risk_cleanup, normalize_command, ApprovalCallback, ApprovalChoice, ApprovalRequest,
+};
 use crate::policy_file::{self, PolicyFileError};
 use regex::Regex;
 use serde::Deserialize;
@@ -328,7 +330,7 @@ pub fn smart_verdict(req: &ApprovalRequest, s: &ApprovalSettings) -> SmartVerdic
             }
         };
     }
-    if crate::approval::low_risk_cleanup(req) {
+    if low_risk_cleanup(req) {
         SmartVerdict::Approve
     } else {
         SmartVerdict::Escalate

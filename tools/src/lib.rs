@@ -11,6 +11,7 @@
 
 pub mod approval;
 pub mod approval_policy;
+mod approval_request;
 mod async_bridge;
 mod availability;
 pub mod builtin;

@@ -29,6 +29,7 @@ use policy::{LandlockPolicy, PolicyError, StagingAccess};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 use vibeos_tools::config_file::StrictSection;
 
 /// First uid of the range strict-mode scripts run as when the supervisor is root. It lies above
@@ -46,6 +47,24 @@ pub const DEFAULT_FILE_SIZE_MB: u64 = 1024;
 /// Default `code_execution.strict.disk_mb` (disk space of one execution's staging dir and
 /// TMPDIR).
 pub const DEFAULT_DISK_MB: u64 = 512;
+
+/// Pid of the process whose warm pool is on (0: none). A pinned uid is refused while one is,
+/// since the pool would run several executions under that uid at once. The pool reports every
+/// switch ([`note_pool_owner`]) rather than confinement asking it, so that confinement stays
+/// below the launchers (pool, fork server) that use it.
+static POOL_OWNER: AtomicU32 = AtomicU32::new(0);
+
+/// Records which process's warm pool is on (`None`: no pool). Called by the pool whenever its
+/// process-wide slot changes, under the slot's lock.
+pub(crate) fn note_pool_owner(pid: Option<u32>) {
+    POOL_OWNER.store(pid.unwrap_or(0), Ordering::SeqCst);
+}
+
+/// Whether this process keeps a warm pool (one enabled in a parent before a fork does not
+/// count, as for the pool itself).
+fn pool_active() -> bool {
+    POOL_OWNER.load(Ordering::SeqCst) == std::process::id()
+}
 
 /// Settings of strict mode, from `code_execution.strict` in config.yaml.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -320,7 +339,7 @@ pub fn prepare(plan: Plan<'_>) -> Result<(ChildConfinement, Summary), ConfineErr
                 "code_execution.strict.uid is 0; the script must not run as root".into(),
             ));
         }
-        if opts.uid.is_some() && crate::pool::active().is_some() {
+        if opts.uid.is_some() && pool_active() {
             return Err(ConfineError::Config(
                 "code_execution.strict.uid pins one uid, but this host keeps a warm pool of \
                  interpreters (code_execution.pool_size), which would run several executions \

@@ -4,7 +4,8 @@
 
 use super::{take_all, Pool, PoolStats};
 use crate::config::MAX_POOL_SIZE;
-use crate::execute::{ExecutionRequest, LaunchSpec};
+use crate::launch::LaunchSpec;
+use crate::request::ExecutionRequest;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -16,6 +17,11 @@ static AT_EXIT: std::sync::Once = std::sync::Once::new();
 
 fn active_slot() -> MutexGuard<'static, Option<Arc<Pool>>> {
     ACTIVE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Tells confinement whose pool `slot` now holds (it refuses a pinned uid while a pool is on).
+fn publish(slot: &Option<Arc<Pool>>) {
+    crate::confine::note_pool_owner(slot.as_ref().map(|p| p.owner_pid));
 }
 
 /// Turns the process-wide pool on with `size` interpreters (`code_execution.pool_size`), or off
@@ -35,13 +41,15 @@ pub fn enable(size: usize) {
         {
             return;
         }
-        match Pool::new(size) {
+        let old = match Pool::new(size) {
             Ok(pool) => slot.replace(Arc::new(pool)),
             Err(e) => {
                 tracing::warn!("execute_code: {e}");
                 slot.take()
             }
-        }
+        };
+        publish(&slot);
+        old
     };
     if let Some(old) = old {
         old.shutdown();
@@ -60,7 +68,12 @@ pub fn enable(size: usize) {
 /// Shuts the process-wide pool down: idle interpreters are killed and their staging dirs
 /// removed. Later calls start cold until [`enable`] is called again.
 pub fn disable() {
-    let old = active_slot().take();
+    let old = {
+        let mut slot = active_slot();
+        let old = slot.take();
+        publish(&slot);
+        old
+    };
     if let Some(old) = old {
         old.shutdown();
     }
@@ -98,7 +111,11 @@ extern "C" fn clean_up_at_exit() {
     EXITING.store(true, Ordering::SeqCst);
     // Never block at exit: a lock held by a thread that exit() froze would hang the process.
     let pool = match ACTIVE.try_lock() {
-        Ok(mut slot) => slot.take(),
+        Ok(mut slot) => {
+            let pool = slot.take();
+            publish(&slot);
+            pool
+        }
         Err(_) => return,
     };
     let Some(pool) = pool else { return };

@@ -11,6 +11,7 @@
 
 use super::agent::{agent_binary, AgentClient, AgentLaunch};
 use super::process::group_wrapper;
+use super::Site;
 use super::{
     random_hex, shell_quote, BackendSettings, Channel, CommandOutput, EnvError, Environment,
     ExecSpec, GroupSignal, Spawned,
@@ -92,7 +93,7 @@ struct Inner {
 /// One Daytona sandbox (see the module doc).
 pub struct DaytonaEnv {
     inner: Arc<Inner>,
-    workdir: String,
+    site: Site,
     agent: AgentClient,
 }
 
@@ -530,8 +531,11 @@ impl DaytonaEnv {
             })
         });
         Ok(DaytonaEnv {
+            site: Site {
+                workdir,
+                python: inner.python.clone(),
+            },
             inner,
-            workdir,
             agent,
         })
     }
@@ -629,12 +633,8 @@ impl Environment for DaytonaEnv {
         true
     }
 
-    fn workdir(&self) -> String {
-        self.workdir.clone()
-    }
-
-    fn python(&self) -> String {
-        self.inner.python.clone()
+    fn site(&self) -> &Site {
+        &self.site
     }
 
     fn spawn(&self, spec: &ExecSpec) -> Result<Spawned, EnvError> {

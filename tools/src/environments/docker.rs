@@ -13,6 +13,7 @@
 use super::agent::{agent_binary, AgentClient, AgentLaunch, AgentSocket};
 use super::process::{group_kill, group_wrapper};
 use super::settings::BackendSettings;
+use super::Site;
 use super::{
     run_client, Channel, ClientProcess, CommandOutput, Connections, EnvError, Environment,
     ExecSpec, Spawned,
@@ -39,8 +40,7 @@ const INIT: &str = include_str!("container_init.py");
 pub struct DockerEnv {
     binary: String,
     name: String,
-    workdir: String,
-    python: String,
+    site: Site,
     persistent: bool,
     isolated: bool,
     rpc_dir: PathBuf,
@@ -174,8 +174,10 @@ impl DockerEnv {
             agent: Self::agent_client(&binary, &name, settings.shell_session, &rpc_dir),
             binary: binary.clone(),
             name: name.clone(),
-            workdir: workdir.clone(),
-            python: settings.python.clone(),
+            site: Site {
+                workdir: workdir.clone(),
+                python: settings.python.clone(),
+            },
             persistent,
             isolated: settings.docker_volumes.is_empty() && mount_cwd.is_none(),
             rpc_dir: rpc_dir.clone(),
@@ -380,12 +382,8 @@ impl Environment for DockerEnv {
         self.isolated
     }
 
-    fn workdir(&self) -> String {
-        self.workdir.clone()
-    }
-
-    fn python(&self) -> String {
-        self.python.clone()
+    fn site(&self) -> &Site {
+        &self.site
     }
 
     fn spawn(&self, spec: &ExecSpec) -> Result<Spawned, EnvError> {
@@ -394,7 +392,7 @@ impl Environment for DockerEnv {
         let pgid_file = format!("{RPC_MOUNT}/pg-{}", super::random_hex(8));
         let mut cmd = Command::new(&self.binary);
         cmd.args(["exec", "-i", &self.name, "sh", "-c"])
-            .arg(group_wrapper(spec, &pgid_file, &self.python));
+            .arg(group_wrapper(spec, &pgid_file, &self.site.python));
         let (binary, name) = (self.binary.clone(), self.name.clone());
         ClientProcess::spawn(
             "docker",

@@ -6,15 +6,14 @@
 //! written against the trait also runs locally.
 
 use super::settings::BackendSettings;
-use super::{Channel, ClientProcess, Connections, EnvError, Environment, ExecSpec, Spawned};
+use super::{Channel, ClientProcess, Connections, EnvError, Environment, ExecSpec, Site, Spawned};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
 /// This machine.
 pub struct LocalEnv {
-    workdir: String,
-    python: String,
+    site: Site,
 }
 
 impl LocalEnv {
@@ -26,8 +25,10 @@ impl LocalEnv {
                 .unwrap_or_else(|_| "/".into())
         });
         LocalEnv {
-            workdir,
-            python: settings.python.clone(),
+            site: Site {
+                workdir,
+                python: settings.python.clone(),
+            },
         }
     }
 }
@@ -41,12 +42,8 @@ impl Environment for LocalEnv {
         false
     }
 
-    fn workdir(&self) -> String {
-        self.workdir.clone()
-    }
-
-    fn python(&self) -> String {
-        self.python.clone()
+    fn site(&self) -> &Site {
+        &self.site
     }
 
     fn spawn(&self, spec: &ExecSpec) -> Result<Spawned, EnvError> {
@@ -54,7 +51,7 @@ impl Environment for LocalEnv {
         let mut cmd = Command::new(&spec.argv[0]);
         cmd.args(spec.argv.iter().skip(1))
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
-            .current_dir(spec.cwd.as_deref().unwrap_or(&self.workdir))
+            .current_dir(spec.cwd.as_deref().unwrap_or(&self.site.workdir))
             .process_group(0);
         ClientProcess::spawn("local", cmd, None)
     }

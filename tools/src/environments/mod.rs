@@ -23,12 +23,14 @@ pub mod route;
 pub mod session;
 pub mod settings;
 pub mod singularity;
+mod site;
 pub mod ssh;
 
 pub use crate::capture::HeadTail;
 pub use manager::{activate, active, remote_for, shutdown, Environments};
 pub use process::{ClientProcess, ExecSpec, GroupSignal, Process, Spawned};
 pub use settings::{BackendKind, BackendSettings, SettingsError};
+pub use site::Site;
 
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
@@ -128,11 +130,18 @@ pub trait Environment: Send + Sync {
     /// Dangerous-command approval may be skipped there (`approvals.skip_in_isolated_backends`).
     fn isolated(&self) -> bool;
 
+    /// The working dir and the interpreter on that side.
+    fn site(&self) -> &Site;
+
     /// The working dir commands and tools start in on that side.
-    fn workdir(&self) -> String;
+    fn workdir(&self) -> String {
+        self.site().workdir.clone()
+    }
 
     /// The interpreter on that side (`terminal.python`).
-    fn python(&self) -> String;
+    fn python(&self) -> String {
+        self.site().python.clone()
+    }
 
     /// Starts `spec` there in a new process group, with its three streams piped.
     fn spawn(&self, spec: &ExecSpec) -> Result<Spawned, EnvError>;

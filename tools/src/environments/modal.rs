@@ -13,6 +13,7 @@
 use super::agent::{agent_binary, AgentClient, AgentLaunch};
 use super::modal_sidecar::{Sidecar, SidecarExec, HELLO_TIMEOUT, OP_TIMEOUT};
 use super::process::{group_kill, group_wrapper};
+use super::Site;
 use super::{
     BackendSettings, Channel, EnvError, Environment, ExecSpec, GroupSignal, Process, Spawned,
 };
@@ -45,8 +46,7 @@ struct Inner {
     image: String,
     sidecar: Arc<Sidecar>,
     sandbox: Mutex<Sandbox>,
-    workdir: String,
-    python: String,
+    site: Site,
     cpu: Option<f64>,
     memory: Option<u64>,
 }
@@ -101,8 +101,10 @@ impl ModalEnv {
                 agent_uploaded: false,
                 recreated: false,
             }),
-            workdir,
-            python: settings.python.clone(),
+            site: Site {
+                workdir,
+                python: settings.python.clone(),
+            },
             cpu: settings.container_cpu,
             memory: settings.container_memory,
         });
@@ -133,7 +135,7 @@ impl Inner {
             json!({
                 "op": "create",
                 "image": self.image,
-                "workdir": self.workdir,
+                "workdir": self.site.workdir,
                 "timeout": SANDBOX_TIMEOUT_SECS,
                 "cpu": self.cpu,
                 "memory": self.memory,
@@ -258,7 +260,7 @@ fn agent_client(
                 argv.push("--no-shell-session".into());
             }
             Ok(AgentLaunch {
-                process: spawn_in(&inner.sidecar, id, &ExecSpec::new(argv), &inner.python)?,
+                process: spawn_in(&inner.sidecar, id, &ExecSpec::new(argv), &inner.site.python)?,
                 socket: None,
             })
         })
@@ -422,17 +424,13 @@ impl Environment for ModalEnv {
         true
     }
 
-    fn workdir(&self) -> String {
-        self.inner.workdir.clone()
-    }
-
-    fn python(&self) -> String {
-        self.inner.python.clone()
+    fn site(&self) -> &Site {
+        &self.inner.site
     }
 
     fn spawn(&self, spec: &ExecSpec) -> Result<Spawned, EnvError> {
         self.inner
-            .with_sandbox(|id| spawn_in(&self.inner.sidecar, id, spec, &self.inner.python))
+            .with_sandbox(|id| spawn_in(&self.inner.sidecar, id, spec, &self.inner.site.python))
     }
 
     fn upload(&self, data: &[u8], path: &str, mode: u32) -> Result<(), EnvError> {

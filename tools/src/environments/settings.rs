@@ -170,9 +170,6 @@ pub enum SettingsError {
         "unknown backend `{0}` (terminal.backend / --backend); use one of: local, docker, ssh, daytona, singularity, modal"
     )]
     UnknownBackend(String),
-    /// A backend of the product this one replaces that this build cannot run.
-    #[error("backend `{0}` is not available in this build (terminal.backend / --backend); use one of: local, docker, ssh, daytona, singularity, modal")]
-    Unavailable(String),
     /// The chosen backend needs a key that is not set.
     #[error("backend `{backend}` needs `{key}` in config.yaml; {hint}")]
     Missing {

@@ -14,6 +14,7 @@ use super::agent::{agent_binary, AgentClient, AgentLaunch, AgentSocket};
 use super::docker::{AGENT_PATH, RPC_MOUNT};
 use super::process::{group_kill, group_wrapper};
 use super::settings::BackendSettings;
+use super::Site;
 use super::{
     run_client, Channel, ClientProcess, CommandOutput, Connections, EnvError, Environment,
     ExecSpec, Spawned,
@@ -176,8 +177,7 @@ fn cache_dir() -> PathBuf {
 pub struct SingularityEnv {
     binary: PathBuf,
     name: String,
-    workdir: String,
-    python: String,
+    site: Site,
     persistent: bool,
     rpc_dir: PathBuf,
     agent: AgentClient,
@@ -303,8 +303,10 @@ impl SingularityEnv {
         Ok(SingularityEnv {
             binary,
             name,
-            workdir,
-            python: settings.python.clone(),
+            site: Site {
+                workdir,
+                python: settings.python.clone(),
+            },
             persistent: settings.container_persistent,
             rpc_dir,
             agent,
@@ -331,12 +333,8 @@ impl Environment for SingularityEnv {
         false
     }
 
-    fn workdir(&self) -> String {
-        self.workdir.clone()
-    }
-
-    fn python(&self) -> String {
-        self.python.clone()
+    fn site(&self) -> &Site {
+        &self.site
     }
 
     fn spawn(&self, spec: &ExecSpec) -> Result<Spawned, EnvError> {
@@ -346,7 +344,7 @@ impl Environment for SingularityEnv {
         cmd.args(exec_args(
             &self.name,
             None,
-            &group_wrapper(spec, &pgid_file, &self.python),
+            &group_wrapper(spec, &pgid_file, &self.site.python),
         ));
         let (binary, name) = (self.binary.clone(), self.name.clone());
         ClientProcess::spawn(

@@ -14,6 +14,7 @@ use super::agent::{agent_binary, AgentClient, AgentLaunch, AgentSocket};
 use super::process::{group_kill, group_wrapper};
 use super::route::Router;
 use super::settings::{BackendSettings, KnownHosts};
+use super::Site;
 use super::{
     run_client, shell_quote, Channel, ClientProcess, Connections, EnvError, Environment, ExecSpec,
     Spawned,
@@ -92,8 +93,7 @@ pub struct SshEnv {
     /// A private 0700 dir on the host for this environment's forwarded sockets.
     remote_env_dir: String,
     _control_dir: tempfile::TempDir,
-    workdir: String,
-    python: String,
+    site: Site,
     agent: AgentClient,
 }
 
@@ -206,8 +206,10 @@ impl SshEnv {
             router: std::sync::Mutex::new(None),
             remote_env_dir: remote_env_dir.clone(),
             _control_dir: control_dir,
-            workdir: String::new(),
-            python: settings.python.clone(),
+            site: Site {
+                workdir: String::new(),
+                python: settings.python.clone(),
+            },
             agent,
         };
         // One round trip: the private socket dir, and the home dir as default working dir.
@@ -221,7 +223,7 @@ impl SshEnv {
         if !out.success() {
             return Err(ssh_error("preparing the remote socket dir", &out));
         }
-        env.workdir = match &settings.cwd {
+        env.site.workdir = match &settings.cwd {
             Some(c) => c.clone(),
             None => String::from_utf8_lossy(&out.stdout).trim().to_string(),
         };
@@ -303,18 +305,14 @@ impl Environment for SshEnv {
         false
     }
 
-    fn workdir(&self) -> String {
-        self.workdir.clone()
-    }
-
-    fn python(&self) -> String {
-        self.python.clone()
+    fn site(&self) -> &Site {
+        &self.site
     }
 
     fn spawn(&self, spec: &ExecSpec) -> Result<Spawned, EnvError> {
         spec.check("ssh")?;
         let pgid_file = format!("{}/pg-{}", self.remote_env_dir, super::random_hex(8));
-        let wrapper = group_wrapper(spec, &pgid_file, &self.python);
+        let wrapper = group_wrapper(spec, &pgid_file, &self.site.python);
         let cmd = self
             .target
             .remote(&format!("sh -c {}", shell_quote(&wrapper)));

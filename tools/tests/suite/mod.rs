@@ -7,6 +7,7 @@ mod planner;
 mod provider_blocklist;
 mod redaction;
 mod registry;
+mod structure;
 mod terminal_agent;
 
 /// Approval callbacks, session approvals, the config path and the environment are

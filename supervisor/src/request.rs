@@ -1,0 +1,130 @@
+//! What one execution is asked to do: the script, its mode and limits ([`ExecutionRequest`]),
+//! the handle that interrupts it ([`Interrupt`]) and the session working dir it runs in.
+//!
+//! Kept below every module that starts or supervises an execution (launch, pool, fork server,
+//! remote, the whole-script guard, execute) so that they all read the request from here instead
+//! of from [`crate::execute`], which uses them.
+
+use crate::config::{Config, Mode};
+use crate::confine::StrictOptions;
+use crate::error::StartError;
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Grace period between SIGTERM and SIGKILL.
+pub const KILL_GRACE: Duration = Duration::from_secs(5);
+
+/// Everything one execution needs. Build it with [`ExecutionRequest::from_config`] and adjust
+/// per call.
+#[derive(Debug, Clone)]
+pub struct ExecutionRequest {
+    /// The script's source.
+    pub code: String,
+    /// Where and with what it runs.
+    pub mode: Mode,
+    /// Wall-clock limit.
+    pub timeout: Duration,
+    /// Tool-call budget.
+    pub max_tool_calls: usize,
+    /// Session working dir (`--cwd`); `None` means `TERMINAL_CWD`, else the process cwd.
+    pub cwd: Option<PathBuf>,
+    /// Default interpreter (`code_execution.python`, or the embedding host's executable).
+    pub python: Option<PathBuf>,
+    /// Names kept even if they look secret (config plus skills), except provider credentials.
+    pub env_passthrough: Vec<String>,
+    /// Stdout cap in bytes.
+    pub stdout_limit: usize,
+    /// Stderr cap in bytes.
+    pub stderr_limit: usize,
+    /// Agent task id, handed to tools.
+    pub task_id: Option<String>,
+    /// Grace between SIGTERM and SIGKILL.
+    pub kill_grace: Duration,
+    /// Environment to scrub; `None` means this process's environment.
+    pub base_env: Option<Vec<(OsString, OsString)>>,
+    /// Script tools the session's toolset selection left enabled; `None` means every available
+    /// one. Only narrows: names that are not script tools or not available are ignored.
+    pub script_tools: Option<BTreeSet<String>>,
+    /// Strict-mode settings (`code_execution.strict`).
+    pub strict: StrictOptions,
+}
+
+impl ExecutionRequest {
+    /// A request with the limits and settings of `config`.
+    pub fn from_config(code: impl Into<String>, config: &Config) -> Self {
+        ExecutionRequest {
+            code: code.into(),
+            mode: config.mode,
+            timeout: config.timeout,
+            max_tool_calls: config.max_tool_calls,
+            cwd: None,
+            python: config.python.clone(),
+            env_passthrough: config.env_passthrough.clone(),
+            stdout_limit: config.stdout_limit,
+            stderr_limit: config.stderr_limit,
+            task_id: None,
+            kill_grace: KILL_GRACE,
+            base_env: None,
+            script_tools: None,
+            strict: StrictOptions::from_config(config),
+        }
+    }
+}
+
+/// Stops a running execution from anywhere (another task, thread or a signal handler).
+#[derive(Debug, Clone, Default)]
+pub struct Interrupt(CancellationToken);
+
+impl Interrupt {
+    /// A fresh handle.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Stops the execution: status `interrupted`.
+    pub fn interrupt(&self) {
+        self.0.cancel();
+    }
+    /// Whether [`Interrupt::interrupt`] was called.
+    pub fn is_interrupted(&self) -> bool {
+        self.0.is_cancelled()
+    }
+
+    /// Resolves once [`Interrupt::interrupt`] is called.
+    pub(crate) async fn cancelled(&self) {
+        self.0.cancelled().await
+    }
+}
+
+/// The session working dir: explicit, else `TERMINAL_CWD` (`~` expanded; an unusable one is
+/// logged and skipped), else the process cwd. An explicit dir that is unusable is an error.
+pub fn session_cwd(explicit: Option<&Path>) -> Result<PathBuf, StartError> {
+    if let Some(p) = explicit {
+        return usable_dir(p);
+    }
+    if let Some(dir) = crate::terminal_cwd::from_env() {
+        match usable_dir(&dir) {
+            Ok(d) => return Ok(d),
+            Err(e) => tracing::warn!("TERMINAL_CWD ignored, using the process cwd instead: {e}"),
+        }
+    }
+    let cwd = std::env::current_dir().map_err(|e| StartError::BadCwd {
+        path: PathBuf::from("."),
+        reason: e.to_string(),
+    })?;
+    usable_dir(&cwd)
+}
+
+fn usable_dir(dir: &Path) -> Result<PathBuf, StartError> {
+    let bad = |reason: &str| StartError::BadCwd {
+        path: dir.to_path_buf(),
+        reason: reason.into(),
+    };
+    let meta = std::fs::metadata(dir).map_err(|e| bad(&e.to_string()))?;
+    if !meta.is_dir() {
+        return Err(bad("not a directory"));
+    }
+    std::fs::canonicalize(dir).map_err(|e| bad(&e.to_string()))
+}
