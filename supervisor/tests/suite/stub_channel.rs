@@ -69,13 +69,15 @@ fn run_against(replies: &[&[u8]], script: &str) -> (String, Vec<serde_json::Valu
     )
 }
 
-const SCRIPT: &str = "from vibeos_tools import ping, ToolChannelError\n\
-print(ping(1))\n\
-for n in (2, 3):\n\
-    try:\n\
-        print('result', ping(n))\n\
-    except ToolChannelError as e:\n\
-        print('error', e)\n";
+const SCRIPT: &str = r#"
+from vibeos_tools import ping, ToolChannelError
+print(ping(1))
+for n in (2, 3):
+    try:
+        print('result', ping(n))
+    except ToolChannelError as e:
+        print('error', e)
+"#;
 
 #[test]
 fn a_reply_that_is_not_utf8_is_reported_as_malformed() {
@@ -89,7 +91,7 @@ fn a_reply_that_is_not_utf8_is_reported_as_malformed() {
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines[0], "{'ok': True}", "{out}");
     assert_eq!(
-        lines[1], "error the supervisor sent a malformed reply",
+        lines[1], "error the call to ping was refused: the supervisor sent a malformed reply",
         "{out}"
     );
     // The channel is broken from then on: the third call fails without reaching the server.
@@ -115,7 +117,11 @@ fn a_reply_that_is_not_json_is_reported_as_malformed() {
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines[0], "[1, 2]", "{out}");
     assert_eq!(
-        lines[1], "error the supervisor sent a malformed reply",
+        lines[1], "error the call to ping was refused: the supervisor sent a malformed reply",
+        "{out}"
+    );
+    assert_eq!(
+        lines[2], "error the supervisor sent a malformed reply",
         "{out}"
     );
 }
@@ -128,9 +134,15 @@ fn non_ascii_results_arrive_intact() {
             b"{\"id\":@,\"result\":{\"error\":\"no such file\"}}\n",
             b"{\"id\":@,\"error\":{\"code\":\"x\",\"message\":\"limit reached\"}}\n",
         ],
-        "from vibeos_tools import ping, ToolChannelError\n\
-print(ascii(ping(1)))\nprint(ping(2))\n\
-try:\n    ping(3)\nexcept ToolChannelError as e:\n    print('error', e)\n",
+        r#"
+from vibeos_tools import ping, ToolChannelError
+print(ascii(ping(1)))
+print(ping(2))
+try:
+    ping(3)
+except ToolChannelError as e:
+    print('error', e)
+"#,
     );
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines[0], "{'text': 'h\\xe9llo \\u2603'}", "{out}");
