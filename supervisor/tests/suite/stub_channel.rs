@@ -152,3 +152,82 @@ except ToolChannelError as e:
         "{out}"
     );
 }
+
+#[test]
+fn the_stub_imports_json_and_socket_only_when_a_tool_is_called() {
+    let dir = tempfile::tempdir().unwrap();
+    let stub = generate_stub(&[StubTool {
+        name: "ping".into(),
+        description: "Ping.".into(),
+        parameters: serde_json::json!({"type": "object", "properties": {
+            "tags": {"type": "array", "default": ["a"]}}}),
+    }]);
+    std::fs::write(dir.path().join("vibeos_tools.py"), &stub.source).unwrap();
+    // -S: without site, nothing but the stub could import json or socket.
+    let out = Command::new(vibeos_testkit::python3())
+        .args([
+            "-S",
+            "-c",
+            r#"
+import sys
+from vibeos_tools import ping, json_parse, ToolChannelError
+print("after import:", "json" in sys.modules, "socket" in sys.modules)
+try:
+    ping()
+except ToolChannelError as e:
+    print("error", e)
+print("after a call:", "json" in sys.modules, "socket" in sys.modules)
+print(json_parse('```json\n{"a": [1, 2]}\n```'))
+"#,
+        ])
+        .env_clear()
+        .env("PYTHONPATH", dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "after import: False False", "{out}");
+    assert_eq!(
+        lines[1],
+        "error VIBEOS_RPC_SOCKET is not set: vibeos_tools only works inside an execute_code run",
+        "{out}"
+    );
+    // The call filled the array default and encoded its arguments (json) before it found no
+    // channel to dial; socket is imported only to dial one.
+    assert_eq!(lines[2], "after a call: True False", "{out}");
+    assert_eq!(lines[3], "{'a': [1, 2]}", "{out}");
+}
+
+#[test]
+fn calls_from_threads_work_with_the_lazy_imports() {
+    let replies: Vec<&[u8]> = vec![b"{\"id\":@,\"result\":{\"ok\":1}}\n"; 9];
+    let (out, seen) = run_against(
+        &replies,
+        r#"
+import threading
+from vibeos_tools import ping
+results = []
+def worker(n):
+    results.append(ping(n))
+threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(len(results), all(r == {'ok': 1} for r in results))
+"#,
+    );
+    assert_eq!(out.trim(), "8 True", "{out}");
+    assert_eq!(seen.len(), 8);
+    let mut ns: Vec<i64> = seen
+        .iter()
+        .map(|r| r["args"]["n"].as_i64().unwrap())
+        .collect();
+    ns.sort();
+    assert_eq!(ns, (0..8).collect::<Vec<_>>());
+}
