@@ -8,15 +8,45 @@ The module is safe to use from several threads at once (calls are multiplexed by
 connection) and from forked children and subprocesses (each process opens its own connection).
 """
 
-import json as _json
+import _thread
 import os as _os
-import socket as _socket
-import threading as _threading
 import time as _time
 
 
-# One encoder for every call: json.dumps with non-default options builds a new encoder per call.
-_ENCODE = _json.JSONEncoder(ensure_ascii=False).encode
+class _Lazy(object):
+    """A module imported on first use. `json` and `socket` were most of this module's import
+    cost (10.3 ms of CPU over `python -c pass` on CPython 3.11, 4.1 ms without them; measured
+    by benches/src/bin/core.rs), which a script that never calls a tool should not pay; `os`, `time` and `_thread` are loaded by
+    every interpreter anyway. Each name is looked up once and then kept on the proxy."""
+
+    def __init__(self, name):
+        self._name = name
+
+    def __getattr__(self, attr):
+        # Only reached for names not yet kept (and never for _name, set in __init__).
+        module = __import__(self._name)
+        value = getattr(module, attr)
+        setattr(self, attr, value)
+        return value
+
+
+_json = _Lazy("json")
+_socket = _Lazy("socket")
+
+# One encoder and one decoder for every call, made on the first call: json.dumps with
+# non-default options builds a new encoder per call, and json.loads(bytes) sniffs the encoding
+# and checks its arguments every time. The supervisor always sends UTF-8, so a reply is decoded
+# as text and parsed directly (2.4 against 3.4 us of CPU for a small read_file reply).
+_ENCODE = None
+_DECODE = None
+
+
+def _load_codec():
+    global _ENCODE, _DECODE
+    import json
+
+    _DECODE = json.JSONDecoder().decode
+    _ENCODE = json.JSONEncoder(ensure_ascii=False).encode
 
 
 class ToolChannelError(RuntimeError):
@@ -32,7 +62,7 @@ class _Pending(object):
         # by the reader that delivered its reply or that hands it the reader role.
         self.gate = None
         if waits:
-            self.gate = _threading.Lock()
+            self.gate = _thread.allocate_lock()
             self.gate.acquire()
 
     def wake(self):
@@ -53,8 +83,8 @@ class _Channel(object):
         self._init_state()
 
     def _init_state(self):
-        self._lock = _threading.Lock()
-        self._send_lock = _threading.Lock()
+        self._lock = _thread.allocate_lock()
+        self._send_lock = _thread.allocate_lock()
         self._sock = None
         # Bytes received, and where the first reply not yet read starts in them.
         self._rbuf = b""
@@ -166,7 +196,8 @@ class _Channel(object):
             msg = None
             if line:
                 try:
-                    msg = _json.loads(line)
+                    # UnicodeDecodeError is a ValueError: a reply that is not UTF-8 is malformed.
+                    msg = _DECODE(line.decode("utf-8"))
                 except ValueError:
                     reason = "the supervisor sent a malformed reply"
                     line = None
@@ -203,6 +234,8 @@ class _Channel(object):
         # Serialise before registering the call so an unserialisable argument is a plain
         # TypeError (or ValueError for unencodable text) that leaves the channel untouched. Only
         # the arguments are encoded per call: the frame's fixed parts are spliced in as text.
+        if _ENCODE is None:
+            _load_codec()
         try:
             head = (',"tool":' + _ENCODE(tool) + ',"args":' + _ENCODE(args)).encode("utf-8")
         except UnicodeEncodeError as exc:

@@ -9,7 +9,11 @@
 //!     all in this run;
 //! (c) peak RSS of the supervisor while a script writes 1 GB to stdout (target ≤ 32 MiB).
 //!
-//! Run: `cargo build --release --bins && cargo run --release -p vibeos-benches --bin core`.
+//! (a) also prints CPU time (user + system of every process, less sensitive to the load of a
+//! shared machine than wall time), the 1-minute load, and a breakdown of what a cold `run` adds.
+//!
+//! Run: `cargo build --release --bins && cargo run --release -p vibeos-benches --bin core`;
+//! flags: `--sections abc` (any subset), `--rounds N` (a), `--call-rounds N` (b).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -52,52 +56,113 @@ impl Env {
     }
 }
 
-fn time_it(mut f: impl FnMut()) -> f64 {
-    let t = Instant::now();
-    f();
-    t.elapsed().as_secs_f64()
+/// User + system CPU seconds of this process's waited-for children (and theirs) so far.
+fn children_cpu() -> f64 {
+    // SAFETY: getrusage writes one rusage struct into memory we own.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_CHILDREN is a valid `who`.
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(ru.ru_utime) + secs(ru.ru_stime)
 }
 
-fn bench_startup(env: &Env, rounds: usize) -> (f64, f64, f64) {
+/// The 1-minute load average, printed with every figure: on the shared 2 cores the wall times
+/// depend on it far more than on the code.
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "?".into())
+}
+
+/// Wall and CPU medians of one command run `rounds` times (interleaved by the caller).
+#[derive(Default)]
+struct Samples {
+    wall: Vec<f64>,
+    cpu: Vec<f64>,
+}
+
+impl Samples {
+    fn run(&mut self, mut c: Command) {
+        let cpu = children_cpu();
+        let t = Instant::now();
+        let out = c.stdin(Stdio::null()).output().unwrap();
+        self.wall.push(t.elapsed().as_secs_f64());
+        self.cpu.push(children_cpu() - cpu);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn medians(&self) -> (f64, f64) {
+        (median(self.wall.clone()), median(self.cpu.clone()))
+    }
+}
+
+/// (a): `run` of a no-op against the interpreter alone, plus the pieces of a cold `run` that can
+/// be timed from outside: the supervisor binary's own start (`--version`), the interpreter
+/// running a script file as `run` starts it (`-u script`), and the import of the generated stub.
+struct Startup {
+    run: Samples,
+    bare: Samples,
+    pass: Samples,
+    version: Samples,
+    script: Samples,
+    stub_import: Samples,
+}
+
+fn bench_startup(env: &Env, rounds: usize) -> Startup {
     let noop = env.dir.path().join("noop.py");
     std::fs::write(&noop, "pass\n").unwrap();
-    let mut run = Vec::new();
-    let mut bare = Vec::new();
-    let mut pass = Vec::new();
+    // The stub exactly as `run` generates it, kept by a script that copies its own import.
+    let keep = env.dir.path().join("stubcopy");
+    std::fs::create_dir_all(&keep).unwrap();
+    let copier = env.dir.path().join("copy_stub.py");
+    std::fs::write(
+        &copier,
+        format!(
+            "import shutil, vibeos_tools\nshutil.copy(vibeos_tools.__file__, {:?})\n",
+            keep.join("vibeos_tools.py").display().to_string()
+        ),
+    )
+    .unwrap();
+    assert!(env.run_cmd(&copier).status().unwrap().success());
+    let python = |args: &[&str]| {
+        let mut c = Command::new(&env.python);
+        c.args(args).current_dir(env.dir.path());
+        c
+    };
+    let mut s = Startup {
+        run: Samples::default(),
+        bare: Samples::default(),
+        pass: Samples::default(),
+        version: Samples::default(),
+        script: Samples::default(),
+        stub_import: Samples::default(),
+    };
     for _ in 0..rounds {
-        run.push(time_it(|| {
-            let out = env.run_cmd(&noop).output().unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }));
-        bare.push(time_it(|| {
-            let st = Command::new(&env.python)
-                .args(["-c", "import json, socket"])
-                .stdin(Stdio::null())
-                .status()
-                .unwrap();
-            assert!(st.success());
-        }));
-        pass.push(time_it(|| {
-            let st = Command::new(&env.python)
-                .args(["-c", "pass"])
-                .stdin(Stdio::null())
-                .status()
-                .unwrap();
-            assert!(st.success());
-        }));
+        s.run.run(env.run_cmd(&noop));
+        s.bare.run(python(&["-c", "import json, socket"]));
+        s.pass.run(python(&["-c", "pass"]));
+        let mut v = Command::new(&env.bin);
+        v.arg("--version");
+        s.version.run(v);
+        s.script.run(python(&["-u", &noop.display().to_string()]));
+        let mut imp = python(&["-c", "import vibeos_tools"]);
+        imp.env("PYTHONPATH", &keep)
+            .env("PYTHONDONTWRITEBYTECODE", "1");
+        s.stub_import.run(imp);
     }
-    (median(run), median(bare), median(pass))
+    s
 }
 
 const CALLS: usize = 2000;
 const ROUNDS: usize = 5;
 
 /// One script run doing `CALLS` read_file calls; returns seconds per call.
-fn script_calls(env: &Env, script: &Path) -> f64 {
+fn script_calls(env: &Env, script: &Path) -> (f64, f64) {
     let mut c = env.run_cmd(script);
     c.args(["--max-tool-calls", &(CALLS + 10).to_string()]);
     let out = c.output().unwrap();
@@ -106,11 +171,17 @@ fn script_calls(env: &Env, script: &Path) -> f64 {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    per_call(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// Wall and script-CPU seconds per call from the script's output line `WALL CPU`.
+fn per_call(out: &str) -> (f64, f64) {
+    let mut it = out.split_whitespace().map(|n| n.parse::<f64>().unwrap());
+    (it.next().unwrap(), it.next().unwrap())
 }
 
 /// One client run doing `CALLS` JSON round trips to a minimal echo server; seconds per call.
-fn echo_calls(env: &Env, round: usize) -> f64 {
+fn echo_calls(env: &Env, round: usize) -> (f64, f64) {
     let sock = env.dir.path().join(format!("echo-{round}.sock"));
     let listener = UnixListener::bind(&sock).unwrap();
     let server = std::thread::spawn(move || {
@@ -134,22 +205,31 @@ fn echo_calls(env: &Env, round: usize) -> f64 {
         "import json, socket, time\ns = socket.socket(socket.AF_UNIX)\ns.connect({sock:?})\n\
          f = s.makefile('rb')\ndef call(i):\n    s.sendall((json.dumps({{'id': i, 'tool': 'read_file', \
          'args': {{'path': 'tiny.txt'}}, 'token': 'x'}}) + '\\n').encode())\n    return json.loads(f.readline())\n\
-         call(0)\nt = time.perf_counter()\nfor i in range({CALLS}):\n    call(i)\n\
-         print((time.perf_counter() - t) / {CALLS})\n",
+         call(0)\nt, c = time.perf_counter(), time.process_time()\nfor i in range({CALLS}):\n    call(i)\n\
+         print((time.perf_counter() - t) / {CALLS}, (time.process_time() - c) / {CALLS})\n",
         sock = sock.display().to_string()
     );
     let out = vibeos_testkit::python_output(&env.python, &client, &[], &[]);
     server.join().unwrap();
-    out.parse().unwrap()
+    per_call(&out)
 }
 
-/// The same script run in a pooled interpreter through the library; seconds per call.
-fn warm_calls(env: &Env, runtime: &tokio::runtime::Runtime, code: &str) -> f64 {
+/// A request for the tool-call script as the warm paths run it.
+fn calls_request(env: &Env, code: &str) -> ExecutionRequest {
     let mut request = ExecutionRequest::from_config(code, &Config::default());
     request.python = Some(env.python.clone());
     request.cwd = Some(env.dir.path().to_path_buf());
     request.timeout = Duration::from_secs(120);
     request.max_tool_calls = CALLS + 10;
+    request
+}
+
+/// The same script run in a pooled interpreter through the library; seconds per call. The pool
+/// exists only for this call and is shut down right after it, so its refill (a full interpreter
+/// start) does not run beside the next measurement.
+fn warm_calls(env: &Env, runtime: &tokio::runtime::Runtime, code: &str) -> (f64, f64) {
+    let request = calls_request(env, code);
+    pool::enable(1);
     pool::prewarm(&request);
     assert!(
         pool::wait_until_idle(Some(&request), 1, Duration::from_secs(30)),
@@ -158,36 +238,65 @@ fn warm_calls(env: &Env, runtime: &tokio::runtime::Runtime, code: &str) -> f64 {
     let before = pool::stats().unwrap().warm_starts;
     let r = runtime.block_on(execute(request, vibeos_tools::registry(), Interrupt::new()));
     assert_eq!(pool::stats().unwrap().warm_starts, before + 1, "not warm");
+    pool::disable();
     let json = r.to_json();
     assert_eq!(json["status"], "success", "{json}");
-    r.output.trim().parse().unwrap()
+    per_call(&r.output)
 }
 
-/// The same script forked from the fork server through the library; seconds per call.
-fn forked_calls(env: &Env, runtime: &tokio::runtime::Runtime, code: &str) -> f64 {
-    let mut request = ExecutionRequest::from_config(code, &Config::default());
-    request.python = Some(env.python.clone());
-    request.cwd = Some(env.dir.path().to_path_buf());
-    request.timeout = Duration::from_secs(120);
-    request.max_tool_calls = CALLS + 10;
-    zygote::set_enabled(true);
+/// The same script forked from the fork server through the library; seconds per call. The
+/// server is started once, before the first round, and is idle between executions (the pool is
+/// off meanwhile, so the call cannot be claimed by a pooled interpreter instead).
+fn forked_calls(env: &Env, runtime: &tokio::runtime::Runtime, code: &str) -> (f64, f64) {
+    let request = calls_request(env, code);
+    assert!(zygote::prewarm(&request), "the fork server did not start");
     let before = zygote::forks();
     let r = runtime.block_on(execute(request, vibeos_tools::registry(), Interrupt::new()));
     assert_eq!(zygote::forks(), before + 1, "not forked");
-    zygote::set_enabled(false);
     let json = r.to_json();
     assert_eq!(json["status"], "success", "{json}");
-    r.output.trim().parse().unwrap()
+    per_call(&r.output)
 }
 
-/// Cold, warm and echo figures; medians over interleaved rounds, so machine noise hits all
-/// three alike.
-fn bench_tool_call(env: &Env) -> (f64, f64, f64, f64) {
+/// What the supervisor spends per call in the tool itself: `read_file` of the tiny file through
+/// the registry's dispatch, in process (no socket, no script), as a script's call reaches it.
+fn handler_call(env: &Env) -> (f64, f64) {
+    let ctx = vibeos_tools::ToolContext {
+        origin: vibeos_tools::CallOrigin::Script,
+        ..vibeos_tools::ToolContext::agent(env.dir.path())
+    };
+    let args = serde_json::json!({"path": "tiny.txt"});
+    let reg = vibeos_tools::registry();
+    let mut wall = Vec::new();
+    let mut cpu = Vec::new();
+    for _ in 0..5 {
+        let (t, c) = (Instant::now(), thread_cpu());
+        for _ in 0..CALLS {
+            std::hint::black_box(reg.handle_function_call("read_file", &args, &ctx));
+        }
+        wall.push(t.elapsed().as_secs_f64() / CALLS as f64);
+        cpu.push((thread_cpu() - c) / CALLS as f64);
+    }
+    (median(wall), median(cpu))
+}
+
+/// CPU seconds this thread has used.
+fn thread_cpu() -> f64 {
+    // SAFETY: clock_gettime writes one timespec into memory we own.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; CLOCK_THREAD_CPUTIME_ID is a valid clock.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+}
+
+/// Cold, pooled and forked figures (wall, script CPU) and the echo's; medians over interleaved
+/// rounds, so machine noise hits all of them alike.
+fn bench_tool_call(env: &Env, rounds: usize) -> ([(f64, f64); 3], (f64, f64)) {
     std::fs::write(env.dir.path().join("tiny.txt"), "hello\n").unwrap();
     let code = format!(
         "import time\nfrom vibeos_tools import read_file\nread_file('tiny.txt')\n\
-         t = time.perf_counter()\nfor _ in range({CALLS}):\n    r = read_file('tiny.txt')\n\
-         print((time.perf_counter() - t) / {CALLS})\n"
+         t, c = time.perf_counter(), time.process_time()\nfor _ in range({CALLS}):\n    r = read_file('tiny.txt')\n\
+         print((time.perf_counter() - t) / {CALLS}, (time.process_time() - c) / {CALLS})\n"
     );
     let script = env.dir.path().join("calls.py");
     std::fs::write(&script, &code).unwrap();
@@ -196,19 +305,25 @@ fn bench_tool_call(env: &Env) -> (f64, f64, f64, f64) {
         .enable_all()
         .build()
         .unwrap();
-    pool::enable(1);
+    zygote::set_enabled(true);
     let mut cold = Vec::new();
     let mut warm = Vec::new();
     let mut forked = Vec::new();
     let mut echoes = Vec::new();
-    for round in 0..ROUNDS {
+    for round in 0..rounds {
         cold.push(script_calls(env, &script));
         warm.push(warm_calls(env, &runtime, &code));
         forked.push(forked_calls(env, &runtime, &code));
         echoes.push(echo_calls(env, round));
     }
-    pool::disable();
-    (median(cold), median(warm), median(forked), median(echoes))
+    zygote::set_enabled(false);
+    let m = |v: &[(f64, f64)]| {
+        (
+            median(v.iter().map(|x| x.0).collect()),
+            median(v.iter().map(|x| x.1).collect()),
+        )
+    };
+    ([m(&cold), m(&warm), m(&forked)], m(&echoes))
 }
 
 fn vm_hwm_kib(pid: u32) -> Option<u64> {
@@ -260,43 +375,130 @@ impl<R: std::io::Read> ReadLossy for R {
     }
 }
 
+/// Command-line options: `--sections abc` (any of a, b, c; default all), `--rounds N` for (a)
+/// (default 30) and `--call-rounds N` for (b) (default 5).
+struct Options {
+    sections: String,
+    rounds: usize,
+    call_rounds: usize,
+}
+
+fn options() -> Options {
+    let mut o = Options {
+        sections: "abc".into(),
+        rounds: 30,
+        call_rounds: ROUNDS,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut value = || args.next().expect("a value after the flag");
+        match a.as_str() {
+            "--sections" => o.sections = value(),
+            "--rounds" => o.rounds = value().parse().expect("--rounds N"),
+            "--call-rounds" => o.call_rounds = value().parse().expect("--call-rounds N"),
+            other => {
+                panic!("unknown flag {other}; flags: --sections abc, --rounds N, --call-rounds N")
+            }
+        }
+    }
+    o
+}
+
 fn main() {
+    let opts = options();
     let env = Env::new();
     println!("interpreter: {}", env.python.display());
-    let (run, bare, pass) = bench_startup(&env, 30);
-    println!(
-        "(a) no-op run: {:.1} ms median; python -c 'import json, socket': {:.1} ms median; ratio {:.3} (target <= 1.15)",
-        run * 1e3,
-        bare * 1e3,
-        run / bare
-    );
-    println!(
-        "(a) no-op run: {:.1} ms median; python -c pass: {:.1} ms median; ratio {:.3} (target <= 1.3)",
-        run * 1e3,
-        pass * 1e3,
-        run / pass
-    );
-    let (cold, warm, forked, echo) = bench_tool_call(&env);
-    println!(
-        "(b) JSON echo over a Unix socket: {:.1} us/round trip",
-        echo * 1e6
-    );
-    for (name, call) in [
-        ("cold", cold),
-        ("warm (pooled)", warm),
-        ("warm (forked)", forked),
-    ] {
+    if opts.sections.contains('a') {
+        println!("(a) load {} at start", load());
+        let s = bench_startup(&env, opts.rounds);
+        let (run, run_cpu) = s.run.medians();
+        let (bare, bare_cpu) = s.bare.medians();
+        let (pass, pass_cpu) = s.pass.medians();
         println!(
-            "(b) read_file from a {name} script: {:.1} us/call; ratio to the echo {:.3} (target <= 1.5)",
-            call * 1e6,
-            call / echo
+            "(a) no-op run: {:.1} ms median; python -c 'import json, socket': {:.1} ms median; ratio {:.3} (target <= 1.15)",
+            run * 1e3,
+            bare * 1e3,
+            run / bare
+        );
+        println!(
+            "(a) no-op run: {:.1} ms median; python -c pass: {:.1} ms median; ratio {:.3} (target <= 1.3)",
+            run * 1e3,
+            pass * 1e3,
+            run / pass
+        );
+        println!(
+            "(a) CPU time (user+sys, all processes): run {:.1} ms, python -c pass {:.1} ms, ratio {:.3}; import json, socket {:.1} ms",
+            run_cpu * 1e3,
+            pass_cpu * 1e3,
+            run_cpu / pass_cpu,
+            bare_cpu * 1e3
+        );
+        for (name, samples) in [
+            (
+                "vibeos-exec --version (the supervisor binary's start)",
+                &s.version,
+            ),
+            (
+                "python -u noop.py (the interpreter as run starts it)",
+                &s.script,
+            ),
+            (
+                "python -c 'import vibeos_tools' (the generated stub)",
+                &s.stub_import,
+            ),
+        ] {
+            let (wall, cpu) = samples.medians();
+            println!(
+                "(a) breakdown: {name}: {:.1} ms wall ({:+.1} ms over -c pass), {:.1} ms CPU ({:+.1})",
+                wall * 1e3,
+                (wall - pass) * 1e3,
+                cpu * 1e3,
+                (cpu - pass_cpu) * 1e3
+            );
+        }
+        println!(
+            "(a) breakdown: the supervisor's own share of a no-op run: {:.1} ms wall, {:.1} ms CPU; load {} at end",
+            (run - pass) * 1e3,
+            (run_cpu - pass_cpu) * 1e3,
+            load()
         );
     }
-    let (peak_kib, took, bytes) = bench_flood(&env);
-    println!(
-        "(c) script wrote {:.2} GB to stdout in {:.1} s; supervisor peak RSS {:.1} MiB (target <= 32 MiB)",
-        bytes as f64 / 1e9,
-        took,
-        peak_kib as f64 / 1024.0
-    );
+    if opts.sections.contains('b') {
+        println!("(b) load {} at start", load());
+        let ([cold, warm, forked], echo) = bench_tool_call(&env, opts.call_rounds);
+        println!(
+            "(b) JSON echo over a Unix socket: {:.1} us/round trip; client CPU {:.1} us/call",
+            echo.0 * 1e6,
+            echo.1 * 1e6
+        );
+        let echo = echo.0;
+        let (handler, handler_cpu) = handler_call(&env);
+        println!(
+            "(b) read_file's handler in process (dispatch included, no socket): {:.1} us/call, {:.1} us CPU",
+            handler * 1e6,
+            handler_cpu * 1e6
+        );
+        for (name, call) in [
+            ("cold", cold),
+            ("warm (pooled)", warm),
+            ("warm (forked)", forked),
+        ] {
+            println!(
+                "(b) read_file from a {name} script: {:.1} us/call; ratio to the echo {:.3} (target <= 1.5); script CPU {:.1} us/call",
+                call.0 * 1e6,
+                call.0 / echo,
+                call.1 * 1e6
+            );
+        }
+        println!("(b) load {} at end", load());
+    }
+    if opts.sections.contains('c') {
+        let (peak_kib, took, bytes) = bench_flood(&env);
+        println!(
+            "(c) script wrote {:.2} GB to stdout in {:.1} s; supervisor peak RSS {:.1} MiB (target <= 32 MiB)",
+            bytes as f64 / 1e9,
+            took,
+            peak_kib as f64 / 1024.0
+        );
+    }
 }

@@ -5,4 +5,5 @@ mod common;
 mod execute_code_tool;
 mod pool;
 mod structure;
+mod stub_channel;
 mod zygote;
