@@ -366,11 +366,20 @@ mod tests {
             .read_exact(&mut line)
             .unwrap();
         assert_eq!(&line, b"started\n");
-        let pgid: i32 = std::fs::read_to_string(&pgid_file)
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
+        // The wrapper records the group after starting the command, so "started" can come
+        // first: wait for the record rather than racing it.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let pgid: i32 = loop {
+            let text = std::fs::read_to_string(&pgid_file).unwrap_or_default();
+            if let Ok(pgid) = text.trim().parse() {
+                break pgid;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no process group recorded"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
         assert_ne!(pgid, nix::unistd::getpgrp().as_raw());
         spawned.process.kill(GroupSignal::Kill).unwrap();
         let code = spawned.process.wait().unwrap();
