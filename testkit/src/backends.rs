@@ -306,14 +306,32 @@ impl Drop for Sshd {
         // master connection (ControlPersist) running, and with it a session of the test user,
         // which makes usermod refuse every later sshd of every run on this machine: end the
         // clients that name this sshd's keys, by pid.
+        // A client can be forking into the background when the first signal comes, so look
+        // again until none is left, SIGKILL after the first second.
         let dir = self.dir.path().display().to_string();
-        for (pid, cmdline) in processes() {
-            if cmdline.contains(&dir) && pid != self._daemon.child.id() {
+        let daemon = self._daemon.child.id();
+        let started = std::time::Instant::now();
+        loop {
+            let left: Vec<u32> = processes()
+                .into_iter()
+                .filter(|(pid, cmdline)| cmdline.contains(&dir) && *pid != daemon)
+                .map(|(pid, _)| pid)
+                .collect();
+            if left.is_empty() || started.elapsed() > std::time::Duration::from_secs(10) {
+                break;
+            }
+            let signal = if started.elapsed() < std::time::Duration::from_secs(1) {
+                libc::SIGTERM
+            } else {
+                libc::SIGKILL
+            };
+            for pid in left {
                 // SAFETY: kill with a pid just read from /proc; at worst it has exited meanwhile.
                 unsafe {
-                    libc::kill(pid as i32, libc::SIGTERM);
+                    libc::kill(pid as i32, signal);
                 }
             }
+            std::thread::sleep(std::time::Duration::from_millis(50));
         }
         // The daemon before `dir` (fields drop in order, and `dir` comes first).
         self._daemon.stop();
