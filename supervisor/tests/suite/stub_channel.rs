@@ -79,6 +79,20 @@ for n in (2, 3):
         print('error', e)
 "#;
 
+/// SCRIPT's second call got a malformed reply: it is refused, and the channel is broken from
+/// then on, so the third call fails without reaching the server.
+fn assert_the_second_reply_broke_the_channel(out: &str) {
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[1], "error the call to ping was refused: the supervisor sent a malformed reply",
+        "{out}"
+    );
+    assert_eq!(
+        lines[2], "error the supervisor sent a malformed reply",
+        "{out}"
+    );
+}
+
 #[test]
 fn a_reply_that_is_not_utf8_is_reported_as_malformed() {
     let (out, seen) = run_against(
@@ -90,15 +104,7 @@ fn a_reply_that_is_not_utf8_is_reported_as_malformed() {
     );
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines[0], "{'ok': True}", "{out}");
-    assert_eq!(
-        lines[1], "error the call to ping was refused: the supervisor sent a malformed reply",
-        "{out}"
-    );
-    // The channel is broken from then on: the third call fails without reaching the server.
-    assert_eq!(
-        lines[2], "error the supervisor sent a malformed reply",
-        "{out}"
-    );
+    assert_the_second_reply_broke_the_channel(&out);
     assert_eq!(seen.len(), 2);
     assert_eq!(seen[0]["tool"], "ping");
     assert_eq!(seen[0]["args"], serde_json::json!({"n": 1}));
@@ -116,14 +122,7 @@ fn a_reply_that_is_not_json_is_reported_as_malformed() {
     );
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines[0], "[1, 2]", "{out}");
-    assert_eq!(
-        lines[1], "error the call to ping was refused: the supervisor sent a malformed reply",
-        "{out}"
-    );
-    assert_eq!(
-        lines[2], "error the supervisor sent a malformed reply",
-        "{out}"
-    );
+    assert_the_second_reply_broke_the_channel(&out);
 }
 
 #[test]
