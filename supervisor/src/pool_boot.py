@@ -13,6 +13,7 @@ import importlib.machinery
 
 # Everything alive now belongs to the bootstrap and the preloaded modules: keep it out of the
 # final collection, which then costs what the script's own objects cost.
+_warm_up_compiler()
 gc.freeze()
 
 os.write(_ready, b"R")
