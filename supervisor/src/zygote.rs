@@ -4,27 +4,32 @@
 //!
 //! The server (`zygote_boot.py`) is started by the supervisor with the key's interpreter and
 //! environment, imports what the stub imports (from the interpreter's own library only, so no
-//! project module is ever loaded), reports ready and then only reads requests from a
-//! `SOCK_SEQPACKET` socketpair it inherited: nothing else can reach it, and it runs no script
-//! code. Per execution the supervisor prepares everything exactly as for a cold launch
-//! ([`crate::launch::open_channel`]): a fresh staging dir with the stub and the script, the RPC
-//! channel and token, the scrubbed environment, the lifeline, and in strict mode the uid lease,
-//! landlock ruleset, seccomp programs, rlimits and disk-budget tmpfs. It sends one request (the
-//! settings as JSON, the descriptors as `SCM_RIGHTS`) and gets back the new process's pid and a
-//! pidfd. The forked process becomes the execution's reaper (own session, child subreaper,
-//! lifeline, termination relayed with the kill grace, every descendant killed at the end) and
-//! forks the script process, which sets up its stdio, closes every other descriptor, applies
-//! the confinement in `confine/child.rs`'s order, takes the environment, reseeds what a fork
-//! shares, and runs the script as `__main__`. The reaper writes the script's wait status on a
-//! pipe, which is what [`Forked::wait`] reads.
+//! project module is ever loaded), reports ready and then only reads "fork a spare" requests
+//! from a `SOCK_SEQPACKET` socketpair it inherited: nothing else can reach it, and it runs no
+//! script code. A spare is one execution's processes forked ahead of its call: the reaper (own
+//! session, child subreaper, signal handlers) and below it the script process, each waiting on
+//! a channel whose other end the server hands to the supervisor with the reaper's pid and a
+//! pidfd (`Spare`). Per execution the supervisor prepares everything exactly as for a cold
+//! launch ([`crate::launch::open_channel`]): a fresh staging dir with the stub and the script,
+//! the RPC channel and token, the scrubbed environment, the lifeline, and in strict mode the uid
+//! lease, landlock ruleset, seccomp programs, rlimits and disk-budget tmpfs. It sends the
+//! reaper its part (lifeline, status pipe, kill grace) and the script process the settings as
+//! JSON with its descriptors as `SCM_RIGHTS`, directly; the server never sees a request. The
+//! reaper relays termination with the kill grace and kills every descendant at the end; the
+//! script process sets up its stdio, closes every other descriptor, applies the confinement in
+//! `confine/child.rs`'s order, takes the environment, reseeds what a fork shares, and runs the
+//! script as `__main__`. The reaper writes the script's wait status on a pipe, which is what
+//! [`Forked::wait`] reads. When the execution is over, the next spare is asked for and the next
+//! staging dir prepared, so neither competes with a running script for the CPU.
 //!
 //! **Trust.** In strict mode as root the server keeps root and no confinement, because each
 //! child needs a different uid and a landlock rule for its own staging dir; it drops both in
 //! the child before any script byte is read. That is safe because the server never executes
 //! anything but its bootstrap and the standard library, its only input is the socketpair whose
-//! other end only this supervisor holds (the child closes its copy before it forks the script),
-//! and every script runs in a process that has already dropped the privileges. See
-//! docs/warm-pool.md for what a script can still observe of its siblings.
+//! other end only this supervisor holds (a spare closes its copy before it forks the script
+//! process), a waiting spare's only inputs are channels only this supervisor holds, and every
+//! script runs in a process that has already dropped the privileges. See docs/warm-pool.md for
+//! what a script can still observe of its siblings.
 
 use crate::config::Mode;
 use crate::error::StartError;
@@ -98,6 +103,8 @@ struct Server {
     /// An empty dir standing in for the staging dir in the server's own environment.
     empty: tempfile::TempDir,
     control: Mutex<Option<OwnedFd>>,
+    /// The next execution's processes, forked ahead by the server (locked after `control`).
+    spares: Mutex<Spares>,
     child: Mutex<std::process::Child>,
     last_used: AtomicU64,
     /// The next execution's staging dir and channel, prepared while the previous one ran.
@@ -118,6 +125,42 @@ struct Server {
 struct Prepared {
     staging: Staging,
     channel: Channel,
+}
+
+/// One execution's processes, forked by the server before their request: the reaper, set up as
+/// far as it can be without the request and waiting on `to_reaper`, and below it the script
+/// process, waiting on `to_script`. The supervisor sends each its part of the request directly,
+/// so the server never sees a request, and a call costs two sends to processes that already
+/// exist. Dropping a spare unused closes both channels, and both processes exit at that EOF.
+struct Spare {
+    /// The reaper's pid and a pidfd opened by the server before it could reap that process.
+    pid: u32,
+    pidfd: OwnedFd,
+    to_reaper: OwnedFd,
+    to_script: OwnedFd,
+}
+
+impl Spare {
+    /// Kills a spare whose channels refused its request (it died or is dying).
+    fn kill(self) {
+        // SAFETY: pidfd_send_signal on a pidfd we own, with no siginfo and no flags.
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.pidfd.as_raw_fd(),
+                libc::SIGKILL,
+                std::ptr::null::<libc::siginfo_t>(),
+                0u32,
+            );
+        }
+    }
+}
+
+/// The server's spare, or the id of the request for one that it has not answered yet.
+#[derive(Default)]
+struct Spares {
+    ready: Option<Spare>,
+    asked: Option<u64>,
 }
 
 /// Prepares the staging dir and channel of one execution of `spec` (everything but the script).
@@ -181,6 +224,8 @@ impl Drop for Server {
         // EOF on its control channel ends the server; children already forked go on (their
         // lifelines belong to their executions).
         drop(lock(&self.control).take());
+        // A waiting spare ends at EOF on its channels.
+        drop(std::mem::take(&mut *lock(&self.spares)));
         drop(lock(&self.ready).take());
         let mut child = lock(&self.child);
         if !matches!(child.try_wait(), Ok(Some(_))) {
@@ -299,7 +344,6 @@ pub(crate) fn start(spec: &LaunchSpec, stub: &str, code: &str) -> Option<Launche
     match fork(&server, spec, stub, code) {
         Ok(l) => {
             FORKS.fetch_add(1, Ordering::SeqCst);
-            prepare_next(&server, spec);
             Some(l)
         }
         Err(e) => {
@@ -516,6 +560,7 @@ fn start_server(spec: &LaunchSpec) -> Result<Server, ZygoteError> {
         startup_env,
         empty,
         control: Mutex::new(Some(ours)),
+        spares: Mutex::new(Spares::default()),
         child: Mutex::new(child),
         last_used: AtomicU64::new(CLOCK.fetch_add(1, Ordering::SeqCst)),
         ready: Mutex::new(None),
@@ -536,6 +581,8 @@ fn start_server(spec: &LaunchSpec) -> Result<Server, ZygoteError> {
                 .into(),
         ));
     }
+    // The first call then finds its processes already forked.
+    ask_ahead(&server);
     Ok(server)
 }
 
@@ -621,50 +668,48 @@ fn fork(
             "move_mount": libc::SYS_move_mount,
         });
     }
-    let id = NEXT_REQUEST.fetch_add(1, Ordering::SeqCst);
-    request["id"] = serde_json::json!(id);
     let body = request.to_string();
-
-    let reply = {
-        let control = lock(&server.control);
-        let Some(ctl) = control.as_ref() else {
-            return Err(ZygoteError::Gone("its control channel is closed".into()));
-        };
-        let cmsg = [ControlMessage::ScmRights(&fds)];
-        sendmsg::<()>(
-            ctl.as_raw_fd(),
-            &[IoSlice::new(body.as_bytes())],
-            &cmsg,
-            MsgFlags::MSG_NOSIGNAL,
-            None,
+    let reaper_part = serde_json::json!({
+        "grace_ms": spec.kill_grace.as_millis() as u64,
+        "staging": staging.path(),
+    })
+    .to_string();
+    let script_fds: Vec<RawFd> = [out_w.as_raw_fd(), err_w.as_raw_fd()]
+        .into_iter()
+        .chain(
+            confinement
+                .iter()
+                .flat_map(|c| [c.rpc.as_raw_fd(), c.ruleset.as_raw_fd()]),
         )
-        .map_err(|e| ZygoteError::Gone(format!("send: {e}")))?;
-        // Replies carry the request's id: one meant for no request of ours (a forked process
-        // that still held the channel could have written it) is dropped, never taken as ours.
-        let deadline = Instant::now() + REPLY_TIMEOUT;
-        loop {
-            let (text, pidfd) = receive(ctl, deadline)?;
-            let value: serde_json::Value = serde_json::from_slice(&text)
-                .map_err(|e| ZygoteError::Channel(format!("bad reply: {e}")))?;
-            if value.get("id").and_then(|i| i.as_u64()) == Some(id) {
-                break (value, pidfd);
+        .collect();
+    let reaper_fds = [lifeline_read.as_raw_fd(), status_w.as_raw_fd()];
+    // A spare that died while it waited refuses the send; the next one is asked for once.
+    let mut attempt = 0;
+    let Spare { pid, pidfd, .. } = loop {
+        let spare = take_spare(server)?;
+        // The reaper first: a script process whose reaper refused its part is never started
+        // (it exits at EOF when the spare is dropped).
+        let sent = send(&spare.to_reaper, reaper_part.as_bytes(), &reaper_fds)
+            .and_then(|()| send(&spare.to_script, body.as_bytes(), &script_fds));
+        match sent {
+            Ok(()) => break spare,
+            Err(e) => {
+                spare.kill();
+                attempt += 1;
+                if attempt == 2 {
+                    return Err(ZygoteError::Gone(format!(
+                        "its spare refused a request: {e}"
+                    )));
+                }
             }
         }
     };
-    // Only the forked processes hold these ends now.
+    // The processes that run this execution hold their descriptors now; the next spare is
+    // forked while this script runs.
     drop((out_w, err_w, lifeline_read, status_w, confinement));
-    let (value, pidfd) = reply;
-    if let Some(e) = value.get("error").and_then(|e| e.as_str()) {
-        return Err(ZygoteError::Refused(e.to_string()));
-    }
-    let pid = value
-        .get("pid")
-        .and_then(|p| p.as_u64())
-        .ok_or_else(|| ZygoteError::Channel("reply without a pid".into()))?;
-    let pidfd = pidfd.ok_or_else(|| ZygoteError::Channel("reply without a pidfd".into()))?;
     Ok(Launched {
         child: Proc::Forked(Forked {
-            pid: pid as u32,
+            pid,
             stdout: Some(std::process::ChildStdout::from(out_r)),
             stderr: Some(std::process::ChildStderr::from(err_r)),
             status: Some(std::fs::File::from(status_r)),
@@ -680,8 +725,34 @@ fn fork(
         tool_env,
         owner,
         // Counts the execution as in flight until it is over (fork_activity::wait_until_idle).
-        on_done: Some(Box::new(crate::fork_activity::InFlight::new())),
+        on_done: Some(Box::new(WhenDone {
+            server: Arc::downgrade(server),
+            spec: spec.clone(),
+            _in_flight: crate::fork_activity::InFlight::new(),
+        })),
     })
+}
+
+/// What a forked execution's end does: asks its server for the next spare, and until then
+/// counts the execution as in flight (`fork_activity::wait_until_idle`).
+///
+/// The spare is forked once the execution is over rather than while it runs: a fork of the
+/// server and the spare's setup took CPU from the running script on two cores, and a paced call
+/// finds the spare ready either way.
+#[derive(Debug)]
+struct WhenDone {
+    server: std::sync::Weak<Server>,
+    spec: LaunchSpec,
+    _in_flight: crate::fork_activity::InFlight,
+}
+
+impl Drop for WhenDone {
+    fn drop(&mut self) {
+        if let Some(server) = self.server.upgrade() {
+            ask_ahead(&server);
+            prepare_next(&server, &self.spec);
+        }
+    }
 }
 
 /// A BPF program as the hex of its `struct sock_filter` array in this machine's byte order.
@@ -702,8 +773,104 @@ fn sock_filter_hex(program: &[seccompiler::sock_filter]) -> String {
     out
 }
 
-/// One reply from the server (its text and the descriptor it carried), waiting until `deadline`.
-fn receive(ctl: &OwnedFd, deadline: Instant) -> Result<(Vec<u8>, Option<OwnedFd>), ZygoteError> {
+/// Sends one message with descriptors on a spare's channel.
+fn send(channel: &OwnedFd, body: &[u8], fds: &[RawFd]) -> Result<(), ZygoteError> {
+    let cmsg = [ControlMessage::ScmRights(fds)];
+    sendmsg::<()>(
+        channel.as_raw_fd(),
+        &[IoSlice::new(body)],
+        &cmsg,
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )
+    .map(drop)
+    .map_err(|e| ZygoteError::Channel(format!("send: {e}")))
+}
+
+/// Asks the server for a spare (request `id`).
+fn ask(ctl: &OwnedFd, id: u64) -> Result<(), ZygoteError> {
+    let body = serde_json::json!({ "id": id }).to_string();
+    sendmsg::<()>(
+        ctl.as_raw_fd(),
+        &[IoSlice::new(body.as_bytes())],
+        &[],
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )
+    .map(drop)
+    .map_err(|e| ZygoteError::Gone(format!("send: {e}")))
+}
+
+/// The server's spare: the one it made ahead, else the answer to the request for one (asked
+/// now if no request is pending), waiting at most [`REPLY_TIMEOUT`].
+fn take_spare(server: &Server) -> Result<Spare, ZygoteError> {
+    let control = lock(&server.control);
+    let Some(ctl) = control.as_ref() else {
+        return Err(ZygoteError::Gone("its control channel is closed".into()));
+    };
+    let mut spares = lock(&server.spares);
+    if let Some(spare) = spares.ready.take() {
+        return Ok(spare);
+    }
+    let id = match spares.asked {
+        Some(id) => id,
+        None => {
+            let id = NEXT_REQUEST.fetch_add(1, Ordering::SeqCst);
+            ask(ctl, id)?;
+            spares.asked = Some(id);
+            id
+        }
+    };
+    // Replies carry the request's id: one meant for no request of ours (a forked process that
+    // still held the channel could have written it) is dropped, never taken as ours.
+    let deadline = Instant::now() + REPLY_TIMEOUT;
+    loop {
+        let (text, fds) = receive(ctl, deadline)?;
+        let value: serde_json::Value = serde_json::from_slice(&text)
+            .map_err(|e| ZygoteError::Channel(format!("bad reply: {e}")))?;
+        if value.get("id").and_then(|i| i.as_u64()) != Some(id) {
+            continue;
+        }
+        spares.asked = None;
+        if let Some(e) = value.get("error").and_then(|e| e.as_str()) {
+            return Err(ZygoteError::Refused(e.to_string()));
+        }
+        let pid = value
+            .get("pid")
+            .and_then(|p| p.as_u64())
+            .and_then(|p| u32::try_from(p).ok())
+            .ok_or_else(|| ZygoteError::Channel("reply without a pid".into()))?;
+        let Ok::<[OwnedFd; 3], _>([pidfd, to_reaper, to_script]) = fds.try_into() else {
+            return Err(ZygoteError::Channel(
+                "a spare came without its pidfd and channels".into(),
+            ));
+        };
+        return Ok(Spare {
+            pid,
+            pidfd,
+            to_reaper,
+            to_script,
+        });
+    }
+}
+
+/// Asks for the next spare unless one is ready or asked for: the server forks it while the
+/// execution that took the last one runs. A failure here is reported by the next call.
+fn ask_ahead(server: &Server) {
+    let control = lock(&server.control);
+    let Some(ctl) = control.as_ref() else { return };
+    let mut spares = lock(&server.spares);
+    if spares.ready.is_none() && spares.asked.is_none() {
+        let id = NEXT_REQUEST.fetch_add(1, Ordering::SeqCst);
+        if ask(ctl, id).is_ok() {
+            spares.asked = Some(id);
+        }
+    }
+}
+
+/// One reply from the server (its text and the descriptors it carried), waiting until
+/// `deadline`.
+fn receive(ctl: &OwnedFd, deadline: Instant) -> Result<(Vec<u8>, Vec<OwnedFd>), ZygoteError> {
     if !poll_in(
         ctl.as_raw_fd(),
         deadline.saturating_duration_since(Instant::now()),
@@ -711,7 +878,7 @@ fn receive(ctl: &OwnedFd, deadline: Instant) -> Result<(Vec<u8>, Option<OwnedFd>
         return Err(ZygoteError::Gone("no reply to a fork request".into()));
     }
     let mut buf = vec![0u8; 4096];
-    let mut space = nix::cmsg_space!([RawFd; 1]);
+    let mut space = nix::cmsg_space!([RawFd; 4]);
     let mut iov = [IoSliceMut::new(&mut buf)];
     let msg = recvmsg::<()>(
         ctl.as_raw_fd(),
@@ -720,7 +887,7 @@ fn receive(ctl: &OwnedFd, deadline: Instant) -> Result<(Vec<u8>, Option<OwnedFd>
         MsgFlags::MSG_CMSG_CLOEXEC,
     )
     .map_err(|e| ZygoteError::Gone(format!("recv: {e}")))?;
-    let mut pidfd = None;
+    let mut fds = Vec::new();
     for c in msg
         .cmsgs()
         .map_err(|e| ZygoteError::Channel(format!("recv: {e}")))?
@@ -728,10 +895,7 @@ fn receive(ctl: &OwnedFd, deadline: Instant) -> Result<(Vec<u8>, Option<OwnedFd>
         if let ControlMessageOwned::ScmRights(got) = c {
             for fd in got {
                 // SAFETY: SCM_RIGHTS delivered a new descriptor that nobody else owns.
-                let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-                if pidfd.is_none() {
-                    pidfd = Some(owned);
-                }
+                fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
             }
         }
     }
@@ -739,5 +903,5 @@ fn receive(ctl: &OwnedFd, deadline: Instant) -> Result<(Vec<u8>, Option<OwnedFd>
     if len == 0 {
         return Err(ZygoteError::Gone("it closed its control channel".into()));
     }
-    Ok((buf[..len].to_vec(), pidfd))
+    Ok((buf[..len].to_vec(), fds))
 }

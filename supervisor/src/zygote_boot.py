@@ -1,7 +1,8 @@
 import sys
 # The fork server of one launch key (supervisor/src/zygote.rs, docs/warm-pool.md). It imports
-# what the stub imports, then forks one child per request of its supervisor and never runs any
-# script code itself. argv: -c BOOT CONTROL_FD EMPTY_DIR.
+# what the stub imports, then forks one spare execution (a reaper and its script process) per
+# request of its supervisor, hands the spare's channels to the supervisor, and never sees an
+# execution's request or runs any script code itself. argv: -c BOOT CONTROL_FD EMPTY_DIR.
 _fresh_names = set(globals())
 _control_fd, _empty = int(sys.argv[1]), sys.argv[2]
 # Import only from the interpreter's own library: neither the cwd nor a PYTHONPATH entry (the
@@ -199,8 +200,8 @@ def _script_process(req, fds, reaper):
     signal.set_wakeup_fd(-1)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     stdout_w, stderr_w = fds[0], fds[1]
-    rpc = fds[4] if len(fds) > 4 else None
-    ruleset = fds[5] if len(fds) > 5 else None
+    rpc = fds[2] if len(fds) > 2 else None
+    ruleset = fds[3] if len(fds) > 3 else None
     null = os.open("/dev/null", os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(stdout_w, 1)
@@ -220,8 +221,14 @@ def _script_process(req, fds, reaper):
     env = dict(req["env"])
     if rpc is not None:
         env["VIBEOS_RPC_FD"] = str(rpc)
-    os.environ.clear()
-    os.environ.update(env)
+    # Only the differences: the server started with this key's environment (its own empty dir
+    # standing in for the staging dir), so most variables already hold their values, and each
+    # putenv in a forked child costs copied pages.
+    for name in [k for k in os.environ if k not in env]:
+        del os.environ[name]
+    for name, value in env.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
     # PYTHONPATH named the zygote's empty dir where this execution's staging dir belongs.
     staging = req["staging"]
     sys.path[:] = [staging if p == _empty else p for p in sys.path]
@@ -230,13 +237,41 @@ def _script_process(req, fds, reaper):
     _finish(*_run(req["script"]))
 
 
-def _reaper(req, fds):
-    """The execution's reaper, as reaper.rs: own session, subreaper, relays termination, kills
-    every descendant once the script is gone, reports the script's wait status."""
+def _receive(chan):
+    """One message and the descriptors that came with it; (None, []) at EOF. Sizes and
+    truncation are checked by the caller that knows what it expects."""
+    space = socket.CMSG_SPACE(8 * array.array("i").itemsize)
+    while True:
+        try:
+            msg, anc, flags, _addr = chan.recvmsg(1 << 22, space)
+            break
+        except InterruptedError:
+            continue
+    fds = []
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            a = array.array("i")
+            a.frombytes(data[: len(data) - (len(data) % a.itemsize)])
+            fds.extend(a)
+    if not msg:
+        for fd in fds:
+            os.close(fd)
+        return None, [], flags
+    return msg, fds, flags
+
+
+def _spare(for_reaper, for_script):
+    """A spare execution, forked ahead of its request (`_make_spare`): the reaper's setup that
+    does not depend on the request (own session, subreaper, signal handlers) is done, and the
+    script process is already forked and waits for its request on `for_script`. The reaper
+    waits for its part (lifeline, status pipe, kill grace, staging dir) on `for_reaper`, and
+    from there is the execution's reaper, as reaper.rs: it relays termination, kills every
+    descendant once the script is gone, and reports the script's wait status. The supervisor
+    holds the other ends: EOF on either channel before a request means the spare was dropped
+    unused, and both processes exit."""
     zygote = os.getppid()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     _ctl.close()
-    stdout_w, stderr_w, lifeline, status_w = fds[:4]
     os.setsid()
     _check(_libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "PR_SET_CHILD_SUBREAPER")
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -254,19 +289,30 @@ def _reaper(req, fds):
     if script == 0:
         os.close(wake_r)
         os.close(wake_w)
-        os.close(lifeline)
-        os.close(status_w)
+        for_reaper.close()
+        msg, fds, _fl = _receive(for_script)
+        for_script.close()
+        if msg is None:
+            os._exit(0)
         try:
-            _script_process(req, fds, me)
+            _script_process(json.loads(msg.decode("utf-8")), fds, me)
         except BaseException as exc:  # never let the child fall back into the zygote's loop
             try:
                 os.write(2, ("vibeos: cannot start the script: %s\n" % exc).encode())
             finally:
                 os._exit(126)
         os._exit(126)
-    for fd in fds:
-        if fd not in (lifeline, status_w):
+    for_script.close()
+    msg, fds, _fl = _receive(for_reaper)
+    for_reaper.close()
+    if msg is None or len(fds) != 2:
+        # Discarded before use (the server ended): the script process got EOF as well.
+        for fd in fds:
             os.close(fd)
+        _kill_everything_below()
+        os._exit(0)
+    req = json.loads(msg.decode("utf-8"))
+    lifeline, status_w = fds
     # Blocked since before the fork, so no signal was lost; from here the handlers wake poll.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, set(_WATCHED))
     poller = select.poll()
@@ -275,17 +321,22 @@ def _reaper(req, fds):
     grace = req["grace_ms"] / 1000.0
     status, kill_at, terminating = None, None, False
     while True:
+        left = True
         while True:
             try:
                 pid, st = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
+                left = False
                 break
             if pid == 0:
                 break
             if pid == script:
                 status = st
         if status is not None:
-            _kill_everything_below()
+            # An orphan becomes this subreaper's child while its parent exits, before that
+            # parent can be waited for: with no child left, no descendant is left either.
+            if left:
+                _kill_everything_below()
             if os.getppid() != zygote:
                 _sweep(req["staging"])
             os.write(status_w, b"%d\n" % status)
@@ -310,70 +361,73 @@ def _reaper(req, fds):
             kill_at = time.monotonic() + grace
 
 
+def _make_spare():
+    """Forks one spare execution (`_spare`); returns the reaper's pid, a pidfd for it and the
+    server's ends of its two channels. The pidfd is opened while SIGCHLD is blocked, before the
+    server could reap the reaper, so it names that process even if it dies unused and its pid
+    is reused."""
+    to_reaper, for_reaper = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    to_script, for_script = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    signal.pthread_sigmask(signal.SIG_BLOCK, set(_WATCHED))
+    try:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                to_reaper.close()
+                to_script.close()
+                _spare(for_reaper, for_script)
+            finally:
+                os._exit(126)
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            os.kill(pid, signal.SIGKILL)  # not reaped yet: SIGCHLD is blocked
+            to_reaper.close()
+            to_script.close()
+            raise
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, set(_WATCHED))
+        for_reaper.close()
+        for_script.close()
+    return pid, pidfd, to_reaper, to_script
+
+
 def _serve():
     signal.signal(signal.SIGCHLD, _reap_all)
     # Ctrl-C of a terminal host or a hangup must not end the server between requests: the
     # supervisor ends it by closing the control channel.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _warm_up_compiler()
     gc.freeze()
     _ctl.sendall(b"R")
-    space = socket.CMSG_SPACE(8 * array.array("i").itemsize)
+    # The only request is "a spare, please" with an id. The spare's channels go to the
+    # supervisor, which sends each process its part of an execution's request directly: the
+    # server never holds a request, so nothing of one execution is in the next one's copy.
     while True:
-        try:
-            msg, anc, flags, _addr = _ctl.recvmsg(1 << 22, space)
-        except InterruptedError:
-            continue
-        if not msg:
+        msg, fds, flags = _receive(_ctl)
+        if msg is None:
             os._exit(0)
-        fds = []
-        for level, kind, data in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                a = array.array("i")
-                a.frombytes(data[: len(data) - (len(data) % a.itemsize)])
-                fds.extend(a)
-        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(fds) < 4:
-            for fd in fds:
-                os.close(fd)
-            _ctl.sendall(json.dumps({"error": "malformed request"}).encode())
-            continue
-        try:
-            req = json.loads(msg.decode("utf-8"))
-            rid = req["id"]
-        except Exception:
-            for fd in fds:
-                os.close(fd)
-            _ctl.sendall(json.dumps({"error": "malformed request"}).encode())
-            continue
-        # SIGCHLD stays blocked until the pidfd is open: the handler must not reap the new
-        # child first (its pid could then be reused).
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
-        pid = os.fork()
-        if pid == 0:
-            try:
-                signal.pthread_sigmask(signal.SIG_BLOCK, set(_WATCHED))
-                _reaper(req, fds)
-            except BaseException as exc:
-                try:
-                    os.write(fds[1], ("vibeos: cannot start the script: %s\n" % exc).encode())
-                finally:
-                    os._exit(126)
-            os._exit(126)
-        try:
-            pidfd = os.pidfd_open(pid)
-        except OSError as exc:
-            pidfd = None
-            reply = {"error": "pidfd_open: %s" % exc, "id": rid}
-            os.kill(pid, signal.SIGKILL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
         for fd in fds:
             os.close(fd)
-        if pidfd is None:
-            _ctl.sendall(json.dumps(reply).encode())
+        try:
+            rid = int(json.loads(msg.decode("utf-8"))["id"])
+        except Exception:
+            _ctl.sendall(json.dumps({"error": "malformed request"}).encode())
             continue
-        _ctl.sendmsg([json.dumps({"pid": pid, "id": rid}).encode()],
-                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [pidfd]))])
-        os.close(pidfd)
-
+        try:
+            pid, pidfd, to_reaper, to_script = _make_spare()
+        except OSError as exc:
+            _ctl.sendall(json.dumps({"error": "cannot fork a spare: %s" % exc,
+                                     "id": rid}).encode())
+            continue
+        try:
+            _ctl.sendmsg([json.dumps({"pid": pid, "id": rid}).encode()],
+                         [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                           array.array("i", [pidfd, to_reaper.fileno(), to_script.fileno()]))])
+        finally:
+            os.close(pidfd)
+            to_reaper.close()
+            to_script.close()
 
 if not hasattr(os, "pidfd_open"):
     sys.stderr.write("the fork server needs Python 3.9 or newer (os.pidfd_open)\n")

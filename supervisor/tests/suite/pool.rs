@@ -19,7 +19,10 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Held by every test of this binary that executes code: the pool is process-wide.
 pub(crate) fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+    let guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    // The fork server comes before the pool: a failed zygote test may have left it on.
+    vibeos_supervisor::zygote::set_enabled(false);
+    guard
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -112,6 +115,8 @@ fn nothing_passes_from_one_pooled_script_to_the_next() {
         assert_eq!(second["decimal_loaded"], false, "{second}");
         assert_eq!(second["leak_module"], false, "{second}");
         assert_eq!(second["fd77"], false, "{second}");
+        // Nothing of the earlier request (its staging dir's name) in reach of the later script.
+        assert_eq!(second["foreign_paths"], serde_json::json!([]), "{second}");
         assert_eq!(
             second["files"],
             serde_json::json!(["rpc", "script.py", "vibeos_tools.py"]),

@@ -145,6 +145,8 @@ fn two_consecutive_forked_executions_share_no_state() {
     assert_eq!(second["decimal_loaded"], false, "{second}");
     assert_eq!(second["leak_module"], false, "{second}");
     assert_eq!(second["fd77"], false, "{second}");
+    // Nothing of the earlier request (its staging dir's name) in reach of the later script.
+    assert_eq!(second["foreign_paths"], serde_json::json!([]), "{second}");
     assert_eq!(
         second["files"],
         serde_json::json!(["rpc", "script.py", "vibeos_tools.py"]),
@@ -310,6 +312,63 @@ fn the_server_dies_with_its_host_and_leaves_no_staging_dirs() {
     assert_eq!(pids.len(), 1);
     zygote::set_enabled(false);
     eventually("the server exited", || !alive(pids[0]));
+}
+
+/// The processes a server has forked (waiting spares and the reapers of running executions).
+fn children_of(server: i32) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+        .filter(|pid| parent_of(*pid) == server && alive(*pid))
+        .collect()
+}
+
+#[test]
+fn a_spare_that_died_while_waiting_is_replaced_and_leaves_nothing() {
+    let python = require_python!();
+    let _guard = serial();
+    let rt = runtime();
+    let session = Session::new(python);
+    zygote::set_enabled(true);
+    let r = run_forked(&rt, session.request("print('first')\n"));
+    assert_eq!(r.output, "first\n");
+    let server = servers()[0];
+    // The next execution's processes are forked ahead; kill them where they wait.
+    eventually("a spare is waiting", || !children_of(server).is_empty());
+    let spares = children_of(server);
+    for pid in &spares {
+        // SAFETY: kill(2) with a pid read from /proc and a valid signal number.
+        unsafe { libc::kill(*pid, libc::SIGKILL) };
+    }
+    let r = run_forked(&rt, session.request("print('second')\n"));
+    assert_eq!(r.output, "second\n", "{}", r.to_json());
+    assert_eq!(status(&r), "success", "{}", r.to_json());
+    // Only the replacement's successor waits now: the killed spare's script process is gone.
+    eventually("one spare is left", || children_of(server).len() == 1);
+    // Nor is any copy of the server outside it and its spares (the killed reaper's script
+    // process ends at EOF on its channel, which the supervisor closed).
+    let orphans = || -> Vec<i32> {
+        let ours = children_of(server);
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+            .filter(|pid| {
+                alive(*pid)
+                    && *pid != server
+                    && !ours.contains(pid)
+                    && !ours.contains(&parent_of(*pid))
+                    && std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                        String::from_utf8_lossy(&c).contains("The fork server of one")
+                    })
+            })
+            .collect()
+    };
+    eventually("no copy of the server is left over", || {
+        orphans().is_empty()
+    });
+    zygote::set_enabled(false);
 }
 
 #[test]
