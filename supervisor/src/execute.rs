@@ -122,16 +122,17 @@ async fn run(
     let spec = LaunchSpec::for_request(&request)?;
     let interpreter = spec.interpreter.clone();
     let session_cwd = spec.session_cwd.clone();
-    // An interpreter already waiting in the pool is claimed with one write (7.6 ms against the
-    // fork server's 36 ms for a paced call, docs/warm-pool.md); when the pool is dry (bursts,
-    // back to back) the fork server serves the call instead of a cold start.
-    let pooled = match crate::pool::active() {
-        Some(pool) => pool.start_warm(&spec, &stub.source, &request.code),
-        None => None,
-    };
-    let warm = match pooled {
+    // The fork server keeps the next execution's processes forked and waiting, so a paced call
+    // costs what claiming a pooled interpreter costs, and its refill is a fork, not an
+    // interpreter start (docs/warm-pool.md). The single-use pool serves what a fork server
+    // cannot (a pinned strict.uid, Python < 3.9); everything else starts cold.
+    let forked = crate::zygote::start_async(&spec, &stub.source, &request.code).await;
+    let warm = match forked {
         Some(launched) => Some(launched),
-        None => crate::zygote::start_async(&spec, &stub.source, &request.code).await,
+        None => match crate::pool::active() {
+            Some(pool) => pool.start_warm(&spec, &stub.source, &request.code),
+            None => None,
+        },
     };
     let launched = match warm {
         Some(launched) => launched,
