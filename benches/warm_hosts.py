@@ -127,22 +127,29 @@ def main():
         os.chdir(tmp)
         print("interpreter: %s; server: %s; %d runs each" % (sys.executable, binary, args.runs))
         print("load before: %s" % load())
-        base_v = bare(args.runs)
-        base = median(base_v)
-        print("  %-44s median %7.2f ms  p90 %7.2f ms" % (
-            "bare `python -c 'import json, socket'`", base * 1e3, p90(base_v) * 1e3))
-        print("(a) Python package, load %s" % load())
-        row("execute_code('pass'), 100 ms apart", package(args.runs, 0.1), base)
-        row("execute_code('pass'), back to back", package(args.runs, 0.0), base)
-        print("(b) serve + official MCP client, load %s" % load())
+        # The bare baseline is sampled before and after the warm runs and the ratios use the
+        # median of both halves: the machine's speed drifts over a run, and one half alone
+        # was off by a third in some runs.
+        before = bare(args.runs)
+        loads = {"a": load()}
+        pkg_paced = package(args.runs, 0.1)
+        pkg_b2b = package(args.runs, 0.0)
+        loads["b"] = load()
         paced, b2b, rate = asyncio.run(mcp_figures(binary, home, args.runs))
+        loads["c"] = load()
+        after = bare(args.runs)
+        base = median(before + after)
+        print("  %-44s median %7.2f ms  p90 %7.2f ms  (before %.2f, after %.2f)" % (
+            "bare `python -c 'import json, socket'`", base * 1e3, p90(before + after) * 1e3,
+            median(before) * 1e3, median(after) * 1e3))
+        print("(a) Python package, load %s" % loads["a"])
+        row("execute_code('pass'), 100 ms apart", pkg_paced, base)
+        row("execute_code('pass'), back to back", pkg_b2b, base)
+        print("(b) serve + official MCP client, load %s" % loads["b"])
         row("tools/call execute_code, 100 ms apart", paced, base)
         row("tools/call execute_code, back to back", b2b, base)
         print("(c) 16 concurrent MCP callers: %.0f executions/s (target >= 200) %s; load %s" % (
-            rate, "OK" if rate >= 200 else "MISSED", load()))
-        bare_after = median(bare(args.runs))
-        print("bare median again after the runs: %.2f ms" % (bare_after * 1e3))
-
+            rate, "OK" if rate >= 200 else "MISSED", loads["c"]))
 
 if __name__ == "__main__":
     main()
