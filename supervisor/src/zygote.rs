@@ -209,6 +209,23 @@ static AT_EXIT: std::sync::Once = std::sync::Once::new();
 /// servers themselves end when the kernel closes their control channels.
 extern "C" fn clean_up_at_exit() {
     EXITING.store(true, Ordering::SeqCst);
+    // An execution that ended as the host stopped (a client that hung up mid-script) starts
+    // preparing the next area just as the process exits, and exit would stop that thread
+    // halfway through and leave its dir. Such a thread sees EXITING when it is done and removes
+    // its area itself: wait for it, a bounded time, and never on a lock.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        let preparing = match REGISTRY.try_lock() {
+            Ok(reg) => reg
+                .as_ref()
+                .is_some_and(|r| r.servers.iter().any(|s| s.preparing.load(Ordering::SeqCst))),
+            Err(_) => false,
+        };
+        if !preparing {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
     // Never block at exit: a lock held by a thread that exit() froze would hang the process.
     let Ok(reg) = REGISTRY.try_lock() else { return };
     let Some(reg) = reg.as_ref() else { return };
