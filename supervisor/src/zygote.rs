@@ -103,11 +103,12 @@ struct Server {
     /// An empty dir standing in for the staging dir in the server's own environment.
     empty: tempfile::TempDir,
     control: Mutex<Option<OwnedFd>>,
-    /// The next execution's processes, forked ahead by the server (locked after `control`).
-    spares: Mutex<Spares>,
+    /// The id of the request for the next spare that the server has not answered yet; its
+    /// answer (the spare's pidfd and channels) waits on `control`. Locked after `control`.
+    asked: Mutex<Option<u64>>,
     child: Mutex<std::process::Child>,
     last_used: AtomicU64,
-    /// The next execution's staging dir and channel, prepared while the previous one ran.
+    /// The next execution's staging dir and channel, prepared after the previous one ended.
     ready: Mutex<Option<Prepared>>,
     /// A thread is preparing `ready`.
     preparing: AtomicBool,
@@ -154,13 +155,6 @@ impl Spare {
             );
         }
     }
-}
-
-/// The server's spare, or the id of the request for one that it has not answered yet.
-#[derive(Default)]
-struct Spares {
-    ready: Option<Spare>,
-    asked: Option<u64>,
 }
 
 /// Prepares the staging dir and channel of one execution of `spec` (everything but the script).
@@ -240,9 +234,9 @@ impl Drop for Server {
     fn drop(&mut self) {
         // EOF on its control channel ends the server; children already forked go on (their
         // lifelines belong to their executions).
+        // A spare whose answer was never read goes with the channel's queue: its channels
+        // close with it, and its processes exit at that EOF.
         drop(lock(&self.control).take());
-        // A waiting spare ends at EOF on its channels.
-        drop(std::mem::take(&mut *lock(&self.spares)));
         drop(lock(&self.ready).take());
         let mut child = lock(&self.child);
         if !matches!(child.try_wait(), Ok(Some(_))) {
@@ -577,7 +571,7 @@ fn start_server(spec: &LaunchSpec) -> Result<Server, ZygoteError> {
         startup_env,
         empty,
         control: Mutex::new(Some(ours)),
-        spares: Mutex::new(Spares::default()),
+        asked: Mutex::new(None),
         child: Mutex::new(child),
         last_used: AtomicU64::new(CLOCK.fetch_add(1, Ordering::SeqCst)),
         ready: Mutex::new(None),
@@ -647,20 +641,15 @@ fn fork(
         "cwd": spec.child_cwd(staging.path()),
         "staging": staging.path(),
         "script": staging.path().join("script.py"),
-        "grace_ms": spec.kill_grace.as_millis() as u64,
     });
-    let mut fds: Vec<RawFd> = vec![
-        out_w.as_raw_fd(),
-        err_w.as_raw_fd(),
-        lifeline_read.as_raw_fd(),
-        status_w.as_raw_fd(),
-    ];
+    // The script process's descriptors, in the order `_script_process` takes them.
+    let mut script_fds: Vec<RawFd> = vec![out_w.as_raw_fd(), err_w.as_raw_fd()];
     if let Some(c) = &confinement {
         if let Some(reveal) = &c.reveal {
             request["reveal"] = serde_json::json!(reveal.steps());
         }
-        fds.push(c.rpc.as_raw_fd());
-        fds.push(c.ruleset.as_raw_fd());
+        script_fds.push(c.rpc.as_raw_fd());
+        script_fds.push(c.ruleset.as_raw_fd());
         request["rlimits"] = serde_json::json!(c
             .rlimits
             .iter()
@@ -691,14 +680,6 @@ fn fork(
         "staging": staging.path(),
     })
     .to_string();
-    let script_fds: Vec<RawFd> = [out_w.as_raw_fd(), err_w.as_raw_fd()]
-        .into_iter()
-        .chain(
-            confinement
-                .iter()
-                .flat_map(|c| [c.rpc.as_raw_fd(), c.ruleset.as_raw_fd()]),
-        )
-        .collect();
     let reaper_fds = [lifeline_read.as_raw_fd(), status_w.as_raw_fd()];
     // A spare that died while it waited refuses the send; the next one is asked for once.
     let mut attempt = 0;
@@ -721,8 +702,7 @@ fn fork(
             }
         }
     };
-    // The processes that run this execution hold their descriptors now; the next spare is
-    // forked while this script runs.
+    // The processes that run this execution hold their descriptors now.
     drop((out_w, err_w, lifeline_read, status_w, confinement));
     Ok(Launched {
         child: Proc::Forked(Forked {
@@ -818,23 +798,20 @@ fn ask(ctl: &OwnedFd, id: u64) -> Result<(), ZygoteError> {
     .map_err(|e| ZygoteError::Gone(format!("send: {e}")))
 }
 
-/// The server's spare: the one it made ahead, else the answer to the request for one (asked
-/// now if no request is pending), waiting at most [`REPLY_TIMEOUT`].
+/// The server's answer to the pending request for a spare (asked now if none is pending),
+/// waiting at most [`REPLY_TIMEOUT`]; a spare asked for ahead is usually waiting already.
 fn take_spare(server: &Server) -> Result<Spare, ZygoteError> {
     let control = lock(&server.control);
     let Some(ctl) = control.as_ref() else {
         return Err(ZygoteError::Gone("its control channel is closed".into()));
     };
-    let mut spares = lock(&server.spares);
-    if let Some(spare) = spares.ready.take() {
-        return Ok(spare);
-    }
-    let id = match spares.asked {
+    let mut asked = lock(&server.asked);
+    let id = match *asked {
         Some(id) => id,
         None => {
             let id = NEXT_REQUEST.fetch_add(1, Ordering::SeqCst);
             ask(ctl, id)?;
-            spares.asked = Some(id);
+            *asked = Some(id);
             id
         }
     };
@@ -848,7 +825,7 @@ fn take_spare(server: &Server) -> Result<Spare, ZygoteError> {
         if value.get("id").and_then(|i| i.as_u64()) != Some(id) {
             continue;
         }
-        spares.asked = None;
+        *asked = None;
         if let Some(e) = value.get("error").and_then(|e| e.as_str()) {
             return Err(ZygoteError::Refused(e.to_string()));
         }
@@ -871,16 +848,16 @@ fn take_spare(server: &Server) -> Result<Spare, ZygoteError> {
     }
 }
 
-/// Asks for the next spare unless one is ready or asked for: the server forks it while the
-/// execution that took the last one runs. A failure here is reported by the next call.
+/// Asks for the next spare unless one is asked for already; the server forks it and its
+/// answer waits on the channel until a call takes it. A failure here is reported by that call.
 fn ask_ahead(server: &Server) {
     let control = lock(&server.control);
     let Some(ctl) = control.as_ref() else { return };
-    let mut spares = lock(&server.spares);
-    if spares.ready.is_none() && spares.asked.is_none() {
+    let mut asked = lock(&server.asked);
+    if asked.is_none() {
         let id = NEXT_REQUEST.fetch_add(1, Ordering::SeqCst);
         if ask(ctl, id).is_ok() {
-            spares.asked = Some(id);
+            *asked = Some(id);
         }
     }
 }
