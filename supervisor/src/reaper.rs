@@ -173,7 +173,12 @@ unsafe fn reaper_main(script: libc::pid_t, setup: ReaperSetup, mask: &libc::sigs
             }
             if let Some(st) = script_status {
                 kill_everything_below(libc::getpid());
-                if libc::getppid() != supervisor {
+                // The lifeline reaches EOF when the supervisor's last thread closes its files,
+                // before the kernel reparents us: a supervisor killed a moment ago can still be
+                // our parent here, so a parent that is exiting counts as gone.
+                let gone =
+                    libc::getppid() != supervisor || (lifeline < 0 && is_exiting(supervisor));
+                if gone {
                     // Nobody else will remove the staging dir now.
                     setup.staging.sweep();
                 }
@@ -232,6 +237,46 @@ unsafe fn reaper_main(script: libc::pid_t, setup: ReaperSetup, mask: &libc::sigs
             }
         }
     }
+}
+
+/// Whether `pid` is exiting or has exited (`PF_EXITING` in the flags of `/proc/PID/stat`, the
+/// ninth field); false when that cannot be read.
+///
+/// # Safety
+/// Async-signal-safe: only open, read and close, parsing on the stack.
+unsafe fn is_exiting(pid: libc::pid_t) -> bool {
+    const PF_EXITING: u64 = 0x4;
+    let mut path = PathBuf64::new();
+    path.push(b"/proc/");
+    path.push_num(pid as u64);
+    path.push(b"/stat\0");
+    let mut buf = [0u8; 512];
+    // SAFETY: `path` is NUL-terminated and `buf` is a valid buffer of its length.
+    let len = unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return false;
+        }
+        let r = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+        libc::close(fd);
+        r
+    };
+    if len <= 0 {
+        return false;
+    }
+    let text = &buf[..len as usize];
+    // The command name may hold spaces and parentheses: fields count from the last ')'.
+    let Some(close) = text.iter().rposition(|&b| b == b')') else {
+        return false;
+    };
+    let Some(field) = text[close + 1..]
+        .split(|&b| b == b' ')
+        .filter(|f| !f.is_empty())
+        .nth(6)
+    else {
+        return false;
+    };
+    parse_num(field).is_some_and(|flags| flags & PF_EXITING != 0)
 }
 
 /// Exits with the same status as the script: its code, or death by the same signal.
@@ -523,6 +568,32 @@ fn parent_of(pid: u32) -> std::io::Result<Option<u32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_exited_process_counts_as_exiting_and_a_live_one_does_not() {
+        // SAFETY: reads of /proc only.
+        unsafe {
+            assert!(!is_exiting(libc::getpid()));
+            assert!(!is_exiting(i32::MAX));
+        }
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as libc::pid_t;
+        // Not reaped yet: a zombie, whose flags keep PF_EXITING.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let zombie = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                s.rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('Z'))
+            })
+        };
+        while !zombie() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // SAFETY: reads of /proc only.
+        assert!(unsafe { is_exiting(pid) });
+        child.wait().unwrap();
+    }
 
     #[test]
     fn stack_paths_are_built_right() {
