@@ -24,6 +24,8 @@ _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_u
 _PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS, _PR_SET_CHILD_SUBREAPER = 1, 38, 36
 _WATCHED = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 _ctl = socket.socket(fileno=_control_fd)
+# The supervisor that started this server (the one whose staging dirs its reapers may sweep).
+_supervisor = os.getppid()
 
 
 def _reap_all(*_):
@@ -92,6 +94,20 @@ def _kill_everything_below():
             os.waitpid(-1, 0)
         except ChildProcessError:
             return
+
+
+def _exiting(pid):
+    """Whether `pid` is exiting or gone: PF_EXITING in its /proc stat flags (the ninth field)."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            stat = f.read()
+    except OSError:
+        return True
+    fields = stat[stat.rfind(b")") + 1:].split()
+    try:
+        return int(fields[6]) & 0x4 != 0
+    except (IndexError, ValueError):
+        return False
 
 
 def _sweep(path):
@@ -319,7 +335,7 @@ def _spare(for_reaper, for_script):
     poller.register(wake_r, select.POLLIN)
     poller.register(lifeline, select.POLLIN)
     grace = req["grace_ms"] / 1000.0
-    status, kill_at, terminating = None, None, False
+    status, kill_at, terminating, lifeline_eof = None, None, False, False
     while True:
         left = True
         while True:
@@ -337,7 +353,10 @@ def _spare(for_reaper, for_script):
             # parent can be waited for: with no child left, no descendant is left either.
             if left:
                 _kill_everything_below()
-            if os.getppid() != zygote:
+            # The lifeline's EOF comes when the supervisor's last thread closes its files, a
+            # moment before the server (our parent) sees its own EOF and exits: a supervisor
+            # that is exiting counts as gone.
+            if os.getppid() != zygote or (lifeline_eof and _exiting(_supervisor)):
                 _sweep(req["staging"])
             os.write(status_w, b"%d\n" % status)
             os._exit(0)
@@ -349,6 +368,7 @@ def _spare(for_reaper, for_script):
         for fd, _ev in poller.poll(timeout):
             if fd == lifeline:
                 poller.unregister(lifeline)
+                lifeline_eof = True
                 flags["stop"] = True
             else:
                 try:

@@ -341,6 +341,11 @@ fn a_spare_that_died_while_waiting_is_replaced_and_leaves_nothing() {
         // SAFETY: kill(2) with a pid read from /proc and a valid signal number.
         unsafe { libc::kill(*pid, libc::SIGKILL) };
     }
+    // Dead before the next request (a spare killed while the request is on its way is that
+    // execution killed, as a script killed by anyone else would be).
+    for pid in &spares {
+        eventually("the spare died", || !alive(*pid));
+    }
     let r = run_forked(&rt, session.request("print('second')\n"));
     assert_eq!(r.output, "second\n", "{}", r.to_json());
     assert_eq!(status(&r), "success", "{}", r.to_json());
@@ -369,6 +374,66 @@ fn a_spare_that_died_while_waiting_is_replaced_and_leaves_nothing() {
         orphans().is_empty()
     });
     zygote::set_enabled(false);
+}
+
+/// Runs as a separate host process (see the test below): starts a forked script that sleeps,
+/// prints its staging dir and pid once the script has written them, then waits to be killed.
+#[test]
+fn zygote_host_child() {
+    if std::env::var_os("VIBEOS_ZYGOTE_HOST_CHILD").is_none() {
+        return;
+    }
+    let python = require_python!();
+    let rt = runtime();
+    let session = Session::new(python);
+    zygote::set_enabled(true);
+    let report = session.cwd().join("where.txt");
+    let code = format!(
+        "import os, time\nhere = os.path.dirname(os.path.abspath(__file__))\n\
+         open({report:?} + '.tmp', 'w').write('%s %d' % (here, os.getpid()))\n\
+         os.rename({report:?} + '.tmp', {report:?})\ntime.sleep(300)\n",
+        report = report.display().to_string()
+    );
+    let request = session.request(&code);
+    let _running = rt.spawn(execute(request, vibeos_tools::registry(), Interrupt::new()));
+    eventually("the forked script reported", || report.exists());
+    println!("FORKED {}", std::fs::read_to_string(&report).unwrap());
+    std::thread::sleep(Duration::from_secs(300));
+}
+
+#[test]
+fn a_host_killed_mid_execution_leaves_no_staging_dir_or_process() {
+    let _python = require_python!();
+    let _guard = serial();
+    for round in 0..3 {
+        // Everything the killed host cannot clean up itself (its session dir, its server's
+        // empty dir) stays in here; the staging dir is the reaper's to sweep.
+        let tmp = tempfile::tempdir().unwrap();
+        let mut host = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "suite::zygote::zygote_host_child",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("VIBEOS_ZYGOTE_HOST_CHILD", "1")
+            .env("TMPDIR", tmp.path())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = host.stdout.take().unwrap();
+        let line = std::io::BufRead::lines(std::io::BufReader::new(stdout))
+            .map_while(Result::ok)
+            .find_map(|l| l.split_once("FORKED ").map(|(_, rest)| rest.to_string()))
+            .unwrap_or_else(|| panic!("round {round}: the host reported nothing"));
+        let (staging, pid) = line.rsplit_once(' ').unwrap();
+        let (staging, pid) = (PathBuf::from(staging), pid.trim().parse::<i32>().unwrap());
+        assert!(staging.exists(), "round {round}: {}", staging.display());
+        host.kill().unwrap();
+        host.wait().unwrap();
+        eventually("the forked script died with its host", || !alive(pid));
+        eventually("its staging dir was swept", || !staging.exists());
+    }
 }
 
 #[test]
