@@ -227,6 +227,9 @@ extern "C" fn clean_up_at_exit() {
         if let Ok(mut ready) = server.ready.try_lock() {
             drop(ready.take());
         }
+        // The registry is a static, so the servers are never dropped and their empty dirs
+        // would stay in TMPDIR. The server, ending at its channel's EOF, needs it no more.
+        let _ = std::fs::remove_dir(server.empty.path());
     }
 }
 
