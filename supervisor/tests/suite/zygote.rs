@@ -61,14 +61,20 @@ fn run_cold(rt: &tokio::runtime::Runtime, request: ExecutionRequest) -> Executio
     result
 }
 
+/// Every process on the machine (pids, from /proc).
+fn all_pids() -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+        .collect()
+}
+
 /// The fork servers of this process (pids).
 fn servers() -> Vec<i32> {
     let me = std::process::id() as i32;
     let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
+    for pid in all_pids() {
         let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
             continue;
         };
@@ -316,10 +322,8 @@ fn the_server_dies_with_its_host_and_leaves_no_staging_dirs() {
 
 /// The processes a server has forked (waiting spares and the reapers of running executions).
 fn children_of(server: i32) -> Vec<i32> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+    all_pids()
+        .into_iter()
         .filter(|pid| parent_of(*pid) == server && alive(*pid))
         .collect()
 }
@@ -355,10 +359,8 @@ fn a_spare_that_died_while_waiting_is_replaced_and_leaves_nothing() {
     // process ends at EOF on its channel, which the supervisor closed).
     let orphans = || -> Vec<i32> {
         let ours = children_of(server);
-        std::fs::read_dir("/proc")
-            .unwrap()
-            .flatten()
-            .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+        all_pids()
+            .into_iter()
             .filter(|pid| {
                 alive(*pid)
                     && *pid != server
