@@ -88,7 +88,7 @@ fn the_child_sees_only_what_the_policy_allows() {
     assert_eq!(env["PYTHONUTF8"], "1");
     let pythonpath = env["PYTHONPATH"].as_str().unwrap();
     let socket = env["VIBEOS_RPC_SOCKET"].as_str().unwrap();
-    let staging = Path::new(socket).parent().unwrap().parent().unwrap();
+    let staging = Path::new(socket).parent().unwrap();
     assert!(pythonpath.starts_with(&staging.display().to_string()));
     assert_eq!(
         env["VIBEOS_RPC_DIR"].as_str().unwrap(),

@@ -119,7 +119,7 @@ fn nothing_passes_from_one_pooled_script_to_the_next() {
         assert_eq!(second["foreign_paths"], serde_json::json!([]), "{second}");
         assert_eq!(
             second["files"],
-            serde_json::json!(["rpc", "script.py", "vibeos_tools.py"]),
+            serde_json::json!(["rpc.sock", "script.py", "vibeos_tools.py"]),
             "{second}"
         );
         assert_eq!(second["cwd"], session.cwd().display().to_string());

@@ -155,7 +155,7 @@ fn two_consecutive_forked_executions_share_no_state() {
     assert_eq!(second["foreign_paths"], serde_json::json!([]), "{second}");
     assert_eq!(
         second["files"],
-        serde_json::json!(["rpc", "script.py", "vibeos_tools.py"]),
+        serde_json::json!(["rpc.sock", "script.py", "vibeos_tools.py"]),
         "{second}"
     );
     assert_eq!(second["cwd"], session.cwd().display().to_string());
