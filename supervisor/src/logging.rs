@@ -57,7 +57,7 @@ pub fn log_file() -> PathBuf {
 /// Size past which `agent.log` is rotated.
 pub const LOG_FILE_BYTES: usize = 10 << 20;
 /// Lines the log file's writer thread may have queued before further lines are dropped.
-pub const LOG_QUEUE_LINES: usize = 4096;
+pub const LOG_QUEUE_LINES: usize = 1024;
 /// Rotated files kept besides `agent.log` (`agent.log.1` … `agent.log.5`).
 pub const LOG_FILES_KEPT: usize = 5;
 
@@ -96,7 +96,7 @@ pub fn init(level: &str) -> Result<LogGuard, LogLevelError> {
         );
         // The default queue (128,000 lines) is a 4 MB array written in full when it is made:
         // about a fifth of the supervisor's CPU on a cold no-op `run`. The log holds warnings and
-        // errors; a few thousand queued lines is ample, and a flood past them is dropped (lossy,
+        // errors; a thousand queued lines is ample, and a flood past them is dropped (lossy,
         // as by default) rather than stalling an execution.
         let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
             .buffered_lines_limit(LOG_QUEUE_LINES)

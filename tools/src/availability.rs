@@ -1,5 +1,5 @@
 //! Running availability checks (`check_fn`) safely: each distinct check once per build, on its
-//! own thread, bounded by a timeout.
+//! own thread, bounded by a timeout (built-in checks marked instant run inline).
 //!
 //! A check is user- or plugin-supplied code that may probe the network or a binary, so it can
 //! fail in three ways besides returning `false`: it can panic (unavailable, with the message), it
@@ -78,14 +78,24 @@ impl ToolEntry {
 /// availability in `entries` order.
 pub(crate) fn availability_of(entries: &[Arc<ToolEntry>], timeout: Duration) -> Vec<Availability> {
     let mut checks: HashMap<usize, CheckFn> = HashMap::new();
+    let mut instant: HashMap<usize, CheckFn> = HashMap::new();
     for e in entries {
         if let Some(holder) = &e.check_fn {
-            checks
-                .entry(check_key(&holder.0))
+            let to = if e.check_is_instant {
+                &mut instant
+            } else {
+                &mut checks
+            };
+            to.entry(check_key(&holder.0))
                 .or_insert_with(|| Arc::clone(&holder.0));
         }
     }
-    let outcomes = run_checks(checks, timeout);
+    // A check shared with a tool that did not declare it instant keeps its thread and timeout.
+    instant.retain(|key, _| !checks.contains_key(key));
+    let mut outcomes = run_checks(checks, timeout);
+    for (key, check) in instant {
+        outcomes.insert(key, run_one(&check));
+    }
     entries
         .iter()
         .map(|e| {
@@ -123,6 +133,15 @@ fn describe(entry: &ToolEntry, outcome: Option<&CheckOutcome>) -> Availability {
     }
 }
 
+/// Runs one check on this thread; a panic is an outcome, not a crash.
+fn run_one(check: &CheckFn) -> CheckOutcome {
+    match catch_unwind(AssertUnwindSafe(|| check())) {
+        Ok(true) => CheckOutcome::Passed,
+        Ok(false) => CheckOutcome::Failed,
+        Err(p) => CheckOutcome::Panicked(panic_message(p.as_ref())),
+    }
+}
+
 fn run_checks(checks: HashMap<usize, CheckFn>, timeout: Duration) -> HashMap<usize, CheckOutcome> {
     let mut outcomes = HashMap::with_capacity(checks.len());
     let (tx, rx) = mpsc::channel::<(usize, CheckOutcome)>();
@@ -142,11 +161,7 @@ fn run_checks(checks: HashMap<usize, CheckFn>, timeout: Duration) -> HashMap<usi
         let spawned = std::thread::Builder::new()
             .name("vibeos-check".into())
             .spawn(move || {
-                let outcome = match catch_unwind(AssertUnwindSafe(|| check())) {
-                    Ok(true) => CheckOutcome::Passed,
-                    Ok(false) => CheckOutcome::Failed,
-                    Err(p) => CheckOutcome::Panicked(panic_message(p.as_ref())),
-                };
+                let outcome = run_one(&check);
                 let mut st = thread_state.lock().unwrap_or_else(|p| p.into_inner());
                 st.done = true;
                 if st.abandoned {

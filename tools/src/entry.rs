@@ -138,6 +138,10 @@ pub struct ToolEntry {
     /// Optional availability check; `None` means always available. Tools sharing one check hold
     /// clones of the same `Arc`, and it runs once per definitions build.
     pub check_fn: Option<CheckFnHolder>,
+    /// Whether `check_fn` only reads settings already in memory or a local file, so it runs
+    /// on the caller's thread rather than a thread of its own with a timeout (which costs a
+    /// one-shot `run` a thread start per check). Only built-in checks set it.
+    pub check_is_instant: bool,
     /// Environment variables the tool needs (shown to users when it is unavailable).
     pub requires_env: Vec<String>,
     /// Whether the handler is asynchronous (kept in step with `handler` at registration).
@@ -187,6 +191,7 @@ impl ToolEntry {
             is_async: matches!(handler, Handler::Async(_)),
             handler,
             check_fn: None,
+            check_is_instant: false,
             requires_env: Vec::new(),
             description: description.into(),
             emoji: String::new(),
@@ -275,12 +280,22 @@ impl ToolEntry {
     /// Gates availability on `check` (run when definitions are built).
     pub fn with_check<F: Fn() -> bool + Send + Sync + 'static>(mut self, check: F) -> Self {
         self.check_fn = Some(CheckFnHolder(Arc::new(check)));
+        self.check_is_instant = false;
+        self
+    }
+
+    /// Gates availability on `check`, which must answer at once from memory or a local file (it
+    /// runs inline, without the thread and timeout that guard other checks).
+    pub fn with_instant_check<F: Fn() -> bool + Send + Sync + 'static>(mut self, check: F) -> Self {
+        self.check_fn = Some(CheckFnHolder(Arc::new(check)));
+        self.check_is_instant = true;
         self
     }
 
     /// Gates availability on a check shared with other tools; it runs once per build.
     pub fn with_shared_check(mut self, check: &CheckFn) -> Self {
         self.check_fn = Some(CheckFnHolder(Arc::clone(check)));
+        self.check_is_instant = false;
         self
     }
 

@@ -20,10 +20,9 @@
 
 use super::args::{in_range, parse, schema_for};
 use crate::async_bridge::run_async;
-use crate::entry::CheckFnHolder;
 use crate::{BuiltinTool, ToolContext, ToolEntry, ToolError};
 use serde_json::{json, Map, Value};
-use std::sync::{Arc, LazyLock};
+use std::sync::LazyLock;
 use std::time::Duration;
 
 /// Largest response body read.
@@ -169,10 +168,8 @@ fn search_entry() -> ToolEntry {
         web_search,
     )
     .with_emoji("🔍")
-    .with_parallel_safe(true);
-    e.check_fn = Some(CheckFnHolder(Arc::new(|| {
-        web_config().searxng_url.is_some()
-    })));
+    .with_parallel_safe(true)
+    .with_instant_check(|| web_config().searxng_url.is_some());
     e.requires_env = vec!["VIBEOS_WEB_SEARCH_URL".into()];
     e
 }
@@ -186,8 +183,8 @@ fn extract_entry() -> ToolEntry {
         web_extract,
     )
     .with_emoji("📄")
-    .with_parallel_safe(true);
-    e.check_fn = Some(CheckFnHolder(Arc::new(|| web_config().extract_http)));
+    .with_parallel_safe(true)
+    .with_instant_check(|| web_config().extract_http);
     e.requires_env = vec!["VIBEOS_WEB_EXTRACT_BACKEND".into()];
     e
 }

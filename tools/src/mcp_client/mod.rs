@@ -770,6 +770,10 @@ impl McpManager {
 
     /// Stops every server (children end; nothing outlives the process).
     pub fn shutdown(&self) {
+        if self.servers.is_empty() {
+            // Nothing to stop: do not start the async bridge's runtime (two threads) for it.
+            return;
+        }
         let servers = self.servers.clone();
         let _ = run_async(Box::pin(async move {
             let mut set = tokio::task::JoinSet::new();
