@@ -316,6 +316,16 @@ pub fn set_enabled(on: bool) {
     if !on {
         EPOCH.fetch_add(1, Ordering::SeqCst);
         let old = lock(&REGISTRY).take();
+        if let Some(old) = &old {
+            // A thread still preparing a server's next staging area holds the server: wait for
+            // it (bounded), so the server ends here rather than in that thread, perhaps after
+            // this process has exited and left the server's dir in TMPDIR.
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < deadline && old.servers.iter().any(|s| Arc::strong_count(s) > 1)
+            {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
         drop(old);
     }
 }
