@@ -250,7 +250,11 @@ fn main() -> ExitCode {
         }
     };
     let json_output = matches!(&cli.command, Command::Run(r) if r.json);
-    match real_main(cli) {
+    let outcome = real_main(cli);
+    // An interpreter `run` prestarted for a request that never reached execute (a later usage
+    // error) is stopped here rather than by its reaper once we are gone.
+    vibeos_supervisor::prestart::discard();
+    match outcome {
         Ok(code) => ExitCode::from(code),
         Err(UsageError(message)) => {
             if json_output {
@@ -292,6 +296,24 @@ fn real_main(cli: Cli) -> Result<u8, UsageError> {
         logging::validate_level(level).map_err(|e| UsageError(e.to_string()))?;
     }
     let config = Config::load(cli.config.as_deref()).map_err(|e| UsageError(e.to_string()))?;
+    let backend_flag = match &cli.command {
+        Command::Run(a) => a.limits.backend.clone(),
+        Command::Serve(a) => a.limits.backend.clone(),
+        _ => None,
+    };
+    let backend = backends::settings(&config, backend_flag.as_deref()).map_err(UsageError)?;
+    // `run` knows its request now: a local one starts its interpreter at once, and the rest of
+    // this process's start (logging, the tool registry, the stub) overlaps the interpreter's.
+    let prepared = match &cli.command {
+        Command::Run(args) => {
+            let request = prepare_run(args, &config)?;
+            if backend.backend == vibeos_tools::environments::BackendKind::Local {
+                vibeos_supervisor::prestart::prestart(&request);
+            }
+            Some(request)
+        }
+        _ => None,
+    };
     // The tools read their own sections (command_allowlist, web) from the same file.
     if let Some(path) = &cli.config {
         vibeos_tools::settings::set_config_path(Some(path.clone()));
@@ -309,12 +331,6 @@ fn real_main(cli: Cli) -> Result<u8, UsageError> {
     if let Err(e) = execute_code_tool::register_execute_code(vibeos_tools::registry(), &config) {
         tracing::error!("{e}");
     }
-    let backend_flag = match &cli.command {
-        Command::Run(a) => a.limits.backend.clone(),
-        Command::Serve(a) => a.limits.backend.clone(),
-        _ => None,
-    };
-    let backend = backends::settings(&config, backend_flag.as_deref()).map_err(UsageError)?;
     match cli.command {
         Command::BackendAgent {
             no_shell_session,
@@ -350,7 +366,10 @@ fn real_main(cli: Cli) -> Result<u8, UsageError> {
         Command::Run(args) => {
             let extensions = vibeos_supervisor::extensions::load(&config, vibeos_tools::registry());
             backends::activate(backend, args.limits.cwd.as_deref());
-            let code = run(args, &config);
+            let code = match prepared {
+                Some(request) => run(request, args.json),
+                None => Err(UsageError("the run request was not prepared".into())),
+            };
             backends::shutdown();
             extensions.shutdown();
             code
@@ -542,7 +561,8 @@ fn read_script(file: &str) -> Result<String, UsageError> {
     })
 }
 
-fn run(args: RunArgs, config: &Config) -> Result<u8, UsageError> {
+/// The request `run` executes: the script read and the flags applied to the config.
+fn prepare_run(args: &RunArgs, config: &Config) -> Result<ExecutionRequest, UsageError> {
     let code = read_script(&args.file)?;
     if code.trim().is_empty() {
         return Err(UsageError(format!(
@@ -560,6 +580,10 @@ fn run(args: RunArgs, config: &Config) -> Result<u8, UsageError> {
     if args.limits.cwd.is_some() {
         request.cwd = Some(args.limits.session_cwd()?);
     }
+    Ok(request)
+}
+
+fn run(request: ExecutionRequest, json: bool) -> Result<u8, UsageError> {
     // One thread serves the whole execution: RPC replies then never wait for a wake-up on
     // another core. Tools that may block run on the blocking pool, bounded ones inline.
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -572,7 +596,7 @@ fn run(args: RunArgs, config: &Config) -> Result<u8, UsageError> {
         execute(request, vibeos_tools::registry(), interrupt).await
     });
     let mut out = std::io::stdout().lock();
-    if args.json {
+    if json {
         let _ = writeln!(out, "{}", result.to_json());
     } else {
         let _ = out.write_all(result.output.as_bytes());

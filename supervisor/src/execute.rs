@@ -33,7 +33,11 @@ pub async fn execute(
 ) -> ExecutionResult {
     let started = Instant::now();
     let mode = request.mode.as_str();
-    match run(request, registry, interrupt, started).await {
+    let result = run(request, registry, interrupt, started).await;
+    // A prestarted interpreter this execution did not take (it was refused, went remote or
+    // failed first) is not left waiting for a script.
+    crate::prestart::discard();
+    match result {
         Ok(result) => result,
         Err(e) => {
             tracing::error!("execute_code: {e}");
@@ -136,11 +140,14 @@ async fn run(
     };
     let launched = match warm {
         Some(launched) => launched,
-        None => {
-            let staging = Staging::create(spec.disk_budget())?;
-            staging.write_files(&stub.source, &request.code, None)?;
-            launch(&spec, staging, Program::Script)?
-        }
+        None => match crate::prestart::take(&spec) {
+            Some(prestarted) => release(prestarted, &stub.source, &request.code)?,
+            None => {
+                let staging = Staging::create(spec.disk_budget())?;
+                staging.write_files(&stub.source, &request.code, None)?;
+                launch(&spec, staging, Program::Script)?
+            }
+        },
     };
     // Strict mode: the file tools act only beneath the execution's roots.
     let paths = if spec.mode == Mode::Strict {
@@ -185,6 +192,25 @@ async fn run(
     Ok(result)
 }
 
+/// Writes the stub into a prestarted interpreter's staging dir and releases its script
+/// ([`crate::prestart`]); the interpreter is discarded if either fails.
+fn release(mut launched: Launched, stub: &str, code: &str) -> Result<Launched, StartError> {
+    let released = launched.staging.write_stub(stub).and_then(|()| {
+        crate::script_feed::ScriptFeed::start(launched.staging.path(), code)
+            .map_err(StartError::Staging)
+    });
+    match released {
+        Ok(feed) => {
+            launched.feeding = Some(feed);
+            Ok(launched)
+        }
+        Err(e) => {
+            launched.discard(true);
+            Err(e)
+        }
+    }
+}
+
 /// The active backend's name, for results of executions that never reached it.
 fn envs_backend() -> String {
     vibeos_tools::environments::active()
@@ -216,6 +242,7 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
         rpc,
         token,
         on_done,
+        feeding,
         ..
     } = launched;
     let mut child = child;
@@ -323,6 +350,8 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
     let settle = Duration::from_secs(2);
     let stdout_cap = finish(stdout_task, settle, stdout_limit).await;
     let stderr_cap = finish(stderr_task, settle, stderr_limit).await;
+    // Every process of the execution is gone: a release still waiting cannot be taken now.
+    let feed_failure = feeding.and_then(|f| f.finish().err());
     if let Some(server) = server {
         server.abort();
         let _ = server.await;
@@ -336,7 +365,7 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
     });
     drop(staging);
     drop(on_done);
-    ended_result(
+    let mut result = ended_result(
         Ended {
             ending,
             exit_code,
@@ -347,7 +376,13 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
         request,
         s.started,
         s.interpreter.path.display().to_string(),
-    )
+    );
+    if let Some(failure) = feed_failure {
+        // The interpreter ran nothing of the script (it read an empty one): say so.
+        result.status = crate::result::Status::Error;
+        result.error = Some(failure.to_string());
+    }
+    result
 }
 
 /// Sends `sig` to the reaper: through its pidfd when there is one (never a recycled pid), else

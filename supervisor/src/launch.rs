@@ -217,6 +217,13 @@ impl Staging {
         self.dir.path()
     }
 
+    /// Writes the stub alone (the script of a prestarted interpreter comes through its FIFO),
+    /// owned by the supervisor as the cold path writes it.
+    pub(crate) fn write_stub(&self, stub: &str) -> Result<(), StartError> {
+        crate::confine::staging::write_new(self.dir.path(), "vibeos_tools.py", stub, None)
+            .map_err(StartError::Staging)
+    }
+
     /// Writes the stub and the script; `owner` is the strict uid/gid the dir was handed to.
     pub(crate) fn write_files(
         &self,
@@ -245,6 +252,9 @@ pub(crate) enum RpcEnd {
 pub(crate) enum Program {
     /// `python -u script.py`.
     Script,
+    /// `python -u script.py` with `script.py` a FIFO made here, through which the script is
+    /// released later ([`crate::script_feed`], [`crate::prestart`]).
+    Fifo,
     /// The pool's bootstrap: imports done, then it waits for a line on `control` (see
     /// [`crate::pool`]); it writes one byte to `ready` when its imports are done.
     Warm {
@@ -333,6 +343,8 @@ pub(crate) struct Launched {
     pub(crate) owner: Option<(u32, u32)>,
     /// Held until the execution is over (a pooled interpreter's refill waits for it).
     pub(crate) on_done: Option<OnDone>,
+    /// The release of a prestarted interpreter's script, finished once the execution is over.
+    pub(crate) feeding: Option<crate::script_feed::ScriptFeed>,
 }
 
 impl Launched {
@@ -344,9 +356,14 @@ impl Launched {
             mut child,
             lifeline,
             staging,
+            feeding,
             ..
         } = self;
         drop(lifeline);
+        // Before the dir goes: a release still waiting is ended through the FIFO's path.
+        if let Some(feed) = feeding {
+            let _ = feed.finish();
+        }
         drop(staging);
         if reap {
             let spawned = std::thread::Builder::new()
@@ -384,6 +401,10 @@ pub(crate) fn launch(
         owner,
     } = open_channel(spec, &mut staging)?;
     let env = with_channel(env, &channel_vars);
+    if matches!(program, Program::Fifo) {
+        // The supervisor's, mode 0644, like the regular file the cold path writes.
+        crate::script_feed::make_fifo(staging.path()).map_err(StartError::Staging)?;
+    }
 
     let (lifeline, setup, read_end) =
         lifeline(spec.kill_grace, Some(staging.path())).map_err(|e| StartError::Spawn {
@@ -394,7 +415,7 @@ pub(crate) fn launch(
     let mut command = std::process::Command::new(&spec.interpreter.path);
     command.arg("-u");
     let inherit: [libc::c_int; 2] = match &program {
-        Program::Script => {
+        Program::Script | Program::Fifo => {
             command.arg(&staging.script);
             [-1, -1]
         }
@@ -454,6 +475,7 @@ pub(crate) fn launch(
         tool_env,
         owner,
         on_done: None,
+        feeding: None,
     })
 }
 

@@ -17,6 +17,7 @@ pub mod interrupts;
 pub mod logging;
 pub mod overrides;
 pub mod pool;
+pub mod prestart;
 pub mod zygote;
 
 mod capture;
@@ -38,6 +39,7 @@ mod remote;
 mod request;
 mod result;
 mod rpc_server;
+mod script_feed;
 mod script_guard;
 mod staging_sweep;
 mod terminal_cwd;

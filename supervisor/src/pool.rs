@@ -34,7 +34,8 @@
 //! starts cold. An empty pool never delays a call: it starts cold.
 //!
 //! **Hosts.** The pool is process-wide and off by default, so the one-shot CLI never
-//! pre-starts interpreters it would not use. A long-lived host turns it on once:
+//! pre-starts interpreters it would not use (it starts its one interpreter early instead:
+//! [`crate::prestart`]). A long-lived host turns it on once:
 //!
 //! ```no_run
 //! # let config = vibeos_supervisor::Config::default();

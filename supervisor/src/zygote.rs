@@ -740,6 +740,7 @@ fn fork(
             spec: spec.clone(),
             _in_flight: crate::fork_activity::InFlight::new(),
         })),
+        feeding: None,
     })
 }
 

@@ -19,6 +19,7 @@ mod mcp_serve;
 mod mcp_servers;
 mod modal_conformance;
 mod parity;
+mod prestart;
 mod spec_audit;
 mod strict_benign;
 mod strict_escapes;

@@ -4,6 +4,7 @@
 mod common;
 mod execute_code_tool;
 mod pool;
+mod prestart;
 mod structure;
 mod stub_channel;
 mod zygote;
