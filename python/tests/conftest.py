@@ -5,7 +5,9 @@ Every test drives real executions: a real interpreter child, a real Unix socket,
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,6 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 # Config is read at every call from $VIBEOS_HOME/config.yaml: point it at an empty home so the
 # developer's own config cannot change what the tests see.
 _HOME = tempfile.mkdtemp(prefix="vibeos-pytest-home-")
+atexit.register(shutil.rmtree, _HOME, True)
 os.environ["VIBEOS_HOME"] = _HOME
 # The host interpreter must be the default one: no activated venv or conda env on the way.
 os.environ.pop("VIRTUAL_ENV", None)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -277,3 +279,36 @@ def test_ctrl_c_in_the_host_interrupts_and_raises_keyboard_interrupt():
     out = proc.stdout.strip()
     assert out.startswith("KeyboardInterrupt after"), out
     assert int(out.split()[-1]) < 15
+
+
+def test_shell_session_dirs_are_removed_when_the_host_exits():
+    # terminal keeps each task's cwd and exported variables in a private dir of the host's
+    # TMPDIR; a host that exits (without anyone calling a cleanup) must not leave them there.
+    # (A short TMPDIR: the staging dir's socket path must fit in sun_path.)
+    host_tmp = Path(tempfile.mkdtemp(prefix="vs-", dir="/tmp"))
+    try:
+        _check_session_dirs_removed(host_tmp)
+    finally:
+        shutil.rmtree(host_tmp, ignore_errors=True)
+
+
+def _check_session_dirs_removed(host_tmp):
+    proc = run_python(
+        """
+        import os, vibeos_exec
+        r = vibeos_exec.execute_code(
+            "from vibeos_tools import terminal\\n"
+            "print(terminal('export SESSION_SECRET=kept-for-the-next-call; echo ran')['output'])\\n"
+        )
+        print(r["status"], r["output"].strip())
+        print(sorted(n for n in os.listdir(os.environ["TMPDIR"]) if n.startswith("vibeos-shell-")))
+        """,
+        env={"TMPDIR": str(host_tmp)},
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0] == "success ran", proc.stdout
+    # The session existed while the host ran ...
+    assert lines[1] != "[]", proc.stdout
+    # ... and is gone with it.
+    assert [p.name for p in host_tmp.iterdir() if p.name.startswith("vibeos-shell-")] == []

@@ -45,6 +45,18 @@ pub fn clear_all() {
     }
 }
 
+/// Registered once, with the first state dir: the map is a static and never dropped, so a host
+/// that does not call [`clear_all`] (the Python package, any embedder) would leave every
+/// session's dir, with the variables its commands exported, in TMPDIR after it exits.
+static AT_EXIT: std::sync::Once = std::sync::Once::new();
+
+extern "C" fn clear_at_exit() {
+    // Never block at exit: a lock held by a thread that exit() froze would hang the process.
+    if let Ok(mut g) = STATES.try_lock() {
+        g.clear();
+    }
+}
+
 fn session_key(ctx: &ToolContext) -> SessionKey {
     (
         ctx.task_id.clone().unwrap_or_default(),
@@ -72,6 +84,15 @@ fn state_dir(ctx: &ToolContext) -> Option<PathBuf> {
     let _ = std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700));
     let path = dir.path().to_path_buf();
     g.insert(key, dir);
+    AT_EXIT.call_once(|| {
+        // SAFETY: registering a plain `extern "C" fn()` that takes no arguments.
+        if unsafe { libc::atexit(clear_at_exit) } != 0 {
+            tracing::warn!(
+                "terminal: cannot register the exit hook; shell-session dirs may be left in \
+                 TMPDIR at exit"
+            );
+        }
+    });
     Some(path)
 }
 

@@ -158,3 +158,50 @@ fn a_command_started_meanwhile_does_not_hold_another_commands_output() {
         held.first()
     );
 }
+
+/// Set in the child process of the test below: the dir to use as its TMPDIR.
+const SESSION_EXIT_CHILD: &str = "VIBEOS_TEST_SESSION_EXIT_CHILD";
+
+#[test]
+fn shell_session_dirs_go_with_a_host_that_never_clears_them() {
+    let test = vibeos_testkit::current_test();
+    if std::env::var_os(SESSION_EXIT_CHILD).is_some() {
+        // The child: an embedder that runs terminal commands and simply exits.
+        let dir = tempfile::tempdir_in(std::env::var_os(SESSION_EXIT_CHILD).unwrap()).unwrap();
+        let ctx = ToolContext::agent(dir.path());
+        let r = call(
+            "terminal",
+            json!({"command": "export SESSION_SECRET=for-the-next-call; echo ran"}),
+            &ctx,
+        );
+        assert!(r["output"].as_str().unwrap().contains("ran"), "{r}");
+        let kept = std::fs::read_dir(std::env::temp_dir())
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("vibeos-shell-"))
+            .count();
+        assert_eq!(kept, 1, "the session keeps its state while the host runs");
+        return;
+    }
+    let host_tmp = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([test.as_str(), "--exact", "--test-threads=1"])
+        .env(SESSION_EXIT_CHILD, host_tmp.path())
+        .env("TMPDIR", host_tmp.path())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains(&format!("test {test} ... ok")),
+        "the child failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let left: Vec<_> = std::fs::read_dir(host_tmp.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("vibeos-shell-"))
+        .collect();
+    assert!(left.is_empty(), "left in TMPDIR at exit: {left:?}");
+}
