@@ -74,15 +74,23 @@ impl ScriptFeed {
         })
     }
 
+    /// Tells the writer to write nothing and opens the FIFO's read end, so a writer still in
+    /// its open returns (a writer's open completes once a reader has come, even one that has
+    /// gone again). Once the script was released the path is a regular file, and opening it
+    /// does nothing.
+    fn abandon(&self) -> std::io::Result<std::fs::File> {
+        self.abandoned.store(true, Ordering::SeqCst);
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(&self.fifo)
+    }
+
     /// Waits for the release to be over; called once every process of the execution is gone.
     /// An interpreter that died before it opened the script leaves the writer waiting in its
     /// open: opening the read end ourselves lets it return, and it then writes nothing.
     pub(crate) fn finish(mut self) -> Result<(), FeedError> {
-        self.abandoned.store(true, Ordering::SeqCst);
-        let unblock = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(&self.fifo);
+        let unblock = self.abandon();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -105,12 +113,7 @@ impl Drop for ScriptFeed {
         // its open return if the FIFO is still there, but never wait for it here; a dir already
         // removed leaves it to end with the process.
         if self.thread.take().is_some() {
-            self.abandoned.store(true, Ordering::SeqCst);
-            let unblock = std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-                .open(&self.fifo);
-            drop(unblock);
+            drop(self.abandon());
         }
     }
 }

@@ -302,15 +302,11 @@ static EPOCH: AtomicU64 = AtomicU64::new(0);
 /// servers; executions already forked are not affected.
 pub fn set_enabled(on: bool) {
     if on {
-        AT_EXIT.call_once(|| {
-            // SAFETY: registering a plain `extern "C" fn()` with no arguments.
-            if unsafe { libc::atexit(clean_up_at_exit) } != 0 {
-                tracing::warn!(
-                    "execute_code: cannot register the fork servers' exit hook; a prepared \
-                     staging dir may be left in TMPDIR at exit"
-                );
-            }
-        });
+        vibeos_tools::exit_hook::register(
+            &AT_EXIT,
+            clean_up_at_exit,
+            "the fork servers' prepared staging dirs may be left in TMPDIR at exit",
+        );
     }
     ENABLED.store(on, Ordering::SeqCst);
     if !on {

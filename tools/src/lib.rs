@@ -24,6 +24,7 @@ mod dispatch;
 mod entry;
 pub mod environments;
 mod error;
+pub mod exit_hook;
 mod hooks;
 pub mod mcp_client;
 pub mod path_policy;

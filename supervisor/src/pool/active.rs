@@ -54,15 +54,12 @@ pub fn enable(size: usize) {
     if let Some(old) = old {
         old.shutdown();
     }
-    AT_EXIT.call_once(|| {
-        // SAFETY: registering a plain `extern "C" fn()` with no arguments.
-        if unsafe { libc::atexit(clean_up_at_exit) } != 0 {
-            tracing::warn!(
-                "execute_code: cannot register the pool's exit hook; idle interpreters still \
-                 die with this process, but their staging dirs may be left in TMPDIR"
-            );
-        }
-    });
+    vibeos_tools::exit_hook::register(
+        &AT_EXIT,
+        clean_up_at_exit,
+        "the pool's idle interpreters still die with this process, but their staging dirs may \
+         be left in TMPDIR",
+    );
 }
 
 /// Shuts the process-wide pool down: idle interpreters are killed and their staging dirs

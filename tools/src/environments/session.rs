@@ -84,15 +84,11 @@ fn state_dir(ctx: &ToolContext) -> Option<PathBuf> {
     let _ = std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700));
     let path = dir.path().to_path_buf();
     g.insert(key, dir);
-    AT_EXIT.call_once(|| {
-        // SAFETY: registering a plain `extern "C" fn()` that takes no arguments.
-        if unsafe { libc::atexit(clear_at_exit) } != 0 {
-            tracing::warn!(
-                "terminal: cannot register the exit hook; shell-session dirs may be left in \
-                 TMPDIR at exit"
-            );
-        }
-    });
+    crate::exit_hook::register(
+        &AT_EXIT,
+        clear_at_exit,
+        "terminal's shell-session dirs may be left in TMPDIR at exit",
+    );
     Some(path)
 }
 
