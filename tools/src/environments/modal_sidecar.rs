@@ -87,6 +87,17 @@ pub struct Sidecar {
 
 static SIDECAR: OnceLock<Mutex<Option<Arc<Sidecar>>>> = OnceLock::new();
 
+static AT_EXIT: std::sync::Once = std::sync::Once::new();
+
+extern "C" fn stop_at_exit() {
+    // Never block on the lock at exit (see `exit_hook`); the sidecar's own stop is bounded.
+    if let Some(slot) = SIDECAR.get() {
+        if let Ok(mut slot) = slot.try_lock() {
+            slot.take();
+        }
+    }
+}
+
 impl Sidecar {
     /// The process's sidecar for `python`, started (or restarted, if it died) on demand.
     pub fn get(python: &str) -> Result<Arc<Sidecar>, EnvError> {
@@ -99,6 +110,13 @@ impl Sidecar {
         }
         let s = Arc::new(Sidecar::start(python)?);
         *slot = Some(Arc::clone(&s));
+        // Hosts stop it with `shutdown`; one that never does (a test binary, an embedder) would
+        // leave the process and its socket dir behind.
+        crate::exit_hook::register(
+            &AT_EXIT,
+            stop_at_exit,
+            "the Modal sidecar's socket dir may be left in TMPDIR at exit",
+        );
         Ok(s)
     }
 
@@ -115,11 +133,13 @@ impl Sidecar {
     }
 
     fn start(python: &str) -> Result<Sidecar, EnvError> {
+        // 0700 from its creation (tempfile's own default is 0777 less the umask): the socket
+        // inside is reachable by this user only.
         let dir = tempfile::Builder::new()
             .prefix("vibeos-modal-")
+            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
             .tempdir()
             .map_err(|e| err("creating the sidecar's socket dir", e.to_string()))?;
-        // tempdir() creates it 0700: the socket inside is reachable by this user only.
         let socket = dir.path().join("sidecar.sock");
         let mut cmd = Command::new(python);
         cmd.arg("-u")
