@@ -326,6 +326,15 @@ impl Sandbox {
 /// Pids of live processes whose command line mentions `needle` (say, a sandbox's TMPDIR, which
 /// every script of that sandbox has in its argv).
 pub fn processes_mentioning(needle: &str) -> Vec<i32> {
+    processes_where(|proc_dir| {
+        std::fs::read(proc_dir.join("cmdline"))
+            .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains(needle))
+    })
+}
+
+/// Pids of live processes (other than this one) for which `matches` holds, given each one's
+/// `/proc/PID` dir.
+pub fn processes_where(matches: impl Fn(&Path) -> bool) -> Vec<i32> {
     let mut found = Vec::new();
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return found;
@@ -341,10 +350,7 @@ pub fn processes_mentioning(needle: &str) -> Vec<i32> {
         if pid == std::process::id() as i32 {
             continue;
         }
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        if String::from_utf8_lossy(&cmdline).contains(needle) && pid_alive(pid) {
+        if matches(&entry.path()) && pid_alive(pid) {
             found.push(pid);
         }
     }

@@ -224,3 +224,33 @@ impl Escapes {
         assert_eq!(std::fs::read_dir(self.outside.path()).unwrap().count(), 1);
     }
 }
+
+/// Scripts whose results a warm path (forked, prestarted) must give exactly as a cold start
+/// does: exit codes and messages, tracebacks, syntax errors, `os._exit`, atexit and threads at
+/// exit, Ctrl-C, pickling of `__main__` classes, stdin, cwd, environment, `__del__` at exit,
+/// signals.
+pub(crate) fn parity_scripts() -> Vec<String> {
+    vec![
+        fixture("pool/semantics.py"),
+        "import sys\nprint('before')\nsys.exit(3)\n".to_string(),
+        "import sys\nsys.exit('bye with a message')\n".to_string(),
+        "def f():\n    raise ValueError('boom')\nprint('partial')\nf()\n".to_string(),
+        "def broken(:\n    pass\n".to_string(),
+        "import os\nprint('x', end='')\nos._exit(7)\n".to_string(),
+        "import atexit, threading, time\natexit.register(print, 'atexit ran')\n\
+             t = threading.Thread(target=lambda: (time.sleep(0.2), print('thread done')))\n\
+             t.start()\nprint('main done')\n"
+            .to_string(),
+        "raise KeyboardInterrupt\n".to_string(),
+        "import pickle\nclass C: pass\nprint(type(pickle.loads(pickle.dumps(C()))).__module__)\n"
+            .to_string(),
+        "print(__import__('sys').stdin.read() == '')\n".to_string(),
+        "import os\nprint(os.getcwd() == os.environ['EXPECTED_CWD'])\n".to_string(),
+        "import os\nprint(sorted(k for k in os.environ if k.startswith('VIBEOS_POOL')))\n"
+            .to_string(),
+        "class D:\n    def __del__(self):\n        print('del ran at exit')\nd = D()\n".to_string(),
+        "import sys\nsys.exit(256 + 5)\n".to_string(),
+        "import signal, os\nos.kill(os.getpid(), signal.SIGTERM)\n".to_string(),
+        "import threading\nthreading.Thread(target=lambda: 1/0).start()\n".to_string(),
+    ]
+}

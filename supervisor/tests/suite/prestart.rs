@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use super::common::{fixture, normalized, run, Session};
+use super::common::{normalized, parity_scripts, run, Session};
 use super::pool::serial;
 use std::time::{Duration, Instant};
 use vibeos_supervisor::prestart;
@@ -18,20 +18,9 @@ fn runtime() -> tokio::runtime::Runtime {
 /// Processes whose working dir is `dir` (a prestart's reaper and interpreter run in their
 /// session dir, which no other test uses).
 fn processes_in(dir: &std::path::Path) -> Vec<i32> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        if std::fs::read_link(entry.path().join("cwd")).is_ok_and(|c| c == dir) {
-            out.push(pid);
-        }
-    }
-    out
+    vibeos_testkit::processes_where(|proc_dir| {
+        std::fs::read_link(proc_dir.join("cwd")).is_ok_and(|cwd| cwd == dir)
+    })
 }
 
 fn gone_within(pid: i32, limit: Duration) -> bool {
@@ -58,16 +47,12 @@ fn prestarted_scripts_behave_exactly_like_cold_ones() {
     let _guard = serial();
     let rt = runtime();
     let session = Session::new(python);
-    let scripts = [
-        fixture("pool/semantics.py"),
-        "import sys\nprint('before')\nsys.exit(3)\n".to_string(),
-        "def f():\n    raise ValueError('boom')\nprint('partial')\nf()\n".to_string(),
-        "def broken(:\n    pass\n".to_string(),
+    let mut scripts = parity_scripts();
+    // What only a FIFO-fed start could get wrong: the source read back by the script itself.
+    scripts.push(
         "import inspect, sys\nprint(inspect.getsource(sys.modules['__main__']).count('inspect'))\n"
             .to_string(),
-        "import os\nprint(os.getcwd())\n".to_string(),
-        "raise KeyboardInterrupt\n".to_string(),
-    ];
+    );
     for code in scripts {
         let cold = normalized(&run(&rt, session.request(&code)));
         assert!(

@@ -92,29 +92,7 @@ fn forked_scripts_behave_exactly_like_cold_ones() {
     let _guard = serial();
     let rt = runtime();
     let session = Session::new(python);
-    let scripts = [
-        fixture("pool/semantics.py"),
-        "import sys\nprint('before')\nsys.exit(3)\n".to_string(),
-        "import sys\nsys.exit('bye with a message')\n".to_string(),
-        "def f():\n    raise ValueError('boom')\nprint('partial')\nf()\n".to_string(),
-        "def broken(:\n    pass\n".to_string(),
-        "import os\nprint('x', end='')\nos._exit(7)\n".to_string(),
-        "import atexit, threading, time\natexit.register(print, 'atexit ran')\n\
-         t = threading.Thread(target=lambda: (time.sleep(0.2), print('thread done')))\n\
-         t.start()\nprint('main done')\n"
-            .to_string(),
-        "raise KeyboardInterrupt\n".to_string(),
-        "import pickle\nclass C: pass\nprint(type(pickle.loads(pickle.dumps(C()))).__module__)\n"
-            .to_string(),
-        "print(__import__('sys').stdin.read() == '')\n".to_string(),
-        "import os\nprint(os.getcwd() == os.environ['EXPECTED_CWD'])\n".to_string(),
-        "import os\nprint(sorted(k for k in os.environ if k.startswith('VIBEOS_POOL')))\n"
-            .to_string(),
-        "class D:\n    def __del__(self):\n        print('del ran at exit')\nd = D()\n".to_string(),
-        "import sys\nsys.exit(256 + 5)\n".to_string(),
-        "import signal, os\nos.kill(os.getpid(), signal.SIGTERM)\n".to_string(),
-        "import threading\nthreading.Thread(target=lambda: 1/0).start()\n".to_string(),
-    ];
+    let scripts = parity_scripts();
     for code in scripts {
         let cold = normalized(&run_cold(&rt, session.request(&code)));
         let forked = normalized(&run_forked(&rt, session.request(&code)));
