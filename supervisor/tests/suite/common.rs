@@ -225,10 +225,10 @@ impl Escapes {
     }
 }
 
-/// Scripts whose results a warm path (forked, prestarted) must give exactly as a cold start
+/// Scripts whose results a warm path (pooled, forked, prestarted) must give exactly as a cold start
 /// does: exit codes and messages, tracebacks, syntax errors, `os._exit`, atexit and threads at
 /// exit, Ctrl-C, pickling of `__main__` classes, stdin, cwd, environment, `__del__` at exit,
-/// signals.
+/// signals, warnings, output without a final newline.
 pub(crate) fn parity_scripts() -> Vec<String> {
     vec![
         fixture("pool/semantics.py"),
@@ -252,5 +252,7 @@ pub(crate) fn parity_scripts() -> Vec<String> {
         "import sys\nsys.exit(256 + 5)\n".to_string(),
         "import signal, os\nos.kill(os.getpid(), signal.SIGTERM)\n".to_string(),
         "import threading\nthreading.Thread(target=lambda: 1/0).start()\n".to_string(),
+        "import warnings\nwarnings.warn('careful')\nraise SystemExit(0)\n".to_string(),
+        "import sys\nsys.stdout.write('no newline')\nsys.exit(None)\n".to_string(),
     ]
 }

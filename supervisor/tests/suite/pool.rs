@@ -142,27 +142,7 @@ fn a_pooled_script_is_started_exactly_like_a_cold_one() {
     let rt = runtime();
     let session = Session::new(python);
     pool::enable(2);
-    let scripts = [
-        fixture("pool/semantics.py"),
-        "import sys\nprint('before')\nsys.exit(3)\n".to_string(),
-        "import sys\nsys.exit('bye with a message')\n".to_string(),
-        "def f():\n    raise ValueError('boom')\nprint('partial')\nf()\n".to_string(),
-        "def broken(:\n    pass\n".to_string(),
-        "import os\nprint('x', end='')\nos._exit(7)\n".to_string(),
-        "import atexit, threading, time\natexit.register(print, 'atexit ran')\n\
-         t = threading.Thread(target=lambda: (time.sleep(0.2), print('thread done')))\n\
-         t.start()\nprint('main done')\n"
-            .to_string(),
-        "raise KeyboardInterrupt\n".to_string(),
-        "import pickle\nclass C: pass\nprint(type(pickle.loads(pickle.dumps(C()))).__module__)\n"
-            .to_string(),
-        "print(__import__('sys').stdin.read() == '')\n".to_string(),
-        "import warnings\nwarnings.warn('careful')\nraise SystemExit(0)\n".to_string(),
-        "class D:\n    def __del__(self):\n        print('del ran at exit')\nd = D()\n".to_string(),
-        "import sys\nsys.exit(256 + 5)\n".to_string(),
-        "import sys\nsys.stdout.write('no newline')\nsys.exit(None)\n".to_string(),
-        "import threading\nthreading.Thread(target=lambda: 1/0).start()\n".to_string(),
-    ];
+    let scripts = parity_scripts();
     for code in scripts {
         let cold = normalized(&run_cold(&rt, session.request(&code), 2));
         let warm = normalized(&run_warm(&rt, session.request(&code)));
