@@ -195,7 +195,7 @@ async fn run(
 /// Writes the stub into a prestarted interpreter's staging dir and releases its script
 /// ([`crate::prestart`]); the interpreter is discarded if either fails.
 fn release(mut launched: Launched, stub: &str, code: &str) -> Result<Launched, StartError> {
-    let released = launched.staging.write_stub(stub).and_then(|()| {
+    let released = launched.staging.write_stub(stub, None).and_then(|()| {
         crate::script_feed::ScriptFeed::start(launched.staging.path(), code)
             .map_err(StartError::Staging)
     });

@@ -193,7 +193,7 @@ impl Staging {
                 .map_err(StartError::Staging)?,
             None => None,
         };
-        let script = dir.path().join("script.py");
+        let script = dir.path().join(crate::confine::staging::SCRIPT_FILE);
         // The socket lives in the staging dir itself, which is already private (0700, ours):
         // a subdir of its own would add nothing but a mkdir and an rmdir, each a few hundred
         // microseconds of a cold run on ext4.
@@ -217,25 +217,37 @@ impl Staging {
         self.dir.path()
     }
 
-    /// Writes the stub alone (the script of a prestarted interpreter comes through its FIFO),
-    /// owned by the supervisor as the cold path writes it.
-    pub(crate) fn write_stub(&self, stub: &str) -> Result<(), StartError> {
-        crate::confine::staging::write_new(self.dir.path(), "vibeos_tools.py", stub, None)
-            .map_err(StartError::Staging)
+    /// Writes the stub alone (the script of a prestarted interpreter comes through its FIFO);
+    /// `owner` is the strict uid/gid the dir was handed to.
+    pub(crate) fn write_stub(
+        &self,
+        stub: &str,
+        owner: Option<(u32, u32)>,
+    ) -> Result<(), StartError> {
+        crate::confine::staging::write_new(
+            self.dir.path(),
+            crate::confine::staging::STUB_FILE,
+            stub,
+            owner,
+        )
+        .map_err(StartError::Staging)
     }
 
-    /// Writes the stub and the script; `owner` is the strict uid/gid the dir was handed to.
+    /// Writes the stub and the script; `owner` as for [`Staging::write_stub`].
     pub(crate) fn write_files(
         &self,
         stub: &str,
         code: &str,
         owner: Option<(u32, u32)>,
     ) -> Result<(), StartError> {
-        for (name, text) in [("vibeos_tools.py", stub), ("script.py", code)] {
-            crate::confine::staging::write_new(self.dir.path(), name, text, owner)
-                .map_err(StartError::Staging)?;
-        }
-        Ok(())
+        self.write_stub(stub, owner)?;
+        crate::confine::staging::write_new(
+            self.dir.path(),
+            crate::confine::staging::SCRIPT_FILE,
+            code,
+            owner,
+        )
+        .map_err(StartError::Staging)
     }
 }
 

@@ -20,14 +20,11 @@ use std::sync::{Arc, Mutex};
 /// The name the script's text waits under until the interpreter has opened the FIFO.
 const PENDING_NAME: &str = ".script.py.pending";
 
-/// The script file's name in the staging dir (what the interpreter is started on).
-pub(crate) const SCRIPT_NAME: &str = "script.py";
-
 /// Creates `script.py` in `dir` as a FIFO, the supervisor's with mode 0644, like the regular
 /// file a cold start writes.
 pub(crate) fn make_fifo(dir: &Path) -> io::Result<()> {
     nix::unistd::mkfifo(
-        &dir.join(SCRIPT_NAME),
+        &dir.join(crate::confine::staging::SCRIPT_FILE),
         nix::sys::stat::Mode::from_bits_truncate(0o644),
     )?;
     Ok(())
@@ -53,7 +50,7 @@ impl ScriptFeed {
     pub(crate) fn start(dir: &Path, code: &str) -> io::Result<ScriptFeed> {
         // The supervisor's file, as the cold path writes it.
         crate::confine::staging::write_new(dir, PENDING_NAME, code, None)?;
-        let fifo = dir.join(SCRIPT_NAME);
+        let fifo = dir.join(crate::confine::staging::SCRIPT_FILE);
         let pending = dir.join(PENDING_NAME);
         let abandoned = Arc::new(AtomicBool::new(false));
         let failure = Arc::new(Mutex::new(None));

@@ -120,6 +120,12 @@ pub fn remove_at_exit(dir: &Path) {
     }
 }
 
+/// The script's file in a staging dir: what the interpreter is started on.
+pub const SCRIPT_FILE: &str = "script.py";
+
+/// The generated stub's file in a staging dir.
+pub const STUB_FILE: &str = "vibeos_tools.py";
+
 /// Creates `name` in `dir` with `text`: relative to a descriptor of `dir`, never following a
 /// symlink, never reusing an existing name. `owner` receives the file (strict mode as root).
 pub fn write_new(dir: &Path, name: &str, text: &str, owner: Option<(u32, u32)>) -> io::Result<()> {
