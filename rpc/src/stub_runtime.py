@@ -54,20 +54,15 @@ class ToolChannelError(RuntimeError):
 
 
 class _Pending(object):
+    """A call that waits while another thread reads: its gate is held until the reader either
+    delivers its reply or hands it the reader role (then `reply` is still None)."""
+
     __slots__ = ("reply", "gate")
 
-    def __init__(self, waits):
+    def __init__(self):
         self.reply = None
-        # For a call that waits (another thread is reading): held until it may go on, released
-        # by the reader that delivered its reply or that hands it the reader role.
-        self.gate = None
-        if waits:
-            self.gate = _thread.allocate_lock()
-            self.gate.acquire()
-
-    def wake(self):
-        if self.gate is not None:
-            self.gate.release()
+        self.gate = _thread.allocate_lock()
+        self.gate.acquire()
 
 
 class _Channel(object):
@@ -154,7 +149,7 @@ class _Channel(object):
         self._reading = False
         for waiter in self._pending.values():
             waiter.reply = {"error": {"code": "channel_closed", "message": reason}}
-            waiter.wake()
+            waiter.gate.release()
         self._pending.clear()
 
     def _readline(self):
@@ -184,11 +179,21 @@ class _Channel(object):
                 return b"".join(parts)
             parts.append(chunk)
 
-    def _read_until(self, mine):
-        """Reads replies until `mine` has one, then passes the reader role on."""
+    def _pass_reader_role(self):
+        # Caller holds self._lock and has stopped reading.
+        for other in self._pending.values():
+            other.gate.release()
+            return
+        self._reading = False
+
+    def _read_until(self, call_id, mine):
+        """Reads replies until the one for `call_id` arrives, delivering the others to their
+        waiting calls, then passes the reader role on. `mine` is this call's entry in
+        `_pending` when it waited for the role, None when it took it at once."""
+        readline = self._readline
         while True:
             try:
-                line = self._readline()
+                line = readline()
                 reason = "the supervisor closed the tool channel"
             except (OSError, ValueError) as exc:
                 line = None
@@ -204,40 +209,41 @@ class _Channel(object):
             with self._lock:
                 if not line:
                     self._fail_all(reason)
-                    return
-                if isinstance(msg, dict):
-                    waiter = self._pending.pop(msg.get("id"), None)
-                    if waiter is mine:
-                        mine.reply = msg
-                    elif waiter is not None:
-                        waiter.reply = msg
-                        waiter.wake()
-                    elif msg.get("id") is None and "error" in msg:
-                        # A reply to a frame the supervisor could not attribute: fail every
-                        # call in flight with it rather than leave them waiting.
-                        mine.reply = msg
-                        for other in self._pending.values():
-                            if other is not mine:
-                                other.reply = msg
-                                other.wake()
-                        self._pending.clear()
-                if mine.reply is not None:
-                    # Hand the reader role to a call still waiting, if any.
+                    return {"error": {"code": "channel_closed", "message": reason}}
+                if type(msg) is not dict:
+                    continue
+                msg_id = msg.get("id")
+                if msg_id == call_id:
+                    if mine is not None:
+                        self._pending.pop(call_id, None)
+                    self._pass_reader_role()
+                    return msg
+                waiter = self._pending.pop(msg_id, None)
+                if waiter is not None:
+                    waiter.reply = msg
+                    waiter.gate.release()
+                elif msg_id is None and "error" in msg:
+                    # A reply to a frame the supervisor could not attribute: fail every call in
+                    # flight with it rather than leave them waiting.
                     for other in self._pending.values():
-                        other.wake()
-                        break
-                    else:
-                        self._reading = False
-                    return
+                        other.reply = msg
+                        other.gate.release()
+                    self._pending.clear()
+                    self._reading = False
+                    return msg
 
     def call(self, tool, args):
         # Serialise before registering the call so an unserialisable argument is a plain
         # TypeError (or ValueError for unencodable text) that leaves the channel untouched. Only
-        # the arguments are encoded per call: the frame's fixed parts are spliced in as text.
+        # the arguments are encoded per call: the frame's fixed parts (the tool's name, then
+        # the token) are spliced in as text kept from earlier calls.
         if _ENCODE is None:
             _load_codec()
+        head = _HEADS.get(tool)
+        if head is None:
+            head = _HEADS[tool] = ',"tool":' + _ENCODE(tool) + ',"args":'
         try:
-            head = (',"tool":' + _ENCODE(tool) + ',"args":' + _ENCODE(args)).encode("utf-8")
+            body = (head + _ENCODE(args)).encode("utf-8")
         except UnicodeEncodeError as exc:
             raise ValueError(
                 "arguments of %s contain text that is not valid Unicode (%s); "
@@ -250,46 +256,52 @@ class _Channel(object):
                 self._init_state()
             if self._broken is not None:
                 raise ToolChannelError(self._broken)
-            if self._sock is None:
-                self._sock = self._open()
+            sock = self._sock
+            if sock is None:
+                sock = self._sock = self._open()
                 token = _os.environ.get("VIBEOS_RPC_TOKEN", "")
                 self._tail = (',"token":' + _ENCODE(token) + "}\n").encode("utf-8")
             call_id = self._next_id + 1
             self._next_id = call_id
-            line = b'{"id":' + str(call_id).encode("ascii") + head + self._tail
-            lead = not self._reading
-            waiter = _Pending(not lead)
-            self._pending[call_id] = waiter
-            if lead:
+            if self._reading:
+                # Another thread reads: wait for it to deliver our reply or hand us its role.
+                mine = self._pending[call_id] = _Pending()
+            else:
+                # The common case, a lone caller: it reads its own reply, with nothing to
+                # register.
                 self._reading = True
-            sock = self._sock
+                mine = None
+            tail = self._tail
         try:
             with self._send_lock:
-                sock.sendall(line)
+                sock.sendall(b'{"id":' + str(call_id).encode("ascii") + body + tail)
         except OSError as exc:
             with self._lock:
-                self._pending.pop(call_id, None)
-                if lead:
-                    for other in self._pending.values():
-                        other.wake()
-                        break
-                    else:
-                        self._reading = False
+                if mine is None:
+                    self._pass_reader_role()
+                else:
+                    self._pending.pop(call_id, None)
+                    # Handed the reader role while sending: pass it on, or no one reads.
+                    if mine.gate.acquire(False) and mine.reply is None:
+                        self._pass_reader_role()
             raise ToolChannelError("sending the call to %s failed: %s" % (tool, exc))
-        if not lead:
-            waiter.gate.acquire()
-            # Woken either with our reply or with the reader role.
-            if waiter.reply is None:
-                lead = True
-        if lead:
-            self._read_until(waiter)
-        reply = waiter.reply
+        if mine is None:
+            reply = self._read_until(call_id, None)
+        else:
+            mine.gate.acquire()
+            reply = mine.reply
+            if reply is None:
+                reply = self._read_until(call_id, mine)
         if "result" in reply:
             return reply["result"]
         error = reply.get("error")
         if isinstance(error, dict):
             error = error.get("message", error)
         raise ToolChannelError("the call to %s was refused: %s" % (tool, error))
+
+
+# The encoded `,"tool":NAME,"args":` of each tool called so far.
+_HEADS = {}
 
 
 _AT_FORK = hasattr(_os, "register_at_fork")

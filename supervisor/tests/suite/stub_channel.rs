@@ -230,3 +230,73 @@ print(len(results), all(r == {'ok': 1} for r in results))
     ns.sort();
     assert_eq!(ns, (0..8).collect::<Vec<_>>());
 }
+
+/// Calls from several threads share one connection: the server holds every reply until it has
+/// all the calls and then answers them newest first, so each reply reaches whichever thread is
+/// reading at the time, and the reader role changes hands as calls complete. Every thread must
+/// get its own result, and a later lone call must still find a reader (its own thread).
+#[test]
+fn replies_out_of_order_reach_their_own_threads() {
+    const THREADS: usize = 6;
+    let dir = tempfile::tempdir().unwrap();
+    let stub = generate_stub(&[StubTool {
+        name: "ping".into(),
+        description: "Ping.".into(),
+        parameters: serde_json::json!({"type": "object", "properties": {
+            "n": {"type": "integer"}}, "required": ["n"]}),
+    }]);
+    std::fs::write(dir.path().join("vibeos_tools.py"), &stub.source).unwrap();
+    let sock = dir.path().join("rpc.sock");
+    let listener = UnixListener::bind(&sock).unwrap();
+    let server = std::thread::spawn(move || {
+        let (stream, _) = listener.accept().unwrap();
+        let mut reader = BufReader::new(stream.try_clone().unwrap());
+        let mut writer = stream;
+        let mut read_request = || {
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            serde_json::from_str::<serde_json::Value>(&line).unwrap()
+        };
+        let held: Vec<serde_json::Value> = (0..THREADS).map(|_| read_request()).collect();
+        for request in held.iter().rev() {
+            let reply =
+                serde_json::json!({"id": request["id"], "result": {"n": request["args"]["n"]}});
+            writer.write_all(format!("{reply}\n").as_bytes()).unwrap();
+        }
+        let last = read_request();
+        let reply = serde_json::json!({"id": last["id"], "result": {"n": last["args"]["n"]}});
+        writer.write_all(format!("{reply}\n").as_bytes()).unwrap();
+        held.len() + 1
+    });
+    let script = format!(
+        r#"
+import threading
+from vibeos_tools import ping
+got = {{}}
+def worker(n):
+    got[n] = ping(n)["n"]
+threads = [threading.Thread(target=worker, args=(n,)) for n in range({THREADS})]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(sorted(got.items()) == [(n, n) for n in range({THREADS})], ping(99)["n"])
+"#
+    );
+    let out = Command::new(vibeos_testkit::python3())
+        .args(["-c", &script])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("PYTHONPATH", dir.path())
+        .env("VIBEOS_RPC_SOCKET", &sock)
+        .env("VIBEOS_RPC_TOKEN", "tok")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "True 99");
+    assert_eq!(server.join().unwrap(), THREADS + 1);
+}
