@@ -372,6 +372,76 @@ fn read_frame(reader: &mut impl BufRead, buf: &mut Vec<u8>) -> Result<bool, Prot
     Ok(true)
 }
 
+/// How long a connection thread polls for the script's next call before it blocks in `read`.
+///
+/// A script calling tools in a loop sends its next call a few microseconds after it reads a
+/// reply. A thread blocked in `read` then has to be woken, and on a VM waking a thread on
+/// another (idle) CPU costs an interrupt to that CPU, about 10 us here: a third of a
+/// `read_file` round trip. Polling this long first catches the next call without that wake-up
+/// (docs/rpc-channel.md has the figures). Longer would burn more CPU for scripts that pause
+/// between calls; shorter would miss a loop whose Python side takes more than this.
+const POLL_WINDOW: std::time::Duration = std::time::Duration::from_micros(30);
+
+/// Whether the script is calling tools back to back, which is when polling for its next call
+/// pays: only after a call that came within twice [`POLL_WINDOW`] of the reply before it
+/// (twice, so a call that missed the window because the thread had blocked, and paid the
+/// wake-up, still counts). A script that pauses between calls is never polled for, so an idle
+/// or slow script costs the supervisor no CPU.
+#[derive(Default)]
+struct CallPace {
+    /// When the last inline reply was written; None before the first and after a call that
+    /// went to the blocking pool.
+    last_reply: Option<std::time::Instant>,
+    /// Whether the last call came soon enough after the reply before it.
+    back_to_back: bool,
+}
+
+impl CallPace {
+    fn expects_next_call_soon(&self) -> bool {
+        self.back_to_back
+    }
+
+    fn call_arrived(&mut self) {
+        self.back_to_back = self
+            .last_reply
+            .is_some_and(|sent| sent.elapsed() <= 2 * POLL_WINDOW);
+    }
+
+    fn replied(&mut self) {
+        self.last_reply = Some(std::time::Instant::now());
+    }
+
+    fn went_async(&mut self) {
+        self.last_reply = None;
+        self.back_to_back = false;
+    }
+}
+
+/// Returns once `stream` has data (or its end, or an error) to read, or after [`POLL_WINDOW`].
+/// Peeks without blocking and yields the CPU between peeks, so a script that runs on this
+/// same CPU gets it to send its call rather than wait out the window.
+fn wait_briefly_for_data(stream: &UnixStream) {
+    use nix::sys::socket::{recv, MsgFlags};
+    use std::os::fd::AsRawFd;
+    let deadline = std::time::Instant::now() + POLL_WINDOW;
+    let mut byte = [0u8; 1];
+    loop {
+        match recv(
+            stream.as_raw_fd(),
+            &mut byte,
+            MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_PEEK,
+        ) {
+            Err(nix::errno::Errno::EAGAIN) => {}
+            // Data, the end of the stream, or an error: the blocking read reports them.
+            _ => return,
+        }
+        if std::time::Instant::now() >= deadline {
+            return;
+        }
+        std::thread::yield_now();
+    }
+}
+
 fn serve_connection(
     stream: UnixStream,
     writer: Writer,
@@ -393,9 +463,13 @@ fn serve_connection(
     }
     let mut reader = BufReader::with_capacity(64 * 1024, stream);
     let mut frame = Vec::with_capacity(4096);
+    let mut pace = CallPace::default();
     loop {
+        if pace.expects_next_call_soon() && reader.buffer().is_empty() {
+            wait_briefly_for_data(reader.get_ref());
+        }
         match read_frame(&mut reader, &mut frame) {
-            Ok(true) => {}
+            Ok(true) => pace.call_arrived(),
             Ok(false) => break,
             Err(e) => {
                 send(&writer, &encode_error(None, &e), true);
@@ -429,7 +503,10 @@ fn serve_connection(
         if state.answers_inline(&request.tool) {
             let result = state.answer(&request.tool, request.args);
             send(&writer, &encode_response_json(&request.id, &result), false);
+            pace.replied();
         } else {
+            // The script waits for this reply, not to send: nothing to poll for meanwhile.
+            pace.went_async();
             let state = Arc::clone(state);
             let writer = Arc::clone(&writer);
             pool.spawn_blocking(move || {
@@ -443,6 +520,32 @@ fn serve_connection(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn polling_is_only_for_calls_that_come_back_to_back() {
+        let mut pace = CallPace::default();
+        pace.call_arrived();
+        assert!(
+            !pace.expects_next_call_soon(),
+            "the first call has no reply before it"
+        );
+        pace.replied();
+        pace.call_arrived();
+        assert!(pace.expects_next_call_soon(), "a call right after a reply");
+        pace.replied();
+        std::thread::sleep(4 * POLL_WINDOW);
+        pace.call_arrived();
+        assert!(!pace.expects_next_call_soon(), "a call after a pause");
+        pace.replied();
+        pace.call_arrived();
+        pace.went_async();
+        assert!(
+            !pace.expects_next_call_soon(),
+            "a call answered off the thread: the script waits, it does not send"
+        );
+        pace.call_arrived();
+        assert!(!pace.expects_next_call_soon(), "no reply written since");
+    }
 
     #[test]
     fn frames_are_bounded() {

@@ -5,6 +5,7 @@ mod common;
 mod execute_code_tool;
 mod pool;
 mod prestart;
+mod rpc_pace;
 mod structure;
 mod stub_channel;
 mod zygote;
