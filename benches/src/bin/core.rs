@@ -13,7 +13,10 @@
 //! shared machine than wall time), the 1-minute load, and a breakdown of what a cold `run` adds.
 //!
 //! Run: `cargo build --release --bins && cargo run --release -p vibeos-benches --bin core`;
-//! flags: `--sections abc` (any subset), `--rounds N` (a), `--call-rounds N` (b).
+//! flags: `--sections abc` (any subset), `--rounds N` (a), `--call-rounds N` (b), `--one-cpu`
+//! (every process of the run on CPU 0: (b) then compares the work of each path, free of the
+//! scheduler's placement of the two ends of a round trip on one CPU or two, which changes the
+//! echo's own figure by 3x from run to run on a 2-vCPU VM).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -296,8 +299,10 @@ fn thread_cpu() -> f64 {
 /// rounds, so machine noise hits all of them alike.
 fn bench_tool_call(env: &Env, rounds: usize) -> ([(f64, f64); 3], (f64, f64)) {
     std::fs::write(env.dir.path().join("tiny.txt"), "hello\n").unwrap();
+    // The pause before timing lets the pool refill the interpreter it lent (a full start) before
+    // the pooled round measures; with --one-cpu the refill would otherwise share the CPU.
     let code = format!(
-        "import time\nfrom vibeos_tools import read_file\nread_file('tiny.txt')\n\
+        "import time\nfrom vibeos_tools import read_file\nread_file('tiny.txt')\ntime.sleep(0.3)\n\
          t, c = time.perf_counter(), time.process_time()\nfor _ in range({CALLS}):\n    r = read_file('tiny.txt')\n\
          print((time.perf_counter() - t) / {CALLS}, (time.process_time() - c) / {CALLS})\n"
     );
@@ -384,6 +389,7 @@ struct Options {
     sections: String,
     rounds: usize,
     call_rounds: usize,
+    one_cpu: bool,
 }
 
 fn options() -> Options {
@@ -391,6 +397,7 @@ fn options() -> Options {
         sections: "abc".into(),
         rounds: 30,
         call_rounds: ROUNDS,
+        one_cpu: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -399,16 +406,31 @@ fn options() -> Options {
             "--sections" => o.sections = value(),
             "--rounds" => o.rounds = value().parse().expect("--rounds N"),
             "--call-rounds" => o.call_rounds = value().parse().expect("--call-rounds N"),
+            "--one-cpu" => o.one_cpu = true,
             other => {
-                panic!("unknown flag {other}; flags: --sections abc, --rounds N, --call-rounds N")
+                panic!("unknown flag {other}; flags: --sections abc, --rounds N, --call-rounds N, --one-cpu")
             }
         }
     }
     o
 }
 
+/// Keeps this process, and every thread and process it starts from now on, on CPU 0.
+fn pin_to_one_cpu() {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(0).expect("CPU 0 exists");
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).expect("sched_setaffinity");
+}
+
 fn main() {
     let opts = options();
+    if opts.one_cpu {
+        // Both ends of every round trip then share one CPU, so (b) compares the work each
+        // path does; without it the scheduler may put the two ends on different CPUs, which
+        // adds a cross-CPU wake-up to every hop, more or less at random from run to run.
+        pin_to_one_cpu();
+        println!("everything on CPU 0 (--one-cpu)");
+    }
     let env = Env::new();
     println!("interpreter: {}", env.python.display());
     if opts.sections.contains('a') {
