@@ -417,28 +417,35 @@ impl CallPace {
     }
 }
 
-/// Returns once `stream` has data (or its end, or an error) to read, or after [`POLL_WINDOW`].
-/// Peeks without blocking and yields the CPU between peeks, so a script that runs on this
-/// same CPU gets it to send its call rather than wait out the window.
-fn wait_briefly_for_data(stream: &UnixStream) {
-    use nix::sys::socket::{recv, MsgFlags};
-    use std::os::fd::AsRawFd;
-    let deadline = std::time::Instant::now() + POLL_WINDOW;
-    let mut byte = [0u8; 1];
-    loop {
-        match recv(
-            stream.as_raw_fd(),
-            &mut byte,
-            MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_PEEK,
-        ) {
-            Err(nix::errno::Errno::EAGAIN) => {}
-            // Data, the end of the stream, or an error: the blocking read reports them.
-            _ => return,
+/// The connection's read side. Its first read after `poll_first` was set polls without blocking
+/// for up to [`POLL_WINDOW`], yielding the CPU between tries (a script on this same CPU then
+/// gets it to send its call rather than wait out the window); after that, or when nothing came,
+/// reads block as usual. Polling with the read itself, not a peek before it, costs no syscall
+/// beyond the read when the call is already there.
+struct Incoming {
+    stream: UnixStream,
+    poll_first: bool,
+}
+
+impl Read for Incoming {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if std::mem::take(&mut self.poll_first) {
+            use nix::sys::socket::{recv, MsgFlags};
+            use std::os::fd::AsRawFd;
+            let deadline = std::time::Instant::now() + POLL_WINDOW;
+            loop {
+                match recv(self.stream.as_raw_fd(), buf, MsgFlags::MSG_DONTWAIT) {
+                    Ok(n) => return Ok(n),
+                    Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                if std::time::Instant::now() >= deadline {
+                    break;
+                }
+                std::thread::yield_now();
+            }
         }
-        if std::time::Instant::now() >= deadline {
-            return;
-        }
-        std::thread::yield_now();
+        self.stream.read(buf)
     }
 }
 
@@ -461,13 +468,17 @@ fn serve_connection(
             return;
         }
     }
-    let mut reader = BufReader::with_capacity(64 * 1024, stream);
+    let mut reader = BufReader::with_capacity(
+        64 * 1024,
+        Incoming {
+            stream,
+            poll_first: false,
+        },
+    );
     let mut frame = Vec::with_capacity(4096);
     let mut pace = CallPace::default();
     loop {
-        if pace.expects_next_call_soon() && reader.buffer().is_empty() {
-            wait_briefly_for_data(reader.get_ref());
-        }
+        reader.get_mut().poll_first = pace.expects_next_call_soon();
         match read_frame(&mut reader, &mut frame) {
             Ok(true) => pace.call_arrived(),
             Ok(false) => break,
