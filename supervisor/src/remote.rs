@@ -288,6 +288,9 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
     let settle = Duration::from_secs(2);
     let stdout_cap = finish(stdout_task, settle, stdout_limit).await;
     let stderr_cap = finish(stderr_task, settle, stderr_limit).await;
+    if bootstrap_may_have_skipped_cleanup(ending, exit_code) {
+        remove_work_dir(&r.env, &remote_dir).await;
+    }
     server.stop();
     state.close_all();
     // Terminal commands the script started run under the agent, not in the script's group.
@@ -315,6 +318,40 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
     );
     result.backend = Some(backend.to_string());
     Ok(result)
+}
+
+/// Whether the bootstrap may have died before its exit handler removed the work dir: it was
+/// stopped (a SIGTERM ends Python without running exit handlers), or its status is not a
+/// plain exit code (a signal, or the backend's own failure code).
+fn bootstrap_may_have_skipped_cleanup(ending: Ending, exit_code: Option<i32>) -> bool {
+    ending != Ending::Exited || !exit_code.is_some_and(|c| (0..=125).contains(&c))
+}
+
+/// Removes the execution's work dir over there (the script, the stub and whatever the script
+/// left in it), waiting at most 10 s; a failure is logged, not reported, since the execution's
+/// result does not depend on it.
+async fn remove_work_dir(env: &EnvHandle, remote_dir: &str) {
+    let env = Arc::clone(env);
+    let dir = remote_dir.to_string();
+    let removed = tokio::task::spawn_blocking(move || {
+        env.exec(
+            &ExecSpec::new(["rm", "-rf", "--", dir.as_str()]),
+            b"",
+            Duration::from_secs(10),
+        )
+    })
+    .await;
+    match removed {
+        Ok(Ok(out)) if out.success() => {}
+        Ok(Ok(out)) => tracing::warn!(
+            "execute_code: removing the work dir {remote_dir} failed: {}",
+            out.stderr_text()
+        ),
+        Ok(Err(e)) => {
+            tracing::warn!("execute_code: removing the work dir {remote_dir} failed: {e}")
+        }
+        Err(e) => tracing::warn!("execute_code: removing the work dir {remote_dir} failed: {e}"),
+    }
 }
 
 /// Serves the script's connections until stopped.

@@ -108,8 +108,10 @@ print("workdir:", os.path.dirname(os.path.abspath(__file__)), oct(os.stat(os.pat
     );
     assert_eq!(v["own_call_ok"], true, "{v}");
 
-    // A timeout kills the remote process group, not just the local client.
-    let mut req = request("import subprocess, time\nsubprocess.Popen(['sleep', '4545'])\nprint('up', flush=True)\ntime.sleep(600)");
+    // A timeout kills the remote process group, not just the local client, and removes the
+    // work dir, which the bootstrap's own exit handler never gets to (SIGTERM ends Python
+    // without running it).
+    let mut req = request("import os, subprocess, time\nsubprocess.Popen(['sleep', '4545'])\nprint('up', os.path.dirname(os.path.abspath(__file__)), flush=True)\ntime.sleep(600)");
     req.timeout = Duration::from_secs(2);
     req.kill_grace = Duration::from_secs(1);
     let r = run(&rt, req);
@@ -119,6 +121,20 @@ print("workdir:", os.path.dirname(os.path.abspath(__file__)), oct(os.stat(os.pat
     assert!(
         !ps.contains("sleep 4545") && !ps.contains("script.py"),
         "left behind: {ps}"
+    );
+    let workdir = r
+        .output
+        .lines()
+        .find_map(|l| l.strip_prefix("up "))
+        .unwrap_or_else(|| panic!("no work dir in {:?}", r.output))
+        .to_string();
+    assert!(
+        workdir.starts_with("/tmp/vibeos-exec-"),
+        "unexpected work dir {workdir}"
+    );
+    assert!(
+        !Path::new(&workdir).exists(),
+        "the timed-out execution's work dir was left: {workdir}"
     );
 
     environments::shutdown();
