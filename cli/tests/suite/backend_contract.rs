@@ -238,6 +238,7 @@ fn an_ssh_environment_that_was_never_stopped_ends_with_its_sshd() {
         Err(e) => return unavailable(&e),
     };
     let dir = sshd.dir.path().display().to_string();
+    let dirs_before = ssh_env_dirs();
     let env = environments::start(&ssh_backend(&sshd, sshd.port), "abandoned").unwrap();
     assert!(env
         .exec(&ExecSpec::new(["true"]), b"", Duration::from_secs(60))
@@ -260,4 +261,25 @@ fn an_ssh_environment_that_was_never_stopped_ends_with_its_sshd() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(clients(), 0, "a client of the dropped sshd is left");
+    // The forgotten environment's control dir and remote socket dir stay, as a crashed host's
+    // would; remove them so that the suite leaves the temp dirs as it found them.
+    for leftover in ssh_env_dirs().difference(&dirs_before) {
+        let _ = std::fs::remove_dir_all(leftover);
+    }
+}
+
+/// The ssh backend's dirs in the temp dirs: its control dirs on this side (`vibeos-ssh-*`, in
+/// $TMPDIR or /tmp) and its socket dirs on the host's side (`vibeos-exec-env-*`, in /tmp).
+fn ssh_env_dirs() -> std::collections::BTreeSet<std::path::PathBuf> {
+    [std::env::temp_dir(), std::path::PathBuf::from("/tmp")]
+        .iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.starts_with("vibeos-ssh-") || name.starts_with("vibeos-exec-env-")
+        })
+        .map(|e| e.path())
+        .collect()
 }
