@@ -15,4 +15,6 @@ pub use protocol::{
     decode_request, encode_error, encode_response, encode_response_json, ProtocolError, Request,
     MAX_FRAME_BYTES,
 };
-pub use stub::{generate_stub, GeneratedStub, StubError, StubTool};
+pub use stub::{
+    generate_stub, GeneratedStub, StubError, StubTool, RUNTIME_FILE, RUNTIME_MODULE, RUNTIME_SOURCE,
+};

@@ -1,14 +1,40 @@
 //! Generation of `vibeos_tools.py`, the module a script imports its tools from.
 //!
-//! The module is a fixed runtime (the channel, `json_parse`, `shell_quote`, `retry`; see
-//! `stub_runtime.py` beside this file) followed by one function per tool, written from the
-//! tool's JSON schema so that the script sees the real signature, defaults and doc line.
+//! The module imports a fixed runtime (the channel, `json_parse`, `shell_quote`, `retry`; see
+//! `stub_runtime.py` beside this file), which is written beside it as [`RUNTIME_FILE`], and
+//! then defines one function per tool, written from the tool's JSON schema so that the script
+//! sees the real signature, defaults and doc line. The runtime is a module of its own because
+//! it is the same for every execution: a fork server imports it before it forks, so a forked
+//! script compiles only its wrappers (the runtime was four fifths of the stub's compile time).
 
 use serde_json::{Map, Value};
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
-const RUNTIME: &str = include_str!("stub_runtime.py");
+/// Source of the runtime module every generated stub imports from.
+pub const RUNTIME_SOURCE: &str = include_str!("stub_runtime.py");
+
+/// The runtime's module name.
+pub const RUNTIME_MODULE: &str = "_vibeos_runtime";
+
+/// The runtime's file, written beside `vibeos_tools.py` in every staging dir.
+pub const RUNTIME_FILE: &str = "_vibeos_runtime.py";
+
+/// The generated module's head: its doc and what it takes from the runtime (the wrappers call
+/// `_call` and `_drop_unset`, and parse non-scalar defaults with `_json`).
+const HEAD: &str = r#""""Tools of this execute_code run, callable from the script.
+
+Generated for one execution. Each tool function sends one call over the execution's private
+channel to the supervisor and returns the tool's parsed result. A tool that fails returns a dict
+with an "error" key; only a broken or refused channel raises ToolChannelError.
+
+The module is safe to use from several threads at once (calls are multiplexed by id over one
+connection) and from forked children and subprocesses (each process opens its own connection).
+"""
+
+from _vibeos_runtime import ToolChannelError, json_parse, shell_quote, retry  # noqa: F401
+from _vibeos_runtime import _call, _drop_unset, _json  # noqa: F401
+"#;
 
 /// Helper names the runtime defines; a tool may not shadow them.
 const HELPERS: [&str; 4] = ["json_parse", "shell_quote", "retry", "ToolChannelError"];
@@ -62,8 +88,8 @@ pub struct GeneratedStub {
 /// Generates `vibeos_tools.py` for the given tools. With no tools, the module has only its
 /// helpers (the execution's allowlist failed closed).
 pub fn generate_stub(tools: &[StubTool]) -> GeneratedStub {
-    let mut source = String::with_capacity(RUNTIME.len() + tools.len() * 600);
-    source.push_str(RUNTIME);
+    let mut source = String::with_capacity(HEAD.len() + tools.len() * 600);
+    source.push_str(HEAD);
     let mut included = Vec::new();
     let mut skipped = Vec::new();
     for tool in tools {
@@ -374,8 +400,33 @@ mod tests {
     fn an_empty_tool_list_gives_helpers_only() {
         let stub = generate_stub(&[]);
         assert!(stub.tools.is_empty());
-        assert!(stub.source.contains("def retry("));
+        assert!(stub.source.contains(
+            "from _vibeos_runtime import ToolChannelError, json_parse, shell_quote, retry"
+        ));
+        assert!(RUNTIME_SOURCE.contains("def retry("));
         assert!(stub.source.contains("_TOOLS = ()"));
+    }
+
+    #[test]
+    fn the_runtime_defines_every_name_the_stub_takes_from_it() {
+        let head = HEAD
+            .lines()
+            .filter_map(|l| l.strip_prefix("from _vibeos_runtime import "));
+        for line in head {
+            let names = line.split('#').next().unwrap_or_default();
+            for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+                let defined = [
+                    format!("def {name}("),
+                    format!("class {name}("),
+                    format!("{name} = "),
+                ];
+                assert!(
+                    defined.iter().any(|d| RUNTIME_SOURCE.contains(d.as_str())),
+                    "the runtime does not define {name}"
+                );
+            }
+        }
+        assert_eq!(RUNTIME_FILE, format!("{RUNTIME_MODULE}.py"));
     }
 
     #[test]

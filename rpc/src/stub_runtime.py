@@ -1,11 +1,16 @@
-"""Tools of this execute_code run, callable from the script.
+"""The fixed part of `vibeos_tools`: the tool channel and the helpers.
 
-Generated for one execution. Each tool function sends one call over the execution's private
-channel to the supervisor and returns the tool's parsed result. A tool that fails returns a dict
-with an "error" key; only a broken or refused channel raises ToolChannelError.
+Every execution's generated `vibeos_tools.py` imports from this module, which is the same text
+for every execution: a fork server imports it once, before it forks, so a forked script that
+imports its tools compiles only the generated wrappers. Each tool wrapper sends one call over
+the execution's private channel to the supervisor and returns the tool's parsed result. A tool
+that fails returns a dict with an "error" key; only a broken or refused channel raises
+ToolChannelError.
 
-The module is safe to use from several threads at once (calls are multiplexed by id over one
+The channel is safe to use from several threads at once (calls are multiplexed by id over one
 connection) and from forked children and subprocesses (each process opens its own connection).
+Nothing here reads the environment before the first call, so importing it ahead of an
+execution binds it to none.
 """
 
 import _thread
@@ -368,3 +373,9 @@ def retry(fn, max_attempts=3, delay=2):
             if not (isinstance(result, dict) and "error" in result) or last:
                 return result
         _time.sleep(delay * (2 ** attempt))
+
+
+# The helpers are part of vibeos_tools' interface: they say so in reprs, tracebacks and pickles.
+for _public in (ToolChannelError, json_parse, shell_quote, retry):
+    _public.__module__ = "vibeos_tools"
+del _public

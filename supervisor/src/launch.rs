@@ -217,19 +217,22 @@ impl Staging {
         self.dir.path()
     }
 
-    /// Writes the stub alone (the script of a prestarted interpreter comes through its FIFO);
-    /// `owner` is the strict uid/gid the dir was handed to.
+    /// Writes the stub alone, with the runtime module it imports (the script of a prestarted
+    /// interpreter comes through its FIFO); `owner` is the strict uid/gid the dir was handed
+    /// to.
     pub(crate) fn write_stub(
         &self,
         stub: &str,
         owner: Option<(u32, u32)>,
     ) -> Result<(), StartError> {
-        crate::confine::staging::write_new(
+        use crate::confine::staging::{write_new, STUB_FILE};
+        write_new(
             self.dir.path(),
-            crate::confine::staging::STUB_FILE,
-            stub,
+            vibeos_rpc::RUNTIME_FILE,
+            vibeos_rpc::RUNTIME_SOURCE,
             owner,
         )
+        .and_then(|()| write_new(self.dir.path(), STUB_FILE, stub, owner))
         .map_err(StartError::Staging)
     }
 

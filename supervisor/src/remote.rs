@@ -176,6 +176,7 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
         &remote_dir,
         &cwd,
         &[
+            (vibeos_rpc::RUNTIME_FILE, vibeos_rpc::RUNTIME_SOURCE),
             ("vibeos_tools.py", r.stub.as_str()),
             ("script.py", request.code.as_str()),
         ],

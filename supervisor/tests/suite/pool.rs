@@ -114,12 +114,18 @@ fn nothing_passes_from_one_pooled_script_to_the_next() {
         assert_eq!(second["os_attr"], false, "{second}");
         assert_eq!(second["decimal_loaded"], false, "{second}");
         assert_eq!(second["leak_module"], false, "{second}");
+        assert_eq!(second["runtime_patched"], false, "{second}");
         assert_eq!(second["fd77"], false, "{second}");
         // Nothing of the earlier request (its staging dir's name) in reach of the later script.
         assert_eq!(second["foreign_paths"], serde_json::json!([]), "{second}");
         assert_eq!(
             second["files"],
-            serde_json::json!(["rpc.sock", "script.py", "vibeos_tools.py"]),
+            serde_json::json!([
+                "_vibeos_runtime.py",
+                "rpc.sock",
+                "script.py",
+                "vibeos_tools.py"
+            ]),
             "{second}"
         );
         assert_eq!(second["cwd"], session.cwd().display().to_string());

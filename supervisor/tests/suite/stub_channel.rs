@@ -7,7 +7,17 @@
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixListener;
 use std::process::Command;
-use vibeos_rpc::{generate_stub, StubTool};
+use vibeos_rpc::{generate_stub, GeneratedStub, StubTool};
+
+/// Writes the stub into `dir` as a staging dir holds it: with the runtime it imports.
+fn write_stub(dir: &std::path::Path, stub: &GeneratedStub) {
+    std::fs::write(
+        dir.join(vibeos_rpc::RUNTIME_FILE),
+        vibeos_rpc::RUNTIME_SOURCE,
+    )
+    .unwrap();
+    std::fs::write(dir.join("vibeos_tools.py"), &stub.source).unwrap();
+}
 
 /// Runs `script` with the stub of one tool `ping`, served by a server that answers the n-th
 /// request with `replies[n]` (the request's id spliced in for each `@`); returns the script's
@@ -20,7 +30,7 @@ fn run_against(replies: &[&[u8]], script: &str) -> (String, Vec<serde_json::Valu
         parameters: serde_json::json!({"type": "object", "properties": {
             "n": {"type": "integer"}}, "required": ["n"]}),
     }]);
-    std::fs::write(dir.path().join("vibeos_tools.py"), &stub.source).unwrap();
+    write_stub(dir.path(), &stub);
     let sock = dir.path().join("rpc.sock");
     let listener = UnixListener::bind(&sock).unwrap();
     let replies: Vec<Vec<u8>> = replies.iter().map(|r| r.to_vec()).collect();
@@ -161,7 +171,7 @@ fn the_stub_imports_json_and_socket_only_when_a_tool_is_called() {
         parameters: serde_json::json!({"type": "object", "properties": {
             "tags": {"type": "array", "default": ["a"]}}}),
     }]);
-    std::fs::write(dir.path().join("vibeos_tools.py"), &stub.source).unwrap();
+    write_stub(dir.path(), &stub);
     // -S: without site, nothing but the stub could import json or socket.
     let out = Command::new(vibeos_testkit::python3())
         .args([
@@ -245,7 +255,7 @@ fn replies_out_of_order_reach_their_own_threads() {
         parameters: serde_json::json!({"type": "object", "properties": {
             "n": {"type": "integer"}}, "required": ["n"]}),
     }]);
-    std::fs::write(dir.path().join("vibeos_tools.py"), &stub.source).unwrap();
+    write_stub(dir.path(), &stub);
     let sock = dir.path().join("rpc.sock");
     let listener = UnixListener::bind(&sock).unwrap();
     let server = std::thread::spawn(move || {
