@@ -553,6 +553,7 @@ fn start_server(spec: &LaunchSpec) -> Result<Server, ZygoteError> {
         .arg(BOOT)
         .arg(theirs_fd.to_string())
         .arg(empty.path())
+        .arg(vibeos_rpc::RUNTIME_SOURCE)
         .env_clear()
         .envs(startup_env.iter().map(|(k, v)| (k, v)))
         .current_dir(empty.path())

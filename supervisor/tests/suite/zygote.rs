@@ -108,6 +108,41 @@ fn forked_scripts_behave_exactly_like_cold_ones() {
     zygote::set_enabled(false);
 }
 
+/// The stub's runtime is loaded by the server before it forks, so a forked script that imports
+/// its tools does not compile it; its code then names this execution's copy of the file, as a
+/// cold run's does, in `__file__`, tracebacks and `inspect`.
+#[test]
+fn a_forked_script_finds_the_stub_runtime_loaded_and_naming_its_own_file() {
+    let python = require_python!();
+    let _guard = serial();
+    let rt = runtime();
+    let session = Session::new(python);
+    let code = fixture("zygote/runtime_adopted.py");
+    let forked = json_line(&run_forked(&rt, session.request(&code)));
+    let cold = json_line(&run_cold(&rt, session.request(&code)));
+    zygote::set_enabled(false);
+    assert_eq!(forked["preloaded"], true, "{forked}");
+    assert_eq!(cold["preloaded"], false, "{cold}");
+    for report in [&forked, &cold] {
+        let own = format!("{}/_vibeos_runtime.py", report["here"].as_str().unwrap());
+        assert_eq!(report["runtime_file"], own.as_str(), "{report}");
+        assert_eq!(report["code_files"], serde_json::json!([own]), "{report}");
+        assert_eq!(
+            report["retry_source"],
+            "def retry(fn, max_attempts=3, delay=2):"
+        );
+        assert!(
+            report["tb_files"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| f == own.as_str()),
+            "{report}"
+        );
+        assert_eq!(report["error_module"], "vibeos_tools", "{report}");
+    }
+}
+
 #[test]
 fn two_consecutive_forked_executions_share_no_state() {
     let python = require_python!();
@@ -134,7 +169,12 @@ fn two_consecutive_forked_executions_share_no_state() {
     assert_eq!(second["foreign_paths"], serde_json::json!([]), "{second}");
     assert_eq!(
         second["files"],
-        serde_json::json!(["_vibeos_runtime.py", "rpc.sock", "script.py", "vibeos_tools.py"]),
+        serde_json::json!([
+            "_vibeos_runtime.py",
+            "rpc.sock",
+            "script.py",
+            "vibeos_tools.py"
+        ]),
         "{second}"
     );
     assert_eq!(second["cwd"], session.cwd().display().to_string());
