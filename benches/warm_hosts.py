@@ -1,7 +1,8 @@
 """Warm no-op executions through the two long-lived hosts, against the bare interpreter of the
 same venv, measured in one run:
 
-(a) the Python package: `vibeos_exec.execute_code("pass")`, calls 100 ms apart and back to back;
+(a) the Python package: `vibeos_exec.execute_code("pass")`, calls 100 ms apart and back to back,
+    and back to back a script that imports its tools and makes one `read_file` call;
 (b) `vibeos-exec serve` driven by the official MCP client (the `mcp` SDK over stdio), the same
     two ways;
 (c) 16 concurrent MCP callers on one session (`--max-concurrent 16`): executions per second.
@@ -51,15 +52,15 @@ def bare(runs):
     return out
 
 
-def package(runs, gap):
+def package(runs, gap, code="pass"):
     import vibeos_exec
 
-    vibeos_exec.execute_code("pass")
+    vibeos_exec.execute_code(code)
     out = []
     for _ in range(runs):
         time.sleep(gap)
         t = time.perf_counter()
-        r = vibeos_exec.execute_code("pass")
+        r = vibeos_exec.execute_code(code)
         out.append(time.perf_counter() - t)
         assert r["status"] == "success", r
     return out
@@ -134,6 +135,9 @@ def main():
         loads = {"a": load()}
         pkg_paced = package(args.runs, 0.1)
         pkg_b2b = package(args.runs, 0.0)
+        # What a script that uses its tools adds: importing the stub and one call.
+        Path("tiny.txt").write_text("hello\n")
+        pkg_call = package(args.runs, 0.0, "from vibeos_tools import read_file\nread_file('tiny.txt')")
         loads["b"] = load()
         paced, b2b, rate = asyncio.run(mcp_figures(binary, home, args.runs))
         loads["c"] = load()
@@ -145,6 +149,9 @@ def main():
         print("(a) Python package, load %s" % loads["a"])
         row("execute_code('pass'), 100 ms apart", pkg_paced, base)
         row("execute_code('pass'), back to back", pkg_b2b, base)
+        print("  %-44s median %7.2f ms  p90 %7.2f ms  / pass back to back %.3f" % (
+            "import vibeos_tools + one read_file, b2b", median(pkg_call) * 1e3,
+            p90(pkg_call) * 1e3, median(pkg_call) / median(pkg_b2b)))
         print("(b) serve + official MCP client, load %s" % loads["b"])
         row("tools/call execute_code, 100 ms apart", paced, base)
         row("tools/call execute_code, back to back", b2b, base)

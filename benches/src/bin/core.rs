@@ -119,15 +119,17 @@ struct Startup {
 fn bench_startup(env: &Env, rounds: usize) -> Startup {
     let noop = env.dir.path().join("noop.py");
     std::fs::write(&noop, "pass\n").unwrap();
-    // The stub exactly as `run` generates it, kept by a script that copies its own import.
+    // The stub exactly as `run` generates it, with the runtime it imports, kept by a script
+    // that copies its own imports.
     let keep = env.dir.path().join("stubcopy");
     std::fs::create_dir_all(&keep).unwrap();
     let copier = env.dir.path().join("copy_stub.py");
     std::fs::write(
         &copier,
         format!(
-            "import shutil, vibeos_tools\nshutil.copy(vibeos_tools.__file__, {:?})\n",
-            keep.join("vibeos_tools.py").display().to_string()
+            "import shutil, sys, vibeos_tools\n\
+             for m in (vibeos_tools, sys.modules['_vibeos_runtime']):\n    shutil.copy(m.__file__, {:?})\n",
+            keep.display().to_string()
         ),
     )
     .unwrap();
