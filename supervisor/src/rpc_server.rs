@@ -401,14 +401,14 @@ impl CallPace {
         self.back_to_back
     }
 
-    fn call_arrived(&mut self) {
+    fn call_arrived(&mut self, now: std::time::Instant) {
         self.back_to_back = self
             .last_reply
-            .is_some_and(|sent| sent.elapsed() <= 2 * POLL_WINDOW);
+            .is_some_and(|sent| now.saturating_duration_since(sent) <= 2 * POLL_WINDOW);
     }
 
-    fn replied(&mut self) {
-        self.last_reply = Some(std::time::Instant::now());
+    fn replied(&mut self, now: std::time::Instant) {
+        self.last_reply = Some(now);
     }
 
     fn went_async(&mut self) {
@@ -480,7 +480,7 @@ fn serve_connection(
     loop {
         reader.get_mut().poll_first = pace.expects_next_call_soon();
         match read_frame(&mut reader, &mut frame) {
-            Ok(true) => pace.call_arrived(),
+            Ok(true) => pace.call_arrived(std::time::Instant::now()),
             Ok(false) => break,
             Err(e) => {
                 send(&writer, &encode_error(None, &e), true);
@@ -514,7 +514,7 @@ fn serve_connection(
         if state.answers_inline(&request.tool) {
             let result = state.answer(&request.tool, request.args);
             send(&writer, &encode_response_json(&request.id, &result), false);
-            pace.replied();
+            pace.replied(std::time::Instant::now());
         } else {
             // The script waits for this reply, not to send: nothing to poll for meanwhile.
             pace.went_async();
@@ -534,27 +534,28 @@ mod tests {
 
     #[test]
     fn polling_is_only_for_calls_that_come_back_to_back() {
+        let t0 = std::time::Instant::now();
+        let at = |us: u64| t0 + std::time::Duration::from_micros(us);
         let mut pace = CallPace::default();
-        pace.call_arrived();
+        pace.call_arrived(at(0));
         assert!(
             !pace.expects_next_call_soon(),
             "the first call has no reply before it"
         );
-        pace.replied();
-        pace.call_arrived();
+        pace.replied(at(10));
+        pace.call_arrived(at(20));
         assert!(pace.expects_next_call_soon(), "a call right after a reply");
-        pace.replied();
-        std::thread::sleep(4 * POLL_WINDOW);
-        pace.call_arrived();
+        pace.replied(at(30));
+        pace.call_arrived(at(30) + 2 * POLL_WINDOW + std::time::Duration::from_micros(1));
         assert!(!pace.expects_next_call_soon(), "a call after a pause");
-        pace.replied();
-        pace.call_arrived();
+        pace.replied(at(1000));
+        pace.call_arrived(at(1010));
         pace.went_async();
         assert!(
             !pace.expects_next_call_soon(),
             "a call answered off the thread: the script waits, it does not send"
         );
-        pace.call_arrived();
+        pace.call_arrived(at(1020));
         assert!(!pace.expects_next_call_soon(), "no reply written since");
     }
 
