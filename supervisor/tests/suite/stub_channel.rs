@@ -19,10 +19,8 @@ fn write_stub(dir: &std::path::Path, stub: &GeneratedStub) {
     std::fs::write(dir.join("vibeos_tools.py"), &stub.source).unwrap();
 }
 
-/// Runs `script` with the stub of one tool `ping`, served by a server that answers the n-th
-/// request with `replies[n]` (the request's id spliced in for each `@`); returns the script's
-/// stdout and the requests the server saw.
-fn run_against(replies: &[&[u8]], script: &str) -> (String, Vec<serde_json::Value>) {
+/// A dir holding the stub of one tool `ping(n)`, and the listener of its socket `rpc.sock`.
+fn ping_stub() -> (tempfile::TempDir, UnixListener) {
     let dir = tempfile::tempdir().unwrap();
     let stub = generate_stub(&[StubTool {
         name: "ping".into(),
@@ -31,8 +29,35 @@ fn run_against(replies: &[&[u8]], script: &str) -> (String, Vec<serde_json::Valu
             "n": {"type": "integer"}}, "required": ["n"]}),
     }]);
     write_stub(dir.path(), &stub);
-    let sock = dir.path().join("rpc.sock");
-    let listener = UnixListener::bind(&sock).unwrap();
+    let listener = UnixListener::bind(dir.path().join("rpc.sock")).unwrap();
+    (dir, listener)
+}
+
+/// Runs `script` against the stub in `dir` and its socket; returns its stdout, checking that it
+/// succeeded.
+fn run_script(dir: &std::path::Path, script: &str) -> String {
+    let out = Command::new(vibeos_testkit::python3())
+        .args(["-c", script])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("PYTHONPATH", dir)
+        .env("VIBEOS_RPC_SOCKET", dir.join("rpc.sock"))
+        .env("VIBEOS_RPC_TOKEN", "tok")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs `script` with the stub of one tool `ping`, served by a server that answers the n-th
+/// request with `replies[n]` (the request's id spliced in for each `@`); returns the script's
+/// stdout and the requests the server saw.
+fn run_against(replies: &[&[u8]], script: &str) -> (String, Vec<serde_json::Value>) {
+    let (dir, listener) = ping_stub();
     let replies: Vec<Vec<u8>> = replies.iter().map(|r| r.to_vec()).collect();
     let server = std::thread::spawn(move || {
         let (stream, _) = listener.accept().unwrap();
@@ -59,24 +84,7 @@ fn run_against(replies: &[&[u8]], script: &str) -> (String, Vec<serde_json::Valu
         }
         seen
     });
-    let out = Command::new(vibeos_testkit::python3())
-        .args(["-c", script])
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("PYTHONPATH", dir.path())
-        .env("VIBEOS_RPC_SOCKET", &sock)
-        .env("VIBEOS_RPC_TOKEN", "tok")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        server.join().unwrap(),
-    )
+    (run_script(dir.path(), script), server.join().unwrap())
 }
 
 const SCRIPT: &str = r#"
@@ -248,16 +256,7 @@ print(len(results), all(r == {'ok': 1} for r in results))
 #[test]
 fn replies_out_of_order_reach_their_own_threads() {
     const THREADS: usize = 6;
-    let dir = tempfile::tempdir().unwrap();
-    let stub = generate_stub(&[StubTool {
-        name: "ping".into(),
-        description: "Ping.".into(),
-        parameters: serde_json::json!({"type": "object", "properties": {
-            "n": {"type": "integer"}}, "required": ["n"]}),
-    }]);
-    write_stub(dir.path(), &stub);
-    let sock = dir.path().join("rpc.sock");
-    let listener = UnixListener::bind(&sock).unwrap();
+    let (dir, listener) = ping_stub();
     let server = std::thread::spawn(move || {
         let (stream, _) = listener.accept().unwrap();
         let mut reader = BufReader::new(stream.try_clone().unwrap());
@@ -293,20 +292,6 @@ for t in threads:
 print(sorted(got.items()) == [(n, n) for n in range({THREADS})], ping(99)["n"])
 "#
     );
-    let out = Command::new(vibeos_testkit::python3())
-        .args(["-c", &script])
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("PYTHONPATH", dir.path())
-        .env("VIBEOS_RPC_SOCKET", &sock)
-        .env("VIBEOS_RPC_TOKEN", "tok")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "True 99");
+    assert_eq!(run_script(dir.path(), &script).trim(), "True 99");
     assert_eq!(server.join().unwrap(), THREADS + 1);
 }
