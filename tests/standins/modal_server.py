@@ -37,6 +37,8 @@ import base64
 import json
 import os
 import secrets
+import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -611,6 +613,14 @@ async def main():
     with open(tool, "w") as f:
         f.write(FS_TOOLS)
     os.chmod(tool, 0o755)
+
+    def stopped():
+        # The harness stops the stand-in with SIGTERM and waits: leave no dir behind, and exit
+        # at once as before (the containers go with the test's dockerd).
+        shutil.rmtree(fs_dir, ignore_errors=True)
+        os._exit(0)
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopped)
     state = State(Docker(a.docker_host), a.token_id, a.token_secret, fs_dir)
     server = Server([Control(state), Router(state)])
     await server.start("127.0.0.1", a.port)
