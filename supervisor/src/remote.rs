@@ -13,6 +13,7 @@
 //! remote user), and the token travels only in the script's environment. See docs/backends.md.
 
 use crate::capture::HeadTail;
+use crate::confine::staging::{SCRIPT_FILE, STUB_FILE};
 use crate::env_policy::EnvPolicy;
 use crate::error::StartError;
 use crate::outcome::{ended_result, finish, Ended, Ending};
@@ -177,8 +178,8 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
         &cwd,
         &[
             (vibeos_rpc::RUNTIME_FILE, vibeos_rpc::RUNTIME_SOURCE),
-            ("vibeos_tools.py", r.stub.as_str()),
-            ("script.py", request.code.as_str()),
+            (STUB_FILE, r.stub.as_str()),
+            (SCRIPT_FILE, request.code.as_str()),
         ],
         &script_env,
     )
@@ -342,17 +343,13 @@ async fn remove_work_dir(env: &EnvHandle, remote_dir: &str) {
         )
     })
     .await;
-    match removed {
-        Ok(Ok(out)) if out.success() => {}
-        Ok(Ok(out)) => tracing::warn!(
-            "execute_code: removing the work dir {remote_dir} failed: {}",
-            out.stderr_text()
-        ),
-        Ok(Err(e)) => {
-            tracing::warn!("execute_code: removing the work dir {remote_dir} failed: {e}")
-        }
-        Err(e) => tracing::warn!("execute_code: removing the work dir {remote_dir} failed: {e}"),
-    }
+    let why = match removed {
+        Ok(Ok(out)) if out.success() => return,
+        Ok(Ok(out)) => out.stderr_text(),
+        Ok(Err(e)) => e.to_string(),
+        Err(e) => e.to_string(),
+    };
+    tracing::warn!("execute_code: removing the work dir {remote_dir} failed: {why}");
 }
 
 /// Serves the script's connections until stopped.
