@@ -225,9 +225,10 @@ def _adopt_runtime(path):
         if isinstance(fn, types.FunctionType) and fn.__globals__ is mod.__dict__:
             fn.__code__ = moved(fn.__code__)
 
+    # adopt() leaves anything the runtime did not define (its globals say whose it is).
     for value in list(vars(mod).values()):
         adopt(value)
-        if isinstance(value, type) and value.__module__ in (_RUNTIME_NAME, "vibeos_tools"):
+        if isinstance(value, type):
             for attr in list(vars(value).values()):
                 adopt(attr)
     mod.__file__ = path
