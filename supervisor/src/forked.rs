@@ -24,15 +24,22 @@ pub struct Forked {
 impl Forked {
     /// Blocks until the reaper reports the script's status. A reaper that died without
     /// reporting (SIGKILLed) counts as the script killed by SIGKILL.
+    ///
+    /// The report is one line, written once the script is reaped and every descendant is gone;
+    /// reading stops at its newline rather than at EOF, which would also wait for the reaper's
+    /// own exit (the teardown of a forked interpreter's address space, most of a millisecond).
     pub(crate) fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
         if let Some(done) = self.done {
             return Ok(done);
         }
-        let mut text = String::new();
-        if let Some(mut f) = self.status.take() {
-            f.read_to_string(&mut text)?;
+        let mut text = Vec::with_capacity(16);
+        if let Some(f) = self.status.take() {
+            read_line(f, &mut text)?;
         }
-        let raw = text.trim().parse::<i32>().unwrap_or(libc::SIGKILL);
+        let raw = std::str::from_utf8(&text)
+            .ok()
+            .and_then(|t| t.trim().parse::<i32>().ok())
+            .unwrap_or(libc::SIGKILL);
         let status = std::process::ExitStatus::from_raw(raw);
         self.done = Some(status);
         Ok(status)
@@ -53,6 +60,21 @@ impl Forked {
             Ok(None)
         }
     }
+}
+
+/// Reads `from` into `line` up to and including the first newline, or to EOF. A status report
+/// is a few bytes; anything past 64 is not one, and what was read is left to fail parsing.
+fn read_line(mut from: std::fs::File, line: &mut Vec<u8>) -> std::io::Result<()> {
+    let mut chunk = [0u8; 64];
+    while !line.contains(&b'\n') && line.len() < chunk.len() {
+        match from.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => line.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Whether `fd` becomes readable within `timeout` (retrying after signals).
