@@ -363,7 +363,9 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
         use std::os::unix::process::ExitStatusExt;
         s.code().unwrap_or_else(|| -s.signal().unwrap_or(0))
     });
-    drop(staging);
+    // A long-lived host removes the dir after the result is back (staging_retire).
+    let long_lived = crate::zygote::enabled() || crate::pool::active().is_some();
+    crate::staging_retire::retire(staging, long_lived);
     drop(on_done);
     let mut result = ended_result(
         Ended {

@@ -41,6 +41,7 @@ mod result;
 mod rpc_server;
 mod script_feed;
 mod script_guard;
+mod staging_retire;
 mod staging_sweep;
 mod terminal_cwd;
 
