@@ -16,16 +16,16 @@ import json, os, socket, threading, time  # noqa: E401,F401  (the stub's imports
 import atexit, gc, types, signal, select, resource, errno, array, ctypes  # noqa: E401
 import importlib.machinery
 
-# The stub's fixed part, imported once here instead of compiled by every forked script that
-# imports its tools (about 1.2 ms of a 1.45 ms compile; docs/warm-pool.md). Its code carries a
-# placeholder file name until an execution adopts it (_adopt_runtime). It reads nothing of the
+# The stub's fixed part, run once here instead of compiled by every forked script that imports
+# its tools (about 1.2 ms of a 1.45 ms compile; docs/warm-pool.md). It is kept out of
+# sys.modules: a forked script's first import of it gets it through _PreloadedRuntime, which
+# first gives its code the file name of the execution's copy. It reads nothing of the
 # environment before its first call, so no execution's settings are in it.
 _RUNTIME_NAME = "_vibeos_runtime"
 _runtime = types.ModuleType(_RUNTIME_NAME)
 _runtime.__file__ = "<vibeos runtime>"
 exec(compile(_runtime_source, _runtime.__file__, "exec"), _runtime.__dict__)
-sys.modules[_RUNTIME_NAME] = _runtime
-del _runtime, _runtime_source
+del _runtime_source
 
 sys.path[:] = _saved_path
 del _saved_path, _own
@@ -209,13 +209,37 @@ def _confine(req, rpc, ruleset):
                              ctypes.byref(fprog)), "seccomp")
 
 
-def _adopt_runtime(path):
+class _PreloadedRuntime:
+    """The import of the stub's runtime in a forked script: hands over the module this server
+    compiled, adopted for the execution's staging dir, at the script's first import of it
+    (`import vibeos_tools` makes it). A script that never imports its tools pays nothing: the
+    adoption rewrites every code object of the runtime, which in a forked child also copies the
+    pages it touches (about half a millisecond). It leaves `sys.meta_path` once used."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def find_spec(self, name, path=None, target=None):
+        if name != _RUNTIME_NAME:
+            return None
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+        _adopt_runtime(_runtime, self.path)
+        return importlib.machinery.ModuleSpec(name, self, origin=self.path)
+
+    def create_module(self, spec):
+        return _runtime
+
+    def exec_module(self, module):
+        pass
+
+
+def _adopt_runtime(mod, path):
     """Points the preloaded runtime at this execution's copy of its text (the supervisor writes
     the same text into every staging dir): tracebacks, `inspect` and `__file__` then name the
     file a cold run of this execution would have imported."""
-    mod = sys.modules.get(_RUNTIME_NAME)
-    if mod is None:
-        return
 
     def moved(code):
         consts = tuple(moved(c) if isinstance(c, types.CodeType) else c for c in code.co_consts)
@@ -286,7 +310,7 @@ def _script_process(req, fds, reaper):
     staging = req["staging"]
     sys.path[:] = [staging if p == _empty else p for p in sys.path]
     sys.path[0] = staging
-    _adopt_runtime(os.path.join(staging, _RUNTIME_NAME + ".py"))
+    sys.meta_path.insert(0, _PreloadedRuntime(os.path.join(staging, _RUNTIME_NAME + ".py")))
     _reseed()
     _finish(*_run(req["script"]))
 

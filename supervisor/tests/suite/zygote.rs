@@ -110,7 +110,8 @@ fn forked_scripts_behave_exactly_like_cold_ones() {
 
 /// The stub's runtime is loaded by the server before it forks, so a forked script that imports
 /// its tools does not compile it; its code then names this execution's copy of the file, as a
-/// cold run's does, in `__file__`, tracebacks and `inspect`.
+/// cold run's does, in `__file__`, tracebacks and `inspect`. It is handed over at the script's
+/// first import, not before.
 #[test]
 fn a_forked_script_finds_the_stub_runtime_loaded_and_naming_its_own_file() {
     let python = require_python!();
@@ -124,6 +125,8 @@ fn a_forked_script_finds_the_stub_runtime_loaded_and_naming_its_own_file() {
     assert_eq!(forked["preloaded"], true, "{forked}");
     assert_eq!(cold["preloaded"], false, "{cold}");
     for report in [&forked, &cold] {
+        // Only a script that imports its tools pays for the runtime's adoption.
+        assert_eq!(report["imported_early"], false, "{report}");
         let own = format!("{}/_vibeos_runtime.py", report["here"].as_str().unwrap());
         assert_eq!(report["runtime_file"], own.as_str(), "{report}");
         assert_eq!(report["code_files"], serde_json::json!([own]), "{report}");
