@@ -115,4 +115,8 @@ def _finish(status, sigint):
 
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
+    # The fork server's early exit report (zygote_boot.py); the pool's bootstrap has none.
+    announce = globals().get("_announce_exit")
+    if announce is not None:
+        announce(status)
     os._exit(status)

@@ -122,6 +122,44 @@ def _exiting(pid):
         return False
 
 
+class _IOVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+_libc.process_vm_readv.restype = ctypes.c_ssize_t
+_libc.process_vm_readv.argtypes = [ctypes.c_int, ctypes.POINTER(_IOVec), ctypes.c_ulong,
+                                   ctypes.POINTER(_IOVec), ctypes.c_ulong, ctypes.c_ulong]
+# The status a forked script claims it is about to exit with (`_announce_exit`), -1 for none.
+# Made before any fork, so it is at the same address in the reaper and the script process.
+_claim = ctypes.c_int(-1)
+
+
+def _take_claim(script):
+    """The exit status the script claimed, if it has stopped with a claim and is the only
+    process below this reaper; it is then killed (nothing of it could run again once stopped).
+    A stopped script whose claim cannot be read is continued, so it exits as always; one that
+    claimed nothing (a script may stop itself) is left as it is. Only a stop is looked at: an
+    exit stays for the main wait."""
+    try:
+        stopped = os.waitid(os.P_PID, script, os.WSTOPPED | os.WNOHANG)
+    except ChildProcessError:
+        return None
+    if stopped is None:
+        return None
+    value = ctypes.c_int(-1)
+    local = _IOVec(ctypes.addressof(value), ctypes.sizeof(value))
+    remote = _IOVec(ctypes.addressof(_claim), ctypes.sizeof(_claim))
+    read = _libc.process_vm_readv(script, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+    if read == ctypes.sizeof(value) and value.value == -1:
+        return None
+    if (read != ctypes.sizeof(value) or not 0 <= value.value <= 255
+            or _children(os.getpid()) != [script] or _children(script)):
+        os.kill(script, signal.SIGCONT)
+        return None
+    os.kill(script, signal.SIGKILL)
+    return value.value
+
+
 def _sweep(path):
     # The supervisor died before removing the staging dir: do what its reaper would.
     try:
@@ -269,6 +307,34 @@ def _reseed():
         mod.tempdir = None
 
 
+# The descriptors the host waits on for EOF (stdout, stderr, the RPC channel), set in the script
+# process.
+_host_fds = ()
+
+
+def _announce_exit(status):
+    """Hands the rest of this process's exit to its reaper: lets go of what the host waits on
+    (stdout, stderr, the RPC channel), claims `status` in `_claim` and stops. The reaper then
+    kills the stopped process and reports the status at once (`_take_claim`), so the host's EOF
+    and status do not wait for the kernel to tear down this forked interpreter's address space,
+    most of a millisecond (docs/warm-pool.md). Killing a stopped process is what `_exit` would
+    have done to any thread still running. If the reaper declines (another process of the
+    execution is left), it continues this process, which exits as always."""
+    if not _host_fds:
+        return
+    try:
+        null = os.open("/dev/null", os.O_WRONLY)
+        for fd in _host_fds:
+            if fd in (1, 2):
+                os.dup2(null, fd)
+            else:
+                os.close(fd)
+        _claim.value = status
+        os.kill(os.getpid(), signal.SIGSTOP)
+    except OSError:
+        pass
+
+
 def _script_process(req, fds, reaper):
     """Runs in the script's process: stdio, descriptors, confinement, environment, script."""
     for sig in _WATCHED:
@@ -293,6 +359,8 @@ def _script_process(req, fds, reaper):
                 pass
     if rpc is not None:
         os.set_inheritable(rpc, True)
+    global _host_fds
+    _host_fds = (1, 2) if rpc is None else (1, 2, rpc)
     _confine(dict(req, reaper=reaper), rpc, ruleset)
     os.chdir(req["cwd"])
     env = dict(req["env"])
@@ -398,6 +466,7 @@ def _spare(for_reaper, for_script):
     poller.register(lifeline, select.POLLIN)
     grace = req["grace_ms"] / 1000.0
     status, kill_at, terminating, lifeline_eof = None, None, False, False
+    reported = False
     while True:
         left = True
         while True:
@@ -410,6 +479,11 @@ def _spare(for_reaper, for_script):
                 break
             if pid == script:
                 status = st
+        if status is None and not terminating and not reported:
+            claim = _take_claim(script)
+            if claim is not None:
+                os.write(status_w, b"%d\n" % (claim << 8))
+                reported = True
         if status is not None:
             # An orphan becomes this subreaper's child while its parent exits, before that
             # parent can be waited for: with no child left, no descendant is left either.
@@ -420,7 +494,8 @@ def _spare(for_reaper, for_script):
             # that is exiting counts as gone.
             if os.getppid() != zygote or (lifeline_eof and _exiting(_supervisor)):
                 _sweep(req["staging"])
-            os.write(status_w, b"%d\n" % status)
+            if not reported:
+                os.write(status_w, b"%d\n" % status)
             os._exit(0)
         now = time.monotonic()
         if kill_at is not None and now >= kill_at:
@@ -437,7 +512,8 @@ def _spare(for_reaper, for_script):
                     os.read(wake_r, 512)
                 except OSError:
                     pass
-        if flags["stop"] and not terminating:
+        # After a taken claim nothing is left to stop: the script was the last process.
+        if flags["stop"] and not terminating and not reported:
             terminating = True
             _signal_tree(me, signal.SIGTERM)
             kill_at = time.monotonic() + grace

@@ -330,6 +330,67 @@ fn limits_timeout_interrupt_and_descendants_as_on_the_cold_path() {
     zygote::set_enabled(false);
 }
 
+/// The exit claim (a finished script stops and its reaper kills it and reports its status, so
+/// the result does not wait for the kernel's teardown) cannot be forged into an early result:
+/// a claim with another process of the execution left is declined and the script goes on; a
+/// taken claim kills the script outright, so nothing of it runs after the result. A script
+/// that stops itself without a claim stays stopped, as a cold one does.
+#[test]
+fn an_exit_claim_ends_the_script_and_cannot_be_forged_into_an_early_result() {
+    let python = require_python!();
+    let _guard = serial();
+    let rt = runtime();
+    let session = Session::new(python);
+    let code = fixture("zygote/forged_exit_claim.py");
+
+    let mut request = session.request(&code);
+    request.env_passthrough.push("MODE".into());
+    request.base_env = Some(with_var(&request, "MODE", "child"));
+    let r = run_forked(&rt, request);
+    assert_eq!(r.exit_code, Some(4), "{}", r.to_json());
+    assert_eq!(
+        r.output,
+        "forging\nwent on after the declined claim\n",
+        "{}",
+        r.to_json()
+    );
+
+    let marker = session.cwd().join("late-marker");
+    let mut request = session.request(&code);
+    request.env_passthrough.push("MODE".into());
+    request.base_env = Some(with_var(&request, "MODE", "thread"));
+    let r = run_forked(&rt, request);
+    assert_eq!(status(&r), "success", "{}", r.to_json());
+    assert_eq!(r.output, "forging\n", "{}", r.to_json());
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        !marker.exists(),
+        "a thread of the script ran after its result"
+    );
+
+    let mut request = session.request(
+        "import os, signal\nprint('stopping', flush=True)\nos.kill(os.getpid(), signal.SIGSTOP)\n",
+    );
+    request.timeout = Duration::from_millis(1000);
+    request.kill_grace = Duration::from_millis(300);
+    let forked = run_forked(&rt, request.clone());
+    assert_eq!(status(&forked), "timeout", "{}", forked.to_json());
+    assert_eq!(normalized(&forked), normalized(&run_cold(&rt, request)));
+    zygote::set_enabled(false);
+}
+
+/// `request`'s base environment with `name` set to `value`.
+fn with_var(
+    request: &ExecutionRequest,
+    name: &str,
+    value: &str,
+) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+    let mut env: Vec<_> = request.base_env.clone().unwrap_or_default();
+    env.retain(|(k, _)| k != name);
+    env.push((name.into(), value.into()));
+    env
+}
+
 #[test]
 fn the_server_dies_with_its_host_and_leaves_no_staging_dirs() {
     let python = require_python!();
