@@ -21,8 +21,8 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vibeos_rpc::{generate_stub, StubTool};
-use vibeos_tools::{CallOrigin, ToolContext, ToolRegistry};
+use vibeos_rpc::{generate_stub, GeneratedStub, StubTool};
+use vibeos_tools::{CallOrigin, ToolContext, ToolEntry, ToolRegistry};
 
 /// Runs one script to completion and returns its result. Never panics on script input; always
 /// removes its staging dir and leaves no process behind.
@@ -75,18 +75,7 @@ async fn run(
             request.mode != Mode::Strict || crate::confine::tools::offered(&request.strict, &e.name)
         })
         .collect();
-    let stub_tools: Vec<StubTool> = script_tools
-        .iter()
-        .map(|e| StubTool {
-            name: e.name.clone(),
-            description: e.description.clone(),
-            parameters: e.script_schema(),
-        })
-        .collect();
-    let stub = generate_stub(&stub_tools);
-    for skipped in &stub.skipped {
-        tracing::warn!("execute_code: {skipped}");
-    }
+    let stub = stub_for(script_tools);
     // A remote backend runs the script where its tools act (SPEC §9).
     if let Some(envs) = vibeos_tools::environments::active() {
         let task = request.task_id.clone();
@@ -98,7 +87,7 @@ async fn run(
                 crate::remote::run_remote(crate::remote::RemoteRun {
                     request: &request,
                     env,
-                    stub: stub.source,
+                    stub: stub.source.clone(),
                     allowed: stub.tools.iter().cloned().collect(),
                     registry,
                     interrupt,
@@ -190,6 +179,41 @@ async fn run(
     .await;
     crate::redaction::apply(&mut result, &spec.base_env);
     Ok(result)
+}
+
+/// The stub generated last, with the tool entries it was generated for (held, so no entry's
+/// address can be reused by another while it is the key).
+type LastStub = Option<(Vec<Arc<ToolEntry>>, Arc<GeneratedStub>)>;
+static LAST_STUB: std::sync::Mutex<LastStub> = std::sync::Mutex::new(None);
+
+/// The stub for `tools`: the last one generated when the entries are the same ones (a registry
+/// entry never changes; re-registering makes a new one), else a new one. A long-lived host's
+/// executions almost always offer the same tools, and generating the stub (every tool's schema
+/// rendered to Python) cost a warm call a tenth of a millisecond.
+fn stub_for(tools: Vec<Arc<ToolEntry>>) -> Arc<GeneratedStub> {
+    let mut last = LAST_STUB.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((entries, stub)) = last.as_ref() {
+        let same = entries.len() == tools.len()
+            && entries.iter().zip(&tools).all(|(a, b)| Arc::ptr_eq(a, b));
+        if same {
+            return Arc::clone(stub);
+        }
+    }
+    let stub_tools: Vec<StubTool> = tools
+        .iter()
+        .map(|e| StubTool {
+            name: e.name.clone(),
+            description: e.description.clone(),
+            parameters: e.script_schema(),
+        })
+        .collect();
+    let stub = Arc::new(generate_stub(&stub_tools));
+    // Said once per tool set rather than once per execution.
+    for skipped in &stub.skipped {
+        tracing::warn!("execute_code: {skipped}");
+    }
+    *last = Some((tools, Arc::clone(&stub)));
+    stub
 }
 
 /// Writes the stub into a prestarted interpreter's staging dir and releases its script
