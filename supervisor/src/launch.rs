@@ -236,6 +236,37 @@ impl Staging {
         .map_err(StartError::Staging)
     }
 
+    /// Replaces the stub written earlier (by a preparation that guessed another tool set) with
+    /// `stub`; the runtime beside it stays.
+    pub(crate) fn replace_stub(
+        &self,
+        stub: &str,
+        owner: Option<(u32, u32)>,
+    ) -> Result<(), StartError> {
+        use crate::confine::staging::{write_new, STUB_FILE};
+        match std::fs::remove_file(self.dir.path().join(STUB_FILE)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(StartError::Staging(e)),
+        }
+        write_new(self.dir.path(), STUB_FILE, stub, owner).map_err(StartError::Staging)
+    }
+
+    /// Writes the script; `owner` as for [`Staging::write_stub`].
+    pub(crate) fn write_script(
+        &self,
+        code: &str,
+        owner: Option<(u32, u32)>,
+    ) -> Result<(), StartError> {
+        crate::confine::staging::write_new(
+            self.dir.path(),
+            crate::confine::staging::SCRIPT_FILE,
+            code,
+            owner,
+        )
+        .map_err(StartError::Staging)
+    }
+
     /// Writes the stub and the script; `owner` as for [`Staging::write_stub`].
     pub(crate) fn write_files(
         &self,
@@ -244,13 +275,7 @@ impl Staging {
         owner: Option<(u32, u32)>,
     ) -> Result<(), StartError> {
         self.write_stub(stub, owner)?;
-        crate::confine::staging::write_new(
-            self.dir.path(),
-            crate::confine::staging::SCRIPT_FILE,
-            code,
-            owner,
-        )
-        .map_err(StartError::Staging)
+        self.write_script(code, owner)
     }
 }
 

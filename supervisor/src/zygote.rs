@@ -126,6 +126,9 @@ struct Server {
 struct Prepared {
     staging: Staging,
     channel: Channel,
+    /// The stub already written into `staging` (with the runtime beside it): the one the
+    /// previous execution of this key used, which the next one almost always uses too.
+    stub: Option<Arc<str>>,
 }
 
 /// One execution's processes, forked by the server before their request: the reaper, set up as
@@ -157,18 +160,26 @@ impl Spare {
     }
 }
 
-/// Prepares the staging dir and channel of one execution of `spec` (everything but the script).
-fn prepare(spec: &LaunchSpec) -> Result<Prepared, ZygoteError> {
+/// Prepares the staging dir and channel of one execution of `spec` (everything but the script),
+/// with `stub` and the runtime written if given.
+fn prepare(spec: &LaunchSpec, stub: Option<Arc<str>>) -> Result<Prepared, ZygoteError> {
     let mut staging = Staging::create(spec.disk_budget())?;
     let channel = open_channel(spec, &mut staging)?;
-    Ok(Prepared { staging, channel })
+    if let Some(text) = &stub {
+        staging.write_stub(text, channel.owner)?;
+    }
+    Ok(Prepared {
+        staging,
+        channel,
+        stub,
+    })
 }
 
 /// Prepares the next execution of `server`'s key on a thread of its own, unless one is ready
 /// or being prepared: the strict steps that cost most in the supervisor (the landlock ruleset
 /// over the interpreter's paths, the uid lease with its scan of `/proc`, the tmpfs mount) then
 /// happen while the previous script runs, not between a request and its fork.
-fn prepare_next(server: &Arc<Server>, spec: &LaunchSpec) {
+fn prepare_next(server: &Arc<Server>, spec: &LaunchSpec, stub: Option<Arc<str>>) {
     if lock(&server.ready).is_some() || server.preparing.swap(true, Ordering::SeqCst) {
         return;
     }
@@ -178,7 +189,7 @@ fn prepare_next(server: &Arc<Server>, spec: &LaunchSpec) {
         .spawn(move || {
             let server = for_thread;
             if !EXITING.load(Ordering::SeqCst) {
-                match prepare(&spec) {
+                match prepare(&spec, stub) {
                     Ok(p) => {
                         let mut ready = lock(&server.ready);
                         if ready.is_none() && !EXITING.load(Ordering::SeqCst) {
@@ -625,11 +636,31 @@ fn fork(
     code: &str,
 ) -> Result<Launched, ZygoteError> {
     let ready = lock(&server.ready).take();
-    let Prepared { staging, channel } = match ready {
+    let Prepared {
+        staging,
+        channel,
+        stub: written,
+    } = match ready {
         Some(p) => p,
-        None => prepare(spec)?,
+        None => prepare(spec, None)?,
     };
-    staging.write_files(stub, code, channel.owner)?;
+    // The stub this execution uses, kept for the next one's preparation (shared, not copied,
+    // while it stays the same).
+    let stub: Arc<str> = match written {
+        Some(w) if *w == *stub => {
+            staging.write_script(code, channel.owner)?;
+            w
+        }
+        Some(_) => {
+            staging.replace_stub(stub, channel.owner)?;
+            staging.write_script(code, channel.owner)?;
+            Arc::from(stub)
+        }
+        None => {
+            staging.write_files(stub, code, channel.owner)?;
+            Arc::from(stub)
+        }
+    };
     let Channel {
         rpc,
         token,
@@ -735,6 +766,7 @@ fn fork(
         on_done: Some(Box::new(WhenDone {
             server: Arc::downgrade(server),
             spec: spec.clone(),
+            stub,
             _in_flight: crate::fork_activity::InFlight::new(),
         })),
         feeding: None,
@@ -751,6 +783,8 @@ fn fork(
 struct WhenDone {
     server: std::sync::Weak<Server>,
     spec: LaunchSpec,
+    /// The stub the execution used: the next staging dir is prepared with it.
+    stub: Arc<str>,
     _in_flight: crate::fork_activity::InFlight,
 }
 
@@ -758,7 +792,7 @@ impl Drop for WhenDone {
     fn drop(&mut self) {
         if let Some(server) = self.server.upgrade() {
             ask_ahead(&server);
-            prepare_next(&server, &self.spec);
+            prepare_next(&server, &self.spec, Some(Arc::clone(&self.stub)));
         }
     }
 }

@@ -330,6 +330,45 @@ fn limits_timeout_interrupt_and_descendants_as_on_the_cold_path() {
     zygote::set_enabled(false);
 }
 
+/// The next staging dir is prepared with the stub the last execution used; an execution whose
+/// tool set differs gets its own stub instead, and the one after it its own again.
+#[test]
+fn a_forked_script_gets_the_stub_of_its_own_tool_set_when_the_set_changes() {
+    let python = require_python!();
+    let _guard = serial();
+    let rt = runtime();
+    let session = Session::new(python);
+    let code = "import vibeos_tools\n\
+                print(sorted(n for n in ('read_file', 'write_file', 'search_files') \
+                if hasattr(vibeos_tools, n)))\n";
+    for (round, tools) in [
+        vec!["read_file"],
+        vec!["read_file"],
+        vec!["read_file", "write_file"],
+        vec!["search_files"],
+        vec!["search_files"],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut request = session.request(code);
+        request.script_tools = Some(tools.iter().map(|t| t.to_string()).collect());
+        let r = run_forked(&rt, request);
+        let mut expected: Vec<&str> = tools.clone();
+        expected.sort_unstable();
+        let expected = format!(
+            "[{}]\n",
+            expected
+                .iter()
+                .map(|t| format!("'{t}'"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        assert_eq!(r.output, expected, "round {round}: {}", r.to_json());
+    }
+    zygote::set_enabled(false);
+}
+
 /// The exit claim (a finished script stops and its reaper kills it and reports its status, so
 /// the result does not wait for the kernel's teardown) cannot be forged into an early result:
 /// a claim with another process of the execution left is declined and the script goes on; a
