@@ -337,10 +337,6 @@ def _announce_exit(status):
 
 def _script_process(req, fds, reaper):
     """Runs in the script's process: stdio, descriptors, confinement, environment, script."""
-    for sig in _WATCHED:
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.set_wakeup_fd(-1)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     stdout_w, stderr_w = fds[0], fds[1]
     rpc = fds[2] if len(fds) > 2 else None
@@ -381,6 +377,19 @@ def _script_process(req, fds, reaper):
     sys.meta_path.insert(0, _PreloadedRuntime(os.path.join(staging, _RUNTIME_NAME + ".py")))
     _reseed()
     _finish(*_run(req["script"]))
+
+
+def _ready_script_process():
+    """The script process's setup that needs no request, done while it waits for one (off the
+    call's path): the signal handlers back to what a fresh interpreter has. The signals stay
+    blocked until the request, as the server had them.
+
+    Tried and dropped: rehearsing the request's decode and a compile here, so that the pages
+    they write would be copied before the call; no difference showed within the noise."""
+    for sig in _WATCHED:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.set_wakeup_fd(-1)
 
 
 def _receive(chan):
@@ -436,6 +445,7 @@ def _spare(for_reaper, for_script):
         os.close(wake_r)
         os.close(wake_w)
         for_reaper.close()
+        _ready_script_process()
         msg, fds, _fl = _receive(for_script)
         for_script.close()
         if msg is None:
