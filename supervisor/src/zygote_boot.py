@@ -126,6 +126,7 @@ class _IOVec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 
 
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _libc.process_vm_readv.restype = ctypes.c_ssize_t
 _libc.process_vm_readv.argtypes = [ctypes.c_int, ctypes.POINTER(_IOVec), ctypes.c_ulong,
                                    ctypes.POINTER(_IOVec), ctypes.c_ulong, ctypes.c_ulong]
@@ -402,10 +403,7 @@ def _script_process(req, fds, reaper):
 def _ready_script_process():
     """The script process's setup that needs no request, done while it waits for one (off the
     call's path): the signal handlers back to what a fresh interpreter has. The signals stay
-    blocked until the request, as the server had them.
-
-    Tried and dropped: rehearsing the request's decode and a compile here, so that the pages
-    they write would be copied before the call; no difference showed within the noise."""
+    blocked until the request, as the server had them."""
     for sig in _WATCHED:
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -432,7 +430,6 @@ def _populate_while_idle(chan):
     ready.register(chan, select.POLLIN)
     if ready.poll(int(_IDLE_BEFORE_POPULATE * 1000)):
         return
-    _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     try:
         with open("/proc/self/maps", "rb") as f:
             maps = f.read().splitlines()
