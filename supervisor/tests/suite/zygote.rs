@@ -478,8 +478,9 @@ fn a_spare_that_died_while_waiting_is_replaced_and_leaves_nothing() {
     let r = run_forked(&rt, session.request("print('second')\n"));
     assert_eq!(r.output, "second\n", "{}", r.to_json());
     assert_eq!(status(&r), "success", "{}", r.to_json());
-    // Only the replacement's successor waits now: the killed spare's script process is gone.
-    eventually("one spare is left", || children_of(server).len() == 1);
+    // Only the replacements wait now (two are kept ahead): the killed spares' script
+    // processes are gone.
+    eventually("two spares are left", || children_of(server).len() == 2);
     // Nor is any copy of the server outside it and its spares (the killed reaper's script
     // process ends at EOF on its channel, which the supervisor closed).
     let orphans = || -> Vec<i32> {
