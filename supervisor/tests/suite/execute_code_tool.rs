@@ -86,6 +86,9 @@ fn scripts_get_only_the_script_tools_the_session_selected() {
     if !python_available() {
         vibeos_testkit::skip!("python3 is not on PATH");
     }
+    // Executions are process-wide state too: a pool another test turned on would take these
+    // scripts' keys into its slots while that test waits for its own.
+    let _serial = super::pool::serial();
     use vibeos_supervisor::execute_code_tool::execute_code_entry_for;
     let reg: &'static vibeos_tools::ToolRegistry =
         Box::leak(Box::new(vibeos_tools::ToolRegistry::with_builtins()));
