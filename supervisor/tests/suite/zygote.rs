@@ -381,11 +381,18 @@ fn an_exit_claim_ends_the_script_and_cannot_be_forged_into_an_early_result() {
     let rt = runtime();
     let session = Session::new(python);
     let code = fixture("zygote/forged_exit_claim.py");
+    // The fixture's attempt, picked by its MODE variable.
+    let attempt = |mode: &str| {
+        let mut request = session.request(&code);
+        request.env_passthrough.push("MODE".into());
+        let mut env = request.base_env.take().unwrap_or_default();
+        env.retain(|(k, _)| k != "MODE");
+        env.push(("MODE".into(), mode.into()));
+        request.base_env = Some(env);
+        run_forked(&rt, request)
+    };
 
-    let mut request = session.request(&code);
-    request.env_passthrough.push("MODE".into());
-    request.base_env = Some(with_var(&request, "MODE", "child"));
-    let r = run_forked(&rt, request);
+    let r = attempt("child");
     assert_eq!(r.exit_code, Some(4), "{}", r.to_json());
     assert_eq!(
         r.output,
@@ -395,10 +402,7 @@ fn an_exit_claim_ends_the_script_and_cannot_be_forged_into_an_early_result() {
     );
 
     let marker = session.cwd().join("late-marker");
-    let mut request = session.request(&code);
-    request.env_passthrough.push("MODE".into());
-    request.base_env = Some(with_var(&request, "MODE", "thread"));
-    let r = run_forked(&rt, request);
+    let r = attempt("thread");
     assert_eq!(status(&r), "success", "{}", r.to_json());
     assert_eq!(r.output, "forging\n", "{}", r.to_json());
     std::thread::sleep(Duration::from_millis(1500));
@@ -416,18 +420,6 @@ fn an_exit_claim_ends_the_script_and_cannot_be_forged_into_an_early_result() {
     assert_eq!(status(&forked), "timeout", "{}", forked.to_json());
     assert_eq!(normalized(&forked), normalized(&run_cold(&rt, request)));
     zygote::set_enabled(false);
-}
-
-/// `request`'s base environment with `name` set to `value`.
-fn with_var(
-    request: &ExecutionRequest,
-    name: &str,
-    value: &str,
-) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
-    let mut env: Vec<_> = request.base_env.clone().unwrap_or_default();
-    env.retain(|(k, _)| k != name);
-    env.push((name.into(), value.into()));
-    env
 }
 
 #[test]
