@@ -654,20 +654,17 @@ fn fork(
     // The stub this execution uses, kept for the next one's preparation (shared, not copied,
     // while it stays the same).
     let stub: Arc<str> = match written {
-        Some(w) if *w == *stub => {
-            staging.write_script(code, channel.owner)?;
-            w
-        }
+        Some(w) if *w == *stub => w,
         Some(_) => {
             staging.replace_stub(stub, channel.owner)?;
-            staging.write_script(code, channel.owner)?;
             Arc::from(stub)
         }
         None => {
-            staging.write_files(stub, code, channel.owner)?;
+            staging.write_stub(stub, channel.owner)?;
             Arc::from(stub)
         }
     };
+    staging.write_script(code, channel.owner)?;
     let Channel {
         rpc,
         token,
