@@ -74,20 +74,12 @@ fn start_remover() -> Option<Sender<Staging>> {
     Some(sender)
 }
 
-/// Waits until every retired dir has been removed, or `limit` has passed; true if none is left.
-pub(crate) fn wait_until_removed(limit: Duration) -> bool {
-    let deadline = Instant::now() + limit;
-    while PENDING.load(Ordering::SeqCst) > 0 {
-        if Instant::now() >= deadline {
-            return false;
-        }
+/// At normal exit, waits until every retired dir has been removed or [`EXIT_WAIT`] has passed:
+/// never on a lock, only on the counter the remover lowers. No logging here: the subscriber may
+/// already be gone.
+extern "C" fn wait_at_exit() {
+    let deadline = Instant::now() + EXIT_WAIT;
+    while PENDING.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_micros(200));
     }
-    true
-}
-
-/// At normal exit: never on a lock, only the counter the remover lowers.
-/// No logging here: the subscriber may already be gone.
-extern "C" fn wait_at_exit() {
-    wait_until_removed(EXIT_WAIT);
 }
