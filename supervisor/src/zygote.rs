@@ -20,8 +20,10 @@
 //! `confine/child.rs`'s order, takes the environment, reseeds what a fork shares, and runs the
 //! script as `__main__`. The reaper writes the script's wait status on a pipe, which is what
 //! [`Forked::wait`] reads. When the execution is over, spares are asked for until two are
-//! ahead and the next staging dir is prepared; a call then takes a spare forked while the
-//! previous script ran, not one it has to wait for.
+//! ahead and the next two staging dirs are prepared; a call then takes a spare forked while the
+//! previous script ran, not one it has to wait for. In strict mode each prepared dir is paired
+//! with a spare whose script process applies that dir's confinement while it waits ([`prime`]),
+//! so the call's request carries only what is its own.
 //!
 //! **Trust.** In strict mode as root the server keeps root and no confinement, because each
 //! child needs a different uid and a landlock rule for its own staging dir; it drops both in
@@ -33,6 +35,7 @@
 //! what a script can still observe of its siblings.
 
 use crate::config::Mode;
+use crate::confine::child::ChildConfinement;
 use crate::error::StartError;
 use crate::forked::poll_in;
 pub use crate::forked::Forked;
@@ -73,6 +76,12 @@ const STARTING_WAIT: Duration = Duration::from_secs(5);
 /// one ended waited for its spare's two forks and setup (2.3 ms of a 5.7 ms back-to-back
 /// no-op); with two, the next call's spare was forked while the previous script ran.
 const SPARES_AHEAD: usize = 2;
+
+/// Executions prepared ahead per server (staging dir, channel and, in strict mode, a spare
+/// confined to them). With one, a strict call that came right after the previous one ended
+/// found the next area still being prepared and did it all itself; with two, it takes the one
+/// prepared while the previous script ran.
+const PREPARED_AHEAD: usize = 2;
 
 /// Failed starts after which a key is no longer served by a fork server.
 const MAX_FAILURES: u32 = 3;
@@ -115,9 +124,10 @@ struct Server {
     asked: Mutex<std::collections::VecDeque<u64>>,
     child: Mutex<std::process::Child>,
     last_used: AtomicU64,
-    /// The next execution's staging dir and channel, prepared after the previous one ended.
-    ready: Mutex<Option<Prepared>>,
-    /// A thread is preparing `ready`.
+    /// The next executions' staging dirs and channels (up to [`PREPARED_AHEAD`]), prepared
+    /// after the previous one ended, oldest first.
+    ready: Mutex<std::collections::VecDeque<Prepared>>,
+    /// A thread is filling `ready`.
     preparing: AtomicBool,
 }
 
@@ -131,6 +141,10 @@ struct Server {
 /// chowned to that uid, as the pool writes into its waiting interpreters' dirs. An area is used
 /// once; one that is never used is removed with its server or at the host's exit.
 struct Prepared {
+    /// Strict mode: a spare whose script process was sent this area's confinement and has
+    /// applied it (or is applying it) while it waits for its request ([`prime`]). First, so it
+    /// is dropped (its processes told to exit) before the area it was confined to.
+    primed: Option<Spare>,
     staging: Staging,
     channel: Channel,
     /// The stub already written into `staging` (with the runtime beside it): the one the
@@ -176,18 +190,91 @@ fn prepare(spec: &LaunchSpec, stub: Option<Arc<str>>) -> Result<Prepared, Zygote
         staging.write_stub(text, channel.owner)?;
     }
     Ok(Prepared {
+        primed: None,
         staging,
         channel,
         stub,
     })
 }
 
-/// Prepares the next execution of `server`'s key on a thread of its own, unless one is ready
-/// or being prepared: the strict steps that cost most in the supervisor (the landlock ruleset
-/// over the interpreter's paths, the uid lease with its scan of `/proc`, the tmpfs mount) then
-/// happen while the previous script runs, not between a request and its fork.
+/// The confinement part of a strict execution's request for its script process: limits, mount
+/// plan, credentials, the seccomp programs' lengths and the syscall numbers the bootstrap calls
+/// by number; and the programs themselves, their `struct sock_filter` arrays back to back in
+/// this machine's byte order, which go after the message's JSON and a NUL (`_request` in
+/// zygote_boot.py). The child hands each to the kernel as it is: encoding a thousand
+/// instructions as text cost the host and the child a few hundred microseconds per execution.
+/// Its descriptors are the RPC end and the landlock ruleset, in that order.
+fn confinement_part(c: &ChildConfinement) -> (serde_json::Value, Vec<u8>) {
+    let mut programs = Vec::with_capacity(c.filters.iter().map(|p| p.len() * 8).sum());
+    for i in c.filters.iter().flatten() {
+        programs.extend_from_slice(&i.code.to_ne_bytes());
+        programs.extend_from_slice(&[i.jt, i.jf]);
+        programs.extend_from_slice(&i.k.to_ne_bytes());
+    }
+    let part = serde_json::json!({
+        "reveal": c.reveal.as_ref().map(|r| r.steps()),
+        "rlimits": c.rlimits.iter().map(|(r, v)| (*r as u64, *v)).collect::<Vec<_>>(),
+        "credentials": c.credentials.map(|cr| [cr.uid, cr.gid]),
+        "filters": c.filters.iter().map(Vec::len).collect::<Vec<_>>(),
+        "syscalls": {
+            "landlock_restrict_self": libc::SYS_landlock_restrict_self,
+            "seccomp": libc::SYS_seccomp,
+            "open_tree": libc::SYS_open_tree,
+            "move_mount": libc::SYS_move_mount,
+        },
+    });
+    (part, programs)
+}
+
+/// A script process's message: `json`, then a NUL and `programs` if there are any.
+fn with_programs(json: &serde_json::Value, programs: &[u8]) -> Vec<u8> {
+    let mut body = json.to_string().into_bytes();
+    if !programs.is_empty() {
+        body.push(0);
+        body.extend_from_slice(programs);
+    }
+    body
+}
+
+/// Strict mode: takes a spare for `prepared` and sends its script process the area's
+/// confinement, which it applies while it waits for its request (`_take_confinement` in
+/// zygote_boot.py). A strict execution then costs what a project one does between its request
+/// and its script: the mount namespace, uid change, landlock and seccomp steps (over a
+/// millisecond and a half, most of it the kernel checking and compiling the filters) and the
+/// host's encoding of them happen after the previous execution, not during the call.
+///
+/// The confined process runs nothing but the bootstrap's receive loop until its request comes,
+/// holds only stdio, its channel, the RPC end and (until landlock takes it) the ruleset, and
+/// is the only process of the area's leased uid; it exits at its channel's EOF if the area is
+/// dropped unused.
+fn prime(server: &Server, prepared: &mut Prepared) -> Result<(), ZygoteError> {
+    let Some(c) = &prepared.channel.confinement else {
+        return Ok(());
+    };
+    let (part, programs) = confinement_part(c);
+    let body = with_programs(&serde_json::json!({ "confine": part }), &programs);
+    let fds = [c.rpc.as_raw_fd(), c.ruleset.as_raw_fd()];
+    let spare = take_spare(server)?;
+    match send(&spare.to_script, &body, &fds) {
+        Ok(()) => {
+            prepared.primed = Some(spare);
+            Ok(())
+        }
+        Err(e) => {
+            spare.kill();
+            Err(e)
+        }
+    }
+}
+
+/// Prepares the next executions of `server`'s key on a thread of its own, until
+/// [`PREPARED_AHEAD`] are ready, unless a thread is at it already: the strict steps that cost
+/// most in the supervisor (the landlock ruleset over the interpreter's paths, the uid lease
+/// with its scan of `/proc`, the tmpfs mount) and in the script process (its confinement,
+/// [`prime`]) then happen while the previous script runs, not between a request and its fork.
 fn prepare_next(server: &Arc<Server>, spec: &LaunchSpec, stub: Option<Arc<str>>) {
-    if lock(&server.ready).is_some() || server.preparing.swap(true, Ordering::SeqCst) {
+    if lock(&server.ready).len() >= PREPARED_AHEAD || server.preparing.swap(true, Ordering::SeqCst)
+    {
         return;
     }
     let (for_thread, spec) = (Arc::clone(server), spec.clone());
@@ -195,15 +282,23 @@ fn prepare_next(server: &Arc<Server>, spec: &LaunchSpec, stub: Option<Arc<str>>)
         .name("vibeos-zygote-prepare".into())
         .spawn(move || {
             let server = for_thread;
-            if !EXITING.load(Ordering::SeqCst) {
-                match prepare(&spec, stub) {
-                    Ok(p) => {
-                        let mut ready = lock(&server.ready);
-                        if ready.is_none() && !EXITING.load(Ordering::SeqCst) {
-                            *ready = Some(p);
+            while !EXITING.load(Ordering::SeqCst) && lock(&server.ready).len() < PREPARED_AHEAD {
+                match prepare(&spec, stub.clone()) {
+                    Ok(mut p) => {
+                        if let Err(e) = prime(&server, &mut p) {
+                            // The call confines its script process itself, as unprimed.
+                            tracing::debug!("execute_code: confining a spare ahead: {e}");
                         }
+                        let mut ready = lock(&server.ready);
+                        if ready.len() >= PREPARED_AHEAD || EXITING.load(Ordering::SeqCst) {
+                            break;
+                        }
+                        ready.push_back(p);
                     }
-                    Err(e) => tracing::debug!("execute_code: preparing the next execution: {e}"),
+                    Err(e) => {
+                        tracing::debug!("execute_code: preparing the next execution: {e}");
+                        break;
+                    }
                 }
             }
             server.preparing.store(false, Ordering::SeqCst);
@@ -243,7 +338,7 @@ extern "C" fn clean_up_at_exit() {
     let Some(reg) = reg.as_ref() else { return };
     for server in &reg.servers {
         if let Ok(mut ready) = server.ready.try_lock() {
-            drop(ready.take());
+            ready.clear();
         }
         // The registry is a static, so the servers are never dropped and their empty dirs
         // would stay in TMPDIR. The server, ending at its channel's EOF, needs it no more.
@@ -258,7 +353,7 @@ impl Drop for Server {
         // A spare whose answer was never read goes with the channel's queue: its channels
         // close with it, and its processes exit at that EOF.
         drop(lock(&self.control).take());
-        drop(lock(&self.ready).take());
+        lock(&self.ready).clear();
         let mut child = lock(&self.child);
         if !matches!(child.try_wait(), Ok(Some(_))) {
             let _ = child.kill();
@@ -310,6 +405,7 @@ static ENABLED: AtomicBool = AtomicBool::new(false);
 static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
 static CLOCK: AtomicU64 = AtomicU64::new(0);
 static FORKS: AtomicU64 = AtomicU64::new(0);
+static CONFINED_AHEAD: AtomicU64 = AtomicU64::new(0);
 static NEXT_REQUEST: AtomicU64 = AtomicU64::new(1);
 /// Bumped whenever the servers are turned off, so a server whose start began before is dropped.
 static EPOCH: AtomicU64 = AtomicU64::new(0);
@@ -352,6 +448,12 @@ pub fn enabled() -> bool {
 /// Executions forked by a fork server in this process so far.
 pub fn forks() -> u64 {
     FORKS.load(Ordering::SeqCst)
+}
+
+/// Strict executions so far whose script process was confined before their request came
+/// ([`prime`]).
+pub fn confined_ahead() -> u64 {
+    CONFINED_AHEAD.load(Ordering::SeqCst)
 }
 
 /// Starts the server for calls like `request` ahead of the first one; errors are left for the
@@ -602,7 +704,7 @@ fn start_server(spec: &LaunchSpec) -> Result<Server, ZygoteError> {
         asked: Mutex::new(std::collections::VecDeque::new()),
         child: Mutex::new(child),
         last_used: AtomicU64::new(CLOCK.fetch_add(1, Ordering::SeqCst)),
-        ready: Mutex::new(None),
+        ready: Mutex::new(std::collections::VecDeque::new()),
         preparing: AtomicBool::new(false),
     };
     let ready = {
@@ -642,8 +744,9 @@ fn fork(
     stub: &str,
     code: &str,
 ) -> Result<Launched, ZygoteError> {
-    let ready = lock(&server.ready).take();
+    let ready = lock(&server.ready).pop_front();
     let Prepared {
+        primed,
         staging,
         channel,
         stub: written,
@@ -680,46 +783,31 @@ fn fork(
     let (err_r, err_w) = pipe()?;
     let (status_r, status_w) = pipe()?;
 
-    let mut request = serde_json::json!({
+    let request = serde_json::json!({
         "env": env.iter().map(|(k, v)| Ok(vec![text(k)?, text(v)?]))
             .collect::<Result<Vec<_>, ZygoteError>>()?,
         "cwd": spec.child_cwd(staging.path()),
         "staging": staging.path(),
         "script": staging.path().join("script.py"),
     });
-    // The script process's descriptors, in the order `_script_process` takes them.
-    let mut script_fds: Vec<RawFd> = vec![out_w.as_raw_fd(), err_w.as_raw_fd()];
-    if let Some(c) = &confinement {
-        if let Some(reveal) = &c.reveal {
-            request["reveal"] = serde_json::json!(reveal.steps());
-        }
-        script_fds.push(c.rpc.as_raw_fd());
-        script_fds.push(c.ruleset.as_raw_fd());
-        request["rlimits"] = serde_json::json!(c
-            .rlimits
-            .iter()
-            .map(|(r, v)| (*r as u64, *v))
-            .collect::<Vec<_>>());
-        request["credentials"] = match c.credentials {
-            Some(cr) => serde_json::json!([cr.uid, cr.gid]),
-            None => serde_json::Value::Null,
-        };
-        // Each program as the hex of its `struct sock_filter` array, which the child hands to
-        // the kernel as one buffer: a thousand instructions as JSON lists cost the server's
-        // decode and the child's ctypes construction over a millisecond per execution.
-        request["filters"] = serde_json::json!(c
-            .filters
-            .iter()
-            .map(|p| sock_filter_hex(p))
-            .collect::<Vec<_>>());
-        request["syscalls"] = serde_json::json!({
-            "landlock_restrict_self": libc::SYS_landlock_restrict_self,
-            "seccomp": libc::SYS_seccomp,
-            "open_tree": libc::SYS_open_tree,
-            "move_mount": libc::SYS_move_mount,
-        });
-    }
+    let stdio = [out_w.as_raw_fd(), err_w.as_raw_fd()];
     let body = request.to_string();
+    // An unconfined spare's request carries the confinement too, with its descriptors after
+    // stdout and stderr, in the order `_script_process` takes them. Made only if needed.
+    let whole = |confinement: &ChildConfinement| {
+        let mut request = request.clone();
+        let (part, programs) = confinement_part(confinement);
+        for (k, v) in part.as_object().into_iter().flatten() {
+            request[k] = v.clone();
+        }
+        let fds = [
+            out_w.as_raw_fd(),
+            err_w.as_raw_fd(),
+            confinement.rpc.as_raw_fd(),
+            confinement.ruleset.as_raw_fd(),
+        ];
+        (with_programs(&request, &programs), fds)
+    };
     let reaper_part = serde_json::json!({
         "grace_ms": spec.kill_grace.as_millis() as u64,
         "staging": staging.path(),
@@ -727,20 +815,37 @@ fn fork(
     .to_string();
     let reaper_fds = [lifeline_read.as_raw_fd(), status_w.as_raw_fd()];
     // A spare that died while it waited refuses the send; the next one is tried.
-    let mut attempt = 0;
+    let mut primed = primed;
+    let mut attempts_left = SPARES_AHEAD + 1 + usize::from(primed.is_some());
     let Spare { pid, pidfd, .. } = loop {
-        let spare = take_spare(server)?;
+        let (spare, confined) = match primed.take() {
+            Some(s) => (s, true),
+            None => (take_spare(server)?, false),
+        };
         // The reaper first: a script process whose reaper refused its part is never started
         // (it exits at EOF when the spare is dropped).
-        let sent = send(&spare.to_reaper, reaper_part.as_bytes(), &reaper_fds)
-            .and_then(|()| send(&spare.to_script, body.as_bytes(), &script_fds));
+        let sent =
+            send(&spare.to_reaper, reaper_part.as_bytes(), &reaper_fds).and_then(|()| {
+                match (&confinement, confined) {
+                    (Some(c), false) => {
+                        let (body, fds) = whole(c);
+                        send(&spare.to_script, &body, &fds)
+                    }
+                    _ => send(&spare.to_script, body.as_bytes(), &stdio),
+                }
+            });
         match sent {
-            Ok(()) => break spare,
+            Ok(()) => {
+                if confined {
+                    CONFINED_AHEAD.fetch_add(1, Ordering::SeqCst);
+                }
+                break spare;
+            }
             Err(e) => {
                 spare.kill();
-                attempt += 1;
+                attempts_left -= 1;
                 // Every spare asked for ahead may have died, and then the fresh one is tried.
-                if attempt > SPARES_AHEAD {
+                if attempts_left == 0 {
                     return Err(ZygoteError::Gone(format!(
                         "its spare refused a request: {e}"
                     )));
@@ -800,24 +905,6 @@ impl Drop for WhenDone {
             prepare_next(&server, &self.spec, Some(Arc::clone(&self.stub)));
         }
     }
-}
-
-/// A BPF program as the hex of its `struct sock_filter` array in this machine's byte order.
-fn sock_filter_hex(program: &[seccompiler::sock_filter]) -> String {
-    use std::fmt::Write;
-    let mut out = String::with_capacity(program.len() * 16);
-    for i in program {
-        let bytes = i
-            .code
-            .to_ne_bytes()
-            .into_iter()
-            .chain([i.jt, i.jf])
-            .chain(i.k.to_ne_bytes());
-        for b in bytes {
-            let _ = write!(out, "{b:02x}");
-        }
-    }
-    out
 }
 
 /// Sends one message with descriptors on a spare's channel.
@@ -901,10 +988,15 @@ fn take_spare(server: &Server) -> Result<Spare, ZygoteError> {
 /// Asks for spares until [`SPARES_AHEAD`] are asked for; the server forks them and their
 /// answers wait on the channel until calls take them. A failure here is reported by that call.
 fn ask_ahead(server: &Server) {
+    let primed = lock(&server.ready)
+        .iter()
+        .filter(|p| p.primed.is_some())
+        .count();
     let control = lock(&server.control);
     let Some(ctl) = control.as_ref() else { return };
     let mut asked = lock(&server.asked);
-    while asked.len() < SPARES_AHEAD {
+    // A prepared area's confined spare counts as ahead: calls take those first.
+    while asked.len() + primed < SPARES_AHEAD {
         let id = NEXT_REQUEST.fetch_add(1, Ordering::SeqCst);
         if ask(ctl, id).is_err() {
             return;

@@ -256,13 +256,15 @@ def _confine(req, rpc, ruleset):
     _check(_libc.syscall(ctypes.c_long(nr["landlock_restrict_self"]), ctypes.c_int(ruleset),
                          ctypes.c_uint(0)), "landlock_restrict_self")
     os.close(ruleset)
-    for prog in req.get("filters", ()):
-        # The program's struct sock_filter array, in hex (zygote.rs: sock_filter_hex).
-        raw = bytes.fromhex(prog)
-        count = len(raw) // ctypes.sizeof(_SockFilter)
-        if count == 0 or count * ctypes.sizeof(_SockFilter) != len(raw):
+    # The programs' struct sock_filter arrays follow the message's JSON, back to back; the
+    # request gives their lengths in instructions (zygote.rs: `confinement_part`).
+    raw, offset = req.get("programs", b""), 0
+    for count in req.get("filters", ()):
+        size = count * ctypes.sizeof(_SockFilter)
+        if count <= 0 or offset + size > len(raw):
             raise OSError(errno.EINVAL, "malformed seccomp program")
-        arr = (_SockFilter * count).from_buffer_copy(raw)
+        arr = (_SockFilter * count).from_buffer_copy(raw, offset)
+        offset += size
         fprog = _SockFprog(count, arr)
         _check(_libc.syscall(ctypes.c_long(nr["seccomp"]), ctypes.c_uint(1), ctypes.c_uint(0),
                              ctypes.byref(fprog)), "seccomp")
@@ -356,29 +358,74 @@ def _announce_exit(status):
         pass
 
 
-def _script_process(req, fds, reaper):
-    """Runs in the script's process: stdio, descriptors, confinement, environment, script."""
-    signal.pthread_sigmask(signal.SIG_SETMASK, set())
-    stdout_w, stderr_w = fds[0], fds[1]
-    rpc = fds[2] if len(fds) > 2 else None
-    ruleset = fds[3] if len(fds) > 3 else None
+def _keep_only(keep):
+    """Closes every descriptor not in `keep`, and points stdin at /dev/null."""
     null = os.open("/dev/null", os.O_RDONLY)
     os.dup2(null, 0)
-    os.dup2(stdout_w, 1)
-    os.dup2(stderr_w, 2)
-    keep = {0, 1, 2, rpc, ruleset}
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        if fd not in keep:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-    if rpc is not None:
-        os.set_inheritable(rpc, True)
+    if sys.version_info < (3, 10):
+        # closerange here closes one number at a time, up to the bound: list what is open.
+        for name in os.listdir("/proc/self/fd"):
+            if int(name) not in keep:
+                try:
+                    os.close(int(name))
+                except OSError:
+                    pass
+        return
+    # close_range(2) per gap, without listing /proc/self/fd.
+    low = 0
+    for fd in sorted(k for k in keep if k is not None and k >= 0):
+        if fd > low:  # closerange(n, n) would close everything from n up
+            os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, _MAX_FD)
+
+
+# Above any descriptor a process can hold (RLIMIT_NOFILE's hard ceiling, fs.nr_open, is 2^30).
+_MAX_FD = 1 << 30
+
+
+def _take_confinement(part, fds, reaper, chan):
+    """Strict mode, ahead of the request (the supervisor primes a spare with the confinement of
+    the staging dir it prepared next, zygote.rs `prime`): descriptors, then the steps of
+    `_confine`, so the script process that later gets its request is already the confined
+    process a cold launch would exec. Besides stdio, the process keeps only the channel the
+    request comes on, the RPC end and its own /proc/self/maps opened before landlock (for
+    `_populate_while_idle`; closed before the script runs). Returns the RPC end and that one."""
+    if len(fds) != 2:
+        raise OSError(errno.EINVAL, "a confinement comes with the RPC end and the ruleset")
+    rpc, ruleset = fds
+    maps = os.open("/proc/self/maps", os.O_RDONLY | os.O_CLOEXEC)
+    _keep_only({0, 1, 2, chan.fileno(), rpc, ruleset, maps})
+    os.set_inheritable(rpc, True)
+    _confine(dict(part, reaper=reaper), rpc, ruleset)
+    return rpc, maps
+
+
+def _script_process(req, fds, reaper, rpc=None):
+    """Runs in the script's process: stdio, descriptors, confinement (unless taken ahead, when
+    `rpc` is the RPC end it came with), environment, script."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    stdout_w, stderr_w = fds[0], fds[1]
+    if rpc is None:
+        rpc = fds[2] if len(fds) > 2 else None
+        ruleset = fds[3] if len(fds) > 3 else None
+        os.dup2(stdout_w, 1)
+        os.dup2(stderr_w, 2)
+        _keep_only({0, 1, 2, rpc, ruleset})
+        if rpc is not None:
+            os.set_inheritable(rpc, True)
+        _confine(dict(req, reaper=reaper), rpc, ruleset)
+    else:
+        # Confined already: /proc may be out of reach, and nothing but these two and the
+        # channel (closed by the caller) was opened since `_take_confinement`.
+        if len(fds) != 2:
+            raise OSError(errno.EINVAL, "a confined spare's request comes with stdout and stderr")
+        os.dup2(stdout_w, 1)
+        os.dup2(stderr_w, 2)
+        os.close(stdout_w)
+        os.close(stderr_w)
     global _host_fds
     _host_fds = (1, 2) if rpc is None else (1, 2, rpc)
-    _confine(dict(req, reaper=reaper), rpc, ruleset)
     os.chdir(req["cwd"])
     env = dict(req["env"])
     if rpc is not None:
@@ -418,23 +465,26 @@ _POPULATE_CHUNK = 256 << 10
 _POPULATE_LIMIT = 64 << 20
 
 
-def _populate_while_idle(chan):
-    """While no request comes, copies the private writable pages this fork shares with the
-    server (MADV_POPULATE_WRITE, Linux 5.14), a chunk at a time: the script then writes its
-    own pages instead of taking a copy-on-write fault at its first write of each, which cost a
-    paced no-op call a millisecond and a half. It starts only once the spare has waited a
-    moment, and stops as soon as the request is there, so calls that come back to back never
-    wait for it (copying all of it takes a few milliseconds of CPU). Quietly nothing on older
-    kernels."""
-    ready = select.poll()
-    ready.register(chan, select.POLLIN)
-    if ready.poll(int(_IDLE_BEFORE_POPULATE * 1000)):
-        return
+def _private_mappings(fd=None):
+    """The private writable mappings worth copying (`_populate_while_idle`), as (start, end),
+    read from `fd` if given (a confined process cannot open /proc, but reads what it opened
+    before)."""
     try:
-        with open("/proc/self/maps", "rb") as f:
-            maps = f.read().splitlines()
+        if fd is None:
+            with open("/proc/self/maps", "rb") as f:
+                maps = f.read().splitlines()
+        else:
+            os.lseek(fd, 0, os.SEEK_SET)
+            chunks = []
+            while True:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            maps = b"".join(chunks).splitlines()
     except OSError:
-        return
+        return []
+    ranges = []
     for line in maps:
         fields = line.split()
         if len(fields) < 5 or fields[1][:2] != b"rw" or fields[1][3:4] != b"p":
@@ -442,15 +492,42 @@ def _populate_while_idle(chan):
         if len(fields) > 5 and fields[5].startswith(b"[") and fields[5] != b"[heap]":
             continue
         start, end = (int(x, 16) for x in fields[0].split(b"-"))
-        if end - start > _POPULATE_LIMIT:
-            continue
+        if end - start <= _POPULATE_LIMIT:
+            ranges.append((start, end))
+    return ranges
+
+
+def _populate_while_idle(chan, maps=None):
+    """While no message comes, copies the private writable pages this fork shares with the
+    server (MADV_POPULATE_WRITE, Linux 5.14), a chunk at a time: the script then writes its
+    own pages instead of taking a copy-on-write fault at its first write of each, which cost a
+    paced no-op call a millisecond and a half. It starts only once the spare has waited a
+    moment, and stops as soon as a message is there, so calls that come back to back never
+    wait for it (copying all of it takes a few milliseconds of CPU). `maps` is the process's
+    /proc/self/maps opened before confinement, if it is confined. Pages already copied cost
+    little a second time. Quietly nothing on older kernels."""
+    ready = select.poll()
+    ready.register(chan, select.POLLIN)
+    if ready.poll(int(_IDLE_BEFORE_POPULATE * 1000)):
+        return
+    for start, end in _private_mappings(maps):
         while start < end:
             if ready.poll(0):
                 return
             size = min(_POPULATE_CHUNK, end - start)
-            if _libc.madvise(start, size, 23) != 0:  # MADV_POPULATE_WRITE
-                return
+            if _libc.madvise(start, size, 23) != 0:
+                return  # MADV_POPULATE_WRITE refused (older kernel) or the mapping is gone
             start += size
+
+
+def _request(msg):
+    """A script process's message: JSON, then optionally a NUL and the seccomp programs'
+    bytes, which go with the confinement part as "programs"."""
+    text, _nul, programs = msg.partition(b"\0")
+    req = json.loads(text.decode("utf-8"))
+    part = req.get("confine", req)
+    part["programs"] = programs
+    return req
 
 
 def _receive(chan):
@@ -507,13 +584,23 @@ def _spare(for_reaper, for_script):
         os.close(wake_w)
         for_reaper.close()
         _ready_script_process()
-        _populate_while_idle(for_script)
-        msg, fds, _fl = _receive(for_script)
-        for_script.close()
-        if msg is None:
-            os._exit(0)
         try:
-            _script_process(json.loads(msg.decode("utf-8")), fds, me)
+            rpc, maps = None, None
+            while True:
+                _populate_while_idle(for_script, maps)
+                msg, fds, _fl = _receive(for_script)
+                if msg is None:
+                    os._exit(0)
+                req = _request(msg)
+                if "confine" not in req:
+                    break
+                if rpc is not None:
+                    raise OSError(errno.EINVAL, "a spare is confined once")
+                rpc, maps = _take_confinement(req["confine"], fds, me, for_script)
+            for_script.close()
+            if maps is not None:
+                os.close(maps)
+            _script_process(req, fds, me, rpc)
         except BaseException as exc:  # never let the child fall back into the zygote's loop
             try:
                 os.write(2, ("vibeos: cannot start the script: %s\n" % exc).encode())

@@ -761,3 +761,103 @@ fn a_slow_or_failed_server_start_blocks_no_other_execution() {
     zygote::set_enabled(false);
     eventually("no server is left", || servers().is_empty());
 }
+
+/// A field of `/proc/PID/status` ("Seccomp", "NoNewPrivs", "Uid": its first value).
+fn status_field(pid: i32, name: &str) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next().map(str::to_owned))
+}
+
+/// When `pid` started, in clock ticks since boot (`/proc/PID/stat` field 22).
+fn start_time(pid: i32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The command name (field 2) may hold spaces; the fields after it are plain.
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    after.split_whitespace().nth(19).unwrap().parse().unwrap()
+}
+
+/// Strict spares are confined while they wait: the processes that will run the next strict
+/// scripts already run with their own uid, no_new_privs and the seccomp filter before any
+/// request reaches them, and a running strict script cannot reach such a waiting sibling (its
+/// channel, its descriptors, a signal, ptrace, its memory) to hand it a script of its own.
+#[test]
+fn a_strict_spare_is_confined_before_its_request_and_out_of_its_siblings_reach() {
+    let python = require_python!();
+    if let Some(why) = strict_unavailable() {
+        vibeos_testkit::skip!("strict mode is unavailable on this machine: {why}");
+    }
+    let _guard = serial();
+    let rt = runtime();
+    let session = Session::new(python);
+    let strict = |code: &str| {
+        let mut r = session.request(code);
+        r.mode = Mode::Strict;
+        r
+    };
+    zygote::set_enabled(true);
+    let first = run_forked(&rt, strict("print('first')\n"));
+    assert_eq!(first.output, "first\n", "{}", first.to_json());
+    let pids = servers();
+    assert_eq!(pids.len(), 1, "{pids:?}");
+    let server = pids[0];
+    // Script processes of waiting spares (below their reapers) that are already sealed.
+    let confined = || -> Vec<i32> {
+        children_of(server)
+            .into_iter()
+            .flat_map(children_of)
+            .filter(|p| status_field(*p, "Seccomp").as_deref() == Some("2"))
+            .collect()
+    };
+    eventually("two spares confined ahead", || confined().len() >= 2);
+    let spares = confined();
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let mut uids = Vec::new();
+    for pid in &spares {
+        assert_eq!(status_field(*pid, "NoNewPrivs").as_deref(), Some("1"));
+        let uid = status_field(*pid, "Uid").unwrap();
+        if root {
+            assert_ne!(uid, "0", "a confined spare still runs as root");
+        }
+        uids.push(uid);
+    }
+    if root {
+        uids.dedup();
+        assert_eq!(uids.len(), spares.len(), "two spares share a uid: {uids:?}");
+    }
+    // The next call takes the spare confined first; the attack aims at the other one.
+    let target = *spares.iter().max_by_key(|p| start_time(**p)).unwrap();
+    let before = zygote::confined_ahead();
+    let code = format!(
+        "PARAMS = {}\n{}",
+        serde_json::json!({ "server_pid": target }),
+        fixture("zygote/control_channel.py")
+    );
+    let r = run_forked(&rt, strict(&code));
+    assert_eq!(zygote::confined_ahead(), before + 1, "{}", r.to_json());
+    let line = r
+        .output
+        .lines()
+        .find_map(|l| l.strip_prefix("ATTACK "))
+        .unwrap_or_else(|| panic!("no report: {}", r.to_json()));
+    let got: Value = serde_json::from_str(line).unwrap();
+    assert_eq!(got["own_sockets"], serde_json::json!([]), "{got}");
+    assert!(
+        got["proc_fds"].is_null(),
+        "a sibling's fds were listed: {got}"
+    );
+    assert_eq!(got["proc_fd_opened"], serde_json::json!([]), "{got}");
+    assert_eq!(got["getfd"], serde_json::json!([]), "{got}");
+    assert_eq!(got["signal"], false, "{got}");
+    assert_eq!(got["ptrace"], false, "{got}");
+    assert_eq!(got["mem"], false, "{got}");
+    // The sibling is untouched and runs the next script, its own.
+    assert!(alive(target));
+    assert_eq!(status_field(target, "State").as_deref(), Some("S"));
+    let next = run_forked(&rt, strict("print('next')\n"));
+    assert_eq!(next.output, "next\n", "{}", next.to_json());
+    assert_eq!(zygote::confined_ahead(), before + 2);
+    zygote::set_enabled(false);
+}
