@@ -282,6 +282,12 @@ fn prepare_next(server: &Arc<Server>, spec: &LaunchSpec, stub: Option<Arc<str>>)
         .name("vibeos-zygote-prepare".into())
         .spawn(move || {
             let server = for_thread;
+            // Below the host's other threads: this work is for the next call, and at normal
+            // priority its wake-up took the CPU from the thread returning this call's result.
+            // SAFETY: setpriority on this thread's own id; only its nice value changes.
+            unsafe {
+                libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10);
+            }
             while !EXITING.load(Ordering::SeqCst) && lock(&server.ready).len() < PREPARED_AHEAD {
                 match prepare(&spec, stub.clone()) {
                     Ok(mut p) => {
