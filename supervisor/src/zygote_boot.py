@@ -585,7 +585,7 @@ def _spare(for_reaper, for_script):
         for_reaper.close()
         _ready_script_process()
         try:
-            rpc, maps = None, None
+            rpc, maps, failed = None, None, None
             while True:
                 _populate_while_idle(for_script, maps)
                 msg, fds, _fl = _receive(for_script)
@@ -594,9 +594,18 @@ def _spare(for_reaper, for_script):
                 req = _request(msg)
                 if "confine" not in req:
                     break
-                if rpc is not None:
+                if rpc is not None or failed is not None:
                     raise OSError(errno.EINVAL, "a spare is confined once")
-                rpc, maps = _take_confinement(req["confine"], fds, me, for_script)
+                try:
+                    rpc, maps = _take_confinement(req["confine"], fds, me, for_script)
+                except Exception as exc:
+                    # Half confined at most: this process never runs a script. The error
+                    # goes to the request's own stderr, where a cold start would put it.
+                    failed = exc
+            if failed is not None:
+                if len(fds) > 1:
+                    os.dup2(fds[1], 2)
+                raise failed
             for_script.close()
             if maps is not None:
                 os.close(maps)
