@@ -636,6 +636,39 @@ fn strict_confinement_is_the_same_for_forked_executions() {
     zygote::set_enabled(false);
 }
 
+/// Runs `fixtures/zygote/control_channel.py` forked, as `strict` builds its request, against
+/// the process `target` (a fork server, a waiting spare) and asserts that every way in was
+/// refused: descriptors of its own besides the RPC channel, the target's descriptors through
+/// /proc and `pidfd_getfd`, a signal, ptrace, its memory.
+fn attack_is_refused(
+    rt: &tokio::runtime::Runtime,
+    strict: &dyn Fn(&str) -> ExecutionRequest,
+    target: i32,
+) {
+    let code = format!(
+        "PARAMS = {}\n{}",
+        serde_json::json!({ "server_pid": target }),
+        fixture("zygote/control_channel.py")
+    );
+    let r = run_forked(rt, strict(&code));
+    let line = r
+        .output
+        .lines()
+        .find_map(|l| l.strip_prefix("ATTACK "))
+        .unwrap_or_else(|| panic!("no report: {}", r.to_json()));
+    let got: Value = serde_json::from_str(line).unwrap();
+    assert_eq!(got["own_sockets"], serde_json::json!([]), "{got}");
+    assert!(
+        got["proc_fds"].is_null(),
+        "the target's descriptors were listed: {got}"
+    );
+    assert_eq!(got["proc_fd_opened"], serde_json::json!([]), "{got}");
+    assert_eq!(got["getfd"], serde_json::json!([]), "{got}");
+    assert_eq!(got["signal"], false, "{got}");
+    assert_eq!(got["ptrace"], false, "{got}");
+    assert_eq!(got["mem"], false, "{got}");
+}
+
 #[test]
 fn a_strict_script_cannot_reach_the_fork_server() {
     let python = require_python!();
@@ -657,28 +690,7 @@ fn a_strict_script_cannot_reach_the_fork_server() {
     let pids = servers();
     assert_eq!(pids.len(), 1, "{pids:?}");
     let server = pids[0];
-    let code = format!(
-        "PARAMS = {}\n{}",
-        serde_json::json!({ "server_pid": server }),
-        fixture("zygote/control_channel.py")
-    );
-    let r = run_forked(&rt, strict(&code));
-    let line = r
-        .output
-        .lines()
-        .find_map(|l| l.strip_prefix("ATTACK "))
-        .unwrap_or_else(|| panic!("no report: {}", r.to_json()));
-    let got: Value = serde_json::from_str(line).unwrap();
-    assert_eq!(got["own_sockets"], serde_json::json!([]), "{got}");
-    assert!(
-        got["proc_fds"].is_null(),
-        "the server's descriptors were listed: {got}"
-    );
-    assert_eq!(got["proc_fd_opened"], serde_json::json!([]), "{got}");
-    assert_eq!(got["getfd"], serde_json::json!([]), "{got}");
-    assert_eq!(got["signal"], false, "{got}");
-    assert_eq!(got["ptrace"], false, "{got}");
-    assert_eq!(got["mem"], false, "{got}");
+    attack_is_refused(&rt, &strict, server);
     // The server was neither stopped nor confused: it still forks, and is the same process.
     assert!(alive(server));
     let after = run_forked(&rt, strict("print('after')\n"));
@@ -830,29 +842,8 @@ fn a_strict_spare_is_confined_before_its_request_and_out_of_its_siblings_reach()
     // The next call takes the spare confined first; the attack aims at the other one.
     let target = *spares.iter().max_by_key(|p| start_time(**p)).unwrap();
     let before = zygote::confined_ahead();
-    let code = format!(
-        "PARAMS = {}\n{}",
-        serde_json::json!({ "server_pid": target }),
-        fixture("zygote/control_channel.py")
-    );
-    let r = run_forked(&rt, strict(&code));
-    assert_eq!(zygote::confined_ahead(), before + 1, "{}", r.to_json());
-    let line = r
-        .output
-        .lines()
-        .find_map(|l| l.strip_prefix("ATTACK "))
-        .unwrap_or_else(|| panic!("no report: {}", r.to_json()));
-    let got: Value = serde_json::from_str(line).unwrap();
-    assert_eq!(got["own_sockets"], serde_json::json!([]), "{got}");
-    assert!(
-        got["proc_fds"].is_null(),
-        "a sibling's fds were listed: {got}"
-    );
-    assert_eq!(got["proc_fd_opened"], serde_json::json!([]), "{got}");
-    assert_eq!(got["getfd"], serde_json::json!([]), "{got}");
-    assert_eq!(got["signal"], false, "{got}");
-    assert_eq!(got["ptrace"], false, "{got}");
-    assert_eq!(got["mem"], false, "{got}");
+    attack_is_refused(&rt, &strict, target);
+    assert_eq!(zygote::confined_ahead(), before + 1);
     // The sibling is untouched and runs the next script, its own.
     assert!(alive(target));
     assert_eq!(status_field(target, "State").as_deref(), Some("S"));
