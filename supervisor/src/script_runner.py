@@ -33,6 +33,17 @@ def _warm_up_compiler():
     )
 
 
+def _read_all(fd):
+    """What is left to read from `fd`, read at the os level: the io stack's buffered file costs
+    a forked child ten times more."""
+    chunks = []
+    while True:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
 def _run(path):
     """Runs the script as `__main__`; returns (exit status, whether it ended by Ctrl-C)."""
     main = types.ModuleType("__main__")
@@ -48,19 +59,11 @@ def _run(path):
     sys.modules["__main__"] = main
     sys.argv[:] = [path]
     try:
-        # os-level reads: the io stack's buffered file costs a forked child ten times more.
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            chunks = []
-            while True:
-                chunk = os.read(fd, 1 << 20)
-                if not chunk:
-                    break
-                chunks.append(chunk)
+            source = _read_all(fd)
         finally:
             os.close(fd)
-        source = b"".join(chunks)
-        del chunks
         code = compile(source, path, "exec", dont_inherit=True)
         del source
         exec(code, main.__dict__)

@@ -475,13 +475,7 @@ def _private_mappings(fd=None):
                 maps = f.read().splitlines()
         else:
             os.lseek(fd, 0, os.SEEK_SET)
-            chunks = []
-            while True:
-                chunk = os.read(fd, 1 << 16)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-            maps = b"".join(chunks).splitlines()
+            maps = _read_all(fd).splitlines()
     except OSError:
         return []
     ranges = []
