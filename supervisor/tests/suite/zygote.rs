@@ -636,6 +636,20 @@ fn strict_confinement_is_the_same_for_forked_executions() {
     zygote::set_enabled(false);
 }
 
+/// Turns fork servers on, runs one strict script forked and returns the one server that forked
+/// it.
+fn the_server_of_a_strict_call(
+    rt: &tokio::runtime::Runtime,
+    strict: &dyn Fn(&str) -> ExecutionRequest,
+) -> i32 {
+    zygote::set_enabled(true);
+    let warm = run_forked(rt, strict("print('warm')\n"));
+    assert_eq!(warm.output, "warm\n", "{}", warm.to_json());
+    let pids = servers();
+    assert_eq!(pids.len(), 1, "{pids:?}");
+    pids[0]
+}
+
 /// Runs `fixtures/zygote/control_channel.py` forked, as `strict` builds its request, against
 /// the process `target` (a fork server, a waiting spare) and asserts that every way in was
 /// refused: descriptors of its own besides the RPC channel, the target's descriptors through
@@ -684,12 +698,7 @@ fn a_strict_script_cannot_reach_the_fork_server() {
         r
     };
     zygote::set_enabled(false);
-    zygote::set_enabled(true);
-    let warm = run_forked(&rt, strict("print('warm')\n"));
-    assert_eq!(warm.output, "warm\n", "{}", warm.to_json());
-    let pids = servers();
-    assert_eq!(pids.len(), 1, "{pids:?}");
-    let server = pids[0];
+    let server = the_server_of_a_strict_call(&rt, &strict);
     attack_is_refused(&rt, &strict, server);
     // The server was neither stopped nor confused: it still forks, and is the same process.
     assert!(alive(server));
@@ -808,12 +817,7 @@ fn a_strict_spare_is_confined_before_its_request_and_out_of_its_siblings_reach()
         r.mode = Mode::Strict;
         r
     };
-    zygote::set_enabled(true);
-    let first = run_forked(&rt, strict("print('first')\n"));
-    assert_eq!(first.output, "first\n", "{}", first.to_json());
-    let pids = servers();
-    assert_eq!(pids.len(), 1, "{pids:?}");
-    let server = pids[0];
+    let server = the_server_of_a_strict_call(&rt, &strict);
     // Script processes of waiting spares (below their reapers) that are already sealed.
     let confined = || -> Vec<i32> {
         children_of(server)
