@@ -26,9 +26,10 @@ pub async fn serve_stdio(
     let shared = Shared::new(registry, settings);
     let conn = shared.next_id();
     let closed = CancellationToken::new();
+    let (input, output, _blocking_again) = stdio_streams();
     let (transport, writer) = StdioLines::new(
-        tokio::io::stdin(),
-        tokio::io::stdout(),
+        input,
+        output,
         shared.settings.max_request_bytes,
         closed.clone(),
     );
@@ -63,6 +64,63 @@ pub async fn serve_stdio(
     shared.wait_idle(None, DRAIN_TIMEOUT).await;
     let _ = writer.await;
     Ok(())
+}
+
+type Input = Box<dyn tokio::io::AsyncRead + Unpin + Send>;
+type Output = Box<dyn tokio::io::AsyncWrite + Unpin + Send>;
+
+/// stdin and stdout for the session. When they are pipes (as MCP clients start servers), the
+/// runtime's own poller drives them: tokio's `stdin()`/`stdout()` hand every read and write to
+/// a blocking thread, which cost each request two thread wake-ups, and as many for its reply,
+/// each the wake-up of an idle CPU when calls are paced. A terminal or a file keeps tokio's
+/// (they cannot be made non-blocking). The returned guard puts the pipes back in blocking mode
+/// at the end of the session, for whoever else holds them.
+fn stdio_streams() -> (Input, Output, BlockingAgain) {
+    use std::os::fd::AsFd;
+    let mut switched = BlockingAgain(Vec::new());
+    let stdin = std::io::stdin();
+    let input: Input = match stdin
+        .as_fd()
+        .try_clone_to_owned()
+        .map(std::fs::File::from)
+        .and_then(tokio::net::unix::pipe::Receiver::from_file)
+    {
+        Ok(r) => {
+            switched.0.extend(stdin.as_fd().try_clone_to_owned());
+            Box::new(r)
+        }
+        Err(_) => Box::new(tokio::io::stdin()),
+    };
+    let stdout = std::io::stdout();
+    let output: Output = match stdout
+        .as_fd()
+        .try_clone_to_owned()
+        .map(std::fs::File::from)
+        .and_then(tokio::net::unix::pipe::Sender::from_file)
+    {
+        Ok(w) => {
+            switched.0.extend(stdout.as_fd().try_clone_to_owned());
+            Box::new(w)
+        }
+        Err(_) => Box::new(tokio::io::stdout()),
+    };
+    (input, output, switched)
+}
+
+/// Clears `O_NONBLOCK` on the descriptors [`stdio_streams`] switched, when dropped: the flag
+/// belongs to the open pipe, which the process that started us may share. Holds a duplicate of
+/// each: the flag is the open pipe's, so clearing it through the duplicate clears it for fd 0/1.
+struct BlockingAgain(Vec<std::os::fd::OwnedFd>);
+
+impl Drop for BlockingAgain {
+    fn drop(&mut self) {
+        use rustix::fs::{fcntl_getfl, fcntl_setfl, OFlags};
+        for fd in &self.0 {
+            if let Ok(flags) = fcntl_getfl(fd) {
+                let _ = fcntl_setfl(fd, flags - OFlags::NONBLOCK);
+            }
+        }
+    }
 }
 
 /// Newline-delimited JSON-RPC over a byte stream, answering what JSON-RPC says to answer:

@@ -582,3 +582,83 @@ fn mcp_clients_answer_approvals_through_elicitation() {
     assert_eq!(r["exists"]["doomed2"], true);
     assert_eq!(r["exists"]["doomed3"], true);
 }
+
+/// Whether `O_NONBLOCK` is set on the open pipe `fd` refers to.
+fn nonblocking(fd: &std::os::fd::OwnedFd) -> bool {
+    let flags = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFL).expect("F_GETFL");
+    nix::fcntl::OFlag::from_bits_truncate(flags).contains(nix::fcntl::OFlag::O_NONBLOCK)
+}
+
+#[test]
+fn serve_over_pipes_answers_and_leaves_the_pipes_it_shares_blocking() {
+    use std::io::{BufRead, Write};
+    let sb = Sandbox::new();
+    // The server drives pipes on its runtime's poller, which needs them non-blocking; the flag
+    // belongs to the open pipe, so a process sharing it (here, the test) would see it too.
+    let (stdin_r, stdin_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).expect("pipe");
+    let (stdout_r, stdout_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).expect("pipe");
+    let (shared_in, shared_out) = (
+        stdin_r.try_clone().expect("dup"),
+        stdout_w.try_clone().expect("dup"),
+    );
+    let mut child = sb
+        .command()
+        .arg("serve")
+        .stdin(std::process::Stdio::from(stdin_r))
+        .stdout(std::process::Stdio::from(stdout_w))
+        .spawn()
+        .expect("serve starts");
+    let mut to_server = std::fs::File::from(stdin_w);
+    let mut from_server = std::io::BufReader::new(std::fs::File::from(stdout_r));
+    let send = |to: &mut std::fs::File, line: &str| {
+        to.write_all(line.as_bytes()).expect("write");
+        to.write_all(b"\n").expect("write");
+    };
+    let mut reply = || -> Value {
+        let mut line = String::new();
+        from_server.read_line(&mut line).expect("reply");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+    };
+    send(
+        &mut to_server,
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"pipes","version":"1"}}}"#,
+    );
+    let init = reply();
+    assert_eq!(
+        init["result"]["serverInfo"]["name"], "vibeos-exec",
+        "{init}"
+    );
+    send(
+        &mut to_server,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    );
+    let big = "x".repeat(200_000);
+    send(
+        &mut to_server,
+        &format!(
+            r#"{{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{{"name":"execute_code","arguments":{{"code":"print('{big}')"}}}}}}"#
+        ),
+    );
+    let call = reply();
+    let output = call["result"]["structuredContent"]["output"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        output.starts_with("xxxx") && output.len() > 40_000,
+        "a reply larger than a pipe's buffer arrives whole: {} bytes",
+        output.len()
+    );
+    assert!(
+        nonblocking(&shared_in),
+        "the server reads stdin on its poller"
+    );
+    drop(to_server);
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "closing stdin ends the server: {status}");
+    assert!(
+        !nonblocking(&shared_in) && !nonblocking(&shared_out),
+        "the server put the pipes it shared back in blocking mode"
+    );
+    assert_eq!(sb.staging_dirs(), Vec::<PathBuf>::new());
+}
