@@ -331,15 +331,24 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
     let stderr_limit = request.stderr_limit;
     let stdout_task = spawn_drain(stdout, stdout_limit);
     let stderr_task = spawn_drain(stderr, stderr_limit);
-    // std's wait blocks; it gets a thread of the blocking pool. The pidfd (or the reaped flag)
-    // keeps our signals from reaching another process once it has returned.
+    // std's wait blocks; it gets a thread of the blocking pool. A forked reaper's status pipe
+    // is read on the runtime's poller. The pidfd (or the reaped flag) keeps our signals from
+    // reaching another process once it has returned.
     let reaped = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let reaped_flag = Arc::clone(&reaped);
-    let mut waiter = tokio::task::spawn_blocking(move || {
-        let status = child.wait().ok();
-        reaped_flag.store(true, Ordering::SeqCst);
-        status
-    });
+    let mut waiter = if child.waits_async() {
+        tokio::spawn(async move {
+            let status = child.wait_async().await.ok();
+            reaped_flag.store(true, Ordering::SeqCst);
+            status
+        })
+    } else {
+        tokio::task::spawn_blocking(move || {
+            let status = child.wait().ok();
+            reaped_flag.store(true, Ordering::SeqCst);
+            status
+        })
+    };
     let send = |sig: rustix::process::Signal| {
         if pidfd.is_some() || !reaped.load(Ordering::SeqCst) {
             signal(pidfd.as_ref(), reaper_pid, sig);

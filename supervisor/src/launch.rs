@@ -267,6 +267,20 @@ impl Staging {
         .map_err(StartError::Staging)
     }
 
+    /// Creates the script's file, empty and open for writing, for a script not known yet;
+    /// `owner` as for [`Staging::write_stub`].
+    pub(crate) fn create_script(
+        &self,
+        owner: Option<(u32, u32)>,
+    ) -> Result<std::fs::File, StartError> {
+        crate::confine::staging::create_new(
+            self.dir.path(),
+            crate::confine::staging::SCRIPT_FILE,
+            owner,
+        )
+        .map_err(StartError::Staging)
+    }
+
     /// Writes the stub and the script; `owner` as for [`Staging::write_stub`].
     pub(crate) fn write_files(
         &self,
@@ -345,6 +359,21 @@ impl Proc {
         match self {
             Proc::Spawned(c) => c.wait(),
             Proc::Forked(f) => f.wait(),
+        }
+    }
+
+    /// Whether [`Proc::wait_async`] waits without a thread of its own (a forked reaper's
+    /// status pipe); a spawned child's wait blocks.
+    pub(crate) fn waits_async(&self) -> bool {
+        matches!(self, Proc::Forked(_))
+    }
+
+    /// [`Proc::wait`] for an async caller; blocks for a spawned child (see
+    /// [`Proc::waits_async`]).
+    pub(crate) async fn wait_async(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        match self {
+            Proc::Spawned(c) => c.wait(),
+            Proc::Forked(f) => f.wait_async().await,
         }
     }
 
