@@ -150,6 +150,11 @@ struct Prepared {
     /// The stub already written into `staging` (with the runtime beside it): the one the
     /// previous execution of this key used, which the next one almost always uses too.
     stub: Option<Arc<str>>,
+    /// `script.py`, created empty and left open when the area was prepared: creating a file
+    /// on ext4 (an inode allocation that reads the inode table) cost a call a tenth of a
+    /// millisecond or more, where writing into an open one costs a few microseconds. Nothing
+    /// of any script has run in the area before its request, so the file waits unread.
+    script: Option<std::fs::File>,
 }
 
 /// One execution's processes, forked by the server before their request: the reaper, set up as
@@ -189,11 +194,13 @@ fn prepare(spec: &LaunchSpec, stub: Option<Arc<str>>) -> Result<Prepared, Zygote
     if let Some(text) = &stub {
         staging.write_stub(text, channel.owner)?;
     }
+    let script = Some(staging.create_script(channel.owner)?);
     Ok(Prepared {
         primed: None,
         staging,
         channel,
         stub,
+        script,
     })
 }
 
@@ -267,50 +274,93 @@ fn prime(server: &Server, prepared: &mut Prepared) -> Result<(), ZygoteError> {
     }
 }
 
-/// Prepares the next executions of `server`'s key on a thread of its own, until
-/// [`PREPARED_AHEAD`] are ready, unless a thread is at it already: the strict steps that cost
-/// most in the supervisor (the landlock ruleset over the interpreter's paths, the uid lease
-/// with its scan of `/proc`, the tmpfs mount) and in the script process (its confinement,
-/// [`prime`]) then happen while the previous script runs, not between a request and its fork.
+/// Prepares the next executions of `server`'s key on the preparer thread, until
+/// [`PREPARED_AHEAD`] are ready, unless it is at it already: the strict steps that cost most in
+/// the supervisor (the landlock ruleset over the interpreter's paths, the uid lease with its
+/// scan of `/proc`, the tmpfs mount) and in the script process (its confinement, [`prime`])
+/// then happen while the previous script runs, not between a request and its fork.
 fn prepare_next(server: &Arc<Server>, spec: &LaunchSpec, stub: Option<Arc<str>>) {
     if lock(&server.ready).len() >= PREPARED_AHEAD || server.preparing.swap(true, Ordering::SeqCst)
     {
         return;
     }
-    let (for_thread, spec) = (Arc::clone(server), spec.clone());
-    let spawned = std::thread::Builder::new()
+    let job = PrepareJob {
+        server: Arc::clone(server),
+        spec: spec.clone(),
+        stub,
+    };
+    let mut preparer = lock(&PREPARER);
+    if preparer.is_none() {
+        *preparer = start_preparer();
+    }
+    let refused = match preparer.as_ref() {
+        Some(queue) => queue.send(job).err().map(|back| back.0),
+        None => Some(job),
+    };
+    if let Some(job) = refused {
+        // No thread to do it: the next call prepares its own area, as on a cold server.
+        *preparer = None;
+        job.server.preparing.store(false, Ordering::SeqCst);
+    }
+}
+
+/// One server's request for areas prepared ahead.
+struct PrepareJob {
+    server: Arc<Server>,
+    spec: LaunchSpec,
+    stub: Option<Arc<str>>,
+}
+
+/// The preparer thread's queue, started at the first request. One thread for every server,
+/// kept for the host's life: a thread started per execution cost its clone and its exit on
+/// the path of the call that asked for it, and two keys preparing at once on two cores only
+/// took CPU from running scripts.
+static PREPARER: Mutex<Option<std::sync::mpsc::Sender<PrepareJob>>> = Mutex::new(None);
+
+/// Starts the preparer; `None` if no thread can be started.
+fn start_preparer() -> Option<std::sync::mpsc::Sender<PrepareJob>> {
+    let (queue, jobs) = std::sync::mpsc::channel::<PrepareJob>();
+    std::thread::Builder::new()
         .name("vibeos-zygote-prepare".into())
         .spawn(move || {
-            let server = for_thread;
             // Below the host's other threads: this work is for the next call, and at normal
             // priority its wake-up took the CPU from the thread returning this call's result.
             // SAFETY: setpriority on this thread's own id; only its nice value changes.
             unsafe {
                 libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10);
             }
-            while !EXITING.load(Ordering::SeqCst) && lock(&server.ready).len() < PREPARED_AHEAD {
-                match prepare(&spec, stub.clone()) {
-                    Ok(mut p) => {
-                        if let Err(e) = prime(&server, &mut p) {
-                            // The call confines its script process itself, as unprimed.
-                            tracing::debug!("execute_code: confining a spare ahead: {e}");
-                        }
-                        let mut ready = lock(&server.ready);
-                        if ready.len() >= PREPARED_AHEAD || EXITING.load(Ordering::SeqCst) {
-                            break;
-                        }
-                        ready.push_back(p);
-                    }
-                    Err(e) => {
-                        tracing::debug!("execute_code: preparing the next execution: {e}");
-                        break;
-                    }
-                }
+            for job in jobs {
+                prepare_ahead(&job);
+                job.server.preparing.store(false, Ordering::SeqCst);
             }
-            server.preparing.store(false, Ordering::SeqCst);
-        });
-    if spawned.is_err() {
-        server.preparing.store(false, Ordering::SeqCst);
+        })
+        .map_err(|e| tracing::debug!("execute_code: no thread to prepare executions ahead: {e}"))
+        .ok()?;
+    Some(queue)
+}
+
+/// Prepares (and in strict mode primes) areas for `job`'s server until [`PREPARED_AHEAD`] are
+/// ready, the host exits, or a preparation fails (the next call then reports it).
+fn prepare_ahead(job: &PrepareJob) {
+    let server = &job.server;
+    while !EXITING.load(Ordering::SeqCst) && lock(&server.ready).len() < PREPARED_AHEAD {
+        match prepare(&job.spec, job.stub.clone()) {
+            Ok(mut p) => {
+                if let Err(e) = prime(server, &mut p) {
+                    // The call confines its script process itself, as unprimed.
+                    tracing::debug!("execute_code: confining a spare ahead: {e}");
+                }
+                let mut ready = lock(&server.ready);
+                if ready.len() >= PREPARED_AHEAD || EXITING.load(Ordering::SeqCst) {
+                    break;
+                }
+                ready.push_back(p);
+            }
+            Err(e) => {
+                tracing::debug!("execute_code: preparing the next execution: {e}");
+                break;
+            }
+        }
     }
 }
 
@@ -756,6 +806,7 @@ fn fork(
         staging,
         channel,
         stub: written,
+        script,
     } = match ready {
         Some(p) => p,
         None => prepare(spec, None)?,
@@ -773,7 +824,12 @@ fn fork(
             Arc::from(stub)
         }
     };
-    staging.write_script(code, channel.owner)?;
+    match script {
+        Some(mut file) => {
+            std::io::Write::write_all(&mut file, code.as_bytes()).map_err(StartError::Staging)?
+        }
+        None => staging.write_script(code, channel.owner)?,
+    }
     let Channel {
         rpc,
         token,

@@ -129,6 +129,12 @@ pub const STUB_FILE: &str = "vibeos_tools.py";
 /// Creates `name` in `dir` with `text`: relative to a descriptor of `dir`, never following a
 /// symlink, never reusing an existing name. `owner` receives the file (strict mode as root).
 pub fn write_new(dir: &Path, name: &str, text: &str, owner: Option<(u32, u32)>) -> io::Result<()> {
+    let mut file = create_new(dir, name, owner)?;
+    io::Write::write_all(&mut file, text.as_bytes())
+}
+
+/// Creates `name` in `dir`, empty and open for writing, as [`write_new`] does.
+pub fn create_new(dir: &Path, name: &str, owner: Option<(u32, u32)>) -> io::Result<std::fs::File> {
     let dirfd = nix::fcntl::open(
         dir,
         OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
@@ -140,7 +146,7 @@ pub fn write_new(dir: &Path, name: &str, text: &str, owner: Option<(u32, u32)>) 
         OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::from_bits_truncate(0o644),
     )?;
-    let mut file = std::fs::File::from(fd);
+    let file = std::fs::File::from(fd);
     if let Some((uid, gid)) = owner {
         nix::unistd::fchown(
             &file,
@@ -148,7 +154,7 @@ pub fn write_new(dir: &Path, name: &str, text: &str, owner: Option<(u32, u32)>) 
             Some(nix::unistd::Gid::from_raw(gid)),
         )?;
     }
-    io::Write::write_all(&mut file, text.as_bytes())
+    Ok(file)
 }
 
 /// A size-capped tmpfs mounted on a staging dir (strict mode, root only); unmounted on drop,
