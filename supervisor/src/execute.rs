@@ -13,7 +13,7 @@ use crate::launch::{launch, LaunchSpec, Launched, Program, RpcEnd, Staging};
 use crate::outcome::{ended_result, finish, Ended, Ending};
 use crate::request::{ExecutionRequest, Interrupt};
 use crate::result::ExecutionResult;
-use crate::rpc_server::{serve, serve_stream, ChannelState};
+use crate::rpc_server::{serve, serve_when_written, ChannelState};
 use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::os::fd::OwnedFd;
@@ -309,16 +309,9 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
                 }
             }
         }
-        RpcEnd::Stream(ours) => {
-            // Nothing to accept in strict mode: the connection thread serves the one channel.
-            serve_stream(
-                ours,
-                Arc::clone(&state),
-                false,
-                tokio::runtime::Handle::current(),
-            );
-            None
-        }
+        // Nothing to accept in strict mode: a connection thread serves the one channel once
+        // the script first writes to it.
+        RpcEnd::Stream(ours) => Some(serve_when_written(ours, Arc::clone(&state), false)),
     };
 
     let stdout = child

@@ -257,6 +257,52 @@ pub fn serve_with(
     })
 }
 
+/// [`serve_stream`] for a stream the supervisor connected itself (strict mode's socketpair),
+/// started only once the script writes to it, until the returned task is aborted. A script that
+/// calls no tool then costs no connection thread: starting one for every strict execution put
+/// a thread's clone, and its wake-up and exit at the end, on every call's path, where project
+/// mode starts one only when its listener accepts.
+pub fn serve_when_written(
+    stream: UnixStream,
+    state: Arc<ChannelState>,
+    check_peer: bool,
+) -> tokio::task::JoinHandle<()> {
+    let pool = tokio::runtime::Handle::current();
+    tokio::spawn(async move {
+        let ours = match stream
+            .set_nonblocking(true)
+            .and_then(|()| tokio::net::UnixStream::from_std(stream))
+        {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!("execute_code: cannot watch the RPC channel: {e}");
+                return;
+            }
+        };
+        if let Err(e) = ours.readable().await {
+            tracing::warn!("execute_code: watching the RPC channel failed: {e}");
+            return;
+        }
+        // Readable also means closed: a script that ended without a call needs no thread.
+        let mut first = [0u8; 1];
+        let peeked = nix::sys::socket::recv(
+            std::os::fd::AsRawFd::as_raw_fd(&ours),
+            &mut first,
+            nix::sys::socket::MsgFlags::MSG_PEEK | nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+        );
+        if matches!(peeked, Ok(0)) {
+            return;
+        }
+        match ours
+            .into_std()
+            .and_then(|s| s.set_nonblocking(false).map(|_| s))
+        {
+            Ok(s) => serve_stream(s, state, check_peer, pool),
+            Err(e) => tracing::warn!("execute_code: cannot serve the RPC channel: {e}"),
+        }
+    })
+}
+
 /// Serves one connected stream on a new thread. `check_peer` is false only for a stream the
 /// supervisor connected itself (a socketpair handed to the child).
 pub fn serve_stream(
