@@ -78,33 +78,35 @@ type Output = Box<dyn tokio::io::AsyncWrite + Unpin + Send>;
 fn stdio_streams() -> (Input, Output, BlockingAgain) {
     use std::os::fd::AsFd;
     let mut switched = BlockingAgain(Vec::new());
-    let stdin = std::io::stdin();
-    let input: Input = match stdin
-        .as_fd()
-        .try_clone_to_owned()
-        .map(std::fs::File::from)
-        .and_then(tokio::net::unix::pipe::Receiver::from_file)
-    {
-        Ok(r) => {
-            switched.0.extend(stdin.as_fd().try_clone_to_owned());
-            Box::new(r)
-        }
-        Err(_) => Box::new(tokio::io::stdin()),
+    let input: Input = match on_poller(
+        std::io::stdin().as_fd(),
+        tokio::net::unix::pipe::Receiver::from_file,
+        &mut switched,
+    ) {
+        Some(r) => Box::new(r),
+        None => Box::new(tokio::io::stdin()),
     };
-    let stdout = std::io::stdout();
-    let output: Output = match stdout
-        .as_fd()
-        .try_clone_to_owned()
-        .map(std::fs::File::from)
-        .and_then(tokio::net::unix::pipe::Sender::from_file)
-    {
-        Ok(w) => {
-            switched.0.extend(stdout.as_fd().try_clone_to_owned());
-            Box::new(w)
-        }
-        Err(_) => Box::new(tokio::io::stdout()),
+    let output: Output = match on_poller(
+        std::io::stdout().as_fd(),
+        tokio::net::unix::pipe::Sender::from_file,
+        &mut switched,
+    ) {
+        Some(w) => Box::new(w),
+        None => Box::new(tokio::io::stdout()),
     };
     (input, output, switched)
+}
+
+/// `fd` as a pipe end of the runtime's (`make` fails unless it is a pipe open the right way),
+/// remembered in `switched`; `None` if it is something else.
+fn on_poller<T>(
+    fd: std::os::fd::BorrowedFd<'_>,
+    make: impl FnOnce(std::fs::File) -> std::io::Result<T>,
+    switched: &mut BlockingAgain,
+) -> Option<T> {
+    let end = make(std::fs::File::from(fd.try_clone_to_owned().ok()?)).ok()?;
+    switched.0.extend(fd.try_clone_to_owned());
+    Some(end)
 }
 
 /// Clears `O_NONBLOCK` on the descriptors [`stdio_streams`] switched, when dropped: the flag

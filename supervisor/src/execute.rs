@@ -9,7 +9,7 @@ use crate::capture::spawn_drain;
 use crate::config::Mode;
 use crate::error::StartError;
 use crate::interpreter::Interpreter;
-use crate::launch::{launch, LaunchSpec, Launched, Program, RpcEnd, Staging};
+use crate::launch::{launch, LaunchSpec, Launched, Proc, Program, RpcEnd, Staging};
 use crate::outcome::{ended_result, finish, Ended, Ending};
 use crate::request::{ExecutionRequest, Interrupt};
 use crate::result::ExecutionResult;
@@ -329,18 +329,17 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
     // reaching another process once it has returned.
     let reaped = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let reaped_flag = Arc::clone(&reaped);
-    let mut waiter = if child.waits_async() {
-        tokio::spawn(async move {
-            let status = child.wait_async().await.ok();
+    let mut waiter = match child {
+        Proc::Forked(mut forked) => tokio::spawn(async move {
+            let status = forked.wait_async().await.ok();
             reaped_flag.store(true, Ordering::SeqCst);
             status
-        })
-    } else {
-        tokio::task::spawn_blocking(move || {
-            let status = child.wait().ok();
+        }),
+        mut spawned => tokio::task::spawn_blocking(move || {
+            let status = spawned.wait().ok();
             reaped_flag.store(true, Ordering::SeqCst);
             status
-        })
+        }),
     };
     let send = |sig: rustix::process::Signal| {
         if pidfd.is_some() || !reaped.load(Ordering::SeqCst) {

@@ -362,21 +362,6 @@ impl Proc {
         }
     }
 
-    /// Whether [`Proc::wait_async`] waits without a thread of its own (a forked reaper's
-    /// status pipe); a spawned child's wait blocks.
-    pub(crate) fn waits_async(&self) -> bool {
-        matches!(self, Proc::Forked(_))
-    }
-
-    /// [`Proc::wait`] for an async caller; blocks for a spawned child (see
-    /// [`Proc::waits_async`]).
-    pub(crate) async fn wait_async(&mut self) -> std::io::Result<std::process::ExitStatus> {
-        match self {
-            Proc::Spawned(c) => c.wait(),
-            Proc::Forked(f) => f.wait_async().await,
-        }
-    }
-
     /// The status if already known.
     pub(crate) fn try_wait(&mut self) -> std::io::Result<Option<std::process::ExitStatus>> {
         match self {

@@ -237,17 +237,12 @@ pub fn serve_with(
                 let _ = tokio::task::spawn_blocking(move || waiting.wait_for_slot()).await;
             }
             match listener.accept().await {
-                Ok((stream, _)) => {
-                    let std_stream = stream
-                        .into_std()
-                        .and_then(|s| s.set_nonblocking(false).map(|_| s));
-                    match std_stream {
-                        Ok(s) => serve_stream(s, Arc::clone(&state), check_peer, pool.clone()),
-                        Err(e) => {
-                            tracing::warn!("execute_code: cannot serve an RPC connection: {e}")
-                        }
+                Ok((stream, _)) => match into_blocking(stream) {
+                    Ok(s) => serve_stream(s, Arc::clone(&state), check_peer, pool.clone()),
+                    Err(e) => {
+                        tracing::warn!("execute_code: cannot serve an RPC connection: {e}")
                     }
-                }
+                },
                 Err(e) => {
                     tracing::warn!("execute_code: accepting an RPC connection failed: {e}");
                     tokio::time::sleep(std::time::Duration::from_millis(10)).await;
@@ -293,14 +288,18 @@ pub fn serve_when_written(
         if matches!(peeked, Ok(0)) {
             return;
         }
-        match ours
-            .into_std()
-            .and_then(|s| s.set_nonblocking(false).map(|_| s))
-        {
+        match into_blocking(ours) {
             Ok(s) => serve_stream(s, state, check_peer, pool),
             Err(e) => tracing::warn!("execute_code: cannot serve the RPC channel: {e}"),
         }
     })
+}
+
+/// A stream off the runtime's poller, in blocking mode, for a connection thread.
+fn into_blocking(stream: tokio::net::UnixStream) -> std::io::Result<UnixStream> {
+    let s = stream.into_std()?;
+    s.set_nonblocking(false)?;
+    Ok(s)
 }
 
 /// Serves one connected stream on a new thread. `check_peer` is false only for a stream the
