@@ -168,6 +168,9 @@ struct Spare {
     pidfd: OwnedFd,
     to_reaper: OwnedFd,
     to_script: OwnedFd,
+    /// Whether the reaper served an execution before and handed itself back (`_hand_back` in
+    /// zygote_boot.py) rather than being forked for this one.
+    recycled: bool,
 }
 
 impl Spare {
@@ -462,6 +465,7 @@ static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
 static CLOCK: AtomicU64 = AtomicU64::new(0);
 static FORKS: AtomicU64 = AtomicU64::new(0);
 static CONFINED_AHEAD: AtomicU64 = AtomicU64::new(0);
+static RECYCLED: AtomicU64 = AtomicU64::new(0);
 static NEXT_REQUEST: AtomicU64 = AtomicU64::new(1);
 /// Bumped whenever the servers are turned off, so a server whose start began before is dropped.
 static EPOCH: AtomicU64 = AtomicU64::new(0);
@@ -510,6 +514,12 @@ pub fn forks() -> u64 {
 /// ([`prime`]).
 pub fn confined_ahead() -> u64 {
     CONFINED_AHEAD.load(Ordering::SeqCst)
+}
+
+/// Executions so far whose reaper had served an earlier execution of this process and was
+/// handed back to its server, instead of being forked for this one.
+pub fn recycled_reapers() -> u64 {
+    RECYCLED.load(Ordering::SeqCst)
 }
 
 /// Starts the server for calls like `request` ahead of the first one; errors are left for the
@@ -901,6 +911,9 @@ fn fork(
                 if confined {
                     CONFINED_AHEAD.fetch_add(1, Ordering::SeqCst);
                 }
+                if spare.recycled {
+                    RECYCLED.fetch_add(1, Ordering::SeqCst);
+                }
                 break spare;
             }
             Err(e) => {
@@ -1043,6 +1056,7 @@ fn take_spare(server: &Server) -> Result<Spare, ZygoteError> {
             pidfd,
             to_reaper,
             to_script,
+            recycled: value.get("recycled").and_then(|r| r.as_bool()) == Some(true),
         });
     }
 }

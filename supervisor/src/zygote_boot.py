@@ -48,6 +48,21 @@ def _reap_all(*_):
             return
         if pid == 0:
             return
+        _reaped.append(pid)
+
+
+# Reapers this server forked and has not reaped yet: pid -> a pidfd opened while the pid could
+# not be reused. Kept for the reaper's life, since a recycled reaper is handed out again.
+_pidfds = {}
+# Pids reaped by the SIGCHLD handler whose pidfds the loop has not closed yet.
+_reaped = []
+# Spares that reapers handed back after an execution (`_hand_back`): (pid, to_reaper, to_script).
+_returned = []
+# How many handed-back spares wait here at most; one more is let go (it exits at EOF).
+_KEEP_RETURNED = 2
+# The channel reapers hand their next spare back on: the server reads `_returns`, every reaper
+# holds `_returns_w`, and a script process closes it before anything else.
+_returns, _returns_w = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 
 
 class _SockFilter(ctypes.Structure):
@@ -555,10 +570,25 @@ def _spare(for_reaper, for_script):
     from there is the execution's reaper, as reaper.rs: it relays termination, kills every
     descendant once the script is gone, and reports the script's wait status. The supervisor
     holds the other ends: EOF on either channel before a request means the spare was dropped
-    unused, and both processes exit."""
+    unused, and both processes exit.
+
+    After an execution that ended on its own, once the supervisor has let go of it (its
+    lifeline closed), the reaper forks its next script process and hands itself back to the
+    server as a spare again (`_hand_back`), so a warm execution does not cost the server a fork
+    and a reaper's setup and exit."""
     zygote = os.getppid()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    # Nothing of the server's other spares stays open here: a copy of one of their channels
+    # would keep a dropped spare from seeing its EOF for as long as this reaper lives.
     _ctl.close()
+    _returns.close()
+    for fd in _pidfds.values():
+        os.close(fd)
+    _pidfds.clear()
+    for _pid, to_r, to_s in _returned:
+        to_r.close()
+        to_s.close()
+    del _returned[:]
     os.setsid()
     _check(_libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "PR_SET_CHILD_SUBREAPER")
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -572,45 +602,94 @@ def _spare(for_reaper, for_script):
         signal.signal(sig, on_signal)
     signal.set_wakeup_fd(wake_w)
     me = os.getpid()
+    handing_back = ()
+    while True:
+        script = _fork_script_process(for_reaper, for_script, me,
+                                      (wake_r, wake_w) + handing_back)
+        for_script.close()
+        if handing_back and not _hand_back(me, handing_back):
+            _kill_everything_below()
+            os._exit(0)
+        if not _reap(script, for_reaper, zygote, me, wake_r, flags):
+            os._exit(0)
+        # Blocked until the next request, as a spare forked by the server has them.
+        signal.pthread_sigmask(signal.SIG_BLOCK, set(_WATCHED))
+        flags["stop"] = False
+        to_reaper, for_reaper = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        to_script, for_script = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        handing_back = (to_reaper, to_script)
+
+
+def _fork_script_process(for_reaper, for_script, reaper, close_in_child):
+    """Forks the spare's script process, which waits for its request on `for_script`; returns
+    its pid. `close_in_child` are this reaper's descriptors (ints or sockets) it must not keep."""
     script = os.fork()
-    if script == 0:
-        os.close(wake_r)
-        os.close(wake_w)
-        for_reaper.close()
-        _ready_script_process()
-        try:
-            rpc, maps, failed = None, None, None
-            while True:
-                _populate_while_idle(for_script, maps)
-                msg, fds, _fl = _receive(for_script)
-                if msg is None:
-                    os._exit(0)
-                req = _request(msg)
-                if "confine" not in req:
-                    break
-                if rpc is not None or failed is not None:
-                    raise OSError(errno.EINVAL, "a spare is confined once")
-                try:
-                    rpc, maps = _take_confinement(req["confine"], fds, me, for_script)
-                except Exception as exc:
-                    # Half confined at most: this process never runs a script. The error
-                    # goes to the request's own stderr, where a cold start would put it.
-                    failed = exc
-            if failed is not None:
-                if len(fds) > 1:
-                    os.dup2(fds[1], 2)
-                raise failed
-            for_script.close()
-            if maps is not None:
-                os.close(maps)
-            _script_process(req, fds, me, rpc)
-        except BaseException as exc:  # never let the child fall back into the zygote's loop
+    if script != 0:
+        return script
+    for thing in close_in_child:
+        if isinstance(thing, int):
+            os.close(thing)
+        else:
+            thing.close()
+    for_reaper.close()
+    _returns_w.close()
+    _ready_script_process()
+    try:
+        rpc, maps, failed = None, None, None
+        while True:
+            _populate_while_idle(for_script, maps)
+            msg, fds, _fl = _receive(for_script)
+            if msg is None:
+                os._exit(0)
+            req = _request(msg)
+            if "confine" not in req:
+                break
+            if rpc is not None or failed is not None:
+                raise OSError(errno.EINVAL, "a spare is confined once")
             try:
-                os.write(2, ("vibeos: cannot start the script: %s\n" % exc).encode())
-            finally:
-                os._exit(126)
-        os._exit(126)
-    for_script.close()
+                rpc, maps = _take_confinement(req["confine"], fds, reaper, for_script)
+            except Exception as exc:
+                # Half confined at most: this process never runs a script. The error
+                # goes to the request's own stderr, where a cold start would put it.
+                failed = exc
+        if failed is not None:
+            if len(fds) > 1:
+                os.dup2(fds[1], 2)
+            raise failed
+        for_script.close()
+        if maps is not None:
+            os.close(maps)
+        _script_process(req, fds, reaper, rpc)
+    except BaseException as exc:  # never let the child fall back into the reaper's loop
+        try:
+            os.write(2, ("vibeos: cannot start the script: %s\n" % exc).encode())
+        finally:
+            os._exit(126)
+    os._exit(126)
+
+
+def _hand_back(me, ends):
+    """Hands the server this reaper's next spare (the supervisor's ends of its two channels);
+    closes our copies. False if the server is gone or refused it."""
+    to_reaper, to_script = ends
+    try:
+        _returns_w.sendmsg([b"%d" % me], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                           array.array("i", [to_reaper.fileno(),
+                                                             to_script.fileno()]))])
+        return True
+    except OSError:
+        return False
+    finally:
+        to_reaper.close()
+        to_script.close()
+
+
+def _reap(script, for_reaper, zygote, me, wake_r, flags):
+    """One execution, as its reaper: waits for its part, then relays termination, takes the
+    script's exit claim, kills every descendant once the script is gone and reports its status.
+    Returns whether this reaper may serve another execution: the script ended on its own,
+    nothing was terminated, and the supervisor has since let go of the execution (closed the
+    lifeline) without exiting, so it can send this process no late signal meant for it."""
     claims = _ClaimReader(script)
     msg, fds, _fl = _receive(for_reaper)
     for_reaper.close()
@@ -619,7 +698,7 @@ def _spare(for_reaper, for_script):
         for fd in fds:
             os.close(fd)
         _kill_everything_below()
-        os._exit(0)
+        return False
     req = json.loads(msg.decode("utf-8"))
     lifeline, status_w = fds
     # Blocked since before the fork, so no signal was lost; from here the handlers wake poll.
@@ -629,7 +708,8 @@ def _spare(for_reaper, for_script):
     poller.register(lifeline, select.POLLIN)
     grace = req["grace_ms"] / 1000.0
     status, kill_at, terminating, lifeline_eof = None, None, False, False
-    reported = False
+    # Set when the lifeline closes after the report: the supervisor has let go.
+    reported, released = False, False
     while True:
         left = True
         while True:
@@ -657,16 +737,25 @@ def _spare(for_reaper, for_script):
             # that is exiting counts as gone.
             if os.getppid() != zygote or (lifeline_eof and _exiting(_supervisor)):
                 _sweep(req["staging"])
+                return False
             if not reported:
                 os.write(status_w, b"%d\n" % status)
-            os._exit(0)
+            os.close(status_w)
+            if terminating or lifeline_eof or flags["stop"]:
+                return False
+            # A late signal (a timeout that crossed the report) means the supervisor did not
+            # take the report as the end: this reaper is not used again.
+            return _let_go(lifeline, zygote, released) and not flags["stop"]
         now = time.monotonic()
         if kill_at is not None and now >= kill_at:
             _signal_tree(me, signal.SIGKILL)
             kill_at = None
         timeout = None if kill_at is None else max(0, int((kill_at - now) * 1000) + 1)
         for fd, _ev in poller.poll(timeout):
-            if fd == lifeline:
+            if fd == lifeline and reported:
+                poller.unregister(lifeline)
+                released = True
+            elif fd == lifeline:
                 poller.unregister(lifeline)
                 lifeline_eof = True
                 flags["stop"] = True
@@ -680,6 +769,20 @@ def _spare(for_reaper, for_script):
             terminating = True
             _signal_tree(me, signal.SIGTERM)
             kill_at = time.monotonic() + grace
+
+
+def _let_go(lifeline, zygote, released):
+    """After the report: waits until the supervisor closes the lifeline (unless it did
+    already, `released`), which it does once it is done with the execution (it never signals
+    the reaper after that). True if this reaper may then serve another one: the server is
+    still its parent and the supervisor is not exiting."""
+    if not released:
+        waiting = select.poll()
+        waiting.register(lifeline, select.POLLIN)
+        while not waiting.poll():
+            pass
+    os.close(lifeline)
+    return os.getppid() == zygote and not _exiting(_supervisor)
 
 
 def _make_spare():
@@ -713,6 +816,52 @@ def _make_spare():
     return pid, pidfd, to_reaper, to_script
 
 
+def _forget_reaped():
+    """Closes the pidfds of reapers the SIGCHLD handler reaped, and lets go of spares they
+    handed back."""
+    while _reaped:
+        pid = _reaped.pop()
+        fd = _pidfds.pop(pid, None)
+        if fd is not None:
+            os.close(fd)
+    for entry in [e for e in _returned if e[0] not in _pidfds]:
+        _returned.remove(entry)
+        entry[1].close()
+        entry[2].close()
+
+
+def _take_returned():
+    """Takes one spare a reaper handed back (`_hand_back`), or lets it go (the reaper and its
+    script process exit at EOF) if enough wait already or the sender is not a live reaper of
+    ours."""
+    msg, fds, _fl = _receive(_returns)
+    socks = [socket.socket(fileno=fd) for fd in fds]
+    try:
+        pid = int(msg)
+    except (TypeError, ValueError):
+        pid = None
+    if pid in _pidfds and len(socks) == 2 and len(_returned) < _KEEP_RETURNED:
+        _returned.append((pid, socks[0], socks[1]))
+        return
+    for s in socks:
+        s.close()
+
+
+def _a_spare():
+    """A spare for the supervisor: one handed back by its reaper if one waits, else a fresh
+    fork. Returns (pid, pidfd, to_reaper, to_script, recycled); the pidfd stays ours."""
+    _forget_reaped()
+    while _returned:
+        pid, to_reaper, to_script = _returned.pop(0)
+        if pid in _pidfds:
+            return pid, _pidfds[pid], to_reaper, to_script, True
+        to_reaper.close()
+        to_script.close()
+    pid, pidfd, to_reaper, to_script = _make_spare()
+    _pidfds[pid] = pidfd
+    return pid, pidfd, to_reaper, to_script, False
+
+
 def _serve():
     signal.signal(signal.SIGCHLD, _reap_all)
     # Ctrl-C of a terminal host or a hangup must not end the server between requests: the
@@ -721,10 +870,19 @@ def _serve():
     _warm_up_compiler()
     gc.freeze()
     _ctl.sendall(b"R")
+    waiting = select.poll()
+    waiting.register(_ctl, select.POLLIN)
+    waiting.register(_returns, select.POLLIN)
     # The only request is "a spare, please" with an id. The spare's channels go to the
     # supervisor, which sends each process its part of an execution's request directly: the
     # server never holds a request, so nothing of one execution is in the next one's copy.
     while True:
+        _forget_reaped()
+        ready = [fd for fd, _ev in waiting.poll()]
+        if _returns.fileno() in ready:
+            _take_returned()
+        if _ctl.fileno() not in ready:
+            continue
         msg, fds, flags = _receive(_ctl)
         if msg is None:
             os._exit(0)
@@ -736,17 +894,16 @@ def _serve():
             _ctl.sendall(json.dumps({"error": "malformed request"}).encode())
             continue
         try:
-            pid, pidfd, to_reaper, to_script = _make_spare()
+            pid, pidfd, to_reaper, to_script, recycled = _a_spare()
         except OSError as exc:
             _ctl.sendall(json.dumps({"error": "cannot fork a spare: %s" % exc,
                                      "id": rid}).encode())
             continue
         try:
-            _ctl.sendmsg([json.dumps({"pid": pid, "id": rid}).encode()],
+            _ctl.sendmsg([json.dumps({"pid": pid, "id": rid, "recycled": recycled}).encode()],
                          [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                            array.array("i", [pidfd, to_reaper.fileno(), to_script.fileno()]))])
         finally:
-            os.close(pidfd)
             to_reaper.close()
             to_script.close()
 
