@@ -691,22 +691,22 @@ def _reap(script, for_reaper, zygote, me, wake_r, flags):
     nothing was terminated, and the supervisor has since let go of the execution (closed the
     lifeline) without exiting, so it can send this process no late signal meant for it."""
     claims = _ClaimReader(script)
-    msg, fds, _fl = _receive(for_reaper)
+    part = bytearray(_PART_SIZE)
+    size, fds = _receive_part(for_reaper, part)
     for_reaper.close()
-    if msg is None or len(fds) != 2:
+    if size == 0 or len(fds) != 2:
         # Discarded before use (the server ended): the script process got EOF as well.
         for fd in fds:
             os.close(fd)
         _kill_everything_below()
         return False
-    req = json.loads(msg.decode("utf-8"))
     lifeline, status_w = fds
     # Blocked since before the fork, so no signal was lost; from here the handlers wake poll.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, set(_WATCHED))
     poller = select.poll()
     poller.register(wake_r, select.POLLIN)
     poller.register(lifeline, select.POLLIN)
-    grace = req["grace_ms"] / 1000.0
+    grace = _grace_of(part, size)
     status, kill_at, terminating, lifeline_eof = None, None, False, False
     # Set when the lifeline closes after the report: the supervisor has let go.
     reported, released = False, False
@@ -736,13 +736,14 @@ def _reap(script, for_reaper, zygote, me, wake_r, flags):
             # moment before the server (our parent) sees its own EOF and exits: a supervisor
             # that is exiting counts as gone.
             if os.getppid() != zygote or (lifeline_eof and _exiting(_supervisor)):
-                _sweep(req["staging"])
+                _sweep(json.loads(bytes(part[:size]))["staging"])
                 return False
             if not reported:
                 os.write(status_w, b"%d\n" % status)
             os.close(status_w)
             if terminating or lifeline_eof or flags["stop"]:
                 return False
+            part[:] = bytes(_PART_SIZE)
             # A late signal (a timeout that crossed the report) means the supervisor did not
             # take the report as the end: this reaper is not used again.
             return _let_go(lifeline, zygote, released) and not flags["stop"]
@@ -769,6 +770,48 @@ def _reap(script, for_reaper, zygote, me, wake_r, flags):
             terminating = True
             _signal_tree(me, signal.SIGTERM)
             kill_at = time.monotonic() + grace
+
+
+# Room for the reaper's part of a request: its kill grace and staging dir's path.
+_PART_SIZE = 4096
+
+
+def _receive_part(chan, part):
+    """The reaper's part of a request, read into `part`, and its descriptors; (0, []) at EOF.
+    Read into a buffer of ours rather than a new object, and parsed without making its staging
+    dir's path an object, so that the reaper can zero it before it forks the script process of
+    a later execution: that process starts from a copy of this one."""
+    space = socket.CMSG_SPACE(8 * array.array("i").itemsize)
+    while True:
+        try:
+            size, anc, _flags, _addr = chan.recvmsg_into([part], space)
+            break
+        except InterruptedError:
+            continue
+    fds = []
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            a = array.array("i")
+            a.frombytes(data[: len(data) - (len(data) % a.itemsize)])
+            fds.extend(a)
+    if size == 0:
+        for fd in fds:
+            os.close(fd)
+        return 0, []
+    return size, fds
+
+
+def _grace_of(part, size):
+    """The kill grace, in seconds, of a reaper's part (JSON with a "grace_ms" number)."""
+    key = b'"grace_ms":'
+    at = part.find(key, 0, size)
+    if at < 0:
+        raise ValueError("a reaper's part without its kill grace")
+    at += len(key)
+    end = at
+    while end < size and part[end] in b" 0123456789":
+        end += 1
+    return int(part[at:end]) / 1000.0
 
 
 def _let_go(lifeline, zygote, released):

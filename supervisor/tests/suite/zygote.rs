@@ -689,7 +689,7 @@ fn attack_is_refused(
 /// Reapers serve again: once the supervisor lets go of an execution, its reaper forks a fresh
 /// script process and hands itself back to the server. Scripts run under a reaper that served
 /// earlier ones find none of their traces (files, modules, environment, descriptors, staging
-/// names), and every one reports its own status.
+/// names, not even in their own memory), and every one reports its own status.
 #[test]
 fn a_reaper_that_served_before_hands_later_scripts_nothing_of_earlier_ones() {
     let python = require_python!();
@@ -699,22 +699,31 @@ fn a_reaper_that_served_before_hands_later_scripts_nothing_of_earlier_ones() {
     zygote::set_enabled(true);
     let recycled_before = zygote::recycled_reapers();
     let mut reapers = Vec::new();
+    let mut stagings: Vec<String> = Vec::new();
+    // Each script first prints its reaper's pid and its staging dir.
+    let run_noting = |code: &str, reapers: &mut Vec<String>, stagings: &mut Vec<String>| {
+        let code = format!(
+            "import os\nprint(os.getppid())\nprint(os.path.dirname(os.path.abspath(__file__)))\n{code}"
+        );
+        let r = run_forked(&rt, session.request(&code));
+        let mut lines = r.output.lines();
+        reapers.push(lines.next().unwrap_or_default().to_owned());
+        stagings.push(lines.next().unwrap_or_default().to_owned());
+        r
+    };
     for round in 0..5 {
-        let code = format!(
-            "import os\nprint(os.getppid())\n{}",
-            fixture("pool/leave_traces.py")
+        let left = run_noting(
+            &fixture("pool/leave_traces.py"),
+            &mut reapers,
+            &mut stagings,
         );
-        let left = run_forked(&rt, session.request(&code));
         assert_eq!(status(&left), "success", "{}", left.to_json());
-        reapers.push(left.output.lines().next().unwrap().to_owned());
-        let code = format!(
-            "import os\nprint(os.getppid())\n{}",
-            fixture("pool/look_for_traces.py")
+        let look = run_noting(
+            &fixture("pool/look_for_traces.py"),
+            &mut reapers,
+            &mut stagings,
         );
-        let look = run_forked(&rt, session.request(&code));
-        let mut lines = look.output.lines();
-        reapers.push(lines.next().unwrap().to_owned());
-        let seen: Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+        let seen: Value = serde_json::from_str(look.output.lines().nth(2).unwrap()).unwrap();
         for k in [
             "env",
             "json_patched",
@@ -728,11 +737,32 @@ fn a_reaper_that_served_before_hands_later_scripts_nothing_of_earlier_ones() {
         }
         assert_eq!(seen["foreign_paths"], serde_json::json!([]), "{seen}");
         assert_eq!(seen["cwd"], session.cwd().display().to_string());
-        let failing = run_forked(&rt, session.request("import sys\nsys.exit(7)\n"));
+        // Nor in the memory a reaper that served them hands on (its part of each request came
+        // with the path).
+        let halves: Vec<[&str; 2]> = stagings
+            .iter()
+            .map(|p| {
+                let (a, b) = p.split_at(p.len() / 2);
+                [a, b]
+            })
+            .collect();
+        let code = format!(
+            "PARAMS = {}\n{}",
+            serde_json::json!({ "halves": halves }),
+            fixture("zygote/scan_own_memory.py")
+        );
+        let scan = run_noting(&code, &mut reapers, &mut stagings);
+        assert_eq!(
+            scan.output.lines().nth(2),
+            Some("COPIES 0"),
+            "round {round}: {}",
+            scan.to_json()
+        );
+        let failing = run_noting("import sys\nsys.exit(7)\n", &mut reapers, &mut stagings);
         assert_eq!(failing.exit_code, Some(7), "{}", failing.to_json());
     }
     let recycled = zygote::recycled_reapers() - recycled_before;
-    assert!(recycled >= 5, "only {recycled} of 15 reapers served again");
+    assert!(recycled >= 5, "only {recycled} of 20 reapers served again");
     let mut distinct = reapers.clone();
     distinct.sort();
     distinct.dedup();
