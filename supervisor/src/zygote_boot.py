@@ -610,7 +610,13 @@ def _spare(for_reaper, for_script):
         if handing_back and not _hand_back(me, handing_back):
             _kill_everything_below()
             os._exit(0)
-        if not _reap(script, for_reaper, zygote, me, wake_r, flags):
+        try:
+            again = _reap(script, for_reaper, zygote, me, wake_r, flags)
+        except BaseException:
+            # Never leave a script process without its reaper.
+            _kill_everything_below()
+            raise
+        if not again:
             os._exit(0)
         # Blocked until the next request, as a spare forked by the server has them.
         signal.pthread_sigmask(signal.SIG_BLOCK, set(_WATCHED))
