@@ -60,6 +60,8 @@ _reaped = []
 _returned = []
 # How many handed-back spares wait here at most; one more is let go (it exits at EOF).
 _KEEP_RETURNED = 2
+# What the server tells a reaper whose spare it keeps.
+_KEEP = b"keep"
 # The channel reapers hand their next spare back on: the server reads `_returns`, every reaper
 # holds `_returns_w`, and a script process closes it before anything else.
 _returns, _returns_w = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -573,9 +575,9 @@ def _spare(for_reaper, for_script):
     unused, and both processes exit.
 
     After an execution that ended on its own, once the supervisor has let go of it (its
-    lifeline closed), the reaper forks its next script process and hands itself back to the
-    server as a spare again (`_hand_back`), so a warm execution does not cost the server a fork
-    and a reaper's setup and exit."""
+    lifeline closed), the reaper hands itself back to the server as a spare again
+    (`_hand_back`) and, once the server has kept it (`_kept`), forks its next script process:
+    a warm execution then costs no fork of the server and no reaper's setup and exit."""
     zygote = os.getppid()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     # Nothing of the server's other spares stays open here: a copy of one of their channels
@@ -602,14 +604,9 @@ def _spare(for_reaper, for_script):
         signal.signal(sig, on_signal)
     signal.set_wakeup_fd(wake_w)
     me = os.getpid()
-    handing_back = ()
     while True:
-        script = _fork_script_process(for_reaper, for_script, me,
-                                      (wake_r, wake_w) + handing_back)
+        script = _fork_script_process(for_reaper, for_script, me, (wake_r, wake_w))
         for_script.close()
-        if handing_back and not _hand_back(me, handing_back):
-            _kill_everything_below()
-            os._exit(0)
         try:
             again = _reap(script, for_reaper, zygote, me, wake_r, flags)
         except BaseException:
@@ -623,7 +620,10 @@ def _spare(for_reaper, for_script):
         flags["stop"] = False
         to_reaper, for_reaper = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         to_script, for_script = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        handing_back = (to_reaper, to_script)
+        # Handed back before the next script process is forked: a server that has enough
+        # reapers waiting lets this one go, and then no fork is spent on it.
+        if not _hand_back(me, (to_reaper, to_script)) or not _kept(for_reaper):
+            os._exit(0)
 
 
 def _fork_script_process(for_reaper, for_script, reaper, close_in_child):
@@ -688,6 +688,15 @@ def _hand_back(me, ends):
     finally:
         to_reaper.close()
         to_script.close()
+
+
+def _kept(for_reaper):
+    """Whether the server kept the spare this reaper handed back: it says so with one message
+    on the reaper's channel, ahead of any request, and closes the channel if it does not."""
+    try:
+        return for_reaper.recv(16) == _KEEP
+    except OSError:
+        return False
 
 
 def _reap(script, for_reaper, zygote, me, wake_r, flags):
@@ -890,8 +899,12 @@ def _take_returned():
     except (TypeError, ValueError):
         pid = None
     if pid in _pidfds and len(socks) == 2 and len(_returned) < _KEEP_RETURNED:
-        _returned.append((pid, socks[0], socks[1]))
-        return
+        try:
+            socks[0].send(_KEEP)  # the reaper forks its script process at this (`_kept`)
+            _returned.append((pid, socks[0], socks[1]))
+            return
+        except OSError:
+            pass
     for s in socks:
         s.close()
 
