@@ -483,9 +483,19 @@ pub(crate) fn tasks_of_uid(uid: u32) -> u64 {
     };
     let mut n = 0u64;
     for entry in dir.flatten() {
+        // Only a process's entry counts; the name is checked first because a stat of one of
+        // /proc's many other entries (sys, net, meminfo, ...) costs a lookup for nothing, on
+        // every strict execution's lease.
+        if !entry
+            .file_name()
+            .as_encoded_bytes()
+            .iter()
+            .all(u8::is_ascii_digit)
+        {
+            continue;
+        }
         let Ok(meta) = entry.metadata() else { continue };
-        let name = entry.file_name();
-        if meta.uid() != uid || !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+        if meta.uid() != uid {
             continue;
         }
         let threads = std::fs::read_to_string(entry.path().join("status"))
@@ -624,6 +634,35 @@ fn build_ruleset(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The lease's check that a uid runs nothing counts a process of that uid, and stops
+    /// counting it once it is gone.
+    #[test]
+    fn tasks_of_a_uid_are_counted_while_they_live() {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            vibeos_testkit::skip!("needs root to start a process as another uid");
+        }
+        let uid = 54_321;
+        assert_eq!(tasks_of_uid(uid), 0, "uid {uid} is in use on this machine");
+        let mut child =
+            std::os::unix::process::CommandExt::uid(&mut std::process::Command::new("sleep"), uid)
+                .arg("30")
+                .spawn()
+                .expect("sleep starts");
+        let mut seen = 0;
+        for _ in 0..200 {
+            seen = tasks_of_uid(uid);
+            if seen > 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(seen, 1);
+        assert_eq!(tasks_of_uid(uid), 0);
+    }
 
     #[test]
     fn strict_settings_are_read_and_checked() {
