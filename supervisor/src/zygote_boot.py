@@ -628,15 +628,12 @@ def _spare(for_reaper, for_script):
 
 def _fork_script_process(for_reaper, for_script, reaper, close_in_child):
     """Forks the spare's script process, which waits for its request on `for_script`; returns
-    its pid. `close_in_child` are this reaper's descriptors (ints or sockets) it must not keep."""
+    its pid. `close_in_child` are this reaper's descriptors it must not keep."""
     script = os.fork()
     if script != 0:
         return script
-    for thing in close_in_child:
-        if isinstance(thing, int):
-            os.close(thing)
-        else:
-            thing.close()
+    for fd in close_in_child:
+        os.close(fd)
     for_reaper.close()
     _returns_w.close()
     _ready_script_process()
@@ -750,13 +747,13 @@ def _reap(script, for_reaper, zygote, me, wake_r, flags):
             # The lifeline's EOF comes when the supervisor's last thread closes its files, a
             # moment before the server (our parent) sees its own EOF and exits: a supervisor
             # that is exiting counts as gone.
-            if os.getppid() != zygote or (lifeline_eof and _exiting(_supervisor)):
+            orphaned = os.getppid() != zygote or (lifeline_eof and _exiting(_supervisor))
+            if orphaned:
                 _sweep(json.loads(bytes(part[:size]))["staging"])
-                return False
             if not reported:
                 os.write(status_w, b"%d\n" % status)
             os.close(status_w)
-            if terminating or lifeline_eof or flags["stop"]:
+            if orphaned or terminating or lifeline_eof or flags["stop"]:
                 return False
             part[:] = bytes(_PART_SIZE)
             # A late signal (a timeout that crossed the report) means the supervisor did not
@@ -893,7 +890,16 @@ def _take_returned():
     script process exit at EOF) if enough wait already or the sender is not a live reaper of
     ours."""
     msg, fds, _fl = _receive(_returns)
-    socks = [socket.socket(fileno=fd) for fd in fds]
+    socks = []
+    try:
+        for fd in fds:
+            socks.append(socket.socket(fileno=fd))
+    except OSError:
+        for fd in fds[len(socks):]:
+            os.close(fd)
+        for s in socks:
+            s.close()
+        return
     try:
         pid = int(msg)
     except (TypeError, ValueError):

@@ -773,6 +773,40 @@ fn a_reaper_that_served_before_hands_later_scripts_nothing_of_earlier_ones() {
     zygote::set_enabled(false);
 }
 
+/// An execution running while its server goes away (servers turned off, as on eviction or a
+/// restart for a changed startup variable) still reports its own result: its reaper, whose
+/// parent is gone, kills what the script left running, sweeps and reports rather than serving
+/// again.
+#[test]
+fn an_execution_outlives_its_server_and_reports_its_result() {
+    let python = require_python!();
+    let _guard = serial();
+    let rt = runtime();
+    let session = Session::new(python);
+    zygote::set_enabled(true);
+    let warm = run_forked(&rt, session.request("print('warm')\n"));
+    assert_eq!(warm.output, "warm\n", "{}", warm.to_json());
+    let server = servers()[0];
+    let started = session.cwd().join("started");
+    let code = format!(
+        "import subprocess, time\nopen({:?}, 'w').close()\ntime.sleep(1.0)\n\
+         subprocess.Popen(['sleep', '30'])\nprint('done')\n",
+        started.display().to_string()
+    );
+    let running = rt.spawn(execute(
+        session.request(&code),
+        vibeos_tools::registry(),
+        Interrupt::new(),
+    ));
+    eventually("the script started", || started.exists());
+    zygote::set_enabled(false);
+    eventually("the server exited", || !alive(server));
+    let r = rt.block_on(running).unwrap();
+    assert_eq!(status(&r), "success", "{}", r.to_json());
+    assert_eq!(r.output, "done\n", "{}", r.to_json());
+    assert_eq!(r.exit_code, Some(0), "{}", r.to_json());
+}
+
 /// A strict script cannot reach its own reaper, the process that serves later executions once
 /// this one is over: no descriptor of it, no signal, no ptrace, no write to its memory. That
 /// reaper then serves the next executions as if nothing had been tried.
