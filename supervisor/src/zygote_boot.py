@@ -541,22 +541,31 @@ def _request(msg):
     return req
 
 
-def _receive(chan):
-    """One message and the descriptors that came with it; (None, []) at EOF. Sizes and
-    truncation are checked by the caller that knows what it expects."""
-    space = socket.CMSG_SPACE(8 * array.array("i").itemsize)
-    while True:
-        try:
-            msg, anc, flags, _addr = chan.recvmsg(1 << 22, space)
-            break
-        except InterruptedError:
-            continue
+# Room for the descriptors a message on a spare's or the server's channel carries.
+_FDS_SPACE = socket.CMSG_SPACE(8 * array.array("i").itemsize)
+
+
+def _passed_fds(anc):
+    """The descriptors that came as SCM_RIGHTS in a message's ancillary data."""
     fds = []
     for level, kind, data in anc:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             a = array.array("i")
             a.frombytes(data[: len(data) - (len(data) % a.itemsize)])
             fds.extend(a)
+    return fds
+
+
+def _receive(chan):
+    """One message and the descriptors that came with it; (None, []) at EOF. Sizes and
+    truncation are checked by the caller that knows what it expects."""
+    while True:
+        try:
+            msg, anc, flags, _addr = chan.recvmsg(1 << 22, _FDS_SPACE)
+            break
+        except InterruptedError:
+            continue
+    fds = _passed_fds(anc)
     if not msg:
         for fd in fds:
             os.close(fd)
@@ -793,19 +802,13 @@ def _receive_part(chan, part):
     Read into a buffer of ours rather than a new object, and parsed without making its staging
     dir's path an object, so that the reaper can zero it before it forks the script process of
     a later execution: that process starts from a copy of this one."""
-    space = socket.CMSG_SPACE(8 * array.array("i").itemsize)
     while True:
         try:
-            size, anc, _flags, _addr = chan.recvmsg_into([part], space)
+            size, anc, _flags, _addr = chan.recvmsg_into([part], _FDS_SPACE)
             break
         except InterruptedError:
             continue
-    fds = []
-    for level, kind, data in anc:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            a = array.array("i")
-            a.frombytes(data[: len(data) - (len(data) % a.itemsize)])
-            fds.extend(a)
+    fds = _passed_fds(anc)
     if size == 0:
         for fd in fds:
             os.close(fd)
