@@ -15,6 +15,7 @@ mod interpreter_paths;
 pub mod policy;
 pub mod reveal;
 pub mod staging;
+pub mod syscall_search;
 pub mod tools;
 pub mod uids;
 

@@ -6,6 +6,7 @@
 //! loosen or tighten them. Loading validates everything up front, so a broken policy is a start
 //! error naming the file and the problem — never a half-applied confinement.
 
+use super::syscall_search;
 use seccompiler::{BpfProgram, TargetArch};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -86,9 +87,23 @@ pub fn load_seccomp(path: Option<&Path>) -> Result<Vec<BpfProgram>, PolicyError>
     }
     let mut map = seccompiler::compile_from_json(text.as_bytes(), arch)
         .map_err(|e| err(format!("seccompiler rejected it: {e}")))?;
+    // seccompiler's programs prove the policy compiles; the installed ones find the syscall by
+    // binary search (see `syscall_search`), unless a filter cannot be rebuilt.
     let programs: Vec<BpfProgram> = FILTER_ORDER
         .iter()
-        .filter_map(|name| map.remove(*name))
+        .filter_map(|name| {
+            let linear = map.remove(*name)?;
+            let filter = names.get(*name)?;
+            Some(match syscall_search::searched_program(filter, arch) {
+                Ok(searched) => searched,
+                Err(e) => {
+                    tracing::warn!(
+                        "seccomp filter `{name}` of {source_name} is installed as one chain: {e}"
+                    );
+                    linear
+                }
+            })
+        })
         .collect();
     if programs.iter().any(|p| p.is_empty() || p.len() > 4096) {
         return Err(err(
