@@ -624,3 +624,49 @@ fn replies_larger_than_one_read_reach_their_caller_whole() {
     assert_eq!(out["big_chars"], 5000 * (7 + 1995 + 1));
     assert_eq!(r["tool_calls_made"], 1 + 4 * 25 + 1);
 }
+
+/// Without TMPDIR, a root supervisor stages in the memory filesystem and leaves nothing there;
+/// with TMPDIR set, the staging dir goes there, as it always did.
+#[test]
+fn staging_goes_to_tmpdir_when_set_and_to_memory_for_root_when_not() {
+    let sb = Sandbox::new();
+    let script = sb.work().join("where.py");
+    std::fs::write(&script, "print(__file__)\n").unwrap();
+    let script = script.to_string_lossy().into_owned();
+    let staged_in = |cmd: &mut std::process::Command| -> String {
+        let out = cmd.args(["run", "--json", &script]).output().expect("runs");
+        let r = parse_single_json(&out);
+        assert_eq!(r["status"], "success", "{r}");
+        r["output"].as_str().unwrap().trim().to_string()
+    };
+    let with_tmpdir = staged_in(&mut sb.command());
+    assert!(
+        Path::new(&with_tmpdir).starts_with(sb.tmp()),
+        "{with_tmpdir} is not under the sandbox's TMPDIR"
+    );
+    assert!(sb.staging_dirs().is_empty());
+
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let shm = Path::new("/dev/shm");
+    let usual_shm = std::fs::metadata(shm).is_ok_and(|m| {
+        use std::os::unix::fs::MetadataExt;
+        m.is_dir() && m.uid() == 0 && m.mode() & 0o7777 == 0o1777
+    });
+    let without = staged_in(sb.command().env_remove("TMPDIR"));
+    let staged = Path::new(&without);
+    if root && usual_shm {
+        assert!(
+            staged.starts_with("/dev/shm/vibeos-staging-0"),
+            "{without} is not in the memory filesystem"
+        );
+        // Its own dir; the per-user parent may hold another test's execution right now.
+        let dir = staged.parent().unwrap();
+        assert!(!dir.exists(), "{} was left behind", dir.display());
+    } else {
+        assert!(
+            staged.starts_with(std::env::temp_dir()),
+            "{without} is not in the system temp dir"
+        );
+    }
+}

@@ -1,7 +1,8 @@
 //! Creating staging dirs so that nobody can get in between: no window in which another process
 //! can watch, list or plant anything (SPEC §6).
 //!
-//! - Every staging dir lives under one parent per supervisor user, `$TMPDIR/vibeos-staging-<euid>`,
+//! - Every staging dir lives under one parent per supervisor user, `<root>/vibeos-staging-<euid>`
+//!   ([`staging_root`]: `$TMPDIR`, else `/dev/shm` for a root supervisor, else `/tmp`),
 //!   owned by that user and mode 0711: others may pass through it to a dir whose name they
 //!   know (a strict script's uid needs to reach its own), but not list it or create in it.
 //!   The parent is checked on every use (a directory, not a symlink, ours) and its mode fixed.
@@ -70,13 +71,29 @@ pub fn parent_in(tmp: &Path) -> io::Result<PathBuf> {
     Ok(parent)
 }
 
-/// A fresh staging dir, mode 0700 from its creation, under [`parent_in`] of the TMPDIR.
+/// A fresh staging dir, mode 0700 from its creation, under [`parent_in`] of [`staging_root`].
+/// A dir that cannot be made in the memory filesystem (full, or its parent taken by someone
+/// else) is made in the system temp dir instead.
 pub fn create_dir() -> io::Result<tempfile::TempDir> {
-    let tmp = std::env::temp_dir();
+    let root = staging_root();
+    match create_dir_in(&root) {
+        Err(e) if root != std::env::temp_dir() => {
+            tracing::debug!(
+                "execute_code: no staging dir in {} ({e}); using {}",
+                root.display(),
+                std::env::temp_dir().display()
+            );
+            create_dir_in(&std::env::temp_dir())
+        }
+        made => made,
+    }
+}
+
+fn create_dir_in(tmp: &Path) -> io::Result<tempfile::TempDir> {
     let mut last = None;
     // A concurrent cleanup may remove an empty parent between our check and our mkdir.
     for _ in 0..5 {
-        let parent = parent_in(&tmp)?;
+        let parent = parent_in(tmp)?;
         match tempfile::Builder::new()
             .prefix("vibeos-exec-")
             .permissions(std::fs::Permissions::from_mode(0o700))
@@ -88,6 +105,42 @@ pub fn create_dir() -> io::Result<tempfile::TempDir> {
         }
     }
     Err(last.unwrap_or_else(|| io::Error::other("the staging parent kept disappearing")))
+}
+
+/// Where staging dirs are made: `$TMPDIR` when it is set; otherwise, for a root supervisor,
+/// the machine's shared memory filesystem when it is the usual one (`/dev/shm`: a root-owned,
+/// sticky, world-writable tmpfs); otherwise the system temp dir.
+///
+/// A staging dir lives for one execution and holds a few small files. On the ext4 `/tmp` of
+/// these machines, making one and removing it cost 0.4–0.5 ms of the cold run's 6 (against
+/// 0.1 ms on tmpfs). Only a root supervisor uses the memory filesystem: there every strict
+/// execution's staging dir gets a budgeted tmpfs of its own, so no script can fill the shared
+/// one; a non-root supervisor's strict scripts write their TMPDIR (the staging dir) with no
+/// budget but `RLIMIT_FSIZE`, and filling `/dev/shm` would take memory from everyone.
+pub fn staging_root() -> PathBuf {
+    if std::env::var_os("TMPDIR").is_some_and(|v| !v.is_empty()) {
+        return std::env::temp_dir();
+    }
+    memory_root().cloned().unwrap_or_else(std::env::temp_dir)
+}
+
+/// `/dev/shm` if this process is root and it is the usual tmpfs; checked once per process.
+fn memory_root() -> Option<&'static PathBuf> {
+    static ROOT: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    ROOT.get_or_init(|| {
+        if !rustix::process::geteuid().is_root() {
+            return None;
+        }
+        let path = Path::new("/dev/shm");
+        let meta = std::fs::symlink_metadata(path).ok()?;
+        if !meta.is_dir() || meta.uid() != 0 || meta.mode() & 0o7777 != 0o1777 {
+            return None;
+        }
+        const TMPFS_MAGIC: i64 = 0x0102_1994;
+        let fs = rustix::fs::statfs(path).ok()?;
+        (fs.f_type as i64 == TMPFS_MAGIC).then(|| path.to_path_buf())
+    })
+    .as_ref()
 }
 
 /// Removes the staging dirs' parent, when empty, once the staging dir it was made for is gone
