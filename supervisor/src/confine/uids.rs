@@ -151,10 +151,13 @@ fn try_lease(dir: &Path, uid: u32) -> Result<Option<UidLease>, ConfineError> {
 /// Leases a uid for one execution: `pinned` if set (refused while another execution holds
 /// it), else a free one from `base..base+span`.
 pub fn lease(pinned: Option<u32>, base: u32, span: u32) -> Result<UidLease, ConfineError> {
-    if pinned.is_none() {
-        if let Some(lease) = take_checked(base, span) {
-            return Ok(lease);
-        }
+    // A pinned uid this process holds from an earlier check is its own to use, not "in use".
+    let (base, span) = match pinned {
+        Some(uid) => (uid, 1),
+        None => (base, span),
+    };
+    if let Some(lease) = take_checked(base, span) {
+        return Ok(lease);
     }
     let dir = lock_dir()?;
     if let Some(uid) = pinned {
@@ -279,6 +282,29 @@ mod tests {
         assert!(take_checked_as(other_process, base, span).is_none());
         assert!(checked().1.is_empty(), "the inherited leases were kept");
         drop(first);
+    }
+
+    /// A pinned uid that this process holds from an earlier check is handed out, not refused
+    /// as held by another execution.
+    #[test]
+    fn a_pinned_uid_kept_from_a_check_is_used_not_refused() {
+        if !is_root() {
+            vibeos_testkit::skip!("needs root for the lease directory under /run");
+        }
+        let _serial = serial();
+        let (base, span) = (3_300_000, 1_000);
+        let first = lease(None, base, span).expect("a uid is free");
+        let kept = checked()
+            .1
+            .iter()
+            .map(UidLease::uid)
+            .find(|u| (base..base + span).contains(u))
+            .expect("the pass kept other uids");
+        let pinned = lease(Some(kept), base, span).expect("the kept uid is ours to use");
+        assert_eq!(pinned.uid(), kept);
+        // And while that execution holds it, a second one is refused.
+        assert!(lease(Some(kept), base, span).is_err());
+        drop((first, pinned));
     }
 
     /// The check finds the uid that runs a process and not the one that does not.
