@@ -52,6 +52,9 @@ pub enum SearchError {
     /// seccompiler's output is not laid out as this module expects (a new seccompiler version).
     #[error("seccompiler's program is not laid out as expected at instruction {0}")]
     Layout(usize),
+    /// Two syscall names with argument conditions have the same number.
+    #[error("two syscall names with argument conditions have the number {0}")]
+    SharedNumber(u32),
     /// The rebuilt program is longer than the kernel accepts.
     #[error("the rebuilt program would have {0} instructions, more than BPF allows")]
     TooLong(usize),
@@ -140,7 +143,11 @@ pub fn searched_program(filter: &Value, arch: TargetArch) -> Result<BpfProgram, 
             [load, first, ..] if is_load_nr(load) && first.code == JUMP_IF_EQUAL => first.k,
             _ => return Err(SearchError::Layout(ARCH_CHECK_LEN)),
         };
-        points.insert(nr, Leaf::Conditions(index));
+        // Two names for one number (an alias) would have their rules merged by seccompiler;
+        // one body per number cannot say that, so such a filter keeps seccompiler's chain.
+        if let Some(Leaf::Conditions(_)) = points.insert(nr, Leaf::Conditions(index)) {
+            return Err(SearchError::SharedNumber(nr));
+        }
         // The body reloads the number and compares it again; it is reached only for `nr`, so
         // that is a wasted instruction, not a different decision.
         bodies.push(body.to_vec());
