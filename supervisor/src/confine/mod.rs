@@ -489,23 +489,32 @@ fn rlimits(opts: &StrictOptions, own_uid: bool) -> Vec<Rlimit> {
     ]
 }
 
+/// The processes listed in `/proc`, each with the metadata of its entry (owned by the
+/// process's uid). Only a process's entry is stat'ed: the name is checked first, because a stat
+/// of one of /proc's many other entries (sys, net, meminfo, ...) costs a lookup for nothing, on
+/// every strict execution's lease.
+fn processes() -> impl Iterator<Item = (std::fs::DirEntry, std::fs::Metadata)> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|entry| {
+            entry
+                .file_name()
+                .as_encoded_bytes()
+                .iter()
+                .all(u8::is_ascii_digit)
+        })
+        .filter_map(|entry| {
+            let meta = entry.metadata().ok()?;
+            Some((entry, meta))
+        })
+}
+
 /// Which of `uids` own at least one process now, in one pass over `/proc`.
 pub(crate) fn uids_in_use(uids: &[u32]) -> Vec<u32> {
     let mut in_use = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return in_use;
-    };
-    for entry in dir.flatten() {
-        // As in `tasks_of_uid`: only a process's entry is stat'ed.
-        if !entry
-            .file_name()
-            .as_encoded_bytes()
-            .iter()
-            .all(u8::is_ascii_digit)
-        {
-            continue;
-        }
-        let Ok(meta) = entry.metadata() else { continue };
+    for (_, meta) in processes() {
         let uid = meta.uid();
         if uids.contains(&uid) && !in_use.contains(&uid) {
             in_use.push(uid);
@@ -518,37 +527,19 @@ pub(crate) fn uids_in_use(uids: &[u32]) -> Vec<u32> {
 }
 
 pub(crate) fn tasks_of_uid(uid: u32) -> u64 {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return 0;
-    };
-    let mut n = 0u64;
-    for entry in dir.flatten() {
-        // Only a process's entry counts; the name is checked first because a stat of one of
-        // /proc's many other entries (sys, net, meminfo, ...) costs a lookup for nothing, on
-        // every strict execution's lease.
-        if !entry
-            .file_name()
-            .as_encoded_bytes()
-            .iter()
-            .all(u8::is_ascii_digit)
-        {
-            continue;
-        }
-        let Ok(meta) = entry.metadata() else { continue };
-        if meta.uid() != uid {
-            continue;
-        }
-        let threads = std::fs::read_to_string(entry.path().join("status"))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix("Threads:"))
-                    .and_then(|v| v.trim().parse::<u64>().ok())
-            })
-            .unwrap_or(1);
-        n += threads;
-    }
-    n
+    processes()
+        .filter(|(_, meta)| meta.uid() == uid)
+        .map(|(entry, _)| {
+            std::fs::read_to_string(entry.path().join("status"))
+                .ok()
+                .and_then(|s| {
+                    s.lines()
+                        .find_map(|l| l.strip_prefix("Threads:"))
+                        .and_then(|v| v.trim().parse::<u64>().ok())
+                })
+                .unwrap_or(1)
+        })
+        .sum()
 }
 
 /// Gives the staging dir and everything in it to the script's uid.
