@@ -176,7 +176,8 @@ pub fn searched_program(filter: &Value, arch: TargetArch) -> Result<BpfProgram, 
 /// The numbers of a program whose rules have no conditions, with their action, and the
 /// mismatch action. seccompiler lays such a program out as the architecture check, a load of
 /// the number, five instructions per syscall (`jeq nr; ja 1; ja 2; ret match; ret mismatch`)
-/// and a final `ret mismatch`.
+/// and a final `ret mismatch`, which the loop leaves as the one instruction too few for a
+/// chain.
 fn plain_points(program: &[sock_filter]) -> Result<(Vec<(u32, u32)>, u32), SearchError> {
     let mut at = ARCH_CHECK_LEN;
     if program.len() == ARCH_CHECK_LEN + 1 {
@@ -203,9 +204,6 @@ fn plain_points(program: &[sock_filter]) -> Result<(Vec<(u32, u32)>, u32), Searc
         }
         numbers.push((chain[0].k, chain[3].k));
         at += 5;
-        if at == program.len() - 1 {
-            break;
-        }
     }
     match program.get(at) {
         Some(last) if last.code == RETURN && at == program.len() - 1 => Ok((numbers, last.k)),
