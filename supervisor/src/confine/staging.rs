@@ -76,14 +76,15 @@ pub fn parent_in(tmp: &Path) -> io::Result<PathBuf> {
 /// else) is made in the system temp dir instead.
 pub fn create_dir() -> io::Result<tempfile::TempDir> {
     let root = staging_root();
+    let system = std::env::temp_dir();
     match create_dir_in(&root) {
-        Err(e) if root != std::env::temp_dir() => {
+        Err(e) if root != system => {
             tracing::debug!(
                 "execute_code: no staging dir in {} ({e}); using {}",
                 root.display(),
-                std::env::temp_dir().display()
+                system.display()
             );
-            create_dir_in(&std::env::temp_dir())
+            create_dir_in(&system)
         }
         made => made,
     }
