@@ -324,22 +324,25 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
     let stderr_limit = request.stderr_limit;
     let stdout_task = spawn_drain(stdout, stdout_limit);
     let stderr_task = spawn_drain(stderr, stderr_limit);
-    // std's wait blocks; it gets a thread of the blocking pool. A forked reaper's status pipe
-    // is read on the runtime's poller. The pidfd (or the reaped flag) keeps our signals from
-    // reaching another process once it has returned.
+    // Every reaper reports the script's status on a pipe, read on the runtime's poller. The
+    // pidfd (or the reported flag) keeps our signals from reaching another process: a spawned
+    // reaper stays unreaped, so its pid is not reused, until it has reported.
     let reaped = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let reaped_flag = Arc::clone(&reaped);
     let mut waiter = match child {
         Proc::Forked(mut forked) => tokio::spawn(async move {
-            let status = forked.wait_async().await.ok();
+            let status = forked.report.wait_async().await.ok();
             reaped_flag.store(true, Ordering::SeqCst);
             status
         }),
-        mut spawned => tokio::task::spawn_blocking(move || {
-            let status = spawned.wait().ok();
-            reaped_flag.store(true, Ordering::SeqCst);
-            status
-        }),
+        Proc::Spawned(spawned) => {
+            let reap_by = pidfd.as_ref().and_then(|fd| fd.try_clone().ok());
+            tokio::spawn(async move {
+                let status = spawned.wait_reported(reap_by).await.ok();
+                reaped_flag.store(true, Ordering::SeqCst);
+                status
+            })
+        }
     };
     let send = |sig: rustix::process::Signal| {
         if pidfd.is_some() || !reaped.load(Ordering::SeqCst) {

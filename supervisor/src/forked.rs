@@ -1,7 +1,7 @@
 //! A process forked by a fork server ([`crate::zygote`]): the execution's reaper, which is not
-//! our child, so its status arrives on a pipe. Its own module because a launch
-//! ([`crate::launch::Proc`]) holds one and the fork server, which launches through
-//! [`crate::launch`], creates one: defined here, below both.
+//! our child, so its status arrives on a pipe ([`StatusReport`], which a spawned reaper writes
+//! too). Its own module because a launch ([`crate::launch::Proc`]) holds one and the fork
+//! server, which launches through [`crate::launch`], creates one: defined here, below both.
 
 use std::io::Read;
 use std::os::fd::{AsRawFd, RawFd};
@@ -15,41 +15,69 @@ pub struct Forked {
     pub(crate) pid: u32,
     pub(crate) stdout: Option<std::process::ChildStdout>,
     pub(crate) stderr: Option<std::process::ChildStderr>,
-    /// Read end of the pipe the reaper writes the script's wait status on.
-    pub(crate) status: Option<std::fs::File>,
-    /// The status once read.
-    pub(crate) done: Option<std::process::ExitStatus>,
+    /// The script's status, as the reaper reports it.
+    pub(crate) report: StatusReport,
 }
 
 impl Forked {
+    /// Blocks until the reaper reports the script's status ([`StatusReport::wait`]).
+    pub(crate) fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        self.report.wait()
+    }
+
+    /// The status if the reaper already reported it.
+    pub(crate) fn try_wait(&mut self) -> std::io::Result<Option<std::process::ExitStatus>> {
+        self.report.try_wait()
+    }
+}
+
+/// The script's wait status as its reaper reports it: one decimal line on a pipe, written once
+/// the script is reaped and every descendant is gone. Every local launch reads it (a forked
+/// reaper is not our child, and a spawned one is reaped later, off the result's path).
+#[derive(Debug)]
+pub(crate) struct StatusReport {
+    /// Read end of the pipe; taken by the first wait.
+    pipe: Option<std::fs::File>,
+    /// The status once read.
+    done: Option<std::process::ExitStatus>,
+}
+
+impl StatusReport {
+    /// A report to be read from `pipe`.
+    pub(crate) fn new(pipe: std::fs::File) -> StatusReport {
+        StatusReport {
+            pipe: Some(pipe),
+            done: None,
+        }
+    }
+
     /// Blocks until the reaper reports the script's status. A reaper that died without
     /// reporting (SIGKILLed) counts as the script killed by SIGKILL.
     ///
-    /// The report is one line, written once the script is reaped and every descendant is gone;
-    /// reading stops at its newline rather than at EOF, which would also wait for the reaper's
-    /// own exit (the teardown of a forked interpreter's address space, most of a millisecond).
+    /// Reading stops at the report's newline rather than at EOF, which would also wait for the
+    /// reaper's own exit (the teardown of its address space, most of a millisecond).
     pub(crate) fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
         if let Some(done) = self.done {
             return Ok(done);
         }
         let mut text = Vec::with_capacity(16);
-        if let Some(f) = self.status.take() {
+        if let Some(f) = self.pipe.take() {
             read_line(f, &mut text)?;
         }
         Ok(self.settle(&text))
     }
 
-    /// [`Forked::wait`] on the runtime's own poller instead of a blocking thread: the status
-    /// pipe is ours alone, so it can be non-blocking. The blocking wait cost every execution two
+    /// [`StatusReport::wait`] on the runtime's own poller instead of a blocking thread: the
+    /// pipe is ours alone, so it can be non-blocking. A blocking wait costs every execution two
     /// thread hand-offs (a pool thread woken to read, the worker woken by it), each a wake-up of
-    /// an idle CPU when calls are paced.
+    /// an idle CPU when calls are paced, and a cold run the start of that thread.
     pub(crate) async fn wait_async(&mut self) -> std::io::Result<std::process::ExitStatus> {
         use tokio::io::AsyncReadExt;
         if let Some(done) = self.done {
             return Ok(done);
         }
         let mut line = Vec::with_capacity(16);
-        if let Some(f) = self.status.take() {
+        if let Some(f) = self.pipe.take() {
             let mut pipe = tokio::net::unix::pipe::Receiver::from_file(f)?;
             let mut chunk = [0u8; 64];
             while !line.contains(&b'\n') && line.len() < chunk.len() {
@@ -82,7 +110,7 @@ impl Forked {
             return Ok(self.done);
         }
         let ready = self
-            .status
+            .pipe
             .as_ref()
             .is_none_or(|f| poll_in(f.as_raw_fd(), Duration::ZERO));
         if ready {

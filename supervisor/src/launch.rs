@@ -324,7 +324,7 @@ pub(crate) enum Program {
 #[derive(Debug)]
 pub(crate) enum Proc {
     /// A child of the supervisor.
-    Spawned(std::process::Child),
+    Spawned(Spawned),
     /// A child of a fork server.
     Forked(crate::forked::Forked),
 }
@@ -333,7 +333,7 @@ impl Proc {
     /// The reaper's pid.
     pub(crate) fn id(&self) -> u32 {
         match self {
-            Proc::Spawned(c) => c.id(),
+            Proc::Spawned(s) => s.child.id(),
             Proc::Forked(f) => f.pid,
         }
     }
@@ -341,7 +341,7 @@ impl Proc {
     /// The script's stdout (once).
     pub(crate) fn take_stdout(&mut self) -> Option<std::process::ChildStdout> {
         match self {
-            Proc::Spawned(c) => c.stdout.take(),
+            Proc::Spawned(s) => s.child.stdout.take(),
             Proc::Forked(f) => f.stdout.take(),
         }
     }
@@ -349,15 +349,15 @@ impl Proc {
     /// The script's stderr (once).
     pub(crate) fn take_stderr(&mut self) -> Option<std::process::ChildStderr> {
         match self {
-            Proc::Spawned(c) => c.stderr.take(),
+            Proc::Spawned(s) => s.child.stderr.take(),
             Proc::Forked(f) => f.stderr.take(),
         }
     }
 
-    /// Blocks until the script's status is known.
+    /// Blocks until the script's status is known (a spawned reaper's own exit included).
     pub(crate) fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
         match self {
-            Proc::Spawned(c) => c.wait(),
+            Proc::Spawned(s) => s.child.wait(),
             Proc::Forked(f) => f.wait(),
         }
     }
@@ -365,10 +365,64 @@ impl Proc {
     /// The status if already known.
     pub(crate) fn try_wait(&mut self) -> std::io::Result<Option<std::process::ExitStatus>> {
         match self {
-            Proc::Spawned(c) => c.try_wait(),
+            Proc::Spawned(s) => s.child.try_wait(),
             Proc::Forked(f) => f.try_wait(),
         }
     }
+}
+
+/// A reaper the supervisor spawned, with the status report it writes before its own exit.
+#[derive(Debug)]
+pub(crate) struct Spawned {
+    pub(crate) child: std::process::Child,
+    pub(crate) report: crate::forked::StatusReport,
+}
+
+impl Spawned {
+    /// The script's status from the reaper's report, read on the runtime's poller; the
+    /// reaper's own exit is then collected off the result's path ([`reap_when_gone`]).
+    pub(crate) async fn wait_reported(
+        mut self,
+        pidfd: Option<OwnedFd>,
+    ) -> std::io::Result<std::process::ExitStatus> {
+        let status = self.report.wait_async().await;
+        reap_when_gone(self.child, pidfd);
+        status
+    }
+}
+
+/// Collects a spawned reaper's exit status once it is gone, without a thread: its pidfd becomes
+/// readable when it exits. Without a pidfd (kernels before 5.3) a blocking-pool thread waits. A
+/// runtime dropped meanwhile (a one-shot `run` exiting) leaves the zombie to whoever adopts it
+/// when this process is gone.
+fn reap_when_gone(mut child: std::process::Child, pidfd: Option<OwnedFd>) {
+    if !matches!(child.try_wait(), Ok(None)) {
+        return;
+    }
+    let watched = pidfd.and_then(|fd| {
+        // SAFETY: the AsyncFd owns the OwnedFd, which stays open and refers to the same pidfd
+        // until the AsyncFd is dropped; nothing here reaches it through another path.
+        unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+        }
+        .ok()
+    });
+    let Some(watched) = watched else {
+        drop(tokio::task::spawn_blocking(move || {
+            let _ = child.wait();
+        }));
+        return;
+    };
+    drop(tokio::spawn(async move {
+        while let Ok(mut ready) = watched.readable().await {
+            if !matches!(child.try_wait(), Ok(None)) {
+                return;
+            }
+            ready.clear_ready();
+        }
+        // The poller failed: wait on a thread instead.
+        let _ = tokio::task::spawn_blocking(move || child.wait()).await;
+    }));
 }
 
 /// What a launch's owner does when the execution that took it is over, by being dropped then
@@ -460,11 +514,14 @@ pub(crate) fn launch(
         crate::script_feed::make_fifo(staging.path()).map_err(StartError::Staging)?;
     }
 
-    let (lifeline, setup, read_end) =
-        lifeline(spec.kill_grace, Some(staging.path())).map_err(|e| StartError::Spawn {
-            interpreter: spec.interpreter.path.clone(),
-            source: e,
-        })?;
+    let spawn_error = |source| StartError::Spawn {
+        interpreter: spec.interpreter.path.clone(),
+        source,
+    };
+    let (lifeline, mut setup, read_end) =
+        lifeline(spec.kill_grace, Some(staging.path())).map_err(spawn_error)?;
+    let (report, report_w) = crate::reaper::status_report().map_err(spawn_error)?;
+    setup.report_status_on(report_w.as_raw_fd());
     let child_cwd = spec.child_cwd(staging.path());
     let mut command = std::process::Command::new(&spec.interpreter.path);
     command.arg("-u");
@@ -512,14 +569,15 @@ pub(crate) fn launch(
     // same goes for the child's ends of the pool's pipes.
     drop(command);
     drop(read_end);
+    drop(report_w);
     drop(program);
-    let child = spawned.map_err(|source| StartError::Spawn {
-        interpreter: spec.interpreter.path.clone(),
-        source,
-    })?;
+    let child = spawned.map_err(spawn_error)?;
     Ok(Launched {
         pidfd: pidfd_open(child.id()),
-        child: Proc::Spawned(child),
+        child: Proc::Spawned(Spawned {
+            child,
+            report: crate::forked::StatusReport::new(report),
+        }),
         lifeline,
         staging,
         rpc,

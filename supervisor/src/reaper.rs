@@ -40,6 +40,8 @@ pub struct Lifeline {
 pub struct ReaperSetup {
     read_fd: RawFd,
     write_fd: RawFd,
+    /// Write end of the status report pipe ([`status_report`]), -1 for none.
+    status_fd: RawFd,
     grace_ms: u64,
     /// The staging dir the reaper removes if the supervisor dies without doing it.
     staging: StagingPath,
@@ -63,6 +65,7 @@ pub fn lifeline(
     let setup = ReaperSetup {
         read_fd: read_end.as_raw_fd(),
         write_fd: write_end.as_raw_fd(),
+        status_fd: -1,
         grace_ms: grace.as_millis().min(u64::MAX as u128) as u64,
         staging: staging.map_or_else(StagingPath::none, StagingPath::new),
     };
@@ -73,6 +76,36 @@ pub fn lifeline(
         setup,
         read_end,
     ))
+}
+
+impl ReaperSetup {
+    /// Makes the reaper write the script's wait status, as a decimal line, on `fd` once the
+    /// script is reaped and every descendant is gone, before its own exit. `fd` must stay open
+    /// in the supervisor until the spawn returns.
+    pub fn report_status_on(&mut self, fd: RawFd) {
+        self.status_fd = fd;
+    }
+}
+
+/// A pipe for a reaper's status report: the read end (the supervisor's) and the write end (the
+/// reaper's, close-on-exec so the interpreter never holds it; the supervisor drops its copy once
+/// the spawn returns).
+///
+/// Why not `wait`: a wait returns only once the reaper is gone, after the kernel has torn down
+/// its address space (a copy of the supervisor's, a few hundred microseconds), and std's wait
+/// blocks, which cost a cold run a blocking-pool thread (its start, and the runtime's wait for
+/// it at shutdown). The report is read on the runtime's own poller, as a forked reaper's is.
+pub fn status_report() -> io::Result<(std::fs::File, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
+    let rc = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 succeeded, so both descriptors are open and owned by nobody else.
+    let (read_end, write_end) =
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    Ok((std::fs::File::from(read_end), write_end))
 }
 
 const WATCHED: [libc::c_int; 5] = [
@@ -127,6 +160,9 @@ pub unsafe fn become_reaper(
             libc::sigemptyset(&mut empty);
             libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
             libc::close(setup.read_fd);
+            if setup.status_fd >= 0 {
+                libc::close(setup.status_fd);
+            }
             if let Some(c) = confinement {
                 c.drop_privileges()?;
             }
@@ -150,7 +186,7 @@ unsafe fn reaper_main(script: libc::pid_t, setup: ReaperSetup, mask: &libc::sigs
     unsafe {
         // Keep only the lifeline. The supervisor's pipes (stdout, stderr, the exec-error pipe of
         // the spawn) must not be held open by the reaper, or the supervisor would wait on them.
-        close_all_except(setup.read_fd);
+        close_all_except(setup.read_fd, setup.status_fd);
         // Our parent is the supervisor; once it is not, the supervisor died.
         let supervisor = libc::getppid();
         let sfd = libc::signalfd(-1, mask, libc::SFD_CLOEXEC);
@@ -182,6 +218,7 @@ unsafe fn reaper_main(script: libc::pid_t, setup: ReaperSetup, mask: &libc::sigs
                     // Nobody else will remove the staging dir now.
                     setup.staging.sweep();
                 }
+                report_status(setup.status_fd, st);
                 exit_like(st);
             }
             let now = now_ms();
@@ -277,6 +314,27 @@ unsafe fn is_exiting(pid: libc::pid_t) -> bool {
         return false;
     };
     parse_num(field).is_some_and(|flags| flags & PF_EXITING != 0)
+}
+
+/// Writes `status` as a decimal line on `fd` (none when `fd` is -1). A supervisor that is gone
+/// has closed the read end: the write then fails with EPIPE, which must not kill the reaper
+/// before it has exited like the script.
+///
+/// # Safety
+/// Async-signal-safe: a digit buffer on the stack, sigaction and write.
+unsafe fn report_status(fd: RawFd, status: libc::c_int) {
+    if fd < 0 {
+        return;
+    }
+    let mut line = PathBuf64::new();
+    line.push_num(u64::from(status as u32));
+    line.push(b"\n");
+    // SAFETY: plain system calls on a stack buffer of `line.len` initialised bytes.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+        libc::write(fd, line.buf.as_ptr().cast(), line.len);
+        libc::close(fd);
+    }
 }
 
 /// Exits with the same status as the script: its code, or death by the same signal.
@@ -440,28 +498,34 @@ fn parse_num(name: &[u8]) -> Option<u64> {
     any.then_some(v)
 }
 
-unsafe fn close_all_except(keep: RawFd) {
+/// Closes every descriptor but `keep` and `also` (either -1 for none).
+unsafe fn close_all_except(keep: RawFd, also: RawFd) {
+    // Descriptors below 3 are closed one by one; from 3 up, close_range spans the gaps between
+    // the kept ones (at most three spans), falling back to closing one at a time.
+    let mut kept = [keep, also];
+    kept.sort_unstable();
     // SAFETY: close_range/close on integer descriptors.
     unsafe {
         for fd in 0..3 {
-            if fd != keep {
+            if !kept.contains(&fd) {
                 libc::close(fd);
             }
         }
-        let ok = if keep > 3 {
-            libc::syscall(libc::SYS_close_range, 3u32, (keep - 1) as u32, 0u32) == 0
-                && libc::syscall(libc::SYS_close_range, (keep + 1) as u32, u32::MAX, 0u32) == 0
-        } else {
-            libc::syscall(
-                libc::SYS_close_range,
-                (keep.max(2) + 1) as u32,
-                u32::MAX,
-                0u32,
-            ) == 0
-        };
+        let mut from: RawFd = 3;
+        let mut ok = true;
+        for k in kept {
+            if k < from {
+                continue;
+            }
+            if k > from {
+                ok &= libc::syscall(libc::SYS_close_range, from as u32, (k - 1) as u32, 0u32) == 0;
+            }
+            from = k + 1;
+        }
+        ok &= libc::syscall(libc::SYS_close_range, from as u32, u32::MAX, 0u32) == 0;
         if !ok {
             for fd in 3..65536 {
-                if fd != keep {
+                if !kept.contains(&fd) {
                     libc::close(fd);
                 }
             }
