@@ -2,11 +2,15 @@
 //! else config `logging.level`, else `warn`. Values of environment variables are never logged.
 //!
 //! The file is written off the caller's thread (`tracing-appender`'s non-blocking writer: a
-//! slow disk never stalls an execution) and rotated by size (`file-rotate`: past
+//! slow disk never stalls an execution), which starts with the first line for the file, and
+//! rotated by size (`file-rotate`: past
 //! [`LOG_FILE_BYTES`] the file becomes `agent.log.1`, older ones shift up, [`LOG_FILES_KEPT`]
 //! are kept), so a long-lived server cannot fill the disk with its log.
 
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+use tracing_appender::non_blocking::{NonBlocking, WorkerGuard};
+use tracing_subscriber::fmt::writer::{MakeWriter, OptionalWriter};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{fmt, EnvFilter, Layer};
@@ -65,7 +69,73 @@ pub const LOG_FILES_KEPT: usize = 5;
 /// until the process is done logging.
 #[must_use = "dropping the guard stops writing the log file"]
 pub struct LogGuard {
-    _writer: Option<tracing_appender::non_blocking::WorkerGuard>,
+    file: Arc<LazyFile>,
+}
+
+impl Drop for LogGuard {
+    fn drop(&mut self) {
+        // The worker's guard flushes the queue and joins its thread when dropped.
+        let guard = self.file.guard.lock().map(|mut g| g.take()).unwrap_or(None);
+        drop(guard);
+    }
+}
+
+/// The log file's writer, started by the first line that reaches the file: a run that logs
+/// nothing at the file's level (a cold no-op `run`) starts no writer thread, opens no file
+/// and has no thread to wait for at exit, a few hundred microseconds of its wall time.
+struct LazyFile {
+    path: PathBuf,
+    writer: OnceLock<Option<NonBlocking>>,
+    guard: Mutex<Option<WorkerGuard>>,
+}
+
+impl LazyFile {
+    /// The writer, started on first use; `None` without a writable log directory (the file log
+    /// is then left out, stderr still works; checked here because the rotating writer cannot
+    /// report it).
+    fn writer(&self) -> Option<&NonBlocking> {
+        self.writer
+            .get_or_init(|| {
+                let dir = self.path.parent()?;
+                std::fs::create_dir_all(dir).ok()?;
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&self.path)
+                    .ok()?;
+                let rotating = file_rotate::FileRotate::new(
+                    &self.path,
+                    file_rotate::suffix::AppendCount::new(LOG_FILES_KEPT),
+                    file_rotate::ContentLimit::BytesSurpassed(LOG_FILE_BYTES),
+                    file_rotate::compression::Compression::None,
+                    None,
+                );
+                // The default queue (128,000 lines) is a 4 MB array written in full when it is
+                // made: about a fifth of the supervisor's CPU on a cold no-op `run`. The log
+                // holds warnings and errors; a thousand queued lines is ample, and a flood past
+                // them is dropped (lossy, as by default) rather than stalling an execution.
+                let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+                    .buffered_lines_limit(LOG_QUEUE_LINES)
+                    .finish(rotating);
+                if let Ok(mut slot) = self.guard.lock() {
+                    *slot = Some(guard);
+                }
+                Some(writer)
+            })
+            .as_ref()
+    }
+}
+
+/// [`LazyFile`] as the file layer's writer.
+#[derive(Clone)]
+struct LazyFileWriter(Arc<LazyFile>);
+
+impl<'a> MakeWriter<'a> for LazyFileWriter {
+    type Writer = OptionalWriter<NonBlocking>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.0.writer().cloned().into()
+    }
 }
 
 /// Installs the global subscriber. Safe to call once per process; later calls are ignored.
@@ -75,43 +145,18 @@ pub fn init(level: &str) -> Result<LogGuard, LogLevelError> {
         .with_target(false)
         .with_ansi(false)
         .with_filter(filter(level)?);
-    let path = log_file();
-    // Without a writable log directory the file log is left out (stderr still works); checked
-    // here because the rotating writer cannot report it.
-    let writable = path.parent().is_some_and(|dir| {
-        std::fs::create_dir_all(dir).is_ok()
-            && std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&path)
-                .is_ok()
+    let file = Arc::new(LazyFile {
+        path: log_file(),
+        writer: OnceLock::new(),
+        guard: Mutex::new(None),
     });
-    let (file_layer, guard) = if writable {
-        let rotating = file_rotate::FileRotate::new(
-            &path,
-            file_rotate::suffix::AppendCount::new(LOG_FILES_KEPT),
-            file_rotate::ContentLimit::BytesSurpassed(LOG_FILE_BYTES),
-            file_rotate::compression::Compression::None,
-            None,
-        );
-        // The default queue (128,000 lines) is a 4 MB array written in full when it is made:
-        // about a fifth of the supervisor's CPU on a cold no-op `run`. The log holds warnings and
-        // errors; a thousand queued lines is ample, and a flood past them is dropped (lossy,
-        // as by default) rather than stalling an execution.
-        let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-            .buffered_lines_limit(LOG_QUEUE_LINES)
-            .finish(rotating);
-        let layer = fmt::layer()
-            .with_writer(writer)
-            .with_ansi(false)
-            .with_filter(filter(level).unwrap_or_else(|_| EnvFilter::new("warn")));
-        (Some(layer), Some(guard))
-    } else {
-        (None, None)
-    };
+    let file_layer = fmt::layer()
+        .with_writer(LazyFileWriter(Arc::clone(&file)))
+        .with_ansi(false)
+        .with_filter(filter(level).unwrap_or_else(|_| EnvFilter::new("warn")));
     let _ = tracing_subscriber::registry()
         .with(stderr_layer)
         .with(file_layer)
         .try_init();
-    Ok(LogGuard { _writer: guard })
+    Ok(LogGuard { file })
 }

@@ -126,6 +126,29 @@ fn dropped_vibeos_names_are_logged_once_at_debug_without_values() {
 }
 
 #[test]
+fn a_run_that_logs_nothing_for_the_file_starts_no_log_writer() {
+    // The file's writer (a thread, and the file itself) starts with the first line for it: a
+    // quiet run at the default level has none, so nothing is created.
+    let sb = Sandbox::new();
+    let out = sb.run(&["run", fixture("core/print_env.py").to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        !sb.home().join("logs/agent.log").exists(),
+        "a quiet run created the log file"
+    );
+    // A run that does log creates it, and the line is there once the run has exited.
+    let out = sb.run(&[
+        "run",
+        "--log-level",
+        "debug",
+        fixture("core/print_env.py").to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let log = std::fs::read_to_string(sb.home().join("logs/agent.log")).unwrap();
+    assert!(!log.is_empty(), "a debug run left the log file empty");
+}
+
+#[test]
 fn the_log_file_is_rotated_past_its_size_limit() {
     let sb = Sandbox::new();
     let logs = sb.home().join("logs");
