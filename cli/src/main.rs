@@ -254,6 +254,9 @@ fn main() -> ExitCode {
     // An interpreter `run` prestarted for a request that never reached execute (a later usage
     // error) is stopped here rather than by its reaper once we are gone.
     vibeos_supervisor::prestart::discard();
+    // Reapers report their script's status before they exit: the output is out already, and
+    // this waits for the last one's exit so none is left as a zombie for our parent's side.
+    vibeos_supervisor::wait_for_reapers();
     match outcome {
         Ok(code) => ExitCode::from(code),
         Err(UsageError(message)) => {

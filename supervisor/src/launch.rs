@@ -380,49 +380,15 @@ pub(crate) struct Spawned {
 
 impl Spawned {
     /// The script's status from the reaper's report, read on the runtime's poller; the
-    /// reaper's own exit is then collected off the result's path ([`reap_when_gone`]).
+    /// reaper's own exit is then collected off the result's path ([`crate::unreaped`]).
     pub(crate) async fn wait_reported(
         mut self,
         pidfd: Option<OwnedFd>,
     ) -> std::io::Result<std::process::ExitStatus> {
         let status = self.report.wait_async().await;
-        reap_when_gone(self.child, pidfd);
+        crate::unreaped::reap_when_gone(self.child, pidfd);
         status
     }
-}
-
-/// Collects a spawned reaper's exit status once it is gone, without a thread: its pidfd becomes
-/// readable when it exits. Without a pidfd (kernels before 5.3) a blocking-pool thread waits. A
-/// runtime dropped meanwhile (a one-shot `run` exiting) leaves the zombie to whoever adopts it
-/// when this process is gone.
-fn reap_when_gone(mut child: std::process::Child, pidfd: Option<OwnedFd>) {
-    if !matches!(child.try_wait(), Ok(None)) {
-        return;
-    }
-    let watched = pidfd.and_then(|fd| {
-        // SAFETY: the AsyncFd owns the OwnedFd, which stays open and refers to the same pidfd
-        // until the AsyncFd is dropped; nothing here reaches it through another path.
-        unsafe {
-            tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
-        }
-        .ok()
-    });
-    let Some(watched) = watched else {
-        drop(tokio::task::spawn_blocking(move || {
-            let _ = child.wait();
-        }));
-        return;
-    };
-    drop(tokio::spawn(async move {
-        while let Ok(mut ready) = watched.readable().await {
-            if !matches!(child.try_wait(), Ok(None)) {
-                return;
-            }
-            ready.clear_ready();
-        }
-        // The poller failed: wait on a thread instead.
-        let _ = tokio::task::spawn_blocking(move || child.wait()).await;
-    }));
 }
 
 /// What a launch's owner does when the execution that took it is over, by being dropped then

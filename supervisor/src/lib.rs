@@ -44,6 +44,7 @@ mod script_guard;
 mod staging_retire;
 mod staging_sweep;
 mod terminal_cwd;
+mod unreaped;
 
 pub use config::{Config, ConfigError, Mode};
 pub use confine::doctor;
@@ -53,3 +54,4 @@ pub use execute::execute;
 pub use reaper::is_descendant;
 pub use request::{session_cwd, ExecutionRequest, Interrupt};
 pub use result::{ExecutionResult, Status};
+pub use unreaped::wait_for_reapers;

@@ -160,6 +160,58 @@ fn assert_dies(pid: i32) {
     }
 }
 
+/// Runs `ARGV` 20 times as a child subreaper, then lists the orphans that came to it: the
+/// processes a run left for whoever adopts its children.
+const ORPHAN_COLLECTOR: &str = r#"
+import ctypes, os, subprocess, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER
+    sys.exit("prctl(PR_SET_CHILD_SUBREAPER) failed: errno %d" % ctypes.get_errno())
+for _ in range(20):
+    r = subprocess.run(sys.argv[1:], capture_output=True, text=True)
+    if r.returncode != 0 or r.stdout != "ok\n":
+        sys.exit("run failed: %r" % (r,))
+time.sleep(0.2)
+orphans = []
+while True:
+    try:
+        pid, _ = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        break
+    if pid == 0:
+        orphans.append("still running")
+        break
+    orphans.append(pid)
+print(orphans)
+"#;
+
+#[test]
+fn a_run_leaves_no_process_for_its_parent_to_reap() {
+    // A reaper reports the script's status before its own exit, so `run` can print the result
+    // while the reaper is still exiting; it must still reap it before it exits itself, or its
+    // adopter (a container's pid 1 may never reap) inherits a zombie. Without that wait about
+    // one run in four left one here.
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("ok.py"), "print('ok')\n").unwrap();
+    let inner = sb.command();
+    let mut outer = std::process::Command::new(vibeos_testkit::python3());
+    outer
+        .arg("-c")
+        .arg(ORPHAN_COLLECTOR)
+        .arg(vibeos_testkit::exec_bin())
+        .args(["run", "ok.py"]);
+    for (k, v) in inner.get_envs() {
+        match v {
+            Some(v) => outer.env(k, v),
+            None => outer.env_remove(k),
+        };
+    }
+    outer.current_dir(sb.work());
+    let out = outer.output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]", "{out:?}");
+}
+
 #[test]
 fn a_detached_daemon_does_not_outlive_the_script() {
     let sb = Sandbox::new();
