@@ -114,11 +114,10 @@ impl EnvPolicy {
         if passthrough.contains(name) {
             return Rule::Passthrough;
         }
-        let upper = name.to_ascii_uppercase();
         if self
             .deny_substrings
             .iter()
-            .any(|s| upper.contains(&s.to_ascii_uppercase()))
+            .any(|s| contains_ignoring_ascii_case(name, s))
         {
             return Rule::SecretSubstring;
         }
@@ -208,9 +207,31 @@ pub struct Scrubbed {
     pub decisions: Vec<Decision>,
 }
 
+/// Whether `haystack` contains `needle`, ASCII letters compared without case. Every variable is
+/// checked against every deny substring on each execution's path: no allocation per check.
+fn contains_ignoring_ascii_case(haystack: &str, needle: &str) -> bool {
+    let (hay, needle) = (haystack.as_bytes(), needle.as_bytes());
+    needle.is_empty()
+        || hay
+            .windows(needle.len())
+            .any(|w| w.eq_ignore_ascii_case(needle))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn substrings_match_whatever_the_ascii_case() {
+        assert!(contains_ignoring_ascii_case("github_token", "TOKEN"));
+        assert!(contains_ignoring_ascii_case("MY_Api_Key_2", "api_key"));
+        assert!(contains_ignoring_ascii_case("anything", ""));
+        assert!(!contains_ignoring_ascii_case("TOKE", "TOKEN"));
+        assert!(!contains_ignoring_ascii_case("PATH", "TOKEN"));
+        // Only ASCII letters fold, as `to_ascii_uppercase` did.
+        assert!(contains_ignoring_ascii_case("ÄPFEL_token", "ÄPFEL_TOKEN"));
+        assert!(!contains_ignoring_ascii_case("äpfel_token", "ÄPFEL_TOKEN"));
+    }
 
     fn policy() -> EnvPolicy {
         EnvPolicy::builtin().unwrap()
