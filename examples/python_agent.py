@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from typing import Any, Dict, List
 
@@ -85,6 +86,15 @@ def dispatch(call: Dict[str, Any], task_id: str, cwd: str) -> str:
 
 def main() -> int:
     workdir = tempfile.mkdtemp(prefix="python-agent-")
+    try:
+        return run_session(workdir)
+    finally:
+        # The session's files are the example's own: leave nothing in the temp dir.
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run_session(workdir: str) -> int:
+    """The agent loop over a session dir holding two log files to triage."""
     with open(os.path.join(workdir, "auth.log"), "w") as f:
         f.write("INFO start\nERROR token expired\nERROR token expired\n")
     with open(os.path.join(workdir, "export.log"), "w") as f:

@@ -14,9 +14,16 @@ from conftest import REPO, echo_schema
 
 
 def test_python_agent_example_runs():
+    import glob
+    import tempfile
+
+    pattern = os.path.join(tempfile.gettempdir(), "python-agent-*")
+    before = set(glob.glob(pattern))
     proc = subprocess.run([sys.executable, str(REPO / "examples" / "python_agent.py")],
                           capture_output=True, text=True, timeout=120, env=os.environ)
     assert proc.returncode == 0, proc.stderr
+    # The example removes its session dir: nothing of it is left in the temp dir.
+    assert set(glob.glob(pattern)) == before
     assert "execute_code" in proc.stdout.splitlines()[0]
     assert "T-1 'Login fails on Safari': 2 error line(s)" in proc.stdout
     assert "T-9: Tool execution failed: KeyError: 'no ticket T-9'" in proc.stdout
