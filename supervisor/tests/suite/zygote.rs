@@ -987,8 +987,13 @@ fn a_strict_spare_is_confined_before_its_request_and_out_of_its_siblings_reach()
             .filter(|p| status_field(*p, "Seccomp").as_deref() == Some("2"))
             .collect()
     };
-    eventually("two spares confined ahead", || confined().len() >= 2);
-    let spares = confined();
+    // The list the wait saw: a second look could come while the set of spares changes (a
+    // reaper serving again forks a fresh one) and find only the one the call will run in.
+    let mut spares = Vec::new();
+    eventually("two spares confined ahead", || {
+        spares = confined();
+        spares.len() >= 2
+    });
     // SAFETY: geteuid has no preconditions and cannot fail.
     let root = unsafe { libc::geteuid() } == 0;
     let mut uids = Vec::new();
