@@ -172,6 +172,9 @@ impl Dockerd {
                 "--exec-opt",
                 "native.cgroupdriver=cgroupfs",
             ]);
+        // The containerd it starts writes goroutine dumps (`containerd.<pid>.stacks.log`) to
+        // its temp dir when signalled: keep them in this dir, which is removed with it.
+        cmd.env("TMPDIR", d);
         let log = d.join("dockerd.log");
         let daemon = Daemon::spawn(cmd, &log)?;
         let mut dockerd = Dockerd { dir, host, daemon };
