@@ -53,15 +53,7 @@ pub fn lifeline(
     grace: Duration,
     staging: Option<&std::path::Path>,
 ) -> io::Result<(Lifeline, ReaperSetup, OwnedFd)> {
-    let mut fds = [0 as libc::c_int; 2];
-    // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
-    let rc = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: pipe2 succeeded, so both descriptors are open and owned by nobody else.
-    let (read_end, write_end) =
-        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let (read_end, write_end) = cloexec_pipe()?;
     let setup = ReaperSetup {
         read_fd: read_end.as_raw_fd(),
         write_fd: write_end.as_raw_fd(),
@@ -96,6 +88,12 @@ impl ReaperSetup {
 /// blocks, which cost a cold run a blocking-pool thread (its start, and the runtime's wait for
 /// it at shutdown). The report is read on the runtime's own poller, as a forked reaper's is.
 pub fn status_report() -> io::Result<(std::fs::File, OwnedFd)> {
+    let (read_end, write_end) = cloexec_pipe()?;
+    Ok((std::fs::File::from(read_end), write_end))
+}
+
+/// A pipe with both ends close-on-exec: (read end, write end).
+fn cloexec_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0 as libc::c_int; 2];
     // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
     let rc = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
@@ -103,9 +101,7 @@ pub fn status_report() -> io::Result<(std::fs::File, OwnedFd)> {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: pipe2 succeeded, so both descriptors are open and owned by nobody else.
-    let (read_end, write_end) =
-        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    Ok((std::fs::File::from(read_end), write_end))
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
 const WATCHED: [libc::c_int; 5] = [
