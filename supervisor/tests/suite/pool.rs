@@ -25,7 +25,8 @@ pub(crate) fn serial() -> std::sync::MutexGuard<'static, ()> {
     guard
 }
 
-fn runtime() -> tokio::runtime::Runtime {
+/// A two-worker runtime, as a host's: it lives on after each execution.
+pub(crate) fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -5,15 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use super::common::{eventually, run, Session};
-use super::pool::serial;
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+use super::pool::{runtime, serial};
 
 /// Whether `pid` is still a process, a zombie included.
 fn exists(pid: i32) -> bool {
