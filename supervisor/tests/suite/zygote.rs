@@ -1032,3 +1032,76 @@ fn a_strict_spare_is_confined_before_its_request_and_out_of_its_siblings_reach()
     assert_eq!(zygote::confined_ahead(), before + 2);
     zygote::set_enabled(false);
 }
+
+/// `Private_Dirty` and `Shared_Dirty` of a process, in kB (`/proc/PID/smaps_rollup`).
+fn dirty_kb(pid: i32) -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+    };
+    Some((field("Private_Dirty")?, field("Shared_Dirty")?))
+}
+
+/// A spare that waits copies the pages it shares with its reaper and the server
+/// (`_populate_while_idle`), so the script it later runs writes pages of its own instead of
+/// taking a copy-on-write fault at each. A forked spare starts with most of its written pages
+/// shared; once it has copied them, most are its own. `confined` picks spares already sealed
+/// by seccomp (strict mode), which cannot open /proc any more and copy what their reaper
+/// listed before forking them.
+fn waiting_spares_own_their_pages(mode: Mode, confined: bool) {
+    let python = require_python!();
+    let _guard = serial();
+    let rt = runtime();
+    let session = Session::new(python);
+    let request = |code: &str| {
+        let mut r = session.request(code);
+        r.mode = mode;
+        r
+    };
+    zygote::set_enabled(true);
+    let warm = run_forked(&rt, request("print('warm')\n"));
+    assert_eq!(warm.output, "warm\n", "{}", warm.to_json());
+    let pids = servers();
+    assert_eq!(pids.len(), 1, "{pids:?}");
+    let spares = || -> Vec<i32> {
+        children_of(pids[0])
+            .into_iter()
+            .flat_map(children_of)
+            .filter(|p| !confined || status_field(*p, "Seccomp").as_deref() == Some("2"))
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        // (pid, (private, shared)) of every waiting spare.
+        let seen: Vec<(i32, (u64, u64))> = spares()
+            .into_iter()
+            .filter_map(|p| Some((p, dirty_kb(p)?)))
+            .collect();
+        let owned =
+            |(_, (private, shared)): &(i32, (u64, u64))| *private > 4096 && private > shared;
+        if seen.iter().any(owned) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no waiting spare copied its pages (pid, (Private_Dirty, Shared_Dirty) kB): {seen:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    zygote::set_enabled(false);
+}
+
+#[test]
+fn a_waiting_spare_copies_its_pages_ahead_of_its_request() {
+    waiting_spares_own_their_pages(Mode::Project, false);
+}
+
+#[test]
+fn a_confined_strict_spare_copies_its_pages_ahead_of_its_request() {
+    if let Some(why) = strict_unavailable() {
+        vibeos_testkit::skip!("strict mode is unavailable on this machine: {why}");
+    }
+    waiting_spares_own_their_pages(Mode::Strict, true);
+}
