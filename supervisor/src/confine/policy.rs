@@ -51,7 +51,9 @@ fn policy_text(
     }
 }
 
-/// Compiles the seccomp policy (default or `path`) to BPF programs in installation order.
+/// Compiles the seccomp policy (default or `path`) to BPF programs in installation order: one
+/// program when its two filters can be merged ([`syscall_search::merged_program`]), else one
+/// per filter.
 pub fn load_seccomp(path: Option<&Path>) -> Result<Vec<BpfProgram>, PolicyError> {
     let arch = match std::env::consts::ARCH {
         "x86_64" => TargetArch::x86_64,
@@ -89,7 +91,7 @@ pub fn load_seccomp(path: Option<&Path>) -> Result<Vec<BpfProgram>, PolicyError>
         .map_err(|e| err(format!("seccompiler rejected it: {e}")))?;
     // seccompiler's programs prove the policy compiles; the installed ones find the syscall by
     // binary search (see `syscall_search`), unless a filter cannot be rebuilt.
-    let programs: Vec<BpfProgram> = FILTER_ORDER
+    let mut programs: Vec<BpfProgram> = FILTER_ORDER
         .iter()
         .filter_map(|name| {
             let linear = map.remove(*name)?;
@@ -105,6 +107,14 @@ pub fn load_seccomp(path: Option<&Path>) -> Result<Vec<BpfProgram>, PolicyError>
             })
         })
         .collect();
+    // Both filters as one program where that decides every call the same (the built-in
+    // policy's `overrides` has no argument conditions): one install instead of two.
+    if let [Some(first), Some(last)] = FILTER_ORDER.map(|name| names.get(name)) {
+        match syscall_search::merged_program(first, last, arch) {
+            Ok(merged) => programs = vec![merged],
+            Err(e) => tracing::debug!("seccomp filters of {source_name} stay two programs: {e}"),
+        }
+    }
     if programs.iter().any(|p| p.is_empty() || p.len() > 4096) {
         return Err(err(
             "a filter compiles to an empty program or more than 4096 BPF instructions".into(),
@@ -234,7 +244,7 @@ mod tests {
     #[test]
     fn the_builtin_policies_load() {
         let programs = load_seccomp(None).unwrap();
-        assert_eq!(programs.len(), 2);
+        assert_eq!(programs.len(), 1, "the built-in filters are one program");
         let ll = load_landlock(None).unwrap();
         assert!(ll.interpreter);
         assert_eq!(ll.staging, StagingAccess::ReadWrite);
