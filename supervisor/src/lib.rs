@@ -26,6 +26,7 @@ mod confine;
 mod env_policy;
 mod error;
 mod execute;
+mod fds;
 mod fork_activity;
 mod forked;
 mod interpreter;

@@ -23,9 +23,10 @@
 //! hierarchy. The subreaper works for any user on any Linux ≥ 3.4 and composes with both, which
 //! strict mode adds on top.
 
+use crate::fds::{cloexec_pipe, close_all_except};
 use crate::staging_sweep::StagingPath;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 /// The supervisor's end of a reaper's lifeline. Dropping it tells the reaper to stop the tree.
@@ -90,18 +91,6 @@ impl ReaperSetup {
 pub fn status_report() -> io::Result<(std::fs::File, OwnedFd)> {
     let (read_end, write_end) = cloexec_pipe()?;
     Ok((std::fs::File::from(read_end), write_end))
-}
-
-/// A pipe with both ends close-on-exec: (read end, write end).
-fn cloexec_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0 as libc::c_int; 2];
-    // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
-    let rc = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: pipe2 succeeded, so both descriptors are open and owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
 const WATCHED: [libc::c_int; 5] = [
@@ -492,41 +481,6 @@ fn parse_num(name: &[u8]) -> Option<u64> {
         any = true;
     }
     any.then_some(v)
-}
-
-/// Closes every descriptor but `keep` and `also` (either -1 for none).
-unsafe fn close_all_except(keep: RawFd, also: RawFd) {
-    // Descriptors below 3 are closed one by one; from 3 up, close_range spans the gaps between
-    // the kept ones (at most three spans), falling back to closing one at a time.
-    let mut kept = [keep, also];
-    kept.sort_unstable();
-    // SAFETY: close_range/close on integer descriptors.
-    unsafe {
-        for fd in 0..3 {
-            if !kept.contains(&fd) {
-                libc::close(fd);
-            }
-        }
-        let mut from: RawFd = 3;
-        let mut ok = true;
-        for k in kept {
-            if k < from {
-                continue;
-            }
-            if k > from {
-                ok &= libc::syscall(libc::SYS_close_range, from as u32, (k - 1) as u32, 0u32) == 0;
-            }
-            from = k + 1;
-        }
-        ok &= libc::syscall(libc::SYS_close_range, from as u32, u32::MAX, 0u32) == 0;
-        if !ok {
-            for fd in 3..65536 {
-                if !kept.contains(&fd) {
-                    libc::close(fd);
-                }
-            }
-        }
-    }
 }
 
 fn now_ms() -> u64 {
