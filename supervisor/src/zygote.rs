@@ -261,9 +261,20 @@ fn prime(server: &Server, prepared: &mut Prepared) -> Result<(), ZygoteError> {
     let Some(c) = &prepared.channel.confinement else {
         return Ok(());
     };
-    let (part, programs) = confinement_part(c);
+    let (mut part, programs) = confinement_part(c);
+    let staging = prepared.staging.path();
+    // The covers as a namespace made once per plan: the spare enters it and unshares its own
+    // copy instead of building them (docs/strict-mode.md, "One mount namespace per plan").
+    let template = c
+        .reveal
+        .as_ref()
+        .and_then(|plan| crate::confine::reveal::template_for(plan, staging));
+    let mut fds = vec![c.rpc.as_raw_fd(), c.ruleset.as_raw_fd()];
+    if let Some(ns) = &template {
+        fds.push(ns.as_raw_fd());
+        part["template_staging"] = serde_json::Value::from(staging.to_string_lossy().as_ref());
+    }
     let body = with_programs(&serde_json::json!({ "confine": part }), &programs);
-    let fds = [c.rpc.as_raw_fd(), c.ruleset.as_raw_fd()];
     let spare = take_spare(server)?;
     match send(&spare.to_script, &body, &fds) {
         Ok(()) => {
@@ -497,6 +508,8 @@ pub fn set_enabled(on: bool) {
             }
         }
         drop(old);
+        // Nothing made for the servers outlives them.
+        crate::confine::reveal::drop_templates();
     }
 }
 
@@ -508,6 +521,12 @@ pub fn enabled() -> bool {
 /// Executions forked by a fork server in this process so far.
 pub fn forks() -> u64 {
     FORKS.load(Ordering::SeqCst)
+}
+
+/// Mount namespaces made as templates of a reveal plan so far, one per plan
+/// (`confine::reveal::template_for`): a strict spare enters one and unshares its own copy.
+pub fn mount_templates_made() -> u64 {
+    crate::confine::reveal::templates_made()
 }
 
 /// Strict executions so far whose script process was confined before their request came

@@ -38,6 +38,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 _libc.unshare.argtypes = [ctypes.c_int]
+_libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
                         ctypes.c_char_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
@@ -258,11 +259,36 @@ def _reveal(covers, nr):
                "remounting " + target)
 
 
-def _confine(req, rpc, ruleset):
+def _enter_template(template, staging, nr):
+    """The mount namespace step from a template of the reveal plan (confine/reveal.rs
+    `template_for`: the covers already set up): a detached copy of the staging dir's mount (its
+    disk-budget tmpfs, made in the host's namespace after the template) is taken first; then
+    this process enters the template, unshares a copy of its own at once, so nothing it mounts
+    reaches the template or a sibling, and attaches the staging dir at its own path."""
+    at_fdcwd, open_tree_clone, o_cloexec, clone_newns = -100, 1, 0o2000000, 0x00020000
+    tree = _libc.syscall(ctypes.c_long(nr["open_tree"]), ctypes.c_int(at_fdcwd),
+                         ctypes.c_char_p(staging.encode()),
+                         ctypes.c_uint(open_tree_clone | o_cloexec))
+    _check(tree, "open_tree " + staging)
+    try:
+        _check(_libc.setns(template, clone_newns), "setns(CLONE_NEWNS)")
+        os.close(template)
+        _check(_libc.unshare(clone_newns), "unshare(CLONE_NEWNS)")
+        _check(_libc.syscall(ctypes.c_long(nr["move_mount"]), ctypes.c_int(tree),
+                             ctypes.c_char_p(b""), ctypes.c_int(at_fdcwd),
+                             ctypes.c_char_p(staging.encode()), ctypes.c_uint(4)),
+               "move_mount " + staging)
+    finally:
+        os.close(tree)
+
+
+def _confine(req, rpc, ruleset, template=None):
     """The strict steps of confine/child.rs, in its order, in the script process."""
     for res, value in req.get("rlimits", ()):
         resource.setrlimit(res, (value, value))
-    if req.get("reveal"):
+    if template is not None:
+        _enter_template(template, req["template_staging"], req["syscalls"])
+    elif req.get("reveal"):
         _reveal(req["reveal"], req["syscalls"])
     creds = req.get("credentials")
     if creds is not None:
@@ -414,13 +440,16 @@ def _take_confinement(part, fds, reaper, chan):
     the staging dir it prepared next, zygote.rs `prime`): descriptors, then the steps of
     `_confine`, so the script process that later gets its request is already the confined
     process a cold launch would exec. Besides stdio, the process keeps only the channel the
-    request comes on and the RPC end, which it returns."""
-    if len(fds) != 2:
-        raise OSError(errno.EINVAL, "a confinement comes with the RPC end and the ruleset")
-    rpc, ruleset = fds
-    _keep_only({0, 1, 2, chan.fileno(), rpc, ruleset})
+    request comes on and the RPC end, which it returns (the ruleset and the mount namespace
+    template, when one comes, are closed once used)."""
+    if len(fds) not in (2, 3) or (len(fds) == 3) != ("template_staging" in part):
+        raise OSError(errno.EINVAL, "a confinement comes with the RPC end, the ruleset and "
+                      "the mount namespace template it names, if any")
+    rpc, ruleset = fds[0], fds[1]
+    template = fds[2] if len(fds) == 3 else None
+    _keep_only({0, 1, 2, chan.fileno(), rpc, ruleset, template})
     os.set_inheritable(rpc, True)
-    _confine(dict(part, reaper=reaper), rpc, ruleset)
+    _confine(dict(part, reaper=reaper), rpc, ruleset, template)
     return rpc
 
 

@@ -20,8 +20,12 @@
 
 use std::ffi::CString;
 use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 const OPEN_TREE_CLONE: libc::c_uint = 1;
 const OPEN_TREE_CLOEXEC: libc::c_uint = libc::O_CLOEXEC as libc::c_uint;
@@ -225,6 +229,142 @@ impl Reveal {
         }
         Ok(())
     }
+}
+
+/// A mount namespace set up as [`Reveal::apply`] sets one up, kept as a descriptor so that many
+/// script processes can start from it (`setns`) instead of building the same covers each.
+///
+/// Made by a child forked for the purpose: it applies the plan, reports, and waits until this
+/// process has opened its namespace (`/proc/PID/ns/mnt`), then exits. The namespace lives on as
+/// long as a descriptor of it is open. A process that enters it must `unshare(CLONE_NEWNS)` at
+/// once, so that what it mounts (its staging dir's disk budget) stays its own; entering it is
+/// root's alone (`CAP_SYS_ADMIN`), and it holds nothing but the covers and the host's mounts as
+/// they were when it was made.
+fn make_template(plan: &Reveal) -> io::Result<OwnedFd> {
+    let (ready_r, ready_w) = crate::fds::cloexec_pipe()?;
+    let (hold_r, hold_w) = crate::fds::cloexec_pipe()?;
+    let (ready_w_raw, hold_r_raw) = (ready_w.as_raw_fd(), hold_r.as_raw_fd());
+    // SAFETY: the child of a multi-threaded process runs only async-signal-safe system calls
+    // (close_range, the raw calls of `apply` on C strings made before the fork, write, read,
+    // _exit) and never returns into Rust code of the parent's.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid == 0 {
+        // SAFETY: see above; this branch ends in _exit.
+        unsafe {
+            // Nothing of the host's stays open in the namespace's maker (another execution's
+            // lifeline here would delay its EOF).
+            crate::fds::close_all_except(ready_w_raw, hold_r_raw);
+            let done: u8 = u8::from(plan.apply().is_ok());
+            libc::write(ready_w_raw, (&done as *const u8).cast(), 1);
+            let mut byte = 0u8;
+            libc::read(hold_r_raw, (&mut byte as *mut u8).cast(), 1);
+            libc::_exit(0);
+        }
+    }
+    drop(ready_w);
+    drop(hold_r);
+    let mut ready = std::fs::File::from(ready_r);
+    let mut done = [0u8; 1];
+    let made = std::io::Read::read(&mut ready, &mut done);
+    let opened = match made {
+        Ok(1) if done[0] == 1 => {
+            std::fs::File::open(format!("/proc/{pid}/ns/mnt")).map(OwnedFd::from)
+        }
+        Ok(_) => Err(io::Error::other(
+            "the namespace's maker could not apply the covers",
+        )),
+        Err(e) => Err(e),
+    };
+    drop(hold_w);
+    let mut status = 0;
+    // SAFETY: waits for our own child, which exits once `hold_w` is closed.
+    while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
+        && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
+    {}
+    opened
+}
+
+/// Templates made so far: each plan's steps, what its bound directories were (device and inode)
+/// when it was made, and the namespace.
+type Templates = Vec<(
+    Vec<(String, Vec<String>, Vec<String>)>,
+    Vec<(u64, u64)>,
+    Arc<OwnedFd>,
+)>;
+
+static TEMPLATES: Mutex<Templates> = Mutex::new(Vec::new());
+static TEMPLATES_MADE: AtomicU64 = AtomicU64::new(0);
+
+/// Most templates kept at once (one per interpreter location in practice).
+const TEMPLATES_KEPT: usize = 8;
+
+/// The device and inode of each directory `plan` binds back, in order; `None` if one is gone.
+fn bound_identity(plan: &Reveal) -> Option<Vec<(u64, u64)>> {
+    plan.covers
+        .iter()
+        .flat_map(|c| &c.binds)
+        .map(|dir| {
+            let meta = std::fs::metadata(std::ffi::OsStr::from_bytes(dir.as_bytes())).ok()?;
+            Some((meta.dev(), meta.ino()))
+        })
+        .collect()
+}
+
+/// A mount namespace with `plan`'s covers for processes that enter it and then unshare their
+/// own copy (the fork server's strict spares), made once per plan and kept for the process's
+/// life; `None` when the plan reveals a path under `staging` (a plan of one execution only)
+/// or the namespace cannot be made, and the caller applies the plan itself. A plan whose bound
+/// directories were replaced since (an interpreter reinstalled) gets a new one.
+pub fn template_for(plan: &Reveal, staging: &Path) -> Option<Arc<OwnedFd>> {
+    let steps = plan.steps();
+    let staging = staging.to_string_lossy();
+    let mentions_staging = |p: &String| Path::new(p).starts_with(staging.as_ref());
+    if steps
+        .iter()
+        .any(|(t, m, b)| mentions_staging(t) || m.iter().chain(b).any(mentions_staging))
+    {
+        return None;
+    }
+    let identity = bound_identity(plan)?;
+    let mut templates = TEMPLATES.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(at) = templates.iter().position(|(s, _, _)| *s == steps) {
+        if templates[at].1 == identity {
+            return Some(Arc::clone(&templates[at].2));
+        }
+        templates.remove(at);
+    }
+    match make_template(plan) {
+        Ok(ns) => {
+            TEMPLATES_MADE.fetch_add(1, Ordering::Relaxed);
+            let ns = Arc::new(ns);
+            if templates.len() >= TEMPLATES_KEPT {
+                templates.remove(0);
+            }
+            templates.push((steps, identity, Arc::clone(&ns)));
+            Some(ns)
+        }
+        Err(e) => {
+            tracing::warn!(
+                "execute_code: strict spares build their mount namespaces one by one: cannot \
+                 make a shared template of the covers: {e}"
+            );
+            None
+        }
+    }
+}
+
+/// Closes every template this process keeps (a host that turns its fork servers off); the
+/// namespaces go once no spare still holds a descriptor of one.
+pub fn drop_templates() {
+    TEMPLATES.lock().unwrap_or_else(|p| p.into_inner()).clear();
+}
+
+/// How many mount namespace templates this process has made ([`template_for`]).
+pub fn templates_made() -> u64 {
+    TEMPLATES_MADE.load(Ordering::Relaxed)
 }
 
 #[cfg(test)]

@@ -1105,3 +1105,105 @@ fn a_confined_strict_spare_copies_its_pages_ahead_of_its_request() {
     }
     waiting_spares_own_their_pages(Mode::Strict, true);
 }
+
+/// The first ancestor of `path` that other users cannot search (mode without `o+x`), if any:
+/// a strict script reaches an interpreter there only through the reveal plan's covers.
+fn closed_ancestor(path: &std::path::Path) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    path.ancestors().skip(1).find_map(|dir| {
+        let mode = std::fs::metadata(dir).ok()?.permissions().mode();
+        (mode & 0o001 == 0).then(|| dir.to_path_buf())
+    })
+}
+
+/// Strict spares whose interpreter lies under a closed directory start from one mount
+/// namespace per reveal plan, its covers built once, and unshare a copy of their own: each
+/// script still runs its interpreter through the covers, sees its own staging dir as its disk
+/// budget (a tmpfs of the configured size, writable), and no two scripts share a namespace.
+#[test]
+fn strict_spares_start_from_one_mount_namespace_per_plan_and_keep_their_own() {
+    let python = require_python!();
+    if let Some(why) = strict_unavailable() {
+        vibeos_testkit::skip!("strict mode is unavailable on this machine: {why}");
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        vibeos_testkit::skip!("the mount namespace (and its covers) is made only as root");
+    }
+    let real = std::fs::canonicalize(&python).unwrap();
+    let Some(closed) = closed_ancestor(&real) else {
+        vibeos_testkit::skip!(
+            "{} lies under no closed directory, so no plan covers anything",
+            real.display()
+        );
+    };
+    let _guard = serial();
+    let rt = runtime();
+    let session = Session::new(python);
+    const BUDGET: u64 = 48 << 20;
+    let strict = |code: &str| {
+        let mut r = session.request(code);
+        r.mode = Mode::Strict;
+        r.strict.disk_bytes = BUDGET;
+        r
+    };
+    let code = "import json, os, sys\n\
+                st = os.statvfs('.')\n\
+                with open('own.txt', 'w') as f:\n    f.write('mine')\n\
+                print(json.dumps({'size': st.f_blocks * st.f_frsize, \
+                'ns': os.stat('/proc/self/ns/mnt').st_ino, \
+                'own': open('own.txt').read(), 'python': sys.version_info[0]}))\n";
+    zygote::set_enabled(true);
+    let made_before = zygote::mount_templates_made();
+    // The first call of a key is confined at its request; the template comes with the areas
+    // prepared after it. Namespace inode numbers are reused once freed, so the checked calls
+    // start once the template exists.
+    let warm = run_forked(&rt, strict("print('warm')\n"));
+    assert_eq!(warm.output, "warm\n", "{}", warm.to_json());
+    eventually("the plan's template is made", || {
+        zygote::mount_templates_made() > made_before
+    });
+    let mut namespaces = Vec::new();
+    for _ in 0..6 {
+        let result = run_forked(&rt, strict(code));
+        assert_eq!(status(&result), "success", "{}", result.to_json());
+        let seen = json_line(&result);
+        assert_eq!(seen["size"], BUDGET, "not its disk budget: {seen}");
+        assert_eq!(seen["own"], "mine");
+        assert_eq!(seen["python"], 3);
+        namespaces.push(seen["ns"].as_u64().unwrap());
+    }
+    // `serial()` turned servers off, which drops every template: this plan's is made once.
+    let made = zygote::mount_templates_made() - made_before;
+    assert_eq!(
+        made,
+        1,
+        "templates made for the one plan that covers {}",
+        closed.display()
+    );
+    // The template is a namespace descriptor this process holds; every script ran in a copy of
+    // its own, neither the template nor the host's namespace.
+    let inode_of =
+        |link: &str| -> Option<u64> { link.strip_prefix("mnt:[")?.strip_suffix(']')?.parse().ok() };
+    let templates: Vec<u64> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter_map(|l| inode_of(&l.to_string_lossy()))
+        .collect();
+    assert_eq!(
+        templates.len(),
+        1,
+        "template descriptors held: {templates:?}"
+    );
+    let host = std::fs::read_link("/proc/self/ns/mnt").unwrap();
+    let host = inode_of(&host.to_string_lossy()).unwrap();
+    for ns in &namespaces {
+        assert!(
+            *ns != host && !templates.contains(ns),
+            "a script ran in the host's namespace or the template ({ns}; host {host}, template \
+             {templates:?})"
+        );
+    }
+    zygote::set_enabled(false);
+}
