@@ -1150,8 +1150,12 @@ fn strict_spares_start_from_one_mount_namespace_per_plan_and_keep_their_own() {
     let code = "import json, os, sys\n\
                 st = os.statvfs('.')\n\
                 with open('own.txt', 'w') as f:\n    f.write('mine')\n\
+                def is_open(fd):\n    try:\n        os.fstat(fd)\n        return True\n    \
+                except OSError:\n        return False\n\
+                rpc = os.environ.get('VIBEOS_RPC_FD')\n\
                 print(json.dumps({'size': st.f_blocks * st.f_frsize, \
                 'ns': os.stat('/proc/self/ns/mnt').st_ino, \
+                'fds': [fd for fd in range(3, 1024) if is_open(fd) and str(fd) != rpc], \
                 'own': open('own.txt').read(), 'python': sys.version_info[0]}))\n";
     zygote::set_enabled(true);
     let made_before = zygote::mount_templates_made();
@@ -1170,6 +1174,12 @@ fn strict_spares_start_from_one_mount_namespace_per_plan_and_keep_their_own() {
         let seen = json_line(&result);
         assert_eq!(seen["size"], BUDGET, "not its disk budget: {seen}");
         assert_eq!(seen["own"], "mine");
+        // Nothing of the confinement is left open: not the template, not the staging copy.
+        assert_eq!(
+            seen["fds"],
+            serde_json::json!([]),
+            "descriptors left: {seen}"
+        );
         assert_eq!(seen["python"], 3);
         namespaces.push(seen["ns"].as_u64().unwrap());
     }
