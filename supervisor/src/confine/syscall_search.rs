@@ -504,6 +504,24 @@ mod tests {
         }
     }
 
+    /// Every syscall number below 1,100, its x32 alias and the edges of the number line, for
+    /// two architectures: (number, architecture, the call with zeroed arguments and one with
+    /// every argument set to each of `values`).
+    fn calls_of_every_number(values: &[u64]) -> impl Iterator<Item = (u32, u32, Vec<Call>)> + '_ {
+        let numbers = (0..1100u32)
+            .chain((0..600).map(|n| 0x4000_0000 | n))
+            .chain([0x7fff_ffff, 0x8000_0000, u32::MAX - 1, u32::MAX]);
+        numbers.flat_map(move |nr| {
+            [AUDIT_ARCH_X86_64, AUDIT_ARCH_I386].map(|arch| {
+                let calls = std::iter::once([0; 6])
+                    .chain(values.iter().map(|&v| [v; 6]))
+                    .map(|args| Call { nr, arch, args })
+                    .collect();
+                (nr, arch, calls)
+            })
+        })
+    }
+
     /// Compares the two programs of every filter of `policy` over every syscall number below
     /// 1,100 and its x32 alias, for two architectures, with every argument slot set to each
     /// interesting value in turn and to pseudo-random mixes of them.
@@ -524,38 +542,21 @@ mod tests {
             let searched =
                 searched_program(filter, TargetArch::x86_64).expect("the filter is rebuilt");
             let linear = linear.remove(name).expect("seccompiler compiled it");
-            let numbers = (0..1100u32)
-                .chain((0..600).map(|n| 0x4000_0000 | n))
-                .chain([0x7fff_ffff, 0x8000_0000, u32::MAX - 1, u32::MAX]);
-            for nr in numbers {
-                for arch in [AUDIT_ARCH_X86_64, AUDIT_ARCH_I386] {
-                    let mut calls = vec![Call {
-                        nr,
-                        arch,
-                        args: [0; 6],
-                    }];
-                    for &v in &values {
-                        calls.push(Call {
-                            nr,
-                            arch,
-                            args: [v; 6],
-                        });
+            for (nr, arch, mut calls) in calls_of_every_number(&values) {
+                for _ in 0..40 {
+                    let mut args = [0; 6];
+                    for a in &mut args {
+                        *a = values[random() as usize % values.len()];
                     }
-                    for _ in 0..40 {
-                        let mut args = [0; 6];
-                        for a in &mut args {
-                            *a = values[random() as usize % values.len()];
-                        }
-                        calls.push(Call { nr, arch, args });
-                    }
-                    for call in &calls {
-                        assert_eq!(
-                            run(&searched, call).0,
-                            run(&linear, call).0,
-                            "filter {name}, nr {nr:#x}, arch {arch:#x}, args {:x?}",
-                            call.args
-                        );
-                    }
+                    calls.push(Call { nr, arch, args });
+                }
+                for call in &calls {
+                    assert_eq!(
+                        run(&searched, call).0,
+                        run(&linear, call).0,
+                        "filter {name}, nr {nr:#x}, arch {arch:#x}, args {:x?}",
+                        call.args
+                    );
                 }
             }
             searched_programs.push((name.clone(), searched));
@@ -662,31 +663,15 @@ mod tests {
         let merged = merged_program(&policy[first], &policy[last], TargetArch::x86_64)
             .expect("the filters merge");
         let values = argument_values(policy);
-        let numbers = (0..1100u32)
-            .chain((0..600).map(|n| 0x4000_0000 | n))
-            .chain([0x7fff_ffff, 0x8000_0000, u32::MAX - 1, u32::MAX]);
-        for nr in numbers {
-            for arch in [AUDIT_ARCH_X86_64, AUDIT_ARCH_I386] {
-                let mut calls = vec![Call {
-                    nr,
-                    arch,
-                    args: [0; 6],
-                }];
-                calls.extend(values.iter().map(|&v| Call {
-                    nr,
-                    arch,
-                    args: [v; 6],
-                }));
-                for call in &calls {
-                    let both =
-                        kernel_pick(&[run(&linear[last], call).0, run(&linear[first], call).0]);
-                    assert_eq!(
-                        run(&merged, call).0,
-                        both,
-                        "nr {nr:#x}, arch {arch:#x}, args {:x?}",
-                        call.args
-                    );
-                }
+        for (nr, arch, calls) in calls_of_every_number(&values) {
+            for call in &calls {
+                let both = kernel_pick(&[run(&linear[last], call).0, run(&linear[first], call).0]);
+                assert_eq!(
+                    run(&merged, call).0,
+                    both,
+                    "nr {nr:#x}, arch {arch:#x}, args {:x?}",
+                    call.args
+                );
             }
         }
         merged
