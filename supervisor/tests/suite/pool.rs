@@ -394,6 +394,9 @@ fn pool_host_child() {
 fn idle_interpreters_die_and_leave_no_staging_dirs_when_the_host_exits() {
     let _python = require_python!();
     let _guard = serial();
+    // The host forgets its session on purpose (it exits without cleaning up), so its session
+    // dir is made in here, which this test removes.
+    let tmp = tempfile::tempdir().unwrap();
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -402,6 +405,7 @@ fn idle_interpreters_die_and_leave_no_staging_dirs_when_the_host_exits() {
             "--test-threads=1",
         ])
         .env("VIBEOS_POOL_HOST_CHILD", "1")
+        .env("TMPDIR", tmp.path())
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
