@@ -222,21 +222,34 @@ def _sweep(path):
         pass
 
 
+_AT_FDCWD, _CLONE_NEWNS = -100, 0x00020000
+
+
+def _detached_copy(path, nr, recursive):
+    """open_tree(OPEN_TREE_CLONE): a detached copy of the mount at `path` (and of those below
+    it when `recursive`), close-on-exec, to attach elsewhere with `_attach`."""
+    flags = 1 | 0o2000000 | (0x8000 if recursive else 0)  # CLONE | O_CLOEXEC | AT_RECURSIVE
+    fd = _libc.syscall(ctypes.c_long(nr["open_tree"]), ctypes.c_int(_AT_FDCWD),
+                       ctypes.c_char_p(path.encode()), ctypes.c_uint(flags))
+    _check(fd, "open_tree " + path)
+    return fd
+
+
+def _attach(tree, path, nr):
+    """move_mount(MOVE_MOUNT_F_EMPTY_PATH): attaches a detached copy at `path`."""
+    _check(_libc.syscall(ctypes.c_long(nr["move_mount"]), ctypes.c_int(tree),
+                         ctypes.c_char_p(b""), ctypes.c_int(_AT_FDCWD),
+                         ctypes.c_char_p(path.encode()), ctypes.c_uint(4)),
+           "move_mount " + path)
+
+
 def _reveal(covers, nr):
     """confine/reveal.rs: a private mount namespace in which each closed directory is covered
     by a read-only tmpfs holding only the paths the script needs, bound back."""
     ms_nosuid, ms_nodev, ms_noexec, ms_remount, ms_rdonly = 2, 4, 8, 32, 1
-    at_fdcwd, at_recursive, open_tree_clone, o_cloexec = -100, 0x8000, 1, 0o2000000
-    _check(_libc.unshare(0x00020000), "unshare(CLONE_NEWNS)")
+    _check(_libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     _check(_libc.mount(None, b"/", None, 16384 | 262144, None), "making / private")
-    trees = []
-    for _target, _mkdirs, binds in covers:
-        for d in binds:
-            fd = _libc.syscall(ctypes.c_long(nr["open_tree"]), ctypes.c_int(at_fdcwd),
-                               ctypes.c_char_p(d.encode()),
-                               ctypes.c_uint(open_tree_clone | o_cloexec | at_recursive))
-            _check(fd, "open_tree " + d)
-            trees.append(fd)
+    trees = [_detached_copy(d, nr, True) for _target, _mkdirs, binds in covers for d in binds]
     i = 0
     for target, mkdirs, binds in covers:
         _check(_libc.mount(b"vibeos-cover", target.encode(), b"tmpfs",
@@ -248,10 +261,7 @@ def _reveal(covers, nr):
             except FileExistsError:
                 pass
         for d in binds:
-            _check(_libc.syscall(ctypes.c_long(nr["move_mount"]), ctypes.c_int(trees[i]),
-                                 ctypes.c_char_p(b""), ctypes.c_int(at_fdcwd),
-                                 ctypes.c_char_p(d.encode()), ctypes.c_uint(4)),
-                   "move_mount " + d)
+            _attach(trees[i], d, nr)
             os.close(trees[i])
             i += 1
         _check(_libc.mount(None, target.encode(), None,
@@ -265,19 +275,12 @@ def _enter_template(template, staging, nr):
     disk-budget tmpfs, made in the host's namespace after the template) is taken first; then
     this process enters the template, unshares a copy of its own at once, so nothing it mounts
     reaches the template or a sibling, and attaches the staging dir at its own path."""
-    at_fdcwd, open_tree_clone, o_cloexec, clone_newns = -100, 1, 0o2000000, 0x00020000
-    tree = _libc.syscall(ctypes.c_long(nr["open_tree"]), ctypes.c_int(at_fdcwd),
-                         ctypes.c_char_p(staging.encode()),
-                         ctypes.c_uint(open_tree_clone | o_cloexec))
-    _check(tree, "open_tree " + staging)
+    tree = _detached_copy(staging, nr, False)
     try:
-        _check(_libc.setns(template, clone_newns), "setns(CLONE_NEWNS)")
+        _check(_libc.setns(template, _CLONE_NEWNS), "setns(CLONE_NEWNS)")
         os.close(template)
-        _check(_libc.unshare(clone_newns), "unshare(CLONE_NEWNS)")
-        _check(_libc.syscall(ctypes.c_long(nr["move_mount"]), ctypes.c_int(tree),
-                             ctypes.c_char_p(b""), ctypes.c_int(at_fdcwd),
-                             ctypes.c_char_p(staging.encode()), ctypes.c_uint(4)),
-               "move_mount " + staging)
+        _check(_libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        _attach(tree, staging, nr)
     finally:
         os.close(tree)
 
