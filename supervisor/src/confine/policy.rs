@@ -89,32 +89,35 @@ pub fn load_seccomp(path: Option<&Path>) -> Result<Vec<BpfProgram>, PolicyError>
     }
     let mut map = seccompiler::compile_from_json(text.as_bytes(), arch)
         .map_err(|e| err(format!("seccompiler rejected it: {e}")))?;
-    // seccompiler's programs prove the policy compiles; the installed ones find the syscall by
-    // binary search (see `syscall_search`), unless a filter cannot be rebuilt.
-    let mut programs: Vec<BpfProgram> = FILTER_ORDER
-        .iter()
-        .filter_map(|name| {
-            let linear = map.remove(*name)?;
-            let filter = names.get(*name)?;
-            Some(match syscall_search::searched_program(filter, arch) {
-                Ok(searched) => searched,
-                Err(e) => {
-                    tracing::warn!(
-                        "seccomp filter `{name}` of {source_name} is installed as one chain: {e}"
-                    );
-                    linear
-                }
-            })
-        })
-        .collect();
     // Both filters as one program where that decides every call the same (the built-in
     // policy's `overrides` has no argument conditions): one install instead of two.
-    if let [Some(first), Some(last)] = FILTER_ORDER.map(|name| names.get(name)) {
-        match syscall_search::merged_program(first, last, arch) {
-            Ok(merged) => programs = vec![merged],
-            Err(e) => tracing::debug!("seccomp filters of {source_name} stay two programs: {e}"),
-        }
-    }
+    let merged = match FILTER_ORDER.map(|name| names.get(name)) {
+        [Some(first), Some(last)] => syscall_search::merged_program(first, last, arch)
+            .map_err(|e| tracing::debug!("seccomp filters of {source_name} stay two programs: {e}"))
+            .ok(),
+        _ => None,
+    };
+    // seccompiler's programs prove the policy compiles; the installed ones find the syscall by
+    // binary search (see `syscall_search`), unless a filter cannot be rebuilt.
+    let programs: Vec<BpfProgram> = match merged {
+        Some(merged) => vec![merged],
+        None => FILTER_ORDER
+            .iter()
+            .filter_map(|name| {
+                let linear = map.remove(*name)?;
+                let filter = names.get(*name)?;
+                Some(match syscall_search::searched_program(filter, arch) {
+                    Ok(searched) => searched,
+                    Err(e) => {
+                        tracing::warn!(
+                            "seccomp filter `{name}` of {source_name} is installed as one chain: {e}"
+                        );
+                        linear
+                    }
+                })
+            })
+            .collect(),
+    };
     if programs.iter().any(|p| p.is_empty() || p.len() > 4096) {
         return Err(err(
             "a filter compiles to an empty program or more than 4096 BPF instructions".into(),
