@@ -165,9 +165,40 @@ fn bench_startup(env: &Env, rounds: usize) -> Startup {
 
 const CALLS: usize = 2000;
 const ROUNDS: usize = 5;
+/// Calls per timed chunk: the script alternates a chunk of `read_file` calls with a chunk of
+/// echo round trips, `CALLS / CHUNK` times, so both see the same phase of the machine.
+const CHUNK: usize = 200;
 
-/// One script run doing `CALLS` read_file calls; returns seconds per call.
-fn script_calls(env: &Env, script: &Path) -> (f64, f64) {
+/// Per-call (wall, script CPU) seconds of each chunk of one script run: its `read_file` chunks,
+/// the minimal echo's and the echo of `read_file`'s own reply timed between them, in the order
+/// they ran.
+struct Chunks {
+    read: Vec<(f64, f64)>,
+    echo: Vec<(f64, f64)>,
+    same_reply: Vec<(f64, f64)>,
+}
+
+/// Parses the script's output line, `{"read": [[wall, cpu], ...], "echo": [...], "same": [...]}`.
+fn chunks(out: &str) -> Chunks {
+    let v: serde_json::Value = serde_json::from_str(out.trim())
+        .unwrap_or_else(|e| panic!("the calls script printed {out:?}: {e}"));
+    let pairs = |key: &str| {
+        v[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| (p[0].as_f64().unwrap(), p[1].as_f64().unwrap()))
+            .collect::<Vec<_>>()
+    };
+    Chunks {
+        read: pairs("read"),
+        echo: pairs("echo"),
+        same_reply: pairs("same"),
+    }
+}
+
+/// One `vibeos-exec run` of the calls script.
+fn script_calls(env: &Env, script: &Path) -> Chunks {
     let mut c = env.run_cmd(script);
     c.args(["--max-tool-calls", &(CALLS + 10).to_string()]);
     let out = c.output().unwrap();
@@ -176,47 +207,68 @@ fn script_calls(env: &Env, script: &Path) -> (f64, f64) {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    per_call(&String::from_utf8_lossy(&out.stdout))
+    chunks(&String::from_utf8_lossy(&out.stdout))
 }
 
-/// Wall and script-CPU seconds per call from the script's output line `WALL CPU`.
-fn per_call(out: &str) -> (f64, f64) {
-    let mut it = out.split_whitespace().map(|n| n.parse::<f64>().unwrap());
-    (it.next().unwrap(), it.next().unwrap())
-}
-
-/// One client run doing `CALLS` JSON round trips to a minimal echo server; seconds per call.
-fn echo_calls(env: &Env, round: usize) -> (f64, f64) {
-    let sock = env.dir.path().join(format!("echo-{round}.sock"));
-    let listener = UnixListener::bind(&sock).unwrap();
-    let server = std::thread::spawn(move || {
-        let (stream, _) = listener.accept().unwrap();
-        let mut reader = BufReader::new(stream.try_clone().unwrap());
-        let mut writer = stream;
-        let mut line = String::new();
-        loop {
-            line.clear();
-            if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                break;
-            }
-            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
-            let mut reply =
-                serde_json::to_vec(&serde_json::json!({"id": v["id"], "result": {}})).unwrap();
-            reply.push(b'\n');
-            writer.write_all(&reply).unwrap();
+/// A minimal JSON echo server on `sock` for the whole section (one thread per connection):
+/// each request line gets `{"id": <its id>, "result": <result>}`, `result` being JSON text.
+fn start_echo_server(sock: &Path, result: String) {
+    let listener = UnixListener::bind(sock).unwrap();
+    let result: Box<serde_json::value::RawValue> =
+        serde_json::value::RawValue::from_string(result).expect("the echo's result is JSON");
+    let result: &'static serde_json::value::RawValue = Box::leak(result);
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { continue };
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut writer = stream;
+                let mut line = String::new();
+                loop {
+                    line.clear();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        break;
+                    }
+                    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+                    let mut reply =
+                        serde_json::to_vec(&serde_json::json!({"id": v["id"], "result": result}))
+                            .unwrap();
+                    reply.push(b'\n');
+                    if writer.write_all(&reply).is_err() {
+                        break;
+                    }
+                }
+            });
         }
     });
-    let client = format!(
-        "import json, socket, time\ns = socket.socket(socket.AF_UNIX)\ns.connect({sock:?})\n\
-         f = s.makefile('rb')\ndef call(i):\n    s.sendall((json.dumps({{'id': i, 'tool': 'read_file', \
-         'args': {{'path': 'tiny.txt'}}, 'token': 'x'}}) + '\\n').encode())\n    return json.loads(f.readline())\n\
-         call(0)\nt, c = time.perf_counter(), time.process_time()\nfor i in range({CALLS}):\n    call(i)\n\
-         print((time.perf_counter() - t) / {CALLS}, (time.process_time() - c) / {CALLS})\n",
-        sock = sock.display().to_string()
-    );
-    let out = vibeos_testkit::python_output(&env.python, &client, &[], &[]);
-    server.join().unwrap();
-    per_call(&out)
+}
+
+/// The calls script: `read_file` of a tiny file through the stub, the echo floor (the same
+/// interpreter's client of the minimal server), and the same client against a server that
+/// answers with `read_file`'s own reply, timed in alternating chunks. Measured apart (as this
+/// bench did before stop 32), the call and the echo landed in different phases of this VM
+/// (both move between about 40 and 250 us per round trip for seconds at a time), which made
+/// their ratio anything from 1.0 to 2.1.
+fn calls_script(echo_sock: &Path, same_reply_sock: &Path) -> String {
+    format!(
+        "import json, socket, time\nfrom vibeos_tools import read_file\n\
+         def client(path):\n    s = socket.socket(socket.AF_UNIX)\n    s.connect(path)\n    f = s.makefile('rb')\n\
+         \x20   def echo(i):\n        s.sendall((json.dumps({{'id': i, 'tool': 'read_file', \
+         'args': {{'path': 'tiny.txt'}}, 'token': 'x'}}) + '\\n').encode())\n        return json.loads(f.readline())\n\
+         \x20   return echo\n\
+         kinds = {{'read': lambda i: read_file('tiny.txt'), 'echo': client({echo:?}), 'same': client({same:?})}}\n\
+         for fn in kinds.values():\n    fn(0)\n\
+         time.sleep(0.3)\n\
+         def timed(fn):\n    t, c = time.perf_counter(), time.process_time()\n\
+         \x20   for i in range({CHUNK}):\n        fn(i)\n\
+         \x20   return [(time.perf_counter() - t) / {CHUNK}, (time.process_time() - c) / {CHUNK}]\n\
+         out = {{name: [] for name in kinds}}\nfor k in range({n}):\n\
+         \x20   for name in (list(kinds) if k % 2 else list(kinds)[::-1]):\n        out[name].append(timed(kinds[name]))\n\
+         print(json.dumps(out))\n",
+        echo = echo_sock.display().to_string(),
+        same = same_reply_sock.display().to_string(),
+        n = CALLS / CHUNK,
+    )
 }
 
 /// A request for the tool-call script as the warm paths run it.
@@ -229,10 +281,10 @@ fn calls_request(env: &Env, code: &str) -> ExecutionRequest {
     request
 }
 
-/// The same script run in a pooled interpreter through the library; seconds per call. The pool
-/// exists only for this call and is shut down right after it, so its refill (a full interpreter
-/// start) does not run beside the next measurement.
-fn warm_calls(env: &Env, runtime: &tokio::runtime::Runtime, code: &str) -> (f64, f64) {
+/// The same script run in a pooled interpreter through the library. The pool exists only for
+/// this call and is shut down right after it, so its refill (a full interpreter start) does not
+/// run beside the next measurement.
+fn warm_calls(env: &Env, runtime: &tokio::runtime::Runtime, code: &str) -> Chunks {
     let request = calls_request(env, code);
     // Hosts ask the fork server first; this round is about the pool. (The script times its
     // own calls, so the server's restart in the next round is not in any figure.)
@@ -249,12 +301,12 @@ fn warm_calls(env: &Env, runtime: &tokio::runtime::Runtime, code: &str) -> (f64,
     pool::disable();
     let json = r.to_json();
     assert_eq!(json["status"], "success", "{json}");
-    per_call(&r.output)
+    chunks(&r.output)
 }
 
-/// The same script forked from the fork server through the library; seconds per call. The
-/// server is started before the call and is idle until it (the pool is off meanwhile).
-fn forked_calls(env: &Env, runtime: &tokio::runtime::Runtime, code: &str) -> (f64, f64) {
+/// The same script forked from the fork server through the library. The server is started
+/// before the call and is idle until it (the pool is off meanwhile).
+fn forked_calls(env: &Env, runtime: &tokio::runtime::Runtime, code: &str) -> Chunks {
     let request = calls_request(env, code);
     zygote::set_enabled(true);
     assert!(zygote::prewarm(&request), "the fork server did not start");
@@ -263,7 +315,20 @@ fn forked_calls(env: &Env, runtime: &tokio::runtime::Runtime, code: &str) -> (f6
     assert_eq!(zygote::forks(), before + 1, "not forked");
     let json = r.to_json();
     assert_eq!(json["status"], "success", "{json}");
-    per_call(&r.output)
+    chunks(&r.output)
+}
+
+/// The result text a script's `read_file('tiny.txt')` gets.
+fn tiny_read_reply(env: &Env) -> String {
+    let ctx = vibeos_tools::ToolContext {
+        origin: vibeos_tools::CallOrigin::Script,
+        ..vibeos_tools::ToolContext::agent(env.dir.path())
+    };
+    vibeos_tools::registry().handle_function_call(
+        "read_file",
+        &serde_json::json!({"path": "tiny.txt", "offset": 1, "limit": 500}),
+        &ctx,
+    )
 }
 
 /// What the supervisor spends per call in the tool itself: `read_file` of the tiny file through
@@ -297,17 +362,56 @@ fn thread_cpu() -> f64 {
     ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
 }
 
-/// Cold, pooled and forked figures (wall, script CPU) and the echo's; medians over interleaved
-/// rounds, so machine noise hits all of them alike.
-fn bench_tool_call(env: &Env, rounds: usize) -> ([(f64, f64); 3], (f64, f64)) {
+/// One path's figures over every round: medians of its `read_file` chunks, of the echo chunks
+/// and of the same-reply echo chunks timed beside them (wall, script CPU), and the median of
+/// each `read_file` chunk's ratio to its neighbouring chunk of either echo.
+struct PathFigures {
+    read: (f64, f64),
+    echo: (f64, f64),
+    same_reply: (f64, f64),
+    ratio: f64,
+    ratio_same_reply: f64,
+}
+
+impl PathFigures {
+    fn of(runs: &[Chunks]) -> PathFigures {
+        let all = |pick: fn(&Chunks) -> &Vec<(f64, f64)>| {
+            let v: Vec<(f64, f64)> = runs.iter().flat_map(|r| pick(r).iter().copied()).collect();
+            (
+                median(v.iter().map(|x| x.0).collect()),
+                median(v.iter().map(|x| x.1).collect()),
+            )
+        };
+        let ratio = |pick: fn(&Chunks) -> &Vec<(f64, f64)>| {
+            median(
+                runs.iter()
+                    .flat_map(|r| r.read.iter().zip(pick(r)).map(|(c, e)| c.0 / e.0))
+                    .collect(),
+            )
+        };
+        PathFigures {
+            read: all(|r| &r.read),
+            echo: all(|r| &r.echo),
+            same_reply: all(|r| &r.same_reply),
+            ratio: ratio(|r| &r.echo),
+            ratio_same_reply: ratio(|r| &r.same_reply),
+        }
+    }
+}
+
+/// Cold, pooled and forked figures; rounds interleaved, and inside each run the tool calls and
+/// the echo alternate, so machine noise hits all of them alike.
+fn bench_tool_call(env: &Env, rounds: usize) -> [PathFigures; 3] {
     std::fs::write(env.dir.path().join("tiny.txt"), "hello\n").unwrap();
-    // The pause before timing lets the pool refill the interpreter it lent (a full start) before
-    // the pooled round measures; with --one-cpu the refill would otherwise share the CPU.
-    let code = format!(
-        "import time\nfrom vibeos_tools import read_file\nread_file('tiny.txt')\ntime.sleep(0.3)\n\
-         t, c = time.perf_counter(), time.process_time()\nfor _ in range({CALLS}):\n    r = read_file('tiny.txt')\n\
-         print((time.perf_counter() - t) / {CALLS}, (time.process_time() - c) / {CALLS})\n"
-    );
+    let echo_sock = env.dir.path().join("echo.sock");
+    start_echo_server(&echo_sock, "{}".into());
+    // The reply `read_file` gives for the tiny file, from the registry as a script's call gets it.
+    let same_reply_sock = env.dir.path().join("same-reply.sock");
+    start_echo_server(&same_reply_sock, tiny_read_reply(env));
+    // The pause before timing (in the script) lets the pool refill the interpreter it lent (a
+    // full start) before the pooled round measures; with --one-cpu the refill would otherwise
+    // share the CPU.
+    let code = calls_script(&echo_sock, &same_reply_sock);
     let script = env.dir.path().join("calls.py");
     std::fs::write(&script, &code).unwrap();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -319,21 +423,17 @@ fn bench_tool_call(env: &Env, rounds: usize) -> ([(f64, f64); 3], (f64, f64)) {
     let mut cold = Vec::new();
     let mut warm = Vec::new();
     let mut forked = Vec::new();
-    let mut echoes = Vec::new();
-    for round in 0..rounds {
+    for _ in 0..rounds {
         cold.push(script_calls(env, &script));
         warm.push(warm_calls(env, &runtime, &code));
         forked.push(forked_calls(env, &runtime, &code));
-        echoes.push(echo_calls(env, round));
     }
     zygote::set_enabled(false);
-    let m = |v: &[(f64, f64)]| {
-        (
-            median(v.iter().map(|x| x.0).collect()),
-            median(v.iter().map(|x| x.1).collect()),
-        )
-    };
-    ([m(&cold), m(&warm), m(&forked)], m(&echoes))
+    [
+        PathFigures::of(&cold),
+        PathFigures::of(&warm),
+        PathFigures::of(&forked),
+    ]
 }
 
 fn vm_hwm_kib(pid: u32) -> Option<u64> {
@@ -492,29 +592,28 @@ fn main() {
     }
     if opts.sections.contains('b') {
         println!("(b) load {} at start", load());
-        let ([cold, warm, forked], echo) = bench_tool_call(&env, opts.call_rounds);
-        println!(
-            "(b) JSON echo over a Unix socket: {:.1} us/round trip; client CPU {:.1} us/call",
-            echo.0 * 1e6,
-            echo.1 * 1e6
-        );
-        let echo = echo.0;
+        let [cold, warm, forked] = bench_tool_call(&env, opts.call_rounds);
         let (handler, handler_cpu) = handler_call(&env);
         println!(
             "(b) read_file's handler in process (dispatch included, no socket): {:.1} us/call, {:.1} us CPU",
             handler * 1e6,
             handler_cpu * 1e6
         );
-        for (name, call) in [
+        for (name, f) in [
             ("cold", cold),
             ("warm (pooled)", warm),
             ("warm (forked)", forked),
         ] {
             println!(
-                "(b) read_file from a {name} script: {:.1} us/call; ratio to the echo {:.3} (target <= 1.5); script CPU {:.1} us/call",
-                call.0 * 1e6,
-                call.0 / echo,
-                call.1 * 1e6
+                "(b) read_file from a {name} script: {:.1} us/call, script CPU {:.1}; beside it the JSON echo {:.1} us/round trip (client CPU {:.1}), the echo of read_file's reply {:.1} (CPU {:.1}); ratio to the echo {:.3} (target <= 1.5), to the same-reply echo {:.3}",
+                f.read.0 * 1e6,
+                f.read.1 * 1e6,
+                f.echo.0 * 1e6,
+                f.echo.1 * 1e6,
+                f.same_reply.0 * 1e6,
+                f.same_reply.1 * 1e6,
+                f.ratio,
+                f.ratio_same_reply,
             );
         }
         println!("(b) load {} at end", load());
