@@ -3,10 +3,12 @@
 //! (a) wall time of `vibeos-exec run` on a no-op script over the same interpreter running
 //!     `import json, socket` (target ≤ 1.15) and running `-c pass` (target ≤ 1.3);
 //! (b) per-call latency of `read_file` from inside a script (2,000 calls of a tiny file) over the
-//!     round trip of a minimal JSON echo on a Unix socket, driven by the same interpreter
-//!     (target ≤ 1.5), from a cold interpreter (`vibeos-exec run`) and from a warm one (a pooled
-//!     interpreter claimed by `vibeos_supervisor::execute`, and one forked by the fork server),
-//!     all in this run;
+//!     round trip of a minimal JSON echo on a Unix socket (a Rust server, the same script as its
+//!     client, chunks of the two alternating; target ≤ 1.5), from a cold interpreter
+//!     (`vibeos-exec run`) and from a warm one (a pooled interpreter claimed by
+//!     `vibeos_supervisor::execute`, and one forked by the fork server), all in this run; also
+//!     over an echo that answers with `read_file`'s own reply, which sets the channel apart
+//!     from the tool's payload;
 //! (c) peak RSS of the supervisor while a script writes 1 GB to stdout (target ≤ 32 MiB).
 //!
 //! (a) also prints CPU time (user + system of every process, less sensitive to the load of a
