@@ -489,45 +489,46 @@ pub(crate) fn launch(
     let (report, report_w) = crate::reaper::status_report().map_err(spawn_error)?;
     setup.report_status_on(report_w.as_raw_fd());
     let child_cwd = spec.child_cwd(staging.path());
-    let mut command = std::process::Command::new(&spec.interpreter.path);
-    command.arg("-u");
+    let mut args: Vec<&std::ffi::OsStr> = vec!["-u".as_ref()];
+    let (control_fd, ready_fd);
     let inherit: [libc::c_int; 2] = match &program {
         Program::Script | Program::Fifo => {
-            command.arg(&staging.script);
+            args.push(staging.script.as_os_str());
             [-1, -1]
         }
         Program::Warm { control, ready } => {
-            command
-                .arg("-c")
-                .arg(POOL_BOOTSTRAP)
-                .arg(&staging.script)
-                .arg(control.as_raw_fd().to_string())
-                .arg(ready.as_raw_fd().to_string());
+            control_fd = control.as_raw_fd().to_string();
+            ready_fd = ready.as_raw_fd().to_string();
+            args.extend([
+                "-c".as_ref(),
+                POOL_BOOTSTRAP.as_ref(),
+                staging.script.as_os_str(),
+                control_fd.as_ref(),
+                ready_fd.as_ref(),
+            ]);
             [control.as_raw_fd(), ready.as_raw_fd()]
         }
     };
+    // The reaper starts the interpreter itself (`crate::script_exec`), so the command's own
+    // program, arguments and environment are never exec'd: it only forks the reaper, in the
+    // interpreter's working directory, with its standard streams.
+    let exec = crate::script_exec::ScriptExec::new(
+        &spec.interpreter.path,
+        args,
+        env.iter().map(|(k, v)| (k.as_os_str(), v.as_os_str())),
+    )
+    .map_err(|e| spawn_error(std::io::Error::new(std::io::ErrorKind::InvalidInput, e)))?;
+    let mut command = std::process::Command::new(&spec.interpreter.path);
     command
-        .env_clear()
-        .envs(env.iter().map(|(k, v)| (k, v)))
         .current_dir(&child_cwd)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     // SAFETY: `become_reaper` (and the confinement it applies) is written for the pre_exec
-    // window: it only makes async-signal-safe system calls on values prepared before the fork,
-    // and never returns in the reaper branch. Clearing close-on-exec with fcntl is such a call
-    // too (and allowed by the strict filter); it runs only in the interpreter process, on
-    // descriptors the parent keeps open until the spawn returns.
+    // window: it only makes async-signal-safe system calls on values prepared before the fork
+    // (`exec` among them), and returns only an error, which std then reports to this spawn.
     unsafe {
-        command.pre_exec(move || {
-            become_reaper(setup, confinement.as_ref())?;
-            for fd in inherit {
-                if fd >= 0 && libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        });
+        command.pre_exec(move || Err(become_reaper(setup, confinement.as_ref(), inherit, &exec)));
     }
     let spawned = command.spawn();
     // The command owns the confinement, with the script's end of the socketpair: drop it so

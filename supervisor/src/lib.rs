@@ -40,6 +40,7 @@ mod remote;
 mod request;
 mod result;
 mod rpc_server;
+mod script_exec;
 mod script_feed;
 mod script_guard;
 mod staging_retire;

@@ -101,28 +101,32 @@ const WATCHED: [libc::c_int; 5] = [
     libc::SIGQUIT,
 ];
 
-/// Runs in the forked child before exec. Turns the current process into the reaper and returns
-/// `Ok(())` only in the grandchild, which then goes on to exec the interpreter.
+/// Runs in the forked child before exec (from `Command::pre_exec`) and turns it into the reaper:
+/// it starts the script process, which execs `exec` ([`crate::script_exec`]), and then watches
+/// the tree until the script is done. It returns only when the script process could not be
+/// started, with the error that `Command` then reports to the supervisor's spawn.
 ///
-/// With `confinement` (strict mode) the grandchild is confined just before it returns, and only
-/// it: the reaper stays as the supervisor made it (root, unconfined) because it must read every
-/// descendant's `/proc` entries and signal processes running under the script's uid; it runs no
-/// script code, and the script cannot signal or trace it (landlock's signal scope, seccomp, a
-/// different uid).
+/// With `confinement` (strict mode) the script process is confined just before its exec, and
+/// only it: the reaper stays as the supervisor made it (root, unconfined) because it must read
+/// every descendant's `/proc` entries and signal processes running under the script's uid; it
+/// runs no script code, and the script cannot signal or trace it (landlock's signal scope,
+/// seccomp, a different uid). `inherit` are descriptors the interpreter keeps (-1 for none).
 ///
 /// # Safety
-/// Must be called only between fork and exec (from `Command::pre_exec`); it forks, and in the
-/// reaper branch never returns.
+/// Must be called only between fork and exec (from `Command::pre_exec`), with `exec` prepared
+/// before the fork.
 pub unsafe fn become_reaper(
     setup: ReaperSetup,
     confinement: Option<&crate::confine::child::ChildConfinement>,
-) -> io::Result<()> {
+    inherit: [libc::c_int; 2],
+    exec: &crate::script_exec::ScriptExec,
+) -> io::Error {
     // SAFETY: (the whole function) only async-signal-safe libc calls on plain integers and stack
     // buffers; no allocation or locking happens between fork and exec/_exit.
     unsafe {
         libc::close(setup.write_fd);
         if libc::setsid() < 0 {
-            return Err(io::Error::last_os_error());
+            return io::Error::last_os_error();
         }
         let mut mask: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut mask);
@@ -132,36 +136,18 @@ pub unsafe fn become_reaper(
         let mut old: libc::sigset_t = std::mem::zeroed();
         libc::sigprocmask(libc::SIG_BLOCK, &mask, &mut old);
         if libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0 {
-            return Err(io::Error::last_os_error());
+            return io::Error::last_os_error();
         }
-        let reaper_pid = libc::getpid();
-        let pid = libc::fork();
-        if pid < 0 {
-            return Err(io::Error::last_os_error());
+        let steps = crate::script_exec::Steps {
+            reaper_pid: libc::getpid(),
+            close: [setup.read_fd, setup.status_fd],
+            confinement,
+            inherit,
+        };
+        match crate::script_exec::spawn(&steps, exec) {
+            Ok(pid) => reaper_main(pid, setup, &mask),
+            Err(e) => e,
         }
-        if pid == 0 {
-            // The script process: normal signal mask, dies with its reaper.
-            let mut empty: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut empty);
-            libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-            libc::close(setup.read_fd);
-            if setup.status_fd >= 0 {
-                libc::close(setup.status_fd);
-            }
-            if let Some(c) = confinement {
-                c.drop_privileges()?;
-            }
-            // After any uid change, which clears the parent-death signal.
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
-            if libc::getppid() != reaper_pid {
-                libc::_exit(127);
-            }
-            if let Some(c) = confinement {
-                c.seal()?;
-            }
-            return Ok(());
-        }
-        reaper_main(pid, setup, &mask)
     }
 }
 

@@ -6,6 +6,7 @@ mod execute_code_tool;
 mod pool;
 mod prestart;
 mod rpc_pace;
+mod script_start;
 mod status_report;
 mod structure;
 mod stub_channel;
