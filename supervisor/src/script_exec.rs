@@ -37,13 +37,12 @@ pub(crate) struct ScriptExec {
 /// Why a script process's exec could not be prepared.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum PrepareError {
-    /// An argument or an environment entry holds a NUL byte, which an exec cannot carry.
-    #[error("{what} holds a NUL byte, which cannot be passed to the interpreter: {text:?}")]
+    /// A string of the exec holds a NUL byte, which an exec cannot carry.
+    #[error("{what} holds a NUL byte, which cannot be passed to the interpreter; remove it")]
     Nul {
-        /// Which string (the program, an argument, an environment entry).
-        what: &'static str,
-        /// The string, lossily decoded.
-        text: String,
+        /// Which string: the interpreter path, an argument (quoted), or an environment variable
+        /// (named by its key only: its value may be a secret).
+        what: String,
     },
 }
 
@@ -55,13 +54,15 @@ impl ScriptExec {
         args: impl IntoIterator<Item = &'a OsStr>,
         env: impl IntoIterator<Item = (&'a OsStr, &'a OsStr)>,
     ) -> Result<ScriptExec, PrepareError> {
-        let program = c_string(
-            program.as_os_str().as_bytes().to_vec(),
-            "the interpreter path",
-        )?;
+        let nul = |what: String| move |_| PrepareError::Nul { what };
+        let program = CString::new(program.as_os_str().as_bytes())
+            .map_err(nul("the interpreter path".into()))?;
         let mut argv = vec![program.clone()];
         for arg in args {
-            argv.push(c_string(arg.as_bytes().to_vec(), "an argument")?);
+            argv.push(
+                CString::new(arg.as_bytes())
+                    .map_err(nul(format!("the argument {:?}", arg.to_string_lossy())))?,
+            );
         }
         let mut envp = Vec::new();
         for (key, value) in env {
@@ -69,7 +70,10 @@ impl ScriptExec {
             entry.extend_from_slice(key.as_bytes());
             entry.push(b'=');
             entry.extend_from_slice(value.as_bytes());
-            envp.push(c_string(entry, "an environment variable")?);
+            envp.push(CString::new(entry).map_err(nul(format!(
+                "the environment variable {:?}",
+                key.to_string_lossy()
+            )))?);
         }
         Ok(ScriptExec {
             program,
@@ -77,13 +81,6 @@ impl ScriptExec {
             envp: CStringArray::new(envp),
         })
     }
-}
-
-fn c_string(bytes: Vec<u8>, what: &'static str) -> Result<CString, PrepareError> {
-    CString::new(bytes).map_err(|e| PrepareError::Nul {
-        what,
-        text: String::from_utf8_lossy(&e.into_vec()).into_owned(),
-    })
 }
 
 /// Owned C strings and the NULL-terminated pointer array an exec takes.

@@ -103,3 +103,28 @@ fn an_interpreter_that_cannot_be_executed_is_reported_and_never_run_by_a_shell()
     );
     assert!(!marker.exists(), "the interpreter file was run by a shell");
 }
+
+#[test]
+fn an_environment_value_with_a_nul_byte_is_refused_without_showing_the_value() {
+    let python = require_python!();
+    let _guard = serial();
+    let rt = runtime();
+    let session = Session::new(python);
+    let mut request = session.request("print('never')\n");
+    let mut env = request.base_env.take().unwrap();
+    env.push(("NUL_VAR".into(), "tok3n-value\0tail".into()));
+    request.base_env = Some(env);
+    request.env_passthrough.push("NUL_VAR".into());
+    let r = run(&rt, request);
+    let json = r.to_json();
+    assert_eq!(json["status"], "error", "{json}");
+    let error = r.error.clone().unwrap_or_default();
+    assert!(
+        error.contains("NUL_VAR") && error.contains("NUL byte"),
+        "{json}"
+    );
+    assert!(
+        !json.to_string().contains("tok3n"),
+        "the value leaked: {json}"
+    );
+}
