@@ -216,7 +216,8 @@ unsafe fn prepare_and_exec(steps: &Steps<'_>, exec: &ScriptExec) -> io::Error {
     unsafe {
         // The reaper's handlers must not run here: this process shares its memory until exec.
         // Every signal is still blocked (see `spawn`), so resetting them first is race-free.
-        for sig in 1..libc::SIGRTMAX() {
+        // SIGRTMAX included: it is a signal number like any other.
+        for sig in 1..=libc::SIGRTMAX() {
             let mut action: libc::sigaction = std::mem::zeroed();
             if libc::sigaction(sig, std::ptr::null(), &mut action) != 0 {
                 continue;
