@@ -7,7 +7,22 @@
 
 use super::common::{run, Session};
 use super::pool::{runtime, serial};
-use vibeos_supervisor::{execute, Interrupt};
+use vibeos_supervisor::{execute, ExecutionRequest, ExecutionResult, Interrupt};
+
+/// Adds `key=value` to the request's environment and lets it through the policy.
+fn pass_env(request: &mut ExecutionRequest, key: &str, value: &str) {
+    let mut env = request.base_env.take().unwrap_or_default();
+    env.push((key.into(), value.into()));
+    request.base_env = Some(env);
+    request.env_passthrough.push(key.into());
+}
+
+/// The error of a result that must have failed, with the whole result for failure messages.
+fn error_of(r: &ExecutionResult) -> (String, serde_json::Value) {
+    let json = r.to_json();
+    assert_eq!(json["status"], "error", "{json}");
+    (r.error.clone().unwrap_or_default(), json)
+}
 
 #[test]
 fn the_script_process_starts_under_its_reaper_with_no_signal_blocked_and_its_own_argv() {
@@ -57,10 +72,7 @@ fn executions_started_side_by_side_each_get_their_own_environment() {
     let requests: Vec<_> = (0..8)
         .map(|i| {
             let mut r = session.request("import os\nprint(os.environ['RUN_ID'])\n");
-            let mut env = r.base_env.take().unwrap();
-            env.push(("RUN_ID".into(), format!("run-{i}").into()));
-            r.base_env = Some(env);
-            r.env_passthrough.push("RUN_ID".into());
+            pass_env(&mut r, "RUN_ID", &format!("run-{i}"));
             r
         })
         .collect();
@@ -94,9 +106,7 @@ fn an_interpreter_that_cannot_be_executed_is_reported_and_never_run_by_a_shell()
     std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let session = Session::new(fake.clone());
     let r = run(&rt, session.request("print('never')\n"));
-    let json = r.to_json();
-    assert_eq!(json["status"], "error", "{json}");
-    let error = r.error.clone().unwrap_or_default();
+    let (error, json) = error_of(&r);
     assert!(
         error.contains("cannot start") && error.contains("Exec format error"),
         "{json}"
@@ -111,14 +121,9 @@ fn an_environment_value_with_a_nul_byte_is_refused_without_showing_the_value() {
     let rt = runtime();
     let session = Session::new(python);
     let mut request = session.request("print('never')\n");
-    let mut env = request.base_env.take().unwrap();
-    env.push(("NUL_VAR".into(), "tok3n-value\0tail".into()));
-    request.base_env = Some(env);
-    request.env_passthrough.push("NUL_VAR".into());
+    pass_env(&mut request, "NUL_VAR", "tok3n-value\0tail");
     let r = run(&rt, request);
-    let json = r.to_json();
-    assert_eq!(json["status"], "error", "{json}");
-    let error = r.error.clone().unwrap_or_default();
+    let (error, json) = error_of(&r);
     assert!(
         error.contains("NUL_VAR") && error.contains("NUL byte"),
         "{json}"
