@@ -1,0 +1,3 @@
+//! Integration tests of the `vibeos-link-order` binary (one test binary per crate).
+
+mod suite;

@@ -1,0 +1,1 @@
+mod record_and_check;
