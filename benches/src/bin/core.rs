@@ -519,6 +519,34 @@ fn options() -> Options {
     o
 }
 
+/// How much of `cli/link-order.txt` the measured binary still has, as `vibeos-link-order
+/// check` tells it: a stale list (after a toolchain or dependency update) leaves a cold run's
+/// code scattered again, which shows in (a) before anything else does.
+fn link_order_coverage(bin: &Path) -> String {
+    let tool = bin.with_file_name("vibeos-link-order");
+    let list = Path::new(env!("CARGO_MANIFEST_DIR")).join("../cli/link-order.txt");
+    match Command::new(&tool)
+        .args(["check", "--binary"])
+        .arg(bin)
+        .arg("--list")
+        .arg(&list)
+        .output()
+    {
+        Ok(output) => {
+            let text = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+            if output.status.success() {
+                text
+            } else {
+                format!("{text}; {}", String::from_utf8_lossy(&output.stderr).trim())
+            }
+        }
+        Err(error) => format!(
+            "not checked ({}: {error}; cargo build --release -p vibeos-link-order)",
+            tool.display()
+        ),
+    }
+}
+
 /// Keeps this process, and every thread and process it starts from now on, on CPU 0.
 fn pin_to_one_cpu() {
     let mut set = nix::sched::CpuSet::new();
@@ -591,6 +619,7 @@ fn main() {
             (run_cpu - pass_cpu) * 1e3,
             load()
         );
+        println!("(a) link order: {}", link_order_coverage(&env.bin));
     }
     if opts.sections.contains('b') {
         println!("(b) load {} at start", load());
