@@ -24,10 +24,18 @@ pub fn spawn_drain<R: AsyncRead + Unpin + Send + 'static>(
 pub async fn drain<R: AsyncRead + Unpin>(mut stream: R, limit: usize) -> HeadTail {
     let mut cap = HeadTail::new(limit);
     let mut buf = vec![0u8; 64 * 1024];
+    let mut printed = false;
     loop {
         match stream.read(&mut buf).await {
             Ok(0) => break,
-            Ok(n) => cap.push(&buf[..n]),
+            Ok(n) => {
+                if !printed {
+                    // Output will be redacted at the end: compile the patterns meanwhile.
+                    printed = true;
+                    vibeos_tools::redact::prepare_in_background();
+                }
+                cap.push(&buf[..n])
+            }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(_) => break,
         }

@@ -185,6 +185,26 @@ fn secrets_in_output_are_redacted_and_counted() {
 }
 
 #[test]
+fn output_is_redacted_whether_the_script_ends_at_once_or_runs_on_after_printing() {
+    // The patterns compile on a thread from the first print on (redact::prepare_in_background);
+    // a script that ends at once reaches the redaction before they are ready, one that runs on
+    // after them. Both must come out the same.
+    for tail in ["", "import time\ntime.sleep(0.5)\n"] {
+        let mut sb = Sandbox::new();
+        sb.set_env("MY_SERVICE_TOKEN", ENV_SECRET);
+        let script = format!("print('aws={AWS_KEY}')\n{tail}print('svc={ENV_SECRET}')\n");
+        let r = sb.run_json(&script, &[]);
+        assert_eq!(r["status"], "success", "{r}");
+        let out = r["output"].as_str().unwrap();
+        assert_eq!(
+            out, "aws=[REDACTED:aws_access_key_id]\nsvc=[REDACTED:MY_SERVICE_TOKEN]\n",
+            "tail {tail:?}: {r}"
+        );
+        assert_eq!(r["redactions"], 2, "{r}");
+    }
+}
+
+#[test]
 fn redaction_can_be_turned_off() {
     let (sb, script) = leaky_sandbox("security:\n  redact_output: false\n");
     let r = sb.run_json(&script, &[]);
