@@ -12,7 +12,9 @@
 //! (c) peak RSS of the supervisor while a script writes 1 GB to stdout (target ≤ 32 MiB).
 //!
 //! (a) also prints CPU time (user + system of every process, less sensitive to the load of a
-//! shared machine than wall time), the 1-minute load, and a breakdown of what a cold `run` adds.
+//! shared machine than wall time), the 1-minute load, a breakdown of what a cold `run` adds,
+//! what a script that prints costs over the no-op (the redaction of its output), and how much
+//! of `cli/link-order.txt` the binary has.
 //!
 //! Run: `cargo build --release --bins && cargo run --release -p vibeos-benches --bin core`;
 //! flags: `--sections abc` (any subset), `--rounds N` (a), `--call-rounds N` (b), `--one-cpu`
@@ -111,6 +113,8 @@ impl Samples {
 /// running a script file as `run` starts it (`-u script`), and the import of the generated stub.
 struct Startup {
     run: Samples,
+    /// A run of a script that prints two lines (its output redacted), against `run`.
+    printing: Samples,
     bare: Samples,
     pass: Samples,
     version: Samples,
@@ -121,6 +125,13 @@ struct Startup {
 fn bench_startup(env: &Env, rounds: usize) -> Startup {
     let noop = env.dir.path().join("noop.py");
     std::fs::write(&noop, "pass\n").unwrap();
+    // A script that prints, as nearly every real one does: its output is redacted.
+    let printing = env.dir.path().join("printing.py");
+    std::fs::write(
+        &printing,
+        "print('3 files, 14.21 ms')\nprint('done: http://example.invalid/report 0.21')\n",
+    )
+    .unwrap();
     // The stub exactly as `run` generates it, with the runtime it imports, kept by a script
     // that copies its own imports.
     let keep = env.dir.path().join("stubcopy");
@@ -143,6 +154,7 @@ fn bench_startup(env: &Env, rounds: usize) -> Startup {
     };
     let mut s = Startup {
         run: Samples::default(),
+        printing: Samples::default(),
         bare: Samples::default(),
         pass: Samples::default(),
         version: Samples::default(),
@@ -151,6 +163,7 @@ fn bench_startup(env: &Env, rounds: usize) -> Startup {
     };
     for _ in 0..rounds {
         s.run.run(env.run_cmd(&noop));
+        s.printing.run(env.run_cmd(&printing));
         s.bare.run(python(&["-c", "import json, socket"]));
         s.pass.run(python(&["-c", "pass"]));
         let mut v = Command::new(&env.bin);
@@ -582,6 +595,12 @@ fn main() {
             run * 1e3,
             pass * 1e3,
             run / pass
+        );
+        let (printing, _) = s.printing.medians();
+        println!(
+            "(a) a run that prints two lines: {:.1} ms median, {:+.1} ms over the no-op run (the redaction of its output)",
+            printing * 1e3,
+            (printing - run) * 1e3
         );
         println!(
             "(a) CPU time (user+sys, all processes): run {:.1} ms, python -c pass {:.1} ms, ratio {:.3}; import json, socket {:.1} ms",
