@@ -114,9 +114,23 @@ enum Command {
         #[arg(long)]
         list: PathBuf,
         /// The share (0 to 1) of listed functions that must be found.
-        #[arg(long, default_value_t = 0.9)]
+        #[arg(long, default_value_t = 0.9, value_parser = share)]
         min_share: f64,
     },
+}
+
+/// Parses a share: a number from 0 to 1.
+fn share(text: &str) -> Result<f64, String> {
+    let value: f64 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number; give a share from 0 to 1, like 0.9"))?;
+    if (0.0..=1.0).contains(&value) {
+        Ok(value)
+    } else {
+        Err(format!(
+            "{value} is not a share; give a number from 0 to 1, like 0.9"
+        ))
+    }
 }
 
 fn main() -> ExitCode {

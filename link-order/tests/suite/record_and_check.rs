@@ -162,6 +162,18 @@ fn check_reports_the_share_still_in_the_binary_and_fails_below_the_minimum() {
         .output()
         .expect("run check");
     assert_eq!(enough.status.code(), Some(0));
+
+    // A share outside 0..1 would make the check always fail or always pass.
+    let wrong = Command::new(TOOL)
+        .args(args("90"))
+        .output()
+        .expect("run check");
+    assert_eq!(wrong.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&wrong.stderr);
+    assert!(
+        stderr.contains("90 is not a share; give a number from 0 to 1"),
+        "{stderr}"
+    );
 }
 
 #[test]
