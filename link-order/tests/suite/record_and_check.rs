@@ -134,21 +134,18 @@ fn check_reports_the_share_still_in_the_binary_and_fails_below_the_minimum() {
     let list = dir.path().join("order.txt");
     std::fs::write(&list, "first_called\nsecond_called\ngone_one\ngone_two\n").expect("write");
 
-    let args = |min: &'static str| -> Vec<std::ffi::OsString> {
-        vec![
-            "check".into(),
-            "--binary".into(),
-            binary.clone().into(),
-            "--list".into(),
-            list.clone().into(),
-            "--min-share".into(),
-            min.into(),
-        ]
+    let check = |min: &str| {
+        tool(&[
+            "check".as_ref(),
+            "--binary".as_ref(),
+            binary.as_os_str(),
+            "--list".as_ref(),
+            list.as_os_str(),
+            "--min-share".as_ref(),
+            min.as_ref(),
+        ])
     };
-    let stale = Command::new(TOOL)
-        .args(args("0.9"))
-        .output()
-        .expect("run check");
+    let stale = check("0.9");
     assert_eq!(stale.status.code(), Some(1));
     let stdout = String::from_utf8_lossy(&stale.stdout);
     assert!(
@@ -157,17 +154,10 @@ fn check_reports_the_share_still_in_the_binary_and_fails_below_the_minimum() {
     );
     assert!(String::from_utf8_lossy(&stale.stderr).contains("scripts/update-link-order"));
 
-    let enough = Command::new(TOOL)
-        .args(args("0.5"))
-        .output()
-        .expect("run check");
-    assert_eq!(enough.status.code(), Some(0));
+    assert_eq!(check("0.5").status.code(), Some(0));
 
     // A share outside 0..1 would make the check always fail or always pass.
-    let wrong = Command::new(TOOL)
-        .args(args("90"))
-        .output()
-        .expect("run check");
+    let wrong = check("90");
     assert_eq!(wrong.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&wrong.stderr);
     assert!(
