@@ -75,6 +75,48 @@ fn the_stub_has_real_signatures_and_helpers() {
 }
 
 #[test]
+fn tool_arguments_and_replies_cross_the_channel_intact_without_importing_json() {
+    // The stub encodes and decodes with `_json` directly (json's own C half), not `json`,
+    // whose import is most of a cold script's first tool call; what crosses the channel, and
+    // the errors for arguments JSON cannot hold, are json's.
+    let sb = Sandbox::new();
+    let script = r#"import sys
+from vibeos_tools import write_file, read_file
+text = 'h\u00e9llo \u2713 "q" \\ 1.5e3 \U0001F600'
+write_file("nested/x.txt", text)
+page = read_file("nested/x.txt")
+errors = []
+try:
+    write_file("y.txt", object())
+except TypeError as e:
+    errors.append(str(e))
+loop = []
+loop.append(loop)
+try:
+    write_file("y.txt", loop)
+except ValueError as e:
+    errors.append(str(e))
+write_file("y.txt", "after the errors")
+print(text in page["content"], page["total_lines"])
+print(errors)
+print(open("y.txt").read(), "json" in sys.modules)
+"#;
+    let r = sb.run_json(script, &[]);
+    assert_eq!(r["status"], "success", "{r}");
+    let lines: Vec<&str> = output(&r).lines().collect();
+    assert_eq!(lines[0], "True 1", "{r}");
+    assert_eq!(
+        lines[1],
+        "['Object of type object is not JSON serializable', 'Circular reference detected']"
+    );
+    assert_eq!(lines[2], "after the errors False");
+    assert_eq!(
+        std::fs::read_to_string(sb.work().join("nested/x.txt")).unwrap(),
+        "h\u{e9}llo \u{2713} \"q\" \\ 1.5e3 \u{1F600}"
+    );
+}
+
+#[test]
 fn exit_codes_follow_the_status() {
     let sb = Sandbox::new();
     let ok = sb.run_stdin(b"print('hi')", &[]);
