@@ -19,6 +19,7 @@ mod list;
 mod symbols;
 mod trace;
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -182,7 +183,11 @@ fn run(cli: Cli) -> Result<ExitCode, LinkOrderError> {
         } => {
             let table = symbols::FunctionTable::load(&binary)?;
             let names = list::read(&list)?;
-            let found = names.iter().filter(|name| table.contains(name)).count();
+            let present: HashSet<&str> = table.names().collect();
+            let found = names
+                .iter()
+                .filter(|name| present.contains(name.as_str()))
+                .count();
             let share = if names.is_empty() {
                 0.0
             } else {

@@ -1,6 +1,5 @@
 //! The binary's functions, from its ELF symbol table, by address.
 
-use std::collections::HashSet;
 use std::path::Path;
 
 use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
@@ -13,7 +12,6 @@ pub struct FunctionTable {
     functions: Vec<(u64, u64, String)>,
     /// The lowest virtual address of the image (0 for a position-independent binary).
     image_base: u64,
-    names: HashSet<String>,
 }
 
 impl FunctionTable {
@@ -48,10 +46,6 @@ impl FunctionTable {
         // Aliases share an address; the linker orders by any of them, so keep one.
         functions.sort();
         functions.dedup_by_key(|function| function.0);
-        let names = functions
-            .iter()
-            .map(|function| function.2.clone())
-            .collect();
         // The lowest loaded address, page-aligned as the kernel maps it: 0 for a
         // position-independent binary, 0x400000 or so for a fixed one.
         let image_base = file
@@ -63,7 +57,6 @@ impl FunctionTable {
         Ok(Self {
             functions,
             image_base,
-            names,
         })
     }
 
@@ -91,8 +84,8 @@ impl FunctionTable {
         &self.functions[index].2
     }
 
-    /// Whether the binary has a function named `name`.
-    pub fn contains(&self, name: &str) -> bool {
-        self.names.contains(name)
+    /// The symbol names of every function.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.functions.iter().map(|function| function.2.as_str())
     }
 }
