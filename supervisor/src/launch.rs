@@ -640,7 +640,13 @@ fn pidfd_open(pid: u32) -> Option<OwnedFd> {
     rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
 }
 
+/// The channel's token, straight from the kernel's random source: a one-shot `run` makes one
+/// token, and seeding a user-space generator for it (rand's thread-local ChaCha, which also probes
+/// the CPU's features, each probe a trap to the hypervisor on a VM) cost more than the token.
 fn new_token() -> String {
-    let bytes: [u8; 32] = rand::random();
+    let mut bytes = [0u8; 32];
+    if getrandom::fill(&mut bytes).is_err() {
+        bytes = rand::random();
+    }
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
