@@ -2,11 +2,16 @@
 //!
 //! Exit codes of `run` (without `--json` they are the only status signal): 0 success, 1 error,
 //! 124 timeout, 130 interrupted, 2 usage or config error.
+//!
+//! The process starts at [`main`] below rather than at std's: see `process_start`.
+
+#![no_main]
+
+mod process_start;
 
 use clap::{Args, Parser, Subcommand};
 use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::process::ExitCode;
 use vibeos_supervisor::backends;
 use vibeos_supervisor::overrides::{Overrides, Spelling};
 use vibeos_supervisor::{
@@ -222,14 +227,35 @@ enum EnvCommand {
 /// A failure before any script ran: usage or configuration (exit 2).
 struct UsageError(String);
 
-fn main() -> ExitCode {
+/// The C entry point: `process_start` does what std's start-up would have, then the command
+/// runs, and the process exits from here without dropping what the command left behind.
+// SAFETY: `#![no_main]` leaves the C `main` symbol to this crate: std emits no `main` of its
+// own then, and no other object linked into the binary defines one. The C runtime calls it
+// once, on the main thread, with the usual `argc`/`argv`, which it does not read (std gets
+// them from glibc's init array).
+#[unsafe(no_mangle)]
+extern "C" fn main(
+    _argc: std::ffi::c_int,
+    _argv: *const *const std::ffi::c_char,
+) -> std::ffi::c_int {
+    process_start::prepare();
+    // A panic is reported by std's hook and ends the process with 101, as it would from a
+    // Rust `main`; it must not unwind into the C caller.
+    let code = std::panic::catch_unwind(command_main).unwrap_or(101);
+    // Flushes stdout (std's exit does) and exits: the runtime, registry and buffers the command
+    // built are the kernel's to free, at no cost to the caller waiting for our exit.
+    std::process::exit(i32::from(code))
+}
+
+/// Runs the command line and returns the process's exit code.
+fn command_main() -> u8 {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
             if !e.use_stderr() {
                 // --help, --version: not errors.
                 let _ = e.print();
-                return ExitCode::SUCCESS;
+                return 0;
             }
             // A caller that asked for JSON parses stdout: it gets the result object even when
             // the command line itself is wrong, and the human message stays on stderr.
@@ -246,7 +272,7 @@ fn main() -> ExitCode {
                 let message = message.strip_prefix("error: ").unwrap_or(&message);
                 print_usage_error_json(format!("{message} (see vibeos-exec --help)"));
             }
-            return ExitCode::from(2);
+            return 2;
         }
     };
     let json_output = matches!(&cli.command, Command::Run(r) if r.json);
@@ -258,14 +284,14 @@ fn main() -> ExitCode {
     // this waits for the last one's exit so none is left as a zombie for our parent's side.
     vibeos_supervisor::wait_for_reapers();
     match outcome {
-        Ok(code) => ExitCode::from(code),
+        Ok(code) => code,
         Err(UsageError(message)) => {
             if json_output {
                 print_usage_error_json(message);
             } else {
                 eprintln!("vibeos-exec: {message}");
             }
-            ExitCode::from(2)
+            2
         }
     }
 }

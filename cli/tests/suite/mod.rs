@@ -20,6 +20,7 @@ mod mcp_servers;
 mod modal_conformance;
 mod parity;
 mod prestart;
+mod process_start;
 mod spec_audit;
 mod strict_benign;
 mod strict_escapes;

@@ -1,0 +1,113 @@
+//! `vibeos-exec` starts at its own C `main` (`cli/src/process_start.rs`), not std's, to skip
+//! std's stack-guard lookup; these tests hold it to the two things std's start-up did that a
+//! supervisor relies on: standard descriptors that are never some other file, and a write to a
+//! reader that left being an error rather than death by `SIGPIPE`.
+
+// Tests report failures by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Read;
+use std::os::unix::process::ExitStatusExt;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use vibeos_testkit::{exec_bin, python3, Sandbox};
+
+/// Execs its arguments with file descriptors 0, 1 and 2 closed, as a careless caller would.
+const CLOSE_STANDARD_FDS_AND_EXEC: &str = "\
+import os, sys
+for fd in (0, 1, 2):
+    os.close(fd)
+os.execv(sys.argv[1], sys.argv[1:])
+";
+
+#[test]
+fn closed_standard_descriptors_are_reopened_on_dev_null_before_anything_else_is_opened() {
+    let sb = Sandbox::new();
+    let started = sb.work().join("started");
+    let release = sb.work().join("release");
+    // The script holds the run open (the supervisor's socket, staging dir and pipes all open)
+    // until the test has looked at the supervisor's descriptors.
+    let script = format!(
+        "import os, time\n\
+         open({started:?}, 'w').close()\n\
+         deadline = time.time() + 60\n\
+         while not os.path.exists({release:?}) and time.time() < deadline:\n    time.sleep(0.02)\n\
+         print('released')\n",
+        started = started.display().to_string(),
+        release = release.display().to_string(),
+    );
+    std::fs::write(sb.work().join("hold.py"), script).unwrap();
+    let inner = sb.command();
+    let mut outer = std::process::Command::new(python3());
+    outer
+        .arg("-c")
+        .arg(CLOSE_STANDARD_FDS_AND_EXEC)
+        .arg(exec_bin())
+        .args(["run", "hold.py"]);
+    for (k, v) in inner.get_envs() {
+        match v {
+            Some(v) => outer.env(k, v),
+            None => outer.env_remove(k),
+        };
+    }
+    outer.current_dir(sb.work());
+    let mut child = outer.spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !started.exists() {
+        assert!(Instant::now() < deadline, "the script never started");
+        assert!(child.try_wait().unwrap().is_none(), "the run ended early");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The python wrapper exec'd the supervisor: same pid.
+    let targets: Vec<String> = (0..3)
+        .map(|fd| {
+            std::fs::read_link(format!("/proc/{}/fd/{fd}", child.id()))
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|e| format!("fd {fd}: {e}"))
+        })
+        .collect();
+    std::fs::write(&release, "").unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(
+        targets,
+        ["/dev/null", "/dev/null", "/dev/null"],
+        "a standard descriptor the caller left closed must not become a file, pipe or socket \
+         the supervisor opens"
+    );
+    assert_eq!(status.code(), Some(0), "{status:?}");
+}
+
+#[test]
+fn a_reader_that_leaves_makes_the_output_write_fail_instead_of_killing_the_supervisor() {
+    let sb = Sandbox::new();
+    std::fs::write(
+        sb.work().join("loud.py"),
+        "import time\ntime.sleep(0.3)\nprint('x' * 200_000)\n",
+    )
+    .unwrap();
+    let mut child = sb
+        .command()
+        .args(["run", "loud.py"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The reader leaves before the supervisor writes the script's output.
+    drop(child.stdout.take());
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(
+        status.signal(),
+        None,
+        "the supervisor died of a signal writing to a closed pipe: {status:?} {stderr}"
+    );
+    // The script itself succeeded; the lost output is the reader's doing.
+    assert_eq!(status.code(), Some(0), "{status:?} {stderr}");
+    assert!(sb.staging_dirs().is_empty(), "{:?}", sb.staging_dirs());
+}
