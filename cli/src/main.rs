@@ -228,7 +228,7 @@ enum EnvCommand {
 struct UsageError(String);
 
 /// The C entry point: `process_start` does what std's start-up would have, then the command
-/// runs, and the process exits from here without dropping what the command left behind.
+/// runs and the process exits with its code.
 // SAFETY: `#![no_main]` leaves the C `main` symbol to this crate: std emits no `main` of its
 // own then, and no other object linked into the binary defines one. The C runtime calls it
 // once, on the main thread, with the usual `argc`/`argv`, which it does not read (std gets
@@ -242,8 +242,7 @@ extern "C" fn main(
     // A panic is reported by std's hook and ends the process with 101, as it would from a
     // Rust `main`; it must not unwind into the C caller.
     let code = std::panic::catch_unwind(command_main).unwrap_or(101);
-    // Flushes stdout (std's exit does) and exits: the runtime, registry and buffers the command
-    // built are the kernel's to free, at no cost to the caller waiting for our exit.
+    // std's exit flushes stdout first, as the return from a Rust `main` did.
     std::process::exit(i32::from(code))
 }
 
