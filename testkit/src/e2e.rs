@@ -192,7 +192,14 @@ impl Sandbox {
     /// A `vibeos-exec` command with the sandbox's environment (VIBEOS_HOME, cwd, HOME kept,
     /// no inherited VIRTUAL_ENV/CONDA_PREFIX/VIBEOS_*).
     pub fn command(&self) -> Command {
-        let mut cmd = Command::new(exec_bin());
+        self.command_for(exec_bin())
+    }
+
+    /// `program` with the environment, working dir and stdin [`Sandbox::command`] gives
+    /// `vibeos-exec`: for a test that starts the CLI through a wrapper of its own (which gets
+    /// [`exec_bin`] among its arguments).
+    pub fn command_for(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut cmd = Command::new(program);
         for (k, _) in std::env::vars_os() {
             let ks = k.to_string_lossy();
             if ks.starts_with("VIBEOS_")

@@ -235,21 +235,14 @@ fn a_run_leaves_no_process_for_its_parent_to_reap() {
     // one run in four left one here.
     let sb = Sandbox::new();
     std::fs::write(sb.work().join("ok.py"), "print('ok')\n").unwrap();
-    let inner = sb.command();
-    let mut outer = std::process::Command::new(vibeos_testkit::python3());
-    outer
+    let out = sb
+        .command_for(vibeos_testkit::python3())
         .arg("-c")
         .arg(ORPHAN_COLLECTOR)
         .arg(vibeos_testkit::exec_bin())
-        .args(["run", "ok.py"]);
-    for (k, v) in inner.get_envs() {
-        match v {
-            Some(v) => outer.env(k, v),
-            None => outer.env_remove(k),
-        };
-    }
-    outer.current_dir(sb.work());
-    let out = outer.output().unwrap();
+        .args(["run", "ok.py"])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]", "{out:?}");
 }

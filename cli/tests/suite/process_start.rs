@@ -37,21 +37,14 @@ fn closed_standard_descriptors_are_reopened_on_dev_null_before_anything_else_is_
         release = release.display().to_string(),
     );
     std::fs::write(sb.work().join("hold.py"), script).unwrap();
-    let inner = sb.command();
-    let mut outer = std::process::Command::new(python3());
-    outer
+    let mut child = sb
+        .command_for(python3())
         .arg("-c")
         .arg(CLOSE_STANDARD_FDS_AND_EXEC)
         .arg(exec_bin())
-        .args(["run", "hold.py"]);
-    for (k, v) in inner.get_envs() {
-        match v {
-            Some(v) => outer.env(k, v),
-            None => outer.env_remove(k),
-        };
-    }
-    outer.current_dir(sb.work());
-    let mut child = outer.spawn().unwrap();
+        .args(["run", "hold.py"])
+        .spawn()
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     while !started.exists() {
         assert!(Instant::now() < deadline, "the script never started");
