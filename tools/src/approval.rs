@@ -529,10 +529,19 @@ fn yaml_scalar(s: &str) -> Result<String, String> {
 /// YAML library does not keep them). The file is replaced atomically.
 pub fn persist_always(keys: &[String]) -> Result<(), String> {
     let path = crate::settings::config_path();
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+    // A config that is not a regular file (`--config <(...)`, a FIFO, a device) was read once
+    // at start and cannot be rewritten: the approval holds for this session only.
+    if std::fs::metadata(&path).is_ok_and(|m| !m.is_file()) {
+        return Err(format!(
+            "{} is not a regular file (a pipe or a device), so an \"always\" approval cannot \
+             be written into it; it holds for this session only",
+            path.display()
+        ));
+    }
+    let text = match crate::config_file::read_text(&path) {
+        Ok(Some(read)) => read.text,
+        Ok(None) => String::new(),
+        Err(e) => return Err(e.to_string()),
     };
     // The file must be a valid config before it is rewritten: an "always" never turns a
     // broken file into a different broken file.

@@ -234,6 +234,52 @@ impl StringList {
     }
 }
 
+/// The text of a config file as one read saw it, with the metadata of the file it came from.
+#[derive(Debug)]
+pub struct ConfigText {
+    /// The whole text, at most [`MAX_CONFIG_BYTES`].
+    pub text: String,
+    /// The metadata of the file the text was read from (the same open file, so a rename over
+    /// the path in between cannot pair one file's text with another's stamp).
+    pub metadata: std::fs::Metadata,
+}
+
+/// Reads the config file at `path` once, through one descriptor, capped at
+/// [`MAX_CONFIG_BYTES`]. `Ok(None)` when it does not exist. A pipe (`--config <(...)`) or a
+/// FIFO is read like a file (its writer decides when it ends); a device is refused by the cap
+/// (`/dev/zero` never ends) or as empty text, and a directory as unreadable.
+pub fn read_text(path: &Path) -> Result<Option<ConfigText>, ConfigFileError> {
+    use std::io::Read;
+    let unreadable = |source| ConfigFileError::Unreadable {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(unreadable(e)),
+    };
+    let metadata = file.metadata().map_err(unreadable)?;
+    // Read one byte past the cap to tell "exactly at the cap" from "over it" without
+    // trusting a size that can change between stat and read (and that a pipe does not have).
+    let mut bytes = Vec::new();
+    file.take(MAX_CONFIG_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(unreadable)?;
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(ConfigFileError::TooLarge {
+            path: path.to_path_buf(),
+            limit: MAX_CONFIG_BYTES,
+        });
+    }
+    let text = String::from_utf8(bytes).map_err(|e| ConfigFileError::Invalid {
+        path: path.to_path_buf(),
+        key: String::new(),
+        message: format!("not UTF-8 text ({e})"),
+    })?;
+    Ok(Some(ConfigText { text, metadata }))
+}
+
 /// config.yaml could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigFileError {
@@ -277,34 +323,10 @@ impl ConfigFile {
     /// Reads and parses the file at `path`. A missing file is `Ok(None)`, for the caller to
     /// decide whether that is an error (a named file) or the defaults (the default location).
     pub fn read(path: &Path) -> Result<Option<ConfigFile>, ConfigFileError> {
-        use std::io::Read;
-        let unreadable = |source| ConfigFileError::Unreadable {
-            path: path.to_path_buf(),
-            source,
-        };
-        let file = match std::fs::File::open(path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(unreadable(e)),
-        };
-        // Read one byte past the cap to tell "exactly at the cap" from "over it" without
-        // trusting a size that can change between stat and read.
-        let mut bytes = Vec::new();
-        file.take(MAX_CONFIG_BYTES + 1)
-            .read_to_end(&mut bytes)
-            .map_err(unreadable)?;
-        if bytes.len() as u64 > MAX_CONFIG_BYTES {
-            return Err(ConfigFileError::TooLarge {
-                path: path.to_path_buf(),
-                limit: MAX_CONFIG_BYTES,
-            });
+        match read_text(path)? {
+            Some(read) => ConfigFile::parse(&read.text, path).map(Some),
+            None => Ok(None),
         }
-        let text = String::from_utf8(bytes).map_err(|e| ConfigFileError::Invalid {
-            path: path.to_path_buf(),
-            key: String::new(),
-            message: format!("not UTF-8 text ({e})"),
-        })?;
-        ConfigFile::parse(&text, path).map(Some)
     }
 
     /// Parses config text; `path` names the file in errors.

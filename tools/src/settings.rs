@@ -11,7 +11,7 @@
 //! inode differ): one `run` parses it once, yet an "always" approval written by one call (an
 //! atomic rename, so a new inode) is seen by the next.
 
-use crate::config_file::{ConfigFile, ConfigFileError};
+use crate::config_file::{read_text, ConfigFile, ConfigFileError};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -60,17 +60,23 @@ pub fn vibeos_home() -> PathBuf {
     home.join(".vibeos")
 }
 
-/// What identifies one version of the file on disk; `None` when it does not exist.
-type Stamp = Option<(u64, std::time::SystemTime, u64)>;
+/// What identifies one version of the file on disk: size, mtime, inode, and whether it is a
+/// regular file; `None` when it does not exist.
+type Stamp = Option<(u64, std::time::SystemTime, u64, bool)>;
+
+fn stamp_of(m: &std::fs::Metadata) -> Stamp {
+    use std::os::unix::fs::MetadataExt;
+    Some((
+        m.len(),
+        m.modified().unwrap_or(std::time::UNIX_EPOCH),
+        m.ino(),
+        m.is_file(),
+    ))
+}
 
 fn stamp(path: &Path) -> Result<Stamp, ConfigFileError> {
-    use std::os::unix::fs::MetadataExt;
     match std::fs::metadata(path) {
-        Ok(m) => Ok(Some((
-            m.len(),
-            m.modified().unwrap_or(std::time::UNIX_EPOCH),
-            m.ino(),
-        ))),
+        Ok(m) => Ok(stamp_of(&m)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(source) => Err(ConfigFileError::Unreadable {
             path: path.to_path_buf(),
@@ -89,52 +95,81 @@ struct Cached {
 
 static CACHE: Mutex<Option<Cached>> = Mutex::new(None);
 
+/// Config files that are not regular files (`--config <(...)`, a FIFO), by path and inode,
+/// with their parse. What a pipe held can be read once: a second read finds it drained and
+/// would see an empty file, so every later load of the same pipe uses this parse.
+static STREAMS: Mutex<Vec<(PathBuf, u64, Arc<ConfigFile>)>> = Mutex::new(Vec::new());
+
 /// The parsed file at `path` (the defaults when it does not exist and `required` is false),
 /// from the cache when the file has not changed since it was parsed.
 pub fn load_at(path: &Path, required: bool) -> Result<Arc<ConfigFile>, ConfigFileError> {
     let before = stamp(path)?;
+    if let Some((_, _, ino, false)) = before {
+        let streams = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, _, file)) = streams.iter().find(|(p, i, _)| p == path && *i == ino) {
+            return Ok(file.clone());
+        }
+    }
     if let Ok(guard) = CACHE.lock() {
         if let Some(c) = guard.as_ref() {
             if c.path == path && c.stamp == before && (before.is_some() || !required) {
                 // File timestamps tick coarsely (milliseconds): two writes of the same size
                 // within one tick look alike, so a file changed in the last seconds is
                 // compared by content before the cached parse is trusted.
-                let settled = before.is_none_or(|(_, mtime, _)| {
+                let settled = before.is_none_or(|(_, mtime, _, _)| {
                     mtime
                         .elapsed()
                         .is_ok_and(|age| age > std::time::Duration::from_secs(2))
                 });
-                if settled || std::fs::read(path).ok().as_deref() == Some(c.text.as_slice()) {
+                if settled
+                    || read_text(path)
+                        .ok()
+                        .flatten()
+                        .is_some_and(|now| now.text.as_bytes() == c.text.as_slice())
+                {
                     return Ok(c.file.clone());
                 }
             }
         }
     }
-    let text = std::fs::read(path).unwrap_or_default();
-    let file = match ConfigFile::read(path)? {
-        Some(f) => Arc::new(f),
-        None if required => {
+    // One read: the text parsed is the text cached, and its stamp is that of the file it was
+    // read from.
+    let Some(read) = read_text(path)? else {
+        if required {
             return Err(ConfigFileError::Unreadable {
                 path: path.to_path_buf(),
                 source: std::io::Error::new(
                     std::io::ErrorKind::NotFound,
                     "No such file or directory (named by --config or $VIBEOS_CONFIG)",
                 ),
-            })
+            });
         }
-        None => Arc::new(ConfigFile::default()),
+        let file = Arc::new(ConfigFile::default());
+        remember(path, None, Vec::new(), &file);
+        return Ok(file);
     };
-    // Cache under the stamp taken before reading: if the file changed in between, the next
-    // call sees a different stamp and reads it again.
+    let file = Arc::new(ConfigFile::parse(&read.text, path)?);
+    let read_stamp = stamp_of(&read.metadata);
+    if let Some((_, _, ino, false)) = read_stamp {
+        let mut streams = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
+        streams.retain(|(p, _, _)| p != path);
+        streams.push((path.to_path_buf(), ino, file.clone()));
+        return Ok(file);
+    }
+    remember(path, read_stamp, read.text.into_bytes(), &file);
+    Ok(file)
+}
+
+/// Caches the parse of a regular file (or of its absence) under the stamp of what was read.
+fn remember(path: &Path, stamp: Stamp, text: Vec<u8>, file: &Arc<ConfigFile>) {
     if let Ok(mut guard) = CACHE.lock() {
         *guard = Some(Cached {
             path: path.to_path_buf(),
-            stamp: before,
+            stamp,
             text,
             file: file.clone(),
         });
     }
-    Ok(file)
 }
 
 /// The parsed config file in use ([`config_path`]). A missing default file is the defaults; a
@@ -152,4 +187,56 @@ pub fn current_or_default() -> Arc<ConfigFile> {
         tracing::warn!("{e}; using the defaults");
         Arc::new(ConfigFile::default())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+
+    fn timeout_of(file: &ConfigFile) -> Option<f64> {
+        file.code_execution.as_ref().and_then(|c| c.timeout)
+    }
+
+    #[test]
+    fn a_config_from_a_pipe_is_read_once_and_its_parse_kept() {
+        // `--config <(...)`: the path names a pipe whose text can be read once.
+        let (reader, mut writer) = std::io::pipe().unwrap();
+        writer
+            .write_all(b"code_execution:\n  timeout: 7\n")
+            .unwrap();
+        drop(writer);
+        let path = PathBuf::from(format!("/proc/self/fd/{}", reader.as_raw_fd()));
+        let first = load_at(&path, true).unwrap();
+        assert_eq!(timeout_of(&first), Some(7.0));
+        // A second read would find the pipe drained and see an empty file (the defaults).
+        let again = load_at(&path, true).unwrap();
+        assert_eq!(timeout_of(&again), Some(7.0));
+        drop(reader);
+    }
+
+    #[test]
+    fn a_config_that_never_ends_is_refused_by_the_cap() {
+        let e = load_at(Path::new("/dev/zero"), true).unwrap_err();
+        assert!(matches!(e, ConfigFileError::TooLarge { .. }), "{e}");
+    }
+
+    #[test]
+    fn the_text_cached_is_the_text_parsed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.yaml");
+        std::fs::write(&path, "code_execution:\n  timeout: 3\n").unwrap();
+        assert_eq!(timeout_of(&load_at(&path, true).unwrap()), Some(3.0));
+        // Same size, written within the same second: told apart by content.
+        std::fs::write(&path, "code_execution:\n  timeout: 4\n").unwrap();
+        assert_eq!(timeout_of(&load_at(&path, true).unwrap()), Some(4.0));
+        let cached = CACHE.lock().unwrap();
+        let c = cached.as_ref().unwrap();
+        if c.path == path {
+            assert_eq!(c.text, b"code_execution:\n  timeout: 4\n");
+        }
+    }
 }

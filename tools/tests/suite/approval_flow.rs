@@ -152,5 +152,19 @@ fn decision_chain_host_session_always_smart_and_agent_env() {
         "test \"$MY_TOOL_TOKEN\" = agent-visible && echo present",
     );
     assert_eq!(seen["output"], "present\n");
+
+    // A config read from a pipe (`--config <(...)`) cannot take an "always": refused with
+    // the reason, not written beside it or over it.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(writer);
+    let pipe = std::path::PathBuf::from(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(&reader)
+    ));
+    vibeos_tools::settings::set_config_path(Some(pipe));
+    let e = vibeos_tools::approval::persist_always(&["recursive_delete".into()]).unwrap_err();
+    assert!(e.contains("not a regular file"), "{e}");
+    assert!(e.contains("this session only"), "{e}");
+    drop(reader);
     vibeos_tools::settings::set_config_path(None);
 }
