@@ -569,17 +569,37 @@ fn server_status(
         .unwrap_or(serde_json::Value::Null)
 }
 
+/// Largest script `run` reads. A script an agent or a CI job writes is a few KB; the cap is
+/// there because a file or stdin may never end (`run /dev/zero`, `yes | vibeos-exec run -`),
+/// and reading one whole would take the machine's memory before anything could be said.
+const MAX_SCRIPT_BYTES: u64 = 16 << 20;
+
 fn read_script(file: &str) -> Result<String, UsageError> {
+    // One byte past the cap tells "at the cap" from "over it" without trusting a size that a
+    // pipe does not have.
     let bytes = if file == "-" {
         let mut buf = Vec::new();
         std::io::stdin()
             .lock()
+            .take(MAX_SCRIPT_BYTES + 1)
             .read_to_end(&mut buf)
             .map_err(|e| UsageError(format!("cannot read the script from stdin: {e}")))?;
         buf
     } else {
-        std::fs::read(file).map_err(|e| UsageError(format!("cannot read script {file}: {e}")))?
+        let mut buf = Vec::new();
+        std::fs::File::open(file)
+            .and_then(|f| f.take(MAX_SCRIPT_BYTES + 1).read_to_end(&mut buf))
+            .map_err(|e| UsageError(format!("cannot read script {file}: {e}")))?;
+        buf
     };
+    if bytes.len() as u64 > MAX_SCRIPT_BYTES {
+        return Err(UsageError(format!(
+            "script {} is larger than {} MiB; pass the script itself (a few KB), not its data: \
+             a script can read its data with the file tools",
+            if file == "-" { "from stdin" } else { file },
+            MAX_SCRIPT_BYTES >> 20
+        )));
+    }
     let name = if file == "-" { "stdin" } else { file };
     String::from_utf8(bytes).map_err(|e| {
         UsageError(format!(

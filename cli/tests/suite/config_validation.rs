@@ -94,3 +94,79 @@ fn every_documented_section_loads() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n");
 }
+
+/// `--config <(...)`: the config comes from a pipe, which can be read once. It used to be read
+/// twice at start (and again by the tools), the later reads found the pipe drained and the
+/// defaults applied, so a broken config passed and a valid one was silently ignored.
+#[test]
+fn a_config_given_as_a_pipe_is_checked_and_applied() {
+    let sb = Sandbox::new();
+    // bash's process substitution, as a user types it; the script comes the same way.
+    let run = |config: &str, script: &str| {
+        sb.command_for("bash")
+            .args([
+                "-c",
+                r#"exec "$0" --config <(printf '%s' "$1") run --json <(printf '%s' "$2")"#,
+            ])
+            .arg(vibeos_testkit::exec_bin())
+            .args([config, script])
+            .output()
+            .unwrap()
+    };
+    let out = run("code_execution:\n  bogus_key: 1\n", "print('ran')");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let refused = parse_single_json(&out);
+    assert!(
+        refused["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("unknown field `bogus_key`")),
+        "{refused}"
+    );
+    let started = std::time::Instant::now();
+    let out = run(
+        "code_execution:\n  timeout: 1\n",
+        "import time\ntime.sleep(30)\nprint('slept')\n",
+    );
+    let result = parse_single_json(&out);
+    assert_eq!(result["status"], "timeout", "{result}");
+    assert_eq!(out.status.code(), Some(124), "{out:?}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+}
+
+#[test]
+fn a_config_path_that_never_ends_is_refused_by_the_size_cap() {
+    let sb = Sandbox::new();
+    let out = sb.run(&["--config", "/dev/zero", "run", "-"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/dev/zero is larger than"), "{err}");
+}
+
+/// A script file or stdin that never ends (`run /dev/zero`, `yes | vibeos-exec run -`) is
+/// refused once it passes 16 MiB, instead of being read until memory runs out.
+#[test]
+fn a_script_past_the_size_cap_is_refused_from_a_file_and_from_stdin() {
+    let sb = Sandbox::new();
+    let out = sb.run(&["run", "/dev/zero"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("script /dev/zero is larger than 16 MiB"),
+        "{err}"
+    );
+
+    let big = "# padding\n".repeat((16 << 20) / 10 + 1);
+    let out = sb.run_stdin(big.as_bytes(), &[]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("script from stdin is larger than 16 MiB"),
+        "{err}"
+    );
+    // Just under the cap still runs.
+    let fits = format!("{}print('ran')\n", "#\n".repeat(((16 << 20) - 20) / 2));
+    let out = sb.run_stdin(fits.as_bytes(), &[]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n");
+}
