@@ -103,20 +103,38 @@ fn patch(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolErro
 
 /// Reads a file `patch` may edit: exists, regular, not huge, UTF-8 text.
 fn read_text(path: &Path, ctx: &ToolContext) -> Result<String, ToolError> {
-    // Strict mode: the file is opened beneath an allowed root, and read from that descriptor.
-    let mut confined = match &ctx.paths {
-        Some(policy) => Some(policy.open_read(path)?),
-        None => None,
+    use std::io::Read;
+    // Strict mode: the file is opened beneath an allowed root. Either way the checks and the
+    // read go through one descriptor, opened with O_NONBLOCK so that a FIFO's open does not
+    // wait for a writer before the check below refuses it (on a regular file it changes
+    // nothing).
+    let file = match &ctx.paths {
+        Some(policy) => policy.open_read(path)?,
+        None => {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(path)
+                .map_err(|e| ToolError::io(path, &e))?
+        }
     };
-    let meta = match &confined {
-        Some(f) => f.metadata(),
-        None => std::fs::metadata(path),
-    }
-    .map_err(|e| ToolError::io(path, &e))?;
+    let meta = file.metadata().map_err(|e| ToolError::io(path, &e))?;
     if meta.is_dir() {
         return Err(ToolError::new(
             crate::ToolErrorKind::IsADirectory,
             format!("{} is a directory", path.display()),
+        ));
+    }
+    if !meta.is_file() {
+        // A device never ends (/dev/zero) or is not a file to rewrite (/dev/null: the edit
+        // would replace the device node with a regular file); a FIFO would block.
+        return Err(ToolError::new(
+            crate::ToolErrorKind::NotARegularFile,
+            format!(
+                "{} is not a regular file (a device, FIFO or socket); patch only edits files",
+                path.display()
+            ),
         ));
     }
     if meta.len() > MAX_FILE_BYTES {
@@ -129,15 +147,21 @@ fn read_text(path: &Path, ctx: &ToolContext) -> Result<String, ToolError> {
             ),
         ));
     }
-    let bytes = match confined.as_mut() {
-        Some(f) => {
-            use std::io::Read;
-            let mut b = Vec::with_capacity(meta.len() as usize);
-            f.take(MAX_FILE_BYTES + 1).read_to_end(&mut b).map(|_| b)
-        }
-        None => std::fs::read(path),
+    // Capped as well: the file may grow between the check and the read.
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| ToolError::io(path, &e))?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(ToolError::new(
+            crate::ToolErrorKind::FileTooLarge,
+            format!(
+                "{} grew past {MAX_FILE_BYTES} bytes while it was read; patch edits files up \
+                 to {MAX_FILE_BYTES} bytes",
+                path.display()
+            ),
+        ));
     }
-    .map_err(|e| ToolError::io(path, &e))?;
     if bytes.contains(&0) {
         return Err(ToolError::new(
             crate::ToolErrorKind::BinaryFile,
@@ -566,6 +590,58 @@ mod tests {
 
     fn call(cwd: &Path, args: Value) -> Result<Value, ToolError> {
         patch(args.as_object().unwrap(), &ToolContext::agent(cwd))
+    }
+
+    #[test]
+    fn devices_and_fifos_are_refused_without_reading_them() {
+        use std::os::unix::fs::FileTypeExt;
+        let d = tempfile::tempdir().unwrap();
+        let fifo = d.path().join("pipe");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        // /dev/zero never ends (it used to be read until memory ran out), a FIFO without a
+        // writer would hold the open, /dev/null would be replaced by a regular file.
+        for path in ["/dev/zero", "/dev/null", "pipe"] {
+            let e = call(
+                d.path(),
+                json!({"mode": "replace", "path": path, "old_string": "a", "new_string": "b"}),
+            )
+            .unwrap_err();
+            assert_eq!(
+                e.kind,
+                crate::ToolErrorKind::NotARegularFile,
+                "{path}: {e:?}"
+            );
+        }
+        // A unified diff that updates or deletes one (`/dev/null` there means "no file").
+        for (path, to) in [
+            ("/dev/zero", "/dev/zero"),
+            ("pipe", "pipe"),
+            ("pipe", "/dev/null"),
+        ] {
+            let hunk = if to == "/dev/null" {
+                "@@ -1 +0,0 @@\n-a\n"
+            } else {
+                "@@ -1 +1 @@\n-a\n+b\n"
+            };
+            let e = call(
+                d.path(),
+                json!({"mode": "patch", "patch": format!("--- {path}\n+++ {to}\n{hunk}")}),
+            )
+            .unwrap_err();
+            assert_eq!(
+                e.kind,
+                crate::ToolErrorKind::NotARegularFile,
+                "{path}: {e:?}"
+            );
+        }
+        assert!(std::fs::symlink_metadata(&fifo)
+            .unwrap()
+            .file_type()
+            .is_fifo());
+        assert!(std::fs::metadata("/dev/null")
+            .unwrap()
+            .file_type()
+            .is_char_device());
     }
 
     #[test]

@@ -63,6 +63,18 @@ fn write_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Too
             format!("{} is a directory; give a file path", path.display()),
         ));
     }
+    // The write replaces the file by a rename: over a device, FIFO or socket that would put a
+    // regular file where the node was (`/dev/null` for every program on the machine).
+    if std::fs::metadata(&path).is_ok_and(|m| !m.is_file()) {
+        return Err(ToolError::new(
+            crate::ToolErrorKind::NotARegularFile,
+            format!(
+                "{} is a device, FIFO or socket; write_file writes regular files (it replaces \
+                 the file whole, which would replace the node)",
+                path.display()
+            ),
+        ));
+    }
     let parent = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => ctx.cwd.clone(),
@@ -98,6 +110,33 @@ fn write_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Too
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fifo_or_a_device_is_refused_and_left_as_it_was() {
+        use std::os::unix::fs::FileTypeExt;
+        let d = tempfile::tempdir().unwrap();
+        let fifo = d.path().join("pipe");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        // A symlink to it too: the write follows links, and the link's target is the FIFO.
+        std::os::unix::fs::symlink("pipe", d.path().join("link")).unwrap();
+        let ctx = ToolContext::agent(d.path());
+        for path in ["pipe", "link"] {
+            let args = json!({"path": path, "content": "data"});
+            let e = write_file(args.as_object().unwrap(), &ctx).unwrap_err();
+            assert_eq!(e.kind, crate::ToolErrorKind::NotARegularFile, "{e:?}");
+            assert!(e.message.contains("device, FIFO or socket"), "{e:?}");
+        }
+        let kind = std::fs::symlink_metadata(&fifo).unwrap().file_type();
+        assert!(kind.is_fifo(), "the FIFO was replaced: {kind:?}");
+        // /dev/null stays a device: the write is refused before any file is made beside it.
+        let args = json!({"path": "/dev/null", "content": "data"});
+        let e = write_file(args.as_object().unwrap(), &ctx).unwrap_err();
+        assert_eq!(e.kind, crate::ToolErrorKind::NotARegularFile, "{e:?}");
+        assert!(std::fs::metadata("/dev/null")
+            .unwrap()
+            .file_type()
+            .is_char_device());
+    }
 
     #[test]
     fn writes_through_symlinks_and_creates_parents() {
