@@ -133,6 +133,9 @@ pub struct StdioLines<R> {
     reader: BufReader<R>,
     line: Vec<u8>,
     discarding: bool,
+    /// The start and the last bytes of a line being discarded, where its id can be found.
+    head: Vec<u8>,
+    tail: Vec<u8>,
     max: usize,
     out: mpsc::UnboundedSender<Vec<u8>>,
     closed: CancellationToken,
@@ -160,6 +163,8 @@ impl<R: tokio::io::AsyncRead + Unpin + Send> StdioLines<R> {
                 reader: BufReader::new(read),
                 line: Vec::new(),
                 discarding: false,
+                head: Vec::new(),
+                tail: Vec::new(),
                 max,
                 out,
                 closed,
@@ -190,22 +195,35 @@ impl<R: tokio::io::AsyncRead + Unpin + Send> StdioLines<R> {
             if !self.discarding {
                 if self.line.len() + take > self.max + 1 {
                     self.discarding = true;
-                    self.line.clear();
+                    let mut head = std::mem::take(&mut self.line);
+                    head.truncate(HEAD_KEPT);
+                    let room = HEAD_KEPT - head.len();
+                    head.extend_from_slice(&buf[..take.min(room)]);
+                    self.head = head;
+                    self.tail.clear();
                 } else {
                     self.line.extend_from_slice(&buf[..take]);
                 }
+            }
+            if self.discarding {
+                keep_last(&mut self.tail, &buf[..take], TAIL_KEPT);
             }
             self.reader.consume(take);
             if done {
                 if self.discarding {
                     self.discarding = false;
+                    // The reply carries the request's id when it can be found, or the client
+                    // (which matches replies by id) would wait for an answer forever.
+                    let id = id_of_discarded(&self.head, &self.tail).unwrap_or(Value::Null);
+                    self.head = Vec::new();
+                    self.tail.clear();
                     self.reply_error(
                         -32600,
                         format!(
                             "Invalid Request: the message is larger than {} bytes (--max-request-bytes); it was discarded",
                             self.max
                         ),
-                        Value::Null,
+                        id,
                     );
                     continue;
                 }
@@ -213,6 +231,72 @@ impl<R: tokio::io::AsyncRead + Unpin + Send> StdioLines<R> {
             }
         }
     }
+}
+
+/// Bytes kept from the start of a discarded line: enough for the members a client writes
+/// before its parameters (the Python SDK writes `jsonrpc`, `id`, `method`, then `params`).
+const HEAD_KEPT: usize = 64 * 1024;
+/// Bytes kept from the end of a discarded line: enough for members written after the
+/// parameters (the TypeScript SDK writes `id` last).
+const TAIL_KEPT: usize = 1024;
+
+/// Appends `more` to `tail`, keeping only its last `keep` bytes.
+fn keep_last(tail: &mut Vec<u8>, more: &[u8], keep: usize) {
+    if more.len() >= keep {
+        tail.clear();
+        tail.extend_from_slice(&more[more.len() - keep..]);
+        return;
+    }
+    let over = (tail.len() + more.len()).saturating_sub(keep);
+    tail.drain(..over.min(tail.len()));
+    tail.extend_from_slice(more);
+}
+
+/// The `id` of a JSON-RPC message too large to keep, from its first bytes (`head`) or its
+/// last (`tail`). At the start the message's own members are read in order, each value
+/// skipped whole, until `id` or the cut; at the end, only an `"id"` member that closes the
+/// message itself counts (one closing an inner object leaves a `}` over). `None` when neither
+/// holds one, or the id is not a number or a string.
+fn id_of_discarded(head: &[u8], tail: &[u8]) -> Option<Value> {
+    from_head(head)
+        .or_else(|| from_tail(tail))
+        .filter(|id| id.is_number() || id.is_string())
+}
+
+fn from_head(head: &[u8]) -> Option<Value> {
+    /// Reads members until `id`, which it leaves in `found`. It then stops with an error: the
+    /// rest of the message is not there, and serde_json checks the map's end after a visit.
+    struct FirstId<'a>(&'a mut Option<Value>);
+    impl<'de> serde::de::Visitor<'de> for FirstId<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON-RPC message")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                if key == "id" {
+                    *self.0 = Some(map.next_value::<Value>()?);
+                    return Err(serde::de::Error::custom("the id is all that is read"));
+                }
+                map.next_value::<serde::de::IgnoredAny>()?;
+            }
+            Ok(())
+        }
+    }
+    let mut found = None;
+    let mut de = serde_json::Deserializer::from_slice(head);
+    let _ = serde::Deserializer::deserialize_map(&mut de, FirstId(&mut found));
+    found
+}
+
+fn from_tail(tail: &[u8]) -> Option<Value> {
+    let tail = tail.strip_suffix(b"\n").unwrap_or(tail);
+    let tail = tail.strip_suffix(b"\r").unwrap_or(tail);
+    let at = tail.windows(4).rposition(|w| w == b"\"id\"")?;
+    let mut member = b"{".to_vec();
+    member.extend_from_slice(&tail[at..]);
+    let object: serde_json::Map<String, Value> = serde_json::from_slice(&member).ok()?;
+    object.get("id").cloned()
 }
 
 impl<R: tokio::io::AsyncRead + Unpin + Send> Transport<RoleServer> for StdioLines<R> {
@@ -269,6 +353,7 @@ impl<R: tokio::io::AsyncRead + Unpin + Send> Transport<RoleServer> for StdioLine
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[tokio::test]
     async fn stdio_lines_answer_bad_lines_and_pass_good_ones() {
@@ -302,5 +387,66 @@ mod tests {
             .as_str()
             .unwrap()
             .contains("larger than 64 bytes"));
+    }
+
+    /// An oversized request is answered with its own id, wherever the client put it, so the
+    /// client's pending call gets its error instead of waiting forever.
+    #[tokio::test]
+    async fn an_oversized_request_is_refused_under_its_own_id() {
+        let big = "x".repeat(200_000);
+        let call = |members: &str| format!("{{{members}}}\n");
+        let params =
+            format!(r#""params":{{"name":"execute_code","arguments":{{"code":"{big}","id":99}}}}"#);
+        let input = [
+            // The Python SDK's order: id before the parameters.
+            call(&format!(
+                r#""jsonrpc":"2.0","id":7,"method":"tools/call",{params}"#
+            )),
+            // The TypeScript SDK's: id last.
+            call(&format!(
+                r#""method":"tools/call",{params},"jsonrpc":"2.0","id":"s-8""#
+            )),
+            // No id of the message's own (the inner one does not count): a null id.
+            call(&format!(
+                r#""method":"tools/call","jsonrpc":"2.0",{params}"#
+            )),
+            r#"{"jsonrpc":"2.0","id":9,"method":"ping"}"#.to_string() + "\n",
+        ]
+        .concat()
+        .into_bytes();
+        let (out_w, mut out_r) = tokio::io::duplex(1 << 20);
+        let (mut t, writer) = StdioLines::new(&input[..], out_w, 4096, CancellationToken::new());
+        let msg = t.receive().await.expect("the ping after them");
+        assert_eq!(serde_json::to_value(&msg).unwrap()["id"], 9);
+        drop(t);
+        writer.await.unwrap();
+        let mut text = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut out_r, &mut text)
+            .await
+            .unwrap();
+        let ids: Vec<Value> = text
+            .lines()
+            .map(|l| {
+                let v: Value = serde_json::from_str(l).unwrap();
+                assert_eq!(v["error"]["code"], -32600, "{l}");
+                v["id"].clone()
+            })
+            .collect();
+        assert_eq!(ids, vec![json!(7), json!("s-8"), Value::Null]);
+    }
+
+    #[test]
+    fn the_id_is_read_only_where_it_can_be_trusted() {
+        // Cut inside the parameters before any id: nothing at the start.
+        assert_eq!(from_head(br#"{"method":"x","params":{"code":"abc"#), None);
+        assert_eq!(
+            from_head(br#"{"jsonrpc":"2.0","id":3,"params":{"co"#),
+            Some(json!(3))
+        );
+        // An id member that closes an inner object, not the message.
+        assert_eq!(from_tail(br#"de":"abc","id":4}}"#), None);
+        assert_eq!(from_tail(b"de\":\"abc\"},\"id\":5}\n"), Some(json!(5)));
+        // Only numbers and strings are ids.
+        assert_eq!(id_of_discarded(br#"{"id":{"a":1},"params":{"#, b""), None);
     }
 }

@@ -266,6 +266,7 @@ fn mcp_bad_json_rpc_over_stdio_gets_error_codes_and_a_disconnect_cleans_up() {
     assert_eq!(code("not_jsonrpc"), Some(-32600));
     assert_eq!(code("batch"), Some(-32600));
     assert_eq!(code("oversized"), Some(-32600));
+    assert_eq!(replies["oversized"]["id"], 91, "the id of the discarded request");
     assert!(replies["oversized"]["error"]["message"]
         .as_str()
         .unwrap()
@@ -302,6 +303,26 @@ fn mcp_bad_json_rpc_over_stdio_gets_error_codes_and_a_disconnect_cleans_up() {
     );
     assert_eq!(r["staging_left"], serde_json::json!([]));
     assert!(r["stderr"].as_str().unwrap().contains("status interrupted"));
+}
+
+/// An oversized request from the official client gets its error under its own id (a reply
+/// with a null id left the client's call waiting forever), and the session goes on.
+#[test]
+fn mcp_an_oversized_call_is_answered_and_the_session_goes_on() {
+    let sb = Sandbox::new();
+    let Some(r) = scenario(&sb, "oversized") else {
+        return;
+    };
+    assert_eq!(r["refused"]["code"], -32600, "{r}");
+    assert!(
+        r["refused"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("larger than 65536 bytes")),
+        "{r}"
+    );
+    let (is_error, _, structured) = parts(&r["after"]);
+    assert!(!is_error, "{r}");
+    assert_eq!(structured["output"], "alive\n");
 }
 
 #[test]
