@@ -355,6 +355,23 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// Ends the transport `t` and returns the replies its writer wrote, one JSON value a line.
+    async fn replies_written(
+        t: StdioLines<&[u8]>,
+        writer: tokio::task::JoinHandle<()>,
+        mut out: tokio::io::DuplexStream,
+    ) -> Vec<Value> {
+        drop(t);
+        writer.await.unwrap();
+        let mut text = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut out, &mut text)
+            .await
+            .unwrap();
+        text.lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
     #[tokio::test]
     async fn stdio_lines_answer_bad_lines_and_pass_good_ones() {
         let input = format!(
@@ -363,24 +380,15 @@ mod tests {
             "x".repeat(80)
         )
         .into_bytes();
-        let (out_w, mut out_r) = tokio::io::duplex(4096);
+        let (out_w, out_r) = tokio::io::duplex(4096);
         let closed = CancellationToken::new();
         let (mut t, writer) = StdioLines::new(&input[..], out_w, 64, closed.clone());
         let msg = t.receive().await.expect("the ping");
         assert_eq!(serde_json::to_value(&msg).unwrap()["id"], 3);
         assert!(t.receive().await.is_none(), "end of input");
         assert!(closed.is_cancelled());
-        drop(t);
-        writer.await.unwrap();
-        let mut text = String::new();
-        tokio::io::AsyncReadExt::read_to_string(&mut out_r, &mut text)
-            .await
-            .unwrap();
-        let replies: Vec<Value> = text
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-        assert_eq!(replies.len(), 2, "{text}");
+        let replies = replies_written(t, writer, out_r).await;
+        assert_eq!(replies.len(), 2, "{replies:?}");
         assert_eq!(replies[0]["error"]["code"], -32700);
         assert_eq!(replies[1]["error"]["code"], -32600);
         assert!(replies[1]["error"]["message"]
@@ -414,21 +422,15 @@ mod tests {
         ]
         .concat()
         .into_bytes();
-        let (out_w, mut out_r) = tokio::io::duplex(1 << 20);
+        let (out_w, out_r) = tokio::io::duplex(1 << 20);
         let (mut t, writer) = StdioLines::new(&input[..], out_w, 4096, CancellationToken::new());
         let msg = t.receive().await.expect("the ping after them");
         assert_eq!(serde_json::to_value(&msg).unwrap()["id"], 9);
-        drop(t);
-        writer.await.unwrap();
-        let mut text = String::new();
-        tokio::io::AsyncReadExt::read_to_string(&mut out_r, &mut text)
+        let ids: Vec<Value> = replies_written(t, writer, out_r)
             .await
-            .unwrap();
-        let ids: Vec<Value> = text
-            .lines()
-            .map(|l| {
-                let v: Value = serde_json::from_str(l).unwrap();
-                assert_eq!(v["error"]["code"], -32600, "{l}");
+            .into_iter()
+            .map(|v| {
+                assert_eq!(v["error"]["code"], -32600, "{v}");
                 v["id"].clone()
             })
             .collect();
