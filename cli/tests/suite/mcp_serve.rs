@@ -266,7 +266,10 @@ fn mcp_bad_json_rpc_over_stdio_gets_error_codes_and_a_disconnect_cleans_up() {
     assert_eq!(code("not_jsonrpc"), Some(-32600));
     assert_eq!(code("batch"), Some(-32600));
     assert_eq!(code("oversized"), Some(-32600));
-    assert_eq!(replies["oversized"]["id"], 91, "the id of the discarded request");
+    assert_eq!(
+        replies["oversized"]["id"], 91,
+        "the id of the discarded request"
+    );
     assert!(replies["oversized"]["error"]["message"]
         .as_str()
         .unwrap()
