@@ -3,6 +3,7 @@
 
 mod agent_loop;
 pub mod args;
+mod file_open;
 mod patch;
 mod process;
 mod read_file;

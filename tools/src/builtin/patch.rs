@@ -104,39 +104,14 @@ fn patch(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolErro
 /// Reads a file `patch` may edit: exists, regular, not huge, UTF-8 text.
 fn read_text(path: &Path, ctx: &ToolContext) -> Result<String, ToolError> {
     use std::io::Read;
-    // Strict mode: the file is opened beneath an allowed root. Either way the checks and the
-    // read go through one descriptor, opened with O_NONBLOCK so that a FIFO's open does not
-    // wait for a writer before the check below refuses it (on a regular file it changes
-    // nothing).
-    let file = match &ctx.paths {
-        Some(policy) => policy.open_read(path)?,
-        None => {
-            use std::os::unix::fs::OpenOptionsExt;
-            std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_NONBLOCK)
-                .open(path)
-                .map_err(|e| ToolError::io(path, &e))?
-        }
-    };
-    let meta = file.metadata().map_err(|e| ToolError::io(path, &e))?;
-    if meta.is_dir() {
-        return Err(ToolError::new(
-            crate::ToolErrorKind::IsADirectory,
-            format!("{} is a directory", path.display()),
-        ));
-    }
-    if !meta.is_file() {
-        // A device never ends (/dev/zero) or is not a file to rewrite (/dev/null: the edit
-        // would replace the device node with a regular file); a FIFO would block.
-        return Err(ToolError::new(
-            crate::ToolErrorKind::NotARegularFile,
-            format!(
-                "{} is not a regular file (a device, FIFO or socket); patch only edits files",
-                path.display()
-            ),
-        ));
-    }
+    let (file, meta) = super::file_open::open_regular_file(
+        path,
+        ctx,
+        super::file_open::Refusals {
+            directory: "",
+            not_a_file: "patch only edits files",
+        },
+    )?;
     if meta.len() > MAX_FILE_BYTES {
         return Err(ToolError::new(
             crate::ToolErrorKind::FileTooLarge,

@@ -67,39 +67,15 @@ fn read_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Tool
     let limit = in_range("limit", a.limit, 1, MAX_LIMIT)? as u64;
     let path = ctx.resolve(raw);
     // open + fstat + one read is all a small file costs; a tool call's latency budget is tens
-    // of microseconds. O_NONBLOCK keeps the open of a FIFO from hanging until fstat below
-    // refuses it; on regular files it changes nothing.
-    let mut file = if let Some(policy) = &ctx.paths {
-        // Strict mode: resolved beneath an allowed root, or refused.
-        policy.open_read(&path)?
-    } else {
-        use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(&path)
-            .map_err(|e| ToolError::io(&path, &e))?
-    };
-    let meta = file.metadata().map_err(|e| ToolError::io(&path, &e))?;
-    if meta.is_dir() {
-        return Err(ToolError::new(
-            crate::ToolErrorKind::IsADirectory,
-            format!(
-                "{} is a directory; list it with search_files(target=\"files\") instead",
-                path.display()
-            ),
-        ));
-    }
-    if !meta.is_file() {
-        // A FIFO or a character device would block or never end; only regular files are read.
-        return Err(ToolError::new(
-            crate::ToolErrorKind::NotARegularFile,
-            format!(
-                "{} is not a regular file (a device, FIFO or socket); read_file only reads files",
-                path.display()
-            ),
-        ));
-    }
+    // of microseconds.
+    let (mut file, meta) = super::file_open::open_regular_file(
+        &path,
+        ctx,
+        super::file_open::Refusals {
+            directory: "; list it with search_files(target=\"files\") instead",
+            not_a_file: "read_file only reads files",
+        },
+    )?;
     let mut head = [0u8; 8192];
     let n = read_up_to(&mut file, &mut head, meta.len()).map_err(|e| ToolError::io(&path, &e))?;
     if head[..n].contains(&0) {
