@@ -57,7 +57,9 @@ fn write_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Too
         p if p.is_symlink() => std::fs::canonicalize(&p).unwrap_or(p),
         p => p,
     };
-    if path.is_dir() {
+    // What is at the path now (following links), looked up once for every check below.
+    let existing = std::fs::metadata(&path).ok();
+    if existing.as_ref().is_some_and(|m| m.is_dir()) {
         return Err(ToolError::new(
             crate::ToolErrorKind::IsADirectory,
             format!("{} is a directory; give a file path", path.display()),
@@ -65,7 +67,7 @@ fn write_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Too
     }
     // The write replaces the file by a rename: over a device, FIFO or socket that would put a
     // regular file where the node was (`/dev/null` for every program on the machine).
-    if std::fs::metadata(&path).is_ok_and(|m| !m.is_file()) {
+    if existing.as_ref().is_some_and(|m| !m.is_file()) {
         return Err(ToolError::new(
             crate::ToolErrorKind::NotARegularFile,
             format!(
@@ -80,8 +82,8 @@ fn write_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Too
         _ => ctx.cwd.clone(),
     };
     std::fs::create_dir_all(&parent).map_err(|e| ToolError::io(&parent, &e))?;
-    let existed = path.exists();
-    let old_perms = std::fs::metadata(&path).ok().map(|m| m.permissions());
+    let existed = existing.is_some();
+    let old_perms = existing.map(|m| m.permissions());
     // Write beside the target and rename over it: readers see the old or the new file, never a
     // half-written one.
     let mut tmp = tempfile::Builder::new()
