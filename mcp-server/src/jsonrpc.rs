@@ -57,6 +57,15 @@ pub enum Checked {
     Reject(Rejection),
 }
 
+/// The id an error reply carries for a message whose `id` member is `id`: that id when it is a
+/// string or a number (what JSON-RPC allows), else null.
+pub(crate) fn reply_id(id: Option<&Value>) -> Value {
+    match id {
+        Some(v @ (Value::String(_) | Value::Number(_))) => v.clone(),
+        _ => Value::Null,
+    }
+}
+
 /// Classifies one incoming message the way JSON-RPC 2.0 asks: unparsable → -32700; JSON that
 /// is not a JSON-RPC message (or a batch, which MCP does not use) → -32600; a standard MCP
 /// method whose params do not fit its schema → -32602 (the SDK would call it "method not
@@ -68,10 +77,7 @@ pub fn check_message(text: &[u8]) -> Checked {
         Ok(v) => v,
         Err(e) => return reject(-32700, format!("Parse error: {e}"), Value::Null),
     };
-    let id = match value.get("id") {
-        Some(v @ (Value::String(_) | Value::Number(_))) => v.clone(),
-        _ => Value::Null,
-    };
+    let id = reply_id(value.get("id"));
     let is_notification = value.is_object() && value.get("id").is_none();
     match serde_json::from_value::<ClientJsonRpcMessage>(value.clone()) {
         Ok(ClientJsonRpcMessage::Request(JsonRpcRequest {

@@ -2,7 +2,7 @@
 //! oversized lines, while JSON-RPC asks for an error reply to each.
 
 use crate::handler::{ExecServer, Shared, DRAIN_TIMEOUT};
-use crate::jsonrpc::{check_message, Checked, Rejection};
+use crate::jsonrpc::{check_message, reply_id, Checked, Rejection};
 use crate::{validate, ServeError, ServeSettings};
 use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
 use rmcp::service::RoleServer;
@@ -214,7 +214,7 @@ impl<R: tokio::io::AsyncRead + Unpin + Send> StdioLines<R> {
                     self.discarding = false;
                     // The reply carries the request's id when it can be found, or the client
                     // (which matches replies by id) would wait for an answer forever.
-                    let id = id_of_discarded(&self.head, &self.tail).unwrap_or(Value::Null);
+                    let id = reply_id(id_of_discarded(&self.head, &self.tail).as_ref());
                     self.head = Vec::new();
                     self.tail.clear();
                     self.reply_error(
@@ -256,11 +256,9 @@ fn keep_last(tail: &mut Vec<u8>, more: &[u8], keep: usize) {
 /// last (`tail`). At the start the message's own members are read in order, each value
 /// skipped whole, until `id` or the cut; at the end, only an `"id"` member that closes the
 /// message itself counts (one closing an inner object leaves a `}` over). `None` when neither
-/// holds one, or the id is not a number or a string.
+/// holds one.
 fn id_of_discarded(head: &[u8], tail: &[u8]) -> Option<Value> {
-    from_head(head)
-        .or_else(|| from_tail(tail))
-        .filter(|id| id.is_number() || id.is_string())
+    from_head(head).or_else(|| from_tail(tail))
 }
 
 fn from_head(head: &[u8]) -> Option<Value> {
@@ -449,6 +447,9 @@ mod tests {
         assert_eq!(from_tail(br#"de":"abc","id":4}}"#), None);
         assert_eq!(from_tail(b"de\":\"abc\"},\"id\":5}\n"), Some(json!(5)));
         // Only numbers and strings are ids.
-        assert_eq!(id_of_discarded(br#"{"id":{"a":1},"params":{"#, b""), None);
+        assert_eq!(
+            reply_id(id_of_discarded(br#"{"id":{"a":1},"params":{"#, b"").as_ref()),
+            Value::Null
+        );
     }
 }
