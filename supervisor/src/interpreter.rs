@@ -33,6 +33,14 @@ pub enum InterpreterError {
         /// The configured path.
         path: PathBuf,
     },
+    /// The configured interpreter is named for a Python older than the stub supports.
+    #[error("code_execution.python is {path}, which is Python {}.{}; scripts need Python {}.{} or newer: point the setting at a newer interpreter or remove it to use python3 from PATH", version.0, version.1, MIN_VERSION.0, MIN_VERSION.1)]
+    ConfiguredTooOld {
+        /// The configured path.
+        path: PathBuf,
+        /// The version its resolved file name declares.
+        version: (u32, u32),
+    },
     /// Nothing on PATH.
     #[error("no Python interpreter found: python3 is not on PATH; install Python 3.8+ or set code_execution.python in config.yaml")]
     NotOnPath,
@@ -121,12 +129,18 @@ impl Resolution {
             } else {
                 is_executable(p).then(|| p.clone())
             };
-            return found
-                .map(|path| Interpreter {
-                    path,
-                    source: "code_execution.python",
-                })
-                .ok_or_else(|| InterpreterError::ConfiguredMissing { path: p.clone() });
+            let path =
+                found.ok_or_else(|| InterpreterError::ConfiguredMissing { path: p.clone() })?;
+            if let Some(version) = version_in_name(&path).filter(|v| *v < MIN_VERSION) {
+                return Err(InterpreterError::ConfiguredTooOld {
+                    path: p.clone(),
+                    version,
+                });
+            }
+            return Ok(Interpreter {
+                path,
+                source: "code_execution.python",
+            });
         }
         for name in ["python3", "python"] {
             if let Some(path) = self.which(name.as_ref()) {
@@ -143,6 +157,15 @@ impl Resolution {
         let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
         which::which_in(name, self.path.as_ref(), cwd).ok()
     }
+}
+
+/// The version the interpreter's file name declares once its links are followed
+/// (`python3` → `python3.11`), if it declares one. Setting an old interpreter otherwise shows up
+/// only as a `SyntaxError` in the stub, naming no setting; this costs a few `readlink`s where
+/// asking the interpreter would cost as much as the script.
+fn version_in_name(exe: &Path) -> Option<(u32, u32)> {
+    let real = std::fs::canonicalize(exe).ok()?;
+    parse_version(real.file_name()?.to_str()?.strip_prefix("python")?)
 }
 
 fn is_executable(p: &Path) -> bool {
@@ -273,6 +296,45 @@ mod tests {
         };
         let i = r.resolve(Mode::Project).unwrap();
         assert_eq!(i.source, "PATH");
+    }
+
+    #[test]
+    fn a_configured_interpreter_named_for_an_old_python_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("python2.7");
+        std::fs::write(&real, "#!/bin/sh\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let link = dir.path().join("python");
+        std::os::unix::fs::symlink("python2.7", &link).unwrap();
+        let r = Resolution {
+            configured: Some(link.clone()),
+            ..Resolution::default()
+        };
+        let err = r.resolve(Mode::Project).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                InterpreterError::ConfiguredTooOld {
+                    version: (2, 7),
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(
+            err.to_string()
+                .contains("is Python 2.7; scripts need Python 3.8"),
+            "{err}"
+        );
+        // A name that declares no minor version is not judged by its name.
+        let plain = dir.path().join("python3");
+        std::fs::copy(&real, &plain).unwrap();
+        let r = Resolution {
+            configured: Some(plain.clone()),
+            ..Resolution::default()
+        };
+        assert_eq!(r.resolve(Mode::Project).unwrap().path, plain);
     }
 
     #[test]

@@ -318,3 +318,52 @@ fn pyenv_python(minor: &str) -> Option<PathBuf> {
     found.sort();
     found.pop()
 }
+
+/// A configured Python 2 used to fail only inside the script, with a `SyntaxError` about the
+/// stub's encoding that named no setting.
+#[test]
+fn a_configured_python_too_old_for_the_stub_is_refused_naming_the_setting() {
+    let sb = Sandbox::new();
+    // A link to a wrapper named python2.7 (the check reads the name the links lead to, not the
+    // interpreter), and a real Python 2.7 when pyenv has one.
+    let named = sb.root.path().join("python2.7");
+    let wrapper = format!("#!/bin/sh\nexec {} \"$@\"\n", python3().display());
+    std::fs::write(&named, wrapper).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&named, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let link = sb.root.path().join("python");
+    std::os::unix::fs::symlink(&named, &link).unwrap();
+    let mut olds = vec![link];
+    match pyenv_python2() {
+        Some(py) => olds.push(py),
+        None => eprintln!("note: no Python 2.7 under /root/.pyenv/versions; only the wrapper"),
+    }
+    for old in olds {
+        sb.write_config(&format!("code_execution:\n  python: {}\n", old.display()));
+        for mode in ["project", "strict"] {
+            let out = sb.run_stdin(b"print('ran')", &["--json", "--mode", mode]);
+            let r = parse_single_json(&out);
+            assert_eq!(r["status"], "error", "{r}");
+            assert!(!r["output"].as_str().unwrap().contains("ran"), "{r}");
+            let error = r["error"].as_str().unwrap();
+            assert!(
+                error.contains(&format!("code_execution.python is {}", old.display()))
+                    && error.contains("which is Python 2.7; scripts need Python 3.8 or newer"),
+                "{error}"
+            );
+        }
+    }
+}
+
+fn pyenv_python2() -> Option<PathBuf> {
+    let dir = std::fs::read_dir("/root/.pyenv/versions")
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("2.7."))
+        })?;
+    Some(dir.join("bin/python")).filter(|p| p.exists())
+}
