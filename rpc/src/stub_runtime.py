@@ -57,7 +57,7 @@ def _load_codec():
         import json
 
         _DECODE = json.JSONDecoder().decode
-        _ENCODE = json.JSONEncoder(ensure_ascii=False).encode
+        _ENCODE = json.JSONEncoder(ensure_ascii=False, allow_nan=False).encode
         return
 
     def default(value):
@@ -65,11 +65,13 @@ def _load_codec():
             "Object of type %s is not JSON serializable" % value.__class__.__name__
         )
 
-    # The same arguments json.JSONEncoder(ensure_ascii=False) gives it: circular references
-    # checked (`markers`), NaN allowed, json's default separators.
+    # The same arguments json.JSONEncoder(ensure_ascii=False, allow_nan=False) gives it:
+    # circular references checked (`markers`), json's default separators, and NaN and the
+    # infinities refused with json's ValueError at the call: the supervisor parses strict JSON,
+    # so sent they would only come back as a broken channel.
     markers = {}
     encoder = make_encoder(
-        markers, default, encode_basestring, None, ": ", ", ", False, False, True
+        markers, default, encode_basestring, None, ": ", ", ", False, False, False
     )
 
     def encode(value):

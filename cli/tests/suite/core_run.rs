@@ -78,7 +78,8 @@ fn the_stub_has_real_signatures_and_helpers() {
 fn tool_arguments_and_replies_cross_the_channel_intact_without_importing_json() {
     // The stub encodes and decodes with `_json` directly (json's own C half), not `json`,
     // whose import is most of a cold script's first tool call; what crosses the channel, and
-    // the errors for arguments JSON cannot hold, are json's.
+    // the errors for arguments JSON cannot hold, are json's (with `allow_nan=False`: the
+    // supervisor reads JSON, which has no NaN, so a NaN is refused at the call, not sent).
     let sb = Sandbox::new();
     let script = r#"import sys
 from vibeos_tools import write_file, read_file
@@ -96,6 +97,11 @@ try:
     write_file("y.txt", loop)
 except ValueError as e:
     errors.append(str(e))
+for bad in (float("nan"), {"a": [float("-inf")]}):
+    try:
+        write_file("y.txt", bad)
+    except ValueError as e:
+        errors.append(str(e).split(":")[0])
 write_file("y.txt", "after the errors")
 print(text in page["content"], page["total_lines"])
 print(errors)
@@ -107,7 +113,9 @@ print(open("y.txt").read(), "json" in sys.modules)
     assert_eq!(lines[0], "True 1", "{r}");
     assert_eq!(
         lines[1],
-        "['Object of type object is not JSON serializable', 'Circular reference detected']"
+        "['Object of type object is not JSON serializable', 'Circular reference detected', \
+         'Out of range float values are not JSON compliant', \
+         'Out of range float values are not JSON compliant']"
     );
     assert_eq!(lines[2], "after the errors False");
     assert_eq!(
