@@ -458,6 +458,24 @@ mod tests {
         assert_eq!(key("sudo /bin/rm -r -f /*"), Some("delete_root"));
         assert_eq!(key("rm -rf --no-preserve-root /"), Some("delete_root"));
         assert_eq!(key("rm -rf /usr"), Some("delete_root"));
+        // Whatever ends the path: a redirect, a subshell, a substitution, a trailing slash,
+        // doubled slashes.
+        for c in [
+            "echo 'rm -rf /*>/dev/null'",
+            "(rm -rf /*)",
+            "x=$(rm -rf /*)",
+            "x=`rm -rf /`",
+            "rm -rf /*/",
+            "rm -rf //*",
+            "rm -rf //",
+            "rm -rf /usr/*/",
+            "rm -rf /etc<in",
+        ] {
+            assert_eq!(key(c), Some("delete_root"), "{c}");
+        }
+        assert_eq!(key("(kill -9 -1)"), Some("kill_every_process"));
+        assert_eq!(key("chmod -R 777 /*"), Some("chmod_root"));
+        assert_eq!(key("(chown -R nobody //)"), Some("chmod_root"));
         assert_eq!(key("mkfs.ext4 /dev/vda1"), Some("format_mounted_device"));
         assert_eq!(key("mkfs.ext4 /dev/vda"), Some("format_mounted_device"));
         assert_eq!(key("wipefs -a /dev/nvme0n1"), Some("format_mounted_device"));
@@ -478,6 +496,10 @@ mod tests {
             "kill -9 1234",
             "chmod -R 755 ./site",
             "ls /",
+            "rm -rf /tmp/build",
+            "rm -rf /usr/local/lib/x",
+            "(rm -rf /var/tmp/cache)>/dev/null",
+            "rm -rf //srv/data",
         ] {
             assert_eq!(key(c), None, "{c}");
         }
