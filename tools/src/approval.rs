@@ -260,6 +260,15 @@ fn decide_with(
         };
     }
     let settings = approval_policy::settings();
+    if let Some(e) = &settings.unreadable {
+        return Decision::Deny {
+            message: format!(
+                "{what} refused: the approval rules cannot be read ({e}), so a deny rule of the \
+                 user's could be among them. Nothing runs through the approval check until the \
+                 file is fixed."
+            ),
+        };
+    }
     let matched = matching(dangerous, command);
     let keys: Vec<&str> = matched.iter().map(|p| p.key.as_str()).collect();
     if let Some(rule) = approval_policy::denied_by_rule(&settings.deny, command, &keys) {

@@ -64,6 +64,9 @@ pub struct ApprovalSettings {
     pub deny: Vec<String>,
     /// `approvals.smart_command`: a command consulted in smart mode.
     pub smart_command: Option<String>,
+    /// Why config.yaml could not be read, when it has not parsed once in this process: its deny
+    /// rules are then unknown, and every command is refused until it is fixed.
+    pub unreadable: Option<String>,
 }
 
 impl Default for ApprovalSettings {
@@ -73,6 +76,7 @@ impl Default for ApprovalSettings {
             timeout: DEFAULT_TIMEOUT,
             deny: Vec::new(),
             smart_command: None,
+            unreadable: None,
         }
     }
 }
@@ -82,7 +86,14 @@ impl Default for ApprovalSettings {
 pub fn settings() -> ApprovalSettings {
     use crate::config_file::TextOrBool;
     let mut s = ApprovalSettings::default();
-    let file = crate::settings::current_or_default();
+    let file = match crate::settings::current_or_last_good() {
+        Ok(file) => file,
+        Err(e) => {
+            tracing::error!("{e}; refusing commands until it is fixed");
+            s.unreadable = Some(e.to_string());
+            return s;
+        }
+    };
     let section = file.approvals.clone().unwrap_or_default();
     match &section.mode {
         None => {}

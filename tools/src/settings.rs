@@ -172,18 +172,48 @@ fn remember(path: &Path, stamp: Stamp, text: Vec<u8>, file: &Arc<ConfigFile>) {
     }
 }
 
+/// The last parse of each config path that succeeded, for readers that go on while the file is
+/// broken ([`current_or_last_good`]).
+static LAST_GOOD: Mutex<Option<(PathBuf, Arc<ConfigFile>)>> = Mutex::new(None);
+
 /// The parsed config file in use ([`config_path`]). A missing default file is the defaults; a
 /// file that does not parse is an error naming the file and the key.
 pub fn current() -> Result<Arc<ConfigFile>, ConfigFileError> {
     let (path, required) = resolve_config_path(None);
-    load_at(&path, required)
+    let file = load_at(&path, required)?;
+    let mut last = LAST_GOOD.lock().unwrap_or_else(|p| p.into_inner());
+    if !last
+        .as_ref()
+        .is_some_and(|(p, f)| *p == path && Arc::ptr_eq(f, &file))
+    {
+        *last = Some((path, file.clone()));
+    }
+    Ok(file)
 }
 
-/// [`current`] for readers that must go on with safe defaults when the file is broken (the
-/// host already refused to start on it; this covers an edit made while it runs): the error is
-/// logged and the defaults are used.
+/// [`current`], or, when the file no longer parses (an edit made while a long-lived host runs;
+/// hosts refuse to start on a broken file), the settings last read from the same path, with
+/// the error logged. An error only when the file has never parsed in this process: the
+/// defaults are not what the operator wrote (a deny rule among them would be lost), so each
+/// reader decides what is safe without it.
+pub fn current_or_last_good() -> Result<Arc<ConfigFile>, ConfigFileError> {
+    current().or_else(|e| {
+        let path = config_path();
+        let last = LAST_GOOD.lock().unwrap_or_else(|p| p.into_inner());
+        match last.as_ref().filter(|(p, _)| *p == path) {
+            Some((_, file)) => {
+                tracing::warn!("{e}; keeping the settings last read from it until it is fixed");
+                Ok(file.clone())
+            }
+            None => Err(e),
+        }
+    })
+}
+
+/// [`current_or_last_good`] for readers whose defaults are the safe side (redaction on, no
+/// allowlist, web tools unconfigured): a file that never parsed gives the defaults, logged.
 pub fn current_or_default() -> Arc<ConfigFile> {
-    current().unwrap_or_else(|e| {
+    current_or_last_good().unwrap_or_else(|e| {
         tracing::warn!("{e}; using the defaults");
         Arc::new(ConfigFile::default())
     })

@@ -97,6 +97,20 @@ fn hardline_deny_rules_modes_smart_and_timeout() {
     ))
     .contains("git_force_push"));
     assert_eq!(terminal(&ctx, "echo allowed")["output"], "allowed\n");
+    // An edit that breaks the file while the host runs keeps the rules last read from it: a
+    // deny rule is not lost to the defaults.
+    set("approvals:\n  mode: off\n  deny:\n    - \"echo forbidden*\"\ncode_execution:\n  timeot: 5\n");
+    let r = terminal(&ctx, "echo forbidden thing");
+    assert!(r["error"].as_str().unwrap().contains("deny rule"), "{r}");
+    assert_eq!(terminal(&ctx, "echo allowed")["output"], "allowed\n");
+    // A file that has never parsed in this process: its rules are unknown, nothing runs.
+    let never = dir.path().join("never-parsed.yaml");
+    std::fs::write(&never, "approvals:\n  deny: [\"echo x*\"]\n  bogus: 1\n").unwrap();
+    vibeos_tools::settings::set_config_path(Some(never));
+    let r = terminal(&ctx, "echo allowed");
+    let e = r["error"].as_str().unwrap();
+    assert!(e.contains("approval rules cannot be read") && e.contains("bogus"), "{r}");
+    vibeos_tools::settings::set_config_path(Some(cfg.clone()));
     set("command_denylist:\n  - \"echo top-level*\"\n");
     let r = terminal(&ctx, "echo top-level deny");
     assert!(r["error"].as_str().unwrap().contains("deny rule"), "{r}");
