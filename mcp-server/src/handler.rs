@@ -152,7 +152,8 @@ impl ExecServer {
             .collect())
     }
 
-    /// Names of the tools `--toolsets` adds (before availability checks).
+    /// Names of the tools `--toolsets` adds (before availability checks), without the agent
+    /// loop's.
     fn extra_tools(&self) -> Result<BTreeSet<String>, ErrorData> {
         if self.shared.settings.toolsets.is_empty() {
             return Ok(BTreeSet::new());
@@ -162,7 +163,13 @@ impl ExecServer {
             .registry
             .select_tools(&self.shared.settings.toolsets, &[])
             .map_err(|e| ErrorData::internal_error(format!("--toolsets: {e}"), None))?;
-        Ok(entries.iter().map(|e| e.name.clone()).collect())
+        // Agent-loop tools (todo, memory, ...) belong to the client's own loop: dispatch
+        // refuses them, so a server that listed them would offer tools that always fail.
+        Ok(entries
+            .iter()
+            .filter(|e| !vibeos_tools::AGENT_LOOP_TOOLS.contains(&e.name.as_str()))
+            .map(|e| e.name.clone())
+            .collect())
     }
 
     async fn call_execute_code(
@@ -300,10 +307,11 @@ impl ExecServer {
         .await
         .map_err(|e| ErrorData::internal_error(format!("the tool call failed: {e}"), None))?;
         let parsed: Option<Value> = serde_json::from_str(&text).ok();
+        // A tool's own error is a non-null `error` (terminal's results always carry the key).
         let is_error = parsed
             .as_ref()
             .and_then(Value::as_object)
-            .is_some_and(|o| o.contains_key("error"));
+            .is_some_and(|o| o.get("error").is_some_and(|e| !e.is_null()));
         let mut out = if is_error {
             CallToolResult::error(vec![ContentBlock::text(text)])
         } else {

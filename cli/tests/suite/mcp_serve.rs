@@ -416,6 +416,25 @@ fn mcp_toolsets_offer_the_registry_tools_of_those_toolsets() {
         .as_str()
         .unwrap()
         .contains("FileNotFound"));
+    let preset: Vec<&str> = r["preset"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(preset.contains(&"terminal"), "{preset:?}");
+    for agent_loop in ["todo", "memory", "session_search", "delegate_task"] {
+        assert!(
+            !preset.contains(&agent_loop),
+            "{agent_loop} offered: {preset:?}"
+        );
+    }
+    assert_eq!(r["ran"]["is_error"], false, "{}", r["ran"]);
+    assert_eq!(r["ran"]["structured"]["exit_code"], 0);
+    assert_eq!(r["failed"]["is_error"], false, "{}", r["failed"]);
+    assert_eq!(r["failed"]["structured"]["exit_code"], 3);
+    assert_eq!(r["refused"]["is_error"], true, "{}", r["refused"]);
+    assert!(r["refused"]["text"].as_str().unwrap().contains("hardline"));
 }
 
 #[test]
