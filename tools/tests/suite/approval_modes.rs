@@ -109,7 +109,10 @@ fn hardline_deny_rules_modes_smart_and_timeout() {
     vibeos_tools::settings::set_config_path(Some(never));
     let r = terminal(&ctx, "echo allowed");
     let e = r["error"].as_str().unwrap();
-    assert!(e.contains("approval rules cannot be read") && e.contains("bogus"), "{r}");
+    assert!(
+        e.contains("approval rules cannot be read") && e.contains("bogus"),
+        "{r}"
+    );
     vibeos_tools::settings::set_config_path(Some(cfg.clone()));
     set("command_denylist:\n  - \"echo top-level*\"\n");
     let r = terminal(&ctx, "echo top-level deny");
