@@ -74,6 +74,11 @@ pub struct RootError {
     pub reason: String,
 }
 
+/// Prefix of the per-user dir under which every execution's staging dir is made
+/// (`<tmp>/vibeos-staging-<euid>`). Strict-mode tools refuse anything beneath one, except the
+/// calling execution's own staging dir.
+pub const STAGING_PARENT_PREFIX: &str = "vibeos-staging-";
+
 const RESOLVE: ResolveFlag = ResolveFlag::RESOLVE_BENEATH.union(ResolveFlag::RESOLVE_NO_MAGICLINKS);
 
 impl PathPolicy {
@@ -221,8 +226,55 @@ impl PathPolicy {
         }
     }
 
-    /// Opens `rel` beneath `root` with `flags`.
+    /// Opens `rel` beneath `dir` (a root or a directory opened beneath one) with `flags`, and
+    /// refuses what lies in another execution's staging dir.
     fn open_beneath(
+        &self,
+        dir: BorrowedFd<'_>,
+        rel: &Path,
+        flags: OFlag,
+        mode: Mode,
+        shown: &Path,
+    ) -> Result<OwnedFd, ToolError> {
+        let fd = Self::open_beneath_root(dir, rel, flags, mode, shown)?;
+        self.refuse_other_staging(&fd, shown)?;
+        Ok(fd)
+    }
+
+    /// Staging dirs live under `<tmp>/vibeos-staging-<euid>`, and that parent can lie beneath a
+    /// root (`TMPDIR=/tmp` with the session cwd `/tmp`, or a write root above it). The tools
+    /// run with the supervisor's rights, so without this check a script could read, overwrite
+    /// or plant modules in a neighbour's staging dir, which is first on its `sys.path`. Where
+    /// the descriptor really is comes from the kernel (`/proc/self/fd`), after the open, so no
+    /// spelling of the path and no symlink inside a root leads around it.
+    fn refuse_other_staging(&self, fd: &OwnedFd, shown: &Path) -> Result<(), ToolError> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::ffi::OsStrExt;
+        let at = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+            .map_err(|e| ToolError::io(shown, &e))?;
+        let in_staging_area = at.components().any(|c| {
+            matches!(c, Component::Normal(n) if n.as_bytes().starts_with(STAGING_PARENT_PREFIX.as_bytes()))
+        });
+        if !in_staging_area
+            || self
+                .roots
+                .iter()
+                .any(|r| r.links_ok && at.starts_with(&r.canonical))
+        {
+            return Ok(());
+        }
+        Err(ToolError::new(
+            crate::ToolErrorKind::OutsideSandbox,
+            format!(
+                "{} is in the staging area of vibeos-exec executions ({}), which tools never                  reach from a strict-mode script except its own staging dir",
+                shown.display(),
+                at.display()
+            ),
+        ))
+    }
+
+    /// Opens `rel` beneath `dir` with `flags`: the kernel's half of the check.
+    fn open_beneath_root(
         dir: BorrowedFd<'_>,
         rel: &Path,
         flags: OFlag,
@@ -251,7 +303,7 @@ impl PathPolicy {
     /// them); a regular file with several hard links outside the staging dir is refused.
     pub fn open_read(&self, path: &Path) -> Result<File, ToolError> {
         let (root, rel) = self.locate(path, false)?;
-        let fd = Self::open_beneath(
+        let fd = self.open_beneath(
             root.dir.as_fd(),
             &rel,
             OFlag::O_RDONLY | OFlag::O_NONBLOCK,
@@ -279,7 +331,7 @@ impl PathPolicy {
     /// walker lists names by path and each one is checked again before it is reported).
     pub fn check_read(&self, path: &Path) -> Result<std::fs::Metadata, ToolError> {
         let (root, rel) = self.locate(path, false)?;
-        let fd = Self::open_beneath(root.dir.as_fd(), &rel, OFlag::O_PATH, Mode::empty(), path)?;
+        let fd = self.open_beneath(root.dir.as_fd(), &rel, OFlag::O_PATH, Mode::empty(), path)?;
         File::from(fd)
             .metadata()
             .map_err(|e| ToolError::io(path, &e))
@@ -288,7 +340,7 @@ impl PathPolicy {
     /// Whether `path` names an existing entry beneath a writable root.
     pub fn exists_for_write(&self, path: &Path) -> Result<bool, ToolError> {
         let (root, rel) = self.locate(path, true)?;
-        match Self::open_beneath(
+        match self.open_beneath(
             root.dir.as_fd(),
             &rel,
             OFlag::O_PATH | OFlag::O_NOFOLLOW,
@@ -318,7 +370,7 @@ impl PathPolicy {
         };
         let parent_rel = rel.parent().unwrap_or(Path::new(""));
         let mut walked = PathBuf::new();
-        let mut dir = Self::open_beneath(
+        let mut dir = self.open_beneath(
             root.dir.as_fd(),
             Path::new("."),
             OFlag::O_PATH | OFlag::O_DIRECTORY,
@@ -328,7 +380,7 @@ impl PathPolicy {
         for component in parent_rel.components() {
             walked.push(component);
             let flags = OFlag::O_PATH | OFlag::O_DIRECTORY;
-            match Self::open_beneath(root.dir.as_fd(), &walked, flags, Mode::empty(), path) {
+            match self.open_beneath(root.dir.as_fd(), &walked, flags, Mode::empty(), path) {
                 Ok(fd) => dir = fd,
                 Err(e) if e.kind == "FileNotFound" => {
                     let Component::Normal(part) = component else {
@@ -345,7 +397,7 @@ impl PathPolicy {
                         }
                     }
                     follow_owner(dir.as_fd(), part);
-                    dir = Self::open_beneath(
+                    dir = self.open_beneath(
                         dir.as_fd(),
                         Path::new(part),
                         flags | OFlag::O_NOFOLLOW,
@@ -406,7 +458,7 @@ impl PathPolicy {
             let mut attempt = 0;
             loop {
                 let name = temp_name();
-                match Self::open_beneath(
+                match self.open_beneath(
                     dir.as_fd(),
                     Path::new(&name),
                     OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW,

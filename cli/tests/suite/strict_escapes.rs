@@ -817,3 +817,71 @@ fn filling_the_disk_through_the_tools_stops_at_the_budget() {
         "{written} bytes written past an 8 MiB budget"
     );
 }
+
+/// With `TMPDIR` at the session cwd, every execution's staging dir lies beneath the cwd, which
+/// is a tool root: the tools (running with the supervisor's rights) must still not reach a
+/// neighbour's staging dir, where a planted module would run as the neighbour with its token.
+#[test]
+fn the_tools_do_not_reach_a_neighbours_staging_dir_beneath_the_cwd() {
+    require_strict!();
+    let mut r = range();
+    let work = r.sb.work();
+    r.sb.set_env("TMPDIR", work.to_str().unwrap());
+    let marker = "NEIGHBOUR-SECRET-MARKER";
+    // The neighbour: writes a secret into its staging dir, waits, then imports its tools (the
+    // stub imports `socket` lazily, from the staging dir first) and shows what it finds.
+    let victim = format!(
+        "import os, time\nopen('secret.txt', 'w').write({marker:?})\ntime.sleep(8)\n\
+         from vibeos_tools import read_file\nread_file('secret.txt')\n\
+         print('SECRET', open('secret.txt').read())\nprint('FILES', sorted(os.listdir('.')))\n"
+    );
+    let script = r.sb.root.path().join("neighbour.py");
+    std::fs::write(&script, victim).unwrap();
+    let neighbour_run = r
+        .sb
+        .command()
+        .args(["run", "--json", "--mode", "strict"])
+        .arg(&script)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let (parent, neighbour) = loop {
+        let found = std::fs::read_dir(&work).unwrap().flatten().find_map(|e| {
+            let parent = e.path();
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !name.starts_with("vibeos-staging-") {
+                return None;
+            }
+            std::fs::read_dir(&parent).ok()?.flatten().find_map(|d| {
+                let dir = d.path();
+                dir.join("secret.txt").exists().then(|| (parent.clone(), dir))
+            })
+        });
+        if let Some(found) = found {
+            break found;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "the neighbour's staging dir never appeared under {}",
+            work.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let rel = neighbour.strip_prefix(&work).unwrap();
+    std::os::unix::fs::symlink(rel, work.join("peek")).unwrap();
+    let result = r.attack(
+        "tools_neighbour_staging",
+        json!({ "neighbour": neighbour, "staging_parent": parent }),
+        &[],
+    );
+    let output = result["output"].as_str().unwrap_or_default();
+    assert!(!output.contains(marker), "{output}");
+    let attempts = r.contained(&result);
+    assert_eq!(attempts.len(), 11, "{attempts:?}");
+    let out = neighbour_run.wait_with_output().unwrap();
+    let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let seen = seen["output"].as_str().unwrap_or_default();
+    assert!(seen.contains(&format!("SECRET {marker}")), "{seen}");
+    assert!(!seen.contains("INJECTED") && !seen.contains("socket.py"), "{seen}");
+}

@@ -25,7 +25,7 @@ use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 
 /// Prefix of the per-user parent dir under TMPDIR.
-pub const PARENT_PREFIX: &str = "vibeos-staging-";
+pub const PARENT_PREFIX: &str = vibeos_tools::path_policy::STAGING_PARENT_PREFIX;
 
 /// The parent dir for staging dirs under `tmp`, created or checked.
 pub fn parent_in(tmp: &Path) -> io::Result<PathBuf> {
