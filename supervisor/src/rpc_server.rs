@@ -42,6 +42,12 @@ pub const MAX_OPEN_CONNECTIONS: usize = 64;
 /// of its connections ends.
 const SLOT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// Most calls of one execution that may wait on the blocking pool at once. Each holds a pool
+/// thread and its reply until the script reads it: without a cap, a script that writes
+/// requests and never reads the replies grew the supervisor by gigabytes. At the cap, the
+/// connection stops reading, the socket fills, and the script's own write blocks.
+pub const MAX_CALLS_IN_FLIGHT: usize = 32;
+
 /// Parameters of `terminal` a script may not use: scripts run foreground commands only.
 const TERMINAL_STRIPPED: [&str; 5] = ["background", "pty", "notify", "notify_on_complete", "watch"];
 
@@ -71,6 +77,12 @@ pub struct ChannelState {
     saturated: AtomicBool,
     /// Serial number of the next connection.
     next_connection: AtomicU64,
+    /// Calls on the blocking pool now (see [`MAX_CALLS_IN_FLIGHT`]).
+    in_flight: Mutex<usize>,
+    /// Signalled when a call on the pool ends, or the execution closes its channel.
+    call_done: Condvar,
+    /// Set by [`ChannelState::close_all`]: nothing waits for a call slot any more.
+    closed: AtomicBool,
 }
 
 impl ChannelState {
@@ -97,11 +109,36 @@ impl ChannelState {
             slot_freed: Condvar::new(),
             saturated: AtomicBool::new(false),
             next_connection: AtomicU64::new(0),
+            in_flight: Mutex::new(0),
+            call_done: Condvar::new(),
+            closed: AtomicBool::new(false),
         }
+    }
+
+    /// Waits until fewer than [`MAX_CALLS_IN_FLIGHT`] calls are on the pool and takes a slot;
+    /// `None` once the channel is closed.
+    fn take_call_slot(self: &Arc<Self>) -> Option<CallSlot> {
+        let count = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        let mut count = self
+            .call_done
+            .wait_while(count, |n| {
+                *n >= MAX_CALLS_IN_FLIGHT && !self.closed.load(Ordering::SeqCst)
+            })
+            .unwrap_or_else(|p| p.into_inner());
+        if self.closed.load(Ordering::SeqCst) {
+            return None;
+        }
+        *count += 1;
+        Some(CallSlot(Arc::clone(self)))
     }
 
     /// Shuts every open connection down (the execution is over); their threads then end.
     pub fn close_all(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        {
+            let _count = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+            self.call_done.notify_all();
+        }
         let mut conns = self.connections.lock().unwrap_or_else(|p| p.into_inner());
         for (_, writer) in conns.drain() {
             let guard = writer.lock().unwrap_or_else(|p| p.into_inner());
@@ -166,8 +203,11 @@ impl ChannelState {
 
     /// Whether a call to `tool` is answered inline on the connection thread: refusals and
     /// bounded local tools are; anything that may wait goes to the blocking pool.
+    /// A call past the budget is a refusal, answered inline too: at the socket's pace.
     fn answers_inline(&self, tool: &str) -> bool {
-        !self.allowed.contains(tool) || self.registry.get(tool).is_some_and(|e| e.bounded)
+        !self.allowed.contains(tool)
+            || self.calls_made.load(Ordering::SeqCst) >= self.max_tool_calls
+            || self.registry.get(tool).is_some_and(|e| e.bounded)
     }
 
     /// Answers one request whose token was checked; returns the result as JSON text.
@@ -563,13 +603,29 @@ fn serve_connection(
         } else {
             // The script waits for this reply, not to send: nothing to poll for meanwhile.
             pace.went_async();
+            let Some(slot) = state.take_call_slot() else {
+                break;
+            };
             let state = Arc::clone(state);
             let writer = Arc::clone(&writer);
             pool.spawn_blocking(move || {
                 let result = state.answer(&request.tool, request.args);
                 send(&writer, &encode_response_json(&request.id, &result), false);
+                drop(slot);
             });
         }
+    }
+}
+
+/// One call's place among the [`MAX_CALLS_IN_FLIGHT`]; freed when dropped, however the call
+/// ends.
+struct CallSlot(Arc<ChannelState>);
+
+impl Drop for CallSlot {
+    fn drop(&mut self) {
+        let mut count = self.0.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        *count = count.saturating_sub(1);
+        self.0.call_done.notify_one();
     }
 }
 

@@ -765,3 +765,24 @@ fn staging_goes_to_tmpdir_when_set_and_to_memory_for_root_when_not() {
         );
     }
 }
+
+#[test]
+fn a_script_that_never_reads_its_replies_is_pushed_back() {
+    // Before the cap on calls in flight, the supervisor queued every request on its blocking
+    // pool and every reply behind a full socket: millions of requests in seconds, gigabytes.
+    let sb = Sandbox::new();
+    let body = std::fs::read_to_string(fixture("core/unread_replies.py")).unwrap();
+    let r = sb.run_json_with_pid(&["--max-tool-calls", "1000000"], |pid| {
+        format!("SUPERVISOR_PID = {pid}\n{body}")
+    });
+    assert_eq!(r["status"], "success", "{r}");
+    let out = parse_output_json(&r);
+    assert_eq!(
+        out["blocked"], true,
+        "the script's writes never blocked: {out}"
+    );
+    let sent = out["sent"].as_u64().unwrap();
+    assert!(sent < 50_000, "{sent} requests went out unread: {out}");
+    let grew = out["grew_kb"].as_i64().unwrap();
+    assert!(grew < 200_000, "the supervisor grew by {grew} kB: {out}");
+}
