@@ -17,9 +17,9 @@ mod log_bridge;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use serde_json::{Map, Value};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 use vibeos_supervisor::overrides::{Overrides, Spelling};
 use vibeos_supervisor::session_cwd;
@@ -29,8 +29,8 @@ use vibeos_tools::approval::{self, ApprovalChoice, ApprovalRequest};
 use vibeos_tools::approval_policy::{self, SmartVerdict};
 use vibeos_tools::environments::BackendKind;
 use vibeos_tools::{
-    registry, RegistrationError, ToolCall, ToolContext, ToolEntry, ToolError, ToolSource,
-    SCRIPT_BLOCKED_TOOLS,
+    registry, CheckFn, RegistrationError, ToolCall, ToolContext, ToolEntry, ToolError,
+    ToolRegistry, ToolSource,
 };
 
 /// How often a waiting `execute_code` looks for a pending signal (Ctrl-C) of the host.
@@ -76,6 +76,7 @@ fn execute_code(
     let config = py
         .allow_threads(|| Config::load(None))
         .map_err(|e| PyRuntimeError::new_err(format!("vibeos config: {e}")))?;
+    py.allow_threads(|| log_config_warnings(&config));
     py.allow_threads(|| ensure_backend(&config))?;
     let mut request = ExecutionRequest::from_config(code, &config);
     Overrides::check(mode.as_deref(), timeout, max_tool_calls, Spelling::Argument)
@@ -86,9 +87,9 @@ fn execute_code(
             &mut request.max_tool_calls,
         );
     request.cwd = cwd;
-    if request.python.is_none() {
-        request.python = python;
-    }
+    // The host's interpreter is the default when code_execution.python is unset; kept apart
+    // from it so the start log names where the interpreter came from.
+    request.host_python = python;
     for name in env_passthrough {
         if !request.env_passthrough.contains(&name) {
             request.env_passthrough.push(name);
@@ -207,6 +208,51 @@ fn registration_error(e: RegistrationError) -> PyErr {
     }
 }
 
+/// Identity of a Python check: the object, or for a bound method (`client.is_ready`, a new
+/// object at every attribute access) its function and instance.
+type CheckKey = (usize, usize);
+
+/// The registry's check for each Python check still held by some tool, by [`CheckKey`].
+/// Weak: the entry dies with the last tool holding the check; while it lives, its closure holds
+/// the Python objects, so their addresses cannot be reused by another object.
+static PY_CHECKS: Mutex<BTreeMap<CheckKey, Weak<dyn Fn() -> bool + Send + Sync>>> =
+    Mutex::new(BTreeMap::new());
+
+/// The registry check that calls the Python `check`: the same `Arc` for every tool registered
+/// with the same Python callable, because the registry runs each distinct `Arc` once per
+/// definitions build (SPEC §7: a shared check runs once). A check that raises counts as
+/// unavailable.
+fn shared_check(py: Python<'_>, check: Py<PyAny>) -> CheckFn {
+    let bound = check.bind(py);
+    let is_method = py
+        .import("types")
+        .and_then(|types| types.getattr("MethodType"))
+        .and_then(|method_type| bound.is_instance(&method_type))
+        .unwrap_or(false);
+    // A bound method holds its function and instance, so the check's closure (holding the
+    // method) keeps both addresses taken for as long as the key is in use.
+    let key = match (bound.getattr("__func__"), bound.getattr("__self__")) {
+        (Ok(func), Ok(owner)) if is_method => (func.as_ptr() as usize, owner.as_ptr() as usize),
+        _ => (bound.as_ptr() as usize, 0),
+    };
+    let mut checks = PY_CHECKS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(shared) = checks.get(&key).and_then(Weak::upgrade) {
+        return shared;
+    }
+    checks.retain(|_, weak| weak.strong_count() > 0);
+    let run: CheckFn = Arc::new(move || {
+        Python::with_gil(|py| {
+            check
+                .bind(py)
+                .call0()
+                .and_then(|r| r.is_truthy())
+                .unwrap_or(false)
+        })
+    });
+    checks.insert(key, Arc::downgrade(&run));
+    run
+}
+
 /// The `source` of registrations made by the host itself (`registry.register`'s default).
 const HOST_SOURCE: &str = "python";
 
@@ -232,10 +278,9 @@ fn register_tool(
 ) -> PyResult<()> {
     let schema: Value = serde_json::from_str(&parameters_json)
         .map_err(|e| value_error(format!("schema of `{name}` is not JSON: {e}")))?;
-    if script_callable && SCRIPT_BLOCKED_TOOLS.contains(&name.as_str()) {
-        return Err(value_error(format!(
-            "cannot let scripts call `{name}`: scripts can never call it"
-        )));
+    if script_callable {
+        // Before registering, so a refused opening leaves nothing half-done.
+        ToolRegistry::check_script_name(&name).map_err(registration_error)?;
     }
     let invoker = Arc::new(invoker);
     let mut entry = ToolEntry::new_text(
@@ -257,15 +302,7 @@ fn register_tool(
     entry.requires_env = requires_env;
     entry.max_result_size_chars = max_result_size_chars;
     if let Some(check) = check_fn {
-        entry = entry.with_check(move || {
-            Python::with_gil(|py| {
-                check
-                    .bind(py)
-                    .call0()
-                    .and_then(|r| r.is_truthy())
-                    .unwrap_or(false)
-            })
-        });
+        entry = entry.with_shared_check(&shared_check(py, check));
     }
     py.allow_threads(|| {
         let reg = registry();
@@ -380,6 +417,7 @@ fn get_tool_definitions(
     let config = py
         .allow_threads(|| Config::load(None))
         .map_err(|e| PyRuntimeError::new_err(format!("vibeos config: {e}")))?;
+    py.allow_threads(|| log_config_warnings(&config));
     let settings = vibeos_supervisor::execute_code_tool::execute_code_settings(&config, None);
     py.allow_threads(|| registry().get_tool_definitions_with(&enabled, &disabled, &settings))
         .map(|defs| Value::Array(defs).to_string())
@@ -507,6 +545,21 @@ fn statuses() -> Vec<String> {
     .collect()
 }
 
+/// Logs the problems of `config` that did not stop loading (an unknown `code_execution.mode`,
+/// SPEC §3), as the CLI does at start. The config is re-read at every call, so a warning is
+/// logged when it appears, not at every call while the file stays as it is.
+fn log_config_warnings(config: &Config) {
+    static LOGGED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut logged = LOGGED.lock().unwrap_or_else(|p| p.into_inner());
+    if *logged == config.warnings {
+        return;
+    }
+    for warning in config.warnings.iter().filter(|w| !logged.contains(w)) {
+        tracing::warn!(target: "vibeos_supervisor::config", "{warning}");
+    }
+    logged.clone_from(&config.warnings);
+}
+
 /// Makes the backend config.yaml selects (`terminal.backend`, SPEC §9) the process's backend,
 /// as `vibeos-exec run` does: re-read per call, so a host that changes the file gets the new
 /// choice, and a bad backend setting refuses the call (naming the key) rather than quietly
@@ -538,15 +591,15 @@ fn register_execute_code_tool(py: Python<'_>) {
         return;
     };
     log_bridge::install(config.log_level.as_deref());
-    if config.python.is_none() {
-        config.python = py
-            .import("sys")
-            .and_then(|sys| sys.getattr("executable"))
-            .and_then(|exe| exe.extract::<PathBuf>())
-            .ok()
-            .filter(|p| !p.as_os_str().is_empty());
-    }
+    config.host_python = py
+        .import("sys")
+        .and_then(|sys| sys.getattr("executable"))
+        .and_then(|exe| exe.extract::<PathBuf>())
+        .ok()
+        .filter(|p| !p.as_os_str().is_empty());
     py.allow_threads(|| {
+        // The execute_code tool keeps this config, so its problems are said now.
+        log_config_warnings(&config);
         // A host process runs many scripts: keep warm interpreters (code_execution.pool_size).
         vibeos_supervisor::pool::enable(config.pool_size);
         // Warm calls fork from one pre-initialised interpreter per key (docs/warm-pool.md).

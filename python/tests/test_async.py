@@ -51,3 +51,42 @@ def test_cancelling_the_awaiting_task_interrupts_the_script():
     assert waited is not None, "the task was not cancelled"
     assert waited < 10
     assert vibeos_exec._native.running_count() == 0
+
+
+def test_an_async_handler_may_call_another_async_tool():
+    """The outer handler blocks the shared loop while it waits for the inner call, so the inner
+    coroutine runs on a worker thread with its own loop (SPEC §7), at any depth."""
+    import json
+    import threading
+
+    schema = {"type": "object", "properties": {}}
+    threads = {}
+
+    async def inner(args):
+        threads["inner"] = threading.current_thread().name
+        await asyncio.sleep(0.01)
+        return {"depth": 0}
+
+    async def middle(args):
+        threads["middle"] = threading.current_thread().name
+        return {"inner": json.loads(registry.handle_function_call("nested_inner", {}))}
+
+    async def outer(args):
+        threads["outer"] = threading.current_thread().name
+        return {"middle": json.loads(registry.handle_function_call("nested_middle", {}))}
+
+    registry.register(name="nested_inner", toolset="host", schema=schema, handler=inner)
+    registry.register(name="nested_middle", toolset="host", schema=schema, handler=middle)
+    registry.register(name="nested_outer", toolset="host", schema=schema, handler=outer,
+                      script_callable=True)
+    expected = {"middle": {"inner": {"depth": 0}}}
+    assert json.loads(registry.handle_function_call("nested_outer", {})) == expected
+    assert threads["outer"] == "vibeos-exec-async-tools"
+    assert threads["middle"] == threads["inner"] == "vibeos-exec-async-worker"
+    r = vibeos_exec.execute_code(
+        "import json\nfrom vibeos_tools import nested_outer\nprint(json.dumps(nested_outer()))")
+    assert r["status"] == "success", r
+    assert json.loads(r["output"]) == expected
+    # The shared loop is still the one a plain call uses afterwards.
+    assert json.loads(registry.handle_function_call("nested_inner", {})) == {"depth": 0}
+    assert threads["inner"] == "vibeos-exec-async-tools"

@@ -73,6 +73,42 @@ def test_discovers_registering_modules_and_skips_broken_ones(tools_dir, caplog):
     assert registry.handle_function_call("alpha_tool", {}) == '{"value": 42}'
 
 
+def test_a_module_calling_sys_exit_is_skipped_and_later_ones_load(tmp_path, caplog):
+    d = tmp_path / "exiting"
+    d.mkdir()
+    write(d, "f_exits.py", """
+        import sys
+        sys.exit(1)
+        from vibeos_exec import registry
+        registry.register(name="f_exits", toolset="disc", schema={"type": "object"},
+                          handler=lambda a: {})
+    """)
+    write(d, "g_after.py", """
+        from vibeos_exec import registry
+        registry.register(name="g_after", toolset="disc", schema={"type": "object"},
+                          handler=lambda a: {"after": True})
+    """)
+    with caplog.at_level(logging.WARNING, logger="vibeos_exec.discovery"):
+        loaded = vibeos_exec.discover_tools(d)
+    assert loaded == ["g_after"]
+    assert "g_after" in registry.tool_names() and "f_exits" not in registry.tool_names()
+    messages = "\n".join(r.getMessage() for r in caplog.records)
+    assert "f_exits.py" in messages and "SystemExit" in messages
+
+
+def test_a_plugin_calling_sys_exit_is_reported_and_skipped(tmp_path):
+    d = tmp_path / "plugins"
+    d.mkdir()
+    write(d, "exits_plugin.py", """
+        raise SystemExit("no optional dependency")
+        from vibeos_exec import registry
+        registry.register(name="exits_plugin", toolset="disc", schema={"type": "object"},
+                          handler=lambda a: {})
+    """)
+    report = vibeos_exec.load_plugins([d], entry_points=False, tracebacks=False)
+    assert report.failed == {"exits_plugin": "SystemExit: no optional dependency"}
+
+
 def test_module_registers_tools_reads_only_the_top_level(tools_dir):
     assert module_registers_tools(tools_dir / "alpha_tool.py")
     assert module_registers_tools(tools_dir / "guarded_tool.py")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -94,6 +95,54 @@ def test_config_is_read_and_arguments_override_it(home, tmp_path):
     assert r["mode"] == "project"
 
 
+def test_an_unknown_mode_is_logged_and_runs_in_project_mode(home, caplog):
+    (home / "config.yaml").write_text("code_execution:\n  mode: weird\n")
+    with caplog.at_level(logging.DEBUG, logger="vibeos_exec"):
+        r = vibeos_exec.execute_code("print(1)")
+        again = vibeos_exec.execute_code("print(2)")
+    assert r["status"] == "success" and r["mode"] == "project", r
+    assert again["status"] == "success", again
+    warnings = [rec.getMessage() for rec in caplog.records
+                if rec.levelno == logging.WARNING and "is not a known mode" in rec.getMessage()]
+    # Said when it appears, not at every call while the file stays as it is.
+    assert warnings == ['code_execution.mode "weird" is not a known mode (project, strict); '
+                        'using project'], warnings
+    started = [rec.getMessage() for rec in caplog.records if "script started" in rec.getMessage()]
+    # The interpreter is the host's own, not a code_execution.python setting (none is set).
+    assert started and all("source=host sys.executable" in m for m in started), started
+
+
+def test_a_configured_interpreter_is_named_as_the_setting(home, caplog):
+    (home / "config.yaml").write_text(f"code_execution:\n  python: {sys.executable}\n")
+    with caplog.at_level(logging.INFO, logger="vibeos_exec"):
+        r = vibeos_exec.execute_code("print(1)")
+    assert r["status"] == "success", r
+    started = [rec.getMessage() for rec in caplog.records if "script started" in rec.getMessage()]
+    assert started and "source=code_execution.python" in started[-1], started
+
+
+def test_the_type_stubs_cover_every_native_function():
+    """_native.pyi declares every function the extension exports, with its parameters."""
+    import ast
+    import inspect
+
+    from vibeos_exec import _native
+
+    tree = ast.parse((Path(vibeos_exec.__file__).parent / "_native.pyi").read_text())
+    declared = {
+        node.name: [a.arg for a in node.args.args]
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef)
+    }
+    exported = {
+        name: [p for p in inspect.signature(fn).parameters]
+        for name, fn in vars(_native).items()
+        if callable(fn) and not name.startswith("_")
+    }
+    assert "shutdown_backends" in exported
+    assert declared == exported
+
+
 def test_a_broken_config_is_a_runtime_error(home):
     (home / "config.yaml").write_text("code_execution: [unclosed\n")
     with pytest.raises(RuntimeError, match="config"):
@@ -126,6 +175,11 @@ def test_wrong_argument_types_name_the_parameter(kwargs, param):
         ({"timeout": 0}, "timeout"),
         ({"timeout": -3}, "timeout"),
         ({"max_tool_calls": -1}, "max_tool_calls"),
+        # Past what the extension takes: a ValueError naming the range, not an OverflowError.
+        ({"max_tool_calls": 2**64}, "max_tool_calls must be a whole number of calls from 0 to"),
+        ({"max_tool_calls": 2**80}, "max_tool_calls"),
+        ({"timeout": 10**400}, r"timeout must be a positive number of seconds \(at most 86400\)"),
+        ({"timeout": float("nan")}, "timeout"),
         ({"enabled_tools": ["execute_code"]}, "execute_code"),
         ({"enabled_tools": ["no_such_tool"]}, "no_such_tool"),
     ],

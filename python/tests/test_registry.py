@@ -329,3 +329,94 @@ def test_interrupt_stops_execute_code_started_through_handle_function_call():
     t.join(30)
     assert not t.is_alive()
     assert box["r"]["status"] == "interrupted", box["r"]
+
+
+def test_a_check_fn_shared_by_tools_runs_once_per_definitions_call():
+    calls = []
+
+    def check():
+        calls.append(1)
+        return True
+
+    class Probe:
+        def __init__(self):
+            self.calls = 0
+
+        def ready(self):
+            self.calls += 1
+            return True
+
+    probe = Probe()
+    for name in ("shared_a1", "shared_a2", "shared_a3"):
+        registry.register(name=name, toolset="shared", schema=echo_schema(),
+                          handler=lambda a: {}, check_fn=check)
+    # A bound method is a new object at every attribute access: still one check.
+    for name in ("method_b1", "method_b2"):
+        registry.register(name=name, toolset="shared", schema=echo_schema(),
+                          handler=lambda a: {}, check_fn=probe.ready)
+    names = [d["function"]["name"] for d in registry.get_tool_definitions(["shared"])]
+    assert names == ["method_b1", "method_b2", "shared_a1", "shared_a2", "shared_a3"]
+    assert (len(calls), probe.calls) == (1, 1)
+    # Cached per definitions call, not forever.
+    registry.get_tool_definitions(["shared"])
+    assert (len(calls), probe.calls) == (2, 2)
+    # Another instance's method is another check.
+    registry.register(name="method_b3", toolset="shared", schema=echo_schema(),
+                      handler=lambda a: {}, check_fn=Probe().ready)
+    registry.get_tool_definitions(["shared"])
+    assert (len(calls), probe.calls) == (3, 3)
+
+
+def test_the_stub_the_script_tools_and_the_description_agree(tmp_path):
+    schema = {"type": "object", "properties": {"x": {"type": "string"}}}
+    # Names vibeos_tools cannot define are refused when opened, and nothing is registered.
+    for bad in ("with-dash", "1abc", "class", "json_parse", "retry"):
+        with pytest.raises(ValueError, match=f"cannot let scripts call `{bad}`: vibeos_tools "
+                                             "cannot define it"):
+            registry.register(name=bad, toolset="host", schema=schema, handler=lambda a: a,
+                              script_callable=True)
+        assert bad not in registry.tool_names()
+        with pytest.raises(ValueError, match="vibeos_tools cannot define it"):
+            vibeos_exec.allow_in_scripts(bad)
+    seen = []
+
+    def k(args):
+        seen.append(args)
+        return args
+
+    registry.register(name="k", toolset="host", handler=k, script_callable=True,
+                      schema={"type": "object", "properties": {
+                          "class": {"type": "string"}, "a-b": {"type": "integer"}}})
+    defs = registry.get_tool_definitions()
+    desc = next(d for d in defs if d["function"]["name"] == "execute_code")["function"][
+        "description"]
+    import_line = next(line for line in desc.splitlines() if "from vibeos_tools import" in line)
+    listed = import_line.split("import ", 1)[1].split("`", 1)[0].split(", ")
+    assert listed == registry.script_tools(), (listed, registry.script_tools())
+    assert "k" in listed
+    assert "- k(class_=None, a_b=None):" in desc, desc
+    r = vibeos_exec.execute_code(
+        "import json, inspect, vibeos_tools\n"
+        "from vibeos_tools import k\n"
+        f"print(json.dumps(sorted(vibeos_tools._TOOLS)))\n"
+        "print(inspect.signature(k))\n"
+        "print(json.dumps([k(**{'class': 'a'}), k(class_='b'), k(**{'a-b': 1}), k(a_b=2)]))\n"
+        "try:\n    k(class_='c', **{'class': 'd'})\nexcept TypeError as e:\n    print('TypeError')\n",
+        cwd=tmp_path,
+    )
+    assert r["status"] == "success", r
+    stub_tools, signature, results, refused = r["output"].splitlines()
+    assert json.loads(stub_tools) == sorted(listed)
+    assert signature == "(class_=None, a_b=None)"
+    expected = [{"class": "a"}, {"class": "b"}, {"a-b": 1}, {"a-b": 2}]
+    assert json.loads(results) == expected
+    assert seen == expected
+    assert refused == "TypeError"
+
+
+@pytest.mark.parametrize("size", [0, -1, 2**64, 2**80])
+def test_max_result_size_chars_out_of_range_is_a_value_error(size):
+    with pytest.raises(ValueError, match="max_result_size_chars must be a positive int from 1 to"):
+        registry.register(name="sized", toolset="host", schema=echo_schema(),
+                          handler=lambda a: {}, max_result_size_chars=size)
+    assert "sized" not in registry.tool_names()

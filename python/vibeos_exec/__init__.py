@@ -32,6 +32,7 @@ from . import _native, registry
 from .approval import set_approval_callback, set_smart_approver
 from .discovery import discover_tools
 from .plugins import PluginReport, load_plugins
+from .registry import _USIZE_MAX, _shown
 
 __all__ = [
     "execute_code",
@@ -83,6 +84,18 @@ def _number(param: str, value: Any, integral: bool) -> Any:
     return value
 
 
+#: Longest ``timeout`` (seconds), as the supervisor checks it.
+_MAX_TIMEOUT = 86_400
+
+
+def _int_in_range(param: str, value: Optional[int], low: int, high: int, what: str) -> Optional[int]:
+    """``value`` when None or within ``low..=high``; else ``ValueError`` naming ``param``,
+    what it must be and the range."""
+    if value is not None and not low <= value <= high:
+        raise ValueError(f"{param} must be {what} from {low} to {high}, got {_shown(value)}")
+    return value
+
+
 def _names(param: str, value: Any) -> Optional[List[str]]:
     if value is None:
         return None
@@ -131,8 +144,9 @@ def execute_code(
 
     Raises:
         TypeError: An argument has the wrong type (the message names it).
-        ValueError: An argument has a wrong value (unknown mode, non-positive timeout, a tool
-            scripts may not call).
+        ValueError: An argument has a wrong value (unknown mode, a timeout that is not
+            positive or over 86400 seconds, a negative or too large max_tool_calls, a tool
+            scripts may not call); the message names it and the allowed values.
         RuntimeError: The config file cannot be read.
     """
     global _active
@@ -141,9 +155,22 @@ def execute_code(
     if mode is not None and not isinstance(mode, str):
         raise _type_error("mode", "a str or None", mode)
     timeout = _number("timeout", timeout, integral=False)
-    max_tool_calls = _number("max_tool_calls", max_tool_calls, integral=True)
-    if max_tool_calls is not None and max_tool_calls < 0:
-        raise ValueError(f"max_tool_calls must be >= 0, got {max_tool_calls}")
+    if timeout is not None:
+        try:
+            timeout = float(timeout)
+        except OverflowError:
+            # An int too large for a float is far above the longest timeout.
+            raise ValueError(
+                f"timeout must be a positive number of seconds (at most {_MAX_TIMEOUT}), "
+                f"got {_shown(timeout)}"
+            ) from None
+    max_tool_calls = _int_in_range(
+        "max_tool_calls",
+        _number("max_tool_calls", max_tool_calls, integral=True),
+        0,
+        _USIZE_MAX,
+        "a whole number of calls",
+    )
     if cwd is not None and not isinstance(cwd, (str, os.PathLike)):
         raise _type_error("cwd", "a str, os.PathLike or None", cwd)
     tools = _names("enabled_tools", enabled_tools)
@@ -159,7 +186,7 @@ def execute_code(
         text = _native.execute_code(
             code,
             mode,
-            float(timeout) if timeout is not None else None,
+            timeout,
             max_tool_calls,
             os.fspath(cwd) if cwd is not None else None,
             tools,
@@ -221,7 +248,9 @@ def allow_in_scripts(names: Union[str, Sequence[str]]) -> None:
     """Lets execute_code scripts call the host tools ``names`` (besides the built-in script tools).
 
     ``execute_code``, ``delegate_task``, agent-loop tools (``todo``, ``memory``,
-    ``session_search``) and MCP tools can never be opened: ``ValueError``. Names may be
+    ``session_search``), MCP tools and names ``vibeos_tools`` cannot define as functions (not a
+    Python identifier, a keyword, ``_``-prefixed, or a helper's name such as ``retry``) can
+    never be opened: ``ValueError``. Names may be
     registered later; a tool must still be registered and available to appear in a script.
     """
     items = [names] if isinstance(names, str) else _names("names", names)

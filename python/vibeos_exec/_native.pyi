@@ -30,6 +30,9 @@ def interrupt_all() -> int:
 def running_count() -> int:
     """How many executions are running."""
 
+def shutdown_backends() -> None:
+    """Stops the environments of the active backend (containers, ssh masters); at exit."""
+
 def register_tool(
     name: str,
     toolset: str,

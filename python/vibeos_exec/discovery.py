@@ -4,7 +4,8 @@ A tools directory may hold helper modules next to tool modules, and importing a 
 slow or have side effects. So each ``*.py`` file is parsed first, and only modules with a
 *top-level* ``registry.register(...)`` call (or ``<anything>.registry.register(...)``) are
 imported; calls inside functions do not count. A module that fails to import (a missing optional
-dependency, a syntax error) is logged and skipped; the others still load.
+dependency, a syntax error, a ``sys.exit()`` while importing) is logged and skipped; the others
+still load.
 """
 
 from __future__ import annotations
@@ -103,8 +104,9 @@ def discover_tools(path: Union[str, "os.PathLike[str]"]) -> List[str]:
 
     Files are visited in name order; ``__init__.py`` and files starting with ``_`` are skipped.
     Each module is imported under its file stem (and kept in ``sys.modules``), with ``path`` on
-    ``sys.path`` while it imports so sibling helpers resolve. Import failures are logged with
-    their traceback at WARNING and skipped.
+    ``sys.path`` while it imports so sibling helpers resolve. Import failures (exceptions and
+    ``SystemExit``; not ``KeyboardInterrupt``) are logged with their traceback at WARNING and
+    skipped.
 
     Raises:
         TypeError: ``path`` is not a str or os.PathLike.
@@ -121,7 +123,10 @@ def discover_tools(path: Union[str, "os.PathLike[str]"]) -> List[str]:
             name = file.stem
             try:
                 import_module_file(file)
-            except Exception as exc:  # noqa: BLE001 - one broken module must not stop the rest
+            # SystemExit too: a module calling sys.exit() while importing (a missing optional
+            # dependency, often) is one failing module, not a request to stop the host.
+            # KeyboardInterrupt still propagates: that is the user.
+            except (Exception, SystemExit) as exc:  # noqa: BLE001 - one broken module must not stop the rest
                 log.warning("tool discovery: skipping %s: %s: %s", file, type(exc).__name__, exc,
                             exc_info=True)
                 continue

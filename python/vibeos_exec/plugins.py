@@ -62,7 +62,9 @@ def _track(report: PluginReport, name: str, load: Callable[[], None], tracebacks
     registry._recorder = recorded
     try:
         load()
-    except Exception as exc:  # noqa: BLE001 - one broken plugin must not stop the rest
+    # SystemExit too (a plugin calling sys.exit() while importing), as discover_tools does;
+    # KeyboardInterrupt still propagates.
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - one broken plugin must not stop the rest
         reason = f"{type(exc).__name__}: {exc}"
         log.warning("plugin `%s` skipped: %s", name, reason, exc_info=tracebacks)
         report.failed[name] = reason

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import sys
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from . import _async, _native
@@ -30,6 +31,17 @@ __all__ = [
 ]
 
 Handler = Callable[..., Any]
+
+#: Largest count the extension takes (a Rust ``usize``); a larger int would raise
+#: ``OverflowError`` at the boundary instead of the documented ``ValueError``.
+_USIZE_MAX = sys.maxsize * 2 + 1
+
+
+def _shown(value: Any) -> str:
+    """``value`` for a message: an int too long to print usefully is described by its size."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"an int of {value.bit_length()} bits"
+    return repr(value)
 
 
 def _check_str(param: str, value: Any) -> str:
@@ -133,6 +145,8 @@ def register(
             under ``parameters`` (its ``description`` is used when ``description`` is empty).
         handler: ``handler(args)`` or ``handler(args, task_id=...)``; sync or ``async def``.
         check_fn: Returns truthy when the tool is usable now; an exception means unavailable.
+            Tools registered with the same callable share one check, run once per
+            definitions call.
         requires_env: Environment variables the tool needs (shown when it is unavailable).
         is_async: Whether ``handler`` returns a coroutine; detected when ``None``.
         description: What the tool does; its first line is the doc line scripts see.
@@ -142,7 +156,9 @@ def register(
             registration in the same toolset replaces the previous one without it (last wins,
             logged), e.g. ``register(name="web_search", toolset="web", ...)``; shadowing
             another toolset's tool without it raises ``ValueError``.
-        script_callable: Also let execute_code scripts call it (see :func:`vibeos_exec.allow_in_scripts`).
+        script_callable: Also let execute_code scripts call it (see :func:`vibeos_exec.allow_in_scripts`);
+            the name must then be a Python identifier that is not a keyword or a stub helper
+            (``json_parse``, ``shell_quote``, ``retry``), as ``vibeos_tools`` defines it.
         parallel_safe: Calls may run alongside other calls of the same model turn.
         source: ``"python"`` (default): the host's own tool. Any other name records it as
             that plugin's, which also needs the operator's plugin override policy to replace a
@@ -150,7 +166,9 @@ def register(
 
     Raises:
         TypeError: An argument has the wrong type (the message names it).
-        ValueError: The name, schema or override is refused by the registry.
+        ValueError: The name, schema or override is refused by the registry, the name cannot be
+            a script's function (with ``script_callable``), or ``max_result_size_chars`` is
+            not from 1 to the largest size the platform has.
     """
     _check_str("name", name)
     _check_str("toolset", toolset)
@@ -171,8 +189,12 @@ def register(
         raise TypeError(
             f"max_result_size_chars must be an int or None, got {type(max_result_size_chars).__name__}"
         )
-    if max_result_size_chars is not None and max_result_size_chars <= 0:
-        raise ValueError("max_result_size_chars must be positive")
+    if max_result_size_chars is not None and not 0 < max_result_size_chars <= _USIZE_MAX:
+        # Checked here: past the extension's usize it would be an OverflowError.
+        raise ValueError(
+            f"max_result_size_chars must be a positive int from 1 to {_USIZE_MAX} (or None for "
+            f"no cap), got {_shown(max_result_size_chars)}"
+        )
     for flag, value in (("override", override), ("script_callable", script_callable),
                         ("parallel_safe", parallel_safe)):
         if not isinstance(value, bool):

@@ -21,7 +21,8 @@ pub const RUNTIME_MODULE: &str = "_vibeos_runtime";
 pub const RUNTIME_FILE: &str = "_vibeos_runtime.py";
 
 /// The generated module's head: its doc and what it takes from the runtime (the wrappers call
-/// `_call` and `_drop_unset`, and parse non-scalar defaults with `_json`).
+/// `_call` and `_drop_unset`, parse non-scalar defaults with `_json`, and accept schema names
+/// that are not identifiers through `_wire_names`).
 const HEAD: &str = r#""""Tools of this execute_code run, callable from the script.
 
 Generated for one execution. Each tool function sends one call over the execution's private
@@ -33,7 +34,7 @@ connection) and from forked children and subprocesses (each process opens its ow
 """
 
 from _vibeos_runtime import ToolChannelError, json_parse, shell_quote, retry  # noqa: F401
-from _vibeos_runtime import _call, _drop_unset, _json  # noqa: F401
+from _vibeos_runtime import _call, _drop_unset, _json, _wire_names  # noqa: F401
 "#;
 
 /// Helper names the runtime defines; a tool may not shadow them.
@@ -195,56 +196,108 @@ fn type_label(schema: &Value) -> String {
     }
 }
 
-struct Param<'a> {
-    wire: &'a str,
-    ident: String,
-    schema: &'a Value,
-    required: bool,
+/// One parameter of a tool's function in `vibeos_tools`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StubParam {
+    /// The property name in the tool's schema: what the call sends.
+    pub wire: String,
+    /// The Python parameter name: `wire` made an identifier (`class` → `class_`,
+    /// `a-b` → `a_b`), unique within the function.
+    pub ident: String,
+    /// Whether the schema requires it (then it has no default).
+    pub required: bool,
+    /// The schema's `default`, when it has one.
+    pub default: Option<Value>,
 }
 
-fn render_tool(tool: &StubTool) -> Result<String, StubError> {
-    if !is_identifier(&tool.name) || PY_KEYWORDS.contains(&tool.name.as_str()) {
-        return Err(StubError::BadToolName(tool.name.clone()));
+/// Whether a tool called `name` can be a function of `vibeos_tools`: a Python identifier that
+/// is not a keyword, a stub helper or private (`_`-prefixed). Part of [`stub_function`], for
+/// callers that have a name but no schema yet (opening a tool to scripts before it exists).
+pub fn check_tool_name(name: &str) -> Result<(), StubError> {
+    if !is_identifier(name) || PY_KEYWORDS.contains(&name) {
+        return Err(StubError::BadToolName(name.to_string()));
     }
-    if HELPERS.contains(&tool.name.as_str()) || tool.name.starts_with('_') {
-        return Err(StubError::ShadowsHelper(tool.name.clone()));
+    if HELPERS.contains(&name) || name.starts_with('_') {
+        return Err(StubError::ShadowsHelper(name.to_string()));
     }
+    Ok(())
+}
+
+/// The function [`generate_stub`] writes for tool `name` with argument schema `parameters`:
+/// its parameters in signature order (required ones in the schema's `required` order, then the
+/// optional ones in property order), or why the tool is left out of the module.
+///
+/// This is the one rule for which tools a script can import: the registry lists, allows and
+/// describes exactly the tools for which it is `Ok`, with these parameter names.
+pub fn stub_function(name: &str, parameters: &Value) -> Result<Vec<StubParam>, StubError> {
+    check_tool_name(name)?;
     let empty = Map::new();
-    let props = match tool.parameters.get("properties") {
+    let props = match parameters.get("properties") {
         None | Some(Value::Null) => &empty,
         Some(Value::Object(p)) => p,
-        Some(_) => return Err(StubError::BadSchema(tool.name.clone())),
+        Some(_) => return Err(StubError::BadSchema(name.to_string())),
     };
-    let required: Vec<&str> = tool
-        .parameters
+    let required: Vec<&str> = parameters
         .get("required")
         .and_then(Value::as_array)
         .map(|r| r.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
 
     let mut taken = BTreeSet::new();
-    let mut params: Vec<Param> = Vec::new();
-    // Required parameters first (in the schema's `required` order), then optional ones.
-    for name in required.iter().filter(|n| props.contains_key(**n)) {
-        if let Some(schema) = props.get(*name) {
-            params.push(Param {
-                wire: name,
-                ident: param_ident(name, &mut taken),
-                schema,
-                required: true,
-            });
+    let mut params = Vec::with_capacity(props.len());
+    let mut param = |wire: &str, schema: &Value, required: bool| StubParam {
+        wire: wire.to_string(),
+        ident: param_ident(wire, &mut taken),
+        required,
+        default: if required {
+            None
+        } else {
+            schema.get("default").cloned()
+        },
+    };
+    for wire in required.iter().filter(|n| props.contains_key(**n)) {
+        if let Some(schema) = props.get(*wire) {
+            params.push(param(wire, schema, true));
         }
     }
-    for (name, schema) in props {
-        if !required.contains(&name.as_str()) {
-            params.push(Param {
-                wire: name,
-                ident: param_ident(name, &mut taken),
-                schema,
-                required: false,
-            });
+    for (wire, schema) in props {
+        if !required.contains(&wire.as_str()) {
+            params.push(param(wire, schema, false));
         }
     }
+    Ok(params)
+}
+
+/// `path, offset=1, globs=["*"], q=None`: the parameter list of a [`stub_function`], with
+/// the stub's Python names. Scalar defaults are the stub's literals; array and object defaults
+/// (`None` in the stub's signature, filled in inside the function) are shown as their JSON
+/// value, which is what the call then sends.
+pub fn signature_text(params: &[StubParam]) -> String {
+    params
+        .iter()
+        .map(|p| {
+            if p.required {
+                return p.ident.clone();
+            }
+            let default = match &p.default {
+                None => "None".to_string(),
+                Some(v) => py_scalar(v).unwrap_or_else(|| v.to_string()),
+            };
+            format!("{}={default}", p.ident)
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn render_tool(tool: &StubTool) -> Result<String, StubError> {
+    let params = stub_function(&tool.name, &tool.parameters)?;
+    let no_schema = Value::Null;
+    let schema_of = |p: &StubParam| {
+        tool.parameters
+            .get("properties")
+            .and_then(|props| props.get(&p.wire))
+            .unwrap_or(&no_schema)
+    };
 
     let mut sig = Vec::new();
     let mut fill_defaults = String::new();
@@ -254,7 +307,7 @@ fn render_tool(tool: &StubTool) -> Result<String, StubError> {
             sig.push(p.ident.clone());
             continue;
         }
-        match p.schema.get("default") {
+        match &p.default {
             Some(default) => match py_scalar(default) {
                 Some(lit) => sig.push(format!("{}={}", p.ident, lit)),
                 None => {
@@ -270,7 +323,7 @@ fn render_tool(tool: &StubTool) -> Result<String, StubError> {
             },
             None => {
                 sig.push(format!("{}=None", p.ident));
-                drop_if_unset.push(py_str(p.wire));
+                drop_if_unset.push(py_str(&p.wire));
             }
         }
     }
@@ -292,8 +345,7 @@ fn render_tool(tool: &StubTool) -> Result<String, StubError> {
     if !params.is_empty() {
         doc.push_str("\n\n    Args:\n");
         for p in &params {
-            let desc = p
-                .schema
+            let desc = schema_of(p)
                 .get("description")
                 .and_then(Value::as_str)
                 .unwrap_or("")
@@ -304,7 +356,7 @@ fn render_tool(tool: &StubTool) -> Result<String, StubError> {
                 doc,
                 "        {} ({}{}){}{}",
                 p.ident,
-                doc_text(&type_label(p.schema)),
+                doc_text(&type_label(schema_of(p))),
                 if p.required { ", required" } else { "" },
                 if desc.is_empty() { "" } else { ": " },
                 doc_text(&desc)
@@ -315,10 +367,22 @@ fn render_tool(tool: &StubTool) -> Result<String, StubError> {
 
     let args_dict = params
         .iter()
-        .map(|p| format!("{}: {}", py_str(p.wire), p.ident))
+        .map(|p| format!("{}: {}", py_str(&p.wire), p.ident))
         .collect::<Vec<_>>()
         .join(", ");
     let mut code = String::new();
+    // A schema name that is not an identifier (`class`, `a-b`) is a parameter under another
+    // name; the decorator also accepts the schema's own name as a keyword
+    // (`tool(**{"class": 1})`), so code written against the schema works too. A schema name
+    // that is also another parameter's Python name keeps meaning that parameter.
+    let renamed: Vec<String> = params
+        .iter()
+        .filter(|p| p.wire != p.ident && !params.iter().any(|q| q.ident == p.wire))
+        .map(|p| format!("({}, {}), ", py_str(&p.wire), py_str(&p.ident)))
+        .collect();
+    if !renamed.is_empty() {
+        let _ = writeln!(code, "@_wire_names(({}))", renamed.concat());
+    }
     let _ = writeln!(code, "def {}({}):", tool.name, sig.join(", "));
     let _ = writeln!(code, "    \"\"\"{doc}\"\"\"");
     code.push_str(&fill_defaults);
@@ -435,5 +499,67 @@ mod tests {
         t.description = "ends here \"\"\" and \\ more".into();
         let stub = generate_stub(&[t]);
         assert!(stub.source.contains("ends here \\\"\\\"\\\" and \\\\ more"));
+    }
+
+    #[test]
+    fn schema_names_that_are_not_identifiers_keep_their_wire_name() {
+        let schema = json!({"type": "object", "properties": {
+            "class": {"type": "string"},
+            "a-b": {"type": "integer", "default": 2},
+            "class_": {"type": "string"}
+        }, "required": ["class"]});
+        let params = stub_function("k", &schema).unwrap();
+        let idents: Vec<&str> = params.iter().map(|p| p.ident.as_str()).collect();
+        assert_eq!(idents, ["class_", "a_b", "class__"]);
+        assert_eq!(signature_text(&params), "class_, a_b=2, class__=None");
+        let stub = generate_stub(&[tool("k", schema)]);
+        assert!(
+            stub.source.contains("def k(class_, a_b=2, class__=None):"),
+            "{}",
+            stub.source
+        );
+        // `class` and `a-b` are also accepted under their own names; `class_` is a parameter
+        // of its own, so it is not renamed.
+        assert!(
+            stub.source
+                .contains("@_wire_names(((\"class\", \"class_\"), (\"a-b\", \"a_b\"), ))"),
+            "{}",
+            stub.source
+        );
+        assert!(RUNTIME_SOURCE.contains("def _wire_names("));
+    }
+
+    #[test]
+    fn the_name_rule_is_the_stubs() {
+        for bad in [
+            "with-dash",
+            "1abc",
+            "class",
+            "json_parse",
+            "retry",
+            "_private",
+        ] {
+            assert!(check_tool_name(bad).is_err(), "{bad}");
+            assert!(stub_function(bad, &json!({})).is_err(), "{bad}");
+            assert!(
+                generate_stub(&[tool(bad, json!({}))]).tools.is_empty(),
+                "{bad}"
+            );
+        }
+        assert!(check_tool_name("fine_1").is_ok());
+        assert_eq!(
+            signature_text(
+                &stub_function(
+                    "t",
+                    &json!({"properties": {
+                        "g": {"type": "array", "default": ["*"]},
+                        "s": {"type": "string", "default": "a\"b"},
+                        "f": {"type": "boolean", "default": true}
+                    }})
+                )
+                .unwrap()
+            ),
+            "g=[\"*\"], s=\"a\\\"b\", f=True"
+        );
     }
 }

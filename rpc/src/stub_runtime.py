@@ -387,6 +387,35 @@ def _drop_unset(args, optional):
     return args
 
 
+def _wire_names(pairs):
+    """Decorates a tool function whose schema names are not all Python identifiers: besides its
+    own parameters (``class_``, ``a_b``) it accepts the schema's names (``**{"class": 1}``),
+    so code written against the tool's schema works; both send the schema's name."""
+
+    def decorate(fn):
+        def tool(*args, **kwargs):
+            for wire, ident in pairs:
+                if wire in kwargs:
+                    if ident in kwargs:
+                        raise TypeError(
+                            "%s() got multiple values for argument %r (also passed as %r)"
+                            % (fn.__name__, ident, wire)
+                        )
+                    kwargs[ident] = kwargs.pop(wire)
+            return fn(*args, **kwargs)
+
+        # What functools.wraps would copy, without importing functools into every script:
+        # help() and inspect.signature() then show the real parameters.
+        tool.__name__ = fn.__name__
+        tool.__qualname__ = fn.__qualname__
+        tool.__doc__ = fn.__doc__
+        tool.__module__ = fn.__module__
+        tool.__wrapped__ = fn
+        return tool
+
+    return decorate
+
+
 def json_parse(text):
     """Parse JSON leniently: accepts bytes, surrounding whitespace, a ```json fence and control
     characters inside strings; a value that is already parsed (dict/list) is returned as is."""

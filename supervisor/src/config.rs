@@ -79,6 +79,10 @@ pub struct Config {
     pub max_tool_calls: usize,
     /// `code_execution.python`: the default interpreter.
     pub python: Option<PathBuf>,
+    /// The embedding host's own interpreter (the Python package sets its `sys.executable`):
+    /// the default when `code_execution.python` is unset. Never read from the file; kept apart
+    /// from `python` so logs name where the interpreter came from.
+    pub host_python: Option<PathBuf>,
     /// `code_execution.stdout_limit` in bytes.
     pub stdout_limit: usize,
     /// `code_execution.stderr_limit` in bytes.
@@ -105,6 +109,7 @@ impl Default for Config {
             timeout: DEFAULT_TIMEOUT,
             max_tool_calls: DEFAULT_MAX_TOOL_CALLS,
             python: None,
+            host_python: None,
             stdout_limit: DEFAULT_STDOUT_LIMIT,
             stderr_limit: DEFAULT_STDERR_LIMIT,
             env_passthrough: Vec::new(),

@@ -111,7 +111,10 @@ pub fn plugin_host_spec(config: &Config) -> Option<ServerSpec> {
     }
     let python = match plugins.python.clone() {
         Some(p) => p,
-        None => match Resolution::from_env(config.python.clone()).default_interpreter() {
+        None => match Resolution::from_env(config.python.clone())
+            .with_host(config.host_python.clone())
+            .default_interpreter()
+        {
             Ok(i) => i.path,
             Err(e) => {
                 tracing::warn!("plugins skipped: no Python interpreter for the plugin host: {e}");

@@ -46,11 +46,17 @@ pub enum InterpreterError {
     NotOnPath,
 }
 
+/// [`Interpreter::source`] of the embedding host's own interpreter ([`Resolution::host`]).
+pub const HOST_SOURCE: &str = "host sys.executable";
+
 /// Inputs of the resolution, taken from the caller's environment.
 #[derive(Debug, Clone, Default)]
 pub struct Resolution {
-    /// `code_execution.python` (or the embedding host's `sys.executable`).
+    /// `code_execution.python`.
     pub configured: Option<PathBuf>,
+    /// The embedding host's own interpreter (a Python host's `sys.executable`): the default
+    /// when nothing is configured, before `python3` on PATH.
+    pub host: Option<PathBuf>,
     /// `VIRTUAL_ENV` of the caller.
     pub virtual_env: Option<OsString>,
     /// `CONDA_PREFIX` of the caller.
@@ -65,10 +71,17 @@ impl Resolution {
         let nonempty = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
         Resolution {
             configured,
+            host: None,
             virtual_env: nonempty("VIRTUAL_ENV"),
             conda_prefix: nonempty("CONDA_PREFIX"),
             path: nonempty("PATH"),
         }
+    }
+
+    /// The same inputs with the embedding host's interpreter ([`Resolution::host`]).
+    pub fn with_host(mut self, host: Option<PathBuf>) -> Self {
+        self.host = host;
+        self
     }
 
     /// The interpreter for `mode`.
@@ -121,7 +134,8 @@ impl Resolution {
         Ok(interpreter)
     }
 
-    /// The default interpreter: configured, else `python3` (then `python`) on PATH.
+    /// The default interpreter: configured, else the embedding host's, else `python3` (then
+    /// `python`) on PATH.
     pub fn default_interpreter(&self) -> Result<Interpreter, InterpreterError> {
         if let Some(p) = &self.configured {
             let found = if p.components().count() == 1 {
@@ -141,6 +155,30 @@ impl Resolution {
                 path,
                 source: "code_execution.python",
             });
+        }
+        if let Some(host) = &self.host {
+            // Not a setting the user wrote, so an unusable one is no error: fall back to PATH
+            // (and say why), as an unusable virtualenv does.
+            match version_in_name(host).filter(|v| *v < MIN_VERSION) {
+                _ if !is_executable(host) => tracing::warn!(
+                    "execute_code: the host interpreter {} is not an executable file; using python3 from PATH",
+                    host.display()
+                ),
+                Some(v) => tracing::warn!(
+                    "execute_code: the host interpreter {} is Python {}.{}, older than {}.{}; using python3 from PATH",
+                    host.display(),
+                    v.0,
+                    v.1,
+                    MIN_VERSION.0,
+                    MIN_VERSION.1
+                ),
+                None => {
+                    return Ok(Interpreter {
+                        path: host.clone(),
+                        source: HOST_SOURCE,
+                    })
+                }
+            }
         }
         for name in ["python3", "python"] {
             if let Some(path) = self.which(name.as_ref()) {
@@ -347,5 +385,31 @@ mod tests {
             r.resolve(Mode::Strict),
             Err(InterpreterError::ConfiguredMissing { .. })
         ));
+    }
+
+    #[test]
+    fn the_host_interpreter_is_named_as_such_and_yields_to_the_setting() {
+        let host = vibeos_testkit::python3();
+        let r = Resolution {
+            host: Some(host.clone()),
+            path: std::env::var_os("PATH"),
+            ..Resolution::default()
+        };
+        let i = r.resolve(Mode::Project).unwrap();
+        assert_eq!((i.path.as_path(), i.source), (host.as_path(), HOST_SOURCE));
+        let configured = Resolution {
+            configured: Some(host.clone()),
+            ..r.clone()
+        };
+        assert_eq!(
+            configured.resolve(Mode::Project).unwrap().source,
+            "code_execution.python"
+        );
+        // A host interpreter that is gone falls back to PATH instead of failing.
+        let gone = Resolution {
+            host: Some("/no/such/python".into()),
+            ..r
+        };
+        assert_eq!(gone.resolve(Mode::Project).unwrap().source, "PATH");
     }
 }

@@ -74,7 +74,9 @@ impl LaunchSpec {
     /// The spec of `request` as it would run now (its cwd and interpreter resolved).
     pub(crate) fn for_request(request: &ExecutionRequest) -> Result<Self, StartError> {
         let session_cwd = session_cwd(request.cwd.as_deref())?;
-        let interpreter = Resolution::from_env(request.python.clone()).resolve(request.mode)?;
+        let interpreter = Resolution::from_env(request.python.clone())
+            .with_host(request.host_python.clone())
+            .resolve(request.mode)?;
         Ok(LaunchSpec::new(request, interpreter, session_cwd))
     }
 

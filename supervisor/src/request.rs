@@ -31,8 +31,11 @@ pub struct ExecutionRequest {
     pub max_tool_calls: usize,
     /// Session working dir (`--cwd`); `None` means `TERMINAL_CWD`, else the process cwd.
     pub cwd: Option<PathBuf>,
-    /// Default interpreter (`code_execution.python`, or the embedding host's executable).
+    /// Default interpreter (`code_execution.python`).
     pub python: Option<PathBuf>,
+    /// The embedding host's own interpreter, the default when `python` is unset
+    /// ([`Config::host_python`]).
+    pub host_python: Option<PathBuf>,
     /// Names kept even if they look secret (config plus skills), except provider credentials.
     pub env_passthrough: Vec<String>,
     /// Stdout cap in bytes.
@@ -62,6 +65,7 @@ impl ExecutionRequest {
             max_tool_calls: config.max_tool_calls,
             cwd: None,
             python: config.python.clone(),
+            host_python: config.host_python.clone(),
             env_passthrough: config.env_passthrough.clone(),
             stdout_limit: config.stdout_limit,
             stderr_limit: config.stderr_limit,

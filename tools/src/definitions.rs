@@ -185,7 +185,9 @@ fn nonempty(names: &[String]) -> Vec<&str> {
         .collect()
 }
 
-/// The execute_code description for the script tools that survived filtering.
+/// The execute_code description for the script tools that survived filtering. Each is shown
+/// with the signature its `vibeos_tools` function has; a tool the stub cannot define is left
+/// out, as the stub leaves it out.
 pub fn execute_code_description(
     base: &str,
     script_tools: &[&ToolEntry],
@@ -194,10 +196,16 @@ pub fn execute_code_description(
     let mut out = base.trim_end().to_string();
     out.push_str("\n\n");
     let strict = settings.mode == "strict";
-    let kept: Vec<&ToolEntry> = script_tools
+    // (tool, its parameter list as the stub names the parameters: `class` → `class_`), so a
+    // call written from this description works.
+    let kept: Vec<(&ToolEntry, String)> = script_tools
         .iter()
         .copied()
         .filter(|e| !strict || settings.strict_terminal || e.name != "terminal")
+        .filter_map(|e| {
+            let params = e.script_function().ok()?;
+            Some((e, vibeos_rpc::signature_text(&params)))
+        })
         .collect();
     let script_tools = kept.as_slice();
     if script_tools.is_empty() {
@@ -207,16 +215,16 @@ pub fn execute_code_description(
              and print. Call tools directly instead.",
         );
     } else {
-        let names: Vec<&str> = script_tools.iter().map(|e| e.name.as_str()).collect();
+        let names: Vec<&str> = script_tools.iter().map(|(e, _)| e.name.as_str()).collect();
         out.push_str(&format!(
             "Tools available to the script (`from vibeos_tools import {}`), nothing else:\n",
             names.join(", ")
         ));
-        for e in script_tools {
+        for (e, signature) in script_tools {
             out.push_str(&format!(
                 "- {}({}): {}\n",
                 e.name,
-                signature(&e.script_schema()),
+                signature,
                 e.description.lines().next().unwrap_or("").trim()
             ));
         }
@@ -290,53 +298,5 @@ fn seconds(d: Duration) -> String {
         format!("{}", d.as_secs())
     } else {
         format!("{s:.1}")
-    }
-}
-
-/// `path, offset=1, limit=None`: required parameters first, then optional ones with their
-/// default, in schema order.
-fn signature(schema: &Value) -> String {
-    let Some(props) = schema.get("properties").and_then(Value::as_object) else {
-        return String::new();
-    };
-    let required: BTreeSet<&str> = schema
-        .get("required")
-        .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
-    let mut parts: Vec<String> = props
-        .keys()
-        .filter(|k| required.contains(k.as_str()))
-        .cloned()
-        .collect();
-    for (k, p) in props {
-        if required.contains(k.as_str()) {
-            continue;
-        }
-        let default = match p.get("default") {
-            None | Some(Value::Null) => "None".to_string(),
-            Some(Value::Bool(true)) => "True".to_string(),
-            Some(Value::Bool(false)) => "False".to_string(),
-            Some(v) => v.to_string(),
-        };
-        parts.push(format!("{k}={default}"));
-    }
-    parts.join(", ")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn signature_lists_required_then_optional_with_defaults() {
-        let s = json!({"type": "object", "properties": {
-            "offset": {"type": "integer", "default": 1},
-            "path": {"type": "string"},
-            "flag": {"type": "boolean", "default": false},
-            "q": {"type": "string"}
-        }, "required": ["path"]});
-        assert_eq!(signature(&s), "path, offset=1, flag=False, q=None");
     }
 }

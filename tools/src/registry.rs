@@ -201,22 +201,53 @@ impl ToolRegistry {
         read(&self.override_policy).clone()
     }
 
+    /// Whether a tool called `name` could ever be opened to scripts, whoever registers it:
+    /// not `execute_code`, `delegate_task` or an agent-loop tool, and a name the stub can
+    /// define as a Python function (not `with-dash`, `class` or a helper such as `retry`).
+    /// [`ToolRegistry::allow_in_scripts`] checks it; a host can check first, before it
+    /// registers anything.
+    pub fn check_script_name(name: &str) -> Result<(), RegistrationError> {
+        let refused = |reason: String| RegistrationError::NotScriptCallable {
+            name: name.to_string(),
+            reason,
+        };
+        if SCRIPT_BLOCKED_TOOLS.contains(&name) {
+            return Err(refused(
+                "scripts can never call it (no recursion, no delegation)".into(),
+            ));
+        }
+        if AGENT_LOOP_TOOLS.contains(&name) {
+            return Err(refused(
+                "it is handled by the agent loop, not dispatched".into(),
+            ));
+        }
+        match vibeos_rpc::check_tool_name(name) {
+            Ok(()) => Ok(()),
+            Err(vibeos_rpc::StubError::ShadowsHelper(_)) => Err(refused(
+                "vibeos_tools cannot define it: the name is taken by a stub helper \
+                 (json_parse, shell_quote, retry, ToolChannelError) or starts with `_`; \
+                 register the tool under another name to open it"
+                    .into(),
+            )),
+            Err(_) => Err(refused(
+                "vibeos_tools cannot define it: the name is not a Python identifier (letters, \
+                 digits and `_`, not starting with a digit, not a keyword); register the tool \
+                 under such a name (e.g. with `_` for `-`) to open it"
+                    .into(),
+            )),
+        }
+    }
+
     /// Opens the tool `name` to execute_code scripts besides [`SCRIPT_TOOLS`] (an embedding
-    /// host's own tools). `execute_code`, `delegate_task`, the agent-loop tools and tools of MCP
-    /// servers can never be opened; an MCP tool registered under the name later stays closed.
+    /// host's own tools). `execute_code`, `delegate_task`, the agent-loop tools, names the stub
+    /// cannot define (see [`ToolRegistry::check_script_name`]) and tools of MCP servers can
+    /// never be opened; an MCP tool registered under the name later stays closed.
     pub fn allow_in_scripts(&self, name: &str) -> Result<(), RegistrationError> {
+        Self::check_script_name(name)?;
         let refused = |reason: &str| RegistrationError::NotScriptCallable {
             name: name.to_string(),
             reason: reason.to_string(),
         };
-        if SCRIPT_BLOCKED_TOOLS.contains(&name) {
-            return Err(refused(
-                "scripts can never call it (no recursion, no delegation)",
-            ));
-        }
-        if AGENT_LOOP_TOOLS.contains(&name) {
-            return Err(refused("it is handled by the agent loop, not dispatched"));
-        }
         if self
             .get(name)
             .is_some_and(|e| matches!(e.source, ToolSource::Mcp(_)))
@@ -260,8 +291,9 @@ impl ToolRegistry {
     }
 
     /// Names of the tools scripts may call: [`SCRIPT_TOOLS`] in their order, then the ones a
-    /// host opened, sorted, then the registered tools of MCP servers the operator opened,
-    /// sorted. Registered or not, available or not (MCP ones: registered only).
+    /// host opened, sorted, then the registered tools of MCP servers the operator opened whose
+    /// names the stub can define, sorted. Registered or not, available or not (MCP ones:
+    /// registered only).
     pub fn script_tool_names(&self) -> Vec<String> {
         let mut names: Vec<String> = SCRIPT_TOOLS.iter().map(|s| s.to_string()).collect();
         names.extend(read(&self.extra_script_tools).iter().cloned());
@@ -273,25 +305,36 @@ impl ToolRegistry {
                     _ => false,
                 })
                 .map(|e| e.name.clone())
-                .filter(|n| !names.contains(n))
+                .filter(|n| !names.contains(n) && vibeos_rpc::check_tool_name(n).is_ok())
                 .collect();
             names.extend(mcp);
         }
         names
     }
 
-    /// Whether `entry` may be handed to a script: its name is a script tool and it is not an
-    /// MCP server's (scripts never call MCP tools, even under a script tool's name) unless the
-    /// operator opened that server's tool in config.
+    /// Whether `entry` may be handed to a script: its name is a script tool, the stub can
+    /// define it ([`ToolEntry::script_function`]; the stub, the channel's allowlist and the
+    /// execute_code description all follow this, so they agree), and it is not an MCP server's
+    /// (scripts never call MCP tools, even under a script tool's name) unless the operator
+    /// opened that server's tool in config.
     pub(crate) fn is_script_callable(&self, entry: &ToolEntry) -> bool {
         let name = entry.name.as_str();
         if SCRIPT_BLOCKED_TOOLS.contains(&name) || AGENT_LOOP_TOOLS.contains(&name) {
             return false;
         }
-        if let ToolSource::Mcp(server) = &entry.source {
-            return self.mcp_open_to_scripts(server, name);
+        let opened = match &entry.source {
+            ToolSource::Mcp(server) => self.mcp_open_to_scripts(server, name),
+            _ => SCRIPT_TOOLS.contains(&name) || read(&self.extra_script_tools).contains(name),
+        };
+        if !opened {
+            return false;
         }
-        SCRIPT_TOOLS.contains(&name) || read(&self.extra_script_tools).contains(&entry.name)
+        // Reachable for an operator-opened MCP tool or a schema the stub cannot render; hosts'
+        // unusable names are refused when they are opened.
+        entry
+            .script_function()
+            .map_err(|e| tracing::debug!("{e}"))
+            .is_ok()
     }
 
     /// Adds a hook run before tool definitions or the script tool list are built.

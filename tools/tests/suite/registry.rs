@@ -733,3 +733,100 @@ fn malformed_schemas_are_rejected_with_the_tool_name() {
         .contains("`prop_not_object`"));
     assert!(reg.register(tool("ok", "bad toolset name")).is_err());
 }
+
+#[test]
+fn only_tools_the_stub_can_define_are_script_tools_and_described_with_its_names() {
+    let reg = product();
+    // Names the stub cannot define are refused when a host opens them, naming why.
+    for bad in [
+        "with-dash",
+        "1abc",
+        "class",
+        "json_parse",
+        "retry",
+        "_hidden",
+    ] {
+        reg.register(tool(bad, "host")).unwrap();
+        let err = reg.allow_in_scripts(bad).unwrap_err();
+        assert!(
+            matches!(&err, RegistrationError::NotScriptCallable { name, .. } if name == bad),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("vibeos_tools cannot define it"),
+            "{err}"
+        );
+    }
+    // An operator-opened MCP server's tool under such a name is left out everywhere too.
+    reg.register(tool("srv-lookup", "mcp-srv").with_source(ToolSource::Mcp("srv".into())))
+        .unwrap();
+    reg.register(tool("srv_find", "mcp-srv").with_source(ToolSource::Mcp("srv".into())))
+        .unwrap();
+    reg.allow_mcp_server_in_scripts("srv", None);
+    // Schema names that are not identifiers: the stub calls them `class_` and `a_b`.
+    let mut k = tool("k", "host");
+    k.schema = json!({"type": "object", "properties": {
+        "class": {"type": "string"}, "a-b": {"type": "integer"}}, "required": ["a-b"]});
+    reg.register(k).unwrap();
+    reg.allow_in_scripts("k").unwrap();
+
+    let listed = reg.script_tool_names();
+    assert!(listed.contains(&"srv_find".to_string()), "{listed:?}");
+    assert!(!listed.contains(&"srv-lookup".to_string()), "{listed:?}");
+    let scripts: Vec<String> = reg.script_tools().iter().map(|e| e.name.clone()).collect();
+    assert!(
+        scripts.contains(&"k".to_string()) && scripts.contains(&"srv_find".to_string()),
+        "{scripts:?}"
+    );
+    let defs = reg.get_tool_definitions(&[], &[]).unwrap();
+    let desc = defs
+        .iter()
+        .find(|d| d["function"]["name"] == "execute_code")
+        .unwrap()["function"]["description"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let import_line = desc
+        .lines()
+        .find(|l| l.contains("from vibeos_tools import"))
+        .unwrap();
+    for name in ["k", "srv_find", "read_file"] {
+        assert!(import_line.contains(name), "{import_line}");
+    }
+    for bad in [
+        "with-dash",
+        "1abc",
+        "class",
+        "json_parse",
+        "retry",
+        "_hidden",
+        "srv-lookup",
+    ] {
+        assert!(
+            !import_line.split(['`', ',', ' ']).any(|w| w == bad),
+            "{bad} offered: {import_line}"
+        );
+    }
+    assert!(
+        desc.contains("- k(a_b, class_=None): The k tool."),
+        "{desc}"
+    );
+    // The stub generated for the same tools defines exactly them, with those names.
+    let stub = vibeos_rpc::generate_stub(
+        &reg.script_tools()
+            .iter()
+            .map(|e| vibeos_rpc::StubTool {
+                name: e.name.clone(),
+                description: e.description.clone(),
+                parameters: e.script_schema(),
+            })
+            .collect::<Vec<_>>(),
+    );
+    assert!(stub.skipped.is_empty(), "{:?}", stub.skipped);
+    assert_eq!(stub.tools, scripts);
+    assert!(
+        stub.source.contains("def k(a_b, class_=None):"),
+        "{}",
+        stub.source
+    );
+}
