@@ -15,6 +15,10 @@ pub struct HeadTail {
     head: Vec<u8>,
     tail: VecDeque<u8>,
     total: u64,
+    /// The first byte that did not fit in the head and the last byte that left the tail: the
+    /// two neighbours of the gap, which tell whether a cut split a word.
+    after_head: Option<u8>,
+    before_tail: Option<u8>,
 }
 
 impl HeadTail {
@@ -28,6 +32,8 @@ impl HeadTail {
             head: Vec::with_capacity(head_cap.min(64 * 1024)),
             tail: VecDeque::new(),
             total: 0,
+            after_head: None,
+            before_tail: None,
         }
     }
 
@@ -39,15 +45,31 @@ impl HeadTail {
             self.head.extend_from_slice(&data[..n]);
             data = &data[n..];
         }
-        if data.is_empty() || self.tail_cap == 0 {
+        if data.is_empty() {
+            return;
+        }
+        if self.after_head.is_none() {
+            self.after_head = Some(data[0]);
+        }
+        if self.tail_cap == 0 {
+            self.before_tail = data.last().copied();
             return;
         }
         if data.len() >= self.tail_cap {
+            let start = data.len() - self.tail_cap;
+            if start > 0 {
+                self.before_tail = Some(data[start - 1]);
+            } else if let Some(last) = self.tail.back() {
+                self.before_tail = Some(*last);
+            }
             self.tail.clear();
-            self.tail.extend(&data[data.len() - self.tail_cap..]);
+            self.tail.extend(&data[start..]);
             return;
         }
         let overflow = (self.tail.len() + data.len()).saturating_sub(self.tail_cap);
+        if overflow > 0 {
+            self.before_tail = self.tail.get(overflow - 1).copied();
+        }
         self.tail.drain(..overflow);
         self.tail.extend(data);
     }
@@ -57,9 +79,30 @@ impl HeadTail {
         self.total
     }
 
-    /// Bytes seen but not kept.
+    /// Bytes seen but not shown: the gap between head and tail, plus what [`HeadTail::render`]
+    /// trims at the two cuts.
     pub fn omitted(&self) -> u64 {
-        self.total - (self.head.len() + self.tail.len()) as u64
+        if !self.truncated() {
+            return self.total - (self.head.len() + self.tail.len()) as u64;
+        }
+        let (head, tail) = self.kept();
+        self.total - (head.len() + tail.len()) as u64
+    }
+
+    /// Head and tail of a truncated stream as shown. A cut can split a character, and it can
+    /// split a secret: the redaction that runs on the rendered text then sees neither half as
+    /// a secret (`sk-Q9x7…` cut after 32 of its 33 characters showed the 32). So each cut also
+    /// drops the word it split (the run of non-whitespace touching it, at most
+    /// [`MAX_CUT_WORD`] bytes) and a private key block it cut open.
+    fn kept(&self) -> (&[u8], Vec<u8>) {
+        let (a, b) = self.tail.as_slices();
+        let tail: Vec<u8> = [a, b].concat();
+        let splits = |b: Option<u8>| b.is_some_and(|b| !b.is_ascii_whitespace());
+        let head =
+            trim_cut_word_at_end(open_key_block_cut_off(&self.head), splits(self.after_head));
+        let tail =
+            trim_cut_word_at_start(key_block_end_cut_off(&tail), splits(self.before_tail)).to_vec();
+        (head, tail)
     }
 
     /// Whether anything was dropped.
@@ -69,21 +112,91 @@ impl HeadTail {
 
     /// The kept text, with a marker where bytes were omitted. `what` names the stream.
     pub fn render(&self, what: &str) -> String {
-        let head = String::from_utf8_lossy(trim_partial_tail(&self.head));
         if !self.truncated() {
             let mut all = self.head.clone();
             all.extend(self.tail.iter());
             return String::from_utf8_lossy(&all).into_owned();
         }
-        let (a, b) = self.tail.as_slices();
-        let tail: Vec<u8> = [a, b].concat();
-        let tail = String::from_utf8_lossy(trim_partial_head(&tail));
+        let (head, tail) = self.kept();
+        let head = String::from_utf8_lossy(head);
+        let tail = String::from_utf8_lossy(&tail);
         format!(
             "{head}\n\n... [{what} truncated: {} of {} bytes omitted] ...\n\n{tail}",
             self.omitted(),
             self.total
         )
     }
+}
+
+/// The longest word a cut drops (see [`HeadTail::kept`]): longer than any credential format
+/// the redaction knows, short enough that output of one endless line loses little more.
+pub const MAX_CUT_WORD: usize = 4096;
+
+/// The head without the word the cut split, if it split one (and without a broken character).
+fn trim_cut_word_at_end(b: &[u8], split: bool) -> &[u8] {
+    if !split {
+        return trim_partial_tail(b);
+    }
+    let run = b
+        .iter()
+        .rev()
+        .take(MAX_CUT_WORD)
+        .take_while(|c| !c.is_ascii_whitespace())
+        .count();
+    trim_partial_tail(&b[..b.len() - run])
+}
+
+/// The tail without the word the cut split, if it split one (and without a broken character).
+fn trim_cut_word_at_start(b: &[u8], split: bool) -> &[u8] {
+    if !split {
+        return trim_partial_head(b);
+    }
+    let run = b
+        .iter()
+        .take(MAX_CUT_WORD)
+        .take_while(|c| !c.is_ascii_whitespace())
+        .count();
+    trim_partial_head(&b[run..])
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+fn rfind(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).rposition(|w| w == needle)
+}
+
+/// Whether the armour line starting at `at` names a private key.
+fn names_private_key(b: &[u8], at: usize) -> bool {
+    let line = &b[at..];
+    let line = &line[..line.iter().position(|c| *c == b'\n').unwrap_or(line.len())];
+    find(line, b"PRIVATE KEY").is_some()
+}
+
+/// The head without a private key block the cut left open (its BEGIN line and the lines
+/// after it): redaction matches a whole block only.
+fn open_key_block_cut_off(b: &[u8]) -> &[u8] {
+    match rfind(b, b"-----BEGIN") {
+        Some(at) if names_private_key(b, at) && find(&b[at..], b"-----END").is_none() => &b[..at],
+        _ => b,
+    }
+}
+
+/// The tail without the rest of a private key block whose start was cut off, up to the end
+/// of its END line.
+fn key_block_end_cut_off(b: &[u8]) -> &[u8] {
+    let Some(at) = find(b, b"-----END") else {
+        return b;
+    };
+    if !names_private_key(b, at) || find(&b[..at], b"-----BEGIN").is_some() {
+        return b;
+    }
+    let end = b[at..]
+        .iter()
+        .position(|c| *c == b'\n')
+        .map_or(b.len(), |n| at + n);
+    &b[end..]
 }
 
 /// Drops an incomplete UTF-8 sequence at the end of a cut.
@@ -123,6 +236,14 @@ mod tests {
         assert_eq!(c.render("output"), "hello world");
     }
 
+    /// Bytes of `out` that came from the stream: all but the marker.
+    fn shown(out: &str) -> usize {
+        match (out.find("\n\n... ["), out.find("] ...\n\n")) {
+            (Some(a), Some(b)) => out.len() - (b + 7 - a),
+            _ => out.len(),
+        }
+    }
+
     #[test]
     fn keeps_head_and_tail_and_counts_the_gap() {
         let mut c = HeadTail::new(10);
@@ -130,11 +251,116 @@ mod tests {
             c.push(&[b'a' + (i % 26)]);
         }
         assert_eq!(c.total(), 100);
-        assert_eq!(c.omitted(), 90);
+        let out = c.render("output");
+        // One word of 100 letters: both cuts split it, so nothing of it is shown.
+        assert_eq!(shown(&out), 0, "{out}");
+        assert_eq!(c.omitted(), 100);
+        let mut c = HeadTail::new(10);
+        for i in 0..100u8 {
+            c.push(&[b'a' + (i % 26)]);
+            if i % 4 == 3 {
+                c.push(b" ");
+            }
+        }
+        // Head "abcd" (a space came next: no word split), tail " stuv ".
         let out = c.render("output");
         assert!(out.starts_with("abcd\n"), "{out}");
-        assert!(out.ends_with("qrstuv"), "{out}");
-        assert!(out.contains("[output truncated: 90 of 100 bytes omitted]"));
+        assert!(out.ends_with(" stuv "), "{out}");
+        assert_eq!(c.omitted(), 125 - 10);
+        assert!(
+            out.contains("[output truncated: 115 of 125 bytes omitted]"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn a_secret_split_by_a_cut_is_dropped_with_the_cut() {
+        let secret = "sk-Q9x7Lm2Pz8Rt4Vb6Nc1Kd5Fg3Hj0Ws";
+        for at in [1, 16, 32] {
+            let mut c = HeadTail::new(100);
+            // The head (40 bytes) ends `at` bytes into the secret.
+            c.push(format!("{}{}", "a ".repeat(20).get(at..).unwrap(), &secret[..at]).as_bytes());
+            c.push(format!("{} and more", &secret[at..]).as_bytes());
+            c.push("x ".repeat(200).as_bytes());
+            c.push(format!("{secret} tail").as_bytes());
+            let out = c.render("output");
+            let head = &out[..out.find("\n\n...").unwrap()];
+            assert!(!head.contains(&secret[..at]), "{at}: {out}");
+            assert!(
+                out.contains(secret),
+                "a whole secret in the tail is kept for redaction"
+            );
+            assert_eq!(
+                c.omitted() as usize,
+                c.total() as usize - shown(&out),
+                "{out}"
+            );
+        }
+        // At the tail's cut.
+        let mut c = HeadTail::new(100);
+        c.push("head ".repeat(30).as_bytes());
+        // The tail (60 bytes) starts 10 bytes before the secret's end.
+        c.push(format!("{secret} then the rest{}", " r".repeat(18)).as_bytes());
+        let out = c.render("output");
+        assert!(!out.contains("0Ws"), "{out}");
+        assert!(
+            out.ends_with(&format!(" then the rest{}", " r".repeat(18))),
+            "{out}"
+        );
+        assert_eq!(
+            c.omitted() as usize,
+            c.total() as usize - shown(&out),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn a_private_key_cut_open_is_dropped_on_both_sides() {
+        let key = "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA1\nQK8bXc2\n-----END RSA PRIVATE KEY-----\n";
+        let mut c = HeadTail::new(60);
+        c.push(b"before\n");
+        c.push(key.as_bytes());
+        c.push(b"after the key\n");
+        let out = c.render("output");
+        assert!(!out.contains("MIIE") && !out.contains("QK8b"), "{out}");
+        assert!(
+            out.starts_with("before\n") && out.ends_with("after the key\n"),
+            "{out}"
+        );
+        assert_eq!(
+            c.omitted() as usize,
+            c.total() as usize - shown(&out),
+            "{out}"
+        );
+        // A whole block on one side stays whole, for the redaction to replace.
+        let mut c = HeadTail::new(400);
+        c.push(key.as_bytes());
+        c.push("z ".repeat(400).as_bytes());
+        assert!(c.render("output").contains(key));
+    }
+
+    #[test]
+    fn one_endless_word_loses_at_most_the_cut_word_limit() {
+        let mut c = HeadTail::new(20_000);
+        c.push(&vec![b'w'; 100_000]);
+        let out = c.render("output");
+        assert_eq!(shown(&out), 20_000 - 2 * MAX_CUT_WORD);
+        assert_eq!(c.omitted() as usize, 100_000 - shown(&out));
+    }
+
+    #[test]
+    fn the_omitted_count_includes_a_broken_character_dropped_at_a_cut() {
+        let mut c = HeadTail::new(10);
+        c.push("a \u{20ac}\u{20ac}".as_bytes());
+        c.push(" ".repeat(20).as_bytes());
+        c.push("\u{20ac}\u{20ac}\u{20ac} \u{20ac}".as_bytes());
+        let out = c.render("output");
+        assert!(!out.contains('\u{FFFD}'), "{out}");
+        assert_eq!(
+            c.omitted() as usize,
+            c.total() as usize - shown(&out),
+            "{out}"
+        );
     }
 
     #[test]
@@ -142,7 +368,8 @@ mod tests {
         let mut c = HeadTail::new(10);
         c.push(&vec![b'x'; 1_000_000]);
         assert_eq!(c.head.len() + c.tail.len(), 10);
-        assert_eq!(c.omitted(), 999_990);
+        // One word: both cuts split it.
+        assert_eq!(c.omitted(), 1_000_000);
     }
 
     #[test]

@@ -205,6 +205,45 @@ fn output_is_redacted_whether_the_script_ends_at_once_or_runs_on_after_printing(
 }
 
 #[test]
+fn a_secret_split_by_the_output_cap_shows_no_part_of_itself() {
+    // Redaction runs on the kept head and tail; a secret the cut split was neither half a
+    // secret, so its halves were shown (`sk-…0W` of `sk-…0Ws`, `tvalue999` of a token).
+    let mut sb = Sandbox::new();
+    sb.set_env("MY_SERVICE_TOKEN", ENV_SECRET);
+    let head_cut = 20 * 1024;
+    for (at, what) in [
+        (head_cut - 8, "the head's cut"),
+        (head_cut + 20_000, "the tail's cut"),
+    ] {
+        let script = format!(
+            "import sys\ns = {ENV_SECRET:?}\nsys.stdout.write('a' * {at} + s + 'b' * {})\n",
+            // The tail is the last 30 KiB: put its start 8 bytes into the secret.
+            if at > head_cut {
+                30 * 1024 - ENV_SECRET.len() + 8
+            } else {
+                60_000
+            }
+        );
+        let r = sb.run_json(&script, &[]);
+        assert_eq!(r["status"], "success", "{r}");
+        let out = r["output"].as_str().unwrap();
+        assert!(out.contains("output truncated"), "{what}: not truncated");
+        for part in [&ENV_SECRET[..8], &ENV_SECRET[ENV_SECRET.len() - 8..]] {
+            assert!(!out.contains(part), "{what}: {part} shown");
+        }
+        let shown = out.len()
+            - out
+                .find("\n\n... [")
+                .map_or(0, |a| out.find("] ...\n\n").unwrap() + 7 - a);
+        assert_eq!(
+            r["stdout_bytes_omitted"].as_u64().unwrap() as usize,
+            r["stdout_bytes"].as_u64().unwrap() as usize - shown,
+            "{what}: the omitted count does not match what is shown"
+        );
+    }
+}
+
+#[test]
 fn redaction_can_be_turned_off() {
     let (sb, script) = leaky_sandbox("security:\n  redact_output: false\n");
     let r = sb.run_json(&script, &[]);

@@ -837,14 +837,13 @@ fn the_tools_do_not_reach_a_neighbours_staging_dir_beneath_the_cwd() {
     );
     let script = r.sb.root.path().join("neighbour.py");
     std::fs::write(&script, victim).unwrap();
-    let neighbour_run = r
-        .sb
-        .command()
-        .args(["run", "--json", "--mode", "strict"])
-        .arg(&script)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let neighbour_run =
+        r.sb.command()
+            .args(["run", "--json", "--mode", "strict"])
+            .arg(&script)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
     let started = std::time::Instant::now();
     let (parent, neighbour) = loop {
         let found = std::fs::read_dir(&work).unwrap().flatten().find_map(|e| {
@@ -855,7 +854,9 @@ fn the_tools_do_not_reach_a_neighbours_staging_dir_beneath_the_cwd() {
             }
             std::fs::read_dir(&parent).ok()?.flatten().find_map(|d| {
                 let dir = d.path();
-                dir.join("secret.txt").exists().then(|| (parent.clone(), dir))
+                dir.join("secret.txt")
+                    .exists()
+                    .then(|| (parent.clone(), dir))
             })
         });
         if let Some(found) = found {
@@ -883,5 +884,8 @@ fn the_tools_do_not_reach_a_neighbours_staging_dir_beneath_the_cwd() {
     let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
     let seen = seen["output"].as_str().unwrap_or_default();
     assert!(seen.contains(&format!("SECRET {marker}")), "{seen}");
-    assert!(!seen.contains("INJECTED") && !seen.contains("socket.py"), "{seen}");
+    assert!(
+        !seen.contains("INJECTED") && !seen.contains("socket.py"),
+        "{seen}"
+    );
 }
