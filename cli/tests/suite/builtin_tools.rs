@@ -303,3 +303,59 @@ fn terminal_commands_end_with_the_execution() {
         "the terminal command outlived its execution"
     );
 }
+
+/// What a script's `terminal` commands leave running in the background lives while the
+/// execution does (a later call can use it) and ends with it: `&`, `nohup`, a subshell and
+/// `setsid` (out of the command's process group), on a normal end and on a timeout. These are
+/// children of the supervisor, not of the script's reaper.
+#[test]
+fn background_processes_of_a_scripts_commands_end_with_the_execution() {
+    let sb = Sandbox::new();
+    let tag = 70_000 + std::process::id() % 10_000;
+    for (ending, args) in [("success", vec![]), ("timeout", vec!["--timeout", "3"])] {
+        let forms = [
+            format!("sleep {tag}1 >/dev/null 2>&1 &"),
+            format!("nohup sleep {tag}2 >/dev/null 2>&1 &"),
+            format!("(sleep {tag}3 >/dev/null 2>&1 &)"),
+            format!("setsid sleep {tag}4 >/dev/null 2>&1 </dev/null &"),
+            format!("setsid sh -c 'setsid sleep {tag}5 & wait' >/dev/null 2>&1 </dev/null &"),
+        ];
+        let mut script = String::from("import time\nfrom vibeos_tools import terminal\n");
+        for f in &forms {
+            script.push_str(&format!("terminal({f:?})\n"));
+        }
+        // Still there for a later call of the same execution.
+        script.push_str(&format!(
+            "time.sleep(0.5)\nprint(terminal('pgrep -c -f \"sleep {tag}\"')['output'].strip())\n"
+        ));
+        if ending == "timeout" {
+            script.push_str("time.sleep(30)\n");
+        }
+        let r = sb.run_json(&script, &args);
+        assert_eq!(r["status"], ending, "{r}");
+        // pgrep counts its own shell too (its command line names the pattern).
+        let seen: usize = r["output"]
+            .as_str()
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap_or("0")
+            .trim()
+            .parse()
+            .unwrap_or(0);
+        assert!(
+            seen >= 5,
+            "the background processes were gone before the execution ended: {r}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let left = vibeos_testkit::processes_mentioning(&format!("sleep {tag}"));
+        for pid in &left {
+            // SAFETY: kill has no memory preconditions; this only cleans up after a failure.
+            unsafe { libc::kill(*pid, libc::SIGKILL) };
+        }
+        assert!(
+            left.is_empty(),
+            "{ending}: outlived the execution: {left:?}"
+        );
+    }
+}

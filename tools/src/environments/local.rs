@@ -4,9 +4,12 @@
 //! a timeout or a kill signals the whole group — SIGTERM, then SIGKILL after a grace period — so
 //! children of the shell die with it. Limit: a descendant that calls `setsid`/`setpgid` leaves
 //! the group and is not reached by that signal. For script calls this gap is closed by the
-//! execution's subreaper, which kills everything the execution started when it ends; for direct
-//! agent calls it stays open (a cgroup per command would close it but needs delegation rights
-//! this process usually lacks). See docs/terminal.md.
+//! execution's end ([`kill_scope`]): the commands a script ran are children of the supervisor,
+//! not of the script's reaper, so the end kills their groups, the groups of commands that
+//! returned while something they started in the background lives on, and every process that
+//! still carries the execution's [`SCOPE_VAR`] in its environment (which reaches `setsid`
+//! and `nohup` daemons). For direct agent calls it stays open (a cgroup per command would close
+//! it but needs delegation rights this process usually lacks). See docs/terminal.md.
 //!
 //! Output: stdout and stderr share one pipe (so they interleave as on a terminal) that a reader
 //! thread drains into a bounded [`HeadTail`]; the child never blocks on a full pipe and memory
@@ -101,6 +104,23 @@ struct Spawned {
     stdin: Option<std::fs::File>,
 }
 
+/// Marks every command a script runs, and what those commands start, with the execution they
+/// belong to: [`kill_scope`] finds by it what left the command's process group (`setsid`).
+pub const SCOPE_VAR: &str = "VIBEOS_EXECUTION_SCOPE";
+
+/// The value of [`SCOPE_VAR`] for `scope`: unique per process and execution (scopes are
+/// addresses, which a later execution of the same process may reuse only after this one ended).
+fn scope_marker(scope: usize) -> String {
+    // Not a secret, only distinct from other processes' markers.
+    static NONCE: LazyLock<u64> = LazyLock::new(|| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        now ^ (u64::from(std::process::id()) << 40)
+    });
+    format!("{:016x}{scope:x}", *NONCE)
+}
+
 fn spawn(spec: &SpawnSpec<'_>) -> Result<Spawned, BackendError> {
     let mut cmd = Command::new(shell());
     cmd.arg("-c")
@@ -108,6 +128,12 @@ fn spawn(spec: &SpawnSpec<'_>) -> Result<Spawned, BackendError> {
         .current_dir(spec.cwd)
         .env_clear();
     cmd.envs(spec.env.iter().map(|(k, v)| (k, v)));
+    if let Some(scope) = spec.scope {
+        cmd.env(SCOPE_VAR, scope_marker(scope));
+        if let Ok(mut g) = MARKED.lock() {
+            g.insert(scope);
+        }
+    }
     if spec.pty {
         if !spec.env.iter().any(|(k, _)| k == "TERM") {
             cmd.env("TERM", "xterm-256color");
@@ -230,6 +256,15 @@ fn kill_group(pgid: Pid, child: &mut Child) -> Option<ExitStatus> {
 static RUNNING: LazyLock<Mutex<BTreeMap<i32, Option<usize>>>> =
     LazyLock::new(|| Mutex::new(BTreeMap::new()));
 
+/// Process groups of a scope's commands that returned while a member still lived (`cmd &`).
+static LINGERING: LazyLock<Mutex<BTreeMap<usize, Vec<i32>>>> =
+    LazyLock::new(|| Mutex::new(BTreeMap::new()));
+
+/// Scopes that started a command, so [`kill_scope`] looks for marked processes only where
+/// there can be some.
+static MARKED: LazyLock<Mutex<std::collections::BTreeSet<usize>>> =
+    LazyLock::new(|| Mutex::new(std::collections::BTreeSet::new()));
+
 /// The scope of a call: the identity of its execute_code environment, which is one shared `Arc`
 /// per execution (`None` for agent calls). Commands a script started are found by it when the
 /// execution ends.
@@ -248,7 +283,7 @@ pub fn kill_scope(ctx: &crate::ToolContext) -> usize {
     let Some(scope) = scope_of(ctx) else {
         return 0;
     };
-    let groups: Vec<i32> = RUNNING
+    let mut groups: Vec<i32> = RUNNING
         .lock()
         .map(|g| {
             g.iter()
@@ -257,19 +292,80 @@ pub fn kill_scope(ctx: &crate::ToolContext) -> usize {
                 .collect()
         })
         .unwrap_or_default();
+    let running = groups.len();
+    if let Ok(mut g) = LINGERING.lock() {
+        groups.extend(g.remove(&scope).unwrap_or_default());
+    }
     for pgid in &groups {
         let _ = killpg(Pid::from_raw(*pgid), Signal::SIGKILL);
     }
-    groups.len()
+    let marked = MARKED.lock().map(|mut g| g.remove(&scope)).unwrap_or(false);
+    if marked {
+        kill_marked(&scope_marker(scope));
+    }
+    running
 }
 
-/// Removes a command from [`RUNNING`] when it ends, however it ends.
+/// Kills every process whose environment carries `SCOPE_VAR=marker`: what a script's commands
+/// started and moved out of their process group. A few rounds, since a process being killed
+/// may have started another meanwhile.
+fn kill_marked(marker: &str) {
+    let needle = format!("{SCOPE_VAR}={marker}\0");
+    let me = std::process::id();
+    for _ in 0..4 {
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return;
+        };
+        let mut found = 0;
+        for entry in dir.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if pid == me {
+                continue;
+            }
+            let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+                continue;
+            };
+            let starts_entry = |at: usize| at == 0 || env[at - 1] == 0;
+            let hit = env
+                .windows(needle.len())
+                .enumerate()
+                .any(|(at, w)| w == needle.as_bytes() && starts_entry(at));
+            if hit {
+                let pid = i32::try_from(pid).unwrap_or(i32::MAX);
+                let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+                found += 1;
+            }
+        }
+        if found == 0 {
+            return;
+        }
+    }
+}
+
+/// Removes a command from [`RUNNING`] when it ends, however it ends; a script's command whose
+/// group still has a member (something it left running in the background) is kept in
+/// [`LINGERING`] for the execution's end.
 struct RunningGuard(i32);
 
 impl Drop for RunningGuard {
     fn drop(&mut self) {
-        if let Ok(mut g) = RUNNING.lock() {
-            g.remove(&self.0);
+        let scope = RUNNING
+            .lock()
+            .ok()
+            .and_then(|mut g| g.remove(&self.0))
+            .flatten();
+        if let Some(scope) = scope {
+            if killpg(Pid::from_raw(self.0), None).is_ok() {
+                if let Ok(mut g) = LINGERING.lock() {
+                    g.entry(scope).or_default().push(self.0);
+                }
+            }
         }
     }
 }
