@@ -356,9 +356,16 @@ fn dangerous_kernel_interfaces_are_refused() {
         ("userfaultfd", "userfaultfd"),
         ("personality", "personality ADDR_NO_RANDOMIZE"),
         ("open_by_handle", "open_by_handle_at"),
+        ("memfd", "memfd_create"),
+        ("memfd", "memfd_create raw"),
     ] {
-        let attempts = r.contained(&r.attack(fixture, json!({}), &[]));
+        let result = r.attack(fixture, json!({}), &[]);
+        let attempts = r.contained(&result);
         assert_eq!(errno_of(&attempts, what), EPERM, "{fixture}");
+        if fixture == "memfd" {
+            let output = result["output"].as_str().unwrap_or_default();
+            assert!(output.contains("SORTED [1, 2, 3, 4, 5]"), "{output}");
+        }
     }
 }
 
