@@ -252,9 +252,8 @@ fn command_main() -> u8 {
         Ok(cli) => cli,
         Err(e) => {
             if !e.use_stderr() {
-                // --help, --version: not errors.
-                let _ = e.print();
-                return 0;
+                // --help, --version: not errors, but their text must reach stdout.
+                return output_written(e.print(), 0);
             }
             // A caller that asked for JSON parses stdout: it gets the result object even when
             // the command line itself is wrong, and the human message stays on stderr.
@@ -313,10 +312,47 @@ fn print_usage_error_json(message: String) {
         .any(|w| w[0] == "--mode" && w[1] == "strict")
         || args.iter().any(|a| a == "--mode=strict");
     let mode = if strict { "strict" } else { "project" };
-    println!(
-        "{}",
-        vibeos_supervisor::ExecutionResult::failed_to_start(mode, message, 0.0).to_json()
-    );
+    let json = vibeos_supervisor::ExecutionResult::failed_to_start(mode, message, 0.0).to_json();
+    // The exit code is the usage error's (2) whether or not the object could be written; a
+    // failed write is still said on stderr.
+    let _ = output_written(write_stdout(format!("{json}\n").as_bytes()), 2);
+}
+
+/// Writes `bytes` to stdout and flushes it, so that a failure (a full disk, a closed pipe)
+/// is seen here rather than lost in the flush std does at exit, which ignores errors.
+fn write_stdout(bytes: &[u8]) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(bytes)?;
+    out.flush()
+}
+
+/// The exit code of a command whose output was written with `written`: `code` when the write
+/// succeeded; 0, quietly, when the reader closed the pipe (EPIPE: SIGPIPE is ignored, so this
+/// is an error instead of a signal; like ripgrep, a reader that stopped reading, as `| head`
+/// does, is not a failure); else 1, with the error on stderr.
+fn output_written(written: std::io::Result<()>, code: u8) -> u8 {
+    match written {
+        Ok(()) => code,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => 0,
+        Err(e) => {
+            // `eprintln!` would panic if stderr failed too; there is nowhere left to say it.
+            let _ = writeln!(
+                std::io::stderr(),
+                "vibeos-exec: cannot write the output: {}",
+                io_error_text(&e)
+            );
+            1
+        }
+    }
+}
+
+/// An I/O error as a sentence: the OS's text without std's " (os error N)" suffix.
+fn io_error_text(e: &std::io::Error) -> String {
+    let text = e.to_string();
+    match text.find(" (os error ") {
+        Some(cut) if e.raw_os_error().is_some() => text[..cut].to_string(),
+        _ => text,
+    }
 }
 
 fn real_main(cli: Cli) -> Result<u8, UsageError> {
@@ -418,8 +454,7 @@ fn real_main(cli: Cli) -> Result<u8, UsageError> {
                     backends::report_text(&backends)
                 )
             };
-            let _ = std::io::stdout().lock().write_all(text.as_bytes());
-            Ok(0)
+            Ok(output_written(write_stdout(text.as_bytes()), 0))
         }
         Command::Serve(args) => {
             backends::activate(backend, args.limits.cwd.as_deref());
@@ -432,14 +467,12 @@ fn real_main(cli: Cli) -> Result<u8, UsageError> {
         } => {
             let (lines, injected) =
                 audit::audit(&config.env_passthrough).map_err(|e| UsageError(e.to_string()))?;
-            let mut out = std::io::stdout().lock();
             let text = if json {
                 format!("{}\n", audit::render_json(&lines, &injected))
             } else {
                 audit::render_table(&lines, &injected)
             };
-            let _ = out.write_all(text.as_bytes());
-            Ok(0)
+            Ok(output_written(write_stdout(text.as_bytes()), 0))
         }
     }
 }
@@ -451,8 +484,10 @@ fn tools(
     config: &Config,
     extensions: &vibeos_tools::mcp_client::McpManager,
 ) -> Result<u8, UsageError> {
+    // Written to stdout in one go at the end, where a failed write is reported.
+    use std::fmt::Write as _;
     let reg = vibeos_tools::registry();
-    let mut out = std::io::stdout().lock();
+    let mut out = String::new();
     match command {
         ToolsCommand::Schema(args) => {
             let settings = execute_code_tool::execute_code_settings(config, None);
@@ -544,8 +579,7 @@ fn tools(
             }
         }
     }
-    let _ = out.flush();
-    Ok(0)
+    Ok(output_written(write_stdout(out.as_bytes()), 0))
 }
 
 /// The state of the MCP server or plugin host behind a tool, for `tools list --json`
@@ -643,22 +677,27 @@ fn run(request: ExecutionRequest, json: bool) -> Result<u8, UsageError> {
         watch_signals(interrupt.clone());
         execute(request, vibeos_tools::registry(), interrupt).await
     });
-    let mut out = std::io::stdout().lock();
-    if json {
-        let _ = writeln!(out, "{}", result.to_json());
+    let written = if json {
+        write_stdout(format!("{}\n", result.to_json()).as_bytes())
     } else {
-        let _ = out.write_all(result.output.as_bytes());
-        if !result.output.is_empty() && !result.output.ends_with('\n') {
-            let _ = out.write_all(b"\n");
-        }
         if result.output.is_empty() {
             if let Some(e) = &result.error {
                 eprintln!("vibeos-exec: {e}");
             }
         }
-    }
-    let _ = out.flush();
-    Ok(result.status.exit_code() as u8)
+        let mut out = std::io::stdout().lock();
+        out.write_all(result.output.as_bytes())
+            .and_then(|()| {
+                if !result.output.is_empty() && !result.output.ends_with('\n') {
+                    out.write_all(b"\n")
+                } else {
+                    Ok(())
+                }
+            })
+            .and_then(|()| out.flush())
+    };
+    // The script's status decides the code only when its output was delivered.
+    Ok(output_written(written, result.status.exit_code() as u8))
 }
 
 /// `serve`: the run limits applied to the config (so the execute_code description states

@@ -193,7 +193,10 @@ impl Config {
                 cfg.timeout = positive_seconds(secs).ok_or_else(|| {
                     bad(
                         "code_execution.timeout",
-                        format!("must be a positive number of seconds, found {secs}"),
+                        // The same range, in the same words, as the `--timeout` flag's message.
+                        format!(
+                            "must be a number of seconds (positive, at most {MAX_TIMEOUT_SECS}), found {secs}"
+                        ),
                     )
                 })?;
             }
@@ -266,10 +269,13 @@ impl Config {
     }
 }
 
-/// Turns seconds into a duration if positive and finite (capped at a day, beyond which a
-/// "timeout" is a mistake).
+/// Largest timeout accepted, in seconds: a day, beyond which a "timeout" is a mistake.
+pub const MAX_TIMEOUT_SECS: u32 = 86_400;
+
+/// Turns seconds into a duration if positive, finite and at most [`MAX_TIMEOUT_SECS`].
 pub fn positive_seconds(secs: f64) -> Option<Duration> {
-    (secs.is_finite() && secs > 0.0 && secs <= 86_400.0).then(|| Duration::from_secs_f64(secs))
+    (secs.is_finite() && secs > 0.0 && secs <= f64::from(MAX_TIMEOUT_SECS))
+        .then(|| Duration::from_secs_f64(secs))
 }
 
 fn valid_env_name(s: &str) -> bool {
@@ -331,6 +337,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("positive"), "{e}");
+        // Above the cap, the message says what the cap is.
+        let e = parse("code_execution:\n  timeout: 100000\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`code_execution.timeout`")
+                && e.contains("(positive, at most 86400), found 100000"),
+            "{e}"
+        );
         assert!(parse(": : :\n -").is_err());
     }
 

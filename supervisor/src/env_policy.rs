@@ -198,6 +198,144 @@ impl EnvPolicy {
     }
 }
 
+/// Where the child's `TZ` comes from (SPEC §4 injects it in every mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TzSource {
+    /// The caller's own `TZ`, passed on as it is (even empty, which the C library reads as UTC).
+    Caller,
+    /// The zone `/etc/localtime` links to (`…/zoneinfo/Europe/Berlin` gives `Europe/Berlin`).
+    LocaltimeLink,
+    /// `/etc/localtime` is a file, not a link: `:/etc/localtime`, which the C library reads as
+    /// that file, so the child keeps the host's zone.
+    LocaltimeFile,
+    /// No `/etc/localtime`: `UTC`, what the C library assumes then anyway.
+    Utc,
+}
+
+impl TzSource {
+    /// Short explanation for audits.
+    pub fn describe(self) -> &'static str {
+        match self {
+            TzSource::Caller => "the caller's TZ",
+            TzSource::LocaltimeLink => "the zone /etc/localtime links to",
+            TzSource::LocaltimeFile => "/etc/localtime, a file",
+            TzSource::Utc => "no TZ and no /etc/localtime: UTC",
+        }
+    }
+}
+
+/// The `TZ` an execute_code child gets, and where it came from: the caller's (`caller`, its
+/// `TZ` if set), else the host's zone. Pinning it means a script sees the same zone whatever
+/// interpreter, fork server or confinement runs it (a strict script cannot read `/etc` to find
+/// out).
+pub fn tz_with_source(caller: Option<OsString>) -> (OsString, TzSource) {
+    match caller {
+        Some(tz) => (tz, TzSource::Caller),
+        None => {
+            let (tz, source) = host_tz();
+            (tz.clone(), *source)
+        }
+    }
+}
+
+/// The host's zone, computed once per process: one `readlink`, no file read, so the cold path
+/// pays a single syscall.
+fn host_tz() -> &'static (OsString, TzSource) {
+    static HOST_TZ: std::sync::OnceLock<(OsString, TzSource)> = std::sync::OnceLock::new();
+    HOST_TZ.get_or_init(|| tz_of_localtime(std::fs::read_link(LOCALTIME)))
+}
+
+/// The system's zone file.
+const LOCALTIME: &str = "/etc/localtime";
+
+/// The zone of `/etc/localtime` from what `readlink` said of it.
+fn tz_of_localtime(link: std::io::Result<std::path::PathBuf>) -> (OsString, TzSource) {
+    use std::os::unix::ffi::OsStrExt;
+    match link {
+        Ok(target) => {
+            // The zone name is what follows the last `zoneinfo/` (`/usr/share/zoneinfo/`,
+            // `../usr/share/zoneinfo/`, `/var/db/timezone/zoneinfo/`).
+            let bytes = target.as_os_str().as_bytes();
+            let marker = b"zoneinfo/";
+            let name = bytes
+                .windows(marker.len())
+                .rposition(|w| w == marker)
+                .map(|at| &bytes[at + marker.len()..])
+                .filter(|name| !name.is_empty());
+            match name {
+                Some(name) => (
+                    OsStr::from_bytes(name).to_os_string(),
+                    TzSource::LocaltimeLink,
+                ),
+                // A link outside any zoneinfo tree: let the C library follow it.
+                None => (format!(":{LOCALTIME}").into(), TzSource::LocaltimeFile),
+            }
+        }
+        // Not a link (EINVAL): a copied zone file.
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+            (format!(":{LOCALTIME}").into(), TzSource::LocaltimeFile)
+        }
+        Err(_) => ("UTC".into(), TzSource::Utc),
+    }
+}
+
+/// Which modes a variable set by vibeos-exec (or by the interpreter) is set in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetIn {
+    /// Project and strict mode.
+    Both,
+    /// Project mode only.
+    Project,
+    /// Strict mode only.
+    Strict,
+    /// Set by Python itself, not by vibeos-exec, in either mode when a condition holds.
+    ByPython,
+}
+
+/// A variable a script finds set that is not the caller's: its name, the modes, and what it
+/// holds. `env audit` prints this table; `cli/tests/suite/env_and_interpreter.rs` checks it
+/// against what scripts see in each mode, so it cannot drift from the launcher.
+pub const SET_FOR_THE_CHILD: &[(&str, SetIn, &str)] = &[
+    ("VIBEOS_RPC_TOKEN", SetIn::Both, "the RPC channel's token"),
+    (
+        "VIBEOS_RPC_DIR",
+        SetIn::Project,
+        "the RPC channel's directory",
+    ),
+    ("VIBEOS_RPC_SOCKET", SetIn::Project, "the RPC socket's path"),
+    (
+        "VIBEOS_RPC_FD",
+        SetIn::Strict,
+        "the inherited RPC socket's descriptor (no socket path to dial)",
+    ),
+    ("VIBEOS_RPC_STRICT", SetIn::Strict, "1"),
+    ("TMPDIR", SetIn::Strict, "the staging dir"),
+    (
+        "TZ",
+        SetIn::Both,
+        "the caller's TZ, else the zone /etc/localtime links to, else UTC",
+    ),
+    (
+        "HOME",
+        SetIn::Both,
+        "project: the caller's HOME (else the staging dir); strict: the staging dir",
+    ),
+    ("PYTHONDONTWRITEBYTECODE", SetIn::Both, "1"),
+    ("PYTHONIOENCODING", SetIn::Both, "utf-8"),
+    ("PYTHONUTF8", SetIn::Both, "1"),
+    (
+        "PYTHONPATH",
+        SetIn::Both,
+        "the staging dir first (project: then the session dir), then a kept PYTHONPATH",
+    ),
+    (
+        "LC_CTYPE",
+        SetIn::ByPython,
+        "C.UTF-8, set by the interpreter (PEP 538 locale coercion) when LC_ALL, LC_CTYPE and \
+         LANG leave the C locale",
+    ),
+];
+
 /// Result of scrubbing an environment.
 #[derive(Debug, Clone)]
 pub struct Scrubbed {
@@ -268,6 +406,55 @@ mod tests {
             Rule::SecretSubstring
         );
         assert_eq!(p.decide("RANDOM_THING", &none()), Rule::NotAllowlisted);
+    }
+
+    #[test]
+    fn tz_is_the_callers_else_the_host_zone() {
+        use std::io::{Error, ErrorKind};
+        use std::path::PathBuf;
+        assert_eq!(
+            tz_with_source(Some("Asia/Tokyo".into())),
+            ("Asia/Tokyo".into(), TzSource::Caller)
+        );
+        // Without the caller's, never absent (the bug: no TZ at all under `env -i`).
+        assert!(!tz_with_source(None).0.is_empty());
+        for (target, want) in [
+            ("/usr/share/zoneinfo/Europe/Berlin", "Europe/Berlin"),
+            ("../usr/share/zoneinfo/Etc/UTC", "Etc/UTC"),
+            (
+                "/usr/share/zoneinfo/right/America/New_York",
+                "right/America/New_York",
+            ),
+            ("/var/db/timezone/zoneinfo/Asia/Kolkata", "Asia/Kolkata"),
+        ] {
+            assert_eq!(
+                tz_of_localtime(Ok(PathBuf::from(target))),
+                (want.into(), TzSource::LocaltimeLink),
+                "{target}"
+            );
+        }
+        assert_eq!(
+            tz_of_localtime(Ok(PathBuf::from("/opt/zones/custom"))),
+            (":/etc/localtime".into(), TzSource::LocaltimeFile)
+        );
+        assert_eq!(
+            tz_of_localtime(Err(Error::from(ErrorKind::InvalidInput))),
+            (":/etc/localtime".into(), TzSource::LocaltimeFile)
+        );
+        assert_eq!(
+            tz_of_localtime(Err(Error::from(ErrorKind::NotFound))),
+            ("UTC".into(), TzSource::Utc)
+        );
+    }
+
+    #[test]
+    fn every_injected_name_of_the_policy_is_in_the_audit_table() {
+        for name in &policy().injected {
+            assert!(
+                SET_FOR_THE_CHILD.iter().any(|(n, _, _)| n == name),
+                "{name} is injected but env audit would not list it"
+            );
+        }
     }
 
     #[test]

@@ -130,9 +130,12 @@ impl LaunchSpec {
             Mode::Strict => staging.as_os_str().to_owned(),
         };
         env.push(("HOME".into(), home));
-        if let Some(tz) = lookup("TZ") {
-            env.push(("TZ".into(), tz));
-        }
+        // SPEC §4: TZ in every mode, the caller's else the host's zone (a strict script cannot
+        // read /etc to find it, and a fork server's children must match a cold start's).
+        env.push((
+            "TZ".into(),
+            crate::env_policy::tz_with_source(lookup("TZ")).0,
+        ));
         env.push(("PYTHONDONTWRITEBYTECODE".into(), "1".into()));
         env.push(("PYTHONIOENCODING".into(), "utf-8".into()));
         env.push(("PYTHONUTF8".into(), "1".into()));

@@ -489,8 +489,7 @@ pub fn parse_choice(answer: &str) -> ApprovalChoice {
 pub fn permanent_allowlist() -> Vec<String> {
     crate::settings::current_or_default()
         .command_allowlist
-        .as_ref()
-        .map(|l| l.to_vec())
+        .clone()
         .unwrap_or_default()
 }
 
@@ -573,7 +572,7 @@ pub fn persist_always(keys: &[String]) -> Result<(), String> {
             let map = doc
                 .as_object_mut()
                 .ok_or_else(|| format!("{} is not a YAML mapping", path.display()))?;
-            let mut list = existing.to_vec();
+            let mut list = existing;
             for k in keys {
                 if !list.contains(k) {
                     list.push(k.clone());

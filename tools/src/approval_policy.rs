@@ -116,16 +116,16 @@ pub fn settings() -> ApprovalSettings {
             s.timeout = Duration::from_secs_f64(t);
         } else {
             tracing::warn!(
-                "approvals.timeout must be a number of seconds from 0 to 86400, found {t}; using 60"
+                "approvals.timeout must be a number of seconds (positive, at most 86400), found {t}; using 60"
             );
         }
     }
     if let Some(deny) = &section.deny {
-        s.deny = deny.to_vec();
+        s.deny = deny.clone();
     }
     // `command_denylist` at the top level, beside `command_allowlist`, means the same.
     if let Some(deny) = &file.command_denylist {
-        s.deny.extend(deny.to_vec());
+        s.deny.extend(deny.iter().cloned());
     }
     if let Some(c) = section.smart_command.filter(|c| !c.trim().is_empty()) {
         s.smart_command = Some(c);

@@ -17,6 +17,8 @@ use std::path::{Path, PathBuf};
 
 use crate::mcp_client::{McpServerConfig, PluginsConfig};
 
+pub mod strict;
+
 /// Largest config file accepted. A real config is a few KB; anything near this is a mistake or
 /// an attack, and is refused before parsing.
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
@@ -39,9 +41,11 @@ pub struct ConfigFile {
     /// `approvals:` — dangerous-command approval (SPEC §8).
     pub approvals: Option<ApprovalsSection>,
     /// `command_allowlist:` — pattern keys or command globs approved for good.
-    pub command_allowlist: Option<StringList>,
+    #[serde(default, deserialize_with = "strict::opt_string_list")]
+    pub command_allowlist: Option<Vec<String>>,
     /// `command_denylist:` — pattern keys or command globs always denied.
-    pub command_denylist: Option<StringList>,
+    #[serde(default, deserialize_with = "strict::opt_string_list")]
+    pub command_denylist: Option<Vec<String>>,
     /// `web:` — backends of web_search and web_extract.
     pub web: Option<WebSection>,
     /// `security:`.
@@ -57,18 +61,25 @@ pub struct ConfigFile {
 #[serde(deny_unknown_fields)]
 pub struct CodeExecutionSection {
     /// `mode`: `project` or `strict` (an unknown name falls back to project with a warning).
+    #[serde(default, deserialize_with = "strict::opt_string")]
     pub mode: Option<String>,
     /// `timeout` in seconds.
+    #[serde(default, deserialize_with = "strict::opt_f64")]
     pub timeout: Option<f64>,
     /// `max_tool_calls` per execution.
+    #[serde(default, deserialize_with = "strict::opt_u64")]
     pub max_tool_calls: Option<u64>,
     /// `python`: the default interpreter.
+    #[serde(default, deserialize_with = "strict::opt_string")]
     pub python: Option<String>,
     /// `pool_size`: pre-started interpreters of a long-lived host.
+    #[serde(default, deserialize_with = "strict::opt_u64")]
     pub pool_size: Option<u64>,
     /// `stdout_limit` in bytes.
+    #[serde(default, deserialize_with = "strict::opt_u64")]
     pub stdout_limit: Option<u64>,
     /// `stderr_limit` in bytes.
+    #[serde(default, deserialize_with = "strict::opt_u64")]
     pub stderr_limit: Option<u64>,
     /// `strict:` — strict-mode confinement.
     pub strict: Option<StrictSection>,
@@ -79,24 +90,34 @@ pub struct CodeExecutionSection {
 #[serde(deny_unknown_fields)]
 pub struct StrictSection {
     /// `uid` pinned for the script when the supervisor runs as root.
+    #[serde(default, deserialize_with = "strict::opt_u64")]
     pub uid: Option<u64>,
     /// `max_processes` of the script's uid.
+    #[serde(default, deserialize_with = "strict::opt_u64")]
     pub max_processes: Option<u64>,
     /// `memory_mb` per process.
+    #[serde(default, deserialize_with = "strict::opt_u64")]
     pub memory_mb: Option<u64>,
     /// `file_size_mb`: largest file the script may write.
+    #[serde(default, deserialize_with = "strict::opt_u64")]
     pub file_size_mb: Option<u64>,
     /// `disk_mb`: disk budget of one execution.
+    #[serde(default, deserialize_with = "strict::opt_u64")]
     pub disk_mb: Option<u64>,
     /// `seccomp_policy`: path of a seccompiler JSON policy replacing the built-in one.
+    #[serde(default, deserialize_with = "strict::opt_string")]
     pub seccomp_policy: Option<String>,
     /// `landlock_policy`: path of a landlock rules file replacing the built-in one.
+    #[serde(default, deserialize_with = "strict::opt_string")]
     pub landlock_policy: Option<String>,
     /// `read_roots`: extra directories the file tools may read.
+    #[serde(default, deserialize_with = "strict::opt_string_list")]
     pub read_roots: Option<Vec<String>>,
     /// `write_roots`: extra directories the file tools may read and write.
+    #[serde(default, deserialize_with = "strict::opt_string_list")]
     pub write_roots: Option<Vec<String>>,
     /// `terminal`: whether strict scripts get the terminal tool.
+    #[serde(default, deserialize_with = "strict::opt_bool")]
     pub terminal: Option<bool>,
 }
 
@@ -105,56 +126,82 @@ pub struct StrictSection {
 #[serde(deny_unknown_fields)]
 pub struct TerminalSection {
     /// `env_passthrough`: variables kept even when they look secret.
+    #[serde(default, deserialize_with = "strict::opt_string_list")]
     pub env_passthrough: Option<Vec<String>>,
     /// `backend`: local, docker, podman, ssh, singularity, modal, daytona.
+    #[serde(default, deserialize_with = "strict::opt_string")]
     pub backend: Option<String>,
     /// `cwd` inside the backend.
+    #[serde(default, deserialize_with = "strict::opt_string")]
     pub cwd: Option<String>,
     /// `lifetime_seconds` an idle environment is kept.
+    #[serde(default, deserialize_with = "strict::opt_f64")]
     pub lifetime_seconds: Option<f64>,
     /// `python` inside the backend.
+    #[serde(default, deserialize_with = "strict::opt_string")]
     pub python: Option<String>,
     /// `docker_image`.
+    #[serde(default, deserialize_with = "strict::opt_string")]
     pub docker_image: Option<String>,
     /// `docker_volumes`: `host:container[:ro]` entries.
+    #[serde(default, deserialize_with = "strict::opt_string_list")]
     pub docker_volumes: Option<Vec<String>>,
     /// `docker_mount_cwd_to_workspace`.
+    #[serde(default, deserialize_with = "strict::opt_bool")]
     pub docker_mount_cwd_to_workspace: Option<bool>,
     /// `docker_network`.
+    #[serde(default, deserialize_with = "strict::opt_string")]
     pub docker_network: Option<String>,
     /// `docker_binary`: docker, podman or a path.
+    #[serde(default, deserialize_with = "strict::opt_string")]
     pub docker_binary: Option<String>,
     /// `container_cpu`: CPUs.
+    #[serde(default, deserialize_with = "strict::opt_f64")]
     pub container_cpu: Option<f64>,
     /// `container_memory`: MB.
+    #[serde(default, deserialize_with = "strict::opt_f64")]
     pub container_memory: Option<f64>,
     /// `container_disk`: MB (cloud sandboxes).
+    #[serde(default, deserialize_with = "strict::opt_f64")]
     pub container_disk: Option<f64>,
     /// `container_pids`: process limit.
+    #[serde(default, deserialize_with = "strict::opt_f64")]
     pub container_pids: Option<f64>,
     /// `container_persistent`.
+    #[serde(default, deserialize_with = "strict::opt_bool")]
     pub container_persistent: Option<bool>,
     /// `ssh_host`.
+    #[serde(default, deserialize_with = "strict::opt_string")]
     pub ssh_host: Option<String>,
     /// `ssh_user`.
+    #[serde(default, deserialize_with = "strict::opt_string")]
     pub ssh_user: Option<String>,
     /// `ssh_port`.
+    #[serde(default, deserialize_with = "strict::opt_u64")]
     pub ssh_port: Option<u64>,
     /// `ssh_key`.
+    #[serde(default, deserialize_with = "strict::opt_string")]
     pub ssh_key: Option<String>,
     /// `ssh_known_hosts`: strict, accept-new or a file.
+    #[serde(default, deserialize_with = "strict::opt_string")]
     pub ssh_known_hosts: Option<String>,
     /// `shell_session`: `cd`/`export` persist between calls.
+    #[serde(default, deserialize_with = "strict::opt_bool")]
     pub shell_session: Option<bool>,
     /// `agent_binary`: the tool agent run inside a backend.
+    #[serde(default, deserialize_with = "strict::opt_string")]
     pub agent_binary: Option<String>,
     /// `singularity_image`.
+    #[serde(default, deserialize_with = "strict::opt_string")]
     pub singularity_image: Option<String>,
     /// `modal_image`.
+    #[serde(default, deserialize_with = "strict::opt_string")]
     pub modal_image: Option<String>,
     /// `modal_python`: the host interpreter (with the `modal` package) of the SDK sidecar.
+    #[serde(default, deserialize_with = "strict::opt_string")]
     pub modal_python: Option<String>,
     /// `daytona_image`.
+    #[serde(default, deserialize_with = "strict::opt_string")]
     pub daytona_image: Option<String>,
 }
 
@@ -162,7 +209,9 @@ pub struct TerminalSection {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LoggingSection {
-    /// `level`: error, warn, info, debug, trace (or a tracing filter).
+    /// `level`: error, warn, info, debug, trace, off (or a tracing filter). A plain `off`, which
+    /// YAML reads as the boolean false, means `off`.
+    #[serde(default, deserialize_with = "strict::opt_level")]
     pub level: Option<String>,
 }
 
@@ -173,12 +222,16 @@ pub struct ApprovalsSection {
     /// `mode`: manual, smart or off.
     pub mode: Option<TextOrBool>,
     /// `timeout` in seconds a host has to answer.
+    #[serde(default, deserialize_with = "strict::opt_f64")]
     pub timeout: Option<f64>,
     /// `deny`: pattern keys or command globs always denied.
-    pub deny: Option<StringList>,
+    #[serde(default, deserialize_with = "strict::opt_string_list")]
+    pub deny: Option<Vec<String>>,
     /// `smart_command`: the program asked in smart mode.
+    #[serde(default, deserialize_with = "strict::opt_string")]
     pub smart_command: Option<String>,
     /// `skip_in_isolated_backends`.
+    #[serde(default, deserialize_with = "strict::opt_bool")]
     pub skip_in_isolated_backends: Option<bool>,
 }
 
@@ -187,12 +240,16 @@ pub struct ApprovalsSection {
 #[serde(deny_unknown_fields)]
 pub struct WebSection {
     /// `search_backend` (searxng).
+    #[serde(default, deserialize_with = "strict::opt_string")]
     pub search_backend: Option<String>,
     /// `searxng_url`.
+    #[serde(default, deserialize_with = "strict::opt_string")]
     pub searxng_url: Option<String>,
     /// `extract_backend` (http).
+    #[serde(default, deserialize_with = "strict::opt_string")]
     pub extract_backend: Option<String>,
     /// `timeout` in whole seconds.
+    #[serde(default, deserialize_with = "strict::opt_u64")]
     pub timeout: Option<u64>,
 }
 
@@ -201,36 +258,38 @@ pub struct WebSection {
 #[serde(deny_unknown_fields)]
 pub struct SecuritySection {
     /// `redact_output` (default true).
+    #[serde(default, deserialize_with = "strict::opt_bool")]
     pub redact_output: Option<bool>,
 }
 
-/// A value written either as text or as a boolean (YAML 1.1 reads `off` as `false`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(untagged)]
+/// `approvals.mode`: text (`manual`, `smart`, `off`) or a boolean, because YAML 1.1 reads a
+/// plain `off` as `false`. Nothing else (a number, a list) is accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TextOrBool {
-    /// `true` / `false`.
+    /// `true` / `false` (and the YAML 1.1 spellings `on`, `off`, `yes`, `no`, unquoted).
     Bool(bool),
     /// Anything else.
     Text(String),
 }
 
-/// One string or a list of strings.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(untagged)]
-pub enum StringList {
-    /// A single entry.
-    One(String),
-    /// Several entries.
-    Many(Vec<String>),
-}
-
-impl StringList {
-    /// The entries.
-    pub fn to_vec(&self) -> Vec<String> {
-        match self {
-            StringList::One(s) => vec![s.clone()],
-            StringList::Many(v) => v.clone(),
+impl<'de> Deserialize<'de> for TextOrBool {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = TextOrBool;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("manual, smart or off")
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<TextOrBool, E> {
+                Ok(TextOrBool::Bool(v))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<TextOrBool, E> {
+                Ok(TextOrBool::Text(v.to_owned()))
+            }
         }
+        // `deserialize_any` reports a quoted scalar as a string and types a plain one, so a
+        // number is refused instead of being read as its text.
+        d.deserialize_any(V)
     }
 }
 
@@ -399,7 +458,7 @@ mod tests {
     #[test]
     fn reads_typed_sections() {
         let c = parse(
-            "code_execution:\n  mode: strict\n  timeout: 12\n  strict:\n    disk_mb: 64\n    read_roots: [/a]\nterminal:\n  ssh_user: 1000\n  env_passthrough: [A]\n  daytona_image: img\napprovals:\n  mode: off\n  deny: rm\ncommand_allowlist: [a, b]\nmcp_servers:\n  z: {command: zz}\n  a: {url: 'http://127.0.0.1:1/mcp'}\n",
+            "code_execution:\n  mode: strict\n  timeout: 12\n  strict:\n    disk_mb: 64\n    read_roots: [/a]\nterminal:\n  ssh_user: '1000'\n  env_passthrough: [A]\n  daytona_image: img\napprovals:\n  mode: off\n  deny: [rm]\ncommand_allowlist: [a, b]\nmcp_servers:\n  z: {command: zz}\n  a: {url: 'http://127.0.0.1:1/mcp'}\n",
         )
         .unwrap();
         let ce = c.code_execution.unwrap();
@@ -412,14 +471,10 @@ mod tests {
         assert_eq!(t.ssh_user.as_deref(), Some("1000"));
         assert_eq!(t.daytona_image.as_deref(), Some("img"));
         let a = c.approvals.unwrap();
-        assert!(
-            matches!(
-                a.mode,
-                Some(TextOrBool::Text(ref s)) if s == "off"
-            ) || a.mode == Some(TextOrBool::Bool(false))
-        );
-        assert_eq!(a.deny.unwrap().to_vec(), vec!["rm"]);
-        assert_eq!(c.command_allowlist.unwrap().to_vec(), vec!["a", "b"]);
+        // YAML 1.1 reads a plain `off` as false; approvals takes that as the mode off.
+        assert_eq!(a.mode, Some(TextOrBool::Bool(false)));
+        assert_eq!(a.deny.unwrap(), vec!["rm"]);
+        assert_eq!(c.command_allowlist.unwrap(), vec!["a", "b"]);
         let names: Vec<_> = c.mcp_servers.unwrap().keys().cloned().collect();
         assert_eq!(names, ["z", "a"], "file order is kept");
     }
@@ -450,6 +505,154 @@ mod tests {
     }
 
     #[test]
+    fn each_key_takes_only_its_documented_type() {
+        // A quoted string where a boolean, a number or a list is meant, a number or a boolean
+        // where a string is meant, a scalar where a list is meant: each is an error naming the
+        // file and the key path, not a silent conversion.
+        for (text, key) in [
+            (
+                "security:\n  redact_output: \"no\"\n",
+                "security.redact_output",
+            ),
+            (
+                "security:\n  redact_output: 'yes'\n",
+                "security.redact_output",
+            ),
+            ("security:\n  redact_output: 0\n", "security.redact_output"),
+            (
+                "terminal:\n  env_passthrough: [1, 2]\n",
+                "terminal.env_passthrough[0]",
+            ),
+            (
+                "terminal:\n  env_passthrough: [A, true]\n",
+                "terminal.env_passthrough[1]",
+            ),
+            (
+                "terminal:\n  env_passthrough: A\n",
+                "terminal.env_passthrough",
+            ),
+            ("command_allowlist: notalist\n", "command_allowlist"),
+            ("command_denylist: x\n", "command_denylist"),
+            ("command_allowlist: [a, 3]\n", "command_allowlist[1]"),
+            ("approvals:\n  deny: rm\n", "approvals.deny"),
+            ("approvals:\n  mode: 3\n", "approvals.mode"),
+            ("approvals:\n  timeout: '60'\n", "approvals.timeout"),
+            (
+                "approvals:\n  skip_in_isolated_backends: 'true'\n",
+                "approvals.skip_in_isolated_backends",
+            ),
+            (
+                "code_execution:\n  timeout: '12'\n",
+                "code_execution.timeout",
+            ),
+            (
+                "code_execution:\n  max_tool_calls: '3'\n",
+                "code_execution.max_tool_calls",
+            ),
+            (
+                "code_execution:\n  max_tool_calls: 2.5\n",
+                "code_execution.max_tool_calls",
+            ),
+            (
+                "code_execution:\n  max_tool_calls: -1\n",
+                "code_execution.max_tool_calls",
+            ),
+            ("code_execution:\n  mode: 1\n", "code_execution.mode"),
+            ("code_execution:\n  python: 3.12\n", "code_execution.python"),
+            (
+                "code_execution:\n  strict:\n    terminal: 'no'\n",
+                "code_execution.strict.terminal",
+            ),
+            (
+                "code_execution:\n  strict:\n    read_roots: /a\n",
+                "code_execution.strict.read_roots",
+            ),
+            ("terminal:\n  ssh_user: 1000\n", "terminal.ssh_user"),
+            ("terminal:\n  ssh_port: '22'\n", "terminal.ssh_port"),
+            (
+                "terminal:\n  shell_session: 'on'\n",
+                "terminal.shell_session",
+            ),
+            (
+                "terminal:\n  docker_volumes: '/a:/b'\n",
+                "terminal.docker_volumes",
+            ),
+            (
+                "terminal:\n  container_cpu: '1'\n",
+                "terminal.container_cpu",
+            ),
+            ("logging:\n  level: 3\n", "logging.level"),
+            ("logging:\n  level: true\n", "logging.level"),
+            ("web:\n  timeout: '20'\n", "web.timeout"),
+            ("web:\n  searxng_url: 8888\n", "web.searxng_url"),
+            (
+                "mcp_servers:\n  s:\n    command: x\n    enabled: 'no'\n",
+                "mcp_servers.s.enabled",
+            ),
+            (
+                "mcp_servers:\n  s:\n    command: x\n    timeout: '30'\n",
+                "mcp_servers.s.timeout",
+            ),
+            (
+                "plugins:\n  entry_points: 'false'\n",
+                "plugins.entry_points",
+            ),
+            ("plugins:\n  dirs: /p\n", "plugins.dirs"),
+        ] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("/x/config.yaml: {key}: ")),
+                "{text:?}: {e}"
+            );
+        }
+        // The right types, including the YAML 1.1 booleans the docs use, keep working.
+        let c = parse(concat!(
+            "security:\n  redact_output: no\n",
+            "terminal:\n  shell_session: on\n  ssh_user: '1000'\n  ssh_port: 22\n",
+            "  container_cpu: 1.5\n  env_passthrough: []\n",
+            "code_execution:\n  timeout: 12\n  strict:\n    terminal: yes\n",
+            "approvals:\n  mode: 'off'\n  timeout: 0.5\n",
+            "logging:\n  level: off\n",
+            "command_allowlist: ['git_force_push', \"rm -rf *\"]\n",
+        ))
+        .unwrap();
+        assert_eq!(c.security.unwrap().redact_output, Some(false));
+        let t = c.terminal.unwrap();
+        assert_eq!(t.shell_session, Some(true));
+        assert_eq!(t.ssh_port, Some(22));
+        assert_eq!(t.container_cpu, Some(1.5));
+        assert_eq!(t.env_passthrough, Some(vec![]));
+        let ce = c.code_execution.unwrap();
+        assert_eq!(ce.timeout, Some(12.0));
+        assert_eq!(ce.strict.unwrap().terminal, Some(true));
+        assert_eq!(
+            c.approvals.unwrap().mode,
+            Some(TextOrBool::Text("off".into()))
+        );
+        assert_eq!(c.logging.unwrap().level.as_deref(), Some("off"));
+        assert_eq!(c.command_allowlist.unwrap(), ["git_force_push", "rm -rf *"]);
+    }
+
+    #[test]
+    fn the_always_rewrite_keeps_every_value_of_its_type() {
+        // `approval::persist_always` rewrites the file through a JSON value: a string that
+        // looks like a number or a boolean must come back quoted, or the strict types would
+        // refuse the file it wrote.
+        let text = "terminal:\n  ssh_user: '1000'\n  docker_network: 'on'\n  ssh_port: 22\nsecurity:\n  redact_output: no\napprovals:\n  mode: off\ncommand_allowlist: ['123', x]\n";
+        let before = parse(text).unwrap();
+        let doc: serde_json::Value = serde_saphyr::from_str(text).unwrap();
+        let written = serde_saphyr::to_string(&doc).unwrap();
+        let after = parse(&written).unwrap_or_else(|e| panic!("{e}\n{written}"));
+        let (b, a) = (before.terminal.unwrap(), after.terminal.unwrap());
+        assert_eq!(a.ssh_user, b.ssh_user);
+        assert_eq!(a.docker_network, b.docker_network);
+        assert_eq!(a.ssh_port, b.ssh_port);
+        assert_eq!(after.security.unwrap().redact_output, Some(false));
+        assert_eq!(after.approvals.unwrap().mode, Some(TextOrBool::Bool(false)));
+        assert_eq!(after.command_allowlist, before.command_allowlist);
+    }
+
+    #[test]
     fn unknown_keys_are_rejected_at_every_level() {
         for (text, key) in [
             ("colour: blue\n", "colour"),
@@ -472,9 +675,22 @@ mod tests {
     #[test]
     fn deep_nesting_is_refused_by_the_budget() {
         // The file of the issue: 200 KB nested 100k deep. Under a key whose value is read
-        // generically (an untagged list), the parser must stop at the depth cap, not recurse.
+        // generically (the untagged `script_callable`), the parser must stop at the depth cap,
+        // not recurse; under a typed list the first nested entry is already the wrong type.
         let depth = 100_000;
-        for text in [
+        let generic = [
+            format!(
+                "mcp_servers:\n  s:\n    command: x\n    script_callable: {}{}\n",
+                "[".repeat(depth),
+                "]".repeat(depth)
+            ),
+            format!(
+                "mcp_servers:\n  s:\n    command: x\n    script_callable: {}{}\n",
+                "{a: ".repeat(depth),
+                "}".repeat(depth)
+            ),
+        ];
+        let typed = [
             format!(
                 "command_allowlist: {}{}\n",
                 "[".repeat(depth),
@@ -491,12 +707,19 @@ mod tests {
                     .map(|i| format!("{}- ", "  ".repeat(i)))
                     .collect::<String>()
             ),
-        ] {
-            let e = parse(&text).unwrap_err().to_string();
+        ];
+        for (text, is_generic) in generic
+            .iter()
+            .map(|t| (t, true))
+            .chain(typed.iter().map(|t| (t, false)))
+        {
+            let e = parse(text).unwrap_err().to_string();
             assert!(e.starts_with("/x/config.yaml: "), "{e}");
             let lower = e.to_lowercase();
+            let too_deep =
+                lower.contains("depth") || lower.contains("nest") || lower.contains("recursion");
             assert!(
-                lower.contains("depth") || lower.contains("nest") || lower.contains("recursion"),
+                too_deep || (!is_generic && lower.contains("invalid type")),
                 "{e}"
             );
         }

@@ -170,3 +170,47 @@ fn a_script_past_the_size_cap_is_refused_from_a_file_and_from_stdin() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n");
 }
+
+#[test]
+fn a_value_of_a_lenient_wrong_type_is_refused_naming_the_key() {
+    // Each was accepted before: a quoted string read as a boolean (redaction turned off by
+    // "no"), numbers read as variable names, a word read as a one-entry list.
+    let sb = Sandbox::new();
+    let file = sb.home().join("config.yaml").display().to_string();
+    for (text, key) in [
+        (
+            "security:\n  redact_output: \"no\"\n",
+            "security.redact_output",
+        ),
+        (
+            "terminal:\n  env_passthrough: [1, 2]\n",
+            "terminal.env_passthrough[0]",
+        ),
+        ("command_allowlist: notalist\n", "command_allowlist"),
+        (
+            "code_execution:\n  timeout: '30'\n",
+            "code_execution.timeout",
+        ),
+    ] {
+        sb.write_config(text);
+        let err = refused(&sb);
+        assert!(err.contains(&format!("{file}: {key}: ")), "{text:?}: {err}");
+    }
+    // The documented YAML 1.1 spellings still work: `approvals.mode: off` is a boolean to YAML.
+    sb.write_config("approvals:\n  mode: off\nsecurity:\n  redact_output: yes\n");
+    let out = sb.run_stdin(b"print('ran')", &[]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n");
+}
+
+#[test]
+fn a_timeout_out_of_range_says_the_range() {
+    let sb = Sandbox::new();
+    sb.write_config("code_execution:\n  timeout: 100000\n");
+    let err = refused(&sb);
+    assert!(
+        err.contains("`code_execution.timeout`")
+            && err.contains("(positive, at most 86400), found 100000"),
+        "{err}"
+    );
+}

@@ -786,3 +786,72 @@ fn a_script_that_never_reads_its_replies_is_pushed_back() {
     let grew = out["grew_kb"].as_i64().unwrap();
     assert!(grew < 200_000, "the supervisor grew by {grew} kB: {out}");
 }
+
+/// `vibeos-exec ARGS > /dev/full` (stdout a device that refuses every write).
+fn run_into_dev_full(sb: &Sandbox, args: &[&str], stdin: Option<&[u8]>) -> std::process::Output {
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let mut cmd = sb.command();
+    cmd.args(args)
+        .stdout(full)
+        .stderr(std::process::Stdio::piped());
+    if stdin.is_some() {
+        cmd.stdin(std::process::Stdio::piped());
+    }
+    let mut child = cmd.spawn().unwrap();
+    if let (Some(bytes), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(bytes).unwrap();
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn a_failed_write_of_the_output_is_an_error() {
+    if !Path::new("/dev/full").exists() {
+        eprintln!("skipped: no /dev/full here");
+        return;
+    }
+    let sb = Sandbox::new();
+    let script = b"print('hello')";
+    for (args, stdin) in [
+        (&["run", "-"][..], Some(&script[..])),
+        (&["run", "--json", "-"][..], Some(&script[..])),
+        (&["env", "audit"][..], None),
+        (&["env", "audit", "--json"][..], None),
+        (&["tools", "schema"][..], None),
+        (&["tools", "list"][..], None),
+        (&["doctor"][..], None),
+        (&["--help"][..], None),
+    ] {
+        let out = run_into_dev_full(&sb, args, stdin);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains("vibeos-exec: cannot write the output: No space left on device"),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("os error"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn a_reader_that_stops_reading_ends_the_command_quietly() {
+    // SIGPIPE is ignored, so a closed pipe is an EPIPE error: like ripgrep, exit 0 and say
+    // nothing (the reader, `head` say, chose to stop).
+    let sb = Sandbox::new();
+    for args in [&["env", "audit"][..], &["tools", "schema"][..]] {
+        let mut child = sb
+            .command()
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {out:?}");
+        assert!(out.stderr.is_empty(), "{args:?}: {out:?}");
+    }
+}

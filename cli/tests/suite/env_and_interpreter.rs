@@ -367,3 +367,87 @@ fn pyenv_python2() -> Option<PathBuf> {
         })?;
     Some(dir.join("bin/python")).filter(|p| p.exists())
 }
+
+/// The variables a script sees in `mode` when the caller's environment holds only PATH and
+/// VIBEOS_HOME (as under `env -i PATH=$PATH VIBEOS_HOME=…`).
+fn minimal_env_of_script(sb: &Sandbox, mode: &str) -> serde_json::Map<String, Value> {
+    let script = sb.root.path().join("env.py");
+    std::fs::write(
+        &script,
+        "import json, os\nprint(json.dumps(dict(os.environ)))\n",
+    )
+    .unwrap();
+    let mut cmd = sb.command();
+    cmd.env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("VIBEOS_HOME", sb.home())
+        .args(["run", "--json", "--mode", mode])
+        .arg(&script);
+    let r = parse_single_json(&cmd.output().unwrap());
+    assert_eq!(r["status"], "success", "{r}");
+    serde_json::from_str(r["output"].as_str().unwrap().trim()).unwrap()
+}
+
+#[test]
+fn tz_is_injected_in_every_mode_and_the_audit_lists_what_each_mode_sets() {
+    let sb = Sandbox::new();
+    let mut modes = vec!["project"];
+    match vibeos_testkit::strict_unavailable() {
+        None => modes.push("strict"),
+        Some(why) => eprintln!("strict mode skipped: {why}"),
+    }
+    let mut cmd = sb.command();
+    cmd.env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("VIBEOS_HOME", sb.home())
+        .args(["env", "audit", "--json"]);
+    let audit = parse_single_json(&cmd.output().unwrap());
+    let listed = audit["set_for_child"].as_array().unwrap().clone();
+    for mode in modes {
+        let env = minimal_env_of_script(&sb, mode);
+        // SPEC §4: TZ is injected even when the caller has none (the host's zone, else UTC).
+        let tz = env.get("TZ").and_then(Value::as_str);
+        assert!(
+            tz.is_some_and(|t| !t.is_empty()),
+            "{mode}: no TZ in {env:?}"
+        );
+        for v in &listed {
+            let name = v["name"].as_str().unwrap();
+            let in_mode = v["modes"].as_array().unwrap().iter().any(|m| m == mode);
+            if v["set_by"] == "vibeos-exec" {
+                assert_eq!(
+                    env.contains_key(name),
+                    in_mode,
+                    "{mode}: env audit says {name} is {}set, the script says otherwise",
+                    if in_mode { "" } else { "not " }
+                );
+            }
+        }
+        // Everything the script finds beyond the caller's PATH and VIBEOS_HOME is listed.
+        for name in env.keys() {
+            if ["PATH", "VIBEOS_HOME", "PWD", "SHLVL", "_"].contains(&name.as_str())
+                || name.starts_with("PYENV")
+                || name.starts_with("_PYENV")
+            {
+                continue; // the caller's, or set by a shell or pyenv shim on the way
+            }
+            assert!(
+                listed.iter().any(|v| v["name"] == name.as_str()),
+                "{mode}: the script sees {name}, which env audit does not list"
+            );
+        }
+        // The caller's TZ wins over the host's.
+        let mut cmd = sb.command();
+        let script = sb.root.path().join("tz.py");
+        std::fs::write(&script, "import os\nprint(os.environ.get('TZ'))\n").unwrap();
+        cmd.env("TZ", "Asia/Tokyo")
+            .args(["run", "--mode", mode])
+            .arg(&script);
+        let out = cmd.output().unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "Asia/Tokyo\n",
+            "{out:?}"
+        );
+    }
+}
