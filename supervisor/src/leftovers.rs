@@ -1,12 +1,14 @@
 //! `vibeos-exec backends gc`: finds and removes what a crashed host left in every backend that
 //! keeps things beyond the host's life — docker/podman containers, Modal sandboxes, Daytona
-//! sandboxes — by the labels those backends set (`vibeos-exec=1`, the owner, the machine).
+//! sandboxes — by the labels those backends set (`vibeos-exec=1`, the owner, the machine) —
+//! and ssh ControlMasters whose owner is gone (by the owner file in their control dir).
 //!
 //! Why it sweeps each backend apart: a user with only Modal configured has no docker engine,
 //! and one backend that cannot be reached must not hide what the others removed. Docker is
 //! swept when it is selected, has an image configured, or no cloud backend is configured (the
 //! command's original scope); Modal when it is selected or `terminal.modal_image` is set;
-//! Daytona when it is selected or `DAYTONA_API_KEY` is set (as doctor counts them configured).
+//! Daytona when it is selected or `DAYTONA_API_KEY` is set (as doctor counts them configured);
+//! ssh when it is selected or `terminal.ssh_host` is set.
 
 use serde_json::{json, Map, Value};
 use vibeos_tools::environments::docker::GcReport;
@@ -23,13 +25,19 @@ fn swept(settings: &BackendSettings) -> Vec<&'static str> {
     let modal = settings.backend == BackendKind::Modal || settings.modal_image.is_some();
     let daytona = settings.backend == BackendKind::Daytona
         || std::env::var_os("DAYTONA_API_KEY").is_some_and(|k| !k.is_empty());
+    let ssh = settings.backend == BackendKind::Ssh || settings.ssh_host.is_some();
     let docker = settings.backend == BackendKind::Docker
         || settings.docker_image.is_some()
-        || !(modal || daytona);
-    [("docker", docker), ("modal", modal), ("daytona", daytona)]
-        .into_iter()
-        .filter_map(|(name, on)| on.then_some(name))
-        .collect()
+        || !(modal || daytona || ssh);
+    [
+        ("docker", docker),
+        ("modal", modal),
+        ("daytona", daytona),
+        ("ssh", ssh),
+    ]
+    .into_iter()
+    .filter_map(|(name, on)| on.then_some(name))
+    .collect()
 }
 
 /// Sweeps, prints the report (text, or one JSON object with `--json`) and returns the exit
@@ -43,6 +51,7 @@ pub fn gc(settings: &BackendSettings, all: bool, json_out: bool) -> Result<u8, S
             result: match backend {
                 "modal" => environments::modal::gc(&settings.modal_python, all),
                 "daytona" => environments::daytona::gc(all),
+                "ssh" => environments::ssh::gc(),
                 _ => environments::docker::gc(&settings.docker_binary, all),
             },
         })
@@ -94,10 +103,10 @@ fn json_report(settings: &BackendSettings, sweeps: &[Sweep]) -> Value {
 
 fn print_text(settings: &BackendSettings, sweeps: &[Sweep]) {
     for s in sweeps {
-        let what = if s.backend == "docker" {
-            "container"
-        } else {
-            "sandbox"
+        let what = match s.backend {
+            "docker" => "container",
+            "ssh" => "connection",
+            _ => "sandbox",
         };
         match &s.result {
             Err(e) => eprintln!("{}: cannot sweep: {e}", s.backend),
@@ -113,6 +122,7 @@ fn print_text(settings: &BackendSettings, sweeps: &[Sweep]) {
                 // A cloud sandbox may also belong to another machine, which docker's cannot.
                 let why = match s.backend {
                     "docker" => "its host is running, or persistent",
+                    "ssh" => "its host is running",
                     _ => "its host is running, it belongs to another machine, or persistent",
                 };
                 for name in &r.kept {
@@ -127,6 +137,7 @@ fn print_text(settings: &BackendSettings, sweeps: &[Sweep]) {
                             "no vibeos-exec containers found ({})",
                             settings.docker_binary
                         ),
+                        "ssh" => println!("no vibeos-exec ssh connections found"),
                         b => println!("no vibeos-exec {b} sandboxes found"),
                     }
                 }

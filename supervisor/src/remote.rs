@@ -6,7 +6,10 @@
 //! writes them into a private 0700 work dir over there, starts the interpreter in a new session
 //! and reports its process-group id in a file, so a timeout or an interrupt kills the remote
 //! group through the backend (killing the local `docker exec`/`ssh` client would leave it
-//! running). The RPC channel is a real socket: a directory bind-mounted into the container, or an
+//! running). The script's exit, not EOF on its output, ends the execution: the bootstrap then
+//! kills every descendant left and reports the script's real wait status at the end of stderr,
+//! which is where the result's exit code comes from (the client's own code cannot tell a signal
+//! from an exit code). The RPC channel is a real socket: a directory bind-mounted into the container, or an
 //! OpenSSH stream-local forward. Peer credentials mean nothing across a container or host
 //! boundary, so such a channel is authenticated by its token alone; the socket is reachable only
 //! through that 0700 directory (or the forward, which lands in the 0700 remote work dir of the
@@ -57,6 +60,24 @@ pub enum RemoteError {
     /// Something on this side failed.
     #[error(transparent)]
     Start(#[from] StartError),
+    /// The working dir does not exist (or cannot be entered) over there.
+    #[error("cannot enter the working dir {cwd} on the {backend} backend ({why}); set terminal.cwd to a directory that exists there (or unset it for the default)")]
+    Cwd {
+        /// The backend's name.
+        backend: &'static str,
+        /// The directory.
+        cwd: String,
+        /// The system's reason.
+        why: String,
+    },
+    /// The bootstrap refused to start the script (its reason).
+    #[error("the {backend} backend could not start the script: {message}")]
+    Boot {
+        /// The backend's name.
+        backend: &'static str,
+        /// What the bootstrap said.
+        message: String,
+    },
 }
 
 /// What [`run_remote`] needs from the caller.
@@ -173,7 +194,14 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
         script_env.push(("VIBEOS_RPC_HELLO".into(), "1".into()));
     }
 
+    // The bootstrap reports the script's real wait status behind this nonce (see remote_boot.py).
+    let nonce = new_id();
+    // Through the relay the bootstrap's input is sent when its stdin is dropped; everywhere
+    // else stdin stays open as the bootstrap's lifeline.
+    let lifeline = !r.env.relayed();
     let header = boot_input(
+        &nonce,
+        lifeline,
         &remote_dir,
         &cwd,
         &[
@@ -247,17 +275,22 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
         stderr,
         process,
     } = spawned;
-    if let Some(mut stdin) = stdin {
-        // The header is small; a failure shows up as the bootstrap's error on stderr.
-        let _ = tokio::task::spawn_blocking(move || {
+    // The header is small; a failure shows up as the bootstrap's error on stderr. The stream
+    // is kept (when it is a lifeline) until the execution has ended.
+    let lifeline_stdin = match stdin {
+        Some(mut stdin) => tokio::task::spawn_blocking(move || {
             use std::io::Write;
-            let _ = stdin.write_all(&header);
+            let _ = stdin.write_all(&header).and_then(|_| stdin.flush());
+            lifeline.then_some(stdin)
         })
-        .await;
-    }
+        .await
+        .ok()
+        .flatten(),
+        None => None,
+    };
     let (stdout_limit, stderr_limit) = (request.stdout_limit, request.stderr_limit);
     let stdout_task = drain_blocking(stdout, stdout_limit);
-    let stderr_task = drain_blocking(stderr, stderr_limit);
+    let stderr_task = drain_reporting(stderr, stderr_limit, nonce);
 
     let waiter = {
         let process = Arc::clone(&process);
@@ -289,8 +322,29 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
     }
     let settle = Duration::from_secs(2);
     let stdout_cap = finish(stdout_task, settle, stdout_limit).await;
-    let stderr_cap = finish(stderr_task, settle, stderr_limit).await;
-    if bootstrap_may_have_skipped_cleanup(ending, exit_code) {
+    let (stderr_cap, report) = finish_reporting(stderr_task, settle, stderr_limit).await;
+    drop(lifeline_stdin);
+    // The bootstrap's own report is the script's real wait status; the client's exit code
+    // (ssh's 255, docker's 128+N) is only the fallback when the bootstrap itself was killed.
+    let mut boot_error = None;
+    let reported = report.is_some();
+    match report {
+        Some(EndReport::Exit(code)) => exit_code = Some(code),
+        Some(EndReport::Cwd(why)) => {
+            boot_error = Some(RemoteError::Cwd {
+                backend,
+                cwd: cwd.clone(),
+                why,
+            })
+        }
+        Some(EndReport::Error(message)) => {
+            boot_error = Some(RemoteError::Boot { backend, message })
+        }
+        None => {}
+    }
+    // A bootstrap that reported has removed its work dir; one that did not may have been
+    // killed before it could.
+    if !reported {
         remove_work_dir(&r.env, &remote_dir).await;
     }
     server.stop();
@@ -304,6 +358,9 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
     // Removes the socket dir (docker) or cancels the forward (ssh). Nothing of the execution
     // depends on it any more, so the result does not wait for it.
     drop(tokio::task::spawn_blocking(move || drop(guard)));
+    if let Some(e) = boot_error {
+        return Err(e);
+    }
     let tool_calls_made = state.calls_made.load(Ordering::SeqCst);
 
     let mut result = ended_result(
@@ -320,13 +377,6 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
     );
     result.backend = Some(backend.to_string());
     Ok(result)
-}
-
-/// Whether the bootstrap may have died before its exit handler removed the work dir: it was
-/// stopped (a SIGTERM ends Python without running exit handlers), or its status is not a
-/// plain exit code (a signal, or the backend's own failure code).
-fn bootstrap_may_have_skipped_cleanup(ending: Ending, exit_code: Option<i32>) -> bool {
-    ending != Ending::Exited || !exit_code.is_some_and(|c| (0..=125).contains(&c))
 }
 
 /// Removes the execution's work dir over there (the script, the stub and whatever the script
@@ -455,6 +505,105 @@ fn drain_blocking(
     })
 }
 
+/// What the bootstrap reported as the last bytes of its stderr (see remote_boot.py).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum EndReport {
+    /// The script's wait status: its exit code, or `-N` when signal N ended it.
+    Exit(i32),
+    /// The working dir could not be entered (the system's reason).
+    Cwd(String),
+    /// The bootstrap refused to start the script.
+    Error(String),
+}
+
+/// The longest report the bootstrap writes; more than that held back from the capture could
+/// delay nothing (it is only released at EOF) but would cost memory for nothing.
+const REPORT_MAX: usize = 1024;
+
+/// Splits the bootstrap's report off the end of `tail` (stderr's last bytes): the bytes before
+/// it, and the report when `tail` ends with a well-formed one carrying `nonce`.
+fn split_report<'a>(tail: &'a [u8], nonce: &str) -> (&'a [u8], Option<EndReport>) {
+    let marker = format!("\0VIBEOS-END {nonce} ");
+    let marker = marker.as_bytes();
+    let Some(start) = tail.windows(marker.len()).rposition(|w| w == marker) else {
+        return (tail, None);
+    };
+    let Some(body) = tail[start + marker.len()..].strip_suffix(b"\0") else {
+        return (tail, None);
+    };
+    let body = String::from_utf8_lossy(body);
+    let (kind, value) = body.split_once(' ').unwrap_or((&body, ""));
+    let report = match kind {
+        "exit" => match value.parse() {
+            Ok(code) => EndReport::Exit(code),
+            Err(_) => return (tail, None),
+        },
+        "cwd" => EndReport::Cwd(value.to_string()),
+        "error" => EndReport::Error(value.to_string()),
+        _ => return (tail, None),
+    };
+    (&tail[..start], Some(report))
+}
+
+/// [`drain_blocking`] for the bootstrap's stderr: the last [`REPORT_MAX`] bytes are held back
+/// until EOF, and the bootstrap's report found there is returned beside the capture (and kept
+/// out of it).
+fn drain_reporting(
+    stream: Option<Box<dyn std::io::Read + Send>>,
+    limit: usize,
+    nonce: String,
+) -> tokio::task::JoinHandle<(HeadTail, Option<EndReport>)> {
+    let task = detached(move || {
+        let mut cap = HeadTail::new(limit);
+        let Some(mut stream) = stream else {
+            return (cap, None);
+        };
+        let mut held: Vec<u8> = Vec::with_capacity(2 * REPORT_MAX);
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match stream.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    held.extend_from_slice(&buf[..n]);
+                    if held.len() > REPORT_MAX {
+                        let release = held.len() - REPORT_MAX;
+                        cap.push(&held[..release]);
+                        held.drain(..release);
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+        }
+        let (rest, report) = split_report(&held, &nonce);
+        cap.push(rest);
+        (cap, report)
+    });
+    tokio::spawn(async move {
+        task.await
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| (HeadTail::new(limit), None))
+    })
+}
+
+/// [`finish`] for [`drain_reporting`]: waits at most `bound` (an empty capture and no report
+/// if the stream does not end by then).
+async fn finish_reporting(
+    task: tokio::task::JoinHandle<(HeadTail, Option<EndReport>)>,
+    bound: Duration,
+    limit: usize,
+) -> (HeadTail, Option<EndReport>) {
+    let abort = task.abort_handle();
+    match tokio::time::timeout(bound, task).await {
+        Ok(Ok(done)) => done,
+        _ => {
+            abort.abort();
+            (HeadTail::new(limit), None)
+        }
+    }
+}
+
 /// Python source without its comment lines: it travels in argv, where `ps` shows it.
 pub(crate) fn without_comments(source: &str) -> String {
     source
@@ -464,15 +613,18 @@ pub(crate) fn without_comments(source: &str) -> String {
         .join("\n")
 }
 
-/// The bootstrap's input: NUL-separated fields (see remote_boot.py). No field may hold a NUL:
-/// paths, environment entries and Python source cannot.
+/// The bootstrap's input: `<length>\0` and that many bytes of NUL-separated fields (see
+/// remote_boot.py; the length lets stdin stay open afterwards as the lifeline). No field may
+/// hold a NUL: paths, environment entries and Python source cannot.
 fn boot_input(
+    nonce: &str,
+    lifeline: bool,
     dir: &str,
     cwd: &str,
     files: &[(&str, &str)],
     env: &[(String, String)],
 ) -> Result<Vec<u8>, String> {
-    let mut fields: Vec<&str> = vec![dir, cwd];
+    let mut fields: Vec<&str> = vec![nonce, if lifeline { "1" } else { "0" }, dir, cwd];
     let nfiles = files.len().to_string();
     fields.push(&nfiles);
     for (name, text) in files {
@@ -491,7 +643,8 @@ fn boot_input(
             bad.chars().take(40).collect::<String>()
         ));
     }
-    Ok(fields.join("\0").into_bytes())
+    let payload = fields.join("\0");
+    Ok(format!("{}\0{payload}", payload.len()).into_bytes())
 }
 
 #[cfg(test)]
@@ -502,12 +655,12 @@ mod tests {
     #[test]
     fn bootstrap_input_is_nul_separated_and_refuses_nul_bytes() {
         let env = vec![("A".to_string(), "1".to_string())];
-        let input = boot_input("/d", "/c", &[("script.py", "print(1)")], &env).unwrap();
-        assert_eq!(
-            input,
-            b"/d\0/c\x001\0script.py\0print(1)\x001\0A\x001".to_vec()
-        );
-        let err = boot_input("/d", "/c", &[("script.py", "a\0b")], &env).unwrap_err();
+        let input = boot_input("n", true, "/d", "/c", &[("script.py", "print(1)")], &env).unwrap();
+        let payload = b"n\x001\0/d\0/c\x001\0script.py\0print(1)\x001\0A\x001".to_vec();
+        let mut framed = format!("{}\0", payload.len()).into_bytes();
+        framed.extend(payload);
+        assert_eq!(input, framed);
+        let err = boot_input("n", true, "/d", "/c", &[("script.py", "a\0b")], &env).unwrap_err();
         assert!(err.contains("NUL"), "{err}");
     }
 
@@ -519,6 +672,8 @@ mod tests {
         let env = vec![("ONLY_THIS".to_string(), "yes".to_string())];
         let code = "import os, sys\nprint(sorted(k for k in os.environ if k.startswith('ONLY')), sys.argv[0].endswith('script.py'), os.getpgid(0) == os.getpid())";
         let input = boot_input(
+            "n0",
+            false,
             &work.display().to_string(),
             &dir.path().display().to_string(),
             &[("script.py", code)],
@@ -531,6 +686,7 @@ mod tests {
             .arg(&pgid_file)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
         use std::io::Write;
@@ -555,6 +711,8 @@ mod tests {
         let pgid_file = dir.path().join("pg").display().to_string();
         let code = "import subprocess, time\nsubprocess.Popen(['sleep', '4547'])\nprint('up', flush=True)\ntime.sleep(600)";
         let input = boot_input(
+            "n1",
+            false,
             &dir.path().join("w").display().to_string(),
             &dir.path().display().to_string(),
             &[("script.py", code)],
@@ -602,7 +760,15 @@ mod tests {
             .unwrap();
         assert_ne!(pgid, nix::unistd::getpgrp().as_raw());
         spawned.process.kill(GroupSignal::Kill).unwrap();
-        assert_eq!(spawned.process.wait().unwrap(), -9);
+        // The kill reaches the script's group, not the bootstrap, which reports the script's
+        // real status behind the nonce and exits with the shell's 128+N for it.
+        assert_eq!(spawned.process.wait().unwrap(), 128 + 9);
+        let mut stderr = Vec::new();
+        std::io::Read::read_to_end(&mut spawned.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert_eq!(
+            split_report(&stderr, "n1"),
+            (&b""[..], Some(EndReport::Exit(-9)))
+        );
         let group = nix::unistd::Pid::from_raw(pgid);
         let deadline = Instant::now() + Duration::from_secs(5);
         while nix::sys::signal::killpg(group, None).is_ok() && Instant::now() < deadline {
@@ -612,5 +778,162 @@ mod tests {
             nix::sys::signal::killpg(group, None).is_err(),
             "the script's child (sleep 4547) was left running"
         );
+    }
+
+    /// Runs the real bootstrap on this machine's python3 with `code` as the script (own group,
+    /// as ssh and docker start it) and returns its stdout, stderr and exit status.
+    fn boot_here(code: &str, cwd: Option<&str>, work: &std::path::Path) -> (String, Vec<u8>, i32) {
+        let dir = work.parent().unwrap();
+        let input = boot_input(
+            "nonce",
+            true,
+            &work.display().to_string(),
+            cwd.unwrap_or(&dir.display().to_string()),
+            &[("script.py", code)],
+            &[],
+        )
+        .unwrap();
+        let mut child = std::process::Command::new("python3")
+            .args(["-u", "-B", "-X", "utf8", "-c", &without_comments(BOOTSTRAP)])
+            .arg(dir.join("pg"))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        // Kept open (the lifeline) until the bootstrap is done, as the host does.
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(&input).unwrap();
+        let out = child.wait_with_output().unwrap();
+        drop(stdin);
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            out.stderr,
+            out.status.code().unwrap_or(-1),
+        )
+    }
+
+    fn gone(tag: &str) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let left = std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+                std::fs::read(e.path().join("cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains(tag))
+            });
+            if !left {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn the_bootstrap_reports_a_signal_death_and_ends_what_escaped_the_group() {
+        // The script's exit decides the end even while an escaped process (its own session,
+        // re-parented when its parent exits) still holds stdout; that process is killed.
+        let dir = tempfile::tempdir().unwrap();
+        let work = dir.path().join("w");
+        let code = "import os, subprocess\nif os.fork() == 0:\n    os.setsid()\n    subprocess.Popen(['sleep', '4561'])\n    os._exit(0)\nsubprocess.Popen(['setsid', 'sleep', '4562'])\nos.wait()\nprint('bye', flush=True)\nos.kill(os.getpid(), 9)";
+        let started = Instant::now();
+        let (stdout, stderr, status) = boot_here(code, None, &work);
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(stdout, "bye\n");
+        assert_eq!(
+            split_report(&stderr, "nonce"),
+            (&b""[..], Some(EndReport::Exit(-9)))
+        );
+        assert_eq!(status, 128 + 9);
+        assert!(
+            gone("sleep 4561") && gone("sleep 4562"),
+            "an escaped process outlived the execution"
+        );
+        assert!(!work.exists(), "the work dir was left");
+    }
+
+    #[test]
+    fn the_bootstrap_cleans_up_after_os_exit_and_names_a_missing_cwd() {
+        let dir = tempfile::tempdir().unwrap();
+        let work = dir.path().join("w");
+        let (_, stderr, status) = boot_here("import os\nos._exit(3)", None, &work);
+        assert_eq!(split_report(&stderr, "nonce").1, Some(EndReport::Exit(3)));
+        assert_eq!(status, 3);
+        assert!(!work.exists(), "os._exit skipped the cleanup");
+
+        let (_, stderr, _) = boot_here("print(1)", Some("/nonexistent/dir"), &work);
+        let (rest, report) = split_report(&stderr, "nonce");
+        assert!(
+            matches!(report, Some(EndReport::Cwd(_))),
+            "{:?}",
+            String::from_utf8_lossy(&stderr)
+        );
+        assert!(
+            rest.is_empty(),
+            "no traceback: {:?}",
+            String::from_utf8_lossy(rest)
+        );
+        assert!(!work.exists());
+    }
+
+    #[test]
+    fn the_report_is_only_taken_from_the_very_end_with_the_right_nonce() {
+        let report = b"oops\n\0VIBEOS-END abc exit -15\0";
+        assert_eq!(
+            split_report(report, "abc"),
+            (&b"oops\n"[..], Some(EndReport::Exit(-15)))
+        );
+        assert_eq!(split_report(report, "xyz").1, None);
+        let forged = b"\0VIBEOS-END abc exit 0\0 and more";
+        assert_eq!(split_report(forged, "abc").1, None);
+    }
+
+    #[test]
+    fn the_bootstrap_kills_the_script_when_its_lifeline_closes() {
+        // The host (or the ssh connection) going away closes the bootstrap's stdin.
+        let dir = tempfile::tempdir().unwrap();
+        let work = dir.path().join("w");
+        let code = "import subprocess, time\nsubprocess.Popen(['sleep', '4571'])\nprint('up', flush=True)\ntime.sleep(600)";
+        let input = boot_input(
+            "n2",
+            true,
+            &work.display().to_string(),
+            &dir.path().display().to_string(),
+            &[("script.py", code)],
+            &[],
+        )
+        .unwrap();
+        let mut child = std::process::Command::new("python3")
+            .args(["-u", "-B", "-X", "utf8", "-c", &without_comments(BOOTSTRAP)])
+            .arg(dir.path().join("pg"))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::{BufRead, Write};
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(&input).unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line, "up\n");
+        let started = Instant::now();
+        drop(stdin);
+        let out = child.wait_with_output().unwrap();
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert_eq!(split_report(&out.stderr, "n2").1, Some(EndReport::Exit(-9)));
+        assert!(
+            gone("sleep 4571"),
+            "the script's child outlived the lifeline"
+        );
+        assert!(!work.exists());
     }
 }

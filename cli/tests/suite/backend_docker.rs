@@ -347,3 +347,206 @@ print("tenv:", terminal("env")["output"].replace("\n", " "))
     environments::activate(BackendSettings::default());
     drop(daemon);
 }
+
+/// A docker execution ends like a local one: the real wait status (-9, -15, not the client's
+/// 137/143), nothing it started survives (not even a process in a session of its own), and
+/// `terminal` sees the container's HOME. A persistent container is not stopped under another
+/// process's running execution. Failed starts leave no container in Created state and no RPC
+/// dir on the host, and `backends gc` removes a container's RPC dir with it.
+#[test]
+fn docker_executions_end_like_local_ones() {
+    if super::common::in_own_process() {
+        return;
+    }
+    let (daemon, docker) = match Dockerd::with_image(IMAGE) {
+        Ok(d) => d,
+        Err(e) => return unavailable(&e),
+    };
+    let rt = runtime();
+    environments::activate(settings(&docker));
+
+    let r = run(
+        &rt,
+        request(
+            "import os\nprint('bye', flush=True)\nos.kill(os.getpid(), 9)",
+            "task-s",
+        ),
+    );
+    assert_eq!(r.status, Status::Error, "{r:?}");
+    assert_eq!(r.exit_code, Some(-9), "{r:?}");
+    assert!(
+        r.error
+            .as_deref()
+            .unwrap_or("")
+            .contains("killed by signal 9"),
+        "{r:?}"
+    );
+    assert!(r.output.starts_with("bye\n"), "{r:?}");
+
+    let escape = "import os, subprocess, time\nsubprocess.Popen(['setsid', 'sleep', '9191'])\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        os.execvp('sleep', ['sleep', '9192'])\n    os._exit(0)\nos.wait()\nprint('started', flush=True)\n";
+    let r = run(&rt, request(escape, "task-s"));
+    assert_eq!(r.status, Status::Success, "{r:?}");
+    assert_none_left_in(&rt, "task-s", &["sleep 9191", "sleep 9192"]);
+    let r = run_into_timeout(
+        &rt,
+        request(
+            &format!("{}time.sleep(600)", escape.replace("919", "929")),
+            "task-s",
+        ),
+        Duration::from_secs(2),
+        Duration::from_secs(20),
+    );
+    assert_eq!(r.exit_code, Some(-15), "{r:?}");
+    assert_none_left_in(&rt, "task-s", &["sleep 9291", "sleep 9292"]);
+
+    let r = run(
+        &rt,
+        request(
+            "from vibeos_tools import terminal\nprint(terminal('cd && pwd; echo HOME=[$HOME]')['output'])",
+            "task-s",
+        ),
+    );
+    assert!(r.output.contains("/root\nHOME=[/root]"), "{r:?}");
+    environments::shutdown();
+
+    // Two processes share a persistent container: the first to finish leaves it running for
+    // the other, the last one stops it.
+    let home = tempfile::tempdir().unwrap();
+    std::fs::write(
+        home.path().join("config.yaml"),
+        format!("terminal:\n  docker_image: {IMAGE}\n  docker_binary: {docker}\n  container_persistent: true\n"),
+    )
+    .unwrap();
+    let cli = |code: &str| {
+        let script = home.path().join(format!("s{}.py", code.len()));
+        std::fs::write(&script, code).unwrap();
+        std::process::Command::new(env!("CARGO_BIN_EXE_vibeos-exec"))
+            .args(["run", "--json", "--backend", "docker"])
+            .arg(&script)
+            .env("VIBEOS_HOME", home.path())
+            .env("VIBEOS_AGENT_BINARY", env!("CARGO_BIN_EXE_vibeos-exec"))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let long = cli("import time\ntime.sleep(6)\nprint('survived')");
+    std::thread::sleep(Duration::from_secs(2));
+    let short = cli("print('short')").wait_with_output().unwrap();
+    let v: serde_json::Value =
+        serde_json::from_slice(&short.stdout).unwrap_or_else(|_| panic!("{short:?}"));
+    assert_eq!(v["status"], "success", "{v}");
+    let long = long.wait_with_output().unwrap();
+    let v: serde_json::Value =
+        serde_json::from_slice(&long.stdout).unwrap_or_else(|_| panic!("{long:?}"));
+    assert_eq!(
+        v["status"], "success",
+        "stopped under the other process: {v}"
+    );
+    assert_eq!(v["output"], "survived\n", "{v}");
+    let persistent = daemon.labelled();
+    assert_eq!(persistent.len(), 1, "{persistent:?}");
+    assert!(
+        daemon.running_with_label("vibeos-exec=1").is_empty(),
+        "the last user stops it"
+    );
+    // A persistent container's RPC dir (and users file) outlive its stops by design: remove
+    // them with it, so the test leaves nothing in the temp dir.
+    let mount = daemon.docker(&[
+        "inspect",
+        "-f",
+        "{{range .Mounts}}{{if eq .Destination \"/run/vibeos-rpc\"}}{{.Source}}{{end}}{{end}}",
+        &persistent[0],
+    ]);
+    let rpc_dir = String::from_utf8_lossy(&mount.stdout).trim().to_string();
+    let _ = daemon.docker(&["rm", "-f", &persistent[0]]);
+    assert!(rpc_dir.contains("vibeos-rpc-"), "{mount:?}");
+    let _ = std::fs::remove_dir_all(&rpc_dir);
+    let _ = std::fs::remove_file(format!("{rpc_dir}.users"));
+
+    // Failed starts leave nothing: no Created container for an image without terminal.python,
+    // no RPC dir for an engine binary that does not exist.
+    let rpc_dirs = || -> Vec<String> {
+        std::fs::read_dir(std::env::temp_dir())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("vibeos-rpc-"))
+            .collect()
+    };
+    let mut no_python = settings(&docker);
+    no_python.python = "python9".into();
+    environments::activate(no_python);
+    let before = rpc_dirs();
+    let r = run(&rt, request("print(1)", "task-p9"));
+    assert_eq!(r.status, Status::Error, "{r:?}");
+    assert!(daemon.labelled().is_empty(), "{:?}", daemon.labelled());
+    environments::activate(settings("/nonexistent/docker"));
+    let r = run(&rt, request("print(1)", "task-nb"));
+    assert_eq!(r.status, Status::Error, "{r:?}");
+    assert_eq!(rpc_dirs(), before, "RPC dirs left on the host");
+
+    // gc removes a crashed host's container and its RPC dir (the mount's source).
+    let crashed_dir = std::env::temp_dir().join(format!("vibeos-rpc-test-{}", std::process::id()));
+    std::fs::create_dir_all(&crashed_dir).unwrap();
+    let out = daemon.docker(&[
+        "run",
+        "-d",
+        "--name",
+        "vibeos-exec-crashed-rpc",
+        "--label",
+        "vibeos-exec=1",
+        "--label",
+        "vibeos-exec.owner=999999999:1",
+        "--network",
+        "none",
+        "-v",
+        &format!("{}:/run/vibeos-rpc", crashed_dir.display()),
+        "--entrypoint",
+        "sleep",
+        IMAGE,
+        "600",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let gc = std::process::Command::new(env!("CARGO_BIN_EXE_vibeos-exec"))
+        .args(["backends", "gc", "--json"])
+        .env("VIBEOS_HOME", daemon.dir.path())
+        .env("DOCKER_HOST", &daemon.host)
+        .output()
+        .unwrap();
+    let report: serde_json::Value =
+        serde_json::from_slice(&gc.stdout).unwrap_or_else(|_| panic!("{gc:?}"));
+    assert_eq!(
+        report["removed"],
+        serde_json::json!(["vibeos-exec-crashed-rpc"]),
+        "{report}"
+    );
+    assert!(!crashed_dir.exists(), "gc left the container's RPC dir");
+    environments::activate(BackendSettings::default());
+    drop(daemon);
+}
+
+/// Asserts that no process in `task`'s container has any of `left` in its command line.
+fn assert_none_left_in(rt: &tokio::runtime::Runtime, task: &str, left: &[&str]) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let ps = run(
+            rt,
+            request(
+                "from vibeos_tools import terminal\nprint(terminal('ps -eo pid,cmd')['output'])",
+                task,
+            ),
+        );
+        assert!(ps.output.contains("ps -eo"), "{ps:?}");
+        let found: Vec<&&str> = left.iter().filter(|l| ps.output.contains(**l)).collect();
+        if found.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "left behind: {found:?}: {}",
+            ps.output
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

@@ -156,3 +156,288 @@ print("workdir:", os.path.dirname(os.path.abspath(__file__)), oct(os.stat(os.pat
     assert!(started.elapsed() < Duration::from_secs(30));
     environments::activate(BackendSettings::default());
 }
+
+/// Sets the test user's login shell to bash (which reads `~/.bashrc` even for `ssh host cmd`)
+/// and back to sh when dropped.
+struct BashLogin;
+
+impl BashLogin {
+    fn set() -> Result<BashLogin, String> {
+        let out = Command::new("usermod")
+            .args(["-s", "/bin/bash", SSH_USER])
+            .output()
+            .map_err(|e| format!("cannot run usermod: {e}"))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        Ok(BashLogin)
+    }
+}
+
+impl Drop for BashLogin {
+    fn drop(&mut self) {
+        for _ in 0..20 {
+            let ok = Command::new("usermod")
+                .args(["-s", "/bin/sh", SSH_USER])
+                .status()
+                .is_ok_and(|s| s.success());
+            if ok {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+}
+
+/// The remote work dirs (`/tmp/vibeos-exec-<id>`, not the environment dirs) the test user owns.
+fn remote_work_dirs() -> Vec<String> {
+    let out = Command::new("find")
+        .args([
+            "/tmp",
+            "-maxdepth",
+            "1",
+            "-user",
+            SSH_USER,
+            "-name",
+            "vibeos-exec-*",
+            "!",
+            "-name",
+            "vibeos-exec-env-*",
+        ])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Every process's command line on this machine (NULs as spaces).
+fn host_processes() -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .collect()
+}
+
+/// Everything the script started is gone on the host (a moment for the kernel to reap).
+fn assert_none_left(tags: &[&str]) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let ps = remote_processes();
+        let left: Vec<&&str> = tags.iter().filter(|t| ps.contains(**t)).collect();
+        if left.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "left behind: {left:?}: {ps}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// An ssh execution ends like a local one: the script's exit (not EOF on its output) decides
+/// the end, its real wait status is reported (-N for signal N, not ssh's 255), nothing it
+/// started outlives it (not even what left its process group), its work dir is removed however
+/// it ended, `terminal` sees the remote HOME, a bad `terminal.cwd` is a clear error, and a
+/// `~/.bashrc` that prints does not break anything.
+#[test]
+fn ssh_executions_end_like_local_ones() {
+    let _ssh = super::ssh_lock();
+    if super::common::in_own_process() {
+        return;
+    }
+    let sshd = match start_sshd() {
+        Ok(s) => s,
+        Err(e) => return unavailable(&e),
+    };
+    let _bash = match BashLogin::set() {
+        Ok(b) => b,
+        Err(e) => return unavailable(&format!("cannot give {SSH_USER} a bash login: {e}")),
+    };
+    let home = sshd.dir.path().join("home");
+    std::fs::write(
+        home.join(".bashrc"),
+        "echo hello-from-bashrc\necho bashrc-on-stderr >&2\n",
+    )
+    .unwrap();
+    let rt = runtime();
+    environments::activate(ssh_backend(&sshd, sshd.port));
+    let before = remote_work_dirs();
+
+    // Start-up noise of the login shell reaches neither the protocol nor the output.
+    let r = run(&rt, request("import os\nprint('cwd', os.getcwd())"));
+    assert_eq!(r.status, Status::Success, "{r:?}");
+    assert_eq!(r.output.trim(), format!("cwd {}", home.display()), "{r:?}");
+
+    // A signal death while a child still holds the output: reported as local reports it, at
+    // once, and the child is gone.
+    let started = Instant::now();
+    let mut req = request("import subprocess, os\nsubprocess.Popen(['sleep', '8383'])\nprint('x', flush=True)\nos.kill(os.getpid(), 9)");
+    req.timeout = Duration::from_secs(10);
+    let r = run(&rt, req);
+    assert_eq!(r.status, Status::Error, "{r:?}");
+    assert_eq!(r.exit_code, Some(-9), "{r:?}");
+    assert!(
+        r.error
+            .as_deref()
+            .unwrap_or("")
+            .contains("killed by signal 9"),
+        "{r:?}"
+    );
+    assert!(r.output.starts_with("x\n"), "{r:?}");
+    assert!(!r.output.contains("bashrc"), "{r:?}");
+    assert!(started.elapsed() < Duration::from_secs(8), "{r:?}");
+    assert_none_left(&["sleep 8383"]);
+
+    // os._exit(0) with a child holding the output: success, and the work dir removed.
+    let started = Instant::now();
+    let r = run(&rt, request("import subprocess, os\nsubprocess.Popen(['sleep', '8384'])\nprint('done', flush=True)\nos._exit(0)"));
+    assert_eq!(r.status, Status::Success, "{r:?}");
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    assert!(started.elapsed() < Duration::from_secs(8), "{r:?}");
+    assert_none_left(&["sleep 8384"]);
+
+    // A process in a session of its own (setsid) and one that double-forked away from the
+    // script's group: the script's normal end ends them, output intact.
+    let escape = "import os, subprocess, time\nsubprocess.Popen(['setsid', 'sleep', '8385'])\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        os.execvp('sleep', ['sleep', '8386'])\n    os._exit(0)\nos.wait()\ntime.sleep(0.5)\n";
+    let mut req = request(&format!("{escape}print('end')"));
+    req.timeout = Duration::from_secs(5);
+    let started = Instant::now();
+    let r = run(&rt, req);
+    assert_eq!(r.status, Status::Success, "{r:?}");
+    assert_eq!(r.output.trim(), "end", "{r:?}");
+    assert!(started.elapsed() < Duration::from_secs(4), "{r:?}");
+    assert_none_left(&["sleep 8385", "sleep 8386"]);
+
+    // The same on a timeout, which reports SIGTERM's -15 as local does.
+    let mut req = request(&format!(
+        "{}print('up', flush=True)\ntime.sleep(600)",
+        escape.replace("838", "848")
+    ));
+    req.timeout = Duration::from_secs(2);
+    req.kill_grace = Duration::from_secs(1);
+    let r = run(&rt, req);
+    assert_eq!(r.status, Status::Timeout, "{r:?}");
+    assert_eq!(r.exit_code, Some(-15), "{r:?}");
+    assert!(r.output.starts_with("up\n"), "{r:?}");
+    assert_none_left(&["sleep 8485", "sleep 8486"]);
+
+    // terminal commands get the backend's HOME, as the script does.
+    let r = run(
+        &rt,
+        request("from vibeos_tools import terminal\nprint(terminal('cd && pwd; echo HOME=[$HOME]')['output'])"),
+    );
+    assert_eq!(r.status, Status::Success, "{r:?}");
+    let h = home.display().to_string();
+    assert!(r.output.contains(&format!("{h}\nHOME=[{h}]")), "{r:?}");
+
+    assert_eq!(remote_work_dirs(), before, "work dirs left on the host");
+    environments::shutdown();
+
+    // A terminal.cwd that does not exist there: a clear error naming it, nothing left.
+    let mut bad = ssh_backend(&sshd, sshd.port);
+    bad.cwd = Some("/nonexistent/dir".into());
+    environments::activate(bad);
+    let r = run(&rt, request("print(1)"));
+    assert_eq!(r.status, Status::Error, "{r:?}");
+    let err = r.error.clone().unwrap_or_default();
+    assert!(
+        err.contains("terminal.cwd") && err.contains("/nonexistent/dir"),
+        "{r:?}"
+    );
+    assert!(
+        !err.contains("Traceback") && !r.output.contains("Traceback"),
+        "{r:?}"
+    );
+    assert_eq!(remote_work_dirs(), before, "work dirs left on the host");
+    environments::shutdown();
+    environments::activate(BackendSettings::default());
+
+    // A host killed mid-run: its script ends with the ssh session (the bootstrap's lifeline),
+    // and `backends gc` ends the ControlMaster it left and removes its dirs.
+    let vhome = tempfile::tempdir().unwrap();
+    let d = sshd.dir.path();
+    std::fs::write(
+        vhome.path().join("config.yaml"),
+        format!(
+            "terminal:\n  backend: ssh\n  ssh_host: 127.0.0.1\n  ssh_port: {}\n  ssh_user: {SSH_USER}\n  ssh_key: {}\n  ssh_known_hosts: {}\n",
+            sshd.port,
+            d.join("userkey").display(),
+            d.join("known_hosts").display()
+        ),
+    )
+    .unwrap();
+    let script = vhome.path().join("s.py");
+    std::fs::write(
+        &script,
+        "import subprocess, time\nsubprocess.Popen(['sleep', '8787'])\ntime.sleep(600)",
+    )
+    .unwrap();
+    let vibeos = |args: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vibeos-exec"));
+        cmd.args(args)
+            .env("VIBEOS_HOME", vhome.path())
+            .env("VIBEOS_AGENT_BINARY", env!("CARGO_BIN_EXE_vibeos-exec"));
+        cmd
+    };
+    let mut host = vibeos(&["run", "--json"])
+        .arg(&script)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !remote_processes().contains("sleep 8787") {
+        assert!(Instant::now() < deadline, "the script did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    host.kill().unwrap();
+    host.wait().unwrap();
+    assert_none_left(&["sleep 8787", "script.py"]);
+    let masters = || -> Vec<String> {
+        host_processes()
+            .into_iter()
+            .filter(|c| {
+                c.contains("-fN") && c.contains("ControlPath=") && c.contains("vibeos-ssh-")
+            })
+            .collect()
+    };
+    assert!(!masters().is_empty(), "the crashed host left no master?");
+    let gc = vibeos(&["backends", "gc", "--json"]).output().unwrap();
+    let report: serde_json::Value =
+        serde_json::from_slice(&gc.stdout).unwrap_or_else(|_| panic!("{gc:?}"));
+    let removed = report["backends"]["ssh"]["removed"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(!removed.is_empty(), "{report}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for dir in removed.iter().filter_map(|d| d.as_str()) {
+        assert!(!Path::new(dir).exists(), "{report}");
+        while masters().iter().any(|m| m.contains(dir)) {
+            assert!(Instant::now() < deadline, "master left: {:?}", masters());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    let env_dirs = Command::new("find")
+        .args([
+            "/tmp",
+            "-maxdepth",
+            "1",
+            "-user",
+            SSH_USER,
+            "-name",
+            "vibeos-exec-env-*",
+        ])
+        .output()
+        .unwrap();
+    assert!(env_dirs.stdout.is_empty(), "{env_dirs:?}");
+    assert_eq!(remote_work_dirs(), before, "work dirs left on the host");
+}

@@ -644,10 +644,13 @@ fn answer(registry: &'static ToolRegistry, req: Value) -> Value {
                 ))
             })
             .collect();
-        // The host cannot know the backend's PATH: take ours when the call brings none.
-        if !env.iter().any(|(k, _)| k == "PATH") {
-            if let Ok(path) = std::env::var("PATH") {
-                env.push(("PATH".into(), path));
+        // The host cannot know the backend's PATH and HOME (execute_code drops the host's):
+        // take ours when the call brings none, as the script itself gets them (SPEC §4).
+        for name in ["PATH", "HOME"] {
+            if !env.iter().any(|(k, _)| k == name) {
+                if let Ok(value) = std::env::var(name) {
+                    env.push((name.into(), value));
+                }
             }
         }
         let env = Arc::new(env);

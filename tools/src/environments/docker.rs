@@ -46,6 +46,41 @@ pub struct DockerEnv {
     isolated: bool,
     rpc_dir: PathBuf,
     agent: AgentClient,
+    /// A persistent container's users file, held with a shared `flock` while this process
+    /// uses the container (see [`users_lock`]); `None` for a container of our own.
+    users: Option<std::fs::File>,
+}
+
+/// The file every process using the persistent container `rpc_dir` belongs to holds a shared
+/// `flock` on: the container is stopped only by the process that can take it exclusively, i.e.
+/// its last user, so one process finishing never stops it under another's running execution.
+/// Beside the RPC dir, not in it: the container must not be able to lock it. flock locks die
+/// with their process, so a crashed user never keeps a container up for ever (`backends gc
+/// --all` and the next last user still stop it).
+fn users_lock(rpc_dir: &std::path::Path) -> Result<std::fs::File, std::io::Error> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut path = rpc_dir.as_os_str().to_os_string();
+    path.push(".users");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(&path)?;
+    // Blocks while a last user is stopping the container, so we find it stopped and start it.
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::LockShared)?;
+    Ok(file)
+}
+
+/// Removes the RPC dir of a container that failed to start, unless disarmed.
+struct DirGuard(Option<PathBuf>);
+
+impl Drop for DirGuard {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
 
 fn engine(binary: &str, args: &[&str]) -> Result<CommandOutput, EnvError> {
@@ -172,6 +207,15 @@ impl DockerEnv {
             }
         });
         let rpc_dir = rpc_dir_for(&name, persistent);
+        let users = if persistent {
+            Some(users_lock(&rpc_dir).map_err(|e| EnvError::Command {
+                backend: "docker",
+                what: "locking the persistent container's users file".into(),
+                message: format!("{}.users: {e}", rpc_dir.display()),
+            })?)
+        } else {
+            None
+        };
         let env = DockerEnv {
             agent: Self::agent_client(&binary, &name, settings.shell_session, &rpc_dir),
             binary: binary.clone(),
@@ -183,6 +227,7 @@ impl DockerEnv {
             persistent,
             isolated: settings.docker_volumes.is_empty() && mount_cwd.is_none(),
             rpc_dir: rpc_dir.clone(),
+            users,
         };
         if persistent {
             let out = engine(&binary, &["inspect", "-f", "{{.State.Running}}", &name])?;
@@ -204,6 +249,9 @@ impl DockerEnv {
         }
         let _ = std::fs::remove_dir_all(&rpc_dir);
         std::fs::create_dir(&rpc_dir).map_err(|e| env.io("create the RPC dir", &e))?;
+        // Any failure from here on (an engine that cannot even be run included) leaves no
+        // empty RPC dir on the host.
+        let mut dir_guard = DirGuard(Some(rpc_dir.clone()));
         std::fs::set_permissions(&rpc_dir, std::fs::Permissions::from_mode(0o700))
             .map_err(|e| env.io("protect the RPC dir", &e))?;
         let mut args: Vec<String> = vec![
@@ -267,7 +315,9 @@ impl DockerEnv {
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         let out = engine(&binary, &refs)?;
         if !out.success() {
-            let _ = std::fs::remove_dir_all(&rpc_dir);
+            // `run` may have created the container before it failed to start it (an image
+            // without terminal.python): remove it, or every attempt leaves one behind.
+            let _ = engine(&binary, &["rm", "-f", &name]);
             let text = out.stderr_text();
             let lower = text.to_ascii_lowercase();
             if lower.contains("unable to find image")
@@ -321,6 +371,7 @@ impl DockerEnv {
                 ),
             });
         }
+        dir_guard.0 = None;
         tracing::info!(container = %name, task, "backends: docker container started");
         Ok(env)
     }
@@ -462,6 +513,16 @@ impl Environment for DockerEnv {
 
     fn stop(&self) {
         self.agent.stop();
+        if let Some(users) = &self.users {
+            // Another process still uses this persistent container: leave it running; the
+            // last user stops it.
+            if rustix::fs::flock(users, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+                .is_err()
+            {
+                tracing::info!(container = %self.name, "backends: persistent container left running: another process is using it");
+                return;
+            }
+        }
         let out = if self.persistent {
             engine(&self.binary, &["stop", "-t", "1", &self.name])
         } else {
@@ -539,12 +600,17 @@ pub fn gc(binary: &str, all: bool) -> Result<GcReport, EnvError> {
         }
         // Only ever our own socket dir under the temp dir, whatever the label says.
         let source = PathBuf::from(&rpc_source);
-        if source.parent() == Some(std::env::temp_dir().as_path())
+        let ours =
+            |p: &std::path::Path| p == std::env::temp_dir() || p == std::path::Path::new("/tmp");
+        if source.parent().is_some_and(ours)
             && source
                 .file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("vibeos-exec-"))
+                .is_some_and(|n| n.to_string_lossy().starts_with("vibeos-rpc-"))
         {
             let _ = std::fs::remove_dir_all(&source);
+            let mut users = source.into_os_string();
+            users.push(".users");
+            let _ = std::fs::remove_file(users);
         }
         report.removed.push(name);
     }

@@ -19,6 +19,7 @@ use super::{
     run_client, shell_quote, Channel, ClientProcess, Connections, EnvError, Environment, ExecSpec,
     Spawned,
 };
+use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -27,6 +28,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// In a control dir: the owner (`PID:START`), the host and the remote environment dir, one a
+/// line.
+const OWNER_FILE: &str = "owner";
+/// How control dirs are named (in the temp dir, or /tmp).
+const CONTROL_PREFIX: &str = "vibeos-ssh-";
 const OP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Connection options shared by the master and every command over it.
@@ -38,6 +44,10 @@ struct Target {
     key: Option<PathBuf>,
     known_hosts: KnownHosts,
     control: PathBuf,
+    /// Printed by every remote command line before anything of ours runs, on stdout and on
+    /// stderr: what the login shell printed before it (a `~/.bashrc` that echoes — bash reads
+    /// it even for `ssh host cmd`) is dropped up to it. See [`AfterMarker`].
+    marker: String,
 }
 
 impl Target {
@@ -70,16 +80,115 @@ impl Target {
         cmd
     }
 
-    /// A client running the shell line `script` on the host over the master.
+    /// A client running the shell line `script` on the host over the master, after the
+    /// marker (read its output through [`AfterMarker`] or [`Target::run`]).
     fn remote(&self, script: &str) -> Command {
         let mut cmd = self.ssh();
-        cmd.arg(&self.host).arg("--").arg(script);
+        cmd.arg(&self.host).arg("--").arg(format!(
+            "printf %s {m}; printf %s {m} >&2; {script}",
+            m = self.marker
+        ));
         cmd
     }
 
-    /// Runs the shell line `script` on the host to completion (administration: no wrapper).
+    /// Runs the shell line `script` on the host to completion (administration: no wrapper),
+    /// its output without what the login shell printed first.
     fn run(&self, script: &str, what: &str) -> Result<super::CommandOutput, EnvError> {
-        run_client("ssh", &mut self.remote(script), b"", OP_TIMEOUT, what)
+        let mut out = run_client("ssh", &mut self.remote(script), b"", OP_TIMEOUT, what)?;
+        out.stdout = after_marker(out.stdout, self.marker.as_bytes());
+        out.stderr = after_marker(out.stderr, self.marker.as_bytes());
+        Ok(out)
+    }
+
+    /// Spawns the shell line `script` on the host, its output streams starting after the
+    /// marker.
+    fn spawn(
+        &self,
+        script: &str,
+        kill: Option<super::process::RemoteKill>,
+    ) -> Result<Spawned, EnvError> {
+        let mut spawned = ClientProcess::spawn("ssh", self.remote(script), kill)?;
+        self.strip_noise(&mut spawned);
+        Ok(spawned)
+    }
+
+    fn strip_noise(&self, spawned: &mut Spawned) {
+        let marker = self.marker.as_bytes().to_vec();
+        spawned.stdout = spawned
+            .stdout
+            .take()
+            .map(|s| Box::new(AfterMarker::new(s, marker.clone())) as Box<dyn Read + Send>);
+        spawned.stderr = spawned
+            .stderr
+            .take()
+            .map(|s| Box::new(AfterMarker::new(s, marker)) as Box<dyn Read + Send>);
+    }
+}
+
+/// `out` from just after the first `marker`; all of it when there is none (the shell failed
+/// before our line ran, and what it said is the error).
+fn after_marker(out: Vec<u8>, marker: &[u8]) -> Vec<u8> {
+    match out.windows(marker.len()).position(|w| w == marker) {
+        Some(i) => out[i + marker.len()..].to_vec(),
+        None => out,
+    }
+}
+
+/// How much start-up noise is held while looking for the marker; beyond it the oldest bytes
+/// are dropped (they can only be noise: the marker has not come yet).
+const NOISE_MAX: usize = 1 << 20;
+
+/// A remote command's output stream from just after the marker its command line prints first
+/// (see [`Target::remote`]). At EOF without the marker, everything held is passed on.
+pub(crate) struct AfterMarker {
+    inner: Box<dyn Read + Send>,
+    marker: Vec<u8>,
+    /// Bytes read while looking for the marker; `None` once found.
+    held: Option<Vec<u8>>,
+    /// Bytes after the marker not yet returned.
+    pending: Vec<u8>,
+}
+
+impl AfterMarker {
+    pub(crate) fn new(inner: Box<dyn Read + Send>, marker: Vec<u8>) -> Self {
+        AfterMarker {
+            inner,
+            marker,
+            held: Some(Vec::new()),
+            pending: Vec::new(),
+        }
+    }
+}
+
+impl Read for AfterMarker {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while let Some(held) = self.held.as_mut() {
+            let mut chunk = [0u8; 8192];
+            let n = self.inner.read(&mut chunk)?;
+            if n == 0 {
+                self.pending = std::mem::take(held);
+                self.held = None;
+                break;
+            }
+            held.extend_from_slice(&chunk[..n]);
+            if let Some(i) = held
+                .windows(self.marker.len())
+                .position(|w| w == self.marker)
+            {
+                self.pending = held.split_off(i + self.marker.len());
+                self.held = None;
+            } else if held.len() > NOISE_MAX {
+                let drop_to = held.len() - self.marker.len();
+                held.drain(..drop_to);
+            }
+        }
+        if !self.pending.is_empty() {
+            let n = buf.len().min(self.pending.len());
+            buf[..n].copy_from_slice(&self.pending[..n]);
+            self.pending.drain(..n);
+            return Ok(n);
+        }
+        self.inner.read(buf)
     }
 }
 
@@ -128,6 +237,16 @@ impl SshEnv {
             })?;
         let _ =
             std::fs::set_permissions(control_dir.path(), std::fs::Permissions::from_mode(0o700));
+        let remote_env_dir = format!("/tmp/vibeos-exec-env-{}", super::random_hex(8));
+        // Who owns this master, and what it keeps over there: `backends gc` ends the masters
+        // of crashed owners (ControlPersist keeps them up for ever) and removes those dirs.
+        let _ = std::fs::write(
+            control_dir.path().join(OWNER_FILE),
+            format!(
+                "{}\n{host}\n{remote_env_dir}\n",
+                super::owner::owner_label()
+            ),
+        );
         let target = Target {
             host: host.clone(),
             user: settings.ssh_user.clone(),
@@ -135,6 +254,7 @@ impl SshEnv {
             key: settings.ssh_key.clone(),
             known_hosts: settings.ssh_known_hosts.clone(),
             control: control_dir.path().join("cm"),
+            marker: format!("vibeos-ssh-{}:", super::random_hex(8)),
         };
         let mut master = target.ssh();
         master
@@ -158,7 +278,6 @@ impl SshEnv {
             " --no-shell-session"
         };
         let uploaded = Arc::new(std::sync::Mutex::new(None::<String>));
-        let remote_env_dir = format!("/tmp/vibeos-exec-env-{}", super::random_hex(8));
         let agent_remote = format!("{remote_env_dir}/agent.sock");
         let agent_local = control_dir.path().join("agent.sock");
         let agent = AgentClient::new("ssh", move || {
@@ -181,6 +300,8 @@ impl SshEnv {
             ));
             // Killing the client closes the agent's lifeline, which ends it.
             cmd.process_group(0);
+            let mut process = ClientProcess::spawn("ssh", cmd, None)?;
+            agent_target.strip_noise(&mut process);
             let (target, local, remote_sock) = (
                 agent_target.clone(),
                 agent_local.clone(),
@@ -188,7 +309,7 @@ impl SshEnv {
             );
             let _ = std::fs::remove_file(&local);
             Ok(AgentLaunch {
-                process: ClientProcess::spawn("ssh", cmd, None)?,
+                process,
                 socket: Some(AgentSocket {
                     local: agent_local.clone(),
                     prepare: Some(Box::new(move || {
@@ -340,10 +461,10 @@ impl Environment for SshEnv {
         spec.check("ssh")?;
         let pgid_file = self.pgid_file();
         let wrapper = group_wrapper(spec, &pgid_file, &self.site.python);
-        let cmd = self
-            .target
-            .remote(&format!("sh -c {}", shell_quote(&wrapper)));
-        ClientProcess::spawn("ssh", cmd, Some(self.group_killer(pgid_file)))
+        self.target.spawn(
+            &format!("sh -c {}", shell_quote(&wrapper)),
+            Some(self.group_killer(pgid_file)),
+        )
     }
 
     fn spawn_leader(&self, build: &dyn Fn(Option<&str>) -> ExecSpec) -> Result<Spawned, EnvError> {
@@ -352,8 +473,8 @@ impl Environment for SshEnv {
         let pgid_file = self.pgid_file();
         let spec = build(Some(&pgid_file));
         spec.check("ssh")?;
-        let cmd = self.target.remote(&exec_line(&spec));
-        ClientProcess::spawn("ssh", cmd, Some(self.group_killer(pgid_file)))
+        self.target
+            .spawn(&exec_line(&spec), Some(self.group_killer(pgid_file)))
     }
 
     fn open_channel(&self, exec_id: &str, token: &str) -> Result<Channel, EnvError> {
@@ -387,4 +508,101 @@ impl Drop for SshEnv {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// `vibeos-exec backends gc` for ssh: ends the ControlMaster of every environment whose owner
+/// process is gone (a crashed host; `ControlPersist=yes` would keep it for ever), removes that
+/// environment's dir on the host through it first, and removes the local control dir. The
+/// scripts and agents over there have already ended: their lifelines were sessions of that
+/// master (or of clients whose stdin closed with the host). Only this user's dirs are looked at.
+pub fn gc() -> Result<super::docker::GcReport, EnvError> {
+    let mut report = super::docker::GcReport::default();
+    let mut bases = vec![std::env::temp_dir(), PathBuf::from("/tmp")];
+    bases.dedup();
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    for base in bases {
+        let Ok(entries) = std::fs::read_dir(&base) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !name.starts_with(CONTROL_PREFIX) {
+                continue;
+            }
+            let dir = entry.path();
+            let ours = std::fs::symlink_metadata(&dir)
+                .is_ok_and(|m| m.is_dir() && std::os::unix::fs::MetadataExt::uid(&m) == uid);
+            if !ours {
+                continue;
+            }
+            let info = std::fs::read_to_string(dir.join(OWNER_FILE)).unwrap_or_default();
+            let mut lines = info.lines();
+            let (owner, host, remote) = (lines.next(), lines.next(), lines.next());
+            // A dir without an owner file (written right after it is made) is one being set
+            // up, or an older version's: judged by whether a process still uses it.
+            let alive = match owner {
+                Some(o) => super::owner::owner_alive(o),
+                None => !users_of(&dir).is_empty(),
+            };
+            if alive {
+                report.kept.push(dir.display().to_string());
+                continue;
+            }
+            end_master(&dir, host, remote);
+            let _ = std::fs::remove_dir_all(&dir);
+            report.removed.push(dir.display().to_string());
+        }
+    }
+    Ok(report)
+}
+
+/// Removes `remote` on `host` through the master in `dir` (when it still answers), closes the
+/// master, and ends whatever process still names its socket.
+fn end_master(dir: &std::path::Path, host: Option<&str>, remote: Option<&str>) {
+    let control = format!("ControlPath={}", dir.join("cm").display());
+    let host = host.unwrap_or("localhost");
+    let ssh = |args: &[&str]| {
+        let mut cmd = Command::new("ssh");
+        cmd.args([
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "ControlMaster=no",
+            "-o",
+            &control,
+        ]);
+        cmd.args(args);
+        run_client("ssh", &mut cmd, b"", Duration::from_secs(10), "gc").ok()
+    };
+    if let Some(remote) = remote.filter(|r| r.starts_with("/tmp/vibeos-exec-env-")) {
+        if ssh(&["-O", "check", host]).is_some_and(|o| o.success()) {
+            let _ = ssh(&[host, "--", &format!("rm -rf {}", shell_quote(remote))]);
+        }
+    }
+    let _ = ssh(&["-O", "exit", host]);
+    for pid in users_of(dir) {
+        // SAFETY: kill with a pid just read from /proc; at worst it exited meanwhile.
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
+    }
+}
+
+/// Pids of this user's ssh processes whose command line names the control socket in `dir`.
+fn users_of(dir: &std::path::Path) -> Vec<i32> {
+    let needle = format!("ControlPath={}", dir.join("cm").display());
+    let me = std::process::id() as i32;
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline);
+            (pid != me && cmdline.split('\0').any(|a| a == needle)).then_some(pid)
+        })
+        .collect()
 }
