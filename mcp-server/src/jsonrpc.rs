@@ -66,6 +66,52 @@ pub(crate) fn reply_id(id: Option<&Value>) -> Value {
     }
 }
 
+/// The `id` of a JSON-RPC message that cannot be parsed whole (too large to keep, or with a
+/// value serde_json refuses, such as a number out of range), from its first bytes (`head`) or
+/// its last (`tail`). At the start the message's own members are read in order, each value
+/// skipped whole, until `id` or the cut; at the end, only an `"id"` member that closes the
+/// message itself counts (one closing an inner object leaves a `}` over). `None` when neither
+/// holds one.
+pub(crate) fn id_of_discarded(head: &[u8], tail: &[u8]) -> Option<Value> {
+    from_head(head).or_else(|| from_tail(tail))
+}
+
+pub(crate) fn from_head(head: &[u8]) -> Option<Value> {
+    /// Reads members until `id`, which it leaves in `found`. It then stops with an error: the
+    /// rest of the message is not there, and serde_json checks the map's end after a visit.
+    struct FirstId<'a>(&'a mut Option<Value>);
+    impl<'de> serde::de::Visitor<'de> for FirstId<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON-RPC message")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                if key == "id" {
+                    *self.0 = Some(map.next_value::<Value>()?);
+                    return Err(serde::de::Error::custom("the id is all that is read"));
+                }
+                map.next_value::<serde::de::IgnoredAny>()?;
+            }
+            Ok(())
+        }
+    }
+    let mut found = None;
+    let mut de = serde_json::Deserializer::from_slice(head);
+    let _ = serde::Deserializer::deserialize_map(&mut de, FirstId(&mut found));
+    found
+}
+
+pub(crate) fn from_tail(tail: &[u8]) -> Option<Value> {
+    let tail = tail.strip_suffix(b"\n").unwrap_or(tail);
+    let tail = tail.strip_suffix(b"\r").unwrap_or(tail);
+    let at = tail.windows(4).rposition(|w| w == b"\"id\"")?;
+    let mut member = b"{".to_vec();
+    member.extend_from_slice(&tail[at..]);
+    let object: serde_json::Map<String, Value> = serde_json::from_slice(&member).ok()?;
+    object.get("id").cloned()
+}
+
 /// Classifies one incoming message the way JSON-RPC 2.0 asks: unparsable → -32700; JSON that
 /// is not a JSON-RPC message (or a batch, which MCP does not use) → -32600; a standard MCP
 /// method whose params do not fit its schema → -32602 (the SDK would call it "method not
@@ -75,7 +121,14 @@ pub fn check_message(text: &[u8]) -> Checked {
         |code, message: String, id: Value| Checked::Reject(Rejection { code, message, id });
     let value: Value = match serde_json::from_slice(text) {
         Ok(v) => v,
-        Err(e) => return reject(-32700, format!("Parse error: {e}"), Value::Null),
+        // The id when it can still be read (a number out of range in the params, say): a
+        // reply with a null id is one no client can match, and the official client's call
+        // then waits forever.
+        Err(e) => {
+            let tail = &text[text.len().saturating_sub(1024)..];
+            let id = reply_id(id_of_discarded(text, tail).as_ref());
+            return reject(-32700, format!("Parse error: {e}"), id);
+        }
     };
     let id = reply_id(value.get("id"));
     let is_notification = value.is_object() && value.get("id").is_none();
@@ -131,6 +184,22 @@ mod tests {
     #[test]
     fn messages_are_classified_as_json_rpc_asks() {
         assert_eq!(rejection("{oops").code, -32700);
+        assert_eq!(rejection("{oops").id, Value::Null);
+        // A number serde_json cannot hold, after the id or before it at the end.
+        let big = format!("1{}", "0".repeat(400));
+        let r = rejection(&format!(
+            r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"n":{big}}}}}"#
+        ));
+        assert_eq!(
+            (r.code, r.id.clone()),
+            (-32700, serde_json::json!(7)),
+            "{}",
+            r.message
+        );
+        let r = rejection(&format!(
+            r#"{{"jsonrpc":"2.0","method":"tools/call","params":{{"n":{big}}},"id":"q"}}"#
+        ));
+        assert_eq!((r.code, r.id), (-32700, serde_json::json!("q")));
         assert_eq!(rejection("{\"a\":1}").code, -32600);
         assert_eq!(rejection("[]").code, -32600);
         assert_eq!(rejection("42").code, -32600);

@@ -2,7 +2,7 @@
 //! oversized lines, while JSON-RPC asks for an error reply to each.
 
 use crate::handler::{ExecServer, Shared, DRAIN_TIMEOUT};
-use crate::jsonrpc::{check_message, reply_id, Checked, Rejection};
+use crate::jsonrpc::{check_message, id_of_discarded, reply_id, Checked, Rejection};
 use crate::{validate, ServeError, ServeSettings};
 use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
 use rmcp::service::RoleServer;
@@ -252,51 +252,6 @@ fn keep_last(tail: &mut Vec<u8>, more: &[u8], keep: usize) {
     tail.extend_from_slice(more);
 }
 
-/// The `id` of a JSON-RPC message too large to keep, from its first bytes (`head`) or its
-/// last (`tail`). At the start the message's own members are read in order, each value
-/// skipped whole, until `id` or the cut; at the end, only an `"id"` member that closes the
-/// message itself counts (one closing an inner object leaves a `}` over). `None` when neither
-/// holds one.
-fn id_of_discarded(head: &[u8], tail: &[u8]) -> Option<Value> {
-    from_head(head).or_else(|| from_tail(tail))
-}
-
-fn from_head(head: &[u8]) -> Option<Value> {
-    /// Reads members until `id`, which it leaves in `found`. It then stops with an error: the
-    /// rest of the message is not there, and serde_json checks the map's end after a visit.
-    struct FirstId<'a>(&'a mut Option<Value>);
-    impl<'de> serde::de::Visitor<'de> for FirstId<'_> {
-        type Value = ();
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("a JSON-RPC message")
-        }
-        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                if key == "id" {
-                    *self.0 = Some(map.next_value::<Value>()?);
-                    return Err(serde::de::Error::custom("the id is all that is read"));
-                }
-                map.next_value::<serde::de::IgnoredAny>()?;
-            }
-            Ok(())
-        }
-    }
-    let mut found = None;
-    let mut de = serde_json::Deserializer::from_slice(head);
-    let _ = serde::Deserializer::deserialize_map(&mut de, FirstId(&mut found));
-    found
-}
-
-fn from_tail(tail: &[u8]) -> Option<Value> {
-    let tail = tail.strip_suffix(b"\n").unwrap_or(tail);
-    let tail = tail.strip_suffix(b"\r").unwrap_or(tail);
-    let at = tail.windows(4).rposition(|w| w == b"\"id\"")?;
-    let mut member = b"{".to_vec();
-    member.extend_from_slice(&tail[at..]);
-    let object: serde_json::Map<String, Value> = serde_json::from_slice(&member).ok()?;
-    object.get("id").cloned()
-}
-
 impl<R: tokio::io::AsyncRead + Unpin + Send> Transport<RoleServer> for StdioLines<R> {
     type Error = std::io::Error;
 
@@ -351,6 +306,7 @@ impl<R: tokio::io::AsyncRead + Unpin + Send> Transport<RoleServer> for StdioLine
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::jsonrpc::{from_head, from_tail};
     use serde_json::json;
 
     /// Ends the transport `t` and returns the replies its writer wrote, one JSON value a line.

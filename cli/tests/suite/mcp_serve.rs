@@ -323,6 +323,7 @@ fn mcp_an_oversized_call_is_answered_and_the_session_goes_on() {
             .is_some_and(|m| m.contains("larger than 65536 bytes")),
         "{r}"
     );
+    assert_eq!(r["unparsable"]["code"], -32700, "{r}");
     let (is_error, _, structured) = parts(&r["after"]);
     assert!(!is_error, "{r}");
     assert_eq!(structured["output"], "alive\n");
