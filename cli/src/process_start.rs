@@ -18,10 +18,30 @@
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 
-/// Prepares the process as std's start-up would (see the module docs).
+/// Prepares the process as std's start-up would (see the module docs), and keeps the
+/// descriptors the caller left open out of everything it starts.
 pub fn prepare() {
     open_missing_standard_descriptors();
     ignore_sigpipe();
+    keep_inherited_descriptors_to_ourselves();
+}
+
+/// Marks every descriptor above stderr close-on-exec. A shell gives us whatever it had open
+/// (`vibeos-exec run x.py 3>secret.log`); a script, its `terminal` commands and every other
+/// process we start would otherwise inherit them, which a cold script must not (its reaper
+/// only closes its own pipes). Paths like `/dev/fd/63` (`--config <(...)`) still open: that
+/// goes through `/proc`, not inheritance.
+fn keep_inherited_descriptors_to_ourselves() {
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets a flag on open descriptors; no
+    // memory is involved. A kernel without it (before 5.11) says so and nothing changes.
+    unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC as u32,
+        );
+    }
 }
 
 fn open_missing_standard_descriptors() {

@@ -252,6 +252,17 @@ unsafe fn prepare_and_exec(steps: &Steps<'_>, exec: &ScriptExec) -> io::Error {
                 return e;
             }
         }
+        if steps.confinement.is_none() {
+            // Project mode: what the host had open without close-on-exec (descriptors a
+            // library host inherited from its own caller) stays out of the script. Strict mode
+            // does the same in its confinement.
+            libc::syscall(
+                libc::SYS_close_range,
+                3u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC as u32,
+            );
+        }
         // Clearing close-on-exec is allowed by the strict filter; these descriptors stay open
         // in the supervisor until the spawn returns.
         for fd in steps.inherit {

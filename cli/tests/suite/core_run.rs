@@ -855,3 +855,51 @@ fn a_reader_that_stops_reading_ends_the_command_quietly() {
         assert!(out.stderr.is_empty(), "{args:?}: {out:?}");
     }
 }
+
+/// Descriptors the caller left open (`run x.py 57>secret 58<file`) reach neither the script
+/// nor the commands it runs through `terminal`.
+#[test]
+fn descriptors_the_caller_left_open_do_not_reach_the_script() {
+    use std::os::unix::process::CommandExt;
+    let sb = Sandbox::new();
+    let secret = sb.root.path().join("secret.log");
+    std::fs::write(&secret, "CALLER-SECRET").unwrap();
+    let file = std::fs::File::open(&secret).unwrap();
+    let script = "import os\nfrom vibeos_tools import terminal\n\
+                  print('SCRIPT', sorted(int(f) for f in os.listdir('/proc/self/fd')))\n\
+                  print('TERMINAL', terminal('ls /proc/self/fd | sort -n | tr \"\\\\n\" \" \"')['output'])\n";
+    std::fs::write(sb.work().join("fds.py"), script).unwrap();
+    let mut cmd = sb.command();
+    cmd.args(["run", "--json", "fds.py"]);
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&file);
+    // SAFETY: dup2 onto fixed numbers in the child before exec, as a shell's `57<file` does;
+    // only async-signal-safe calls.
+    unsafe {
+        cmd.pre_exec(move || {
+            for target in [57, 58] {
+                if libc::dup2(raw, target) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    let r = parse_single_json(&out);
+    assert_eq!(r["status"], "success", "{r}");
+    let text = output(&r);
+    for line in text.lines() {
+        let fds: Vec<&str> = line
+            .split(|c: char| !c.is_ascii_digit())
+            .filter(|s| !s.is_empty())
+            .collect();
+        assert!(
+            !fds.contains(&"57") && !fds.contains(&"58"),
+            "inherited: {line}"
+        );
+    }
+    assert!(
+        text.contains("SCRIPT") && text.contains("TERMINAL"),
+        "{text}"
+    );
+}
