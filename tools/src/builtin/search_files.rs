@@ -302,8 +302,14 @@ fn glob(pattern: &str, what: &str) -> Result<globset::GlobMatcher, ToolError> {
         })
 }
 
+/// The longest line searched: the searcher holds a whole line in memory, so without a cap one
+/// 400 MB line cost the supervisor 420 MB per call (and calls run side by side). A file with a
+/// longer line is left out of the results.
+pub const MAX_LINE_BYTES: usize = 8 << 20;
+
 fn searcher(context: usize) -> Searcher {
     SearcherBuilder::new()
+        .heap_limit(Some(MAX_LINE_BYTES))
         .line_number(true)
         .binary_detection(BinaryDetection::quit(b'\0'))
         .before_context(context)
@@ -512,6 +518,29 @@ fn search_files(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
 mod tests {
     use super::*;
     use serde_json::Value;
+
+    #[test]
+    fn a_line_past_the_cap_is_not_held_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut huge = vec![b'A'; MAX_LINE_BYTES * 3];
+        huge.extend_from_slice(b"NEEDLE\n");
+        std::fs::write(dir.path().join("huge.txt"), &huge).unwrap();
+        std::fs::write(dir.path().join("small.txt"), "a NEEDLE here\n").unwrap();
+        let r = call(dir.path(), json!({"pattern": "NEEDLE", "path": "."})).unwrap();
+        let paths: Vec<&str> = r["matches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|m| m["path"].as_str())
+            .collect();
+        assert_eq!(paths, ["small.txt"], "{r}");
+        // The searcher's buffer stopped at the cap instead of growing to the line.
+        let mut s = searcher(0);
+        let mut sink = CountSink(0);
+        let matcher = RegexMatcher::new("NEEDLE").unwrap();
+        let err = s.search_path(&matcher, dir.path().join("huge.txt"), &mut sink);
+        assert!(err.is_err(), "a line three times the cap was searched whole");
+    }
 
     fn call(cwd: &Path, args: Value) -> Result<Value, ToolError> {
         let ctx = ToolContext::agent(cwd);
