@@ -39,7 +39,7 @@ fn keep_inherited_descriptors_to_ourselves() {
             libc::SYS_close_range,
             3u32,
             u32::MAX,
-            libc::CLOSE_RANGE_CLOEXEC as u32,
+            libc::CLOSE_RANGE_CLOEXEC,
         );
     }
 }

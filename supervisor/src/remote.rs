@@ -681,14 +681,7 @@ mod tests {
         )
         .unwrap();
         let pgid_file = dir.path().join("pg");
-        let mut child = std::process::Command::new("python3")
-            .args(["-u", "-B", "-X", "utf8", "-c", &without_comments(BOOTSTRAP)])
-            .arg(&pgid_file)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = bootstrap_here(&pgid_file);
         use std::io::Write;
         child.stdin.take().unwrap().write_all(&input).unwrap();
         let out = child.wait_with_output().unwrap();
@@ -780,6 +773,19 @@ mod tests {
         );
     }
 
+    /// The real bootstrap started on this machine's python3 as the hosts start it, its pgid
+    /// file at `pgid_file` and its three streams piped.
+    fn bootstrap_here(pgid_file: &std::path::Path) -> std::process::Child {
+        std::process::Command::new("python3")
+            .args(["-u", "-B", "-X", "utf8", "-c", &without_comments(BOOTSTRAP)])
+            .arg(pgid_file)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
     /// Runs the real bootstrap on this machine's python3 with `code` as the script (own group,
     /// as ssh and docker start it) and returns its stdout, stderr and exit status.
     fn boot_here(code: &str, cwd: Option<&str>, work: &std::path::Path) -> (String, Vec<u8>, i32) {
@@ -793,14 +799,7 @@ mod tests {
             &[],
         )
         .unwrap();
-        let mut child = std::process::Command::new("python3")
-            .args(["-u", "-B", "-X", "utf8", "-c", &without_comments(BOOTSTRAP)])
-            .arg(dir.join("pg"))
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = bootstrap_here(&dir.join("pg"));
         use std::io::Write;
         // Kept open (the lifeline) until the bootstrap is done, as the host does.
         let mut stdin = child.stdin.take().unwrap();
@@ -909,14 +908,7 @@ mod tests {
             &[],
         )
         .unwrap();
-        let mut child = std::process::Command::new("python3")
-            .args(["-u", "-B", "-X", "utf8", "-c", &without_comments(BOOTSTRAP)])
-            .arg(dir.path().join("pg"))
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = bootstrap_here(&dir.path().join("pg"));
         use std::io::{BufRead, Write};
         let mut stdin = child.stdin.take().unwrap();
         stdin.write_all(&input).unwrap();

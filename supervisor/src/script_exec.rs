@@ -260,7 +260,7 @@ unsafe fn prepare_and_exec(steps: &Steps<'_>, exec: &ScriptExec) -> io::Error {
                 libc::SYS_close_range,
                 3u32,
                 u32::MAX,
-                libc::CLOSE_RANGE_CLOEXEC as u32,
+                libc::CLOSE_RANGE_CLOEXEC,
             );
         }
         // Clearing close-on-exec is allowed by the strict filter; these descriptors stay open

@@ -296,14 +296,7 @@ print("tenv:", terminal("env")["output"].replace("\n", " "))
     plant_crashed_container(|args| daemon.docker(args), IMAGE);
     let r = run(&rt, request("print('live')", "task-live"));
     assert_eq!(r.status, Status::Success);
-    let gc = std::process::Command::new(env!("CARGO_BIN_EXE_vibeos-exec"))
-        .args(["backends", "gc", "--json"])
-        .env("VIBEOS_HOME", daemon.dir.path())
-        .env("DOCKER_HOST", &daemon.host)
-        .output()
-        .unwrap();
-    let report: serde_json::Value =
-        serde_json::from_slice(&gc.stdout).unwrap_or_else(|_| panic!("{gc:?}"));
+    let report = gc_report(&daemon);
     assert_eq!(
         report["removed"],
         serde_json::json!(["vibeos-exec-crashed"]),
@@ -508,14 +501,7 @@ fn docker_executions_end_like_local_ones() {
         "600",
     ]);
     assert!(out.status.success(), "{out:?}");
-    let gc = std::process::Command::new(env!("CARGO_BIN_EXE_vibeos-exec"))
-        .args(["backends", "gc", "--json"])
-        .env("VIBEOS_HOME", daemon.dir.path())
-        .env("DOCKER_HOST", &daemon.host)
-        .output()
-        .unwrap();
-    let report: serde_json::Value =
-        serde_json::from_slice(&gc.stdout).unwrap_or_else(|_| panic!("{gc:?}"));
+    let report = gc_report(&daemon);
     assert_eq!(
         report["removed"],
         serde_json::json!(["vibeos-exec-crashed-rpc"]),
@@ -549,4 +535,15 @@ fn assert_none_left_in(rt: &tokio::runtime::Runtime, task: &str, left: &[&str]) 
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// `vibeos-exec backends gc --json` against the test's engine, and its report.
+fn gc_report(daemon: &Dockerd) -> serde_json::Value {
+    let gc = std::process::Command::new(env!("CARGO_BIN_EXE_vibeos-exec"))
+        .args(["backends", "gc", "--json"])
+        .env("VIBEOS_HOME", daemon.dir.path())
+        .env("DOCKER_HOST", &daemon.host)
+        .output()
+        .unwrap();
+    serde_json::from_slice(&gc.stdout).unwrap_or_else(|_| panic!("{gc:?}"))
 }
