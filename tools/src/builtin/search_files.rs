@@ -539,7 +539,10 @@ mod tests {
         let mut sink = CountSink(0);
         let matcher = RegexMatcher::new("NEEDLE").unwrap();
         let err = s.search_path(&matcher, dir.path().join("huge.txt"), &mut sink);
-        assert!(err.is_err(), "a line three times the cap was searched whole");
+        assert!(
+            err.is_err(),
+            "a line three times the cap was searched whole"
+        );
     }
 
     fn call(cwd: &Path, args: Value) -> Result<Value, ToolError> {
