@@ -115,6 +115,11 @@ pub fn render_table(lines: &[AuditLine], set: &[SetForChild]) -> String {
             v.value
         ));
     }
+    out.push_str(&format!(
+        "\nThe terminal commands a script runs get the script's environment plus {}: it marks\n\
+         them and what they start, so the execution's end finds what they left running.\n",
+        vibeos_tools::environments::local::SCOPE_VAR
+    ));
     out
 }
 

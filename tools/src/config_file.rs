@@ -17,8 +17,6 @@ use std::path::{Path, PathBuf};
 
 use crate::mcp_client::{McpServerConfig, PluginsConfig};
 
-pub mod strict;
-
 /// Largest config file accepted. A real config is a few KB; anything near this is a mistake or
 /// an attack, and is refused before parsing.
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
@@ -41,10 +39,10 @@ pub struct ConfigFile {
     /// `approvals:` — dangerous-command approval (SPEC §8).
     pub approvals: Option<ApprovalsSection>,
     /// `command_allowlist:` — pattern keys or command globs approved for good.
-    #[serde(default, deserialize_with = "strict::opt_string_list")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_string_list")]
     pub command_allowlist: Option<Vec<String>>,
     /// `command_denylist:` — pattern keys or command globs always denied.
-    #[serde(default, deserialize_with = "strict::opt_string_list")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_string_list")]
     pub command_denylist: Option<Vec<String>>,
     /// `web:` — backends of web_search and web_extract.
     pub web: Option<WebSection>,
@@ -61,25 +59,25 @@ pub struct ConfigFile {
 #[serde(deny_unknown_fields)]
 pub struct CodeExecutionSection {
     /// `mode`: `project` or `strict` (an unknown name falls back to project with a warning).
-    #[serde(default, deserialize_with = "strict::opt_string")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_string")]
     pub mode: Option<String>,
     /// `timeout` in seconds.
-    #[serde(default, deserialize_with = "strict::opt_f64")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_f64")]
     pub timeout: Option<f64>,
     /// `max_tool_calls` per execution.
-    #[serde(default, deserialize_with = "strict::opt_u64")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_u64")]
     pub max_tool_calls: Option<u64>,
     /// `python`: the default interpreter.
-    #[serde(default, deserialize_with = "strict::opt_string")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_string")]
     pub python: Option<String>,
     /// `pool_size`: pre-started interpreters of a long-lived host.
-    #[serde(default, deserialize_with = "strict::opt_u64")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_u64")]
     pub pool_size: Option<u64>,
     /// `stdout_limit` in bytes.
-    #[serde(default, deserialize_with = "strict::opt_u64")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_u64")]
     pub stdout_limit: Option<u64>,
     /// `stderr_limit` in bytes.
-    #[serde(default, deserialize_with = "strict::opt_u64")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_u64")]
     pub stderr_limit: Option<u64>,
     /// `strict:` — strict-mode confinement.
     pub strict: Option<StrictSection>,
@@ -90,34 +88,34 @@ pub struct CodeExecutionSection {
 #[serde(deny_unknown_fields)]
 pub struct StrictSection {
     /// `uid` pinned for the script when the supervisor runs as root.
-    #[serde(default, deserialize_with = "strict::opt_u64")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_u64")]
     pub uid: Option<u64>,
     /// `max_processes` of the script's uid.
-    #[serde(default, deserialize_with = "strict::opt_u64")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_u64")]
     pub max_processes: Option<u64>,
     /// `memory_mb` per process.
-    #[serde(default, deserialize_with = "strict::opt_u64")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_u64")]
     pub memory_mb: Option<u64>,
     /// `file_size_mb`: largest file the script may write.
-    #[serde(default, deserialize_with = "strict::opt_u64")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_u64")]
     pub file_size_mb: Option<u64>,
     /// `disk_mb`: disk budget of one execution.
-    #[serde(default, deserialize_with = "strict::opt_u64")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_u64")]
     pub disk_mb: Option<u64>,
     /// `seccomp_policy`: path of a seccompiler JSON policy replacing the built-in one.
-    #[serde(default, deserialize_with = "strict::opt_string")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_string")]
     pub seccomp_policy: Option<String>,
     /// `landlock_policy`: path of a landlock rules file replacing the built-in one.
-    #[serde(default, deserialize_with = "strict::opt_string")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_string")]
     pub landlock_policy: Option<String>,
     /// `read_roots`: extra directories the file tools may read.
-    #[serde(default, deserialize_with = "strict::opt_string_list")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_string_list")]
     pub read_roots: Option<Vec<String>>,
     /// `write_roots`: extra directories the file tools may read and write.
-    #[serde(default, deserialize_with = "strict::opt_string_list")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_string_list")]
     pub write_roots: Option<Vec<String>>,
     /// `terminal`: whether strict scripts get the terminal tool.
-    #[serde(default, deserialize_with = "strict::opt_bool")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_bool")]
     pub terminal: Option<bool>,
 }
 
@@ -126,82 +124,82 @@ pub struct StrictSection {
 #[serde(deny_unknown_fields)]
 pub struct TerminalSection {
     /// `env_passthrough`: variables kept even when they look secret.
-    #[serde(default, deserialize_with = "strict::opt_string_list")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_string_list")]
     pub env_passthrough: Option<Vec<String>>,
     /// `backend`: local, docker, podman, ssh, singularity, modal, daytona.
-    #[serde(default, deserialize_with = "strict::opt_string")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_string")]
     pub backend: Option<String>,
     /// `cwd` inside the backend.
-    #[serde(default, deserialize_with = "strict::opt_string")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_string")]
     pub cwd: Option<String>,
     /// `lifetime_seconds` an idle environment is kept.
-    #[serde(default, deserialize_with = "strict::opt_f64")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_f64")]
     pub lifetime_seconds: Option<f64>,
     /// `python` inside the backend.
-    #[serde(default, deserialize_with = "strict::opt_string")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_string")]
     pub python: Option<String>,
     /// `docker_image`.
-    #[serde(default, deserialize_with = "strict::opt_string")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_string")]
     pub docker_image: Option<String>,
     /// `docker_volumes`: `host:container[:ro]` entries.
-    #[serde(default, deserialize_with = "strict::opt_string_list")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_string_list")]
     pub docker_volumes: Option<Vec<String>>,
     /// `docker_mount_cwd_to_workspace`.
-    #[serde(default, deserialize_with = "strict::opt_bool")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_bool")]
     pub docker_mount_cwd_to_workspace: Option<bool>,
     /// `docker_network`.
-    #[serde(default, deserialize_with = "strict::opt_string")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_string")]
     pub docker_network: Option<String>,
     /// `docker_binary`: docker, podman or a path.
-    #[serde(default, deserialize_with = "strict::opt_string")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_string")]
     pub docker_binary: Option<String>,
     /// `container_cpu`: CPUs.
-    #[serde(default, deserialize_with = "strict::opt_f64")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_f64")]
     pub container_cpu: Option<f64>,
     /// `container_memory`: MB.
-    #[serde(default, deserialize_with = "strict::opt_f64")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_f64")]
     pub container_memory: Option<f64>,
     /// `container_disk`: MB (cloud sandboxes).
-    #[serde(default, deserialize_with = "strict::opt_f64")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_f64")]
     pub container_disk: Option<f64>,
     /// `container_pids`: process limit.
-    #[serde(default, deserialize_with = "strict::opt_f64")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_f64")]
     pub container_pids: Option<f64>,
     /// `container_persistent`.
-    #[serde(default, deserialize_with = "strict::opt_bool")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_bool")]
     pub container_persistent: Option<bool>,
     /// `ssh_host`.
-    #[serde(default, deserialize_with = "strict::opt_string")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_string")]
     pub ssh_host: Option<String>,
     /// `ssh_user`.
-    #[serde(default, deserialize_with = "strict::opt_string")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_string")]
     pub ssh_user: Option<String>,
     /// `ssh_port`.
-    #[serde(default, deserialize_with = "strict::opt_u64")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_u64")]
     pub ssh_port: Option<u64>,
     /// `ssh_key`.
-    #[serde(default, deserialize_with = "strict::opt_string")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_string")]
     pub ssh_key: Option<String>,
     /// `ssh_known_hosts`: strict, accept-new or a file.
-    #[serde(default, deserialize_with = "strict::opt_string")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_string")]
     pub ssh_known_hosts: Option<String>,
     /// `shell_session`: `cd`/`export` persist between calls.
-    #[serde(default, deserialize_with = "strict::opt_bool")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_bool")]
     pub shell_session: Option<bool>,
     /// `agent_binary`: the tool agent run inside a backend.
-    #[serde(default, deserialize_with = "strict::opt_string")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_string")]
     pub agent_binary: Option<String>,
     /// `singularity_image`.
-    #[serde(default, deserialize_with = "strict::opt_string")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_string")]
     pub singularity_image: Option<String>,
     /// `modal_image`.
-    #[serde(default, deserialize_with = "strict::opt_string")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_string")]
     pub modal_image: Option<String>,
     /// `modal_python`: the host interpreter (with the `modal` package) of the SDK sidecar.
-    #[serde(default, deserialize_with = "strict::opt_string")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_string")]
     pub modal_python: Option<String>,
     /// `daytona_image`.
-    #[serde(default, deserialize_with = "strict::opt_string")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_string")]
     pub daytona_image: Option<String>,
 }
 
@@ -211,7 +209,7 @@ pub struct TerminalSection {
 pub struct LoggingSection {
     /// `level`: error, warn, info, debug, trace, off (or a tracing filter). A plain `off`, which
     /// YAML reads as the boolean false, means `off`.
-    #[serde(default, deserialize_with = "strict::opt_level")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_level")]
     pub level: Option<String>,
 }
 
@@ -222,16 +220,16 @@ pub struct ApprovalsSection {
     /// `mode`: manual, smart or off.
     pub mode: Option<TextOrBool>,
     /// `timeout` in seconds a host has to answer.
-    #[serde(default, deserialize_with = "strict::opt_f64")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_f64")]
     pub timeout: Option<f64>,
     /// `deny`: pattern keys or command globs always denied.
-    #[serde(default, deserialize_with = "strict::opt_string_list")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_string_list")]
     pub deny: Option<Vec<String>>,
     /// `smart_command`: the program asked in smart mode.
-    #[serde(default, deserialize_with = "strict::opt_string")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_string")]
     pub smart_command: Option<String>,
     /// `skip_in_isolated_backends`.
-    #[serde(default, deserialize_with = "strict::opt_bool")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_bool")]
     pub skip_in_isolated_backends: Option<bool>,
 }
 
@@ -240,16 +238,16 @@ pub struct ApprovalsSection {
 #[serde(deny_unknown_fields)]
 pub struct WebSection {
     /// `search_backend` (searxng).
-    #[serde(default, deserialize_with = "strict::opt_string")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_string")]
     pub search_backend: Option<String>,
     /// `searxng_url`.
-    #[serde(default, deserialize_with = "strict::opt_string")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_string")]
     pub searxng_url: Option<String>,
     /// `extract_backend` (http).
-    #[serde(default, deserialize_with = "strict::opt_string")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_string")]
     pub extract_backend: Option<String>,
     /// `timeout` in whole seconds.
-    #[serde(default, deserialize_with = "strict::opt_u64")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_u64")]
     pub timeout: Option<u64>,
 }
 
@@ -258,7 +256,7 @@ pub struct WebSection {
 #[serde(deny_unknown_fields)]
 pub struct SecuritySection {
     /// `redact_output` (default true).
-    #[serde(default, deserialize_with = "strict::opt_bool")]
+    #[serde(default, deserialize_with = "crate::config_types::opt_bool")]
     pub redact_output: Option<bool>,
 }
 

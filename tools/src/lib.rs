@@ -18,6 +18,7 @@ pub mod builtin;
 pub mod capture;
 pub mod coerce;
 pub mod config_file;
+pub mod config_types;
 mod context;
 mod definitions;
 mod dispatch;

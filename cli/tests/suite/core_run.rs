@@ -283,7 +283,11 @@ fn stdout_keeps_head_and_tail_with_a_marker() {
     assert_eq!(r["truncated"], true);
     let out = output(&r);
     let omitted = r["stdout_bytes_omitted"].as_u64().unwrap();
-    assert_eq!(omitted, 220_000 - 50 * 1024);
+    // The gap, plus the part of a line the head's cut split (a split word is dropped with it).
+    assert!(
+        (220_000 - 50 * 1024..220_000 - 50 * 1024 + 11).contains(&omitted),
+        "{omitted}"
+    );
     assert!(out.starts_with("line 00000\nline 00001\n"));
     assert!(out.ends_with("line 19999\n"));
     assert!(out.contains(&format!(

@@ -69,7 +69,7 @@ impl ScriptCallable {
 #[serde(deny_unknown_fields, default)]
 pub struct McpServerConfig {
     /// Program of a stdio server (looked up on PATH).
-    #[serde(deserialize_with = "crate::config_file::strict::opt_string")]
+    #[serde(deserialize_with = "crate::config_types::opt_string")]
     pub command: Option<String>,
     /// Its arguments.
     pub args: Vec<String>,
@@ -77,25 +77,25 @@ pub struct McpServerConfig {
     /// here is the operator's choice and passes even a provider credential.
     pub env: BTreeMap<String, String>,
     /// Working directory of a stdio server (default: the CLI's).
-    #[serde(deserialize_with = "crate::config_file::strict::opt_path")]
+    #[serde(deserialize_with = "crate::config_types::opt_path")]
     pub cwd: Option<PathBuf>,
     /// URL of a streamable-HTTP server.
-    #[serde(deserialize_with = "crate::config_file::strict::opt_string")]
+    #[serde(deserialize_with = "crate::config_types::opt_string")]
     pub url: Option<String>,
     /// HTTP headers sent to an HTTP server (e.g. `Authorization`).
     pub headers: BTreeMap<String, String>,
     /// `eager` or `lazy` (default).
     pub startup: Startup,
     /// Per-call timeout in seconds (default 60).
-    #[serde(deserialize_with = "crate::config_file::strict::opt_f64")]
+    #[serde(deserialize_with = "crate::config_types::opt_f64")]
     pub timeout: Option<f64>,
     /// Start-up timeout in seconds (default 30).
-    #[serde(deserialize_with = "crate::config_file::strict::opt_f64")]
+    #[serde(deserialize_with = "crate::config_types::opt_f64")]
     pub connect_timeout: Option<f64>,
     /// Whether scripts may call this server's tools (default `false`).
     pub script_callable: ScriptCallable,
     /// `false` skips the server without removing its entry.
-    #[serde(deserialize_with = "crate::config_file::strict::opt_bool")]
+    #[serde(deserialize_with = "crate::config_types::opt_bool")]
     pub enabled: Option<bool>,
 }
 
@@ -104,27 +104,27 @@ pub struct McpServerConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct PluginsConfig {
     /// `false` loads no plugins (default `true`).
-    #[serde(deserialize_with = "crate::config_file::strict::opt_bool")]
+    #[serde(deserialize_with = "crate::config_types::opt_bool")]
     pub enabled: Option<bool>,
     /// `eager` or `lazy` (default).
     pub startup: Startup,
     /// Interpreter of the plugin host (default: the default interpreter, `code_execution.python`
     /// or `python3` on PATH).
-    #[serde(deserialize_with = "crate::config_file::strict::opt_path")]
+    #[serde(deserialize_with = "crate::config_types::opt_path")]
     pub python: Option<PathBuf>,
     /// Extra plugin directories, after `$VIBEOS_HOME/plugins` and `<cwd>/.vibeos/plugins`.
-    #[serde(deserialize_with = "crate::config_file::strict::path_list")]
+    #[serde(deserialize_with = "crate::config_types::path_list")]
     pub dirs: Vec<PathBuf>,
     /// Per-call timeout in seconds (default 60).
-    #[serde(deserialize_with = "crate::config_file::strict::opt_f64")]
+    #[serde(deserialize_with = "crate::config_types::opt_f64")]
     pub timeout: Option<f64>,
     /// Start-up timeout in seconds (default 30).
-    #[serde(deserialize_with = "crate::config_file::strict::opt_f64")]
+    #[serde(deserialize_with = "crate::config_types::opt_f64")]
     pub connect_timeout: Option<f64>,
     /// Whether installed packages' `vibeos.plugins` entry points are loaded. Unset: loaded when
     /// the host runs, which it does only when a plugin directory exists; `true` runs the host
     /// for entry points alone; `false` never loads them.
-    #[serde(deserialize_with = "crate::config_file::strict::opt_bool")]
+    #[serde(deserialize_with = "crate::config_types::opt_bool")]
     pub entry_points: Option<bool>,
 }
 

@@ -96,14 +96,26 @@ fn background_process_lifecycle_and_pty() {
         .unwrap()
         .contains("not available to execute_code scripts"));
     let env = call("terminal", json!({"command": "env"}), &script);
-    // Only the given env plus what bash itself sets.
+    // Only the given env plus what bash itself sets, and the execution's scope marker (by
+    // which the execution's end finds what the command left running).
+    let mut marked = false;
     for line in env["output"].as_str().unwrap().lines() {
         let name = line.split('=').next().unwrap();
+        marked |= name == vibeos_tools::environments::local::SCOPE_VAR;
         assert!(
-            ["PATH", "PWD", "SHLVL", "_", "OLDPWD"].contains(&name),
+            [
+                "PATH",
+                "PWD",
+                "SHLVL",
+                "_",
+                "OLDPWD",
+                "VIBEOS_EXECUTION_SCOPE"
+            ]
+            .contains(&name),
             "leaked {line}"
         );
     }
+    assert!(marked, "a script's command carries no scope marker");
 }
 
 #[test]

@@ -10,7 +10,7 @@
 //! (`yes`, `no`, `on`, `off`) are still booleans: the parser types them so, and the docs use
 //! them (`approvals.mode: off`).
 //!
-//! Use them as `#[serde(default, deserialize_with = "strict::opt_bool")]` on `Option` fields;
+//! Use them as `#[serde(default, deserialize_with = "crate::config_types::opt_bool")]` on `Option` fields;
 //! the field names and types of the config structs stay as they were.
 
 use serde::de::{self, Deserialize, Deserializer, Unexpected, Visitor};
