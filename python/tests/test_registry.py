@@ -47,6 +47,12 @@ def test_results_that_are_not_json():
     texty = call_in_script("texty")
     assert texty["result"] == "plain words" and "not JSON" in texty["note"]
     assert call_in_script("jsony") == {"ok": "hi"}
+    # NaN and infinities are not JSON: an error naming them, not the dict passed off as text.
+    registry.register(name="nanny", toolset="host", schema=echo_schema(),
+                      handler=lambda a: {"v": float("nan")}, script_callable=True)
+    err = call_in_script("nanny")["error"]
+    assert err.startswith("Tool execution failed: ValueError: `nanny` returned a dict, which is not JSON"), err
+    assert "NaN" in err or "nan" in err, err
 
 
 def test_async_handlers_run_and_their_errors_are_wrapped():

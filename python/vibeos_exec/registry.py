@@ -88,13 +88,15 @@ def _make_invoker(
         if isinstance(result, str):
             return (True, result, None)
         try:
-            return (True, json.dumps(result), None)
+            # allow_nan=False: JSON has no NaN or Infinity; written as json.dumps writes them,
+            # the result would reach the agent as text that is not JSON, not as the dict it was.
+            return (True, json.dumps(result, allow_nan=False), None)
         except (TypeError, ValueError) as exc:
             return (
                 False,
-                "TypeError",
+                "TypeError" if isinstance(exc, TypeError) else "ValueError",
                 f"`{name}` returned a {type(result).__name__}, which is not JSON ({exc}); "
-                "return a dict, list, str, number, bool or None",
+                "return a dict, list, str, number (not NaN or infinite), bool or None",
             )
 
     return invoke
