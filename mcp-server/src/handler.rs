@@ -295,17 +295,33 @@ impl ExecServer {
         name: String,
         args: Map<String, Value>,
         peer: rmcp::Peer<RoleServer>,
+        ct: tokio_util::sync::CancellationToken,
     ) -> Result<CallToolResult, ErrorData> {
         let registry = self.shared.registry;
         let mut ctx = ToolContext::agent(self.shared.settings.cwd.clone());
         let task_id = crate::approval::task_id(self.conn);
         let _approvals = crate::approval::bind(&task_id, peer);
         ctx.task_id = Some(task_id);
-        let text = tokio::task::spawn_blocking(move || {
-            registry.handle_function_call(&name, &Value::Object(args), &ctx)
-        })
-        .await
-        .map_err(|e| ErrorData::internal_error(format!("the tool call failed: {e}"), None))?;
+        // A client that cancels the request (or a dropped request) cancels the call: the
+        // command it runs (`terminal`) is killed, and none starts after a pending approval.
+        // It would otherwise run on to its own timeout.
+        static NEXT_CALL: AtomicU64 = AtomicU64::new(1);
+        let call = NEXT_CALL.fetch_add(1, Ordering::Relaxed);
+        let mut cancel = CancelOnDrop(Some(call));
+        let work = tokio::task::spawn_blocking(move || {
+            vibeos_tools::environments::local::in_call(call, || {
+                registry.handle_function_call(&name, &Value::Object(args), &ctx)
+            })
+        });
+        let text = tokio::select! {
+            done = work => done.map_err(|e| {
+                ErrorData::internal_error(format!("the tool call failed: {e}"), None)
+            })?,
+            _ = ct.cancelled() => {
+                return Err(ErrorData::internal_error("cancelled by the client", None));
+            }
+        };
+        cancel.0 = None;
         let parsed: Option<Value> = serde_json::from_str(&text).ok();
         // A tool's own error is a non-null `error` (terminal's results always carry the key).
         let is_error = parsed
@@ -321,6 +337,17 @@ impl ExecServer {
             out.structured_content = Some(v);
         }
         Ok(out)
+    }
+}
+
+/// Cancels the registry call it holds when dropped before the call returned.
+struct CancelOnDrop(Option<u64>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some(call) = self.0 {
+            vibeos_tools::environments::local::cancel_call(call);
+        }
     }
 }
 
@@ -406,7 +433,7 @@ impl ServerHandler for ExecServer {
                 None,
             ));
         }
-        self.call_registry_tool(name, args, context.peer.clone())
+        self.call_registry_tool(name, args, context.peer.clone(), context.ct.clone())
             .await
             .map(Into::into)
     }

@@ -251,6 +251,11 @@ fn mcp_cancellation_interrupts_the_execution_and_the_session_goes_on() {
         "the cancelled execution ended as interrupted: {log}"
     );
     assert!(sb.staging_dirs().is_empty());
+    assert_eq!(r["terminal_alive_after_cancel"], false, "{r}");
+    assert_eq!(r["terminal_finished_anyway"], false, "{r}");
+    let (is_error, text, _) = parts(&r["terminal_after"]);
+    assert!(!is_error, "{r}");
+    assert_eq!(text["output"], "still serving\n");
 }
 
 #[test]

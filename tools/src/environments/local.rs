@@ -370,6 +370,78 @@ impl Drop for RunningGuard {
     }
 }
 
+/// Calls of a host that can be cancelled (an MCP request), by id: the foreground command each
+/// one runs, and the ids cancelled.
+#[derive(Default)]
+struct Calls {
+    groups: BTreeMap<i32, u64>,
+    cancelled: std::collections::BTreeSet<u64>,
+}
+
+static CALLS: LazyLock<Mutex<Calls>> = LazyLock::new(|| Mutex::new(Calls::default()));
+
+thread_local! {
+    /// The cancellable call this thread is serving ([`in_call`]).
+    static CALL: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` (a tool call) as the cancellable call `id`: a foreground command it starts is
+/// killed with its group by [`cancel_call`], and none starts after that.
+pub fn in_call<R>(id: u64, f: impl FnOnce() -> R) -> R {
+    struct Reset(Option<u64>, u64);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            CALL.with(|c| c.set(self.0));
+            if let Ok(mut calls) = CALLS.lock() {
+                calls.cancelled.remove(&self.1);
+            }
+        }
+    }
+    let _reset = Reset(CALL.with(|c| c.replace(Some(id))), id);
+    f()
+}
+
+/// Cancels the call `id` (its client gave up on it): kills the foreground command it runs, with
+/// its process group, and refuses the ones it would start later (say, after an approval that
+/// was still pending).
+pub fn cancel_call(id: u64) {
+    let Ok(mut calls) = CALLS.lock() else {
+        return;
+    };
+    calls.cancelled.insert(id);
+    for (pgid, _) in calls.groups.iter().filter(|(_, c)| **c == id) {
+        let _ = killpg(Pid::from_raw(*pgid), Signal::SIGKILL);
+    }
+}
+
+/// Registers the command `pgid` under the thread's call, or kills it when that call was
+/// cancelled meanwhile; the guard unregisters it.
+fn register_call(pgid: Pid) -> Result<Option<CallGuard>, BackendError> {
+    let Some(id) = CALL.with(|c| c.get()) else {
+        return Ok(None);
+    };
+    let mut calls = CALLS.lock().unwrap_or_else(|p| p.into_inner());
+    if calls.cancelled.contains(&id) {
+        let _ = killpg(pgid, Signal::SIGKILL);
+        return Err(BackendError::Spawn(std::io::Error::new(
+            std::io::ErrorKind::Interrupted,
+            "the call was cancelled by its client",
+        )));
+    }
+    calls.groups.insert(pgid.as_raw(), id);
+    Ok(Some(CallGuard(pgid.as_raw())))
+}
+
+struct CallGuard(i32);
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        if let Ok(mut calls) = CALLS.lock() {
+            calls.groups.remove(&self.0);
+        }
+    }
+}
+
 /// Runs a command in the foreground: waits up to `timeout`, keeps at most `cap` bytes of output.
 pub fn run_foreground(
     spec: &SpawnSpec<'_>,
@@ -388,6 +460,13 @@ pub fn run_foreground(
         g.insert(pgid.as_raw(), spec.scope);
     }
     let _running = RunningGuard(pgid.as_raw());
+    let _call = match register_call(pgid) {
+        Ok(guard) => guard,
+        Err(e) => {
+            let _ = child.wait();
+            return Err(e);
+        }
+    };
     let capture = Arc::new((Mutex::new((HeadTail::new(cap), false)), Condvar::new()));
     let cap2 = Arc::clone(&capture);
     let reader_thread = std::thread::Builder::new()
