@@ -307,7 +307,9 @@ print("tenv:", terminal("env")["output"].replace("\n", " "))
 
     // A missing image and a dead daemon: clear errors, quickly.
     let mut missing = settings(&docker);
-    missing.docker_image = Some("no-such-image:none".into());
+    // Named under a registry on loopback (nothing listens on port 9): the engine's pull
+    // attempt stays on this machine.
+    missing.docker_image = Some("127.0.0.1:9/no-such-image:none".into());
     environments::activate(missing);
     let started = Instant::now();
     let r = run(&rt, request("print(1)", "task-x"));
