@@ -5,10 +5,9 @@
 //! children of the shell die with it. Limit: a descendant that calls `setsid`/`setpgid` leaves
 //! the group and is not reached by that signal. For script calls this gap is closed by the
 //! execution's end ([`kill_scope`]): the commands a script ran are children of the supervisor,
-//! not of the script's reaper, so the end kills their groups, the groups of commands that
-//! returned while something they started in the background lives on, and every process that
-//! still carries the execution's [`SCOPE_VAR`] in its environment (which reaches `setsid`
-//! and `nohup` daemons). For direct agent calls it stays open (a cgroup per command would close
+//! not of the script's reaper, so the end kills the groups still running and every process that
+//! carries the execution's [`SCOPE_VAR`] in its environment (what a command left in the
+//! background, in its group or out of it: `&`, `nohup`, `setsid`). For direct agent calls it stays open (a cgroup per command would close
 //! it but needs delegation rights this process usually lacks). See docs/terminal.md.
 //!
 //! Output: stdout and stderr share one pipe (so they interleave as on a terminal) that a reader
@@ -256,10 +255,6 @@ fn kill_group(pgid: Pid, child: &mut Child) -> Option<ExitStatus> {
 static RUNNING: LazyLock<Mutex<BTreeMap<i32, Option<usize>>>> =
     LazyLock::new(|| Mutex::new(BTreeMap::new()));
 
-/// Process groups of a scope's commands that returned while a member still lived (`cmd &`).
-static LINGERING: LazyLock<Mutex<BTreeMap<usize, Vec<i32>>>> =
-    LazyLock::new(|| Mutex::new(BTreeMap::new()));
-
 /// Scopes that started a command, so [`kill_scope`] looks for marked processes only where
 /// there can be some.
 static MARKED: LazyLock<Mutex<std::collections::BTreeSet<usize>>> =
@@ -283,7 +278,7 @@ pub fn kill_scope(ctx: &crate::ToolContext) -> usize {
     let Some(scope) = scope_of(ctx) else {
         return 0;
     };
-    let mut groups: Vec<i32> = RUNNING
+    let groups: Vec<i32> = RUNNING
         .lock()
         .map(|g| {
             g.iter()
@@ -292,18 +287,17 @@ pub fn kill_scope(ctx: &crate::ToolContext) -> usize {
                 .collect()
         })
         .unwrap_or_default();
-    let running = groups.len();
-    if let Ok(mut g) = LINGERING.lock() {
-        groups.extend(g.remove(&scope).unwrap_or_default());
-    }
     for pgid in &groups {
         let _ = killpg(Pid::from_raw(*pgid), Signal::SIGKILL);
     }
+    // What commands that already returned left running is found by its marker, not by their
+    // group ids: once a group is empty its number can be taken by an unrelated process (pid_max
+    // can be 32768), which a stored id would then kill.
     let marked = MARKED.lock().map(|mut g| g.remove(&scope)).unwrap_or(false);
     if marked {
         kill_marked(&scope_marker(scope));
     }
-    running
+    groups.len()
 }
 
 /// Kills every process whose environment carries `SCOPE_VAR=marker`: what a script's commands
@@ -348,24 +342,13 @@ fn kill_marked(marker: &str) {
     }
 }
 
-/// Removes a command from [`RUNNING`] when it ends, however it ends; a script's command whose
-/// group still has a member (something it left running in the background) is kept in
-/// [`LINGERING`] for the execution's end.
+/// Removes a command from [`RUNNING`] when it ends, however it ends.
 struct RunningGuard(i32);
 
 impl Drop for RunningGuard {
     fn drop(&mut self) {
-        let scope = RUNNING
-            .lock()
-            .ok()
-            .and_then(|mut g| g.remove(&self.0))
-            .flatten();
-        if let Some(scope) = scope {
-            if killpg(Pid::from_raw(self.0), None).is_ok() {
-                if let Ok(mut g) = LINGERING.lock() {
-                    g.entry(scope).or_default().push(self.0);
-                }
-            }
+        if let Ok(mut g) = RUNNING.lock() {
+            g.remove(&self.0);
         }
     }
 }
