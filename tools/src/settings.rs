@@ -172,8 +172,8 @@ fn remember(path: &Path, stamp: Stamp, text: Vec<u8>, file: &Arc<ConfigFile>) {
     }
 }
 
-/// The last parse of each config path that succeeded, for readers that go on while the file is
-/// broken ([`current_or_last_good`]).
+/// The last parse that succeeded and the path it was read from, for readers that go on while
+/// that file is broken ([`current_or_last_good`]).
 static LAST_GOOD: Mutex<Option<(PathBuf, Arc<ConfigFile>)>> = Mutex::new(None);
 
 /// The parsed config file in use ([`config_path`]). A missing default file is the defaults; a
