@@ -7,10 +7,11 @@
 
 #![no_main]
 
+mod early_signals;
 mod process_start;
 
 use clap::{Args, Parser, Subcommand};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use vibeos_supervisor::backends;
 use vibeos_supervisor::overrides::{Overrides, Spelling};
@@ -239,6 +240,7 @@ extern "C" fn main(
     _argv: *const *const std::ffi::c_char,
 ) -> std::ffi::c_int {
     process_start::prepare();
+    early_signals::handle_from_start();
     // A panic is reported by std's hook and ends the process with 101, as it would from a
     // Rust `main`; it must not unwind into the C caller.
     let code = std::panic::catch_unwind(command_main).unwrap_or(101);
@@ -249,7 +251,12 @@ extern "C" fn main(
 /// Runs the command line and returns the process's exit code.
 fn command_main() -> u8 {
     let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
+        Ok(cli) => {
+            if !matches!(cli.command, Command::Run(_)) {
+                early_signals::hand_back();
+            }
+            cli
+        }
         Err(e) => {
             if !e.use_stderr() {
                 // --help, --version: not errors, but their text must reach stdout.
@@ -370,7 +377,13 @@ fn real_main(cli: Cli) -> Result<u8, UsageError> {
     // this process's start (logging, the tool registry, the stub) overlaps the interpreter's.
     let prepared = match &cli.command {
         Command::Run(args) => {
-            let request = prepare_run(args, &config)?;
+            let request = prepare_run(args, &config);
+            // A caller that gave up while the script was being read gets the result object
+            // of an execution that never started, not a usage error.
+            if let Some(sig) = early_signals::received() {
+                return Ok(report_stopped_before_start(sig, args, &config));
+            }
+            let request = request?;
             if backend.backend == vibeos_tools::environments::BackendKind::Local {
                 vibeos_supervisor::prestart::prestart(&request);
             }
@@ -612,19 +625,12 @@ fn read_script(file: &str) -> Result<String, UsageError> {
     // One byte past the cap tells "at the cap" from "over it" without trusting a size that a
     // pipe does not have.
     let bytes = if file == "-" {
-        let mut buf = Vec::new();
-        std::io::stdin()
-            .lock()
-            .take(MAX_SCRIPT_BYTES + 1)
-            .read_to_end(&mut buf)
-            .map_err(|e| UsageError(format!("cannot read the script from stdin: {e}")))?;
-        buf
+        early_signals::read_script(std::io::stdin(), MAX_SCRIPT_BYTES + 1)
+            .map_err(|e| UsageError(format!("cannot read the script from stdin: {e}")))?
     } else {
-        let mut buf = Vec::new();
         std::fs::File::open(file)
-            .and_then(|f| f.take(MAX_SCRIPT_BYTES + 1).read_to_end(&mut buf))
-            .map_err(|e| UsageError(format!("cannot read script {file}: {e}")))?;
-        buf
+            .and_then(|f| early_signals::read_script(f, MAX_SCRIPT_BYTES + 1))
+            .map_err(|e| UsageError(format!("cannot read script {file}: {e}")))?
     };
     if bytes.len() as u64 > MAX_SCRIPT_BYTES {
         return Err(UsageError(format!(
@@ -665,6 +671,34 @@ fn prepare_run(args: &RunArgs, config: &Config) -> Result<ExecutionRequest, Usag
     Ok(request)
 }
 
+/// What `run` reports when a signal stopped it before an execution started: status
+/// `interrupted`, exit code 130, nothing ran.
+fn report_stopped_before_start(
+    sig: nix::sys::signal::Signal,
+    args: &RunArgs,
+    config: &Config,
+) -> u8 {
+    let mut config = config.clone();
+    let mode = match args.limits.apply(&mut config) {
+        Ok(()) => config.mode.as_str(),
+        Err(_) => Config::default().mode.as_str(),
+    };
+    let message = format!("stopped by {sig} before the script started; nothing ran");
+    let mut result = vibeos_supervisor::ExecutionResult::failed_to_start(mode, message, 0.0);
+    result.status = vibeos_supervisor::Status::Interrupted;
+    let written = if args.json {
+        write_stdout(format!("{}\n", result.to_json()).as_bytes())
+    } else {
+        let _ = writeln!(
+            std::io::stderr(),
+            "vibeos-exec: {}",
+            result.error.as_deref().unwrap_or_default()
+        );
+        Ok(())
+    };
+    output_written(written, result.status.exit_code() as u8)
+}
+
 fn run(request: ExecutionRequest, json: bool) -> Result<u8, UsageError> {
     // One thread serves the whole execution: RPC replies then never wait for a wake-up on
     // another core. Tools that may block run on the blocking pool, bounded ones inline.
@@ -675,6 +709,11 @@ fn run(request: ExecutionRequest, json: bool) -> Result<u8, UsageError> {
     let result = runtime.block_on(async {
         let interrupt = Interrupt::new();
         watch_signals(interrupt.clone());
+        // A signal that came after the script was read and before the watch above stops the
+        // execution the same way (its prestarted interpreter is cleaned up).
+        if early_signals::received().is_some() {
+            interrupt.interrupt();
+        }
         execute(request, vibeos_tools::registry(), interrupt).await
     });
     let written = if json {
@@ -749,7 +788,16 @@ fn serve(args: ServeArgs, mut config: Config) -> Result<u8, UsageError> {
     });
     // Executions still cleaning up in blocking threads must not hold the process open.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
-    served.map(|()| 0).map_err(|e| UsageError(e.to_string()))
+    match served {
+        Ok(()) => Ok(0),
+        // The session failed (the client left before initializing, the transport broke): a
+        // runtime error, like a failed `run`, not a usage one.
+        Err(e @ mcp::ServeError::Io(_)) => {
+            eprintln!("vibeos-exec: {e}");
+            Ok(1)
+        }
+        Err(e) => Err(UsageError(e.to_string())),
+    }
 }
 
 /// SIGINT, SIGTERM and SIGHUP stop the MCP server: every running execution is interrupted and

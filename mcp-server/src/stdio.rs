@@ -54,10 +54,12 @@ pub async fn serve_stdio(
             }
         });
     }
-    let running = server
-        .serve_with_ct(transport, stop.child_token())
-        .await
-        .map_err(|e| ServeError::Io(e.to_string()))?;
+    let running = match server.serve_with_ct(transport, stop.child_token()).await {
+        Ok(running) => running,
+        // A signal before the client initialized ends the server as one after it does.
+        Err(_) if stop.is_cancelled() => return Ok(()),
+        Err(e) => return Err(ServeError::Io(e.to_string())),
+    };
     let quit = running.waiting().await;
     tracing::debug!("MCP stdio session ended: {quit:?}");
     shared.interrupt(None);

@@ -655,6 +655,78 @@ fn interrupting_the_cli_stops_the_script_and_cleans_up() {
     assert!(sb.staging_dirs().is_empty());
 }
 
+/// Waits for `child` up to `limit`; kills it and fails the test if it is still running.
+fn wait_or_fail(mut child: std::process::Child, limit: Duration) -> std::process::Output {
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "still running after {limit:?}; stderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn stopping_run_while_it_reads_the_script_still_reports_a_result() {
+    // `run -` waits on stdin for as long as its writer likes; a caller that gives up then gets
+    // the result object of an execution that never started (it used to die by the signal
+    // with nothing on stdout). Half a script is on the pipe and the writer never closes it.
+    for (sig, json) in [
+        (libc::SIGINT, true),
+        (libc::SIGTERM, false),
+        (libc::SIGHUP, true),
+    ] {
+        let sb = Sandbox::new();
+        let mut args = vec!["run", "-"];
+        if json {
+            args.push("--json");
+        }
+        let mut child = sb
+            .command()
+            .args(&args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut writer = child.stdin.take().unwrap();
+        writer.write_all(b"print('never run')\nimport ti").unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        // SAFETY: plain signal to our own child process.
+        unsafe { libc::kill(child.id() as i32, sig) };
+        let out = wait_or_fail(child, Duration::from_secs(10));
+        drop(writer);
+        assert_eq!(out.status.code(), Some(130), "signal {sig}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if json {
+            let r = parse_single_json(&out);
+            assert_eq!(r["status"], "interrupted", "{r}");
+            assert_eq!(r["exit_code"], Value::Null, "{r}");
+            assert_eq!(r["output"], "", "{r}");
+            assert!(
+                r["error"]
+                    .as_str()
+                    .unwrap()
+                    .contains("before the script started"),
+                "{r}"
+            );
+        } else {
+            assert!(out.stdout.is_empty(), "{out:?}");
+            assert!(
+                stderr.contains("stopped by SIGTERM before the script started"),
+                "{stderr}"
+            );
+        }
+        assert!(sb.staging_dirs().is_empty());
+    }
+}
+
 #[test]
 fn a_supervisor_killed_with_sigkill_leaves_no_staging_dir_process_or_mount() {
     for mode in ["project", "strict"] {

@@ -711,3 +711,36 @@ fn serve_over_pipes_answers_and_leaves_the_pipes_it_shares_blocking() {
     );
     assert_eq!(sb.staging_dirs(), Vec::<PathBuf>::new());
 }
+
+#[test]
+fn serve_stopped_before_a_client_initializes_ends_cleanly() {
+    // A signal before the client's `initialize` ends the server as one after it does (exit 0);
+    // a client that leaves without initializing is a failed session (exit 1), not a usage
+    // error (both used to exit 2).
+    let sb = Sandbox::new();
+    let mut child = sb
+        .command()
+        .arg("serve")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let writer = child.stdin.take().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // SAFETY: plain signal to our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    drop(writer);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+
+    let out = sb
+        .command()
+        .arg("serve")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("initialize"), "{stderr}");
+}
