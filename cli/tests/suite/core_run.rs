@@ -785,6 +785,57 @@ fn a_supervisor_killed_with_sigkill_leaves_no_staging_dir_process_or_mount() {
 }
 
 #[test]
+fn a_supervisor_killed_with_sigkill_leaves_no_terminal_command_or_shell_dir() {
+    // A script's commands are the supervisor's children, not its reaper's: killed with SIGKILL
+    // the supervisor never reached the execution's end, and they ran on under init.
+    let sb = Sandbox::new();
+    let script = sb.work().join("commands.py");
+    std::fs::write(
+        &script,
+        "from vibeos_tools import terminal\nterminal('sleep 417.25 & setsid sleep 418.25 & sleep 419.25')\n",
+    )
+    .unwrap();
+    let mut child = sb
+        .command()
+        .args(["run"])
+        .arg(&script)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let all_started = || {
+        ["417.25", "418.25", "419.25"]
+            .iter()
+            .all(|n| !vibeos_testkit::processes_mentioning(&format!("sleep {n}")).is_empty())
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !all_started() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(all_started(), "the commands never started");
+    let shell_dirs = || {
+        std::fs::read_dir(sb.tmp())
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("vibeos-shell-"))
+            .count()
+    };
+    assert_eq!(shell_dirs(), 1, "the session's state dir is in TMPDIR");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let any_left = || {
+        ["417.25", "418.25", "419.25"]
+            .iter()
+            .any(|n| !vibeos_testkit::processes_mentioning(&format!("sleep {n}")).is_empty())
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while (any_left() || shell_dirs() > 0) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!any_left(), "a command outlived its killed supervisor");
+    assert_eq!(shell_dirs(), 0, "the shell-session dir was left");
+}
+
+#[test]
 fn replies_larger_than_one_read_reach_their_caller_whole() {
     let sb = Sandbox::new();
     let r = sb.run_fixture("core/large_replies.py", &["--max-tool-calls", "200"]);

@@ -110,14 +110,19 @@ pub const SCOPE_VAR: &str = "VIBEOS_EXECUTION_SCOPE";
 /// The value of [`SCOPE_VAR`] for `scope`: unique per process and execution (scopes are
 /// addresses, which a later execution of the same process may reuse only after this one ended).
 fn scope_marker(scope: usize) -> String {
+    format!("{}{scope:x}", marker_prefix())
+}
+
+/// The start of every scope marker of this process (what [`super::keeper`] looks for).
+pub(crate) fn marker_prefix() -> &'static str {
     // Not a secret, only distinct from other processes' markers.
-    static NONCE: LazyLock<u64> = LazyLock::new(|| {
+    static PREFIX: LazyLock<String> = LazyLock::new(|| {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
-        now ^ (u64::from(std::process::id()) << 40)
+        format!("{:016x}", now ^ (u64::from(std::process::id()) << 40))
     });
-    format!("{:016x}{scope:x}", *NONCE)
+    &PREFIX
 }
 
 fn spawn(spec: &SpawnSpec<'_>) -> Result<Spawned, BackendError> {
@@ -128,6 +133,9 @@ fn spawn(spec: &SpawnSpec<'_>) -> Result<Spawned, BackendError> {
         .env_clear();
     cmd.envs(spec.env.iter().map(|(k, v)| (k, v)));
     if let Some(scope) = spec.scope {
+        // Started before the first marked command, so that no command of ours can outlive a
+        // killed supervisor unseen.
+        super::keeper::ensure(marker_prefix());
         cmd.env(SCOPE_VAR, scope_marker(scope));
         if let Ok(mut g) = MARKED.lock() {
             g.insert(scope);

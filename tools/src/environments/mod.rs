@@ -12,6 +12,7 @@
 pub mod agent;
 pub mod daytona;
 pub mod docker;
+pub mod keeper;
 pub mod local;
 pub mod local_env;
 pub mod manager;

@@ -83,6 +83,7 @@ fn state_dir(ctx: &ToolContext) -> Option<PathBuf> {
         .ok()?;
     let _ = std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700));
     let path = dir.path().to_path_buf();
+    super::keeper::remove_if_we_die(&path, super::local::marker_prefix());
     g.insert(key, dir);
     crate::exit_hook::register(
         &AT_EXIT,
