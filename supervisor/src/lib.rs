@@ -44,6 +44,7 @@ mod script_exec;
 mod script_feed;
 mod script_guard;
 mod staging_retire;
+mod startup_files;
 mod staging_sweep;
 mod terminal_cwd;
 mod unreaped;

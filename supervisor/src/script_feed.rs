@@ -23,9 +23,15 @@ const PENDING_NAME: &str = ".script.py.pending";
 /// Creates `script.py` in `dir` as a FIFO, the supervisor's with mode 0644, like the regular
 /// file a cold start writes.
 pub(crate) fn make_fifo(dir: &Path) -> io::Result<()> {
-    nix::unistd::mkfifo(
-        &dir.join(crate::confine::staging::SCRIPT_FILE),
-        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    let fifo = dir.join(crate::confine::staging::SCRIPT_FILE);
+    let mode = nix::sys::stat::Mode::from_bits_truncate(0o644);
+    nix::unistd::mkfifo(&fifo, mode)?;
+    // Not what the host's umask leaves (077: 0600, closed to a strict script's uid).
+    nix::sys::stat::fchmodat(
+        nix::fcntl::AT_FDCWD,
+        &fifo,
+        mode,
+        nix::sys::stat::FchmodatFlags::FollowSymlink,
     )?;
     Ok(())
 }

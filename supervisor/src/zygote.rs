@@ -123,6 +123,8 @@ struct Server {
     /// Locked after `control`.
     asked: Mutex<std::collections::VecDeque<u64>>,
     child: Mutex<std::process::Child>,
+    /// What its interpreter's startup read; a change starts a new server.
+    fingerprint: crate::startup_files::Fingerprint,
     last_used: AtomicU64,
     /// The next executions' staging dirs and channels (up to [`PREPARED_AHEAD`]), prepared
     /// after the previous one ended, oldest first.
@@ -662,7 +664,10 @@ fn server_for(spec: &LaunchSpec) -> Result<Arc<Server>, ZygoteError> {
         if let Some(i) = reg.servers.iter().position(|s| s.key == key) {
             let s = Arc::clone(&reg.servers[i]);
             let wanted = spec.child_env(s.empty.path(), false)?;
-            if startup_names(&wanted) == startup_names(&s.startup_env) && !exited(&s) {
+            if startup_names(&wanted) == startup_names(&s.startup_env)
+                && s.fingerprint.still_holds(&spec.interpreter.path)
+                && !exited(&s)
+            {
                 s.last_used
                     .store(CLOCK.fetch_add(1, Ordering::SeqCst), Ordering::SeqCst);
                 return Ok(s);
@@ -677,6 +682,12 @@ fn server_for(spec: &LaunchSpec) -> Result<Arc<Server>, ZygoteError> {
     let _release = Release(&starting);
     // Stopping a server waits for its process: not under the lock either.
     drop(std::mem::take(&mut stale));
+    if spec.mode == Mode::Strict {
+        if let Some(why) = crate::startup_files::strict_server_refusal(spec) {
+            log_refusal_once(&why);
+            return Err(ZygoteError::Unsuitable(why));
+        }
+    }
     let started = start_server(spec);
     let mut guard = lock(&REGISTRY);
     let current = EPOCH.load(Ordering::SeqCst) == epoch;
@@ -718,6 +729,16 @@ fn server_for(spec: &LaunchSpec) -> Result<Arc<Server>, ZygoteError> {
     Ok(server)
 }
 
+/// Logs why strict calls of a kind start cold, once per reason (a host makes many calls).
+fn log_refusal_once(why: &str) {
+    static LOGGED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut logged = lock(&LOGGED);
+    if !logged.iter().any(|w| w == why) {
+        tracing::info!("execute_code: no fork server for strict calls: {why}");
+        logged.push(why.to_owned());
+    }
+}
+
 fn exited(s: &Server) -> bool {
     !matches!(lock(&s.child).try_wait(), Ok(None))
 }
@@ -751,8 +772,18 @@ fn start_server(spec: &LaunchSpec) -> Result<Server, ZygoteError> {
     let startup_env = spec.child_env(empty.path(), false)?;
     let (ours, theirs) = seqpacket_pair()?;
     let theirs_fd = theirs.as_raw_fd();
+    let fingerprint = crate::startup_files::Fingerprint::of(&spec.interpreter.path);
+    // A strict server is root: nothing on PYTHONPATH (which a strict script may be able to
+    // write) may load while it starts; each child puts the entries back (zygote_boot.py).
+    let server_env = startup_env
+        .iter()
+        .filter(|(k, _)| spec.mode != Mode::Strict || k != "PYTHONPATH");
     let mut command = std::process::Command::new(&spec.interpreter.path);
     command
+        // No `site` at startup: the bootstrap runs it itself once its own imports are done,
+        // without `sitecustomize`/`usercustomize`, which each child runs after its
+        // confinement, as a cold start runs them (docs/warm-pool.md).
+        .arg("-S")
         .arg("-u")
         .arg("-c")
         .arg(BOOT)
@@ -760,7 +791,7 @@ fn start_server(spec: &LaunchSpec) -> Result<Server, ZygoteError> {
         .arg(empty.path())
         .arg(vibeos_rpc::RUNTIME_SOURCE)
         .env_clear()
-        .envs(startup_env.iter().map(|(k, v)| (k, v)))
+        .envs(server_env.map(|(k, v)| (k, v)))
         .current_dir(empty.path())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -788,6 +819,7 @@ fn start_server(spec: &LaunchSpec) -> Result<Server, ZygoteError> {
         control: Mutex::new(Some(ours)),
         asked: Mutex::new(std::collections::VecDeque::new()),
         child: Mutex::new(child),
+        fingerprint,
         last_used: AtomicU64::new(CLOCK.fetch_add(1, Ordering::SeqCst)),
         ready: Mutex::new(std::collections::VecDeque::new()),
         preparing: AtomicBool::new(false),

@@ -30,6 +30,47 @@ del _runtime_source
 sys.path[:] = _saved_path
 del _saved_path, _own
 
+# The interpreter was started with -S: `site` runs here, after the imports above, and without
+# `sitecustomize` and `usercustomize`, which every child runs itself once it is confined and
+# has its execution's environment (`_customize`), as a cold start runs them. The site dirs'
+# `.pth` files run here; a strict server starts only where a strict script cannot have written
+# them (startup_files.rs). PYTHONPATH is not in a strict server's environment at all: its
+# entries are put back in each child (`_with_pythonpath`).
+import site  # noqa: E402
+
+
+def _site_without_customize():
+    customize = site.execsitecustomize, site.execusercustomize
+    site.execsitecustomize = site.execusercustomize = lambda: None
+    try:
+        site.main()
+    finally:
+        site.execsitecustomize, site.execusercustomize = customize
+
+
+_site_without_customize()
+_pythonpath_at_start = "PYTHONPATH" in os.environ
+
+
+def _with_pythonpath(path, staging, pythonpath):
+    """`path` (the server's sys.path, the script's dir first) as a cold start with `pythonpath`
+    would have it: its entries, absolute, after the script's dir, duplicates of later entries
+    dropped as `site` drops them."""
+    entries = [os.path.abspath(p) for p in pythonpath.split(os.pathsep) if p]
+    merged, seen = [], set()
+    for p in entries + path[1:]:
+        if p not in seen:
+            seen.add(p)
+            merged.append(p)
+    return [staging] + merged
+
+
+def _customize():
+    """What `site` does last at a cold start, done in the child as its own."""
+    site.execsitecustomize()
+    if site.ENABLE_USER_SITE:
+        site.execusercustomize()
+
 _libc = ctypes.CDLL(None, use_errno=True)
 # Every libc function a child calls is looked up here, before any fork: a CDLL resolves a name
 # at its first use and caches the function object on itself, and in a forked child that first
@@ -260,6 +301,7 @@ def _reveal(covers, nr):
                 os.mkdir(d, 0o711)
             except FileExistsError:
                 pass
+            os.chmod(d, 0o711)  # not what the host's umask (077) leaves: the uid must pass
         for d in binds:
             _attach(trees[i], d, nr)
             os.close(trees[i])
@@ -495,10 +537,14 @@ def _script_process(req, fds, reaper, rpc=None):
             os.environ[name] = value
     # PYTHONPATH named the zygote's empty dir where this execution's staging dir belongs.
     staging = req["staging"]
-    sys.path[:] = [staging if p == _empty else p for p in sys.path]
-    sys.path[0] = staging
+    if _pythonpath_at_start:
+        sys.path[:] = [staging if p == _empty else p for p in sys.path]
+        sys.path[0] = staging
+    else:
+        sys.path[:] = _with_pythonpath(sys.path, staging, env.get("PYTHONPATH", ""))
     sys.meta_path.insert(0, _PreloadedRuntime(os.path.join(staging, _RUNTIME_NAME + ".py")))
     _reseed()
+    _customize()
     _finish(*_run(req["script"]))
 
 
@@ -779,7 +825,10 @@ def _reap(script, for_reaper, zygote, me, wake_r, flags):
                 break
             if pid == script:
                 status = st
-        if status is None and not terminating and not reported:
+        # Also while terminating: a script that ends on SIGTERM (its handler exits) claims
+        # its status like any other, and holding it stopped until the SIGKILL would cost the
+        # whole grace period and report -9 where a cold run reports its exit code.
+        if status is None and not reported:
             claim = _take_claim(claims)
             if claim is not None:
                 os.write(status_w, b"%d\n" % (claim << 8))

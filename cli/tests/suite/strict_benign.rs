@@ -82,6 +82,43 @@ fn benign_scripts_work_with_the_system_interpreter_and_no_extra_capability() {
 }
 
 #[test]
+fn strict_mode_works_under_a_restrictive_umask() {
+    // The caller's umask (077, 027) left the prestarted script, its FIFO and the mount covers'
+    // dirs closed to the script's uid: "cannot start python3: Permission denied".
+    require_strict!();
+    let sb = Sandbox::new();
+    for umask in [0o077, 0o027] {
+        let mut cmd = sb.command();
+        cmd.args(["run", "--json", "--mode", "strict", "-"]);
+        // SAFETY: umask is async-signal-safe and changes only the child's own mask.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+                libc::umask(umask);
+                Ok(())
+            });
+        }
+        let out = cmd
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut child| {
+                use std::io::Write;
+                child
+                    .stdin
+                    .take()
+                    .unwrap()
+                    .write_all(b"import os\nprint('umask', oct(os.umask(0)))\n")?;
+                child.wait_with_output()
+            })
+            .unwrap();
+        let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(r["status"], "success", "umask {umask:o}: {r}");
+        assert_eq!(r["output"], format!("umask {umask:#o}\n"), "{r}");
+        assert!(sb.staging_dirs().is_empty());
+    }
+}
+
+#[test]
 fn the_script_runs_unprivileged_with_no_new_privileges() {
     require_strict!();
     let sb = Sandbox::new();

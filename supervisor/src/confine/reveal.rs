@@ -197,6 +197,9 @@ impl Reveal {
                     if rc != 0 && *libc::__errno_location() != libc::EEXIST {
                         return Err(io::Error::last_os_error());
                     }
+                    // The caller's umask (077) would leave it 0700: the script's uid could not
+                    // pass through to what is bound below it.
+                    check(libc::chmod(dir.as_ptr(), 0o711))?;
                 }
                 for dir in &cover.binds {
                     let rc = libc::syscall(

@@ -200,6 +200,9 @@ pub fn create_new(dir: &Path, name: &str, owner: Option<(u32, u32)>) -> io::Resu
         OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::from_bits_truncate(0o644),
     )?;
+    // The mode is this one whatever the host's umask: under 077 the files were 0600 and, in
+    // strict mode, the supervisor's own (the prestarted script) unreadable to the script's uid.
+    nix::sys::stat::fchmod(&fd, Mode::from_bits_truncate(0o644))?;
     let file = std::fs::File::from(fd);
     if let Some((uid, gid)) = owner {
         nix::unistd::fchown(

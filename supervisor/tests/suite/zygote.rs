@@ -312,6 +312,23 @@ fn limits_timeout_interrupt_and_descendants_as_on_the_cold_path() {
     let forked = run_forked(&rt, request.clone());
     assert_eq!(normalized(&forked), normalized(&run_cold(&rt, request)));
 
+    // SIGTERM handled (the script exits 3): it ends at once with its own code, not held
+    // stopped until the SIGKILL (5 s later, -9).
+    let mut request = session.request(&fixture("core/exit_on_sigterm.py"));
+    request.timeout = Duration::from_millis(800);
+    request.kill_grace = Duration::from_secs(5);
+    let started = Instant::now();
+    let forked = run_forked(&rt, request.clone());
+    let took = started.elapsed();
+    assert_eq!(forked.exit_code, Some(3), "{}", forked.to_json());
+    assert!(
+        forked.output.contains("cleanup done"),
+        "{}",
+        forked.to_json()
+    );
+    assert!(took < Duration::from_secs(4), "held for {took:?}");
+    assert_eq!(normalized(&forked), normalized(&run_cold(&rt, request)));
+
     // Interrupt from another thread.
     let request = session.request(&fixture("core/sleep_forever.py"));
     let interrupt = Interrupt::new();
@@ -894,7 +911,7 @@ fn a_slow_or_failed_server_start_blocks_no_other_execution() {
     std::fs::write(
         &wrapper,
         format!(
-            "#!/bin/sh\ncase \"$3\" in *'The fork server of one launch key'*)\n  i=0\n  \
+            "#!/bin/sh\ncase \"$*\" in *'The fork server of one launch key'*)\n  i=0\n  \
              while [ ! -e '{}' ] && [ $i -lt 3000 ]; do sleep 0.02; i=$((i+1)); done\n  \
              exit 1;;\nesac\nexec '{}' \"$@\"\n",
             release.display(),
@@ -1226,5 +1243,154 @@ fn strict_spares_start_from_one_mount_namespace_per_plan_and_keep_their_own() {
              {templates:?})"
         );
     }
+    zygote::set_enabled(false);
+}
+
+/// A venv of `python` at `dir` (no pip: quick), and its site-packages dir.
+fn venv_at(python: &std::path::Path, dir: &std::path::Path) -> (PathBuf, PathBuf) {
+    let out = std::process::Command::new(python)
+        .args(["-m", "venv", "--without-pip"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let bin = dir.join("bin/python");
+    let site = std::process::Command::new(&bin)
+        .args([
+            "-c",
+            "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+        ])
+        .output()
+        .unwrap();
+    let site = PathBuf::from(String::from_utf8(site.stdout).unwrap().trim());
+    (bin, site)
+}
+
+/// A strict fork server runs as root. What its interpreter runs at startup must not be
+/// something a strict script could have written: a `.pth` file in a venv beneath the session
+/// cwd (where strict tools write), a `sitecustomize` on a PYTHONPATH entry there. The venv
+/// case starts cold (confined); the PYTHONPATH case is forked, and its sitecustomize runs in
+/// the confined child, as the script's uid, as at a cold start.
+#[test]
+fn a_strict_fork_server_runs_nothing_a_strict_script_could_plant() {
+    let python = require_python!();
+    if let Some(why) = strict_unavailable() {
+        vibeos_testkit::skip!("strict mode is unavailable on this machine: {why}");
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        vibeos_testkit::skip!("a strict fork server keeps root only when the host is root");
+    }
+    let _guard = serial();
+    let rt = runtime();
+    let witness = tempfile::tempdir().unwrap();
+    let planted = |marker: &str| {
+        format!(
+            "import os\nopen({:?}, 'a').write('%d %d\\n' % (os.getuid(), os.getpid()))\n",
+            witness.path().join(marker).display().to_string()
+        )
+    };
+    let ran_as = |marker: &str| -> Vec<String> {
+        std::fs::read_to_string(witness.path().join(marker))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    };
+
+    // A venv in the project: its .pth ran as root in the server.
+    let project = Session::new(python.clone());
+    let (venv_python, site) = venv_at(&python, &project.cwd().join(".venv"));
+    std::fs::write(
+        site.join("zz_planted.pth"),
+        planted("pth")
+            .replace('\n', "; ")
+            .trim_end_matches("; ")
+            .to_owned()
+            + "\n",
+    )
+    .unwrap();
+    let in_tree = Session::new(venv_python);
+    let mut request = project.request("print('ok')\n");
+    request.python = in_tree.python.clone().into();
+    request.mode = Mode::Strict;
+    zygote::set_enabled(true);
+    let before = zygote::forks();
+    let r = run(&rt, request);
+    assert_eq!(r.output, "ok\n", "{}", r.to_json());
+    assert_eq!(
+        zygote::forks(),
+        before,
+        "a venv beneath the cwd got a root fork server"
+    );
+    assert!(
+        !ran_as("pth").iter().any(|l| l.starts_with("0 ")),
+        "the planted .pth ran as root: {:?}",
+        ran_as("pth")
+    );
+
+    // PYTHONPATH names the project: its sitecustomize ran as root in the server. A cold
+    // strict start cannot even read it (the project is not readable to a strict script).
+    let mut session = Session::new(python);
+    let cwd = session.cwd();
+    session
+        .env
+        .push(("PYTHONPATH".into(), cwd.clone().into_os_string()));
+    std::fs::write(
+        cwd.join("sitecustomize.py"),
+        planted("sitecustomize") + "import builtins\nbuiltins.CUSTOMIZED = True\n",
+    )
+    .unwrap();
+    let mut request = session.request("import builtins\nprint(hasattr(builtins, 'CUSTOMIZED'))\n");
+    request.mode = Mode::Strict;
+    let cold = run_cold(&rt, request.clone());
+    assert_eq!(cold.output, "False\n", "{}", cold.to_json());
+    for _ in 0..2 {
+        let forked = run_forked(&rt, request.clone());
+        assert_eq!(forked.output, cold.output, "{}", forked.to_json());
+    }
+    assert!(
+        !ran_as("sitecustomize").iter().any(|l| l.starts_with("0 ")),
+        "the planted sitecustomize ran as root: {:?}",
+        ran_as("sitecustomize")
+    );
+    zygote::set_enabled(false);
+}
+
+/// A project's `sitecustomize` runs in every warm execution, as at a cold start, not once in
+/// the server; and a server stops serving once its interpreter's site dirs change (a new
+/// `.pth` file, as `pip install -e` writes).
+#[test]
+fn warm_executions_see_site_changes_and_run_sitecustomize_each_time() {
+    let python = require_python!();
+    let _guard = serial();
+    let rt = runtime();
+    let outside = tempfile::tempdir().unwrap();
+    let (venv_python, site) = venv_at(&python, &outside.path().join("venv"));
+    let session = Session::new(venv_python);
+    std::fs::write(
+        session.cwd().join("sitecustomize.py"),
+        "import builtins, os\nbuiltins.CUSTOMIZED_IN = os.getpid()\n",
+    )
+    .unwrap();
+    let probe = "import os\nprint(CUSTOMIZED_IN == os.getpid())\n\
+                 try:\n    import extramod\n    print(extramod.VALUE)\n\
+                 except ImportError:\n    print('no extramod')\n";
+    let first = run_forked(&rt, session.request(probe));
+    assert_eq!(first.output, "True\nno extramod\n", "{}", first.to_json());
+    let again = run_forked(&rt, session.request(probe));
+    assert_eq!(again.output, "True\nno extramod\n", "{}", again.to_json());
+
+    let lib = outside.path().join("lib-dir");
+    std::fs::create_dir(&lib).unwrap();
+    std::fs::write(lib.join("extramod.py"), "VALUE = 'extramod found'\n").unwrap();
+    std::fs::write(site.join("extra.pth"), format!("{}\n", lib.display())).unwrap();
+    let after = run_forked(&rt, session.request(probe));
+    assert_eq!(
+        after.output,
+        "True\nextramod found\n",
+        "{}",
+        after.to_json()
+    );
     zygote::set_enabled(false);
 }
