@@ -44,8 +44,8 @@ mod script_exec;
 mod script_feed;
 mod script_guard;
 mod staging_retire;
-mod startup_files;
 mod staging_sweep;
+mod startup_files;
 mod terminal_cwd;
 mod unreaped;
 
