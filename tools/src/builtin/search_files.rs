@@ -238,6 +238,14 @@ impl Walk {
                 .git_exclude(false)
                 .parents(false);
         }
+        // A kernel pseudo-filesystem met on the way (`/proc`, `/sys` under `path="/"`) is not
+        // walked: its files do not end (`/proc/kcore`) or wait for data (`/proc/kmsg`), and a
+        // search has no business in them.
+        builder.filter_entry(|e| {
+            !(e.depth() > 0
+                && e.file_type().is_some_and(|t| t.is_dir())
+                && on_kernel_pseudo_fs(e.path()))
+        });
         builder.build_parallel().run(|| {
             Box::new(|entry| {
                 let Ok(entry) = entry else {
@@ -280,7 +288,20 @@ impl Walk {
         sink: S,
     ) -> Result<(), S::Error> {
         match &self.policy {
-            None => searcher.search_path(matcher, p, sink),
+            // Non-blocking, as every file tool opens: a regular file of /proc or /sys can wait
+            // for data forever (`/proc/kmsg`), holding a supervisor thread past the script's
+            // end and the CLI's exit (`search_files(path="/")`). It now reads what is there.
+            None => {
+                use std::os::unix::fs::OpenOptionsExt;
+                match std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NONBLOCK)
+                    .open(p)
+                {
+                    Ok(file) => searcher.search_file(matcher, &file, sink),
+                    Err(e) => Err(grep_searcher::SinkError::error_io(e)),
+                }
+            }
             Some(policy) => match policy.open_read(p) {
                 Ok(file) => searcher.search_file(matcher, &file, sink),
                 Err(e) => Err(grep_searcher::SinkError::error_io(std::io::Error::new(
@@ -290,6 +311,27 @@ impl Walk {
             },
         }
     }
+}
+
+/// Whether `dir` is on a filesystem the kernel makes up (proc, sysfs, debugfs, tracefs,
+/// securityfs, cgroup, configfs, bpf, pstore, efivarfs).
+fn on_kernel_pseudo_fs(dir: &Path) -> bool {
+    const PSEUDO: [i64; 11] = [
+        0x9fa0,      // proc
+        0x6265_6572, // sysfs
+        0x6462_6720, // debugfs
+        0x7472_6163, // tracefs
+        0x7363_6673, // securityfs
+        0x0027_e0eb, // cgroup
+        0x6367_7270, // cgroup2
+        0x6265_6570, // configfs
+        0xcafe_4a11, // bpf
+        0x6165_676c, // pstore
+        0xde5e_81e4, // efivarfs
+    ];
+    nix::sys::statfs::statfs(dir)
+        .map(|s| PSEUDO.contains(&(s.filesystem_type().0 as i64)))
+        .unwrap_or(false)
 }
 
 fn glob(pattern: &str, what: &str) -> Result<globset::GlobMatcher, ToolError> {
@@ -364,6 +406,13 @@ fn search_files(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
         Some(policy) => policy.check_read(&root)?,
         None => std::fs::metadata(&root).map_err(|e| ToolError::io(&root, &e))?,
     };
+    if meta.is_dir() && on_kernel_pseudo_fs(&root) {
+        return Err(ToolError::invalid_args(format!(
+            "{} is on a kernel pseudo-filesystem (/proc, /sys, ...), whose files do not end or \
+             wait for data; search a regular directory, or read one file there with read_file",
+            root.display()
+        )));
+    }
     let walk = Walk {
         policy: ctx.paths.clone(),
         display_base: (!Path::new(raw_path).is_absolute()).then(|| ctx.cwd.clone()),
@@ -637,6 +686,23 @@ mod tests {
         assert_eq!(e.kind, "InvalidArguments");
         let r = call(d.path(), json!({"pattern": "port", "path": "a.yaml"})).unwrap();
         assert_eq!(r["matches"][0]["path"], "a.yaml");
+    }
+
+    #[test]
+    fn kernel_pseudo_filesystems_are_not_walked() {
+        // `/proc/kmsg` waits for data and `/proc/kcore` does not end: a walk into /proc held a
+        // supervisor thread forever. A dir there is refused; one file there is searched.
+        let e = call(Path::new("/"), json!({"pattern": "x", "path": "/proc"})).unwrap_err();
+        assert_eq!(e.kind, "InvalidArguments", "{e:?}");
+        assert!(e.message.contains("pseudo-filesystem"), "{e:?}");
+        let r = call(
+            Path::new("/"),
+            json!({"pattern": "^Name:", "path": "/proc/self/status", "output_mode": "count"}),
+        )
+        .unwrap();
+        assert_eq!(r["total"], 1, "{r}");
+        assert!(on_kernel_pseudo_fs(Path::new("/sys")));
+        assert!(!on_kernel_pseudo_fs(tree().path()));
     }
 
     #[test]
