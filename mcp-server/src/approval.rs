@@ -11,12 +11,13 @@
 //! (headless policy). "session" approvals then last as long as the client's connection.
 
 use rmcp::model::{ElicitRequestParams, ElicitationAction};
+use rmcp::service::ServiceError;
 use rmcp::service::{ElicitationMode, RoleServer};
 use rmcp::Peer;
 use serde_json::json;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use vibeos_tools::approval::{self, ApprovalChoice, ApprovalRequest};
+use vibeos_tools::approval::{self, ApprovalAnswer, ApprovalChoice, ApprovalRequest, NoAnswer};
 
 struct Bound {
     peer: Peer<RoleServer>,
@@ -93,13 +94,17 @@ fn reachable(task_id: Option<&str>) -> Result<(), String> {
     }
 }
 
-fn ask(req: &ApprovalRequest) -> ApprovalChoice {
+/// Asks the client of `req`'s connection. Only the client's "deny" or "decline" is the user's
+/// denial; a cancel, an error, a timeout or a missing decision is a [`NoAnswer`] naming it.
+fn ask(req: &ApprovalRequest) -> ApprovalAnswer {
     let Some((peer, handle)) = req
         .task_id
         .as_deref()
         .and_then(|t| peers().get(t).map(|b| (b.peer.clone(), b.handle.clone())))
     else {
-        return ApprovalChoice::Deny;
+        return Err(NoAnswer::ClientError(
+            "the MCP client of this call is no longer connected".into(),
+        ));
     };
     let what = if req.is_script {
         "run this execute_code script"
@@ -132,24 +137,42 @@ fn ask(req: &ApprovalRequest) -> ApprovalChoice {
         Ok(p) => p,
         Err(e) => {
             tracing::error!("cannot build the approval elicitation: {e}");
-            return ApprovalChoice::Deny;
+            return Err(NoAnswer::CallbackFailed(format!(
+                "cannot build the elicitation request: {e}"
+            )));
         }
     };
     let timeout = vibeos_tools::approval_policy::settings().timeout;
     // A tool thread, not a runtime worker: block on the request on the connection's runtime.
     let answer = handle.block_on(peer.create_elicitation_with_timeout(params, Some(timeout)));
     match answer {
-        Ok(result) if result.action == ElicitationAction::Accept => result
-            .content
-            .as_ref()
-            .and_then(|c| c.get("decision"))
-            .and_then(|d| d.as_str())
-            .map(approval::parse_choice)
-            .unwrap_or(ApprovalChoice::Deny),
-        Ok(_) => ApprovalChoice::Deny,
+        Ok(result) => match result.action {
+            ElicitationAction::Accept => result
+                .content
+                .as_ref()
+                .and_then(|c| c.get("decision"))
+                .and_then(|d| d.as_str())
+                .map(approval::parse_choice)
+                .ok_or_else(|| {
+                    NoAnswer::ClientError("the client accepted the form without a decision".into())
+                }),
+            // The person declined the form: their denial.
+            ElicitationAction::Decline => Ok(ApprovalChoice::Deny),
+            ElicitationAction::Cancel => Err(NoAnswer::Cancelled(
+                "the MCP client dismissed the request".into(),
+            )),
+            // An action added to the protocol later: not an answer this server understands.
+            other => Err(NoAnswer::ClientError(format!(
+                "the client answered with the unknown action {other:?}"
+            ))),
+        },
+        Err(ServiceError::Timeout { timeout }) => Err(NoAnswer::TimedOut(timeout)),
+        Err(ServiceError::Cancelled { reason }) => {
+            Err(NoAnswer::Cancelled(reason.unwrap_or_default()))
+        }
         Err(e) => {
             tracing::warn!("the MCP client did not answer the approval request: {e}");
-            ApprovalChoice::Deny
+            Err(NoAnswer::ClientError(e.to_string()))
         }
     }
 }
@@ -157,6 +180,6 @@ fn ask(req: &ApprovalRequest) -> ApprovalChoice {
 /// Installs the elicitation-backed approval callback and its reachability check for this
 /// process (`vibeos-exec serve`).
 pub fn install() {
-    approval::set_approval_callback(Some(Arc::new(ask)));
+    approval::set_approval_host(Some(Arc::new(ask)));
     approval::set_host_reachability(Some(Arc::new(reachable)));
 }

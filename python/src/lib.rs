@@ -25,7 +25,7 @@ use vibeos_supervisor::overrides::{Overrides, Spelling};
 use vibeos_supervisor::session_cwd;
 use vibeos_supervisor::EnvPolicy;
 use vibeos_supervisor::{execute, Config, ExecutionRequest, ExecutionResult, Interrupt, Status};
-use vibeos_tools::approval::{self, ApprovalChoice, ApprovalRequest};
+use vibeos_tools::approval::{self, ApprovalRequest, NoAnswer};
 use vibeos_tools::approval_policy::{self, SmartVerdict};
 use vibeos_tools::environments::BackendKind;
 use vibeos_tools::{
@@ -113,6 +113,9 @@ fn execute_code(
         request.script_tools = Some(tools.into_iter().collect::<BTreeSet<_>>());
     }
     request.task_id = task_id.clone();
+    // Without a task id, "session" approvals last only while such calls run (a gateway that
+    // passes none must not let one user's answer approve every later execution).
+    let _untracked = task_id.is_none().then(approval::untracked_call);
     let rt = runtime()?;
     let interrupt = Interrupt::new();
     let _guard = vibeos_supervisor::interrupts::track(task_id.as_deref(), interrupt.clone());
@@ -380,6 +383,7 @@ fn handle_function_call(
     let args: Value = serde_json::from_str(args_json)
         .map_err(|e| value_error(format!("args are not JSON: {e}")))?;
     let cwd = session_cwd(cwd.as_deref()).map_err(|e| value_error(e.to_string()))?;
+    let _untracked = task_id.is_none().then(approval::untracked_call);
     let mut ctx = ToolContext::agent(cwd);
     ctx.task_id = task_id;
     Ok(py.allow_threads(|| registry().handle_function_call(name, &args, &ctx)))
@@ -399,6 +403,7 @@ fn handle_function_calls(
         .map_err(|e| value_error(format!("calls are not a JSON list of [name, args]: {e}")))?;
     let calls: Vec<ToolCall> = raw.into_iter().map(|(n, a)| ToolCall::new(n, a)).collect();
     let cwd = session_cwd(cwd.as_deref()).map_err(|e| value_error(e.to_string()))?;
+    let _untracked = task_id.is_none().then(approval::untracked_call);
     let mut ctx = ToolContext::agent(cwd);
     ctx.task_id = task_id;
     let results = py.allow_threads(|| registry().handle_function_calls(&calls, &ctx));
@@ -462,12 +467,27 @@ fn ask_python(adapter: &Py<PyAny>, req: &ApprovalRequest) -> Option<String> {
 fn set_approval_callback(py: Python<'_>, adapter: Option<Py<PyAny>>) {
     let callback = adapter.map(|a| {
         let a = Arc::new(a);
-        Arc::new(move |req: &ApprovalRequest| match ask_python(&a, req) {
-            Some(answer) => approval::parse_choice(&answer),
-            None => ApprovalChoice::Deny,
-        }) as Arc<approval::ApprovalCallback>
+        Arc::new(move |req: &ApprovalRequest| python_answer(ask_python(&a, req)))
+            as Arc<approval::ApprovalHost>
     });
-    py.allow_threads(|| approval::set_approval_callback(callback));
+    py.allow_threads(|| approval::set_approval_host(callback));
+}
+
+/// What the adapter of `vibeos_exec/approval.py` returned, as an answer: its markers for a
+/// callback that raised or timed out become the [`NoAnswer`] that names the reason.
+fn python_answer(answer: Option<String>) -> approval::ApprovalAnswer {
+    let Some(answer) = answer else {
+        return Err(NoAnswer::CallbackFailed(
+            "the Python approval adapter failed (see the log)".into(),
+        ));
+    };
+    if let Some(why) = answer.strip_prefix("!failed: ") {
+        return Err(NoAnswer::CallbackFailed(why.to_string()));
+    }
+    if answer == "!timeout" {
+        return Err(NoAnswer::TimedOut(approval_policy::settings().timeout));
+    }
+    Ok(approval::parse_choice(&answer))
 }
 
 /// Installs (or with `None` removes) the Python smart-approver adapter.

@@ -180,3 +180,39 @@ def test_whole_script_guard_asks_only_where_approvals_are_interactive(tmp_path):
     seen.clear()
     r = vibeos_exec.execute_code("print(1 + 1)", cwd=str(tmp_path), task_id="guard-3")
     assert r["output"].strip() == "2" and seen == [], r
+
+
+def test_a_session_answer_without_task_id_does_not_outlive_its_call(tmp_path):
+    # Without a task id, "session" lasts while calls without one run: the next execution and
+    # the next direct call are asked again (not approved for every later caller).
+    answers = ["session", "deny", "deny"]
+    asked = []
+
+    def approve(task_id, command, descriptions):
+        asked.append(task_id)
+        return answers[len(asked) - 1]
+
+    vibeos_exec.set_approval_callback(approve)
+    # `exit 0; ` first: the check sees the whole line, the shell stops before git.
+    script = ("from vibeos_tools import terminal\n"
+              "c = 'echo RAN; exit 0; git clean' + ' -f'\n"
+              "print(terminal(c).get('output'))\nprint(terminal(c).get('output'))\n")
+    r = vibeos_exec.execute_code(script, cwd=str(tmp_path))
+    assert r["output"].split() == ["RAN", "RAN"], r
+    assert len(asked) == 1, asked  # the second command of the same execution: remembered
+    r = vibeos_exec.execute_code(script, cwd=str(tmp_path))
+    assert "RAN" not in r["output"] and len(asked) == 2, (r, asked)
+    out = json.loads(registry.handle_function_call(
+        "terminal", {"command": "echo RAN; exit 0; git clean -f"}, cwd=str(tmp_path)))
+    assert "denied by the user" in out["error"] and len(asked) == 3, (out, asked)
+
+
+def test_a_failing_callback_is_not_reported_as_the_users_denial(tmp_path):
+    def broken(task_id, command, descriptions):
+        raise RuntimeError("approval UI is down")
+
+    vibeos_exec.set_approval_callback(broken)
+    r = terminal("echo RAN; exit 0; rm -rf doomed", tmp_path)
+    assert "denied by the user" not in r["error"], r
+    assert "RuntimeError: approval UI is down" in r["error"], r
+    assert "approval callback failed" in r["error"], r

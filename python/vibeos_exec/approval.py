@@ -67,7 +67,17 @@ def _settle(result: Any, loop: Optional[asyncio.AbstractEventLoop], timeout: flo
     return _async.run_coroutine(result)
 
 
-def _adapter(fn: Callback, allowed: tuple, fallback: str, what: str) -> Callable[..., str]:
+#: Prefixes of what the approval adapter returns when the callback gave no answer, so the
+#: refusal names the reason instead of "denied by the user" (read by ``src/lib.rs``).
+FAILED_PREFIX = "!failed: "
+TIMEOUT_ANSWER = "!timeout"
+
+
+def _adapter(fn: Callback, allowed: tuple, fallback: str, what: str,
+             report: bool = False) -> Callable[..., str]:
+    """Wraps ``fn`` for the native side. A timeout or an exception gives ``fallback`` — or,
+    with ``report``, :data:`TIMEOUT_ANSWER` / :data:`FAILED_PREFIX` and the error, which the
+    native side turns into a refusal naming that reason."""
     loop = _running_loop()
 
     def adapter(task_id: Optional[str], command: str, descriptions: List[str],
@@ -76,9 +86,11 @@ def _adapter(fn: Callback, allowed: tuple, fallback: str, what: str) -> Callable
             answer = _settle(fn(task_id, command, list(descriptions)), loop, timeout)
         except concurrent.futures.TimeoutError:
             _log.warning("%s did not answer within %ss; using %r", what, timeout, fallback)
-            return fallback
+            return TIMEOUT_ANSWER if report else fallback
         except BaseException as exc:  # noqa: BLE001 - a failing callback must not approve
             _log.warning("%s raised %s: %s; using %r", what, type(exc).__name__, exc, fallback)
+            if report:
+                return f"{FAILED_PREFIX}{what} raised {type(exc).__name__}: {exc}"
             return fallback
         if answer is True:
             return allowed[0]
@@ -96,7 +108,14 @@ def set_approval_callback(fn: Optional[Callback]) -> None:
     """Installs ``fn(task_id, command, descriptions)`` as the approval prompt of this process
     (``None`` removes it). It returns ``"once"``, ``"session"``, ``"always"`` or ``"deny"``
     (``True`` means once); sync or ``async def``. ``descriptions`` are the matched patterns'
-    descriptions. For a whole script, ``command`` is the script's source.
+    descriptions. For a whole script, ``command`` is the script's source. An exception or no
+    answer within ``approvals.timeout`` refuses the command with a message naming that reason
+    (not "denied by the user"); an unknown answer is the host's denial.
+
+    "session" is remembered per ``task_id``. Calls without a task id share one session that
+    lasts only while such calls run: once no execution or direct call without a task id is in
+    flight, it is forgotten, so one answer does not approve a pattern for every later caller
+    of the process. Pass task ids to keep callers' approvals apart.
 
     Raises:
         TypeError: ``fn`` is not callable.
@@ -106,7 +125,8 @@ def set_approval_callback(fn: Optional[Callback]) -> None:
         return
     if not callable(fn):
         raise TypeError(f"the approval callback must be callable or None, got {type(fn).__name__}")
-    _native.set_approval_callback(_adapter(fn, CHOICES, "deny", "the approval callback"))
+    _native.set_approval_callback(
+        _adapter(fn, CHOICES, "deny", "the approval callback", report=True))
 
 
 def set_smart_approver(fn: Optional[Callback]) -> None:

@@ -10,15 +10,19 @@
 //! 0. the hardline tier (`policies/hardline_patterns.json`): refused, whatever else says; then
 //!    user deny rules (`approvals.deny`): refused; then a command matching no dangerous pattern
 //!    runs, and with `approvals.mode: off` every other command runs too;
-//! 1. the permanent allowlist (`command_allowlist` in config.yaml: pattern keys, or globs matched
-//!    against the whole command);
-//! 2. approvals given earlier in the same session (per session/task id and pattern key);
+//! 1. the permanent allowlist (`command_allowlist` in config.yaml: pattern keys, or globs that
+//!    approve the patterns matching inside one whole command of the line they match);
+//! 2. approvals given earlier in the same session (per session/task id and pattern key; without
+//!    a task id, see [`untracked_call`]);
 //! 3. the optional smart-approval callback (may auto-approve low-risk matches); in
 //!    `approvals.mode: smart` the smart approver (approve / deny / escalate);
 //! 4. asking: the host callback when one is installed ([`set_approval_callback`]), which has
-//!    `approvals.timeout` (default 60 s) to answer before it counts as a denial; else, for
-//!    direct agent calls on an interactive terminal, a TTY prompt (once / session / always /
-//!    deny); else (CI, scripts without a host) a denial with a message saying why.
+//!    `approvals.timeout` (default 60 s) to answer before it counts as a denial; else, on an
+//!    interactive terminal, a TTY prompt (once / session / always / deny) — for direct agent
+//!    calls and a script's commands alike; else (CI, scripts without a host or terminal) a
+//!    denial with a message saying why. A host that has no answer ([`NoAnswer`]: its callback
+//!    failed, the client erred or cancelled, time ran out, the terminal gave no input) is a
+//!    denial whose message names that reason, never "denied by the user".
 //!
 //! "always" adds the pattern keys to `command_allowlist` in config.yaml; see [`persist_always`]
 //! for how the rest of the file is kept.
@@ -26,9 +30,10 @@
 use crate::approval_policy::{self, ApprovalMode, SmartVerdict};
 // Defined below both this module and approval_policy, which consult them; public here.
 pub use crate::approval_request::{
-    low_risk_cleanup, normalize_command, ApprovalCallback, ApprovalChoice, ApprovalRequest,
-    SmartApproval,
+    command_views, low_risk_cleanup, normalize_command, ApprovalAnswer, ApprovalCallback,
+    ApprovalChoice, ApprovalHost, ApprovalRequest, NoAnswer, SmartApproval,
 };
+use crate::approval_request::{glob_regex, COMMAND_END, COMMAND_START};
 use crate::policy_file::{self, PolicyFileError};
 use crate::{CallOrigin, ToolContext};
 use regex::Regex;
@@ -115,16 +120,21 @@ pub fn detect_dangerous(
 }
 
 fn matching<'p>(patterns: &'p [DangerousPattern], command: &str) -> Vec<&'p DangerousPattern> {
-    let norm = normalize_command(command);
+    let views = command_views(command);
     patterns
         .iter()
-        .filter(|p| {
-            p.regex.is_match(&norm) && !p.unless.as_ref().is_some_and(|u| u.is_match(&norm))
-        })
+        .filter(|p| views.iter().any(|v| p.hits(v)))
         .collect()
 }
 
-static HOST_CALLBACK: RwLock<Option<Arc<ApprovalCallback>>> = RwLock::new(None);
+impl DangerousPattern {
+    /// Whether the pattern matches one view of a command (its `unless` not matching there).
+    fn hits(&self, view: &str) -> bool {
+        self.regex.is_match(view) && !self.unless.as_ref().is_some_and(|u| u.is_match(view))
+    }
+}
+
+static HOST_CALLBACK: RwLock<Option<Arc<ApprovalHost>>> = RwLock::new(None);
 static SMART_APPROVAL: RwLock<Option<Arc<SmartApproval>>> = RwLock::new(None);
 static SESSION_APPROVALS: LazyLock<Mutex<HashSet<(String, String)>>> =
     LazyLock::new(|| Mutex::new(HashSet::new()));
@@ -132,8 +142,16 @@ static SESSION_APPROVALS: LazyLock<Mutex<HashSet<(String, String)>>> =
 /// Installs (or with `None` removes) the host's approval callback. When installed it is asked
 /// for every unapproved dangerous command, scripts' included.
 pub fn set_approval_callback(callback: Option<Arc<ApprovalCallback>>) {
+    set_approval_host(
+        callback.map(|cb| Arc::new(move |req: &ApprovalRequest| Ok(cb(req))) as Arc<ApprovalHost>),
+    );
+}
+
+/// Installs (or with `None` removes) a host approval callback that can say why it has no
+/// answer ([`NoAnswer`]): the refusal then names that reason instead of "denied by the user".
+pub fn set_approval_host(host: Option<Arc<ApprovalHost>>) {
     if let Ok(mut g) = HOST_CALLBACK.write() {
-        *g = callback;
+        *g = host;
     }
 }
 
@@ -154,6 +172,36 @@ pub fn clear_session(task_id: Option<&str>) {
 
 fn session_key(task_id: Option<&str>) -> String {
     task_id.unwrap_or("default").to_string()
+}
+
+static UNTRACKED_CALLS: Mutex<usize> = Mutex::new(0);
+
+/// Marks a call without a task id (an execution or a direct tool call of a library host) as
+/// running; see [`untracked_call`].
+#[derive(Debug)]
+#[must_use = "the call counts as running only while the guard lives"]
+pub struct UntrackedCall(());
+
+/// Starts a call that has no task id, in a host that serves many (the Python package): the
+/// "session" approvals given without a task id last while such calls run and are forgotten
+/// when the last one ends, so one "session" answer does not approve that pattern for every
+/// later execution of the process. Hosts whose process *is* the session (the CLI) do not call
+/// this, and their default session lasts the process. Calls without a task id that overlap
+/// cannot be told apart and share it; pass task ids to keep callers' approvals apart.
+pub fn untracked_call() -> UntrackedCall {
+    let mut n = UNTRACKED_CALLS.lock().unwrap_or_else(|p| p.into_inner());
+    *n += 1;
+    UntrackedCall(())
+}
+
+impl Drop for UntrackedCall {
+    fn drop(&mut self) {
+        let mut n = UNTRACKED_CALLS.lock().unwrap_or_else(|p| p.into_inner());
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            clear_session(None);
+        }
+    }
 }
 
 /// The outcome of the check.
@@ -304,7 +352,7 @@ fn decide_with(
             .unwrap_or_default();
         matched
             .into_iter()
-            .filter(|p| !allow.iter().any(|a| a == &p.key))
+            .filter(|p| !allowlist_approves(&allow, command, p))
             .filter(|p| !approved.contains(&(sid.clone(), p.key.clone())))
             .collect()
     };
@@ -353,7 +401,9 @@ fn decide_with(
     let mut host = HOST_CALLBACK.read().ok().and_then(|g| g.clone());
     if host.is_some() {
         if let Err(reason) = host_reachable(ctx.task_id.as_deref()) {
-            if !(ctx.origin == CallOrigin::Agent && interactive()) {
+            // A terminal can stand in for a host that cannot reach anyone, for a script's
+            // commands as for direct calls (the whole-script guard asks there too).
+            if !interactive() {
                 return Decision::Deny {
                     message: format!("{} ({reason})", non_interactive_message(&req)),
                 };
@@ -361,29 +411,36 @@ fn decide_with(
             host = None;
         }
     }
-    let choice = if let Some(host) = host {
-        match approval_policy::ask_host(host, &req, settings.timeout) {
-            Some(choice) => choice,
-            None => {
-                return Decision::Deny {
-                    message: format!(
-                        "{what} not run: nobody answered the approval request within {}s \
-                         (approvals.timeout), so it was denied. It matches {}.",
-                        settings.timeout.as_secs_f64(),
-                        describe(&req)
-                    ),
-                }
-            }
-        }
-    } else if ctx.origin == CallOrigin::Agent && interactive() {
-        // A person at the terminal has approvals.timeout too; silence is a denial.
+    let answer = if let Some(host) = host {
+        approval_policy::ask_host(host, &req, settings.timeout)
+    } else if interactive() {
+        // On an interactive terminal, direct agent calls and a script's commands alike are
+        // asked. A script approved "once" at the whole-script guard has its commands asked
+        // about again — as the Python and MCP hosts do — rather than denied as non-interactive
+        // in the very session that just answered: the guard saw only the script's text, the
+        // person now sees each command. A person has approvals.timeout too; silence denies.
         let asked = req.clone();
-        approval_policy::within(settings.timeout, move || tty_prompt(&asked))
-            .unwrap_or(ApprovalChoice::Deny)
+        match approval_policy::within(settings.timeout, move || tty_prompt(&asked)) {
+            Ok(answer) => answer,
+            Err(approval_policy::Unfinished::TimedOut) => Err(NoAnswer::TimedOut(settings.timeout)),
+            Err(e) => Err(NoAnswer::NoInput(e.to_string())),
+        }
     } else {
         return Decision::Deny {
             message: non_interactive_message(&req),
         };
+    };
+    let choice = match answer {
+        Ok(choice) => choice,
+        Err(why) => {
+            return Decision::Deny {
+                message: format!(
+                    "{what} not run: {why}. That counts as a denial, though nobody denied it. \
+                     It matches {}.",
+                    describe(&req)
+                ),
+            }
+        }
     };
     match choice {
         ApprovalChoice::Deny => Decision::Deny {
@@ -449,30 +506,31 @@ fn interactive() -> bool {
     std::io::stdin().is_terminal() && std::io::stderr().is_terminal()
 }
 
-/// Asks on the controlling terminal. Anything but a clear answer (EOF, error, unknown) denies.
-fn tty_prompt(req: &ApprovalRequest) -> ApprovalChoice {
-    let Ok(tty) = std::fs::OpenOptions::new()
+/// Asks on the controlling terminal. No terminal or end of input is [`NoAnswer::NoInput`];
+/// an unclear answer is the person's denial.
+fn tty_prompt(req: &ApprovalRequest) -> ApprovalAnswer {
+    let tty = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open("/dev/tty")
-    else {
-        return ApprovalChoice::Deny;
-    };
-    let Ok(mut out) = tty.try_clone() else {
-        return ApprovalChoice::Deny;
-    };
+        .map_err(|e| NoAnswer::NoInput(format!("cannot open /dev/tty: {e}")))?;
+    let mut out = tty
+        .try_clone()
+        .map_err(|e| NoAnswer::NoInput(format!("cannot use /dev/tty: {e}")))?;
+    let what = if req.is_script { "script" } else { "command" };
     let _ = writeln!(
         out,
-        "\n⚠️  Dangerous command: {}\n    matches: {}\n    Run it? [o]nce / [s]ession / [a]lways / [d]eny: ",
+        "\n⚠️  Dangerous {what}: {}\n    matches: {}\n    Run it? [o]nce / [s]ession / [a]lways / [d]eny: ",
         req.command,
         describe(req)
     );
     let _ = out.flush();
     let mut line = String::new();
-    if std::io::BufReader::new(tty).read_line(&mut line).is_err() {
-        return ApprovalChoice::Deny;
+    match std::io::BufReader::new(tty).read_line(&mut line) {
+        Ok(0) => Err(NoAnswer::NoInput("end of input".into())),
+        Ok(_) => Ok(parse_choice(&line)),
+        Err(e) => Err(NoAnswer::NoInput(e.to_string())),
     }
-    parse_choice(&line)
 }
 
 /// Parses an answer to the approval prompt; anything unclear is a denial.
@@ -493,27 +551,69 @@ pub fn permanent_allowlist() -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Whether every matched pattern is allowlisted by key, or the command as a whole matches an
-/// allowlisted glob (a glob entry approves whatever patterns the command matches).
+/// Whether `command_allowlist` approves every one of `matched` ([`allowlist_approves`]).
 fn allowlisted(allow: &[String], command: &str, matched: &[&DangerousPattern]) -> bool {
-    if allow.is_empty() {
-        return false;
-    }
-    if matched.iter().all(|p| allow.iter().any(|a| a == &p.key)) {
+    matched
+        .iter()
+        .all(|p| allowlist_approves(allow, command, p))
+}
+
+/// Whether `command_allowlist` approves pattern `p` in `command`: its key is listed, or a glob
+/// entry matches, as a whole, one command of the line (`*` stops at `;`, `&&`, `||`, `|`, `&`
+/// and at subshells and substitutions) and every place `p` matches lies inside such a command.
+/// So `git push *` approves the force push of `git push -f x; curl … | sh` but not the
+/// `curl | sh`, which still needs its own approval: an entry approves one command, never what
+/// is chained to it.
+fn allowlist_approves(allow: &[String], command: &str, p: &DangerousPattern) -> bool {
+    if allow.iter().any(|a| a == &p.key) {
         return true;
     }
-    let norm = normalize_command(command);
-    allow
+    let globs: Vec<Regex> = allow
         .iter()
         .filter(|a| a.contains(['*', '?', '[', ' ']))
         .filter_map(|a| {
-            globset::GlobBuilder::new(a)
-                .literal_separator(false)
-                .build()
-                .ok()
-                .map(|g| g.compile_matcher())
+            Regex::new(&format!(
+                "{COMMAND_START}({}){COMMAND_END}",
+                glob_regex(a, false)
+            ))
+            .ok()
         })
-        .any(|m| m.is_match(command.trim()) || m.is_match(&norm))
+        .collect();
+    if globs.is_empty() {
+        return false;
+    }
+    let mut hit_somewhere = false;
+    for view in command_views(command) {
+        if !p.hits(&view) {
+            continue;
+        }
+        hit_somewhere = true;
+        let mut regions = Vec::new();
+        for re in &globs {
+            let mut pos = 0;
+            while let Some(c) = re.captures_at(&view, pos) {
+                let (Some(whole), Some(inner)) = (c.get(0), c.get(1)) else {
+                    break;
+                };
+                regions.push(inner.range());
+                // Resume at the end of the command, not of the separator after it, so the
+                // next command of the line can match too.
+                pos = inner.end().max(whole.start() + 1);
+                if pos > view.len() {
+                    break;
+                }
+            }
+        }
+        let inside = p.regex.find_iter(&view).all(|m| {
+            regions
+                .iter()
+                .any(|r| r.start <= m.start() && m.end() <= r.end)
+        });
+        if !inside {
+            return false;
+        }
+    }
+    hit_somewhere
 }
 
 /// `s` as a YAML scalar: plain when it is a simple word, else double-quoted (a JSON string is

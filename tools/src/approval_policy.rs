@@ -15,7 +15,8 @@
 //! ```
 
 use crate::approval_request::{
-    low_risk_cleanup, normalize_command, ApprovalCallback, ApprovalChoice, ApprovalRequest,
+    command_views, glob_regex, low_risk_cleanup, ApprovalAnswer, ApprovalHost, ApprovalRequest,
+    NoAnswer, COMMAND_START,
 };
 use crate::policy_file::{self, PolicyFileError};
 use regex::Regex;
@@ -144,6 +145,10 @@ pub struct HardlinePattern {
     pub regex: Regex,
     /// Applies only when the `device` group names a mounted device.
     pub mounted_device: bool,
+    /// Applies only when the function the `name` group defines calls itself in the background
+    /// or through a pipe in its `body` group (a fork bomb; the regex crate has no
+    /// back-references to say so in the pattern).
+    pub self_call: bool,
 }
 
 #[derive(Deserialize)]
@@ -158,6 +163,8 @@ struct HardlineData {
     regex: String,
     #[serde(default)]
     mounted_device: bool,
+    #[serde(default)]
+    self_call: bool,
 }
 
 /// Where the hardline patterns come from, as named in errors.
@@ -184,6 +191,7 @@ pub fn compile_hardline_patterns(
                 description: p.description,
                 regex,
                 mounted_device: p.mounted_device,
+                self_call: p.self_call,
             })
         })
         .collect()
@@ -227,58 +235,148 @@ pub fn detect_hardline_with(
     Ok(detect_hardline_in(hardline_patterns()?, command, mounts))
 }
 
-/// The first of `patterns` that `command` matches, given the mount table.
+/// The first of `patterns` that `command` matches (in any of its [`command_views`]), given the
+/// mount table.
 pub fn detect_hardline_in<'p>(
     patterns: &'p [HardlinePattern],
     command: &str,
     mounts: &str,
 ) -> Option<&'p HardlinePattern> {
-    let norm = normalize_command(command);
-    patterns.iter().find(|p| {
-        if !p.mounted_device {
-            return p.regex.is_match(&norm);
-        }
-        p.regex
-            .captures_iter(&norm)
-            .filter_map(|c| c.name("device").map(|d| d.as_str().to_string()))
-            .any(|dev| is_mounted(&dev, mounts))
-    })
+    let views = command_views(command);
+    patterns
+        .iter()
+        .find(|p| views.iter().any(|v| hardline_hits(p, v, mounts)))
 }
 
-/// Whether `dev` is a mounted source, or a whole disk one of whose partitions is.
+fn hardline_hits(p: &HardlinePattern, view: &str, mounts: &str) -> bool {
+    if p.mounted_device {
+        // The group may hold several words (`tee A B`): each `/dev/…` one is a target.
+        return p.regex.captures_iter(view).any(|c| {
+            c.name("device").is_some_and(|d| {
+                d.as_str()
+                    .split_whitespace()
+                    .filter(|w| w.starts_with("/dev/"))
+                    .any(|w| is_mounted(w, mounts))
+            })
+        });
+    }
+    if p.self_call {
+        return p
+            .regex
+            .captures_iter(view)
+            .any(|c| match (c.name("name"), c.name("body")) {
+                (Some(n), Some(b)) => calls_itself_async(n.as_str(), b.as_str()),
+                _ => false,
+            });
+    }
+    p.regex.is_match(view)
+}
+
+/// Whether `body` runs the command `name` in the background (`name &`) or in a pipeline
+/// (`name |`, `| name`): what makes a self-calling function a fork bomb.
+fn calls_itself_async(name: &str, body: &str) -> bool {
+    let is_name_char = |c: char| c.is_ascii_alphanumeric() || "_:.-".contains(c);
+    let mut from = 0;
+    while let Some(i) = body[from..].find(name).map(|i| i + from) {
+        let end = i + name.len();
+        from = i + 1;
+        let before = body[..i].trim_end();
+        let starts_command = body[..i]
+            .chars()
+            .next_back()
+            .is_none_or(|c| !is_name_char(c))
+            && (before.is_empty() || before.ends_with([';', '&', '|', '{', '(']));
+        if !starts_command || body[end..].starts_with(is_name_char) {
+            continue;
+        }
+        let after = body[end..].trim_start();
+        let piped_in = before.ends_with('|') && !before.ends_with("||");
+        let forked = (after.starts_with('&') && !after.starts_with("&&"))
+            || (after.starts_with('|') && !after.starts_with("||"));
+        if forked || piped_in {
+            return true;
+        }
+    }
+    false
+}
+
+/// Whether `dev` is a mounted source, or a whole disk one of whose partitions is. `dev` may
+/// be a glob (`/dev/vd[a]`, `/dev/sd*`): then any mounted source or its disk it matches counts.
 fn is_mounted(dev: &str, mounts: &str) -> bool {
+    let sources = mounts
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|src| src.starts_with("/dev/"));
+    if dev.contains(['*', '?', '[']) {
+        let Ok(glob) = globset::Glob::new(dev).map(|g| g.compile_matcher()) else {
+            // Not a glob the shell could expand to anything we can name: treat as mounted
+            // rather than guess it harmless (only reached for mkfs/dd-style writes).
+            return true;
+        };
+        return sources
+            .into_iter()
+            .any(|src| glob.is_match(src) || glob.is_match(disk_of(src)));
+    }
     let real = std::fs::canonicalize(dev)
         .map(|p| p.to_string_lossy().into_owned())
         .unwrap_or_else(|_| dev.to_string());
-    mounts
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|src| src.starts_with("/dev/"))
-        .any(|src| {
-            [dev, real.as_str()].iter().any(|d| {
-                src == *d
-                    || src.strip_prefix(*d).is_some_and(|rest| {
-                        rest.trim_start_matches('p')
-                            .starts_with(|c: char| c.is_ascii_digit())
-                    })
-            })
+    sources.into_iter().any(|src| {
+        [dev, real.as_str()].iter().any(|d| {
+            src == *d
+                || src.strip_prefix(*d).is_some_and(|rest| {
+                    rest.trim_start_matches('p')
+                        .starts_with(|c: char| c.is_ascii_digit())
+                })
         })
+    })
 }
 
-/// Whether a user deny rule (pattern key or glob over the command) matches.
+/// The whole disk of a partition (`/dev/vda1` → `/dev/vda`, `/dev/nvme0n1p2` →
+/// `/dev/nvme0n1`); other names unchanged.
+fn disk_of(src: &str) -> &str {
+    let trimmed = src.trim_end_matches(|c: char| c.is_ascii_digit());
+    if trimmed.len() == src.len() {
+        return src;
+    }
+    match trimmed.strip_suffix('p') {
+        Some(d) if d.ends_with(|c: char| c.is_ascii_digit()) => d,
+        _ if trimmed.ends_with(|c: char| c.is_ascii_digit()) => src,
+        _ => trimmed,
+    }
+}
+
+/// The first user deny rule that matches: a pattern key among `matched_keys`, or a glob that
+/// matches the start of any one command of the line — after `;`, `&&`, `||`, `|`, `&`, `(`, a
+/// backtick or `$(`, with wrappers such as `sudo`, `env` or `bash -c` removed — up to a word
+/// boundary, so `git push * main` also refuses `cd repo && git push origin main` and
+/// `git push origin main --force`. `*` does not cross a command separator.
 pub fn denied_by_rule(rules: &[String], command: &str, matched_keys: &[&str]) -> Option<String> {
-    let norm = normalize_command(command);
+    let views = command_views(command);
     rules
         .iter()
         .find(|rule| {
             if matched_keys.contains(&rule.as_str()) {
                 return true;
             }
-            globset::GlobBuilder::new(rule)
-                .literal_separator(false)
-                .build()
-                .map(|g| g.compile_matcher())
-                .is_ok_and(|m| m.is_match(command.trim()) || m.is_match(&norm))
+            let re = match Regex::new(&format!(
+                "{COMMAND_START}(?:{})(?:$|\\s|[;&|)}}`])",
+                glob_regex(rule, true)
+            )) {
+                Ok(re) => re,
+                Err(e) => {
+                    // A glob with a broken class (`[z-a]`): still refuse what it spells out
+                    // literally rather than drop the user's rule.
+                    tracing::warn!("approvals.deny rule `{rule}` is not a valid glob ({e})");
+                    match Regex::new(&format!(
+                        "{COMMAND_START}{}(?:$|\\s|[;&|)}}`])",
+                        regex::escape(&crate::approval_request::normalize_command(rule))
+                    )) {
+                        Ok(re) => re,
+                        Err(_) => return false,
+                    }
+                }
+            };
+            views.iter().any(|v| re.is_match(v))
         })
         .cloned()
 }
@@ -324,11 +422,8 @@ pub fn smart_verdict(req: &ApprovalRequest, s: &ApprovalSettings) -> SmartVerdic
     let approver = SMART_APPROVER.read().ok().and_then(|g| g.clone());
     if let Some(approver) = approver {
         let req = req.clone();
-        return within(s.timeout, move || approver(&req)).unwrap_or_else(|| {
-            tracing::warn!(
-                "smart approver gave no verdict within {:?}; escalating",
-                s.timeout
-            );
+        return within(s.timeout, move || approver(&req)).unwrap_or_else(|e| {
+            tracing::warn!("smart approver gave no verdict ({e}); escalating");
             SmartVerdict::Escalate
         });
     }
@@ -389,36 +484,59 @@ fn run_smart_command(
     Ok(SmartVerdict::parse(out.lines().next().unwrap_or("")))
 }
 
-/// Asks `host` about `req`, waiting at most `timeout`; no answer in time is a denial (the
-/// host's call keeps running on its own thread and its late answer is dropped).
+/// Asks `host` about `req`, waiting at most `timeout`; no answer in time is
+/// [`NoAnswer::TimedOut`] (the host's call keeps running on its own thread and its late answer
+/// is dropped), a panic [`NoAnswer::CallbackFailed`].
 pub fn ask_host(
-    host: Arc<ApprovalCallback>,
+    host: Arc<ApprovalHost>,
     req: &ApprovalRequest,
     timeout: Duration,
-) -> Option<ApprovalChoice> {
+) -> ApprovalAnswer {
     let req = req.clone();
-    within(timeout, move || host(&req))
+    match within(timeout, move || host(&req)) {
+        Ok(answer) => answer,
+        Err(Unfinished::TimedOut) => Err(NoAnswer::TimedOut(timeout)),
+        Err(e) => Err(NoAnswer::CallbackFailed(e.to_string())),
+    }
 }
 
-/// Runs `f` on its own thread and waits at most `timeout` for it. `None`: it panicked, could
-/// not start, or did not finish in time.
+/// Why [`within`] has no value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum Unfinished {
+    /// The function panicked.
+    #[error("it panicked")]
+    Panicked,
+    /// Its thread could not be started.
+    #[error("cannot start the approval thread: {0}")]
+    NotStarted(String),
+    /// It did not finish in time.
+    #[error("no answer in time")]
+    TimedOut,
+}
+
+/// Runs `f` on its own thread and waits at most `timeout` for it.
 pub(crate) fn within<T: Send + 'static>(
     timeout: Duration,
     f: impl FnOnce() -> T + Send + 'static,
-) -> Option<T> {
+) -> Result<T, Unfinished> {
     let (tx, rx) = std::sync::mpsc::channel();
     let spawned = std::thread::Builder::new()
         .name("vibeos-approval".into())
         .spawn(move || {
+            // A panic drops the sender unsent: the receiver then sees a disconnect, not a
+            // timeout.
             if let Ok(v) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
                 let _ = tx.send(v);
             }
         });
     if let Err(e) = spawned {
         tracing::warn!("cannot start the approval thread: {e}");
-        return None;
+        return Err(Unfinished::NotStarted(e.to_string()));
     }
-    rx.recv_timeout(timeout).ok()
+    rx.recv_timeout(timeout).map_err(|e| match e {
+        std::sync::mpsc::RecvTimeoutError::Timeout => Unfinished::TimedOut,
+        std::sync::mpsc::RecvTimeoutError::Disconnected => Unfinished::Panicked,
+    })
 }
 
 #[cfg(test)]
@@ -525,6 +643,38 @@ mod tests {
         assert!(denied_by_rule(&rules, "git push -f", &["git_force_push"]).is_some());
         assert!(denied_by_rule(&rules, "terraform destroy -auto-approve", &[]).is_some());
         assert!(denied_by_rule(&rules, "terraform plan", &[]).is_none());
+    }
+
+    #[test]
+    fn a_deny_glob_catches_its_command_inside_a_compound_line() {
+        // The probe report's finding 5: the README's own example rule.
+        let rules = vec!["git push * main".to_string()];
+        for cmd in [
+            "git push origin main",
+            "git push origin main; true",
+            "true && git push origin main",
+            "cd repo && git push origin main",
+            "git push origin main --force",
+            "(git push origin main)",
+            "echo $(git push origin main)",
+            "sudo -u dev git push origin main",
+            "env GIT_TRACE=1 git push origin main",
+            "bash -c 'git push origin main'",
+            "GIT_PUSH origin main || git push origin main",
+        ] {
+            assert!(denied_by_rule(&rules, cmd, &[]).is_some(), "{cmd}");
+        }
+        for cmd in [
+            "git push origin dev",
+            "git push origin mainline",
+            "git push origin dev; echo main",
+            "git pull origin main",
+        ] {
+            assert!(denied_by_rule(&rules, cmd, &[]).is_none(), "{cmd}");
+        }
+        // A refspec naming the branch needs a glob that says so.
+        let refspec = vec!["git push * *main".to_string()];
+        assert!(denied_by_rule(&refspec, "git push origin HEAD:main", &[]).is_some());
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 use crate::CallOrigin;
 use regex::Regex;
+use std::collections::{HashMap, VecDeque};
 use std::sync::LazyLock;
 
 static IFS: LazyLock<Option<Regex>> =
@@ -14,33 +15,371 @@ static COMMAND_PATH: LazyLock<Option<Regex>> = LazyLock::new(|| {
     // Only cut paths in front of command names the patterns know, so `/etc/passwd` as an
     // argument stays a path.
     Regex::new(
-        r"(^|[\s;&|(`])(?:[a-z0-9_.~-]*/)+(rm|dd|mkfs(?:\.[a-z0-9]+)?|mke2fs|wipefs|fdisk|sfdisk|parted|shred|chmod|chown|chgrp|kill|killall5?|pkill|systemctl|service|shutdown|reboot|halt|poweroff|init|sh|bash|zsh|dash|ksh|curl|wget|git|sudo|python[0-9.]*|perl|ruby|node|base64|xxd|openssl|find|tee|cp|mv|sed|truncate|eval|env)(\s|$)",
+        r"(^|[\s;&|(`])(?:[a-z0-9_.~-]*/)+(rm|dd|mkfs(?:\.[a-z0-9]+)?|mke2fs|wipefs|fdisk|sfdisk|parted|shred|chmod|chown|chgrp|kill|killall5?|pkill|systemctl|service|shutdown|reboot|halt|poweroff|init|telinit|sh|bash|zsh|dash|ksh|curl|wget|git|sudo|python[0-9.]*|perl|ruby|node|base64|xxd|openssl|find|tee|cp|mv|sed|truncate|eval|env|nohup|nice|xargs|busybox|psql|mysql|sqlite3)(\s|$)",
     )
     .ok()
 });
 static SPACES: LazyLock<Option<Regex>> = LazyLock::new(|| Regex::new(r"[ \t\r\x0b\x0c]+").ok());
+/// Doubled slashes and `/./` in paths (`//etc`, `/./etc` are `/etc`); not the `//` of a URL.
+static SLASHES: LazyLock<Option<Regex>> = LazyLock::new(|| Regex::new(r"(^|[^:/])/(?:\.?/)+").ok());
 
 /// The form of a command that patterns are matched against: lower-case, line continuations
-/// joined, quotes and backslashes removed, `$IFS` as a space, `/usr/bin/rm` as `rm`, newlines
-/// as `;`, whitespace runs collapsed.
+/// joined, quotes and backslashes removed, `$IFS` as a space, `/usr/bin/rm` as `rm`, `//etc`
+/// and `/./etc` as `/etc`, `>|` as `>`, whitespace runs collapsed. A newline ends a command
+/// (`;`) except inside a quoted string or a heredoc body, where it is whitespace (SQL split over
+/// lines reads as one statement).
 pub fn normalize_command(command: &str) -> String {
-    let mut s = command.to_lowercase().replace("\\\n", " ");
-    s = s.replace(['\'', '"', '\\'], "");
+    finish(&join_lines(&command.to_lowercase().replace("\\\n", " ")))
+}
+
+/// Every form of `command` the pattern tiers look at; a pattern matches the command when it
+/// matches one of them, so each extra view can only add matches:
+///
+/// 1. [`normalize_command`];
+/// 2. the same with *every* newline as `;` (the quote and heredoc tracking of the first view is
+///    a best effort — a stray apostrophe in a comment must not hide the lines after it);
+/// 3. the first view with what the shell would plainly expand put in: variables assigned a
+///    literal in the same line (`X=rm; $X -rf` is `rm -rf`), `${X:-word}`, `$(echo word)`,
+///    brace lists (`-{r,f}` is `-r -f`), a glob naming top-level directories (`/e*` is `/etc`),
+///    SQL comments (`DROP/**/TABLE`), and wrappers in front of a command (`sudo -u x`, `env`,
+///    `command`, `exec`, `nohup`, `nice`, `xargs`, `bash -c`, …) removed.
+pub fn command_views(command: &str) -> Vec<String> {
+    let lower = command.to_lowercase().replace("\\\n", " ");
+    let primary = finish(&join_lines(&lower));
+    let flat = finish(&lower.replace('\n', " ; "));
+    let expanded = expand(&primary);
+    let mut views = vec![primary];
+    for v in [flat, expanded] {
+        if !views.contains(&v) {
+            views.push(v);
+        }
+    }
+    views
+}
+
+/// Quotes, backslashes, `$IFS`, spacing, doubled slashes and command paths (see
+/// [`normalize_command`]), after the lines were joined.
+fn finish(joined: &str) -> String {
+    let mut s = joined.replace(['\'', '"', '\\'], "").replace(">|", ">");
     if let Some(re) = IFS.as_ref() {
         s = re.replace_all(&s, " ").into_owned();
     }
-    s = s.replace('\n', " ; ");
     if let Some(re) = SPACES.as_ref() {
         s = re.replace_all(&s, " ").into_owned();
     }
+    if let Some(re) = SLASHES.as_ref() {
+        s = re.replace_all(&s, "$1/").into_owned();
+    }
+    cut_command_paths(s).trim().to_string()
+}
+
+fn cut_command_paths(mut s: String) -> String {
     if let Some(re) = COMMAND_PATH.as_ref() {
         // Twice, because a match consumes the separator the next command name needs.
         for _ in 0..2 {
             s = re.replace_all(&s, "$1$2$3").into_owned();
         }
     }
-    s.trim().to_string()
+    s
 }
+
+/// Joins the lines of a (lower-cased) command: a newline becomes ` ; ` where it ends a
+/// command, and a space inside a quoted string or a heredoc body, where the shell passes it on
+/// as data (a SQL statement split over lines is one statement).
+fn join_lines(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 16);
+    let mut quote: Option<char> = None;
+    let mut pending: VecDeque<(String, bool)> = VecDeque::new();
+    let mut body: Option<(String, bool)> = None;
+    for (i, line) in s.split('\n').enumerate() {
+        if i > 0 {
+            out.push_str(if quote.is_some() || body.is_some() {
+                " "
+            } else {
+                " ; "
+            });
+        }
+        out.push_str(line);
+        if let Some((delim, tabs)) = &body {
+            let l = if *tabs {
+                line.trim_start_matches('\t')
+            } else {
+                line
+            };
+            if l.trim_end() == delim {
+                body = pending.pop_front();
+            }
+            continue;
+        }
+        scan_line(line, &mut quote, &mut pending);
+        if quote.is_none() {
+            body = pending.pop_front();
+        }
+    }
+    out
+}
+
+/// Follows quoting through one line outside a heredoc body, and notes the delimiters of the
+/// heredocs it opens (`<<EOF`, `<<-'EOF'`), whose bodies start on the next line.
+fn scan_line(line: &str, quote: &mut Option<char>, pending: &mut VecDeque<(String, bool)>) {
+    let b: Vec<char> = line.chars().collect();
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        match *quote {
+            Some('\'') => {
+                if c == '\'' {
+                    *quote = None;
+                }
+            }
+            Some(_) => {
+                if c == '\\' {
+                    i += 1;
+                } else if c == '"' {
+                    *quote = None;
+                }
+            }
+            None => match c {
+                '\\' => i += 1,
+                '\'' | '"' => *quote = Some(c),
+                '#' if i == 0 || b[i - 1].is_whitespace() => break,
+                '<' if b.get(i + 1) == Some(&'<') => {
+                    if b.get(i + 2) == Some(&'<') {
+                        // A here-string (`<<<`): no body follows.
+                        i += 3;
+                        continue;
+                    }
+                    let mut j = i + 2;
+                    let tabs = b.get(j) == Some(&'-');
+                    if tabs {
+                        j += 1;
+                    }
+                    while b.get(j).is_some_and(|c| *c == ' ' || *c == '\t') {
+                        j += 1;
+                    }
+                    let mut delim = String::new();
+                    while let Some(&d) = b.get(j) {
+                        if d.is_whitespace() || ";&|<>()".contains(d) {
+                            break;
+                        }
+                        if !matches!(d, '\'' | '"' | '\\') {
+                            delim.push(d);
+                        }
+                        j += 1;
+                    }
+                    if !delim.is_empty() {
+                        pending.push_back((delim, tabs));
+                    }
+                    i = j;
+                    continue;
+                }
+                _ => {}
+            },
+        }
+        i += 1;
+    }
+}
+
+static SQL_COMMENT: LazyLock<Option<Regex>> = LazyLock::new(|| Regex::new(r"/\*.*?\*/").ok());
+static ECHO_SUBST: LazyLock<Option<Regex>> = LazyLock::new(|| {
+    Regex::new(
+        r"\$\(\s*(?:echo|printf)(?:\s+-[a-z]+)*\s+([^()`;&|]*?)\s*\)|`\s*(?:echo|printf)(?:\s+-[a-z]+)*\s+([^()`;&|]*?)\s*`",
+    )
+    .ok()
+});
+static ASSIGNMENT: LazyLock<Option<Regex>> = LazyLock::new(|| {
+    Regex::new(
+        r"(?:^|[;&|({`]\s*|\b(?:export|local|readonly|declare|typeset)\s+(?:-\S+\s+)*)([a-z_][a-z0-9_]*)=([^\s;&|()`]*)",
+    )
+    .ok()
+});
+static VARIABLE: LazyLock<Option<Regex>> = LazyLock::new(|| {
+    Regex::new(r"\$\{([a-z_][a-z0-9_]*)(?::?[-=]([^}]*))?\}|\$([a-z_][a-z0-9_]*)").ok()
+});
+static BRACE_LIST: LazyLock<Option<Regex>> =
+    LazyLock::new(|| Regex::new(r"^([^{}]*?)\{([^{}]*,[^{}]*)\}([^{}]*)$").ok());
+static ROOT_GLOB: LazyLock<Option<Regex>> =
+    LazyLock::new(|| Regex::new(r"^(/+)([^/]*[*?\[][^/]*)(/*)$").ok());
+/// Commands that run the command after them (their own options skipped).
+static WRAPPER: LazyLock<Option<Regex>> = LazyLock::new(|| {
+    Regex::new(
+        r"(^|;|&&|\|\||&|\||\(|`|\{)\s*(?:sudo(?:\s+(?:-[ughpcdrt]\s+[^\s;&|]+|-[^\s;&|]+))*|doas(?:\s+-u\s+\S+)?|env(?:\s+-[^\s;&|]+)*(?:\s+[a-z_][a-z0-9_]*=[^\s;&|]*)*|command(?:\s+-[a-z]+)*|exec(?:\s+-[a-z]+)*|eval|nohup|setsid|nice(?:\s+-n\s*-?[0-9]+|\s+-[^\s;&|]+)*|ionice(?:\s+-[^\s;&|]+)*|time(?:\s+-p)?|busybox|stdbuf(?:\s+-[^\s;&|]+)*|timeout(?:\s+-[^\s;&|]+)*\s+[0-9.]+[smhd]?|xargs(?:\s+-[0-9a-z]+)*)\s+",
+    )
+    .ok()
+});
+/// `sh -c` in front of a command (not after a pipe, where it is the shell being fed).
+static SHELL_C: LazyLock<Option<Regex>> = LazyLock::new(|| {
+    Regex::new(r"(^|;|&&|\|\||&|\(|`|\{)\s*(?:ba|z|da|k)?sh\s+(?:-[a-z]+\s+)*-c\s+").ok()
+});
+
+/// Top-level directories a glob such as `/e*` or `/[u]sr` is checked against.
+const TOP_LEVEL: [&str; 17] = [
+    "bin", "boot", "dev", "etc", "home", "lib", "lib32", "lib64", "opt", "proc", "root", "run",
+    "sbin", "srv", "sys", "usr", "var",
+];
+
+/// The third view of [`command_views`]: plain shell expansions put in, wrappers removed.
+fn expand(primary: &str) -> String {
+    let mut s = primary.to_string();
+    if let Some(re) = SQL_COMMENT.as_ref() {
+        s = re.replace_all(&s, " ").into_owned();
+    }
+    if let Some(re) = ECHO_SUBST.as_ref() {
+        s = re
+            .replace_all(&s, |c: &regex::Captures| {
+                c.get(1)
+                    .or_else(|| c.get(2))
+                    .map_or(String::new(), |m| m.as_str().to_string())
+            })
+            .into_owned();
+    }
+    if let (Some(assign), Some(var)) = (ASSIGNMENT.as_ref(), VARIABLE.as_ref()) {
+        // Two rounds, for `A=rm; B=$A; $B -rf x`.
+        for _ in 0..2 {
+            let values: HashMap<String, String> = assign
+                .captures_iter(&s)
+                .filter_map(|c| {
+                    Some((
+                        c.get(1)?.as_str().to_string(),
+                        c.get(2)?.as_str().to_string(),
+                    ))
+                })
+                .collect();
+            s = var
+                .replace_all(&s, |c: &regex::Captures| {
+                    let name = c.get(1).or_else(|| c.get(3)).map_or("", |m| m.as_str());
+                    match (values.get(name), c.get(2)) {
+                        (Some(v), _) => v.clone(),
+                        (None, Some(default)) => default.as_str().to_string(),
+                        (None, None) => c[0].to_string(),
+                    }
+                })
+                .into_owned();
+        }
+    }
+    s = s.split(' ').map(expand_word).collect::<Vec<_>>().join(" ");
+    for re in [WRAPPER.as_ref(), SHELL_C.as_ref()].into_iter().flatten() {
+        // A few rounds: `sudo env nohup reboot`.
+        for _ in 0..4 {
+            let next = re.replace_all(&s, "$1 ").into_owned();
+            if next == s {
+                break;
+            }
+            s = next;
+        }
+    }
+    if let Some(re) = SPACES.as_ref() {
+        s = re.replace_all(&s, " ").into_owned();
+    }
+    cut_command_paths(s).trim().to_string()
+}
+
+/// One word with its brace list and a top-level glob expanded (`-{r,f}` → `-r -f`,
+/// `/{etc,usr}` → `/etc /usr`, `/e*` → `/etc`); other words unchanged.
+fn expand_word(word: &str) -> String {
+    let (core, tail) = word.split_at(word.trim_end_matches([';', '&', '|', ')']).len());
+    let mut words = vec![core.to_string()];
+    if let Some(c) = BRACE_LIST.as_ref().and_then(|re| re.captures(core)) {
+        if !c[1].ends_with('$') {
+            words = c[2]
+                .split(',')
+                .map(|alt| format!("{}{alt}{}", &c[1], &c[3]))
+                .collect();
+        }
+    }
+    let words: Vec<String> = words
+        .into_iter()
+        .flat_map(|w| {
+            let Some(c) = ROOT_GLOB.as_ref().and_then(|re| re.captures(&w)) else {
+                return vec![w];
+            };
+            let Ok(glob) = globset::Glob::new(&c[2]).map(|g| g.compile_matcher()) else {
+                return vec![w];
+            };
+            let hits: Vec<String> = TOP_LEVEL
+                .iter()
+                .filter(|d| glob.is_match(d))
+                .map(|d| format!("/{d}{}", &c[3]))
+                .collect();
+            if hits.is_empty() {
+                vec![w]
+            } else {
+                hits
+            }
+        })
+        .collect();
+    format!("{}{tail}", words.join(" "))
+}
+
+/// A glob of `command_allowlist` or `approvals.deny` as a regex over a normalised command:
+/// `*` and `?` never cross a command separator (`;`, `&`, `|`) — nor, with `nested: false`, a
+/// subshell or substitution (`(`, `)`, a backtick) — so a glob describes one command; `[…]`
+/// is a class and `{a,b}` a choice. The glob is normalised like a command first (lower case,
+/// quotes removed).
+pub fn glob_regex(glob: &str, nested: bool) -> String {
+    let star = if nested { "[^;&|]" } else { "[^;&|()`]" };
+    let g = normalize_command(glob);
+    let mut out = String::new();
+    let mut chars = g.chars().peekable();
+    let mut depth = 0usize;
+    while let Some(c) = chars.next() {
+        match c {
+            '*' => {
+                while chars.peek() == Some(&'*') {
+                    chars.next();
+                }
+                out.push_str(star);
+                out.push('*');
+            }
+            '?' => out.push_str(star),
+            '[' => {
+                let mut class = String::from("[");
+                let mut closed = false;
+                if chars.peek() == Some(&'!') {
+                    chars.next();
+                    class.push('^');
+                }
+                for d in chars.by_ref() {
+                    if d == ']' {
+                        closed = true;
+                        break;
+                    }
+                    if d == '\\' || d == '[' {
+                        class.push('\\');
+                    }
+                    class.push(d);
+                }
+                if closed && class.len() > 1 {
+                    out.push_str(&class);
+                    out.push(']');
+                } else {
+                    out.push_str(&regex::escape(&class));
+                }
+            }
+            '{' => {
+                depth += 1;
+                out.push_str("(?:");
+            }
+            ',' if depth > 0 => out.push('|'),
+            '}' if depth > 0 => {
+                depth -= 1;
+                out.push(')');
+            }
+            ' ' => out.push_str(r"\s+"),
+            c => out.push_str(&regex::escape(&c.to_string())),
+        }
+    }
+    for _ in 0..depth {
+        out.push(')');
+    }
+    out
+}
+
+/// Where one command of a normalised line may start: the beginning, or after a separator
+/// (`;`, `&&`, `||`, `|`, `&`), a subshell or group opening, or a substitution.
+pub const COMMAND_START: &str = r"(?:^|[;&|({`])\s*";
+/// Where one command of a normalised line ends.
+pub const COMMAND_END: &str = r"\s*(?:$|[;&|)}`])";
 
 /// What the user (or host) answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,8 +410,37 @@ pub struct ApprovalRequest {
     pub is_script: bool,
 }
 
-/// A host's approval prompt.
+/// A host's approval prompt (a Rust host's; see [`ApprovalHost`] for one that can say why it
+/// has no answer).
 pub type ApprovalCallback = dyn Fn(&ApprovalRequest) -> ApprovalChoice + Send + Sync;
+
+/// Why a host has no approval answer. Each counts as a denial, but none is the user's: the
+/// refusal message names which it was, so "denied by the user" is only said when someone did.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoAnswer {
+    /// The host's callback failed (a Python exception, a Rust panic).
+    #[error("the approval callback failed: {0}")]
+    CallbackFailed(String),
+    /// The client answered the approval request with an error (an MCP JSON-RPC error, a
+    /// closed connection).
+    #[error("the client answered the approval request with an error: {0}")]
+    ClientError(String),
+    /// The request was dismissed without a decision (MCP `cancel`, a cancelled task).
+    #[error("the approval request was cancelled without a decision{}", if .0.is_empty() { String::new() } else { format!(" ({})", .0) })]
+    Cancelled(String),
+    /// Nobody answered within `approvals.timeout`.
+    #[error("nobody answered the approval request within {}s (approvals.timeout)", .0.as_secs_f64())]
+    TimedOut(std::time::Duration),
+    /// The terminal gave no input (end of input, or it could not be opened).
+    #[error("no answer could be read from the terminal: {0}")]
+    NoInput(String),
+}
+
+/// A host's answer: a choice, or why there is none.
+pub type ApprovalAnswer = Result<ApprovalChoice, NoAnswer>;
+
+/// A host's approval prompt that can report why it has no answer (the MCP and Python bridges).
+pub type ApprovalHost = dyn Fn(&ApprovalRequest) -> ApprovalAnswer + Send + Sync;
 /// A smart-approval check: `true` auto-approves (once) a low-risk match.
 pub type SmartApproval = dyn Fn(&ApprovalRequest) -> bool + Send + Sync;
 
@@ -109,4 +477,41 @@ pub fn low_risk_cleanup(req: &ApprovalRequest) -> bool {
             let t = t.trim_start_matches("./").trim_end_matches('/');
             REGENERABLE.contains(&t)
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_normalisation_regex_compiles() {
+        // They are `Option`s so that a bad one cannot panic at run time; this keeps them real.
+        for (name, re) in [
+            ("IFS", &IFS),
+            ("COMMAND_PATH", &COMMAND_PATH),
+            ("SPACES", &SPACES),
+            ("SLASHES", &SLASHES),
+            ("SQL_COMMENT", &SQL_COMMENT),
+            ("ECHO_SUBST", &ECHO_SUBST),
+            ("ASSIGNMENT", &ASSIGNMENT),
+            ("VARIABLE", &VARIABLE),
+            ("BRACE_LIST", &BRACE_LIST),
+            ("ROOT_GLOB", &ROOT_GLOB),
+            ("WRAPPER", &WRAPPER),
+            ("SHELL_C", &SHELL_C),
+        ] {
+            assert!(re.is_some(), "{name} does not compile");
+        }
+    }
+
+    #[test]
+    fn globs_describe_one_command() {
+        let re = |g: &str| Regex::new(&format!("^{}$", glob_regex(g, false))).unwrap();
+        assert!(re("git push *").is_match("git push origin main"));
+        assert!(!re("git push *").is_match("git push x; rm -rf y"));
+        assert!(!re("git push *").is_match("git push $(rm -rf y)"));
+        assert!(re("git {push,pull} *").is_match("git pull origin"));
+        assert!(re("rm -rf [bd]uild").is_match("rm -rf build"));
+        assert!(re("RM  -RF 'build'").is_match("rm -rf build"));
+    }
 }

@@ -630,6 +630,17 @@ fn mcp_clients_answer_approvals_through_elicitation() {
     assert_eq!(r["exists"]["doomed1"], false);
     assert_eq!(r["exists"]["doomed2"], true);
     assert_eq!(r["exists"]["doomed3"], true);
+    // A cancelled form and a client error are named as such, not as the user's denial.
+    for (key, expect) in [
+        ("cancelled", "cancelled without a decision"),
+        ("errored", "answered the approval request with an error"),
+    ] {
+        let (_, text, _) = parts(&r[key]);
+        let out = text["output"].as_str().unwrap();
+        assert!(out.contains(expect), "{key}: {text}");
+        assert!(!out.contains("denied by the user"), "{key}: {out}");
+        assert!(!out.contains("RAN"), "{key}: {out}");
+    }
 }
 
 /// Whether `O_NONBLOCK` is set on the open pipe `fd` refers to.

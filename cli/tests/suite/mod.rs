@@ -1,5 +1,6 @@
 //! One module per area; see each module's docs.
 
+mod approval_tty;
 mod backend_background;
 mod backend_contract;
 mod backend_daytona;

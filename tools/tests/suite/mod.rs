@@ -2,6 +2,7 @@
 
 mod approval_flow;
 mod approval_modes;
+mod approval_probe;
 mod mcp_client;
 mod planner;
 mod provider_blocklist;
