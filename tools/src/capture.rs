@@ -92,16 +92,12 @@ impl HeadTail {
     /// Head and tail of a truncated stream as shown. A cut can split a character, and it can
     /// split a secret: the redaction that runs on the rendered text then sees neither half as
     /// a secret (`sk-Q9x7…` cut after 32 of its 33 characters showed the 32). So each cut also
-    /// drops the word it split (the run of non-whitespace touching it, at most
-    /// [`MAX_CUT_WORD`] bytes) and a private key block it cut open.
+    /// drops the word it split (see [`cut_word_len`]) and a private key block it cut open.
     fn kept(&self) -> (&[u8], Vec<u8>) {
         let (a, b) = self.tail.as_slices();
         let tail: Vec<u8> = [a, b].concat();
-        let splits = |b: Option<u8>| b.is_some_and(|b| !b.is_ascii_whitespace());
-        let head =
-            trim_cut_word_at_end(open_key_block_cut_off(&self.head), splits(self.after_head));
-        let tail =
-            trim_cut_word_at_start(key_block_end_cut_off(&tail), splits(self.before_tail)).to_vec();
+        let head = trim_cut_word_at_end(open_key_block_cut_off(&self.head), self.after_head);
+        let tail = trim_cut_word_at_start(key_block_end_cut_off(&tail), self.before_tail).to_vec();
         (head, tail)
     }
 
@@ -128,34 +124,64 @@ impl HeadTail {
     }
 }
 
-/// The longest word a cut drops (see [`HeadTail::kept`]): longer than any credential format
+/// The longest word a cut drops (see [`cut_word_len`]): longer than any credential format
 /// the redaction knows, short enough that output of one endless line loses little more.
 pub const MAX_CUT_WORD: usize = 4096;
 
-/// The head without the word the cut split, if it split one (and without a broken character).
-fn trim_cut_word_at_end(b: &[u8], split: bool) -> &[u8] {
-    if !split {
-        return trim_partial_tail(b);
+/// Whether `c` can be part of a credential token of a format the redaction knows: letters,
+/// digits and the punctuation of base64, URLs and key formats. `:` and `@` are included
+/// because a Telegram bot token (`123456789:AA…`) and a URL's `user:password@` hold them: a cut
+/// that left `:AA…` or `:password@host` would show a secret no pattern recognises any more.
+/// Quotes, commas, brackets, braces, `;`, `<`, `>` and whitespace end a token.
+fn token_byte(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || b"-_.~+/=:@%".contains(&c)
+}
+
+/// How many bytes next to a cut it drops: `near` are the bytes on the kept side, nearest to
+/// the cut first, and `across` the byte on the other side of the cut (`None`: nothing was
+/// cut there). What a cut splits is dropped whole, so redaction never sees a piece of a
+/// secret:
+/// - the whole word (the run of non-whitespace) when it is at most [`MAX_CUT_WORD`] bytes:
+///   an environment secret can hold any character but whitespace;
+/// - in a longer word (minified JSON, one endless line), the credential-shaped token the cut
+///   split (a run of [`token_byte`]s), at most [`MAX_CUT_WORD`] bytes. Backing off a fixed
+///   4 KiB instead made a new cut there, which showed 26 of a token's 36 characters when
+///   that point fell inside `"token":"ghp_…"`.
+fn cut_word_len<'a>(near: impl Iterator<Item = &'a u8> + Clone, across: Option<u8>) -> usize {
+    let Some(across) = across else {
+        return 0;
+    };
+    if across.is_ascii_whitespace() {
+        return 0;
     }
-    let run = b
-        .iter()
-        .rev()
-        .take(MAX_CUT_WORD)
+    let word = near
+        .clone()
+        .take(MAX_CUT_WORD + 1)
         .take_while(|c| !c.is_ascii_whitespace())
         .count();
+    if word <= MAX_CUT_WORD {
+        return word;
+    }
+    if !token_byte(across) {
+        // The cut fell between a token and a delimiter: it split no token.
+        return 0;
+    }
+    near.take(MAX_CUT_WORD)
+        .take_while(|c| token_byte(**c))
+        .count()
+}
+
+/// The head without the word the cut split, if it split one (and without a broken character).
+/// `after` is the first byte that did not fit in the head.
+fn trim_cut_word_at_end(b: &[u8], after: Option<u8>) -> &[u8] {
+    let run = cut_word_len(b.iter().rev(), after);
     trim_partial_tail(&b[..b.len() - run])
 }
 
 /// The tail without the word the cut split, if it split one (and without a broken character).
-fn trim_cut_word_at_start(b: &[u8], split: bool) -> &[u8] {
-    if !split {
-        return trim_partial_head(b);
-    }
-    let run = b
-        .iter()
-        .take(MAX_CUT_WORD)
-        .take_while(|c| !c.is_ascii_whitespace())
-        .count();
+/// `before` is the last byte that left the tail.
+fn trim_cut_word_at_start(b: &[u8], before: Option<u8>) -> &[u8] {
+    let run = cut_word_len(b.iter(), before);
     trim_partial_head(&b[run..])
 }
 
@@ -337,6 +363,87 @@ mod tests {
         c.push(key.as_bytes());
         c.push("z ".repeat(400).as_bytes());
         assert!(c.render("output").contains(key));
+    }
+
+    /// Minified JSON records (`{"id":1,"name":"user00001"},…`): one word of `len` bytes.
+    fn minified(len: usize) -> String {
+        let mut s = String::from("[");
+        let mut i = 0;
+        while s.len() < len {
+            s.push_str(&format!("{{\"id\":{i},\"name\":\"user{i:05}\"}},"));
+            i += 1;
+        }
+        s.truncate(len);
+        s
+    }
+
+    #[test]
+    fn a_token_in_a_word_longer_than_the_cut_word_limit_is_kept_or_dropped_whole() {
+        // The probe's case: output of one 150 KB minified JSON line, capped at 50 KiB (head
+        // 20480 bytes). Backing off a fixed 4 KiB from the head's cut made a new cut at 16384,
+        // which showed `"token":"ghp_QQQ…` (26 of 36 characters) with no redaction.
+        let secret = "ghp_Zq8XwKp2Lm7RtVb4Nc9Hd1Fg6Js3YaQeWu5T";
+        let limit = 50 * 1024;
+        let head_cap = limit * 2 / 5;
+        let shown_parts = |out: &str| -> Vec<String> {
+            (0..secret.len() - 6)
+                .map(|i| &secret[i..i + 6])
+                .filter(|w| out.contains(w))
+                .map(str::to_string)
+                .collect()
+        };
+        // Secret placed at the old 4 KiB back-off point, then split by the head's cut itself,
+        // then by the tail's cut.
+        for (at, whole_is_shown) in [
+            (head_cap - MAX_CUT_WORD - 30, true),
+            (head_cap - 20, false),
+            (150_000 - (limit - head_cap) - 20, false),
+        ] {
+            let mut s = minified(150_000);
+            let field = format!("\"token\":\"{secret}\"");
+            s.replace_range(at - 9..at - 9 + field.len(), &field);
+            let mut c = HeadTail::new(limit);
+            for chunk in s.as_bytes().chunks(4096) {
+                c.push(chunk);
+            }
+            let out = c.render("output");
+            if whole_is_shown {
+                // Whole, where the redaction replaces it.
+                assert!(out.contains(secret), "{at}");
+            } else {
+                assert_eq!(shown_parts(&out), Vec::<String>::new(), "{at}");
+                // Only the split token went, up to its quotes, not 4 KiB of records.
+                assert!(
+                    out.contains("\"token\":\"\n\n... [") || out.contains("] ...\n\n\""),
+                    "{at}"
+                );
+                assert!(shown(&out) > limit - 64, "{at}: {} shown", shown(&out));
+            }
+            assert_eq!(
+                c.omitted() as usize,
+                c.total() as usize - shown(&out),
+                "{at}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_cut_next_to_a_delimiter_in_a_long_word_drops_nothing() {
+        // `…"name":"user00001"` | `},{…`: the cut split no token, and the word is too long to
+        // drop whole.
+        let head_cap = MAX_CUT_WORD + 100;
+        let mut c = HeadTail::new(head_cap * 5 / 2);
+        let word = format!("{}\"", "x".repeat(head_cap - 1));
+        c.push(word.as_bytes());
+        c.push(b"},{");
+        c.push(&vec![b'y'; 20_000]);
+        let out = c.render("output");
+        assert!(
+            out.starts_with(&format!("{word}\n\n... [")),
+            "{}",
+            &out[..50]
+        );
+        assert_eq!(c.omitted() as usize, c.total() as usize - shown(&out));
     }
 
     #[test]

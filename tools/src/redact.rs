@@ -5,10 +5,15 @@
 //! transcripts and other tools. Two things are replaced by a marker (`[REDACTED:<what>]`):
 //! - the values of secret environment variables of this process — names the environment policy
 //!   marks as secret (`deny_substrings`) or as managed credentials (`provider_blocklist`), the
-//!   variables the scrubber removes for being secret. Only values of
+//!   variables the scrubber removes for being secret. A value is matched without surrounding
+//!   whitespace and one pair of surrounding quotes (a Kubernetes secret read `--from-file`
+//!   ends in a newline, a docker `--env-file` keeps quotes), and only when that is
 //!   `min_env_value_chars` or more, so a `DEBUG_TOKEN=1` does not turn every `1` into a marker.
 //!   Values of variables dropped merely for not being allowlisted (`PWD`, `DISPLAY`, …) are not
-//!   secrets and stay: redacting them would garble ordinary paths in the output;
+//!   secrets and stay: redacting them would garble ordinary paths in the output. Neither are
+//!   the `not_secret_names` of the policy (`GIT_AUTHOR_NAME`, `SSH_AUTH_SOCK`, …, which the
+//!   scrubber still drops for their names) nor switch words such as `enabled`
+//!   (`not_secret_values`);
 //! - well-known credential formats (cloud keys, GitHub/Slack/OpenAI-style tokens, JWTs, PEM
 //!   private key blocks, …), data in `policies/redact_patterns.json`.
 //!
@@ -27,6 +32,11 @@ const ENV_JSON: &str = include_str!("../../policies/env.json");
 struct PatternFile {
     marker: String,
     min_env_value_chars: usize,
+    /// Missing means none: every secret-looking name is redacted (the safe side).
+    #[serde(default)]
+    not_secret_names: Vec<String>,
+    #[serde(default)]
+    not_secret_values: Vec<String>,
     patterns: Vec<PatternData>,
 }
 
@@ -34,6 +44,23 @@ struct PatternFile {
 struct PatternData {
     name: String,
     regex: String,
+    #[serde(default)]
+    token_shaped: bool,
+    #[serde(default)]
+    requires: Option<String>,
+}
+
+/// One compiled credential format.
+struct Format {
+    name: String,
+    re: Regex,
+    /// A match counts only if what it would replace looks like a random token
+    /// ([`looks_like_token`]); set for prefixes like `sk-` that ordinary names also start with.
+    token_shaped: bool,
+    /// Text every match contains: output without it is not searched. The regex engine finds
+    /// no literal to skip ahead to in the private key pattern (its END-only alternative starts
+    /// with any base64 line), and scanning 50 KB for it took 80 µs where this check takes 1.
+    requires: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -45,9 +72,11 @@ struct EnvNames {
 struct Patterns {
     marker: String,
     min_env_value_chars: usize,
-    formats: Vec<(String, Regex)>,
+    formats: Vec<Format>,
     deny_substrings: Vec<String>,
     provider_blocklist: Vec<String>,
+    not_secret_names: Vec<String>,
+    not_secret_values: Vec<String>,
 }
 
 /// Where the redaction patterns come from, as named in errors.
@@ -70,7 +99,12 @@ fn compile_patterns(redact_json: &str, env_json: &str) -> Result<Patterns, Polic
                 &p.name,
                 "regex",
             )?;
-            Ok((p.name, re))
+            Ok(Format {
+                name: p.name,
+                re,
+                token_shaped: p.token_shaped,
+                requires: p.requires,
+            })
         })
         .collect::<Result<Vec<_>, PolicyFileError>>()?;
     Ok(Patterns {
@@ -83,6 +117,8 @@ fn compile_patterns(redact_json: &str, env_json: &str) -> Result<Patterns, Polic
             .map(|s| s.to_ascii_uppercase())
             .collect(),
         provider_blocklist: env.provider_blocklist,
+        not_secret_names: file.not_secret_names,
+        not_secret_values: file.not_secret_values,
     })
 }
 
@@ -128,14 +164,72 @@ pub fn enabled() -> bool {
 /// Whether the variable `name` holds a secret by the environment policy.
 pub fn is_secret_name(name: &str) -> bool {
     // Fail closed: with no policy to tell, every name counts as secret.
-    let Ok(p) = patterns() else {
-        return true;
-    };
-    let upper = name.to_ascii_uppercase();
-    p.provider_blocklist
-        .iter()
-        .any(|b| b.eq_ignore_ascii_case(name))
-        || p.deny_substrings.iter().any(|s| upper.contains(s.as_str()))
+    patterns().map_or(true, |p| p.is_secret_name(name))
+}
+
+impl Patterns {
+    /// Whether the environment policy counts `name` as secret (what the scrubber drops).
+    fn is_secret_name(&self, name: &str) -> bool {
+        let upper = name.to_ascii_uppercase();
+        self.is_managed(name)
+            || self
+                .deny_substrings
+                .iter()
+                .any(|s| upper.contains(s.as_str()))
+    }
+
+    /// Whether `name` is a credential the product manages (`provider_blocklist`).
+    fn is_managed(&self, name: &str) -> bool {
+        self.provider_blocklist
+            .iter()
+            .any(|b| b.eq_ignore_ascii_case(name))
+    }
+
+    /// Whether output must not show the value of the variable `name`: a secret name that is
+    /// not one of the `not_secret_names` (`GIT_AUTHOR_NAME` holds no credential, its `AUTH` is
+    /// a coincidence). A managed credential is never exempt, whatever the list says.
+    fn redacts_value_of(&self, name: &str) -> bool {
+        self.is_secret_name(name)
+            && (self.is_managed(name) || !self.not_secret_names.iter().any(|n| n == name))
+    }
+
+    /// The part of a secret variable's `value` to look for in output, if any: the value
+    /// without surrounding whitespace and one pair of surrounding quotes, which a file-mounted
+    /// secret (trailing newline) or a docker `--env-file` (literal quotes) adds and which
+    /// output of the secret need not repeat. `None` when what is left is shorter than
+    /// `min_env_value_chars` or a switch word of `not_secret_values`: a value like `1` or
+    /// `enabled` is everywhere in ordinary output and secret nowhere.
+    fn secret_form<'v>(&self, value: &'v str) -> Option<&'v str> {
+        let trimmed = value.trim();
+        let unquoted = ['"', '\'']
+            .iter()
+            .find_map(|q| trimmed.strip_prefix(*q)?.strip_suffix(*q))
+            .map_or(trimmed, str::trim);
+        let long_enough = |v: &str| v.chars().count() >= self.min_env_value_chars;
+        // A short value in quotes is still looked for with its quotes, as before quotes were
+        // stripped: `"abcd"` is six characters of output.
+        let form = [unquoted, trimmed].into_iter().find(|v| long_enough(v))?;
+        let switch_word = self
+            .not_secret_values
+            .iter()
+            .any(|w| w.eq_ignore_ascii_case(unquoted));
+        (!switch_word).then_some(form)
+    }
+}
+
+/// Whether `s` looks like a random token rather than words: one of its segments (split at
+/// `-`, `_`, `.`) is at least 8 characters long and mixes two of lowercase letters, uppercase
+/// letters and digits. A key's random body always has such a segment; a name like
+/// `sk-payments-service-deployment-v2` has none.
+fn looks_like_token(s: &str) -> bool {
+    s.split(['-', '_', '.']).any(|seg| {
+        let classes = [
+            seg.bytes().any(|b| b.is_ascii_lowercase()),
+            seg.bytes().any(|b| b.is_ascii_uppercase()),
+            seg.bytes().any(|b| b.is_ascii_digit()),
+        ];
+        seg.len() >= 8 && classes.iter().filter(|c| **c).count() >= 2
+    })
 }
 
 /// Replaces secrets in text. Build one per execution or command; applying it is one pass per
@@ -174,11 +268,13 @@ impl Redactor {
                 env_values: None,
             };
         };
-        let min = p.min_env_value_chars;
         let mut values: Vec<(String, String)> = env
             .into_iter()
-            .filter(|(k, v)| is_secret_name(k.as_ref()) && v.as_ref().trim().chars().count() >= min)
-            .map(|(k, v)| (v.as_ref().to_string(), k.as_ref().to_string()))
+            .filter(|(k, _)| p.redacts_value_of(k.as_ref()))
+            .filter_map(|(k, v)| {
+                let form = p.secret_form(v.as_ref())?;
+                Some((form.to_string(), k.as_ref().to_string()))
+            })
             .collect();
         values.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.1.cmp(&b.1)));
         values.dedup_by(|a, b| a.0 == b.0);
@@ -235,26 +331,27 @@ impl Redactor {
                     .into_owned();
             }
         }
-        for (name, re) in &p.formats {
-            if !re.is_match(&out) {
+        for f in &p.formats {
+            let lacks_literal = f.requires.as_deref().is_some_and(|lit| !out.contains(lit));
+            if lacks_literal || !f.re.is_match(&out) {
                 continue;
             }
-            let marker = p.marker.replace("{name}", name);
-            out = re
-                .replace_all(&out, |c: &regex::Captures<'_>| {
-                    count += 1;
-                    match c.name("secret") {
-                        Some(secret) => {
-                            let whole = c.get(0).map_or(0..0, |m| m.range());
-                            let r = secret.range();
-                            format!(
-                                "{}{marker}{}",
-                                &c[0][..r.start - whole.start],
-                                &c[0][r.end - whole.start..]
-                            )
-                        }
-                        None => marker.clone(),
+            let marker = p.marker.replace("{name}", &f.name);
+            out =
+                f.re.replace_all(&out, |c: &regex::Captures<'_>| {
+                    // Group 0 is the whole match, always present.
+                    let Some(m) = c.get(0) else {
+                        return String::new();
+                    };
+                    let whole = m.as_str();
+                    // Only the `secret` group is replaced when the pattern has one.
+                    let secret = c.name("secret").unwrap_or(m);
+                    if f.token_shaped && !looks_like_token(secret.as_str()) {
+                        return whole.to_string();
                     }
+                    count += 1;
+                    let (start, end) = (secret.start() - m.start(), secret.end() - m.start());
+                    format!("{}{marker}{}", &whole[..start], &whole[end..])
                 })
                 .into_owned();
         }
@@ -331,8 +428,8 @@ mod tests {
             ("aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "aws_secret_access_key"),
             ("token ghp_0123456789abcdefghijABCDEFGHIJ012345", "github_token"),
             ("xoxb-1234567890-abcdefghij", "slack_token"),
-            ("OPENAI sk-proj-abcdefghijklmnopqrstuvwx", "openai_key"),
-            ("sk-ant-api03-abcdefghijklmnopqrstuvwxyz", "anthropic_key"),
+            ("OPENAI sk-proj-Ab3dEfGh1jKlMnOpQrStUvWx", "openai_key"),
+            ("sk-ant-api03-Xq7vB2kLm9Tz4RwYp1Nc8Hd5Fg3Js6", "anthropic_key"),
             ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U", "jwt"),
             ("Authorization: Bearer abcdefghijklmnop1234", "bearer_token"),
             ("postgres://app:hunter2secret@db:5432/x", "url_password"),
@@ -375,5 +472,250 @@ mod tests {
         let (out, n) = r.redact("pw=correct-horse-battery in /work/project, 1 time");
         assert_eq!(n, 1);
         assert_eq!(out, "pw=[REDACTED:MY_DB_PASSWORD] in /work/project, 1 time");
+    }
+
+    #[test]
+    fn json_and_dict_forms_of_credentials_are_replaced() {
+        // Printing request headers or an STS response as a dict or JSON is the common way
+        // these leak; the quote closing the key used to defeat `authorization\s*[:=]`.
+        let bearer = "abcdefghijklmnopqrstuvwxyz012345";
+        let aws_secret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY";
+        let session = format!("FwoGZXIvYXdzEBYaDH{}", "Qx7Lm2Pz8Rt4Vb6N".repeat(8));
+        let cases = [
+            format!(r#"{{"Authorization": "Bearer {bearer}"}}"#),
+            format!("{{'Authorization': 'Bearer {bearer}'}}"),
+            format!("{{'headers': {{'Authorization': 'token {bearer}'}}}}"),
+            format!(r#"{{"authorization":"Basic {bearer}"}}"#),
+            format!(r#"{{b'Proxy-Authorization': b'Bearer {bearer}'}}"#),
+            format!(r#"log: "{{\"Authorization\": \"Bearer {bearer}\"}}""#),
+            format!(
+                r#"{{"Credentials": {{"AccessKeyId": "ASIAIOSFODNN7EXAMPLE", "SecretAccessKey": "{aws_secret}", "SessionToken": "{session}"}}}}"#
+            ),
+            format!("{{'SecretAccessKey': '{aws_secret}'}}"),
+            format!("aws_secret_access_key={aws_secret}"),
+        ];
+        for text in &cases {
+            let (out, n) = formats(text);
+            assert!(n >= 1, "{text} -> {out}");
+            for secret in [bearer, aws_secret, &session, "ASIAIOSFODNN7EXAMPLE"] {
+                assert!(!out.contains(secret), "{text} -> {out}");
+            }
+        }
+        let (out, n) = formats(&cases[0]);
+        assert_eq!(
+            (out.as_str(), n),
+            (r#"{"Authorization": "Bearer [REDACTED:bearer_token]"}"#, 1)
+        );
+        let (out, n) = formats(&cases[6]);
+        assert_eq!(n, 3, "{out}");
+        assert!(
+            out.contains(r#""SecretAccessKey": "[REDACTED:aws_secret_access_key]""#)
+                && out.contains(r#""SessionToken": "[REDACTED:aws_session_token]""#),
+            "{out}"
+        );
+        // A secret key that ends in `/` or `+` has no word boundary before the closing quote.
+        let slash_end = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKE/";
+        let (out, n) = formats(&format!(r#"{{"SecretAccessKey": "{slash_end}"}}"#));
+        assert_eq!(n, 1, "{out}");
+        assert!(!out.contains(slash_end), "{out}");
+    }
+
+    #[test]
+    fn a_private_key_cut_open_is_replaced_from_its_begin_line() {
+        // read_file(key, limit=4) and `head -c 300 key` show the BEGIN line and the first
+        // lines of the key, without the END line the whole-block pattern needed.
+        let body = [
+            "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAABlwAAAAdzc2gtcn",
+            "NhAAAAAwEAAQAAAYEAu8Jk2Qx7Lm2Pz8Rt4Vb6Nc1Kd5Fg3Hj0WsQ9x7Lm2Pz8Rt4Vb6Nc",
+            "1Kd5Fg3Hj0WsQ9x7Lm2Pz8Rt4Vb6Nc1Kd5Fg3Hj0WsQ9x7Lm2Pz8Rt4Vb6Nc1Kd5Fg3Hj0",
+        ];
+        let paged = format!(
+            "-----BEGIN OPENSSH PRIVATE KEY-----\n{}\n{}\n{}\n",
+            body[0], body[1], body[2]
+        );
+        let headed = format!(
+            "-----BEGIN OPENSSH PRIVATE KEY-----\n{}\n{}",
+            body[0],
+            &body[1][..30]
+        );
+        for (text, before) in [
+            (format!("key:\n{paged}"), "key:\n"),
+            (format!("{headed}done"), ""),
+        ] {
+            let (out, n) = formats(&text);
+            assert_eq!(
+                (out.as_str(), n),
+                (format!("{before}[REDACTED:private_key]").as_str(), 1),
+                "{text}"
+            );
+        }
+        // The end of a key without its BEGIN line (`tail`, a read from an offset): the key
+        // lines before the END line go (full lines of 16 or more characters, and the last,
+        // which may be short), the text before them stays, even a word.
+        let tailed = format!(
+            "lastlines\n{}\n{}\n-----END OPENSSH PRIVATE KEY-----\nafter\n",
+            &body[1][20..],
+            body[2]
+        );
+        let (out, n) = formats(&tailed);
+        assert_eq!(
+            (out.as_str(), n),
+            ("lastlines\n[REDACTED:private_key]\nafter\n", 1),
+            "{tailed}"
+        );
+        // The same through read_file's numbered lines (offset=5).
+        let numbered = format!(
+            "     5|{}\n     6|{}\n     7|-----END OPENSSH PRIVATE KEY-----\n",
+            body[1], body[2]
+        );
+        let (out, n) = formats(&numbered);
+        assert_eq!((out.as_str(), n), ("[REDACTED:private_key]\n", 1));
+        // A whole block is replaced up to its END line; an open one after it to the end.
+        let whole = format!(
+            "-----BEGIN RSA PRIVATE KEY-----\n{}\n-----END RSA PRIVATE KEY-----\nbetween\n",
+            body[0]
+        );
+        let (out, n) = formats(&format!("{whole}{paged}"));
+        assert_eq!(
+            (out.as_str(), n),
+            ("[REDACTED:private_key]\nbetween\n[REDACTED:private_key]", 2)
+        );
+        // A public key is not a secret.
+        let public = "-----BEGIN PUBLIC KEY-----\nMIIBIjANBgkqhkiG9w0BAQEFAAOCAQ8AMIIBCgKCAQEA\n";
+        assert_eq!(formats(public), (public.to_string(), 0));
+    }
+
+    #[test]
+    fn env_values_are_found_without_surrounding_whitespace_and_quotes() {
+        // A Kubernetes secret mounted from a file ends in a newline; a docker --env-file keeps
+        // quotes. The value the output shows is the one inside.
+        let text = "token is trailingsecret777 ok";
+        for value in [
+            "trailingsecret777",
+            "trailingsecret777\n",
+            "trailingsecret777\r\n",
+            "\"trailingsecret777\"",
+            "'trailingsecret777'",
+            " trailingsecret777",
+            " \"trailingsecret777\"\n",
+        ] {
+            let r = Redactor::from_env([("MY_API_TOKEN", value)]);
+            assert_eq!(
+                r.redact(text),
+                ("token is [REDACTED:MY_API_TOKEN] ok".to_string(), 1),
+                "{value:?}"
+            );
+        }
+        // What is left inside the quotes must still be long enough to be a secret, and a short
+        // quoted value is looked for with its quotes, as before.
+        let r = Redactor::from_env([("MY_API_TOKEN", "\"abcd\"")]);
+        assert_eq!(r.redact("x=abcd"), ("x=abcd".to_string(), 0));
+        assert_eq!(
+            r.redact("x=\"abcd\""),
+            ("x=[REDACTED:MY_API_TOKEN]".to_string(), 1)
+        );
+        let r = Redactor::from_env([("MY_API_TOKEN", "  abc \n")]);
+        assert_eq!(r.redact("abc"), ("abc".to_string(), 0));
+    }
+
+    #[test]
+    fn non_credential_names_and_switch_words_keep_their_values() {
+        let env = [
+            ("GIT_AUTHOR_NAME", "Alice Example"),
+            ("GIT_AUTHOR_EMAIL", "alice@example.com"),
+            ("SSH_AUTH_SOCK", "/tmp/ssh-agent.sock"),
+            ("KEYBOARD_LAYOUT", "us-intl"),
+            ("TOKENIZERS_PARALLELISM", "enabled"),
+            ("FEATURE_TOKEN_CHECK", "disabled"),
+            ("MY_SERVICE_TOKEN", "real-secret-4711"),
+        ];
+        let text = "Author: Alice Example <alice@example.com>\nsocket /tmp/ssh-agent.sock, \
+                    keyboard: us-intl, tokenizer: enabled, check: disabled, t=real-secret-4711";
+        let (out, n) = Redactor::from_env(env).redact(text);
+        assert_eq!(n, 1, "{out}");
+        assert_eq!(
+            out,
+            text.replace("real-secret-4711", "[REDACTED:MY_SERVICE_TOKEN]")
+        );
+        // The scrubber still counts them as secret (SPEC §4 rule 2): only output keeps them.
+        for (name, _) in env {
+            assert!(is_secret_name(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_managed_credential_is_redacted_even_if_listed_as_not_secret() {
+        let json = PATTERNS_JSON.replacen(
+            "\"not_secret_names\": [",
+            "\"not_secret_names\": [\"GITHUB_TOKEN\", \"MY_SERVICE_TOKEN\", ",
+            1,
+        );
+        let policy: &'static Patterns =
+            Box::leak(Box::new(compile_patterns(&json, ENV_JSON).unwrap()));
+        let r = Redactor::with_policy(
+            Ok(policy),
+            [
+                ("GITHUB_TOKEN", "managed-value-123"),
+                ("MY_SERVICE_TOKEN", "listed-value-456"),
+            ],
+        );
+        assert_eq!(
+            r.redact("managed-value-123 listed-value-456"),
+            ("[REDACTED:GITHUB_TOKEN] listed-value-456".to_string(), 1)
+        );
+    }
+
+    #[test]
+    fn the_not_secret_lists_are_consistent_with_the_env_policy() {
+        let p = patterns().unwrap();
+        assert!(!p.not_secret_names.is_empty() && !p.not_secret_values.is_empty());
+        for name in &p.not_secret_names {
+            // An entry must be a name the scrubber drops (else it is dead data), and never a
+            // credential the product manages.
+            assert!(p.is_secret_name(name), "{name} is not secret anyway");
+            assert!(!p.is_managed(name), "{name} is a managed credential");
+        }
+    }
+
+    #[test]
+    fn names_and_urls_that_only_look_like_formats_are_left_alone() {
+        for text in [
+            "visit http://localhost:8080?invite=alice@example.com",
+            "http://example.com:80#section@anchor",
+            "id=sk-payments-service-deployment-v2",
+            "sk-ant-colony-simulation-project-notes",
+            "use the sk-learn-compatible-estimator-wrapper",
+        ] {
+            assert_eq!(formats(text), (text.to_string(), 0), "{text}");
+        }
+        // The real shapes still are.
+        for (text, name) in [
+            (
+                "postgres://app:hunter2secret@db:5432/x?sslmode=require",
+                "url_password",
+            ),
+            (
+                "http://user:p4ss@localhost:8080?invite=alice@example.com",
+                "url_password",
+            ),
+            (
+                "sk-Q9x7Lm2Pz8Rt4Vb6Nc1Kd5Fg3Hj0WsQ9x7Lm2Pz8Rt4Vb6Nc1",
+                "openai_key",
+            ),
+            (
+                "sk-or-v1-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+                "openai_key",
+            ),
+            ("sk-3f9a1c7e5b2d4f6a8c0e1b3d5f7a9c2e", "openai_key"),
+        ] {
+            let (out, n) = formats(text);
+            assert!(
+                n == 1 && out.contains(&format!("[REDACTED:{name}]")),
+                "{text} -> {out}"
+            );
+        }
+        assert!(looks_like_token("proj-Ab3dEfGh1jKl"));
+        assert!(!looks_like_token("payments-service-deployment-v2"));
+        assert!(!looks_like_token("ABCDEFGHIJKLMNOP"));
     }
 }

@@ -22,6 +22,7 @@ mod modal_conformance;
 mod parity;
 mod prestart;
 mod process_start;
+mod redaction;
 mod spec_audit;
 mod strict_benign;
 mod strict_escapes;
