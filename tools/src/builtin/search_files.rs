@@ -330,7 +330,7 @@ fn on_kernel_pseudo_fs(dir: &Path) -> bool {
         0xde5e_81e4, // efivarfs
     ];
     nix::sys::statfs::statfs(dir)
-        .map(|s| PSEUDO.contains(&(s.filesystem_type().0 as i64)))
+        .map(|s| PSEUDO.contains(&s.filesystem_type().0))
         .unwrap_or(false)
 }
 
