@@ -315,6 +315,14 @@ class _Channel(object):
                 "arguments of %s contain text that is not valid Unicode (%s); "
                 "decode bytes or fix surrogates before calling" % (tool, exc.reason)
             )
+        if len(body) > _MAX_ARGS_BYTES:
+            # The supervisor closes a channel that sends a frame over its limit, and every
+            # later call would fail with a broken pipe that says nothing of why.
+            raise ValueError(
+                "arguments of %s are %.1f MiB encoded; a tool call carries at most %d MiB: "
+                "pass large data in parts (several calls) or write it from the script"
+                % (tool, len(body) / 1048576.0, _MAX_FRAME_BYTES >> 20)
+            )
         with self._lock:
             # With at-fork hooks the child resets the channel as it forks; the pid check covers
             # interpreters without them.
@@ -368,6 +376,10 @@ class _Channel(object):
 
 # The encoded `,"tool":NAME,"args":` of each tool called so far.
 _HEADS = {}
+# The supervisor's limit on one frame (vibeos_rpc::MAX_FRAME_BYTES), and what is left of it
+# for the tool's name and arguments after the id and the token (a token is 64 hex digits).
+_MAX_FRAME_BYTES = 16777216
+_MAX_ARGS_BYTES = _MAX_FRAME_BYTES - 256
 
 
 _AT_FORK = hasattr(_os, "register_at_fork")

@@ -836,6 +836,27 @@ fn a_supervisor_killed_with_sigkill_leaves_no_terminal_command_or_shell_dir() {
 }
 
 #[test]
+fn a_call_over_the_frame_limit_is_refused_and_the_channel_stays_usable() {
+    // 17 MiB of arguments: the supervisor would close the channel on it, and every later call
+    // failed with a broken pipe that did not say why.
+    let sb = Sandbox::new();
+    std::fs::write(sb.work().join("small.txt"), "still here\n").unwrap();
+    let r = sb.run_json(
+        "from vibeos_tools import write_file, read_file\n\
+         try:\n    write_file('big.txt', 'y' * (17 << 20))\n    print('sent')\n\
+         except ValueError as e:\n    print('refused:', e)\n\
+         print(read_file('small.txt')['content'].strip())\n",
+        &[],
+    );
+    assert_eq!(r["status"], "success", "{r}");
+    let out = output(&r);
+    assert!(out.contains("refused: arguments of write_file are 17.0 MiB"), "{out}");
+    assert!(out.contains("at most 16 MiB"), "{out}");
+    assert!(out.contains("still here"), "{out}");
+    assert!(!sb.work().join("big.txt").exists());
+}
+
+#[test]
 fn replies_larger_than_one_read_reach_their_caller_whole() {
     let sb = Sandbox::new();
     let r = sb.run_fixture("core/large_replies.py", &["--max-tool-calls", "200"]);
