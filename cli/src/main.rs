@@ -137,7 +137,10 @@ and the limits below), plus the tools of --toolsets.
 --config, --mode, --timeout, --max-tool-calls and --cwd work exactly as for `run` and are the
 defaults of every call. A call's arguments may override `timeout` and `max_tool_calls` (the
 execute_code schema offers them); `mode` and `cwd` are the server's and cannot be changed per
-call, so a client cannot loosen strict mode.
+call, so a client cannot loosen strict mode. In strict mode the tools of --toolsets follow a
+strict script's rules: the file tools act only beneath the session dir and
+code_execution.strict.read_roots/write_roots, and terminal and process are offered only with
+code_execution.strict.terminal: true.
 
 Up to --max-concurrent executions run at once; further calls wait in a queue. Clients that send
 a progressToken get notifications/progress while a call is queued and while it runs.
@@ -150,7 +153,8 @@ struct ServeArgs {
     /// localhost:PORT; port 0 picks one) instead of stdio. Non-loopback addresses are refused.
     #[arg(long, value_name = "ADDR")]
     http: Option<String>,
-    /// Also offer the registry's tools of these toolsets (comma-separated).
+    /// Also offer the registry's tools of these toolsets (comma-separated). In strict mode
+    /// only those strict mode confines are offered.
     #[arg(long, value_name = "A,B", value_delimiter = ',')]
     toolsets: Vec<String>,
     /// Executions running at once; further calls are queued.

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{Notify, Semaphore};
+use vibeos_supervisor::direct_tools::{DirectCallError, DirectTools};
 use vibeos_supervisor::execute_code_tool::{execute_code_settings, request_from};
 use vibeos_supervisor::Status;
 use vibeos_supervisor::{execute, Interrupt};
@@ -37,6 +38,9 @@ const CALL_ARGUMENTS: [&str; 3] = ["code", "timeout", "max_tool_calls"];
 pub(crate) struct Shared {
     registry: &'static ToolRegistry,
     pub(crate) settings: ServeSettings,
+    /// The rules of the tools offered besides execute_code: in strict mode, those of a strict
+    /// script's tools, so a client cannot reach directly what a script cannot.
+    direct: DirectTools,
     slots: Arc<Semaphore>,
     next_id: AtomicU64,
     running: Mutex<HashMap<u64, (u64, Interrupt)>>,
@@ -47,6 +51,7 @@ impl Shared {
     pub(crate) fn new(registry: &'static ToolRegistry, settings: ServeSettings) -> Arc<Self> {
         Arc::new(Shared {
             registry,
+            direct: DirectTools::new(&settings.config),
             slots: Arc::new(Semaphore::new(settings.max_concurrent)),
             settings,
             next_id: AtomicU64::new(1),
@@ -153,8 +158,15 @@ impl ExecServer {
     }
 
     /// Names of the tools `--toolsets` adds (before availability checks), without the agent
-    /// loop's.
+    /// loop's and, in strict mode, without those strict mode cannot confine.
     fn extra_tools(&self) -> Result<BTreeSet<String>, ErrorData> {
+        let mut names = self.selected_tools()?;
+        names.retain(|name| self.shared.direct.offered(name).is_ok());
+        Ok(names)
+    }
+
+    /// Names of the tools `--toolsets` selects, without the agent loop's.
+    fn selected_tools(&self) -> Result<BTreeSet<String>, ErrorData> {
         if self.shared.settings.toolsets.is_empty() {
             return Ok(BTreeSet::new());
         }
@@ -298,7 +310,19 @@ impl ExecServer {
         ct: tokio_util::sync::CancellationToken,
     ) -> Result<CallToolResult, ErrorData> {
         let registry = self.shared.registry;
-        let mut ctx = ToolContext::agent(self.shared.settings.cwd.clone());
+        // In strict mode the call carries the strict path policy (and is refused outright for a
+        // tool strict mode does not offer): the server's rights are not the client's.
+        let mut ctx = match self.shared.direct.context(&name, &self.shared.settings.cwd) {
+            Ok(ctx) => ctx,
+            Err(e @ DirectCallError::NotOffered { .. }) => {
+                return Err(ErrorData::invalid_params(e.to_string(), None))
+            }
+            Err(e @ DirectCallError::Config(_)) => {
+                tracing::error!("{name}: {e}");
+                let text = serde_json::json!({ "error": e.to_string() }).to_string();
+                return Ok(CallToolResult::error(vec![ContentBlock::text(text)]));
+            }
+        };
         let task_id = crate::approval::task_id(self.conn);
         let _approvals = crate::approval::bind(&task_id, peer);
         ctx.task_id = Some(task_id);
@@ -424,6 +448,18 @@ impl ServerHandler for ExecServer {
                 })??
         };
         if !offered.iter().any(|t| t.name == name) {
+            // A tool of --toolsets that strict mode keeps back: say why, and what would open it.
+            if let Err(e) = self.shared.direct.offered(&name) {
+                let this = self.clone();
+                let selected = tokio::task::spawn_blocking(move || this.selected_tools())
+                    .await
+                    .map_err(|e| {
+                        ErrorData::internal_error(format!("listing tools failed: {e}"), None)
+                    })??;
+                if selected.contains(&name) {
+                    return Err(ErrorData::invalid_params(e.to_string(), None));
+                }
+            }
             let names: Vec<String> = offered.iter().map(|t| t.name.to_string()).collect();
             return Err(ErrorData::invalid_params(
                 format!(

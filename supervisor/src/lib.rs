@@ -11,6 +11,7 @@
 // private, and the few items of it hosts need are re-exported below.
 pub mod audit;
 pub mod backends;
+pub mod direct_tools;
 pub mod execute_code_tool;
 pub mod extensions;
 pub mod interrupts;

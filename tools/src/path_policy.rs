@@ -201,7 +201,7 @@ impl PathPolicy {
             ToolError::new(
                 crate::ToolErrorKind::OutsideSandbox,
                 format!(
-                    "{} is outside what tools may {} for a strict-mode script ({}); add its \
+                    "{} is outside what tools may {} in strict mode ({}); add its \
                      directory to code_execution.strict.{} to open it",
                     path.display(),
                     if write { "write" } else { "read" },
@@ -266,7 +266,8 @@ impl PathPolicy {
         Err(ToolError::new(
             crate::ToolErrorKind::OutsideSandbox,
             format!(
-                "{} is in the staging area of vibeos-exec executions ({}), which tools never                  reach from a strict-mode script except its own staging dir",
+                "{} is in the staging area of vibeos-exec executions ({}), which tools never \
+                 reach in strict mode except a script's own staging dir",
                 shown.display(),
                 at.display()
             ),

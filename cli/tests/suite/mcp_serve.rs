@@ -444,6 +444,142 @@ fn mcp_toolsets_offer_the_registry_tools_of_those_toolsets() {
 }
 
 #[test]
+fn strict_serve_confines_the_tools_it_offers_directly() {
+    // The probe's finding: `serve --mode strict --toolsets file,terminal` read /etc/shadow,
+    // wrote outside every root and ran commands as root through direct MCP calls. Over stdio
+    // and HTTP alike, the direct tools must follow a strict script's rules.
+    let sb = Sandbox::new();
+    let root = sb.root.path().to_path_buf();
+    let secret = format!("TOP-SECRET-{}", std::process::id());
+    std::fs::create_dir_all(root.join("outside")).unwrap();
+    std::fs::write(root.join("outside/secret.txt"), format!("{secret}\n")).unwrap();
+    std::fs::create_dir_all(root.join("shared")).unwrap();
+    std::fs::write(root.join("shared/readable.txt"), "shared data\n").unwrap();
+    sb.write_config(&format!(
+        "code_execution:\n  strict:\n    read_roots: [{}]\n",
+        root.join("shared").display()
+    ));
+    std::fs::write(
+        root.join("terminal-config.yaml"),
+        "code_execution:\n  strict:\n    terminal: true\n",
+    )
+    .unwrap();
+    let shadow = std::fs::read_to_string("/etc/shadow").unwrap_or_default();
+    let Some(r) = scenario(&sb, "strict_toolsets") else {
+        return;
+    };
+    for transport in ["stdio", "http"] {
+        let t = &r[transport];
+        assert_eq!(
+            t["names"],
+            serde_json::json!([
+                "execute_code",
+                "patch",
+                "read_file",
+                "search_files",
+                "write_file"
+            ]),
+            "{transport}: terminal and process must not be listed in strict mode"
+        );
+        // Refused as a tool error naming the policy, and nothing of the file in the reply.
+        for key in [
+            "read_outside",
+            "read_dotdot",
+            "read_shadow",
+            "search_outside",
+            "patch_outside",
+        ] {
+            let c = &t[key];
+            assert_eq!(c["refused"], false, "{transport} {key}: {c}");
+            assert_eq!(c["is_error"], true, "{transport} {key}: {c}");
+            let text = c["text"].as_str().unwrap();
+            assert!(
+                text.contains("OutsideSandbox") || text.contains("strict mode"),
+                "{transport} {key}: {text}"
+            );
+            assert!(!text.contains(&secret), "{transport} {key} leaked: {text}");
+            if let Some(line) = shadow.lines().next() {
+                assert!(!text.contains(line), "{transport} {key} leaked /etc/shadow");
+            }
+        }
+        for key in ["write_outside", "write_read_root"] {
+            let c = &t[key];
+            assert_eq!(c["is_error"], true, "{transport} {key}: {c}");
+            assert!(
+                c["text"].as_str().unwrap().contains("OutsideSandbox"),
+                "{transport} {key}: {c}"
+            );
+        }
+        // Inside the cwd and the read root the tools still work.
+        assert_eq!(t["write_inside"]["is_error"], false, "{transport}: {t}");
+        assert!(
+            t["read_inside"]["text"]
+                .as_str()
+                .unwrap()
+                .contains("in the cwd"),
+            "{transport}: {t}"
+        );
+        assert!(
+            t["read_read_root"]["text"]
+                .as_str()
+                .unwrap()
+                .contains("shared data"),
+            "{transport}: {t}"
+        );
+        for tool in ["terminal", "process"] {
+            let c = &t[tool];
+            assert_eq!(c["refused"], true, "{transport} {tool}: {c}");
+            assert_eq!(c["code"], -32602, "{transport} {tool}: {c}");
+            let message = c["message"].as_str().unwrap();
+            assert!(
+                message.contains("strict mode")
+                    && message.contains("code_execution.strict.terminal: true"),
+                "{transport} {tool}: {message}"
+            );
+        }
+    }
+    assert_eq!(r["http_exit"], 0, "{r}");
+    assert!(!root.join("outside/planted.txt").exists());
+    assert!(!root.join("shared/planted.txt").exists());
+    assert!(
+        !sb.work().join("terminal-ran.txt").exists(),
+        "a refused terminal call ran its command"
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join("outside/secret.txt")).unwrap(),
+        format!("{secret}\n"),
+        "patch changed a file outside the roots"
+    );
+    assert_eq!(
+        std::fs::read_to_string(sb.work().join("inside.txt")).unwrap(),
+        "in the cwd\n"
+    );
+    // code_execution.strict.terminal: true is the operator's explicit opening, as for scripts;
+    // the file tools stay confined.
+    let opened = &r["opened"];
+    let names: Vec<&str> = opened["names"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        names.contains(&"terminal") && names.contains(&"process"),
+        "{names:?}"
+    );
+    assert_eq!(opened["terminal"]["is_error"], false, "{opened}");
+    assert!(opened["terminal"]["text"]
+        .as_str()
+        .unwrap()
+        .contains("opened"));
+    assert_eq!(opened["read_outside"]["is_error"], true, "{opened}");
+    assert!(!opened["read_outside"]["text"]
+        .as_str()
+        .unwrap()
+        .contains(&secret));
+}
+
+#[test]
 fn serve_refuses_non_loopback_addresses_and_bad_settings() {
     let sb = Sandbox::new();
     for (args, expect) in [
