@@ -449,7 +449,7 @@ impl PathPolicy {
                         ),
                     ));
                 }
-                Some(st.st_mode & 0o7777 & !0o6000)
+                Some((st.st_mode & 0o7777 & !0o6000, st.st_uid, st.st_gid))
             }
             Err(Errno::ENOENT) => None,
             Err(e) => return Err(ToolError::io(path, &e.into())),
@@ -478,10 +478,16 @@ impl PathPolicy {
             .and_then(|_| file.flush())
             .and_then(|_| {
                 use std::os::unix::fs::PermissionsExt;
-                file.set_permissions(std::fs::Permissions::from_mode(mode.unwrap_or(0o644)))
+                file.set_permissions(std::fs::Permissions::from_mode(
+                    mode.map_or(0o644, |(m, _, _)| m),
+                ))
             });
         let renamed = written.map_err(|e| ToolError::io(path, &e)).and_then(|_| {
-            follow_owner(dir.as_fd(), Path::new(&tmp_name).as_os_str());
+            match mode {
+                // A replaced file keeps its owner, as an edit in place would.
+                Some((_, uid, gid)) => keep_owner(&file, uid, gid),
+                None => follow_owner(dir.as_fd(), Path::new(&tmp_name).as_os_str()),
+            }
             nix::fcntl::renameat(
                 dir.as_fd(),
                 tmp_name.as_str(),
@@ -550,6 +556,19 @@ fn follow_owner(dir: BorrowedFd<'_>, name: &std::ffi::OsStr) {
         Some(nix::unistd::Uid::from_raw(parent.st_uid)),
         Some(nix::unistd::Gid::from_raw(parent.st_gid)),
         nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    );
+}
+
+/// Gives `file` the owner `uid`/`gid` (of the file it replaces); only root can, and nothing
+/// changes when they already match.
+fn keep_owner(file: &File, uid: u32, gid: u32) {
+    if !rustix::process::geteuid().is_root() {
+        return;
+    }
+    let _ = nix::unistd::fchown(
+        file,
+        Some(nix::unistd::Uid::from_raw(uid)),
+        Some(nix::unistd::Gid::from_raw(gid)),
     );
 }
 

@@ -359,3 +359,46 @@ fn background_processes_of_a_scripts_commands_end_with_the_execution() {
         );
     }
 }
+
+#[test]
+fn edits_keep_the_owner_of_the_file_they_replace() {
+    // write_file and patch replace a file by renaming a new one over it; run as root (CI) on a
+    // user's checkout, the new copy was root's and the user could no longer write their file.
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        vibeos_testkit::skip!("only root can keep another user's ownership");
+    }
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    for mode in ["project", "strict"] {
+        if mode == "strict" {
+            if let Some(why) = vibeos_testkit::strict_unavailable() {
+                vibeos_testkit::skip!("strict mode is unavailable on this machine: {why}");
+            }
+        }
+        let sb = Sandbox::new();
+        for name in ["w.txt", "p.txt"] {
+            let f = sb.work().join(name);
+            std::fs::write(&f, "old line\n").unwrap();
+            std::os::unix::fs::chown(&f, Some(1234), Some(1235)).unwrap();
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o604)).unwrap();
+        }
+        let r = sb.run_json(
+            "from vibeos_tools import write_file, patch\n\
+             print(write_file('w.txt', 'new line\\n'))\n\
+             print(patch(path='p.txt', old_string='old line', new_string='new line'))\n",
+            &["--mode", mode],
+        );
+        assert_eq!(r["status"], "success", "{mode}: {r}");
+        for name in ["w.txt", "p.txt"] {
+            let f = sb.work().join(name);
+            let meta = std::fs::metadata(&f).unwrap();
+            assert_eq!(
+                std::fs::read_to_string(&f).unwrap(),
+                "new line\n",
+                "{mode} {name}: {r}"
+            );
+            assert_eq!((meta.uid(), meta.gid()), (1234, 1235), "{mode} {name}");
+            assert_eq!(meta.mode() & 0o7777, 0o604, "{mode} {name}");
+        }
+    }
+}

@@ -53,3 +53,19 @@ pub(crate) fn open_regular_file(
     }
     Ok((file, meta))
 }
+
+/// Gives `file` (the new copy a write renames over a file) the owner of the file it replaces,
+/// as an edit in place would keep it: a root supervisor editing a user's checkout made their
+/// files root's, which the user could then no longer write. Only root can give a file away;
+/// otherwise (or when the owners match) nothing changes.
+pub(crate) fn keep_owner(file: &File, replaced: &Metadata) {
+    use std::os::unix::fs::MetadataExt;
+    if !rustix::process::geteuid().is_root() {
+        return;
+    }
+    let Ok(now) = file.metadata() else { return };
+    if (now.uid(), now.gid()) == (replaced.uid(), replaced.gid()) {
+        return;
+    }
+    let _ = std::os::unix::fs::fchown(file, Some(replaced.uid()), Some(replaced.gid()));
+}

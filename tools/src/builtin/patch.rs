@@ -178,9 +178,11 @@ fn atomic_write(path: &Path, content: &str, ctx: &ToolContext) -> Result<(), Too
         _ => PathBuf::from("."),
     };
     std::fs::create_dir_all(&parent).map_err(|e| ToolError::io(&parent, &e))?;
-    let perms = std::fs::metadata(path)
+    let replaced = std::fs::metadata(path).ok();
+    let perms = replaced
+        .as_ref()
         .map(|m| m.permissions())
-        .unwrap_or_else(|_| std::fs::Permissions::from_mode(0o644));
+        .unwrap_or_else(|| std::fs::Permissions::from_mode(0o644));
     let mut tmp = tempfile::Builder::new()
         .prefix(".vibeos-patch-")
         .tempfile_in(&parent)
@@ -188,6 +190,9 @@ fn atomic_write(path: &Path, content: &str, ctx: &ToolContext) -> Result<(), Too
     tmp.write_all(content.as_bytes())
         .and_then(|_| tmp.flush())
         .map_err(|e| ToolError::io(path, &e))?;
+    if let Some(replaced) = &replaced {
+        super::file_open::keep_owner(tmp.as_file(), replaced);
+    }
     let _ = tmp.as_file().set_permissions(perms);
     tmp.persist(path)
         .map_err(|e| ToolError::io(path, &e.error))?;

@@ -83,7 +83,7 @@ fn write_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Too
     };
     std::fs::create_dir_all(&parent).map_err(|e| ToolError::io(&parent, &e))?;
     let existed = existing.is_some();
-    let old_perms = existing.map(|m| m.permissions());
+    let old_perms = existing.as_ref().map(|m| m.permissions());
     // Write beside the target and rename over it: readers see the old or the new file, never a
     // half-written one.
     let mut tmp = tempfile::Builder::new()
@@ -99,6 +99,9 @@ fn write_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Too
         use std::os::unix::fs::PermissionsExt;
         std::fs::Permissions::from_mode(0o644)
     });
+    if let Some(replaced) = &existing {
+        super::file_open::keep_owner(tmp.as_file(), replaced);
+    }
     let _ = tmp.as_file().set_permissions(perms);
     tmp.persist(&path)
         .map_err(|e| ToolError::io(&path, &e.error))?;
