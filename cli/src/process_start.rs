@@ -24,6 +24,20 @@ pub fn prepare() {
     open_missing_standard_descriptors();
     ignore_sigpipe();
     keep_inherited_descriptors_to_ourselves();
+    keep_our_environment_to_ourselves();
+}
+
+/// Makes the process non-dumpable, as ssh-agent does: its `/proc/PID/environ` (and `mem`)
+/// then need more than the same uid to read. The CLI holds the caller's whole environment —
+/// the secrets it scrubs from every script — and a project-mode script runs as the same user:
+/// it could read them back from `/proc/<supervisor>/environ`, or from its reaper's (a fork of
+/// this process) at `/proc/$PPID/environ`. A root caller's scripts keep `CAP_SYS_PTRACE` and
+/// still can; core dumps of the CLI are given up.
+fn keep_our_environment_to_ourselves() {
+    // SAFETY: PR_SET_DUMPABLE takes an integer and touches no memory of ours.
+    unsafe {
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+    }
 }
 
 /// Marks every descriptor above stderr close-on-exec. A shell gives us whatever it had open

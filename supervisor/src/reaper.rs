@@ -128,6 +128,10 @@ pub unsafe fn become_reaper(
         if libc::setsid() < 0 {
             return io::Error::last_os_error();
         }
+        // The script's parent: its `/proc/PID/environ` is the host's whole environment (this is
+        // a fork of the host), which a project-mode script could read as the same user. Not
+        // dumpable, it takes more than the same uid (the script itself is exec'd, dumpable).
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
         let mut mask: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut mask);
         for s in WATCHED {

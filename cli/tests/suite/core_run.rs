@@ -850,10 +850,69 @@ fn a_call_over_the_frame_limit_is_refused_and_the_channel_stays_usable() {
     );
     assert_eq!(r["status"], "success", "{r}");
     let out = output(&r);
-    assert!(out.contains("refused: arguments of write_file are 17.0 MiB"), "{out}");
+    assert!(
+        out.contains("refused: arguments of write_file are 17.0 MiB"),
+        "{out}"
+    );
     assert!(out.contains("at most 16 MiB"), "{out}");
     assert!(out.contains("still here"), "{out}");
     assert!(!sb.work().join("big.txt").exists());
+}
+
+#[test]
+fn a_project_script_cannot_read_the_supervisors_environment() {
+    // The supervisor holds the caller's whole environment, the secrets it scrubs from the
+    // script included. A project-mode script runs as the same user and could read them back
+    // from /proc/<supervisor>/environ, or its reaper's (a fork of the supervisor).
+    // Only a non-root caller is protected (root's scripts keep CAP_SYS_PTRACE): run as nobody.
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        vibeos_testkit::skip!("needs root to run the CLI as another user");
+    }
+    if !Path::new("/usr/bin/python3").exists() {
+        vibeos_testkit::skip!("/usr/bin/python3 is missing (the test user cannot reach pyenv)");
+    }
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    std::os::unix::fs::chown(dir.path(), Some(65534), Some(65534)).unwrap();
+    std::os::unix::fs::chown(&home, Some(65534), Some(65534)).unwrap();
+    std::fs::write(home.join("config.yaml"), "code_execution:\n  python: /usr/bin/python3\n").unwrap();
+    let script = home.join("peek.py");
+    std::fs::write(
+        &script,
+        "import os, json\nout = {}\nparent = os.getppid()\n\
+         stat = open('/proc/%d/stat' % parent).read()\n\
+         supervisor = int(stat.rsplit(')', 1)[1].split()[1])\n\
+         for name, pid in (('reaper', parent), ('supervisor', supervisor)):\n\
+         \x20   try:\n\
+         \x20       data = open('/proc/%d/environ' % pid, 'rb').read()\n\
+         \x20       out[name] = 'leaked' if b'sk-test-' in data else 'read'\n\
+         \x20   except OSError as e:\n\
+         \x20       out[name] = type(e).__name__\n\
+         print(json.dumps(out))\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(vibeos_testkit::exec_bin())
+        .args(["run", "--json"])
+        .arg(&script)
+        .current_dir(&home)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", &home)
+        .env("TMPDIR", &home)
+        .env("VIBEOS_HOME", &home)
+        .env("MY_API_KEY", "sk-test-0123456789abcdefghijklmnop")
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let r = parse_single_json(&out);
+    assert_eq!(r["status"], "success", "{r}");
+    let seen: Value = serde_json::from_str(output(&r).trim()).unwrap();
+    assert_eq!(seen["reaper"], "PermissionError", "{seen}");
+    assert_eq!(seen["supervisor"], "PermissionError", "{seen}");
 }
 
 #[test]
