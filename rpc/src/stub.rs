@@ -475,10 +475,9 @@ mod tests {
     fn the_runtime_refuses_calls_by_the_supervisors_frame_limit() {
         // The stub refuses arguments the supervisor would close the channel over; the two
         // limits are one number written twice.
-        assert!(RUNTIME_SOURCE.contains(&format!(
-            "_MAX_FRAME_BYTES = {}\n",
-            crate::MAX_FRAME_BYTES
-        )));
+        assert!(
+            RUNTIME_SOURCE.contains(&format!("_MAX_FRAME_BYTES = {}\n", crate::MAX_FRAME_BYTES))
+        );
     }
 
     #[test]

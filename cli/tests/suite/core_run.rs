@@ -878,7 +878,11 @@ fn a_project_script_cannot_read_the_supervisors_environment() {
     std::fs::create_dir(&home).unwrap();
     std::os::unix::fs::chown(dir.path(), Some(65534), Some(65534)).unwrap();
     std::os::unix::fs::chown(&home, Some(65534), Some(65534)).unwrap();
-    std::fs::write(home.join("config.yaml"), "code_execution:\n  python: /usr/bin/python3\n").unwrap();
+    std::fs::write(
+        home.join("config.yaml"),
+        "code_execution:\n  python: /usr/bin/python3\n",
+    )
+    .unwrap();
     let script = home.join("peek.py");
     std::fs::write(
         &script,
