@@ -145,6 +145,7 @@ fn terminal(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolE
     let wrapped = crate::environments::session::wrap(command, ctx, workdir_arg.is_some());
     let spec = SpawnSpec {
         command: &wrapped,
+        shown_command: command,
         cwd: &cwd,
         env: &env,
         pty,

@@ -37,6 +37,9 @@ const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(500);
 pub struct SpawnSpec<'a> {
     /// Shell command line.
     pub command: &'a str,
+    /// The command as its caller gave it, which `process(action="list")` shows (`command` may
+    /// be it wrapped to keep the shell session's state).
+    pub shown_command: &'a str,
     /// Working directory.
     pub cwd: &'a Path,
     /// The complete environment of the command.
@@ -649,7 +652,7 @@ pub fn start_background(spec: &SpawnSpec<'_>) -> Result<Arc<BackgroundProcess>, 
     let id = format!("proc_{}", NEXT_ID.fetch_add(1, Ordering::SeqCst));
     let proc_ = Arc::new(BackgroundProcess {
         id: id.clone(),
-        command: spec.command.to_string(),
+        command: spec.shown_command.to_string(),
         cwd: spec.cwd.display().to_string(),
         pid,
         pty: spec.pty,
@@ -798,6 +801,7 @@ pub(crate) mod tests {
     fn spec<'a>(cmd: &'a str, env: &'a [(String, String)], pty: bool) -> SpawnSpec<'a> {
         SpawnSpec {
             command: cmd,
+            shown_command: cmd,
             cwd: Path::new("/"),
             env,
             pty,

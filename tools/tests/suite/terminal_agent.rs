@@ -26,11 +26,18 @@ fn background_process_lifecycle_and_pty() {
     let id = started["process_id"].as_str().unwrap().to_string();
     std::thread::sleep(Duration::from_millis(300));
     let listed = call("process", json!({"action": "list"}), &ctx);
-    assert!(listed["processes"]
+    let entry = listed["processes"]
         .as_array()
         .unwrap()
         .iter()
-        .any(|p| p["process_id"] == id.as_str()));
+        .find(|p| p["process_id"] == id.as_str())
+        .cloned()
+        .unwrap_or_else(|| panic!("not listed: {listed}"));
+    // The command as given, not the shell-session wrapper it runs in.
+    assert_eq!(
+        entry["command"], "echo ready; read x; echo got:$x; sleep 60",
+        "{entry}"
+    );
     let polled = call("process", json!({"action": "poll", "process_id": id}), &ctx);
     assert!(
         polled["output"].as_str().unwrap().contains("ready"),
