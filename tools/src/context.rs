@@ -43,13 +43,50 @@ impl ToolContext {
         }
     }
 
-    /// Resolves a user-supplied path against the call's working directory.
+    /// Resolves a user-supplied path against the call's working directory. A leading `~` (or
+    /// `~/`) is the caller's home, as `os.path.expanduser` in the script would read it: the
+    /// script's `HOME` for script calls (its staging dir in strict mode), else this process's.
+    /// Taken literally, `write_file("~/notes.txt")` made a directory named `~` in the cwd.
     pub fn resolve(&self, path: &str) -> PathBuf {
+        if path == "~" || path.starts_with("~/") {
+            if let Some(home) = self.home() {
+                let rest = path.trim_start_matches('~').trim_start_matches('/');
+                return if rest.is_empty() { home } else { home.join(rest) };
+            }
+        }
         let p = Path::new(path);
         if p.is_absolute() {
             p.to_path_buf()
         } else {
             self.cwd.join(p)
         }
+    }
+
+    /// The caller's home: `HOME` of the call's environment, else of this process; `None` when
+    /// unset or relative.
+    fn home(&self) -> Option<PathBuf> {
+        let home = match &self.env {
+            Some(env) => env.iter().find(|(k, _)| k == "HOME").map(|(_, v)| v.into()),
+            None => std::env::var_os("HOME").map(PathBuf::from),
+        }?;
+        home.is_absolute().then_some(home)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_leading_tilde_is_the_callers_home() {
+        let mut ctx = ToolContext::agent("/work");
+        ctx.env = Some(Arc::new(vec![("HOME".into(), "/home/script".into())]));
+        assert_eq!(ctx.resolve("~/notes.txt"), Path::new("/home/script/notes.txt"));
+        assert_eq!(ctx.resolve("~"), Path::new("/home/script"));
+        assert_eq!(ctx.resolve("~user/x"), Path::new("/work/~user/x"));
+        assert_eq!(ctx.resolve("a/~/b"), Path::new("/work/a/~/b"));
+        assert_eq!(ctx.resolve("/abs"), Path::new("/abs"));
+        ctx.env = Some(Arc::new(vec![("HOME".into(), "relative".into())]));
+        assert_eq!(ctx.resolve("~/x"), Path::new("/work/~/x"));
     }
 }
