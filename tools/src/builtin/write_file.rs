@@ -4,6 +4,7 @@ use super::args::{check_path, parse, schema_for};
 use crate::{BuiltinTool, ToolContext, ToolEntry, ToolError};
 use serde_json::{json, Map, Value};
 use std::io::Write;
+use std::path::Path;
 
 /// The arguments of `write_file`: its schema and its parser.
 #[derive(serde::Deserialize, schemars::JsonSchema)]
@@ -81,7 +82,7 @@ fn write_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Too
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => ctx.cwd.clone(),
     };
-    std::fs::create_dir_all(&parent).map_err(|e| ToolError::io(&parent, &e))?;
+    std::fs::create_dir_all(&parent).map_err(|e| parent_error(&parent, &e))?;
     let existed = existing.is_some();
     let old_perms = existing.as_ref().map(|m| m.permissions());
     // Write beside the target and rename over it: readers see the old or the new file, never a
@@ -110,6 +111,28 @@ fn write_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Too
         "bytes_written": content.len(),
         "created": !existed,
     }))
+}
+
+/// Why the parent dir `parent` could not be made: a file where a directory of the path
+/// should be is `NotADirectory` naming it (create_dir_all says "File exists", which read as
+/// if the target itself were there).
+fn parent_error(parent: &Path, e: &std::io::Error) -> ToolError {
+    if matches!(
+        e.kind(),
+        std::io::ErrorKind::AlreadyExists | std::io::ErrorKind::NotADirectory
+    ) {
+        if let Some(file) = parent.ancestors().find(|a| a.is_file()) {
+            return ToolError::new(
+                crate::ToolErrorKind::NotADirectory,
+                format!(
+                    "{} is a file, so {} cannot be a directory beneath it; choose another path",
+                    file.display(),
+                    parent.display()
+                ),
+            );
+        }
+    }
+    ToolError::io(parent, e)
 }
 
 #[cfg(test)]
@@ -167,6 +190,13 @@ mod tests {
                 .kind,
             "IsADirectory"
         );
+        // A file where the path needs a directory: named as such, not "File exists".
+        for path in ["real.txt/x.txt", "real.txt/sub/x.txt"] {
+            let args = json!({"path": path, "content": "x"});
+            let e = write_file(args.as_object().unwrap(), &ctx).unwrap_err();
+            assert_eq!(e.kind, "NotADirectory", "{path}: {e:?}");
+            assert!(e.message.contains("real.txt is a file"), "{path}: {e:?}");
+        }
     }
 
     #[test]
