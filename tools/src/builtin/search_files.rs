@@ -107,14 +107,32 @@ fn entry() -> ToolEntry {
 
 inventory::submit! { BuiltinTool(entry) }
 
-/// Counts matching lines.
-struct CountSink(u64);
+/// Counts matching lines; `.1` is set when the file turned out binary, which leaves it out
+/// whole (a NUL found past the first buffer came after matches already counted: the file was
+/// half counted, its `total` short, instead of skipped as binary files are).
+struct CountSink(u64, bool);
+
+impl CountSink {
+    fn new() -> Self {
+        CountSink(0, false)
+    }
+
+    /// The file's count, `None` when it has no match or is binary.
+    fn count(&self) -> Option<u64> {
+        (self.0 > 0 && !self.1).then_some(self.0)
+    }
+}
 
 impl Sink for CountSink {
     type Error = std::io::Error;
     fn matched(&mut self, _: &Searcher, _: &SinkMatch<'_>) -> Result<bool, std::io::Error> {
         self.0 += 1;
         Ok(true)
+    }
+
+    fn binary_data(&mut self, _: &Searcher, _: u64) -> Result<bool, std::io::Error> {
+        self.1 = true;
+        Ok(false)
     }
 }
 
@@ -483,19 +501,17 @@ fn search_files(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
             )
         })?;
     let counts: Vec<(PathBuf, u64)> = if meta.is_file() {
-        let mut sink = CountSink(0);
+        let mut sink = CountSink::new();
         let _ = walk.search(&mut searcher(0), &matcher, &walk.root, &mut sink);
-        if sink.0 > 0 {
-            vec![(walk.root.clone(), sink.0)]
-        } else {
-            Vec::new()
-        }
+        sink.count()
+            .map(|c| vec![(walk.root.clone(), c)])
+            .unwrap_or_default()
     } else {
         walk.files(|p| {
             let mut s = searcher(0);
-            let mut sink = CountSink(0);
+            let mut sink = CountSink::new();
             walk.search(&mut s, &matcher, p, &mut sink).ok()?;
-            (sink.0 > 0).then_some(sink.0)
+            sink.count()
         })
     };
     let total_lines: u64 = counts.iter().map(|(_, c)| c).sum();
@@ -585,7 +601,7 @@ mod tests {
         assert_eq!(paths, ["small.txt"], "{r}");
         // The searcher's buffer stopped at the cap instead of growing to the line.
         let mut s = searcher(0);
-        let mut sink = CountSink(0);
+        let mut sink = CountSink::new();
         let matcher = RegexMatcher::new("NEEDLE").unwrap();
         let err = s.search_path(&matcher, dir.path().join("huge.txt"), &mut sink);
         assert!(
@@ -686,6 +702,20 @@ mod tests {
         assert_eq!(e.kind, "InvalidArguments");
         let r = call(d.path(), json!({"pattern": "port", "path": "a.yaml"})).unwrap();
         assert_eq!(r["matches"][0]["path"], "a.yaml");
+    }
+
+    #[test]
+    fn a_file_found_binary_past_its_first_buffer_is_left_out_whole() {
+        // 100,000 matching lines, then NUL bytes: the NUL is found buffers after the first
+        // matches, which were counted (total 98,298) although the file counts as binary.
+        let dir = tempfile::tempdir().unwrap();
+        let mut bytes = "hello\n".repeat(100_000).into_bytes();
+        bytes.extend_from_slice(&[0u8; 64]);
+        std::fs::write(dir.path().join("late-binary.dat"), &bytes).unwrap();
+        std::fs::write(dir.path().join("text.txt"), "hello\n").unwrap();
+        let r = call(dir.path(), json!({"pattern": "hello", "output_mode": "count"})).unwrap();
+        assert_eq!(r["total"], 1, "{r}");
+        assert_eq!(r["counts"][0]["path"], "text.txt", "{r}");
     }
 
     #[test]
