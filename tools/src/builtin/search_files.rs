@@ -431,6 +431,10 @@ fn search_files(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
             root.display()
         )));
     }
+    if meta.is_dir() && ctx.paths.is_none() {
+        // A directory that cannot be listed gave an empty result, as if nothing matched.
+        std::fs::read_dir(&root).map_err(|e| ToolError::io(&root, &e))?;
+    }
     let walk = Walk {
         policy: ctx.paths.clone(),
         display_base: (!Path::new(raw_path).is_absolute()).then(|| ctx.cwd.clone()),
