@@ -42,10 +42,16 @@ import site  # noqa: E402
 def _site_without_customize():
     customize = site.execsitecustomize, site.execusercustomize
     site.execsitecustomize = site.execusercustomize = lambda: None
+    # `-c` put '' (the cwd) first; at a normal start `site` runs before that, so it must not
+    # see it: it would make it absolute and drop the PYTHONPATH entry equal to it, and a forked
+    # script's sys.path would differ from a cold one's.
+    first = sys.path.pop(0) if sys.path and sys.path[0] == "" else None
     try:
         site.main()
     finally:
         site.execsitecustomize, site.execusercustomize = customize
+        if first is not None:
+            sys.path.insert(0, first)
 
 
 _site_without_customize()
