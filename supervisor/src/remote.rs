@@ -113,10 +113,12 @@ fn remote_env(
         Some(env) => env.clone(),
         None => std::env::vars_os().collect(),
     };
-    let base_tz = base
-        .iter()
-        .find(|(k, _)| k == "TZ")
-        .and_then(|(_, v)| v.clone().into_string().ok());
+    // As a local run: the caller's TZ, else the host's zone, so that a script's times read the
+    // same wherever it runs (the remote's own zone is not the agent's).
+    let (base_tz, _) = crate::env_policy::tz_with_source(
+        base.iter().find(|(k, _)| k == "TZ").map(|(_, v)| v.clone()),
+    );
+    let base_tz = base_tz.into_string().ok();
     let passthrough: BTreeSet<String> = request.env_passthrough.iter().cloned().collect();
     let scrubbed = policy.scrub_quiet(base, &passthrough);
     policy.log_dropped(&scrubbed);
@@ -341,6 +343,11 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
             boot_error = Some(RemoteError::Boot { backend, message })
         }
         None => {}
+    }
+    // Without the bootstrap's report the status is only the client's (docker's, ssh's), which
+    // says nothing about the script: a killed script must never look like a clean exit 0.
+    if !reported && ending != Ending::Exited && exit_code == Some(0) {
+        exit_code = None;
     }
     // A bootstrap that reported has removed its work dir; one that did not may have been
     // killed before it could.
@@ -651,6 +658,23 @@ fn boot_input(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_remote_script_gets_tz_as_a_local_one_does() {
+        let mut request = ExecutionRequest::from_config("", &crate::Config::default());
+        let tz_of = |request: &ExecutionRequest| {
+            remote_env(request, "/w", "/c")
+                .unwrap()
+                .into_iter()
+                .find(|(k, _)| k == "TZ")
+                .map(|(_, v)| v)
+        };
+        request.base_env = Some(vec![("PATH".into(), "/usr/bin".into())]);
+        let host = crate::env_policy::tz_with_source(None).0.into_string().unwrap();
+        assert_eq!(tz_of(&request), Some(host), "the host's zone when the caller has none");
+        request.base_env = Some(vec![("TZ".into(), "Asia/Tokyo".into())]);
+        assert_eq!(tz_of(&request).as_deref(), Some("Asia/Tokyo"));
+    }
 
     #[test]
     fn bootstrap_input_is_nul_separated_and_refuses_nul_bytes() {
