@@ -10,6 +10,9 @@ use crate::result::ExecutionResult;
 use std::ffi::OsString;
 use vibeos_tools::redact::{enabled, Redactor};
 
+/// Variables holding a service's address, which backend errors name in clear (see [`apply`]).
+const ENDPOINT_VARS: [&str; 2] = ["DAYTONA_API_URL", "MODAL_SERVER_URL"];
+
 /// Redacts `result.output` and `result.error` against the secrets of `base_env` (the
 /// environment the child's was scrubbed from), unless `security.redact_output` is off.
 pub fn apply(result: &mut ExecutionResult, base_env: &[(OsString, OsString)]) {
@@ -31,6 +34,24 @@ pub fn apply(result: &mut ExecutionResult, base_env: &[(OsString, OsString)]) {
     result.output = output;
     let mut total = n;
     if let Some(error) = result.error.take() {
+        // The error is the supervisor's own text, and a backend's "cannot reach the service"
+        // names the endpoint to check: service addresses are not secrets (`doctor` prints
+        // them), so their values stay readable there. They are still scrubbed from every
+        // environment and redacted from the script's output; a password inside such a URL is
+        // still caught by the URL credential format.
+        let endpoint_redactor;
+        let redactor = if base_env
+            .iter()
+            .any(|(k, _)| ENDPOINT_VARS.iter().any(|e| k == e))
+        {
+            endpoint_redactor = Redactor::from_env(base_env.iter().filter_map(|(k, v)| {
+                let (k, v) = (k.to_str()?, v.to_str()?);
+                (!ENDPOINT_VARS.contains(&k)).then(|| (k.to_string(), v.to_string()))
+            }));
+            &endpoint_redactor
+        } else {
+            &redactor
+        };
         let (error, n) = redactor.redact(&error);
         total += n;
         result.error = Some(error);

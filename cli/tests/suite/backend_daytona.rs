@@ -268,6 +268,58 @@ print(u.urlopen(r).status)",
         serde_json::json!([]),
         "nothing left: {report}"
     );
+
+    // A script that ignores SIGTERM, removes the pgid files and stops its relay and its
+    // bootstrap is still killed after the grace (the backstop: a fresh `/process/execute`
+    // kills by the pids the relay reported before the script ran), and nothing of it is left.
+    environments::activate(settings());
+    let stopboot = "import os, glob, time, signal, subprocess\nfor f in glob.glob('/tmp/.vibeos-exec-pg/*') + glob.glob('/tmp/.vibeos-pgid-*'):\n    os.unlink(f)\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nboot = os.getppid()\nwith open('/proc/%d/stat' % boot) as f:\n    relay = int(f.read().rsplit(')', 1)[1].split()[1])\nsubprocess.Popen(['sleep', '9494'])\nprint('started', flush=True)\ntime.sleep(0.3)\nos.kill(relay, signal.SIGSTOP)\nos.kill(boot, signal.SIGSTOP)\nwhile True:\n    time.sleep(1)\n";
+    let r = run_into_timeout(
+        &rt,
+        request(stopboot, "task-stop"),
+        Duration::from_secs(2),
+        Duration::from_secs(30),
+    );
+    assert_ne!(r.exit_code, Some(0), "{r:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = ps(&lab);
+        if !left.contains("sleep 9494") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "left behind: {left}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    environments::shutdown();
+
+    // A key the service refuses (HTTP 401) is said to be refused, not "unreachable": the
+    // service was reached.
+    let key = std::env::var("DAYTONA_API_KEY").unwrap();
+    std::env::set_var("DAYTONA_API_KEY", "wrong-key-for-the-stand-in");
+    environments::activate(settings());
+    let r = run(&rt, request("print(1)", "task-badkey"));
+    std::env::set_var("DAYTONA_API_KEY", &key);
+    let e = r.error.clone().unwrap_or_default();
+    assert!(e.contains("refused the credentials"), "{r:?}");
+    assert!(e.contains("DAYTONA_API_KEY"), "{r:?}");
+    assert!(!e.contains("unreachable"), "{r:?}");
+    environments::shutdown();
+
+    // A start that cannot work (no tool agent binary at the configured path) fails before it
+    // creates a sandbox, naming the setting: every failed start used to leave one running.
+    let host = tempfile::tempdir().unwrap();
+    environments::activate(BackendSettings {
+        agent_binary: Some(host.path().join("missing").join("vibeos-exec")),
+        ..settings()
+    });
+    for _ in 0..2 {
+        let r = run(&rt, request("print(1)", "task-noagent"));
+        assert_eq!(r.status, Status::Error, "{r:?}");
+        let e = r.error.clone().unwrap_or_default();
+        assert!(e.contains("terminal.agent_binary"), "{e}");
+        assert!(lab.sandboxes().is_empty(), "a failed start left a sandbox");
+    }
+    environments::shutdown();
 }
 
 /// With the official SDK, a sandbox as a host of this machine that crashed would have left it:
@@ -326,6 +378,9 @@ fn daytona_cli_errors_name_what_is_missing() {
         e.contains("daytona backend unreachable") && e.contains("DAYTONA_API_URL"),
         "{e}"
     );
+    // The endpoint to check is shown, not redacted: a service address is no secret.
+    assert!(e.contains("http://127.0.0.1:9/api"), "{e}");
+    assert!(!e.contains("REDACTED"), "{e}");
 
     let out = sb.run(&["doctor"]);
     // Names are padded to one column: compare with the padding collapsed.

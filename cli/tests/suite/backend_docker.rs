@@ -549,3 +549,92 @@ fn gc_report(daemon: &Dockerd) -> serde_json::Value {
         .unwrap();
     serde_json::from_slice(&gc.stdout).unwrap_or_else(|_| panic!("{gc:?}"))
 }
+
+/// Start-up checks and a kill the script cannot dodge (probe findings F1, F2, F4, F5): a
+/// missing `terminal.cwd` is an error naming the key (not silently created); a missing
+/// `terminal.agent_binary` is an error naming the key before anything starts, and nothing is
+/// created on the host at that path; a script that removes or replaces its pgid file, or stops
+/// its bootstrap and ignores SIGTERM, is still killed at its timeout plus the grace, keeps the
+/// output it printed, never reports exit 0, and leaves nothing running.
+#[test]
+fn docker_start_checks_and_a_kill_the_script_cannot_dodge() {
+    if super::common::in_own_process() {
+        return;
+    }
+    let (daemon, docker) = match Dockerd::with_image(IMAGE) {
+        Ok(d) => d,
+        Err(e) => return unavailable(&e),
+    };
+    let rt = runtime();
+
+    // F4: the configured working dir is entered, never created.
+    environments::activate(BackendSettings {
+        cwd: Some("/nonexistent-vibeos-cwd".into()),
+        ..settings(&docker)
+    });
+    let r = run(&rt, request("import os\nprint(os.getcwd())", "task-cwd"));
+    assert_eq!(r.status, Status::Error, "{r:?}");
+    let error = r.error.clone().unwrap_or_default();
+    assert!(error.contains("terminal.cwd"), "{r:?}");
+    assert!(error.contains("/nonexistent-vibeos-cwd"), "{r:?}");
+    assert!(!r.output.contains("/nonexistent-vibeos-cwd\n"), "{r:?}");
+    environments::shutdown();
+
+    // F5: a missing agent binary is named before any container exists, and docker does not
+    // create it on the host (`-v` made it an empty root-owned directory).
+    let host = tempfile::tempdir().unwrap();
+    let missing = host.path().join("missing-agent").join("vibeos-exec");
+    environments::activate(BackendSettings {
+        agent_binary: Some(missing.clone()),
+        ..settings(&docker)
+    });
+    let r = run(
+        &rt,
+        request(
+            "from vibeos_tools import read_file\nprint(read_file('/etc/hostname'))",
+            "task-agent",
+        ),
+    );
+    let text = format!("{:?} {}", r.error, r.output);
+    assert!(text.contains("terminal.agent_binary"), "{r:?}");
+    assert!(text.contains("missing-agent"), "{r:?}");
+    assert!(
+        !host.path().join("missing-agent").exists(),
+        "docker created the missing agent path on the host"
+    );
+    environments::shutdown();
+
+    environments::activate(settings(&docker));
+    // F2: removing the pgid file, or replacing it with a FIFO or a symlink to /dev/zero, does
+    // not delay the kill, lose the output, or turn it into exit 0.
+    for (tag, tamper) in [
+        ("unlink", "os.unlink(f)"),
+        ("fifo", "os.unlink(f); os.mkfifo(f)"),
+        ("zero", "os.unlink(f); os.symlink('/dev/zero', f)"),
+    ] {
+        let code = format!(
+            "import os, glob, time\nfor f in glob.glob('/run/vibeos-rpc/pg-*'):\n    {tamper}\nprint('started {tag}', flush=True)\ntime.sleep(1000)\n"
+        );
+        let r = run_into_timeout(
+            &rt,
+            request(&code, "task-k"),
+            Duration::from_secs(2),
+            Duration::from_secs(12),
+        );
+        assert!(r.output.contains(&format!("started {tag}")), "{r:?}");
+        assert_ne!(r.exit_code, Some(0), "{r:?}");
+    }
+    // F1: a script that ignores SIGTERM and stops its bootstrap is still killed after the
+    // grace, and nothing of it is left.
+    let stopboot = "import os, glob, time, signal, subprocess\nfor f in glob.glob('/run/vibeos-rpc/pg-*'):\n    os.unlink(f)\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nsubprocess.Popen(['sleep', '9393'])\nprint('started', flush=True)\ntime.sleep(0.3)\nos.kill(os.getppid(), signal.SIGSTOP)\nwhile True:\n    time.sleep(1)\n";
+    let r = run_into_timeout(
+        &rt,
+        request(stopboot, "task-k"),
+        Duration::from_secs(2),
+        Duration::from_secs(15),
+    );
+    assert_ne!(r.exit_code, Some(0), "{r:?}");
+    assert_none_left_in(&rt, "task-k", &["sleep 9393"]);
+    environments::activate(BackendSettings::default());
+    drop(daemon);
+}

@@ -398,6 +398,9 @@ print("env:", json.dumps(dict(os.environ)))
         text.contains("MODAL_TOKEN_ID and MODAL_TOKEN_SECRET"),
         "{text}"
     );
+    // Reached but refused: not "unreachable".
+    assert!(text.contains("refused the credentials"), "{text}");
+    assert!(!text.contains("unreachable"), "{text}");
     assert!(took < Duration::from_secs(30), "{took:?}");
     let dead = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -450,6 +453,71 @@ print("env:", json.dumps(dict(os.environ)))
     let t = tool("task-gc-live", "terminal", json!({"command": "echo still"}));
     assert_eq!(t["output"].as_str().unwrap_or("").trim(), "still", "{t}");
     environments::shutdown();
+    assert!(lab.sandboxes().is_empty());
+
+    // A script that ignores SIGTERM, removes the pgid files and stops its relay and its
+    // bootstrap is still killed after the grace (the backstop: a fresh sandbox exec kills by
+    // the pids the relay reported before the script ran), and nothing of it is left.
+    environments::activate(settings(python));
+    let stopboot = "import os, glob, time, signal, subprocess\nfor f in glob.glob('/tmp/.vibeos-exec-pg/*') + glob.glob('/tmp/.vibeos-pgid-*'):\n    os.unlink(f)\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nboot = os.getppid()\nwith open('/proc/%d/stat' % boot) as f:\n    relay = int(f.read().rsplit(')', 1)[1].split()[1])\nsubprocess.Popen(['sleep', '9494'])\nprint('started', flush=True)\ntime.sleep(0.3)\nos.kill(relay, signal.SIGSTOP)\nos.kill(boot, signal.SIGSTOP)\nwhile True:\n    time.sleep(1)\n";
+    let r = run_into_timeout(
+        &rt,
+        request(stopboot, "task-stop"),
+        Duration::from_secs(2),
+        Duration::from_secs(30),
+    );
+    assert_ne!(r.exit_code, Some(0), "{r:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = processes("task-stop");
+        if !left.contains("sleep 9494") && !left.contains("relay") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "left behind: {left}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    environments::shutdown();
+
+    // A terminal.cwd that does not exist in the sandbox is an error naming the key (the
+    // sandbox's workdir used to create it), and the failed execution's sandbox is stopped
+    // with the host like any other.
+    environments::activate(BackendSettings {
+        cwd: Some("/nonexistent-vibeos-cwd".into()),
+        ..settings(python)
+    });
+    let r = run(&rt, request("import os\nprint(os.getcwd())", "task-cwd"));
+    assert_eq!(r.status, Status::Error, "{r:?}");
+    let error = r.error.clone().unwrap_or_default();
+    assert!(error.contains("terminal.cwd"), "{r:?}");
+    assert!(error.contains("/nonexistent-vibeos-cwd"), "{r:?}");
+    environments::shutdown();
+    assert!(lab.sandboxes().is_empty());
+
+    // terminal.modal_python errors name that key, and an interpreter without the SDK is
+    // said to lack the `modal` package (not "exit Some(1)" under "tool agent:").
+    let bad_python = |modal_python: &str| {
+        environments::activate(BackendSettings {
+            modal_python: modal_python.into(),
+            ..settings(python)
+        });
+        let r = run(&rt, request("print(1)", "task-py"));
+        environments::shutdown();
+        assert_eq!(r.status, Status::Error, "{r:?}");
+        r.error.unwrap_or_default()
+    };
+    let error = bad_python("/nonexistent/python");
+    assert!(error.contains("terminal.modal_python"), "{error}");
+    assert!(!error.contains("docker_binary"), "{error}");
+    let bare = tempfile::tempdir().unwrap();
+    // `-S`: no site-packages, so no `modal`, whatever this machine's python3 has installed.
+    let no_sdk = bare.path().join("python-without-modal");
+    std::fs::write(&no_sdk, "#!/bin/sh\nexec /usr/bin/python3 -I -S \"$@\"\n").unwrap();
+    std::fs::set_permissions(&no_sdk, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let error = bad_python(&no_sdk.display().to_string());
+    assert!(error.contains("no `modal` package"), "{error}");
+    assert!(error.contains("terminal.modal_python"), "{error}");
+    assert!(!error.contains("Some("), "{error}");
+    assert!(!error.contains("tool agent"), "{error}");
     assert!(lab.sandboxes().is_empty());
 }
 

@@ -36,6 +36,10 @@ fn unknown_backend_or_missing_key_exits_2_naming_it() {
     exit_2_naming(&sb, &["run"], "terminal.docker_image");
     sb.write_config("terminal:\n  backend: ssh\n  ssh_host: h\n  ssh_port: nope\n");
     exit_2_naming(&sb, &["run"], "terminal.ssh_port");
+    // A host that ssh would read as an option is refused as a name, not passed to ssh (whose
+    // usage text was the only error).
+    sb.write_config("terminal:\n  backend: ssh\n  ssh_host: \"-oProxyCommand=touch /tmp/x\"\n");
+    exit_2_naming(&sb, &["run"], "terminal.ssh_host");
     sb.write_config("terminal:\n  backend: nonsense\n");
     exit_2_naming(&sb, &["run"], "nonsense");
     // serve takes the same flag and fails the same way before serving anything.

@@ -724,6 +724,29 @@ pub fn forward(
     Some(agent.call(tool, args, &ctx, timeout))
 }
 
+/// [`agent_binary`], checked to be a regular file on this host, as `backend`'s error: run
+/// before a backend creates anything, so a wrong path fails at once, naming the setting,
+/// rather than after a container or sandbox exists (docker's `-v` would even create the
+/// missing path as a directory) with every tool call failing vaguely.
+pub fn checked_agent_binary(
+    backend: &'static str,
+    configured: Option<&std::path::Path>,
+) -> Result<std::path::PathBuf, EnvError> {
+    let path = agent_binary(configured).map_err(|message| EnvError::Agent { backend, message })?;
+    let problem = match std::fs::metadata(&path) {
+        Ok(m) if m.is_file() => return Ok(path),
+        Ok(_) => "is not a regular file".to_string(),
+        Err(e) => format!("cannot be read ({e})"),
+    };
+    Err(EnvError::Agent {
+        backend,
+        message: format!(
+            "the vibeos-exec binary {} {problem}; set terminal.agent_binary (or VIBEOS_AGENT_BINARY) to a vibeos-exec executable on this host",
+            path.display()
+        ),
+    })
+}
+
 /// The vibeos-exec binary to run as tool agent: `terminal.agent_binary`, else
 /// `$VIBEOS_AGENT_BINARY`, else this program if it is vibeos-exec, else `vibeos-exec` on PATH.
 pub fn agent_binary(configured: Option<&std::path::Path>) -> Result<std::path::PathBuf, String> {

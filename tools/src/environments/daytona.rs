@@ -9,7 +9,7 @@
 //! JSON lines over another. The API key is read here, from this process's environment, and is
 //! sent only to the service: it is never part of anything started in the sandbox.
 
-use super::agent::{agent_binary, AgentClient, AgentLaunch};
+use super::agent::{checked_agent_binary, AgentClient, AgentLaunch};
 use super::process::group_wrapper;
 use super::Site;
 use super::{
@@ -445,6 +445,8 @@ impl DaytonaEnv {
     /// Starts (or, with `container_persistent`, resumes) the sandbox of `task`.
     pub fn start(settings: &BackendSettings, task: &str) -> Result<DaytonaEnv, EnvError> {
         let api = Api::new(Credentials::from_env()?)?;
+        // Before the sandbox exists: a failure after it would leave one behind.
+        let binary = checked_agent_binary(BACKEND, settings.agent_binary.as_deref())?;
         let safe: String = task
             .chars()
             .map(|c| {
@@ -483,6 +485,8 @@ impl DaytonaEnv {
         tracing::info!(sandbox = %sb.id, name = %inner.name, "backends: daytona sandbox ready");
         *inner.sandbox.lock().unwrap_or_else(|p| p.into_inner()) = sb;
         let inner = Arc::new(inner);
+        // Until the environment exists, a failure stops (or deletes) what was just created.
+        let mut guard = StartGuard(Some(Arc::clone(&inner)));
         let workdir = match &settings.cwd {
             Some(cwd) => cwd.clone(),
             None => {
@@ -499,11 +503,6 @@ impl DaytonaEnv {
                     .to_string()
             }
         };
-        let binary =
-            agent_binary(settings.agent_binary.as_deref()).map_err(|message| EnvError::Agent {
-                backend: BACKEND,
-                message,
-            })?;
         let shell_session = settings.shell_session;
         let agent_inner = Arc::clone(&inner);
         let agent = AgentClient::new(BACKEND, move || {
@@ -517,6 +516,7 @@ impl DaytonaEnv {
                 socket: None,
             })
         });
+        guard.0 = None;
         Ok(DaytonaEnv {
             site: Site {
                 workdir,
@@ -612,6 +612,20 @@ fn upload(inner: &Arc<Inner>, data: &[u8], path: &str, mode: u32) -> Result<(), 
 }
 
 impl Environment for DaytonaEnv {
+    fn fresh_runner(&self) -> Option<super::FreshRun> {
+        // One `/process/execute`: the toolbox daemon starts it, no process of the sandbox's
+        // executions is in the way.
+        let inner = Arc::clone(&self.inner);
+        Some(Arc::new(move |argv: &[String]| {
+            let line = argv
+                .iter()
+                .map(|a| shell_quote(a))
+                .collect::<Vec<_>>()
+                .join(" ");
+            inner.execute(&line, Duration::from_secs(30)).map(|_| ())
+        }))
+    }
+
     fn backend(&self) -> &'static str {
         BACKEND
     }
@@ -732,15 +746,35 @@ impl Environment for DaytonaEnv {
         if let Some(w) = warm {
             let _ = w.process.kill(GroupSignal::Kill);
         }
-        let sb = self.inner.current();
-        let (method, path) = if self.inner.persistent {
+        self.inner.release();
+    }
+}
+
+/// Releases the sandbox of a start that failed after creating it (unless disarmed): without
+/// it every failed start (a tool agent that cannot be found, a toolbox error) left a running
+/// sandbox behind, which only `backends gc` removed.
+struct StartGuard(Option<Arc<Inner>>);
+
+impl Drop for StartGuard {
+    fn drop(&mut self) {
+        if let Some(inner) = self.0.take() {
+            inner.release();
+        }
+    }
+}
+
+impl Inner {
+    /// Stops (persistent) or deletes the sandbox at the service.
+    fn release(&self) {
+        let sb = self.current();
+        let (method, path) = if self.persistent {
             (reqwest::Method::POST, format!("/sandbox/{}/stop", sb.id))
         } else {
             (reqwest::Method::DELETE, format!("/sandbox/{}", sb.id))
         };
-        match self.inner.api.control(method, &path, None) {
+        match self.api.control(method, &path, None) {
             Ok((s, _)) if (200..300).contains(&s) || s == 404 => {
-                tracing::info!(sandbox = %sb.id, "backends: daytona sandbox {}", if self.inner.persistent { "stopped" } else { "deleted" })
+                tracing::info!(sandbox = %sb.id, "backends: daytona sandbox {}", if self.persistent { "stopped" } else { "deleted" })
             }
             Ok((s, v)) => {
                 tracing::warn!(sandbox = %sb.id, "backends: cannot stop the daytona sandbox (HTTP {s}): {}", message(&v))

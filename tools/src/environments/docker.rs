@@ -10,9 +10,9 @@
 //! vibeos-exec binary, read-only, which runs there as the tool agent. Its PID 1 is a tiny
 //! Python reaper so orphans of scripts never pile up as zombies.
 
-use super::agent::{agent_binary, AgentClient, AgentLaunch, AgentSocket};
+use super::agent::{checked_agent_binary, AgentClient, AgentLaunch, AgentSocket};
 use super::owner::{owner_alive, owner_label};
-use super::process::{group_kill, group_wrapper};
+use super::process::{group_kill, group_wrapper, tree_kill_argv};
 use super::settings::BackendSettings;
 use super::Site;
 use super::{
@@ -23,6 +23,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// Where the RPC directory appears inside the container.
@@ -31,6 +32,9 @@ pub const RPC_MOUNT: &str = "/run/vibeos-rpc";
 pub const AGENT_PATH: &str = "/usr/local/libexec/vibeos-exec";
 /// Label every container carries.
 pub const LABEL: &str = "vibeos-exec=1";
+/// How long `spawn_leader` waits for the leader to record its pid (its interpreter's start).
+const LEADER_RECORD_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// How long an engine command may take before the engine counts as hung.
 const ENGINE_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -80,6 +84,16 @@ impl Drop for DirGuard {
         if let Some(dir) = self.0.take() {
             let _ = std::fs::remove_dir_all(dir);
         }
+    }
+}
+
+/// `key=value` as one field of `--mount` (a CSV line): quoted when the value has a comma or
+/// a quote, which would otherwise split the field.
+fn mount_field(key: &str, value: &str) -> String {
+    if value.contains([',', '"']) {
+        format!("\"{key}={}\"", value.replace('"', "\"\""))
+    } else {
+        format!("{key}={value}")
     }
 }
 
@@ -190,11 +204,7 @@ impl DockerEnv {
         })?;
         let persistent = settings.container_persistent;
         let name = container_name(task, persistent);
-        let agent_bin =
-            agent_binary(settings.agent_binary.as_deref()).map_err(|message| EnvError::Agent {
-                backend: "docker",
-                message,
-            })?;
+        let agent_bin = checked_agent_binary("docker", settings.agent_binary.as_deref())?;
         let mount_cwd = settings
             .docker_mount_cwd_to_workspace
             .then(|| settings.host_cwd.clone())
@@ -277,11 +287,20 @@ impl DockerEnv {
             settings.container_pids.to_string(),
             "-v".into(),
             format!("{}:{RPC_MOUNT}", rpc_dir.display()),
-            "-v".into(),
-            format!("{}:{AGENT_PATH}:ro", agent_bin.display()),
-            "-w".into(),
-            workdir,
+            // `--mount`, not `-v`: `-v` creates a missing source on the host (as an empty
+            // root-owned directory), `--mount` refuses it.
+            "--mount".into(),
+            format!(
+                "type=bind,{},target={AGENT_PATH},readonly",
+                mount_field("source", &agent_bin.display().to_string())
+            ),
         ];
+        // `docker run -w` creates a missing directory, so a configured terminal.cwd is not
+        // passed here: the bootstrap and the tools enter it themselves and report a missing
+        // one naming the key, as every other backend does. The defaults are always there.
+        if settings.cwd.is_none() {
+            args.extend(["-w".into(), workdir]);
+        }
         if let Some(cpu) = settings.container_cpu {
             args.extend(["--cpus".into(), format!("{cpu}")]);
         }
@@ -450,6 +469,44 @@ impl DockerEnv {
     }
 }
 
+impl DockerEnv {
+    /// Signals everything an execution's leader started, found from the leader's pid
+    /// (`leader`, read once before the script ran), in a fresh process the engine starts as
+    /// the container's user (root without capabilities could not signal another image USER):
+    /// nothing the script can change or stop (the pgid file, the leader) decides the kill.
+    /// Without a known leader, the group recorded in `pgid_file`.
+    fn tree_killer(
+        &self,
+        pgid_file: String,
+        leader: Arc<OnceLock<i32>>,
+    ) -> super::process::RemoteKill {
+        let (binary, name, python) = (
+            self.binary.clone(),
+            self.name.clone(),
+            self.site.python.clone(),
+        );
+        let by_file = self.group_killer(pgid_file);
+        Box::new(move |signal| {
+            let Some(pid) = leader.get() else {
+                return by_file(signal);
+            };
+            let mut args = vec!["exec".to_string(), name.clone()];
+            args.extend(tree_kill_argv(&python, *pid, signal));
+            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+            let out = engine(&binary, &refs)?;
+            if out.success() {
+                Ok(())
+            } else {
+                Err(engine_error(
+                    &binary,
+                    "killing an execution's processes",
+                    &out,
+                ))
+            }
+        })
+    }
+}
+
 impl Environment for DockerEnv {
     fn backend(&self) -> &'static str {
         "docker"
@@ -487,7 +544,42 @@ impl Environment for DockerEnv {
             cmd.arg("-e").arg(format!("{k}={v}"));
         }
         cmd.arg(&self.name).args(&spec.argv);
-        ClientProcess::spawn("docker", cmd, Some(self.group_killer(pgid_file)))
+        let leader = Arc::new(OnceLock::new());
+        let host_file = self
+            .rpc_dir
+            .join(pgid_file.rsplit('/').next().unwrap_or_default());
+        let spawned = ClientProcess::spawn(
+            "docker",
+            cmd,
+            Some(self.tree_killer(pgid_file, Arc::clone(&leader))),
+        )?;
+        // The leader writes its own pid there before it reads its stdin, and the script only
+        // runs once the caller has written that stdin (after we return): the pid read now
+        // cannot have been forged by the script, which may rewrite the file later.
+        let deadline = std::time::Instant::now() + LEADER_RECORD_TIMEOUT;
+        loop {
+            match std::fs::read_to_string(&host_file) {
+                Ok(text) => {
+                    if let Ok(pid) = text.trim().parse::<i32>() {
+                        if pid > 1 {
+                            let _ = leader.set(pid);
+                            break;
+                        }
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                // Unreadable from here (a rootful engine and a non-root host): the kill falls
+                // back to reading the file inside the container.
+                Err(_) => break,
+            }
+            if !matches!(spawned.process.try_wait(), Ok(None))
+                || std::time::Instant::now() > deadline
+            {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        Ok(spawned)
     }
 
     fn open_channel(&self, exec_id: &str, _token: &str) -> Result<Channel, EnvError> {

@@ -51,6 +51,15 @@ pub enum EnvError {
         /// What failed, and what to check.
         message: String,
     },
+    /// The service was reached but refused the credentials (HTTP 401/403, an auth error):
+    /// told apart from [`EnvError::Unreachable`], whose fix (the endpoint, the network) differs.
+    #[error("{backend} backend: the service refused the credentials: {message}")]
+    Refused {
+        /// Backend name.
+        backend: &'static str,
+        /// What was refused, and which variables to check.
+        message: String,
+    },
     /// A command of the backend's client failed.
     #[error("{backend} backend: {what} failed: {message}")]
     Command {
@@ -62,7 +71,7 @@ pub enum EnvError {
         message: String,
     },
     /// A client process could not be started.
-    #[error("{backend} backend: cannot run {program}: {source}; install it or set terminal.docker_binary")]
+    #[error("{backend} backend: cannot run {program}: {source}; install it or set {setting}")]
     Spawn {
         /// Backend name.
         backend: &'static str,
@@ -70,6 +79,9 @@ pub enum EnvError {
         program: String,
         /// The OS error.
         source: std::io::Error,
+        /// The setting (or the fix) that chooses the program: each backend's client has its
+        /// own key, and naming another backend's would send the user to the wrong place.
+        setting: &'static str,
     },
     /// An operation did not finish in time (the backend hangs, or the command ran too long).
     #[error("{backend} backend: {what} did not finish within {seconds}s; check that the engine/host responds")]
@@ -156,6 +168,14 @@ pub trait Environment: Send + Sync {
     /// asks for no file (`build(None)`) and spawns through the wrapper.
     fn spawn_leader(&self, build: &dyn Fn(Option<&str>) -> ExecSpec) -> Result<Spawned, EnvError> {
         self.spawn(&build(None))
+    }
+
+    /// A way to run a short command over there as a fresh process started by the backend's
+    /// own API (not through a helper process an execution's script could have stopped or
+    /// killed), to completion; `None` (the default) when the backend has none beyond its
+    /// helpers. The relay uses it as the kill's backstop ([`relay::spawn_relayed`]).
+    fn fresh_runner(&self) -> Option<FreshRun> {
+        None
     }
 
     /// Runs `spec` to completion with `stdin`. After `timeout` the whole process group there
@@ -392,6 +412,10 @@ pub fn run_client(
 pub fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
+
+/// Runs an argv over there to completion as a fresh process (see
+/// [`Environment::fresh_runner`]).
+pub type FreshRun = Arc<dyn Fn(&[String]) -> Result<(), EnvError> + Send + Sync>;
 
 /// A shared handle to an environment.
 pub type EnvHandle = Arc<dyn Environment>;

@@ -10,7 +10,7 @@
 //! (its lifetime ran out, or it was terminated elsewhere) is recreated once, with a log line
 //! saying so; the task's files there are gone, which the log says too.
 
-use super::agent::{agent_binary, AgentClient, AgentLaunch};
+use super::agent::{checked_agent_binary, AgentClient, AgentLaunch};
 use super::modal_sidecar::{Sidecar, SidecarExec, HELLO_TIMEOUT, OP_TIMEOUT};
 use super::process::{group_kill, group_wrapper};
 use super::Site;
@@ -49,6 +49,8 @@ struct Inner {
     site: Site,
     cpu: Option<f64>,
     memory: Option<u64>,
+    /// Whether `site.workdir` is the user's terminal.cwd (not our default).
+    configured_cwd: bool,
 }
 
 struct Sandbox {
@@ -77,14 +79,11 @@ impl ModalEnv {
             )
         })?;
         require_tokens()?;
+        // Before the sandbox exists: a failure after it would leave one behind.
+        let agent_bin = checked_agent_binary("modal", settings.agent_binary.as_deref())?;
         let sidecar = Sidecar::get(&settings.modal_python)?;
         hello(&sidecar)?;
         let workdir = settings.cwd.clone().unwrap_or_else(|| "/root".into());
-        let agent_bin =
-            agent_binary(settings.agent_binary.as_deref()).map_err(|message| EnvError::Agent {
-                backend: "modal",
-                message,
-            })?;
         let inner = Arc::new(Inner {
             task: task.to_string(),
             image,
@@ -100,6 +99,7 @@ impl ModalEnv {
             },
             cpu: settings.container_cpu,
             memory: settings.container_memory,
+            configured_cwd: settings.cwd.is_some(),
         });
         let id = inner.create()?;
         inner.lock().id = id;
@@ -128,7 +128,10 @@ impl Inner {
             json!({
                 "op": "create",
                 "image": self.image,
-                "workdir": self.site.workdir,
+                // A sandbox's workdir is created when missing: a configured terminal.cwd is
+                // entered by the bootstrap and the tools instead, which report a missing one
+                // naming the key (as every other backend does).
+                "workdir": if self.configured_cwd { None } else { Some(&self.site.workdir) },
                 "timeout": SANDBOX_TIMEOUT_SECS,
                 "cpu": self.cpu,
                 "memory": self.memory,
@@ -142,26 +145,39 @@ impl Inner {
             .and_then(|v| v.as_str())
             .ok_or_else(|| modal_err("creating the sandbox", "the reply has no sandbox id"))?
             .to_string();
-        // The private dir of process-group files, before any command runs.
-        let made = self.sidecar.exec(
-            &id,
-            &[
-                "sh".into(),
-                "-c".into(),
-                format!("umask 077 && mkdir -p {PG_DIR} {AGENT_DIR}"),
-            ],
-            None,
-            &[],
-        )?;
-        let code = finish(made, KILL_TIMEOUT)?;
-        if code != 0 {
-            return Err(modal_err(
-                "preparing the sandbox",
-                format!(
-                    "mkdir exited with {code}; does image `{}` have a shell?",
-                    self.image
-                ),
-            ));
+        // The private dir of process-group files, before any command runs. A sandbox that
+        // cannot be prepared is terminated: nobody would ever stop it otherwise.
+        let prepared = self
+            .sidecar
+            .exec(
+                &id,
+                &[
+                    "sh".into(),
+                    "-c".into(),
+                    format!("umask 077 && mkdir -p {PG_DIR} {AGENT_DIR}"),
+                ],
+                None,
+                &[],
+            )
+            .and_then(|made| finish(made, KILL_TIMEOUT))
+            .and_then(|code| match code {
+                0 => Ok(()),
+                _ => Err(modal_err(
+                    "preparing the sandbox",
+                    format!(
+                        "mkdir exited with {code}; does image `{}` have a shell?",
+                        self.image
+                    ),
+                )),
+            });
+        if let Err(e) = prepared {
+            let _ = self.sidecar.call(
+                "terminating the sandbox",
+                json!({"op": "terminate", "sandbox_id": id}),
+                b"",
+                OP_TIMEOUT,
+            );
+            return Err(e);
         }
         tracing::info!(sandbox = %id, task = %self.task, image = %self.image, "backends: modal sandbox created");
         Ok(id)
@@ -456,6 +472,17 @@ impl Process for ModalProcess {
 }
 
 impl Environment for ModalEnv {
+    fn fresh_runner(&self) -> Option<super::FreshRun> {
+        // A sandbox exec through the SDK: Modal starts it, no process of the sandbox's
+        // executions is in the way.
+        let inner = Arc::clone(&self.inner);
+        Some(Arc::new(move |argv: &[String]| {
+            let id = inner.sandbox_id();
+            let made = inner.sidecar.exec(&id, argv, None, &[])?;
+            finish(made, KILL_TIMEOUT).map(|_| ())
+        }))
+    }
+
     fn backend(&self) -> &'static str {
         "modal"
     }

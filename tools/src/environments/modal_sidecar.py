@@ -17,8 +17,14 @@ import os
 import struct
 import sys
 
-import modal
-import modal.exception
+try:
+    import modal
+    import modal.exception
+except ImportError as e:
+    # Told apart from any other start-up failure: the supervisor names the missing package
+    # and the interpreter instead of a bare exit status.
+    print("no-modal %s: %s" % (type(e).__name__, e), flush=True)
+    sys.exit(3)
 
 SOCKET = sys.argv[1]
 APP = os.environ.get("VIBEOS_MODAL_APP", "vibeos-exec")

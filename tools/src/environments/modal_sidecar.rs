@@ -18,6 +18,7 @@ use super::EnvError;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
+use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
@@ -55,10 +56,10 @@ fn reply_error(what: &str, e: &Value) -> EnvError {
         .unwrap_or("no message")
         .to_string();
     match kind {
-        "auth" => EnvError::Unreachable {
+        "auth" => EnvError::Refused {
             backend: "modal",
             message: format!(
-                "{what}: the service refused the credentials ({message}); check MODAL_TOKEN_ID and MODAL_TOKEN_SECRET"
+                "{what}: {message}; check MODAL_TOKEN_ID and MODAL_TOKEN_SECRET"
             ),
         },
         "unreachable" => EnvError::Unreachable {
@@ -155,8 +156,9 @@ impl Sidecar {
         }
         let mut child = cmd.spawn().map_err(|source| EnvError::Spawn {
             backend: "modal",
-            program: format!("{python} (terminal.modal_python)"),
+            program: python.to_string(),
             source,
+            setting: "terminal.modal_python to a Python 3 interpreter with the `modal` package",
         })?;
         let lifeline = child.stdin.take();
         let stdout = child.stdout.take();
@@ -175,13 +177,27 @@ impl Sidecar {
         let ready = rx.recv_timeout(START_TIMEOUT).unwrap_or_default();
         if ready.trim() != "ready" {
             let _ = child.kill();
-            let status = child.wait().ok().and_then(|s| s.code());
-            return Err(EnvError::Agent {
-                backend: "modal",
-                message: format!(
-                    "the Modal SDK sidecar did not start with `{python}` (exit {status:?}; see the Python error above); set terminal.modal_python to an interpreter with the `modal` package (pip install modal)"
+            let status = match child.wait().ok().map(|s| (s.code(), s.signal())) {
+                Some((Some(code), _)) => format!("it exited with {code}"),
+                Some((None, Some(sig))) => format!("it was killed by signal {sig}"),
+                _ => format!("it did not say `ready` within {}s", START_TIMEOUT.as_secs()),
+            };
+            // The sidecar says so itself when `import modal` fails (see modal_sidecar.py):
+            // the common mistake, worth a message of its own.
+            if let Some(why) = ready.trim().strip_prefix("no-modal ") {
+                return Err(err(
+                    "starting the Modal SDK sidecar",
+                    format!(
+                        "`{python}` (terminal.modal_python) has no `modal` package ({why}); install it there (`{python} -m pip install modal`) or set terminal.modal_python to an interpreter that has it"
+                    ),
+                ));
+            }
+            return Err(err(
+                "starting the Modal SDK sidecar",
+                format!(
+                    "`{python}` (terminal.modal_python) did not start it ({status}; see the Python error above); set terminal.modal_python to a Python 3 interpreter with the `modal` package (pip install modal)"
                 ),
-            });
+            ));
         }
         Ok(Sidecar {
             python: python.to_string(),

@@ -156,6 +156,7 @@ impl ClientProcess {
             backend,
             program: cmd.get_program().to_string_lossy().into_owned(),
             source,
+            setting: client_setting(backend),
         })?;
         let stdin = child
             .stdin
@@ -197,6 +198,16 @@ impl ClientProcess {
             what: what.into(),
             message: e.to_string(),
         }
+    }
+}
+
+/// What chooses the local client program of `backend`, for "cannot run" errors.
+fn client_setting(backend: &str) -> &'static str {
+    match backend {
+        "docker" | "podman" => "terminal.docker_binary",
+        "ssh" => "PATH (the OpenSSH client `ssh`)",
+        "singularity" => "PATH (`apptainer` or `singularity`)",
+        _ => "PATH",
     }
 }
 
@@ -317,6 +328,68 @@ fn cd_prefix(spec: &ExecSpec) -> String {
             )
         })
         .unwrap_or_default()
+}
+
+/// Run over there (by [`tree_kill_argv`]) with a leader's pid and a signal name: signals every
+/// process below the leader and every other member of its session (the script stays in it
+/// unless it calls setsid; one that did is still below the leader, a subreaper), never the
+/// leader itself, which must survive to reap the script and report its status. The leader is
+/// sent SIGCONT: a script may have stopped it. With KILL it repeats until nothing but zombies
+/// is left (bounded), so a script forking while it is killed does not leave a child behind.
+pub const TREE_KILL: &str = r#"
+import os, signal, sys, time
+b, sig = int(sys.argv[1]), getattr(signal, "SIG" + sys.argv[2])
+def targets():
+    kids, found = {}, set()
+    for e in os.listdir("/proc"):
+        if not e.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % e) as f:
+                st = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        p = int(e)
+        if st[0] == "Z":
+            continue
+        kids.setdefault(int(st[1]), []).append(p)
+        if int(st[3]) == b and p != b:
+            found.add(p)
+    todo = [b]
+    while todo:
+        for k in kids.get(todo.pop(), []):
+            found.add(k)
+            todo.append(k)
+    found.discard(b)
+    return found
+deadline = time.monotonic() + 3
+while True:
+    left = targets()
+    for p in left:
+        try:
+            os.kill(p, sig)
+        except OSError:
+            pass
+    try:
+        os.kill(b, signal.SIGCONT)
+    except OSError:
+        pass
+    if sig != signal.SIGKILL or not left or time.monotonic() > deadline:
+        break
+    time.sleep(0.01)
+"#;
+
+/// The argv that runs [`TREE_KILL`] with `python` against the leader `pid`: a fresh process,
+/// started by the backend's own API or engine, so that a script that stopped or fooled the
+/// helpers of its execution (its bootstrap, the relay, a pgid file) is still reached.
+pub fn tree_kill_argv(python: &str, pid: i32, signal: GroupSignal) -> Vec<String> {
+    vec![
+        python.to_string(),
+        "-c".to_string(),
+        TREE_KILL.to_string(),
+        pid.to_string(),
+        signal.name().to_string(),
+    ]
 }
 
 /// The `sh` line that signals the group recorded in `pgid_file` (nothing when it has ended).

@@ -11,6 +11,7 @@
 #                  D n data    bytes from connection n        C n   connection n closed
 #                  1 0 data    child stdout                   2 0 data  child stderr
 #                  X 0 code    child exited (-N: signal N)    E 0 text  relay error
+#                  P 0 "c r"   the child started with pid c (the relay's own pid is r)
 # EOF on stdin means the host is gone: the child's group is killed. After X the relay removes
 # its socket and exits by itself, so the exec ends without a host round trip.
 import base64, json, os, signal, socket, subprocess, sys, threading
@@ -110,6 +111,10 @@ def boot(spec):
     child = subprocess.Popen(spec["argv"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, start_new_session=True)
     state["child"] = child
+    # The host's kill backstop reaches the child by this pid through a fresh process when the
+    # relay itself cannot act (a script may stop it): sent before the child has read its input,
+    # so before the script can run.
+    send(b"P", 0, ("%d %d" % (child.pid, os.getpid())).encode())
     readers = [threading.Thread(target=pump_out, args=(t, p), daemon=True)
                for t, p in ((b"1", child.stdout), (b"2", child.stderr))]
     for r in readers:

@@ -15,6 +15,7 @@
 //! exec's stdin (or lets [`pump_writer`] write it to an `AsyncWrite`). Each call to `feed` may
 //! carry any part of the stream; each outgoing item is one or more complete lines.
 
+use super::process::tree_kill_argv;
 use super::{EnvError, ExecSpec, GroupSignal, Process, Spawned};
 use base64::Engine as _;
 use std::collections::HashMap;
@@ -70,6 +71,9 @@ pub struct Relay {
     events: UnboundedSender<RelayEvent>,
     conns: Conns,
     pending: Mutex<Vec<u8>>,
+    /// The child's and the relay's own pid over there, as the relay reported them when it
+    /// started the child.
+    leader: std::sync::OnceLock<(i32, i32)>,
 }
 
 /// Open connections by channel number: where to send their bytes (`None` closes them).
@@ -105,6 +109,7 @@ impl Relay {
             events,
             conns: Arc::default(),
             pending: Mutex::new(Vec::new()),
+            leader: std::sync::OnceLock::new(),
         });
         (relay, out_rx, events_rx)
     }
@@ -222,6 +227,15 @@ impl Relay {
                     .parse()
                     .map_err(|_| "the relay sent a bad exit code".to_string())?;
                 let _ = self.events.send(RelayEvent::Exited(code));
+            }
+            "P" => {
+                let text = String::from_utf8_lossy(&data);
+                let mut pids = text.split_whitespace().map(|p| p.parse::<i32>().ok());
+                if let (Some(Some(child)), Some(Some(relay))) = (pids.next(), pids.next()) {
+                    if child > 1 && relay > 1 {
+                        let _ = self.leader.set((child, relay));
+                    }
+                }
             }
             "E" => {
                 return Err(format!(
@@ -432,6 +446,8 @@ pub fn spawn_relayed(
         backend,
         relay: Arc::clone(&relay),
         raw: Arc::clone(&raw_process),
+        fresh: env.fresh_runner(),
+        python: env.python(),
         done: Mutex::new(None),
         changed: std::sync::Condvar::new(),
     });
@@ -530,6 +546,10 @@ struct RelayedProcess {
     backend: &'static str,
     relay: Arc<Relay>,
     raw: Arc<dyn Process>,
+    /// The backend's fresh-process runner, for the kill's backstop (see `kill`).
+    fresh: Option<super::FreshRun>,
+    /// The interpreter over there (runs the backstop's tree kill).
+    python: String,
     done: Mutex<Option<Result<i32, String>>>,
     changed: std::sync::Condvar,
 }
@@ -583,11 +603,44 @@ impl Process for RelayedProcess {
             // A relay that no longer reads its stdin cannot pass the frame on: end the exec
             // itself, but only after the relay had its chance (killing it first would orphan
             // the script's group).
+            //
+            // The backstop: the relay, the bootstrap below it and the pgid file of the exec's
+            // group all run as the script's user, which may have stopped or removed them (a
+            // script that ignores SIGTERM and SIGSTOPs its relay and bootstrap outlived its
+            // timeout). A fresh process started by the backend's API kills everything below
+            // the bootstrap by the pid the relay reported before the script ran, and resumes a
+            // stopped bootstrap so it can reap and report.
+            // The relay itself is killed by pid the same way once the bootstrap had its chance
+            // to report through it (a stopped relay never would, and the exec's group kill
+            // depends on a file the script can remove).
             let raw = Arc::clone(&self.raw);
+            let python = self.python.clone();
+            let backstop = self.fresh.clone().zip(self.relay.leader.get().copied());
+            let backend = self.backend;
             std::thread::spawn(move || {
-                std::thread::sleep(std::time::Duration::from_secs(2));
-                if let Ok(None) = raw.try_wait() {
-                    let _ = raw.kill(GroupSignal::Kill);
+                let grace = std::time::Duration::from_secs(2);
+                std::thread::sleep(grace);
+                if !matches!(raw.try_wait(), Ok(None)) {
+                    return;
+                }
+                if let Some((run, (child, _))) = &backstop {
+                    let argv = tree_kill_argv(&python, *child, GroupSignal::Kill);
+                    if let Err(e) = run(&argv) {
+                        tracing::warn!("{backend} relay: the kill's backstop failed: {e}");
+                    }
+                }
+                let _ = raw.kill(GroupSignal::Kill);
+                std::thread::sleep(grace / 2);
+                if let (Ok(None), Some((run, (_, relay)))) = (raw.try_wait(), &backstop) {
+                    let argv = [
+                        python.clone(),
+                        "-c".into(),
+                        "import os, sys\nos.kill(int(sys.argv[1]), 9)".into(),
+                        relay.to_string(),
+                    ];
+                    if let Err(e) = run(&argv) {
+                        tracing::warn!("{backend} relay: killing the relay failed: {e}");
+                    }
                 }
             });
         }

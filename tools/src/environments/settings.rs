@@ -292,6 +292,24 @@ impl BackendSettings {
         }
         s.ssh_host = string("ssh_host", t.ssh_host)?;
         s.ssh_user = string("ssh_user", t.ssh_user)?;
+        // ssh would read a leading `-` as an option (`-oProxyCommand=…`) and print its usage
+        // text; refuse it here with a message naming the key.
+        for (key, value) in [
+            ("terminal.ssh_host", &s.ssh_host),
+            ("terminal.ssh_user", &s.ssh_user),
+        ] {
+            if let Some(v) = value {
+                if v.is_empty()
+                    || v.starts_with('-')
+                    || v.chars().any(|c| c.is_whitespace() || c.is_control())
+                {
+                    return Err(bad(
+                        key,
+                        "is not a valid name: it must not be empty, start with `-` or contain spaces or control characters",
+                    ));
+                }
+            }
+        }
         if let Some(p) = t.ssh_port {
             let port = u16::try_from(p)
                 .ok()

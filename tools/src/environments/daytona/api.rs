@@ -130,10 +130,11 @@ impl Api {
         let url = format!("{}{path}", self.creds.api_url);
         let (status, value) = self.request(method, url, body, REQUEST_TIMEOUT)?;
         if status == 401 || status == 403 {
-            return Err(EnvError::Unreachable {
+            return Err(EnvError::Refused {
                 backend: BACKEND,
                 message: format!(
-                    "the service refused DAYTONA_API_KEY (HTTP {status}): {}",
+                    "HTTP {status} from {} ({}); check DAYTONA_API_KEY (and that DAYTONA_API_URL is your organization's API)",
+                    self.creds.api_url,
                     message(&value)
                 ),
             });
