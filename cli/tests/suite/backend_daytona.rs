@@ -273,10 +273,13 @@ print(u.urlopen(r).status)",
     // bootstrap is still killed after the grace (the backstop: a fresh `/process/execute`
     // kills by the pids the relay reported before the script ran), and nothing of it is left.
     environments::activate(settings());
-    let stopboot = "import os, glob, time, signal, subprocess\nfor f in glob.glob('/tmp/.vibeos-exec-pg/*') + glob.glob('/tmp/.vibeos-pgid-*'):\n    os.unlink(f)\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nboot = os.getppid()\nwith open('/proc/%d/stat' % boot) as f:\n    relay = int(f.read().rsplit(')', 1)[1].split()[1])\nsubprocess.Popen(['sleep', '9494'])\nprint('started', flush=True)\ntime.sleep(0.3)\nos.kill(relay, signal.SIGSTOP)\nos.kill(boot, signal.SIGSTOP)\nwhile True:\n    time.sleep(1)\n";
+    let stopboot = std::fs::read_to_string(vibeos_testkit::fixture(
+        "backends/stop_relay_and_bootstrap.py",
+    ))
+    .unwrap();
     let r = run_into_timeout(
         &rt,
-        request(stopboot, "task-stop"),
+        request(&stopboot, "task-stop"),
         Duration::from_secs(2),
         Duration::from_secs(30),
     );
