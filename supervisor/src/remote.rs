@@ -670,8 +670,15 @@ mod tests {
                 .map(|(_, v)| v)
         };
         request.base_env = Some(vec![("PATH".into(), "/usr/bin".into())]);
-        let host = crate::env_policy::tz_with_source(None).0.into_string().unwrap();
-        assert_eq!(tz_of(&request), Some(host), "the host's zone when the caller has none");
+        let host = crate::env_policy::tz_with_source(None)
+            .0
+            .into_string()
+            .unwrap();
+        assert_eq!(
+            tz_of(&request),
+            Some(host),
+            "the host's zone when the caller has none"
+        );
         request.base_env = Some(vec![("TZ".into(), "Asia/Tokyo".into())]);
         assert_eq!(tz_of(&request).as_deref(), Some("Asia/Tokyo"));
     }

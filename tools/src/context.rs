@@ -51,7 +51,11 @@ impl ToolContext {
         if path == "~" || path.starts_with("~/") {
             if let Some(home) = self.home() {
                 let rest = path.trim_start_matches('~').trim_start_matches('/');
-                return if rest.is_empty() { home } else { home.join(rest) };
+                return if rest.is_empty() {
+                    home
+                } else {
+                    home.join(rest)
+                };
             }
         }
         let p = Path::new(path);
@@ -81,7 +85,10 @@ mod tests {
     fn a_leading_tilde_is_the_callers_home() {
         let mut ctx = ToolContext::agent("/work");
         ctx.env = Some(Arc::new(vec![("HOME".into(), "/home/script".into())]));
-        assert_eq!(ctx.resolve("~/notes.txt"), Path::new("/home/script/notes.txt"));
+        assert_eq!(
+            ctx.resolve("~/notes.txt"),
+            Path::new("/home/script/notes.txt")
+        );
         assert_eq!(ctx.resolve("~"), Path::new("/home/script"));
         assert_eq!(ctx.resolve("~user/x"), Path::new("/work/~user/x"));
         assert_eq!(ctx.resolve("a/~/b"), Path::new("/work/a/~/b"));

@@ -717,7 +717,11 @@ mod tests {
         bytes.extend_from_slice(&[0u8; 64]);
         std::fs::write(dir.path().join("late-binary.dat"), &bytes).unwrap();
         std::fs::write(dir.path().join("text.txt"), "hello\n").unwrap();
-        let r = call(dir.path(), json!({"pattern": "hello", "output_mode": "count"})).unwrap();
+        let r = call(
+            dir.path(),
+            json!({"pattern": "hello", "output_mode": "count"}),
+        )
+        .unwrap();
         assert_eq!(r["total"], 1, "{r}");
         assert_eq!(r["counts"][0]["path"], "text.txt", "{r}");
     }
