@@ -859,18 +859,16 @@ fn a_call_over_the_frame_limit_is_refused_and_the_channel_stays_usable() {
     assert!(!sb.work().join("big.txt").exists());
 }
 
-#[test]
-fn a_project_script_cannot_read_the_supervisors_environment() {
-    // The supervisor holds the caller's whole environment, the secrets it scrubs from the
-    // script included. A project-mode script runs as the same user and could read them back
-    // from /proc/<supervisor>/environ, or its reaper's (a fork of the supervisor).
-    // Only a non-root caller is protected (root's scripts keep CAP_SYS_PTRACE): run as nobody.
+/// Runs `code` with `vibeos-exec run --json` as the unprivileged user `nobody` (project mode,
+/// `/usr/bin/python3`, `MY_API_KEY` set in its environment) in a home dir of its own, after
+/// `prepare` has set that dir up; `None` (a skip) unless this test runs as root.
+fn run_as_nobody(code: &str, prepare: impl FnOnce(&Path)) -> Option<Value> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        vibeos_testkit::skip!("needs root to run the CLI as another user");
+        vibeos_testkit::skip!(None; "needs root to run the CLI as another user");
     }
     if !Path::new("/usr/bin/python3").exists() {
-        vibeos_testkit::skip!("/usr/bin/python3 is missing (the test user cannot reach pyenv)");
+        vibeos_testkit::skip!(None; "/usr/bin/python3 is missing (the test user cannot reach pyenv)");
     }
     use std::os::unix::process::CommandExt;
     let dir = tempfile::tempdir().unwrap();
@@ -883,21 +881,9 @@ fn a_project_script_cannot_read_the_supervisors_environment() {
         "code_execution:\n  python: /usr/bin/python3\n",
     )
     .unwrap();
-    let script = home.join("peek.py");
-    std::fs::write(
-        &script,
-        "import os, json\nout = {}\nparent = os.getppid()\n\
-         stat = open('/proc/%d/stat' % parent).read()\n\
-         supervisor = int(stat.rsplit(')', 1)[1].split()[1])\n\
-         for name, pid in (('reaper', parent), ('supervisor', supervisor)):\n\
-         \x20   try:\n\
-         \x20       data = open('/proc/%d/environ' % pid, 'rb').read()\n\
-         \x20       out[name] = 'leaked' if b'sk-test-' in data else 'read'\n\
-         \x20   except OSError as e:\n\
-         \x20       out[name] = type(e).__name__\n\
-         print(json.dumps(out))\n",
-    )
-    .unwrap();
+    let script = home.join("script.py");
+    std::fs::write(&script, code).unwrap();
+    prepare(&home);
     let out = std::process::Command::new(vibeos_testkit::exec_bin())
         .args(["run", "--json"])
         .arg(&script)
@@ -912,11 +898,57 @@ fn a_project_script_cannot_read_the_supervisors_environment() {
         .gid(65534)
         .output()
         .unwrap();
-    let r = parse_single_json(&out);
+    Some(parse_single_json(&out))
+}
+
+#[test]
+fn a_project_script_cannot_read_the_supervisors_environment() {
+    // The supervisor holds the caller's whole environment, the secrets it scrubs from the
+    // script included. A project-mode script runs as the same user and could read them back
+    // from /proc/<supervisor>/environ, or its reaper's (a fork of the supervisor).
+    // Only a non-root caller is protected (root's scripts keep CAP_SYS_PTRACE): run as nobody.
+    let Some(r) = run_as_nobody(
+        "import os, json\nout = {}\nparent = os.getppid()\n\
+         stat = open('/proc/%d/stat' % parent).read()\n\
+         supervisor = int(stat.rsplit(')', 1)[1].split()[1])\n\
+         for name, pid in (('reaper', parent), ('supervisor', supervisor)):\n\
+         \x20   try:\n\
+         \x20       data = open('/proc/%d/environ' % pid, 'rb').read()\n\
+         \x20       out[name] = 'leaked' if b'sk-test-' in data else 'read'\n\
+         \x20   except OSError as e:\n\
+         \x20       out[name] = type(e).__name__\n\
+         print(json.dumps(out))\n",
+        |_| {},
+    ) else {
+        return;
+    };
     assert_eq!(r["status"], "success", "{r}");
     let seen: Value = serde_json::from_str(output(&r).trim()).unwrap();
     assert_eq!(seen["reaper"], "PermissionError", "{seen}");
     assert_eq!(seen["supervisor"], "PermissionError", "{seen}");
+}
+
+#[test]
+fn search_files_in_a_directory_it_may_not_list_says_so() {
+    // It returned an empty result, as if nothing matched.
+    let Some(r) = run_as_nobody(
+        "from vibeos_tools import search_files\nprint(search_files('x', path='private'))\n",
+        |home| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::create_dir(home.join("private")).unwrap();
+            std::fs::write(home.join("private/x.txt"), "x\n").unwrap();
+            std::fs::set_permissions(home.join("private"), std::fs::Permissions::from_mode(0o700))
+                .unwrap();
+        },
+    ) else {
+        return;
+    };
+    assert_eq!(r["status"], "success", "{r}");
+    let out = output(&r);
+    assert!(
+        out.contains("PermissionDenied") && out.contains("private"),
+        "{out}"
+    );
 }
 
 #[test]
