@@ -559,9 +559,11 @@ fn follow_owner(dir: BorrowedFd<'_>, name: &std::ffi::OsStr) {
     );
 }
 
-/// Gives `file` the owner `uid`/`gid` (of the file it replaces); only root can, and nothing
-/// changes when they already match.
-fn keep_owner(file: &File, uid: u32, gid: u32) {
+/// Gives `file` (the new copy a write renames over a file) the owner `uid`/`gid` of the file it
+/// replaces, as an edit in place would keep it: a root supervisor editing a user's checkout made
+/// their files root's, which the user could then no longer write. Only root can give a file
+/// away; otherwise nothing changes.
+pub(crate) fn keep_owner(file: &File, uid: u32, gid: u32) {
     if !rustix::process::geteuid().is_root() {
         return;
     }

@@ -25,14 +25,7 @@ pub(crate) fn open_regular_file(
 ) -> Result<(File, Metadata), ToolError> {
     let file = match &ctx.paths {
         Some(policy) => policy.open_read(path)?,
-        None => {
-            use std::os::unix::fs::OpenOptionsExt;
-            std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_NONBLOCK)
-                .open(path)
-                .map_err(|e| ToolError::io(path, &e))?
-        }
+        None => open_nonblocking(path).map_err(|e| ToolError::io(path, &e))?,
     };
     let meta = file.metadata().map_err(|e| ToolError::io(path, &e))?;
     if meta.is_dir() {
@@ -54,18 +47,12 @@ pub(crate) fn open_regular_file(
     Ok((file, meta))
 }
 
-/// Gives `file` (the new copy a write renames over a file) the owner of the file it replaces,
-/// as an edit in place would keep it: a root supervisor editing a user's checkout made their
-/// files root's, which the user could then no longer write. Only root can give a file away;
-/// otherwise (or when the owners match) nothing changes.
-pub(crate) fn keep_owner(file: &File, replaced: &Metadata) {
-    use std::os::unix::fs::MetadataExt;
-    if !rustix::process::geteuid().is_root() {
-        return;
-    }
-    let Ok(now) = file.metadata() else { return };
-    if (now.uid(), now.gid()) == (replaced.uid(), replaced.gid()) {
-        return;
-    }
-    let _ = std::os::unix::fs::fchown(file, Some(replaced.uid()), Some(replaced.gid()));
+/// Opens `path` for reading with `O_NONBLOCK`: a FIFO's open does not wait for a writer, and a
+/// read of a file that has no data yet (`/proc/kmsg`) returns instead of holding the thread.
+pub(crate) fn open_nonblocking(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
 }

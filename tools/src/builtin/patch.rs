@@ -191,7 +191,8 @@ fn atomic_write(path: &Path, content: &str, ctx: &ToolContext) -> Result<(), Too
         .and_then(|_| tmp.flush())
         .map_err(|e| ToolError::io(path, &e))?;
     if let Some(replaced) = &replaced {
-        super::file_open::keep_owner(tmp.as_file(), replaced);
+        use std::os::unix::fs::MetadataExt;
+        crate::path_policy::keep_owner(tmp.as_file(), replaced.uid(), replaced.gid());
     }
     let _ = tmp.as_file().set_permissions(perms);
     tmp.persist(path)

@@ -309,17 +309,10 @@ impl Walk {
             // Non-blocking, as every file tool opens: a regular file of /proc or /sys can wait
             // for data forever (`/proc/kmsg`), holding a supervisor thread past the script's
             // end and the CLI's exit (`search_files(path="/")`). It now reads what is there.
-            None => {
-                use std::os::unix::fs::OpenOptionsExt;
-                match std::fs::OpenOptions::new()
-                    .read(true)
-                    .custom_flags(libc::O_NONBLOCK)
-                    .open(p)
-                {
-                    Ok(file) => searcher.search_file(matcher, &file, sink),
-                    Err(e) => Err(grep_searcher::SinkError::error_io(e)),
-                }
-            }
+            None => match super::file_open::open_nonblocking(p) {
+                Ok(file) => searcher.search_file(matcher, &file, sink),
+                Err(e) => Err(grep_searcher::SinkError::error_io(e)),
+            },
             Some(policy) => match policy.open_read(p) {
                 Ok(file) => searcher.search_file(matcher, &file, sink),
                 Err(e) => Err(grep_searcher::SinkError::error_io(std::io::Error::new(

@@ -101,7 +101,8 @@ fn write_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Too
         std::fs::Permissions::from_mode(0o644)
     });
     if let Some(replaced) = &existing {
-        super::file_open::keep_owner(tmp.as_file(), replaced);
+        use std::os::unix::fs::MetadataExt;
+        crate::path_policy::keep_owner(tmp.as_file(), replaced.uid(), replaced.gid());
     }
     let _ = tmp.as_file().set_permissions(perms);
     tmp.persist(&path)
