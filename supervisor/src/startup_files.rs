@@ -32,14 +32,12 @@ pub(crate) fn strict_server_refusal(spec: &LaunchSpec) -> Option<String> {
         .map(|r| resolved(&r))
         .collect();
     let interpreter = &spec.interpreter.path;
-    let mut startup: Vec<PathBuf> = interpreter_paths(interpreter);
-    startup.push(interpreter.clone());
+    let (mut startup, sites) = installation(interpreter);
     if let Some(venv) = interpreter.parent().and_then(Path::parent) {
         if venv.join("pyvenv.cfg").is_file() {
             startup.push(venv.to_path_buf());
         }
     }
-    let sites = site_dirs(&startup);
     for site in &sites {
         startup.extend(pth_path_lines(site));
     }
@@ -71,6 +69,15 @@ pub(crate) fn strict_server_refusal(spec: &LaunchSpec) -> Option<String> {
         }
     }
     None
+}
+
+/// The interpreter with its prefixes and lib dirs (what strict mode grants it), and their site
+/// dirs.
+fn installation(interpreter: &Path) -> (Vec<PathBuf>, Vec<PathBuf>) {
+    let mut startup = interpreter_paths(interpreter);
+    startup.push(interpreter.to_path_buf());
+    let sites = site_dirs(&startup);
+    (startup, sites)
 }
 
 /// The site dirs (`site-packages`, `dist-packages`) of the interpreter's prefixes and lib dirs
@@ -171,9 +178,7 @@ impl Fingerprint {
         if let Some(venv) = interpreter.parent().and_then(Path::parent) {
             watched.push(venv.join("pyvenv.cfg"));
         }
-        let mut startup = interpreter_paths(interpreter);
-        startup.push(interpreter.to_path_buf());
-        watched.extend(site_dirs(&startup));
+        watched.extend(installation(interpreter).1);
         let stamps = watched
             .into_iter()
             .map(|p| {
