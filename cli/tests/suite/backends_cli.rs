@@ -120,3 +120,26 @@ fn local_terminal_keeps_cd_and_export_between_calls() {
     let out = v["output"].as_str().unwrap_or("");
     assert!(out.contains("[]") && !out.contains("/deeper"), "{v}");
 }
+
+/// Commands of one session that run at once each save the session's state under their own
+/// name: they once shared one temp file, and the loser's `mv` wrote "cannot stat" into the
+/// output of a command that had printed only its own line.
+#[test]
+fn concurrent_commands_of_one_session_print_only_their_own_output() {
+    let sb = Sandbox::new();
+    sb.write_config("");
+    let script = "from vibeos_tools import terminal\n\
+                  import threading\n\
+                  outs = {}\n\
+                  def go(i): outs[i] = terminal(f'export A{i}={i}; echo hi{i}')['output']\n\
+                  ts = [threading.Thread(target=go, args=(i,)) for i in range(8)]\n\
+                  [t.start() for t in ts]; [t.join() for t in ts]\n\
+                  print([outs[i] for i in range(8) if outs[i] != f'hi{i}\\n'])\n\
+                  print(terminal('export')['output'].count('__vibeos'))\n";
+    for _ in 0..3 {
+        let v = sb.run_json(script, &[]);
+        assert_eq!(v["status"], "success", "{v}");
+        // No output but each command's own, and no session bookkeeping left in the env.
+        assert_eq!(v["output"], "[]\n0\n", "{v}");
+    }
+}

@@ -14,6 +14,7 @@
 //! where the last one left off. The same code runs in the tool agent, so
 //! every backend gets the same semantics. `terminal.shell_session: false` turns it off.
 
+use super::local::SCOPE_VAR;
 use crate::{CallOrigin, ToolContext};
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -126,13 +127,25 @@ pub fn wrap(command: &str, ctx: &ToolContext, explicit_workdir: bool) -> String 
     } else {
         "pwd > \"$__vibeos_s/cwd\" 2>/dev/null; "
     };
+    // Only what the session changed is saved: each variable whose value differs from the one
+    // the command started with (the call's own, freshly scrubbed environment). Saving the whole
+    // `export -p` replayed an earlier execution's environment into later ones: its scope marker
+    // (so its end killed a later execution's commands, and a later execution's background jobs
+    // outlived it), and values the later execution's scrubbing had dropped. The name lists go
+    // through a file because `$(...)` would fork; `>|` because the command may set noclobber.
     format!(
         "__vibeos_s={q}\n\
+         declare -A __vibeos_base=()\n\
+         if builtin compgen -e >| \"$__vibeos_s/n.$$\" 2>/dev/null && builtin mapfile -t __vibeos_names < \"$__vibeos_s/n.$$\"; then \
+         for __vibeos_n in \"${{__vibeos_names[@]}}\"; do __vibeos_base[$__vibeos_n]=${{!__vibeos_n-}}; done; fi\n\
          if [ -f \"$__vibeos_s/env\" ]; then . \"$__vibeos_s/env\" 2>/dev/null; fi\n\
          {restore_cwd}\
          __vibeos_save() {{ __vibeos_rc=$?; {save_cwd}\
-         export -p 2>/dev/null | grep -Ev '^(declare -x|export) (PWD|OLDPWD|SHLVL|_)(=|$)' > \"$__vibeos_s/env.new\" \
-         && mv -f \"$__vibeos_s/env.new\" \"$__vibeos_s/env\"; exit $__vibeos_rc; }}\n\
+         if builtin compgen -e >| \"$__vibeos_s/n.$$\" 2>/dev/null && builtin mapfile -t __vibeos_names < \"$__vibeos_s/n.$$\"; then \
+         for __vibeos_n in \"${{__vibeos_names[@]}}\"; do case $__vibeos_n in PWD|OLDPWD|SHLVL|_|{SCOPE_VAR}) continue;; esac; \
+         if [[ ! -v \"__vibeos_base[$__vibeos_n]\" || \"${{__vibeos_base[$__vibeos_n]-}}\" != \"${{!__vibeos_n-}}\" ]]; then builtin declare -p \"$__vibeos_n\"; fi; \
+         done >| \"$__vibeos_s/n.$$\" 2>/dev/null && command mv -f \"$__vibeos_s/n.$$\" \"$__vibeos_s/env\"; fi; \
+         exit $__vibeos_rc; }}\n\
          trap __vibeos_save EXIT\n\
          {command}\n"
     )
