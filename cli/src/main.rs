@@ -14,7 +14,7 @@ use clap::{Args, Parser, Subcommand};
 use std::io::Write;
 use std::path::PathBuf;
 use vibeos_supervisor::backends;
-use vibeos_supervisor::overrides::{Overrides, Spelling};
+use vibeos_supervisor::overrides::{Overrides, Requested, Spelling};
 use vibeos_supervisor::{
     audit, execute, execute_code_tool, logging, Config, ExecutionRequest, Interrupt,
 };
@@ -186,6 +186,13 @@ struct LimitArgs {
     /// Tool-call budget (default: code_execution.max_tool_calls, else 50).
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     max_tool_calls: Option<usize>,
+    /// Bytes of the script's stdout kept, its first 40% and last 60% (default:
+    /// code_execution.stdout_limit, else 51200).
+    #[arg(long, value_name = "BYTES", allow_negative_numbers = true)]
+    stdout_limit: Option<u64>,
+    /// Bytes of the script's stderr kept (default: code_execution.stderr_limit, else 10240).
+    #[arg(long, value_name = "BYTES", allow_negative_numbers = true)]
+    stderr_limit: Option<u64>,
     /// Session working directory (default: $TERMINAL_CWD, else the current directory).
     #[arg(long, value_name = "DIR")]
     cwd: Option<PathBuf>,
@@ -198,18 +205,16 @@ struct LimitArgs {
 impl LimitArgs {
     /// Applies the flags over the config's settings, refusing impossible values.
     fn apply(&self, config: &mut Config) -> Result<(), UsageError> {
-        let overrides = Overrides::check(
-            self.mode.as_deref(),
-            self.timeout,
-            self.max_tool_calls.map(|n| n as u64),
-            Spelling::Flag,
-        )
-        .map_err(|e| UsageError(e.to_string()))?;
-        overrides.apply(
-            &mut config.mode,
-            &mut config.timeout,
-            &mut config.max_tool_calls,
-        );
+        let requested = Requested {
+            mode: self.mode.as_deref(),
+            timeout: self.timeout,
+            max_tool_calls: self.max_tool_calls.map(|n| n as u64),
+            stdout_limit: self.stdout_limit,
+            stderr_limit: self.stderr_limit,
+        };
+        Overrides::check(requested, Spelling::Flag)
+            .map_err(|e| UsageError(e.to_string()))?
+            .apply_to_config(config);
         Ok(())
     }
 

@@ -31,7 +31,13 @@ pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Arguments of execute_code a call may set; the rest (mode, cwd, interpreter) are the
 /// server's, so a client cannot loosen what the operator chose (e.g. strict → project).
-const CALL_ARGUMENTS: [&str; 3] = ["code", "timeout", "max_tool_calls"];
+const CALL_ARGUMENTS: [&str; 5] = [
+    "code",
+    "timeout",
+    "max_tool_calls",
+    "stdout_limit",
+    "stderr_limit",
+];
 
 /// State shared by every connection of one server: the slots that bound concurrency and the
 /// executions running now, so a closing connection (or the whole server) can interrupt its own.
@@ -192,7 +198,7 @@ impl ExecServer {
         if let Some(bad) = args.keys().find(|k| !CALL_ARGUMENTS.contains(&k.as_str())) {
             return Err(ErrorData::invalid_params(
                 format!(
-                    "execute_code has no argument `{bad}`; it takes code, timeout and max_tool_calls (mode and cwd are the server's settings)"
+                    "execute_code has no argument `{bad}`; it takes code, timeout, max_tool_calls, stdout_limit and stderr_limit (mode and cwd are the server's settings)"
                 ),
                 None,
             ));

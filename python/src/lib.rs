@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
-use vibeos_supervisor::overrides::{Overrides, Spelling};
+use vibeos_supervisor::overrides::{Overrides, Requested, Spelling};
 use vibeos_supervisor::session_cwd;
 use vibeos_supervisor::EnvPolicy;
 use vibeos_supervisor::{execute, Config, ExecutionRequest, ExecutionResult, Interrupt, Status};
@@ -59,7 +59,7 @@ fn value_error(message: impl Into<String>) -> PyErr {
 /// Runs one script. Arguments were type-checked by `vibeos_exec.execute_code`; values are
 /// checked here. Returns the result object as JSON text.
 #[pyfunction]
-#[pyo3(signature = (code, mode, timeout, max_tool_calls, cwd, enabled_tools, task_id, python, env_passthrough))]
+#[pyo3(signature = (code, mode, timeout, max_tool_calls, cwd, enabled_tools, task_id, python, env_passthrough, stdout_limit=None, stderr_limit=None))]
 #[allow(clippy::too_many_arguments)]
 fn execute_code(
     py: Python<'_>,
@@ -72,6 +72,8 @@ fn execute_code(
     task_id: Option<String>,
     python: Option<PathBuf>,
     env_passthrough: Vec<String>,
+    stdout_limit: Option<u64>,
+    stderr_limit: Option<u64>,
 ) -> PyResult<String> {
     let config = py
         .allow_threads(|| Config::load(None))
@@ -79,13 +81,16 @@ fn execute_code(
     py.allow_threads(|| log_config_warnings(&config));
     py.allow_threads(|| ensure_backend(&config))?;
     let mut request = ExecutionRequest::from_config(code, &config);
-    Overrides::check(mode.as_deref(), timeout, max_tool_calls, Spelling::Argument)
+    let requested = Requested {
+        mode: mode.as_deref(),
+        timeout,
+        max_tool_calls,
+        stdout_limit,
+        stderr_limit,
+    };
+    Overrides::check(requested, Spelling::Argument)
         .map_err(|e| value_error(e.to_string()))?
-        .apply(
-            &mut request.mode,
-            &mut request.timeout,
-            &mut request.max_tool_calls,
-        );
+        .apply_to_request(&mut request);
     request.cwd = cwd;
     // The host's interpreter is the default when code_execution.python is unset; kept apart
     // from it so the start log names where the interpreter came from.

@@ -161,6 +161,8 @@ def test_a_broken_config_is_a_runtime_error(home):
         ({"code": "print(1)", "enabled_tools": "read_file"}, "enabled_tools"),
         ({"code": "print(1)", "enabled_tools": [1]}, "enabled_tools"),
         ({"code": "print(1)", "task_id": 5}, "task_id"),
+        ({"code": "print(1)", "stdout_limit": "big"}, "stdout_limit"),
+        ({"code": "print(1)", "stderr_limit": 1.5}, "stderr_limit"),
     ],
 )
 def test_wrong_argument_types_name_the_parameter(kwargs, param):
@@ -182,11 +184,23 @@ def test_wrong_argument_types_name_the_parameter(kwargs, param):
         ({"timeout": float("nan")}, "timeout"),
         ({"enabled_tools": ["execute_code"]}, "execute_code"),
         ({"enabled_tools": ["no_such_tool"]}, "no_such_tool"),
+        ({"stdout_limit": 63}, "stdout_limit must be a whole number of bytes from 64 to 67108864"),
+        ({"stderr_limit": 2**70}, "stderr_limit"),
     ],
 )
 def test_wrong_argument_values_are_value_errors(kwargs, words):
     with pytest.raises(ValueError, match=words):
         vibeos_exec.execute_code("print(1)", **kwargs)
+
+
+def test_output_limits_are_per_call(home):
+    """SPEC §5: every limit is overridable per call, the output caps included."""
+    (home / "config.yaml").write_text("code_execution:\n  stdout_limit: 100000\n")
+    code = "import sys\nprint('x' * 5000)\nsys.stderr.write('e' * 5000)\nsys.exit(1)\n"
+    r = vibeos_exec.execute_code(code, stdout_limit=1000, stderr_limit=300)
+    assert 4001 <= r["stdout_bytes_omitted"] <= 5000, r
+    assert r["stderr_bytes_omitted"] >= 4700, r
+    assert vibeos_exec.execute_code(code)["stdout_bytes_omitted"] == 0
 
 
 def test_empty_code_is_an_error_result():

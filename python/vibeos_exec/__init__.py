@@ -86,6 +86,9 @@ def _number(param: str, value: Any, integral: bool) -> Any:
 
 #: Longest ``timeout`` (seconds), as the supervisor checks it.
 _MAX_TIMEOUT = 86_400
+# Per-call output caps (the config file has only the floor; see overrides.rs).
+_MIN_OUTPUT_LIMIT = 64
+_MAX_OUTPUT_LIMIT = 64 * 1024 * 1024
 
 
 def _int_in_range(param: str, value: Optional[int], low: int, high: int, what: str) -> Optional[int]:
@@ -117,6 +120,8 @@ def execute_code(
     cwd: Optional[PathArg] = None,
     enabled_tools: Optional[Sequence[str]] = None,
     task_id: Optional[str] = None,
+    stdout_limit: Optional[int] = None,
+    stderr_limit: Optional[int] = None,
 ) -> Dict[str, Any]:
     """Runs ``code`` as an execute_code script and returns the result object (SPEC §10).
 
@@ -133,6 +138,9 @@ def execute_code(
         enabled_tools: Script tools the script may call (a subset of the allowed ones);
             default every available one.
         task_id: Agent task id, handed to tools; :func:`interrupt` stops executions by it.
+        stdout_limit: Bytes of stdout kept (its first 40% and last 60%), 64 to 64 MiB;
+            default from config (51200).
+        stderr_limit: Bytes of stderr kept, 64 to 64 MiB; default from config (10240).
 
     Returns:
         A dict with the keys of ``vibeos-exec run --json``: ``status``
@@ -145,8 +153,9 @@ def execute_code(
     Raises:
         TypeError: An argument has the wrong type (the message names it).
         ValueError: An argument has a wrong value (unknown mode, a timeout that is not
-            positive or over 86400 seconds, a negative or too large max_tool_calls, a tool
-            scripts may not call); the message names it and the allowed values.
+            positive or over 86400 seconds, a negative or too large max_tool_calls, an output
+            limit outside 64 bytes to 64 MiB, a tool scripts may not call); the message names it
+            and the allowed values.
         RuntimeError: The config file cannot be read.
     """
     global _active
@@ -171,6 +180,16 @@ def execute_code(
         _USIZE_MAX,
         "a whole number of calls",
     )
+    limits = {
+        name: _int_in_range(
+            name,
+            _number(name, value, integral=True),
+            _MIN_OUTPUT_LIMIT,
+            _MAX_OUTPUT_LIMIT,
+            "a whole number of bytes",
+        )
+        for name, value in (("stdout_limit", stdout_limit), ("stderr_limit", stderr_limit))
+    }
     if cwd is not None and not isinstance(cwd, (str, os.PathLike)):
         raise _type_error("cwd", "a str, os.PathLike or None", cwd)
     tools = _names("enabled_tools", enabled_tools)
@@ -193,6 +212,8 @@ def execute_code(
             task_id,
             sys.executable or None,
             passthrough,
+            limits["stdout_limit"],
+            limits["stderr_limit"],
         )
     finally:
         with _active_lock:

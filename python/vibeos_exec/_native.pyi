@@ -18,6 +18,8 @@ def execute_code(
     task_id: Optional[str],
     python: Optional[str],
     env_passthrough: List[str],
+    stdout_limit: Optional[int] = None,
+    stderr_limit: Optional[int] = None,
 ) -> str:
     """Runs a script with the GIL released; returns the result object as JSON text."""
 

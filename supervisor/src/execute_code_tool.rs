@@ -64,7 +64,9 @@ pub fn execute_code_entry_for(
             "properties": {
                 "code": {"type": "string", "description": "Python source; `from vibeos_tools import ...` to call tools, print() what should come back"},
                 "timeout": {"type": "number", "description": "Seconds before the script is killed (default from config)"},
-                "max_tool_calls": {"type": "integer", "minimum": 0, "description": "Most tool calls the script may make (default from config)"}
+                "max_tool_calls": {"type": "integer", "minimum": 0, "description": "Most tool calls the script may make (default from config)"},
+                "stdout_limit": {"type": "integer", "minimum": 64, "maximum": 67108864, "description": "Bytes of stdout returned; longer output keeps its first 40% and last 60% (default from config)"},
+                "stderr_limit": {"type": "integer", "minimum": 64, "maximum": 67108864, "description": "Bytes of stderr kept for a failed script (default from config)"}
             },
             "required": ["code"]
         }),
@@ -90,7 +92,7 @@ pub fn execute_code_entry_for(
 }
 
 /// The execution request an execute_code call with `args` asks for: `code`, and optional
-/// `timeout` / `max_tool_calls` overriding `config`'s limits; runs in `ctx.cwd`. Other faces of
+/// `timeout` / `max_tool_calls` / `stdout_limit` / `stderr_limit` overriding `config`'s limits; runs in `ctx.cwd`. Other faces of
 /// execute_code (the MCP server) use it so every caller validates arguments the same way.
 pub fn request_from(
     args: &Map<String, Value>,
@@ -114,11 +116,7 @@ pub fn request_from(
     // The mode is the host's setting, not the model's: only the limits are per call here.
     Overrides::from_json(args, false)
         .map_err(|e| ToolError::invalid_args(e.to_string()))?
-        .apply(
-            &mut request.mode,
-            &mut request.timeout,
-            &mut request.max_tool_calls,
-        );
+        .apply_to_request(&mut request);
     request.cwd = Some(ctx.cwd.clone());
     request.task_id = ctx.task_id.clone();
     Ok(request)

@@ -1,9 +1,11 @@
-//! The per-call overrides of execute_code — `mode`, `timeout`, `max_tool_calls` — checked in
+//! The per-call overrides of execute_code — `mode`, `timeout`, `max_tool_calls`,
+//! `stdout_limit`, `stderr_limit` (SPEC §5: every limit is overridable per call) — checked in
 //! one place for every face: the CLI's flags, the Python package's keyword arguments, the MCP
 //! server's and the agent path's JSON arguments. Each face only says how its caller spells the
 //! names ([`Spelling`]), so a bad value gets the same judgement and the same message everywhere.
 
-use crate::config::{positive_seconds, Mode};
+use crate::config::{positive_seconds, Config, Mode};
+use crate::request::ExecutionRequest;
 use serde_json::{Map, Value};
 use std::time::Duration;
 
@@ -34,7 +36,18 @@ pub enum OverrideKind {
     Timeout,
     /// `max_tool_calls`: not a whole number of calls.
     MaxToolCalls,
+    /// `stdout_limit`: not a number of bytes in range.
+    StdoutLimit,
+    /// `stderr_limit`: not a number of bytes in range.
+    StderrLimit,
 }
+
+/// The smallest output cap a call may ask for (the same floor as `code_execution.*_limit`).
+pub const MIN_OUTPUT_LIMIT: u64 = 64;
+/// The largest output cap a call may ask for: the kept head and tail are held in the
+/// supervisor's memory, and a caller (a model, through MCP) must not be able to make that
+/// unbounded. The config file's setting has no such ceiling; it is the operator's.
+pub const MAX_OUTPUT_LIMIT: u64 = 64 * 1024 * 1024;
 
 impl OverrideKind {
     fn base(self) -> &'static str {
@@ -42,6 +55,8 @@ impl OverrideKind {
             OverrideKind::Mode => "mode",
             OverrideKind::Timeout => "timeout",
             OverrideKind::MaxToolCalls => "max_tool_calls",
+            OverrideKind::StdoutLimit => "stdout_limit",
+            OverrideKind::StderrLimit => "stderr_limit",
         }
     }
 
@@ -51,6 +66,9 @@ impl OverrideKind {
             OverrideKind::Mode => "project or strict",
             OverrideKind::Timeout => "a positive number of seconds (at most 86400)",
             OverrideKind::MaxToolCalls => "a whole number of calls, 0 or more",
+            OverrideKind::StdoutLimit | OverrideKind::StderrLimit => {
+                "a whole number of bytes from 64 to 67108864 (64 MiB)"
+            }
         }
     }
 
@@ -60,6 +78,9 @@ impl OverrideKind {
             OverrideKind::Mode => "is not a mode; use project or strict",
             OverrideKind::Timeout => "is not a usable number of seconds (positive, at most 86400)",
             OverrideKind::MaxToolCalls => "is not a usable call budget (a whole number, 0 or more)",
+            OverrideKind::StdoutLimit | OverrideKind::StderrLimit => {
+                "is not a usable number of bytes (a whole number from 64 to 67108864)"
+            }
         }
     }
 }
@@ -104,16 +125,37 @@ pub struct Overrides {
     pub timeout: Option<Duration>,
     /// Tool-call budget.
     pub max_tool_calls: Option<usize>,
+    /// Bytes of stdout kept.
+    pub stdout_limit: Option<usize>,
+    /// Bytes of stderr kept.
+    pub stderr_limit: Option<usize>,
+}
+
+/// The overrides a caller asked for, as given (unchecked); `None` keeps the configured value.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Requested<'a> {
+    /// `mode`.
+    pub mode: Option<&'a str>,
+    /// `timeout` in seconds.
+    pub timeout: Option<f64>,
+    /// `max_tool_calls`.
+    pub max_tool_calls: Option<u64>,
+    /// `stdout_limit` in bytes.
+    pub stdout_limit: Option<u64>,
+    /// `stderr_limit` in bytes.
+    pub stderr_limit: Option<u64>,
 }
 
 impl Overrides {
     /// Checks typed values (flags, keyword arguments).
-    pub fn check(
-        mode: Option<&str>,
-        timeout: Option<f64>,
-        max_tool_calls: Option<u64>,
-        spelling: Spelling,
-    ) -> Result<Overrides, OverrideError> {
+    pub fn check(requested: Requested<'_>, spelling: Spelling) -> Result<Overrides, OverrideError> {
+        let Requested {
+            mode,
+            timeout,
+            max_tool_calls,
+            stdout_limit,
+            stderr_limit,
+        } = requested;
         let mode = mode
             .map(|m| {
                 Mode::parse(m).ok_or_else(|| OverrideError {
@@ -141,16 +183,33 @@ impl Overrides {
                 })
             })
             .transpose()?;
+        let bytes = |value: Option<u64>, kind| {
+            value
+                .map(|n| {
+                    (MIN_OUTPUT_LIMIT..=MAX_OUTPUT_LIMIT)
+                        .contains(&n)
+                        .then(|| usize::try_from(n).ok())
+                        .flatten()
+                        .ok_or_else(|| OverrideError {
+                            kind,
+                            value: n.to_string(),
+                            spelling,
+                        })
+                })
+                .transpose()
+        };
         Ok(Overrides {
             mode,
             timeout,
             max_tool_calls,
+            stdout_limit: bytes(stdout_limit, OverrideKind::StdoutLimit)?,
+            stderr_limit: bytes(stderr_limit, OverrideKind::StderrLimit)?,
         })
     }
 
-    /// Checks JSON arguments (`timeout`, `max_tool_calls`, and `mode` when `allow_mode`); a
-    /// missing or null value keeps the configured one, a value of the wrong type is an error
-    /// naming what was given.
+    /// Checks JSON arguments (`timeout`, `max_tool_calls`, `stdout_limit`, `stderr_limit`, and
+    /// `mode` when `allow_mode`); a missing or null value keeps the configured one, a value of
+    /// the wrong type is an error naming what was given.
     pub fn from_json(
         args: &Map<String, Value>,
         allow_mode: bool,
@@ -176,19 +235,54 @@ impl Overrides {
                 spelling,
             })?),
         };
-        let max_tool_calls = match present("max_tool_calls") {
-            None => None,
-            Some(v) => Some(v.as_u64().ok_or_else(|| OverrideError {
-                kind: OverrideKind::MaxToolCalls,
+        let whole = |key: &str, kind| match present(key) {
+            None => Ok(None),
+            Some(v) => v.as_u64().map(Some).ok_or_else(|| OverrideError {
+                kind,
                 value: v.to_string(),
                 spelling,
-            })?),
+            }),
         };
-        Overrides::check(mode, timeout, max_tool_calls, spelling)
+        let requested = Requested {
+            mode,
+            timeout,
+            max_tool_calls: whole("max_tool_calls", OverrideKind::MaxToolCalls)?,
+            stdout_limit: whole("stdout_limit", OverrideKind::StdoutLimit)?,
+            stderr_limit: whole("stderr_limit", OverrideKind::StderrLimit)?,
+        };
+        Overrides::check(requested, spelling)
     }
 
-    /// Writes the overrides over configured values.
-    pub fn apply(&self, mode: &mut Mode, timeout: &mut Duration, max_tool_calls: &mut usize) {
+    /// Writes the overrides over a request's configured values.
+    pub fn apply_to_request(&self, request: &mut ExecutionRequest) {
+        self.apply(
+            &mut request.mode,
+            &mut request.timeout,
+            &mut request.max_tool_calls,
+            &mut request.stdout_limit,
+            &mut request.stderr_limit,
+        );
+    }
+
+    /// Writes the overrides over the configuration (flags of a one-shot run).
+    pub fn apply_to_config(&self, config: &mut Config) {
+        self.apply(
+            &mut config.mode,
+            &mut config.timeout,
+            &mut config.max_tool_calls,
+            &mut config.stdout_limit,
+            &mut config.stderr_limit,
+        );
+    }
+
+    fn apply(
+        &self,
+        mode: &mut Mode,
+        timeout: &mut Duration,
+        max_tool_calls: &mut usize,
+        stdout_limit: &mut usize,
+        stderr_limit: &mut usize,
+    ) {
         if let Some(m) = self.mode {
             *mode = m;
         }
@@ -197,6 +291,12 @@ impl Overrides {
         }
         if let Some(n) = self.max_tool_calls {
             *max_tool_calls = n;
+        }
+        if let Some(n) = self.stdout_limit {
+            *stdout_limit = n;
+        }
+        if let Some(n) = self.stderr_limit {
+            *stderr_limit = n;
         }
     }
 }
@@ -212,7 +312,11 @@ mod tests {
 
     #[test]
     fn every_face_gets_the_same_verdict_in_its_own_spelling() {
-        let flag = Overrides::check(None, Some(0.0), None, Spelling::Flag);
+        let timeout = |t| Requested {
+            timeout: Some(t),
+            ..Requested::default()
+        };
+        let flag = Overrides::check(timeout(0.0), Spelling::Flag);
         assert_eq!(
             flag.err().map(|e| e.to_string()).unwrap_or_default(),
             "--timeout 0 is not a usable number of seconds (positive, at most 86400)"
@@ -222,7 +326,11 @@ mod tests {
             arg.err().map(|e| e.to_string()).unwrap_or_default(),
             "argument `timeout` must be a positive number of seconds (at most 86400), got 0"
         );
-        let mode = Overrides::check(Some("loose"), None, None, Spelling::Flag);
+        let loose = Requested {
+            mode: Some("loose"),
+            ..Requested::default()
+        };
+        let mode = Overrides::check(loose, Spelling::Flag);
         assert_eq!(mode.err().map(|e| e.kind), Some(OverrideKind::Mode));
         let budget = Overrides::from_json(&args(json!({"max_tool_calls": -1})), false);
         assert_eq!(
@@ -235,22 +343,56 @@ mod tests {
             Some(OverrideKind::Timeout)
         );
         for t in [f64::NAN, f64::INFINITY, -1.0, 86_400.5] {
-            assert!(Overrides::check(None, Some(t), None, Spelling::Argument).is_err());
+            assert!(Overrides::check(timeout(t), Spelling::Argument).is_err());
+        }
+        let small = Requested {
+            stdout_limit: Some(63),
+            ..Requested::default()
+        };
+        assert_eq!(
+            Overrides::check(small, Spelling::Flag)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default(),
+            "--stdout-limit 63 is not a usable number of bytes (a whole number from 64 to 67108864)"
+        );
+        for bad in [
+            json!(-1),
+            json!(1.5),
+            json!("big"),
+            json!(MAX_OUTPUT_LIMIT + 1),
+        ] {
+            let e = Overrides::from_json(&args(json!({ "stderr_limit": bad })), false);
+            assert_eq!(e.err().map(|e| e.kind), Some(OverrideKind::StderrLimit));
         }
     }
 
     #[test]
     fn good_values_override_and_absent_ones_keep_the_configuration() {
         let o = Overrides::from_json(
-            &args(json!({"timeout": 1.5, "max_tool_calls": 0, "mode": "strict"})),
+            &args(
+                json!({"timeout": 1.5, "max_tool_calls": 0, "mode": "strict", "stdout_limit": 64}),
+            ),
             true,
         )
         .unwrap_or_default();
-        let (mut mode, mut timeout, mut calls) = (Mode::Project, Duration::from_secs(300), 50);
-        o.apply(&mut mode, &mut timeout, &mut calls);
+        let mut config = Config::default();
+        o.apply_to_config(&mut config);
         assert_eq!(
-            (mode, timeout, calls),
-            (Mode::Strict, Duration::from_millis(1500), 0)
+            (
+                config.mode,
+                config.timeout,
+                config.max_tool_calls,
+                config.stdout_limit,
+                config.stderr_limit
+            ),
+            (
+                Mode::Strict,
+                Duration::from_millis(1500),
+                0,
+                64,
+                Config::default().stderr_limit
+            )
         );
         let none = Overrides::from_json(&args(json!({"timeout": null, "mode": "strict"})), false)
             .unwrap_or_default();

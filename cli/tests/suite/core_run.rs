@@ -274,6 +274,37 @@ fn a_detached_daemon_does_not_outlive_the_timeout() {
     assert_dies(pid);
 }
 
+/// SPEC §5: every limit is overridable per call, the output caps included; a flag beats
+/// the config file, and a value out of range is a usage error naming the flag.
+#[test]
+fn output_limits_are_overridable_per_run() {
+    let sb = Sandbox::new();
+    sb.write_config("code_execution:\n  stdout_limit: 100000\n");
+    let script = "import sys\nprint('x' * 5000)\nsys.stderr.write('e' * 5000)\nsys.exit(1)\n";
+    let r = sb.run_json(script, &["--stdout-limit", "1000", "--stderr-limit", "300"]);
+    assert_eq!(r["status"], "error", "{r}");
+    let omitted = r["stdout_bytes_omitted"].as_u64().unwrap_or(0);
+    assert!((4001..5001).contains(&omitted), "{r}");
+    assert!(
+        r["stderr_bytes_omitted"].as_u64().unwrap_or(0) >= 4700,
+        "{r}"
+    );
+    let r = sb.run_json(script, &[]);
+    assert_eq!(r["stdout_bytes_omitted"], 0, "the config's cap: {r}");
+    let file = sb.work().join("noop.py");
+    std::fs::write(&file, "pass\n").unwrap();
+    let file = file.to_string_lossy().into_owned();
+    for bad in ["63", "67108865", "-5", "lots"] {
+        let out = sb.run(&["run", "--json", "--stdout-limit", bad, &file]);
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        let v = vibeos_testkit::parse_single_json(&out);
+        assert!(
+            v["error"].as_str().unwrap_or("").contains("--stdout-limit"),
+            "{bad}: {v}"
+        );
+    }
+}
+
 #[test]
 fn stdout_keeps_head_and_tail_with_a_marker() {
     let sb = Sandbox::new();

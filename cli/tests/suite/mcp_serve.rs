@@ -178,6 +178,24 @@ fn mcp_initialize_list_tools_and_run_scripts_that_call_tools() {
         "the per-call max_tool_calls overrides serve's: {out}"
     );
     assert_eq!(text["tool_calls_made"], 1);
+
+    // Output limits are per call too (SPEC §5).
+    let (_, text, _) = parts(&r["capped"]);
+    assert_eq!(
+        (
+            text["stdout_bytes"].as_u64(),
+            text["stderr_bytes"].as_u64(),
+            text["truncated"].as_bool()
+        ),
+        (Some(5001), Some(5000), Some(true)),
+        "{text}"
+    );
+    let omitted = text["stdout_bytes_omitted"].as_u64().unwrap_or(0);
+    assert!((4001..5001).contains(&omitted), "{text}");
+    assert!(
+        text["stderr_bytes_omitted"].as_u64().unwrap_or(0) >= 4700,
+        "{text}"
+    );
     assert!(sb.staging_dirs().is_empty(), "{:?}", sb.staging_dirs());
 }
 
