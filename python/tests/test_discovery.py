@@ -121,3 +121,108 @@ def test_bad_paths(tmp_path):
         vibeos_exec.discover_tools(3)
     with pytest.raises(NotADirectoryError):
         vibeos_exec.discover_tools(tmp_path / "missing")
+
+
+def test_a_module_that_fails_after_registering_leaves_no_tool_behind(tmp_path, caplog):
+    d = tmp_path / "late_failure"
+    d.mkdir()
+    write(d, "a_kept.py", """
+        from vibeos_exec import registry
+        registry.register(name="a_kept", toolset="disc", schema={"type": "object"},
+                          handler=lambda a: {"kept": True})
+    """)
+    # Registers two tools and replaces a_kept, then fails: skipped whole, but the replaced
+    # tool cannot get its first handler back (a warning says so).
+    write(d, "b_half.py", """
+        from vibeos_exec import registry
+        registry.register(name="b_half", toolset="disc", schema={"type": "object"},
+                          handler=lambda a: {})
+        registry.register(name="a_kept", toolset="disc", schema={"type": "object"},
+                          handler=lambda a: {"kept": False})
+        registry.register(name="b_half_too", toolset="disc", schema={"type": "object"},
+                          handler=lambda a: {})
+        import module_that_does_not_exist_anywhere
+    """)
+    write(d, "c_after.py", """
+        from vibeos_exec import registry
+        registry.register(name="c_after", toolset="disc", schema={"type": "object"},
+                          handler=lambda a: {})
+    """)
+    with caplog.at_level(logging.WARNING, logger="vibeos_exec.discovery"):
+        loaded = vibeos_exec.discover_tools(d)
+    assert loaded == ["a_kept", "c_after"]
+    names = registry.tool_names()
+    assert "a_kept" in names and "c_after" in names
+    assert "b_half" not in names and "b_half_too" not in names
+    assert "b_half" not in {
+        d["function"]["name"] for d in registry.get_tool_definitions(["disc"])
+    }
+    assert "b_half.py" in caplog.text and "ModuleNotFoundError" in caplog.text
+    assert "failed after replacing tool `a_kept`" in caplog.text
+
+
+def test_a_base_exception_from_a_module_skips_only_that_module(tmp_path, caplog):
+    d = tmp_path / "base_exc"
+    d.mkdir()
+    write(d, "a_raises.py", """
+        from vibeos_exec import registry
+        registry.register(name="a_raises", toolset="disc", schema={"type": "object"},
+                          handler=lambda a: {})
+        class Abort(BaseException):
+            pass
+        raise Abort("not an Exception")
+    """)
+    write(d, "b_generator_exit.py", """
+        from vibeos_exec import registry
+        registry.register(name="b_generator_exit", toolset="disc", schema={"type": "object"},
+                          handler=lambda a: {})
+        raise GeneratorExit()
+    """)
+    write(d, "c_after.py", """
+        from vibeos_exec import registry
+        registry.register(name="c_after_base", toolset="disc", schema={"type": "object"},
+                          handler=lambda a: {})
+    """)
+    with caplog.at_level(logging.WARNING, logger="vibeos_exec.discovery"):
+        loaded = vibeos_exec.discover_tools(d)
+    assert loaded == ["c_after"]
+    names = registry.tool_names()
+    assert "c_after_base" in names
+    assert "a_raises" not in names and "b_generator_exit" not in names
+    assert "a_raises.py" in caplog.text and "Abort" in caplog.text
+    assert "GeneratorExit" in caplog.text
+
+
+def test_keyboard_interrupt_still_stops_discovery(tmp_path):
+    d = tmp_path / "interrupted"
+    d.mkdir()
+    write(d, "a_interrupts.py", """
+        from vibeos_exec import registry
+        registry.register(name="a_interrupts", toolset="disc", schema={"type": "object"},
+                          handler=lambda a: {})
+        raise KeyboardInterrupt
+    """)
+    write(d, "b_never.py", """
+        from vibeos_exec import registry
+        registry.register(name="b_never", toolset="disc", schema={"type": "object"},
+                          handler=lambda a: {})
+    """)
+    with pytest.raises(KeyboardInterrupt):
+        vibeos_exec.discover_tools(d)
+    names = registry.tool_names()
+    assert "b_never" not in names and "a_interrupts" not in names
+
+
+def test_a_plugin_that_fails_after_registering_leaves_no_tool_behind(tmp_path):
+    # Plugins of a directory are imported by the same helper as discovered modules.
+    d = tmp_path / "half_plugins"
+    d.mkdir()
+    write(d, "half_plugin.py", """
+        from vibeos_exec import registry
+        registry.register(name="half_plugin_tool", toolset="disc", schema={"type": "object"},
+                          handler=lambda a: {})
+        raise RuntimeError("broken after registering")
+    """)
+    report = vibeos_exec.load_plugins([d], entry_points=False, tracebacks=False)
+    assert report.failed == {"half_plugin": "RuntimeError: broken after registering"}
+    assert "half_plugin_tool" not in registry.tool_names()

@@ -400,7 +400,8 @@ def test_the_stub_the_script_tools_and_the_description_agree(tmp_path):
     listed = import_line.split("import ", 1)[1].split("`", 1)[0].split(", ")
     assert listed == registry.script_tools(), (listed, registry.script_tools())
     assert "k" in listed
-    assert "- k(class_=None, a_b=None):" in desc, desc
+    # No description: the signature alone, no dangling colon.
+    assert "- k(class_=None, a_b=None)\n" in desc, desc
     r = vibeos_exec.execute_code(
         "import json, inspect, vibeos_tools\n"
         "from vibeos_tools import k\n"

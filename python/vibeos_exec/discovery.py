@@ -5,7 +5,8 @@ slow or have side effects. So each ``*.py`` file is parsed first, and only modul
 *top-level* ``registry.register(...)`` call (or ``<anything>.registry.register(...)``) are
 imported; calls inside functions do not count. A module that fails to import (a missing optional
 dependency, a syntax error, a ``sys.exit()`` while importing) is logged and skipped; the others
-still load.
+still load. Skipped means skipped whole: the tools it registered before it failed are removed
+again, since their module never finished loading (its handlers may need what never ran).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import os
 import sys
 from pathlib import Path
 from typing import Iterator, List, Union
+
+from . import registry
 
 __all__ = ["discover_tools", "module_registers_tools"]
 
@@ -84,7 +87,9 @@ def tool_module_files(directory: Path) -> List[Path]:
 def import_module_file(file: Path) -> None:
     """Imports ``file`` under its stem (kept in ``sys.modules``); raises what the import raised.
 
-    The caller puts the file's directory on ``sys.path`` if siblings must resolve.
+    When the import raises, the tools the module registered first are unregistered again (a
+    tool it *replaced* cannot be given back its earlier handler: that one stays replaced, with
+    a warning). The caller puts the file's directory on ``sys.path`` if siblings must resolve.
     """
     name = file.stem
     spec = importlib.util.spec_from_file_location(name, file)
@@ -92,11 +97,34 @@ def import_module_file(file: Path) -> None:
         raise ImportError(f"cannot build an import spec for {file}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
+    before = set(registry.tool_names())
+    # Record this module's registrations, and hand them on to an enclosing recorder (a plugin
+    # being loaded that discovers tools) only if the module loads.
+    outer = registry._recorder
+    recorded: List[str] = []
+    registry._recorder = recorded
     try:
         spec.loader.exec_module(module)
     except BaseException:
         sys.modules.pop(name, None)
+        _undo_registrations(file, recorded, before)
         raise
+    finally:
+        registry._recorder = outer
+    if outer is not None:
+        outer.extend(recorded)
+
+
+def _undo_registrations(file: Path, recorded: List[str], before: "set[str]") -> None:
+    """Removes the tools ``file`` registered before its import failed (see
+    :func:`import_module_file`)."""
+    for tool in dict.fromkeys(recorded):
+        if tool in before:
+            log.warning("tool discovery: %s failed after replacing tool `%s`; the replacement "
+                        "stays registered (the earlier registration cannot be restored)",
+                        file, tool)
+        else:
+            registry.unregister(tool)
 
 
 def discover_tools(path: Union[str, "os.PathLike[str]"]) -> List[str]:
@@ -104,9 +132,10 @@ def discover_tools(path: Union[str, "os.PathLike[str]"]) -> List[str]:
 
     Files are visited in name order; ``__init__.py`` and files starting with ``_`` are skipped.
     Each module is imported under its file stem (and kept in ``sys.modules``), with ``path`` on
-    ``sys.path`` while it imports so sibling helpers resolve. Import failures (exceptions and
-    ``SystemExit``; not ``KeyboardInterrupt``) are logged with their traceback at WARNING and
-    skipped.
+    ``sys.path`` while it imports so sibling helpers resolve. Import failures (any exception,
+    ``SystemExit`` and any other ``BaseException``; not ``KeyboardInterrupt``) are logged with
+    their traceback at WARNING and skipped, and the tools the failed module had registered are
+    unregistered again.
 
     Raises:
         TypeError: ``path`` is not a str or os.PathLike.
@@ -123,10 +152,13 @@ def discover_tools(path: Union[str, "os.PathLike[str]"]) -> List[str]:
             name = file.stem
             try:
                 import_module_file(file)
-            # SystemExit too: a module calling sys.exit() while importing (a missing optional
-            # dependency, often) is one failing module, not a request to stop the host.
-            # KeyboardInterrupt still propagates: that is the user.
-            except (Exception, SystemExit) as exc:  # noqa: BLE001 - one broken module must not stop the rest
+            except KeyboardInterrupt:
+                # That is the user: stop discovering.
+                raise
+            # Every other BaseException too: a module calling sys.exit() while importing (a
+            # missing optional dependency, often), or raising its own BaseException subclass, is
+            # one failing module, not a request to stop the host.
+            except BaseException as exc:  # noqa: BLE001 - one broken module must not stop the rest
                 log.warning("tool discovery: skipping %s: %s: %s", file, type(exc).__name__, exc,
                             exc_info=True)
                 continue

@@ -16,6 +16,6 @@ pub use protocol::{
     MAX_FRAME_BYTES,
 };
 pub use stub::{
-    check_tool_name, generate_stub, signature_text, stub_function, GeneratedStub, StubError,
-    StubParam, StubTool, RUNTIME_FILE, RUNTIME_MODULE, RUNTIME_SOURCE,
+    check_tool_name, doc_line, generate_stub, signature_text, stub_function, GeneratedStub,
+    StubError, StubParam, StubTool, RUNTIME_FILE, RUNTIME_MODULE, RUNTIME_SOURCE,
 };

@@ -20,9 +20,11 @@ pub const RUNTIME_MODULE: &str = "_vibeos_runtime";
 /// The runtime's file, written beside `vibeos_tools.py` in every staging dir.
 pub const RUNTIME_FILE: &str = "_vibeos_runtime.py";
 
-/// The generated module's head: its doc and what it takes from the runtime (the wrappers call
+/// The generated module's head: its doc and what it takes from the runtime. The wrappers call
 /// `_call` and `_drop_unset`, parse non-scalar defaults with `_json`, and accept schema names
-/// that are not identifiers through `_wire_names`).
+/// that are not identifiers through `_wire_names`, each under a [`INTERNAL_PREFIX`] name: a
+/// function body looks names up among its parameters first, and no parameter can take such a
+/// name ([`param_ident`]), so a schema property called `_call` cannot shadow the channel.
 const HEAD: &str = r#""""Tools of this execute_code run, callable from the script.
 
 Generated for one execution. Each tool function sends one call over the execution's private
@@ -34,26 +36,70 @@ connection) and from forked children and subprocesses (each process opens its ow
 """
 
 from _vibeos_runtime import ToolChannelError, json_parse, shell_quote, retry  # noqa: F401
-from _vibeos_runtime import _call, _drop_unset, _json, _wire_names  # noqa: F401
+from _vibeos_runtime import _call as _vibeos_call, _drop_unset as _vibeos_drop_unset  # noqa: F401
+from _vibeos_runtime import _json as _vibeos_json, _wire_names as _vibeos_wire_names  # noqa: F401
 "#;
+
+/// Prefix of every name the generated wrappers use besides their parameters (see [`HEAD`]).
+/// A parameter whose Python name would start with it is renamed (a trailing `_`).
+const INTERNAL_PREFIX: &str = "_vibeos_";
 
 /// Helper names the runtime defines; a tool may not shadow them.
 const HELPERS: [&str; 4] = ["json_parse", "shell_quote", "retry", "ToolChannelError"];
 
-/// Python keywords (3.8 to 3.13) that cannot be used as parameter names.
-const PY_KEYWORDS: [&str; 35] = [
-    "False", "None", "True", "and", "as", "assert", "async", "await", "break", "class", "continue",
-    "def", "del", "elif", "else", "except", "finally", "for", "from", "global", "if", "import",
-    "in", "is", "lambda", "nonlocal", "not", "or", "pass", "raise", "return", "try", "while",
-    "with", "yield",
+/// Python keywords (3.8 to 3.13) that cannot be used as parameter names, and `__debug__`,
+/// which is not a keyword but cannot be assigned either (`def f(__debug__=None)` is a
+/// SyntaxError). Soft keywords (`match`, `case`, `type`, `_`) are usable names.
+const PY_KEYWORDS: [&str; 36] = [
+    "False",
+    "None",
+    "True",
+    "and",
+    "as",
+    "assert",
+    "async",
+    "await",
+    "break",
+    "class",
+    "continue",
+    "def",
+    "del",
+    "elif",
+    "else",
+    "except",
+    "finally",
+    "for",
+    "from",
+    "global",
+    "if",
+    "import",
+    "in",
+    "is",
+    "lambda",
+    "nonlocal",
+    "not",
+    "or",
+    "pass",
+    "raise",
+    "return",
+    "try",
+    "while",
+    "with",
+    "yield",
+    "__debug__",
 ];
 
 /// What the generator needs to know of one tool.
+///
+/// Every text here may come from an MCP server the operator opened to scripts, so none of it
+/// is trusted: the name must pass [`check_tool_name`], and descriptions, property names,
+/// defaults and types are only ever written into the module as escaped string literals, which
+/// no input can end early.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StubTool {
     /// Tool name; becomes the Python function name.
     pub name: String,
-    /// Description; its first line becomes the doc line.
+    /// Description; its [`doc_line`] becomes the doc line, the rest the docstring's body.
     pub description: String,
     /// JSON schema of the arguments (`{"type": "object", "properties": …, "required": …}`).
     pub parameters: Value,
@@ -103,15 +149,15 @@ pub fn generate_stub(tools: &[StubTool]) -> GeneratedStub {
             Err(e) => skipped.push(e),
         }
     }
-    let mut all: Vec<String> = included.iter().map(|n| format!("{n:?}")).collect();
-    all.extend(HELPERS.iter().map(|h| format!("{h:?}")));
+    let mut all: Vec<String> = included.iter().map(|n| py_str(n)).collect();
+    all.extend(HELPERS.iter().map(|h| py_str(h)));
     let _ = write!(
         source,
         "\n\n__all__ = [{}]\n_TOOLS = ({})\n\n\ndef __getattr__(name):\n    raise AttributeError(\n        \"vibeos_tools has no tool %r in this execution; available: %s\"\n        % (name, \", \".join(_TOOLS) or \"none (no script tool is enabled)\")\n    )\n",
         all.join(", "),
         included
             .iter()
-            .map(|n| format!("{n:?}, "))
+            .map(|n| format!("{}, ", py_str(n)))
             .collect::<String>()
     );
     GeneratedStub {
@@ -127,8 +173,9 @@ fn is_identifier(s: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
-/// A Python parameter name for a schema property: keywords get a trailing `_`, other
-/// characters become `_`; the wire still uses the original name.
+/// A Python parameter name for a schema property: characters other than ASCII letters and
+/// digits become `_`; keywords and names the wrapper's body uses ([`INTERNAL_PREFIX`]) get a
+/// trailing `_`. The wire still uses the original name.
 fn param_ident(name: &str, taken: &mut BTreeSet<String>) -> String {
     let mut ident: String = name
         .chars()
@@ -137,7 +184,10 @@ fn param_ident(name: &str, taken: &mut BTreeSet<String>) -> String {
     if ident.is_empty() || ident.starts_with(|c: char| c.is_ascii_digit()) {
         ident.insert(0, '_');
     }
-    if PY_KEYWORDS.contains(&ident.as_str()) || ident.starts_with("_args") {
+    if PY_KEYWORDS.contains(&ident.as_str())
+        || ident.starts_with("_args")
+        || ident.starts_with(INTERNAL_PREFIX)
+    {
         ident.push('_');
     }
     while !taken.insert(ident.clone()) {
@@ -159,9 +209,26 @@ fn py_scalar(v: &Value) -> Option<String> {
     })
 }
 
+/// `s` as a double-quoted Python string literal (see [`py_escape`]).
 fn py_str(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
+    py_escape(&mut out, s);
+    out.push('"');
+    out
+}
+
+/// Appends `s` escaped for the inside of a non-raw Python string literal, `"` or `"""`
+/// delimited. The result holds no `"` and no `\` that is not part of an escape this function
+/// wrote, so the tokenizer, which reads `\` and the character after it as one unit, finds no
+/// quote that could end the literal: whatever `s` holds (quotes at its end, `"""`, a
+/// backslash at its end), the literal ends where the generator closes it. It holds no line
+/// break either (not even `\r`, U+2028 or U+0085, which some readers of the source treat as
+/// one), no NUL (which Python refuses anywhere in source) and no other control or invisible
+/// formatting character (bidirectional overrides could make the source read differently from
+/// what it is). Every escape written is one Python knows (`\\`, `\"`, `\n`, `\r`, `\t`,
+/// `\xNN`, `\uNNNN`, `\UNNNNNNNN`), so the value reads back exactly as `s`.
+fn py_escape(out: &mut String, s: &str) {
     for c in s.chars() {
         match c {
             '\\' => out.push_str("\\\\"),
@@ -169,19 +236,90 @@ fn py_str(s: &str) -> String {
             '\n' => out.push_str("\\n"),
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 || c == '\u{7f}' => {
-                let _ = write!(out, "\\x{:02x}", c as u32);
+            c if needs_escape(c) => {
+                let n = c as u32;
+                let _ = if n <= 0xff {
+                    write!(out, "\\x{n:02x}")
+                } else if n <= 0xffff {
+                    write!(out, "\\u{n:04x}")
+                } else {
+                    write!(out, "\\U{n:08x}")
+                };
             }
             c => out.push(c),
         }
     }
-    out.push('"');
+}
+
+/// Characters written as escapes rather than as themselves: the C0 and C1 controls and DEL,
+/// the Unicode line and paragraph separators, and the invisible format characters (zero-width
+/// ones, bidirectional marks, embeddings, overrides and isolates, the BOM, interlinear
+/// annotation marks). Unassigned and private-use characters are left as they are: they are
+/// visible as what they are in any editor and mean nothing to the tokenizer.
+fn needs_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{ad}'
+                | '\u{61c}'
+                | '\u{180e}'
+                | '\u{200b}'..='\u{200f}'
+                | '\u{2028}'..='\u{202e}'
+                | '\u{2060}'..='\u{206f}'
+                | '\u{feff}'
+                | '\u{fff9}'..='\u{fffb}'
+        )
+}
+
+/// Text safe inside a `"""` docstring: escaped as any string literal is ([`py_escape`]); the
+/// generator writes the docstring's line breaks itself, between escaped lines.
+fn doc_text(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    py_escape(&mut out, s);
     out
 }
 
-/// Text safe inside a `"""` docstring.
-fn doc_text(s: &str) -> String {
-    s.replace('\\', "\\\\").replace("\"\"\"", "\\\"\\\"\\\"")
+/// The doc line of a tool's description: its first line that is not blank, trimmed; empty when
+/// the description is blank. Lines end where Python's `str.splitlines()` ends them (`\r`,
+/// U+2028 and the other separators too, not only `\n`). The stub's docstring starts with it
+/// and the execute_code description shows it beside the tool's signature, so both say the same.
+pub fn doc_line(description: &str) -> &str {
+    py_lines(description)
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("")
+}
+
+/// The lines of `s` as Python's `str.splitlines()` cuts them: at `\n`, `\r`, `\r\n`, `\x0b`,
+/// `\x0c`, `\x1c`–`\x1e`, U+0085, U+2028 and U+2029, without the breaks.
+fn py_lines(s: &str) -> impl Iterator<Item = &str> {
+    let mut rest = Some(s);
+    std::iter::from_fn(move || {
+        let text = rest?;
+        match text.find(|c: char| {
+            matches!(
+                c,
+                '\n' | '\r' | '\u{b}' | '\u{c}' | '\u{1c}'
+                    ..='\u{1e}' | '\u{85}' | '\u{2028}' | '\u{2029}'
+            )
+        }) {
+            Some(i) => {
+                let after = &text[i..];
+                let skip = if after.starts_with("\r\n") {
+                    2
+                } else {
+                    after.chars().next().map_or(1, char::len_utf8)
+                };
+                let next = &text[i + skip..];
+                rest = (!next.is_empty()).then_some(next);
+                Some(&text[..i])
+            }
+            None => {
+                rest = None;
+                (!text.is_empty()).then_some(text)
+            }
+        }
+    })
 }
 
 fn type_label(schema: &Value) -> String {
@@ -315,7 +453,7 @@ fn render_tool(tool: &StubTool) -> Result<String, StubError> {
                     let json = serde_json::to_string(default).unwrap_or_else(|_| "null".into());
                     let _ = writeln!(
                         fill_defaults,
-                        "    if {id} is None:\n        {id} = _json.loads({lit})",
+                        "    if {id} is None:\n        {id} = _vibeos_json.loads({lit})",
                         id = p.ident,
                         lit = py_str(&json)
                     );
@@ -328,20 +466,28 @@ fn render_tool(tool: &StubTool) -> Result<String, StubError> {
         }
     }
 
+    // The docstring: the doc line, then the description's other lines as they are (trailing
+    // space and blank lines at either end dropped), each escaped on its own; the line breaks
+    // between them are the only ones the generator writes.
     let mut doc = String::new();
-    let summary = tool.description.trim();
-    let summary = if summary.is_empty() {
-        "Call the tool."
+    let summary = doc_line(&tool.description);
+    if summary.is_empty() {
+        doc.push_str("Call the tool.");
     } else {
-        summary
-    };
-    doc.push_str(
-        &summary
-            .lines()
-            .map(|l| doc_text(l.trim_end()))
-            .collect::<Vec<_>>()
-            .join("\n    "),
-    );
+        let mut lines: Vec<&str> = py_lines(&tool.description)
+            .skip_while(|l| l.trim().is_empty())
+            .skip(1)
+            .map(str::trim_end)
+            .collect();
+        while lines.last().is_some_and(|l| l.is_empty()) {
+            lines.pop();
+        }
+        doc.push_str(&doc_text(summary));
+        for line in lines {
+            doc.push_str("\n    ");
+            doc.push_str(&doc_text(line));
+        }
+    }
     if !params.is_empty() {
         doc.push_str("\n\n    Args:\n");
         for p in &params {
@@ -381,7 +527,7 @@ fn render_tool(tool: &StubTool) -> Result<String, StubError> {
         .map(|p| format!("({}, {}), ", py_str(&p.wire), py_str(&p.ident)))
         .collect();
     if !renamed.is_empty() {
-        let _ = writeln!(code, "@_wire_names(({}))", renamed.concat());
+        let _ = writeln!(code, "@_vibeos_wire_names(({}))", renamed.concat());
     }
     let _ = writeln!(code, "def {}({}):", tool.name, sig.join(", "));
     let _ = writeln!(code, "    \"\"\"{doc}\"\"\"");
@@ -389,14 +535,14 @@ fn render_tool(tool: &StubTool) -> Result<String, StubError> {
     if drop_if_unset.is_empty() {
         let _ = writeln!(
             code,
-            "    return _call({}, {{{}}})",
+            "    return _vibeos_call({}, {{{}}})",
             py_str(&tool.name),
             args_dict
         );
     } else {
         let _ = writeln!(
             code,
-            "    return _call({}, _drop_unset({{{}}}, ({},)))",
+            "    return _vibeos_call({}, _vibeos_drop_unset({{{}}}, ({},)))",
             py_str(&tool.name),
             args_dict,
             drop_if_unset.join(", ")
@@ -443,8 +589,10 @@ mod tests {
         assert!(stub
             .source
             .contains("path (string, required): File to read"));
-        assert!(stub.source.contains("globs = _json.loads(\"[\\\"*\\\"]\")"));
-        assert!(stub.source.contains("_drop_unset("));
+        assert!(stub
+            .source
+            .contains("globs = _vibeos_json.loads(\"[\\\"*\\\"]\")"));
+        assert!(stub.source.contains("_vibeos_drop_unset("));
     }
 
     #[test]
@@ -487,7 +635,12 @@ mod tests {
             .filter_map(|l| l.strip_prefix("from _vibeos_runtime import "));
         for line in head {
             let names = line.split('#').next().unwrap_or_default();
-            for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            // `_call as _vibeos_call`: the runtime defines the name before `as`.
+            let imported = names
+                .split(',')
+                .filter_map(|n| n.split(" as ").next())
+                .map(str::trim);
+            for name in imported.filter(|n| !n.is_empty()) {
                 let defined = [
                     format!("def {name}("),
                     format!("class {name}("),
@@ -511,6 +664,57 @@ mod tests {
     }
 
     #[test]
+    fn the_doc_line_is_the_first_line_that_is_not_blank() {
+        assert_eq!(doc_line("\n\n  Real first line\nsecond"), "Real first line");
+        assert_eq!(doc_line(" \r\n\u{2028}a\rb"), "a");
+        assert_eq!(doc_line(" \n\t "), "");
+        assert_eq!(
+            py_lines("a\r\nb\rc\u{2028}\n\u{85}d\n").collect::<Vec<_>>(),
+            ["a", "b", "c", "", "", "d"]
+        );
+        let mut t = tool("x", json!({}));
+        t.description = "\n\n  Real first line\nsecond  \n\n".into();
+        let stub = generate_stub(&[t]);
+        assert!(
+            stub.source
+                .contains("def x():\n    \"\"\"Real first line\n    second\"\"\"\n"),
+            "{}",
+            stub.source
+        );
+    }
+
+    #[test]
+    fn parameters_never_take_the_names_the_wrapper_uses() {
+        let schema = json!({"type": "object", "properties": {
+            "_call": {"type": "string"},
+            "_json": {"type": "string"},
+            "_vibeos_call": {"type": "string"},
+            "__debug__": {"type": "string"}
+        }});
+        let params = stub_function("k", &schema).unwrap();
+        let idents: Vec<&str> = params.iter().map(|p| p.ident.as_str()).collect();
+        assert_eq!(idents, ["_call", "_json", "_vibeos_call_", "__debug___"]);
+        // Every name the head binds for the wrappers is one no parameter can take.
+        for line in HEAD
+            .lines()
+            .filter(|l| l.starts_with("from _vibeos_runtime import _"))
+        {
+            for alias in line.split(" as ").skip(1) {
+                let name = alias.split([',', ' ']).next().unwrap_or_default();
+                assert!(name.starts_with(INTERNAL_PREFIX), "{name}");
+            }
+        }
+    }
+
+    #[test]
+    fn string_literals_escape_everything_that_could_end_or_break_them() {
+        assert_eq!(
+            py_str("a\"\\\0\r\u{2028}\u{202e}\u{85}\u{7f}é☃\u{1f600}"),
+            "\"a\\\"\\\\\\x00\\r\\u2028\\u202e\\x85\\x7fé☃\u{1f600}\""
+        );
+    }
+
+    #[test]
     fn schema_names_that_are_not_identifiers_keep_their_wire_name() {
         let schema = json!({"type": "object", "properties": {
             "class": {"type": "string"},
@@ -531,7 +735,7 @@ mod tests {
         // of its own, so it is not renamed.
         assert!(
             stub.source
-                .contains("@_wire_names(((\"class\", \"class_\"), (\"a-b\", \"a_b\"), ))"),
+                .contains("@_vibeos_wire_names(((\"class\", \"class_\"), (\"a-b\", \"a_b\"), ))"),
             "{}",
             stub.source
         );

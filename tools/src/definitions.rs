@@ -221,12 +221,11 @@ pub fn execute_code_description(
             names.join(", ")
         ));
         for (e, signature) in script_tools {
-            out.push_str(&format!(
-                "- {}({}): {}\n",
-                e.name,
-                signature,
-                e.description.lines().next().unwrap_or("").trim()
-            ));
+            // The doc line the stub's function starts its docstring with, by the same rule.
+            match vibeos_rpc::doc_line(&e.description) {
+                "" => out.push_str(&format!("- {}({})\n", e.name, signature)),
+                doc => out.push_str(&format!("- {}({}): {doc}\n", e.name, signature)),
+            }
         }
         out.push_str(
             "Each returns a dict; a failed call returns {\"error\": ...} instead of raising. \

@@ -8,8 +8,8 @@ use crate::availability::{availability_of, Availability, DEFAULT_CHECK_TIMEOUT};
 use crate::entry::{BuiltinTool, Handler, OverridePolicy, ToolEntry, ToolSource};
 use crate::hooks::{HookDecision, PostHook, PostToolCall, PreHook, PreToolCall};
 use crate::toolsets::{
-    static_toolsets, valid_toolset_name, Resolver, Toolset, ToolsetError, ToolsetKind,
-    LEGACY_TOOLSET_ALIASES,
+    reserved_toolset, static_toolsets, valid_toolset_name, Resolver, Toolset, ToolsetError,
+    ToolsetKind, LEGACY_TOOLSET_ALIASES,
 };
 use crate::RegistrationError;
 use serde_json::Value;
@@ -132,6 +132,10 @@ impl ToolRegistry {
     /// - a plugin or MCP tool replacing a built-in or host tool also needs the operator's
     ///   [`OverridePolicy`] (which, once it allows it, is the override);
     /// - shadowing a tool of a different toolset otherwise needs `override_existing`.
+    ///
+    /// A toolset name that means something else is refused whoever registers: an alias (the
+    /// legacy `file_tools` …), or a built-in composite or preset (`vibeos-cli` …); see
+    /// [`RegistrationError::ReservedToolset`].
     pub fn register_with_override(
         &self,
         mut entry: ToolEntry,
@@ -139,6 +143,19 @@ impl ToolRegistry {
     ) -> Result<(), RegistrationError> {
         entry.is_async = matches!(entry.handler, Handler::Async(_));
         entry.validate()?;
+        let reserved = reserved_toolset(
+            &entry.toolset,
+            &read(&self.toolsets),
+            &read(&self.aliases),
+            true,
+        );
+        if let Some(reason) = reserved {
+            return Err(RegistrationError::ReservedToolset {
+                name: entry.name,
+                toolset: entry.toolset,
+                reason,
+            });
+        }
         let mut tools = write(&self.tools);
         if let Some(old) = tools.get(&entry.name) {
             let mcp_to_mcp = matches!(
@@ -416,11 +433,24 @@ impl ToolRegistry {
     }
 
     /// Adds (or replaces) a toolset at run time — an MCP server's or a plugin's bundle, or a
-    /// composite of existing ones. Static toolsets cannot be redefined; a definition that would
-    /// make composites include each other in a loop is refused.
+    /// composite of existing ones. Static toolsets cannot be redefined, nor aliases taken over
+    /// (a toolset named `file_tools` would hide the legacy name of `file`); a definition that
+    /// would make composites include each other in a loop is refused.
     pub fn add_toolset(&self, toolset: Toolset) -> Result<(), ToolsetError> {
         if !valid_toolset_name(&toolset.name) {
             return Err(ToolsetError::BadName(toolset.name));
+        }
+        let reserved = reserved_toolset(
+            &toolset.name,
+            &read(&self.toolsets),
+            &read(&self.aliases),
+            false,
+        );
+        if let Some(reason) = reserved {
+            return Err(ToolsetError::Reserved {
+                name: toolset.name,
+                reason,
+            });
         }
         let name = toolset.name.clone();
         let previous = {

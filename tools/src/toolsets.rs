@@ -64,6 +64,14 @@ pub enum ToolsetError {
     /// A run-time toolset or alias name is unusable.
     #[error("toolset name `{0}` is not usable: names must be non-empty and use only letters, digits, `_`, `-`, `.` and `:`")]
     BadName(String),
+    /// A run-time toolset would take over a name that means another toolset.
+    #[error("toolset `{name}` cannot be defined: {reason}; choose another name")]
+    Reserved {
+        /// The name asked for.
+        name: String,
+        /// What the name already means.
+        reason: String,
+    },
 }
 
 /// Where a toolset definition came from.
@@ -171,6 +179,46 @@ pub const LEGACY_TOOLSET_ALIASES: [(&str, &str); 9] = [
     ("session_search_tools", "session_search"),
     ("delegation_tools", "delegation"),
 ];
+
+/// Why a tool cannot be registered into toolset `name` (or a toolset defined under it), or
+/// `None` when it can. A tool's toolset becomes a name users select, and resolution prefers
+/// such a name to an alias, so a tool in `file_tools` would take the legacy name over (selecting
+/// `file_tools` would give that tool instead of the `file` toolset). So the aliases (the legacy
+/// `*_tools` names and those added at run time) and the `<x>_tools` spelling of a built-in
+/// toolset `<x>` are reserved. With `composites`, so are the built-in composites and presets
+/// (`coding`, `vibeos-core`, `vibeos-cli`, …): they are defined by the toolsets they include,
+/// and a tool registered under one of their names would silently join them (and every preset
+/// including them). The built-in bundles (`file`, `web`, …) stay open: registering there is how
+/// a host replaces a built-in tool in place.
+pub(crate) fn reserved_toolset(
+    name: &str,
+    declared: &BTreeMap<String, (Toolset, ToolsetKind)>,
+    aliases: &BTreeMap<String, String>,
+    composites: bool,
+) -> Option<String> {
+    if let Some(target) = aliases.get(name) {
+        return Some(format!(
+            "`{name}` is an alias of toolset `{target}` (selecting it selects `{target}`)"
+        ));
+    }
+    if let Some(base) = name.strip_suffix("_tools") {
+        if let Some((_, ToolsetKind::Static)) = declared.get(base) {
+            return Some(format!(
+                "`{name}` is the legacy spelling of the built-in toolset `{base}`"
+            ));
+        }
+    }
+    match declared.get(name) {
+        Some((set, ToolsetKind::Static)) if composites && !set.includes.is_empty() => {
+            Some(format!(
+                "`{name}` is a built-in composite toolset (a preset or a combination), made \
+                 only of the toolsets it includes ({})",
+                set.includes.join(", ")
+            ))
+        }
+        _ => None,
+    }
+}
 
 /// A toolset or alias name is usable: what MCP server and plugin names need, nothing that
 /// would break a comma-separated CLI flag.

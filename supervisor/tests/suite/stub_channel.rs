@@ -295,3 +295,241 @@ print(sorted(got.items()) == [(n, n) for n in range({THREADS})], ping(99)["n"])
     assert_eq!(run_script(dir.path(), &script).trim(), "True 99");
     assert_eq!(server.join().unwrap(), THREADS + 1);
 }
+
+/// Serves the stub in `dir` until the script closes its connection: each call is answered with
+/// `{"tool", "args"}` of the request. Returns the requests seen, in order.
+fn echo_server(listener: UnixListener) -> std::thread::JoinHandle<Vec<serde_json::Value>> {
+    std::thread::spawn(move || {
+        let Ok((stream, _)) = listener.accept() else {
+            return Vec::new();
+        };
+        let mut reader = BufReader::new(stream.try_clone().unwrap());
+        let mut writer = stream;
+        let mut seen = Vec::new();
+        let mut line = String::new();
+        while reader.read_line(&mut line).unwrap_or(0) > 0 {
+            let request: serde_json::Value = serde_json::from_str(&line).unwrap();
+            let reply = serde_json::json!({"id": request["id"],
+                "result": {"tool": request["tool"], "args": request["args"]}});
+            writer.write_all(format!("{reply}\n").as_bytes()).unwrap();
+            seen.push(request);
+            line.clear();
+        }
+        seen
+    })
+}
+
+/// A schema property named like something the wrapper's body uses (`_call`, `_json`,
+/// `_drop_unset`, `_wire_names`) is a parameter like any other: it used to shadow the stub's
+/// internals (`lookup('x')` raised `TypeError: 'str' object is not callable`).
+#[test]
+fn parameters_named_like_the_stubs_internals_are_plain_parameters() {
+    let dir = tempfile::tempdir().unwrap();
+    let stub = generate_stub(&[StubTool {
+        name: "lookup".into(),
+        description: "Look a key up.".into(),
+        parameters: serde_json::json!({"type": "object", "properties": {
+            "_call": {"type": "string"},
+            "_json": {"type": "array", "default": [1]},
+            "_drop_unset": {"type": "string"},
+            "_wire_names": {"type": "integer", "default": 7}
+        }, "required": ["_call"]}),
+    }]);
+    assert!(stub.skipped.is_empty(), "{:?}", stub.skipped);
+    write_stub(dir.path(), &stub);
+    let listener = UnixListener::bind(dir.path().join("rpc.sock")).unwrap();
+    let server = echo_server(listener);
+    let out = run_script(
+        dir.path(),
+        r#"
+import inspect
+from vibeos_tools import lookup
+print(list(inspect.signature(lookup).parameters))
+print(lookup('x')['args'])
+print(lookup('y', _drop_unset='d', _json=None, _wire_names=8)['args'])
+"#,
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "['_call', '_json', '_drop_unset', '_wire_names']",
+            "{'_call': 'x', '_json': [1], '_wire_names': 7}",
+            "{'_call': 'y', '_json': [1], '_drop_unset': 'd', '_wire_names': 8}",
+        ],
+        "{out}"
+    );
+    assert_eq!(server.join().unwrap().len(), 2);
+}
+
+/// What an MCP server the operator opened to scripts controls — tool descriptions, property
+/// names, defaults, property descriptions and types — cannot break `vibeos_tools` or put code
+/// into it. Every hostile text below, if it escaped its string literal, would make the module
+/// fail to import or would run `INJECT` (create a marker file, print INJECTED) at import.
+/// Checked with a real interpreter against a real socket: the module imports, every tool keeps
+/// its doc line and defaults exactly, calls send the schema's own names and values, the tools
+/// that cannot be defined are left out with a reason, and nothing injected ran. (Lone
+/// surrogates cannot reach the generator: a Rust string cannot hold one; an MCP server that
+/// sends one is covered by the CLI's hostile-server test.)
+#[test]
+fn hostile_tool_texts_cannot_break_the_stub_or_inject_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("injected");
+    let inject = format!(
+        // Printed, it says INJECTED; written, it does not (the two halves are apart).
+        "open(r'{}', 'w').write('x'); print('INJ' 'ECTED')",
+        marker.display()
+    );
+    let descriptions = [
+        ("pong", "Check the service; returns \"pong\"".to_string()),
+        ("backslash", "Ends in a backslash \\".to_string()),
+        ("breakout", format!("\"\"\"\n{inject}\n\"\"\"")),
+        (
+            "controls",
+            "nul \0 byte\r\nnext\rlone cr\u{2028}ls\u{85}nel \u{202e}bidi\u{feff} \x0bvt \x1b[31m"
+                .to_string(),
+        ),
+        ("escaped_quote", format!("\\\"\"\"; {inject} #")),
+        ("single_quotes", format!("'''{inject}'''\n\"")),
+        (
+            "blank_first",
+            "\n\n  \"Real\" first line\\\nsecond".to_string(),
+        ),
+    ];
+    let wire = format!("x\"); {inject} #");
+    let schema = serde_json::json!({"type": "object", "properties": {
+        wire.clone(): {"type": "string", "description": format!("\"\"\"{inject}\"\"\" \\")},
+        "\\": {"type": "string", "default": "\\"},
+        "\"\"\"": {"type": "string", "default": format!("\"\"\"; {inject} #")},
+        "\0": {"type": "string", "default": "\0\r\u{2028}\\"},
+        "_call": {"type": "string", "default": "shadow"},
+        "_json": {"type": "array", "default": ["x\"", {"k\"\"\"": "\\"}]},
+        "_drop_unset": {"type": "string"},
+        "_wire_names": {"default": null},
+        "__debug__": {"type": "boolean", "default": true},
+        "big": {"type": "number", "default": 1e300},
+        "neg": {"type": "number", "default": -0.5},
+        "é": {"type": "string", "default": "ü\u{1f600}"},
+        "typed": {"type": ["string", format!("\"\"\")\n{inject}\n#")], "enum": [inject.clone()]},
+    }, "required": [wire.clone()]});
+    let mut tools: Vec<StubTool> = descriptions
+        .iter()
+        .map(|(name, description)| StubTool {
+            name: (*name).into(),
+            description: description.clone(),
+            parameters: serde_json::json!({"type": "object", "properties": {}}),
+        })
+        .collect();
+    tools.push(StubTool {
+        name: "hostile_schema".into(),
+        description: format!("{inject}\"\"\""),
+        parameters: schema,
+    });
+    for (name, parameters) in [
+        (
+            format!("x():\n    pass\n{inject}\ndef y"),
+            serde_json::json!({}),
+        ),
+        ("odd".to_string(), serde_json::json!({"properties": 3})),
+    ] {
+        tools.push(StubTool {
+            name,
+            description: "Left out.".into(),
+            parameters,
+        });
+    }
+    tools.push(StubTool {
+        name: "ping".into(),
+        description: "Ping.".into(),
+        parameters: serde_json::json!({"type": "object", "properties": {
+            "n": {"type": "integer"}}, "required": ["n"]}),
+    });
+    let stub = generate_stub(&tools);
+    assert_eq!(stub.skipped.len(), 2, "{:?}", stub.skipped);
+    assert!(!stub.source.contains('\0'), "a NUL byte reached the source");
+    write_stub(dir.path(), &stub);
+
+    let docs: serde_json::Map<String, serde_json::Value> = descriptions
+        .iter()
+        .map(|(name, d)| (name.to_string(), vibeos_rpc::doc_line(d).into()))
+        .collect();
+    assert_eq!(docs["pong"], "Check the service; returns \"pong\"");
+    assert_eq!(docs["blank_first"], "\"Real\" first line\\");
+    let expect = serde_json::json!({"docs": docs, "wire": wire});
+    std::fs::write(dir.path().join("expect.json"), expect.to_string()).unwrap();
+
+    let listener = UnixListener::bind(dir.path().join("rpc.sock")).unwrap();
+    let server = echo_server(listener);
+    let out = run_script(
+        dir.path(),
+        r#"
+import inspect, json, os
+import vibeos_tools as t
+exp = json.load(open(os.path.join(os.path.dirname(t.__file__), "expect.json"), encoding="utf-8"))
+docs = {n: getattr(t, n).__doc__.splitlines()[0] for n in exp["docs"]}
+print("docs", docs == exp["docs"] or docs)
+print("tools", sorted(t._TOOLS))
+print("ping", t.ping(1)["args"])
+for n in sorted(exp["docs"]):
+    getattr(t, n)()
+params = inspect.signature(t.hostile_schema).parameters.items()
+defaults = {k: p.default for k, p in params if p.default is not p.empty}
+print("defaults", json.dumps(defaults, sort_keys=True))
+t.hostile_schema("positional")
+t.hostile_schema(**{exp["wire"]: "by wire name", "_drop_unset": "set"})
+print("done")
+"#,
+    );
+    assert!(!out.contains("INJECTED"), "{out}");
+    assert!(!marker.exists(), "injected code ran:\n{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "docs True", "{out}");
+    assert_eq!(
+        lines[1],
+        "tools ['backslash', 'blank_first', 'breakout', 'controls', 'escaped_quote', \
+         'hostile_schema', 'ping', 'pong', 'single_quotes']",
+        "{out}"
+    );
+    assert_eq!(lines[2], "ping {'n': 1}", "{out}");
+    let defaults: serde_json::Value =
+        serde_json::from_str(lines[3].strip_prefix("defaults ").unwrap()).unwrap();
+    assert_eq!(defaults["_call"], "shadow", "{out}");
+    assert_eq!(
+        defaults["___"],
+        "\"\"\"; ".to_string() + &inject + " #",
+        "{out}"
+    );
+    assert_eq!(defaults["_"], "\\", "{out}");
+    assert_eq!(defaults["__"], "\0\r\u{2028}\\", "{out}");
+    assert_eq!(defaults["_drop_unset"], serde_json::Value::Null, "{out}");
+    assert_eq!(defaults["__debug___"], true, "{out}");
+    assert_eq!(defaults["big"], 1e300, "{out}");
+    assert_eq!(defaults["_"], "\\", "{out}");
+    assert_eq!(lines[4], "done", "{out}");
+
+    let seen = server.join().unwrap();
+    assert_eq!(seen.len(), 1 + descriptions.len() + 2);
+    let expected_args = |first: &str| {
+        let mut args = serde_json::json!({
+            wire.clone(): first,
+            "\\": "\\",
+            "\"\"\"": format!("\"\"\"; {inject} #"),
+            "\0": "\0\r\u{2028}\\",
+            "_call": "shadow",
+            "_json": ["x\"", {"k\"\"\"": "\\"}],
+            "_wire_names": null,
+            "__debug__": true,
+            "big": 1e300,
+            "neg": -0.5,
+            "é": "ü\u{1f600}",
+        });
+        if first == "by wire name" {
+            args["_drop_unset"] = "set".into();
+        }
+        args
+    };
+    let n = seen.len();
+    assert_eq!(seen[n - 2]["tool"], "hostile_schema");
+    assert_eq!(seen[n - 2]["args"], expected_args("positional"));
+    assert_eq!(seen[n - 1]["args"], expected_args("by wire name"));
+}

@@ -178,6 +178,72 @@ fn cycles_are_an_error_not_a_hang() {
     ));
 }
 
+/// A tool's toolset name may not be one that already means another toolset: registering
+/// `in_filetools` into `file_tools` used to make `file_tools` select only that tool (the legacy
+/// name of `file` was lost), and registering into `vibeos-cli` silently added the tool to the
+/// preset. Both are refused naming the reserved name; the bundles stay open.
+#[test]
+fn toolset_names_that_mean_another_toolset_are_reserved() {
+    let reg = product();
+    let before = names(&reg.get_tool_definitions(&s(&["file_tools"]), &[]).unwrap());
+    assert!(before.contains(&"read_file".to_string()), "{before:?}");
+    for (toolset, says) in [
+        ("file_tools", "alias of toolset `file`"),
+        ("code_tools", "alias of toolset `code_execution`"),
+        ("web_tools", "alias of toolset `web`"),
+        (
+            "research_tools",
+            "legacy spelling of the built-in toolset `research`",
+        ),
+        ("vibeos-cli", "built-in composite toolset"),
+        ("vibeos-core", "built-in composite toolset"),
+        ("coding", "built-in composite toolset"),
+    ] {
+        let err = reg.register(tool("in_reserved", toolset)).unwrap_err();
+        assert!(
+            matches!(&err, RegistrationError::ReservedToolset { toolset: t, .. } if t == toolset),
+            "{err}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("toolset `{toolset}`: the name is reserved"))
+                && text.contains(says),
+            "{text}"
+        );
+        // Not with override either: the name is the problem, not a tool it shadows.
+        assert!(reg
+            .register_with_override(tool("in_reserved", toolset), true)
+            .is_err());
+        assert!(reg.get("in_reserved").is_none());
+    }
+    assert_eq!(
+        names(&reg.get_tool_definitions(&s(&["file_tools"]), &[]).unwrap()),
+        before
+    );
+    assert!(
+        !names(&reg.get_tool_definitions(&s(&["vibeos-cli"]), &[]).unwrap())
+            .contains(&"in_reserved".to_string())
+    );
+    // An alias added at run time is reserved too, for tools and for toolsets.
+    reg.add_toolset_alias("files", "file").unwrap();
+    assert!(matches!(
+        reg.register(tool("in_files", "files")),
+        Err(RegistrationError::ReservedToolset { .. })
+    ));
+    let err = reg
+        .add_toolset(Toolset::new("file_tools", "", &["x"], &[]))
+        .unwrap_err();
+    assert!(matches!(err, ToolsetError::Reserved { .. }), "{err}");
+    assert!(err.to_string().contains("alias of toolset `file`"), "{err}");
+    // Bundles are open (a host replaces a built-in in place), and so is any other name.
+    reg.register(tool("read_file", "file")).unwrap();
+    reg.register(tool("mine", "my_tools")).unwrap();
+    assert_eq!(
+        names(&reg.get_tool_definitions(&s(&["my_tools"]), &[]).unwrap()),
+        s(&["mine"])
+    );
+}
+
 #[test]
 fn dynamic_toolsets_of_mcp_servers_and_plugins() {
     let reg = product();
@@ -265,16 +331,16 @@ fn same_toolset_replaces_cross_toolset_needs_override() {
     assert_eq!(reg.get("web_search").unwrap().source, host);
     // Another toolset: refused, the registered tool stays, the message says what to do.
     let err = reg
-        .register(tool("web_search", "research_tools").with_source(host.clone()))
+        .register(tool("web_search", "my_research").with_source(host.clone()))
         .unwrap_err();
     assert!(matches!(err, RegistrationError::ShadowRefused { .. }));
     let msg = err.to_string();
     assert!(msg.contains("`web`") && msg.contains("override"), "{msg}");
     assert_eq!(reg.get("web_search").unwrap().toolset, "web");
     // With override it shadows.
-    reg.register_with_override(tool("web_search", "research_tools").with_source(host), true)
+    reg.register_with_override(tool("web_search", "my_research").with_source(host), true)
         .unwrap();
-    assert_eq!(reg.get("web_search").unwrap().toolset, "research_tools");
+    assert_eq!(reg.get("web_search").unwrap().toolset, "my_research");
     // MCP-to-MCP overwrites are allowed across servers' toolsets.
     reg.register(tool("lookup", "mcp-a").with_source(ToolSource::Mcp("a".into())))
         .unwrap();
@@ -826,6 +892,58 @@ fn only_tools_the_stub_can_define_are_script_tools_and_described_with_its_names(
     assert_eq!(stub.tools, scripts);
     assert!(
         stub.source.contains("def k(a_b, class_=None):"),
+        "{}",
+        stub.source
+    );
+}
+
+/// The execute_code description and the stub agree on a tool's doc line whatever its
+/// description starts with: blank lines and indentation before the first line of text used to
+/// leave the description's line empty (`- open_host(): `) while the stub's docstring started
+/// with the text.
+#[test]
+fn the_description_shows_the_doc_line_the_stub_function_has() {
+    let reg = product();
+    let mut e = tool("open_host", "host");
+    e.description = "\n\n  Real first line\nsecond".into();
+    reg.register(e).unwrap();
+    let mut e = tool("crlf_host", "host");
+    e.description = " \r\n\u{2028}\tAfter a separator\r\nnext".into();
+    reg.register(e).unwrap();
+    reg.allow_in_scripts("open_host").unwrap();
+    reg.allow_in_scripts("crlf_host").unwrap();
+    let defs = reg.get_tool_definitions(&[], &[]).unwrap();
+    let desc = defs
+        .iter()
+        .find(|d| d["function"]["name"] == "execute_code")
+        .unwrap()["function"]["description"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(desc.contains("- open_host(): Real first line\n"), "{desc}");
+    assert!(
+        desc.contains("- crlf_host(): After a separator\n"),
+        "{desc}"
+    );
+    let stub = vibeos_rpc::generate_stub(
+        &reg.script_tools()
+            .iter()
+            .map(|e| vibeos_rpc::StubTool {
+                name: e.name.clone(),
+                description: e.description.clone(),
+                parameters: e.script_schema(),
+            })
+            .collect::<Vec<_>>(),
+    );
+    assert!(
+        stub.source
+            .contains("def open_host():\n    \"\"\"Real first line\n    second\"\"\""),
+        "{}",
+        stub.source
+    );
+    assert!(
+        stub.source
+            .contains("def crlf_host():\n    \"\"\"After a separator\n    next\"\"\""),
         "{}",
         stub.source
     );
