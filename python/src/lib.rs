@@ -117,6 +117,17 @@ fn execute_code(
         }
         request.script_tools = Some(tools.into_iter().collect::<BTreeSet<_>>());
     }
+    // An unusable code_execution.python is a config error, raised as the config's others are
+    // (the CLI exits 2 for it), not a failed execution. A remote backend runs its own Python.
+    if vibeos_tools::environments::active().is_none() {
+        py.allow_threads(|| request.check_configured_python())
+            .map_err(|e| {
+                PyRuntimeError::new_err(match &config.source {
+                    Some(file) => format!("vibeos config: config file {}: {e}", file.display()),
+                    None => format!("vibeos config: {e}"),
+                })
+            })?;
+    }
     request.task_id = task_id.clone();
     // Without a task id, "session" approvals last only while such calls run (a gateway that
     // passes none must not let one user's answer approve every later execution).

@@ -149,6 +149,24 @@ def test_a_broken_config_is_a_runtime_error(home):
         vibeos_exec.execute_code("print(1)")
 
 
+def test_an_unusable_configured_interpreter_is_a_config_error(home, tmp_path):
+    """A code_execution.python that is missing or not executable is a broken config, raised as
+    one (it came back as a failed execution; the CLI exits 2 for it)."""
+    not_executable = tmp_path / "python3"
+    not_executable.write_text("#!/bin/sh\n")
+    for python in (tmp_path / "no-such-python", not_executable):
+        (home / "config.yaml").write_text(f"code_execution:\n  python: {python}\n")
+        words = (
+            rf"vibeos config: config file {home}.*: "
+            r"code_execution\.python is .*not an executable"
+        )
+        with pytest.raises(RuntimeError, match=words):
+            vibeos_exec.execute_code("print(1)")
+    # The host's own interpreter stays the default when nothing is configured.
+    (home / "config.yaml").write_text("")
+    assert vibeos_exec.execute_code("print(1)")["status"] == "success"
+
+
 @pytest.mark.parametrize(
     "kwargs, param",
     [

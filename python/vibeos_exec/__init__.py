@@ -156,7 +156,8 @@ def execute_code(
             positive or over 86400 seconds, a negative or too large max_tool_calls, an output
             limit outside 64 bytes to 64 MiB, a tool scripts may not call); the message names it
             and the allowed values.
-        RuntimeError: The config file cannot be read.
+        RuntimeError: The config file cannot be read or holds a bad value, such as a
+            ``code_execution.python`` that is missing, not executable or older than Python 3.8.
     """
     global _active
     if not isinstance(code, str):

@@ -35,7 +35,8 @@ pub struct SetForChild {
 pub fn audit(passthrough: &[String]) -> Result<(Vec<AuditLine>, Vec<SetForChild>), PolicyError> {
     let policy = EnvPolicy::builtin()?;
     let pass: BTreeSet<String> = passthrough.iter().cloned().collect();
-    let scrubbed = policy.scrub(std::env::vars_os(), &pass);
+    // Quiet: the audit shows every decision itself; the dropped-names line is execute_code's.
+    let scrubbed = policy.scrub_quiet(std::env::vars_os(), &pass);
     let mut lines: Vec<AuditLine> = scrubbed
         .decisions
         .into_iter()
@@ -80,14 +81,24 @@ fn set_for_child(caller_tz: Option<std::ffi::OsString>) -> Vec<SetForChild> {
         .collect()
 }
 
-/// The audit as a table for people.
+/// The audit as a table for people: one line per variable, whatever its name holds
+/// ([`env_policy::printable_name`]).
 pub fn render_table(lines: &[AuditLine], set: &[SetForChild]) -> String {
-    let width = lines.iter().map(|l| l.name.len()).max().unwrap_or(4).max(4);
+    let names: Vec<_> = lines
+        .iter()
+        .map(|l| env_policy::printable_name(&l.name))
+        .collect();
+    let width = names
+        .iter()
+        .map(|n| n.chars().count())
+        .max()
+        .unwrap_or(4)
+        .max(4);
     let mut out = format!("{:<width$}  {:<7}  RULE\n", "NAME", "RESULT");
-    for l in lines {
+    for (l, name) in lines.iter().zip(&names) {
         out.push_str(&format!(
             "{:<width$}  {:<7}  {}\n",
-            l.name,
+            name,
             if l.kept { "kept" } else { "dropped" },
             l.rule
         ));

@@ -263,7 +263,20 @@ impl Config {
                 cfg.env_passthrough.push(name.clone());
             }
         }
-        cfg.log_level = file.logging.as_ref().and_then(|l| l.level.clone());
+        if let Some(level) = file.logging.as_ref().and_then(|l| l.level.clone()) {
+            // Checked here, where the file and key are known: the logger would reject it too,
+            // but naming neither.
+            crate::logging::validate_level(&level).map_err(|e| {
+                bad(
+                    "logging.level",
+                    format!(
+                        "must be error, warn, info, debug, trace or off, found {:?} ({})",
+                        e.level, e.reason
+                    ),
+                )
+            })?;
+            cfg.log_level = Some(level);
+        }
         cfg.file = file;
         Ok(cfg)
     }

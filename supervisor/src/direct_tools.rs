@@ -109,8 +109,10 @@ fn scrubbed_env(
     passthrough: &BTreeSet<String>,
 ) -> Result<Vec<(String, String)>, DirectCallError> {
     let policy = EnvPolicy::builtin().map_err(|e| DirectCallError::Config(e.to_string()))?;
+    // Quiet: a direct call is no execution, and the dropped VIBEOS_* names are execute_code's
+    // line, logged once per execution (SPEC §4).
     Ok(policy
-        .scrub(vars, passthrough)
+        .scrub_quiet(vars, passthrough)
         .kept
         .into_iter()
         // Commands take UTF-8 pairs; a name or value that is not UTF-8 is left out.

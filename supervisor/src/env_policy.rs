@@ -6,6 +6,7 @@
 //! script sees.
 
 use serde::Deserialize;
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::ffi::{OsStr, OsString};
 
@@ -139,7 +140,10 @@ impl EnvPolicy {
     }
 
     /// Applies the policy to `vars`: returns the kept variables and the decision for every one.
-    /// Logs, at DEBUG and once, the `VIBEOS_*` names that were dropped (names only).
+    /// Logs, at DEBUG and once, the `VIBEOS_*` names that were dropped (names only). Only for
+    /// the environment of an execution's own child: SPEC §4 logs that line once per execution,
+    /// so everything else (MCP servers, direct tool calls, the audit, probes) uses
+    /// [`EnvPolicy::scrub_quiet`].
     pub fn scrub<I>(&self, vars: I, passthrough: &BTreeSet<String>) -> Scrubbed
     where
         I: IntoIterator<Item = (OsString, OsString)>,
@@ -176,11 +180,11 @@ impl EnvPolicy {
 
     /// Logs, at DEBUG, the `VIBEOS_*` names `scrubbed` dropped (names only).
     pub fn log_dropped(&self, scrubbed: &Scrubbed) {
-        let dropped_vibeos: Vec<&str> = scrubbed
+        let dropped_vibeos: Vec<Cow<'_, str>> = scrubbed
             .decisions
             .iter()
             .filter(|d| !d.rule.keeps() && d.name.starts_with(&self.vibeos_prefix))
-            .map(|d| d.name.as_str())
+            .map(|d| printable_name(&d.name))
             .collect();
         if !dropped_vibeos.is_empty() {
             tracing::debug!(
@@ -196,6 +200,26 @@ impl EnvPolicy {
         name.to_str()
             .is_some_and(|n| self.provider_blocklist.iter().any(|b| b == n))
     }
+}
+
+/// `name` (an environment variable's) as it can be shown on one line of a log or a table: any
+/// name can be set, and a newline in one would start a line of its own (a forged log entry, a
+/// broken audit table). Control characters and Unicode line separators are written as Rust
+/// escapes (`\n`, `\u{1b}`), and a backslash is doubled so that no escape can be faked.
+pub fn printable_name(name: &str) -> Cow<'_, str> {
+    let needs_escape = |c: char| c.is_control() || matches!(c, '\\' | '\u{2028}' | '\u{2029}');
+    if !name.chars().any(needs_escape) {
+        return Cow::Borrowed(name);
+    }
+    let mut out = String::with_capacity(name.len() + 8);
+    for c in name.chars() {
+        if needs_escape(c) {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
 }
 
 /// Where the child's `TZ` comes from (SPEC §4 injects it in every mode).
@@ -455,6 +479,17 @@ mod tests {
                 "{name} is injected but env audit would not list it"
             );
         }
+    }
+
+    #[test]
+    fn names_are_printed_on_one_line() {
+        assert_eq!(printable_name("VIBEOS_X"), "VIBEOS_X");
+        assert_eq!(
+            printable_name("VIBEOS_A\nFORGED\r\u{1b}[31m\u{2028}"),
+            "VIBEOS_A\\nFORGED\\r\\u{1b}[31m\\u{2028}"
+        );
+        // A literal backslash-n is told apart from a newline.
+        assert_eq!(printable_name("A\\nB"), "A\\\\nB");
     }
 
     #[test]

@@ -42,8 +42,10 @@ pub fn server_env(
                     );
                 }
             }
+            // Quiet: the dropped VIBEOS_* names are execute_code's line, logged once per
+            // execution (SPEC §4), not once more per server.
             policy
-                .scrub(parent.clone(), &passthrough)
+                .scrub_quiet(parent.clone(), &passthrough)
                 .kept
                 .into_iter()
                 .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))

@@ -4,13 +4,24 @@
 //! `import pandas` works as it does in their shell; anything unusable there (unset, broken,
 //! older than 3.8) falls back to the default interpreter, with the reason logged. The version is
 //! read from `pyvenv.cfg` or the `lib/pythonX.Y` layout when possible, because starting the
-//! interpreter just to ask costs as much as the script itself.
+//! interpreter just to ask costs as much as the script itself. The layout is believed only when
+//! the executable is what it describes: it resolves into the base interpreter's directory (the
+//! cfg's `home`, else the prefix's `bin`) under a name that fits the declared version
+//! (`python`, `python3`, `python3.12`). Anything else (`bin/python3 -> /bin/cat`, a cfg saying
+//! 3.12 in front of a `python3.6`, a venv made with `--copies`) is asked
+//! ([`crate::interpreter_probe`]), and the answer is kept for a while so that the executions of
+//! one run ask once.
+//!
+//! A relative `VIRTUAL_ENV` or `CONDA_PREFIX` is taken relative to this process's cwd (where
+//! the shell that set it was), not the session cwd the script runs in.
 
 use crate::config::Mode;
+use crate::interpreter_probe::{ProbeEnv, PROBE_ANSWER_TTL};
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::time::Duration;
+use std::sync::{LazyLock, Mutex};
+use std::time::{Duration, Instant};
 
 /// Oldest Python the stub supports.
 pub const MIN_VERSION: (u32, u32) = (3, 8);
@@ -46,6 +57,17 @@ pub enum InterpreterError {
     NotOnPath,
 }
 
+impl InterpreterError {
+    /// Whether the `code_execution.python` setting is at fault (a configuration error), not
+    /// the machine.
+    pub fn is_setting(&self) -> bool {
+        matches!(
+            self,
+            InterpreterError::ConfiguredMissing { .. } | InterpreterError::ConfiguredTooOld { .. }
+        )
+    }
+}
+
 /// [`Interpreter::source`] of the embedding host's own interpreter ([`Resolution::host`]).
 pub const HOST_SOURCE: &str = "host sys.executable";
 
@@ -63,6 +85,8 @@ pub struct Resolution {
     pub conda_prefix: Option<OsString>,
     /// `PATH` of the caller.
     pub path: Option<OsString>,
+    /// The caller's environment as probes of the interpreter get it ([`crate::interpreter_probe`]).
+    pub probe_env: ProbeEnv,
 }
 
 impl Resolution {
@@ -72,10 +96,18 @@ impl Resolution {
         Resolution {
             configured,
             host: None,
-            virtual_env: nonempty("VIRTUAL_ENV"),
-            conda_prefix: nonempty("CONDA_PREFIX"),
+            virtual_env: nonempty("VIRTUAL_ENV").map(absolute),
+            conda_prefix: nonempty("CONDA_PREFIX").map(absolute),
             path: nonempty("PATH"),
+            probe_env: ProbeEnv::default(),
         }
+    }
+
+    /// The same inputs with the environment probes get made from `env` (the caller's
+    /// environment and passthrough names, as the script child's is).
+    pub fn with_probe_env(mut self, env: ProbeEnv) -> Self {
+        self.probe_env = env;
+        self
     }
 
     /// The same inputs with the embedding host's interpreter ([`Resolution::host`]).
@@ -92,7 +124,7 @@ impl Resolution {
                 ("CONDA_PREFIX", &self.conda_prefix),
             ] {
                 let Some(prefix) = prefix else { continue };
-                match env_interpreter(Path::new(prefix)) {
+                match env_interpreter(Path::new(prefix), &self.probe_env) {
                     Ok(path) => {
                         return Ok(Interpreter {
                             path,
@@ -113,7 +145,7 @@ impl Resolution {
         let interpreter = self.default_interpreter()?;
         if mode == Mode::Strict && crate::interpreter_shim::is_script(&interpreter.path) {
             // A wrapper (pyenv shim) cannot run confined: run what it would run.
-            match crate::interpreter_shim::real_interpreter(&interpreter.path) {
+            match crate::interpreter_shim::real_interpreter(&interpreter.path, &self.probe_env) {
                 Ok(path) => {
                     tracing::info!(
                         "execute_code: strict mode runs {} (what the wrapper {} runs)",
@@ -211,8 +243,22 @@ fn is_executable(p: &Path) -> bool {
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
+/// `value` (a path from the caller's environment) made absolute against this process's cwd:
+/// a relative `VIRTUAL_ENV=venv` means the `venv` of the shell that set it, whichever session
+/// cwd the script then runs in. Left as it is when the cwd is unknown.
+fn absolute(value: OsString) -> OsString {
+    let path = Path::new(&value);
+    if path.is_absolute() {
+        return value;
+    }
+    match std::env::current_dir() {
+        Ok(cwd) => cwd.join(path).into_os_string(),
+        Err(_) => value,
+    }
+}
+
 /// The interpreter of a venv or conda prefix, if it exists and is recent enough.
-fn env_interpreter(prefix: &Path) -> Result<PathBuf, String> {
+fn env_interpreter(prefix: &Path, probe_env: &ProbeEnv) -> Result<PathBuf, String> {
     if !prefix.is_dir() {
         return Err("the directory does not exist".into());
     }
@@ -221,9 +267,9 @@ fn env_interpreter(prefix: &Path) -> Result<PathBuf, String> {
         .map(|rel| prefix.join(rel))
         .find(|p| is_executable(p))
         .ok_or("it has no executable bin/python3 or bin/python")?;
-    let version = match declared_version(prefix) {
+    let version = match trusted_declared_version(prefix, &exe) {
         Some(v) => v,
-        None => probe_version(&exe)?,
+        None => probe_version(&exe, probe_env)?,
     };
     if version < MIN_VERSION {
         return Err(format!(
@@ -234,21 +280,46 @@ fn env_interpreter(prefix: &Path) -> Result<PathBuf, String> {
     Ok(exe)
 }
 
-/// The version a prefix declares without running anything: `pyvenv.cfg`, else the single
-/// `lib/pythonX.Y` directory.
-fn declared_version(prefix: &Path) -> Option<(u32, u32)> {
-    if let Ok(cfg) = std::fs::read_to_string(prefix.join("pyvenv.cfg")) {
-        for line in cfg.lines() {
-            let Some((key, value)) = line.split_once('=') else {
-                continue;
-            };
-            if matches!(key.trim(), "version" | "version_info") {
-                if let Some(v) = parse_version(value.trim()) {
-                    return Some(v);
-                }
-            }
-        }
-    }
+/// The version a prefix declares, when `exe` is what the declaration describes (see the module
+/// docs); `None` means the interpreter must be asked. No process is started: a few `readlink`s
+/// and the read of `pyvenv.cfg`.
+fn trusted_declared_version(prefix: &Path, exe: &Path) -> Option<(u32, u32)> {
+    let cfg = std::fs::read_to_string(prefix.join("pyvenv.cfg")).ok();
+    let cfg_value = |wanted: &[&str]| {
+        cfg.as_deref()?.lines().find_map(|line| {
+            let (key, value) = line.split_once('=')?;
+            wanted
+                .contains(&key.trim())
+                .then(|| value.trim().to_string())
+        })
+    };
+    let version = cfg_value(&["version", "version_info"])
+        .and_then(|v| parse_version(&v))
+        .or_else(|| lib_version(prefix))?;
+    // The base interpreter's directory: a venv names it; a conda env or an old-style
+    // virtualenv holds its interpreter in its own bin.
+    let home = match cfg_value(&["home"]) {
+        Some(home) => PathBuf::from(home),
+        None => prefix.join("bin"),
+    };
+    let real = std::fs::canonicalize(exe).ok()?;
+    let in_home = real.parent()? == std::fs::canonicalize(home).ok()?.as_path();
+    (in_home && name_fits(real.file_name()?.to_str()?, version)).then_some(version)
+}
+
+/// Whether an interpreter file called `name` can be the Python `version`: `python`,
+/// `python3`, `python3.12` (and `python3.13t`) for 3.12; not `python3.6`, not `cat`.
+fn name_fits(name: &str, version: (u32, u32)) -> bool {
+    let Some(rest) = name.strip_prefix("python") else {
+        return false;
+    };
+    rest.is_empty()
+        || rest == version.0.to_string()
+        || (rest.contains('.') && parse_version(rest) == Some(version))
+}
+
+/// The version of the single `lib/pythonX.Y` directory of a prefix.
+fn lib_version(prefix: &Path) -> Option<(u32, u32)> {
     let mut found = None;
     for entry in std::fs::read_dir(prefix.join("lib")).ok()?.flatten() {
         let name = entry.file_name();
@@ -278,39 +349,59 @@ fn parse_version(s: &str) -> Option<(u32, u32)> {
     Some((major, digits.parse().ok()?))
 }
 
-/// Asks the interpreter itself (bounded: a broken one must not hang the execution).
-fn probe_version(exe: &Path) -> Result<(u32, u32), String> {
-    let mut child = std::process::Command::new(exe)
-        .args([
-            "-I",
-            "-c",
-            "import sys; print('%d.%d' % sys.version_info[:2])",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("it cannot be started: {e}"))?;
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) => break,
-            Ok(None) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(5))
-            }
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err("it did not report its version within 10 s".into());
-            }
+/// How long the interpreter may take to report its version.
+const VERSION_PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Which file a path resolves to, as far as its version can change: device, inode, size and
+/// modification time of the file the links lead to.
+type FileStamp = (u64, u64, u64, i64, i64);
+
+fn stamp(exe: &Path) -> Option<FileStamp> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(exe).ok()?;
+    Some((m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
+}
+
+type VersionAnswer = Result<(u32, u32), String>;
+
+/// Answers by (executable, the file it resolves to), with when each was given.
+type VersionCache = HashMap<(PathBuf, FileStamp), (Instant, VersionAnswer)>;
+
+/// Answers of [`probe_version`] by executable and the file it resolves to, with when they were
+/// given: a one-shot `run` resolves its interpreter at prestart and again at execute, and must
+/// not start (or wait for) a probe twice.
+static VERSIONS: LazyLock<Mutex<VersionCache>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// Asks the interpreter itself (bounded: a broken one must not hang the execution), or reuses
+/// an answer it gave less than [`PROBE_ANSWER_TTL`] ago: the file it resolves to is the same,
+/// but a wrapper's answer can depend on more than that file, so none is kept for good.
+fn probe_version(exe: &Path, env: &ProbeEnv) -> VersionAnswer {
+    let key = stamp(exe).map(|s| (exe.to_path_buf(), s));
+    let cache = || VERSIONS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((asked, answer)) = key.as_ref().and_then(|k| cache().get(k).cloned()) {
+        if asked.elapsed() < PROBE_ANSWER_TTL {
+            return answer;
         }
     }
-    let mut out = String::new();
-    if let Some(mut stdout) = child.stdout.take() {
-        use std::io::Read;
-        let _ = stdout.read_to_string(&mut out);
+    let answer = ask_version(exe, env);
+    if let Some(key) = key {
+        let mut cache = cache();
+        cache.retain(|_, (asked, _)| asked.elapsed() < PROBE_ANSWER_TTL);
+        cache.insert(key, (Instant::now(), answer.clone()));
     }
-    parse_version(out.trim()).ok_or_else(|| "it did not report a Python version".into())
+    answer
+}
+
+fn ask_version(exe: &Path, env: &ProbeEnv) -> VersionAnswer {
+    use crate::interpreter_probe::{ask, ProbeError};
+    let code = "import sys; print('%d.%d' % sys.version_info[:2])";
+    let answer = ask(exe, code, VERSION_PROBE_TIMEOUT, env).map_err(|e| match e {
+        ProbeError::TimedOut(t) => {
+            format!("it did not report its version within {} s", t.as_secs())
+        }
+        other => other.to_string(),
+    })?;
+    parse_version(answer.stdout.trim()).ok_or_else(|| "it did not report a Python version".into())
 }
 
 #[cfg(test)]
@@ -323,6 +414,16 @@ mod tests {
         assert_eq!(parse_version("3.8"), Some((3, 8)));
         assert_eq!(parse_version("3.13t"), Some((3, 13)));
         assert_eq!(parse_version("x"), None);
+    }
+
+    #[test]
+    fn only_an_interpreter_named_for_the_declared_version_is_believed() {
+        for name in ["python", "python3", "python3.12", "python3.12t"] {
+            assert!(name_fits(name, (3, 12)), "{name}");
+        }
+        for name in ["python3.6", "python2", "cat", "python3.1", "pythonw"] {
+            assert!(!name_fits(name, (3, 12)), "{name}");
+        }
     }
 
     #[test]

@@ -9,7 +9,7 @@ use crate::config::Mode;
 use crate::confine::StrictOptions;
 use crate::env_policy::{EnvPolicy, Rule};
 use crate::error::StartError;
-use crate::interpreter::{Interpreter, Resolution};
+use crate::interpreter::Interpreter;
 use crate::reaper::{become_reaper, lifeline, Lifeline};
 use crate::request::{session_cwd, ExecutionRequest};
 use std::collections::BTreeSet;
@@ -74,9 +74,7 @@ impl LaunchSpec {
     /// The spec of `request` as it would run now (its cwd and interpreter resolved).
     pub(crate) fn for_request(request: &ExecutionRequest) -> Result<Self, StartError> {
         let session_cwd = session_cwd(request.cwd.as_deref())?;
-        let interpreter = Resolution::from_env(request.python.clone())
-            .with_host(request.host_python.clone())
-            .resolve(request.mode)?;
+        let interpreter = request.resolution().resolve(request.mode)?;
         Ok(LaunchSpec::new(request, interpreter, session_cwd))
     }
 

@@ -8,6 +8,8 @@
 use crate::config::{Config, Mode};
 use crate::confine::StrictOptions;
 use crate::error::StartError;
+use crate::interpreter::{InterpreterError, Resolution};
+use crate::interpreter_probe::ProbeEnv;
 use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -74,6 +76,34 @@ impl ExecutionRequest {
             base_env: None,
             script_tools: None,
             strict: StrictOptions::from_config(config),
+        }
+    }
+
+    /// How this request's interpreter is found on this machine: its settings, the caller's
+    /// environment, and the environment probes of the interpreter get (made from the same
+    /// caller environment and passthrough names as the script child's).
+    pub(crate) fn resolution(&self) -> Resolution {
+        Resolution::from_env(self.python.clone())
+            .with_host(self.host_python.clone())
+            .with_probe_env(ProbeEnv::new(
+                self.base_env.clone(),
+                self.env_passthrough.iter().cloned().collect(),
+            ))
+    }
+
+    /// Checks `code_execution.python` when this request would run it on this machine: `Err`
+    /// when it is missing, not executable or named for a Python older than 3.8. That is a
+    /// configuration error, which a face reports as one before anything starts (the CLI exits
+    /// 2, the Python package raises) instead of as a failed execution. Everything else is left
+    /// to the execution, whose result reports it: no python3 on PATH, or a setting that an
+    /// active virtualenv leaves unused in project mode.
+    pub fn check_configured_python(&self) -> Result<(), InterpreterError> {
+        if self.python.is_none() {
+            return Ok(()); // nothing configured: nothing to check, and no cost on a cold start
+        }
+        match self.resolution().resolve(self.mode) {
+            Err(e) if e.is_setting() => Err(e),
+            _ => Ok(()),
         }
     }
 }

@@ -214,3 +214,98 @@ fn a_timeout_out_of_range_says_the_range() {
         "{err}"
     );
 }
+
+/// `logging.level: bogus` was refused by the logger, naming neither the file nor the key.
+#[test]
+fn a_bad_logging_level_is_refused_naming_the_file_and_key() {
+    let sb = Sandbox::new();
+    let file = sb.home().join("config.yaml").display().to_string();
+    sb.write_config("logging:\n  level: bogus\n");
+    let err = refused(&sb);
+    assert!(
+        err.contains(&format!("config file {file}: `logging.level` "))
+            && err.contains("found \"bogus\""),
+        "{err}"
+    );
+    // The flag does not make the file's mistake go away, as for every other key.
+    let out = sb.run(&["--log-level", "info", "run", "--json", "-"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let r = parse_single_json(&out);
+    assert!(
+        r["error"].as_str().unwrap().contains("`logging.level`"),
+        "{r}"
+    );
+    sb.write_config("logging:\n  level: off\n");
+    let out = sb.run_stdin(b"print('ran')", &[]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+}
+
+/// An unusable `code_execution.python` (missing, not executable, named for a Python older
+/// than 3.8) is a configuration error: exit 2 as for every other bad setting (it was 1, the
+/// code of a script that failed), naming the file and the key; `--json` gets one result
+/// object.
+#[test]
+fn an_unusable_configured_python_is_a_config_error() {
+    use std::os::unix::fs::PermissionsExt;
+    let sb = Sandbox::new();
+    let file = sb.home().join("config.yaml").display().to_string();
+    let not_exec = sb.root.path().join("python3");
+    std::fs::write(&not_exec, "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(&not_exec, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut bad = vec![
+        (
+            sb.root.path().join("no-such-python"),
+            "not an executable file",
+        ),
+        (not_exec, "not an executable file"),
+    ];
+    for (version, minor) in [("2.7", "2.7."), ("3.6", "3.6.")] {
+        let found = std::fs::read_dir("/root/.pyenv/versions")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(minor))
+            })
+            .map(|dir| dir.join("bin/python"))
+            .filter(|p| p.exists());
+        match found {
+            Some(py) => bad.push((
+                py,
+                if version == "2.7" {
+                    "is Python 2.7"
+                } else {
+                    "is Python 3.6"
+                },
+            )),
+            None => eprintln!("note: no Python {version} under /root/.pyenv/versions"),
+        }
+    }
+    for (python, why) in bad {
+        sb.write_config(&format!(
+            "code_execution:\n  python: {}\n",
+            python.display()
+        ));
+        for mode in ["project", "strict"] {
+            let out = sb.run_stdin(b"print('ran')", &["--mode", mode]);
+            assert_eq!(out.status.code(), Some(2), "{mode} {python:?}: {out:?}");
+            assert!(out.stdout.is_empty(), "the script must not run: {out:?}");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                err.contains(&format!(
+                    "config file {file}: code_execution.python is {}",
+                    python.display()
+                )) && err.contains(why),
+                "{err}"
+            );
+            let out = sb.run_stdin(b"print('ran')", &["--json", "--mode", mode]);
+            assert_eq!(out.status.code(), Some(2), "{out:?}");
+            let r = parse_single_json(&out);
+            assert_eq!(r["status"], "error", "{r}");
+            assert!(r["error"].as_str().unwrap().contains(why), "{r}");
+        }
+    }
+}

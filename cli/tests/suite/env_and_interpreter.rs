@@ -125,6 +125,123 @@ fn dropped_vibeos_names_are_logged_once_at_debug_without_values() {
     assert!(!String::from_utf8_lossy(&quiet.stderr).contains("non-allowlisted"));
 }
 
+/// With MCP servers configured, each server's environment was scrubbed with the logging call
+/// too, so the execution's line came twice; an `env audit` and a strict server's direct
+/// terminal call (no execution at all) logged it as well.
+#[test]
+fn dropped_vibeos_names_are_logged_once_per_execution_only() {
+    let dropped = |out: &std::process::Output| {
+        String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .filter(|l| l.contains("dropped 1 non-allowlisted VIBEOS_* var(s): VIBEOS_ZZZ"))
+            .count()
+    };
+    let mut sb = Sandbox::new();
+    sb.set_env("VIBEOS_ZZZ", "1");
+    sb.write_config("mcp_servers:\n  dummy:\n    command: /bin/true\n");
+    let script = fixture("core/print_env.py");
+    let out = sb.run(&["run", "--log-level", "debug", script.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(dropped(&out), 1, "{out:?}");
+
+    let out = sb.run(&["--log-level", "debug", "env", "audit"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(dropped(&out), 0, "env audit runs nothing: {out:?}");
+
+    // A strict server's direct terminal call runs no execution either; the execute_code call
+    // after it logs the line once.
+    if let Some(why) = vibeos_testkit::strict_unavailable() {
+        vibeos_testkit::skip!("direct terminal call in strict mode: {why}");
+    }
+    sb.write_config("code_execution:\n  strict:\n    terminal: true\n");
+    let mut child = sb
+        .command()
+        .args(["--log-level", "debug", "serve", "--mode", "strict"])
+        .args(["--toolsets", "terminal"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::{BufRead, Write};
+        let mut to = child.stdin.take().unwrap();
+        let mut from = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut ask = |line: &str, id: Option<u64>| -> Option<Value> {
+            to.write_all(format!("{line}\n").as_bytes()).unwrap();
+            id?;
+            let mut reply = String::new();
+            from.read_line(&mut reply).unwrap();
+            Some(serde_json::from_str(&reply).unwrap())
+        };
+        ask(
+            r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
+            Some(1),
+        );
+        ask(
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            None,
+        );
+        let direct = ask(
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"terminal","arguments":{"command":"echo direct-ran"}}}"#,
+            Some(2),
+        )
+        .unwrap();
+        assert!(direct.to_string().contains("direct-ran"), "{direct}");
+        let script = ask(
+            r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"execute_code","arguments":{"code":"print('script-ran')"}}}"#,
+            Some(3),
+        )
+        .unwrap();
+        assert!(script.to_string().contains("script-ran"), "{script}");
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(dropped(&out), 1, "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Any name can be set, and a newline in one used to start a line of its own in agent.log (a
+/// forged entry) and in the `env audit` table.
+#[test]
+fn variable_names_cannot_forge_log_lines_or_audit_rows() {
+    let forged = "2026-01-01T00:00:00.000000Z ERROR forged line";
+    let mut sb = Sandbox::new();
+    sb.set_env(&format!("VIBEOS_A\n{forged}"), "x");
+    let script = fixture("core/print_env.py");
+    let out = sb.run(&["run", "--log-level", "debug", script.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    let log = std::fs::read_to_string(sb.home().join("logs/agent.log")).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for text in [log.as_str(), &stderr] {
+        assert!(
+            !text.lines().any(|l| l.starts_with(forged)),
+            "a name forged a line:\n{text}"
+        );
+        assert!(
+            text.contains(&format!("var(s): VIBEOS_A\\n{forged} — add them")),
+            "{text}"
+        );
+    }
+    let table = sb.run(&["env", "audit"]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        !text.lines().any(|l| l.starts_with(forged)),
+        "a name broke the table:\n{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with(&format!("VIBEOS_A\\n{forged}")) && l.contains("dropped")),
+        "{text}"
+    );
+    // JSON keeps the name as it is (JSON escapes it).
+    let json = sb.run(&["env", "audit", "--json"]);
+    let v: Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert!(v["variables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["name"] == format!("VIBEOS_A\n{forged}")));
+}
+
 #[test]
 fn a_run_that_logs_nothing_for_the_file_starts_no_log_writer() {
     // The file's writer (a thread, and the file itself) starts with the first line for it: a
@@ -319,6 +436,262 @@ fn pyenv_python(minor: &str) -> Option<PathBuf> {
     found.pop()
 }
 
+fn write_exe(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// A `#!/bin/sh` interpreter at `path` that appends its arguments and environment to `log`,
+/// then runs the real Python.
+fn logging_python(path: &Path, log: &Path) {
+    write_exe(
+        path,
+        &format!(
+            "#!/bin/sh\n{{ echo \"ARGS $*\"; env; echo ----; }} >> {}\nexec {} \"$@\"\n",
+            log.display(),
+            python3().display()
+        ),
+    );
+}
+
+/// The probes that ask an interpreter its version (a venv whose layout does not say it) or
+/// its real executable (a wrapper in strict mode) used to run with the caller's whole
+/// environment, provider credentials included, and twice per run.
+#[test]
+fn interpreter_probes_get_the_scrubbed_environment_and_run_once_per_run() {
+    let mut sb = Sandbox::new();
+    for name in ["OPENAI_API_KEY", "GITHUB_TOKEN", "MY_API_KEY"] {
+        sb.set_env(name, SECRET_VALUE);
+    }
+    // A venv without pyvenv.cfg or lib/pythonX.Y: only asking tells its version.
+    let venv = sb.root.path().join("fake-venv");
+    let log = sb.root.path().join("probe.log");
+    logging_python(&venv.join("bin/python3"), &log);
+    sb.set_env("VIRTUAL_ENV", venv.to_str().unwrap());
+    let r = sb.run_json("print('ran')", &[]);
+    assert_eq!(r["status"], "success", "{r}");
+    assert_eq!(
+        r["interpreter"],
+        venv.join("bin/python3").display().to_string()
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        !text.contains(SECRET_VALUE),
+        "a probe saw a secret:\n{text}"
+    );
+    let probes = text.lines().filter(|l| l.starts_with("ARGS -I -c")).count();
+    assert_eq!(probes, 1, "prestart and execute share one answer:\n{text}");
+    assert!(text.contains("PATH="), "{text}");
+
+    // Strict mode asks a configured wrapper which Python it runs.
+    if let Some(why) = vibeos_testkit::strict_unavailable() {
+        vibeos_testkit::skip!("strict wrapper probe: {why}");
+    }
+    let wrapper = sb.root.path().join("wrapper/python3");
+    let log = sb.root.path().join("wrapper.log");
+    logging_python(&wrapper, &log);
+    sb.write_config(&format!(
+        "code_execution:\n  python: {}\n",
+        wrapper.display()
+    ));
+    let r = sb.run_json("print('ran')", &["--mode", "strict"]);
+    assert_eq!(r["status"], "success", "{r}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("ARGS -I -c"),
+        "the wrapper was not asked:\n{text}"
+    );
+    assert!(
+        !text.contains(SECRET_VALUE),
+        "a probe saw a secret:\n{text}"
+    );
+}
+
+/// A probe that hangs cost its timeout twice per run (prestart, then execute), and a
+/// wrapper's background children outlived it.
+#[test]
+fn a_hanging_probe_is_waited_for_once_and_killed_with_what_it_started() {
+    let mut sb = Sandbox::new();
+    let venv = sb.root.path().join("hanging-venv");
+    let pids = sb.root.path().join("pids");
+    write_exe(
+        &venv.join("bin/python3"),
+        &format!(
+            "#!/bin/sh\nif [ \"$1\" = -I ]; then sleep 300 & echo $! >> {}; wait; fi\nexec {} \"$@\"\n",
+            pids.display(),
+            python3().display()
+        ),
+    );
+    sb.set_env("VIRTUAL_ENV", venv.to_str().unwrap());
+    let started = std::time::Instant::now();
+    let out = sb.run_stdin(b"print('ran')", &["--json"]);
+    let elapsed = started.elapsed();
+    let r = parse_single_json(&out);
+    assert_eq!(r["status"], "success", "{r}");
+    assert_eq!(prefix_of(&r), "ran");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("did not report its version within 10 s"),
+        "{stderr}"
+    );
+    assert!(
+        elapsed < std::time::Duration::from_secs(18),
+        "the hanging probe was waited for more than once: {elapsed:?}"
+    );
+    let started: Vec<i32> = std::fs::read_to_string(&pids)
+        .unwrap()
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    assert_eq!(started.len(), 1, "{started:?}");
+    for pid in started {
+        assert!(
+            !vibeos_testkit::pid_alive(pid),
+            "the probe's background child {pid} outlived it"
+        );
+    }
+}
+
+/// The version a venv's `pyvenv.cfg` declares was believed whatever its `bin/python3` was.
+#[test]
+fn a_venv_is_believed_only_when_its_interpreter_is_what_it_declares() {
+    // `bin/python3 -> /bin/cat` behind a cfg declaring 3.12: the run "succeeded", echoing the
+    // script's source.
+    let mut sb = Sandbox::new();
+    let cat = sb.root.path().join("cat-venv");
+    std::fs::create_dir_all(cat.join("bin")).unwrap();
+    std::os::unix::fs::symlink("/bin/cat", cat.join("bin/python3")).unwrap();
+    std::fs::write(
+        cat.join("pyvenv.cfg"),
+        "home = /usr/bin\nversion = 3.12.1\n",
+    )
+    .unwrap();
+    sb.set_env("VIRTUAL_ENV", cat.to_str().unwrap());
+    let out = sb.run_stdin(
+        b"import sys\nprint(sys.version_info >= (3, 8))",
+        &["--json"],
+    );
+    let r = parse_single_json(&out);
+    assert_eq!(r["status"], "success", "{r}");
+    assert_eq!(prefix_of(&r), "True", "{r}");
+    assert!(!r["interpreter"]
+        .as_str()
+        .unwrap()
+        .starts_with(cat.to_str().unwrap()));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("not using the VIRTUAL_ENV interpreter")
+            && stderr.contains("did not report a Python version"),
+        "{stderr}"
+    );
+
+    // A cfg claiming 3.12 in front of a real 3.6 ran the 3.6.
+    match pyenv_python("3.6") {
+        Some(py36) => {
+            let mut sb = Sandbox::new();
+            let old = sb.root.path().join("old-venv");
+            assert!(
+                make_venv(&py36, &old),
+                "venv with {} failed",
+                py36.display()
+            );
+            let cfg = std::fs::read_to_string(old.join("pyvenv.cfg")).unwrap();
+            let cfg: String = cfg
+                .lines()
+                .map(|l| {
+                    if l.starts_with("version") {
+                        "version = 3.12.1\n".to_string()
+                    } else {
+                        format!("{l}\n")
+                    }
+                })
+                .collect();
+            std::fs::write(old.join("pyvenv.cfg"), cfg).unwrap();
+            sb.set_env("VIRTUAL_ENV", old.to_str().unwrap());
+            let out = sb.run_stdin(b"import sys; print(sys.version_info[:2])", &["--json"]);
+            let r = parse_single_json(&out);
+            assert_eq!(r["status"], "success", "{r}");
+            assert!(!prefix_of(&r).contains("(3, 6)"), "{r}");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(stderr.contains("older than the required 3.8"), "{stderr}");
+        }
+        None => {
+            eprintln!("note: no Python 3.6 under /root/.pyenv/versions; cfg-vs-3.6 case skipped")
+        }
+    }
+
+    // A venv that is what it declares is still not asked (cold start): its interpreter
+    // resolves into the cfg's home under a name that fits. Here that "base interpreter" logs
+    // how it is started.
+    let mut sb = Sandbox::new();
+    let version = vibeos_testkit::python_output(
+        &python3(),
+        "import sys; print('%d.%d' % sys.version_info[:2])",
+        &[],
+        &[],
+    );
+    let home = sb.root.path().join("base-bin");
+    let log = sb.root.path().join("base.log");
+    logging_python(&home.join(format!("python{version}")), &log);
+    let venv = sb.root.path().join("good-venv");
+    std::fs::create_dir_all(venv.join("bin")).unwrap();
+    std::os::unix::fs::symlink(
+        home.join(format!("python{version}")),
+        venv.join("bin/python3"),
+    )
+    .unwrap();
+    std::fs::write(
+        venv.join("pyvenv.cfg"),
+        format!("home = {}\nversion = {version}.0\n", home.display()),
+    )
+    .unwrap();
+    sb.set_env("VIRTUAL_ENV", venv.to_str().unwrap());
+    let r = sb.run_json("print('ran')", &[]);
+    assert_eq!(r["status"], "success", "{r}");
+    assert_eq!(
+        r["interpreter"],
+        venv.join("bin/python3").display().to_string()
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        !text.contains("ARGS -I -c"),
+        "a trusted venv was probed:\n{text}"
+    );
+    assert!(
+        text.contains("ARGS "),
+        "the script did not run through it:\n{text}"
+    );
+}
+
+/// `VIRTUAL_ENV=venv312 vibeos-exec run --cwd /elsewhere` checked `venv312` in the process
+/// cwd but started `venv312/bin/python3` relative to the session cwd: "cannot start".
+#[test]
+fn a_relative_virtual_env_is_taken_from_the_callers_cwd() {
+    let mut sb = Sandbox::new();
+    let venv = sb.work().join("venv-rel");
+    assert!(make_venv(&python3(), &venv), "python3 -m venv failed");
+    let elsewhere = sb.root.path().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    sb.set_env("VIRTUAL_ENV", "venv-rel");
+    let r = sb.run_json(
+        "import os, sys; print(sys.prefix, os.getcwd())",
+        &["--cwd", elsewhere.to_str().unwrap()],
+    );
+    assert_eq!(r["status"], "success", "{r}");
+    let real = |p: &Path| std::fs::canonicalize(p).unwrap().display().to_string();
+    assert_eq!(
+        prefix_of(&r),
+        format!("{} {}", venv.display(), real(&elsewhere)),
+        "{r}"
+    );
+    assert_eq!(
+        r["interpreter"],
+        venv.join("bin/python3").display().to_string()
+    );
+}
+
 /// A configured Python 2 used to fail only inside the script, with a `SyntaxError` about the
 /// stub's encoding that named no setting.
 #[test]
@@ -342,6 +715,8 @@ fn a_configured_python_too_old_for_the_stub_is_refused_naming_the_setting() {
         sb.write_config(&format!("code_execution:\n  python: {}\n", old.display()));
         for mode in ["project", "strict"] {
             let out = sb.run_stdin(b"print('ran')", &["--json", "--mode", mode]);
+            // A configuration error: exit 2, as for any bad setting (SPEC §10).
+            assert_eq!(out.status.code(), Some(2), "{out:?}");
             let r = parse_single_json(&out);
             assert_eq!(r["status"], "error", "{r}");
             assert!(!r["output"].as_str().unwrap().contains("ran"), "{r}");
