@@ -153,8 +153,9 @@ struct ServeArgs {
     /// localhost:PORT; port 0 picks one) instead of stdio. Non-loopback addresses are refused.
     #[arg(long, value_name = "ADDR")]
     http: Option<String>,
-    /// Also offer the registry's tools of these toolsets (comma-separated). In strict mode
-    /// only those strict mode confines are offered.
+    /// Also offer the registry's tools of these toolsets (comma-separated; `mcp-NAME` for the
+    /// tools of the configured MCP server NAME). In strict mode only those strict mode
+    /// confines are offered.
     #[arg(long, value_name = "A,B", value_delimiter = ',')]
     toolsets: Vec<String>,
     /// Executions running at once; further calls are queued.
@@ -394,6 +395,11 @@ fn real_main(cli: Cli) -> Result<u8, UsageError> {
             }
             let request = request?;
             if backend.backend == vibeos_tools::environments::BackendKind::Local {
+                // An unusable code_execution.python is a configuration error (exit 2, SPEC
+                // §10), said before anything starts, like every other bad setting.
+                request
+                    .check_configured_python()
+                    .map_err(|e| UsageError(configured_python_error(&config, &e)))?;
                 vibeos_supervisor::prestart::prestart(&request);
             }
             Some(request)
@@ -424,6 +430,7 @@ fn real_main(cli: Cli) -> Result<u8, UsageError> {
         } => {
             vibeos_tools::environments::session::set_enabled(!no_shell_session);
             vibeos_tools::environments::agent::approve_all();
+            vibeos_tools::environments::agent::contain_commands();
             let stdin = std::io::stdin();
             let served = vibeos_tools::environments::agent::serve(
                 vibeos_tools::registry(),
@@ -479,9 +486,14 @@ fn real_main(cli: Cli) -> Result<u8, UsageError> {
             Ok(output_written(write_stdout(text.as_bytes()), 0))
         }
         Command::Serve(args) => {
+            // After the built-ins, the tools of MCP servers and plugins (SPEC §7), as for `run`
+            // and `tools`: scripts get the script-callable ones, `--toolsets mcp-<name>` offers
+            // a server's tools directly. A server that fails is logged and skipped.
+            let extensions = vibeos_supervisor::extensions::load(&config, vibeos_tools::registry());
             backends::activate(backend, args.limits.cwd.as_deref());
-            let code = serve(args, config);
+            let code = serve(args, config, &extensions);
             backends::shutdown();
+            extensions.shutdown();
             code
         }
         Command::Env {
@@ -509,6 +521,11 @@ fn tools(
     // Written to stdout in one go at the end, where a failed write is reported.
     use std::fmt::Write as _;
     let reg = vibeos_tools::registry();
+    // A lazy server's (or the plugin host's) toolset named here has no tools until the server
+    // runs: start it, or the name would be unknown to `tools list`.
+    let (ToolsCommand::Schema(args) | ToolsCommand::List(args)) = &command;
+    extensions
+        .start_for_toolsets(&[&args.enable_toolsets[..], &args.disable_toolsets[..]].concat());
     let mut out = String::new();
     match command {
         ToolsCommand::Schema(args) => {
@@ -529,10 +546,11 @@ fn tools(
                 vibeos_tools::Availability::Unavailable(why) => format!("unavailable: {why}"),
             };
             if args.json {
-                let list: Vec<serde_json::Value> = rows
+                let mut list: Vec<serde_json::Value> = rows
                     .iter()
                     .map(|r| {
                         serde_json::json!({
+                            "kind": "tool",
                             "name": r.name,
                             "toolset": r.toolset,
                             "available": r.availability.is_available(),
@@ -545,6 +563,9 @@ fn tools(
                         })
                     })
                     .collect();
+                // The servers and plugins follow the tools, in the same array so consumers of
+                // the tool rows keep working (docs/mcp-and-plugins.md, "tools list --json").
+                list.extend(extensions.report().iter().map(server_row));
                 let _ = writeln!(out, "{}", serde_json::Value::Array(list));
             } else {
                 let table: Vec<[String; 4]> = rows
@@ -604,6 +625,40 @@ fn tools(
     Ok(output_written(write_stdout(out.as_bytes()), 0))
 }
 
+/// One MCP server, plugin host or failed plugin as a row of `tools list --json`. Its `kind`
+/// tells it from a tool row (`tool`), and it has no `name` key, so a consumer looking tools up
+/// by name never takes it for one.
+fn server_row(s: &vibeos_tools::mcp_client::ServerReport) -> serde_json::Value {
+    use vibeos_tools::mcp_client::ServerState;
+    let (state, tools, error) = match &s.state {
+        ServerState::NotStarted => ("lazy", None, None),
+        ServerState::Running(n) => ("running", Some(*n), None),
+        ServerState::Failed(why) => ("failed", None, Some(why.as_str())),
+        ServerState::Stopped => ("stopped", None, None),
+    };
+    let mut row = serde_json::json!({
+        "kind": match s.kind {
+            "mcp" => "mcp_server",
+            "plugins" => "plugin_host",
+            other => other,
+        },
+        "server": s.name,
+        "transport": s.transport,
+        "startup": s.startup,
+        "state": state,
+        "status": s.state.to_string(),
+        "tools": tools,
+        "toolsets": s.toolsets,
+        "error": error,
+    });
+    if s.kind == "plugin" {
+        // A plugin the plugin host could not load: named by its module, hosted by `plugins`.
+        row["plugin"] = s.name.trim_start_matches("plugin ").into();
+        row["server"] = vibeos_supervisor::extensions::PLUGIN_HOST.into();
+    }
+    row
+}
+
 /// The state of the MCP server or plugin host behind a tool, for `tools list --json`
 /// (`null` for built-ins and host tools).
 fn server_status(
@@ -623,6 +678,15 @@ fn server_status(
         .find(|s| s.name() == server)
         .map(|s| serde_json::Value::String(s.state().to_string()))
         .unwrap_or(serde_json::Value::Null)
+}
+
+/// The message of an unusable `code_execution.python`, naming the config file it came from as
+/// the config's other value errors do.
+fn configured_python_error(config: &Config, e: &vibeos_supervisor::InterpreterError) -> String {
+    match &config.source {
+        Some(file) => format!("config file {}: {e}", file.display()),
+        None => e.to_string(),
+    }
 }
 
 /// Largest script `run` reads. A script an agent or a CI job writes is a few KB; the cap is
@@ -744,15 +808,34 @@ fn run(request: ExecutionRequest, json: bool) -> Result<u8, UsageError> {
             })
             .and_then(|()| out.flush())
     };
+    // A tool call still on the blocking pool (a sync tool that cannot be cancelled) must not
+    // hold the process once the result is out: dropping the runtime would wait for it
+    // unboundedly. Async calls (MCP) ended with the execution already (`cancel_scope`).
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     // The script's status decides the code only when its output was delivered.
     Ok(output_written(written, result.status.exit_code() as u8))
 }
 
 /// `serve`: the run limits applied to the config (so the execute_code description states
 /// them), then the MCP server until the client leaves or a signal stops it.
-fn serve(args: ServeArgs, mut config: Config) -> Result<u8, UsageError> {
+fn serve(
+    args: ServeArgs,
+    mut config: Config,
+    extensions: &vibeos_tools::mcp_client::McpManager,
+) -> Result<u8, UsageError> {
     use vibeos_mcp_server as mcp;
     args.limits.apply(&mut config)?;
+    // A lazy server's toolset named by --toolsets needs its server running to resolve. One
+    // that failed is logged and left out: the server still serves execute_code and the rest.
+    extensions.start_for_toolsets(&args.toolsets);
+    let mut toolsets = args.toolsets;
+    toolsets.retain(|name| match extensions.failed_toolset(name) {
+        Some(why) => {
+            tracing::warn!("--toolsets: `{name}` skipped: {why}");
+            false
+        }
+        None => true,
+    });
     let cwd = args.limits.session_cwd()?;
     let addr = args
         .http
@@ -771,7 +854,7 @@ fn serve(args: ServeArgs, mut config: Config) -> Result<u8, UsageError> {
     let settings = mcp::ServeSettings {
         config,
         cwd,
-        toolsets: args.toolsets,
+        toolsets,
         max_concurrent: args.max_concurrent,
         max_request_bytes: args.max_request_bytes,
         max_sessions: args.max_sessions,

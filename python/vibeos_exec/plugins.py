@@ -8,6 +8,11 @@ is called once after loading. Each plugin is loaded on its own: one that raises 
 its name and skipped, the others still load. :func:`load_plugins` records which tools each
 plugin registered, so the plugin host (:mod:`vibeos_exec.plugin_host`) can serve them as
 ``plugin-<module>`` toolsets.
+
+A plugin's registrations are recorded as the plugin's (``source`` = its name, its own
+``override`` ignored), so the operator's plugin override policy applies in-process as it does in
+the CLI: a plugin registering ``read_file`` or ``terminal`` is refused (``ValueError``) and
+reported as failed, and the built-in stays.
 """
 
 from __future__ import annotations
@@ -55,11 +60,19 @@ def _entry_points() -> list:
     return list(eps.get(ENTRY_POINT_GROUP, []))  # Python < 3.10
 
 
+def _source_of(name: str) -> str:
+    """The registry source of the plugin ``name``: its name, unless that is the host's own
+    source name, which would make its tools the host's."""
+    return name if name != registry._HOST_SOURCE else f"{name} (plugin)"
+
+
 def _track(report: PluginReport, name: str, load: Callable[[], None], tracebacks: bool) -> None:
     # Record every registration the plugin makes (a replaced tool included, which a before /
-    # after comparison of the names would miss).
+    # after comparison of the names would miss), as the plugin's: the operator's override
+    # policy then applies to it as it does in the CLI, so a plugin cannot swap a built-in.
     recorded: List[str] = []
     registry._recorder = recorded
+    registry._plugin_source = _source_of(name)
     try:
         load()
     # SystemExit too (a plugin calling sys.exit() while importing), as discover_tools does;
@@ -71,6 +84,7 @@ def _track(report: PluginReport, name: str, load: Callable[[], None], tracebacks
         return
     finally:
         registry._recorder = None
+        registry._plugin_source = None
     added = list(dict.fromkeys(recorded))
     report.loaded[name] = added
     log.info("plugin `%s` loaded: %s", name, ", ".join(added) or "no tools")

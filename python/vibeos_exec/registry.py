@@ -120,6 +120,15 @@ def _parameters_of(name: str, schema: Mapping[str, Any]) -> Tuple[Dict[str, Any]
 #: While a plugin loads, the names it registers (see :mod:`vibeos_exec.plugins`); None otherwise.
 _recorder: Optional[List[str]] = None
 
+#: The ``source`` of the host's own registrations; the extension records it as the host's
+#: (``ToolSource::Host``), which the plugin override policy does not apply to.
+_HOST_SOURCE = "python"
+
+#: While a plugin loads, the source its registrations are recorded under (its name; see
+#: :mod:`vibeos_exec.plugins`); None otherwise. Process-wide rather than per thread: a plugin
+#: that registers from a thread it starts while loading is still the plugin.
+_plugin_source: Optional[str] = None
+
 
 def register(
     name: str,
@@ -164,7 +173,9 @@ def register(
         parallel_safe: Calls may run alongside other calls of the same model turn.
         source: ``"python"`` (default): the host's own tool. Any other name records it as
             that plugin's, which also needs the operator's plugin override policy to replace a
-            built-in.
+            built-in. While :func:`vibeos_exec.load_plugins` loads a plugin, its registrations
+            are that plugin's whatever ``source`` says, and its ``override`` is ignored: a
+            plugin cannot replace a built-in or host tool, nor shadow another toolset's tool.
 
     Raises:
         TypeError: An argument has the wrong type (the message names it).
@@ -202,6 +213,14 @@ def register(
         if not isinstance(value, bool):
             raise TypeError(f"{flag} must be a bool, got {type(value).__name__}")
     _check_str("source", source)
+    if _plugin_source is not None:
+        # A plugin's registrations are the plugin's, whatever it passes: as the host's they
+        # would escape the operator's override policy (a plugin replacing `read_file` or
+        # `terminal`), and its own ``override=True`` is no consent of the operator's, so the
+        # extension must not take it as one (it opens the name in the policy for the host).
+        # The CLI registers plugin tools the same way (docs/mcp-and-plugins.md).
+        source = _plugin_source
+        override = False
     params, schema_desc = _parameters_of(name, schema)
     if not description:
         description = schema_desc or (inspect.getdoc(handler) or "").strip()

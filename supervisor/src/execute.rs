@@ -370,8 +370,13 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
         };
     }
     drop(lifeline);
-    // Terminal commands the script started are the supervisor's children, out of the reaper's
-    // reach: end them too, or a blocked tool call would outlive the execution.
+    // Its tool calls first: nothing waits for them now. Async ones (MCP) end at once (a
+    // blocking thread waiting on one would hold a one-shot host open to the call's own
+    // timeout), queued ones do not start, a long search stops, and no command starts any more
+    // (one waiting for an approval, say).
+    vibeos_tools::cancel_scope(&state.context);
+    // Then the terminal commands the script started: the supervisor's children, out of the
+    // reaper's reach. After the mark above, so none can start unseen.
     vibeos_tools::environments::local::kill_scope(&state.context);
     // Every process of the execution is gone, so the pipes reach EOF; the bound guards
     // against one that escaped our reach (say, a setuid program we may not signal).

@@ -55,7 +55,11 @@ pub fn validate_level(level: &str) -> Result<(), LogLevelError> {
 
 /// The log file path.
 pub fn log_file() -> PathBuf {
-    crate::config::vibeos_home().join("logs").join("agent.log")
+    // The tools crate's resolver (what `config::vibeos_home` asks), named directly so that
+    // the config can check `logging.level` with this module without a cycle.
+    vibeos_tools::settings::vibeos_home()
+        .join("logs")
+        .join("agent.log")
 }
 
 /// Size past which `agent.log` is rotated.
@@ -131,17 +135,39 @@ impl LazyFile {
 struct LazyFileWriter(Arc<LazyFile>);
 
 impl<'a> MakeWriter<'a> for LazyFileWriter {
-    type Writer = OptionalWriter<NonBlocking>;
+    type Writer = MaskUrls<OptionalWriter<NonBlocking>>;
 
     fn make_writer(&'a self) -> Self::Writer {
-        self.0.writer().cloned().into()
+        MaskUrls(self.0.writer().cloned().into())
+    }
+}
+
+/// A log writer that masks credentials in the URLs of what it writes
+/// ([`vibeos_tools::url_mask`]): a configured MCP server URL may hold a password or a key, and
+/// messages quote it, ours and those of the HTTP client and the MCP SDK alike. Each event is
+/// one write of its formatted line, so a URL is never split across writes.
+struct MaskUrls<W>(W);
+
+impl<W: std::io::Write> std::io::Write for MaskUrls<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if !buf.windows(3).any(|w| w == b"://") {
+            return self.0.write(buf);
+        }
+        let masked = vibeos_tools::url_mask::mask_urls_in(&String::from_utf8_lossy(buf));
+        self.0.write_all(masked.as_bytes())?;
+        // All of `buf` was taken, in its masked form.
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
     }
 }
 
 /// Installs the global subscriber. Safe to call once per process; later calls are ignored.
 pub fn init(level: &str) -> Result<LogGuard, LogLevelError> {
     let stderr_layer = fmt::layer()
-        .with_writer(std::io::stderr)
+        .with_writer(|| MaskUrls(std::io::stderr()))
         .with_target(false)
         .with_ansi(false)
         .with_filter(filter(level)?);

@@ -356,6 +356,8 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
     }
     server.stop();
     state.close_all();
+    // Its async tool calls (MCP) run here, whatever the backend: nothing waits for them now.
+    vibeos_tools::cancel_scope(&state.context);
     // Terminal commands the script started run under the agent, not in the script's group.
     if state.calls_made.load(Ordering::SeqCst) > 0 {
         if let Some(agent) = r.env.agent() {

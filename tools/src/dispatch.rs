@@ -149,8 +149,16 @@ fn run_handler(
     ctx: &ToolContext,
 ) -> (String, CallStatus) {
     let outcome = catch_unwind(AssertUnwindSafe(|| match &entry.handler {
+        // A call its script can no longer receive does not start (it waited in a queue).
+        _ if crate::call_scope::scope_ended(ctx) => Err(crate::call_scope::abandoned(&entry.name)),
         Handler::Sync(h) => h(args, ctx).map(Produced::Value),
-        Handler::Async(h) => run_async(h(args.clone(), ctx.clone()))?.map(Produced::Value),
+        // A script's async call ends with its execution (see `call_scope`).
+        Handler::Async(h) => run_async(crate::call_scope::scoped(
+            ctx,
+            &entry.name,
+            h(args.clone(), ctx.clone()),
+        ))?
+        .map(Produced::Value),
         Handler::Text(h) => h(args, ctx).map(Produced::Text),
     }));
     let (text, status) = match outcome {

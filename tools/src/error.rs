@@ -82,6 +82,10 @@ pub enum ToolErrorKind {
     McpServerDown,
     /// The MCP server crashed.
     McpServerCrashed,
+    /// The MCP server answered with a message larger than the client accepts.
+    McpResponseTooLarge,
+    /// The execution the call belonged to ended first; nothing waits for the answer.
+    CallAbandoned,
     /// A kind named by code outside this crate (e.g. a Python exception type).
     Other(String),
 }
@@ -128,6 +132,8 @@ impl ToolErrorKind {
             ToolErrorKind::McpServerGone => "McpServerGone",
             ToolErrorKind::McpServerDown => "McpServerDown",
             ToolErrorKind::McpServerCrashed => "McpServerCrashed",
+            ToolErrorKind::McpResponseTooLarge => "McpResponseTooLarge",
+            ToolErrorKind::CallAbandoned => "CallAbandoned",
             ToolErrorKind::Other(name) => name,
         }
     }
@@ -174,6 +180,8 @@ impl From<&str> for ToolErrorKind {
             "McpServerGone" => ToolErrorKind::McpServerGone,
             "McpServerDown" => ToolErrorKind::McpServerDown,
             "McpServerCrashed" => ToolErrorKind::McpServerCrashed,
+            "McpResponseTooLarge" => ToolErrorKind::McpResponseTooLarge,
+            "CallAbandoned" => ToolErrorKind::CallAbandoned,
             other => ToolErrorKind::Other(other.to_string()),
         }
     }
@@ -299,6 +307,16 @@ pub enum RegistrationError {
         toolset: String,
         /// Toolset of the registered tool it would shadow.
         existing_toolset: String,
+    },
+    /// The tool's toolset name is reserved: an alias, or a built-in composite or preset.
+    #[error("cannot register tool `{name}` in toolset `{toolset}`: the name is reserved, {reason}; register the tool in a toolset with a name of its own and enable that toolset alongside")]
+    ReservedToolset {
+        /// The tool's name.
+        name: String,
+        /// The toolset asked for.
+        toolset: String,
+        /// What the toolset name already means.
+        reason: String,
     },
     /// A tool cannot be opened to execute_code scripts.
     #[error("cannot let scripts call `{name}`: {reason}")]

@@ -15,6 +15,7 @@ mod approval_request;
 mod async_bridge;
 mod availability;
 pub mod builtin;
+mod call_scope;
 pub mod capture;
 pub mod coerce;
 pub mod config_file;
@@ -34,11 +35,14 @@ pub mod policy_file;
 pub mod redact;
 mod registry;
 mod script_schema;
+mod secret_shape;
 pub mod settings;
 mod toolsets;
+pub mod url_mask;
 
 pub use async_bridge::{run_async, BoxFuture};
 pub use availability::{Availability, DEFAULT_CHECK_TIMEOUT};
+pub use call_scope::cancel_scope;
 pub use context::{CallOrigin, ToolContext};
 pub use definitions::{execute_code_description, ExecuteCodeSettings, ToolStatus, EXECUTE_CODE};
 pub use entry::{

@@ -21,6 +21,7 @@
 //! split over lines) gets it out. The boundary is the environment scrubbing of SPEC §4.
 
 use crate::policy_file::{self, PolicyFileError};
+use crate::secret_shape::looks_like_token;
 use regex::{Regex, RegexBuilder};
 use serde::Deserialize;
 use std::sync::LazyLock;
@@ -215,21 +216,6 @@ impl Patterns {
             .any(|w| w.eq_ignore_ascii_case(unquoted));
         (!switch_word).then_some(form)
     }
-}
-
-/// Whether `s` looks like a random token rather than words: one of its segments (split at
-/// `-`, `_`, `.`) is at least 8 characters long and mixes two of lowercase letters, uppercase
-/// letters and digits. A key's random body always has such a segment; a name like
-/// `sk-payments-service-deployment-v2` has none.
-fn looks_like_token(s: &str) -> bool {
-    s.split(['-', '_', '.']).any(|seg| {
-        let classes = [
-            seg.bytes().any(|b| b.is_ascii_lowercase()),
-            seg.bytes().any(|b| b.is_ascii_uppercase()),
-            seg.bytes().any(|b| b.is_ascii_digit()),
-        ];
-        seg.len() >= 8 && classes.iter().filter(|c| **c).count() >= 2
-    })
 }
 
 /// Replaces secrets in text. Build one per execution or command; applying it is one pass per

@@ -462,6 +462,94 @@ fn mcp_toolsets_offer_the_registry_tools_of_those_toolsets() {
 }
 
 #[test]
+fn serve_offers_configured_mcp_servers_tools_to_clients_and_scripts() {
+    // The probe's finding: `serve` ignored `mcp_servers:` (`--toolsets mcp-probe` was an unknown
+    // toolset, and scripts through serve did not get a script-callable server's tool that `run`
+    // gets with the same config).
+    let server_py = match vibeos_testkit::venv_python("mcp.server.mcpserver") {
+        Ok(p) => p,
+        Err(missing) => vibeos_testkit::skip!("missing {missing}"),
+    };
+    let sb = Sandbox::new();
+    let state = sb.root.path().join("server-state");
+    std::fs::create_dir_all(&state).unwrap();
+    sb.write_config(&format!(
+        "mcp_servers:\n  probe:\n    command: {}\n    args: [{}]\n    connect_timeout: 30\n    script_callable: [echo]\n    env:\n      FIXTURE_STATE_DIR: {}\n  ghost:\n    command: /nonexistent/mcp-ghost\n",
+        server_py.display(),
+        workspace_root()
+            .join("fixtures/mcp_servers/stdio_server.py")
+            .display(),
+        state.display()
+    ));
+    let Some(r) = scenario(&sb, "mcp_extensions") else {
+        return;
+    };
+    let names: Vec<&str> = r["names"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    for tool in ["execute_code", "echo", "add", "getenv"] {
+        assert!(names.contains(&tool), "{tool} not offered: {names:?}");
+    }
+    assert_eq!(r["echo"]["is_error"], false, "{r}");
+    assert_eq!(r["echo"]["structured"]["echo"], "direct", "{r}");
+    assert_eq!(r["add"]["structured"]["result"], 5, "{r}");
+    for key in ["script", "plain_script"] {
+        assert_eq!(r[key]["result"]["status"], "success", "{key}: {r}");
+        assert_eq!(
+            r[key]["result"]["output"], "from a served script\n",
+            "{key}: {r}"
+        );
+    }
+    assert_eq!(r["plain_names"], serde_json::json!(["execute_code"]), "{r}");
+    // The server that cannot start is skipped; the rest of --toolsets is served.
+    let ghost: Vec<&str> = r["ghost_names"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        ghost.contains(&"execute_code") && ghost.contains(&"read_file"),
+        "{ghost:?}"
+    );
+    assert!(
+        server_log(&sb).contains("`mcp-ghost` skipped: MCP server `ghost` failed"),
+        "{}",
+        server_log(&sb)
+    );
+    // Every server a serve started was stopped when it exited.
+    let pids: Vec<i32> = std::fs::read_to_string(state.join("starts"))
+        .expect("the server recorded its starts")
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert!(!pids.is_empty());
+    for pid in pids {
+        assert!(
+            !vibeos_testkit::pid_alive(pid),
+            "MCP server {pid} outlived its serve"
+        );
+    }
+    // Strict mode keeps its rules: an MCP tool is not one it can confine.
+    assert_eq!(
+        r["strict_names"],
+        serde_json::json!(["execute_code"]),
+        "{r}"
+    );
+    assert_eq!(r["strict_echo"]["refused"], true, "{r}");
+    assert!(
+        r["strict_echo"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("strict mode cannot confine `echo`"),
+        "{r}"
+    );
+}
+
+#[test]
 fn strict_serve_confines_the_tools_it_offers_directly() {
     // The probe's finding: `serve --mode strict --toolsets file,terminal` read /etc/shadow,
     // wrote outside every root and ran commands as root through direct MCP calls. Over stdio

@@ -105,6 +105,74 @@ fn tools_list_shows_each_server_with_its_status() {
         .as_str()
         .unwrap()
         .starts_with("running"));
+    // The servers are rows too (the probe's finding: only the table had them). Tool rows keep
+    // their shape; a server row has `kind` and no `name`, so a lookup of tools by name never
+    // finds one.
+    let rows = rows.as_array().unwrap();
+    assert_eq!(echo["kind"], "tool");
+    assert!(rows
+        .iter()
+        .all(|r| r["kind"] != "tool" || r["name"].is_string()));
+    let server = |name: &str| {
+        rows.iter()
+            .find(|r| r["kind"] == "mcp_server" && r["server"] == name)
+            .unwrap_or_else(|| panic!("no row for server {name}: {rows:?}"))
+    };
+    assert_eq!(server("alpha")["state"], "running");
+    assert!(server("alpha")["tools"].as_u64().unwrap() >= 6);
+    assert_eq!(
+        server("alpha")["toolsets"],
+        serde_json::json!(["mcp-alpha"])
+    );
+    assert_eq!(server("alpha")["startup"], "eager");
+    assert_eq!(server("beta")["state"], "lazy");
+    assert_eq!(server("beta")["startup"], "lazy");
+    assert_eq!(server("ghost")["state"], "failed");
+    assert!(server("ghost")["error"]
+        .as_str()
+        .unwrap()
+        .contains("command `/nonexistent/mcp-ghost` was not found"));
+    assert!(server("ghost")["transport"]
+        .as_str()
+        .unwrap()
+        .starts_with("stdio: "));
+    assert!(rows
+        .iter()
+        .filter(|r| r["kind"] != "tool")
+        .all(|r| r.get("name").is_none()));
+}
+
+#[test]
+fn tools_list_of_a_lazy_servers_toolset_starts_that_server() {
+    // The probe's finding: `tools list --enable-toolsets mcp-probe` said `unknown toolset` for
+    // a lazy server while `tools schema` (which starts lazy servers) worked.
+    let py = need!("mcp.server.mcpserver");
+    let sb = Sandbox::new();
+    sb.write_config(&format!(
+        "mcp_servers:\n{}{}",
+        server_entry(&py, "probe", ""),
+        server_entry(&py, "other", "")
+    ));
+    let out = sb.run(&["tools", "list", "--enable-toolsets", "mcp-probe"]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}\n{}", stderr(&out));
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("echo ") && l.contains("mcp-probe")),
+        "{text}"
+    );
+    assert!(!text.lines().any(|l| l.starts_with("read_file ")), "{text}");
+    // Only the named server was started.
+    let row = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no row for {name}:\n{text}"))
+            .to_string()
+    };
+    assert!(row("probe").contains("running ("), "{text}");
+    assert!(row("other").contains("lazy (not started)"), "{text}");
+    let out = sb.run(&["tools", "list", "--disable-toolsets", "mcp-other"]);
+    assert!(out.status.success(), "{}", stderr(&out));
 }
 
 #[test]
@@ -168,6 +236,132 @@ fn scripts_cannot_call_mcp_tools_unless_configured() {
     assert_eq!(r["status"], "error", "{r}");
 }
 
+/// An MCP server the operator opened to scripts is an attacker here
+/// (fixtures/mcp_servers/hostile_server.py): descriptions ending in a quote or a backslash,
+/// `"""` followed by code, NUL and other control characters, property names and defaults made
+/// of the same, names vibeos_tools cannot define. Scripts still import vibeos_tools, every
+/// definable tool works and sends exactly what the script passed, nothing injected runs, and the
+/// execute_code description shows each tool with the doc line its stub function has. A second
+/// server whose tool list is not Unicode (a lone surrogate) is skipped; the first keeps working.
+#[test]
+fn a_hostile_mcp_server_cannot_break_or_inject_into_the_script_stub() {
+    let sb = Sandbox::new();
+    let marker = sb.root.path().join("injected");
+    let server = |name: &str, extra: &str, timeout: u32| {
+        format!(
+            "  {name}:\n    command: {}\n    args: [{}, --marker, {}{extra}]\n    startup: eager\n    connect_timeout: {timeout}\n    script_callable: true\n",
+            vibeos_testkit::python3().display(),
+            fixture("mcp_servers/hostile_server.py").display(),
+            marker.display()
+        )
+    };
+    sb.write_config(&format!(
+        "code_execution:\n  python: {}\nmcp_servers:\n{}{}",
+        vibeos_testkit::python3().display(),
+        server("hostile", "", 20),
+        // The client drops a message that is not Unicode and waits out the start-up timeout.
+        server("unicode", ", --surrogate", 3),
+    ));
+    let script = r#"
+import json
+import vibeos_tools as t
+print(json.dumps(sorted(t._TOOLS)))
+print(json.dumps([t.pong.__doc__.splitlines()[0], t.blank_first.__doc__.splitlines()[0]]))
+print(json.dumps(t.echo(text='hi "there" \\')))
+for name in ["pong", "backslash", "breakout", "controls", "escaped_quote", "blank_first"]:
+    assert getattr(t, name)()["tool"] == name
+print(json.dumps(t.hostile_schema("positional")["args"], sort_keys=True))
+"#;
+    let r = sb.run_json(script, &[]);
+    assert_eq!(r["status"], "success", "{r}");
+    let output = r["output"].as_str().unwrap();
+    assert!(!output.contains("INJECTED"), "{output}");
+    assert!(!marker.exists(), "injected code ran: {output}");
+    let lines: Vec<Value> = output
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let tools: Vec<&str> = lines[0]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    for name in [
+        "echo",
+        "pong",
+        "backslash",
+        "breakout",
+        "controls",
+        "escaped_quote",
+        "blank_first",
+        "hostile_schema",
+        "read_file",
+    ] {
+        assert!(tools.contains(&name), "{name} missing: {tools:?}");
+    }
+    for name in ["with-dash", "retry", "fine_too", "surrogate"] {
+        assert!(!tools.contains(&name), "{name} offered: {tools:?}");
+    }
+    assert_eq!(
+        lines[1],
+        serde_json::json!([
+            "Check the service; returns \"pong\"",
+            "\"Real\" first line\\"
+        ])
+    );
+    assert_eq!(
+        lines[2],
+        serde_json::json!({"tool": "echo", "args": {"text": "hi \"there\" \\"}})
+    );
+    let inject = format!(
+        "open(r'{}', 'w').write('x'); print('INJ' 'ECTED')",
+        marker.display()
+    );
+    assert_eq!(
+        lines[3],
+        serde_json::json!({
+            format!("x\"); {inject} #"): "positional",
+            "\\": "\\",
+            "\"\"\"": format!("\"\"\"; {inject} #"),
+            "\0": "\0\r\u{2028}\\",
+            "_call": "shadow",
+            "_json": ["x\"", {"k\"\"\"": "\\"}],
+            "__debug__": true,
+        })
+    );
+
+    // The model is told the same doc lines the stub functions have.
+    let out = sb.run(&["tools", "schema"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let defs: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let desc = defs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["function"]["name"] == "execute_code")
+        .expect("execute_code")["function"]["description"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        desc.contains("- pong(): Check the service; returns \"pong\"\n"),
+        "{desc}"
+    );
+    assert!(
+        desc.contains("- blank_first(): \"Real\" first line\\\n"),
+        "{desc}"
+    );
+    // The server that sent text that is not Unicode is reported, by name.
+    let out = sb.run(&["tools", "list"]);
+    let text = stdout(&out);
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("unicode "))
+        .unwrap_or_else(|| panic!("no row for the server:\n{text}"));
+    assert!(row.contains("failed"), "{text}");
+}
+
 #[test]
 fn server_env_is_scrubbed_and_explicit_entries_pass() {
     let py = need!("mcp.server.mcpserver");
@@ -217,6 +411,125 @@ fn servers_are_stopped_when_the_cli_exits() {
         !pid_alive(pids[0]),
         "MCP server {} outlived the CLI",
         pids[0]
+    );
+}
+
+#[test]
+fn run_exits_promptly_when_its_script_ends_during_an_mcp_call() {
+    // The probe's finding: the result was printed at 3.6 s, the process exited at 63.6 s: a
+    // blocking thread still waited for the MCP call (60 s timeout) and the runtime waited for
+    // it at exit. A `terminal("sleep 100")` in the same spot exited at once.
+    let py = need!("mcp.server.mcpserver");
+    let sb = Sandbox::new();
+    sb.write_config(&config_with_server(
+        &py,
+        "sleepy",
+        "    startup: eager\n    script_callable: [slow]\n",
+    ));
+    let script = "from vibeos_tools import slow\nprint('calling', flush=True)\nslow(seconds=100)\n";
+    let t0 = std::time::Instant::now();
+    let r = sb.run_json(script, &["--timeout", "4"]);
+    let took = t0.elapsed();
+    assert_eq!(r["status"], "timeout", "{r}");
+    assert!(
+        took < std::time::Duration::from_secs(20),
+        "exited after {took:?}"
+    );
+
+    // Interrupted (SIGTERM) during the call: the same.
+    let path = sb.root.path().join("interrupted.py");
+    std::fs::write(&path, script).unwrap();
+    let child = sb
+        .command()
+        .args(["run", "--json", path.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The server starts eagerly (a second or two), then the script makes its call.
+    std::thread::sleep(std::time::Duration::from_secs(6));
+    let t0 = std::time::Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let took = t0.elapsed();
+    let r = vibeos_testkit::parse_single_json(&out);
+    assert_eq!(r["status"], "interrupted", "{r}");
+    assert!(
+        r["output"].as_str().unwrap().contains("calling"),
+        "the script had not reached the call: {r}"
+    );
+    assert!(
+        took < std::time::Duration::from_secs(10),
+        "exited {took:?} after SIGTERM"
+    );
+}
+
+#[test]
+fn credentials_in_a_server_url_are_masked_wherever_it_is_shown() {
+    // The probe's finding: `url: http://user:pass@host/mcp?api_key=…` appeared verbatim in
+    // `tools list`, in the warnings and in agent.log.
+    let sb = Sandbox::new();
+    sb.write_config(
+        "mcp_servers:\n  remote:\n    url: http://alice:Pa55w0rdZz@127.0.0.1:1/mcp?api_key=K3yV4lueQq&x=1\n    startup: eager\n    connect_timeout: 5\n",
+    );
+    let out = sb.run(&["tools", "list"]);
+    let text = stdout(&out);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{text}\n{err}");
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("remote "))
+        .unwrap_or_else(|| panic!("no row for the server:\n{text}"));
+    assert!(
+        row.contains("http: http://alice:***@127.0.0.1:1/mcp?api_key=***&x=1"),
+        "{row}"
+    );
+    assert!(row.contains("failed"), "{row}");
+    assert!(err.contains("MCP server `remote`"), "{err}");
+    let json = stdout(&sb.run(&["tools", "list", "--json"]));
+    let log = std::fs::read_to_string(sb.home().join("logs/agent.log")).unwrap_or_default();
+    assert!(log.contains("MCP server `remote`"), "{log}");
+    for (what, shown) in [
+        ("table", &text),
+        ("stderr", &err),
+        ("json", &json),
+        ("agent.log", &log),
+    ] {
+        for secret in ["Pa55w0rdZz", "K3yV4lueQq"] {
+            assert!(!shown.contains(secret), "{secret} in the {what}:\n{shown}");
+        }
+    }
+}
+
+#[test]
+fn a_banner_line_before_mcp_is_tolerated_and_logged() {
+    // A server that prints a line that is not JSON-RPC on stdout before it speaks MCP (common
+    // in the wild) works, as rmcp and the other SDKs skip such lines; the line is logged so a
+    // server that never speaks MCP can be told from a slow one.
+    let py = need!("mcp.server.mcpserver");
+    let sb = Sandbox::new();
+    sb.write_config(&format!(
+        "mcp_servers:\n  chatty:\n    command: {}\n    args: [{}]\n    startup: eager\n    connect_timeout: 30\n",
+        py.display(),
+        fixture("mcp_servers/banner_server.py").display()
+    ));
+    let out = sb.run(&["tools", "list", "--log-level", "info"]);
+    let text = stdout(&out);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{text}\n{err}");
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("chatty "))
+        .unwrap_or_else(|| panic!("no row for the server:\n{text}"));
+    assert!(row.contains("running ("), "{row}");
+    assert!(
+        err.contains("MCP server `chatty`: ignored a line on stdout that is not JSON-RPC")
+            && err.contains("Fixture MCP server v1.0 starting (banner)"),
+        "{err}"
     );
 }
 
@@ -271,6 +584,26 @@ fn plugins_load_from_vibeos_home_and_a_raising_plugin_is_skipped() {
         "{}",
         stderr(&out)
     );
+
+    // `tools list --json` lists the plugin host and the plugin that failed.
+    let out = sb.run(&["tools", "list", "--json"]);
+    let rows: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let rows = rows.as_array().unwrap();
+    let host = rows
+        .iter()
+        .find(|r| r["kind"] == "plugin_host")
+        .unwrap_or_else(|| panic!("no plugin host row: {rows:?}"));
+    assert_eq!(host["server"], "plugins");
+    assert_eq!(host["state"], "running");
+    let failed = rows
+        .iter()
+        .find(|r| r["kind"] == "plugin" && r["plugin"] == "exploding")
+        .unwrap_or_else(|| panic!("no row for the failed plugin: {rows:?}"));
+    assert_eq!(failed["state"], "failed");
+    assert!(failed["error"]
+        .as_str()
+        .unwrap()
+        .contains("RuntimeError: exploding plugin refuses to load"));
 
     // A plugin tool its plugin opened to scripts is callable from a script; the other is not.
     let r = sb.run_json(

@@ -13,16 +13,26 @@
 //! holds no lock while it waits, so other tools (and other calls of the same server) go on.
 
 mod config;
+mod precedence;
+mod result;
+mod spec;
+mod stdio;
 
 pub use config::{
     McpConfigError, McpServerConfig, PluginsConfig, ScriptCallable, Startup, DEFAULT_CALL_TIMEOUT,
     DEFAULT_CONNECT_TIMEOUT,
 };
+pub use spec::{ServerKind, ServerReport, ServerSpec, ServerState};
+pub use stdio::{MAX_MESSAGE_BYTES, STOP_GRACE};
+
+use result::{result_value, too_large};
+use stdio::forward_stderr;
 
 use crate::entry::{ToolEntry, ToolSource};
 use crate::registry::{Prepare, ToolRegistry};
+use crate::url_mask::{mask_url, mask_urls_in};
 use crate::{run_async, CheckFn, ToolError};
-use rmcp::model::{CallToolRequestParams, CallToolResult, ClientConfig, Implementation, Tool};
+use rmcp::model::{CallToolRequestParams, ClientConfig, Implementation, Tool};
 use rmcp::service::{NotificationContext, RunningService};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::{Map, Value};
@@ -36,72 +46,6 @@ pub const PLUGIN_META_KEY: &str = "vibeos/plugin";
 pub const PLUGIN_SCRIPT_META_KEY: &str = "vibeos/script_callable";
 /// Key of the JSON object in the plugin host's `instructions` listing plugins that failed.
 pub const PLUGIN_FAILURES_KEY: &str = "vibeos_plugin_failures";
-
-/// What a server's tools are.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ServerKind {
-    /// An operator's MCP server: toolset `mcp-<name>`, [`ToolSource::Mcp`].
-    Mcp,
-    /// The plugin host: toolsets `plugin-<module>`, [`ToolSource::Plugin`].
-    Plugins,
-}
-
-/// Everything needed to start one server.
-#[derive(Debug, Clone)]
-pub struct ServerSpec {
-    /// Name from config (`plugins` for the plugin host).
-    pub name: String,
-    /// The config entry.
-    pub config: McpServerConfig,
-    /// Complete environment of a stdio server (scrubbed by the caller's policy, plus the
-    /// explicit `env:` entries). `None` inherits this process's environment.
-    pub env: Option<Vec<(String, String)>>,
-    /// MCP server or plugin host.
-    pub kind: ServerKind,
-    /// Added to start-up failures (e.g. how to install the plugin host).
-    pub start_hint: Option<String>,
-}
-
-/// Where a server is in its life, for `tools list`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ServerState {
-    /// Lazy and not needed yet.
-    NotStarted,
-    /// Connected; holds this many registered tools.
-    Running(usize),
-    /// Could not start, or died and could not be restarted.
-    Failed(String),
-    /// Stopped by [`McpManager::shutdown`].
-    Stopped,
-}
-
-impl std::fmt::Display for ServerState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ServerState::NotStarted => f.write_str("lazy (not started)"),
-            ServerState::Running(n) => write!(f, "running ({n} tools)"),
-            ServerState::Failed(why) => write!(f, "failed: {why}"),
-            ServerState::Stopped => f.write_str("stopped"),
-        }
-    }
-}
-
-/// One row of the extension report.
-#[derive(Debug, Clone)]
-pub struct ServerReport {
-    /// Server (or `plugin <module>`) name.
-    pub name: String,
-    /// `mcp` or `plugin`.
-    pub kind: &'static str,
-    /// `stdio: <command>` or `http: <url>`.
-    pub transport: String,
-    /// `eager` or `lazy`.
-    pub startup: &'static str,
-    /// Its state.
-    pub state: ServerState,
-    /// Toolsets it registered.
-    pub toolsets: Vec<String>,
-}
 
 type Client = RunningService<RoleClient, Notifier>;
 
@@ -127,6 +71,8 @@ pub struct McpServer {
     toolsets: Mutex<Vec<String>>,
     plugin_failures: Mutex<BTreeMap<String, String>>,
     check: CheckFn,
+    /// This server's place among its manager's servers: which of two same-named tools wins.
+    order: Arc<precedence::ServerOrder>,
     this: Weak<McpServer>,
 }
 
@@ -176,6 +122,16 @@ impl McpServer {
         spec: ServerSpec,
         registry: &'static ToolRegistry,
     ) -> Result<Arc<Self>, McpConfigError> {
+        let order = precedence::ServerOrder::new(vec![spec.name.clone()]);
+        Self::new_in(spec, registry, Arc::new(order))
+    }
+
+    /// A server of a manager whose servers are in `order` (see [`precedence`]).
+    fn new_in(
+        spec: ServerSpec,
+        registry: &'static ToolRegistry,
+        order: Arc<precedence::ServerOrder>,
+    ) -> Result<Arc<Self>, McpConfigError> {
         spec.config.validate(&spec.name)?;
         let call_timeout = spec.config.call_timeout(&spec.name)?;
         let start_timeout = spec.config.start_timeout(&spec.name)?;
@@ -195,6 +151,7 @@ impl McpServer {
                 toolsets: Mutex::new(Vec::new()),
                 plugin_failures: Mutex::new(BTreeMap::new()),
                 check,
+                order,
                 this: this.clone(),
             }
         }))
@@ -218,6 +175,16 @@ impl McpServer {
     /// Plugins the plugin host could not load, by module, with the reason.
     pub fn plugin_failures(&self) -> BTreeMap<String, String> {
         lock(&self.plugin_failures).clone()
+    }
+
+    /// Whether the toolset `name` is (or would be, once started) one of this server's.
+    fn owns_toolset(&self, name: &str) -> bool {
+        match self.spec.kind {
+            ServerKind::Mcp => name
+                .strip_prefix("mcp-")
+                .is_some_and(|server| server == self.spec.name),
+            ServerKind::Plugins => name.starts_with("plugin-"),
+        }
     }
 
     fn label(&self) -> String {
@@ -254,6 +221,8 @@ impl McpServer {
                 Ok(client)
             }
             Err(reason) => {
+                // Shown by `tools list` and logged: no credential of a server URL in it.
+                let reason = mask_urls_in(&reason);
                 let reason = match &self.spec.start_hint {
                     Some(hint) => format!("{reason} ({hint})"),
                     None => reason,
@@ -273,40 +242,21 @@ impl McpServer {
         let cfg = &self.spec.config;
         let work = async {
             let (client, group) = if let Some(command) = &cfg.command {
-                let mut cmd = tokio::process::Command::new(command);
-                cmd.args(&cfg.args);
-                if let Some(env) = &self.spec.env {
-                    cmd.env_clear().envs(env.iter().map(|(k, v)| (k, v)));
-                }
-                if let Some(dir) = &cfg.cwd {
-                    cmd.current_dir(dir);
-                }
-                // The server leads its own process group, and dropping the handle kills the
-                // group: whatever the server started dies with it, without polling pids.
-                let mut wrapped = process_wrap::tokio::CommandWrap::from(cmd);
-                wrapped
-                    .wrap(process_wrap::tokio::ProcessGroup::leader())
-                    .wrap(process_wrap::tokio::KillOnDrop);
-                let (transport, stderr) = rmcp::transport::TokioChildProcess::builder(wrapped)
-                    .stderr(std::process::Stdio::piped())
-                    .spawn()
-                    .map_err(|e| match e.kind() {
-                        std::io::ErrorKind::NotFound => {
-                            format!(
-                                "command `{command}` was not found (is it installed and on PATH?)"
-                            )
-                        }
-                        _ => format!("cannot start `{command}`: {e}"),
-                    })?;
-                let group = transport.id();
-                if let Some(stderr) = stderr {
+                let spawned = stdio::spawn(
+                    &self.label(),
+                    command,
+                    &cfg.args,
+                    self.spec.env.as_deref(),
+                    cfg.cwd.as_deref(),
+                )?;
+                if let Some(stderr) = spawned.stderr {
                     tokio::spawn(forward_stderr(self.label(), stderr));
                 }
                 let client = handler
-                    .serve(transport)
+                    .serve(spawned.transport)
                     .await
                     .map_err(|e| format!("did not complete the MCP handshake: {e}"))?;
-                (client, group)
+                (client, spawned.pid)
             } else if let Some(url) = &cfg.url {
                 // reqwest is built without a default TLS provider; use ring, as the web tools do.
                 let _ = rustls::crypto::ring::default_provider().install_default();
@@ -321,10 +271,15 @@ impl McpServer {
                 let config = rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(url.as_str())
                     .custom_headers(headers);
                 let transport = rmcp::transport::StreamableHttpClientTransport::from_config(config);
-                let client = handler
-                    .serve(transport)
-                    .await
-                    .map_err(|e| format!("cannot connect to {url}: {e}"))?;
+                let client = handler.serve(transport).await.map_err(|e| {
+                    // The URL may hold a password or a key, and the HTTP client's error
+                    // quotes it: both are masked.
+                    format!(
+                        "cannot connect to {}: {}",
+                        mask_url(url),
+                        mask_urls_in(&e.to_string())
+                    )
+                })?;
                 (client, None)
             } else {
                 return Err("neither `command` nor `url` is set".to_string());
@@ -366,8 +321,10 @@ impl McpServer {
     }
 
     /// Registers `tools` (replacing this server's previous toolsets); returns how many were
-    /// registered. Bad tools are logged with the server's name and skipped.
+    /// registered. Bad tools are logged with the server's name and skipped, and so are tools
+    /// whose name a server listed before this one holds ([`precedence`]).
     fn register_tools(&self, tools: Vec<Tool>) -> usize {
+        let _registering = self.order.registering();
         for old in std::mem::take(&mut *lock(&self.toolsets)) {
             let _ = self.registry.remove_toolset(&old);
         }
@@ -397,6 +354,20 @@ impl McpServer {
                 }
             };
             let name = tool.name.to_string();
+            if self.spec.kind == ServerKind::Mcp {
+                let earlier = self
+                    .order
+                    .held_by_earlier(&self.spec.name, self.registry, &name);
+                if let Some(winner) = earlier {
+                    tracing::warn!(
+                        "{}: tool `{name}` left out: MCP server `{winner}`, listed before it in \
+                         mcp_servers, has a tool of that name (the first listed wins; rename \
+                         or disable one to use both)",
+                        self.label()
+                    );
+                    continue;
+                }
+            }
             let schema = Value::Object((*tool.input_schema).clone());
             let description = tool
                 .description
@@ -550,10 +521,27 @@ impl McpServer {
                         e,
                         rmcp::ServiceError::TransportClosed | rmcp::ServiceError::TransportSend(_)
                     );
+                if let Some(limit) = too_large(&e) {
+                    return Err(ToolError::new(
+                        crate::ToolErrorKind::McpResponseTooLarge,
+                        format!(
+                            "{} answered `{tool}` with a response larger than {} MiB ({limit} \
+                             bytes), the largest MCP message accepted; it was discarded. Ask \
+                             the tool for less (a narrower query, a page of the results), or \
+                             have it write the data to a file and return the path",
+                            self.label(),
+                            limit >> 20
+                        ),
+                    ));
+                }
                 if !dead {
                     return Err(ToolError::new(
                         crate::ToolErrorKind::McpError,
-                        format!("{} failed `{tool}`: {e}", self.label()),
+                        format!(
+                            "{} failed `{tool}`: {}",
+                            self.label(),
+                            mask_urls_in(&e.to_string())
+                        ),
                     ));
                 }
                 let message = match self.restart_after_crash(&client).await {
@@ -576,15 +564,26 @@ impl McpServer {
     }
 
     /// Stops the server: ends the session and, for a stdio server, its whole process group.
-    /// The server first gets the transport's shutdown sequence (stdin closed; SIGTERM, then
-    /// SIGKILL to the group if it lingers); whatever it started and left behind in its group is
-    /// then killed too.
+    /// The server first gets the stdio shutdown sequence (its stdin closed, [`STOP_GRACE`] to
+    /// exit, then SIGKILL to the group); whatever it started and left behind in its group is
+    /// then killed too. Bounded: an HTTP session whose end hangs is let go after the same
+    /// grace.
     pub async fn stop(&self) {
         let previous = std::mem::replace(&mut *self.conn.lock().await, Conn::Stopped);
         if let Conn::Up { client, group } = previous {
             match Arc::try_unwrap(client) {
                 Ok(client) => {
-                    let _ = client.cancel().await;
+                    let ending = client.cancel();
+                    if tokio::time::timeout(STOP_GRACE + Duration::from_secs(1), ending)
+                        .await
+                        .is_err()
+                    {
+                        tracing::warn!(
+                            "{} did not end its session within {} s; let go",
+                            self.label(),
+                            secs(STOP_GRACE)
+                        );
+                    }
                 }
                 // Calls still hold the session: cancelling ends its loop, and the transport
                 // kills the group when the last holder lets go.
@@ -618,50 +617,6 @@ fn sanitize(module: &str) -> String {
         .to_ascii_lowercase()
 }
 
-async fn forward_stderr(label: String, stderr: tokio::process::ChildStderr) {
-    use tokio::io::AsyncBufReadExt;
-    let mut lines = tokio::io::BufReader::new(stderr).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
-        let lower = line.to_ascii_lowercase();
-        if ["error", "warning", "traceback", "exception"]
-            .iter()
-            .any(|w| lower.contains(w))
-        {
-            tracing::warn!("{label}: {line}");
-        } else {
-            tracing::info!("{label}: {line}");
-        }
-    }
-}
-
-/// The tool's answer as JSON: its structured content when it gave one, else its text (parsed
-/// when it is JSON), else all its content blocks. An error result is a tool error.
-fn result_value(label: &str, tool: &str, result: CallToolResult) -> Result<Value, ToolError> {
-    let texts: Vec<&str> = result
-        .content
-        .iter()
-        .filter_map(|c| c.as_text().map(|t| t.text.as_str()))
-        .collect();
-    if result.is_error == Some(true) {
-        return Err(ToolError::new(
-            crate::ToolErrorKind::McpToolError,
-            format!(
-                "`{tool}` of {label} reported an error: {}",
-                texts.join("\n")
-            ),
-        ));
-    }
-    if let Some(v) = result.structured_content {
-        return Ok(v);
-    }
-    if result.content.len() == 1 && texts.len() == 1 {
-        return Ok(serde_json::from_str::<Value>(texts[0])
-            .unwrap_or_else(|_| serde_json::json!({ "result": texts[0] })));
-    }
-    let blocks = serde_json::to_value(&result.content).unwrap_or(Value::Null);
-    Ok(serde_json::json!({ "content": blocks }))
-}
-
 /// All configured servers (and the plugin host) of one registry.
 pub struct McpManager {
     servers: Vec<Arc<McpServer>>,
@@ -672,6 +627,14 @@ impl McpManager {
     /// prepare hook that starts lazy ones, opens script-callable ones to scripts, and starts
     /// the eager ones (in parallel, each bounded by its start-up timeout).
     pub fn start(specs: Vec<ServerSpec>, registry: &'static ToolRegistry) -> Arc<McpManager> {
+        // The MCP servers in config order: the first listed wins a tool name they share.
+        let order = Arc::new(precedence::ServerOrder::new(
+            specs
+                .iter()
+                .filter(|s| s.kind == ServerKind::Mcp)
+                .map(|s| s.name.clone())
+                .collect(),
+        ));
         let mut servers = Vec::new();
         for spec in specs {
             if !spec.config.is_enabled() {
@@ -679,7 +642,7 @@ impl McpManager {
             }
             let name = spec.name.clone();
             let opened = spec.config.script_callable.opened();
-            match McpServer::new(spec, registry) {
+            match McpServer::new_in(spec, registry, Arc::clone(&order)) {
                 Ok(s) => {
                     if let Some(tools) = opened {
                         if s.spec.kind == ServerKind::Mcp {
@@ -727,6 +690,33 @@ impl McpManager {
         start_all(self.servers.clone());
     }
 
+    /// Starts the servers not started yet whose toolsets `names` name: `mcp-<server>`, or any
+    /// `plugin-…` for the plugin host. A command line that names a lazy server's toolset
+    /// (`serve --toolsets`, `tools list --enable-toolsets`) needs its tools registered before
+    /// the name can be resolved; other lazy servers stay unstarted.
+    pub fn start_for_toolsets(&self, names: &[String]) {
+        let todo: Vec<Arc<McpServer>> = self
+            .servers
+            .iter()
+            .filter(|s| s.state() == ServerState::NotStarted)
+            .filter(|s| names.iter().any(|n| s.owns_toolset(n.trim())))
+            .cloned()
+            .collect();
+        start_all(todo);
+    }
+
+    /// Why the toolset `name` has no tools, when it is a configured server's and that server
+    /// failed: its label and the reason.
+    pub fn failed_toolset(&self, name: &str) -> Option<String> {
+        self.servers
+            .iter()
+            .find(|s| s.owns_toolset(name.trim()))
+            .and_then(|s| match s.state() {
+                ServerState::Failed(why) => Some(format!("{} failed: {why}", s.label())),
+                _ => None,
+            })
+    }
+
     /// The servers.
     pub fn servers(&self) -> &[Arc<McpServer>] {
         &self.servers
@@ -739,7 +729,7 @@ impl McpManager {
             let cfg = &s.spec.config;
             let transport = match (&cfg.command, &cfg.url) {
                 (Some(c), _) => format!("stdio: {c}"),
-                (None, Some(u)) => format!("http: {u}"),
+                (None, Some(u)) => format!("http: {}", mask_url(u)),
                 _ => String::new(),
             };
             let kind = match s.spec.kind {

@@ -250,6 +250,87 @@ fn a_hung_call_times_out_without_blocking_other_calls() {
 }
 
 #[test]
+fn a_response_over_the_message_limit_fails_the_call_at_once_saying_so() {
+    // The probe's finding: an answer over 16 MiB was dropped by the transport, and the call
+    // waited for its whole timeout, then blamed the server for being slow.
+    let py = need_python!();
+    let reg = leaked();
+    let mut cfg = stdio(&py, "big_server.py");
+    cfg.timeout = Some(30.0);
+    let m = McpManager::start(vec![spec("bulky", cfg)], reg);
+    let t0 = Instant::now();
+    let err = call(reg, "big", json!({"mib": 16}));
+    let msg = err["error"].as_str().unwrap_or_else(|| panic!("{err}"));
+    assert!(
+        t0.elapsed() < Duration::from_secs(20),
+        "took {:?}: {msg}",
+        t0.elapsed()
+    );
+    assert!(
+        msg.contains("McpResponseTooLarge")
+            && msg.contains("`big`")
+            && msg.contains("larger than 16 MiB"),
+        "{msg}"
+    );
+    // The connection is intact: the next call (of the same server) answers.
+    assert_eq!(
+        call(reg, "echo", json!({"text": "after"})),
+        json!({"echo": "after"})
+    );
+    // A large answer within the limit passes (the SDK sends the text twice, as content and
+    // as structured content: 7 MiB makes a message of about 14).
+    let ok = reg.handle_function_call("big", &json!({"mib": 7}), &ToolContext::agent("/"));
+    assert!(ok.len() > 7 << 20, "{}", &ok[..ok.len().min(200)]);
+    m.shutdown();
+}
+
+#[test]
+fn a_missing_cwd_is_reported_as_the_cwd_not_as_a_missing_command() {
+    let py = need_python!();
+    let reg = leaked();
+    let mut cfg = stdio(&py, "stdio_server.py");
+    cfg.cwd = Some("/nonexistent/vibeos-mcp-cwd".into());
+    let m = McpManager::start(vec![spec("nowhere", cfg)], reg);
+    match m.servers()[0].state() {
+        ServerState::Failed(why) => {
+            assert!(
+                why.contains("cwd /nonexistent/vibeos-mcp-cwd does not exist"),
+                "{why}"
+            );
+            assert!(!why.contains("was not found"), "{why}");
+        }
+        other => panic!("{other:?}"),
+    }
+    m.shutdown();
+}
+
+#[test]
+fn a_server_that_ignores_sigterm_and_eof_is_killed_after_the_grace() {
+    // rmcp's own shutdown waited 3 s after closing stdin, sent SIGTERM and waited 3 s more:
+    // every `tools list` or `run` with such a server took 6+ s to exit.
+    let py = need_python!();
+    let reg = leaked();
+    let m = McpManager::start(
+        vec![spec("stubborn", stdio(&py, "stubborn_server.py"))],
+        reg,
+    );
+    assert!(
+        matches!(m.servers()[0].state(), ServerState::Running(_)),
+        "{:?}",
+        m.servers()[0].state()
+    );
+    let t0 = Instant::now();
+    m.shutdown();
+    let took = t0.elapsed();
+    assert!(
+        took >= vibeos_tools::mcp_client::STOP_GRACE - Duration::from_millis(100),
+        "it was not given its grace: {took:?}"
+    );
+    assert!(took < Duration::from_secs(4), "shutdown took {took:?}");
+    assert_eq!(m.servers()[0].state(), ServerState::Stopped);
+}
+
+#[test]
 fn broken_servers_are_logged_and_skipped_and_the_rest_works() {
     let py = need_python!();
     let reg = leaked();
@@ -398,4 +479,50 @@ fn http_servers_are_reached_over_streamable_http() {
     m.shutdown();
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// Two servers offering the same tool names: the one listed first wins every shared name,
+/// whichever starts first. The first server here is ready at once and the second a second
+/// later, so "the last to register wins" (what decided before) gave the names to the second.
+#[test]
+fn the_server_listed_first_wins_a_shared_tool_name_whatever_starts_first() {
+    let py = need_python!();
+    let server = |name: &str, delay: &str| {
+        let mut env: Vec<(String, String)> = std::env::vars()
+            .filter(|(k, _)| k == "PATH" || k == "HOME")
+            .collect();
+        env.push(("WHO".into(), name.into()));
+        env.push(("FIXTURE_START_DELAY".into(), delay.into()));
+        let mut s = spec(name, stdio(&py, "stdio_server.py"));
+        s.env = Some(env);
+        s
+    };
+    for (first_delay, second_delay) in [("0", "1"), ("1", "0")] {
+        let reg = leaked();
+        let m = McpManager::start(
+            vec![server("first", first_delay), server("second", second_delay)],
+            reg,
+        );
+        for s in m.servers() {
+            assert!(
+                matches!(s.state(), ServerState::Running(_)),
+                "{}: {:?}",
+                s.name(),
+                s.state()
+            );
+        }
+        for tool in ["echo", "add", "getenv"] {
+            assert_eq!(
+                reg.get(tool).unwrap().source,
+                ToolSource::Mcp("first".into()),
+                "{tool} (delays {first_delay}/{second_delay})"
+            );
+        }
+        assert_eq!(
+            call(reg, "getenv", json!({"name": "WHO"}))["value"],
+            "first",
+            "delays {first_delay}/{second_delay}"
+        );
+        m.shutdown();
+    }
 }
