@@ -216,3 +216,27 @@ def test_a_failing_callback_is_not_reported_as_the_users_denial(tmp_path):
     assert "denied by the user" not in r["error"], r
     assert "RuntimeError: approval UI is down" in r["error"], r
     assert "approval callback failed" in r["error"], r
+
+
+def test_a_command_approved_after_its_execution_ended_does_not_run(tmp_path):
+    """An approval can outlast the script that asked: the command must not run once its
+    execution is over (it once ran after the timeout, and what it started outlived it)."""
+    target = doomed(tmp_path)
+
+    def slow_yes(task_id, command, descriptions):
+        if "vibeos_tools" in command:  # the whole-script check, where interactive
+            return "once"
+        time.sleep(3)
+        return "once"
+
+    vibeos_exec.set_approval_callback(slow_yes)
+    marker = tmp_path / "ran"
+    code = (
+        "from vibeos_tools import terminal\n"
+        f"print(terminal('rm -rf {target} && touch {marker}'))\n"
+    )
+    r = vibeos_exec.execute_code(code, timeout=1, cwd=str(tmp_path))
+    assert r["status"] == "timeout", r
+    # The callback answers 2 s after the result; give the command every chance to run.
+    time.sleep(3)
+    assert target.exists() and not marker.exists(), "the approved command ran after its execution"

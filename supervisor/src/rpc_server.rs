@@ -51,6 +51,9 @@ pub const MAX_CALLS_IN_FLIGHT: usize = 32;
 /// Parameters of `terminal` a script may not use: scripts run foreground commands only.
 const TERMINAL_STRIPPED: [&str; 5] = ["background", "pty", "notify", "notify_on_complete", "watch"];
 
+/// How many refused connections of one execution are logged (see `ChannelState::log_refusal`).
+const REFUSALS_LOGGED: u32 = 5;
+
 /// Everything the server needs to answer one execution's calls.
 pub struct ChannelState {
     /// Registry calls are dispatched through.
@@ -83,9 +86,24 @@ pub struct ChannelState {
     call_done: Condvar,
     /// Set by [`ChannelState::close_all`]: nothing waits for a call slot any more.
     closed: AtomicBool,
+    /// Connections refused so far; only the first [`REFUSALS_LOGGED`] are logged.
+    refusals: AtomicU32,
 }
 
 impl ChannelState {
+    /// Logs a refused connection: a script can be refused thousands of times a second (it
+    /// controls how often it connects), and each line would grow the host's log without bound.
+    fn log_refusal(&self, what: &dyn std::fmt::Display) {
+        let n = self.refusals.fetch_add(1, Ordering::Relaxed);
+        if n < REFUSALS_LOGGED {
+            tracing::warn!("execute_code: {what}");
+        } else if n == REFUSALS_LOGGED {
+            tracing::warn!(
+                "execute_code: {what}; further refused RPC connections of this execution are not logged"
+            );
+        }
+    }
+
     /// State for an execution.
     pub fn new(
         registry: &'static ToolRegistry,
@@ -112,6 +130,7 @@ impl ChannelState {
             in_flight: Mutex::new(0),
             call_done: Condvar::new(),
             closed: AtomicBool::new(false),
+            refusals: AtomicU32::new(0),
         }
     }
 
@@ -360,7 +379,7 @@ pub fn serve_stream(
         Err(e) => {
             match &e {
                 ProtocolError::Internal(_) => tracing::error!("execute_code: {e}"),
-                _ => tracing::warn!("execute_code: {e}"),
+                _ => state.log_refusal(&e),
             }
             refuse(stream, &e);
             return;
@@ -544,8 +563,8 @@ fn serve_connection(
     if check_peer {
         if let Err(e) = check_peer_credentials(&stream, state) {
             match &e {
-                ProtocolError::ForeignPeer => tracing::warn!(
-                    "execute_code: refused an RPC connection from a process outside the execution"
+                ProtocolError::ForeignPeer => state.log_refusal(
+                    &"refused an RPC connection from a process that is not (or no longer) one of the execution's",
                 ),
                 other => tracing::error!("execute_code: {other}"),
             }

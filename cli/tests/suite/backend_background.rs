@@ -85,6 +85,26 @@ fn background_and_pty(name: &str) {
         "{name}: forgotten after kill: {gone}"
     );
 
+    // `log` counts what scrolled out of the 1 MiB buffer over there as it does locally.
+    let r = call(
+        "terminal",
+        json!({"command": "head -c 1500000 /dev/zero | tr '\\0' a", "background": true}),
+    );
+    let id = r["process_id"].as_str().unwrap().to_string();
+    let log = || call("process", json!({"action": "log", "process_id": id}));
+    eventually("the flood to end", || {
+        let l = log();
+        l["status"] == "exited" && l["total_bytes"] == 1_500_000
+    });
+    let l = log();
+    assert_eq!(
+        l["lost_bytes"],
+        1_500_000 - 1024 * 1024,
+        "{name}: {}",
+        l["lost_bytes"]
+    );
+    call("process", json!({"action": "kill", "process_id": id}));
+
     // A foreground PTY command has a terminal over there.
     let r = call(
         "terminal",

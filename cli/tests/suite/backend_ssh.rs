@@ -441,3 +441,199 @@ fn ssh_executions_end_like_local_ones() {
     assert!(env_dirs.stdout.is_empty(), "{env_dirs:?}");
     assert_eq!(remote_work_dirs(), before, "work dirs left on the host");
 }
+
+/// A direct (agent) tool call of task `task`, as a host makes it.
+fn agent_call(task: &str, name: &str, args: serde_json::Value) -> serde_json::Value {
+    let mut ctx = vibeos_tools::ToolContext::agent("/");
+    ctx.task_id = Some(task.into());
+    let text = vibeos_tools::registry().handle_function_call(name, &args, &ctx);
+    serde_json::from_str(&text).unwrap()
+}
+
+/// A command that leaves `sleep TAG1` (its group), `sleep TAG2` (nohup) and `sleep TAG3` (a
+/// session of its own) running, and returns at once.
+fn leaving_behind(tag: &str) -> String {
+    format!(
+        "sleep {tag}1 >/dev/null 2>&1 & nohup sleep {tag}2 >/dev/null 2>&1 & setsid sleep {tag}3 >/dev/null 2>&1 & echo left"
+    )
+}
+
+/// Waits until every `tags` process runs on the host.
+fn assert_all_running(tags: &[String]) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let ps = remote_processes();
+        if tags.iter().all(|t| ps.contains(t.as_str())) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "not all of {tags:?} run: {ps}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn tags(tag: &str) -> Vec<String> {
+    (1..=3).map(|n| format!("sleep {tag}{n}")).collect()
+}
+
+/// What a direct `terminal` command leaves running over ssh (`cmd &`, `nohup cmd &`, `setsid`)
+/// ends with the environment, however it ends: stopped at host exit, stopped after
+/// `lifetime_seconds` idle, and with a crashed host (the agent's lifeline closes; `backends
+/// gc` ends the master). Docker gets this from the container's end; ssh has no such end, and
+/// the agent only ended its background registry.
+#[test]
+fn ssh_what_direct_commands_leave_running_ends_with_the_environment() {
+    let _ssh = super::ssh_lock();
+    if super::common::in_own_process() {
+        return;
+    }
+    let sshd = match start_sshd() {
+        Ok(s) => s,
+        Err(e) => return unavailable(&e),
+    };
+
+    // Stopped at host exit.
+    environments::activate(ssh_backend(&sshd, sshd.port));
+    let r = agent_call(
+        "leftovers",
+        "terminal",
+        serde_json::json!({"command": leaving_behind("7171")}),
+    );
+    assert!(r["output"].as_str().unwrap_or("").contains("left"), "{r}");
+    let left = tags("7171");
+    assert_all_running(&left);
+    environments::shutdown();
+    assert_none_left(&left.iter().map(String::as_str).collect::<Vec<_>>());
+
+    // Stopped after lifetime_seconds idle.
+    environments::activate(BackendSettings {
+        lifetime: Duration::from_secs(1),
+        ..ssh_backend(&sshd, sshd.port)
+    });
+    let r = agent_call(
+        "leftovers",
+        "terminal",
+        serde_json::json!({"command": leaving_behind("7272")}),
+    );
+    assert!(r["output"].as_str().unwrap_or("").contains("left"), "{r}");
+    let left = tags("7272");
+    assert_all_running(&left);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while environments::active().is_some_and(|a| !a.live_tasks().is_empty()) {
+        assert!(
+            Instant::now() < deadline,
+            "the idle environment was not stopped"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_none_left(&left.iter().map(String::as_str).collect::<Vec<_>>());
+    environments::activate(BackendSettings::default());
+
+    // A crashed host: `serve` killed with SIGKILL after a direct terminal call.
+    let vhome = tempfile::tempdir().unwrap();
+    let d = sshd.dir.path();
+    std::fs::write(
+        vhome.path().join("config.yaml"),
+        format!(
+            "terminal:\n  backend: ssh\n  ssh_host: 127.0.0.1\n  ssh_port: {}\n  ssh_user: {SSH_USER}\n  ssh_key: {}\n  ssh_known_hosts: {}\n",
+            sshd.port,
+            d.join("userkey").display(),
+            d.join("known_hosts").display()
+        ),
+    )
+    .unwrap();
+    let vibeos = |args: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vibeos-exec"));
+        cmd.args(args)
+            .env("VIBEOS_HOME", vhome.path())
+            .env("VIBEOS_AGENT_BINARY", env!("CARGO_BIN_EXE_vibeos-exec"));
+        cmd
+    };
+    let mut host = vibeos(&["serve", "--toolsets", "terminal"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut to_host = host.stdin.take().unwrap();
+    let mut from_host = std::io::BufReader::new(host.stdout.take().unwrap());
+    let mut send = |line: &str| {
+        use std::io::Write;
+        to_host.write_all(line.as_bytes()).unwrap();
+        to_host.write_all(b"\n").unwrap();
+    };
+    let mut reply = || -> serde_json::Value {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut from_host, &mut line).unwrap();
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+    };
+    send(
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"crash","version":"1"}}}"#,
+    );
+    reply();
+    send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    let call = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "terminal", "arguments": {"command": leaving_behind("7373")}}});
+    send(&call.to_string());
+    let r = reply();
+    assert!(r.to_string().contains("left"), "{r}");
+    let left = tags("7373");
+    assert_all_running(&left);
+    host.kill().unwrap();
+    host.wait().unwrap();
+    let gc = vibeos(&["backends", "gc", "--json"]).output().unwrap();
+    assert!(gc.status.success(), "{gc:?}");
+    assert_none_left(&left.iter().map(String::as_str).collect::<Vec<_>>());
+}
+
+/// The agent cached on an ssh host is used only when it is whole: a copy cut short broke every
+/// tool of every later environment for good ("it exited before listening"), since the cache
+/// was trusted by its name alone. It is uploaded again, to a temp name renamed into place.
+#[test]
+fn ssh_a_damaged_cached_agent_is_uploaded_again() {
+    let _ssh = super::ssh_lock();
+    if super::common::in_own_process() {
+        return;
+    }
+    let sshd = match start_sshd() {
+        Ok(s) => s,
+        Err(e) => return unavailable(&e),
+    };
+    let cache = sshd.dir.path().join("home/.cache/vibeos-exec");
+    let size = std::fs::metadata(env!("CARGO_BIN_EXE_vibeos-exec"))
+        .unwrap()
+        .len();
+    let cached = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(&cache)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default()
+    };
+    let works = |what: &str| {
+        environments::activate(ssh_backend(&sshd, sshd.port));
+        let r = agent_call(
+            "cache",
+            "terminal",
+            serde_json::json!({"command": "echo agent-ok"}),
+        );
+        assert_eq!(r["output"], "agent-ok\n", "{what}: {r}");
+        environments::shutdown();
+        let files = cached();
+        assert_eq!(
+            files.len(),
+            1,
+            "{what}: one copy, no temp file left: {files:?}"
+        );
+        assert_eq!(std::fs::metadata(&files[0]).unwrap().len(), size, "{what}");
+        files[0].clone()
+    };
+    let agent = works("first upload");
+    // Cut short, as a full disk or a killed copy would leave it (still executable), into its
+    // code: it cannot run.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&agent)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    works("after the cached copy was cut short");
+    environments::activate(BackendSettings::default());
+}

@@ -402,3 +402,25 @@ fn edits_keep_the_owner_of_the_file_they_replace() {
         }
     }
 }
+
+#[test]
+fn write_file_where_no_file_can_be_created_says_so() {
+    // /proc/version is a file in a directory that exists but takes no new files: the error was
+    // `FileNotFound: /proc: No such file or directory ... at path "/proc/.vibeos-write-…"`,
+    // naming a temp file the caller never gave and a "missing" directory that is there.
+    let sb = Sandbox::new();
+    let r = sb.run_json(
+        "import json\nfrom vibeos_tools import write_file\nprint(json.dumps(write_file('/proc/version', 'x')))\n",
+        &[],
+    );
+    assert_eq!(r["status"], "success", "{r}");
+    let v: Value = serde_json::from_str(r["output"].as_str().unwrap().trim()).unwrap();
+    let err = error_of(&v);
+    assert!(err.contains("WriteError"), "{err}");
+    assert!(
+        err.contains("cannot write /proc/version: no new file can be created in /proc"),
+        "{err}"
+    );
+    assert!(!err.contains(".vibeos-write-"), "{err}");
+    assert!(!err.contains("FileNotFound"), "{err}");
+}

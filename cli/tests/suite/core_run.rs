@@ -1177,3 +1177,106 @@ fn descriptors_the_caller_left_open_do_not_reach_the_script() {
         "{text}"
     );
 }
+
+/// A daemon a script's `terminal` command started that forks and exits faster than a pass over
+/// /proc (its pid is never the one a pass finds) is taken with its process group: it once
+/// outlived the execution, and its host.
+#[test]
+fn a_fork_chain_daemon_started_by_terminal_ends_with_the_execution() {
+    let sb = Sandbox::new();
+    let alive = sb.work().join("alive");
+    let chain = sb.work().join("chain.py");
+    std::fs::write(
+        &chain,
+        format!(
+            "import os, time\n\
+             os.setsid()\n\
+             while True:\n\
+             \x20   time.sleep(0.0003)\n\
+             \x20   if os.fork(): os._exit(0)\n\
+             \x20   if int(time.time() * 20) % 4 == 0:\n\
+             \x20       open({alive:?}, 'w').write(str(os.getpid()))\n",
+            alive = alive.display().to_string()
+        ),
+    )
+    .unwrap();
+    let script = format!(
+        "from vibeos_tools import terminal\n\
+         import time\n\
+         terminal('nohup python3 {} >/dev/null 2>&1 &')\n\
+         time.sleep(1)\n",
+        chain.display()
+    );
+    let r = sb.run_json(&script, &[]);
+    assert_eq!(r["status"], "success", "{r}");
+    // Still written 2 s after the execution means the chain lives on.
+    let before = std::fs::metadata(&alive).and_then(|m| m.modified()).ok();
+    std::thread::sleep(Duration::from_secs(2));
+    let after = std::fs::metadata(&alive).and_then(|m| m.modified()).ok();
+    if before != after {
+        if let Some(pid) = std::fs::read_to_string(&alive)
+            .ok()
+            .and_then(|t| t.trim().parse::<i32>().ok())
+        {
+            // SAFETY: plain libc calls on a pid the test's own fixture wrote; they cannot
+            // affect memory of this process.
+            unsafe {
+                let pgid = libc::getpgid(pid);
+                if pgid > 1 {
+                    libc::killpg(pgid, libc::SIGKILL);
+                }
+            }
+        }
+        panic!("the fork chain outlived its execution");
+    }
+}
+
+/// A script that keeps connecting past its connection cap is refused each time; only the
+/// first refusals are logged (a log line per refusal grew agent.log by megabytes a second).
+#[test]
+fn refused_rpc_connections_do_not_flood_the_log() {
+    let sb = Sandbox::new();
+    let script = "import os, socket, time\n\
+                  path = os.environ['VIBEOS_RPC_SOCKET']\n\
+                  held = []\n\
+                  for _ in range(64):\n\
+                  \x20   c = socket.socket(socket.AF_UNIX); c.connect(path); held.append(c)\n\
+                  n = 0\n\
+                  end = time.time() + 1.5\n\
+                  while time.time() < end:\n\
+                  \x20   c = socket.socket(socket.AF_UNIX)\n\
+                  \x20   try: c.connect(path)\n\
+                  \x20   except OSError: pass\n\
+                  \x20   c.close(); n += 1\n\
+                  print(n > 100)\n";
+    let r = sb.run_json(script, &["--log-level", "info"]);
+    assert_eq!(r["status"], "success", "{r}");
+    assert_eq!(output(&r), "True\n", "{r}");
+    let log = std::fs::read_to_string(sb.home().join("logs/agent.log")).unwrap_or_default();
+    let refusals = log.lines().filter(|l| l.contains("refused")).count();
+    assert!(
+        (1..=6).contains(&refusals),
+        "{refusals} refusal lines:\n{}",
+        log.lines().take(20).collect::<Vec<_>>().join("\n")
+    );
+}
+
+/// When an execution ends, its tool calls still running end too: a search of a large tree
+/// once kept going (and kept a one-shot host from exiting) for tens of seconds after the
+/// result.
+#[test]
+fn tool_calls_in_flight_stop_when_the_execution_times_out() {
+    let sb = Sandbox::new();
+    let script = "import threading\n\
+                  from vibeos_tools import search_files\n\
+                  def w(): search_files('zq[0-9]+xq.*yy', path='/usr', limit=5)\n\
+                  ts = [threading.Thread(target=w) for _ in range(32)]\n\
+                  [t.start() for t in ts]; [t.join() for t in ts]\n";
+    let started = Instant::now();
+    let r = sb.run_json(script, &["--timeout", "1"]);
+    let took = started.elapsed();
+    assert_eq!(r["status"], "timeout", "{r}");
+    // Not a speed figure: before, the process lived until the last search ended (35-80 s
+    // here); the bound only separates "stopped" from "ran to its end".
+    assert!(took < Duration::from_secs(10), "the run took {took:?}");
+}

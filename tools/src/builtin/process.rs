@@ -1,10 +1,12 @@
 //! `process`: manage background processes started with `terminal(background=true)` — list them,
 //! poll new output, wait, write to a PTY process's stdin, kill. Agent only: scripts cannot start
 //! background processes, so it is not among the script tools. With a remote backend the
-//! processes live under the task's tool agent there, and the call is forwarded to it.
+//! processes live under the task's tool agent there, and the call is forwarded to it. Either
+//! way a call sees only its own task's processes (locally one process serves every task and
+//! every MCP connection: [`background`] keeps them apart).
 
 use super::args::{in_range, parse, schema_for};
-use crate::environments::local;
+use crate::environments::background;
 use crate::{BuiltinTool, ToolContext, ToolEntry, ToolError};
 use serde_json::{json, Map, Value};
 use std::time::Duration;
@@ -55,7 +57,7 @@ fn entry() -> ToolEntry {
 
 inventory::submit! { BuiltinTool(entry) }
 
-fn status(p: &local::BackgroundProcess) -> Value {
+fn status(p: &background::BackgroundProcess) -> Value {
     match p.exit_code() {
         Some(c) => json!({"status": "exited", "exit_code": c}),
         None => json!({"status": "running", "exit_code": Value::Null}),
@@ -87,7 +89,7 @@ fn process(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolEr
         return result;
     }
     if action == "list" {
-        let procs: Vec<Value> = local::list_processes()
+        let procs: Vec<Value> = background::list_processes(ctx.task_id.as_deref())
             .iter()
             .map(|p| {
                 let mut v = json!({
@@ -110,7 +112,7 @@ fn process(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolEr
         .process_id
         .as_deref()
         .ok_or_else(|| ToolError::invalid_args(format!("action `{action}` needs `process_id`")))?;
-    let p = local::get_process(id)
+    let p = background::get_process(ctx.task_id.as_deref(), id)
         .map_err(|e| ToolError::new(crate::ToolErrorKind::UnknownProcess, e.to_string()))?;
     let poll_json = |from_start: bool| {
         let r = p.poll(from_start);
@@ -152,7 +154,7 @@ fn process(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolEr
         "kill" => {
             let code = p.kill();
             let out = poll_json(false);
-            local::remove_process(id);
+            background::remove_process(id);
             Ok(
                 json!({"process_id": id, "killed": true, "exit_code": code, "output": out["output"]}),
             )

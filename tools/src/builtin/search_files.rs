@@ -216,6 +216,9 @@ struct Walk {
     /// Strict mode: every file is re-resolved beneath an allowed root before it is reported
     /// or read, so a directory swapped for a symlink mid-walk leads nowhere.
     policy: Option<std::sync::Arc<crate::path_policy::PathPolicy>>,
+    /// Set when the script's execution ends: the walk stops (a search of a large tree would
+    /// otherwise keep a core busy for the executions after it, for a reply nobody reads).
+    ended: crate::call_scope::EndedFlag,
 }
 
 impl Walk {
@@ -266,6 +269,9 @@ impl Walk {
         });
         builder.build_parallel().run(|| {
             Box::new(|entry| {
+                if self.ended.is_set() {
+                    return WalkState::Quit;
+                }
                 let Ok(entry) = entry else {
                     return WalkState::Continue;
                 };
@@ -433,7 +439,9 @@ fn search_files(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
         display_base: (!Path::new(raw_path).is_absolute()).then(|| ctx.cwd.clone()),
         root,
         file_glob,
+        ended: crate::call_scope::ended_flag(ctx),
     };
+    let abandoned = || crate::call_scope::abandoned("search_files");
     let page = |total: u64, shown: usize| {
         let end = offset + shown as u64;
         json!({
@@ -461,6 +469,9 @@ fn search_files(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
                         .is_ok_and(|r| name_glob.is_match(r)))
                 .then_some(())
             });
+            if walk.ended.is_set() {
+                return Err(abandoned());
+            }
             let total = hits.len() as u64;
             let files: Vec<String> = hits
                 .iter()
@@ -511,6 +522,9 @@ fn search_files(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
             sink.count()
         })
     };
+    if walk.ended.is_set() {
+        return Err(abandoned());
+    }
     let total_lines: u64 = counts.iter().map(|(_, c)| c).sum();
     let files_matched = counts.len();
     match mode {

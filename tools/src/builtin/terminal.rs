@@ -141,6 +141,11 @@ fn terminal(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolE
     if let Decision::Deny { message } = check_command(command, ctx) {
         return Err(ToolError::new(crate::ToolErrorKind::CommandDenied, message));
     }
+    // An approval can take longer than the script lives: a command approved after its
+    // execution ended must not run (nothing would receive its output or end what it starts).
+    if crate::call_scope::scope_ended(ctx) {
+        return Err(crate::call_scope::abandoned("terminal"));
+    }
     let env = command_env(ctx);
     let wrapped = crate::environments::session::wrap(command, ctx, workdir_arg.is_some());
     let spec = SpawnSpec {
@@ -152,7 +157,7 @@ fn terminal(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolE
         scope: local::scope_of(ctx),
     };
     if background {
-        let p = local::start_background(&spec)
+        let p = crate::environments::background::start_background(&spec, ctx.task_id.as_deref())
             .map_err(|e| ToolError::new(crate::ToolErrorKind::SpawnError, e.to_string()))?;
         return Ok(json!({
             "status": "running",
@@ -219,6 +224,9 @@ fn remote_terminal(
         if let Decision::Deny { message } = check_command(command, ctx) {
             return Err(ToolError::new(crate::ToolErrorKind::CommandDenied, message));
         }
+    }
+    if crate::call_scope::scope_ended(ctx) {
+        return Err(crate::call_scope::abandoned("terminal"));
     }
     match crate::environments::agent::forward(
         "terminal",

@@ -90,7 +90,7 @@ fn write_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Too
     let mut tmp = tempfile::Builder::new()
         .prefix(".vibeos-write-")
         .tempfile_in(&parent)
-        .map_err(|e| ToolError::io(&parent, &e))?;
+        .map_err(|e| temp_file_error(&parent, &path, &e))?;
     tmp.write_all(content.as_bytes())
         .and_then(|_| tmp.flush())
         .map_err(|e| ToolError::io(&path, &e))?;
@@ -112,6 +112,32 @@ fn write_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Too
         "bytes_written": content.len(),
         "created": !existed,
     }))
+}
+
+/// Why no new file could be made in `parent` to replace `path` with. tempfile's error names
+/// its random temp path ("… at path /proc/.vibeos-write-XYZ"), which the caller never gave;
+/// and in a directory that exists but takes no new files (`/proc`, `/sys`) the OS says ENOENT,
+/// which as `FileNotFound` read as if the directory were missing.
+fn temp_file_error(parent: &Path, path: &Path, e: &std::io::Error) -> ToolError {
+    // The OS error itself, without tempfile's path: its error wraps the OS error in a private
+    // type that shows as "<os error> at path <temp path>" and gives no way back to the inner
+    // error, so the suffix is cut off its text.
+    let text = e.to_string();
+    let cause = text.split(" at path ").next().unwrap_or(&text);
+    let message = format!(
+        "cannot write {}: no new file can be created in {} ({cause}); write_file writes the \
+         content to a new file beside the target and renames it over the target, so the \
+         directory must accept new files (a virtual filesystem such as /proc or /sys, or a \
+         read-only one, does not)",
+        path.display(),
+        parent.display()
+    );
+    let kind = if e.kind() == std::io::ErrorKind::NotFound && parent.is_dir() {
+        crate::ToolErrorKind::WriteError
+    } else {
+        ToolError::io(parent, e).kind
+    };
+    ToolError::new(kind, message)
 }
 
 /// Why the parent dir `parent` could not be made: a file where a directory of the path

@@ -463,7 +463,7 @@ pub fn serve(
 ) -> Result<(), String> {
     let Some(path) = listen else {
         serve_stream(registry, input, output);
-        end_background();
+        end_environment();
         return Ok(());
     };
     let mut token = String::new();
@@ -507,25 +507,18 @@ pub fn serve(
         sink.clear();
     }
     let _ = std::fs::remove_file(path);
-    end_background();
+    end_environment();
     Ok(())
 }
 
-/// Kills (process group) every background command started here: the environment is going
-/// away, and with ssh nothing else would end them.
-fn end_background() {
-    let procs = super::local::list_processes();
-    let killers: Vec<_> = procs
-        .into_iter()
-        .map(|p| {
-            std::thread::spawn(move || {
-                p.kill();
-                super::local::remove_process(&p.id);
-            })
-        })
-        .collect();
-    for k in killers {
-        let _ = k.join();
+/// Ends what the commands run here left: the environment is going away, and with ssh nothing
+/// else would end it. Every background command's group first (SIGTERM, then SIGKILL), then,
+/// in an agent process ([`contain_commands`]), every process any command of this agent
+/// started: a foreground command's `cmd &` or `nohup cmd &` stayed in no registry.
+fn end_environment() {
+    super::background::end_all();
+    if super::local::marks_every_command() {
+        super::local::kill_all_marked();
     }
 }
 
@@ -533,6 +526,14 @@ fn end_background() {
 /// commands the host approved before forwarding them.
 pub fn approve_all() {
     crate::approval::set_smart_approval(Some(Arc::new(|_| true)));
+}
+
+/// Binds what every command of this process starts to the agent's life: each carries this
+/// process's marker, and [`serve`]'s end (or, if the agent is killed, the keeper) kills every
+/// process that carries it. For the agent process only: in a host, agent calls' commands are
+/// the user's own ([`super::local::mark_every_command`]).
+pub fn contain_commands() {
+    super::local::mark_every_command();
 }
 
 /// Whether two tokens are equal, in time that does not depend on where they differ.

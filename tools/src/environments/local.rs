@@ -8,7 +8,10 @@
 //! not of the script's reaper, so the end kills the groups still running and every process that
 //! carries the execution's [`SCOPE_VAR`] in its environment (what a command left in the
 //! background, in its group or out of it: `&`, `nohup`, `setsid`). For direct agent calls it stays open (a cgroup per command would close
-//! it but needs delegation rights this process usually lacks). See docs/terminal.md.
+//! it but needs delegation rights this process usually lacks). See docs/terminal.md. Two kinds
+//! of command are bound to this process's lifetime instead, by a marker of its own: background
+//! commands ([`super::background`]), and in the tool agent every command
+//! ([`mark_every_command`]), whose leftovers must end with the agent's environment.
 //!
 //! Output: stdout and stderr share one pipe (so they interleave as on a terminal) that a reader
 //! thread drains into a bounded [`HeadTail`]; the child never blocks on a full pipe and memory
@@ -17,13 +20,13 @@
 use super::HeadTail;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
-use std::collections::{BTreeMap, VecDeque};
-use std::io::{Read, Write};
+use std::collections::BTreeMap;
+use std::io::Read;
 use std::os::fd::OwnedFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
@@ -99,11 +102,12 @@ fn shell() -> &'static str {
     &SHELL
 }
 
-struct Spawned {
-    child: Child,
-    pgid: Pid,
-    reader: Box<dyn Read + Send>,
-    stdin: Option<std::fs::File>,
+/// A started command: the shell, its group and its output (and its input, with a PTY).
+pub(super) struct Spawned {
+    pub(super) child: Child,
+    pub(super) pgid: Pid,
+    pub(super) reader: Box<dyn Read + Send>,
+    pub(super) stdin: Option<std::fs::File>,
 }
 
 /// Marks every command a script runs, and what those commands start, with the execution they
@@ -128,21 +132,55 @@ pub(crate) fn marker_prefix() -> &'static str {
     &PREFIX
 }
 
-fn spawn(spec: &SpawnSpec<'_>) -> Result<Spawned, BackendError> {
+/// The value of [`SCOPE_VAR`] for commands bound to this process's own lifetime rather than to
+/// an execution: background commands, and every command of a tool agent
+/// ([`mark_every_command`]). `p` is not a hex digit, so no execution's marker equals it.
+fn own_marker() -> String {
+    format!("{}p", marker_prefix())
+}
+
+/// Whether every command carries a marker ([`mark_every_command`]).
+static MARK_EVERY_COMMAND: AtomicBool = AtomicBool::new(false);
+
+/// Marks every command this process runs, agent calls' too, with this process's own marker, so
+/// that [`kill_all_marked`] (and the keeper, should this process be killed) finds what they
+/// leave running. For the tool agent, whose commands must end with its environment: in ssh
+/// nothing else ends what a command left in the background (`cmd &`, `nohup`), and there is no
+/// container whose end would. Not for a local host, whose agent calls' commands keep running
+/// as the user's own would (docs/terminal.md).
+pub fn mark_every_command() {
+    MARK_EVERY_COMMAND.store(true, Ordering::SeqCst);
+}
+
+/// Whether [`mark_every_command`] was called.
+pub fn marks_every_command() -> bool {
+    MARK_EVERY_COMMAND.load(Ordering::SeqCst)
+}
+
+/// Spawns `spec`; `background`: it is a background command, which must not outlive this
+/// process (see [`super::background`]).
+pub(super) fn spawn(spec: &SpawnSpec<'_>, background: bool) -> Result<Spawned, BackendError> {
     let mut cmd = Command::new(shell());
     cmd.arg("-c")
         .arg(spec.command)
         .current_dir(spec.cwd)
         .env_clear();
     cmd.envs(spec.env.iter().map(|(k, v)| (k, v)));
-    if let Some(scope) = spec.scope {
+    let marker = match spec.scope {
+        Some(scope) => {
+            if let Ok(mut g) = MARKED.lock() {
+                g.insert(scope);
+            }
+            Some(scope_marker(scope))
+        }
+        None if background || marks_every_command() => Some(own_marker()),
+        None => None,
+    };
+    if let Some(marker) = marker {
         // Started before the first marked command, so that no command of ours can outlive a
         // killed supervisor unseen.
         super::keeper::ensure(marker_prefix());
-        cmd.env(SCOPE_VAR, scope_marker(scope));
-        if let Ok(mut g) = MARKED.lock() {
-            g.insert(scope);
-        }
+        cmd.env(SCOPE_VAR, marker);
     }
     if spec.pty {
         if !spec.env.iter().any(|(k, _)| k == "TERM") {
@@ -239,7 +277,7 @@ impl Read for PtyReader {
     }
 }
 
-fn exit_code(status: ExitStatus) -> i32 {
+pub(super) fn exit_code(status: ExitStatus) -> i32 {
     status
         .code()
         .or_else(|| status.signal().map(|s| -s))
@@ -247,7 +285,7 @@ fn exit_code(status: ExitStatus) -> i32 {
 }
 
 /// Signals the group with SIGTERM, then SIGKILL after [`KILL_GRACE`] unless `child` has exited.
-fn kill_group(pgid: Pid, child: &mut Child) -> Option<ExitStatus> {
+pub(super) fn kill_group(pgid: Pid, child: &mut Child) -> Option<ExitStatus> {
     let _ = killpg(pgid, Signal::SIGTERM);
     let deadline = Instant::now() + KILL_GRACE;
     while Instant::now() < deadline {
@@ -306,30 +344,66 @@ pub fn kill_scope(ctx: &crate::ToolContext) -> usize {
     // can be 32768), which a stored id would then kill.
     let marked = MARKED.lock().map(|mut g| g.remove(&scope)).unwrap_or(false);
     if marked {
-        kill_marked(&scope_marker(scope));
+        kill_marked(&scope_marker(scope), true);
     }
     groups.len()
 }
 
-/// Kills every process whose environment carries `SCOPE_VAR=marker`: what a script's commands
-/// started and moved out of their process group. A few rounds, since a process being killed
-/// may have started another meanwhile.
-fn kill_marked(marker: &str) {
-    let needle = format!("{SCOPE_VAR}={marker}\0");
+/// Kills (SIGKILL) every process carrying this process's own marker: what its background
+/// commands (and, in a tool agent, all its commands) left running, in their groups or out of
+/// them. Called at exit; does not block.
+pub(super) fn kill_own_marked() {
+    kill_marked(&own_marker(), true);
+}
+
+/// Kills (SIGKILL) every process carrying any marker of this process: an execution's or its
+/// own. The tool agent's end: nothing its commands started may outlive its environment.
+pub fn kill_all_marked() {
+    kill_marked(marker_prefix(), false);
+}
+
+/// Kills every process whose environment carries `SCOPE_VAR=marker` (`whole`), or a value that
+/// starts with `marker`: what commands started and moved out of their process group. A few
+/// rounds, since a process being killed may have started another meanwhile.
+fn kill_marked(marker: &str, whole: bool) {
+    let needle = format!("{SCOPE_VAR}={marker}{}", if whole { "\0" } else { "" });
     let me = std::process::id();
-    for _ in 0..4 {
+    let own_group = nix::unistd::getpgrp().as_raw();
+    let own_session = nix::unistd::getsid(None).map_or(0, |s| s.as_raw());
+    for pass in 0..4 {
         let Ok(dir) = std::fs::read_dir("/proc") else {
             return;
         };
         let mut found = 0;
-        for entry in dir.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| n.parse::<u32>().ok())
-            else {
-                continue;
-            };
+        // Newest first: the listing is one snapshot, and a process that forks and exits in a
+        // loop is alive only as its newest pid, for a fraction of a millisecond after it.
+        let mut pids: Vec<u32> = dir
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
+            .collect();
+        let (last, max) = (
+            read_number("/proc/sys/kernel/ns_last_pid"),
+            read_number("/proc/sys/kernel/pid_max"),
+        );
+        match (last, max) {
+            // Pids wrap at pid_max: the newest are those just below the last one given out.
+            (Some(last), Some(max)) if max > 0 => {
+                let age = |p: u32| (i64::from(last) - i64::from(p)).rem_euclid(i64::from(max));
+                pids.sort_unstable_by_key(|p| age(*p));
+                // Pids given out after the listing are not in it: the newest (up to 64) are
+                // looked at first, so a chain's live process is read before it forks again.
+                let newest_listed = pids.first().map_or(i64::MAX, |p| age(*p));
+                let unlisted: Vec<u32> = (0..newest_listed.min(64))
+                    .filter_map(|back| {
+                        u32::try_from((i64::from(last) - back).rem_euclid(i64::from(max))).ok()
+                    })
+                    .filter(|p| *p > 0)
+                    .collect();
+                pids.splice(0..0, unlisted);
+            }
+            _ => pids.sort_unstable_by(|a, b| b.cmp(a)),
+        }
+        for pid in pids {
             if pid == me {
                 continue;
             }
@@ -343,14 +417,43 @@ fn kill_marked(marker: &str) {
                 .any(|(at, w)| w == needle.as_bytes() && starts_entry(at));
             if hit {
                 let pid = i32::try_from(pid).unwrap_or(i32::MAX);
+                let group = group_and_session(pid);
                 let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+                // A process that forks and exits faster than a pass over /proc (a daemon's
+                // fork chain) is never the pid a pass finds; its group is stable. Only a group
+                // in a session one of our commands made (`setsid`) is taken whole: such a
+                // session holds nothing but that command's descendants, while a group in our
+                // own session could be one a marked process joined (ours, or the user's shell).
+                if let Some((pgrp, session)) = group {
+                    if session != own_session && pgrp > 1 && pgrp != own_group {
+                        let _ = killpg(Pid::from_raw(pgrp), Signal::SIGKILL);
+                    }
+                }
                 found += 1;
             }
         }
-        if found == 0 {
+        // A second pass even when the first found nothing: one live pid of a fast fork chain
+        // can slip between a listing and its read.
+        if found == 0 && pass > 0 {
             return;
         }
     }
+}
+
+/// A number a one-line /proc file holds (`pid_max`, `ns_last_pid`).
+fn read_number(path: &str) -> Option<u32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// The process group and session of `pid`, from `/proc/<pid>/stat` (after the command name,
+/// which may hold spaces and parentheses: fields 5 and 6 follow the last `)`).
+fn group_and_session(pid: i32) -> Option<(i32, i32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(2);
+    let pgrp = fields.next()?.parse().ok()?;
+    let session = fields.next()?.parse().ok()?;
+    Some((pgrp, session))
 }
 
 /// Removes a command from [`RUNNING`] when it ends, however it ends.
@@ -448,12 +551,23 @@ pub fn run_foreground(
         pgid,
         mut reader,
         stdin,
-    } = spawn(spec)?;
+    } = spawn(spec, false)?;
     drop(stdin);
     if let Ok(mut g) = RUNNING.lock() {
         g.insert(pgid.as_raw(), spec.scope);
     }
     let _running = RunningGuard(pgid.as_raw());
+    // Registered first, checked second: an execution's end marks its scope ended, then kills
+    // the groups registered so far ([`kill_scope`]), so a command that started meanwhile is
+    // either among those or sees the mark here.
+    if spec.scope.is_some_and(crate::call_scope::ended_at) {
+        let _ = killpg(pgid, Signal::SIGKILL);
+        let _ = child.wait();
+        return Err(BackendError::Spawn(std::io::Error::new(
+            std::io::ErrorKind::Interrupted,
+            "the execution ended before the command could run",
+        )));
+    }
     let _call = match register_call(pgid) {
         Ok(guard) => guard,
         Err(e) => {
@@ -531,69 +645,9 @@ pub fn run_foreground(
     })
 }
 
-/// Output of a background process kept with absolute offsets, so polls return only what is new
-/// and say how much was lost when the process outran the buffer.
-#[derive(Debug, Default)]
-struct Ring {
-    buf: VecDeque<u8>,
-    start: u64,
-    cap: usize,
-    eof: bool,
-}
-
-impl Ring {
-    fn push(&mut self, data: &[u8]) {
-        self.buf.extend(data);
-        let over = self.buf.len().saturating_sub(self.cap);
-        if over > 0 {
-            self.buf.drain(..over);
-            self.start += over as u64;
-        }
-    }
-
-    fn end(&self) -> u64 {
-        self.start + self.buf.len() as u64
-    }
-
-    /// Bytes from absolute `from` to the end, and how many before them were already dropped.
-    fn since(&self, from: u64) -> (Vec<u8>, u64) {
-        let lost = self.start.saturating_sub(from);
-        let skip = from.saturating_sub(self.start) as usize;
-        (self.buf.iter().skip(skip).copied().collect(), lost)
-    }
-}
-
-/// A process started with `background=true`.
-pub struct BackgroundProcess {
-    /// Its id, `proc_N`.
-    pub id: String,
-    /// The command line.
-    pub command: String,
-    /// Working dir.
-    pub cwd: String,
-    /// Pid of the shell (also its process group id).
-    pub pid: u32,
-    /// Whether it runs under a PTY.
-    pub pty: bool,
-    /// Start time.
-    pub started: Instant,
-    pgid: Pid,
-    output: Arc<Mutex<Ring>>,
-    exit: Arc<Mutex<Option<i32>>>,
-    read_cursor: Mutex<u64>,
-    stdin: Mutex<Option<std::fs::File>>,
-}
-
-static PROCESSES: LazyLock<Mutex<BTreeMap<String, Arc<BackgroundProcess>>>> =
-    LazyLock::new(|| Mutex::new(BTreeMap::new()));
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-
-/// Most output kept per background process.
-pub const BACKGROUND_BUFFER: usize = 1024 * 1024;
-
 /// Reads `reader` to its end in 64 KiB chunks, handing each to `sink`; a read error ends it
 /// like end of file (the process is gone or its pipe broke).
-fn pump(reader: &mut impl Read, mut sink: impl FnMut(&[u8])) {
+pub(super) fn pump(reader: &mut impl Read, mut sink: impl FnMut(&[u8])) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         match reader.read(&mut buf) {
@@ -605,194 +659,9 @@ fn pump(reader: &mut impl Read, mut sink: impl FnMut(&[u8])) {
     }
 }
 
-/// Starts `spec` in the background and registers it.
-pub fn start_background(spec: &SpawnSpec<'_>) -> Result<Arc<BackgroundProcess>, BackendError> {
-    let Spawned {
-        mut child,
-        pgid,
-        mut reader,
-        stdin,
-    } = spawn(spec)?;
-    let output = Arc::new(Mutex::new(Ring {
-        cap: BACKGROUND_BUFFER,
-        ..Ring::default()
-    }));
-    let exit = Arc::new(Mutex::new(None));
-    let out2 = Arc::clone(&output);
-    let reader_ok = std::thread::Builder::new()
-        .name("bg-output".into())
-        .spawn(move || {
-            pump(&mut reader, |chunk| {
-                if let Ok(mut g) = out2.lock() {
-                    g.push(chunk);
-                }
-            });
-            if let Ok(mut g) = out2.lock() {
-                g.eof = true;
-            }
-        });
-    if let Err(e) = reader_ok {
-        let _ = kill_group(pgid, &mut child);
-        return Err(BackendError::Spawn(e));
-    }
-    let pid = child.id();
-    let exit2 = Arc::clone(&exit);
-    let waiter = std::thread::Builder::new()
-        .name("bg-wait".into())
-        .spawn(move || {
-            let code = child.wait().map(exit_code).unwrap_or(-1);
-            if let Ok(mut g) = exit2.lock() {
-                *g = Some(code);
-            }
-        });
-    if let Err(e) = waiter {
-        let _ = killpg(pgid, Signal::SIGKILL);
-        return Err(BackendError::Spawn(e));
-    }
-    let id = format!("proc_{}", NEXT_ID.fetch_add(1, Ordering::SeqCst));
-    let proc_ = Arc::new(BackgroundProcess {
-        id: id.clone(),
-        command: spec.shown_command.to_string(),
-        cwd: spec.cwd.display().to_string(),
-        pid,
-        pty: spec.pty,
-        started: Instant::now(),
-        pgid,
-        output,
-        exit,
-        read_cursor: Mutex::new(0),
-        stdin: Mutex::new(stdin),
-    });
-    if let Ok(mut g) = PROCESSES.lock() {
-        g.insert(id, Arc::clone(&proc_));
-    }
-    Ok(proc_)
-}
-
-/// A snapshot of one poll.
-#[derive(Debug)]
-pub struct PollResult {
-    /// Output since the previous poll (or all kept output with `from_start`).
-    pub output: String,
-    /// Bytes that scrolled out of the buffer before they could be returned.
-    pub lost_bytes: u64,
-    /// Exit code once it has ended.
-    pub exit_code: Option<i32>,
-    /// Total output bytes so far.
-    pub total_bytes: u64,
-}
-
-impl BackgroundProcess {
-    /// Exit code once ended.
-    pub fn exit_code(&self) -> Option<i32> {
-        self.exit.lock().ok().and_then(|g| *g)
-    }
-
-    /// New output since the last poll; `from_start` returns everything still buffered.
-    pub fn poll(&self, from_start: bool) -> PollResult {
-        let exit_code = self.exit_code();
-        let mut cursor = self.read_cursor.lock().unwrap_or_else(|e| e.into_inner());
-        let (bytes, lost, end) = match self.output.lock() {
-            Ok(ring) => {
-                let from = if from_start { ring.start } else { *cursor };
-                let (b, l) = ring.since(from);
-                (b, l, ring.end())
-            }
-            Err(_) => (Vec::new(), 0, *cursor),
-        };
-        *cursor = end;
-        let mut output = String::from_utf8_lossy(&bytes).into_owned();
-        if self.pty {
-            output = output.replace("\r\n", "\n");
-        }
-        PollResult {
-            output,
-            lost_bytes: lost,
-            exit_code,
-            total_bytes: end,
-        }
-    }
-
-    /// Waits up to `timeout` for it to end.
-    pub fn wait(&self, timeout: Duration) -> Option<i32> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(c) = self.exit_code() {
-                return Some(c);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Kills its process group (SIGTERM, SIGKILL after the grace period).
-    pub fn kill(&self) -> Option<i32> {
-        if let Some(c) = self.exit_code() {
-            let _ = killpg(self.pgid, Signal::SIGKILL);
-            return Some(c);
-        }
-        let _ = killpg(self.pgid, Signal::SIGTERM);
-        if let Some(c) = self.wait(KILL_GRACE) {
-            let _ = killpg(self.pgid, Signal::SIGKILL);
-            return Some(c);
-        }
-        let _ = killpg(self.pgid, Signal::SIGKILL);
-        self.wait(KILL_GRACE)
-    }
-
-    /// Writes to its stdin (PTY processes only: pipe-mode processes have stdin from /dev/null).
-    pub fn write_stdin(&self, data: &[u8]) -> Result<(), String> {
-        let mut g = self
-            .stdin
-            .lock()
-            .map_err(|_| "stdin lock poisoned".to_string())?;
-        match g.as_mut() {
-            Some(f) => f
-                .write_all(data)
-                .and_then(|_| f.flush())
-                .map_err(|e| format!("cannot write to {}: {e}", self.id)),
-            None => Err(format!(
-                "{} has no stdin to write to; start it with pty=true to interact with it",
-                self.id
-            )),
-        }
-    }
-}
-
-/// A registered background process.
-pub fn get_process(id: &str) -> Result<Arc<BackgroundProcess>, BackendError> {
-    PROCESSES
-        .lock()
-        .ok()
-        .and_then(|g| g.get(id).cloned())
-        .ok_or_else(|| BackendError::UnknownProcess(id.to_string()))
-}
-
-/// All registered background processes.
-pub fn list_processes() -> Vec<Arc<BackgroundProcess>> {
-    PROCESSES
-        .lock()
-        .map(|g| g.values().cloned().collect())
-        .unwrap_or_default()
-}
-
-/// Forgets a finished process.
-pub fn remove_process(id: &str) {
-    if let Ok(mut g) = PROCESSES.lock() {
-        g.remove(id);
-    }
-}
-
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-
-    /// The background-process registry is process-wide, and the agent's `serve` ends every
-    /// entry when it returns: a test that starts a background process and one that runs `serve`
-    /// take turns.
-    pub(crate) static BACKGROUND_REGISTRY: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
     fn env() -> Vec<(String, String)> {
         vec![("PATH".into(), std::env::var("PATH").unwrap_or_default())]
@@ -876,40 +745,5 @@ pub(crate) mod tests {
         )
         .unwrap();
         assert_eq!(out.output.trim(), "notty");
-    }
-
-    #[test]
-    fn background_poll_write_and_kill() {
-        let _turn = BACKGROUND_REGISTRY
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        let e = env();
-        let p = start_background(&spec(
-            "echo started; read line; echo got:$line; sleep 60",
-            &e,
-            true,
-        ))
-        .unwrap();
-        // Output arrives when the shell gets a CPU: poll for it rather than sleeping a fixed
-        // time (a loaded machine took longer than 300 ms).
-        let wait_for = |needle: &str| {
-            let deadline = std::time::Instant::now() + Duration::from_secs(20);
-            let mut seen = String::new();
-            while !seen.contains(needle) {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "no {needle:?} in {seen:?}"
-                );
-                std::thread::sleep(Duration::from_millis(50));
-                seen.push_str(&p.poll(false).output);
-            }
-        };
-        wait_for("started");
-        p.write_stdin(b"hello\n").unwrap();
-        wait_for("got:hello");
-        assert!(p.exit_code().is_none());
-        let code = p.kill();
-        assert!(code.is_some());
-        remove_process(&p.id);
     }
 }

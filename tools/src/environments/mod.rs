@@ -10,6 +10,7 @@
 //! tool behaves identically wherever it runs, and only what crosses the boundary differs.
 
 pub mod agent;
+pub mod background;
 pub mod daytona;
 pub mod docker;
 pub mod keeper;

@@ -362,6 +362,14 @@ impl SshEnv {
 
 /// Copies the agent binary to the host once (keyed by size and mtime) and returns its path
 /// as a shell word that the remote shell expands.
+///
+/// A cached copy is used only when it is executable and has the binary's size: a copy cut
+/// short (a full disk, a killed upload of an older version, a user's mistake) would otherwise
+/// fail every tool for good ("it exited before listening") and never be replaced. Comparing
+/// the size costs next to nothing (GNU and BSD `wc -c` take a regular file's size from its
+/// metadata); a checksum would read the whole binary on every environment start. A new copy is written to a name of its
+/// own (`.part.<pid>`) and renamed over the cached name: the final name never holds a
+/// half-written file, and two hosts uploading at once do not write into one file.
 fn upload_agent(target: &Target, bin: &std::path::Path) -> Result<String, EnvError> {
     let meta = std::fs::metadata(bin).map_err(|e| EnvError::Agent {
         backend: "ssh",
@@ -373,9 +381,16 @@ fn upload_agent(target: &Target, bin: &std::path::Path) -> Result<String, EnvErr
         .and_then(|m| m.duration_since(std::time::UNIX_EPOCH).ok())
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    let name = format!("\"$HOME\"/.cache/vibeos-exec/agent-{}-{mtime}", meta.len());
+    let size = meta.len();
+    let name = format!("\"$HOME\"/.cache/vibeos-exec/agent-{size}-{mtime}");
+    // The cached copy's size as its own word (BSD `wc` pads it with blanks).
     let script = format!(
-        "test -x {name} && exit 0; mkdir -p \"$HOME\"/.cache/vibeos-exec && chmod 700 \"$HOME\"/.cache/vibeos-exec && cat > {name}.part && chmod 700 {name}.part && mv {name}.part {name}"
+        "if test -x {name}; then s=$(wc -c < {name} 2>/dev/null); test \"$s\" && test $s -eq {size} && exit 0; fi; \
+         mkdir -p \"$HOME\"/.cache/vibeos-exec && chmod 700 \"$HOME\"/.cache/vibeos-exec || exit; \
+         t={name}.part.$$; trap 'rm -f \"$t\"' EXIT; \
+         cat > \"$t\" || exit; s=$(wc -c < \"$t\"); \
+         if test $s -ne {size}; then echo \"the copy there has $s of {size} bytes\" >&2; exit 1; fi; \
+         chmod 700 \"$t\" && mv -f \"$t\" {name}"
     );
     let data = std::fs::read(bin).map_err(|e| EnvError::Agent {
         backend: "ssh",

@@ -125,6 +125,189 @@ fn background_process_lifecycle_and_pty() {
     assert!(marked, "a script's command carries no scope marker");
 }
 
+/// A context of task `task` (`None`: the default task) in `dir`.
+fn task_ctx(task: Option<&str>, dir: &std::path::Path) -> ToolContext {
+    ToolContext {
+        task_id: task.map(str::to_string),
+        ..ToolContext::agent(dir)
+    }
+}
+
+/// Whether the listing of `ctx`'s task holds `id`.
+fn lists(ctx: &ToolContext, id: &str) -> bool {
+    let listed = call("process", json!({"action": "list"}), ctx);
+    listed["processes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no list: {listed}"))
+        .iter()
+        .any(|p| p["process_id"] == id)
+}
+
+#[test]
+fn a_task_sees_and_manages_only_its_own_background_processes() {
+    // The probe's finding: one process-wide registry, so task (or MCP connection) bob listed,
+    // read, wrote to and killed alice's processes.
+    let _process_state = super::process_state_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let alice = task_ctx(Some("alice"), dir.path());
+    let bob = task_ctx(Some("bob"), dir.path());
+    let default = task_ctx(None, dir.path());
+    let started = call(
+        "terminal",
+        json!({"command": "echo alice-secret-output; exec sleep 60", "background": true, "pty": true}),
+        &alice,
+    );
+    let id = started["process_id"].as_str().unwrap().to_string();
+    // Its output is there to be leaked before anyone else asks.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let log = call(
+            "process",
+            json!({"action": "log", "process_id": id}),
+            &alice,
+        );
+        if log["output"]
+            .as_str()
+            .unwrap()
+            .contains("alice-secret-output")
+        {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{log}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(lists(&alice, &id));
+    assert!(!lists(&bob, &id), "bob lists alice's process");
+    assert!(
+        !lists(&default, &id),
+        "the default task lists alice's process"
+    );
+    for (action, extra) in [
+        ("poll", json!({})),
+        ("log", json!({})),
+        ("wait", json!({"timeout": 0})),
+        ("write", json!({"data": "input\n"})),
+        ("kill", json!({})),
+    ] {
+        let mut args = json!({"action": action, "process_id": id});
+        args.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        for (who, ctx) in [("bob", &bob), ("default", &default)] {
+            let r = call("process", args.clone(), ctx);
+            let err = r["error"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{who} {action}: {r}"));
+            // The same error as an id that never existed (and as the remote backends give).
+            assert!(
+                err.contains("UnknownProcess")
+                    && err.contains(&format!("no background process `{id}`")),
+                "{who} {action}: {r}"
+            );
+            assert!(
+                !r.to_string().contains("alice-secret-output"),
+                "{who} {action}: {r}"
+            );
+        }
+    }
+    // Alice's process was not touched, and she still manages it.
+    let log = call(
+        "process",
+        json!({"action": "log", "process_id": id}),
+        &alice,
+    );
+    assert_eq!(log["status"], "running", "{log}");
+    assert!(
+        log["output"]
+            .as_str()
+            .unwrap()
+            .contains("alice-secret-output"),
+        "{log}"
+    );
+    // The default task's own processes are its own, too.
+    let mine = call(
+        "terminal",
+        json!({"command": "exec sleep 60", "background": true}),
+        &default,
+    );
+    let mine = mine["process_id"].as_str().unwrap().to_string();
+    assert!(lists(&default, &mine) && !lists(&alice, &mine));
+    for (ctx, id) in [(&alice, &id), (&default, &mine)] {
+        let k = call("process", json!({"action": "kill", "process_id": id}), ctx);
+        assert_eq!(k["killed"], true, "{k}");
+    }
+}
+
+#[test]
+fn log_reports_what_scrolled_out_of_the_buffer() {
+    // `log` returns the buffered output from its start: what the 1 MiB ring dropped before it
+    // is lost, and `log` said 0 (only `poll` counted it).
+    let _process_state = super::process_state_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = ToolContext::agent(dir.path());
+    let total: u64 = 1_500_000;
+    let started = call(
+        "terminal",
+        json!({"command": format!("head -c {total} /dev/zero | tr '\\0' a"), "background": true}),
+        &ctx,
+    );
+    let id = started["process_id"].as_str().unwrap().to_string();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let log = loop {
+        let log = call("process", json!({"action": "log", "process_id": id}), &ctx);
+        if log["status"] == "exited" && log["total_bytes"] == total {
+            break log;
+        }
+        assert!(std::time::Instant::now() < deadline, "{}", log["status"]);
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let kept = log["output"].as_str().unwrap().len() as u64;
+    assert_eq!(kept, 1024 * 1024);
+    assert_eq!(
+        log["lost_bytes"],
+        total - kept,
+        "lost {}",
+        log["lost_bytes"]
+    );
+    // The same after a poll moved the read position to the end.
+    let polled = call("process", json!({"action": "poll", "process_id": id}), &ctx);
+    assert_eq!(polled["output"], "");
+    let again = call("process", json!({"action": "log", "process_id": id}), &ctx);
+    assert_eq!(again["lost_bytes"], total - kept);
+    call("process", json!({"action": "kill", "process_id": id}), &ctx);
+}
+
+#[test]
+fn writing_to_a_pty_process_that_has_exited_is_an_error() {
+    // It answered {"bytes_written": 5}: the terminal took the bytes, and nobody would read them.
+    let _process_state = super::process_state_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = ToolContext::agent(dir.path());
+    let started = call(
+        "terminal",
+        json!({"command": "echo bye; exit 3", "background": true, "pty": true}),
+        &ctx,
+    );
+    let id = started["process_id"].as_str().unwrap().to_string();
+    let done = call(
+        "process",
+        json!({"action": "wait", "process_id": id, "timeout": 20}),
+        &ctx,
+    );
+    assert_eq!(done["exit_code"], 3, "{done}");
+    let w = call(
+        "process",
+        json!({"action": "write", "process_id": id, "data": "hello"}),
+        &ctx,
+    );
+    let err = w["error"].as_str().unwrap_or_else(|| panic!("{w}"));
+    assert!(
+        err.contains("WriteError") && err.contains(&format!("{id} has exited (exit code 3)")),
+        "{w}"
+    );
+    call("process", json!({"action": "kill", "process_id": id}), &ctx);
+}
+
 #[test]
 fn a_command_started_meanwhile_does_not_hold_another_commands_output() {
     let _process_state = super::process_state_lock();
@@ -223,4 +406,112 @@ fn shell_session_dirs_go_with_a_host_that_never_clears_them() {
         .filter(|n| n.starts_with("vibeos-shell-"))
         .collect();
     assert!(left.is_empty(), "left in TMPDIR at exit: {left:?}");
+}
+
+/// Set in the child processes of the test below: how the child ends (`exit` or `killed`) and
+/// the tag of its commands.
+const BACKGROUND_EXIT_CHILD: &str = "VIBEOS_TEST_BACKGROUND_EXIT_CHILD";
+
+/// Live processes whose argv, joined by spaces, is `argv`.
+fn running(argv: &str) -> Vec<i32> {
+    vibeos_testkit::processes_where(|dir| {
+        std::fs::read(dir.join("cmdline")).is_ok_and(|c| {
+            String::from_utf8_lossy(&c)
+                .trim_end_matches('\0')
+                .replace('\0', " ")
+                == argv
+        })
+    })
+}
+
+/// Commands tagged `tag`: in the shell's group, in a session of their own, and under nohup.
+fn tagged_background(tag: &str) -> String {
+    format!(
+        "sleep {tag}1 & setsid sleep {tag}2 & nohup sleep {tag}3 >/dev/null 2>&1 & exec sleep {tag}4"
+    )
+}
+
+#[test]
+fn background_processes_end_with_the_host() {
+    // The probe's finding: terminal(background=true) processes outlived the host (the Python
+    // interpreter's exit, `serve` stopped), re-parented to init and running for ever. A host
+    // that exits normally ends them (its exit hook), and so does one killed with SIGKILL (the
+    // keeper), with what they started outside their group.
+    let test = vibeos_testkit::current_test();
+    if let Some(how) = std::env::var_os(BACKGROUND_EXIT_CHILD) {
+        // The child: a host (here the test binary) with background commands running.
+        let how = how.to_string_lossy().into_owned();
+        let (how, tag) = how.split_once(':').unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let r = call(
+            "terminal",
+            json!({"command": tagged_background(tag), "background": true}),
+            &ToolContext::agent(dir.path()),
+        );
+        assert_eq!(r["status"], "running", "{r}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        for n in 1..=4 {
+            while running(&format!("sleep {tag}{n}")).is_empty() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "sleep {tag}{n} never ran"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        println!("children-running");
+        if how == "killed" {
+            std::thread::sleep(Duration::from_secs(600));
+        }
+        return;
+    }
+    for how in ["exit", "killed"] {
+        // Unique per run: another checkout's test run may share the machine.
+        let tag = format!(
+            "{}{}",
+            7 + (how == "killed") as u32,
+            std::process::id() % 100_000 + 100_000
+        );
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([test.as_str(), "--exact", "--nocapture", "--test-threads=1"])
+            .env(BACKGROUND_EXIT_CHILD, format!("{how}:{tag}"))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut seen = String::new();
+        loop {
+            let mut line = String::new();
+            let n = std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+            seen.push_str(&line);
+            if n == 0 || line.contains("children-running") {
+                break;
+            }
+        }
+        assert!(
+            seen.contains("children-running"),
+            "{how}: the child failed: {seen}"
+        );
+        if how == "killed" {
+            child.kill().unwrap();
+        }
+        let status = child.wait().unwrap();
+        assert_eq!(status.success(), how == "exit", "{how}: {status}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let left = loop {
+            let left: Vec<i32> = (1..=4)
+                .flat_map(|n| running(&format!("sleep {tag}{n}")))
+                .collect();
+            if left.is_empty() || std::time::Instant::now() > deadline {
+                break left;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        for pid in &left {
+            // SAFETY: kill has no memory preconditions; this only cleans up after a failure.
+            unsafe { libc::kill(*pid, libc::SIGKILL) };
+        }
+        assert!(left.is_empty(), "{how}: outlived their host: {left:?}");
+    }
 }

@@ -7,7 +7,7 @@ use std::os::unix::net::UnixStream;
 #[test]
 fn listening_agent_answers_only_token_holders_and_exits_with_its_lifeline() {
     // `serve` ends every background process of this test process when it returns.
-    let _turn = crate::environments::local::tests::BACKGROUND_REGISTRY
+    let _turn = crate::environments::background::tests::BACKGROUND_REGISTRY
         .lock()
         .unwrap_or_else(|p| p.into_inner());
     let dir = tempfile::tempdir().unwrap();

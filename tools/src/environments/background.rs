@@ -1,0 +1,403 @@
+//! Background processes of the local backend: what `terminal(background=true)` starts and the
+//! `process` tool manages. (Split from [`super::local`], which spawns them, when that file
+//! passed the size of one module's job.)
+//!
+//! Per task: each process belongs to the task that started it (the call's task id; calls with
+//! none are the default task, as in [`super::manager`]), and only that task can list, read,
+//! write to or kill it. The remote backends get this from one environment per task; locally one
+//! process serves every task (and every MCP connection, each its own task), so the registry
+//! itself keeps them apart.
+//!
+//! Lifetime: a background process ends at the latest with this process, as the environment of a
+//! remote backend ends its processes when it stops (SPEC §9). Each one carries this process's
+//! own marker ([`super::local::SCOPE_VAR`]), so an exit hook ends its group and whatever it
+//! started outside the group (`setsid`, `nohup … &`), and the keeper ([`super::keeper`]) does
+//! the same when this process dies without running exit hooks (SIGKILL, the OOM killer).
+
+use super::local::{self, BackendError, SpawnSpec, Spawned, KILL_GRACE};
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use std::collections::{BTreeMap, VecDeque};
+use std::io::Write;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::{Duration, Instant};
+
+/// Output of a background process kept with absolute offsets, so polls return only what is new
+/// and say how much was lost when the process outran the buffer.
+#[derive(Debug, Default)]
+struct Ring {
+    buf: VecDeque<u8>,
+    start: u64,
+    cap: usize,
+    eof: bool,
+}
+
+impl Ring {
+    fn push(&mut self, data: &[u8]) {
+        self.buf.extend(data);
+        let over = self.buf.len().saturating_sub(self.cap);
+        if over > 0 {
+            self.buf.drain(..over);
+            self.start += over as u64;
+        }
+    }
+
+    fn end(&self) -> u64 {
+        self.start + self.buf.len() as u64
+    }
+
+    /// Bytes from absolute `from` to the end, and how many before them were already dropped.
+    fn since(&self, from: u64) -> (Vec<u8>, u64) {
+        let lost = self.start.saturating_sub(from);
+        let skip = from.saturating_sub(self.start) as usize;
+        (self.buf.iter().skip(skip).copied().collect(), lost)
+    }
+}
+
+/// A process started with `background=true`.
+pub struct BackgroundProcess {
+    /// Its id, `proc_N`.
+    pub id: String,
+    /// The command line.
+    pub command: String,
+    /// Working dir.
+    pub cwd: String,
+    /// Pid of the shell (also its process group id).
+    pub pid: u32,
+    /// Whether it runs under a PTY.
+    pub pty: bool,
+    /// Start time.
+    pub started: Instant,
+    /// The task that started it (see [`task_key`]): the only one that may manage it.
+    task: String,
+    pgid: Pid,
+    output: Arc<Mutex<Ring>>,
+    exit: Arc<Mutex<Option<i32>>>,
+    read_cursor: Mutex<u64>,
+    stdin: Mutex<Option<std::fs::File>>,
+}
+
+static PROCESSES: LazyLock<Mutex<BTreeMap<String, Arc<BackgroundProcess>>>> =
+    LazyLock::new(|| Mutex::new(BTreeMap::new()));
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Most output kept per background process.
+pub const BACKGROUND_BUFFER: usize = 1024 * 1024;
+
+/// The registry key of a call's task: its id, or the default task's for a call with none (or
+/// an empty one), as the remote backends pick the task's environment.
+fn task_key(task: Option<&str>) -> &str {
+    task.filter(|t| !t.is_empty())
+        .unwrap_or(super::manager::DEFAULT_TASK)
+}
+
+/// Starts `spec` in the background for `task` and registers it.
+pub fn start_background(
+    spec: &SpawnSpec<'_>,
+    task: Option<&str>,
+) -> Result<Arc<BackgroundProcess>, BackendError> {
+    // Before the first one starts: a host that exits must not leave it running.
+    crate::exit_hook::register(
+        &AT_EXIT,
+        end_at_exit,
+        "background processes started with terminal(background=true) may outlive this process",
+    );
+    HOST_PID.store(std::process::id(), Ordering::SeqCst);
+    let Spawned {
+        mut child,
+        pgid,
+        mut reader,
+        stdin,
+    } = local::spawn(spec, true)?;
+    let output = Arc::new(Mutex::new(Ring {
+        cap: BACKGROUND_BUFFER,
+        ..Ring::default()
+    }));
+    let exit = Arc::new(Mutex::new(None));
+    let out2 = Arc::clone(&output);
+    let reader_ok = std::thread::Builder::new()
+        .name("bg-output".into())
+        .spawn(move || {
+            local::pump(&mut reader, |chunk| {
+                if let Ok(mut g) = out2.lock() {
+                    g.push(chunk);
+                }
+            });
+            if let Ok(mut g) = out2.lock() {
+                g.eof = true;
+            }
+        });
+    if let Err(e) = reader_ok {
+        let _ = local::kill_group(pgid, &mut child);
+        return Err(BackendError::Spawn(e));
+    }
+    let pid = child.id();
+    let exit2 = Arc::clone(&exit);
+    let waiter = std::thread::Builder::new()
+        .name("bg-wait".into())
+        .spawn(move || {
+            let code = child.wait().map(local::exit_code).unwrap_or(-1);
+            if let Ok(mut g) = exit2.lock() {
+                *g = Some(code);
+            }
+        });
+    if let Err(e) = waiter {
+        let _ = killpg(pgid, Signal::SIGKILL);
+        return Err(BackendError::Spawn(e));
+    }
+    let id = format!("proc_{}", NEXT_ID.fetch_add(1, Ordering::SeqCst));
+    let proc_ = Arc::new(BackgroundProcess {
+        id: id.clone(),
+        command: spec.shown_command.to_string(),
+        cwd: spec.cwd.display().to_string(),
+        pid,
+        pty: spec.pty,
+        started: Instant::now(),
+        task: task_key(task).to_string(),
+        pgid,
+        output,
+        exit,
+        read_cursor: Mutex::new(0),
+        stdin: Mutex::new(stdin),
+    });
+    if let Ok(mut g) = PROCESSES.lock() {
+        g.insert(id, Arc::clone(&proc_));
+    }
+    Ok(proc_)
+}
+
+/// A snapshot of one poll.
+#[derive(Debug)]
+pub struct PollResult {
+    /// Output since the previous poll (or all kept output with `from_start`).
+    pub output: String,
+    /// Bytes that scrolled out of the buffer before they could be returned: since the previous
+    /// poll, or (with `from_start`) since the process started.
+    pub lost_bytes: u64,
+    /// Exit code once it has ended.
+    pub exit_code: Option<i32>,
+    /// Total output bytes so far.
+    pub total_bytes: u64,
+}
+
+impl BackgroundProcess {
+    /// Exit code once ended.
+    pub fn exit_code(&self) -> Option<i32> {
+        self.exit.lock().ok().and_then(|g| *g)
+    }
+
+    /// New output since the last poll; `from_start` returns everything still buffered, and
+    /// counts as lost everything that scrolled out before it.
+    pub fn poll(&self, from_start: bool) -> PollResult {
+        let exit_code = self.exit_code();
+        let mut cursor = self.read_cursor.lock().unwrap_or_else(|e| e.into_inner());
+        let (bytes, lost, end) = match self.output.lock() {
+            Ok(ring) => {
+                // The whole log starts at offset 0: what the ring no longer holds of it is
+                // lost, however far an earlier poll had read.
+                let from = if from_start { 0 } else { *cursor };
+                let (b, l) = ring.since(from);
+                (b, l, ring.end())
+            }
+            Err(_) => (Vec::new(), 0, *cursor),
+        };
+        *cursor = end;
+        let mut output = String::from_utf8_lossy(&bytes).into_owned();
+        if self.pty {
+            output = output.replace("\r\n", "\n");
+        }
+        PollResult {
+            output,
+            lost_bytes: lost,
+            exit_code,
+            total_bytes: end,
+        }
+    }
+
+    /// Waits up to `timeout` for it to end.
+    pub fn wait(&self, timeout: Duration) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(c) = self.exit_code() {
+                return Some(c);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills its process group (SIGTERM, SIGKILL after the grace period).
+    pub fn kill(&self) -> Option<i32> {
+        if let Some(c) = self.exit_code() {
+            let _ = killpg(self.pgid, Signal::SIGKILL);
+            return Some(c);
+        }
+        let _ = killpg(self.pgid, Signal::SIGTERM);
+        if let Some(c) = self.wait(KILL_GRACE) {
+            let _ = killpg(self.pgid, Signal::SIGKILL);
+            return Some(c);
+        }
+        let _ = killpg(self.pgid, Signal::SIGKILL);
+        self.wait(KILL_GRACE)
+    }
+
+    /// Writes to its stdin (PTY processes only: pipe-mode processes have stdin from /dev/null).
+    /// A process that has exited reads nothing more: an error, not a count of bytes the
+    /// terminal took and nobody will read.
+    pub fn write_stdin(&self, data: &[u8]) -> Result<(), String> {
+        if let Some(code) = self.exit_code() {
+            return Err(exited(&self.id, code));
+        }
+        let mut g = self
+            .stdin
+            .lock()
+            .map_err(|_| "stdin lock poisoned".to_string())?;
+        match g.as_mut() {
+            Some(f) => f.write_all(data).and_then(|_| f.flush()).map_err(|e| {
+                // It may have ended during the write (the terminal's other end closed).
+                match self.wait(Duration::from_millis(100)) {
+                    Some(code) => exited(&self.id, code),
+                    None => format!("cannot write to {}: {e}", self.id),
+                }
+            }),
+            None => Err(format!(
+                "{} has no stdin to write to; start it with pty=true to interact with it",
+                self.id
+            )),
+        }
+    }
+}
+
+fn exited(id: &str, code: i32) -> String {
+    format!(
+        "{id} has exited (exit code {code}) and reads no more input; read its output with \
+         process(action=\"log\") or start it again"
+    )
+}
+
+/// The background process `id` of `task`. Another task's process is unknown here, with the
+/// same error as an id that never existed: a task learns nothing of other tasks' processes.
+pub fn get_process(task: Option<&str>, id: &str) -> Result<Arc<BackgroundProcess>, BackendError> {
+    let task = task_key(task);
+    PROCESSES
+        .lock()
+        .ok()
+        .and_then(|g| g.get(id).filter(|p| p.task == task).cloned())
+        .ok_or_else(|| BackendError::UnknownProcess(id.to_string()))
+}
+
+/// The background processes of `task`.
+pub fn list_processes(task: Option<&str>) -> Vec<Arc<BackgroundProcess>> {
+    let task = task_key(task);
+    PROCESSES
+        .lock()
+        .map(|g| g.values().filter(|p| p.task == task).cloned().collect())
+        .unwrap_or_default()
+}
+
+/// Forgets a finished process.
+pub fn remove_process(id: &str) {
+    if let Ok(mut g) = PROCESSES.lock() {
+        g.remove(id);
+    }
+}
+
+/// Kills (process group: SIGTERM, SIGKILL after the grace period, all at once) and forgets
+/// every background process of every task: the environment this process serves is going
+/// away (the tool agent's end).
+pub fn end_all() {
+    let procs: Vec<Arc<BackgroundProcess>> = PROCESSES
+        .lock()
+        .map(|mut g| std::mem::take(&mut *g).into_values().collect())
+        .unwrap_or_default();
+    let killers: Vec<_> = procs
+        .into_iter()
+        .map(|p| std::thread::spawn(move || p.kill()))
+        .collect();
+    for k in killers {
+        let _ = k.join();
+    }
+}
+
+/// Registered with the first background process.
+static AT_EXIT: std::sync::Once = std::sync::Once::new();
+/// The process that registered [`end_at_exit`]: a forked child that inherited the hook and
+/// exits through `exit()` (a Python `os.fork()` then `sys.exit()`) must not end its parent's
+/// processes.
+static HOST_PID: AtomicU32 = AtomicU32::new(0);
+
+/// At normal exit: SIGKILL to the group of every background process still running, then to
+/// every process carrying this process's own marker (what left its group). Never blocks: a
+/// lock held by a thread that exit() froze is skipped (the marker scan still runs).
+extern "C" fn end_at_exit() {
+    if HOST_PID.load(Ordering::SeqCst) != std::process::id() {
+        return;
+    }
+    if let Ok(g) = PROCESSES.try_lock() {
+        for p in g.values() {
+            // Only groups whose shell is unreaped: a reaped one's id may belong to another
+            // process by now. Running or not yet known to have ended, the group is still ours.
+            let ended = p.exit.try_lock().map(|e| e.is_some()).unwrap_or(false);
+            if !ended {
+                let _ = killpg(p.pgid, Signal::SIGKILL);
+            }
+        }
+    }
+    local::kill_own_marked();
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::path::Path;
+
+    /// The background-process registry is process-wide, and the agent's `serve` ends every
+    /// entry when it returns: a test that starts a background process and one that runs `serve`
+    /// take turns.
+    pub(crate) static BACKGROUND_REGISTRY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    #[test]
+    fn background_poll_write_and_kill() {
+        let _turn = BACKGROUND_REGISTRY
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let e = vec![("PATH".into(), std::env::var("PATH").unwrap_or_default())];
+        let cmd = "echo started; read line; echo got:$line; sleep 60";
+        let p = start_background(
+            &SpawnSpec {
+                command: cmd,
+                shown_command: cmd,
+                cwd: Path::new("/"),
+                env: &e,
+                pty: true,
+                scope: None,
+            },
+            None,
+        )
+        .unwrap();
+        // Output arrives when the shell gets a CPU: poll for it rather than sleeping a fixed
+        // time (a loaded machine took longer than 300 ms).
+        let wait_for = |needle: &str| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            let mut seen = String::new();
+            while !seen.contains(needle) {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "no {needle:?} in {seen:?}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+                seen.push_str(&p.poll(false).output);
+            }
+        };
+        wait_for("started");
+        p.write_stdin(b"hello\n").unwrap();
+        wait_for("got:hello");
+        assert!(p.exit_code().is_none());
+        let code = p.kill();
+        assert!(code.is_some());
+        remove_process(&p.id);
+    }
+}
