@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 use vibeos_supervisor::{ExecutionRequest, Status};
-use vibeos_testkit::backends::{start_sshd, unavailable, SSH_USER};
+use vibeos_testkit::backends::{start_sshd, unavailable, Sshd, SSH_USER};
 use vibeos_tools::environments::{self, BackendSettings};
 
 fn request(code: &str) -> ExecutionRequest {
@@ -21,6 +21,24 @@ fn request(code: &str) -> ExecutionRequest {
             ("MY_SECRET_TOKEN", "hunter2-host-secret"),
         ],
     )
+}
+
+/// A `VIBEOS_HOME` whose config.yaml selects the ssh backend on `sshd`, for a host process
+/// (CLI) the test starts.
+fn vibeos_home_for(sshd: &Sshd) -> tempfile::TempDir {
+    let vhome = tempfile::tempdir().unwrap();
+    let d = sshd.dir.path();
+    std::fs::write(
+        vhome.path().join("config.yaml"),
+        format!(
+            "terminal:\n  backend: ssh\n  ssh_host: 127.0.0.1\n  ssh_port: {}\n  ssh_user: {SSH_USER}\n  ssh_key: {}\n  ssh_known_hosts: {}\n",
+            sshd.port,
+            d.join("userkey").display(),
+            d.join("known_hosts").display()
+        ),
+    )
+    .unwrap();
+    vhome
 }
 
 fn remote_processes() -> String {
@@ -362,18 +380,7 @@ fn ssh_executions_end_like_local_ones() {
 
     // A host killed mid-run: its script ends with the ssh session (the bootstrap's lifeline),
     // and `backends gc` ends the ControlMaster it left and removes its dirs.
-    let vhome = tempfile::tempdir().unwrap();
-    let d = sshd.dir.path();
-    std::fs::write(
-        vhome.path().join("config.yaml"),
-        format!(
-            "terminal:\n  backend: ssh\n  ssh_host: 127.0.0.1\n  ssh_port: {}\n  ssh_user: {SSH_USER}\n  ssh_key: {}\n  ssh_known_hosts: {}\n",
-            sshd.port,
-            d.join("userkey").display(),
-            d.join("known_hosts").display()
-        ),
-    )
-    .unwrap();
+    let vhome = vibeos_home_for(&sshd);
     let script = vhome.path().join("s.py");
     std::fs::write(
         &script,
@@ -529,18 +536,7 @@ fn ssh_what_direct_commands_leave_running_ends_with_the_environment() {
     environments::activate(BackendSettings::default());
 
     // A crashed host: `serve` killed with SIGKILL after a direct terminal call.
-    let vhome = tempfile::tempdir().unwrap();
-    let d = sshd.dir.path();
-    std::fs::write(
-        vhome.path().join("config.yaml"),
-        format!(
-            "terminal:\n  backend: ssh\n  ssh_host: 127.0.0.1\n  ssh_port: {}\n  ssh_user: {SSH_USER}\n  ssh_key: {}\n  ssh_known_hosts: {}\n",
-            sshd.port,
-            d.join("userkey").display(),
-            d.join("known_hosts").display()
-        ),
-    )
-    .unwrap();
+    let vhome = vibeos_home_for(&sshd);
     let vibeos = |args: &[&str]| {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_vibeos-exec"));
         cmd.args(args)
