@@ -1,4 +1,4 @@
-//! Async tool calls of an execution, abandoned when the execution ends.
+//! The tool calls of an execution, abandoned when the execution ends.
 //!
 //! A script's call of an async tool (an MCP tool, say) runs on the async bridge while a thread
 //! of the host's blocking pool waits for it. When the execution ends first (its timeout, an
@@ -73,6 +73,8 @@ pub fn cancel_scope(ctx: &ToolContext) {
 /// large tree), as they go: a call the script can no longer receive must not keep a core busy
 /// for the executions after it.
 pub fn scope_ended(ctx: &ToolContext) -> bool {
+    // The address `local::scope_of` gives; not called from here, since `environments` depends
+    // on this module.
     ctx.env
         .as_ref()
         .is_some_and(|env| ended_at(Arc::as_ptr(env) as *const () as usize))
