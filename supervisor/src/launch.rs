@@ -113,15 +113,16 @@ impl LaunchSpec {
         let policy = EnvPolicy::builtin()?;
         let base = &self.base_env;
         let lookup = |name: &str| base.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
-        let scrubbed = policy.scrub_quiet(base.clone(), &self.passthrough);
+        let scrubbed = crate::env_policy::scrub_builtin(base, &self.passthrough)?;
         if log {
             policy.log_dropped(&scrubbed);
         }
         let injected_names: BTreeSet<&str> = policy.injected.iter().map(String::as_str).collect();
         let mut env: Vec<(OsString, OsString)> = scrubbed
             .kept
-            .into_iter()
+            .iter()
             .filter(|(k, _)| !k.to_str().is_some_and(|k| injected_names.contains(k)))
+            .cloned()
             .collect();
         let home = match self.mode {
             Mode::Project => lookup("HOME").unwrap_or_else(|| staging.as_os_str().to_owned()),
