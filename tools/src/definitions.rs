@@ -157,8 +157,8 @@ impl ToolRegistry {
             .script_tool_names()
             .iter()
             .filter_map(|n| survivors.iter().find(|e| e.name == *n))
-            .map(|e| e.as_ref())
             .filter(|e| self.is_script_callable(e))
+            .map(|e| e.as_ref())
             .collect();
         Ok(survivors
             .iter()

@@ -13,9 +13,9 @@ use crate::toolsets::{
 };
 use crate::RegistrationError;
 use serde_json::Value;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::Duration;
 
 /// Tools an execute_code script may call (SPEC §2). Everything else is refused on the channel.
@@ -54,6 +54,9 @@ pub struct ToolRegistry {
     script_mcp_servers: RwLock<BTreeMap<String, Option<BTreeSet<String>>>>,
     /// Run before tool definitions or the script tool list are built (lazy MCP servers).
     prepare_hooks: RwLock<Vec<PrepareHook>>,
+    /// Whether the stub can define each registered entry ([`ToolEntry::script_function`]),
+    /// by the entry's address, with the entry it was decided for ([`Self::stub_defines`]).
+    stub_defines: Mutex<HashMap<usize, (Weak<ToolEntry>, bool)>>,
 }
 
 /// What is about to be built when a [`PrepareHook`] runs.
@@ -106,6 +109,7 @@ impl ToolRegistry {
             extra_script_tools: RwLock::new(BTreeSet::new()),
             script_mcp_servers: RwLock::new(BTreeMap::new()),
             prepare_hooks: RwLock::new(Vec::new()),
+            stub_defines: Mutex::new(HashMap::new()),
         }
     }
 
@@ -334,7 +338,7 @@ impl ToolRegistry {
     /// execute_code description all follow this, so they agree), and it is not an MCP server's
     /// (scripts never call MCP tools, even under a script tool's name) unless the operator
     /// opened that server's tool in config.
-    pub(crate) fn is_script_callable(&self, entry: &ToolEntry) -> bool {
+    pub(crate) fn is_script_callable(&self, entry: &Arc<ToolEntry>) -> bool {
         let name = entry.name.as_str();
         if SCRIPT_BLOCKED_TOOLS.contains(&name) || AGENT_LOOP_TOOLS.contains(&name) {
             return false;
@@ -348,10 +352,29 @@ impl ToolRegistry {
         }
         // Reachable for an operator-opened MCP tool or a schema the stub cannot render; hosts'
         // unusable names are refused when they are opened.
-        entry
+        self.stub_defines(entry)
+    }
+
+    /// Whether the stub can define `entry`, decided once per entry: rendering every script
+    /// tool's function on each execution cost a warm call about 50 µs. An entry never changes
+    /// once it is shared (re-registering makes a new one), and the weak reference kept with
+    /// the answer holds the entry's allocation, so no later entry can come to its address.
+    fn stub_defines(&self, entry: &Arc<ToolEntry>) -> bool {
+        let key = Arc::as_ptr(entry) as usize;
+        let mut known = self.stub_defines.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, defines)) = known.get(&key) {
+            return *defines;
+        }
+        let defines = entry
             .script_function()
             .map_err(|e| tracing::debug!("{e}"))
-            .is_ok()
+            .is_ok();
+        // Entries replaced since are dropped from the map when it has grown.
+        if known.len() >= 64 {
+            known.retain(|_, (seen, _)| seen.strong_count() > 0);
+        }
+        known.insert(key, (Arc::downgrade(entry), defines));
+        defines
     }
 
     /// Adds a hook run before tool definitions or the script tool list are built.
@@ -647,6 +670,28 @@ mod tests {
             json!({"type": "object", "properties": {"x": {"type": "string"}}}),
             |args, _| Ok(json!({ "echo": args.get("x") })),
         )
+    }
+
+    #[test]
+    fn whether_the_stub_defines_an_entry_is_decided_per_entry() {
+        let reg = ToolRegistry::new();
+        let good = Arc::new(echo("lookup", "t"));
+        let bad = Arc::new(echo("look-up", "t"));
+        for _ in 0..2 {
+            assert!(reg.stub_defines(&good));
+            assert!(!reg.stub_defines(&bad));
+        }
+        // Entries made and dropped one after another (the allocator would hand a freed
+        // entry's block to the next) each get their own answer.
+        for i in 0..200 {
+            let name = if i % 2 == 0 { "fine" } else { "not fine" };
+            let e = Arc::new(echo(name, "t"));
+            assert_eq!(reg.stub_defines(&e), i % 2 == 0, "entry {i}");
+        }
+        // The answers of dropped entries do not pile up.
+        let kept = reg.stub_defines.lock().unwrap().len();
+        assert!(kept <= 64, "{kept} answers kept");
+        assert!(reg.stub_defines(&good) && !reg.stub_defines(&bad));
     }
 
     fn ctx() -> ToolContext {
