@@ -294,16 +294,18 @@ fn prime(server: &Server, prepared: &mut Prepared) -> Result<(), ZygoteError> {
 /// [`PREPARED_AHEAD`] are ready, unless it is at it already: the strict steps that cost most in
 /// the supervisor (the landlock ruleset over the interpreter's paths, the uid lease with its
 /// scan of `/proc`, the tmpfs mount) and in the script process (its confinement, [`prime`])
-/// then happen while the previous script runs, not between a request and its fork.
-fn prepare_next(server: &Arc<Server>, spec: &LaunchSpec, stub: Option<Arc<str>>) {
-    if lock(&server.ready).len() >= PREPARED_AHEAD || server.preparing.swap(true, Ordering::SeqCst)
-    {
-        return;
-    }
+/// then happen while the previous script runs, not between a request and its fork. The thread
+/// first asks the server for the spares the next calls take ([`ask_ahead`]): an execution's end
+/// has both done there rather than on the thread about to return its result, where the server's
+/// wake-up (it forks at once) cost a warm call about 0.1 ms.
+fn prepare_next(server: &Arc<Server>, spec: LaunchSpec, stub: Option<Arc<str>>) {
+    let prepare = lock(&server.ready).len() < PREPARED_AHEAD
+        && !server.preparing.swap(true, Ordering::SeqCst);
     let job = PrepareJob {
         server: Arc::clone(server),
-        spec: spec.clone(),
+        spec,
         stub,
+        prepare,
     };
     let mut preparer = lock(&PREPARER);
     if preparer.is_none() {
@@ -314,17 +316,23 @@ fn prepare_next(server: &Arc<Server>, spec: &LaunchSpec, stub: Option<Arc<str>>)
         None => Some(job),
     };
     if let Some(job) = refused {
-        // No thread to do it: the next call prepares its own area, as on a cold server.
+        // No thread to do it: the next call prepares its own area, as on a cold server, and
+        // asks for its spare itself (`take_spare`) if none is asked for here.
         *preparer = None;
-        job.server.preparing.store(false, Ordering::SeqCst);
+        ask_ahead(&job.server);
+        if job.prepare {
+            job.server.preparing.store(false, Ordering::SeqCst);
+        }
     }
 }
 
-/// One server's request for areas prepared ahead.
+/// One server's request for its spares and areas prepared ahead.
 struct PrepareJob {
     server: Arc<Server>,
     spec: LaunchSpec,
     stub: Option<Arc<str>>,
+    /// Prepare areas ([`prepare_ahead`]); this job set the server's `preparing` flag.
+    prepare: bool,
 }
 
 /// The preparer thread's queue, started at the first request. One thread for every server,
@@ -346,8 +354,11 @@ fn start_preparer() -> Option<std::sync::mpsc::Sender<PrepareJob>> {
                 libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10);
             }
             for job in jobs {
-                prepare_ahead(&job);
-                job.server.preparing.store(false, Ordering::SeqCst);
+                ask_ahead(&job.server);
+                if job.prepare {
+                    prepare_ahead(&job);
+                    job.server.preparing.store(false, Ordering::SeqCst);
+                }
             }
         })
         .map_err(|e| tracing::debug!("execute_code: no thread to prepare executions ahead: {e}"))
@@ -360,6 +371,8 @@ fn start_preparer() -> Option<std::sync::mpsc::Sender<PrepareJob>> {
 fn prepare_ahead(job: &PrepareJob) {
     let server = &job.server;
     while !EXITING.load(Ordering::SeqCst) && lock(&server.ready).len() < PREPARED_AHEAD {
+        // Calls that ended while an area was being prepared queued their asks behind it.
+        ask_ahead(server);
         match prepare(&job.spec, job.stub.clone()) {
             Ok(mut p) => {
                 if let Err(e) = prime(server, &mut p) {
@@ -1000,7 +1013,7 @@ fn fork(
         // Counts the execution as in flight until it is over (fork_activity::wait_until_idle).
         on_done: Some(Box::new(WhenDone {
             server: Arc::downgrade(server),
-            spec: spec.clone(),
+            spec: Some(spec.clone()),
             stub,
             _in_flight: crate::fork_activity::InFlight::new(),
         })),
@@ -1017,7 +1030,8 @@ fn fork(
 #[derive(Debug)]
 struct WhenDone {
     server: std::sync::Weak<Server>,
-    spec: LaunchSpec,
+    /// The execution's spec, handed to the preparer when the execution is over.
+    spec: Option<LaunchSpec>,
     /// The stub the execution used: the next staging dir is prepared with it.
     stub: Arc<str>,
     _in_flight: crate::fork_activity::InFlight,
@@ -1025,9 +1039,8 @@ struct WhenDone {
 
 impl Drop for WhenDone {
     fn drop(&mut self) {
-        if let Some(server) = self.server.upgrade() {
-            ask_ahead(&server);
-            prepare_next(&server, &self.spec, Some(Arc::clone(&self.stub)));
+        if let (Some(server), Some(spec)) = (self.server.upgrade(), self.spec.take()) {
+            prepare_next(&server, spec, Some(Arc::clone(&self.stub)));
         }
     }
 }
