@@ -117,6 +117,24 @@ pub(crate) fn from_tail(tail: &[u8]) -> Option<Value> {
 /// method whose params do not fit its schema → -32602 (the SDK would call it "method not
 /// found", but the method exists).
 pub fn check_message(text: &[u8]) -> Checked {
+    // Most messages are well-formed requests: read them straight into the SDK's type. Parsing
+    // into a `Value` first and then converting a deep copy of it cost a paced warm call about
+    // 20 µs more (of 0.1 ms spent here after an idle gap, in cold caches). Anything the direct
+    // read refuses, and
+    // a standard method whose params did not fit (the SDK then reads it as a custom request),
+    // takes the classifying path below, which gives the same answer it always did.
+    if let Ok(msg) = serde_json::from_slice::<ClientJsonRpcMessage>(text) {
+        let standard_misread = matches!(
+            &msg,
+            ClientJsonRpcMessage::Request(JsonRpcRequest {
+                request: ClientRequest::CustomRequest(custom),
+                ..
+            }) if STANDARD_METHODS.contains(&custom.method.as_str())
+        );
+        if !standard_misread {
+            return Checked::Message(Box::new(msg));
+        }
+    }
     let reject =
         |code, message: String, id: Value| Checked::Reject(Rejection { code, message, id });
     let value: Value = match serde_json::from_slice(text) {
@@ -173,6 +191,28 @@ pub fn check_message(text: &[u8]) -> Checked {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tools_call_is_read_as_the_sdk_reads_it_through_a_value() {
+        let texts = [
+            r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"execute_code","arguments":{"code":"print(1)","timeout":5},"_meta":{"progressToken":"p1"}}}"#,
+            r#"{"jsonrpc":"2.0","id":"x","method":"tools/call","params":{"name":"execute_code","arguments":{"code":"print(1)","code":"print(2)"}}}"#,
+            r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7}}"#,
+            r#"{"jsonrpc":"2.0","id":8,"method":"ping"}"#,
+        ];
+        for text in texts {
+            let Checked::Message(msg) = check_message(text.as_bytes()) else {
+                panic!("{text}: not read as a message");
+            };
+            let through_value: ClientJsonRpcMessage =
+                serde_json::from_value(serde_json::from_str::<Value>(text).unwrap()).unwrap();
+            assert_eq!(
+                serde_json::to_value(&*msg).unwrap(),
+                serde_json::to_value(&through_value).unwrap(),
+                "{text}"
+            );
+        }
+    }
 
     fn rejection(text: &str) -> Rejection {
         match check_message(text.as_bytes()) {
