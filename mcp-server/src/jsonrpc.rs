@@ -120,9 +120,8 @@ pub fn check_message(text: &[u8]) -> Checked {
     // Most messages are well-formed requests: read them straight into the SDK's type. Parsing
     // into a `Value` first and then converting a deep copy of it cost a paced warm call about
     // 20 µs more (of 0.1 ms spent here after an idle gap, in cold caches). Anything the direct
-    // read refuses, and
-    // a standard method whose params did not fit (the SDK then reads it as a custom request),
-    // takes the classifying path below, which gives the same answer it always did.
+    // read refuses, and a standard method whose params did not fit (the SDK then reads it as a
+    // custom request), takes the classifying path below, which gives the same answer as ever.
     if let Ok(msg) = serde_json::from_slice::<ClientJsonRpcMessage>(text) {
         let standard_misread = matches!(
             &msg,

@@ -316,8 +316,8 @@ fn prepare_next(server: &Arc<Server>, spec: LaunchSpec, stub: Option<Arc<str>>) 
         None => Some(job),
     };
     if let Some(job) = refused {
-        // No thread to do it: the next call prepares its own area, as on a cold server, and
-        // asks for its spare itself (`take_spare`) if none is asked for here.
+        // No thread to do it: the spares are asked for here, and the next call prepares its
+        // own area, as on a cold server.
         *preparer = None;
         ask_ahead(&job.server);
         if job.prepare {
