@@ -28,6 +28,20 @@ fn tool(name: &str, toolset: &str) -> ToolEntry {
     )
 }
 
+/// The stub generated for `reg`'s script tools, as execute_code makes it.
+fn stub_for_scripts(reg: &ToolRegistry) -> vibeos_rpc::GeneratedStub {
+    vibeos_rpc::generate_stub(
+        &reg.script_tools()
+            .iter()
+            .map(|e| vibeos_rpc::StubTool {
+                name: e.name.clone(),
+                description: e.description.clone(),
+                parameters: e.script_schema(),
+            })
+            .collect::<Vec<_>>(),
+    )
+}
+
 fn ctx() -> ToolContext {
     ToolContext::agent("/")
 }
@@ -878,16 +892,7 @@ fn only_tools_the_stub_can_define_are_script_tools_and_described_with_its_names(
         "{desc}"
     );
     // The stub generated for the same tools defines exactly them, with those names.
-    let stub = vibeos_rpc::generate_stub(
-        &reg.script_tools()
-            .iter()
-            .map(|e| vibeos_rpc::StubTool {
-                name: e.name.clone(),
-                description: e.description.clone(),
-                parameters: e.script_schema(),
-            })
-            .collect::<Vec<_>>(),
-    );
+    let stub = stub_for_scripts(&reg);
     assert!(stub.skipped.is_empty(), "{:?}", stub.skipped);
     assert_eq!(stub.tools, scripts);
     assert!(
@@ -925,16 +930,7 @@ fn the_description_shows_the_doc_line_the_stub_function_has() {
         desc.contains("- crlf_host(): After a separator\n"),
         "{desc}"
     );
-    let stub = vibeos_rpc::generate_stub(
-        &reg.script_tools()
-            .iter()
-            .map(|e| vibeos_rpc::StubTool {
-                name: e.name.clone(),
-                description: e.description.clone(),
-                parameters: e.script_schema(),
-            })
-            .collect::<Vec<_>>(),
-    );
+    let stub = stub_for_scripts(&reg);
     assert!(
         stub.source
             .contains("def open_host():\n    \"\"\"Real first line\n    second\"\"\""),
