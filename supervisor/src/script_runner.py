@@ -35,13 +35,16 @@ def _warm_up_compiler():
 
 def _read_all(fd):
     """What is left to read from `fd`, read at the os level: the io stack's buffered file costs
-    a forked child ten times more."""
+    a forked child ten times more. Asked for by its size: a read of a fixed megabyte had the
+    allocator map and unmap a megabyte twice for a script of a few bytes."""
     chunks = []
+    want = os.fstat(fd).st_size + 1
     while True:
-        chunk = os.read(fd, 1 << 20)
+        chunk = os.read(fd, want)
         if not chunk:
             return b"".join(chunks)
         chunks.append(chunk)
+        want = 1 << 16
 
 
 def _run(path):
