@@ -46,6 +46,7 @@ use nix::sys::socket::{
     recvmsg, sendmsg, socketpair, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags,
     SockFlag, SockType,
 };
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -115,6 +116,9 @@ struct Server {
     key: LaunchKey,
     /// The environment it started with, computed for `empty` as its staging dir.
     startup_env: Vec<(OsString, OsString)>,
+    /// The environment its process has: `startup_env` without what a strict server must not
+    /// start with. Each request carries only its differences from it ([`env_delta`]).
+    process_env: HashMap<OsString, OsString>,
     /// An empty dir standing in for the staging dir in the server's own environment.
     empty: tempfile::TempDir,
     control: Mutex<Option<OwnedFd>>,
@@ -788,9 +792,11 @@ fn start_server(spec: &LaunchSpec) -> Result<Server, ZygoteError> {
     let fingerprint = crate::startup_files::Fingerprint::of(&spec.interpreter.path);
     // A strict server is root: nothing on PYTHONPATH (which a strict script may be able to
     // write) may load while it starts; each child puts the entries back (zygote_boot.py).
-    let server_env = startup_env
+    let process_env: HashMap<OsString, OsString> = startup_env
         .iter()
-        .filter(|(k, _)| spec.mode != Mode::Strict || k != "PYTHONPATH");
+        .filter(|(k, _)| spec.mode != Mode::Strict || k != "PYTHONPATH")
+        .cloned()
+        .collect();
     let mut command = std::process::Command::new(&spec.interpreter.path);
     command
         // No `site` at startup: the bootstrap runs it itself once its own imports are done,
@@ -804,7 +810,12 @@ fn start_server(spec: &LaunchSpec) -> Result<Server, ZygoteError> {
         .arg(empty.path())
         .arg(vibeos_rpc::RUNTIME_SOURCE)
         .env_clear()
-        .envs(server_env.map(|(k, v)| (k, v)))
+        .envs(
+            startup_env
+                .iter()
+                .filter(|(k, _)| process_env.contains_key(k))
+                .map(|(k, v)| (k, v)),
+        )
         .current_dir(empty.path())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -828,6 +839,7 @@ fn start_server(spec: &LaunchSpec) -> Result<Server, ZygoteError> {
     let server = Server {
         key: spec.key(),
         startup_env,
+        process_env,
         empty,
         control: Mutex::new(Some(ours)),
         asked: Mutex::new(std::collections::VecDeque::new()),
@@ -860,6 +872,28 @@ fn start_server(spec: &LaunchSpec) -> Result<Server, ZygoteError> {
 fn pipe() -> Result<(OwnedFd, OwnedFd), ZygoteError> {
     nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .map_err(|e| ZygoteError::Channel(format!("pipe: {e}")))
+}
+
+/// What a forked script process changes in the environment it inherits from its server
+/// (`process`) to have exactly `env`: the variables to set, and the names to remove. A warm
+/// call's request carries only these (a handful of names against the host's ninety-odd), which
+/// the script process then applies in a few steps instead of comparing everything.
+fn env_delta<'a>(
+    env: &'a [(OsString, OsString)],
+    process: &'a HashMap<OsString, OsString>,
+) -> Result<(Vec<[&'a str; 2]>, Vec<&'a str>), ZygoteError> {
+    let mut set = Vec::new();
+    for (k, v) in env {
+        if process.get(k) != Some(v) {
+            set.push([text(k)?, text(v)?]);
+        }
+    }
+    let names: HashSet<&OsString> = env.iter().map(|(k, _)| k).collect();
+    let mut unset = Vec::new();
+    for k in process.keys().filter(|k| !names.contains(k)) {
+        unset.push(text(k)?);
+    }
+    Ok((set, unset))
 }
 
 fn text(s: &OsString) -> Result<&str, ZygoteError> {
@@ -919,9 +953,10 @@ fn fork(
     let (err_r, err_w) = pipe()?;
     let (status_r, status_w) = pipe()?;
 
+    let (set, unset) = env_delta(&env, &server.process_env)?;
     let request = serde_json::json!({
-        "env": env.iter().map(|(k, v)| Ok(vec![text(k)?, text(v)?]))
-            .collect::<Result<Vec<_>, ZygoteError>>()?,
+        "set": set,
+        "unset": unset,
         "cwd": spec.child_cwd(staging.path()),
         "staging": staging.path(),
         "script": staging.path().join("script.py"),

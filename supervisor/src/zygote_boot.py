@@ -73,9 +73,76 @@ def _with_pythonpath(path, staging, pythonpath):
 
 def _customize():
     """What `site` does last at a cold start, done in the child as its own."""
-    site.execsitecustomize()
-    if site.ENABLE_USER_SITE:
+    if _may_find("sitecustomize"):
+        site.execsitecustomize()
+    if site.ENABLE_USER_SITE and _may_find("usercustomize"):
         site.execusercustomize()
+
+
+# A cold start looks `sitecustomize` and `usercustomize` up on every sys.path entry and almost
+# always finds neither; in a forked child that failed import costs a quarter of a millisecond
+# (the import system's Python, and the pages it writes). The server looks them up once, here,
+# on its own entries; a child then skips a lookup that would fail the same way
+# (`_may_find`). A FileFinder answers from the listing it made at the mtime it holds, so the
+# dirs whose mtime is unchanged answer as they did here: name -> {entry: mtime}.
+_customize_absent = {}
+# The meta path finders that did not find either module here (the child's must be the same).
+_meta_at_boot = []
+# The execution's staging dir, in its script process.
+_staging = None
+
+
+def _note_customize_absent():
+    global _meta_at_boot
+    finders = [f for f in sys.meta_path if f is not importlib.machinery.PathFinder]
+    for name in ("sitecustomize", "usercustomize"):
+        try:
+            if name in sys.modules or any(f.find_spec(name, None) is not None for f in finders):
+                continue
+        except Exception:
+            continue
+        absent = {}
+        for entry in sys.path:
+            if not isinstance(entry, str) or entry in ("", _empty):
+                continue
+            try:
+                before = os.stat(entry).st_mtime
+                found = importlib.machinery.PathFinder.find_spec(name, [entry])
+                after = os.stat(entry).st_mtime
+            except (OSError, ImportError, ValueError):
+                continue
+            finder = sys.path_importer_cache.get(entry)
+            if found is None and before == after and type(finder) is importlib.machinery.FileFinder:
+                absent[entry] = after
+        _customize_absent[name] = absent
+    _meta_at_boot = finders
+
+
+def _may_find(name):
+    """Whether the child's import of `name` could find anything: every entry of its sys.path
+    is the execution's staging dir (it holds only what the supervisor wrote there), or one this
+    server's FileFinder listed without it and whose mtime is unchanged, or one the import
+    system skips (no finder). Anything else, and any change of the meta path, is looked up."""
+    absent = _customize_absent.get(name)
+    if absent is None or name in sys.modules:
+        return True
+    meta = [f for f in sys.meta_path if f is not importlib.machinery.PathFinder
+            and not isinstance(f, _PreloadedRuntime)]
+    if len(meta) != len(_meta_at_boot) or any(a is not b for a, b in zip(meta, _meta_at_boot)):
+        return True
+    for entry in sys.path:
+        if entry == _staging or (entry in sys.path_importer_cache
+                                 and sys.path_importer_cache[entry] is None):
+            continue
+        mtime = absent.get(entry)
+        if mtime is None:
+            return True
+        try:
+            if os.stat(entry).st_mtime != mtime:
+                return True
+        except OSError:
+            return True
+    return False
 
 _libc = ctypes.CDLL(None, use_errno=True)
 # Every libc function a child calls is looked up here, before any fork: a CDLL resolves a name
@@ -141,18 +208,33 @@ def _check(rc, what):
         raise OSError(e, "%s: %s" % (what, os.strerror(e)))
 
 
-def _children(pid):
+def _children(pid, tids=None):
+    """The children of every thread of `pid` (of the threads `tids`, when the caller knows
+    them). Read with os-level calls: a file object costs four more system calls per file, on
+    the path of every claim (`_take_claim`)."""
     out = []
-    try:
-        tids = os.listdir("/proc/%d/task" % pid)
-    except OSError:
-        return out
+    if tids is None:
+        try:
+            tids = os.listdir("/proc/%d/task" % pid)
+        except OSError:
+            return out
     for tid in tids:
         try:
-            with open("/proc/%d/task/%s/children" % (pid, tid)) as f:
-                out.extend(int(x) for x in f.read().split())
+            fd = os.open("/proc/%d/task/%s/children" % (pid, tid), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            text = b""
+            while True:
+                chunk = os.read(fd, 4096)
+                if not chunk:
+                    break
+                text += chunk
+            out.extend(int(x) for x in text.split())
         except (OSError, ValueError):
             pass
+        finally:
+            os.close(fd)
     return out
 
 
@@ -221,8 +303,10 @@ class _ClaimReader:
         self.value = ctypes.c_int(-1)
         self.local = _IOVec(ctypes.addressof(self.value), ctypes.sizeof(self.value))
         self.remote = _IOVec(ctypes.addressof(_claim), ctypes.sizeof(_claim))
+        # The reaper runs one thread (a fork keeps only the forking one, and it starts none).
+        self.me = os.getpid()
         self.read()
-        _children(os.getpid())
+        _children(self.me, (self.me,))
         _children(script)
 
     def read(self):
@@ -250,7 +334,7 @@ def _take_claim(reader):
     if value == -1:
         return None
     if (value is None or not 0 <= value <= 255
-            or _children(os.getpid()) != [script] or _children(script)):
+            or _children(reader.me, (reader.me,)) != [script] or _children(script)):
         os.kill(script, signal.SIGCONT)
         return None
     os.kill(script, signal.SIGKILL)
@@ -435,6 +519,8 @@ def _reseed():
 # The descriptors the host waits on for EOF (stdout, stderr, the RPC channel), set in the script
 # process.
 _host_fds = ()
+# The script process's pid, taken once it is forked (not on the call's path).
+_script_pid = 0
 
 
 def _announce_exit(status):
@@ -448,14 +534,15 @@ def _announce_exit(status):
     if not _host_fds:
         return
     try:
-        null = os.open("/dev/null", os.O_WRONLY)
+        # Stdin is /dev/null (`_keep_only`): stdout and stderr become it too, without opening
+        # it again. Nothing of this process writes after the flush that came before.
         for fd in _host_fds:
             if fd in (1, 2):
-                os.dup2(null, fd)
+                os.dup2(0, fd)
             else:
                 os.close(fd)
         _claim.value = status
-        os.kill(os.getpid(), signal.SIGSTOP)
+        os.kill(_script_pid, signal.SIGSTOP)
     except OSError:
         pass
 
@@ -509,7 +596,14 @@ def _script_process(req, fds, reaper, rpc=None):
     `rpc` is the RPC end it came with), environment, script."""
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     stdout_w, stderr_w = fds[0], fds[1]
-    if rpc is None:
+    if rpc is None and len(fds) == 2 and "syscalls" not in req:
+        # Project mode: nothing to confine, and the spare let go of every other descriptor and
+        # armed its parent-death signal once forked (`_fork_script_process`).
+        os.dup2(stdout_w, 1)
+        os.dup2(stderr_w, 2)
+        os.close(stdout_w)
+        os.close(stderr_w)
+    elif rpc is None:
         rpc = fds[2] if len(fds) > 2 else None
         ruleset = fds[3] if len(fds) > 3 else None
         os.dup2(stdout_w, 1)
@@ -530,38 +624,45 @@ def _script_process(req, fds, reaper, rpc=None):
     global _host_fds
     _host_fds = (1, 2) if rpc is None else (1, 2, rpc)
     os.chdir(req["cwd"])
-    env = dict(req["env"])
+    # Only the differences (zygote.rs `env_delta`): the server started with this key's
+    # environment (its own empty dir standing in for the staging dir), so most variables
+    # already hold their values, and each putenv in a forked child costs copied pages.
+    for name in req["unset"]:
+        os.environ.pop(name, None)
+    for name, value in req["set"]:
+        os.environ[name] = value
     if rpc is not None:
-        env["VIBEOS_RPC_FD"] = str(rpc)
-    # Only the differences: the server started with this key's environment (its own empty dir
-    # standing in for the staging dir), so most variables already hold their values, and each
-    # putenv in a forked child costs copied pages.
-    for name in [k for k in os.environ if k not in env]:
-        del os.environ[name]
-    for name, value in env.items():
-        if os.environ.get(name) != value:
-            os.environ[name] = value
+        os.environ["VIBEOS_RPC_FD"] = str(rpc)
     # PYTHONPATH named the zygote's empty dir where this execution's staging dir belongs.
-    staging = req["staging"]
+    global _staging
+    _staging = staging = req["staging"]
     if _pythonpath_at_start:
         sys.path[:] = [staging if p == _empty else p for p in sys.path]
         sys.path[0] = staging
     else:
-        sys.path[:] = _with_pythonpath(sys.path, staging, env.get("PYTHONPATH", ""))
+        sys.path[:] = _with_pythonpath(sys.path, staging, os.environ.get("PYTHONPATH", ""))
     sys.meta_path.insert(0, _PreloadedRuntime(os.path.join(staging, _RUNTIME_NAME + ".py")))
     _reseed()
     _customize()
     _finish(*_run(req["script"]))
 
 
-def _ready_script_process():
+def _ready_script_process(chan, reaper):
     """The script process's setup that needs no request, done while it waits for one (off the
-    call's path): the signal handlers back to what a fresh interpreter has. The signals stay
-    blocked until the request, as the server had them."""
+    call's path): the signal handlers back to what a fresh interpreter has (the signals stay
+    blocked until the request, as the server had them); only stdio (stdin on /dev/null) and
+    the channel its request comes on left open; killed if its reaper dies (its uid does not
+    change in project mode, which would clear that; `_confine` arms it again after a change)."""
+    global _script_pid
+    _script_pid = os.getpid()
     for sig in _WATCHED:
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.set_wakeup_fd(-1)
+    _keep_only({0, 1, 2, chan.fileno()})
+    _check(_libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG")
+    if os.getppid() != reaper:
+        os._exit(127)
 
 
 # How long a waiting script process lets a request come before it starts copying its pages
@@ -735,8 +836,8 @@ def _fork_script_process(for_reaper, for_script, reaper, close_in_child, ranges)
         os.close(fd)
     for_reaper.close()
     _returns_w.close()
-    _ready_script_process()
     try:
+        _ready_script_process(for_script, reaper)
         rpc, failed = None, None
         while True:
             _populate_while_idle(for_script, ranges)
@@ -1030,6 +1131,7 @@ def _serve():
     # supervisor ends it by closing the control channel.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _warm_up_compiler()
+    _note_customize_absent()
     gc.freeze()
     _ctl.sendall(b"R")
     waiting = select.poll()

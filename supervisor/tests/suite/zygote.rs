@@ -1394,3 +1394,87 @@ fn warm_executions_see_site_changes_and_run_sitecustomize_each_time() {
     );
     zygote::set_enabled(false);
 }
+
+/// A server keeps what it learned of `sitecustomize` at its start only while the dirs it looked
+/// in are unchanged: one that appears in the project dir after the server started runs in the
+/// next warm execution, and one that is removed stops running, as at a cold start, with the
+/// same server serving all three.
+#[test]
+fn a_sitecustomize_that_appears_or_goes_after_the_server_started_is_seen() {
+    let python = require_python!();
+    let _guard = serial();
+    let rt = runtime();
+    let outside = tempfile::tempdir().unwrap();
+    let (venv_python, _site) = venv_at(&python, &outside.path().join("venv"));
+    let session = Session::new(venv_python);
+    let probe = "import builtins, sys\nprint(getattr(builtins, 'LATE', None), \
+                 'sitecustomize' in sys.modules)\n";
+    let before = run_forked(&rt, session.request(probe));
+    assert_eq!(before.output, "None False\n", "{}", before.to_json());
+    let server = servers();
+    assert_eq!(server.len(), 1, "{server:?}");
+
+    let planted = session.cwd().join("sitecustomize.py");
+    std::fs::write(&planted, "import builtins\nbuiltins.LATE = 'ran'\n").unwrap();
+    let with = run_forked(&rt, session.request(probe));
+    assert_eq!(with.output, "ran True\n", "{}", with.to_json());
+
+    std::fs::remove_file(&planted).unwrap();
+    let gone = run_forked(&rt, session.request(probe));
+    assert_eq!(gone.output, "None False\n", "{}", gone.to_json());
+    // Turning servers off (for the cold run) stops them: compared before that.
+    assert_eq!(servers(), server, "the same server serves every call");
+    std::fs::write(&planted, "import builtins\nbuiltins.LATE = 'ran'\n").unwrap();
+    let cold = run_cold(&rt, session.request(probe));
+    assert_eq!(cold.output, with.output, "{}", cold.to_json());
+    zygote::set_enabled(false);
+}
+
+/// A forked script process starts from its server's environment and is sent only the
+/// differences: a variable the server started with that this execution's caller no longer
+/// has is gone, a changed one has its new value, a new one is there, and the names are the
+/// ones a cold start of the same request sees.
+#[test]
+fn a_forked_script_has_its_own_callers_environment_not_its_servers() {
+    let python = require_python!();
+    let _guard = serial();
+    let rt = runtime();
+    let session = Session::new(python);
+    let probe = "import os, json\nprint(json.dumps({'probe': {k: v for k, v in os.environ.items() \
+                 if k.startswith('PROBE_')}, 'names': sorted(os.environ)}))\n";
+    let with_env = |vars: &[(&str, &str)]| {
+        let mut request = session.request(probe);
+        let env = request.base_env.get_or_insert_with(Vec::new);
+        env.extend(vars.iter().map(|(k, v)| (k.into(), v.into())));
+        request.env_passthrough = vec!["PROBE_A".into(), "PROBE_B".into(), "PROBE_C".into()];
+        request
+    };
+    let first = json_line(&run_forked(
+        &rt,
+        with_env(&[("PROBE_A", "1"), ("PROBE_B", "b1")]),
+    ));
+    assert_eq!(
+        first["probe"],
+        serde_json::json!({"PROBE_A": "1", "PROBE_B": "b1"})
+    );
+    let server = servers();
+    let second = json_line(&run_forked(
+        &rt,
+        with_env(&[("PROBE_B", "b2"), ("PROBE_C", "c")]),
+    ));
+    assert_eq!(
+        second["probe"],
+        serde_json::json!({"PROBE_B": "b2", "PROBE_C": "c"}),
+        "{second}"
+    );
+    assert_eq!(servers(), server, "the same server serves both calls");
+    let cold = json_line(&run_cold(
+        &rt,
+        with_env(&[("PROBE_B", "b2"), ("PROBE_C", "c")]),
+    ));
+    assert_eq!(
+        second["names"], cold["names"],
+        "forked {second} cold {cold}"
+    );
+    zygote::set_enabled(false);
+}
