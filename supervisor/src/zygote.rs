@@ -21,9 +21,10 @@
 //! script as `__main__`. The reaper writes the script's wait status on a pipe, which is what
 //! [`Forked::wait`] reads. When the execution is over, spares are asked for until two are
 //! ahead and the next two staging dirs are prepared; a call then takes a spare forked while the
-//! previous script ran, not one it has to wait for. In strict mode each prepared dir is paired
-//! with a spare whose script process applies that dir's confinement while it waits ([`prime`]),
-//! so the call's request carries only what is its own.
+//! previous script ran, not one it has to wait for. Each prepared dir is paired with a spare
+//! whose reaper already holds its part of the execution and, in strict mode, whose script
+//! process applies that dir's confinement while it waits ([`arm`]), so the call sends one
+//! message, carrying only what is its own.
 //!
 //! **Trust.** In strict mode as root the server keeps root and no confinement, because each
 //! child needs a different uid and a landlock rule for its own staging dir; it drops both in
@@ -52,7 +53,7 @@ use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -147,10 +148,10 @@ struct Server {
 /// chowned to that uid, as the pool writes into its waiting interpreters' dirs. An area is used
 /// once; one that is never used is removed with its server or at the host's exit.
 struct Prepared {
-    /// Strict mode: a spare whose script process was sent this area's confinement and has
-    /// applied it (or is applying it) while it waits for its request ([`prime`]). First, so it
-    /// is dropped (its processes told to exit) before the area it was confined to.
-    primed: Option<Spare>,
+    /// A spare taken for this area ahead of its call ([`arm`]): its reaper holds the
+    /// execution's part and, in strict mode, its script process has applied the area's
+    /// confinement. First, so it is killed before the area it was armed for is removed.
+    armed: Option<Armed>,
     staging: Staging,
     channel: Channel,
     /// The stub already written into `staging` (with the runtime beside it): the one the
@@ -161,6 +162,46 @@ struct Prepared {
     /// millisecond or more, where writing into an open one costs a few microseconds. Nothing
     /// of any script has run in the area before its request, so the file waits unread.
     script: Option<std::fs::File>,
+}
+
+/// A spare armed for one prepared area ([`arm`]): its reaper was sent its part of the
+/// execution (lifeline, status pipe, kill grace, the area's staging dir) when the area was
+/// prepared, so a call sends only the script process's request. That send was the second of
+/// two on a warm call's path, and the reaper's wake-up it caused, just before the script
+/// process's, cost the script process 0.15 ms of its own wake-up when calls come paced.
+/// Dropped unused (the area is removed, or a call needs another kill grace), it is killed.
+struct Armed {
+    /// Empty once the call took it.
+    spare: KilledIfDropped,
+    /// Whether its script process was sent the area's confinement (strict mode).
+    confined: bool,
+    /// The kill grace its reaper was given.
+    grace: Duration,
+    /// The supervisor's ends of the reaper's part.
+    lifeline: crate::reaper::Lifeline,
+    status: OwnedFd,
+}
+
+impl Armed {
+    /// Whether its reaper has exited (its pidfd is readable): killed while it waited, say.
+    fn is_gone(&self) -> bool {
+        self.spare
+            .0
+            .as_ref()
+            .is_none_or(|s| poll_in(s.pidfd.as_raw_fd(), Duration::ZERO))
+    }
+}
+
+/// An armed spare, killed if dropped: its reaper no longer waits on the channel whose EOF
+/// would end it.
+struct KilledIfDropped(Option<Spare>);
+
+impl Drop for KilledIfDropped {
+    fn drop(&mut self) {
+        if let Some(spare) = self.0.take() {
+            spare.kill();
+        }
+    }
 }
 
 /// One execution's processes, forked by the server before their request: the reaper, set up as
@@ -205,7 +246,7 @@ fn prepare(spec: &LaunchSpec, stub: Option<Arc<str>>) -> Result<Prepared, Zygote
     }
     let script = Some(staging.create_script(channel.owner)?);
     Ok(Prepared {
-        primed: None,
+        armed: None,
         staging,
         channel,
         stub,
@@ -252,23 +293,62 @@ fn with_programs(json: &serde_json::Value, programs: &[u8]) -> Vec<u8> {
     body
 }
 
-/// Strict mode: takes a spare for `prepared` and sends its script process the area's
+/// The reaper's part of a request: its kill grace and the staging dir it sweeps if its
+/// supervisor dies (`_receive_part` in zygote_boot.py). Its descriptors are the lifeline's read
+/// end and the status pipe's write end, in that order.
+fn reaper_part(grace: Duration, staging: &std::path::Path) -> String {
+    serde_json::json!({
+        "grace_ms": grace.as_millis() as u64,
+        "staging": staging,
+    })
+    .to_string()
+}
+
+/// Arms `spare` for `prepared`: sends its reaper its part of the execution ([`Armed`]), with
+/// `grace` as the kill grace; in strict mode, also sends its script process the area's
 /// confinement, which it applies while it waits for its request (`_take_confinement` in
 /// zygote_boot.py). A strict execution then costs what a project one does between its request
 /// and its script: the mount namespace, uid change, landlock and seccomp steps (over a
 /// millisecond and a half, most of it the kernel checking and compiling the filters) and the
 /// host's encoding of them happen after the previous execution, not during the call.
 ///
-/// The confined process runs nothing but the bootstrap's receive loop until its request comes,
-/// holds only stdio, its channel, the RPC end and (until landlock takes it) the ruleset, and
-/// is the only process of the area's leased uid; it exits at its channel's EOF if the area is
-/// dropped unused.
-fn prime(server: &Server, prepared: &mut Prepared) -> Result<(), ZygoteError> {
+/// The armed reaper waits for its script process, which runs nothing but the bootstrap's
+/// receive loop until its request comes; a confined one holds only stdio, its channel, the RPC
+/// end and (until landlock takes it) the ruleset, and is the only process of the area's leased
+/// uid. Both are killed if the area is dropped unused.
+fn arm(spare: Spare, prepared: &mut Prepared, grace: Duration) -> Result<(), ZygoteError> {
+    let staging = prepared.staging.path();
+    let pipes = lifeline(grace, Some(staging))
+        .map_err(|e| ZygoteError::Channel(format!("lifeline: {e}")))
+        .and_then(|l| Ok((l, pipe()?)));
+    let ((lifeline, _setup, lifeline_read), (status, status_w)) = match pipes {
+        Ok(p) => p,
+        Err(e) => {
+            spare.kill();
+            return Err(e);
+        }
+    };
+    if let Err(e) = send(
+        &spare.to_reaper,
+        reaper_part(grace, staging).as_bytes(),
+        &[lifeline_read.as_raw_fd(), status_w.as_raw_fd()],
+    ) {
+        spare.kill();
+        return Err(e);
+    }
+    let to_script = spare.to_script.as_raw_fd();
+    let mut armed = Armed {
+        spare: KilledIfDropped(Some(spare)),
+        confined: false,
+        grace,
+        lifeline,
+        status,
+    };
     let Some(c) = &prepared.channel.confinement else {
+        prepared.armed = Some(armed);
         return Ok(());
     };
     let (mut part, programs) = confinement_part(c);
-    let staging = prepared.staging.path();
     // The covers as a namespace made once per plan: the spare enters it and unshares its own
     // copy instead of building them (docs/strict-mode.md, "One mount namespace per plan").
     let template = c
@@ -281,23 +361,17 @@ fn prime(server: &Server, prepared: &mut Prepared) -> Result<(), ZygoteError> {
         part["template_staging"] = serde_json::Value::from(staging.to_string_lossy().as_ref());
     }
     let body = with_programs(&serde_json::json!({ "confine": part }), &programs);
-    let spare = take_spare(server)?;
-    match send(&spare.to_script, &body, &fds) {
-        Ok(()) => {
-            prepared.primed = Some(spare);
-            Ok(())
-        }
-        Err(e) => {
-            spare.kill();
-            Err(e)
-        }
-    }
+    // Dropped (killed) with `armed` if this fails.
+    send_fd(to_script, &body, &fds)?;
+    armed.confined = true;
+    prepared.armed = Some(armed);
+    Ok(())
 }
 
 /// Prepares the next executions of `server`'s key on the preparer thread, until
 /// [`PREPARED_AHEAD`] are ready, unless it is at it already: the strict steps that cost most in
 /// the supervisor (the landlock ruleset over the interpreter's paths, the uid lease with its
-/// scan of `/proc`, the tmpfs mount) and in the script process (its confinement, [`prime`])
+/// scan of `/proc`, the tmpfs mount) and in the script process (its confinement, [`arm`])
 /// then happen while the previous script runs, not between a request and its fork. The thread
 /// first asks the server for the spares the next calls take ([`ask_ahead`]): an execution's end
 /// has both done there rather than on the thread about to return its result, where the server's
@@ -315,10 +389,14 @@ fn prepare_next(server: &Arc<Server>, spec: LaunchSpec, stub: Option<Arc<str>>) 
     if preparer.is_none() {
         *preparer = start_preparer();
     }
+    QUEUED.fetch_add(1, Ordering::SeqCst);
     let refused = match preparer.as_ref() {
         Some(queue) => queue.send(job).err().map(|back| back.0),
         None => Some(job),
     };
+    if refused.is_some() {
+        QUEUED.fetch_sub(1, Ordering::SeqCst);
+    }
     if let Some(job) = refused {
         // No thread to do it: the spares are asked for here, and the next call prepares its
         // own area, as on a cold server.
@@ -344,6 +422,8 @@ struct PrepareJob {
 /// the path of the call that asked for it, and two keys preparing at once on two cores only
 /// took CPU from running scripts.
 static PREPARER: Mutex<Option<std::sync::mpsc::Sender<PrepareJob>>> = Mutex::new(None);
+/// Jobs sent to the preparer that it has not started yet.
+static QUEUED: AtomicUsize = AtomicUsize::new(0);
 
 /// Starts the preparer; `None` if no thread can be started.
 fn start_preparer() -> Option<std::sync::mpsc::Sender<PrepareJob>> {
@@ -358,6 +438,7 @@ fn start_preparer() -> Option<std::sync::mpsc::Sender<PrepareJob>> {
                 libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10);
             }
             for job in jobs {
+                QUEUED.fetch_sub(1, Ordering::SeqCst);
                 ask_ahead(&job.server);
                 if job.prepare {
                     prepare_ahead(&job);
@@ -379,9 +460,16 @@ fn prepare_ahead(job: &PrepareJob) {
         ask_ahead(server);
         match prepare(&job.spec, job.stub.clone()) {
             Ok(mut p) => {
-                if let Err(e) = prime(server, &mut p) {
-                    // The call confines its script process itself, as unprimed.
-                    tracing::debug!("execute_code: confining a spare ahead: {e}");
+                // A strict area is armed before it is offered: its confinement is the costly
+                // part of a strict call. A project one is offered at once and armed below, once
+                // a spare is there: a call that comes before then takes it as it is.
+                if p.channel.confinement.is_some() {
+                    if let Err(e) =
+                        take_spare(server).and_then(|spare| arm(spare, &mut p, job.spec.kill_grace))
+                    {
+                        // The call takes a spare and sends it everything itself.
+                        tracing::debug!("execute_code: arming a spare ahead: {e}");
+                    }
                 }
                 let mut ready = lock(&server.ready);
                 if ready.len() >= PREPARED_AHEAD || EXITING.load(Ordering::SeqCst) {
@@ -393,6 +481,57 @@ fn prepare_ahead(job: &PrepareJob) {
                 tracing::debug!("execute_code: preparing the next execution: {e}");
                 break;
             }
+        }
+    }
+    arm_ready(job);
+}
+
+/// How long the preparer waits for spares to arm areas with, at most, and how long at a time
+/// before it looks whether another job came: calls that come back to back take the spares
+/// first, and the asks of the jobs their ends queued must not wait behind this one.
+const ARM_WAIT: Duration = Duration::from_millis(200);
+const ARM_SLICE: Duration = Duration::from_millis(2);
+
+/// Arms the prepared areas that have no spare yet ([`arm`]) as spares come, while no other job
+/// waits. An area a call took meanwhile is not waited for; a spare taken for it arms a new area
+/// instead.
+fn arm_ready(job: &PrepareJob) {
+    let server = &job.server;
+    let unarmed = || lock(&server.ready).iter().any(|p| p.armed.is_none());
+    let deadline = Instant::now() + ARM_WAIT;
+    while !EXITING.load(Ordering::SeqCst)
+        && QUEUED.load(Ordering::SeqCst) == 0
+        && Instant::now() < deadline
+        && unarmed()
+        && !lock(&server.asked).is_empty()
+    {
+        let Some(spare) = spare_when_ready(server, ARM_SLICE) else {
+            continue;
+        };
+        let mut ready = lock(&server.ready);
+        if let Some(p) = ready.iter_mut().find(|p| p.armed.is_none()) {
+            if let Err(e) = arm(spare, p, job.spec.kill_grace) {
+                tracing::debug!("execute_code: arming a spare ahead: {e}");
+                return;
+            }
+            continue;
+        }
+        drop(ready);
+        let mut p = match prepare(&job.spec, job.stub.clone()) {
+            Ok(p) => p,
+            Err(e) => {
+                spare.kill();
+                tracing::debug!("execute_code: preparing the next execution: {e}");
+                return;
+            }
+        };
+        if let Err(e) = arm(spare, &mut p, job.spec.kill_grace) {
+            tracing::debug!("execute_code: arming a spare ahead: {e}");
+            return;
+        }
+        let mut ready = lock(&server.ready);
+        if ready.len() < PREPARED_AHEAD && !EXITING.load(Ordering::SeqCst) {
+            ready.push_back(p);
         }
     }
 }
@@ -495,6 +634,7 @@ static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
 static CLOCK: AtomicU64 = AtomicU64::new(0);
 static FORKS: AtomicU64 = AtomicU64::new(0);
 static CONFINED_AHEAD: AtomicU64 = AtomicU64::new(0);
+static ARMED_AHEAD: AtomicU64 = AtomicU64::new(0);
 static RECYCLED: AtomicU64 = AtomicU64::new(0);
 static NEXT_REQUEST: AtomicU64 = AtomicU64::new(1);
 /// Bumped whenever the servers are turned off, so a server whose start began before is dropped.
@@ -548,8 +688,13 @@ pub fn mount_templates_made() -> u64 {
     crate::confine::reveal::templates_made()
 }
 
+/// Executions so far whose reaper was sent its part before their request came ([`arm`]).
+pub fn armed_ahead() -> u64 {
+    ARMED_AHEAD.load(Ordering::SeqCst)
+}
+
 /// Strict executions so far whose script process was confined before their request came
-/// ([`prime`]).
+/// ([`arm`]).
 pub fn confined_ahead() -> u64 {
     CONFINED_AHEAD.load(Ordering::SeqCst)
 }
@@ -910,7 +1055,7 @@ fn fork(
 ) -> Result<Launched, ZygoteError> {
     let ready = lock(&server.ready).pop_front();
     let Prepared {
-        primed,
+        armed,
         staging,
         channel,
         stub: written,
@@ -947,11 +1092,8 @@ fn fork(
     } = channel;
     let tool_env = spec.child_env(staging.path(), true)?;
     let env = with_channel(tool_env.clone(), &channel_vars);
-    let (lifeline, _setup, lifeline_read) = lifeline(spec.kill_grace, Some(staging.path()))
-        .map_err(|e| ZygoteError::Channel(format!("lifeline: {e}")))?;
     let (out_r, out_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
-    let (status_r, status_w) = pipe()?;
 
     let (set, unset) = env_delta(&env, &server.process_env)?;
     let request = serde_json::json!({
@@ -979,56 +1121,82 @@ fn fork(
         ];
         (with_programs(&request, &programs), fds)
     };
-    let reaper_part = serde_json::json!({
-        "grace_ms": spec.kill_grace.as_millis() as u64,
-        "staging": staging.path(),
-    })
-    .to_string();
-    let reaper_fds = [lifeline_read.as_raw_fd(), status_w.as_raw_fd()];
-    // A spare that died while it waited refuses the send; the next one is tried.
-    let mut primed = primed;
-    let mut attempts_left = SPARES_AHEAD + 1 + usize::from(primed.is_some());
-    let Spare { pid, pidfd, .. } = loop {
-        let (spare, confined) = match primed.take() {
-            Some(s) => (s, true),
-            None => (take_spare(server)?, false),
-        };
-        // The reaper first: a script process whose reaper refused its part is never started
-        // (it exits at EOF when the spare is dropped).
-        let sent =
-            send(&spare.to_reaper, reaper_part.as_bytes(), &reaper_fds).and_then(|()| {
-                match (&confinement, confined) {
-                    (Some(c), false) => {
-                        let (body, fds) = whole(c);
-                        send(&spare.to_script, &body, &fds)
+    let send_request = |spare: &Spare, confined: bool| match (&confinement, confined) {
+        (Some(c), false) => {
+            let (body, fds) = whole(c);
+            send(&spare.to_script, &body, &fds)
+        }
+        _ => send(&spare.to_script, body.as_bytes(), &stdio),
+    };
+    // The area's armed spare. Its reaper has this call's kill grace (the grace is part of the
+    // server's key); one that had another would be killed, not used.
+    let taken = match armed.filter(|a| a.grace == spec.kill_grace) {
+        Some(mut armed) => match armed.spare.0.take() {
+            Some(spare) => match send_request(&spare, armed.confined) {
+                Ok(()) => {
+                    ARMED_AHEAD.fetch_add(1, Ordering::SeqCst);
+                    if armed.confined {
+                        CONFINED_AHEAD.fetch_add(1, Ordering::SeqCst);
                     }
-                    _ => send(&spare.to_script, body.as_bytes(), &stdio),
+                    Some((spare, armed))
                 }
-            });
-        match sent {
-            Ok(()) => {
-                if confined {
-                    CONFINED_AHEAD.fetch_add(1, Ordering::SeqCst);
+                // It died while it waited: a fresh one is tried below.
+                Err(_) => {
+                    spare.kill();
+                    None
                 }
-                if spare.recycled {
-                    RECYCLED.fetch_add(1, Ordering::SeqCst);
+            },
+            None => None,
+        },
+        None => None,
+    };
+    let (spare, lifeline, status_r) = match taken {
+        Some((spare, armed)) => {
+            let Armed {
+                lifeline, status, ..
+            } = armed;
+            (spare, lifeline, status)
+        }
+        None => {
+            let (lifeline, _setup, lifeline_read) = lifeline(spec.kill_grace, Some(staging.path()))
+                .map_err(|e| ZygoteError::Channel(format!("lifeline: {e}")))?;
+            let (status_r, status_w) = pipe()?;
+            let reaper_part = reaper_part(spec.kill_grace, staging.path());
+            let reaper_fds = [lifeline_read.as_raw_fd(), status_w.as_raw_fd()];
+            // A spare that died while it waited refuses the send; the next one is tried.
+            let mut attempts_left = SPARES_AHEAD + 1;
+            let spare = loop {
+                let spare = take_spare(server)?;
+                // The reaper first: a script process whose reaper refused its part is never
+                // started (it exits at EOF when the spare is dropped).
+                let sent = send(&spare.to_reaper, reaper_part.as_bytes(), &reaper_fds)
+                    .and_then(|()| send_request(&spare, false));
+                match sent {
+                    Ok(()) => break spare,
+                    Err(e) => {
+                        spare.kill();
+                        attempts_left -= 1;
+                        // Every spare asked for ahead may have died, and then the fresh one
+                        // is tried.
+                        if attempts_left == 0 {
+                            return Err(ZygoteError::Gone(format!(
+                                "its spare refused a request: {e}"
+                            )));
+                        }
+                    }
                 }
-                break spare;
-            }
-            Err(e) => {
-                spare.kill();
-                attempts_left -= 1;
-                // Every spare asked for ahead may have died, and then the fresh one is tried.
-                if attempts_left == 0 {
-                    return Err(ZygoteError::Gone(format!(
-                        "its spare refused a request: {e}"
-                    )));
-                }
-            }
+            };
+            // The reaper holds its ends now.
+            drop((lifeline_read, status_w));
+            (spare, lifeline, status_r)
         }
     };
+    if spare.recycled {
+        RECYCLED.fetch_add(1, Ordering::SeqCst);
+    }
+    let Spare { pid, pidfd, .. } = spare;
     // The processes that run this execution hold their descriptors now.
-    drop((out_w, err_w, lifeline_read, status_w, confinement));
+    drop((out_w, err_w, confinement));
     Ok(Launched {
         child: Proc::Forked(Forked {
             pid,
@@ -1082,9 +1250,14 @@ impl Drop for WhenDone {
 
 /// Sends one message with descriptors on a spare's channel.
 fn send(channel: &OwnedFd, body: &[u8], fds: &[RawFd]) -> Result<(), ZygoteError> {
+    send_fd(channel.as_raw_fd(), body, fds)
+}
+
+/// [`send`] on a channel the caller keeps open.
+fn send_fd(channel: RawFd, body: &[u8], fds: &[RawFd]) -> Result<(), ZygoteError> {
     let cmsg = [ControlMessage::ScmRights(fds)];
     sendmsg::<()>(
-        channel.as_raw_fd(),
+        channel,
         &[IoSlice::new(body)],
         &cmsg,
         MsgFlags::MSG_NOSIGNAL,
@@ -1125,9 +1298,18 @@ fn take_spare(server: &Server) -> Result<Spare, ZygoteError> {
             id
         }
     };
+    take_reply(ctl, &mut asked, id, Instant::now() + REPLY_TIMEOUT)
+}
+
+/// The spare the reply to request `id` (the oldest of `asked`) hands over.
+fn take_reply(
+    ctl: &OwnedFd,
+    asked: &mut std::collections::VecDeque<u64>,
+    id: u64,
+    deadline: Instant,
+) -> Result<Spare, ZygoteError> {
     // Replies carry the request's id: one meant for no request of ours (a forked process that
     // still held the channel could have written it) is dropped, never taken as ours.
-    let deadline = Instant::now() + REPLY_TIMEOUT;
     loop {
         let (text, fds) = receive(ctl, deadline)?;
         let value: serde_json::Value = serde_json::from_slice(&text)
@@ -1159,18 +1341,54 @@ fn take_spare(server: &Server) -> Result<Spare, ZygoteError> {
     }
 }
 
+/// A spare asked for ahead whose reply comes within `wait`, for arming a prepared area. The
+/// reply is waited for without holding the control channel, so a call that needs a spare
+/// meanwhile takes the first one; `None` if none was asked for or came, or the server is gone.
+fn spare_when_ready(server: &Server, wait: Duration) -> Option<Spare> {
+    let watched = lock(&server.control).as_ref()?.try_clone().ok()?;
+    let deadline = Instant::now() + wait;
+    loop {
+        if lock(&server.asked).is_empty()
+            || !poll_in(
+                watched.as_raw_fd(),
+                deadline.saturating_duration_since(Instant::now()),
+            )
+        {
+            return None;
+        }
+        let control = lock(&server.control);
+        let ctl = control.as_ref()?;
+        let mut asked = lock(&server.asked);
+        let id = *asked.front()?;
+        if !poll_in(ctl.as_raw_fd(), Duration::ZERO) {
+            // A call took it first.
+            continue;
+        }
+        return take_reply(ctl, &mut asked, id, Instant::now() + REPLY_TIMEOUT)
+            .map_err(|e| tracing::debug!("execute_code: a spare for arming ahead: {e}"))
+            .ok();
+    }
+}
+
 /// Asks for spares until [`SPARES_AHEAD`] are asked for; the server forks them and their
 /// answers wait on the channel until calls take them. A failure here is reported by that call.
 fn ask_ahead(server: &Server) {
-    let primed = lock(&server.ready)
-        .iter()
-        .filter(|p| p.primed.is_some())
-        .count();
+    // An armed spare that died while it waited is let go here, so that its area is armed
+    // again and a spare is asked for in its place.
+    let armed = {
+        let mut ready = lock(&server.ready);
+        for p in ready.iter_mut() {
+            if p.armed.as_ref().is_some_and(Armed::is_gone) {
+                p.armed = None;
+            }
+        }
+        ready.iter().filter(|p| p.armed.is_some()).count()
+    };
     let control = lock(&server.control);
     let Some(ctl) = control.as_ref() else { return };
     let mut asked = lock(&server.asked);
-    // A prepared area's confined spare counts as ahead: calls take those first.
-    while asked.len() + primed < SPARES_AHEAD {
+    // A prepared area's armed spare counts as ahead: calls take those first.
+    while asked.len() + armed < SPARES_AHEAD {
         let id = NEXT_REQUEST.fetch_add(1, Ordering::SeqCst);
         if ask(ctl, id).is_err() {
             return;

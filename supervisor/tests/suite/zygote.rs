@@ -1478,3 +1478,65 @@ fn a_forked_script_has_its_own_callers_environment_not_its_servers() {
     );
     zygote::set_enabled(false);
 }
+
+/// A call that comes once the previous one has been over for a while finds its spare armed:
+/// the reaper already holds its part (lifeline, status pipe, kill grace, staging dir), and the
+/// call sends the script process its request only, and the result is the same as a call that
+/// arms its spare itself.
+#[test]
+fn a_paced_call_finds_its_reaper_armed_ahead() {
+    let python = require_python!();
+    let _guard = serial();
+    let rt = runtime();
+    let session = Session::new(python);
+    let first = run_forked(&rt, session.request("print('first')\n"));
+    assert_eq!(first.output, "first\n", "{}", first.to_json());
+    // Arming waits for the spares the first call's end asked for: try a few paced calls.
+    let armed_before = zygote::armed_ahead();
+    let mut armed = false;
+    for _ in 0..20 {
+        std::thread::sleep(Duration::from_millis(200));
+        let r = run_forked(
+            &rt,
+            session.request("import sys\nprint('paced'); sys.exit(3)\n"),
+        );
+        assert_eq!(r.output, "paced\n", "{}", r.to_json());
+        assert_eq!(r.exit_code, Some(3), "{}", r.to_json());
+        if zygote::armed_ahead() > armed_before {
+            armed = true;
+            break;
+        }
+    }
+    assert!(armed, "no paced call found its reaper armed");
+    // An armed reaper ends a script that runs past its timeout, and what it started, as any
+    // reaper does.
+    let mut timed_out = false;
+    for _ in 0..20 {
+        std::thread::sleep(Duration::from_millis(200));
+        let before = zygote::armed_ahead();
+        let mut request = session.request(
+            "import subprocess, sys, time\n\
+             child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n\
+             print(child.pid, flush=True)\ntime.sleep(60)\n",
+        );
+        request.timeout = Duration::from_millis(1000);
+        request.kill_grace = Duration::from_millis(200);
+        let r = run_forked(&rt, request);
+        assert_eq!(status(&r), "timeout", "{}", r.to_json());
+        let child: i32 = r
+            .output
+            .lines()
+            .next()
+            .unwrap_or("")
+            .trim()
+            .parse()
+            .unwrap();
+        eventually("the timed-out script's child is gone", || !alive(child));
+        if zygote::armed_ahead() > before {
+            timed_out = true;
+            break;
+        }
+    }
+    assert!(timed_out, "no timed-out call found its reaper armed");
+    zygote::set_enabled(false);
+}
