@@ -1540,3 +1540,27 @@ fn a_paced_call_finds_its_reaper_armed_ahead() {
     assert!(timed_out, "no timed-out call found its reaper armed");
     zygote::set_enabled(false);
 }
+
+/// A variable that a `.pth` line of the interpreter's site dir sets at startup is in a forked
+/// script's environment, as it is in a cold one's: the script process is sent only what its
+/// execution changes, not a whole environment that would drop it.
+#[test]
+fn what_a_pth_line_sets_at_startup_is_in_a_forked_scripts_environment() {
+    let python = require_python!();
+    let _guard = serial();
+    let rt = runtime();
+    let outside = tempfile::tempdir().unwrap();
+    let (venv_python, site) = venv_at(&python, &outside.path().join("venv"));
+    std::fs::write(
+        site.join("sets_env.pth"),
+        "import os; os.environ['PTH_SET_AT_START'] = 'yes'\n",
+    )
+    .unwrap();
+    let session = Session::new(venv_python);
+    let probe = "import os\nprint(os.environ.get('PTH_SET_AT_START'))\n";
+    let cold = run_cold(&rt, session.request(probe));
+    assert_eq!(cold.output, "yes\n", "{}", cold.to_json());
+    let forked = run_forked(&rt, session.request(probe));
+    assert_eq!(forked.output, cold.output, "{}", forked.to_json());
+    zygote::set_enabled(false);
+}
