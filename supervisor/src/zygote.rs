@@ -162,6 +162,10 @@ struct Prepared {
     /// millisecond or more, where writing into an open one costs a few microseconds. Nothing
     /// of any script has run in the area before its request, so the file waits unread.
     script: Option<std::fs::File>,
+    /// The script's stdout and stderr pipes (read end, write end), made with the area: two
+    /// `pipe2` calls off the call's path.
+    stdout: (OwnedFd, OwnedFd),
+    stderr: (OwnedFd, OwnedFd),
 }
 
 /// A spare armed for one prepared area ([`arm`]): its reaper was sent its part of the
@@ -245,12 +249,15 @@ fn prepare(spec: &LaunchSpec, stub: Option<Arc<str>>) -> Result<Prepared, Zygote
         staging.write_stub(text, channel.owner)?;
     }
     let script = Some(staging.create_script(channel.owner)?);
+    let (stdout, stderr) = (pipe()?, pipe()?);
     Ok(Prepared {
         armed: None,
         staging,
         channel,
         stub,
         script,
+        stdout,
+        stderr,
     })
 }
 
@@ -1060,6 +1067,8 @@ fn fork(
         channel,
         stub: written,
         script,
+        stdout: (out_r, out_w),
+        stderr: (err_r, err_w),
     } = match ready {
         Some(p) => p,
         None => prepare(spec, None)?,
@@ -1092,8 +1101,6 @@ fn fork(
     } = channel;
     let tool_env = spec.child_env(staging.path(), true)?;
     let env = with_channel(tool_env.clone(), &channel_vars);
-    let (out_r, out_w) = pipe()?;
-    let (err_r, err_w) = pipe()?;
 
     let (set, unset) = env_delta(&env, &server.process_env)?;
     let request = serde_json::json!({
