@@ -1034,13 +1034,15 @@ fn env_delta<'a>(
     env: &'a [(OsString, OsString)],
     process: &'a HashMap<OsString, OsString>,
 ) -> Result<(Vec<[&'a str; 2]>, Vec<&'a str>), ZygoteError> {
+    // A name given twice takes its last value, as it does in a process's environment.
+    let mut names: HashSet<&OsString> = HashSet::with_capacity(env.len());
     let mut set = Vec::new();
-    for (k, v) in env {
-        if process.get(k) != Some(v) {
+    for (k, v) in env.iter().rev() {
+        if names.insert(k) && process.get(k) != Some(v) {
             set.push([text(k)?, text(v)?]);
         }
     }
-    let names: HashSet<&OsString> = env.iter().map(|(k, _)| k).collect();
+    set.reverse();
     let mut unset = Vec::new();
     for k in process.keys().filter(|k| !names.contains(k)) {
         unset.push(text(k)?);
@@ -1440,4 +1442,40 @@ fn receive(ctl: &OwnedFd, deadline: Instant) -> Result<(Vec<u8>, Vec<OwnedFd>), 
         return Err(ZygoteError::Gone("it closed its control channel".into()));
     }
     Ok((buf[..len].to_vec(), fds))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    fn pairs(v: &[(&str, &str)]) -> Vec<(OsString, OsString)> {
+        v.iter().map(|(k, val)| (k.into(), val.into())).collect()
+    }
+
+    #[test]
+    fn the_environment_delta_sets_what_differs_and_removes_what_is_gone() {
+        let process: HashMap<OsString, OsString> =
+            pairs(&[("KEEP", "same"), ("CHANGE", "old"), ("GONE", "x")])
+                .into_iter()
+                .collect();
+        // A name given twice takes its last value; unchanged names are not sent.
+        let env = pairs(&[
+            ("NEW", "1"),
+            ("KEEP", "same"),
+            ("CHANGE", "first"),
+            ("CHANGE", "new"),
+            ("TWICE", "a"),
+            ("TWICE", "b"),
+        ]);
+        let (set, unset) = env_delta(&env, &process).unwrap();
+        assert_eq!(set, vec![["NEW", "1"], ["CHANGE", "new"], ["TWICE", "b"]]);
+        assert_eq!(unset, vec!["GONE"]);
+        // The last value equal to the server's: nothing to send for that name.
+        let env = pairs(&[("KEEP", "other"), ("KEEP", "same"), ("CHANGE", "old")]);
+        let (set, unset) = env_delta(&env, &process).unwrap();
+        assert!(set.is_empty(), "{set:?}");
+        assert_eq!(unset, vec!["GONE"]);
+    }
 }

@@ -516,8 +516,9 @@ fn a_spare_that_died_while_waiting_is_replaced_and_leaves_nothing() {
     zygote::set_enabled(false);
 }
 
-/// Runs as a separate host process (see the test below): starts a forked script that sleeps,
-/// prints its staging dir and pid once the script has written them, then waits to be killed.
+/// Runs as a separate host process (see the test below): runs one short forked script (whose end
+/// prepares the next areas), then starts a forked script that sleeps, prints its staging dir
+/// and pid once the script has written them, and waits to be killed.
 #[test]
 fn zygote_host_child() {
     if std::env::var_os("VIBEOS_ZYGOTE_HOST_CHILD").is_none() {
@@ -534,6 +535,11 @@ fn zygote_host_child() {
          os.rename({report:?} + '.tmp', {report:?})\ntime.sleep(300)\n",
         report = report.display().to_string()
     );
+    // A call that ends first: its end prepares (and arms) the next areas, so the host is killed
+    // with prepared staging dirs as well as a running one.
+    let first = run(&rt, session.request("pass\n"));
+    assert_eq!(status(&first), "success", "{}", first.to_json());
+    std::thread::sleep(Duration::from_millis(500));
     let request = session.request(&code);
     let _running = rt.spawn(execute(request, vibeos_tools::registry(), Interrupt::new()));
     eventually("the forked script reported", || report.exists());
@@ -573,6 +579,13 @@ fn a_host_killed_mid_execution_leaves_no_staging_dir_or_process() {
         host.wait().unwrap();
         eventually("the forked script died with its host", || !alive(pid));
         eventually("its staging dir was swept", || !staging.exists());
+        // The areas prepared for later calls too: each one's armed reaper sweeps it.
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let euid = unsafe { libc::geteuid() };
+        let parent = tmp.path().join(format!("vibeos-staging-{euid}"));
+        eventually("no prepared staging dir is left", || {
+            std::fs::read_dir(&parent).map_or(true, |d| d.count() == 0)
+        });
     }
 }
 
