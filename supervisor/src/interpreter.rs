@@ -234,7 +234,7 @@ impl Resolution {
 /// only as a `SyntaxError` in the stub, naming no setting; this costs a few `readlink`s where
 /// asking the interpreter would cost as much as the script.
 fn version_in_name(exe: &Path) -> Option<(u32, u32)> {
-    let real = std::fs::canonicalize(exe).ok()?;
+    let real = crate::real_path::canonical(exe).ok()?;
     parse_version(real.file_name()?.to_str()?.strip_prefix("python")?)
 }
 
@@ -302,8 +302,8 @@ fn trusted_declared_version(prefix: &Path, exe: &Path) -> Option<(u32, u32)> {
         Some(home) => PathBuf::from(home),
         None => prefix.join("bin"),
     };
-    let real = std::fs::canonicalize(exe).ok()?;
-    let in_home = real.parent()? == std::fs::canonicalize(home).ok()?.as_path();
+    let real = crate::real_path::canonical(exe).ok()?;
+    let in_home = real.parent()? == crate::real_path::canonical(&home).ok()?.as_path();
     (in_home && name_fits(real.file_name()?.to_str()?, version)).then_some(version)
 }
 

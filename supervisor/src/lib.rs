@@ -36,6 +36,7 @@ mod interpreter_shim;
 mod launch;
 mod leftovers;
 mod outcome;
+mod real_path;
 mod reaper;
 mod redaction;
 mod remote;

@@ -160,5 +160,5 @@ fn usable_dir(dir: &Path) -> Result<PathBuf, StartError> {
     if !meta.is_dir() {
         return Err(bad("not a directory"));
     }
-    std::fs::canonicalize(dir).map_err(|e| bad(&e.to_string()))
+    crate::real_path::canonical(dir).map_err(|e| bad(&e.to_string()))
 }

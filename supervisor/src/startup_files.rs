@@ -173,7 +173,7 @@ pub(crate) struct Fingerprint {
 impl Fingerprint {
     /// The fingerprint of `interpreter` now.
     pub(crate) fn of(interpreter: &Path) -> Fingerprint {
-        let resolved = std::fs::canonicalize(interpreter).ok();
+        let resolved = crate::real_path::canonical(interpreter).ok();
         let mut watched: Vec<PathBuf> = resolved.iter().cloned().collect();
         if let Some(venv) = interpreter.parent().and_then(Path::parent) {
             watched.push(venv.join("pyvenv.cfg"));
@@ -191,7 +191,7 @@ impl Fingerprint {
 
     /// Whether `interpreter` still resolves to the same file and nothing watched changed.
     pub(crate) fn still_holds(&self, interpreter: &Path) -> bool {
-        std::fs::canonicalize(interpreter).ok() == self.resolved
+        crate::real_path::canonical(interpreter).ok() == self.resolved
             && self.stamps.iter().all(|(p, t)| modified(p) == *t)
     }
 }

@@ -913,11 +913,11 @@ fn exited(s: &Server) -> bool {
 }
 
 /// The variables the interpreter reads at startup, with their values.
-fn startup_names(env: &[(OsString, OsString)]) -> Vec<(OsString, OsString)> {
+fn startup_names(env: &[(OsString, OsString)]) -> Vec<(&OsString, &OsString)> {
     let mut v: Vec<_> = env
         .iter()
         .filter(|(k, _)| k.to_str().is_none_or(crate::pool::affects_startup))
-        .cloned()
+        .map(|(k, v)| (k, v))
         .collect();
     v.sort();
     v
