@@ -591,36 +591,22 @@ def _take_confinement(part, fds, reaper, chan):
     return rpc
 
 
-def _script_process(req, fds, reaper, rpc=None):
-    """Runs in the script's process: stdio, descriptors, confinement (unless taken ahead, when
-    `rpc` is the RPC end it came with), environment, script."""
+def _script_process(req, fds, rpc=None):
+    """Runs in the script's process, confined already in strict mode (`rpc` is then the RPC end
+    its confinement came with): stdio, environment, script."""
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
-    stdout_w, stderr_w = fds[0], fds[1]
-    if rpc is None and len(fds) == 2 and "syscalls" not in req:
-        # Project mode: nothing to confine, and the spare let go of every other descriptor and
-        # armed its parent-death signal once forked (`_fork_script_process`).
-        os.dup2(stdout_w, 1)
-        os.dup2(stderr_w, 2)
-        os.close(stdout_w)
-        os.close(stderr_w)
-    elif rpc is None:
-        rpc = fds[2] if len(fds) > 2 else None
-        ruleset = fds[3] if len(fds) > 3 else None
-        os.dup2(stdout_w, 1)
-        os.dup2(stderr_w, 2)
-        _keep_only({0, 1, 2, rpc, ruleset})
-        if rpc is not None:
-            os.set_inheritable(rpc, True)
-        _confine(dict(req, reaper=reaper), rpc, ruleset)
-    else:
-        # Confined already: /proc may be out of reach, and nothing but these two and the
-        # channel (closed by the caller) was opened since `_take_confinement`.
-        if len(fds) != 2:
-            raise OSError(errno.EINVAL, "a confined spare's request comes with stdout and stderr")
-        os.dup2(stdout_w, 1)
-        os.dup2(stderr_w, 2)
-        os.close(stdout_w)
-        os.close(stderr_w)
+    # Project mode has nothing to confine, and the spare let go of every other descriptor and
+    # armed its parent-death signal once forked (`_fork_script_process`); a strict one was
+    # confined by the message before (`_take_confinement`). Either way nothing but stdout and
+    # stderr and the channel (closed by the caller) was opened since, and /proc may be out of
+    # reach.
+    if len(fds) != 2:
+        raise OSError(errno.EINVAL, "a request comes with stdout and stderr")
+    stdout_w, stderr_w = fds
+    os.dup2(stdout_w, 1)
+    os.dup2(stderr_w, 2)
+    os.close(stdout_w)
+    os.close(stderr_w)
     global _host_fds
     _host_fds = (1, 2) if rpc is None else (1, 2, rpc)
     os.chdir(req["cwd"])
@@ -721,13 +707,24 @@ def _populate_while_idle(chan, ranges):
 
 
 def _request(msg):
-    """A script process's message: JSON, then optionally a NUL and the seccomp programs'
-    bytes, which go with the confinement part as "programs"."""
-    text, _nul, programs = msg.partition(b"\0")
-    req = json.loads(text.decode("utf-8"))
-    part = req.get("confine", req)
-    part["programs"] = programs
-    return req
+    """A script process's message. Its confinement (sent ahead, or just before the request) is
+    JSON, then optionally a NUL and the seccomp programs' bytes, which go with it as
+    "programs". Its request is NUL-separated fields (zygote.rs `script_request`): cwd, staging
+    dir, script path, the number of variables to set, their names and values, then the names
+    to remove."""
+    if msg[:1] == b"{":
+        text, _nul, programs = msg.partition(b"\0")
+        req = json.loads(text.decode("utf-8"))
+        part = req.get("confine", req)
+        part["programs"] = programs
+        return req
+    fields = msg.decode("utf-8").split("\0")
+    if len(fields) < 4 or not fields[3].isdigit() or len(fields) < 4 + 2 * int(fields[3]):
+        raise OSError(errno.EINVAL, "malformed request")
+    end = 4 + 2 * int(fields[3])
+    values = fields[4:end]
+    return {"cwd": fields[0], "staging": fields[1], "script": fields[2],
+            "set": list(zip(values[0::2], values[1::2])), "unset": fields[end:]}
 
 
 # Room for the descriptors a message on a spare's or the server's channel carries.
@@ -860,7 +857,7 @@ def _fork_script_process(for_reaper, for_script, reaper, close_in_child, ranges)
                 os.dup2(fds[1], 2)
             raise failed
         for_script.close()
-        _script_process(req, fds, reaper, rpc)
+        _script_process(req, fds, rpc)
     except BaseException as exc:  # never let the child fall back into the reaper's loop
         try:
             os.write(2, ("vibeos: cannot start the script: %s\n" % exc).encode())
