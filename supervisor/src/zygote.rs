@@ -173,14 +173,13 @@ struct Prepared {
 /// prepared, so a call sends only the script process's request. That send was the second of
 /// two on a warm call's path, and the reaper's wake-up it caused, just before the script
 /// process's, cost the script process 0.15 ms of its own wake-up when calls come paced.
-/// Dropped unused (the area is removed, or a call needs another kill grace), it is killed.
+/// Its kill grace is the call's: the grace is part of the server's key. Dropped unused (the
+/// area is removed with its server), it is killed.
 struct Armed {
     /// Empty once the call took it.
     spare: KilledIfDropped,
     /// Whether its script process was sent the area's confinement (strict mode).
     confined: bool,
-    /// The kill grace its reaper was given.
-    grace: Duration,
     /// The supervisor's ends of the reaper's part.
     lifeline: crate::reaper::Lifeline,
     status: OwnedFd,
@@ -347,7 +346,6 @@ fn arm(spare: Spare, prepared: &mut Prepared, grace: Duration) -> Result<(), Zyg
     let mut armed = Armed {
         spare: KilledIfDropped(Some(spare)),
         confined: false,
-        grace,
         lifeline,
         status,
     };
@@ -1166,9 +1164,7 @@ fn fork(
         }
         send(&spare.to_script, &body, &stdio)
     };
-    // The area's armed spare. Its reaper has this call's kill grace (the grace is part of the
-    // server's key); one that had another would be killed, not used.
-    let taken = match armed.filter(|a| a.grace == spec.kill_grace) {
+    let taken = match armed {
         Some(mut armed) => match armed.spare.0.take() {
             Some(spare) => match send_request(&spare, armed.confined) {
                 Ok(()) => {
