@@ -73,9 +73,10 @@ def _with_pythonpath(path, staging, pythonpath):
 
 def _customize():
     """What `site` does last at a cold start, done in the child as its own."""
-    if _may_find("sitecustomize"):
+    mtimes = _current_mtimes()
+    if _may_find("sitecustomize", mtimes):
         site.execsitecustomize()
-    if site.ENABLE_USER_SITE and _may_find("usercustomize"):
+    if site.ENABLE_USER_SITE and _may_find("usercustomize", mtimes):
         site.execusercustomize()
 
 
@@ -118,31 +119,48 @@ def _note_customize_absent():
     _meta_at_boot = finders
 
 
-def _may_find(name):
-    """Whether the child's import of `name` could find anything: every entry of its sys.path
-    is the execution's staging dir (it holds only what the supervisor wrote there), or one this
-    server's FileFinder listed without it and whose mtime is unchanged, or one the import
-    system skips (no finder). Anything else, and any change of the meta path, is looked up."""
-    absent = _customize_absent.get(name)
-    if absent is None or name in sys.modules:
-        return True
+def _skipped(entry):
+    """Whether the child's import looks nowhere in `entry`: its staging dir (it holds only what
+    the supervisor wrote there), or an entry the import system skips (no finder)."""
+    return entry == _staging or (entry in sys.path_importer_cache
+                                 and sys.path_importer_cache[entry] is None)
+
+
+def _current_mtimes():
+    """The mtime now of each sys.path entry the server listed (`_note_customize_absent`),
+    taken once for both modules; `None` when the meta path changed, which may answer
+    anything."""
     meta = [f for f in sys.meta_path if f is not importlib.machinery.PathFinder
             and not isinstance(f, _PreloadedRuntime)]
     if len(meta) != len(_meta_at_boot) or any(a is not b for a, b in zip(meta, _meta_at_boot)):
+        return None
+    mtimes = {}
+    for entry in sys.path:
+        if entry in mtimes or _skipped(entry):
+            continue
+        if any(entry in absent for absent in _customize_absent.values()):
+            try:
+                mtimes[entry] = os.stat(entry).st_mtime
+            except OSError:
+                pass
+    return mtimes
+
+
+def _may_find(name, mtimes):
+    """Whether the child's import of `name` could find anything: it is looked up unless every
+    entry of sys.path is skipped or one the server's FileFinder listed without it at the mtime
+    it has now (that FileFinder, inherited, answers from that listing)."""
+    absent = _customize_absent.get(name)
+    if absent is None or mtimes is None or name in sys.modules:
         return True
     for entry in sys.path:
-        if entry == _staging or (entry in sys.path_importer_cache
-                                 and sys.path_importer_cache[entry] is None):
+        if _skipped(entry):
             continue
-        mtime = absent.get(entry)
-        if mtime is None:
-            return True
-        try:
-            if os.stat(entry).st_mtime != mtime:
-                return True
-        except OSError:
+        noted = absent.get(entry)
+        if noted is None or mtimes.get(entry) != noted:
             return True
     return False
+
 
 _libc = ctypes.CDLL(None, use_errno=True)
 # Every libc function a child calls is looked up here, before any fork: a CDLL resolves a name
