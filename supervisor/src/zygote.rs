@@ -322,8 +322,13 @@ fn reaper_part(grace: Duration, staging: &std::path::Path) -> String {
 /// receive loop until its request comes; a confined one holds only stdio, its channel, the RPC
 /// end and (until landlock takes it) the ruleset, and is the only process of the area's leased
 /// uid. Both are killed if the area is dropped unused.
-fn arm(spare: Spare, prepared: &mut Prepared, grace: Duration) -> Result<(), ZygoteError> {
-    let staging = prepared.staging.path();
+fn arm(
+    spare: Spare,
+    staging: &Staging,
+    confinement: Option<&ChildConfinement>,
+    grace: Duration,
+) -> Result<Armed, ZygoteError> {
+    let staging = staging.path();
     let pipes = lifeline(grace, Some(staging))
         .map_err(|e| ZygoteError::Channel(format!("lifeline: {e}")))
         .and_then(|l| Ok((l, pipe()?)));
@@ -349,9 +354,8 @@ fn arm(spare: Spare, prepared: &mut Prepared, grace: Duration) -> Result<(), Zyg
         lifeline,
         status,
     };
-    let Some(c) = &prepared.channel.confinement else {
-        prepared.armed = Some(armed);
-        return Ok(());
+    let Some(c) = confinement else {
+        return Ok(armed);
     };
     let (mut part, programs) = confinement_part(c);
     // The covers as a namespace made once per plan: the spare enters it and unshares its own
@@ -369,8 +373,7 @@ fn arm(spare: Spare, prepared: &mut Prepared, grace: Duration) -> Result<(), Zyg
     // Dropped (killed) with `armed` if this fails.
     send_fd(to_script, &body, &fds)?;
     armed.confined = true;
-    prepared.armed = Some(armed);
-    Ok(())
+    Ok(armed)
 }
 
 /// Prepares the next executions of `server`'s key on the preparer thread, until
@@ -469,11 +472,18 @@ fn prepare_ahead(job: &PrepareJob) {
                 // part of a strict call. A project one is offered at once and armed below, once
                 // a spare is there: a call that comes before then takes it as it is.
                 if p.channel.confinement.is_some() {
-                    if let Err(e) =
-                        take_spare(server).and_then(|spare| arm(spare, &mut p, job.spec.kill_grace))
-                    {
-                        // The call takes a spare and sends it everything itself.
-                        tracing::debug!("execute_code: arming a spare ahead: {e}");
+                    let armed = take_spare(server).and_then(|spare| {
+                        arm(
+                            spare,
+                            &p.staging,
+                            p.channel.confinement.as_ref(),
+                            job.spec.kill_grace,
+                        )
+                    });
+                    match armed {
+                        Ok(armed) => p.armed = Some(armed),
+                        // The call arms a spare itself.
+                        Err(e) => tracing::debug!("execute_code: arming a spare ahead: {e}"),
                     }
                 }
                 let mut ready = lock(&server.ready);
@@ -503,6 +513,12 @@ const ARM_SLICE: Duration = Duration::from_millis(2);
 fn arm_ready(job: &PrepareJob) {
     let server = &job.server;
     let unarmed = || lock(&server.ready).iter().any(|p| p.armed.is_none());
+    let Some(watched) = lock(&server.control)
+        .as_ref()
+        .and_then(|c| c.try_clone().ok())
+    else {
+        return;
+    };
     let deadline = Instant::now() + ARM_WAIT;
     while !EXITING.load(Ordering::SeqCst)
         && QUEUED.load(Ordering::SeqCst) == 0
@@ -510,14 +526,22 @@ fn arm_ready(job: &PrepareJob) {
         && unarmed()
         && !lock(&server.asked).is_empty()
     {
-        let Some(spare) = spare_when_ready(server, ARM_SLICE) else {
+        let Some(spare) = spare_when_ready(server, &watched, ARM_SLICE) else {
             continue;
         };
         let mut ready = lock(&server.ready);
         if let Some(p) = ready.iter_mut().find(|p| p.armed.is_none()) {
-            if let Err(e) = arm(spare, p, job.spec.kill_grace) {
-                tracing::debug!("execute_code: arming a spare ahead: {e}");
-                return;
+            match arm(
+                spare,
+                &p.staging,
+                p.channel.confinement.as_ref(),
+                job.spec.kill_grace,
+            ) {
+                Ok(armed) => p.armed = Some(armed),
+                Err(e) => {
+                    tracing::debug!("execute_code: arming a spare ahead: {e}");
+                    return;
+                }
             }
             continue;
         }
@@ -530,9 +554,17 @@ fn arm_ready(job: &PrepareJob) {
                 return;
             }
         };
-        if let Err(e) = arm(spare, &mut p, job.spec.kill_grace) {
-            tracing::debug!("execute_code: arming a spare ahead: {e}");
-            return;
+        match arm(
+            spare,
+            &p.staging,
+            p.channel.confinement.as_ref(),
+            job.spec.kill_grace,
+        ) {
+            Ok(armed) => p.armed = Some(armed),
+            Err(e) => {
+                tracing::debug!("execute_code: arming a spare ahead: {e}");
+                return;
+            }
         }
         let mut ready = lock(&server.ready);
         if ready.len() < PREPARED_AHEAD && !EXITING.load(Ordering::SeqCst) {
@@ -1150,79 +1182,58 @@ fn fork(
         &unset,
     )?;
     let stdio = [out_w.as_raw_fd(), err_w.as_raw_fd()];
-    // A spare not confined ahead gets its confinement first, as a primed one got it ([`arm`]),
-    // then the request.
-    let send_request = |spare: &Spare, confined: bool| {
-        if let (Some(c), false) = (&confinement, confined) {
-            let (part, programs) = confinement_part(c);
-            let message = with_programs(&serde_json::json!({ "confine": part }), &programs);
-            send(
-                &spare.to_script,
-                &message,
-                &[c.rpc.as_raw_fd(), c.ruleset.as_raw_fd()],
-            )?;
-        }
-        send(&spare.to_script, &body, &stdio)
-    };
-    let taken = match armed {
-        Some(mut armed) => match armed.spare.0.take() {
-            Some(spare) => match send_request(&spare, armed.confined) {
-                Ok(()) => {
-                    ARMED_AHEAD.fetch_add(1, Ordering::SeqCst);
-                    if armed.confined {
-                        CONFINED_AHEAD.fetch_add(1, Ordering::SeqCst);
+    // The area's armed spare, or one the call arms itself ([`arm`]: the reaper's part first, so
+    // a script process whose reaper refused it is never started, and in strict mode the
+    // confinement). A spare that died while it waited refuses a send; the next one is tried,
+    // and every spare asked for ahead may have died before the fresh one is.
+    let mut attempts_left = SPARES_AHEAD + 1 + usize::from(armed.is_some());
+    let mut armed = armed.map(|a| (a, true));
+    let (spare, lifeline, status_r) = loop {
+        let (mut a, ahead) = match armed.take() {
+            Some(a) => a,
+            None => match arm(
+                take_spare(server)?,
+                &staging,
+                confinement.as_ref(),
+                spec.kill_grace,
+            ) {
+                Ok(a) => (a, false),
+                Err(e) => {
+                    attempts_left -= 1;
+                    if attempts_left == 0 {
+                        return Err(ZygoteError::Gone(format!(
+                            "its spare refused a request: {e}"
+                        )));
                     }
-                    Some((spare, armed))
-                }
-                // It died while it waited: a fresh one is tried below.
-                Err(_) => {
-                    spare.kill();
-                    None
+                    continue;
                 }
             },
-            None => None,
-        },
-        None => None,
-    };
-    let (spare, lifeline, status_r) = match taken {
-        Some((spare, armed)) => {
-            let Armed {
-                lifeline, status, ..
-            } = armed;
-            (spare, lifeline, status)
-        }
-        None => {
-            let (lifeline, _setup, lifeline_read) = lifeline(spec.kill_grace, Some(staging.path()))
-                .map_err(|e| ZygoteError::Channel(format!("lifeline: {e}")))?;
-            let (status_r, status_w) = pipe()?;
-            let reaper_part = reaper_part(spec.kill_grace, staging.path());
-            let reaper_fds = [lifeline_read.as_raw_fd(), status_w.as_raw_fd()];
-            // A spare that died while it waited refuses the send; the next one is tried.
-            let mut attempts_left = SPARES_AHEAD + 1;
-            let spare = loop {
-                let spare = take_spare(server)?;
-                // The reaper first: a script process whose reaper refused its part is never
-                // started (it exits at EOF when the spare is dropped).
-                let sent = send(&spare.to_reaper, reaper_part.as_bytes(), &reaper_fds)
-                    .and_then(|()| send_request(&spare, false));
-                match sent {
-                    Ok(()) => break spare,
-                    Err(e) => {
-                        spare.kill();
-                        attempts_left -= 1;
-                        // Every spare asked for ahead may have died, and then the fresh one
-                        // is tried.
-                        if attempts_left == 0 {
-                            return Err(ZygoteError::Gone(format!(
-                                "its spare refused a request: {e}"
-                            )));
-                        }
+        };
+        let Some(spare) = a.spare.0.take() else {
+            continue;
+        };
+        match send(&spare.to_script, &body, &stdio) {
+            Ok(()) => {
+                if ahead {
+                    ARMED_AHEAD.fetch_add(1, Ordering::SeqCst);
+                    if a.confined {
+                        CONFINED_AHEAD.fetch_add(1, Ordering::SeqCst);
                     }
                 }
-            };
-            // The reaper holds its ends now.
-            drop((lifeline_read, status_w));
-            (spare, lifeline, status_r)
+                let Armed {
+                    lifeline, status, ..
+                } = a;
+                break (spare, lifeline, status);
+            }
+            Err(e) => {
+                spare.kill();
+                attempts_left -= 1;
+                if attempts_left == 0 {
+                    return Err(ZygoteError::Gone(format!(
+                        "its spare refused a request: {e}"
+                    )));
+                }
+            }
         }
     };
     if spare.recycled {
@@ -1378,8 +1389,8 @@ fn take_reply(
 /// A spare asked for ahead whose reply comes within `wait`, for arming a prepared area. The
 /// reply is waited for without holding the control channel, so a call that needs a spare
 /// meanwhile takes the first one; `None` if none was asked for or came, or the server is gone.
-fn spare_when_ready(server: &Server, wait: Duration) -> Option<Spare> {
-    let watched = lock(&server.control).as_ref()?.try_clone().ok()?;
+/// `watched` is a copy of the control channel, polled without its lock.
+fn spare_when_ready(server: &Server, watched: &OwnedFd, wait: Duration) -> Option<Spare> {
     let deadline = Instant::now() + wait;
     loop {
         if lock(&server.asked).is_empty()
