@@ -21,6 +21,7 @@ pub mod pool;
 pub mod prestart;
 pub mod zygote;
 
+mod background;
 mod capture;
 mod config;
 mod confine;

@@ -64,6 +64,7 @@ fn start_remover() -> Option<Sender<Staging>> {
     std::thread::Builder::new()
         .name("vibeos-staging-remove".into())
         .spawn(move || {
+            crate::background::lower_this_thread();
             for staging in receiver {
                 drop(staging);
                 PENDING.fetch_sub(1, Ordering::SeqCst);

@@ -439,12 +439,8 @@ fn start_preparer() -> Option<std::sync::mpsc::Sender<PrepareJob>> {
     std::thread::Builder::new()
         .name("vibeos-zygote-prepare".into())
         .spawn(move || {
-            // Below the host's other threads: this work is for the next call, and at normal
-            // priority its wake-up took the CPU from the thread returning this call's result.
-            // SAFETY: setpriority on this thread's own id; only its nice value changes.
-            unsafe {
-                libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10);
-            }
+            // Below the host's other threads: this work is for the next call.
+            crate::background::lower_this_thread();
             for job in jobs {
                 QUEUED.fetch_sub(1, Ordering::SeqCst);
                 ask_ahead(&job.server);
