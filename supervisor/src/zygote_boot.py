@@ -181,6 +181,42 @@ _ctl = socket.socket(fileno=_control_fd)
 _supervisor = os.getppid()
 
 
+def _start_policy():
+    try:
+        return os.sched_getscheduler(0)
+    except (AttributeError, OSError):
+        return None
+
+
+# The scheduling policy the host started this server with: what a script process gets back
+# (`_foreground`), as a cold start would inherit it. Only the default policy is ever lowered.
+_HOST_POLICY = _start_policy()
+
+
+def _set_policy(policy):
+    if _HOST_POLICY != os.SCHED_OTHER:
+        return
+    try:
+        os.sched_setscheduler(0, policy, os.sched_param(0))
+    except OSError:
+        pass
+
+
+def _background():
+    """From here this process works for a call yet to come, or has done its part of the one
+    under way: SCHED_BATCH, whose wake-ups never preempt a running process. At the default
+    policy, the server's fork of the next spare, a reaper's next script process and a killed
+    script's teardown took the CPU from the host returning the call's result (docs/warm-pool.md,
+    "Background work off the call's path"). The nice value stays, so `_foreground` needs no
+    privilege, whatever uid the process has by then."""
+    _set_policy(getattr(os, "SCHED_BATCH", os.SCHED_OTHER))
+
+
+def _foreground():
+    """Back to the host's policy, as soon as this process serves a call."""
+    _set_policy(os.SCHED_OTHER)
+
+
 def _reap_all(*_):
     while True:
         try:
@@ -560,6 +596,9 @@ def _announce_exit(status):
             else:
                 os.close(fd)
         _claim.value = status
+        # What is left of this process (its teardown once killed) must not preempt the host
+        # returning its result.
+        _background()
         os.kill(_script_pid, signal.SIGSTOP)
     except OSError:
         pass
@@ -612,6 +651,7 @@ def _take_confinement(part, fds, reaper, chan):
 def _script_process(req, fds, rpc=None):
     """Runs in the script's process, confined already in strict mode (`rpc` is then the RPC end
     its confinement came with): stdio, environment, script."""
+    _foreground()
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     # Project mode has nothing to confine, and the spare let go of every other descriptor and
     # armed its parent-death signal once forked (`_fork_script_process`); a strict one was
@@ -829,6 +869,7 @@ def _spare(for_reaper, for_script):
             raise
         if not again:
             os._exit(0)
+        _background()
         # Blocked until the next request, as a spare forked by the server has them.
         signal.pthread_sigmask(signal.SIG_BLOCK, set(_WATCHED))
         flags["stop"] = False
@@ -918,6 +959,7 @@ def _reap(script, for_reaper, zygote, me, wake_r, flags):
     claims = _ClaimReader(script)
     part = bytearray(_PART_SIZE)
     size, fds = _receive_part(for_reaper, part)
+    _foreground()
     for_reaper.close()
     if size == 0 or len(fds) != 2:
         # Discarded before use (the server ended): the script process got EOF as well.
@@ -955,6 +997,7 @@ def _reap(script, for_reaper, zygote, me, wake_r, flags):
             if claim is not None:
                 os.write(status_w, b"%d\n" % (claim << 8))
                 reported = True
+                _background()
         if status is not None:
             # An orphan becomes this subreaper's child while its parent exits, before that
             # parent can be waited for: with no child left, no descendant is left either.
@@ -968,6 +1011,7 @@ def _reap(script, for_reaper, zygote, me, wake_r, flags):
                 _sweep(json.loads(bytes(part[:size]))["staging"])
             if not reported:
                 os.write(status_w, b"%d\n" % status)
+                _background()
             os.close(status_w)
             if orphaned or terminating or lifeline_eof or flags["stop"]:
                 return False
@@ -1141,6 +1185,7 @@ def _a_spare():
 
 
 def _serve():
+    _background()
     signal.signal(signal.SIGCHLD, _reap_all)
     # Ctrl-C of a terminal host or a hangup must not end the server between requests: the
     # supervisor ends it by closing the control channel.

@@ -254,6 +254,9 @@ pub(crate) fn parity_scripts() -> Vec<String> {
         "import threading\nthreading.Thread(target=lambda: 1/0).start()\n".to_string(),
         "import warnings\nwarnings.warn('careful')\nraise SystemExit(0)\n".to_string(),
         "import sys\nsys.stdout.write('no newline')\nsys.exit(None)\n".to_string(),
+        // The scheduling a cold start inherits from its host, not the fork server's own.
+        "import os\nprint(os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))\n"
+            .to_string(),
         // What `site` set up: the path (a fork server runs it itself, with -S), the builtins.
         "import sys, builtins\nprint(sys.path)\n\
          print([n for n in ('exit', 'quit', 'help', 'copyright', 'credits', 'license') \

@@ -1577,3 +1577,50 @@ fn what_a_pth_line_sets_at_startup_is_in_a_forked_scripts_environment() {
     assert_eq!(forked.output, cold.output, "{}", forked.to_json());
     zygote::set_enabled(false);
 }
+
+/// The fork server and its waiting spares work for calls yet to come, below the calls under
+/// way (`SCHED_BATCH`, docs/warm-pool.md, "Background work off the call's path"); a script
+/// runs at its host's policy and nice value, as a cold one inherits them, in project and in
+/// strict mode (where it has dropped to another uid by then).
+#[test]
+fn a_forked_script_runs_at_its_hosts_priority_while_its_server_stays_below() {
+    let python = require_python!();
+    let _guard = serial();
+    let rt = runtime();
+    let session = Session::new(python);
+    // SAFETY: pid 0 is the calling thread; the calls only read its scheduling.
+    let host = unsafe {
+        (
+            libc::sched_getscheduler(0),
+            libc::getpriority(libc::PRIO_PROCESS, 0),
+        )
+    };
+    assert_eq!(
+        host.0,
+        libc::SCHED_OTHER,
+        "the test runs at the default policy"
+    );
+    let probe = "import os\nprint(os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))\n";
+    let expected = format!("{} {}\n", host.0, host.1);
+    let mut modes = vec![Mode::Project];
+    if strict_unavailable().is_none() {
+        modes.push(Mode::Strict);
+    }
+    for mode in modes {
+        let mut request = session.request(probe);
+        request.mode = mode;
+        // Twice: the second script process is forked by a reaper handed back after the first.
+        for _ in 0..2 {
+            let forked = run_forked(&rt, request.clone());
+            assert_eq!(forked.output, expected, "{mode:?}: {}", forked.to_json());
+        }
+    }
+    let pids = servers();
+    assert!(!pids.is_empty(), "no fork server");
+    for pid in pids {
+        // SAFETY: sched_getscheduler only reads the scheduling policy of `pid`.
+        let policy = unsafe { libc::sched_getscheduler(pid) };
+        assert_eq!(policy, libc::SCHED_BATCH, "fork server {pid}");
+    }
+    zygote::set_enabled(false);
+}
