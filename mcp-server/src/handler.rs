@@ -242,19 +242,31 @@ impl ExecServer {
         }
         let started = Instant::now();
         let slots = self.shared.slots.clone();
-        // Queue: wait for a slot, telling the client why it waits, until cancelled.
-        let permit = {
-            let acquire = slots.acquire_owned();
-            tokio::pin!(acquire);
-            let mut tick = tokio::time::interval(PROGRESS_EVERY);
-            loop {
-                tokio::select! {
-                    permit = &mut acquire => break permit.map_err(|_| ErrorData::internal_error("the server is shutting down", None))?,
-                    _ = ct.cancelled() => return Err(ErrorData::internal_error("cancelled by the client while queued", None)),
-                    _ = tick.tick() => progress.send(format!(
-                        "queued: all {} execution slots are busy (--max-concurrent), waited {:.0}s",
-                        settings.max_concurrent, started.elapsed().as_secs_f64()
-                    )).await,
+        // Queue: wait for a slot, telling the client why it waits (at once, then every
+        // PROGRESS_EVERY), until cancelled. A free slot is taken first: the interval's first
+        // tick is immediate, and raced against a ready slot it told a call that never waited
+        // that every slot was busy.
+        let permit = match Arc::clone(&slots).try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(tokio::sync::TryAcquireError::Closed) => {
+                return Err(ErrorData::internal_error(
+                    "the server is shutting down",
+                    None,
+                ))
+            }
+            Err(tokio::sync::TryAcquireError::NoPermits) => {
+                let acquire = slots.acquire_owned();
+                tokio::pin!(acquire);
+                let mut tick = tokio::time::interval(PROGRESS_EVERY);
+                loop {
+                    tokio::select! {
+                        permit = &mut acquire => break permit.map_err(|_| ErrorData::internal_error("the server is shutting down", None))?,
+                        _ = ct.cancelled() => return Err(ErrorData::internal_error("cancelled by the client while queued", None)),
+                        _ = tick.tick() => progress.send(format!(
+                            "queued: all {} execution slots are busy (--max-concurrent), waited {:.0}s",
+                            settings.max_concurrent, started.elapsed().as_secs_f64()
+                        )).await,
+                    }
                 }
             }
         };

@@ -233,6 +233,22 @@ fn mcp_concurrent_calls_are_bounded_queued_and_report_progress() {
         messages.iter().any(|m| m.starts_with("queued")),
         "queued calls hear why they wait: {messages:?}"
     );
+    // The two calls that started first took free slots: neither hears it was queued.
+    let mut order: Vec<usize> = (0..spans.len()).collect();
+    order.sort_by(|a, b| spans[*a].0.total_cmp(&spans[*b].0));
+    for &first in &order[..2] {
+        let heard: Vec<&str> = progress[first]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|m| m["message"].as_str())
+            .filter(|m| m.starts_with("queued"))
+            .collect();
+        assert!(
+            heard.is_empty(),
+            "a call that got a free slot was told it was queued: {heard:?}"
+        );
+    }
     for p in progress {
         let p = p.as_array().unwrap();
         assert!(
