@@ -905,6 +905,9 @@ def _fork_script_process(for_reaper, for_script, reaper, close_in_child, ranges)
                 break
             if rpc is not None or failed is not None:
                 raise OSError(errno.EINVAL, "a spare is confined once")
+            # Armed: from here this process is an execution's, and in a strict call back to
+            # back the next call waits for this confinement.
+            _foreground()
             try:
                 rpc = _take_confinement(req["confine"], fds, reaper, for_script)
             except Exception as exc:
