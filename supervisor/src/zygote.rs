@@ -183,6 +183,9 @@ struct Armed {
     /// The supervisor's ends of the reaper's part.
     lifeline: crate::reaper::Lifeline,
     status: OwnedFd,
+    /// The request its script process was sent ahead and has settled into ([`preset`]): a
+    /// call whose request is the same sends only [`GO`].
+    preset: Option<Vec<u8>>,
 }
 
 impl Armed {
@@ -353,6 +356,7 @@ fn arm(
         confined: false,
         lifeline,
         status,
+        preset: None,
     };
     let Some(c) = confinement else {
         return Ok(armed);
@@ -477,7 +481,7 @@ fn prepare_ahead(job: &PrepareJob) {
                         )
                     });
                     match armed {
-                        Ok(armed) => p.armed = Some(armed),
+                        Ok(armed) => p.armed = Some(preset(armed, &job.spec, &p, server)),
                         // The call arms a spare itself.
                         Err(e) => tracing::debug!("execute_code: arming a spare ahead: {e}"),
                     }
@@ -533,7 +537,7 @@ fn arm_ready(job: &PrepareJob) {
                 p.channel.confinement.as_ref(),
                 job.spec.kill_grace,
             ) {
-                Ok(armed) => p.armed = Some(armed),
+                Ok(armed) => p.armed = Some(preset(armed, &job.spec, p, server)),
                 Err(e) => {
                     tracing::debug!("execute_code: arming a spare ahead: {e}");
                     return;
@@ -556,7 +560,7 @@ fn arm_ready(job: &PrepareJob) {
             p.channel.confinement.as_ref(),
             job.spec.kill_grace,
         ) {
-            Ok(armed) => p.armed = Some(armed),
+            Ok(armed) => p.armed = Some(preset(armed, &job.spec, &p, server)),
             Err(e) => {
                 tracing::debug!("execute_code: arming a spare ahead: {e}");
                 return;
@@ -668,6 +672,7 @@ static CLOCK: AtomicU64 = AtomicU64::new(0);
 static FORKS: AtomicU64 = AtomicU64::new(0);
 static CONFINED_AHEAD: AtomicU64 = AtomicU64::new(0);
 static ARMED_AHEAD: AtomicU64 = AtomicU64::new(0);
+static PRESET_TAKEN: AtomicU64 = AtomicU64::new(0);
 static RECYCLED: AtomicU64 = AtomicU64::new(0);
 static NEXT_REQUEST: AtomicU64 = AtomicU64::new(1);
 /// Bumped whenever the servers are turned off, so a server whose start began before is dropped.
@@ -724,6 +729,12 @@ pub fn mount_templates_made() -> u64 {
 /// Executions so far whose reaper was sent its part before their request came ([`arm`]).
 pub fn armed_ahead() -> u64 {
     ARMED_AHEAD.load(Ordering::SeqCst)
+}
+
+/// Executions so far whose script process had settled ahead into the very request their call
+/// made (the call sent only "go"; zygote.rs `preset`).
+pub fn presets_taken() -> u64 {
+    PRESET_TAKEN.load(Ordering::SeqCst)
 }
 
 /// Strict executions so far whose script process was confined before their request came
@@ -1076,6 +1087,92 @@ fn env_delta<'a>(
     Ok((set, unset))
 }
 
+/// An execution's environment, name and value.
+type ScriptEnv = Vec<(OsString, OsString)>;
+
+/// The script's environment (`tool_env` with the channel's variables) and its process's
+/// request for `staging`'s execution as `spec` asks for it: that environment as its difference
+/// from the server's own, its working dir and paths ([`script_request`]).
+fn request_body(
+    spec: &LaunchSpec,
+    staging: &Staging,
+    tool_env: ScriptEnv,
+    channel_vars: &[(OsString, OsString)],
+    server: &Server,
+) -> Result<(ScriptEnv, Vec<u8>), ZygoteError> {
+    let env = with_channel(tool_env, channel_vars);
+    let (set, unset) = env_delta(&env, &server.process_env)?;
+    let body = script_request(
+        &spec.child_cwd(staging.path()),
+        staging.path(),
+        &staging.path().join("script.py"),
+        &set,
+        &unset,
+    )?;
+    Ok((env, body))
+}
+
+/// What a preset script process is told when its call's request is the one it was preset
+/// with; it comes with stdout and stderr, as a request does.
+const GO: &[u8] = b"go";
+/// What a preset request starts with (zygote_boot.py `_PRESET`); a request's first field is
+/// an absolute path, so neither can be taken for one.
+const PRESET: &[u8] = b"preset\0";
+
+/// Sends `armed`'s script process, while it waits, the request a call like the last one
+/// (`spec`) would send for `prepared`: it settles into it (working dir, environment,
+/// `sys.path`, the stub runtime's hand-over, fresh random state; zygote_boot.py `_settle`)
+/// before the call comes. A call whose request turns out the same (the same environment and
+/// working dir, as nearly every call of a long-lived host) then sends only [`GO`] with stdout
+/// and stderr, and its script process goes straight to the script; any other request undoes
+/// the preset first. Nothing is sent if the request cannot be made or sent: the call then
+/// sends its whole request, as to a spare armed on its own path.
+///
+/// Only an environment the server itself started with is preset (apart from what belongs to
+/// the area: its staging dir, its channel): an undone preset leaves its values in the freed
+/// memory of the process that runs the next call, which a script can read, and a host may
+/// give each caller its own environment. Values the server started with are in every forked
+/// process's memory anyway.
+fn preset(mut armed: Armed, spec: &LaunchSpec, prepared: &Prepared, server: &Server) -> Armed {
+    let sorted = |mut env: ScriptEnv| {
+        env.sort();
+        env
+    };
+    let servers_own = spec
+        .child_env(server.empty.path(), false)
+        .is_ok_and(|env| sorted(env) == sorted(server.startup_env.clone()));
+    if !servers_own {
+        return armed;
+    }
+    let body = spec
+        .child_env(prepared.staging.path(), false)
+        .map_err(ZygoteError::from)
+        .and_then(|tool_env| {
+            request_body(
+                spec,
+                &prepared.staging,
+                tool_env,
+                &prepared.channel.channel_vars,
+                server,
+            )
+        });
+    let Some(spare) = armed.spare.0.as_ref() else {
+        return armed;
+    };
+    match body {
+        Ok((_env, body)) => {
+            let mut message = PRESET.to_vec();
+            message.extend_from_slice(&body);
+            match send(&spare.to_script, &message, &[]) {
+                Ok(()) => armed.preset = Some(body),
+                Err(e) => tracing::debug!("execute_code: presetting a spare: {e}"),
+            }
+        }
+        Err(e) => tracing::debug!("execute_code: presetting a spare: {e}"),
+    }
+    armed
+}
+
 /// A script process's request (`_request` in zygote_boot.py): its cwd, staging dir and script
 /// path, the number of variables to set, each one's name and value, then the names to remove,
 /// separated by NULs, which none of them can hold. One split reads it, where JSON's decoder cost
@@ -1167,16 +1264,7 @@ fn fork(
         owner,
     } = channel;
     let tool_env = spec.child_env(staging.path(), true)?;
-    let env = with_channel(tool_env.clone(), &channel_vars);
-
-    let (set, unset) = env_delta(&env, &server.process_env)?;
-    let body = script_request(
-        &spec.child_cwd(staging.path()),
-        staging.path(),
-        &staging.path().join("script.py"),
-        &set,
-        &unset,
-    )?;
+    let (env, body) = request_body(spec, &staging, tool_env.clone(), &channel_vars, server)?;
     let stdio = [out_w.as_raw_fd(), err_w.as_raw_fd()];
     // The area's armed spare, or one the call arms itself ([`arm`]: the reaper's part first, so
     // a script process whose reaper refused it is never started, and in strict mode the
@@ -1208,8 +1296,13 @@ fn fork(
         let Some(spare) = a.spare.0.take() else {
             continue;
         };
-        match send(&spare.to_script, &body, &stdio) {
+        let took_preset = a.preset.as_ref().is_some_and(|preset| *preset == body);
+        let message: &[u8] = if took_preset { GO } else { &body };
+        match send(&spare.to_script, message, &stdio) {
             Ok(()) => {
+                if took_preset {
+                    PRESET_TAKEN.fetch_add(1, Ordering::SeqCst);
+                }
                 if ahead {
                     ARMED_AHEAD.fetch_add(1, Ordering::SeqCst);
                     if a.confined {
@@ -1297,10 +1390,11 @@ fn send(channel: &OwnedFd, body: &[u8], fds: &[RawFd]) -> Result<(), ZygoteError
 /// [`send`] on a channel the caller keeps open.
 fn send_fd(channel: RawFd, body: &[u8], fds: &[RawFd]) -> Result<(), ZygoteError> {
     let cmsg = [ControlMessage::ScmRights(fds)];
+    let cmsg: &[ControlMessage] = if fds.is_empty() { &[] } else { &cmsg };
     sendmsg::<()>(
         channel,
         &[IoSlice::new(body)],
-        &cmsg,
+        cmsg,
         MsgFlags::MSG_NOSIGNAL,
         None,
     )

@@ -648,9 +648,10 @@ def _take_confinement(part, fds, reaper, chan):
     return rpc
 
 
-def _script_process(req, fds, rpc=None):
+def _script_process(req, fds, rpc=None, settled=False):
     """Runs in the script's process, confined already in strict mode (`rpc` is then the RPC end
-    its confinement came with): stdio, environment, script."""
+    its confinement came with): stdio, environment, script. `settled`: the request is the one
+    this process was preset with (`_settle` ran while it waited)."""
     _foreground()
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     # Project mode has nothing to confine, and the spare let go of every other descriptor and
@@ -667,28 +668,69 @@ def _script_process(req, fds, rpc=None):
     os.close(stderr_w)
     global _host_fds
     _host_fds = (1, 2) if rpc is None else (1, 2, rpc)
+    if not settled:
+        _settle(req, rpc)
+    _customize()
+    _finish(*_run(req["script"]))
+
+
+# What `_settle` changed in this process, so that a request other than the preset one can
+# undo it first (`_unsettle`): the variables' earlier values, sys.path, the runtime's finder.
+_settled = None
+
+
+def _settle(req, rpc):
+    """The request's working dir, environment, sys.path and the stub runtime's hand-over, and
+    fresh random state: at the request, or ahead of it when the supervisor presets a waiting
+    spare with the request it expects (zygote.rs `preset`), which then takes none of this
+    process's time on the call's path."""
+    global _settled, _staging
     os.chdir(req["cwd"])
     # Only the differences (zygote.rs `env_delta`): the server started with this key's
     # environment (its own empty dir standing in for the staging dir), so most variables
     # already hold their values, and each putenv in a forked child costs copied pages.
+    changes = list(req["unset"]) + [name for name, _value in req["set"]]
+    if rpc is not None:
+        changes.append("VIBEOS_RPC_FD")
+    undo = [(name, os.environ.get(name)) for name in changes]
+    _settled = (undo, None, None)
     for name in req["unset"]:
         os.environ.pop(name, None)
     for name, value in req["set"]:
         os.environ[name] = value
     if rpc is not None:
         os.environ["VIBEOS_RPC_FD"] = str(rpc)
+    saved_path = list(sys.path)
+    _settled = (undo, saved_path, None)
     # PYTHONPATH named the zygote's empty dir where this execution's staging dir belongs.
-    global _staging
     _staging = staging = req["staging"]
     if _pythonpath_at_start:
         sys.path[:] = [staging if p == _empty else p for p in sys.path]
         sys.path[0] = staging
     else:
         sys.path[:] = _with_pythonpath(sys.path, staging, os.environ.get("PYTHONPATH", ""))
-    sys.meta_path.insert(0, _PreloadedRuntime(os.path.join(staging, _RUNTIME_NAME + ".py")))
+    finder = _PreloadedRuntime(os.path.join(staging, _RUNTIME_NAME + ".py"))
+    sys.meta_path.insert(0, finder)
     _reseed()
-    _customize()
-    _finish(*_run(req["script"]))
+    _settled = (undo, saved_path, finder)
+
+
+def _unsettle():
+    """Undoes a preset's `_settle`, for a request that differs from it."""
+    global _settled
+    if _settled is None:
+        return
+    undo, saved_path, finder = _settled
+    for name, value in reversed(undo):
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    if saved_path is not None:
+        sys.path[:] = saved_path
+    if finder is not None and finder in sys.meta_path:
+        sys.meta_path.remove(finder)
+    _settled = None
 
 
 def _ready_script_process(chan, reaper):
@@ -784,6 +826,12 @@ def _request(msg):
     return {"cwd": fields[0], "staging": fields[1], "script": fields[2],
             "set": list(zip(values[0::2], values[1::2])), "unset": fields[end:]}
 
+
+# A script process's messages besides its confinement (JSON) and its request (fields, the
+# first an absolute path): the request the supervisor expects, sent ahead (zygote.rs
+# `preset`), and the word that it is the one, with stdout and stderr.
+_PRESET = b"preset\0"
+_GO = b"go"
 
 # Room for the descriptors a message on a spare's or the server's channel carries.
 _FDS_SPACE = socket.CMSG_SPACE(8 * array.array("i").itemsize)
@@ -894,17 +942,40 @@ def _fork_script_process(for_reaper, for_script, reaper, close_in_child, ranges)
     _returns_w.close()
     try:
         _ready_script_process(for_script, reaper)
-        rpc, failed = None, None
+        rpc, failed, preset, settled = None, None, None, False
         while True:
             _populate_while_idle(for_script, ranges)
             msg, fds, _fl = _receive(for_script)
             if msg is None:
                 os._exit(0)
+            if msg.startswith(_PRESET):
+                # The first preset counts; one after a failed confinement is only kept, so that
+                # its request reports that failure as any other would.
+                for fd in fds:
+                    os.close(fd)
+                if preset is None:
+                    preset = _request(msg[len(_PRESET):])
+                    if failed is None:
+                        try:
+                            _settle(preset, rpc)
+                            settled = True
+                        except Exception:
+                            # Its working dir was missing, say: the request settles again
+                            # when it comes, and fails there as a cold start would.
+                            _unsettle()
+                continue
+            if msg == _GO:
+                if preset is None:
+                    raise OSError(errno.EINVAL, "no preset request to go with")
+                req = preset
+                break
             req = _request(msg)
             if "confine" not in req:
+                _unsettle()
+                settled = False
                 break
-            if rpc is not None or failed is not None:
-                raise OSError(errno.EINVAL, "a spare is confined once")
+            if rpc is not None or failed is not None or preset is not None:
+                raise OSError(errno.EINVAL, "a spare is confined once, before any preset")
             # Armed: from here this process is an execution's, and in a strict call back to
             # back the next call waits for this confinement.
             _foreground()
@@ -919,7 +990,7 @@ def _fork_script_process(for_reaper, for_script, reaper, close_in_child, ranges)
                 os.dup2(fds[1], 2)
             raise failed
         for_script.close()
-        _script_process(req, fds, rpc)
+        _script_process(req, fds, rpc, settled)
     except BaseException as exc:  # never let the child fall back into the reaper's loop
         try:
             os.write(2, ("vibeos: cannot start the script: %s\n" % exc).encode())

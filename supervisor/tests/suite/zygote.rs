@@ -1624,3 +1624,142 @@ fn a_forked_script_runs_at_its_hosts_priority_while_its_server_stays_below() {
     }
     zygote::set_enabled(false);
 }
+
+/// A spare armed ahead is also preset with the request a call like the last one makes, and
+/// settles into it while it waits; a call whose request is that one sends only "go". One
+/// whose environment or working dir changed since gets its own, with nothing of the preset
+/// left: every variable, `sys.path` entry and the working dir are the call's.
+#[test]
+fn a_preset_spare_runs_its_calls_own_request_whatever_changed_since() {
+    let python = require_python!();
+    let _guard = serial();
+    let rt = runtime();
+    let session = Session::new(python);
+    let probe = "import os, sys, json\n\
+                 print(json.dumps({'cwd': os.getcwd(), 'mark': os.environ.get('XDG_PRESET_MARK'), \
+                 'path0': sys.path[0] == os.path.dirname(__file__), \
+                 'stale': [p for p in sys.path if 'vibeos-exec-' in p and p != sys.path[0]], \
+                 'tmp': os.environ.get('TMPDIR') == os.path.dirname(__file__) or None}))\n";
+    let with_env = |mark: Option<&str>, cwd: &std::path::Path| {
+        let mut r = session.request(probe);
+        r.cwd = Some(cwd.to_path_buf());
+        if let Some(base) = r.base_env.as_mut() {
+            base.retain(|(k, _)| k != "XDG_PRESET_MARK");
+            if let Some(m) = mark {
+                base.push(("XDG_PRESET_MARK".into(), m.into()));
+            }
+        }
+        r
+    };
+    let here = session.cwd();
+    let other = tempfile::tempdir().unwrap();
+    let other_dir = std::fs::canonicalize(other.path()).unwrap();
+    let first = json_line(&run_forked(&rt, with_env(Some("one"), &here)));
+    assert_eq!(first["mark"], "one", "{first}");
+    // Paced calls like the first: one of them finds its spare preset.
+    let before = zygote::presets_taken();
+    let mut taken = false;
+    for _ in 0..20 {
+        std::thread::sleep(Duration::from_millis(200));
+        let r = json_line(&run_forked(&rt, with_env(Some("one"), &here)));
+        assert_eq!(r["mark"], "one", "{r}");
+        assert_eq!(r["path0"], true, "{r}");
+        assert_eq!(r["stale"], serde_json::json!([]), "{r}");
+        if zygote::presets_taken() > before {
+            taken = true;
+            break;
+        }
+    }
+    assert!(taken, "no paced call took a preset spare");
+    // Each next spare is preset like the call before it when that call's environment is the
+    // server's own ("one"): the calls after such a call, whose variable differs (removed,
+    // changed), get exactly their own, through the undo.
+    let armed_before = zygote::armed_ahead();
+    for mark in [
+        None,
+        Some("one"),
+        Some("two"),
+        Some("one"),
+        None,
+        Some("one"),
+        Some("three"),
+    ] {
+        std::thread::sleep(Duration::from_millis(250));
+        let r = json_line(&run_forked(&rt, with_env(mark, &here)));
+        assert_eq!(r["mark"], mark.map_or(Value::Null, Value::from), "{r}");
+        assert_eq!(r["cwd"], here.to_string_lossy().as_ref(), "{r}");
+        assert_eq!(r["path0"], true, "{r}");
+        assert_eq!(r["stale"], serde_json::json!([]), "{r}");
+    }
+    assert!(
+        zygote::armed_ahead() > armed_before,
+        "no changed call found its spare armed (and preset) ahead"
+    );
+    // A caller's environment other than the server's own is never preset: the next call's
+    // process, which the preset would have been undone in, holds nothing of it, not even in
+    // freed memory (the script reads all of its own).
+    let secret = format!("leak{:08x}", std::process::id() ^ 0x5eed_f00d);
+    let scan = "import re, json\n\
+                found = 0\n\
+                pattern = re.compile(rb'leak[0-9a-f]{8}')\n\
+                with open('/proc/self/maps') as maps, open('/proc/self/mem', 'rb', 0) as mem:\n\
+                \x20   for line in maps:\n\
+                \x20       f = line.split()\n\
+                \x20       if 'r' not in f[1] or (len(f) > 5 and f[5] in ('[vvar]', '[vsyscall]', '[vvar_vclock]')):\n\
+                \x20           continue\n\
+                \x20       start, end = (int(x, 16) for x in f[0].split('-'))\n\
+                \x20       try:\n\
+                \x20           mem.seek(start)\n\
+                \x20           found += len(pattern.findall(mem.read(end - start)))\n\
+                \x20       except (OSError, ValueError, OverflowError):\n\
+                \x20           pass\n\
+                print(json.dumps({'found': found}))\n";
+    for _ in 0..2 {
+        std::thread::sleep(Duration::from_millis(250));
+        let a = run_forked(&rt, with_env(Some(&secret), &here));
+        assert_eq!(a.exit_code, Some(0), "{}", a.to_json());
+        // The areas prepared after it are taken by the calls that follow, oldest first.
+        for _ in 0..3 {
+            std::thread::sleep(Duration::from_millis(250));
+            let mut b = with_env(Some("one"), &here);
+            b.code = scan.to_string();
+            let b = json_line(&run_forked(&rt, b));
+            assert_eq!(
+                b["found"], 0,
+                "another caller's value reached this process: {b}"
+            );
+        }
+    }
+    // Another session dir is another server's: nothing of this one's presets.
+    let moved = json_line(&run_forked(&rt, with_env(Some("two"), &other_dir)));
+    assert_eq!(moved["mark"], "two", "{moved}");
+    assert_eq!(
+        moved["cwd"],
+        other_dir.to_string_lossy().as_ref(),
+        "{moved}"
+    );
+    // Strict mode: the preset comes after the confinement, with the RPC end's variable.
+    if strict_unavailable().is_none() {
+        let tool_call = "from vibeos_tools import write_file\nimport os\n\
+                         print(write_file('preset.txt', 'x').get('bytes_written'), \
+                         os.getcwd() == os.path.dirname(__file__))\n";
+        let strict = || {
+            let mut r = session.request(tool_call);
+            r.mode = Mode::Strict;
+            r
+        };
+        let before = zygote::presets_taken();
+        let mut taken = false;
+        for _ in 0..20 {
+            std::thread::sleep(Duration::from_millis(200));
+            let r = run_forked(&rt, strict());
+            assert_eq!(r.output, "1 True\n", "{}", r.to_json());
+            if zygote::presets_taken() > before {
+                taken = true;
+                break;
+            }
+        }
+        assert!(taken, "no paced strict call took a preset spare");
+    }
+    zygote::set_enabled(false);
+}
