@@ -47,8 +47,10 @@ def _read_all(fd):
         want = 1 << 16
 
 
-def _run(path):
-    """Runs the script as `__main__`; returns (exit status, whether it ended by Ctrl-C)."""
+def _run(path, source=None):
+    """Runs the script as `__main__`; returns (exit status, whether it ended by Ctrl-C).
+    `source` is the file's bytes when the caller has them already (a forked script process
+    gets them with its request); the file is read otherwise."""
     main = types.ModuleType("__main__")
     main.__file__ = path
     main.__cached__ = None
@@ -62,11 +64,12 @@ def _run(path):
     sys.modules["__main__"] = main
     sys.argv[:] = [path]
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            source = _read_all(fd)
-        finally:
-            os.close(fd)
+        if source is None:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                source = _read_all(fd)
+            finally:
+                os.close(fd)
         code = compile(source, path, "exec", dont_inherit=True)
         del source
         exec(code, main.__dict__)

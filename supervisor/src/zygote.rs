@@ -1113,8 +1113,21 @@ fn request_body(
 }
 
 /// What a preset script process is told when its call's request is the one it was preset
-/// with; it comes with stdout and stderr, as a request does.
-const GO: &[u8] = b"go";
+/// with; it comes with stdout and stderr, as a request does, and the script's bytes follow it
+/// when they are at most [`INLINE_SOURCE`] long (the process then reads no file for them).
+const GO: &[u8] = b"go\0";
+/// The largest script sent along with [`GO`]: well inside what one message on a local
+/// SEQPACKET socket takes, and the script process's receive buffer.
+const INLINE_SOURCE: usize = 64 << 10;
+/// [`GO`], with `code` after it when it is short enough to come along.
+fn go_message(code: &str) -> Vec<u8> {
+    let mut message = GO.to_vec();
+    if code.len() <= INLINE_SOURCE {
+        message.extend_from_slice(code.as_bytes());
+    }
+    message
+}
+
 /// What a preset request starts with (zygote_boot.py `_PRESET`); a request's first field is
 /// an absolute path, so neither can be taken for one.
 const PRESET: &[u8] = b"preset\0";
@@ -1297,7 +1310,13 @@ fn fork(
             continue;
         };
         let took_preset = a.preset.as_ref().is_some_and(|preset| *preset == body);
-        let message: &[u8] = if took_preset { GO } else { &body };
+        let go;
+        let message: &[u8] = if took_preset {
+            go = go_message(code);
+            &go
+        } else {
+            &body
+        };
         match send(&spare.to_script, message, &stdio) {
             Ok(()) => {
                 if took_preset {

@@ -671,7 +671,7 @@ def _script_process(req, fds, rpc=None, settled=False):
     if not settled:
         _settle(req, rpc)
     _customize()
-    _finish(*_run(req["script"]))
+    _finish(*_run(req["script"], req.get("source")))
 
 
 # What `_settle` changed in this process, so that a request other than the preset one can
@@ -829,9 +829,10 @@ def _request(msg):
 
 # A script process's messages besides its confinement (JSON) and its request (fields, the
 # first an absolute path): the request the supervisor expects, sent ahead (zygote.rs
-# `preset`), and the word that it is the one, with stdout and stderr.
+# `preset`), and the word that it is the one, with stdout and stderr (and the script's bytes
+# after it).
 _PRESET = b"preset\0"
-_GO = b"go"
+_GO = b"go\0"
 
 # Room for the descriptors a message on a spare's or the server's channel carries.
 _FDS_SPACE = socket.CMSG_SPACE(8 * array.array("i").itemsize)
@@ -964,10 +965,14 @@ def _fork_script_process(for_reaper, for_script, reaper, close_in_child, ranges)
                             # when it comes, and fails there as a cold start would.
                             _unsettle()
                 continue
-            if msg == _GO:
+            if msg.startswith(_GO):
                 if preset is None:
                     raise OSError(errno.EINVAL, "no preset request to go with")
                 req = preset
+                # The script's bytes, which the supervisor also wrote to its file (for
+                # tracebacks and `__file__`); none when too large to come along.
+                if len(msg) > len(_GO):
+                    req["source"] = msg[len(_GO):]
                 break
             req = _request(msg)
             if "confine" not in req:

@@ -1738,6 +1738,37 @@ fn a_preset_spare_runs_its_calls_own_request_whatever_changed_since() {
         other_dir.to_string_lossy().as_ref(),
         "{moved}"
     );
+    // A script that comes along with "go" still has its file: a traceback quotes its line. One
+    // too large to come along is read from the file.
+    for padding in [0usize, 100 << 10] {
+        let code = format!(
+            "# {}\nimport sys\nprint(len(open(__file__).read()) > {padding})\nraise ValueError('from the preset')\n",
+            "x".repeat(padding)
+        );
+        let before = zygote::presets_taken();
+        let mut taken = false;
+        for _ in 0..20 {
+            std::thread::sleep(Duration::from_millis(200));
+            let mut request = with_env(Some("one"), &here);
+            request.code = code.clone();
+            let r = run_forked(&rt, request);
+            assert_eq!(r.output.lines().next(), Some("True"), "{}", r.to_json());
+            let text = r.to_json().to_string();
+            assert!(
+                text.contains("raise ValueError('from the preset')")
+                    && text.contains("ValueError: from the preset"),
+                "{text}"
+            );
+            if zygote::presets_taken() > before {
+                taken = true;
+                break;
+            }
+        }
+        assert!(
+            taken,
+            "no paced call of {padding} bytes of padding took a preset spare"
+        );
+    }
     // Strict mode: the preset comes after the confinement, with the RPC end's variable.
     if strict_unavailable().is_none() {
         let tool_call = "from vibeos_tools import write_file\nimport os\n\
