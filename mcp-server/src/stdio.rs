@@ -203,32 +203,34 @@ async fn write_all_to_pipe(
     Ok(())
 }
 
+/// Where the writer task writes the lines queued for it.
+enum Sink {
+    Stream(Box<dyn tokio::io::AsyncWrite + Unpin + Send>),
+    Pipe(Arc<tokio::net::unix::pipe::Sender>),
+}
+
+impl Sink {
+    async fn write_line(&mut self, line: &[u8]) -> std::io::Result<()> {
+        match self {
+            Sink::Stream(w) => {
+                w.write_all(line).await?;
+                w.flush().await
+            }
+            Sink::Pipe(pipe) => write_all_to_pipe(pipe, line).await,
+        }
+    }
+}
+
 impl<R: tokio::io::AsyncRead + Unpin + Send> StdioLines<R> {
     /// A transport reading `read` and writing `write`; `closed` fires at end of input. The
     /// returned task ends once every queued line is written and the transport is dropped.
     pub fn new<W: tokio::io::AsyncWrite + Unpin + Send + 'static>(
         read: R,
-        mut write: W,
+        write: W,
         max: usize,
         closed: CancellationToken,
     ) -> (Self, tokio::task::JoinHandle<()>) {
-        let (queue, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
-        let queued = Arc::new(AtomicUsize::new(0));
-        let written = Arc::clone(&queued);
-        let writer = tokio::spawn(async move {
-            while let Some(line) = rx.recv().await {
-                if write.write_all(&line).await.is_err() || write.flush().await.is_err() {
-                    break;
-                }
-                written.fetch_sub(1, Ordering::SeqCst);
-            }
-        });
-        let out = LineOut {
-            queue,
-            queued,
-            direct: None,
-        };
-        (Self::with_out(read, max, out, closed), writer)
+        Self::start(read, Sink::Stream(Box::new(write)), None, max, closed)
     }
 
     /// [`StdioLines::new`] writing to a pipe on the runtime's poller: a reply is written from
@@ -239,38 +241,43 @@ impl<R: tokio::io::AsyncRead + Unpin + Send> StdioLines<R> {
         max: usize,
         closed: CancellationToken,
     ) -> (Self, tokio::task::JoinHandle<()>) {
+        let pipe = Arc::new(pipe);
+        Self::start(read, Sink::Pipe(Arc::clone(&pipe)), Some(pipe), max, closed)
+    }
+
+    fn start(
+        read: R,
+        mut sink: Sink,
+        direct: Option<Arc<tokio::net::unix::pipe::Sender>>,
+        max: usize,
+        closed: CancellationToken,
+    ) -> (Self, tokio::task::JoinHandle<()>) {
         let (queue, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
         let queued = Arc::new(AtomicUsize::new(0));
         let written = Arc::clone(&queued);
-        let pipe = Arc::new(pipe);
-        let ours = Arc::clone(&pipe);
         let writer = tokio::spawn(async move {
             while let Some(line) = rx.recv().await {
-                if write_all_to_pipe(&ours, &line).await.is_err() {
+                if sink.write_line(&line).await.is_err() {
                     break;
                 }
                 written.fetch_sub(1, Ordering::SeqCst);
             }
         });
-        let out = LineOut {
-            queue,
-            queued,
-            direct: Some(pipe),
-        };
-        (Self::with_out(read, max, out, closed), writer)
-    }
-
-    fn with_out(read: R, max: usize, out: LineOut, closed: CancellationToken) -> Self {
-        StdioLines {
+        let lines = StdioLines {
             reader: BufReader::new(read),
             line: Vec::new(),
             discarding: false,
             head: Vec::new(),
             tail: Vec::new(),
             max,
-            out,
+            out: LineOut {
+                queue,
+                queued,
+                direct,
+            },
             closed,
-        }
+        };
+        (lines, writer)
     }
 
     fn reply_error(&self, code: i32, message: String, id: Value) {
