@@ -20,7 +20,8 @@ from mcp.client.stdio import stdio_client
 
 async def open_session(stack, spec):
     words = spec.split()
-    env = dict(os.environ, VIBEOS_HOME=tempfile.mkdtemp(prefix="mcp-ab-"))
+    home = stack.enter_context(tempfile.TemporaryDirectory(prefix="mcp-ab-"))
+    env = dict(os.environ, VIBEOS_HOME=home)
     for word in words[1:]:
         name, _eq, value = word.partition("=")
         env[name] = value
