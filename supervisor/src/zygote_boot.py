@@ -281,15 +281,27 @@ def _children(pid, tids=None):
             text = b""
             while True:
                 chunk = os.read(fd, 4096)
-                if not chunk:
-                    break
                 text += chunk
+                # A seq_file read fills the buffer unless the list ends first: a short read
+                # is the whole of it, and the read that would return nothing is not needed.
+                if len(chunk) < 4096:
+                    break
             out.extend(int(x) for x in text.split())
         except (OSError, ValueError):
             pass
         finally:
             os.close(fd)
     return out
+
+
+def _threads_if_one(pid):
+    """`(pid,)` when `pid` has a single thread (its task dir's link count is two plus its
+    thread count), so its one `children` file is read without listing the dir; None when it
+    has more or cannot be told, and the caller lists them."""
+    try:
+        return (pid,) if os.stat("/proc/%d/task" % pid).st_nlink == 3 else None
+    except OSError:
+        return None
 
 
 def _signal_tree(root, sig):
@@ -361,7 +373,7 @@ class _ClaimReader:
         self.me = os.getpid()
         self.read()
         _children(self.me, (self.me,))
-        _children(script)
+        _children(script, _threads_if_one(script))
 
     def read(self):
         """The claimed status, -1 for none, None if it cannot be read."""
@@ -387,8 +399,11 @@ def _take_claim(reader):
     value = reader.read()
     if value == -1:
         return None
+    # The script is stopped, every thread of it: none can start a thread or a process while
+    # these are read.
     if (value is None or not 0 <= value <= 255
-            or _children(reader.me, (reader.me,)) != [script] or _children(script)):
+            or _children(reader.me, (reader.me,)) != [script]
+            or _children(script, _threads_if_one(script))):
         os.kill(script, signal.SIGCONT)
         return None
     os.kill(script, signal.SIGKILL)
