@@ -246,21 +246,17 @@ impl ExecServer {
         // PROGRESS_EVERY), until cancelled. A free slot is taken first: the interval's first
         // tick is immediate, and raced against a ready slot it told a call that never waited
         // that every slot was busy.
+        let shutting_down = || ErrorData::internal_error("the server is shutting down", None);
         let permit = match Arc::clone(&slots).try_acquire_owned() {
             Ok(permit) => permit,
-            Err(tokio::sync::TryAcquireError::Closed) => {
-                return Err(ErrorData::internal_error(
-                    "the server is shutting down",
-                    None,
-                ))
-            }
+            Err(tokio::sync::TryAcquireError::Closed) => return Err(shutting_down()),
             Err(tokio::sync::TryAcquireError::NoPermits) => {
                 let acquire = slots.acquire_owned();
                 tokio::pin!(acquire);
                 let mut tick = tokio::time::interval(PROGRESS_EVERY);
                 loop {
                     tokio::select! {
-                        permit = &mut acquire => break permit.map_err(|_| ErrorData::internal_error("the server is shutting down", None))?,
+                        permit = &mut acquire => break permit.map_err(|_| shutting_down())?,
                         _ = ct.cancelled() => return Err(ErrorData::internal_error("cancelled by the client while queued", None)),
                         _ = tick.tick() => progress.send(format!(
                             "queued: all {} execution slots are busy (--max-concurrent), waited {:.0}s",

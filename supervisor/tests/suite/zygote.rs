@@ -1625,6 +1625,20 @@ fn a_forked_script_runs_at_its_hosts_priority_while_its_server_stays_below() {
     zygote::set_enabled(false);
 }
 
+/// Makes paced calls (`call` runs one and checks its result) until one took a preset spare;
+/// false if none of twenty did (arming ahead waits for the spares a call's end asked for).
+fn until_a_preset_is_taken(mut call: impl FnMut()) -> bool {
+    let before = zygote::presets_taken();
+    for _ in 0..20 {
+        std::thread::sleep(Duration::from_millis(200));
+        call();
+        if zygote::presets_taken() > before {
+            return true;
+        }
+    }
+    false
+}
+
 /// A spare armed ahead is also preset with the request a call like the last one makes, and
 /// settles into it while it waits; a call whose request is that one sends only "go". One
 /// whose environment or working dir changed since gets its own, with nothing of the preset
@@ -1657,19 +1671,12 @@ fn a_preset_spare_runs_its_calls_own_request_whatever_changed_since() {
     let first = json_line(&run_forked(&rt, with_env(Some("one"), &here)));
     assert_eq!(first["mark"], "one", "{first}");
     // Paced calls like the first: one of them finds its spare preset.
-    let before = zygote::presets_taken();
-    let mut taken = false;
-    for _ in 0..20 {
-        std::thread::sleep(Duration::from_millis(200));
+    let taken = until_a_preset_is_taken(|| {
         let r = json_line(&run_forked(&rt, with_env(Some("one"), &here)));
         assert_eq!(r["mark"], "one", "{r}");
         assert_eq!(r["path0"], true, "{r}");
         assert_eq!(r["stale"], serde_json::json!([]), "{r}");
-        if zygote::presets_taken() > before {
-            taken = true;
-            break;
-        }
-    }
+    });
     assert!(taken, "no paced call took a preset spare");
     // Each next spare is preset like the call before it when that call's environment is the
     // server's own ("one"): the calls after such a call, whose variable differs (removed,
@@ -1745,10 +1752,7 @@ fn a_preset_spare_runs_its_calls_own_request_whatever_changed_since() {
             "# {}\nimport sys\nprint(len(open(__file__).read()) > {padding})\nraise ValueError('from the preset')\n",
             "x".repeat(padding)
         );
-        let before = zygote::presets_taken();
-        let mut taken = false;
-        for _ in 0..20 {
-            std::thread::sleep(Duration::from_millis(200));
+        let taken = until_a_preset_is_taken(|| {
             let mut request = with_env(Some("one"), &here);
             request.code = code.clone();
             let r = run_forked(&rt, request);
@@ -1759,11 +1763,7 @@ fn a_preset_spare_runs_its_calls_own_request_whatever_changed_since() {
                     && text.contains("ValueError: from the preset"),
                 "{text}"
             );
-            if zygote::presets_taken() > before {
-                taken = true;
-                break;
-            }
-        }
+        });
         assert!(
             taken,
             "no paced call of {padding} bytes of padding took a preset spare"
@@ -1779,17 +1779,10 @@ fn a_preset_spare_runs_its_calls_own_request_whatever_changed_since() {
             r.mode = Mode::Strict;
             r
         };
-        let before = zygote::presets_taken();
-        let mut taken = false;
-        for _ in 0..20 {
-            std::thread::sleep(Duration::from_millis(200));
+        let taken = until_a_preset_is_taken(|| {
             let r = run_forked(&rt, strict());
             assert_eq!(r.output, "1 True\n", "{}", r.to_json());
-            if zygote::presets_taken() > before {
-                taken = true;
-                break;
-            }
-        }
+        });
         assert!(taken, "no paced strict call took a preset spare");
     }
     zygote::set_enabled(false);
