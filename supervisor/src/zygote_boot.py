@@ -13,8 +13,9 @@ _own = [p for p in sys.path if p and p.startswith((sys.prefix, sys.base_prefix, 
 sys.path[:] = _own
 
 import json, os, socket, threading, time  # noqa: E401,F401  (the stub's imports)
-import atexit, gc, types, signal, select, resource, errno, array, ctypes  # noqa: E401
+import atexit, gc, types, signal, select, resource, errno, array, ctypes, mmap  # noqa: E401
 import importlib.machinery
+import _signal
 
 # The stub's fixed part, run once here instead of compiled by every forked script that imports
 # its tools (about 1.2 ms of a 1.45 ms compile; docs/warm-pool.md). It is kept out of
@@ -72,7 +73,10 @@ def _with_pythonpath(path, staging, pythonpath):
 
 
 def _customize():
-    """What `site` does last at a cold start, done in the child as its own."""
+    """What `site` does last at a cold start, done in the child as its own. When the request
+    was settled with a plan (`_plan_customize`), only the dirs it lists are looked at."""
+    if _customize_plan is not None and _unchanged(_customize_plan):
+        return
     mtimes = _current_mtimes()
     if _may_find("sitecustomize", mtimes):
         site.execsitecustomize()
@@ -126,13 +130,61 @@ def _skipped(entry):
                                  and sys.path_importer_cache[entry] is None)
 
 
+# What `_customize` checks for this execution (`_plan_customize`), made when its request is
+# settled; None when it must look the modules up.
+_customize_plan = None
+
+
+def _plan_customize():
+    """The sys.path entries, with the mtime each had when the server listed it, that
+    `_customize` needs to find unchanged to know that the import of `sitecustomize` (and of
+    `usercustomize` when user site dirs are on) would find nothing; None when no such list
+    settles it (the meta path changed, a module is loaded, an entry was never listed). Made
+    once the request's sys.path is set, which stays as it is until the script runs: a preset
+    spare makes it while it waits, and the call then only takes a stat per entry."""
+    try:
+        if _meta_path_changed():
+            return None
+        names = ["sitecustomize"] + (["usercustomize"] if site.ENABLE_USER_SITE else [])
+        checks = {}
+        for name in names:
+            absent = _customize_absent.get(name)
+            if absent is None or name in sys.modules:
+                return None
+            for entry in sys.path:
+                if _skipped(entry):
+                    continue
+                noted = absent.get(entry)
+                if noted is None or checks.setdefault(entry, noted) != noted:
+                    return None
+        return list(checks.items())
+    except Exception:
+        return None
+
+
+def _unchanged(plan):
+    """Whether every entry of a `_plan_customize` plan still has the mtime it lists."""
+    for entry, noted in plan:
+        try:
+            if os.stat(entry).st_mtime != noted:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def _meta_path_changed():
+    """Whether the meta path differs from the server's, which may then answer anything."""
+    meta = [f for f in sys.meta_path if f is not importlib.machinery.PathFinder
+            and not isinstance(f, _PreloadedRuntime)]
+    return len(meta) != len(_meta_at_boot) or any(a is not b for a, b in zip(meta, _meta_at_boot))
+
+
 def _current_mtimes():
     """The mtime now of each sys.path entry the server listed (`_note_customize_absent`),
     taken once for both modules; `None` when the meta path changed, which may answer
     anything."""
-    meta = [f for f in sys.meta_path if f is not importlib.machinery.PathFinder
-            and not isinstance(f, _PreloadedRuntime)]
-    if len(meta) != len(_meta_at_boot) or any(a is not b for a, b in zip(meta, _meta_at_boot)):
+    if _meta_path_changed():
         return None
     mtimes = {}
     for entry in sys.path:
@@ -193,11 +245,18 @@ def _start_policy():
 _HOST_POLICY = _start_policy()
 
 
+# The policy this process last set (a fork inherits it with the process's own): a change to
+# the same policy is skipped, not a system call on the call's path.
+_policy_now = _HOST_POLICY
+
+
 def _set_policy(policy):
-    if _HOST_POLICY != os.SCHED_OTHER:
+    global _policy_now
+    if _HOST_POLICY != os.SCHED_OTHER or policy == _policy_now:
         return
     try:
         os.sched_setscheduler(0, policy, os.sched_param(0))
+        _policy_now = policy
     except OSError:
         pass
 
@@ -668,7 +727,9 @@ def _script_process(req, fds, rpc=None, settled=False):
     its confinement came with): stdio, environment, script. `settled`: the request is the one
     this process was preset with (`_settle` ran while it waited)."""
     _foreground()
-    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    # The C function: `signal`'s wrapper turns the old mask into enum members, which cost a
+    # forked child tens of microseconds of cold code.
+    _signal.pthread_sigmask(signal.SIG_SETMASK, ())
     # Project mode has nothing to confine, and the spare let go of every other descriptor and
     # armed its parent-death signal once forked (`_fork_script_process`); a strict one was
     # confined by the message before (`_take_confinement`). Either way nothing but stdout and
@@ -699,7 +760,7 @@ def _settle(req, rpc):
     fresh random state: at the request, or ahead of it when the supervisor presets a waiting
     spare with the request it expects (zygote.rs `preset`), which then takes none of this
     process's time on the call's path."""
-    global _settled, _staging
+    global _settled, _staging, _customize_plan
     os.chdir(req["cwd"])
     # Only the differences (zygote.rs `env_delta`): the server started with this key's
     # environment (its own empty dir standing in for the staging dir), so most variables
@@ -728,11 +789,13 @@ def _settle(req, rpc):
     sys.meta_path.insert(0, finder)
     _reseed()
     _settled = (undo, saved_path, finder)
+    _customize_plan = _plan_customize()
 
 
 def _unsettle():
     """Undoes a preset's `_settle`, for a request that differs from it."""
-    global _settled
+    global _settled, _customize_plan
+    _customize_plan = None
     if _settled is None:
         return
     undo, saved_path, finder = _settled
@@ -806,19 +869,21 @@ def _populate_while_idle(chan, ranges):
     moment, and stops as soon as a message is there, so calls that come back to back never
     wait for it (copying all of it takes a few milliseconds of CPU). `ranges` are the reaper's
     private writable mappings (`_private_mappings`), which this fork of it shares. Pages
-    already copied cost little a second time. Quietly nothing on older kernels."""
+    already copied cost little a second time. Quietly nothing on older kernels. Returns
+    whether the spare waited that moment out (False when a message came first)."""
     ready = select.poll()
     ready.register(chan, select.POLLIN)
     if ready.poll(int(_IDLE_BEFORE_POPULATE * 1000)):
-        return
+        return False
     for start, end in ranges:
         while start < end:
             if ready.poll(0):
-                return
+                return True
             size = min(_POPULATE_CHUNK, end - start)
             if _libc.madvise(start, size, 23) != 0:
-                return  # MADV_POPULATE_WRITE refused (older kernel) or the mapping is gone
+                return True  # MADV_POPULATE_WRITE refused (older kernel) or the mapping is gone
             start += size
+    return True
 
 
 def _request(msg):
@@ -848,7 +913,6 @@ def _request(msg):
 # after it).
 _PRESET = b"preset\0"
 _GO = b"go\0"
-
 # Room for the descriptors a message on a spare's or the server's channel carries.
 _FDS_SPACE = socket.CMSG_SPACE(8 * array.array("i").itemsize)
 
@@ -879,6 +943,40 @@ def _receive(chan):
             os.close(fd)
         return None, [], flags
     return msg, fds, flags
+
+
+# The largest message a script process takes: its request carries the environment's changes.
+_MAX_MESSAGE = 1 << 22
+# The start of an inbox's buffer written while the process waits, which a `go` with a script
+# of up to 64 KiB (zygote.rs `INLINE_SOURCE`) then lands in without a page fault.
+_INBOX_TOUCHED = 68 << 10
+
+
+class _Inbox:
+    """A script process's messages, received into a buffer mapped while it waits: `recvmsg`
+    allocates a buffer of the largest size for every message (an mmap and munmap of 4 MiB,
+    a tenth of a millisecond of a paced call's path), where this copies only what came."""
+
+    def __init__(self):
+        self.buf = mmap.mmap(-1, _MAX_MESSAGE)
+        self.buf[:_INBOX_TOUCHED] = bytes(_INBOX_TOUCHED)
+
+    def receive(self, chan):
+        """One message and the descriptors that came with it; (None, []) at EOF."""
+        while True:
+            try:
+                size, anc, flags, _addr = chan.recvmsg_into([self.buf], _FDS_SPACE)
+                break
+            except InterruptedError:
+                continue
+        fds = _passed_fds(anc)
+        if size == 0 or flags & socket.MSG_TRUNC:
+            for fd in fds:
+                os.close(fd)
+            if size:
+                raise OSError(errno.EMSGSIZE, "a request larger than %d bytes" % _MAX_MESSAGE)
+            return None, []
+        return self.buf[:size], fds
 
 
 def _spare(for_reaper, for_script):
@@ -958,10 +1056,14 @@ def _fork_script_process(for_reaper, for_script, reaper, close_in_child, ranges)
     _returns_w.close()
     try:
         _ready_script_process(for_script, reaper)
+        inbox = _Inbox()
         rpc, failed, preset, settled = None, None, None, False
         while True:
-            _populate_while_idle(for_script, ranges)
-            msg, fds, _fl = _receive(for_script)
+            if _populate_while_idle(for_script, ranges):
+                # Nothing came for a while: what comes next is a call's, which then finds this
+                # process at the host's policy already.
+                _foreground()
+            msg, fds = inbox.receive(for_script)
             if msg is None:
                 os._exit(0)
             if msg.startswith(_PRESET):

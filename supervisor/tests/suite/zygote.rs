@@ -1443,6 +1443,53 @@ fn a_sitecustomize_that_appears_or_goes_after_the_server_started_is_seen() {
     zygote::set_enabled(false);
 }
 
+/// A preset spare works out ahead which dirs it must find unchanged to skip the import of
+/// `sitecustomize`, and its call only looks at them: one planted in the project dir while the
+/// spare waits runs in that call, and one removed while the next spare waits no longer runs.
+#[test]
+fn a_sitecustomize_planted_or_removed_while_a_preset_spare_waits_is_seen() {
+    let python = require_python!();
+    let _guard = serial();
+    let rt = runtime();
+    let outside = tempfile::tempdir().unwrap();
+    let (venv_python, _site) = venv_at(&python, &outside.path().join("venv"));
+    let session = Session::new(venv_python);
+    let probe = "import builtins, sys\nprint(getattr(builtins, 'LATE', None), \
+                 'sitecustomize' in sys.modules)\n";
+    let plain = || {
+        let r = run_forked(&rt, session.request(probe));
+        assert_eq!(r.output, "None False\n", "{}", r.to_json());
+    };
+    plain();
+    assert!(until_a_preset_is_taken(plain), "no call took a preset");
+    let planted = session.cwd().join("sitecustomize.py");
+    let mut over_a_preset = [false, false];
+    for _ in 0..10 {
+        // Time for the preparer to arm and preset the next spare, which then settles.
+        std::thread::sleep(Duration::from_millis(200));
+        std::fs::write(&planted, "import builtins\nbuiltins.LATE = 'ran'\n").unwrap();
+        let taken = zygote::presets_taken();
+        let with = run_forked(&rt, session.request(probe));
+        assert_eq!(with.output, "ran True\n", "{}", with.to_json());
+        over_a_preset[0] |= zygote::presets_taken() > taken;
+
+        std::thread::sleep(Duration::from_millis(200));
+        std::fs::remove_file(&planted).unwrap();
+        let taken = zygote::presets_taken();
+        plain();
+        over_a_preset[1] |= zygote::presets_taken() > taken;
+        if over_a_preset == [true, true] {
+            break;
+        }
+    }
+    assert_eq!(
+        over_a_preset,
+        [true, true],
+        "no call took a spare preset before the file was planted and before it was removed"
+    );
+    zygote::set_enabled(false);
+}
+
 /// A forked script process starts from its server's environment and is sent only the
 /// differences: a variable the server started with that this execution's caller no longer
 /// has is gone, a changed one has its new value, a new one is there, and the names are the
