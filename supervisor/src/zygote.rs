@@ -1287,6 +1287,12 @@ fn fork(
     let mut armed = armed.map(|a| (a, true));
     let (spare, lifeline, status_r) = loop {
         let (mut a, ahead) = match armed.take() {
+            // Its reaper died while it waited (its script process may still be exiting, and
+            // would take the request): dropped, which kills what is left of it.
+            Some((a, _)) if a.is_gone() => {
+                attempts_left -= 1;
+                continue;
+            }
             Some(a) => a,
             None => match arm(
                 take_spare(server)?,
