@@ -55,6 +55,7 @@ async fn run(
     if request.code.trim().is_empty() {
         return Err(StartError::EmptyCode);
     }
+    crate::zygote::wake_ahead();
     if let Some(refusal) = crate::script_guard::refusal(&request).await {
         return Ok(ExecutionResult::failed_to_start(
             request.mode.as_str(),

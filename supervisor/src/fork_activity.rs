@@ -36,6 +36,11 @@ impl Drop for InFlight {
     }
 }
 
+/// Whether no forked execution is in flight and none was forked within `quiet`.
+pub(crate) fn idle_for(quiet: Duration) -> bool {
+    IN_FLIGHT.load(Ordering::SeqCst) == 0 && lock(&LAST_FORK).is_none_or(|t| t.elapsed() >= quiet)
+}
+
 /// How long no fork may have been requested before the servers count as idle.
 const QUIET: Duration = Duration::from_millis(50);
 

@@ -1490,6 +1490,60 @@ fn a_sitecustomize_planted_or_removed_while_a_preset_spare_waits_is_seen() {
     zygote::set_enabled(false);
 }
 
+/// A call that comes after a quiet spell wakes the spare it is about to take ahead of its
+/// request, and that spare runs it like any other; a spare woken for a call that never
+/// reaches it goes back to waiting and serves a later call.
+#[test]
+fn a_spare_woken_ahead_runs_its_call_and_one_woken_in_vain_serves_a_later_one() {
+    let python = require_python!();
+    let _guard = serial();
+    let rt = runtime();
+    let session = Session::new(python);
+    let probe = |n: u32| {
+        let code = format!(
+            "import os, sys\nprint({n} * 2, os.getcwd() == {cwd:?}, \
+             sys.path[0] == os.path.dirname(__file__))\n",
+            cwd = session.cwd().display().to_string()
+        );
+        let r = run_forked(&rt, session.request(&code));
+        assert_eq!(r.output, format!("{} True True\n", n * 2), "{}", r.to_json());
+        assert_eq!(r.exit_code, Some(0), "{}", r.to_json());
+    };
+    probe(1);
+    let woken = zygote::woken_ahead();
+    let mut n = 2;
+    while zygote::woken_ahead() == woken && n < 30 {
+        // Quieter than the servers must be for a call to wake a spare.
+        std::thread::sleep(Duration::from_millis(100));
+        probe(n);
+        n += 1;
+    }
+    assert!(zygote::woken_ahead() > woken, "no call woke its spare ahead");
+
+    // Woken with no call behind it: the spare watches its channel for a moment, then waits.
+    let mut woken_in_vain = false;
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(100));
+        let before = zygote::woken_ahead();
+        zygote::wake_ahead();
+        if zygote::woken_ahead() > before {
+            woken_in_vain = true;
+            break;
+        }
+    }
+    assert!(woken_in_vain, "the idle server's spare was not woken");
+    std::thread::sleep(Duration::from_millis(50));
+    let before = zygote::woken_ahead();
+    probe(100);
+    assert_eq!(
+        zygote::woken_ahead(),
+        before,
+        "a spare is woken once, and the call took the one woken in vain"
+    );
+    probe(101);
+    zygote::set_enabled(false);
+}
+
 /// A forked script process starts from its server's environment and is sent only the
 /// differences: a variable the server started with that this execution's caller no longer
 /// has is gone, a changed one has its new value, a new one is there, and the names are the
