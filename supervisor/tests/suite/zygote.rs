@@ -1506,7 +1506,12 @@ fn a_spare_woken_ahead_runs_its_call_and_one_woken_in_vain_serves_a_later_one() 
             cwd = session.cwd().display().to_string()
         );
         let r = run_forked(&rt, session.request(&code));
-        assert_eq!(r.output, format!("{} True True\n", n * 2), "{}", r.to_json());
+        assert_eq!(
+            r.output,
+            format!("{} True True\n", n * 2),
+            "{}",
+            r.to_json()
+        );
         assert_eq!(r.exit_code, Some(0), "{}", r.to_json());
     };
     probe(1);
@@ -1518,7 +1523,10 @@ fn a_spare_woken_ahead_runs_its_call_and_one_woken_in_vain_serves_a_later_one() 
         probe(n);
         n += 1;
     }
-    assert!(zygote::woken_ahead() > woken, "no call woke its spare ahead");
+    assert!(
+        zygote::woken_ahead() > woken,
+        "no call woke its spare ahead"
+    );
 
     // Woken with no call behind it: the spare watches its channel for a moment, then waits.
     let mut woken_in_vain = false;
