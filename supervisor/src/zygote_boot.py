@@ -1024,6 +1024,9 @@ class _Inbox:
         self.buf = mmap.mmap(-1, _MAX_MESSAGE)
         self.buf[:_INBOX_TOUCHED] = bytes(_INBOX_TOUCHED)
 
+    def close(self):
+        self.buf.close()
+
     def receive(self, chan):
         """One message and the descriptors that came with it; (None, []) at EOF."""
         while True:
@@ -1185,6 +1188,9 @@ def _fork_script_process(for_reaper, for_script, reaper, close_in_child, ranges)
                 os.dup2(fds[1], 2)
             raise failed
         for_script.close()
+        # Its private mapping counts against RLIMIT_DATA: the script gets the whole limit, as
+        # a cold start would (the request's fields are copies).
+        inbox.close()
         _script_process(req, fds, rpc, settled)
     except BaseException as exc:  # never let the child fall back into the reaper's loop
         try:
