@@ -784,9 +784,11 @@ const WAKE_AFTER: Duration = Duration::from_millis(25);
 /// CPU was halted), which a paced call paid when its request reached the script process; the
 /// wake-up now happens while the call is still being prepared. A call that comes while others
 /// run, or right after one, wakes nothing: a CPU is busy then anyway. A spare woken for a
-/// call that then takes another one only went back to waiting a little later.
+/// call that then takes another one only went back to waiting a little later. Nor does a
+/// host that may use a single CPU wake anything: the watching process would take turns with
+/// the call's own preparation.
 pub fn wake_ahead() {
-    if !enabled() || !crate::fork_activity::idle_for(WAKE_AFTER) {
+    if !enabled() || !more_than_one_cpu() || !crate::fork_activity::idle_for(WAKE_AFTER) {
         return;
     }
     let server = lock(&REGISTRY).as_ref().and_then(|r| {
@@ -818,6 +820,13 @@ pub fn wake_ahead() {
             WOKEN_AHEAD.fetch_add(1, Ordering::SeqCst);
         }
     }
+}
+
+/// Whether this process may run on more than one CPU (its affinity and CPU quota counted),
+/// taken once.
+fn more_than_one_cpu() -> bool {
+    static MANY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *MANY.get_or_init(|| std::thread::available_parallelism().is_ok_and(|n| n.get() > 1))
 }
 
 /// Forks the execution for `spec` from its key's server. `None` means "start another way"

@@ -975,6 +975,8 @@ def _watch(chan, limit):
     while not ready.poll(0):
         if time.monotonic() >= end:
             return
+        # Only the CPU time nothing else wants: the call's own processes run first.
+        os.sched_yield()
 
 # Room for the descriptors a message on a spare's or the server's channel carries.
 _FDS_SPACE = socket.CMSG_SPACE(8 * array.array("i").itemsize)
