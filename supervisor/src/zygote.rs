@@ -808,14 +808,8 @@ pub fn wake_ahead() {
         return;
     }
     if let Some(spare) = armed.spare.0.as_ref() {
-        armed.woken = sendmsg::<()>(
-            spare.to_script.as_raw_fd(),
-            &[IoSlice::new(WAKE)],
-            &[],
-            MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT,
-            None,
-        )
-        .is_ok();
+        // As a preset is sent: the spare reads every message, and takes at most one wake-up.
+        armed.woken = send(&spare.to_script, WAKE, &[]).is_ok();
         if armed.woken {
             WOKEN_AHEAD.fetch_add(1, Ordering::SeqCst);
         }

@@ -73,22 +73,20 @@ def _with_pythonpath(path, staging, pythonpath):
 
 
 def _customize():
-    """What `site` does last at a cold start, done in the child as its own. When the request
-    was settled with a plan (`_plan_customize`), only the dirs it lists are looked at."""
-    if _customize_plan is not None and _unchanged(_customize_plan):
-        return
-    mtimes = _current_mtimes()
-    if _may_find("sitecustomize", mtimes):
+    """What `site` does last at a cold start, done in the child as its own: each module is
+    looked up unless its plan (`_plan_customize`) shows that the lookup would find nothing."""
+    plan = _customize_plan if _customize_plan is not None else _plan_customize()
+    mtimes = {}
+    if not _unchanged(plan.get("sitecustomize"), mtimes):
         site.execsitecustomize()
-    if site.ENABLE_USER_SITE and _may_find("usercustomize", mtimes):
+    if site.ENABLE_USER_SITE and not _unchanged(plan.get("usercustomize"), mtimes):
         site.execusercustomize()
-
 
 # A cold start looks `sitecustomize` and `usercustomize` up on every sys.path entry and almost
 # always finds neither; in a forked child that failed import costs a quarter of a millisecond
 # (the import system's Python, and the pages it writes). The server looks them up once, here,
 # on its own entries; a child then skips a lookup that would fail the same way
-# (`_may_find`). A FileFinder answers from the listing it made at the mtime it holds, so the
+# (`_plan_customize`). A FileFinder answers from the listing it made at the mtime it holds, so the
 # dirs whose mtime is unchanged answer as they did here: name -> {entry: mtime}.
 _customize_absent = {}
 # The meta path finders that did not find either module here (the child's must be the same).
@@ -131,44 +129,54 @@ def _skipped(entry):
 
 
 # What `_customize` checks for this execution (`_plan_customize`), made when its request is
-# settled; None when it must look the modules up.
+# settled.
 _customize_plan = None
 
 
 def _plan_customize():
-    """The sys.path entries, with the mtime each had when the server listed it, that
-    `_customize` needs to find unchanged to know that the import of `sitecustomize` (and of
-    `usercustomize` when user site dirs are on) would find nothing; None when no such list
-    settles it (the meta path changed, a module is loaded, an entry was never listed). Made
-    once the request's sys.path is set, which stays as it is until the script runs: a preset
-    spare makes it while it waits, and the call then only takes a stat per entry."""
+    """For `sitecustomize` and `usercustomize`, the sys.path entries with the mtime each had
+    when the server listed it without the module (`_note_customize_absent`): a FileFinder
+    answers from the listing it made at the mtime it holds, so if every entry still has that
+    mtime, the child's import of the module would find nothing, and `_customize` skips it. A
+    module has no plan when nothing settles that (the meta path changed, the module is loaded,
+    an entry was never listed): it is looked up. Made once the request's sys.path is set,
+    which stays as it is until the script runs: a preset spare makes it while it waits, and
+    the call then only takes a stat per entry."""
+    plan = {}
     try:
         if _meta_path_changed():
-            return None
-        names = ["sitecustomize"] + (["usercustomize"] if site.ENABLE_USER_SITE else [])
-        checks = {}
-        for name in names:
+            return plan
+        for name in ("sitecustomize", "usercustomize"):
             absent = _customize_absent.get(name)
             if absent is None or name in sys.modules:
-                return None
+                continue
+            checks = []
             for entry in sys.path:
                 if _skipped(entry):
                     continue
                 noted = absent.get(entry)
-                if noted is None or checks.setdefault(entry, noted) != noted:
-                    return None
-        return list(checks.items())
+                if noted is None:
+                    break
+                checks.append((entry, noted))
+            else:
+                plan[name] = checks
     except Exception:
-        return None
+        return {}
+    return plan
 
 
-def _unchanged(plan):
-    """Whether every entry of a `_plan_customize` plan still has the mtime it lists."""
-    for entry, noted in plan:
-        try:
-            if os.stat(entry).st_mtime != noted:
-                return False
-        except OSError:
+def _unchanged(checks, mtimes):
+    """Whether every entry of a module's plan still has the mtime it lists (False for no
+    plan). `mtimes` keeps the mtimes taken so far, so an entry of both plans is stat'ed once."""
+    if checks is None:
+        return False
+    for entry, noted in checks:
+        if entry not in mtimes:
+            try:
+                mtimes[entry] = os.stat(entry).st_mtime
+            except OSError:
+                mtimes[entry] = None
+        if mtimes[entry] != noted:
             return False
     return True
 
@@ -178,41 +186,6 @@ def _meta_path_changed():
     meta = [f for f in sys.meta_path if f is not importlib.machinery.PathFinder
             and not isinstance(f, _PreloadedRuntime)]
     return len(meta) != len(_meta_at_boot) or any(a is not b for a, b in zip(meta, _meta_at_boot))
-
-
-def _current_mtimes():
-    """The mtime now of each sys.path entry the server listed (`_note_customize_absent`),
-    taken once for both modules; `None` when the meta path changed, which may answer
-    anything."""
-    if _meta_path_changed():
-        return None
-    mtimes = {}
-    for entry in sys.path:
-        if entry in mtimes or _skipped(entry):
-            continue
-        if any(entry in absent for absent in _customize_absent.values()):
-            try:
-                mtimes[entry] = os.stat(entry).st_mtime
-            except OSError:
-                pass
-    return mtimes
-
-
-def _may_find(name, mtimes):
-    """Whether the child's import of `name` could find anything: it is looked up unless every
-    entry of sys.path is skipped or one the server's FileFinder listed without it at the mtime
-    it has now (that FileFinder, inherited, answers from that listing)."""
-    absent = _customize_absent.get(name)
-    if absent is None or mtimes is None or name in sys.modules:
-        return True
-    for entry in sys.path:
-        if _skipped(entry):
-            continue
-        noted = absent.get(entry)
-        if noted is None or mtimes.get(entry) != noted:
-            return True
-    return False
-
 
 _libc = ctypes.CDLL(None, use_errno=True)
 # Every libc function a child calls is looked up here, before any fork: a CDLL resolves a name
