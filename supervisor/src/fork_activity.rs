@@ -54,8 +54,8 @@ const QUIET: Duration = Duration::from_millis(50);
 pub(crate) fn wait_until_idle(max: Duration, stop: impl Fn() -> bool) {
     let deadline = Instant::now() + max;
     loop {
+        let busy = !idle_for(QUIET);
         let since = lock(&LAST_FORK).map(|t| t.elapsed());
-        let busy = IN_FLIGHT.load(Ordering::SeqCst) > 0 || since.is_some_and(|d| d < QUIET);
         let left = deadline.saturating_duration_since(Instant::now());
         if !busy || left.is_zero() || stop() {
             return;
