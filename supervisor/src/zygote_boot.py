@@ -871,20 +871,19 @@ def _populate_while_idle(chan, ranges):
     moment, and stops as soon as a message is there, so calls that come back to back never
     wait for it (copying all of it takes a few milliseconds of CPU). `ranges` are the reaper's
     private writable mappings (`_private_mappings`), which this fork of it shares. Pages
-    already copied cost little a second time. Quietly nothing on older kernels. Returns
-    whether the spare waited that moment out (False when a message came first)."""
+    already copied cost little a second time. Quietly nothing on older kernels."""
     started = time.monotonic()
     ready = select.poll()
     ready.register(chan, select.POLLIN)
     if ready.poll(int(_IDLE_BEFORE_POPULATE * 1000)):
-        return False
+        return
     for start, end in ranges:
         while start < end:
             if ready.poll(0):
-                return True
+                return
             size = min(_POPULATE_CHUNK, end - start)
             if _libc.madvise(start, size, 23) != 0:
-                return True  # MADV_POPULATE_WRITE refused (older kernel) or the mapping is gone
+                return  # MADV_POPULATE_WRITE refused (older kernel) or the mapping is gone
             start += size
     # Later than the copy: a spare that waits this long is one of a paced host's, where
     # one of calls back to back waiting in line behind others would spend a core the calls
@@ -892,7 +891,6 @@ def _populate_while_idle(chan, ranges):
     left = _IDLE_BEFORE_REHEARSAL - (time.monotonic() - started)
     if not ready.poll(max(0, int(left * 1000))):
         _rehearse()
-    return True
 
 
 def _rehearse():
@@ -1104,17 +1102,16 @@ def _fork_script_process(for_reaper, for_script, reaper, close_in_child, ranges)
         inbox = _Inbox()
         rpc, failed, preset, settled = None, None, None, False
         while True:
-            if _populate_while_idle(for_script, ranges):
-                # Nothing came for a while: what comes next is a call's, which then finds this
-                # process at the host's policy already.
-                _foreground()
+            # Waiting stays SCHED_BATCH: a wake-up ahead (`_WAKE`) often lands on the CPU of
+            # the supervisor thread that sent it, and a process at the host's policy then
+            # took that CPU from the call's own preparation for a tenth of a millisecond.
+            _populate_while_idle(for_script, ranges)
             msg, fds = inbox.receive(for_script)
             if msg is None:
                 os._exit(0)
             if msg == _WAKE:
                 for fd in fds:
                     os.close(fd)
-                _foreground()
                 _watch(for_script, _WAKE_WATCH)
                 continue
             if msg.startswith(_PRESET):
