@@ -1515,30 +1515,15 @@ fn a_spare_woken_ahead_runs_its_call_and_one_woken_in_vain_serves_a_later_one() 
         assert_eq!(r.exit_code, Some(0), "{}", r.to_json());
     };
     probe(1);
-    let woken = zygote::woken_ahead();
-    let mut n = 2;
-    while zygote::woken_ahead() == woken && n < 30 {
-        // Quieter than the servers must be for a call to wake a spare.
-        std::thread::sleep(Duration::from_millis(100));
-        probe(n);
+    let mut n = 1;
+    let woke = paced_until_it_grows(zygote::woken_ahead, || {
         n += 1;
-    }
-    assert!(
-        zygote::woken_ahead() > woken,
-        "no call woke its spare ahead"
-    );
+        probe(n);
+    });
+    assert!(woke, "no call woke its spare ahead");
 
     // Woken with no call behind it: the spare watches its channel for a moment, then waits.
-    let mut woken_in_vain = false;
-    for _ in 0..10 {
-        std::thread::sleep(Duration::from_millis(100));
-        let before = zygote::woken_ahead();
-        zygote::wake_ahead();
-        if zygote::woken_ahead() > before {
-            woken_in_vain = true;
-            break;
-        }
-    }
+    let woken_in_vain = paced_until_it_grows(zygote::woken_ahead, zygote::wake_ahead);
     assert!(woken_in_vain, "the idle server's spare was not woken");
     std::thread::sleep(Duration::from_millis(50));
     let before = zygote::woken_ahead();
@@ -1736,12 +1721,18 @@ fn a_forked_script_runs_at_its_hosts_priority_while_its_server_stays_below() {
 
 /// Makes paced calls (`call` runs one and checks its result) until one took a preset spare;
 /// false if none of twenty did (arming ahead waits for the spares a call's end asked for).
-fn until_a_preset_is_taken(mut call: impl FnMut()) -> bool {
-    let before = zygote::presets_taken();
+fn until_a_preset_is_taken(call: impl FnMut()) -> bool {
+    paced_until_it_grows(zygote::presets_taken, call)
+}
+
+/// Runs `step` 200 ms apart (quieter than the servers must be for a call to wake a spare
+/// ahead) until `count` grows; false if it did not in twenty steps.
+fn paced_until_it_grows(count: fn() -> u64, mut step: impl FnMut()) -> bool {
+    let before = count();
     for _ in 0..20 {
         std::thread::sleep(Duration::from_millis(200));
-        call();
-        if zygote::presets_taken() > before {
+        step();
+        if count() > before {
             return true;
         }
     }
