@@ -1002,19 +1002,13 @@ class _Inbox:
 
     def receive(self, chan):
         """One message and the descriptors that came with it; (None, []) at EOF."""
-        while True:
-            try:
-                size, anc, flags, _addr = chan.recvmsg_into([self.buf], _FDS_SPACE)
-                break
-            except InterruptedError:
-                continue
-        fds = _passed_fds(anc)
-        if size == 0 or flags & socket.MSG_TRUNC:
+        size, fds, flags = _receive_into(chan, self.buf)
+        if size == 0:
+            return None, []
+        if flags & socket.MSG_TRUNC:
             for fd in fds:
                 os.close(fd)
-            if size:
-                raise OSError(errno.EMSGSIZE, "a request larger than %d bytes" % _MAX_MESSAGE)
-            return None, []
+            raise OSError(errno.EMSGSIZE, "a request larger than %d bytes" % _MAX_MESSAGE)
         return self.buf[:size], fds
 
 
@@ -1204,8 +1198,12 @@ def _reap(script, claims, for_reaper, zygote, me, wake_r, flags):
     nothing was terminated, and the supervisor has since let go of the execution (closed the
     lifeline) without exiting, so it can send this process no late signal meant for it.
     `claims` reads the script's exit claim."""
+    # The reaper's part of the request, read into a buffer of ours rather than a new object,
+    # and parsed without making its staging dir's path an object, so that the reaper can zero
+    # it before it forks the script process of a later execution: that process starts from a
+    # copy of this one.
     part = bytearray(_PART_SIZE)
-    size, fds = _receive_part(for_reaper, part)
+    size, fds, _flags = _receive_into(for_reaper, part)
     _foreground()
     for_reaper.close()
     if size == 0 or len(fds) != 2:
@@ -1295,14 +1293,12 @@ def _reap(script, claims, for_reaper, zygote, me, wake_r, flags):
 _PART_SIZE = 4096
 
 
-def _receive_part(chan, part):
-    """The reaper's part of a request, read into `part`, and its descriptors; (0, []) at EOF.
-    Read into a buffer of ours rather than a new object, and parsed without making its staging
-    dir's path an object, so that the reaper can zero it before it forks the script process of
-    a later execution: that process starts from a copy of this one."""
+def _receive_into(chan, buf):
+    """One message read into `buf`, its descriptors and the receive flags; (0, [], flags) at
+    EOF, its descriptors closed. Sizes and truncation are checked by the caller."""
     while True:
         try:
-            size, anc, _flags, _addr = chan.recvmsg_into([part], _FDS_SPACE)
+            size, anc, flags, _addr = chan.recvmsg_into([buf], _FDS_SPACE)
             break
         except InterruptedError:
             continue
@@ -1310,8 +1306,8 @@ def _receive_part(chan, part):
     if size == 0:
         for fd in fds:
             os.close(fd)
-        return 0, []
-    return size, fds
+        return 0, [], flags
+    return size, fds, flags
 
 
 def _grace_of(part, size):
