@@ -1586,6 +1586,66 @@ fn a_forked_script_has_its_own_callers_environment_not_its_servers() {
     zygote::set_enabled(false);
 }
 
+/// A request larger than a script process's inbox (68 KiB; a caller's environment of 120 KiB
+/// here) reaches the script whole, paced (its spare armed and woken ahead) and back to back,
+/// and the calls around it are served as usual. One larger than a message the channel takes
+/// (the socket's send buffer, 208 KiB by default) starts cold, with the same result.
+#[test]
+fn a_request_larger_than_the_inbox_reaches_the_script_whole() {
+    let python = require_python!();
+    let _guard = serial();
+    let rt = runtime();
+    let session = Session::new(python);
+    let names = ["PROBE_A", "PROBE_B", "PROBE_C"];
+    let probe = "import os, json\nprint(json.dumps({k: [len(v), v[-8:]] for k, v in \
+                 os.environ.items() if k.startswith('PROBE_')}))\n";
+    let with_vars = |size: usize| {
+        let mut request = session.request(probe);
+        let env = request.base_env.get_or_insert_with(Vec::new);
+        for (i, name) in names.iter().enumerate() {
+            if size > 0 {
+                let tail = format!("{i}{size:07}");
+                env.push((name.into(), format!("{}{tail}", "v".repeat(size)).into()));
+            }
+        }
+        request.env_passthrough = names.iter().map(|n| n.to_string()).collect();
+        request
+    };
+    for (gap_ms, size) in [
+        (0, 0),
+        (250, 40 << 10),
+        (0, 40 << 10),
+        (250, 0),
+        (250, 30 << 10),
+        (0, 100 << 10),
+        (250, 20),
+    ] {
+        std::thread::sleep(Duration::from_millis(gap_ms));
+        let request = with_vars(size);
+        let r = json_line(&if size < 60 << 10 {
+            run_forked(&rt, request)
+        } else {
+            run(&rt, request)
+        });
+        let expected: serde_json::Map<String, Value> = if size == 0 {
+            serde_json::Map::new()
+        } else {
+            names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| {
+                    (
+                        n.to_string(),
+                        serde_json::json!([size + 8, format!("{i}{size:07}")]),
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(r, Value::Object(expected), "{size} bytes a variable");
+    }
+    zygote::set_enabled(false);
+}
+
 /// A call that comes once the previous one has been over for a while finds its spare armed:
 /// the reaper already holds its part (lifeline, status pipe, kill grace, staging dir), and the
 /// call sends the script process its request only, and the result is the same as a call that
