@@ -217,6 +217,21 @@ impl Sandbox {
             cmd.env(k, v);
         }
         cmd.stdin(Stdio::null());
+        // The stopping signals start at their default action, whatever the harness was started
+        // with: `run` leaves a signal its caller ignored ignored (`nohup` ignores SIGHUP; a
+        // shell may start a background job with SIGINT ignored), and a test that sends one
+        // would otherwise wait forever when the suite itself runs that way.
+        // SAFETY: `signal` is async-signal-safe, and the closure touches no memory of the
+        // parent's: it runs in the forked child between fork and exec.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(|| {
+                for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                    libc::signal(sig, libc::SIG_DFL);
+                }
+                Ok(())
+            });
+        }
         cmd
     }
 
