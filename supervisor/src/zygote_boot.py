@@ -981,7 +981,8 @@ def _receive(chan):
     return msg, fds, flags
 
 
-# The largest message a script process takes: its request carries the environment's changes.
+# The largest message this process takes on any channel: a script process's request carries
+# the environment's changes.
 _MAX_MESSAGE = 1 << 22
 # An inbox's buffer: a `go` with a script of up to 64 KiB (zygote.rs `INLINE_SOURCE`) fits.
 _INBOX_SIZE = 68 << 10
@@ -1011,13 +1012,9 @@ class _Inbox:
 
     def receive(self, chan):
         """One message and the descriptors that came with it; (None, []) at EOF."""
-        while True:
-            try:
-                # MSG_TRUNC: the whole message's length, though one byte is peeked.
-                size = chan.recv_into(self.buf, 1, socket.MSG_PEEK | socket.MSG_TRUNC)
-                break
-            except InterruptedError:
-                continue
+        # MSG_TRUNC: the whole message's length, though one byte is peeked. (A signal does
+        # not interrupt it: Python retries the call, PEP 475.)
+        size = chan.recv_into(self.buf, 1, socket.MSG_PEEK | socket.MSG_TRUNC)
         if size > len(self.buf):
             msg, fds, flags = _receive(chan)
         else:
