@@ -121,7 +121,10 @@ fn read_unless_stopped(
     waiting_mask: &SigSet,
 ) -> io::Result<Vec<u8>> {
     let mut bytes = Vec::new();
-    let mut chunk = vec![0u8; 64 * 1024];
+    // Each read goes straight into `bytes`, in chunks that start small and double while reads
+    // fill them: a script is a few KB, and a zeroed 64 KiB chunk cost a cold run 13 page
+    // faults (docs/cold-start.md, "Stop 45").
+    let mut chunk = 8 * 1024;
     loop {
         if let Some(sig) = received() {
             return Err(io::Error::new(
@@ -135,17 +138,31 @@ fn read_unless_stopped(
             Err(nix::errno::Errno::EINTR) => continue,
             Err(e) => return Err(e.into()),
         }
-        let room = limit.saturating_sub(bytes.len() as u64);
-        let want = chunk.len().min(usize::try_from(room).unwrap_or(usize::MAX));
+        let have = bytes.len();
+        let room = limit.saturating_sub(have as u64);
+        let want = chunk.min(usize::try_from(room).unwrap_or(usize::MAX));
         if want == 0 {
             return Ok(bytes);
         }
-        match nix::unistd::read(fd, &mut chunk[..want]) {
-            Ok(0) => return Ok(bytes),
-            Ok(n) => bytes.extend_from_slice(&chunk[..n]),
+        bytes.resize(have + want, 0);
+        let read = nix::unistd::read(fd, &mut bytes[have..]);
+        match read {
+            Ok(0) => {
+                bytes.truncate(have);
+                return Ok(bytes);
+            }
+            Ok(n) => {
+                bytes.truncate(have + n);
+                if n == want {
+                    chunk = (chunk * 2).min(MAX_CHUNK);
+                }
+            }
             // A descriptor left non-blocking by the caller: wait for it again.
-            Err(nix::errno::Errno::EAGAIN) => {}
+            Err(nix::errno::Errno::EAGAIN) => bytes.truncate(have),
             Err(e) => return Err(e.into()),
         }
     }
 }
+
+/// The largest single read of the script.
+const MAX_CHUNK: usize = 64 * 1024;

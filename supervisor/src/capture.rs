@@ -23,10 +23,13 @@ pub fn spawn_drain<R: AsyncRead + Unpin + Send + 'static>(
 /// Reads `stream` to its end into a capture of `limit` bytes.
 pub async fn drain<R: AsyncRead + Unpin>(mut stream: R, limit: usize) -> HeadTail {
     let mut cap = HeadTail::new(limit);
-    let mut buf = vec![0u8; 64 * 1024];
+    // Read into the buffer's spare capacity: a zeroed 64 KiB buffer per stream cost a cold run
+    // 16 page faults each for a script that prints nothing (docs/cold-start.md, "Stop 45").
+    let mut buf = Vec::with_capacity(64 * 1024);
     let mut printed = false;
     loop {
-        match stream.read(&mut buf).await {
+        buf.clear();
+        match stream.read_buf(&mut buf).await {
             Ok(0) => break,
             Ok(n) => {
                 if !printed {
