@@ -221,14 +221,16 @@ fn stub_for(tools: Vec<Arc<ToolEntry>>) -> Arc<GeneratedStub> {
 /// ([`crate::prestart`]); the interpreter is discarded if either fails.
 fn release(mut launched: Launched, stub: &str, code: &str) -> Result<Launched, StartError> {
     let released = launched.staging.write_stub(stub, None).and_then(|()| {
-        crate::script_feed::ScriptFeed::start(launched.staging.path(), code)
-            .map_err(StartError::Staging)
+        let dir = launched.staging.path().to_path_buf();
+        match launched.feeding.as_mut() {
+            Some(feed) => feed.release(&dir, code).map_err(StartError::Staging),
+            None => Err(StartError::Staging(std::io::Error::other(
+                "the prestarted interpreter has no script FIFO",
+            ))),
+        }
     });
     match released {
-        Ok(feed) => {
-            launched.feeding = Some(feed);
-            Ok(launched)
-        }
+        Ok(()) => Ok(launched),
         Err(e) => {
             launched.discard(true);
             Err(e)

@@ -421,7 +421,8 @@ pub(crate) struct Launched {
     pub(crate) owner: Option<(u32, u32)>,
     /// Held until the execution is over (a pooled interpreter's refill waits for it).
     pub(crate) on_done: Option<OnDone>,
-    /// The release of a prestarted interpreter's script, finished once the execution is over.
+    /// A prestarted interpreter's FIFO: the script is released through it, and the release
+    /// is finished once the execution is over.
     pub(crate) feeding: Option<crate::script_feed::ScriptFeed>,
 }
 
@@ -438,7 +439,7 @@ impl Launched {
             ..
         } = self;
         drop(lifeline);
-        // Before the dir goes: a release still waiting is ended through the FIFO's path.
+        // Before the dir goes: a release still writing gives up.
         if let Some(feed) = feeding {
             let _ = feed.finish();
         }
@@ -479,10 +480,13 @@ pub(crate) fn launch(
         owner,
     } = open_channel(spec, &mut staging)?;
     let env = with_channel(env, &channel_vars);
-    if matches!(program, Program::Fifo) {
-        // The supervisor's, mode 0644, like the regular file the cold path writes.
-        crate::script_feed::make_fifo(staging.path()).map_err(StartError::Staging)?;
-    }
+    let feeding = if matches!(program, Program::Fifo) {
+        // The supervisor's, mode 0644, like the regular file the cold path writes; its end is
+        // opened before the spawn, so no program started later inherits it.
+        Some(crate::script_feed::make_fifo(staging.path()).map_err(StartError::Staging)?)
+    } else {
+        None
+    };
 
     let spawn_error = |source| StartError::Spawn {
         interpreter: spec.interpreter.path.clone(),
@@ -558,7 +562,7 @@ pub(crate) fn launch(
         tool_env,
         owner,
         on_done: None,
-        feeding: None,
+        feeding,
     })
 }
 

@@ -3,26 +3,32 @@
 //! A one-shot host (`vibeos-exec run`) starts the interpreter first and finishes its own start
 //! (logging, the tool registry, the stub, the approval guard) while the interpreter starts on the
 //! other core ([`crate::prestart`]). The interpreter is exactly `python -u script.py`; only
-//! `script.py` is a FIFO when it starts, so its open of the script waits until the supervisor
-//! releases it. To release it, a thread opens the FIFO's write end (which returns once the
-//! interpreter has opened the read end), renames a regular file holding the same text over the
-//! FIFO's name, writes the text and closes. The interpreter reads to end of file before it
-//! compiles anything, so by the time any line of the script runs `script.py` is a regular file:
-//! tracebacks, `inspect` and a script that reads its own `__file__` find the source as after a
-//! cold start.
+//! `script.py` is a FIFO when it starts, and the interpreter's read of it waits until the
+//! supervisor releases the script.
+//!
+//! The supervisor opens the FIFO read-write before the interpreter starts (on Linux that open
+//! never waits for a reader, and it keeps a writer on the FIFO, so the interpreter's open of the
+//! script never waits either). To release the script it writes the text into the FIFO, renames
+//! a regular file holding the same text over the FIFO's name, and closes its end. Whichever the
+//! interpreter opened, it reads the whole text, and it reads end of file only after the rename:
+//! it compiles nothing before end of file, so by the time any line of the script runs
+//! `script.py` is a regular file (tracebacks, `inspect` and a script that reads its own
+//! `__file__` find the source as after a cold start). A script that fits the FIFO's buffer
+//! (64 KiB) is released at once, with no thread and no wake-up on the interpreter's path; a
+//! larger one is written by a thread as the interpreter reads.
 
 use std::io::{self, Write};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// The name the script's text waits under until the interpreter has opened the FIFO.
+/// The name the script's text waits under until it is released.
 const PENDING_NAME: &str = ".script.py.pending";
 
 /// Creates `script.py` in `dir` as a FIFO, the supervisor's with mode 0644, like the regular
-/// file a cold start writes.
-pub(crate) fn make_fifo(dir: &Path) -> io::Result<()> {
+/// file a cold start writes, and opens the supervisor's end of it.
+pub(crate) fn make_fifo(dir: &Path) -> io::Result<ScriptFeed> {
     let fifo = dir.join(crate::confine::staging::SCRIPT_FILE);
     let mode = nix::sys::stat::Mode::from_bits_truncate(0o644);
     nix::unistd::mkfifo(&fifo, mode)?;
@@ -33,7 +39,18 @@ pub(crate) fn make_fifo(dir: &Path) -> io::Result<()> {
         mode,
         nix::sys::stat::FchmodatFlags::FollowSymlink,
     )?;
-    Ok(())
+    // Read-write: returns at once with no reader, and the interpreter's open finds a writer.
+    // Close-on-exec: the interpreter must see end of file when this end closes, so no other
+    // program may keep a copy (the reaper, which does not exec, closes its copy at its start).
+    let end = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(&fifo)?;
+    Ok(ScriptFeed {
+        fifo,
+        state: State::Holding(end),
+    })
 }
 
 /// Why the script could not be handed over.
@@ -41,100 +58,122 @@ pub(crate) fn make_fifo(dir: &Path) -> io::Result<()> {
 #[error("the script could not be handed to the interpreter: {0}")]
 pub(crate) struct FeedError(io::Error);
 
-/// A release in progress: the thread waiting for the interpreter to open the FIFO.
+/// The supervisor's end of a prestarted interpreter's FIFO, from before the interpreter starts
+/// until the execution is over.
 #[derive(Debug)]
 pub(crate) struct ScriptFeed {
     fifo: PathBuf,
-    /// Set when the execution ends: a writer whose open returns after that writes nothing.
-    abandoned: Arc<AtomicBool>,
-    failure: Arc<Mutex<Option<io::Error>>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    state: State,
+}
+
+#[derive(Debug)]
+enum State {
+    /// Not released yet: the FIFO's end, which keeps the interpreter waiting in its read.
+    Holding(std::fs::File),
+    /// A script larger than the FIFO's buffer: a thread writes the rest as the interpreter
+    /// reads it. Dropping `stop` tells it to give up (the execution is over).
+    Writing {
+        stop: OwnedFd,
+        failure: Arc<Mutex<Option<io::Error>>>,
+        thread: std::thread::JoinHandle<()>,
+    },
+    /// Released, or given up.
+    Done,
 }
 
 impl ScriptFeed {
     /// Releases `code` to the interpreter waiting on `dir`'s FIFO.
-    pub(crate) fn start(dir: &Path, code: &str) -> io::Result<ScriptFeed> {
+    pub(crate) fn release(&mut self, dir: &Path, code: &str) -> io::Result<()> {
+        let State::Holding(mut end) = std::mem::replace(&mut self.state, State::Done) else {
+            return Err(io::Error::other("the script was released already"));
+        };
         // The supervisor's file, as the cold path writes it.
         crate::confine::staging::write_new(dir, PENDING_NAME, code, None)?;
-        let fifo = dir.join(crate::confine::staging::SCRIPT_FILE);
         let pending = dir.join(PENDING_NAME);
-        let abandoned = Arc::new(AtomicBool::new(false));
+        let text = code.as_bytes();
+        let written = write_what_fits(&mut end, text)?;
+        if written == text.len() {
+            // Before the end closes: the interpreter runs nothing until end of file.
+            return std::fs::rename(&pending, &self.fifo);
+        }
+        let rest = text[written..].to_vec();
+        let (stop_seen, stop) = crate::fds::cloexec_pipe()?;
         let failure = Arc::new(Mutex::new(None));
-        let text = code.as_bytes().to_vec();
-        let (path, gone, failed) = (fifo.clone(), Arc::clone(&abandoned), Arc::clone(&failure));
+        let failed = Arc::clone(&failure);
+        let fifo = self.fifo.clone();
         let thread = std::thread::Builder::new()
             .name("vibeos-script-feed".into())
             .spawn(move || {
-                if let Err(e) = feed(&path, &pending, &text, &gone) {
+                if let Err(e) = write_rest(end, &rest, &stop_seen, &pending, &fifo) {
                     *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
                 }
             })?;
-        Ok(ScriptFeed {
-            fifo,
-            abandoned,
+        self.state = State::Writing {
+            stop,
             failure,
-            thread: Some(thread),
-        })
+            thread,
+        };
+        Ok(())
     }
 
-    /// Tells the writer to write nothing and opens the FIFO's read end, so a writer still in
-    /// its open returns (a writer's open completes once a reader has come, even one that has
-    /// gone again). Once the script was released the path is a regular file, and opening it
-    /// does nothing.
-    fn abandon(&self) -> std::io::Result<std::fs::File> {
-        self.abandoned.store(true, Ordering::SeqCst);
-        std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(&self.fifo)
-    }
-
-    /// Waits for the release to be over; called once every process of the execution is gone.
-    /// An interpreter that died before it opened the script leaves the writer waiting in its
-    /// open: opening the read end ourselves lets it return, and it then writes nothing.
+    /// Ends the release; called once every process of the execution is gone. A writer still
+    /// waiting for the interpreter to read (it died first) gives up and writes nothing more.
     pub(crate) fn finish(mut self) -> Result<(), FeedError> {
-        let unblock = self.abandon();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-        drop(unblock);
-        match self
-            .failure
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
-            Some(e) => Err(FeedError(e)),
-            None => Ok(()),
-        }
-    }
-}
-
-impl Drop for ScriptFeed {
-    fn drop(&mut self) {
-        // Dropped without `finish` (an owner that failed early): let a writer still waiting in
-        // its open return if the FIFO is still there, but never wait for it here; a dir already
-        // removed leaves it to end with the process.
-        if self.thread.take().is_some() {
-            drop(self.abandon());
+        match std::mem::replace(&mut self.state, State::Done) {
+            State::Writing {
+                stop,
+                failure,
+                thread,
+            } => {
+                drop(stop);
+                let _ = thread.join();
+                let failed = failure.lock().unwrap_or_else(|p| p.into_inner()).take();
+                failed.map_or(Ok(()), |e| Err(FeedError(e)))
+            }
+            State::Holding(_) | State::Done => Ok(()),
         }
     }
 }
 
-/// The writer's side: wait for the reader, swap the FIFO's name to the regular file, write.
-fn feed(fifo: &Path, pending: &Path, text: &[u8], abandoned: &AtomicBool) -> io::Result<()> {
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(fifo)?;
-    if abandoned.load(Ordering::SeqCst) {
-        return Ok(());
+/// Writes as much of `text` as the FIFO's buffer takes now; returns how much that was.
+fn write_what_fits(end: &mut std::fs::File, text: &[u8]) -> io::Result<usize> {
+    let mut written = 0;
+    while written < text.len() {
+        match end.write(&text[written..]) {
+            Ok(n) => written += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
     }
-    // Before the text: the interpreter runs nothing until it has read to end of file.
-    std::fs::rename(pending, fifo)?;
-    match file.write_all(text) {
-        // The interpreter died while reading: its end is reported by the supervision.
-        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
-        other => other,
+    Ok(written)
+}
+
+/// The writer thread of a large script: the rest of the text as the interpreter reads it,
+/// then the rename, then end of file. Returns early, writing nothing more, once `stop` closes.
+fn write_rest(
+    mut end: std::fs::File,
+    mut rest: &[u8],
+    stop: &OwnedFd,
+    pending: &Path,
+    fifo: &Path,
+) -> io::Result<()> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    while !rest.is_empty() {
+        let mut fds = [
+            PollFd::new(end.as_fd(), PollFlags::POLLOUT),
+            PollFd::new(stop.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+        if fds[1].revents().is_some_and(|r| !r.is_empty()) {
+            return Ok(());
+        }
+        let n = write_what_fits(&mut end, rest)?;
+        rest = &rest[n..];
     }
+    std::fs::rename(pending, fifo)
 }

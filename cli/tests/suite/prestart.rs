@@ -75,21 +75,32 @@ fn an_interpreter_that_dies_before_reading_its_script_ends_the_run_with_its_erro
         "code_execution:\n  python: {}\n",
         wrapper.display()
     ));
-    let started = std::time::Instant::now();
-    let r = sb.run_json("print('never runs')\n", &["--timeout", "60"]);
-    assert!(
-        started.elapsed() < std::time::Duration::from_secs(30),
-        "the run waited for a reader that was gone"
+    // A script the FIFO's buffer takes whole (released at once), and one four times larger
+    // (its rest is written by a thread, which must give up once the interpreter is gone).
+    let small = String::from("print('never runs')\n");
+    let large = format!(
+        "{small}{}",
+        "# padding padding padding padding\n".repeat(8_000)
     );
-    assert_eq!(r["status"], "error", "{r}");
-    assert_eq!(r["exit_code"], 3, "{r}");
-    assert!(
-        r["output"]
-            .as_str()
-            .unwrap()
-            .contains("died before the script"),
-        "{r}"
-    );
-    assert!(sb.staging_dirs().is_empty(), "{:?}", sb.staging_dirs());
-    assert!(processes_mentioning(&sb.tmp().display().to_string()).is_empty());
+    assert!(large.len() > 4 * 65_536);
+    for script in [small, large] {
+        let started = std::time::Instant::now();
+        let r = sb.run_json(&script, &["--timeout", "60"]);
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "the run waited for a reader that was gone ({} bytes)",
+            script.len()
+        );
+        assert_eq!(r["status"], "error", "{r}");
+        assert_eq!(r["exit_code"], 3, "{r}");
+        assert!(
+            r["output"]
+                .as_str()
+                .unwrap()
+                .contains("died before the script"),
+            "{r}"
+        );
+        assert!(sb.staging_dirs().is_empty(), "{:?}", sb.staging_dirs());
+        assert!(processes_mentioning(&sb.tmp().display().to_string()).is_empty());
+    }
 }
