@@ -7,7 +7,7 @@
 //! as soon as the request is known, exactly as the cold path would (same staging dir, channel,
 //! environment, reaper and, in strict mode, confinement), except that `script.py` is a FIFO
 //! ([`crate::script_feed`]): the interpreter finishes starting on the other core and then waits
-//! in its open of the script. [`crate::execute()`] takes it, writes the stub, runs the guard and
+//! in its read of the script. [`crate::execute()`] takes it, writes the stub, runs the guard and
 //! releases the script; what follows is the cold path's supervision. A request whose launch key
 //! differs (or whose environment changed) discards it and starts cold, so a prestart can make a
 //! run faster but never different.
