@@ -14,6 +14,14 @@
 //! lld: rustc 1.90 or later linking for x86_64-unknown-linux-gnu with its own defaults (no
 //! linker, linker feature or `-fuse-ld` chosen in RUSTFLAGS or cargo's configuration), in an
 //! optimised build. `VIBEOS_LINK_ORDER=off` turns it off.
+//!
+//! The unwinder (the `_Unwind_*` functions panics and backtraces use) is linked from the C
+//! compiler's static `libgcc_eh.a` instead of the shared `libgcc_s.so.1`, which std names for
+//! it: with the archive first, `--as-needed` drops `libgcc_s` from the binary's libraries, and
+//! every start saves that library's mapping, relocations and `cpuid` probe (0.11 ms for
+//! `--version`; docs/cold-start.md, "Stop 45"). Only for `*-linux-gnu` targets without
+//! `crt-static`, and only when the C compiler names the archive; `VIBEOS_STATIC_UNWIND=off`
+//! keeps `libgcc_s`.
 
 use std::process::Command;
 
@@ -21,6 +29,15 @@ fn main() {
     println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
     println!("cargo:rerun-if-changed=link-order.txt");
     println!("cargo:rerun-if-env-changed=VIBEOS_LINK_ORDER");
+    println!("cargo:rerun-if-env-changed=VIBEOS_STATIC_UNWIND");
+    println!("cargo:rerun-if-env-changed=CC");
+    // For every target of the package (the tests too, which check that panics still unwind).
+    println!("cargo::rustc-check-cfg=cfg(vibeos_static_unwind)");
+    if let Some(dir) = static_unwinder_dir() {
+        println!("cargo:rustc-link-search=native={}", dir.display());
+        println!("cargo:rustc-link-lib=static=gcc_eh");
+        println!("cargo:rustc-cfg=vibeos_static_unwind");
+    }
     let list = std::path::Path::new(&env("CARGO_MANIFEST_DIR")).join("link-order.txt");
     if list.is_file() && links_with_default_lld() && optimised() && !turned_off() {
         println!(
@@ -35,6 +52,28 @@ fn main() {
 
 fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_default()
+}
+
+/// The directory of the C compiler's `libgcc_eh.a`, when the binary should link it.
+fn static_unwinder_dir() -> Option<std::path::PathBuf> {
+    let gnu = env("TARGET").ends_with("-linux-gnu");
+    let crt_static = env("CARGO_CFG_TARGET_FEATURE")
+        .split(',')
+        .any(|f| f == "crt-static");
+    if !gnu || crt_static || env("VIBEOS_STATIC_UNWIND") == "off" {
+        return None;
+    }
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let output = Command::new(cc)
+        .arg("-print-file-name=libgcc_eh.a")
+        .output()
+        .ok()?;
+    // A compiler that does not know the file prints its bare name back.
+    let archive = std::path::PathBuf::from(String::from_utf8(output.stdout).ok()?.trim());
+    if !output.status.success() || !archive.is_absolute() || !archive.is_file() {
+        return None;
+    }
+    archive.parent().map(std::path::Path::to_path_buf)
 }
 
 fn turned_off() -> bool {

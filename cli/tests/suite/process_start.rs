@@ -1,7 +1,9 @@
 //! `vibeos-exec` starts at its own C `main` (`cli/src/process_start.rs`), not std's, to skip
 //! std's stack-guard lookup; these tests hold it to the two things std's start-up did that a
 //! supervisor relies on: standard descriptors that are never some other file, and a write to a
-//! reader that left being an error rather than death by `SIGPIPE`.
+//! reader that left being an error rather than death by `SIGPIPE`. And the package's binaries
+//! link the unwinder statically (`cli/build.rs`): the supervisor maps no `libgcc_s`, and a
+//! panic still unwinds.
 
 // Tests report failures by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -103,4 +105,78 @@ fn a_reader_that_leaves_makes_the_output_write_fail_instead_of_killing_the_super
     // The script itself succeeded; the lost output is the reader's doing.
     assert_eq!(status.code(), Some(0), "{status:?} {stderr}");
     assert!(sb.staging_dirs().is_empty(), "{:?}", sb.staging_dirs());
+}
+
+/// Whether the supervisor of a running `run` maps `libgcc_s`: it does not when cli/build.rs
+/// found the C compiler's `libgcc_eh.a` (which sets `vibeos_static_unwind`), and does else.
+#[test]
+fn the_supervisor_maps_libgcc_s_only_without_the_static_unwinder() {
+    let sb = Sandbox::new();
+    let started = sb.work().join("started");
+    let release = sb.work().join("release");
+    let script = format!(
+        "import os, time\n\
+         open({started:?}, 'w').close()\n\
+         deadline = time.time() + 60\n\
+         while not os.path.exists({release:?}) and time.time() < deadline:\n    time.sleep(0.02)\n",
+        started = started.display().to_string(),
+        release = release.display().to_string(),
+    );
+    std::fs::write(sb.work().join("hold.py"), script).unwrap();
+    let mut child = sb.command().args(["run", "hold.py"]).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !started.exists() {
+        assert!(Instant::now() < deadline, "the script never started");
+        assert!(child.try_wait().unwrap().is_none(), "the run ended early");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", child.id())).unwrap();
+    std::fs::write(&release, "").unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    assert!(
+        maps.contains("libc.so"),
+        "not the supervisor's maps: {maps}"
+    );
+    assert_eq!(
+        maps.contains("libgcc_s"),
+        !cfg!(vibeos_static_unwind),
+        "libgcc_s mapped: {}, static unwinder linked: {}",
+        maps.contains("libgcc_s"),
+        cfg!(vibeos_static_unwind)
+    );
+}
+
+/// This test binary links the unwinder as `vibeos-exec` does: a panic unwinds through its
+/// frames, runs the destructors on the way and is caught, and a backtrace walks the stack.
+#[test]
+fn a_panic_unwinds_and_runs_destructors_with_the_package_s_unwinder() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static DROPPED: AtomicUsize = AtomicUsize::new(0);
+    struct Counted;
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            DROPPED.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    #[inline(never)]
+    fn nested(depth: u32) -> u32 {
+        let _guard = Counted;
+        if depth == 0 {
+            panic!("unwinding through the package's unwinder");
+        }
+        nested(depth - 1) + 1
+    }
+    let caught = std::panic::catch_unwind(|| nested(20));
+    assert!(caught.is_err());
+    assert_eq!(
+        DROPPED.load(Ordering::SeqCst),
+        21,
+        "every frame's guard is dropped"
+    );
+    let trace = std::backtrace::Backtrace::force_capture().to_string();
+    assert!(
+        trace.contains("a_panic_unwinds_and_runs_destructors"),
+        "the backtrace does not reach this test's frame: {trace}"
+    );
 }
