@@ -220,15 +220,16 @@ fn stub_for(tools: Vec<Arc<ToolEntry>>) -> Arc<GeneratedStub> {
 /// Writes the stub into a prestarted interpreter's staging dir and releases its script
 /// ([`crate::prestart`]); the interpreter is discarded if either fails.
 fn release(mut launched: Launched, stub: &str, code: &str) -> Result<Launched, StartError> {
-    let released = launched.staging.write_stub(stub, None).and_then(|()| {
-        let dir = launched.staging.path().to_path_buf();
-        match launched.feeding.as_mut() {
-            Some(feed) => feed.release(&dir, code).map_err(StartError::Staging),
-            None => Err(StartError::Staging(std::io::Error::other(
-                "the prestarted interpreter has no script FIFO",
-            ))),
-        }
-    });
+    let released =
+        launched
+            .staging
+            .write_stub(stub, None)
+            .and_then(|()| match launched.feeding.as_mut() {
+                Some(feed) => feed.release(code).map_err(StartError::Staging),
+                None => Err(StartError::Staging(std::io::Error::other(
+                    "the prestarted interpreter has no script FIFO",
+                ))),
+            });
     match released {
         Ok(()) => Ok(launched),
         Err(e) => {

@@ -48,6 +48,7 @@ pub(crate) fn make_fifo(dir: &Path) -> io::Result<ScriptFeed> {
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(&fifo)?;
     Ok(ScriptFeed {
+        dir: dir.to_path_buf(),
         fifo,
         state: State::Holding(end),
     })
@@ -62,6 +63,8 @@ pub(crate) struct FeedError(io::Error);
 /// until the execution is over.
 #[derive(Debug)]
 pub(crate) struct ScriptFeed {
+    /// The staging dir the FIFO is in.
+    dir: PathBuf,
     fifo: PathBuf,
     state: State,
 }
@@ -82,14 +85,14 @@ enum State {
 }
 
 impl ScriptFeed {
-    /// Releases `code` to the interpreter waiting on `dir`'s FIFO.
-    pub(crate) fn release(&mut self, dir: &Path, code: &str) -> io::Result<()> {
+    /// Releases `code` to the interpreter waiting on the FIFO.
+    pub(crate) fn release(&mut self, code: &str) -> io::Result<()> {
         let State::Holding(mut end) = std::mem::replace(&mut self.state, State::Done) else {
             return Err(io::Error::other("the script was released already"));
         };
         // The supervisor's file, as the cold path writes it.
-        crate::confine::staging::write_new(dir, PENDING_NAME, code, None)?;
-        let pending = dir.join(PENDING_NAME);
+        crate::confine::staging::write_new(&self.dir, PENDING_NAME, code, None)?;
+        let pending = self.dir.join(PENDING_NAME);
         let text = code.as_bytes();
         let written = write_what_fits(&mut end, text)?;
         if written == text.len() {

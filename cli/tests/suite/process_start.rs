@@ -22,23 +22,52 @@ for fd in (0, 1, 2):
 os.execv(sys.argv[1], sys.argv[1:])
 ";
 
+/// `hold.py` in the sandbox's work dir: a script that holds its run open, with the
+/// supervisor and everything it opened for the run, until the test releases it.
+struct Hold {
+    started: std::path::PathBuf,
+    release: std::path::PathBuf,
+}
+
+impl Hold {
+    fn new(sb: &Sandbox) -> Hold {
+        let started = sb.work().join("started");
+        let release = sb.work().join("release");
+        let script = format!(
+            "import os, time\n\
+             open({started:?}, 'w').close()\n\
+             deadline = time.time() + 60\n\
+             while not os.path.exists({release:?}) and time.time() < deadline:\n    time.sleep(0.02)\n\
+             print('released')\n",
+            started = started.display().to_string(),
+            release = release.display().to_string(),
+        );
+        std::fs::write(sb.work().join("hold.py"), script).unwrap();
+        Hold { started, release }
+    }
+
+    /// Waits until the script of `run` (the `child`) has started.
+    fn wait_until_started(&self, child: &mut std::process::Child) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.started.exists() {
+            assert!(Instant::now() < deadline, "the script never started");
+            assert!(child.try_wait().unwrap().is_none(), "the run ended early");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Lets the script end.
+    fn release(&self) {
+        std::fs::write(&self.release, "").unwrap();
+    }
+}
+
 #[test]
 fn closed_standard_descriptors_are_reopened_on_dev_null_before_anything_else_is_opened() {
     let sb = Sandbox::new();
-    let started = sb.work().join("started");
-    let release = sb.work().join("release");
     // The script holds the run open (the supervisor's socket, staging dir and pipes all open)
     // until the test has looked at the supervisor's descriptors.
-    let script = format!(
-        "import os, time\n\
-         open({started:?}, 'w').close()\n\
-         deadline = time.time() + 60\n\
-         while not os.path.exists({release:?}) and time.time() < deadline:\n    time.sleep(0.02)\n\
-         print('released')\n",
-        started = started.display().to_string(),
-        release = release.display().to_string(),
-    );
-    std::fs::write(sb.work().join("hold.py"), script).unwrap();
+    let hold = Hold::new(&sb);
     let mut child = sb
         .command_for(python3())
         .arg("-c")
@@ -47,12 +76,7 @@ fn closed_standard_descriptors_are_reopened_on_dev_null_before_anything_else_is_
         .args(["run", "hold.py"])
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !started.exists() {
-        assert!(Instant::now() < deadline, "the script never started");
-        assert!(child.try_wait().unwrap().is_none(), "the run ended early");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    hold.wait_until_started(&mut child);
     // The python wrapper exec'd the supervisor: same pid.
     let targets: Vec<String> = (0..3)
         .map(|fd| {
@@ -61,7 +85,7 @@ fn closed_standard_descriptors_are_reopened_on_dev_null_before_anything_else_is_
                 .unwrap_or_else(|e| format!("fd {fd}: {e}"))
         })
         .collect();
-    std::fs::write(&release, "").unwrap();
+    hold.release();
     let status = child.wait().unwrap();
     assert_eq!(
         targets,
@@ -112,26 +136,11 @@ fn a_reader_that_leaves_makes_the_output_write_fail_instead_of_killing_the_super
 #[test]
 fn the_supervisor_maps_libgcc_s_only_without_the_static_unwinder() {
     let sb = Sandbox::new();
-    let started = sb.work().join("started");
-    let release = sb.work().join("release");
-    let script = format!(
-        "import os, time\n\
-         open({started:?}, 'w').close()\n\
-         deadline = time.time() + 60\n\
-         while not os.path.exists({release:?}) and time.time() < deadline:\n    time.sleep(0.02)\n",
-        started = started.display().to_string(),
-        release = release.display().to_string(),
-    );
-    std::fs::write(sb.work().join("hold.py"), script).unwrap();
+    let hold = Hold::new(&sb);
     let mut child = sb.command().args(["run", "hold.py"]).spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !started.exists() {
-        assert!(Instant::now() < deadline, "the script never started");
-        assert!(child.try_wait().unwrap().is_none(), "the run ended early");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    hold.wait_until_started(&mut child);
     let maps = std::fs::read_to_string(format!("/proc/{}/maps", child.id())).unwrap();
-    std::fs::write(&release, "").unwrap();
+    hold.release();
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(0), "{status:?}");
     assert!(
