@@ -21,7 +21,6 @@ use std::io::{self, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 
 /// The name the script's text waits under until it is released.
 const PENDING_NAME: &str = ".script.py.pending";
@@ -49,7 +48,6 @@ pub(crate) fn make_fifo(dir: &Path) -> io::Result<ScriptFeed> {
         .open(&fifo)?;
     Ok(ScriptFeed {
         dir: dir.to_path_buf(),
-        fifo,
         state: State::Holding(end),
     })
 }
@@ -63,9 +61,8 @@ pub(crate) struct FeedError(io::Error);
 /// until the execution is over.
 #[derive(Debug)]
 pub(crate) struct ScriptFeed {
-    /// The staging dir the FIFO is in.
+    /// The staging dir the FIFO is in, as `SCRIPT_FILE`.
     dir: PathBuf,
-    fifo: PathBuf,
     state: State,
 }
 
@@ -74,11 +71,11 @@ enum State {
     /// Not released yet: the FIFO's end, which keeps the interpreter waiting in its read.
     Holding(std::fs::File),
     /// A script larger than the FIFO's buffer: a thread writes the rest as the interpreter
-    /// reads it. Dropping `stop` tells it to give up (the execution is over).
+    /// reads it. Dropping `stop` tells it to give up (the execution is over); the thread's
+    /// result is whether its writes and the rename went through.
     Writing {
         stop: OwnedFd,
-        failure: Arc<Mutex<Option<io::Error>>>,
-        thread: std::thread::JoinHandle<()>,
+        thread: std::thread::JoinHandle<io::Result<()>>,
     },
     /// Released, or given up.
     Done,
@@ -93,29 +90,19 @@ impl ScriptFeed {
         // The supervisor's file, as the cold path writes it.
         crate::confine::staging::write_new(&self.dir, PENDING_NAME, code, None)?;
         let pending = self.dir.join(PENDING_NAME);
+        let fifo = self.dir.join(crate::confine::staging::SCRIPT_FILE);
         let text = code.as_bytes();
         let written = write_what_fits(&mut end, text)?;
         if written == text.len() {
             // Before the end closes: the interpreter runs nothing until end of file.
-            return std::fs::rename(&pending, &self.fifo);
+            return std::fs::rename(&pending, &fifo);
         }
         let rest = text[written..].to_vec();
         let (stop_seen, stop) = crate::fds::cloexec_pipe()?;
-        let failure = Arc::new(Mutex::new(None));
-        let failed = Arc::clone(&failure);
-        let fifo = self.fifo.clone();
         let thread = std::thread::Builder::new()
             .name("vibeos-script-feed".into())
-            .spawn(move || {
-                if let Err(e) = write_rest(end, &rest, &stop_seen, &pending, &fifo) {
-                    *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
-                }
-            })?;
-        self.state = State::Writing {
-            stop,
-            failure,
-            thread,
-        };
+            .spawn(move || write_rest(end, &rest, &stop_seen, &pending, &fifo))?;
+        self.state = State::Writing { stop, thread };
         Ok(())
     }
 
@@ -123,15 +110,14 @@ impl ScriptFeed {
     /// waiting for the interpreter to read (it died first) gives up and writes nothing more.
     pub(crate) fn finish(mut self) -> Result<(), FeedError> {
         match std::mem::replace(&mut self.state, State::Done) {
-            State::Writing {
-                stop,
-                failure,
-                thread,
-            } => {
+            State::Writing { stop, thread } => {
                 drop(stop);
-                let _ = thread.join();
-                let failed = failure.lock().unwrap_or_else(|p| p.into_inner()).take();
-                failed.map_or(Ok(()), |e| Err(FeedError(e)))
+                match thread.join() {
+                    Ok(written) => written.map_err(FeedError),
+                    Err(_) => Err(FeedError(io::Error::other(
+                        "the script's writer thread panicked",
+                    ))),
+                }
             }
             State::Holding(_) | State::Done => Ok(()),
         }
