@@ -18,7 +18,9 @@ pub(crate) fn lower_this_thread() {
     // only; `param` is a valid sched_param (SCHED_BATCH takes priority 0) that outlives the call.
     unsafe {
         if libc::sched_getscheduler(0) == libc::SCHED_OTHER {
-            let param = libc::sched_param { sched_priority: 0 };
+            // musl's sched_param has more fields than the priority: all zero.
+            let mut param: libc::sched_param = std::mem::zeroed();
+            param.sched_priority = 0;
             libc::sched_setscheduler(0, libc::SCHED_BATCH, &param);
         }
     }

@@ -20,7 +20,14 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 /// A resource limit to set in the child: (resource, soft = hard).
-pub type Rlimit = (libc::__rlimit_resource_t, u64);
+pub type Rlimit = (RlimitResource, u64);
+
+/// The type `setrlimit` takes its resource as: glibc's own enum type, musl's `int`.
+#[cfg(target_env = "gnu")]
+pub type RlimitResource = libc::__rlimit_resource_t;
+/// The type `setrlimit` takes its resource as: glibc's own enum type, musl's `int`.
+#[cfg(not(target_env = "gnu"))]
+pub type RlimitResource = libc::c_int;
 
 /// Privileges to drop to when the supervisor is root.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -346,8 +346,11 @@ fn on_kernel_pseudo_fs(dir: &Path) -> bool {
         0x6165_676c, // pstore
         0xde5e_81e4, // efivarfs
     ];
+    // `f_type` is an i64 in glibc's `statfs` and a u64 in musl's.
+    #[allow(clippy::unnecessary_cast)]
+    let is_pseudo = |s: nix::sys::statfs::Statfs| PSEUDO.contains(&(s.filesystem_type().0 as i64));
     nix::sys::statfs::statfs(dir)
-        .map(|s| PSEUDO.contains(&s.filesystem_type().0))
+        .map(is_pseudo)
         .unwrap_or(false)
 }
 
