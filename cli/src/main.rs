@@ -242,14 +242,11 @@ struct UsageError(String);
 /// runs and the process exits with its code.
 // SAFETY: `#![no_main]` leaves the C `main` symbol to this crate: std emits no `main` of its
 // own then, and no other object linked into the binary defines one. The C runtime calls it
-// once, on the main thread, with the usual `argc`/`argv`, which it does not read (std gets
-// them from glibc's init array).
+// once, on the main thread, with the usual `argc`/`argv`.
 #[unsafe(no_mangle)]
-extern "C" fn main(
-    _argc: std::ffi::c_int,
-    _argv: *const *const std::ffi::c_char,
-) -> std::ffi::c_int {
-    process_start::prepare();
+extern "C" fn main(argc: std::ffi::c_int, argv: *const *const std::ffi::c_char) -> std::ffi::c_int {
+    // SAFETY: these are the C runtime's own `argc` and `argv`.
+    unsafe { process_start::prepare(argc, argv) };
     early_signals::handle_from_start();
     // A panic is reported by std's hook and ends the process with 101, as it would from a
     // Rust `main`; it must not unwind into the C caller.
@@ -260,7 +257,7 @@ extern "C" fn main(
 
 /// Runs the command line and returns the process's exit code.
 fn command_main() -> u8 {
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::try_parse_from(process_start::args_os()) {
         Ok(cli) => {
             if !matches!(cli.command, Command::Run(_)) {
                 early_signals::hand_back();
@@ -313,17 +310,21 @@ fn command_main() -> u8 {
 
 /// Whether the raw command line asks for `--json` (before any `--`).
 fn json_requested() -> bool {
-    std::env::args_os()
+    process_start::args_os()
+        .iter()
         .skip(1)
-        .take_while(|a| a != "--")
-        .any(|a| a == "--json")
+        .take_while(|a| *a != "--")
+        .any(|a| *a == "--json")
 }
 
 /// Prints a usage or configuration error as the result object `run --json` prints for an
 /// execution that could not start (status `error`, `exit_code` null), so JSON callers always get
 /// the same shape.
 fn print_usage_error_json(message: String) {
-    let args: Vec<String> = std::env::args().collect();
+    let args: Vec<String> = process_start::args_os()
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
     let strict = args
         .windows(2)
         .any(|w| w[0] == "--mode" && w[1] == "strict")

@@ -12,15 +12,30 @@
 //! - `SIGPIPE` ignored, so that writing to a reader that left is an `EPIPE` error, not death;
 //!   std's `Command` still resets it to the default in every child it starts, as before.
 //!
+//! - the command line, which std reads from glibc's init array (a glibc extension) but not
+//!   from other C libraries (musl): [`args_os`] is what the C runtime passed to `main`, on
+//!   every target.
+//!
 //! What is given up: a stack overflow ends the process with `SIGSEGV` instead of std's message
 //! first, and the main thread has no name in panic messages.
 
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
+use std::ffi::{c_char, c_int, CStr, OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::sync::OnceLock;
+
+static ARGS: OnceLock<Vec<OsString>> = OnceLock::new();
 
 /// Prepares the process as std's start-up would (see the module docs), and keeps the
 /// descriptors the caller left open out of everything it starts.
-pub fn prepare() {
+///
+/// # Safety
+/// `argv` must be the `argv` the C runtime passed to `main`, with `argc` entries, each a
+/// NUL-terminated string.
+pub unsafe fn prepare(argc: c_int, argv: *const *const c_char) {
+    // SAFETY: the caller's contract, passed on.
+    let _ = ARGS.set(unsafe { copy_args(argc, argv) });
     open_missing_standard_descriptors();
     ignore_sigpipe();
     keep_inherited_descriptors_to_ourselves();
@@ -87,6 +102,29 @@ fn open_missing_standard_descriptors() {
             }
         }
     }
+}
+
+/// The command line the process was started with, program name first.
+pub fn args_os() -> &'static [OsString] {
+    ARGS.get().map_or(&[], Vec::as_slice)
+}
+
+/// # Safety
+/// As [`prepare`].
+unsafe fn copy_args(argc: c_int, argv: *const *const c_char) -> Vec<OsString> {
+    let count = usize::try_from(argc).unwrap_or(0);
+    if argv.is_null() {
+        return Vec::new();
+    }
+    (0..count)
+        // SAFETY: `argv` holds `argc` valid pointers (the caller's contract); a null entry
+        // (which the C standard allows only at `argv[argc]`) ends the list early.
+        .map(|i| unsafe { *argv.add(i) })
+        .take_while(|arg| !arg.is_null())
+        // SAFETY: each non-null entry is a NUL-terminated string that lives as long as the
+        // process.
+        .map(|arg| OsStr::from_bytes(unsafe { CStr::from_ptr(arg) }.to_bytes()).to_os_string())
+        .collect()
 }
 
 fn ignore_sigpipe() {

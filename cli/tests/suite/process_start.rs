@@ -131,10 +131,8 @@ fn a_reader_that_leaves_makes_the_output_write_fail_instead_of_killing_the_super
     assert!(sb.staging_dirs().is_empty(), "{:?}", sb.staging_dirs());
 }
 
-/// Whether the supervisor of a running `run` maps `libgcc_s`: it does not when cli/build.rs
-/// found the C compiler's `libgcc_eh.a` (which sets `vibeos_static_unwind`), and does else.
-#[test]
-fn the_supervisor_maps_libgcc_s_only_without_the_static_unwinder() {
+/// The memory map of the supervisor of a running `run` (read while its script waits).
+fn running_supervisor_maps() -> String {
     let sb = Sandbox::new();
     let hold = Hold::new(&sb);
     let mut child = sb.command().args(["run", "hold.py"]).spawn().unwrap();
@@ -144,9 +142,19 @@ fn the_supervisor_maps_libgcc_s_only_without_the_static_unwinder() {
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(0), "{status:?}");
     assert!(
-        maps.contains("libc.so"),
+        maps.contains("vibeos-exec"),
         "not the supervisor's maps: {maps}"
     );
+    maps
+}
+
+/// Whether the supervisor of a running `run` maps `libgcc_s`: it does not when cli/build.rs
+/// found the C compiler's `libgcc_eh.a` (which sets `vibeos_static_unwind`), and does else.
+#[cfg(target_env = "gnu")]
+#[test]
+fn the_supervisor_maps_libgcc_s_only_without_the_static_unwinder() {
+    let maps = running_supervisor_maps();
+    assert!(maps.contains("libc.so"), "not linked with glibc: {maps}");
     assert_eq!(
         maps.contains("libgcc_s"),
         !cfg!(vibeos_static_unwind),
@@ -154,6 +162,16 @@ fn the_supervisor_maps_libgcc_s_only_without_the_static_unwinder() {
         maps.contains("libgcc_s"),
         cfg!(vibeos_static_unwind)
     );
+}
+
+/// A build for musl is linked statically (docs/cold-start.md, "Stop 46"): its supervisor maps
+/// no shared library at all, so no loader runs before `main`.
+#[cfg(not(target_env = "gnu"))]
+#[test]
+fn a_static_build_s_supervisor_maps_no_shared_library() {
+    let maps = running_supervisor_maps();
+    let shared: Vec<&str> = maps.lines().filter(|l| l.contains(".so")).collect();
+    assert!(shared.is_empty(), "shared libraries mapped: {shared:?}");
 }
 
 /// This test binary links the unwinder as `vibeos-exec` does: a panic unwinds through its
