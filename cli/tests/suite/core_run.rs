@@ -588,6 +588,37 @@ fn command_line_errors_with_json_print_the_result_object() {
     assert!(out.stdout.is_empty());
 }
 
+/// A command line that is not UTF-8 is a usage error like any other: with `--json`, the result
+/// object says so (the JSON path read the arguments through `std::env::args`, which panics on
+/// them, and the process died with 101).
+#[test]
+fn a_command_line_that_is_not_utf8_is_a_usage_error() {
+    use std::os::unix::ffi::OsStrExt;
+    let sb = Sandbox::new();
+    let not_utf8 = std::ffi::OsStr::from_bytes(b"script-\xff.py");
+    let out = sb
+        .command()
+        .args(["run", "--json"])
+        .arg(not_utf8)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let v = parse_single_json(&out);
+    assert_eq!(v["status"], "error", "{v}");
+    assert!(v["exit_code"].is_null(), "{v}");
+    assert!(
+        v["error"].as_str().unwrap().contains("invalid UTF-8"),
+        "{v}"
+    );
+    let out = sb.command().arg("run").arg(not_utf8).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("invalid UTF-8"),
+        "{out:?}"
+    );
+}
+
 #[test]
 fn config_errors_name_the_key_and_the_file() {
     let sb = Sandbox::new();
@@ -1183,6 +1214,61 @@ fn descriptors_the_caller_left_open_do_not_reach_the_script() {
 /// outlived the execution, and its host.
 #[test]
 fn a_fork_chain_daemon_started_by_terminal_ends_with_the_execution() {
+    fork_chain_ends_with_the_execution("os.setsid()\n");
+}
+
+/// The same chain without `setsid`: it stays in the process group of the command that started
+/// it, in the supervisor's session, and is taken with that group once the command returned.
+#[test]
+fn a_fork_chain_left_in_its_command_s_group_ends_with_the_execution() {
+    fork_chain_ends_with_the_execution("");
+}
+
+/// A daemon that scrubs the execution's marker from its environment (so no scan of /proc can
+/// tell it is the execution's) but stays in the process group of the command that started it
+/// is taken with that group when the execution ends.
+#[test]
+fn an_unmarked_daemon_left_in_its_command_s_group_ends_with_the_execution() {
+    let sb = Sandbox::new();
+    let token = format!("vibeos-unmarked-{}", std::process::id());
+    let script = format!(
+        "from vibeos_tools import terminal\n\
+         r = terminal(\"env -u VIBEOS_EXECUTION_SCOPE python3 -c 'import time; time.sleep(300)' {token} >/dev/null 2>&1 &\")\n\
+         assert r['exit_code'] == 0, r\n"
+    );
+    let r = sb.run_json(&script, &[]);
+    assert_eq!(r["status"], "success", "{r}");
+    let running = |token: &str| -> Vec<i32> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| c.windows(token.len()).any(|w| w == token.as_bytes()))
+            })
+            .collect()
+    };
+    // The kill is sent before `run` returns; give the kernel a moment to finish the exits.
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    let mut left = running(&token);
+    while !left.is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        left = running(&token);
+    }
+    for pid in &left {
+        // SAFETY: kill(2) on pids whose command line holds this test's own token.
+        unsafe {
+            libc::kill(*pid, libc::SIGKILL);
+        }
+    }
+    assert!(
+        left.is_empty(),
+        "the unmarked daemon outlived its execution: {left:?}"
+    );
+}
+
+fn fork_chain_ends_with_the_execution(leave_session: &str) {
     let sb = Sandbox::new();
     let alive = sb.work().join("alive");
     let chain = sb.work().join("chain.py");
@@ -1190,7 +1276,7 @@ fn a_fork_chain_daemon_started_by_terminal_ends_with_the_execution() {
         &chain,
         format!(
             "import os, time\n\
-             os.setsid()\n\
+             {leave_session}\
              while True:\n\
              \x20   time.sleep(0.0003)\n\
              \x20   if os.fork(): os._exit(0)\n\

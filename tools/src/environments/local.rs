@@ -5,9 +5,10 @@
 //! children of the shell die with it. Limit: a descendant that calls `setsid`/`setpgid` leaves
 //! the group and is not reached by that signal. For script calls this gap is closed by the
 //! execution's end ([`kill_scope`]): the commands a script ran are children of the supervisor,
-//! not of the script's reaper, so the end kills the groups still running and every process that
-//! carries the execution's [`SCOPE_VAR`] in its environment (what a command left in the
-//! background, in its group or out of it: `&`, `nohup`, `setsid`). For direct agent calls it stays open (a cgroup per command would close
+//! not of the script's reaper, so the end kills the groups still running, what is left in the
+//! groups of commands that returned, and every process that carries the execution's
+//! [`SCOPE_VAR`] in its environment (what a command left in the background and moved out of
+//! its group: `setsid`). For direct agent calls it stays open (a cgroup per command would close
 //! it but needs delegation rights this process usually lacks). See docs/terminal.md. Two kinds
 //! of command are bound to this process's lifetime instead, by a marker of its own: background
 //! commands ([`super::background`]), and in the tool agent every command
@@ -304,6 +305,43 @@ pub(super) fn kill_group(pgid: Pid, child: &mut Child) -> Option<ExitStatus> {
 static RUNNING: LazyLock<Mutex<BTreeMap<i32, Option<usize>>>> =
     LazyLock::new(|| Mutex::new(BTreeMap::new()));
 
+/// The process groups of the foreground commands each scope started, kept after the commands
+/// returned: what a command left running in its own group ends with the execution
+/// ([`kill_left_group`]).
+static LEFT_GROUPS: LazyLock<Mutex<BTreeMap<usize, Vec<i32>>>> =
+    LazyLock::new(|| Mutex::new(BTreeMap::new()));
+
+/// Remembers `pgid` as a group `scope`'s commands made. Groups that are gone are dropped now
+/// and then, so an execution that runs many commands keeps a short list.
+fn remember_left_group(scope: usize, pgid: i32) {
+    if let Ok(mut g) = LEFT_GROUPS.lock() {
+        let groups = g.entry(scope).or_default();
+        if groups.len() >= 64 && groups.len().is_power_of_two() {
+            // Signal 0 only asks whether the group still has a member (zombies count).
+            groups.retain(|p| killpg(Pid::from_raw(*p), None).is_ok());
+        }
+        groups.push(pgid);
+    }
+}
+
+/// Kills what is left in the process group a command made, after the command returned.
+///
+/// The group's id is the pid of the command's shell, which the supervisor has reaped. While any
+/// member of the group lives (or is a zombie), the kernel keeps that pid number allocated, so
+/// no other process can get it and no other group can take the id. The id can only have been
+/// reused if the group emptied first; then a process with that pid exists (the new group's
+/// leader, or a thread), and the group is left alone. So a group whose id is no process's pid
+/// is still the command's (unless a reused id's leader exited too, with members left: a wrap of
+/// the pid numbers to exactly this id within one execution), and is killed whole: one signal
+/// reaches every member, including a child forked at that moment, which no pass over /proc
+/// does for a fork chain.
+fn kill_left_group(pgid: i32) {
+    if pgid <= 1 || std::path::Path::new(&format!("/proc/{pgid}")).exists() {
+        return;
+    }
+    let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+}
+
 /// Scopes that started a command, so [`kill_scope`] looks for marked processes only where
 /// there can be some.
 static MARKED: LazyLock<Mutex<std::collections::BTreeSet<usize>>> =
@@ -339,9 +377,18 @@ pub fn kill_scope(ctx: &crate::ToolContext) -> usize {
     for pgid in &groups {
         let _ = killpg(Pid::from_raw(*pgid), Signal::SIGKILL);
     }
-    // What commands that already returned left running is found by its marker, not by their
-    // group ids: once a group is empty its number can be taken by an unrelated process (pid_max
-    // can be 32768), which a stored id would then kill.
+    // What commands that already returned left in their own groups (`nohup daemon &`, a fork
+    // chain whose one live pid changes faster than a scan of /proc can follow it).
+    let left = LEFT_GROUPS
+        .lock()
+        .map(|mut g| g.remove(&scope))
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    for pgid in left {
+        kill_left_group(pgid);
+    }
+    // What left its command's group (`setsid`, `setpgid`) is found by its marker.
     let marked = MARKED.lock().map(|mut g| g.remove(&scope)).unwrap_or(false);
     if marked {
         kill_marked(&scope_marker(scope), true);
@@ -371,6 +418,37 @@ fn kill_marked(marker: &str, whole: bool) {
     let own_group = nix::unistd::getpgrp().as_raw();
     let own_session = nix::unistd::getsid(None).map_or(0, |s| s.as_raw());
     let pid_max = read_number("/proc/sys/kernel/pid_max");
+    // Kills `pid` when it carries the marker; whether it did.
+    let kill_if_marked = |pid: u32| -> bool {
+        if pid == me {
+            return false;
+        }
+        let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+            return false;
+        };
+        let starts_entry = |at: usize| at == 0 || env[at - 1] == 0;
+        let hit = env
+            .windows(needle.len())
+            .enumerate()
+            .any(|(at, w)| w == needle.as_bytes() && starts_entry(at));
+        if !hit {
+            return false;
+        }
+        let pid = i32::try_from(pid).unwrap_or(i32::MAX);
+        let group = group_and_session(pid);
+        let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+        // A process that forks and exits in a loop (a daemon's fork chain) changes its pid
+        // faster than a kill can follow; its group is stable. Only a group in a session one of
+        // our commands made (`setsid`) is taken whole: such a session holds nothing but that
+        // command's descendants, while a group in our own session could be one a marked
+        // process joined (ours, or the user's shell).
+        if let Some((pgrp, session)) = group {
+            if session != own_session && pgrp > 1 && pgrp != own_group {
+                let _ = killpg(Pid::from_raw(pgrp), Signal::SIGKILL);
+            }
+        }
+        true
+    };
     let mut empty_passes = 0;
     for _ in 0..8 {
         let Ok(dir) = std::fs::read_dir("/proc") else {
@@ -381,35 +459,14 @@ fn kill_marked(marker: &str, whole: bool) {
             .flatten()
             .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
             .collect();
-        let pids = newest_first(listed, pid_max);
-        for pid in pids {
-            if pid == me {
-                continue;
+        for (i, pid) in newest_first(listed, pid_max).into_iter().enumerate() {
+            // A pass over thousands of entries (a fork chain's zombies, while an init that
+            // reaps slowly lets them pile up) takes milliseconds, in which a chain's one live
+            // pid moves past the listing: the newest pids are tried again as the pass goes.
+            if i % NEWEST_EVERY == 0 {
+                found += newest_pids(pid_max).filter(|p| kill_if_marked(*p)).count();
             }
-            let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
-                continue;
-            };
-            let starts_entry = |at: usize| at == 0 || env[at - 1] == 0;
-            let hit = env
-                .windows(needle.len())
-                .enumerate()
-                .any(|(at, w)| w == needle.as_bytes() && starts_entry(at));
-            if hit {
-                let pid = i32::try_from(pid).unwrap_or(i32::MAX);
-                let group = group_and_session(pid);
-                let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
-                // A process that forks and exits in a loop (a daemon's fork chain) changes its
-                // pid faster than a kill can follow; its group is stable. Only a group
-                // in a session one of our commands made (`setsid`) is taken whole: such a
-                // session holds nothing but that command's descendants, while a group in our
-                // own session could be one a marked process joined (ours, or the user's shell).
-                if let Some((pgrp, session)) = group {
-                    if session != own_session && pgrp > 1 && pgrp != own_group {
-                        let _ = killpg(Pid::from_raw(pgrp), Signal::SIGKILL);
-                    }
-                }
-                found += 1;
-            }
+            found += usize::from(kill_if_marked(pid));
         }
         // Done after three passes in a row found nothing, not one: the one live pid of a fast
         // fork chain slips between a listing and its read in about a quarter of the passes
@@ -419,6 +476,21 @@ fn kill_marked(marker: &str, whole: bool) {
             return;
         }
     }
+}
+
+/// How many listed pids [`kill_marked`] reads between two looks at the newest pids.
+const NEWEST_EVERY: usize = 32;
+
+/// The four pids given out last, newest first (none when `/proc` does not say).
+fn newest_pids(pid_max: Option<u32>) -> impl Iterator<Item = u32> {
+    let last = read_number("/proc/sys/kernel/ns_last_pid");
+    let max = pid_max.filter(|m| *m > 0);
+    (0..4)
+        .filter_map(move |back| {
+            let (last, max) = (i64::from(last?), i64::from(max?));
+            u32::try_from((last - back).rem_euclid(max)).ok()
+        })
+        .filter(|p| *p > 0)
 }
 
 /// The pids of a /proc listing, newest first, with the newest pids given out after the listing
@@ -556,6 +628,9 @@ pub fn run_foreground(
     drop(stdin);
     if let Ok(mut g) = RUNNING.lock() {
         g.insert(pgid.as_raw(), spec.scope);
+    }
+    if let Some(scope) = spec.scope {
+        remember_left_group(scope, pgid.as_raw());
     }
     let _running = RunningGuard(pgid.as_raw());
     // Registered first, checked second: an execution's end marks its scope ended, then kills
