@@ -1218,7 +1218,8 @@ fn a_fork_chain_daemon_started_by_terminal_ends_with_the_execution() {
 }
 
 /// The same chain without `setsid`: it stays in the process group of the command that started
-/// it, in the supervisor's session, and is taken with that group once the command returned.
+/// it, in the supervisor's session, where the marker scan never takes a group whole (the
+/// returned command's group, or the scan's kill of its live pid, ends it).
 #[test]
 fn a_fork_chain_left_in_its_command_s_group_ends_with_the_execution() {
     fork_chain_ends_with_the_execution("");
@@ -1238,23 +1239,12 @@ fn an_unmarked_daemon_left_in_its_command_s_group_ends_with_the_execution() {
     );
     let r = sb.run_json(&script, &[]);
     assert_eq!(r["status"], "success", "{r}");
-    let running = |token: &str| -> Vec<i32> {
-        std::fs::read_dir("/proc")
-            .unwrap()
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-            .filter(|pid| {
-                std::fs::read(format!("/proc/{pid}/cmdline"))
-                    .is_ok_and(|c| c.windows(token.len()).any(|w| w == token.as_bytes()))
-            })
-            .collect()
-    };
     // The kill is sent before `run` returns; give the kernel a moment to finish the exits.
-    let deadline = std::time::Instant::now() + Duration::from_secs(2);
-    let mut left = running(&token);
-    while !left.is_empty() && std::time::Instant::now() < deadline {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut left = vibeos_testkit::processes_mentioning(&token);
+    while !left.is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
-        left = running(&token);
+        left = vibeos_testkit::processes_mentioning(&token);
     }
     for pid in &left {
         // SAFETY: kill(2) on pids whose command line holds this test's own token.
