@@ -18,9 +18,8 @@ pub(crate) fn lower_this_thread() {
     // only; `param` is a valid sched_param (SCHED_BATCH takes priority 0) that outlives the call.
     unsafe {
         if libc::sched_getscheduler(0) == libc::SCHED_OTHER {
-            // musl's sched_param has more fields than the priority: all zero.
-            let mut param: libc::sched_param = std::mem::zeroed();
-            param.sched_priority = 0;
+            // All zero: the priority SCHED_BATCH takes, and musl's other fields.
+            let param: libc::sched_param = std::mem::zeroed();
             libc::sched_setscheduler(0, libc::SCHED_BATCH, &param);
         }
     }

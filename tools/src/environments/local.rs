@@ -484,13 +484,7 @@ const NEWEST_EVERY: usize = 32;
 /// The four pids given out last, newest first (none when `/proc` does not say).
 fn newest_pids(pid_max: Option<u32>) -> impl Iterator<Item = u32> {
     let last = read_number("/proc/sys/kernel/ns_last_pid");
-    let max = pid_max.filter(|m| *m > 0);
-    (0..4)
-        .filter_map(move |back| {
-            let (last, max) = (i64::from(last?), i64::from(max?));
-            u32::try_from((last - back).rem_euclid(max)).ok()
-        })
-        .filter(|p| *p > 0)
+    counting_back(last, pid_max, 4)
 }
 
 /// The pids of a /proc listing, newest first, with the newest pids given out after the listing
@@ -499,18 +493,28 @@ fn newest_pids(pid_max: Option<u32>) -> impl Iterator<Item = u32> {
 /// `pid_max`: the newest are those just below `ns_last_pid`. Without either, highest first.
 fn newest_first(mut pids: Vec<u32>, pid_max: Option<u32>) -> Vec<u32> {
     let last = read_number("/proc/sys/kernel/ns_last_pid");
-    let (Some(last), Some(max)) = (last, pid_max.filter(|m| *m > 0)) else {
+    let (Some(newest), Some(max)) = (last, pid_max.filter(|m| *m > 0)) else {
         pids.sort_unstable_by(|a, b| b.cmp(a));
         return pids;
     };
-    let (last, max) = (i64::from(last), i64::from(max));
-    let age = |p: u32| (last - i64::from(p)).rem_euclid(max);
+    let age = |p: u32| (i64::from(newest) - i64::from(p)).rem_euclid(i64::from(max));
     pids.sort_unstable_by_key(|p| age(*p));
-    let newest_listed = pids.first().map_or(i64::MAX, |p| age(*p));
-    let unlisted = (0..newest_listed.min(64))
-        .filter_map(|back| u32::try_from((last - back).rem_euclid(max)).ok())
-        .filter(|p| *p > 0);
-    unlisted.chain(pids).collect()
+    let newest_listed = pids.first().map_or(64, |p| age(*p).min(64));
+    counting_back(last, pid_max, newest_listed)
+        .chain(pids)
+        .collect()
+}
+
+/// `count` pids counted back from `last` (the newest given out), wrapping below 1 to
+/// `pid_max`; none when either is unknown.
+fn counting_back(last: Option<u32>, pid_max: Option<u32>, count: i64) -> impl Iterator<Item = u32> {
+    let start = last.zip(pid_max.filter(|m| *m > 0));
+    (0..count)
+        .filter_map(move |back| {
+            let (last, max) = start?;
+            u32::try_from((i64::from(last) - back).rem_euclid(i64::from(max))).ok()
+        })
+        .filter(|p| *p > 0)
 }
 
 /// A number a one-line /proc file holds (`pid_max`, `ns_last_pid`).
@@ -821,5 +825,26 @@ mod tests {
         )
         .unwrap();
         assert_eq!(out.output.trim(), "notty");
+    }
+
+    #[test]
+    fn pids_are_counted_back_across_the_wrap() {
+        let pids: Vec<u32> = counting_back(Some(2), Some(100), 5).collect();
+        assert_eq!(pids, vec![2, 1, 99, 98], "pid 0 is never given out");
+        assert_eq!(counting_back(None, Some(100), 5).count(), 0);
+        assert_eq!(counting_back(Some(2), Some(0), 5).count(), 0);
+    }
+
+    #[test]
+    fn a_listing_is_ordered_newest_first_after_the_pids_given_out_since() {
+        let max = read_number("/proc/sys/kernel/pid_max").expect("/proc/sys/kernel/pid_max");
+        let own = std::process::id();
+        let older = if own > 1 { own - 1 } else { max - 1 };
+        let ordered = newest_first(vec![older, own], Some(max));
+        let at = |p: u32| ordered.iter().position(|q| *q == p);
+        assert!(at(own) < at(older), "{ordered:?}");
+        // Pids given out after this process (threads of the test harness, other processes)
+        // come first, at most 64 of them.
+        assert!(ordered.len() <= 66, "{}", ordered.len());
     }
 }
