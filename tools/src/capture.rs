@@ -19,6 +19,70 @@ pub struct HeadTail {
     /// two neighbours of the gap, which tell whether a cut split a word.
     after_head: Option<u8>,
     before_tail: Option<u8>,
+    /// How far the word and the token the head's cut split go on past the cut (up to
+    /// [`RUN_CAP`]): what the head keeps of them is only part of their length.
+    after_head_runs: Runs,
+    /// How far the word and the token the tail's cut split reach back before the cut.
+    before_tail_runs: Runs,
+}
+
+/// Lengths of the run of non-whitespace (`word`) and of [`token_byte`]s (`token`) on the far
+/// side of a cut, counted up to [`RUN_CAP`]; `open` while the runs after the head's cut may
+/// still grow.
+#[derive(Debug, Clone, Copy, Default)]
+struct Runs {
+    word: usize,
+    token: usize,
+    word_open: bool,
+    token_open: bool,
+}
+
+/// Past this length a run is longer than anything a cut drops: counting further is moot.
+const RUN_CAP: usize = MAX_CUT_WORD + 1;
+
+impl Runs {
+    /// Runs that start right after a cut, still open.
+    fn opening() -> Self {
+        Runs {
+            word_open: true,
+            token_open: true,
+            ..Runs::default()
+        }
+    }
+
+    /// Goes on counting the runs after a cut over the next bytes of the stream.
+    fn extend(&mut self, bytes: &[u8]) {
+        fn grow(run: &mut usize, open: &mut bool, bytes: &[u8], part: fn(u8) -> bool) {
+            if !*open {
+                return;
+            }
+            let n = bytes
+                .iter()
+                .take(RUN_CAP - *run)
+                .take_while(|c| part(**c))
+                .count();
+            *run += n;
+            *open = n == bytes.len() && *run < RUN_CAP;
+        }
+        grow(&mut self.word, &mut self.word_open, bytes, not_space);
+        grow(&mut self.token, &mut self.token_open, bytes, token_byte);
+    }
+
+    /// The runs that end at the end of `bytes`, which came right after what was counted.
+    fn end_after(&mut self, bytes: &[u8]) {
+        fn ending(run: usize, bytes: &[u8], part: fn(u8) -> bool) -> usize {
+            match bytes.iter().rposition(|c| !part(*c)) {
+                Some(i) => (bytes.len() - i - 1).min(RUN_CAP),
+                None => (run + bytes.len()).min(RUN_CAP),
+            }
+        }
+        self.word = ending(self.word, bytes, not_space);
+        self.token = ending(self.token, bytes, token_byte);
+    }
+}
+
+fn not_space(c: u8) -> bool {
+    !c.is_ascii_whitespace()
 }
 
 impl HeadTail {
@@ -34,6 +98,8 @@ impl HeadTail {
             total: 0,
             after_head: None,
             before_tail: None,
+            after_head_runs: Runs::opening(),
+            before_tail_runs: Runs::default(),
         }
     }
 
@@ -51,8 +117,10 @@ impl HeadTail {
         if self.after_head.is_none() {
             self.after_head = Some(data[0]);
         }
+        self.after_head_runs.extend(data);
         if self.tail_cap == 0 {
             self.before_tail = data.last().copied();
+            self.before_tail_runs.end_after(data);
             return;
         }
         if data.len() >= self.tail_cap {
@@ -62,6 +130,10 @@ impl HeadTail {
             } else if let Some(last) = self.tail.back() {
                 self.before_tail = Some(*last);
             }
+            let (a, b) = self.tail.as_slices();
+            for gone in [a, b, &data[..start]] {
+                self.before_tail_runs.end_after(gone);
+            }
             self.tail.clear();
             self.tail.extend(&data[start..]);
             return;
@@ -69,6 +141,11 @@ impl HeadTail {
         let overflow = (self.tail.len() + data.len()).saturating_sub(self.tail_cap);
         if overflow > 0 {
             self.before_tail = self.tail.get(overflow - 1).copied();
+            let (a, b) = self.tail.as_slices();
+            let from_a = overflow.min(a.len());
+            for gone in [&a[..from_a], &b[..overflow - from_a]] {
+                self.before_tail_runs.end_after(gone);
+            }
         }
         self.tail.drain(..overflow);
         self.tail.extend(data);
@@ -96,8 +173,17 @@ impl HeadTail {
     fn kept(&self) -> (&[u8], Vec<u8>) {
         let (a, b) = self.tail.as_slices();
         let tail: Vec<u8> = [a, b].concat();
-        let head = trim_cut_word_at_end(open_key_block_cut_off(&self.head), self.after_head);
-        let tail = trim_cut_word_at_start(key_block_end_cut_off(&tail), self.before_tail).to_vec();
+        let head = trim_cut_word_at_end(
+            open_key_block_cut_off(&self.head),
+            self.after_head,
+            self.after_head_runs,
+        );
+        let tail = trim_cut_word_at_start(
+            key_block_end_cut_off(&tail),
+            self.before_tail,
+            self.before_tail_runs,
+        )
+        .to_vec();
         (head, tail)
     }
 
@@ -138,16 +224,24 @@ fn token_byte(c: u8) -> bool {
 }
 
 /// How many bytes next to a cut it drops: `near` are the bytes on the kept side, nearest to
-/// the cut first, and `across` the byte on the other side of the cut (`None`: nothing was
-/// cut there). What a cut splits is dropped whole, so redaction never sees a piece of a
-/// secret:
-/// - the whole word (the run of non-whitespace) when it is at most [`MAX_CUT_WORD`] bytes:
-///   an environment secret can hold any character but whitespace;
+/// the cut first, `across` the byte on the other side of the cut (`None`: nothing was cut
+/// there) and `far` how long the runs that byte starts are. What a cut splits is dropped
+/// whole, so redaction never sees a piece of a secret:
+/// - the whole word (the run of non-whitespace) when, both sides counted, it is at most
+///   [`MAX_CUT_WORD`] bytes: an environment secret can hold any character but whitespace;
 /// - in a longer word (minified JSON, one endless line), the credential-shaped token the cut
-///   split (a run of [`token_byte`]s), at most [`MAX_CUT_WORD`] bytes. Backing off a fixed
-///   4 KiB instead made a new cut there, which showed 26 of a token's 36 characters when
-///   that point fell inside `"token":"ghp_…"`.
-fn cut_word_len<'a>(near: impl Iterator<Item = &'a u8> + Clone, across: Option<u8>) -> usize {
+///   split (a run of [`token_byte`]s), when it is at most [`MAX_CUT_WORD`] bytes. Backing
+///   off a fixed 4 KiB instead made a new cut there, which showed 26 of a token's 36
+///   characters when that point fell inside `"token":"ghp_…"`.
+///
+/// A run of token characters longer than that is no credential format: it stays, so a cap of
+/// one endless line keeps its 40 % and 60 % (a 1,000-byte cap of `'A' * 100_000` used to show
+/// nothing, since only the kept side was measured).
+fn cut_word_len<'a>(
+    near: impl Iterator<Item = &'a u8> + Clone,
+    across: Option<u8>,
+    far: Runs,
+) -> usize {
     let Some(across) = across else {
         return 0;
     };
@@ -156,32 +250,35 @@ fn cut_word_len<'a>(near: impl Iterator<Item = &'a u8> + Clone, across: Option<u
     }
     let word = near
         .clone()
-        .take(MAX_CUT_WORD + 1)
-        .take_while(|c| !c.is_ascii_whitespace())
+        .take(RUN_CAP)
+        .take_while(|c| not_space(**c))
         .count();
-    if word <= MAX_CUT_WORD {
+    if word + far.word <= MAX_CUT_WORD {
         return word;
     }
     if !token_byte(across) {
         // The cut fell between a token and a delimiter: it split no token.
         return 0;
     }
-    near.take(MAX_CUT_WORD)
-        .take_while(|c| token_byte(**c))
-        .count()
+    let token = near.take(RUN_CAP).take_while(|c| token_byte(**c)).count();
+    if token + far.token <= MAX_CUT_WORD {
+        token
+    } else {
+        0
+    }
 }
 
 /// The head without the word the cut split, if it split one (and without a broken character).
 /// `after` is the first byte that did not fit in the head.
-fn trim_cut_word_at_end(b: &[u8], after: Option<u8>) -> &[u8] {
-    let run = cut_word_len(b.iter().rev(), after);
+fn trim_cut_word_at_end(b: &[u8], after: Option<u8>, far: Runs) -> &[u8] {
+    let run = cut_word_len(b.iter().rev(), after, far);
     trim_partial_tail(&b[..b.len() - run])
 }
 
 /// The tail without the word the cut split, if it split one (and without a broken character).
 /// `before` is the last byte that left the tail.
-fn trim_cut_word_at_start(b: &[u8], before: Option<u8>) -> &[u8] {
-    let run = cut_word_len(b.iter(), before);
+fn trim_cut_word_at_start(b: &[u8], before: Option<u8>, far: Runs) -> &[u8] {
+    let run = cut_word_len(b.iter(), before, far);
     trim_partial_head(&b[run..])
 }
 
@@ -447,12 +544,55 @@ mod tests {
     }
 
     #[test]
-    fn one_endless_word_loses_at_most_the_cut_word_limit() {
-        let mut c = HeadTail::new(20_000);
-        c.push(&vec![b'w'; 100_000]);
+    fn one_endless_word_keeps_its_head_and_tail_whole() {
+        for (limit, chunk) in [(20_000, 100_000), (1_000, 100_000), (1_000, 7), (10, 1)] {
+            let mut c = HeadTail::new(limit);
+            for part in vec![b'w'; 100_000].chunks(chunk) {
+                c.push(part);
+            }
+            let out = c.render("output");
+            assert_eq!(shown(&out), limit, "{limit} {chunk}");
+            assert!(out.starts_with(&"w".repeat(limit * 2 / 5)), "{out:.80}");
+            assert_eq!(c.omitted() as usize, 100_000 - limit);
+        }
+    }
+
+    #[test]
+    fn a_word_split_by_a_cut_is_measured_on_both_sides() {
+        // 300 bytes kept of a 3,000-byte word: short enough to be a secret, dropped whole.
+        let mut c = HeadTail::new(1_000);
+        c.push(b"kept ");
+        c.push(&vec![b's'; 3_000]);
+        c.push(" tail".repeat(300).as_bytes());
         let out = c.render("output");
-        assert_eq!(shown(&out), 20_000 - 2 * MAX_CUT_WORD);
-        assert_eq!(c.omitted() as usize, 100_000 - shown(&out));
+        assert!(out.starts_with("kept \n\n... ["), "{out:.80}");
+        // The same word at 5,000 bytes is longer than any secret the cut must hide.
+        let mut c = HeadTail::new(1_000);
+        c.push(b"kept ");
+        c.push(&vec![b's'; 5_000]);
+        c.push(" tail".repeat(300).as_bytes());
+        let out = c.render("output");
+        assert!(
+            out.starts_with(&format!("kept {}\n\n", "s".repeat(395))),
+            "{out:.80}"
+        );
+        // And at the tail's cut, counted back over what was omitted.
+        let mut c = HeadTail::new(1_000);
+        c.push("head ".repeat(300).as_bytes());
+        for part in vec![b't'; 3_000].chunks(64) {
+            c.push(part);
+        }
+        c.push(b" end");
+        let out = c.render("output");
+        assert!(out.ends_with("] ...\n\n end"), "{out}");
+        let mut c = HeadTail::new(1_000);
+        c.push("head ".repeat(300).as_bytes());
+        for part in vec![b't'; 5_000].chunks(64) {
+            c.push(part);
+        }
+        c.push(b" end");
+        let out = c.render("output");
+        assert!(out.ends_with(&format!("{} end", "t".repeat(596))), "{out}");
     }
 
     #[test]
@@ -475,8 +615,8 @@ mod tests {
         let mut c = HeadTail::new(10);
         c.push(&vec![b'x'; 1_000_000]);
         assert_eq!(c.head.len() + c.tail.len(), 10);
-        // One word: both cuts split it.
-        assert_eq!(c.omitted(), 1_000_000);
+        // One word far longer than any secret: both cuts keep their side of it.
+        assert_eq!(c.omitted(), 1_000_000 - 10);
     }
 
     #[test]
