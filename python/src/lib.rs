@@ -30,7 +30,7 @@ use vibeos_tools::approval_policy::{self, SmartVerdict};
 use vibeos_tools::environments::BackendKind;
 use vibeos_tools::{
     registry, CheckFn, RegistrationError, ToolCall, ToolContext, ToolEntry, ToolError,
-    ToolRegistry, ToolSource,
+    ToolRegistry, ToolSource, ToolsetSelection,
 };
 
 /// How often a waiting `execute_code` looks for a pending signal (Ctrl-C) of the host.
@@ -386,47 +386,85 @@ fn tool_names(py: Python<'_>) -> Vec<String> {
     })
 }
 
+/// The toolsets of the most recent [`get_tool_definitions`]: what the model was last told it
+/// has. An `execute_code` call that names no selection of its own gets the script tools of
+/// this one, so the stub matches the execute_code description the model read (`None` until
+/// definitions are asked for, or when they selected everything).
+static LAST_SELECTION: Mutex<Option<Arc<ToolsetSelection>>> = Mutex::new(None);
+
+/// The selection a call runs execute_code with: the caller's own (`enabled` or `disabled`
+/// given), checked now; else that of the last definitions.
+fn call_selection(
+    enabled: Option<Vec<String>>,
+    disabled: Option<Vec<String>>,
+) -> PyResult<Option<Arc<ToolsetSelection>>> {
+    if enabled.is_none() && disabled.is_none() {
+        return Ok(LAST_SELECTION
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone());
+    }
+    let selection = ToolsetSelection {
+        enabled: enabled.unwrap_or_default(),
+        disabled: disabled.unwrap_or_default(),
+    };
+    registry()
+        .select_tools(&selection.enabled, &selection.disabled)
+        .map_err(|e| value_error(e.to_string()))?;
+    Ok((!selection.is_everything()).then(|| Arc::new(selection)))
+}
+
 /// One direct (agent) tool call through the registry's dispatch. Returns JSON text.
 #[pyfunction]
-#[pyo3(signature = (name, args_json, task_id, cwd))]
+#[pyo3(signature = (name, args_json, task_id, cwd, enabled=None, disabled=None))]
 fn handle_function_call(
     py: Python<'_>,
     name: &str,
     args_json: &str,
     task_id: Option<String>,
     cwd: Option<PathBuf>,
+    enabled: Option<Vec<String>>,
+    disabled: Option<Vec<String>>,
 ) -> PyResult<String> {
     let args: Value = serde_json::from_str(args_json)
         .map_err(|e| value_error(format!("args are not JSON: {e}")))?;
     let cwd = session_cwd(cwd.as_deref()).map_err(|e| value_error(e.to_string()))?;
+    let toolsets = call_selection(enabled, disabled)?;
     let _untracked = task_id.is_none().then(approval::untracked_call);
     let mut ctx = ToolContext::agent(cwd);
     ctx.task_id = task_id;
+    ctx.toolsets = toolsets;
     Ok(py.allow_threads(|| registry().handle_function_call(name, &args, &ctx)))
 }
 
 /// One model turn's calls through the planner (`[{"name", "args"}]` JSON). Returns a JSON
 /// array of the result texts, in call order.
 #[pyfunction]
-#[pyo3(signature = (calls_json, task_id, cwd))]
+#[pyo3(signature = (calls_json, task_id, cwd, enabled=None, disabled=None))]
 fn handle_function_calls(
     py: Python<'_>,
     calls_json: &str,
     task_id: Option<String>,
     cwd: Option<PathBuf>,
+    enabled: Option<Vec<String>>,
+    disabled: Option<Vec<String>>,
 ) -> PyResult<String> {
     let raw: Vec<(String, Value)> = serde_json::from_str(calls_json)
         .map_err(|e| value_error(format!("calls are not a JSON list of [name, args]: {e}")))?;
     let calls: Vec<ToolCall> = raw.into_iter().map(|(n, a)| ToolCall::new(n, a)).collect();
     let cwd = session_cwd(cwd.as_deref()).map_err(|e| value_error(e.to_string()))?;
+    let toolsets = call_selection(enabled, disabled)?;
     let _untracked = task_id.is_none().then(approval::untracked_call);
     let mut ctx = ToolContext::agent(cwd);
     ctx.task_id = task_id;
+    ctx.toolsets = toolsets;
     let results = py.allow_threads(|| registry().handle_function_calls(&calls, &ctx));
     serde_json::to_string(&results).map_err(|e| PyRuntimeError::new_err(e.to_string()))
 }
 
-/// The function-calling definitions of the selected, available tools, as JSON text.
+/// The function-calling definitions of the selected, available tools, as JSON text. The
+/// selection is remembered for later execute_code calls that name none (see
+/// [`LAST_SELECTION`]).
 #[pyfunction]
 fn get_tool_definitions(
     py: Python<'_>,
@@ -440,9 +478,13 @@ fn get_tool_definitions(
         .map_err(|e| PyRuntimeError::new_err(format!("vibeos config: {e}")))?;
     py.allow_threads(|| log_config_warnings(&config));
     let settings = vibeos_supervisor::execute_code_tool::execute_code_settings(&config, None);
-    py.allow_threads(|| registry().get_tool_definitions_with(&enabled, &disabled, &settings))
-        .map(|defs| Value::Array(defs).to_string())
-        .map_err(|e| value_error(e.to_string()))
+    let defs = py
+        .allow_threads(|| registry().get_tool_definitions_with(&enabled, &disabled, &settings))
+        .map_err(|e| value_error(e.to_string()))?;
+    let selection = ToolsetSelection { enabled, disabled };
+    *LAST_SELECTION.lock().unwrap_or_else(|p| p.into_inner()) =
+        (!selection.is_everything()).then(|| Arc::new(selection));
+    Ok(Value::Array(defs).to_string())
 }
 
 /// The names among `names` that are provider credentials, which can never be passed through.

@@ -48,6 +48,8 @@ def _clean_session() -> Iterator[None]:
     vibeos_exec.clear_skill_env()
     for name in set(registry.tool_names()) - before:
         registry.unregister(name)
+    # A test's toolset selection would narrow the next test's execute_code scripts.
+    registry.get_tool_definitions()
     assert vibeos_exec._native.running_count() == 0, "an execution outlived its test"
 
 

@@ -427,3 +427,36 @@ def test_max_result_size_chars_out_of_range_is_a_value_error(size):
         registry.register(name="sized", toolset="host", schema=echo_schema(),
                           handler=lambda a: {}, max_result_size_chars=size)
     assert "sized" not in registry.tool_names()
+
+
+def test_execute_code_calls_give_scripts_only_the_tools_the_definitions_named(tmp_path):
+    probe = ("import vibeos_tools\n"
+             "print(','.join(n for n in ('terminal', 'read_file', 'web_search')"
+             " if hasattr(vibeos_tools, n)))")
+
+    def stub_tools(**kw):
+        r = json.loads(registry.handle_function_call("execute_code", {"code": probe},
+                                                     cwd=str(tmp_path), **kw))
+        assert r["status"] == "success", r
+        return r["output"].strip().split(",")
+
+    try:
+        defs = registry.get_tool_definitions(disabled_toolsets=["terminal"])
+        desc = next(d for d in defs if d["function"]["name"] == "execute_code")
+        assert "terminal(" not in desc["function"]["description"]
+        # What the model was told is what its script gets.
+        assert "terminal" not in stub_tools()
+        assert "read_file" in stub_tools()
+        turn = registry.handle_function_calls(
+            [{"name": "execute_code", "arguments": {"code": probe}}], cwd=str(tmp_path))
+        assert "terminal" not in json.loads(turn[0])["output"]
+        # A call's own selection comes first.
+        assert stub_tools(enabled_toolsets=["terminal"]) == ["terminal"]
+        assert "terminal" in stub_tools(disabled_toolsets=[])
+        with pytest.raises(ValueError, match="no_such_toolset"):
+            stub_tools(enabled_toolsets=["no_such_toolset"])
+        # Definitions of everything select everything again.
+        registry.get_tool_definitions()
+        assert {"terminal", "read_file"} <= set(stub_tools())
+    finally:
+        registry.get_tool_definitions()

@@ -68,12 +68,19 @@ def tool_names() -> List[str]:
     """Every registered tool."""
 
 def handle_function_call(
-    name: str, args_json: str, task_id: Optional[str], cwd: Optional[str]
+    name: str,
+    args_json: str,
+    task_id: Optional[str],
+    cwd: Optional[str],
+    enabled: Optional[List[str]] = None,
+    disabled: Optional[List[str]] = None,
 ) -> str:
-    """A direct tool call through the registry; returns JSON text."""
+    """A direct tool call through the registry; returns JSON text. ``enabled``/``disabled``
+    select the toolsets an execute_code script gets (both None: those of the last
+    definitions)."""
 
 def get_tool_definitions(enabled: List[str], disabled: List[str]) -> str:
-    """Function-calling definitions as JSON text."""
+    """Function-calling definitions as JSON text; remembers the selection for execute_code."""
 
 def provider_credentials(names: List[str]) -> List[str]:
     """The names among ``names`` that are provider credentials."""
@@ -97,5 +104,11 @@ def set_smart_approver(
 ) -> None:
     """Installs the smart-approver adapter of :mod:`vibeos_exec.approval` (None removes it)."""
 
-def handle_function_calls(calls_json: str, task_id: Optional[str], cwd: Optional[str]) -> str:
+def handle_function_calls(
+    calls_json: str,
+    task_id: Optional[str],
+    cwd: Optional[str],
+    enabled: Optional[List[str]] = None,
+    disabled: Optional[List[str]] = None,
+) -> str:
     """Runs one turn's calls through the planner; returns a JSON array of result texts."""

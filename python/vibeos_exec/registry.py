@@ -268,7 +268,13 @@ def get_tool_definitions(
     enabled_toolsets: Optional[Sequence[str]] = None,
     disabled_toolsets: Optional[Sequence[str]] = None,
 ) -> List[Dict[str, Any]]:
-    """OpenAI function-calling schemas of the selected, available tools (SPEC §7)."""
+    """OpenAI function-calling schemas of the selected, available tools (SPEC §7).
+
+    The execute_code schema lists only the script tools that survived the selection, and the
+    selection is remembered: a later execute_code call through :func:`handle_function_call` or
+    :func:`handle_function_calls` that names no toolsets of its own gives its script those same
+    tools, so the script cannot reach a tool the model was not told of.
+    """
     enabled = _check_str_list("enabled_toolsets", enabled_toolsets or [])
     disabled = _check_str_list("disabled_toolsets", disabled_toolsets or [])
     return json.loads(_native.get_tool_definitions(enabled, disabled))
@@ -280,11 +286,19 @@ def handle_function_call(
     *,
     task_id: Optional[str] = None,
     cwd: Optional[str] = None,
+    enabled_toolsets: Optional[Sequence[str]] = None,
+    disabled_toolsets: Optional[Sequence[str]] = None,
 ) -> str:
     """Calls a tool as the agent would (outside any script); returns its JSON result text.
 
     Failures come back as ``{"error": ...}`` JSON, never as exceptions (bad argument types
     excepted). The GIL is released while the tool runs.
+
+    ``enabled_toolsets`` / ``disabled_toolsets`` are the session's toolsets, as
+    :func:`get_tool_definitions` takes them: an ``execute_code`` call gives its script only the
+    script tools they keep. Given neither, the selection of the last
+    :func:`get_tool_definitions` call applies (every tool before the first). An unknown
+    toolset name raises ``ValueError``.
     """
     _check_str("name", name)
     if args is not None and not isinstance(args, Mapping):
@@ -295,7 +309,22 @@ def handle_function_call(
         args_json = json.dumps(dict(args or {}))
     except (TypeError, ValueError) as exc:
         raise TypeError(f"args must be JSON-serialisable: {exc}") from None
-    return _native.handle_function_call(name, args_json, task_id, _path_or_none("cwd", cwd))
+    enabled, disabled = _selection(enabled_toolsets, disabled_toolsets)
+    return _native.handle_function_call(
+        name, args_json, task_id, _path_or_none("cwd", cwd), enabled, disabled
+    )
+
+
+def _selection(
+    enabled_toolsets: Optional[Sequence[str]], disabled_toolsets: Optional[Sequence[str]]
+) -> Tuple[Optional[List[str]], Optional[List[str]]]:
+    """The toolsets a call names, checked; ``(None, None)`` when it names none."""
+    if enabled_toolsets is None and disabled_toolsets is None:
+        return None, None
+    return (
+        _check_str_list("enabled_toolsets", enabled_toolsets or []),
+        _check_str_list("disabled_toolsets", disabled_toolsets or []),
+    )
 
 
 def _call_of(i: int, call: Any) -> Tuple[str, Any]:
@@ -329,6 +358,8 @@ def handle_function_calls(
     *,
     task_id: Optional[str] = None,
     cwd: Optional[str] = None,
+    enabled_toolsets: Optional[Sequence[str]] = None,
+    disabled_toolsets: Optional[Sequence[str]] = None,
 ) -> List[str]:
     """Runs one model turn's tool calls as the planner segments them (SPEC §7): read-only
     tools (reads, searches, web) in parallel, writes and patches in parallel when their paths
@@ -336,6 +367,7 @@ def handle_function_calls(
 
     Each call is ``{"name": ..., "arguments": {...}}`` (or ``"args"``), or an OpenAI tool call
     ``{"function": {"name": ..., "arguments": "<json>"}}``. The GIL is released while tools run.
+    ``enabled_toolsets`` / ``disabled_toolsets`` as for :func:`handle_function_call`.
     """
     if isinstance(calls, (str, bytes, Mapping)) or not isinstance(calls, Iterable):
         raise TypeError(f"calls must be a list of dicts, got {type(calls).__name__}")
@@ -346,7 +378,12 @@ def handle_function_calls(
         calls_json = json.dumps(pairs)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"call arguments must be JSON-serialisable: {exc}") from None
-    return json.loads(_native.handle_function_calls(calls_json, task_id, _path_or_none("cwd", cwd)))
+    enabled, disabled = _selection(enabled_toolsets, disabled_toolsets)
+    return json.loads(
+        _native.handle_function_calls(
+            calls_json, task_id, _path_or_none("cwd", cwd), enabled, disabled
+        )
+    )
 
 
 def _path_or_none(param: str, value: Any) -> Optional[str]:

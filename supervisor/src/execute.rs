@@ -296,6 +296,8 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
             )),
             origin: CallOrigin::Script,
             paths: s.paths.clone(),
+            // A script's calls never reach execute_code (SPEC §2).
+            toolsets: None,
         },
     ));
     let reaper_pid = child.id();

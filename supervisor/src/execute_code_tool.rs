@@ -36,14 +36,15 @@ pub fn execute_code_settings(config: &Config, cwd: Option<&Path>) -> ExecuteCode
 
 /// The `execute_code` entry (toolset `code_execution`): runs scripts with `config`'s limits,
 /// overridable per call, dispatching the scripts' tool calls through `registry`. Scripts get
-/// every available script tool.
+/// every available script tool, or those the call's [`ToolContext::toolsets`] keep.
 pub fn execute_code_entry(registry: &'static ToolRegistry, config: &Config) -> ToolEntry {
     execute_code_entry_for(registry, config, &[], &[])
 }
 
 /// Like [`execute_code_entry`] for a session whose tools are selected by `enabled` /
 /// `disabled` toolsets: scripts get only the script tools that selection keeps, the same ones
-/// the rewritten execute_code description names. The selection is resolved at each call, so
+/// the rewritten execute_code description names (a call's own [`ToolContext::toolsets`]
+/// comes first). The selection is resolved at each call, so
 /// toolsets added or removed later are followed; a selection that no longer resolves is an
 /// error of the call.
 pub fn execute_code_entry_for(
@@ -75,6 +76,11 @@ pub fn execute_code_entry_for(
             let selection = selection.clone();
             async move {
                 let mut request = request_from(&args, &ctx, &config)?;
+                // The caller's own selection (a host's session) before the entry's.
+                let selection = match ctx.toolsets.as_deref() {
+                    Some(s) => Some((s.enabled.clone(), s.disabled.clone())),
+                    None => selection,
+                };
                 if let Some((enabled, disabled)) = selection {
                     let selected = registry.select_tools(&enabled, &disabled).map_err(|e| {
                         ToolError::new(vibeos_tools::ToolErrorKind::ToolsetError, format!("the session's toolsets: {e}"))

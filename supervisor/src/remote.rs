@@ -227,6 +227,7 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
             origin: CallOrigin::Script,
             // The backend is the sandbox; tools act inside it, not on this host's paths.
             paths: None,
+            toolsets: None,
         },
     ));
     // Through the relay, the relay connects to the bound socket on this side.

@@ -29,6 +29,28 @@ pub struct ToolContext {
     /// Strict mode: the roots the file tools may act beneath (see [`PathPolicy`]). `None`
     /// outside strict mode, where the tools act with the caller's own rights.
     pub paths: Option<Arc<PathPolicy>>,
+    /// The toolsets the agent's session selected, for an `execute_code` call: its script gets
+    /// only the script tools this selection keeps, the ones the execute_code definition the
+    /// model read names. `None`: every available script tool.
+    pub toolsets: Option<Arc<ToolsetSelection>>,
+}
+
+/// A session's toolsets, as `get_tool_definitions` takes them: `enabled` alone, every toolset
+/// minus `disabled`, or (both empty) every toolset.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ToolsetSelection {
+    /// Only these toolsets (composites and legacy names resolved).
+    pub enabled: Vec<String>,
+    /// Every toolset but these.
+    pub disabled: Vec<String>,
+}
+
+impl ToolsetSelection {
+    /// Whether it selects every toolset (nothing to narrow).
+    pub fn is_everything(&self) -> bool {
+        self.enabled.iter().all(|s| s.trim().is_empty())
+            && self.disabled.iter().all(|s| s.trim().is_empty())
+    }
 }
 
 impl ToolContext {
@@ -40,6 +62,7 @@ impl ToolContext {
             env: None,
             origin: CallOrigin::Agent,
             paths: None,
+            toolsets: None,
         }
     }
 

@@ -609,6 +609,7 @@ fn answer(registry: &'static ToolRegistry, req: Value) -> Value {
                 env: Some(env),
                 origin: CallOrigin::Script,
                 paths: None,
+                toolsets: None,
             })
         });
         return json!({"id": req.get("id"), "ok": {"killed": killed}});
@@ -676,6 +677,8 @@ fn answer(registry: &'static ToolRegistry, req: Value) -> Value {
         env,
         // The backend itself is the sandbox: strict mode's host path policy does not apply here.
         paths: None,
+        // Scripts run inside the backend call no execute_code.
+        toolsets: None,
         origin: if req.get("origin").and_then(Value::as_str) == Some("script") {
             CallOrigin::Script
         } else {
