@@ -210,6 +210,16 @@ impl HeadTail {
     }
 }
 
+/// The marker [`HeadTail::render`] puts where it cut, as a pattern: redaction looks for what
+/// a cut left of a secret value on either side of it.
+pub(crate) static CUT_MARKER: std::sync::LazyLock<Option<regex::Regex>> =
+    std::sync::LazyLock::new(|| {
+        regex::Regex::new(
+            r"\n\n\.\.\. \[[^\]\n]{1,64} truncated: [0-9]+ of [0-9]+ bytes omitted\] \.\.\.\n\n",
+        )
+        .ok()
+    });
+
 /// The longest word a cut drops (see [`cut_word_len`]): longer than any credential format
 /// the redaction knows, short enough that output of one endless line loses little more.
 pub const MAX_CUT_WORD: usize = 4096;

@@ -316,6 +316,9 @@ impl Redactor {
                     })
                     .into_owned();
             }
+            if let Some(cut) = redact_cut_values(&out, values, &p.marker, &mut count) {
+                out = cut;
+            }
         }
         for f in &p.formats {
             let lacks_literal = f.requires.as_deref().is_some_and(|lit| !out.contains(lit));
@@ -343,6 +346,77 @@ impl Redactor {
         }
         (out, count)
     }
+}
+
+/// The shortest piece of a secret value a cut's leftover is replaced for: a shorter one tells
+/// little, and a few letters next to a cut match the start of some value by chance.
+const MIN_CUT_PIECE: usize = 4;
+
+/// `text` with what an output cap's cut left of a secret value replaced: the end of the text
+/// before a truncation marker when it is the start of a value, and the start of the text after
+/// one when it is the end of a value. A whole value is matched above; a cut that split one
+/// left two pieces no match finds — the capture drops the word it split, but a value with
+/// spaces (a passphrase) spans several words, and one inside a run of token characters longer
+/// than any credential stays. `None` when no piece was found.
+fn redact_cut_values(
+    text: &str,
+    values: &[(String, String)],
+    marker: &str,
+    count: &mut usize,
+) -> Option<String> {
+    let cuts: Vec<(usize, usize)> = crate::capture::CUT_MARKER
+        .as_ref()?
+        .find_iter(text)
+        .map(|m| (m.start(), m.end()))
+        .collect();
+    if cuts.is_empty() {
+        return None;
+    }
+    // Byte ranges of `text` to replace, with the variable each piece belongs to.
+    let mut pieces: Vec<(usize, usize, &str)> = Vec::new();
+    let mut kept_from = 0;
+    for (i, &(start, end)) in cuts.iter().enumerate() {
+        let before = &text[kept_from..start];
+        let after = &text[end..cuts.get(i + 1).map_or(text.len(), |c| c.0)];
+        let longest = |piece_of: &dyn Fn(&str, usize) -> Option<usize>| {
+            values
+                .iter()
+                .filter_map(|(v, name)| Some((piece_of(v, v.len().checked_sub(1)?)?, name)))
+                .max_by_key(|(len, _)| *len)
+        };
+        // The longest start of a value `before` ends with.
+        let head = longest(&|v, most| {
+            (MIN_CUT_PIECE..=most)
+                .rev()
+                .find(|k| v.is_char_boundary(*k) && before.ends_with(&v[..*k]))
+        });
+        if let Some((len, name)) = head {
+            pieces.push((start - len, start, name.as_str()));
+        }
+        // The longest end of a value `after` starts with.
+        let tail = longest(&|v, most| {
+            (MIN_CUT_PIECE..=most)
+                .rev()
+                .find(|k| v.is_char_boundary(v.len() - k) && after.starts_with(&v[v.len() - k..]))
+        });
+        if let Some((len, name)) = tail {
+            pieces.push((end, end + len, name.as_str()));
+        }
+        kept_from = end;
+    }
+    if pieces.is_empty() {
+        return None;
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut at = 0;
+    for (start, end, name) in pieces {
+        out.push_str(&text[at..start.max(at)]);
+        out.push_str(&marker.replace("{name}", name));
+        at = end.max(at);
+        *count += 1;
+    }
+    out.push_str(&text[at..]);
+    Some(out)
 }
 
 /// `text` printed by a command of the call `ctx`, redacted when `security.redact_output` is on
@@ -703,5 +777,50 @@ mod tests {
         assert!(looks_like_token("proj-Ab3dEfGh1jKl"));
         assert!(!looks_like_token("payments-service-deployment-v2"));
         assert!(!looks_like_token("ABCDEFGHIJKLMNOP"));
+    }
+
+    #[test]
+    fn what_a_cut_left_of_a_secret_value_is_replaced_on_both_sides() {
+        use crate::capture::HeadTail;
+        let r = Redactor::from_env([
+            ("MY_SECRET_PHRASE", "correct horse battery staple"),
+            ("MY_PASSWORD", "hunter2secretvalue"),
+        ]);
+        // A passphrase spans words: the capture drops only the word the cut split.
+        let mut c = HeadTail::new(100);
+        c.push(format!("{}pw: correct horse battery staple", "w ".repeat(13)).as_bytes());
+        c.push(" more".repeat(40).as_bytes());
+        let (out, n) = r.redact(&c.render("output"));
+        assert!(!out.contains("correct horse"), "{out}");
+        assert!(
+            out.contains("pw: [REDACTED:MY_SECRET_PHRASE]\n\n... [output truncated"),
+            "{out}"
+        );
+        assert_eq!(n, 1);
+        // A value inside a run of token characters longer than any credential stays in the
+        // capture: both of its pieces go here.
+        let mut c = HeadTail::new(1_000);
+        c.push(&vec![b'x'; 400 - 9]);
+        c.push(b"hunter2secretvalue");
+        c.push(&vec![b'y'; 5_000]);
+        let mut c2 = HeadTail::new(1_000);
+        c2.push("z ".repeat(2_000).as_bytes());
+        c2.push(&vec![b'x'; 5_000]);
+        c2.push(b"hunter2secretvalue");
+        c2.push(&vec![b'y'; 591]);
+        let text = format!("{}{}", c.render("output"), c2.render("stderr"));
+        assert!(
+            text.contains("hunter2se\n") && text.contains("\n\ncretvalue"),
+            "{text}"
+        );
+        let (out, n) = r.redact(&text);
+        assert!(
+            !out.contains("hunter2se") && !out.contains("cretvalue"),
+            "{out}"
+        );
+        assert_eq!(n, 2, "{out}");
+        // Letters that merely end like a value are left alone away from a cut.
+        let (out, n) = r.redact("the hunter2 went home");
+        assert_eq!((out.as_str(), n), ("the hunter2 went home", 0));
     }
 }
