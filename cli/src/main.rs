@@ -469,7 +469,7 @@ fn real_main(cli: Cli) -> Result<u8, UsageError> {
             code
         }
         Command::Doctor { json } => {
-            let report = vibeos_supervisor::doctor::probe();
+            let report = vibeos_supervisor::doctor::probe().with_config(&config);
             let backends = backends::report(&backend);
             let text = if json {
                 let mut v = report.to_json();

@@ -242,7 +242,29 @@ pub fn execute_code_description(
              the staging directory, the session working directory and configured write roots; symlinks, `..` and hard links \
              cannot lead out.",
         );
-        if !settings.strict_terminal {
+        // The tools resolve relative paths as a direct call would, in the session dir, while
+        // the script's own `open()` resolves them in the staging dir: said, so a script that
+        // writes a file and hands its name to a tool passes an absolute path.
+        match &settings.cwd {
+            Some(cwd) => out.push_str(&format!(
+                " Relative paths given to the tools resolve in the session working directory \
+                 ({}), not in the script's own working directory: pass a file the script wrote \
+                 as an absolute path (os.path.abspath).",
+                cwd.display()
+            )),
+            None => out.push_str(
+                " Relative paths given to the tools resolve in the session working directory, \
+                 not in the script's own working directory: pass a file the script wrote as an \
+                 absolute path (os.path.abspath).",
+            ),
+        }
+        if settings.strict_terminal {
+            out.push_str(
+                " Except `terminal`: the operator opened it to strict scripts \
+                 (code_execution.strict.terminal), and its commands run outside the sandbox, \
+                 with the supervisor's user and rights, in the session working directory.",
+            );
+        } else {
             out.push_str(" No shell commands can be run from a strict script.");
         }
     } else {

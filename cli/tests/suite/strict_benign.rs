@@ -241,6 +241,20 @@ fn doctor_reports_the_machine_and_each_mode() {
 }
 
 #[test]
+fn doctor_warns_when_the_configuration_opens_terminal_to_strict_scripts() {
+    require_strict!();
+    let sb = Sandbox::new();
+    let warned = |sb: &Sandbox| {
+        let out = sb.run(&["doctor"]);
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout).contains("run OUTSIDE the sandbox")
+    };
+    assert!(!warned(&sb));
+    sb.write_config("code_execution:\n  strict:\n    terminal: true\n");
+    assert!(warned(&sb));
+}
+
+#[test]
 fn strict_mode_confines_for_an_unprivileged_supervisor_too() {
     require_strict!();
     // SAFETY: geteuid has no preconditions.

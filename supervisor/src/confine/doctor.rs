@@ -22,6 +22,18 @@ pub struct Report {
     pub root: bool,
     /// Whether the policies load (their error otherwise).
     pub policies: Result<(), String>,
+    /// Whether the configuration opens `terminal` to strict scripts
+    /// (`code_execution.strict.terminal`), which runs it outside the sandbox. The probes do not
+    /// read the configuration: the caller sets it.
+    pub strict_terminal: bool,
+}
+
+impl Report {
+    /// The report with what `config` opens on top of the machine's abilities.
+    pub fn with_config(mut self, config: &crate::config::Config) -> Self {
+        self.strict_terminal = super::StrictOptions::from_config(config).terminal;
+        self
+    }
 }
 
 /// Runs the probes.
@@ -62,6 +74,7 @@ pub fn probe() -> Report {
         cgroup2_controllers,
         root: rustix::process::geteuid().is_root(),
         policies,
+        strict_terminal: false,
     }
 }
 
@@ -129,10 +142,20 @@ impl Report {
                      public hosts only; terminal not offered unless \
                      code_execution.strict.terminal is true"
                         .to_string(),
+                ];
+                if self.strict_terminal {
+                    v.push(
+                        "WARNING: code_execution.strict.terminal is true: strict scripts may run \
+                         shell commands through terminal, and those run OUTSIDE the sandbox, as \
+                         the supervisor's user (scrubbed environment only)"
+                            .to_string(),
+                    );
+                }
+                v.extend([
                     "tools only over a pre-connected socketpair (no socket path to dial)"
                         .to_string(),
                     "no_new_privs: setuid binaries and file capabilities grant nothing".to_string(),
-                ];
+                ]);
                 v.push(if self.root {
                     "runs as its own unprivileged uid (leased: never shared with a live \
                      execution), no groups, no capability (a closed interpreter dir is revealed \

@@ -944,3 +944,40 @@ fn the_description_shows_the_doc_line_the_stub_function_has() {
         stub.source
     );
 }
+
+#[test]
+fn the_strict_description_says_where_tool_paths_resolve_and_what_an_opened_terminal_is() {
+    let reg = product();
+    reg.register(tool("terminal", "terminal")).unwrap();
+    let describe = |strict_terminal: bool| {
+        let settings = ExecuteCodeSettings {
+            mode: "strict".into(),
+            cwd: Some("/srv/proj".into()),
+            strict_terminal,
+            ..ExecuteCodeSettings::default()
+        };
+        let defs = reg
+            .get_tool_definitions_with(&s(&["code_execution", "terminal"]), &[], &settings)
+            .unwrap();
+        let exec = defs
+            .iter()
+            .find(|d| d["function"]["name"] == "execute_code")
+            .unwrap();
+        exec["function"]["description"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let closed = describe(false);
+    assert!(
+        closed.contains("resolve in the session working directory (/srv/proj)"),
+        "{closed}"
+    );
+    assert!(closed.contains("No shell commands"), "{closed}");
+    let opened = describe(true);
+    assert!(
+        opened.contains("its commands run outside the sandbox"),
+        "{opened}"
+    );
+    assert!(!opened.contains("No shell commands"), "{opened}");
+}
