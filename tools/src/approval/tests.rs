@@ -126,6 +126,11 @@ const CASES: &[(&str, &str, &str)] = &[
         "sqlite3 app.db 'DELETE FROM users WHERE id = 3;'",
     ),
     (
+        "sql_delete_tautology",
+        "psql -c 'DELETE FROM users WHERE 1=1;'",
+        "psql -c 'DELETE FROM users WHERE id = 1;'",
+    ),
+    (
         "sql_truncate",
         "mysql -e 'TRUNCATE TABLE orders'",
         "truncate -s 0 app.log",
@@ -174,6 +179,16 @@ const CASES: &[(&str, &str, &str)] = &[
         "git push origin main",
     ),
     ("git_clean", "git clean -fdx", "git clean -n"),
+    (
+        "git_checkout_force",
+        "git checkout -f main",
+        "git checkout -b feature",
+    ),
+    (
+        "git_branch_force_delete",
+        "git branch --delete --force old",
+        "git branch -d merged",
+    ),
     (
         "sudo_stdin",
         "echo hunter2 | sudo -S apt-get install x",
