@@ -427,3 +427,30 @@ def test_max_result_size_chars_out_of_range_is_a_value_error(size):
         registry.register(name="sized", toolset="host", schema=echo_schema(),
                           handler=lambda a: {}, max_result_size_chars=size)
     assert "sized" not in registry.tool_names()
+
+
+def test_bad_arguments_of_one_call_fail_that_call_only(tmp_path):
+    (tmp_path / "in.txt").write_text("hello\n")
+    out = registry.handle_function_calls(
+        [
+            {"name": "read_file", "arguments": "[1]"},
+            {"name": "read_file", "arguments": "42"},
+            {"name": "read_file", "arguments": '"str"'},
+            {"name": "read_file", "arguments": [1]},
+            {"function": {"name": "read_file", "arguments": "{not json"}},
+            {"name": "read_file", "arguments": {"path": "in.txt"}},
+            {"name": "read_file", "arguments": '{"path": NaN}'},
+        ],
+        cwd=str(tmp_path),
+    )
+    results = [json.loads(r) for r in out]
+    assert results[6]["error"].startswith(
+        "Error executing read_file: arguments are not valid JSON (NaN is not a JSON value"), results[6]
+    prefix = "Error executing read_file: arguments must be a JSON object, got "
+    assert [r["error"] for r in results[:4]] == [
+        prefix + "an array", prefix + "a number", prefix + "a string", prefix + "an array"]
+    # Text that is not JSON says so, with the parser's reason, not "got a string".
+    err = results[4]["error"]
+    assert err.startswith("Error executing read_file: arguments are not valid JSON (Expecting"), err
+    assert "JSON object" in err, err
+    assert "hello" in out[5]

@@ -298,9 +298,38 @@ def handle_function_call(
     return _native.handle_function_call(name, args_json, task_id, _path_or_none("cwd", cwd))
 
 
+class _NotJson:
+    """Arguments text of one call that is not JSON: that call is answered with this error and
+    not dispatched (the registry would only see a string, and say "got a string")."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _no_constant(name: str) -> Any:
+    # json.loads takes NaN and Infinity, which JSON has not: passed on, they would make the
+    # whole turn's JSON unreadable for the registry instead of failing this one call.
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _not_json_result(name: str, bad: _NotJson) -> str:
+    """The result of a call whose arguments text is not JSON, worded as the registry words a
+    call whose arguments are not an object (``Error executing <tool>: ...``)."""
+    message = (f"Error executing {name}: arguments are not valid JSON ({bad.reason}); "
+               "they must be a JSON object")
+    # Written as the registry writes its JSON (compact, UTF-8 as is).
+    return json.dumps({"error": message}, separators=(",", ":"), ensure_ascii=False)
+
+
 def _call_of(i: int, call: Any) -> Tuple[str, Any]:
     """``(name, args)`` of one call: ``{"name", "arguments"|"args"}`` or an OpenAI tool call
-    ``{"function": {"name", "arguments"}}``; arguments may be a dict, JSON text or None."""
+    ``{"function": {"name", "arguments"}}``; arguments may be a dict, JSON text or None.
+
+    Arguments that are not an object (JSON text of a list or a number, a Python list) are
+    passed on for the registry to refuse in that call's result, and text that is not JSON
+    comes back as a :class:`_NotJson`: a model's malformed arguments are its error, answered in
+    its call's result, not the host's, which would fail the whole turn.
+    """
     if isinstance(call, (list, tuple)) and len(call) == 2:
         call = {"name": call[0], "arguments": call[1]}
     if not isinstance(call, Mapping):
@@ -314,14 +343,18 @@ def _call_of(i: int, call: Any) -> Tuple[str, Any]:
     args = call.get("arguments", call.get("args"))
     if isinstance(args, str):
         try:
-            args = json.loads(args) if args.strip() else None
-        except ValueError:
-            # Not an object: the registry reports it in this call's result ("arguments must
-            # be a JSON object"), as a model's malformed arguments are its error, not the host's.
-            return name, args
-    if args is not None and not isinstance(args, Mapping):
-        raise TypeError(f"calls[{i}] arguments must be a dict, JSON text or None")
-    return name, dict(args or {})
+            args = json.loads(args, parse_constant=_no_constant) if args.strip() else None
+        except ValueError as exc:
+            return name, _NotJson(str(exc))
+    if args is None:
+        return name, {}
+    if isinstance(args, Mapping):
+        return name, dict(args)
+    if isinstance(args, (list, tuple, int, float, str)):
+        return name, args
+    raise TypeError(
+        f"calls[{i}] arguments must be a dict, JSON text or None, got {type(args).__name__}"
+    )
 
 
 def handle_function_calls(
@@ -343,10 +376,13 @@ def handle_function_calls(
         _check_str("task_id", task_id)
     pairs = [_call_of(i, c) for i, c in enumerate(calls)]
     try:
-        calls_json = json.dumps(pairs)
+        calls_json = json.dumps([p for p in pairs if not isinstance(p[1], _NotJson)])
     except (TypeError, ValueError) as exc:
         raise TypeError(f"call arguments must be JSON-serialisable: {exc}") from None
-    return json.loads(_native.handle_function_calls(calls_json, task_id, _path_or_none("cwd", cwd)))
+    results = iter(json.loads(
+        _native.handle_function_calls(calls_json, task_id, _path_or_none("cwd", cwd))))
+    # A call left out for its arguments has its error in its place: results stay in call order.
+    return [_not_json_result(n, a) if isinstance(a, _NotJson) else next(results) for n, a in pairs]
 
 
 def _path_or_none(param: str, value: Any) -> Optional[str]:
