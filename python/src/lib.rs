@@ -311,6 +311,9 @@ fn register_tool(
     )
     .with_emoji(&emoji)
     .with_parallel_safe(parallel_safe)
+    // Python handlers take the arguments as they come: a call missing a `required` one is
+    // refused before the handler, as a wrong type is (built-ins parse typed arguments).
+    .checking_required()
     // The host's own registrations (the default source) follow the registry's toolset rules;
     // a named plugin source is also subject to the operator's plugin override policy.
     .with_source(if source == HOST_SOURCE {

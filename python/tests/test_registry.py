@@ -454,3 +454,30 @@ def test_bad_arguments_of_one_call_fail_that_call_only(tmp_path):
     assert err.startswith("Error executing read_file: arguments are not valid JSON (Expecting"), err
     assert "JSON object" in err, err
     assert "hello" in out[5]
+
+
+def test_host_tools_refuse_missing_required_arguments_before_the_handler():
+    seen = []
+    registry.register(
+        name="needs_city", toolset="host",
+        schema={"type": "object",
+                "properties": {"city": {"type": "string"}, "note": {"type": ["string", "null"]},
+                               "days": {"type": "integer"}},
+                "required": ["city", "note"]},
+        handler=lambda a: seen.append(a) or {"ok": a["city"]})
+    missing = "Tool execution failed: InvalidArguments: missing required argument"
+    assert json.loads(registry.handle_function_call("needs_city", {"note": "n"})) == {
+        "error": f"{missing} `city`"}
+    # null stands for "not given" unless the schema lets the argument be null.
+    assert json.loads(registry.handle_function_call("needs_city", {"city": None, "note": None})) == {
+        "error": f"{missing} `city`"}
+    assert json.loads(registry.handle_function_call("needs_city", {})) == {
+        "error": "Tool execution failed: InvalidArguments: missing required arguments `city`, `note`"}
+    # The same shape as the type check's.
+    assert json.loads(registry.handle_function_call("needs_city", {"city": "x", "days": "many"})) == {
+        "error": "Tool execution failed: InvalidArguments: argument `days` must be an integer, "
+                 "got \"many\""}
+    assert seen == []
+    assert json.loads(registry.handle_function_call("needs_city", {"city": "Oslo", "note": None})) == {
+        "ok": "Oslo"}
+    assert seen == [{"city": "Oslo", "note": None}]

@@ -944,3 +944,42 @@ fn the_description_shows_the_doc_line_the_stub_function_has() {
         stub.source
     );
 }
+
+#[test]
+fn entries_checking_required_refuse_a_call_missing_one_before_the_handler() {
+    let reg = ToolRegistry::new();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let schema = json!({"type": "object", "required": ["city"],
+                        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}});
+    for (name, check) in [("checked", true), ("unchecked", false)] {
+        let seen = calls.clone();
+        let mut entry = ToolEntry::new(name, "t", "T.", schema.clone(), move |args, _| {
+            seen.fetch_add(1, Ordering::SeqCst);
+            Ok(json!({ "args": args }))
+        });
+        if check {
+            entry = entry.checking_required();
+        }
+        reg.register(entry).unwrap();
+    }
+    assert_eq!(
+        call(&reg, "checked", json!({"days": "3"}))["error"],
+        "Tool execution failed: InvalidArguments: missing required argument `city`"
+    );
+    assert_eq!(
+        call(&reg, "checked", json!({"city": null}))["error"],
+        "Tool execution failed: InvalidArguments: missing required argument `city`"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    // Coerced first: a present argument of the wrong type is the type error.
+    assert_eq!(
+        call(&reg, "checked", json!({"days": "x"}))["error"],
+        "Tool execution failed: InvalidArguments: argument `days` must be an integer, got \"x\""
+    );
+    assert_eq!(
+        call(&reg, "checked", json!({"city": 5}))["args"],
+        json!({"city": "5"})
+    );
+    assert_eq!(call(&reg, "unchecked", json!({}))["args"], json!({}));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
