@@ -259,17 +259,33 @@ fn shared_check(py: Python<'_>, check: Py<PyAny>) -> CheckFn {
         return shared;
     }
     checks.retain(|_, weak| weak.strong_count() > 0);
-    let run: CheckFn = Arc::new(move || {
-        Python::with_gil(|py| {
-            check
-                .bind(py)
-                .call0()
-                .and_then(|r| r.is_truthy())
-                .unwrap_or(false)
-        })
-    });
+    let run: CheckFn =
+        Arc::new(move || Python::with_gil(|py| check_answer(py, check.bind(py)).unwrap_or(false)));
     checks.insert(key, Arc::downgrade(&run));
     run
+}
+
+/// What the Python `check` answers, as a bool. An awaitable answer (an `async def` check, or a
+/// callable returning a coroutine) is awaited through the bridge async handlers run on
+/// (`vibeos_exec._async.run_coroutine`) first: as an object it would always be truthy, and
+/// the coroutine would never run.
+fn check_answer(py: Python<'_>, check: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let answer = check.call0()?;
+    if answer.is_instance_of::<pyo3::types::PyBool>() {
+        return answer.is_truthy();
+    }
+    let awaitable = py
+        .import("inspect")?
+        .getattr("isawaitable")?
+        .call1((&answer,))?
+        .is_truthy()?;
+    if !awaitable {
+        return answer.is_truthy();
+    }
+    py.import("vibeos_exec._async")?
+        .getattr("run_coroutine")?
+        .call1((answer,))?
+        .is_truthy()
 }
 
 /// The `source` of registrations made by the host itself (`registry.register`'s default).

@@ -429,6 +429,29 @@ def test_max_result_size_chars_out_of_range_is_a_value_error(size):
     assert "sized" not in registry.tool_names()
 
 
+def test_an_async_check_fn_is_awaited_and_counts_like_a_sync_one():
+    async def off():
+        return False
+
+    async def on():
+        await asyncio.sleep(0)
+        return True
+
+    async def broken():
+        raise RuntimeError("probe failed")
+
+    for name, check in (("ac_off", off), ("ac_on", on), ("ac_err", broken),
+                        # A sync callable handing back a coroutine is awaited too.
+                        ("ac_lambda", lambda: off())):
+        registry.register(name=name, toolset="acheck", schema=echo_schema(),
+                          handler=lambda a: {}, check_fn=check, script_callable=True)
+    names = {d["function"]["name"] for d in registry.get_tool_definitions(enabled_toolsets=["acheck"])}
+    assert names == {"ac_on"}
+    tools = registry.script_tools()
+    assert "ac_on" in tools
+    assert not {"ac_off", "ac_err", "ac_lambda"} & set(tools)
+
+
 def test_bad_arguments_of_one_call_fail_that_call_only(tmp_path):
     (tmp_path / "in.txt").write_text("hello\n")
     out = registry.handle_function_calls(

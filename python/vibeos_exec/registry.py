@@ -156,8 +156,8 @@ def register(
             under ``parameters`` (its ``description`` is used when ``description`` is empty).
         handler: ``handler(args)`` or ``handler(args, task_id=...)``; sync or ``async def``.
         check_fn: Returns truthy when the tool is usable now; an exception means unavailable.
-            Tools registered with the same callable share one check, run once per
-            definitions call.
+            May be ``async def`` (awaited on the loop async handlers run on). Tools registered
+            with the same callable share one check, run once per definitions call.
         requires_env: Environment variables the tool needs (shown when it is unavailable).
         is_async: Whether ``handler`` returns a coroutine; detected when ``None``.
         description: What the tool does; its first line is the doc line scripts see.
