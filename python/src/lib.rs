@@ -291,6 +291,27 @@ fn check_answer(py: Python<'_>, check: &Bound<'_, PyAny>) -> PyResult<bool> {
 /// The `source` of registrations made by the host itself (`registry.register`'s default).
 const HOST_SOURCE: &str = "python";
 
+/// How the Python package opened tools to scripts: by a registration's `script_callable=True`,
+/// or by the host's own `allow_in_scripts`. The registry keeps one set of opened names; keeping
+/// the two apart here lets a re-registration without `script_callable` close what the replaced
+/// registration opened (a re-registration replaces the entry, flags included), while an
+/// opening the host asked for itself, which may precede the registration, stays.
+struct Openings {
+    by_registration: BTreeSet<String>,
+    by_host: BTreeSet<String>,
+}
+
+static OPENINGS: Mutex<Openings> = Mutex::new(Openings {
+    by_registration: BTreeSet::new(),
+    by_host: BTreeSet::new(),
+});
+
+/// The openings, locked. Taken only with the GIL released (every caller is inside
+/// `allow_threads`), so it never waits on a thread that waits for the GIL.
+fn openings() -> std::sync::MutexGuard<'static, Openings> {
+    OPENINGS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Registers a Python tool. `invoker` is the adapter from `vibeos_exec.registry`.
 #[pyfunction]
 #[pyo3(signature = (name, toolset, parameters_json, invoker, description, emoji, requires_env, max_result_size_chars, check_fn, source, replace_builtin, parallel_safe, script_callable))]
@@ -350,10 +371,16 @@ fn register_tool(
         {
             reg.set_override_policy(reg.override_policy().allow_name(&name));
         }
+        // Held across the registration, so a registration of the same name on another thread
+        // cannot come between the entry and its opening.
+        let mut open = openings();
         reg.register_with_override(entry, replace_builtin)
             .map_err(registration_error)?;
         if script_callable {
             reg.allow_in_scripts(&name).map_err(registration_error)?;
+            open.by_registration.insert(name.clone());
+        } else if open.by_registration.remove(&name) && !open.by_host.contains(&name) {
+            reg.disallow_in_scripts(&name);
         }
         Ok(())
     })
@@ -363,6 +390,9 @@ fn register_tool(
 #[pyfunction]
 fn unregister_tool(py: Python<'_>, name: &str) -> bool {
     py.allow_threads(|| {
+        let mut open = openings();
+        open.by_registration.remove(name);
+        open.by_host.remove(name);
         registry().disallow_in_scripts(name);
         registry().unregister(name).is_some()
     })
@@ -371,14 +401,24 @@ fn unregister_tool(py: Python<'_>, name: &str) -> bool {
 /// Opens a registered-or-future tool to scripts.
 #[pyfunction]
 fn allow_in_scripts(py: Python<'_>, name: &str) -> PyResult<()> {
-    py.allow_threads(|| registry().allow_in_scripts(name))
-        .map_err(registration_error)
+    py.allow_threads(|| {
+        let mut open = openings();
+        registry().allow_in_scripts(name)?;
+        open.by_host.insert(name.to_string());
+        Ok(())
+    })
+    .map_err(registration_error)
 }
 
-/// Closes a tool opened with `allow_in_scripts`.
+/// Closes a tool opened with `allow_in_scripts` (or a registration's `script_callable`).
 #[pyfunction]
 fn disallow_in_scripts(py: Python<'_>, name: &str) -> bool {
-    py.allow_threads(|| registry().disallow_in_scripts(name))
+    py.allow_threads(|| {
+        let mut open = openings();
+        open.by_registration.remove(name);
+        open.by_host.remove(name);
+        registry().disallow_in_scripts(name)
+    })
 }
 
 /// Names of the tools a script would get now (registered, allowed, available).

@@ -479,6 +479,26 @@ def test_bad_arguments_of_one_call_fail_that_call_only(tmp_path):
     assert "hello" in out[5]
 
 
+def test_re_registering_without_script_callable_closes_the_tool_again():
+    registry.register(name="st", toolset="host", schema=echo_schema(),
+                      handler=lambda a: {"v": 1}, script_callable=True)
+    assert "st" in registry.script_tools()
+    registry.register(name="st", toolset="host", schema=echo_schema(), handler=lambda a: {"v": 2})
+    assert "st" not in registry.script_tools()
+    r = vibeos_exec.execute_code("import vibeos_tools\nprint(hasattr(vibeos_tools, 'st'))")
+    assert r["output"].strip() == "False"
+    # An opening the host made with allow_in_scripts is its own decision, not the
+    # registration's: re-registering keeps it.
+    vibeos_exec.allow_in_scripts("st")
+    try:
+        registry.register(name="st", toolset="host", schema=echo_schema(),
+                          handler=lambda a: {"v": 3})
+        assert "st" in registry.script_tools()
+        assert call_in_script("st") == {"v": 3}
+    finally:
+        vibeos_exec.disallow_in_scripts("st")
+
+
 def test_host_tools_refuse_missing_required_arguments_before_the_handler():
     seen = []
     registry.register(

@@ -169,7 +169,9 @@ def register(
             another toolset's tool without it raises ``ValueError``.
         script_callable: Also let execute_code scripts call it (see :func:`vibeos_exec.allow_in_scripts`);
             the name must then be a Python identifier that is not a keyword or a stub helper
-            (``json_parse``, ``shell_quote``, ``retry``), as ``vibeos_tools`` defines it.
+            (``json_parse``, ``shell_quote``, ``retry``), as ``vibeos_tools`` defines it. A
+            re-registration without it closes what the replaced registration opened (an
+            opening made with ``allow_in_scripts`` stays).
         parallel_safe: Calls may run alongside other calls of the same model turn.
         source: ``"python"`` (default): the host's own tool. Any other name records it as
             that plugin's, which also needs the operator's plugin override policy to replace a
