@@ -312,7 +312,44 @@ fn openings() -> std::sync::MutexGuard<'static, Openings> {
     OPENINGS.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Registers a Python tool. `invoker` is the adapter from `vibeos_exec.registry`.
+/// Puts `name` in `set` or takes it out.
+fn set_member(set: &mut BTreeSet<String>, name: &str, member: bool) {
+    if member {
+        set.insert(name.to_string());
+    } else {
+        set.remove(name);
+    }
+}
+
+/// What a registration replaced: the entry (`None` for a new name) and how the name was
+/// opened to scripts, so `restore_tool` can undo the registration (a tool module that failed
+/// after registering is skipped whole, see `vibeos_exec.discovery`). Not added to the module:
+/// only `register_tool` makes one, and only `restore_tool` takes it.
+#[pyclass(frozen, module = "vibeos_exec._native")]
+struct PreviousTool {
+    name: String,
+    entry: Option<Arc<ToolEntry>>,
+    by_registration: bool,
+    by_host: bool,
+}
+
+#[pymethods]
+impl PreviousTool {
+    /// The tool's name.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether the registration replaced a tool (else the name was new).
+    #[getter]
+    fn replaced(&self) -> bool {
+        self.entry.is_some()
+    }
+}
+
+/// Registers a Python tool. `invoker` is the adapter from `vibeos_exec.registry`. Returns what
+/// the name held before, for `restore_tool`.
 #[pyfunction]
 #[pyo3(signature = (name, toolset, parameters_json, invoker, description, emoji, requires_env, max_result_size_chars, check_fn, source, replace_builtin, parallel_safe, script_callable))]
 #[allow(clippy::too_many_arguments)]
@@ -331,7 +368,7 @@ fn register_tool(
     replace_builtin: bool,
     parallel_safe: bool,
     script_callable: bool,
-) -> PyResult<()> {
+) -> PyResult<PreviousTool> {
     let schema: Value = serde_json::from_str(&parameters_json)
         .map_err(|e| value_error(format!("schema of `{name}` is not JSON: {e}")))?;
     if script_callable {
@@ -374,7 +411,10 @@ fn register_tool(
         // Held across the registration, so a registration of the same name on another thread
         // cannot come between the entry and its opening.
         let mut open = openings();
-        reg.register_with_override(entry, replace_builtin)
+        let by_registration = open.by_registration.contains(&name);
+        let by_host = open.by_host.contains(&name);
+        let replaced = reg
+            .register_replacing(entry, replace_builtin)
             .map_err(registration_error)?;
         if script_callable {
             reg.allow_in_scripts(&name).map_err(registration_error)?;
@@ -382,7 +422,42 @@ fn register_tool(
         } else if open.by_registration.remove(&name) && !open.by_host.contains(&name) {
             reg.disallow_in_scripts(&name);
         }
-        Ok(())
+        Ok(PreviousTool {
+            name,
+            entry: replaced,
+            by_registration,
+            by_host,
+        })
+    })
+}
+
+/// Undoes a registration: gives the name back what `previous` (from `register_tool`) says it
+/// held — the entry as it was and its opening to scripts — or removes the tool if it held none.
+#[pyfunction]
+fn restore_tool(py: Python<'_>, previous: &Bound<'_, PreviousTool>) {
+    let previous = previous.get();
+    let name = previous.name.clone();
+    let entry = previous.entry.clone();
+    let (by_registration, by_host) = (previous.by_registration, previous.by_host);
+    py.allow_threads(|| {
+        let reg = registry();
+        let mut open = openings();
+        match entry {
+            Some(entry) => {
+                reg.reinstate(entry);
+            }
+            None => {
+                reg.unregister(&name);
+            }
+        }
+        set_member(&mut open.by_registration, &name, by_registration);
+        set_member(&mut open.by_host, &name, by_host);
+        if !(by_registration || by_host) {
+            reg.disallow_in_scripts(&name);
+        } else if let Err(e) = reg.allow_in_scripts(&name) {
+            // It was open before, so the name passed this check then; say why it did not now.
+            tracing::warn!("tool `{name}` restored but not opened to scripts again: {e}");
+        }
     })
 }
 
@@ -723,6 +798,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(running_count, m)?)?;
     m.add_function(wrap_pyfunction!(register_tool, m)?)?;
     m.add_function(wrap_pyfunction!(unregister_tool, m)?)?;
+    m.add_function(wrap_pyfunction!(restore_tool, m)?)?;
     m.add_function(wrap_pyfunction!(allow_in_scripts, m)?)?;
     m.add_function(wrap_pyfunction!(disallow_in_scripts, m)?)?;
     m.add_function(wrap_pyfunction!(script_tools, m)?)?;

@@ -120,6 +120,11 @@ def _parameters_of(name: str, schema: Mapping[str, Any]) -> Tuple[Dict[str, Any]
 #: While a plugin loads, the names it registers (see :mod:`vibeos_exec.plugins`); None otherwise.
 _recorder: Optional[List[str]] = None
 
+#: While a tool module loads, what each name it registers held before its first registration
+#: there (see :mod:`vibeos_exec.discovery`, which gives it back if the module fails); None
+#: otherwise.
+_previous: Optional[Dict[str, "_native.PreviousTool"]] = None
+
 #: The ``source`` of the host's own registrations; the extension records it as the host's
 #: (``ToolSource::Host``), which the plugin override policy does not apply to.
 _HOST_SOURCE = "python"
@@ -232,7 +237,7 @@ def register(
         params_json = json.dumps(params)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"schema of `{name}` is not JSON-serialisable: {exc}") from None
-    _native.register_tool(
+    previous = _native.register_tool(
         name,
         toolset,
         params_json,
@@ -249,6 +254,8 @@ def register(
     )
     if _recorder is not None:
         _recorder.append(name)
+    if _previous is not None:
+        _previous.setdefault(name, previous)
 
 
 def unregister(name: str) -> bool:

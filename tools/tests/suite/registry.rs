@@ -946,6 +946,27 @@ fn the_description_shows_the_doc_line_the_stub_function_has() {
 }
 
 #[test]
+fn a_replaced_entry_can_be_reinstated_as_it_was() {
+    let reg = product();
+    let builtin = reg.get("read_file").unwrap();
+    let mine = ToolEntry::new("read_file", "file", "Mine.", obj(), |_, _| {
+        Ok(json!({"mine": 1}))
+    })
+    .with_source(ToolSource::Host("python".into()));
+    let replaced = reg.register_replacing(mine, false).unwrap();
+    assert!(Arc::ptr_eq(replaced.as_ref().unwrap(), &builtin));
+    assert_eq!(call(&reg, "read_file", json!({}))["mine"], 1);
+    let displaced = reg.reinstate(builtin.clone()).unwrap();
+    assert_eq!(displaced.description, "Mine.");
+    assert!(Arc::ptr_eq(&reg.get("read_file").unwrap(), &builtin));
+    // A new name replaces nothing.
+    assert!(reg
+        .register_replacing(tool("brand_new", "t"), false)
+        .unwrap()
+        .is_none());
+}
+
+#[test]
 fn entries_checking_required_refuse_a_call_missing_one_before_the_handler() {
     let reg = ToolRegistry::new();
     let calls = Arc::new(AtomicUsize::new(0));
