@@ -259,23 +259,97 @@ fn shared_check(py: Python<'_>, check: Py<PyAny>) -> CheckFn {
         return shared;
     }
     checks.retain(|_, weak| weak.strong_count() > 0);
-    let run: CheckFn = Arc::new(move || {
-        Python::with_gil(|py| {
-            check
-                .bind(py)
-                .call0()
-                .and_then(|r| r.is_truthy())
-                .unwrap_or(false)
-        })
-    });
+    let run: CheckFn =
+        Arc::new(move || Python::with_gil(|py| check_answer(py, check.bind(py)).unwrap_or(false)));
     checks.insert(key, Arc::downgrade(&run));
     run
+}
+
+/// What the Python `check` answers, as a bool. An awaitable answer (an `async def` check, or a
+/// callable returning a coroutine) is awaited through the bridge async handlers run on
+/// (`vibeos_exec._async.run_coroutine`) first: as an object it would always be truthy, and
+/// the coroutine would never run.
+fn check_answer(py: Python<'_>, check: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let answer = check.call0()?;
+    if answer.is_instance_of::<pyo3::types::PyBool>() {
+        return answer.is_truthy();
+    }
+    let awaitable = py
+        .import("inspect")?
+        .getattr("isawaitable")?
+        .call1((&answer,))?
+        .is_truthy()?;
+    if !awaitable {
+        return answer.is_truthy();
+    }
+    py.import("vibeos_exec._async")?
+        .getattr("run_coroutine")?
+        .call1((answer,))?
+        .is_truthy()
 }
 
 /// The `source` of registrations made by the host itself (`registry.register`'s default).
 const HOST_SOURCE: &str = "python";
 
-/// Registers a Python tool. `invoker` is the adapter from `vibeos_exec.registry`.
+/// How the Python package opened tools to scripts: by a registration's `script_callable=True`,
+/// or by the host's own `allow_in_scripts`. The registry keeps one set of opened names; keeping
+/// the two apart here lets a re-registration without `script_callable` close what the replaced
+/// registration opened (a re-registration replaces the entry, flags included), while an
+/// opening the host asked for itself, which may precede the registration, stays.
+struct Openings {
+    by_registration: BTreeSet<String>,
+    by_host: BTreeSet<String>,
+}
+
+static OPENINGS: Mutex<Openings> = Mutex::new(Openings {
+    by_registration: BTreeSet::new(),
+    by_host: BTreeSet::new(),
+});
+
+/// The openings, locked. Taken only with the GIL released (every caller is inside
+/// `allow_threads`), so it never waits on a thread that waits for the GIL.
+fn openings() -> std::sync::MutexGuard<'static, Openings> {
+    OPENINGS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Puts `name` in `set` or takes it out.
+fn set_member(set: &mut BTreeSet<String>, name: &str, member: bool) {
+    if member {
+        set.insert(name.to_string());
+    } else {
+        set.remove(name);
+    }
+}
+
+/// What a registration replaced: the entry (`None` for a new name) and how the name was
+/// opened to scripts, so `restore_tool` can undo the registration (a tool module that failed
+/// after registering is skipped whole, see `vibeos_exec.discovery`). Not added to the module:
+/// only `register_tool` makes one, and only `restore_tool` takes it.
+#[pyclass(frozen, module = "vibeos_exec._native")]
+struct PreviousTool {
+    name: String,
+    entry: Option<Arc<ToolEntry>>,
+    by_registration: bool,
+    by_host: bool,
+}
+
+#[pymethods]
+impl PreviousTool {
+    /// The tool's name.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether the registration replaced a tool (else the name was new).
+    #[getter]
+    fn replaced(&self) -> bool {
+        self.entry.is_some()
+    }
+}
+
+/// Registers a Python tool. `invoker` is the adapter from `vibeos_exec.registry`. Returns what
+/// the name held before, for `restore_tool`.
 #[pyfunction]
 #[pyo3(signature = (name, toolset, parameters_json, invoker, description, emoji, requires_env, max_result_size_chars, check_fn, source, replace_builtin, parallel_safe, script_callable))]
 #[allow(clippy::too_many_arguments)]
@@ -294,7 +368,7 @@ fn register_tool(
     replace_builtin: bool,
     parallel_safe: bool,
     script_callable: bool,
-) -> PyResult<()> {
+) -> PyResult<PreviousTool> {
     let schema: Value = serde_json::from_str(&parameters_json)
         .map_err(|e| value_error(format!("schema of `{name}` is not JSON: {e}")))?;
     if script_callable {
@@ -311,6 +385,9 @@ fn register_tool(
     )
     .with_emoji(&emoji)
     .with_parallel_safe(parallel_safe)
+    // Python handlers take the arguments as they come: a call missing a `required` one is
+    // refused before the handler, as a wrong type is (built-ins parse typed arguments).
+    .checking_required()
     // The host's own registrations (the default source) follow the registry's toolset rules;
     // a named plugin source is also subject to the operator's plugin override policy.
     .with_source(if source == HOST_SOURCE {
@@ -331,12 +408,56 @@ fn register_tool(
         {
             reg.set_override_policy(reg.override_policy().allow_name(&name));
         }
-        reg.register_with_override(entry, replace_builtin)
+        // Held across the registration, so a registration of the same name on another thread
+        // cannot come between the entry and its opening.
+        let mut open = openings();
+        let by_registration = open.by_registration.contains(&name);
+        let by_host = open.by_host.contains(&name);
+        let replaced = reg
+            .register_replacing(entry, replace_builtin)
             .map_err(registration_error)?;
         if script_callable {
             reg.allow_in_scripts(&name).map_err(registration_error)?;
+            open.by_registration.insert(name.clone());
+        } else if open.by_registration.remove(&name) && !open.by_host.contains(&name) {
+            reg.disallow_in_scripts(&name);
         }
-        Ok(())
+        Ok(PreviousTool {
+            name,
+            entry: replaced,
+            by_registration,
+            by_host,
+        })
+    })
+}
+
+/// Undoes a registration: gives the name back what `previous` (from `register_tool`) says it
+/// held — the entry as it was and its opening to scripts — or removes the tool if it held none.
+#[pyfunction]
+fn restore_tool(py: Python<'_>, previous: &Bound<'_, PreviousTool>) {
+    let previous = previous.get();
+    let name = previous.name.clone();
+    let entry = previous.entry.clone();
+    let (by_registration, by_host) = (previous.by_registration, previous.by_host);
+    py.allow_threads(|| {
+        let reg = registry();
+        let mut open = openings();
+        match entry {
+            Some(entry) => {
+                reg.reinstate(entry);
+            }
+            None => {
+                reg.unregister(&name);
+            }
+        }
+        set_member(&mut open.by_registration, &name, by_registration);
+        set_member(&mut open.by_host, &name, by_host);
+        if !(by_registration || by_host) {
+            reg.disallow_in_scripts(&name);
+        } else if let Err(e) = reg.allow_in_scripts(&name) {
+            // It was open before, so the name passed this check then; say why it did not now.
+            tracing::warn!("tool `{name}` restored but not opened to scripts again: {e}");
+        }
     })
 }
 
@@ -344,6 +465,9 @@ fn register_tool(
 #[pyfunction]
 fn unregister_tool(py: Python<'_>, name: &str) -> bool {
     py.allow_threads(|| {
+        let mut open = openings();
+        open.by_registration.remove(name);
+        open.by_host.remove(name);
         registry().disallow_in_scripts(name);
         registry().unregister(name).is_some()
     })
@@ -352,14 +476,24 @@ fn unregister_tool(py: Python<'_>, name: &str) -> bool {
 /// Opens a registered-or-future tool to scripts.
 #[pyfunction]
 fn allow_in_scripts(py: Python<'_>, name: &str) -> PyResult<()> {
-    py.allow_threads(|| registry().allow_in_scripts(name))
-        .map_err(registration_error)
+    py.allow_threads(|| {
+        let mut open = openings();
+        registry().allow_in_scripts(name)?;
+        open.by_host.insert(name.to_string());
+        Ok(())
+    })
+    .map_err(registration_error)
 }
 
-/// Closes a tool opened with `allow_in_scripts`.
+/// Closes a tool opened with `allow_in_scripts` (or a registration's `script_callable`).
 #[pyfunction]
 fn disallow_in_scripts(py: Python<'_>, name: &str) -> bool {
-    py.allow_threads(|| registry().disallow_in_scripts(name))
+    py.allow_threads(|| {
+        let mut open = openings();
+        open.by_registration.remove(name);
+        open.by_host.remove(name);
+        registry().disallow_in_scripts(name)
+    })
 }
 
 /// Names of the tools a script would get now (registered, allowed, available).
@@ -706,6 +840,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(running_count, m)?)?;
     m.add_function(wrap_pyfunction!(register_tool, m)?)?;
     m.add_function(wrap_pyfunction!(unregister_tool, m)?)?;
+    m.add_function(wrap_pyfunction!(restore_tool, m)?)?;
     m.add_function(wrap_pyfunction!(allow_in_scripts, m)?)?;
     m.add_function(wrap_pyfunction!(disallow_in_scripts, m)?)?;
     m.add_function(wrap_pyfunction!(script_tools, m)?)?;

@@ -11,6 +11,8 @@ import vibeos_exec
 from vibeos_exec import registry
 from vibeos_exec.discovery import module_registers_tools
 
+from conftest import run_python
+
 
 def write(dir_, name, body):
     (dir_ / name).write_text(textwrap.dedent(body))
@@ -131,14 +133,16 @@ def test_a_module_that_fails_after_registering_leaves_no_tool_behind(tmp_path, c
         registry.register(name="a_kept", toolset="disc", schema={"type": "object"},
                           handler=lambda a: {"kept": True})
     """)
-    # Registers two tools and replaces a_kept, then fails: skipped whole, but the replaced
-    # tool cannot get its first handler back (a warning says so).
+    # Registers two tools and replaces a_kept (twice, opening it to scripts), then fails:
+    # skipped whole, so a_kept gets its first registration back, closed to scripts again.
     write(d, "b_half.py", """
         from vibeos_exec import registry
         registry.register(name="b_half", toolset="disc", schema={"type": "object"},
                           handler=lambda a: {})
         registry.register(name="a_kept", toolset="disc", schema={"type": "object"},
-                          handler=lambda a: {"kept": False})
+                          handler=lambda a: {"kept": False}, script_callable=True)
+        registry.register(name="a_kept", toolset="disc", schema={"type": "object"},
+                          handler=lambda a: {"kept": "twice"})
         registry.register(name="b_half_too", toolset="disc", schema={"type": "object"},
                           handler=lambda a: {})
         import module_that_does_not_exist_anywhere
@@ -158,7 +162,8 @@ def test_a_module_that_fails_after_registering_leaves_no_tool_behind(tmp_path, c
         d["function"]["name"] for d in registry.get_tool_definitions(["disc"])
     }
     assert "b_half.py" in caplog.text and "ModuleNotFoundError" in caplog.text
-    assert "failed after replacing tool `a_kept`" in caplog.text
+    assert registry.handle_function_call("a_kept", {}) == '{"kept": true}'
+    assert "a_kept" not in registry.script_tools()
 
 
 def test_a_base_exception_from_a_module_skips_only_that_module(tmp_path, caplog):
@@ -226,3 +231,35 @@ def test_a_plugin_that_fails_after_registering_leaves_no_tool_behind(tmp_path):
     report = vibeos_exec.load_plugins([d], entry_points=False, tracebacks=False)
     assert report.failed == {"half_plugin": "RuntimeError: broken after registering"}
     assert "half_plugin_tool" not in registry.tool_names()
+
+
+def test_a_failed_module_gives_replaced_tools_their_earlier_registration_back(tmp_path):
+    # In a fresh interpreter: without the rollback, the built-in read_file would stay replaced
+    # for every later test of this session.
+    d = tmp_path / "replacing"
+    d.mkdir()
+    (tmp_path / "in.txt").write_text("hello\n")
+    write(d, "a_replaces.py", """
+        from vibeos_exec import registry
+        S = {"type": "object", "properties": {"path": {"type": "string"}}}
+        registry.register("read_file", "file", S, lambda a: {"mine": 1})
+        # A host tool opened to scripts, re-registered closed by the module.
+        registry.register("host_open", "disc", S, lambda a: {"host": 2})
+        import missing_dep_xyz
+    """)
+    proc = run_python(f"""
+        import json, vibeos_exec
+        from vibeos_exec import registry
+        S = {{"type": "object", "properties": {{"path": {{"type": "string"}}}}}}
+        registry.register("host_open", "disc", S, lambda a: {{"host": 1}}, script_callable=True)
+        print(vibeos_exec.discover_tools({str(d)!r}))
+        print(registry.handle_function_call("read_file", {{"path": "in.txt"}},
+                                            cwd={str(tmp_path)!r}))
+        print(registry.handle_function_call("host_open", {{}}))
+        print("host_open" in registry.script_tools(), "read_file" in registry.script_tools())
+    """)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "[]"
+    assert "hello" in lines[1] and "mine" not in lines[1], lines
+    assert lines[2:] == ['{"host": 1}', "True True"]

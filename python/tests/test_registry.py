@@ -460,3 +460,100 @@ def test_execute_code_calls_give_scripts_only_the_tools_the_definitions_named(tm
         assert {"terminal", "read_file"} <= set(stub_tools())
     finally:
         registry.get_tool_definitions()
+
+
+def test_an_async_check_fn_is_awaited_and_counts_like_a_sync_one():
+    async def off():
+        return False
+
+    async def on():
+        await asyncio.sleep(0)
+        return True
+
+    async def broken():
+        raise RuntimeError("probe failed")
+
+    for name, check in (("ac_off", off), ("ac_on", on), ("ac_err", broken),
+                        # A sync callable handing back a coroutine is awaited too.
+                        ("ac_lambda", lambda: off())):
+        registry.register(name=name, toolset="acheck", schema=echo_schema(),
+                          handler=lambda a: {}, check_fn=check, script_callable=True)
+    names = {d["function"]["name"] for d in registry.get_tool_definitions(enabled_toolsets=["acheck"])}
+    assert names == {"ac_on"}
+    tools = registry.script_tools()
+    assert "ac_on" in tools
+    assert not {"ac_off", "ac_err", "ac_lambda"} & set(tools)
+
+
+def test_bad_arguments_of_one_call_fail_that_call_only(tmp_path):
+    (tmp_path / "in.txt").write_text("hello\n")
+    out = registry.handle_function_calls(
+        [
+            {"name": "read_file", "arguments": "[1]"},
+            {"name": "read_file", "arguments": "42"},
+            {"name": "read_file", "arguments": '"str"'},
+            {"name": "read_file", "arguments": [1]},
+            {"function": {"name": "read_file", "arguments": "{not json"}},
+            {"name": "read_file", "arguments": {"path": "in.txt"}},
+            {"name": "read_file", "arguments": '{"path": NaN}'},
+        ],
+        cwd=str(tmp_path),
+    )
+    results = [json.loads(r) for r in out]
+    assert results[6]["error"].startswith(
+        "Error executing read_file: arguments are not valid JSON (NaN is not a JSON value"), results[6]
+    prefix = "Error executing read_file: arguments must be a JSON object, got "
+    assert [r["error"] for r in results[:4]] == [
+        prefix + "an array", prefix + "a number", prefix + "a string", prefix + "an array"]
+    # Text that is not JSON says so, with the parser's reason, not "got a string".
+    err = results[4]["error"]
+    assert err.startswith("Error executing read_file: arguments are not valid JSON (Expecting"), err
+    assert "JSON object" in err, err
+    assert "hello" in out[5]
+
+
+def test_re_registering_without_script_callable_closes_the_tool_again():
+    registry.register(name="st", toolset="host", schema=echo_schema(),
+                      handler=lambda a: {"v": 1}, script_callable=True)
+    assert "st" in registry.script_tools()
+    registry.register(name="st", toolset="host", schema=echo_schema(), handler=lambda a: {"v": 2})
+    assert "st" not in registry.script_tools()
+    r = vibeos_exec.execute_code("import vibeos_tools\nprint(hasattr(vibeos_tools, 'st'))")
+    assert r["output"].strip() == "False"
+    # An opening the host made with allow_in_scripts is its own decision, not the
+    # registration's: re-registering keeps it.
+    vibeos_exec.allow_in_scripts("st")
+    try:
+        registry.register(name="st", toolset="host", schema=echo_schema(),
+                          handler=lambda a: {"v": 3})
+        assert "st" in registry.script_tools()
+        assert call_in_script("st") == {"v": 3}
+    finally:
+        vibeos_exec.disallow_in_scripts("st")
+
+
+def test_host_tools_refuse_missing_required_arguments_before_the_handler():
+    seen = []
+    registry.register(
+        name="needs_city", toolset="host",
+        schema={"type": "object",
+                "properties": {"city": {"type": "string"}, "note": {"type": ["string", "null"]},
+                               "days": {"type": "integer"}},
+                "required": ["city", "note"]},
+        handler=lambda a: seen.append(a) or {"ok": a["city"]})
+    missing = "Tool execution failed: InvalidArguments: missing required argument"
+    assert json.loads(registry.handle_function_call("needs_city", {"note": "n"})) == {
+        "error": f"{missing} `city`"}
+    # null stands for "not given" unless the schema lets the argument be null.
+    assert json.loads(registry.handle_function_call("needs_city", {"city": None, "note": None})) == {
+        "error": f"{missing} `city`"}
+    assert json.loads(registry.handle_function_call("needs_city", {})) == {
+        "error": "Tool execution failed: InvalidArguments: missing required arguments `city`, `note`"}
+    # The same shape as the type check's.
+    assert json.loads(registry.handle_function_call("needs_city", {"city": "x", "days": "many"})) == {
+        "error": "Tool execution failed: InvalidArguments: argument `days` must be an integer, "
+                 "got \"many\""}
+    assert seen == []
+    assert json.loads(registry.handle_function_call("needs_city", {"city": "Oslo", "note": None})) == {
+        "ok": "Oslo"}
+    assert seen == [{"city": "Oslo", "note": None}]

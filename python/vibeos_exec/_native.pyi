@@ -49,8 +49,21 @@ def register_tool(
     replace_builtin: bool,
     parallel_safe: bool,
     script_callable: bool,
-) -> None:
-    """Registers a Python tool (source ``Plugin(source)``) in the process-wide registry."""
+) -> PreviousTool:
+    """Registers a Python tool (source ``Plugin(source)``) in the process-wide registry;
+    returns what the name held before, for :func:`restore_tool`."""
+
+class PreviousTool:
+    """What a registration replaced (the entry, or nothing for a new name, and its opening to
+    scripts)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def replaced(self) -> bool: ...
+
+def restore_tool(previous: PreviousTool) -> None:
+    """Undoes a registration: the name gets back what ``previous`` says it held (or is removed)."""
 
 def unregister_tool(name: str) -> bool:
     """Removes a tool; returns whether it was registered."""

@@ -6,7 +6,8 @@ slow or have side effects. So each ``*.py`` file is parsed first, and only modul
 imported; calls inside functions do not count. A module that fails to import (a missing optional
 dependency, a syntax error, a ``sys.exit()`` while importing) is logged and skipped; the others
 still load. Skipped means skipped whole: the tools it registered before it failed are removed
-again, since their module never finished loading (its handlers may need what never ran).
+again, since their module never finished loading (its handlers may need what never ran), and a
+tool it replaced gets its earlier registration back.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Iterator, List, Union
+from typing import Any, Dict, Iterator, List, Union
 
-from . import registry
+from . import _native, registry
 
 __all__ = ["discover_tools", "module_registers_tools"]
 
@@ -87,9 +88,10 @@ def tool_module_files(directory: Path) -> List[Path]:
 def import_module_file(file: Path) -> None:
     """Imports ``file`` under its stem (kept in ``sys.modules``); raises what the import raised.
 
-    When the import raises, the tools the module registered first are unregistered again (a
-    tool it *replaced* cannot be given back its earlier handler: that one stays replaced, with
-    a warning). The caller puts the file's directory on ``sys.path`` if siblings must resolve.
+    When the import raises, the module's registrations are undone: a tool it added is removed,
+    a tool it replaced (a built-in included) gets its earlier registration back, opening to
+    scripts included. The caller puts the file's directory on ``sys.path`` if siblings must
+    resolve.
     """
     name = file.stem
     spec = importlib.util.spec_from_file_location(name, file)
@@ -97,34 +99,36 @@ def import_module_file(file: Path) -> None:
         raise ImportError(f"cannot build an import spec for {file}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    before = set(registry.tool_names())
-    # Record this module's registrations, and hand them on to an enclosing recorder (a plugin
-    # being loaded that discovers tools) only if the module loads.
-    outer = registry._recorder
+    # Record this module's registrations and what each name held before, and hand them on to
+    # an enclosing recorder (a plugin being loaded, or a module, that discovers tools) only if
+    # the module loads.
+    outer, outer_previous = registry._recorder, registry._previous
     recorded: List[str] = []
-    registry._recorder = recorded
+    previous: Dict[str, Any] = {}
+    registry._recorder, registry._previous = recorded, previous
     try:
         spec.loader.exec_module(module)
     except BaseException:
         sys.modules.pop(name, None)
-        _undo_registrations(file, recorded, before)
+        _undo_registrations(file, previous)
         raise
     finally:
-        registry._recorder = outer
+        registry._recorder, registry._previous = outer, outer_previous
     if outer is not None:
         outer.extend(recorded)
+    if outer_previous is not None:
+        for tool, held in previous.items():
+            outer_previous.setdefault(tool, held)
 
 
-def _undo_registrations(file: Path, recorded: List[str], before: "set[str]") -> None:
-    """Removes the tools ``file`` registered before its import failed (see
+def _undo_registrations(file: Path, previous: Dict[str, Any]) -> None:
+    """Gives every name ``file`` registered before its import failed what it held before (see
     :func:`import_module_file`)."""
-    for tool in dict.fromkeys(recorded):
-        if tool in before:
-            log.warning("tool discovery: %s failed after replacing tool `%s`; the replacement "
-                        "stays registered (the earlier registration cannot be restored)",
-                        file, tool)
-        else:
-            registry.unregister(tool)
+    for tool, held in previous.items():
+        if held.replaced:
+            log.info("tool discovery: %s failed after replacing tool `%s`; its earlier "
+                     "registration is restored", file, tool)
+        _native.restore_tool(held)
 
 
 def discover_tools(path: Union[str, "os.PathLike[str]"]) -> List[str]:
@@ -134,8 +138,8 @@ def discover_tools(path: Union[str, "os.PathLike[str]"]) -> List[str]:
     Each module is imported under its file stem (and kept in ``sys.modules``), with ``path`` on
     ``sys.path`` while it imports so sibling helpers resolve. Import failures (any exception,
     ``SystemExit`` and any other ``BaseException``; not ``KeyboardInterrupt``) are logged with
-    their traceback at WARNING and skipped, and the tools the failed module had registered are
-    unregistered again.
+    their traceback at WARNING and skipped, and the failed module's registrations are undone
+    (tools it added removed, tools it replaced given their earlier registration back).
 
     Raises:
         TypeError: ``path`` is not a str or os.PathLike.

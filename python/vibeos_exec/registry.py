@@ -120,6 +120,11 @@ def _parameters_of(name: str, schema: Mapping[str, Any]) -> Tuple[Dict[str, Any]
 #: While a plugin loads, the names it registers (see :mod:`vibeos_exec.plugins`); None otherwise.
 _recorder: Optional[List[str]] = None
 
+#: While a tool module loads, what each name it registers held before its first registration
+#: there (see :mod:`vibeos_exec.discovery`, which gives it back if the module fails); None
+#: otherwise.
+_previous: Optional[Dict[str, "_native.PreviousTool"]] = None
+
 #: The ``source`` of the host's own registrations; the extension records it as the host's
 #: (``ToolSource::Host``), which the plugin override policy does not apply to.
 _HOST_SOURCE = "python"
@@ -156,8 +161,8 @@ def register(
             under ``parameters`` (its ``description`` is used when ``description`` is empty).
         handler: ``handler(args)`` or ``handler(args, task_id=...)``; sync or ``async def``.
         check_fn: Returns truthy when the tool is usable now; an exception means unavailable.
-            Tools registered with the same callable share one check, run once per
-            definitions call.
+            May be ``async def`` (awaited on the loop async handlers run on). Tools registered
+            with the same callable share one check, run once per definitions call.
         requires_env: Environment variables the tool needs (shown when it is unavailable).
         is_async: Whether ``handler`` returns a coroutine; detected when ``None``.
         description: What the tool does; its first line is the doc line scripts see.
@@ -169,7 +174,9 @@ def register(
             another toolset's tool without it raises ``ValueError``.
         script_callable: Also let execute_code scripts call it (see :func:`vibeos_exec.allow_in_scripts`);
             the name must then be a Python identifier that is not a keyword or a stub helper
-            (``json_parse``, ``shell_quote``, ``retry``), as ``vibeos_tools`` defines it.
+            (``json_parse``, ``shell_quote``, ``retry``), as ``vibeos_tools`` defines it. A
+            re-registration without it closes what the replaced registration opened (an
+            opening made with ``allow_in_scripts`` stays).
         parallel_safe: Calls may run alongside other calls of the same model turn.
         source: ``"python"`` (default): the host's own tool. Any other name records it as
             that plugin's, which also needs the operator's plugin override policy to replace a
@@ -230,7 +237,7 @@ def register(
         params_json = json.dumps(params)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"schema of `{name}` is not JSON-serialisable: {exc}") from None
-    _native.register_tool(
+    previous = _native.register_tool(
         name,
         toolset,
         params_json,
@@ -247,6 +254,8 @@ def register(
     )
     if _recorder is not None:
         _recorder.append(name)
+    if _previous is not None:
+        _previous.setdefault(name, previous)
 
 
 def unregister(name: str) -> bool:
@@ -327,9 +336,38 @@ def _selection(
     )
 
 
+class _NotJson:
+    """Arguments text of one call that is not JSON: that call is answered with this error and
+    not dispatched (the registry would only see a string, and say "got a string")."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _no_constant(name: str) -> Any:
+    # json.loads takes NaN and Infinity, which JSON has not: passed on, they would make the
+    # whole turn's JSON unreadable for the registry instead of failing this one call.
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _not_json_result(name: str, bad: _NotJson) -> str:
+    """The result of a call whose arguments text is not JSON, worded as the registry words a
+    call whose arguments are not an object (``Error executing <tool>: ...``)."""
+    message = (f"Error executing {name}: arguments are not valid JSON ({bad.reason}); "
+               "they must be a JSON object")
+    # Written as the registry writes its JSON (compact, UTF-8 as is).
+    return json.dumps({"error": message}, separators=(",", ":"), ensure_ascii=False)
+
+
 def _call_of(i: int, call: Any) -> Tuple[str, Any]:
     """``(name, args)`` of one call: ``{"name", "arguments"|"args"}`` or an OpenAI tool call
-    ``{"function": {"name", "arguments"}}``; arguments may be a dict, JSON text or None."""
+    ``{"function": {"name", "arguments"}}``; arguments may be a dict, JSON text or None.
+
+    Arguments that are not an object (JSON text of a list or a number, a Python list) are
+    passed on for the registry to refuse in that call's result, and text that is not JSON
+    comes back as a :class:`_NotJson`: a model's malformed arguments are its error, answered in
+    its call's result, not the host's, which would fail the whole turn.
+    """
     if isinstance(call, (list, tuple)) and len(call) == 2:
         call = {"name": call[0], "arguments": call[1]}
     if not isinstance(call, Mapping):
@@ -343,14 +381,18 @@ def _call_of(i: int, call: Any) -> Tuple[str, Any]:
     args = call.get("arguments", call.get("args"))
     if isinstance(args, str):
         try:
-            args = json.loads(args) if args.strip() else None
-        except ValueError:
-            # Not an object: the registry reports it in this call's result ("arguments must
-            # be a JSON object"), as a model's malformed arguments are its error, not the host's.
-            return name, args
-    if args is not None and not isinstance(args, Mapping):
-        raise TypeError(f"calls[{i}] arguments must be a dict, JSON text or None")
-    return name, dict(args or {})
+            args = json.loads(args, parse_constant=_no_constant) if args.strip() else None
+        except ValueError as exc:
+            return name, _NotJson(str(exc))
+    if args is None:
+        return name, {}
+    if isinstance(args, Mapping):
+        return name, dict(args)
+    if isinstance(args, (list, tuple, int, float, str)):
+        return name, args
+    raise TypeError(
+        f"calls[{i}] arguments must be a dict, JSON text or None, got {type(args).__name__}"
+    )
 
 
 def handle_function_calls(
@@ -375,15 +417,14 @@ def handle_function_calls(
         _check_str("task_id", task_id)
     pairs = [_call_of(i, c) for i, c in enumerate(calls)]
     try:
-        calls_json = json.dumps(pairs)
+        calls_json = json.dumps([p for p in pairs if not isinstance(p[1], _NotJson)])
     except (TypeError, ValueError) as exc:
         raise TypeError(f"call arguments must be JSON-serialisable: {exc}") from None
     enabled, disabled = _selection(enabled_toolsets, disabled_toolsets)
-    return json.loads(
-        _native.handle_function_calls(
-            calls_json, task_id, _path_or_none("cwd", cwd), enabled, disabled
-        )
-    )
+    results = iter(json.loads(_native.handle_function_calls(
+        calls_json, task_id, _path_or_none("cwd", cwd), enabled, disabled)))
+    # A call left out for its arguments has its error in its place: results stay in call order.
+    return [_not_json_result(n, a) if isinstance(a, _NotJson) else next(results) for n, a in pairs]
 
 
 def _path_or_none(param: str, value: Any) -> Optional[str]:

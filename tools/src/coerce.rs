@@ -35,6 +35,32 @@ pub fn coerce_args<'a>(
     })
 }
 
+/// The arguments `schema`'s `required` lists that `args` leaves out, as an error naming them
+/// (`None` when none is missing). `null` counts as left out unless the property's declared
+/// types include `"null"`, as coercion and the built-ins' argument parsing read it.
+pub fn missing_required(schema: &Value, args: &Map<String, Value>) -> Option<String> {
+    let required = schema.get("required").and_then(Value::as_array)?;
+    let props = schema.get("properties").and_then(Value::as_object);
+    let missing: Vec<String> = required
+        .iter()
+        .filter_map(Value::as_str)
+        .filter(|name| match args.get(*name) {
+            None => true,
+            Some(Value::Null) => !props
+                .and_then(|p| p.get(*name))
+                .and_then(declared_types)
+                .is_some_and(|types| types.contains(&"null")),
+            Some(_) => false,
+        })
+        .map(|name| format!("`{name}`"))
+        .collect();
+    match missing.as_slice() {
+        [] => None,
+        [one] => Some(format!("missing required argument {one}")),
+        many => Some(format!("missing required arguments {}", many.join(", "))),
+    }
+}
+
 fn declared_types(prop: &Value) -> Option<Vec<&str>> {
     match prop.get("type")? {
         Value::String(t) => Some(vec![t.as_str()]),
@@ -191,6 +217,30 @@ mod tests {
             coerce_args(&schema(), &m).unwrap(),
             Cow::Borrowed(_)
         ));
+    }
+
+    #[test]
+    fn missing_required_arguments_are_named() {
+        let schema = json!({"type": "object", "required": ["a", "b", "n"], "properties": {
+            "a": {"type": "string"}, "b": {}, "n": {"type": ["string", "null"]}
+        }});
+        let args = |v: Value| v.as_object().unwrap().clone();
+        assert_eq!(
+            missing_required(&schema, &args(json!({"a": "x", "b": 1, "n": null}))),
+            None
+        );
+        assert_eq!(
+            missing_required(&schema, &args(json!({"a": null, "b": 1, "n": "y"}))).as_deref(),
+            Some("missing required argument `a`")
+        );
+        assert_eq!(
+            missing_required(&schema, &args(json!({"n": null}))).as_deref(),
+            Some("missing required arguments `a`, `b`")
+        );
+        assert_eq!(
+            missing_required(&json!({"type": "object"}), &Map::new()),
+            None
+        );
     }
 
     #[test]

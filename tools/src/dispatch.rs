@@ -3,7 +3,7 @@
 //! error wrapping and result caps are the same for all of them.
 
 use crate::async_bridge::run_async;
-use crate::coerce::coerce_args;
+use crate::coerce::{coerce_args, missing_required};
 use crate::entry::{panic_message, Handler, ToolCall, ToolEntry};
 use crate::hooks::{CallStatus, HookDecision, PostHook, PostToolCall, PreHook, PreToolCall};
 use crate::registry::{json_type, read, ToolRegistry, AGENT_LOOP_TOOLS};
@@ -63,7 +63,17 @@ impl ToolRegistry {
             }
         };
         let started = Instant::now();
-        let coerced = coerce_args(&entry.schema, args);
+        let coerced = coerce_args(&entry.schema, args).and_then(|c| {
+            // After coercion, so a value coerced to fit is present; the same error shape as a
+            // wrong type's.
+            match entry
+                .check_required
+                .then(|| missing_required(&entry.schema, &c))
+            {
+                Some(Some(message)) => Err(message),
+                _ => Ok(c),
+            }
+        });
         let call_args: &Map<String, Value> = match &coerced {
             Ok(c) => c,
             Err(_) => args,

@@ -160,6 +160,11 @@ pub struct ToolEntry {
     pub path_arg: Option<String>,
     /// Who registered it.
     pub source: ToolSource,
+    /// Whether dispatch refuses a call that leaves out an argument the schema's `required`
+    /// lists, before the handler runs (as it refuses a wrong type). Set for tools whose
+    /// handlers take the arguments as they come (the Python package's); built-ins parse
+    /// typed arguments, which name a missing one with more detail.
+    pub check_required: bool,
     /// The handler is a short, bounded local operation (no network, no child process, no
     /// waiting on anything but the local filesystem), so async callers may run it inline on
     /// their worker thread instead of paying a thread hop per call.
@@ -200,6 +205,7 @@ impl ToolEntry {
             path_arg: None,
             source: ToolSource::Builtin,
             bounded: false,
+            check_required: false,
         }
     }
 
@@ -321,6 +327,13 @@ impl ToolEntry {
     /// [`ToolEntry::path_arg`]).
     pub fn with_path_scoped(mut self, arg: &str) -> Self {
         self.path_arg = Some(arg.to_string());
+        self
+    }
+
+    /// Has dispatch refuse calls missing a `required` argument (see
+    /// [`ToolEntry::check_required`]).
+    pub fn checking_required(mut self) -> Self {
+        self.check_required = true;
         self
     }
 

@@ -142,9 +142,22 @@ impl ToolRegistry {
     /// [`RegistrationError::ReservedToolset`].
     pub fn register_with_override(
         &self,
-        mut entry: ToolEntry,
+        entry: ToolEntry,
         override_existing: bool,
     ) -> Result<(), RegistrationError> {
+        self.register_replacing(entry, override_existing).map(drop)
+    }
+
+    /// [`ToolRegistry::register_with_override`], returning the entry the registration replaced
+    /// (`None` for a new name), so a caller that must undo it (a tool module that failed to
+    /// load after registering) can put that entry back with [`ToolRegistry::reinstate`]. The
+    /// entry is taken under the same lock as the replacement: no other registration can come
+    /// between them.
+    pub fn register_replacing(
+        &self,
+        mut entry: ToolEntry,
+        override_existing: bool,
+    ) -> Result<Option<Arc<ToolEntry>>, RegistrationError> {
         entry.is_async = matches!(entry.handler, Handler::Async(_));
         entry.validate()?;
         let reserved = reserved_toolset(
@@ -203,13 +216,27 @@ impl ToolRegistry {
                 );
             }
         }
-        tools.insert(entry.name.clone(), Arc::new(entry));
-        Ok(())
+        Ok(tools.insert(entry.name.clone(), Arc::new(entry)))
     }
 
     /// Removes a tool; returns it if it was registered.
     pub fn unregister(&self, name: &str) -> Option<Arc<ToolEntry>> {
         write(&self.tools).remove(name)
+    }
+
+    /// Puts back an entry this registry held before, as it was (same handler, check and
+    /// flags), under its name, and returns the entry it displaces. For undoing a registration
+    /// with what [`ToolRegistry::register_replacing`] returned; no override or toolset rules
+    /// are applied, since the entry passed them when it was first registered.
+    pub fn reinstate(&self, entry: Arc<ToolEntry>) -> Option<Arc<ToolEntry>> {
+        tracing::info!(
+            tool = %entry.name,
+            "tool `{}` of toolset `{}` ({}) is registered again as it was",
+            entry.name,
+            entry.toolset,
+            entry.source
+        );
+        write(&self.tools).insert(entry.name.clone(), entry)
     }
 
     /// Replaces the policy deciding which built-ins plugins and MCP servers may replace.

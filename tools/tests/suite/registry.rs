@@ -981,3 +981,63 @@ fn the_strict_description_says_where_tool_paths_resolve_and_what_an_opened_termi
     );
     assert!(!opened.contains("No shell commands"), "{opened}");
 }
+
+#[test]
+fn a_replaced_entry_can_be_reinstated_as_it_was() {
+    let reg = product();
+    let builtin = reg.get("read_file").unwrap();
+    let mine = ToolEntry::new("read_file", "file", "Mine.", obj(), |_, _| {
+        Ok(json!({"mine": 1}))
+    })
+    .with_source(ToolSource::Host("python".into()));
+    let replaced = reg.register_replacing(mine, false).unwrap();
+    assert!(Arc::ptr_eq(replaced.as_ref().unwrap(), &builtin));
+    assert_eq!(call(&reg, "read_file", json!({}))["mine"], 1);
+    let displaced = reg.reinstate(builtin.clone()).unwrap();
+    assert_eq!(displaced.description, "Mine.");
+    assert!(Arc::ptr_eq(&reg.get("read_file").unwrap(), &builtin));
+    // A new name replaces nothing.
+    assert!(reg
+        .register_replacing(tool("brand_new", "t"), false)
+        .unwrap()
+        .is_none());
+}
+
+#[test]
+fn entries_checking_required_refuse_a_call_missing_one_before_the_handler() {
+    let reg = ToolRegistry::new();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let schema = json!({"type": "object", "required": ["city"],
+                        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}});
+    for (name, check) in [("checked", true), ("unchecked", false)] {
+        let seen = calls.clone();
+        let mut entry = ToolEntry::new(name, "t", "T.", schema.clone(), move |args, _| {
+            seen.fetch_add(1, Ordering::SeqCst);
+            Ok(json!({ "args": args }))
+        });
+        if check {
+            entry = entry.checking_required();
+        }
+        reg.register(entry).unwrap();
+    }
+    assert_eq!(
+        call(&reg, "checked", json!({"days": "3"}))["error"],
+        "Tool execution failed: InvalidArguments: missing required argument `city`"
+    );
+    assert_eq!(
+        call(&reg, "checked", json!({"city": null}))["error"],
+        "Tool execution failed: InvalidArguments: missing required argument `city`"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    // Coerced first: a present argument of the wrong type is the type error.
+    assert_eq!(
+        call(&reg, "checked", json!({"days": "x"}))["error"],
+        "Tool execution failed: InvalidArguments: argument `days` must be an integer, got \"x\""
+    );
+    assert_eq!(
+        call(&reg, "checked", json!({"city": 5}))["args"],
+        json!({"city": "5"})
+    );
+    assert_eq!(call(&reg, "unchecked", json!({}))["args"], json!({}));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
