@@ -143,3 +143,42 @@ fn concurrent_commands_of_one_session_print_only_their_own_output() {
         assert_eq!(v["output"], "[]\n0\n", "{v}");
     }
 }
+
+/// `backends gc` on a machine that never used docker: the default sweep of an engine that is
+/// not configured and not reachable is reported as skipped (exit 0), while a configured docker
+/// backend whose engine cannot be reached is still an error.
+#[test]
+fn gc_skips_an_unconfigured_unreachable_docker_and_fails_a_configured_one() {
+    let mut sb = Sandbox::new();
+    sb.write_config("");
+    let socket = sb.root.path().join("no-engine.sock");
+    sb.set_env("DOCKER_HOST", &format!("unix://{}", socket.display()));
+    let out = sb.run(&["backends", "gc"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("docker: not configured"), "{stdout}");
+    let out = sb.run(&["backends", "gc", "--json"]);
+    assert_eq!(out.status.code(), Some(0));
+    let v = vibeos_testkit::parse_single_json(&out);
+    assert!(v["backends"]["docker"]["skipped"].is_string(), "{v}");
+    assert_eq!(v["removed"], serde_json::json!([]));
+
+    sb.write_config("terminal:\n  docker_image: debian:stable-slim\n");
+    let out = sb.run(&["backends", "gc"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("docker"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
