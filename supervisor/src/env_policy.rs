@@ -215,14 +215,20 @@ impl EnvPolicy {
 /// name can be set, and a newline in one would start a line of its own (a forged log entry, a
 /// broken audit table). Control characters and Unicode line separators are written as Rust
 /// escapes (`\n`, `\u{1b}`), and a backslash is doubled so that no escape can be faked.
+/// Whitespace is written as an escape too (`\u{20}`): `VIBEOS_HOME ` (dropped) must not read
+/// as `VIBEOS_HOME` (kept) in a table of names.
 pub fn printable_name(name: &str) -> Cow<'_, str> {
-    let needs_escape = |c: char| c.is_control() || matches!(c, '\\' | '\u{2028}' | '\u{2029}');
+    let needs_escape = |c: char| {
+        c.is_control() || c.is_whitespace() || matches!(c, '\\' | '\u{2028}' | '\u{2029}')
+    };
     if !name.chars().any(needs_escape) {
         return Cow::Borrowed(name);
     }
     let mut out = String::with_capacity(name.len() + 8);
     for c in name.chars() {
-        if needs_escape(c) {
+        if c.is_whitespace() && !c.is_control() {
+            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+        } else if needs_escape(c) {
             out.extend(c.escape_debug());
         } else {
             out.push(c);
@@ -557,6 +563,8 @@ mod tests {
         );
         // A literal backslash-n is told apart from a newline.
         assert_eq!(printable_name("A\\nB"), "A\\\\nB");
+        assert_eq!(printable_name("VIBEOS_HOME "), "VIBEOS_HOME\\u{20}");
+        assert_eq!(printable_name("A\u{a0}B\tC"), "A\\u{a0}B\\tC");
     }
 
     #[test]
