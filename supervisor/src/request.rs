@@ -141,7 +141,19 @@ pub fn session_cwd(explicit: Option<&Path>) -> Result<PathBuf, StartError> {
     if let Some(dir) = crate::terminal_cwd::from_env() {
         match usable_dir(&dir) {
             Ok(d) => return Ok(d),
-            Err(e) => tracing::warn!("TERMINAL_CWD ignored, using the process cwd instead: {e}"),
+            Err(e) => {
+                // One run resolves the session dir more than once (its prestart, its
+                // execution); a long-lived host at every call. Said once per value, once
+                // logging is up (`run` resolves it first before that, unheard).
+                static WARNED: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
+                let mut warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
+                if warned.as_deref() != Some(dir.as_path()) {
+                    tracing::warn!("TERMINAL_CWD ignored, using the process cwd instead: {e}");
+                    if tracing::dispatcher::has_been_set() {
+                        *warned = Some(dir);
+                    }
+                }
+            }
         }
     }
     let cwd = std::env::current_dir().map_err(|e| StartError::BadCwd {

@@ -39,6 +39,11 @@ fn terminal_cwd_tilde_is_home_and_an_unusable_one_falls_back_with_a_warning() {
         stderr.contains("TERMINAL_CWD ignored") && stderr.contains("/nonexistent/parity-cwd"),
         "no warning: {stderr}"
     );
+    assert_eq!(
+        stderr.matches("TERMINAL_CWD ignored").count(),
+        1,
+        "said more than once: {stderr}"
+    );
 }
 
 #[test]
