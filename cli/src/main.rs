@@ -377,7 +377,17 @@ fn real_main(cli: Cli) -> Result<u8, UsageError> {
     if let Some(level) = &cli.log_level {
         logging::validate_level(level).map_err(|e| UsageError(e.to_string()))?;
     }
-    let config = Config::load(cli.config.as_deref()).map_err(|e| UsageError(e.to_string()))?;
+    // doctor diagnoses: a broken config file is one of its findings (reported, exit 2), not a
+    // reason to say nothing about the machine.
+    let mut config_error = None;
+    let config = match Config::load(cli.config.as_deref()) {
+        Ok(config) => config,
+        Err(e) if matches!(cli.command, Command::Doctor { .. }) => {
+            config_error = Some(e.to_string());
+            Config::default()
+        }
+        Err(e) => return Err(UsageError(e.to_string())),
+    };
     let backend_flag = match &cli.command {
         Command::Run(a) => a.limits.backend.clone(),
         Command::Serve(a) => a.limits.backend.clone(),
@@ -475,16 +485,26 @@ fn real_main(cli: Cli) -> Result<u8, UsageError> {
                 let mut v = report.to_json();
                 if let Some(obj) = v.as_object_mut() {
                     obj.insert("backends".into(), backends::report_json(&backends));
+                    obj.insert("config_error".into(), config_error.clone().into());
                 }
                 format!("{v}\n")
             } else {
+                let config_line = match &config_error {
+                    Some(e) => format!(
+                        "\nconfig: ERROR: {e}\n  (the report above assumes the defaults; \
+                         fix the file, then run doctor again)\n"
+                    ),
+                    None => String::new(),
+                };
                 format!(
-                    "{}{}",
+                    "{}{}{config_line}",
                     report.render_text(),
                     backends::report_text(&backends)
                 )
             };
-            Ok(output_written(write_stdout(text.as_bytes()), 0))
+            // A broken config file is still a config error (exit 2, SPEC §10).
+            let code = if config_error.is_some() { 2 } else { 0 };
+            Ok(output_written(write_stdout(text.as_bytes()), code))
         }
         Command::Serve(args) => {
             // After the built-ins, the tools of MCP servers and plugins (SPEC §7), as for `run`

@@ -459,3 +459,19 @@ fn terminal_reaches_strict_scripts_only_when_config_opens_it() {
         "{open}"
     );
 }
+
+#[test]
+fn doctor_reports_a_broken_config_file_with_the_rest_of_its_findings() {
+    let sb = Sandbox::new();
+    sb.write_config("terminal: [unclosed\n");
+    let out = sb.run(&["doctor"]);
+    assert_eq!(out.status.code(), Some(2), "a config error stays exit 2");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("mode project enforces"), "{text}");
+    assert!(text.contains("config: ERROR:"), "{text}");
+    let out = sb.run(&["doctor", "--json"]);
+    assert_eq!(out.status.code(), Some(2));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["config_error"].is_string(), "{v}");
+    assert!(v["modes"]["project"].is_array(), "{v}");
+}
