@@ -429,13 +429,14 @@ def _wire_names(pairs):
 
 
 def json_parse(text):
-    """Parse JSON leniently: accepts bytes, surrounding whitespace, a ```json fence and control
-    characters inside strings; a value that is already parsed (dict/list) is returned as is."""
+    """Parse JSON leniently: accepts bytes, a byte-order mark, surrounding whitespace, a ```json
+    fence, control characters inside strings and trailing commas before a closing bracket or
+    brace; a value that is already parsed (dict/list) is returned as is."""
     if isinstance(text, (dict, list)):
         return text
     if isinstance(text, (bytes, bytearray)):
         text = bytes(text).decode("utf-8", "replace")
-    stripped = text.strip()
+    stripped = text.lstrip("\ufeff").strip()
     if stripped.startswith("```"):
         stripped = stripped[3:]
         if stripped[:4].lower() == "json":
@@ -443,7 +444,48 @@ def json_parse(text):
         if stripped.rstrip().endswith("```"):
             stripped = stripped.rstrip()[:-3]
         stripped = stripped.strip()
+    try:
+        return _json.loads(stripped, strict=False)
+    except ValueError:
+        relaxed = _without_trailing_commas(stripped)
+        if relaxed == stripped:
+            raise
+    try:
+        return _json.loads(relaxed, strict=False)
+    except ValueError:
+        pass
+    # The error of the text as given: its positions are the ones the caller can look up.
     return _json.loads(stripped, strict=False)
+
+
+def _without_trailing_commas(text):
+    """``text`` without the commas that stand right before a ``]`` or ``}`` (whitespace
+    between), outside strings: what a model or a hand-written config often leaves."""
+    out = []
+    i, n, in_string = 0, len(text), False
+    while i < n:
+        c = text[i]
+        if in_string:
+            out.append(c)
+            if c == "\\" and i + 1 < n:
+                out.append(text[i + 1])
+                i += 2
+                continue
+            if c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+            out.append(c)
+        elif c == ",":
+            j = i + 1
+            while j < n and text[j] in " \t\r\n":
+                j += 1
+            if j == n or text[j] not in "]}":
+                out.append(c)
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out)
 
 
 def shell_quote(s):

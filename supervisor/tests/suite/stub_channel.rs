@@ -195,6 +195,11 @@ except ToolChannelError as e:
     print("error", e)
 print("after a call:", "json" in sys.modules, "socket" in sys.modules)
 print(json_parse('```json\n{"a": [1, 2]}\n```'))
+print(json_parse('\ufeff{"a": [1, 2,], "s": "x,}",\n}'))
+try:
+    json_parse('{"a": 1,,}')
+except ValueError as e:
+    print("ValueError", e)
 "#,
         ])
         .env_clear()
@@ -218,6 +223,14 @@ print(json_parse('```json\n{"a": [1, 2]}\n```'))
     // channel to dial; socket is imported only to dial one.
     assert_eq!(lines[2], "after a call: True False", "{out}");
     assert_eq!(lines[3], "{'a': [1, 2]}", "{out}");
+    // A byte-order mark and trailing commas (outside strings) are taken too; what is still
+    // not JSON raises with the position in the text as given.
+    assert_eq!(lines[4], "{'a': [1, 2], 's': 'x,}'}", "{out}");
+    assert_eq!(
+        lines[5],
+        "ValueError Expecting property name enclosed in double quotes: line 1 column 9 (char 8)",
+        "{out}"
+    );
 }
 
 #[test]
