@@ -118,7 +118,13 @@ impl EnvPolicy {
 
     /// Decides one name. `passthrough` is the configured plus skill-declared list.
     pub fn decide(&self, name: &str, passthrough: &BTreeSet<String>) -> Rule {
-        if self.provider_blocklist.iter().any(|b| b == name) {
+        // Any spelling of a managed credential's name: `openai_api_key` holds the same secret
+        // as `OPENAI_API_KEY` (redaction and `terminal` compare the same way).
+        if self
+            .provider_blocklist
+            .iter()
+            .any(|b| b.eq_ignore_ascii_case(name))
+        {
             return Rule::ProviderBlocklist;
         }
         if passthrough.contains(name) {
@@ -206,8 +212,11 @@ impl EnvPolicy {
 
     /// Whether `name` is a provider credential that can never be passed through.
     pub fn is_provider_credential(&self, name: &OsStr) -> bool {
-        name.to_str()
-            .is_some_and(|n| self.provider_blocklist.iter().any(|b| b == n))
+        name.to_str().is_some_and(|n| {
+            self.provider_blocklist
+                .iter()
+                .any(|b| b.eq_ignore_ascii_case(n))
+        })
     }
 }
 
@@ -479,14 +488,21 @@ mod tests {
     #[test]
     fn rules_apply_in_the_specified_order() {
         let p = policy();
-        let pass: BTreeSet<String> = ["MY_API_KEY", "OPENAI_API_KEY", "VIBEOS_KANBAN_DB"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let pass: BTreeSet<String> = [
+            "MY_API_KEY",
+            "OPENAI_API_KEY",
+            "openai_api_key",
+            "VIBEOS_KANBAN_DB",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
         assert_eq!(p.decide("MY_API_KEY", &pass), Rule::Passthrough);
         assert_eq!(p.decide("OPENAI_API_KEY", &pass), Rule::ProviderBlocklist);
+        assert_eq!(p.decide("openai_api_key", &pass), Rule::ProviderBlocklist);
         assert_eq!(p.decide("VIBEOS_KANBAN_DB", &pass), Rule::Passthrough);
-        assert_eq!(p.decide("github_token", &none()), Rule::SecretSubstring);
+        assert_eq!(p.decide("build_token", &none()), Rule::SecretSubstring);
+        assert_eq!(p.decide("github_token", &none()), Rule::ProviderBlocklist);
         assert_eq!(p.decide("SENTRY_DSN", &none()), Rule::SecretSubstring);
         assert_eq!(p.decide("PATH", &none()), Rule::SafeSystem);
         assert_eq!(p.decide("LC_ALL", &none()), Rule::SafeSystem);
