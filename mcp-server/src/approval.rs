@@ -10,9 +10,11 @@
 //! with a message naming the reason, and scripts are not held up by the whole-script guard
 //! (headless policy). "session" approvals then last as long as the client's connection.
 
-use rmcp::model::{ElicitRequestParams, ElicitationAction};
-use rmcp::service::ServiceError;
-use rmcp::service::{ElicitationMode, RoleServer};
+use rmcp::model::{
+    CancelledNotification, CancelledNotificationParam, ClientResult, ElicitRequest,
+    ElicitRequestParams, ElicitResult, ElicitationAction, ServerNotification, ServerRequest,
+};
+use rmcp::service::{ElicitationMode, PeerRequestOptions, RoleServer, ServiceError};
 use rmcp::Peer;
 use serde_json::json;
 use std::collections::HashMap;
@@ -144,7 +146,7 @@ fn ask(req: &ApprovalRequest) -> ApprovalAnswer {
     };
     let timeout = vibeos_tools::approval_policy::settings().timeout;
     // A tool thread, not a runtime worker: block on the request on the connection's runtime.
-    let answer = handle.block_on(peer.create_elicitation_with_timeout(params, Some(timeout)));
+    let answer = handle.block_on(elicit(&peer, params, timeout, req.execution_ended.clone()));
     match answer {
         Ok(result) => match result.action {
             ElicitationAction::Accept => result
@@ -173,6 +175,47 @@ fn ask(req: &ApprovalRequest) -> ApprovalAnswer {
         Err(e) => {
             tracing::warn!("the MCP client did not answer the approval request: {e}");
             Err(NoAnswer::ClientError(e.to_string()))
+        }
+    }
+}
+
+/// Sends the form and waits for the client's answer, `timeout` at most. When the execution
+/// that asked ends first (the client cancelled its call, its timeout), the question is
+/// withdrawn with a `notifications/cancelled` for it: the client's prompt would otherwise stay
+/// open for an answer nothing waits for any more.
+async fn elicit(
+    peer: &Peer<RoleServer>,
+    params: ElicitRequestParams,
+    timeout: std::time::Duration,
+    mut ended: vibeos_tools::EndedFlag,
+) -> Result<ElicitResult, ServiceError> {
+    let mut options = PeerRequestOptions::no_options();
+    options.timeout = Some(timeout);
+    let request = peer
+        .send_cancellable_request(
+            ServerRequest::ElicitRequest(ElicitRequest::new(params)),
+            options,
+        )
+        .await?;
+    let id = request.id.clone();
+    tokio::select! {
+        answer = request.await_response() => match answer? {
+            ClientResult::ElicitResult(result) => Ok(result),
+            _ => Err(ServiceError::UnexpectedResponse),
+        },
+        () = ended.ended() => {
+            let reason = "the execution that asked ended".to_string();
+            let withdrawn = CancelledNotification::new(CancelledNotificationParam::new(
+                Some(id),
+                Some(reason.clone()),
+            ));
+            if let Err(e) = peer
+                .send_notification(ServerNotification::CancelledNotification(withdrawn))
+                .await
+            {
+                tracing::debug!("cannot withdraw the approval request: {e}");
+            }
+            Err(ServiceError::Cancelled { reason: Some(reason) })
         }
     }
 }

@@ -370,6 +370,7 @@ fn decide_with(
             .map(|p| (p.key.clone(), p.description.clone()))
             .collect(),
         is_script,
+        execution_ended: crate::call_scope::ended_flag(ctx),
     };
     let smart = SMART_APPROVAL.read().ok().and_then(|g| g.clone());
     if let Some(smart) = smart {

@@ -408,6 +408,10 @@ pub struct ApprovalRequest {
     /// `command` is the source of a whole execute_code script (the whole-script guard), not a
     /// shell command.
     pub is_script: bool,
+    /// Set when the execution whose call asks ends (its timeout, an interrupt, a client's
+    /// cancel): a host still asking its user can withdraw the question then. Never set for a
+    /// direct agent call.
+    pub execution_ended: crate::call_scope::EndedFlag,
 }
 
 /// A host's approval prompt (a Rust host's; see [`ApprovalHost`] for one that can say why it

@@ -100,13 +100,27 @@ pub fn ended_flag(ctx: &ToolContext) -> EndedFlag {
     }))
 }
 
-/// See [`ended_flag`].
+/// See [`ended_flag`]. The flag of an agent call (no execution) is never set.
+#[derive(Debug, Clone, Default)]
 pub struct EndedFlag(Option<watch::Receiver<bool>>);
 
 impl EndedFlag {
     /// Whether the call's execution has ended.
     pub fn is_set(&self) -> bool {
         self.0.as_ref().is_some_and(|rx| *rx.borrow())
+    }
+
+    /// Resolves when the call's execution ends; never for an agent call (or when the flag's
+    /// execution is gone without having ended, which cannot happen while a call of it waits).
+    pub async fn ended(&mut self) {
+        match self.0.as_mut() {
+            Some(rx) => {
+                if rx.wait_for(|ended| *ended).await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+            None => std::future::pending::<()>().await,
+        }
     }
 }
 

@@ -899,6 +899,16 @@ fn mcp_clients_answer_approvals_through_elicitation() {
         assert!(!out.contains("denied by the user"), "{key}: {out}");
         assert!(!out.contains("RAN"), "{key}: {out}");
     }
+    // A question still open when its call is cancelled is withdrawn at once, not after
+    // approvals.timeout (60 s), and the session goes on.
+    let withdrawn = r["withdrawn_after"].as_f64();
+    assert!(
+        withdrawn.is_some_and(|s| s < 10.0),
+        "the question stayed open: {}",
+        r["withdrawn_after"]
+    );
+    let (_, text, _) = parts(&r["after_withdrawal"]);
+    assert_eq!(text["output"], "still serving\n", "{text}");
 }
 
 /// Whether `O_NONBLOCK` is set on the open pipe `fd` refers to.

@@ -299,6 +299,7 @@ fn smart_rule_only_takes_regenerable_dirs() {
             .map(|p| (p.key.clone(), p.description.clone()))
             .collect(),
         is_script: false,
+        execution_ended: Default::default(),
     };
     assert!(low_risk_cleanup(&req("rm -rf node_modules/")));
     assert!(low_risk_cleanup(&req("rm -rf ./target __pycache__")));
