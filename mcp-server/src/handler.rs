@@ -29,15 +29,8 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// then reaping and staging-dir removal).
 pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// Arguments of execute_code a call may set; the rest (mode, cwd, interpreter) are the
-/// server's, so a client cannot loosen what the operator chose (e.g. strict → project).
-const CALL_ARGUMENTS: [&str; 5] = [
-    "code",
-    "timeout",
-    "max_tool_calls",
-    "stdout_limit",
-    "stderr_limit",
-];
+// The arguments of execute_code a call may set: the same list the registry's entry checks.
+use vibeos_supervisor::execute_code_tool::CALL_ARGUMENTS;
 
 /// State shared by every connection of one server: the slots that bound concurrency and the
 /// executions running now, so a closing connection (or the whole server) can interrupt its own.

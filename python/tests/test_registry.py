@@ -557,3 +557,10 @@ def test_host_tools_refuse_missing_required_arguments_before_the_handler():
     assert json.loads(registry.handle_function_call("needs_city", {"city": "Oslo", "note": None})) == {
         "ok": "Oslo"}
     assert seen == [{"city": "Oslo", "note": None}]
+
+
+def test_execute_code_refuses_an_argument_it_cannot_take():
+    r = json.loads(registry.handle_function_call(
+        "execute_code", {"code": "print('ran')", "mode": "strict"}))
+    assert "no argument `mode`" in r["error"], r
+    assert "mode and cwd are the host's settings" in r["error"], r

@@ -97,6 +97,16 @@ pub fn execute_code_entry_for(
     .with_emoji("🐍")
 }
 
+/// The arguments an execute_code call may set; the rest (mode, cwd, interpreter) are the
+/// host's, so a caller cannot loosen what the operator chose (strict → project, say).
+pub const CALL_ARGUMENTS: [&str; 5] = [
+    "code",
+    "timeout",
+    "max_tool_calls",
+    "stdout_limit",
+    "stderr_limit",
+];
+
 /// The execution request an execute_code call with `args` asks for: `code`, and optional
 /// `timeout` / `max_tool_calls` / `stdout_limit` / `stderr_limit` overriding `config`'s limits; runs in `ctx.cwd`. Other faces of
 /// execute_code (the MCP server) use it so every caller validates arguments the same way.
@@ -105,6 +115,15 @@ pub fn request_from(
     ctx: &ToolContext,
     config: &Config,
 ) -> Result<ExecutionRequest, ToolError> {
+    // An argument the call cannot set is refused, not dropped: a model that passed
+    // `mode: strict` must not believe its script ran confined.
+    if let Some(bad) = args.keys().find(|k| !CALL_ARGUMENTS.contains(&k.as_str())) {
+        return Err(ToolError::invalid_args(format!(
+            "execute_code has no argument `{bad}`; it takes {} (mode and cwd are the host's \
+             settings)",
+            CALL_ARGUMENTS.join(", ")
+        )));
+    }
     let code = match args.get("code") {
         Some(Value::String(s)) if !s.trim().is_empty() => s.clone(),
         Some(Value::String(_)) => {
