@@ -564,3 +564,10 @@ def test_execute_code_refuses_an_argument_it_cannot_take():
         "execute_code", {"code": "print('ran')", "mode": "strict"}))
     assert "no argument `mode`" in r["error"], r
     assert "mode and cwd are the host's settings" in r["error"], r
+
+
+def test_is_async_on_a_handler_that_returns_its_result_directly():
+    registry.register(name="flagged_sync", toolset="host", schema=echo_schema(),
+                      handler=lambda a: {"got": a}, is_async=True)
+    assert json.loads(registry.handle_function_call("flagged_sync", {"x": "a"})) == {
+        "got": {"x": "a"}}

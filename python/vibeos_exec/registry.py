@@ -73,7 +73,7 @@ def _accepts_task_id(handler: Handler) -> bool:
 
 
 def _make_invoker(
-    name: str, handler: Handler, is_async: bool
+    name: str, handler: Handler
 ) -> Callable[[str, Optional[str]], Tuple[bool, str, Optional[str]]]:
     pass_task_id = _accepts_task_id(handler)
 
@@ -81,7 +81,10 @@ def _make_invoker(
         try:
             args = json.loads(args_json)
             result = handler(args, task_id=task_id) if pass_task_id else handler(args)
-            if is_async or inspect.isawaitable(result):
+            # What the handler returned decides, not the flag: `is_async=True` on a handler
+            # that returns its result directly (a sync wrapper) failed every call with
+            # "object dict can't be used in 'await' expression".
+            if inspect.isawaitable(result):
                 result = _async.run_coroutine(result)
         except BaseException as exc:  # noqa: BLE001 - every failure becomes the tool's error
             return (False, type(exc).__name__, str(exc))
@@ -241,7 +244,7 @@ def register(
         name,
         toolset,
         params_json,
-        _make_invoker(name, handler, is_async),
+        _make_invoker(name, handler),
         description,
         emoji,
         env,
