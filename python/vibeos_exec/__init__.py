@@ -134,7 +134,10 @@ def execute_code(
         mode: ``"project"`` or ``"strict"``; default from config.
         timeout: Seconds before the script is killed; default from config (300).
         max_tool_calls: Tool-call budget of the script; default from config (50).
-        cwd: Session working dir; default ``TERMINAL_CWD``, else the process cwd.
+        cwd: Session working dir; default ``TERMINAL_CWD``, else the process cwd. One that
+            does not exist or is not a directory is a result with ``status`` ``error`` naming
+            it (a directory can disappear between calls, like any condition of a run), not a
+            ``ValueError``.
         enabled_tools: Script tools the script may call (a subset of the allowed ones);
             default every available one.
         task_id: Agent task id, handed to tools; :func:`interrupt` stops executions by it.
