@@ -100,17 +100,32 @@ pub struct OverrideError {
 impl std::fmt::Display for OverrideError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let name = self.spelling.name(self.kind.base());
+        let value = shown(&self.value);
         match self.spelling {
-            Spelling::Flag => write!(f, "{name} {} {}", self.value, self.kind.flag_problem()),
+            Spelling::Flag => write!(f, "{name} {value} {}", self.kind.flag_problem()),
             Spelling::Argument => {
-                write!(
-                    f,
-                    "{name} must be {}, got {}",
-                    self.kind.wanted(),
-                    self.value
-                )
+                write!(f, "{name} must be {}, got {value}", self.kind.wanted())
             }
         }
+    }
+}
+
+/// The longest value an error quotes whole.
+const SHOWN_CHARS: usize = 64;
+
+/// `value` as an error quotes it: a number far out of range in scientific notation (`1e300`
+/// printed 301 digits), anything else cut after [`SHOWN_CHARS`] characters.
+fn shown(value: &str) -> std::borrow::Cow<'_, str> {
+    if value.len() > 24 {
+        if let Ok(n) = value.parse::<f64>() {
+            return format!("{n:e}").into();
+        }
+    }
+    match value.char_indices().nth(SHOWN_CHARS) {
+        Some((cut, _)) => {
+            format!("{}… ({} characters)", &value[..cut], value.chars().count()).into()
+        }
+        None => value.into(),
     }
 }
 
@@ -401,5 +416,26 @@ mod tests {
             Overrides::default(),
             "mode is not taken where not allowed"
         );
+    }
+
+    #[test]
+    fn an_enormous_value_is_quoted_short() {
+        let e = Overrides::check(
+            Requested {
+                timeout: Some(1e300),
+                ..Requested::default()
+            },
+            Spelling::Argument,
+        )
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+        assert!(e.ends_with("got 1e300"), "{e}");
+        let long = serde_json::json!({"timeout": "x".repeat(500)});
+        let e = Overrides::from_json(long.as_object().unwrap(), false)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.len() < 200 && e.contains("(502 characters)"), "{e}");
     }
 }
