@@ -10,7 +10,8 @@
 //! - `target="content"`, `output_mode="content"`: `matches` = `[{path, line, content}]` (plus
 //!   `context_before`/`context_after` when `context > 0`); `total` counts matching lines.
 //! - `output_mode="files_with_matches"`: `files` = paths with at least one match.
-//! - `output_mode="count"`: `counts` = `[{path, count}]`; `total` counts matching lines.
+//! - `output_mode="count"`: `counts` = `[{path, count}]`, paged by file: `total` counts
+//!   files, `total_matches` matching lines.
 //! - `target="files"`: `pattern` is a glob on file names; `files` = matching paths.
 //!
 //! Paths are relative to the working directory when the searched path was relative, so they can
@@ -552,9 +553,11 @@ fn search_files(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
                 .map(|(p, c)| json!({"path": walk.display(p), "count": c}))
                 .collect();
             let n = rows.len();
+            // Pages of files, as the rows are: `total` counts files (it counted lines, so a
+            // caller following next_offset past the last file was sent back to it forever).
             Ok(merge(
-                json!({"counts": rows, "files_matched": files_matched, "total_files": files_matched}),
-                page(total_lines, n),
+                json!({"counts": rows, "files_matched": files_matched, "total_files": files_matched, "total_matches": total_lines}),
+                page(files_matched as u64, n),
             ))
         }
         _ => {
@@ -699,6 +702,28 @@ mod tests {
         )
         .unwrap();
         assert_eq!(r["counts"][0]["path"], "sub/b.yaml");
+        // Paged by file: following next_offset ends.
+        let mut offset = 0;
+        let mut rows = 0;
+        for _ in 0..10 {
+            let r = call(
+                d.path(),
+                json!({"pattern": "a", "output_mode": "count", "limit": 1, "offset": offset}),
+            )
+            .unwrap();
+            rows += r["counts"].as_array().unwrap().len();
+            assert_eq!(r["total"], r["files_matched"], "{r}");
+            match r["next_offset"].as_u64() {
+                Some(next) => offset = next,
+                None => break,
+            }
+        }
+        let all = call(d.path(), json!({"pattern": "a", "output_mode": "count"})).unwrap();
+        assert_eq!(rows as u64, all["files_matched"].as_u64().unwrap());
+        assert!(
+            all["total_matches"].as_u64().unwrap() >= rows as u64,
+            "{all}"
+        );
         let r = call(d.path(), json!({"pattern": "*.yaml", "target": "files"})).unwrap();
         assert_eq!(r["files"], json!(["a.yaml", "sub/b.yaml"]));
     }
