@@ -306,12 +306,11 @@ fn fuzzy_replace(text: &str, old: &str, new: &str, all: bool) -> Result<(String,
         n if n > 1 && !all => return Err(Fuzzy::Ambiguous(n)),
         _ => {}
     }
-    let old_indent = indent_of(needle[0]);
     let mut out = String::with_capacity(text.len() + new.len());
     let mut pos = 0;
     for &h in &hits {
         out.extend(lines[pos..h].iter().copied());
-        let file_indent = indent_of(lines[h]);
+        let indents = Indents::aligned(needle, &lines[h..h + want.len()]);
         let last_line = lines[h + want.len() - 1];
         let eol = if last_line.ends_with("\r\n") {
             "\r\n"
@@ -323,10 +322,7 @@ fn fuzzy_replace(text: &str, old: &str, new: &str, all: bool) -> Result<(String,
         let new_lines: Vec<String> = new
             .trim_end_matches('\n')
             .lines()
-            .map(|l| match l.strip_prefix(old_indent) {
-                Some(rest) if !l.trim().is_empty() => format!("{file_indent}{rest}"),
-                _ => l.to_string(),
-            })
+            .map(|l| indents.reindent(l))
             .collect();
         if !new.is_empty() {
             out.push_str(&new_lines.join(if eol == "\r\n" { "\r\n" } else { "\n" }));
@@ -338,11 +334,170 @@ fn fuzzy_replace(text: &str, old: &str, new: &str, all: bool) -> Result<(String,
     Ok((out, hits.len()))
 }
 
+/// How the indentation of `old_string` maps onto the file's where a whitespace-tolerant match
+/// found it: each indent of the old text's lines to the indent of the file line it matched
+/// (tabs for spaces, four spaces for two), and the step of one level on each side, for new
+/// lines nested deeper than any old one. Re-indenting only the first line's prefix left the
+/// other lines with the old text's spaces in a tab-indented file (a `TabError` in Python).
+struct Indents {
+    /// (old text's indent, file's indent), deepest first, so the longest prefix is found first.
+    pairs: Vec<(String, String)>,
+    /// One level of indentation in the old text and in the file, when both can be told.
+    step: Option<(String, String)>,
+}
+
+impl Indents {
+    fn aligned(needle: &[&str], matched: &[&str]) -> Self {
+        let mut pairs: Vec<(String, String)> = Vec::new();
+        for (old, file) in needle.iter().zip(matched) {
+            if old.trim().is_empty() {
+                continue;
+            }
+            let (o, f) = (
+                indent_of(old),
+                indent_of(file.trim_end_matches(['\n', '\r'])),
+            );
+            if !pairs.iter().any(|(k, _)| k == o) {
+                pairs.push((o.to_string(), f.to_string()));
+            }
+        }
+        pairs.sort_by_key(|p| std::cmp::Reverse(p.0.len()));
+        // A level: the difference between two mapped indents one inside the other on both
+        // sides (`    ` → `\t` from `    `/`\t` and `        `/`\t\t`).
+        let step = pairs.iter().find_map(|(deep_o, deep_f)| {
+            pairs.iter().find_map(|(o, f)| {
+                let extra_o = deep_o.strip_prefix(o.as_str()).filter(|x| !x.is_empty())?;
+                let extra_f = deep_f.strip_prefix(f.as_str()).filter(|x| !x.is_empty())?;
+                Some((extra_o.to_string(), extra_f.to_string()))
+            })
+        });
+        Indents { pairs, step }
+    }
+
+    /// `line` of the new text with its indent translated to the file's.
+    fn reindent(&self, line: &str) -> String {
+        if line.trim().is_empty() {
+            return line.to_string();
+        }
+        let indent = indent_of(line);
+        let body = &line[indent.len()..];
+        let Some((old, file)) = self
+            .pairs
+            .iter()
+            .find(|(old, _)| indent.starts_with(old.as_str()))
+        else {
+            return line.to_string();
+        };
+        let mut extra = &indent[old.len()..];
+        let mut out = file.clone();
+        if let Some((step_old, step_file)) = &self.step {
+            while let Some(rest) = extra.strip_prefix(step_old.as_str()) {
+                out.push_str(step_file);
+                extra = rest;
+            }
+        }
+        out.push_str(extra);
+        out.push_str(body);
+        out
+    }
+}
+
 /// One file's part of a multi-file diff.
 struct FilePatch {
     old_name: Option<String>,
     new_name: Option<String>,
+    /// The headers and the hunks that carry line ranges (`@@ -l,n +l,n @@`).
     text: String,
+    /// Hunks without ranges (a bare `@@`, or hunk lines right after the headers), as models
+    /// often write them: placed by finding their old lines in the file ([`placed_hunks`]).
+    loose: Vec<Vec<String>>,
+}
+
+/// Whether `line` can be a line of a hunk's body: context, removed, added, or an empty line
+/// (a context line whose space an editor stripped).
+fn hunk_body_line(line: &str) -> bool {
+    matches!(
+        line.as_bytes().first(),
+        Some(b' ' | b'-' | b'+' | b'\\' | b'\n' | b'\r')
+    )
+}
+
+/// `loose` hunks given line ranges by where their old lines (context and removed) stand in
+/// `old`: each must be found exactly once, after the one before it.
+fn placed_hunks(name: &str, old: &str, loose: &[Vec<String>]) -> Result<String, ToolError> {
+    let file: Vec<&str> = old
+        .split_inclusive('\n')
+        .map(|l| l.trim_end_matches(['\n', '\r']))
+        .collect();
+    let problem = |what: String| {
+        ToolError::new(
+            crate::ToolErrorKind::PatchError,
+            format!("{name}: {what}. Nothing was written"),
+        )
+    };
+    let mut out = String::new();
+    let (mut from, mut shift) = (0usize, 0i64);
+    for (n, hunk) in loose.iter().enumerate() {
+        let body: Vec<(u8, &str)> = hunk
+            .iter()
+            .filter(|l| !l.starts_with('\\'))
+            .map(|l| {
+                let l = l.trim_end_matches(['\n', '\r']);
+                match l.as_bytes().first() {
+                    Some(c @ (b' ' | b'-' | b'+')) => (*c, &l[1..]),
+                    _ => (b' ', ""),
+                }
+            })
+            .collect();
+        let olds: Vec<&str> = body
+            .iter()
+            .filter(|(c, _)| *c != b'+')
+            .map(|(_, t)| *t)
+            .collect();
+        let news = body.iter().filter(|(c, _)| *c != b'-').count();
+        if olds.is_empty() {
+            return Err(problem(format!(
+                "hunk #{} has no context or removed lines to place it by; give it a `@@ -line,count \
+                 +line,count @@` header",
+                n + 1
+            )));
+        }
+        let at: Vec<usize> = (from..=file.len().saturating_sub(olds.len()))
+            .filter(|i| file.get(*i..*i + olds.len()) == Some(&olds[..]))
+            .collect();
+        let start = match at.as_slice() {
+            [one] => *one,
+            [] => {
+                return Err(problem(format!(
+                    "the context and removed lines of hunk #{} are not in the file (after the \
+                     hunk before it); read the file again and regenerate the diff",
+                    n + 1
+                )))
+            }
+            many => {
+                return Err(problem(format!(
+                    "the context and removed lines of hunk #{} occur {} times in the file; add \
+                     context lines, or give the hunk a `@@ -line,count +line,count @@` header",
+                    n + 1,
+                    many.len()
+                )))
+            }
+        };
+        let old_start = start + 1;
+        let new_start = (old_start as i64 + shift).max(1);
+        out.push_str(&format!(
+            "@@ -{old_start},{} +{new_start},{news} @@\n",
+            olds.len()
+        ));
+        for (c, t) in &body {
+            out.push(char::from(*c));
+            out.push_str(t);
+            out.push('\n');
+        }
+        shift += news as i64 - olds.len() as i64;
+        from = start + olds.len();
+    }
+    Ok(out)
 }
 
 fn header_name(line: &str, prefix: &str) -> Option<String> {
@@ -372,7 +527,42 @@ fn split_patch(text: &str) -> Result<Vec<FilePatch>, String> {
                 body.push('\n');
             }
             i += 2;
-            while let Some(caps) = lines.get(i).and_then(|l| hunk_re.captures(l)) {
+            let mut loose: Vec<Vec<String>> = Vec::new();
+            while let Some(line) = lines.get(i) {
+                if hunk_re.is_match(line) {
+                    if !loose.is_empty() {
+                        return Err(
+                            "a file's hunks mix `@@` headers with and without line ranges; give \
+                             every hunk its ranges, or none"
+                                .into(),
+                        );
+                    }
+                } else if line.starts_with("@@")
+                    || (hunk_body_line(line) && !line.starts_with("--- "))
+                {
+                    // A hunk without ranges: a bare `@@` (its text after the second `@@` is a
+                    // section name), or hunk lines right after the headers.
+                    if line.starts_with("@@") {
+                        i += 1;
+                    }
+                    let mut hunk = Vec::new();
+                    while let Some(l) = lines.get(i) {
+                        let next_file = l.starts_with("--- ")
+                            && lines.get(i + 1).is_some_and(|n| n.starts_with("+++ "));
+                        if l.starts_with("@@") || next_file || !hunk_body_line(l) {
+                            break;
+                        }
+                        hunk.push((*l).to_string());
+                        i += 1;
+                    }
+                    loose.push(hunk);
+                    continue;
+                } else {
+                    break;
+                }
+                let Some(caps) = hunk_re.captures(line) else {
+                    break;
+                };
                 let count = |n: usize| {
                     caps.get(n)
                         .map_or(Ok(1), |m| m.as_str().parse::<usize>())
@@ -419,10 +609,25 @@ fn split_patch(text: &str) -> Result<Vec<FilePatch>, String> {
                     i += 1;
                 }
             }
+            if !loose.is_empty() && body.lines().count() > 2 {
+                return Err(
+                    "a file's hunks mix `@@` headers with and without line ranges; give every \
+                     hunk its ranges, or none"
+                        .into(),
+                );
+            }
+            if loose.is_empty() && body.lines().count() <= 2 {
+                return Err(format!(
+                    "the patch for {} has headers but no hunk (`@@ -line,count +line,count @@` \
+                     and its lines)",
+                    new_name.as_deref().or(old_name.as_deref()).unwrap_or("?")
+                ));
+            }
             parts.push(FilePatch {
                 old_name,
                 new_name,
                 text: body,
+                loose,
             });
         } else {
             i += 1;
@@ -485,22 +690,9 @@ fn patch_mode(text: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
                 .unwrap_or(""),
         )?
         .to_string();
-        let parsed = diffy::Patch::from_str(&part.text).map_err(|e| {
-            ToolError::new(
-                crate::ToolErrorKind::PatchError,
-                format!(
-                    "file #{} ({name}) of the patch: {e}. Nothing was written",
-                    n + 1
-                ),
-            )
-        })?;
+        // The old text is read before the hunks are parsed: hunks without ranges are placed
+        // by finding their lines in it.
         let path = ctx.resolve(&name);
-        if plan.iter().any(|p| p.path == path) {
-            return Err(ToolError::new(
-                crate::ToolErrorKind::PatchError,
-                format!("the patch changes {name} twice; merge its hunks. Nothing was written"),
-            ));
-        }
         let old = if part.old_name.is_none() {
             let exists = match &ctx.paths {
                 Some(policy) => policy.exists_for_write(&path)?,
@@ -518,6 +710,30 @@ fn patch_mode(text: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
                 ToolError::new(e.kind, format!("{}. Nothing was written", e.message))
             })?
         };
+        let text = if part.loose.is_empty() {
+            std::borrow::Cow::Borrowed(part.text.as_str())
+        } else {
+            std::borrow::Cow::Owned(format!(
+                "{}{}",
+                part.text,
+                placed_hunks(&name, &old, &part.loose)?
+            ))
+        };
+        let parsed = diffy::Patch::from_str(&text).map_err(|e| {
+            ToolError::new(
+                crate::ToolErrorKind::PatchError,
+                format!(
+                    "file #{} ({name}) of the patch: {e}. Nothing was written",
+                    n + 1
+                ),
+            )
+        })?;
+        if plan.iter().any(|p| p.path == path) {
+            return Err(ToolError::new(
+                crate::ToolErrorKind::PatchError,
+                format!("the patch changes {name} twice; merge its hunks. Nothing was written"),
+            ));
+        }
         let new = diffy::apply(&old, &parsed).map_err(|e| {
             ToolError::new(
                 crate::ToolErrorKind::PatchError,
@@ -644,6 +860,90 @@ mod tests {
             std::fs::read_to_string(&f).unwrap(),
             "def f():\n    if x:\n        return 10\n    else:\n        pass\n    return 3\n"
         );
+    }
+
+    #[test]
+    fn a_whitespace_tolerant_replace_takes_the_file_s_tabs_and_indent_width() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("tabs.py");
+        std::fs::write(&f, "def f():\n\tx = 1\n\tif x:\n\t\treturn x\n\treturn 0\n").unwrap();
+        let r = call(
+            d.path(),
+            json!({"path": "tabs.py",
+                   "old_string": "def f():\n    x = 1\n    if x:\n        return x",
+                   "new_string": "def f():\n    x = 2\n    if x:\n        if x > 1:\n            return x + 1"}),
+        )
+        .unwrap();
+        assert_eq!(r["match"], "whitespace-tolerant");
+        assert_eq!(
+            std::fs::read_to_string(&f).unwrap(),
+            "def f():\n\tx = 2\n\tif x:\n\t\tif x > 1:\n\t\t\treturn x + 1\n\treturn 0\n"
+        );
+        // Two-space old text against a four-space file.
+        let f = d.path().join("wide.py");
+        std::fs::write(&f, "class A:\n    def m(self):\n        return 1\n").unwrap();
+        call(
+            d.path(),
+            json!({"path": "wide.py",
+                   "old_string": "def m(self):\n  return 1",
+                   "new_string": "def m(self):\n  y = 2\n  return y"}),
+        )
+        .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&f).unwrap(),
+            "class A:\n    def m(self):\n        y = 2\n        return y\n"
+        );
+    }
+
+    #[test]
+    fn hunks_without_ranges_are_placed_by_their_lines_or_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("bare.txt");
+        std::fs::write(&f, "a\nb\nc\nd\nb\n").unwrap();
+        // A bare `@@` (models write it so), then hunk lines straight after the headers.
+        for (n, hunk) in ["@@\n a\n-b\n+B\n c\n", " c\n-d\n+D\n"].iter().enumerate() {
+            let r = call(
+                d.path(),
+                json!({"mode": "patch", "patch": format!("--- a/bare.txt\n+++ b/bare.txt\n{hunk}")}),
+            )
+            .unwrap_or_else(|e| panic!("{n}: {e:?}"));
+            assert_eq!(r["files"][0]["action"], "modified", "{r}");
+        }
+        assert_eq!(std::fs::read_to_string(&f).unwrap(), "a\nB\nc\nD\nb\n");
+        // Two hunks of one file, in order, with a section name after the `@@`.
+        let r = call(
+            d.path(),
+            json!({"mode": "patch", "patch": "--- bare.txt\n+++ bare.txt\n@@ top\n-a\n+A\n@@\n D\n-b\n+bb\n"}),
+        );
+        assert!(r.is_ok(), "{r:?}");
+        assert_eq!(std::fs::read_to_string(&f).unwrap(), "A\nB\nc\nD\nbb\n");
+        for (patch, why) in [
+            ("--- bare.txt\n+++ bare.txt\n", "no hunk"),
+            (
+                "--- bare.txt\n+++ bare.txt\n@@ @@\n",
+                "no context or removed lines",
+            ),
+            (
+                "--- bare.txt\n+++ bare.txt\n@@\n-zzz\n+y\n",
+                "are not in the file",
+            ),
+            (
+                "--- bare.txt\n+++ bare.txt\n@@\n c\n+x\n c\n",
+                "are not in the file",
+            ),
+        ] {
+            let e = call(d.path(), json!({"mode": "patch", "patch": patch})).unwrap_err();
+            assert_eq!(e.kind, "PatchError", "{patch:?}: {e:?}");
+            assert!(e.message.contains(why), "{patch:?}: {}", e.message);
+        }
+        std::fs::write(&f, "x\ny\nx\ny\n").unwrap();
+        let e = call(
+            d.path(),
+            json!({"mode": "patch", "patch": "--- bare.txt\n+++ bare.txt\n@@\n x\n-y\n+z\n"}),
+        )
+        .unwrap_err();
+        assert!(e.message.contains("occur 2 times"), "{}", e.message);
+        assert_eq!(std::fs::read_to_string(&f).unwrap(), "x\ny\nx\ny\n");
     }
 
     #[test]
