@@ -621,36 +621,53 @@ impl PathPolicy {
 /// answer that changes in between (rebinding) is the residual risk, documented.
 pub fn public_destination(url: &str) -> Result<(), String> {
     use std::net::{IpAddr, ToSocketAddrs};
-    let rest = url.split_once("://").map(|(_, r)| r).unwrap_or(url);
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    let authority = authority
-        .rsplit_once('@')
-        .map(|(_, h)| h)
-        .unwrap_or(authority);
-    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-        let (h, after) = v6.split_once(']').ok_or("a malformed IPv6 host")?;
-        let port = after.strip_prefix(':').and_then(|p| p.parse().ok());
-        (h.to_string(), port)
-    } else {
-        match authority.rsplit_once(':') {
-            Some((h, p)) => (h.to_string(), p.parse().ok()),
-            None => (authority.to_string(), None),
-        }
-    };
-    if host.is_empty() {
-        return Err("the URL has no host".into());
+    // The URL as the HTTP client reads it (the WHATWG parser reqwest uses): splitting the text
+    // by hand took `http://127.0.0.1:80\\@1.1.1.1/` for a fetch from 1.1.1.1, where the client
+    // reads `\\` as the end of the host and connects to 127.0.0.1.
+    let parsed =
+        reqwest::Url::parse(url).map_err(|e| format!("not a URL the fetch can use: {e}"))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err("only http:// and https:// URLs can be fetched".into());
     }
-    let port = port.unwrap_or(if url.to_ascii_lowercase().starts_with("https") {
-        443
-    } else {
-        80
-    });
-    let addrs: Vec<IpAddr> = (host.as_str(), port)
-        .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve {host}: {e}"))?
-        .map(|a| a.ip())
-        .collect();
-    fn v4_ok(ip: std::net::Ipv4Addr) -> bool {
+    let port = parsed.port_or_known_default().unwrap_or(80);
+    // The parser writes an address literal in one canonical form (`127.1` and `0x7f.1` are
+    // `127.0.0.1`, a v6 one is bracketed).
+    let host = parsed
+        .host_str()
+        .filter(|h| !h.is_empty())
+        .ok_or("the URL has no host")?
+        .to_string();
+    let literal = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<IpAddr>()
+        .ok();
+    let addrs: Vec<IpAddr> = match literal {
+        Some(ip) => vec![ip],
+        None => (host.as_str(), port)
+            .to_socket_addrs()
+            .map_err(|e| format!("cannot resolve {host}: {e}"))?
+            .map(|a| a.ip())
+            .collect(),
+    };
+    match addrs.iter().find(|ip| !is_public(**ip)) {
+        Some(ip) => Err(format!(
+            "{host} resolves to {ip}, a loopback, private or link-local address; a strict-mode \
+             script may only fetch public hosts"
+        )),
+        None if addrs.is_empty() => Err(format!("{host} has no address")),
+        None => Ok(()),
+    }
+}
+
+/// Whether `ip` is a public unicast address: not loopback, private, link-local, shared
+/// (CGNAT), unspecified, broadcast, multicast, reserved or documentation, and no v6 form of
+/// one of those (v4-mapped `::ffff:a.b.c.d`, v4-compatible `::a.b.c.d`, NAT64 `64:ff9b::/96`,
+/// 6to4 `2002::/16` carry a v4 address; Teredo, site-local, ULA and discard-only ranges are
+/// refused whole).
+pub fn is_public(ip: std::net::IpAddr) -> bool {
+    use std::net::{IpAddr, Ipv4Addr};
+    fn v4_ok(ip: Ipv4Addr) -> bool {
         let o = ip.octets();
         !(ip.is_loopback()
             || ip.is_private()
@@ -664,28 +681,69 @@ pub fn public_destination(url: &str) -> Result<(), String> {
             || (o[0] == 198 && (o[1] & 0xfe) == 18)
             || o[0] >= 240)
     }
-    let public = |ip: &IpAddr| match ip {
-        IpAddr::V4(v4) => v4_ok(*v4),
+    match ip {
+        IpAddr::V4(v4) => v4_ok(v4),
         IpAddr::V6(v6) => {
             if let Some(v4) = v6.to_ipv4_mapped() {
                 return v4_ok(v4);
             }
             let s = v6.segments();
+            let embedded = |hi: u16, lo: u16| {
+                Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8)
+            };
+            // v4-compatible (deprecated, `::a.b.c.d`; `::` and `::1` are caught below).
+            if s[..6] == [0; 6] && (s[6] != 0 || s[7] > 1) {
+                return v4_ok(embedded(s[6], s[7]));
+            }
+            // NAT64, well-known prefix: a gateway forwards to the v4 address inside.
+            if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+                return v4_ok(embedded(s[6], s[7]));
+            }
+            // 6to4: the v4 address of the relay's far side.
+            if s[0] == 0x2002 {
+                return v4_ok(embedded(s[1], s[2]));
+            }
             !(v6.is_loopback()
                 || v6.is_unspecified()
                 || v6.is_multicast()
                 || (s[0] & 0xfe00) == 0xfc00
                 || (s[0] & 0xffc0) == 0xfe80
-                || s[0] == 0x2001 && s[1] == 0x0db8)
+                || (s[0] & 0xffc0) == 0xfec0
+                || (s[0] == 0x2001 && s[1] == 0x0db8)
+                || (s[0] == 0x2001 && s[1] == 0)
+                || (s[0] == 0x64 && s[1] == 0xff9b && s[2] == 1)
+                || (s[..4] == [0x100, 0, 0, 0]))
         }
-    };
-    match addrs.iter().find(|ip| !public(ip)) {
-        Some(ip) => Err(format!(
-            "{host} resolves to {ip}, a loopback, private or link-local address; a strict-mode \
-             script may only fetch public hosts"
-        )),
-        None if addrs.is_empty() => Err(format!("{host} has no address")),
-        None => Ok(()),
+    }
+}
+
+/// The name resolver of a strict script's fetches: it resolves as the system does and refuses
+/// a name with any address that is not public ([`is_public`]). The check before the fetch
+/// ([`public_destination`]) resolves the name once; the client resolves it again to connect,
+/// and an answer that changed in between (DNS rebinding) would have slipped past. Here the
+/// addresses checked are the addresses connected to.
+pub struct PublicOnlyResolver;
+
+impl reqwest::dns::Resolve for PublicOnlyResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let host = name.as_str().to_string();
+        Box::pin(async move {
+            let addrs: Vec<std::net::SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            if let Some(bad) = addrs.iter().find(|a| !is_public(a.ip())) {
+                return Err(format!(
+                    "{host} resolves to {}, a loopback, private or link-local address; a \
+                     strict-mode script may only fetch public hosts",
+                    bad.ip()
+                )
+                .into());
+            }
+            if addrs.is_empty() {
+                return Err(format!("{host} has no address").into());
+            }
+            let addrs: reqwest::dns::Addrs = Box::new(addrs.into_iter());
+            Ok(addrs)
+        })
     }
 }
 
@@ -716,11 +774,45 @@ mod tests {
             "http://user@192.168.0.1:81/",
             "http://[::ffff:127.0.0.1]/",
             "http://0.0.0.0/",
+            // The client reads `\\` as the end of the host: 127.0.0.1 is what it would reach.
+            "http://127.0.0.1:18777\\@1.1.1.1/",
+            "http://169.254.169.254\\@1.1.1.1/latest/meta-data/",
+            "http://127.1/",
+            "http://2130706433/",
+            "http://0x7f.1/",
+            "http://[::7f00:1]/",
+            "http://[64:ff9b::a9fe:a9fe]/",
+            "http://[2002:7f00:1::]/",
+            "http://[fec0::1]/",
+            "file:///etc/passwd",
+            "http:///nohost",
         ] {
             assert!(public_destination(url).is_err(), "{url}");
         }
+        assert!(
+            public_destination("http://1.1.1.1\\@127.0.0.1/").is_ok(),
+            "the client reads 1.1.1.1"
+        );
         assert!(public_destination("http://8.8.8.8/").is_ok());
         assert!(public_destination("https://[2606:4700::1111]:8443/").is_ok());
+    }
+
+    #[test]
+    fn the_connect_time_resolver_refuses_names_of_private_addresses() {
+        use reqwest::dns::Resolve;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let resolve = |name: &str| {
+            let name: reqwest::dns::Name = name.parse().unwrap();
+            rt.block_on(PublicOnlyResolver.resolve(name))
+                .map(|addrs| addrs.count())
+                .map_err(|e| e.to_string())
+        };
+        let e = resolve("localhost").unwrap_err();
+        assert!(e.contains("public hosts"), "{e}");
+        assert!(resolve("name.that-does-not-resolve.invalid").is_err());
     }
 
     #[test]

@@ -78,21 +78,30 @@ pub fn web_config() -> WebConfig {
 fn http_client(timeout: Duration, no_redirects: bool) -> Result<reqwest::Client, ToolError> {
     // reqwest is built without a default TLS provider; install ring once (a no-op later).
     let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
+    let builder = reqwest::Client::builder()
         .timeout(timeout)
         .redirect(if no_redirects {
             reqwest::redirect::Policy::none()
         } else {
             reqwest::redirect::Policy::limited(5)
         })
-        .user_agent("vibeos-exec web tools")
-        .build()
-        .map_err(|e| {
-            ToolError::new(
-                crate::ToolErrorKind::HttpClientError,
-                format!("cannot set up HTTP: {e}"),
-            )
-        })
+        .user_agent("vibeos-exec web tools");
+    // A strict script's fetch connects only to the public addresses its names resolve to
+    // (checked again at connect time; see `PublicOnlyResolver`), and through no proxy, whose
+    // own address would be the one connected to.
+    let builder = if no_redirects {
+        builder
+            .no_proxy()
+            .dns_resolver(std::sync::Arc::new(crate::path_policy::PublicOnlyResolver))
+    } else {
+        builder
+    };
+    builder.build().map_err(|e| {
+        ToolError::new(
+            crate::ToolErrorKind::HttpClientError,
+            format!("cannot set up HTTP: {e}"),
+        )
+    })
 }
 
 /// An HTTP error with its causes ("error sending request: connection refused"): reqwest's own
