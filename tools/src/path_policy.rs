@@ -33,6 +33,37 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 
+/// Why writing `rel` (a path below a root other than the staging dir) would let a strict
+/// script run code outside the sandbox later, if it would: the metadata of a version-control
+/// checkout (a `.git/config` `core.fsmonitor` or a hook runs at the next `git status`, as the
+/// user), Python's start-up hooks (`sitecustomize.py` runs in every interpreter whose path holds
+/// the dir — project mode puts the session dir there — and `.pth` files in site dirs), and
+/// direnv's `.envrc` (run on `cd`). The rest of a writable root stays writable: it is the
+/// project the script works on (docs/strict-mode.md).
+fn runs_outside_later(rel: &Path) -> Option<&'static str> {
+    const VCS: [&str; 4] = [".git", ".hg", ".svn", ".bzr"];
+    let names: Vec<&std::ffi::OsStr> = rel
+        .components()
+        .filter_map(|c| match c {
+            std::path::Component::Normal(n) => Some(n),
+            _ => None,
+        })
+        .collect();
+    if names.iter().any(|n| VCS.iter().any(|v| *n == *v)) {
+        return Some("it lies in version-control metadata, whose hooks and config run commands");
+    }
+    let file = names.last()?.to_str()?;
+    if file == "sitecustomize.py" || file == "usercustomize.py" || file.ends_with(".pth") {
+        return Some(
+            "Python runs it at the start of interpreters that have its directory on their path",
+        );
+    }
+    if file == ".envrc" {
+        return Some("direnv runs it when a shell enters its directory");
+    }
+    None
+}
+
 /// What a root lets the tools do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RootAccess {
@@ -197,7 +228,7 @@ impl PathPolicy {
                 }
             }
         }
-        best.ok_or_else(|| {
+        let (root, rel) = best.ok_or_else(|| {
             ToolError::new(
                 crate::ToolErrorKind::OutsideSandbox,
                 format!(
@@ -209,7 +240,21 @@ impl PathPolicy {
                     if write { "write_roots" } else { "read_roots" },
                 ),
             )
-        })
+        })?;
+        if write && !root.links_ok {
+            if let Some(why) = runs_outside_later(&rel) {
+                return Err(ToolError::new(
+                    crate::ToolErrorKind::OutsideSandbox,
+                    format!(
+                        "{} is not written in strict mode: {why}, so a script could run code \
+                         outside the sandbox through it. Write elsewhere, or make the change \
+                         outside strict mode",
+                        path.display()
+                    ),
+                ));
+            }
+        }
+        Ok((root, rel))
     }
 
     fn describe_for(&self, write: bool) -> String {
@@ -795,6 +840,37 @@ mod tests {
         );
         assert!(public_destination("http://8.8.8.8/").is_ok());
         assert!(public_destination("https://[2606:4700::1111]:8443/").is_ok());
+    }
+
+    #[test]
+    fn files_that_run_code_outside_later_are_not_written_beneath_a_root() {
+        let (d, p) = setup();
+        let root = d.path().join("root");
+        for bad in [
+            ".git/config",
+            ".git/hooks/pre-commit",
+            "sub/.hg/hgrc",
+            "sitecustomize.py",
+            "lib/usercustomize.py",
+            "evil.pth",
+            ".envrc",
+        ] {
+            let e = p.write_atomic(&root.join(bad), b"x").unwrap_err();
+            assert_eq!(e.kind, "OutsideSandbox", "{bad}: {e:?}");
+            assert!(e.message.contains("run code"), "{bad}: {}", e.message);
+        }
+        assert!(!root.join("sitecustomize.py").exists());
+        // Look-alikes are ordinary files; reading those names stays allowed.
+        for ok in [
+            "gitconfig.txt",
+            "sitecustomize.py.bak",
+            "docs/.github-notes",
+        ] {
+            p.write_atomic(&root.join(ok), b"x").unwrap();
+        }
+        std::fs::create_dir_all(root.join(".git")).unwrap();
+        std::fs::write(root.join(".git/HEAD"), "ref: refs/heads/main\n").unwrap();
+        assert!(p.open_read(&root.join(".git/HEAD")).is_ok());
     }
 
     #[test]

@@ -782,6 +782,36 @@ fn web_extract_does_not_reach_loopback_or_private_addresses_for_a_strict_script(
 }
 
 #[test]
+fn code_that_runs_outside_later_cannot_be_planted_in_the_project_through_the_tools() {
+    require_strict!();
+    let r = range();
+    let git = r.sb.work().join(".git");
+    std::fs::create_dir_all(git.join("hooks")).unwrap();
+    std::fs::write(git.join("config"), "[core]\n\tbare = false\n").unwrap();
+    open_to_all(&git, 0o755);
+    let attempts = r.contained(&r.attack("tools_plant_hooks", json!({}), &[]));
+    assert_eq!(attempts.len(), 7, "{attempts:?}");
+    for a in &attempts {
+        assert!(
+            a["detail"].as_str().unwrap_or_default().contains("run code"),
+            "refused for another reason: {a}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(git.join("config")).unwrap(),
+        "[core]\n\tbare = false\n"
+    );
+    for planted in [
+        "sitecustomize.py",
+        "lib/evil.pth",
+        ".envrc",
+        ".git/hooks/pre-commit",
+    ] {
+        assert!(!r.sb.work().join(planted).exists(), "{planted} was written");
+    }
+}
+
+#[test]
 fn swapping_a_directory_for_a_symlink_mid_call_gets_the_tools_nothing() {
     require_strict!();
     let r = range();
