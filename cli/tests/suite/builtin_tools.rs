@@ -75,6 +75,14 @@ fn file_tools_chain_through_a_script() {
 }
 
 #[test]
+fn concurrent_patches_of_one_file_from_script_threads_keep_every_edit() {
+    let sb = Sandbox::new();
+    let v = run_tool_fixture(&sb, "concurrent_patches.py", &[]);
+    assert_eq!(v["ok"], 20, "{v}");
+    assert_eq!(v["kept"], 20, "an edit reported as done was lost: {v}");
+}
+
+#[test]
 fn spec_example_runs_as_written() {
     let sb = Sandbox::new();
     std::fs::create_dir_all(sb.work().join("deploy")).unwrap();

@@ -793,7 +793,10 @@ fn code_that_runs_outside_later_cannot_be_planted_in_the_project_through_the_too
     assert_eq!(attempts.len(), 7, "{attempts:?}");
     for a in &attempts {
         assert!(
-            a["detail"].as_str().unwrap_or_default().contains("run code"),
+            a["detail"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("run code"),
             "refused for another reason: {a}"
         );
     }

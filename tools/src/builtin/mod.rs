@@ -3,6 +3,7 @@
 
 mod agent_loop;
 pub mod args;
+mod file_lock;
 mod file_open;
 mod patch;
 mod process;

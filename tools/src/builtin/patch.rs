@@ -224,6 +224,8 @@ fn replace_mode(a: &PatchArgs, ctx: &ToolContext) -> Result<Value, ToolError> {
         ));
     }
     let path = ctx.resolve(raw);
+    // From the read to the write: another edit of the file waits (docs in file_lock).
+    let _locked = super::file_lock::lock(std::slice::from_ref(&path));
     let text = read_text(&path, ctx)?;
     let exact = text.matches(old).count();
     let (updated, replacements, strategy) = if exact == 1 || (exact > 1 && replace_all) {
@@ -673,6 +675,13 @@ fn patch_mode(text: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
         )
     })?;
     strip_git_prefixes(&mut parts);
+    // Every file of the patch, from the first read to the last write (docs in file_lock).
+    let named: Vec<PathBuf> = parts
+        .iter()
+        .filter_map(|p| p.new_name.as_deref().or(p.old_name.as_deref()))
+        .map(|n| ctx.resolve(n))
+        .collect();
+    let _locked = super::file_lock::lock(&named);
     // Plan every change in memory first; write only when all of them apply.
     struct Planned {
         name: String,

@@ -44,6 +44,8 @@ fn write_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Too
     let a: WriteFileArgs = parse(args)?;
     let raw = check_path("path", &a.path)?;
     let content = a.content.as_str();
+    // Not while a patch of the same file is between its read and its write.
+    let _locked = super::file_lock::lock(&[ctx.resolve(raw)]);
     if let Some(policy) = &ctx.paths {
         // Strict mode: beneath a writable root, never through a link.
         let created = policy.write_atomic(&ctx.resolve(raw), content.as_bytes())?;
