@@ -121,6 +121,28 @@ fn local_terminal_keeps_cd_and_export_between_calls() {
     assert!(out.contains("[]") && !out.contains("/deeper"), "{v}");
 }
 
+/// A command that exports a PATH where nothing is found, or sets an EXIT trap of its own, still
+/// has its `cd` and `export` kept, and the wrapper's own work leaves nothing in its output: the
+/// save used `mv` from that PATH (`mv: command not found` in the output, the export lost) and
+/// lived only in the EXIT trap the command replaced.
+#[test]
+fn the_session_is_saved_whatever_path_or_trap_a_command_sets() {
+    let sb = Sandbox::new();
+    sb.write_config("");
+    let script = "from vibeos_tools import terminal\n\
+                  a = terminal('mkdir -p d1 && cd d1 && export PATH=/nowhere KEPT=1')\n\
+                  b = terminal('echo \"$PATH [$KEPT]\"; pwd')\n\
+                  c = terminal('cd /; trap \"echo mytrap\" EXIT; export T=2')\n\
+                  d = terminal('echo \"[$T]\"; pwd')\n\
+                  print(repr(a['output']), repr(b['output']), repr(c['output']), repr(d['output']))\n";
+    let v = sb.run_json(script, &[]);
+    assert_eq!(v["status"], "success", "{v}");
+    let out = v["output"].as_str().unwrap_or("");
+    assert!(!out.contains("not found"), "the wrapper's work leaked: {out}");
+    assert!(out.contains("/nowhere [1]") && out.contains("/d1"), "{out}");
+    assert!(out.contains("mytrap") && out.contains("'[2]\\n/\\n'"), "{out}");
+}
+
 /// Commands of one session that run at once each save the session's state under their own
 /// name: they once shared one temp file, and the loser's `mv` wrote "cannot stat" into the
 /// output of a command that had printed only its own line.

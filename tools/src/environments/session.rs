@@ -118,7 +118,7 @@ pub fn wrap(command: &str, ctx: &ToolContext, explicit_workdir: bool) -> String 
     let restore_cwd = if explicit_workdir {
         String::new()
     } else {
-        "if [ -f \"$__vibeos_s/cwd\" ]; then cd -- \"$(cat \"$__vibeos_s/cwd\")\" 2>/dev/null; fi\n"
+        "if [ -f \"$__vibeos_s/cwd\" ] && builtin read -r __vibeos_d < \"$__vibeos_s/cwd\"; then cd -- \"$__vibeos_d\" 2>/dev/null; fi\n"
             .to_string()
     };
     // A call's `workdir` is a one-off override: it does not move the session.
@@ -133,6 +133,10 @@ pub fn wrap(command: &str, ctx: &ToolContext, explicit_workdir: bool) -> String 
     // (so its end killed a later execution's commands, and a later execution's background jobs
     // outlived it), and values the later execution's scrubbing had dropped. The name lists go
     // through a file because `$(...)` would fork; `>|` because the command may set noclobber.
+    // Only builtins and an `mv` found on a fixed PATH: the command may have exported a PATH
+    // where nothing is found (its `export` was lost, and `mv: command not found` reached the
+    // output). The save also runs after the command, not only from the EXIT trap, which a
+    // command that sets a trap of its own replaces.
     format!(
         "__vibeos_s={q}\n\
          declare -A __vibeos_base=()\n\
@@ -140,13 +144,14 @@ pub fn wrap(command: &str, ctx: &ToolContext, explicit_workdir: bool) -> String 
          for __vibeos_n in \"${{__vibeos_names[@]}}\"; do __vibeos_base[$__vibeos_n]=${{!__vibeos_n-}}; done; fi\n\
          if [ -f \"$__vibeos_s/env\" ]; then . \"$__vibeos_s/env\" 2>/dev/null; fi\n\
          {restore_cwd}\
-         __vibeos_save() {{ __vibeos_rc=$?; {save_cwd}\
+         __vibeos_save() {{ __vibeos_rc=$?; [ -n \"${{__vibeos_saved-}}\" ] && exit $__vibeos_rc; __vibeos_saved=1; {save_cwd}\
          if builtin compgen -e >| \"$__vibeos_s/n.$$\" 2>/dev/null && builtin mapfile -t __vibeos_names < \"$__vibeos_s/n.$$\"; then \
          for __vibeos_n in \"${{__vibeos_names[@]}}\"; do case $__vibeos_n in PWD|OLDPWD|SHLVL|_|{SCOPE_VAR}) continue;; esac; \
          if [[ ! -v \"__vibeos_base[$__vibeos_n]\" || \"${{__vibeos_base[$__vibeos_n]-}}\" != \"${{!__vibeos_n-}}\" ]]; then builtin declare -p \"$__vibeos_n\"; fi; \
-         done >| \"$__vibeos_s/n.$$\" 2>/dev/null && command mv -f \"$__vibeos_s/n.$$\" \"$__vibeos_s/env\"; fi; \
+         done >| \"$__vibeos_s/n.$$\" 2>/dev/null && PATH=/usr/local/bin:/usr/bin:/bin command mv -f \"$__vibeos_s/n.$$\" \"$__vibeos_s/env\"; fi; \
          exit $__vibeos_rc; }}\n\
          trap __vibeos_save EXIT\n\
-         {command}\n"
+         {command}\n\
+         __vibeos_save\n"
     )
 }
