@@ -224,23 +224,27 @@ impl EnvPolicy {
 /// name can be set, and a newline in one would start a line of its own (a forged log entry, a
 /// broken audit table). Control characters and Unicode line separators are written as Rust
 /// escapes (`\n`, `\u{1b}`), and a backslash is doubled so that no escape can be faked.
-/// Whitespace is written as an escape too (`\u{20}`): `VIBEOS_HOME ` (dropped) must not read
-/// as `VIBEOS_HOME` (kept) in a table of names.
+/// Whitespace at either end, and whitespace other than a plain space anywhere, is written as
+/// an escape too (`\u{20}`): `VIBEOS_HOME ` (dropped) must not read as `VIBEOS_HOME` (kept) in
+/// a table of names. A space inside a name reads as one.
 pub fn printable_name(name: &str) -> Cow<'_, str> {
-    let needs_escape = |c: char| {
-        c.is_control() || c.is_whitespace() || matches!(c, '\\' | '\u{2028}' | '\u{2029}')
+    let last = name.chars().count().saturating_sub(1);
+    let needs_escape = |at: usize, c: char| {
+        c.is_control()
+            || matches!(c, '\\' | '\u{2028}' | '\u{2029}')
+            || (c.is_whitespace() && (c != ' ' || at == 0 || at == last))
     };
-    if !name.chars().any(needs_escape) {
+    if !name.chars().enumerate().any(|(at, c)| needs_escape(at, c)) {
         return Cow::Borrowed(name);
     }
     let mut out = String::with_capacity(name.len() + 8);
-    for c in name.chars() {
-        if c.is_whitespace() && !c.is_control() {
-            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
-        } else if needs_escape(c) {
-            out.extend(c.escape_debug());
-        } else {
+    for (at, c) in name.chars().enumerate() {
+        if !needs_escape(at, c) {
             out.push(c);
+        } else if c.is_whitespace() && !c.is_control() {
+            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+        } else {
+            out.extend(c.escape_debug());
         }
     }
     Cow::Owned(out)
@@ -581,6 +585,7 @@ mod tests {
         assert_eq!(printable_name("A\\nB"), "A\\\\nB");
         assert_eq!(printable_name("VIBEOS_HOME "), "VIBEOS_HOME\\u{20}");
         assert_eq!(printable_name("A\u{a0}B\tC"), "A\\u{a0}B\\tC");
+        assert_eq!(printable_name(" A B "), "\\u{20}A B\\u{20}");
     }
 
     #[test]

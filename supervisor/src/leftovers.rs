@@ -6,8 +6,7 @@
 //! Why it sweeps each backend apart: a user with only Modal configured has no docker engine,
 //! and one backend that cannot be reached must not hide what the others removed. Docker is
 //! swept when it is selected, has an image configured, or no cloud backend is configured (the
-//! command's original scope; an engine swept only for that reason and not reachable is reported
-//! as skipped, not as a failure); Modal when it is selected or `terminal.modal_image` is set;
+//! command's original scope); Modal when it is selected or `terminal.modal_image` is set;
 //! Daytona when it is selected or `DAYTONA_API_KEY` is set (as doctor counts them configured);
 //! ssh when it is selected or `terminal.ssh_host` is set.
 
@@ -19,10 +18,6 @@ use vibeos_tools::environments::{self, BackendKind, BackendSettings, EnvError};
 struct Sweep {
     backend: &'static str,
     result: Result<GcReport, EnvError>,
-    /// Why it was not swept: docker swept only by default (nothing configures it) whose engine
-    /// is not reachable. A machine that never ran the docker backend has nothing to collect
-    /// there, and `gc` then says so instead of failing.
-    skipped: Option<String>,
 }
 
 /// The backends to sweep for `settings` (see the module doc).
@@ -49,33 +44,16 @@ fn swept(settings: &BackendSettings) -> Vec<&'static str> {
 /// code: 0, or 1 when a backend could not be swept while another was. When none could be, the
 /// error names each.
 pub fn gc(settings: &BackendSettings, all: bool, json_out: bool) -> Result<u8, String> {
-    let docker_configured =
-        settings.backend == BackendKind::Docker || settings.docker_image.is_some();
     let sweeps: Vec<Sweep> = swept(settings)
         .into_iter()
-        .map(|backend| {
-            if backend == "docker" && !docker_configured {
-                if let Err(e) = environments::docker::probe(&settings.docker_binary) {
-                    return Sweep {
-                        backend,
-                        result: Ok(GcReport::default()),
-                        skipped: Some(format!(
-                            "not configured, and its engine is not reachable ({e}); nothing \
-                             swept"
-                        )),
-                    };
-                }
-            }
-            Sweep {
-                backend,
-                result: match backend {
-                    "modal" => environments::modal::gc(&settings.modal_python, all),
-                    "daytona" => environments::daytona::gc(all),
-                    "ssh" => environments::ssh::gc(),
-                    _ => environments::docker::gc(&settings.docker_binary, all),
-                },
-                skipped: None,
-            }
+        .map(|backend| Sweep {
+            backend,
+            result: match backend {
+                "modal" => environments::modal::gc(&settings.modal_python, all),
+                "daytona" => environments::daytona::gc(all),
+                "ssh" => environments::ssh::gc(),
+                _ => environments::docker::gc(&settings.docker_binary, all),
+            },
         })
         .collect();
     environments::modal_sidecar::Sidecar::shutdown();
@@ -89,6 +67,15 @@ pub fn gc(settings: &BackendSettings, all: bool, json_out: bool) -> Result<u8, S
         })
         .collect();
     if failed.len() == sweeps.len() {
+        // A caller that asked for JSON parses stdout: it gets the report, each backend with
+        // its error, and the exit code says it failed.
+        if json_out {
+            println!("{}", json_report(settings, &sweeps));
+            for f in &failed {
+                eprintln!("vibeos-exec: {f}");
+            }
+            return Ok(1);
+        }
         return Err(failed.join("; "));
     }
     if json_out {
@@ -106,9 +93,6 @@ fn json_report(settings: &BackendSettings, sweeps: &[Sweep]) -> Value {
     let mut per = Map::new();
     for s in sweeps {
         let entry = match &s.result {
-            Ok(_) if s.skipped.is_some() => {
-                json!({"removed": [], "kept": [], "skipped": s.skipped})
-            }
             Ok(r) => {
                 removed.extend(r.removed.iter().cloned());
                 kept.extend(r.kept.iter().cloned());
@@ -133,10 +117,6 @@ fn print_text(settings: &BackendSettings, sweeps: &[Sweep]) {
             "ssh" => "connection",
             _ => "sandbox",
         };
-        if let Some(why) = &s.skipped {
-            println!("{}: {why}", s.backend);
-            continue;
-        }
         match &s.result {
             Err(e) => eprintln!("{}: cannot sweep: {e}", s.backend),
             Ok(r) => {

@@ -236,7 +236,17 @@ fn a_secret_split_by_the_output_cap_shows_no_part_of_itself() {
         for part in [&ENV_SECRET[..8], &ENV_SECRET[ENV_SECRET.len() - 8..]] {
             assert!(!out.contains(part), "{what}: {part} shown");
         }
-        let shown = out.len()
+        // The piece of the secret the cut left is shown as its marker (the secret sits in a
+        // run of token characters too long to be one, which the capture keeps whole): count
+        // the marker as the bytes it stands for.
+        let marker = "[REDACTED:MY_SERVICE_TOKEN]";
+        assert_eq!(out.matches(marker).count(), 1, "{what}: {out:.200}");
+        let piece = if at > head_cut {
+            ENV_SECRET.len() - 8
+        } else {
+            8
+        };
+        let shown = out.len() - marker.len() + piece
             - out
                 .find("\n\n... [")
                 .map_or(0, |a| out.find("] ...\n\n").unwrap() + 7 - a);
