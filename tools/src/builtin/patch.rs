@@ -28,6 +28,7 @@ const MAX_ARG_BYTES: usize = 8 * 1024 * 1024;
 /// The arguments of `patch`: its schema and its parser. Which ones are needed depends on
 /// `mode`, so none is required by the schema; the handler names a missing one.
 #[derive(serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 struct PatchArgs {
     /// File to edit (mode=replace)
     path: Option<String>,

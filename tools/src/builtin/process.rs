@@ -13,6 +13,7 @@ use std::time::Duration;
 
 /// The arguments of `process`: its schema and its parser.
 #[derive(serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 struct ProcessArgs {
     action: Action,
     /// Id returned by terminal(background=true)

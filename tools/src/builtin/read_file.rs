@@ -14,6 +14,7 @@ const MAX_LIMIT: i64 = 5000;
 
 /// The arguments of `read_file`: its schema and its parser.
 #[derive(Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 struct ReadFileArgs {
     /// File to read, absolute or relative to the working directory
     path: String,

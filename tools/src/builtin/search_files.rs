@@ -38,6 +38,7 @@ const MAX_LIMIT: i64 = 1000;
 
 /// The arguments of `search_files`: its schema and its parser.
 #[derive(Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 struct SearchFilesArgs {
     /// Regex (content search) or glob such as *.py (target="files")
     pattern: String,
@@ -739,6 +740,15 @@ mod tests {
         assert_eq!(e.kind, "InvalidArguments");
         let e = call(d.path(), json!({"pattern": "x".repeat(10_000)})).unwrap_err();
         assert_eq!(e.kind, "InvalidArguments");
+        // A misspelled argument is refused with the names the tool takes, not ignored (it
+        // searched every file).
+        let e = call(d.path(), json!({"pattern": "port", "glob": "*.yaml"})).unwrap_err();
+        assert_eq!(e.kind, "InvalidArguments");
+        assert!(
+            e.message.contains("unknown argument `glob`") && e.message.contains("`file_glob`"),
+            "{}",
+            e.message
+        );
         let r = call(d.path(), json!({"pattern": "port", "path": "a.yaml"})).unwrap();
         assert_eq!(r["matches"][0]["path"], "a.yaml");
     }

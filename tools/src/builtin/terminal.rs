@@ -39,6 +39,7 @@ pub static PROVIDER_BLOCKLIST: LazyLock<Vec<String>> = LazyLock::new(|| {
 
 /// The arguments of `terminal`: its schema and its parser.
 #[derive(Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 struct TerminalArgs {
     /// Shell command line
     command: String,

@@ -137,6 +137,7 @@ async fn read_capped(
 
 /// The arguments of `web_search`: its schema and its parser.
 #[derive(serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 struct WebSearchArgs {
     /// Search query
     query: String,
@@ -151,6 +152,7 @@ fn default_results() -> i64 {
 
 /// The arguments of `web_extract`: its schema and its parser.
 #[derive(serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 struct WebExtractArgs {
     /// http(s) URLs (a single string is accepted too)
     #[schemars(with = "Vec<String>", length(max = MAX_URLS))]

@@ -8,6 +8,7 @@ use std::path::Path;
 
 /// The arguments of `write_file`: its schema and its parser.
 #[derive(serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 struct WriteFileArgs {
     /// File to write, absolute or relative to the working directory
     path: String,
