@@ -100,7 +100,7 @@ fn read_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Tool
     .map_err(|e| ToolError::io(&path, &e))?;
     let end = offset + page.returned;
     let more = end <= page.total_lines;
-    Ok(json!({
+    let mut result = json!({
         "path": raw,
         "content": page.content,
         "total_lines": page.total_lines,
@@ -109,7 +109,13 @@ fn read_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Tool
         "truncated": more,
         "next_offset": if more { Value::from(end) } else { Value::Null },
         "file_size": meta.len(),
-    }))
+    });
+    // `truncated` says more lines follow (with next_offset to page on); a line cut short is
+    // said apart, or a reader of the flags alone would take the page for the whole text.
+    if page.cut > 0 {
+        result["lines_cut"] = Value::from(page.cut);
+    }
+    Ok(result)
 }
 
 /// Fills `buf` from `file`, stopping early once `expected` bytes (the size fstat reported)
@@ -131,6 +137,8 @@ struct Page {
     content: String,
     total_lines: u64,
     returned: u64,
+    /// Lines of the page cut at [`MAX_LINE_CHARS`].
+    cut: u64,
 }
 
 /// Streams the file once: keeps lines `offset..offset+limit` (each cut at [`MAX_LINE_CHARS`])
@@ -139,6 +147,7 @@ fn read_page(mut reader: impl BufRead, offset: u64, limit: u64) -> std::io::Resu
     let mut content = String::new();
     let mut line_no: u64 = 1;
     let mut returned = 0;
+    let mut cut = 0;
     let mut current: Vec<u8> = Vec::new();
     let mut current_len: usize = 0;
     let mut in_line = false;
@@ -166,7 +175,7 @@ fn read_page(mut reader: impl BufRead, offset: u64, limit: u64) -> std::io::Resu
         reader.consume(consumed);
         if ended {
             if keep {
-                push_line(&mut content, line_no, &current, current_len);
+                cut += u64::from(push_line(&mut content, line_no, &current, current_len));
                 returned += 1;
             }
             current.clear();
@@ -177,7 +186,7 @@ fn read_page(mut reader: impl BufRead, offset: u64, limit: u64) -> std::io::Resu
     }
     if in_line {
         if line_no >= offset && line_no < offset + limit {
-            push_line(&mut content, line_no, &current, current_len);
+            cut += u64::from(push_line(&mut content, line_no, &current, current_len));
             returned += 1;
         }
         line_no += 1;
@@ -186,21 +195,28 @@ fn read_page(mut reader: impl BufRead, offset: u64, limit: u64) -> std::io::Resu
         content,
         total_lines: line_no - 1,
         returned,
+        cut,
     })
 }
 
-fn push_line(out: &mut String, line_no: u64, bytes: &[u8], full_len: usize) {
+/// Appends line `line_no`; whether it was cut at [`MAX_LINE_CHARS`].
+fn push_line(out: &mut String, line_no: u64, bytes: &[u8], full_len: usize) -> bool {
     let text = String::from_utf8_lossy(bytes);
     let text = text.strip_suffix('\r').unwrap_or(&text);
     out.push_str(&format!("{line_no:>6}|"));
-    match text.char_indices().nth(MAX_LINE_CHARS) {
+    let cut = match text.char_indices().nth(MAX_LINE_CHARS) {
         Some((cut, _)) => {
             out.push_str(&text[..cut]);
             out.push_str(&format!(" … [line cut: {full_len} bytes]"));
+            true
         }
-        None => out.push_str(text),
-    }
+        None => {
+            out.push_str(text);
+            false
+        }
+    };
     out.push('\n');
+    cut
 }
 
 #[cfg(test)]
@@ -233,6 +249,7 @@ mod tests {
         let long = "x".repeat(10_000);
         let p = page(&long, 1, 1);
         assert!(p.content.contains("[line cut: 10000 bytes]"));
+        assert_eq!(p.cut, 1);
         assert!(p.content.len() < 2100);
     }
 

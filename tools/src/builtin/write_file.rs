@@ -152,14 +152,19 @@ fn parent_error(parent: &Path, e: &std::io::Error) -> ToolError {
         std::io::ErrorKind::AlreadyExists | std::io::ErrorKind::NotADirectory
     ) {
         if let Some(file) = parent.ancestors().find(|a| a.is_file()) {
-            return ToolError::new(
-                crate::ToolErrorKind::NotADirectory,
+            let message = if file == parent {
+                format!(
+                    "{} is a file, so nothing can be created beneath it; choose another path",
+                    file.display()
+                )
+            } else {
                 format!(
                     "{} is a file, so {} cannot be a directory beneath it; choose another path",
                     file.display(),
                     parent.display()
-                ),
-            );
+                )
+            };
+            return ToolError::new(crate::ToolErrorKind::NotADirectory, message);
         }
     }
     ToolError::io(parent, e)
