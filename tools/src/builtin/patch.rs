@@ -744,7 +744,17 @@ fn patch_mode(text: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
                 format!("the patch changes {name} twice; merge its hunks. Nothing was written"),
             ));
         }
-        let new = diffy::apply(&old, &parsed).map_err(|e| {
+        // A file with CRLF line ends and a diff written with LF ones (as models write them):
+        // applied to the file's lines, and the result keeps the file's line ends.
+        let crlf = old.contains("\r\n")
+            && old.matches('\n').count() == old.matches("\r\n").count()
+            && !text.contains("\r\n");
+        let base = if crlf {
+            std::borrow::Cow::Owned(old.replace("\r\n", "\n"))
+        } else {
+            std::borrow::Cow::Borrowed(old.as_str())
+        };
+        let new = diffy::apply(&base, &parsed).map_err(|e| {
             ToolError::new(
                 crate::ToolErrorKind::PatchError,
                 format!(
@@ -753,6 +763,7 @@ fn patch_mode(text: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
                 ),
             )
         })?;
+        let new = if crlf { new.replace('\n', "\r\n") } else { new };
         let new = if part.new_name.is_none() {
             if !new.is_empty() {
                 return Err(ToolError::new(
@@ -954,6 +965,22 @@ mod tests {
         .unwrap_err();
         assert!(e.message.contains("occur 2 times"), "{}", e.message);
         assert_eq!(std::fs::read_to_string(&f).unwrap(), "x\ny\nx\ny\n");
+    }
+
+    #[test]
+    fn an_lf_diff_applies_to_a_crlf_file_and_keeps_its_line_ends() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("pc.txt");
+        std::fs::write(&f, "one\r\ntwo\r\nthree\r\n").unwrap();
+        call(
+            d.path(),
+            json!({"mode": "patch", "patch": "--- a/pc.txt\n+++ b/pc.txt\n@@ -1,3 +1,3 @@\n one\n-two\n+TWO\n three\n"}),
+        )
+        .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&f).unwrap(),
+            "one\r\nTWO\r\nthree\r\n"
+        );
     }
 
     #[test]
