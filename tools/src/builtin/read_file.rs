@@ -11,6 +11,11 @@ use std::io::{BufRead, BufReader, Read};
 const MAX_LINE_CHARS: usize = 2000;
 /// Most lines one call returns.
 const MAX_LIMIT: i64 = 5000;
+/// The most content one page holds: later lines of the page are left for the next one
+/// (`next_offset`), so a call returns at most this much however long its lines are (5,000
+/// lines of 2,000 characters returned 10 MB into the agent's context). Large enough that a
+/// full page of ordinary source lines (5,000 of up to 200 characters) is never split.
+const MAX_PAGE_BYTES: usize = 1024 * 1024;
 
 /// The arguments of `read_file`: its schema and its parser.
 #[derive(Deserialize, schemars::JsonSchema)]
@@ -161,7 +166,8 @@ fn read_page(mut reader: impl BufRead, offset: u64, limit: u64) -> std::io::Resu
         if buf.is_empty() {
             break;
         }
-        let keep = line_no >= offset && line_no < offset + limit;
+        // Content only grows when a line ends, so a line kept at its first chunk is kept whole.
+        let keep = line_no >= offset && line_no < offset + limit && content.len() < MAX_PAGE_BYTES;
         let (chunk, consumed, ended) = match buf.iter().position(|b| *b == b'\n') {
             Some(i) => (&buf[..i], i + 1, true),
             None => (buf, buf.len(), false),
@@ -185,7 +191,7 @@ fn read_page(mut reader: impl BufRead, offset: u64, limit: u64) -> std::io::Resu
         }
     }
     if in_line {
-        if line_no >= offset && line_no < offset + limit {
+        if line_no >= offset && line_no < offset + limit && content.len() < MAX_PAGE_BYTES {
             cut += u64::from(push_line(&mut content, line_no, &current, current_len));
             returned += 1;
         }
@@ -251,6 +257,21 @@ mod tests {
         assert!(p.content.contains("[line cut: 10000 bytes]"));
         assert_eq!(p.cut, 1);
         assert!(p.content.len() < 2100);
+    }
+
+    #[test]
+    fn a_page_of_long_lines_stops_at_the_page_cap_and_the_next_goes_on_from_there() {
+        let text = format!("{}\n", "y".repeat(1_990)).repeat(5_000);
+        let p = page(&text, 1, 5_000);
+        assert!(
+            p.content.len() <= MAX_PAGE_BYTES + 2_100,
+            "{}",
+            p.content.len()
+        );
+        assert!(p.returned > 400 && p.returned < 600, "{}", p.returned);
+        assert_eq!(p.total_lines, 5_000);
+        let next = page(&text, 1 + p.returned, 5_000);
+        assert!(next.content.starts_with(&format!("{:>6}|", 1 + p.returned)));
     }
 
     #[test]
