@@ -182,12 +182,12 @@ const CASES: &[(&str, &str, &str)] = &[
     (
         "git_checkout_force",
         "git checkout -f main",
-        "git checkout -b feature",
+        "git checkout main && tail -f app.log",
     ),
     (
         "git_branch_force_delete",
         "git branch --delete --force old",
-        "git branch -d merged",
+        "git branch -d merged && grep -f pats x",
     ),
     (
         "sudo_stdin",

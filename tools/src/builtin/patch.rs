@@ -540,8 +540,14 @@ fn split_patch(text: &str) -> Result<Vec<FilePatch>, String> {
                                 .into(),
                         );
                     }
+                } else if body.lines().count() > 2 {
+                    // Ranged hunks took the lines their counts name: what follows (a blank
+                    // line, a `format-patch` signature `-- `) is not this file's.
+                    break;
                 } else if line.starts_with("@@")
-                    || (hunk_body_line(line) && !line.starts_with("--- "))
+                    || (loose.is_empty()
+                        && matches!(line.as_bytes().first(), Some(b' ' | b'-' | b'+'))
+                        && !line.starts_with("--- "))
                 {
                     // A hunk without ranges: a bare `@@` (its text after the second `@@` is a
                     // section name), or hunk lines right after the headers.
@@ -557,6 +563,14 @@ fn split_patch(text: &str) -> Result<Vec<FilePatch>, String> {
                         }
                         hunk.push((*l).to_string());
                         i += 1;
+                    }
+                    // Blank lines after a hunk separate it from what follows; as empty
+                    // context they would have to match the file.
+                    while hunk
+                        .last()
+                        .is_some_and(|l| l.trim_end_matches(['\n', '\r']).is_empty())
+                    {
+                        hunk.pop();
                     }
                     loose.push(hunk);
                     continue;
@@ -965,6 +979,29 @@ mod tests {
         .unwrap_err();
         assert!(e.message.contains("occur 2 times"), "{}", e.message);
         assert_eq!(std::fs::read_to_string(&f).unwrap(), "x\ny\nx\ny\n");
+    }
+
+    #[test]
+    fn lines_after_a_ranged_hunk_are_not_a_hunk_of_their_own() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("f");
+        for tail in ["\n", "\n\n", "-- \n2.43.0\n\n"] {
+            std::fs::write(&f, "a\n").unwrap();
+            let r = call(
+                d.path(),
+                json!({"mode": "patch", "patch": format!("--- a/f\n+++ b/f\n@@ -1 +1 @@\n-a\n+b\n{tail}")}),
+            );
+            assert!(r.is_ok(), "{tail:?}: {r:?}");
+            assert_eq!(std::fs::read_to_string(&f).unwrap(), "b\n", "{tail:?}");
+        }
+        // Nor after a rangeless one: a blank line ends it.
+        std::fs::write(&f, "a\nb\n").unwrap();
+        let r = call(
+            d.path(),
+            json!({"mode": "patch", "patch": "--- a/f\n+++ b/f\n@@\n a\n-b\n+c\n\n"}),
+        );
+        assert!(r.is_ok(), "{r:?}");
+        assert_eq!(std::fs::read_to_string(&f).unwrap(), "a\nc\n");
     }
 
     #[test]
