@@ -147,6 +147,20 @@ fn the_session_is_saved_whatever_path_or_trap_a_command_sets() {
         out.contains("mytrap") && out.contains("'[2]\\n/\\n'"),
         "{out}"
     );
+    // A dir whose name ends in a space is restored whole; a command whose last line ends in a
+    // backslash does not take the wrapper's save call as an argument.
+    let script = r#"from vibeos_tools import terminal
+terminal('mkdir -p "sp " && cd "sp "')
+print(repr(terminal('pwd')['output']))
+print(repr(terminal('echo hi \\')['output']))
+"#;
+    let v = sb.run_json(script, &[]);
+    let out = v["output"].as_str().unwrap_or("");
+    assert!(out.contains("/sp \\n'"), "{v}");
+    assert!(
+        out.contains("'hi\\n'") && !out.contains("__vibeos_save"),
+        "{v}"
+    );
 }
 
 /// Commands of one session that run at once each save the session's state under their own

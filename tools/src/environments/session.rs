@@ -118,14 +118,14 @@ pub fn wrap(command: &str, ctx: &ToolContext, explicit_workdir: bool) -> String 
     let restore_cwd = if explicit_workdir {
         String::new()
     } else {
-        "if [ -f \"$__vibeos_s/cwd\" ] && builtin read -r __vibeos_d < \"$__vibeos_s/cwd\"; then cd -- \"$__vibeos_d\" 2>/dev/null; fi\n"
+        "if [ -f \"$__vibeos_s/cwd\" ] && IFS= builtin read -r -d '' __vibeos_d < \"$__vibeos_s/cwd\"; [ -n \"${__vibeos_d-}\" ]; then cd -- \"${__vibeos_d%$'\\n'}\" 2>/dev/null; fi\n"
             .to_string()
     };
     // A call's `workdir` is a one-off override: it does not move the session.
     let save_cwd = if explicit_workdir {
         ""
     } else {
-        "pwd > \"$__vibeos_s/cwd\" 2>/dev/null; "
+        "pwd >| \"$__vibeos_s/cwd\" 2>/dev/null; "
     };
     // Only what the session changed is saved: each variable whose value differs from the one
     // the command started with (the call's own, freshly scrubbed environment). Saving the whole
@@ -136,7 +136,10 @@ pub fn wrap(command: &str, ctx: &ToolContext, explicit_workdir: bool) -> String 
     // Only builtins and an `mv` found on a fixed PATH: the command may have exported a PATH
     // where nothing is found (its `export` was lost, and `mv: command not found` reached the
     // output). The save also runs after the command, not only from the EXIT trap, which a
-    // command that sets a trap of its own replaces.
+    // command that sets a trap of its own replaces; an empty line before that call ends a
+    // command whose last line ends in `\` (it would have taken the call as an argument). The
+    // saved dir is read whole (`read -d ''`): `read -r` alone trimmed spaces at its ends and
+    // stopped at a newline in the name.
     format!(
         "__vibeos_s={q}\n\
          declare -A __vibeos_base=()\n\
@@ -148,10 +151,10 @@ pub fn wrap(command: &str, ctx: &ToolContext, explicit_workdir: bool) -> String 
          if builtin compgen -e >| \"$__vibeos_s/n.$$\" 2>/dev/null && builtin mapfile -t __vibeos_names < \"$__vibeos_s/n.$$\"; then \
          for __vibeos_n in \"${{__vibeos_names[@]}}\"; do case $__vibeos_n in PWD|OLDPWD|SHLVL|_|{SCOPE_VAR}) continue;; esac; \
          if [[ ! -v \"__vibeos_base[$__vibeos_n]\" || \"${{__vibeos_base[$__vibeos_n]-}}\" != \"${{!__vibeos_n-}}\" ]]; then builtin declare -p \"$__vibeos_n\"; fi; \
-         done >| \"$__vibeos_s/n.$$\" 2>/dev/null && PATH=/usr/local/bin:/usr/bin:/bin command mv -f \"$__vibeos_s/n.$$\" \"$__vibeos_s/env\"; fi; \
+         done >| \"$__vibeos_s/n.$$\" 2>/dev/null && {{ PATH=/usr/local/bin:/usr/bin:/bin command mv -f \"$__vibeos_s/n.$$\" \"$__vibeos_s/env\" 2>/dev/null || command -p mv -f \"$__vibeos_s/n.$$\" \"$__vibeos_s/env\"; }}; fi; \
          exit $__vibeos_rc; }}\n\
          trap __vibeos_save EXIT\n\
-         {command}\n\
+         {command}\n\n\
          __vibeos_save\n"
     )
 }
