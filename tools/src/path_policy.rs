@@ -33,33 +33,66 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 
-/// Why writing `rel` (a path below a root other than the staging dir) would let a strict
-/// script run code outside the sandbox later, if it would: the metadata of a version-control
-/// checkout (a `.git/config` `core.fsmonitor` or a hook runs at the next `git status`, as the
-/// user), Python's start-up hooks (`sitecustomize.py` runs in every interpreter whose path holds
-/// the dir — project mode puts the session dir there — and `.pth` files in site dirs), and
-/// direnv's `.envrc` (run on `cd`). The rest of a writable root stays writable: it is the
-/// project the script works on (docs/strict-mode.md).
-fn runs_outside_later(rel: &Path) -> Option<&'static str> {
+/// Why writing `rel` (a path below `root`, a root other than the staging dir) would let a
+/// strict script run code outside the sandbox later, if it would. These are the most direct
+/// ways, not all of them: anything a writable project holds may be run by something later
+/// (docs/strict-mode.md). Refused: the metadata of a version-control checkout (a
+/// `.git/config` `core.fsmonitor` or a hook runs at the next `git status`, as the user), and a
+/// directory git would take for a repository by its content (`HEAD` beside `objects/` or
+/// `refs/`: a bare repository made from scratch); Python's start-up hooks
+/// (`sitecustomize.py` runs in every interpreter whose path holds its dir — project mode puts
+/// the session dir there — and `.pth` files in site dirs); direnv's `.envrc`; the shells' and
+/// git's start-up files (`.bashrc`, `.profile`, `.gitconfig`, … when the root is a home).
+/// Names are compared without ASCII case (a case-insensitive filesystem opens `.GIT/config`).
+fn runs_outside_later(root: &Path, rel: &Path) -> Option<&'static str> {
     const VCS: [&str; 4] = [".git", ".hg", ".svn", ".bzr"];
-    let names: Vec<&std::ffi::OsStr> = rel
+    const STARTUP: [&str; 11] = [
+        ".bashrc",
+        ".bash_profile",
+        ".bash_login",
+        ".bash_logout",
+        ".profile",
+        ".zshrc",
+        ".zprofile",
+        ".zshenv",
+        ".zlogin",
+        ".gitconfig",
+        ".envrc",
+    ];
+    let names: Vec<&str> = rel
         .components()
         .filter_map(|c| match c {
-            std::path::Component::Normal(n) => Some(n),
+            std::path::Component::Normal(n) => n.to_str(),
             _ => None,
         })
         .collect();
-    if names.iter().any(|n| VCS.iter().any(|v| *n == *v)) {
+    if names
+        .iter()
+        .any(|n| VCS.iter().any(|v| n.eq_ignore_ascii_case(v)))
+    {
         return Some("it lies in version-control metadata, whose hooks and config run commands");
     }
-    let file = names.last()?.to_str()?;
+    let file = names.last()?.to_ascii_lowercase();
     if file == "sitecustomize.py" || file == "usercustomize.py" || file.ends_with(".pth") {
         return Some(
             "Python runs it at the start of interpreters that have its directory on their path",
         );
     }
-    if file == ".envrc" {
-        return Some("direnv runs it when a shell enters its directory");
+    if STARTUP.iter().any(|f| file == *f) {
+        return Some("a shell, git or direnv runs it when it starts or enters its directory");
+    }
+    // A repository git finds by its content: each directory on the way, counting the entry
+    // the path makes in it as there already (a `HEAD` written beside `objects/`, a dir
+    // `refs/` made beside `HEAD`, a file beneath a dir holding both).
+    let mut dir = root.to_path_buf();
+    for name in &names {
+        let has = |entry: &str| name.eq_ignore_ascii_case(entry) || dir.join(entry).exists();
+        if has("HEAD") && (has("objects") || has("refs")) {
+            return Some(
+                "it lies in a git repository's directory, whose config and hooks run commands",
+            );
+        }
+        dir.push(name);
     }
     None
 }
@@ -242,7 +275,7 @@ impl PathPolicy {
             )
         })?;
         if write && !root.links_ok {
-            if let Some(why) = runs_outside_later(&rel) {
+            if let Some(why) = runs_outside_later(&root.canonical, &rel) {
                 return Err(ToolError::new(
                     crate::ToolErrorKind::OutsideSandbox,
                     format!(
@@ -854,6 +887,9 @@ mod tests {
             "lib/usercustomize.py",
             "evil.pth",
             ".envrc",
+            ".GIT/config",
+            "home/.bashrc",
+            ".gitconfig",
         ] {
             let e = p.write_atomic(&root.join(bad), b"x").unwrap_err();
             assert_eq!(e.kind, "OutsideSandbox", "{bad}: {e:?}");
@@ -871,6 +907,20 @@ mod tests {
         std::fs::create_dir_all(root.join(".git")).unwrap();
         std::fs::write(root.join(".git/HEAD"), "ref: refs/heads/main\n").unwrap();
         assert!(p.open_read(&root.join(".git/HEAD")).is_ok());
+        // A bare repository made from scratch, in either order: the step that completes it
+        // (and everything after) is refused.
+        p.write_atomic(&root.join("bare/config"), b"[core]")
+            .unwrap();
+        p.write_atomic(&root.join("bare/objects/x"), b"x").unwrap();
+        assert!(p
+            .write_atomic(&root.join("bare/HEAD"), b"ref: refs/heads/main\n")
+            .is_err());
+        p.write_atomic(&root.join("bare2/HEAD"), b"ref: refs/heads/main\n")
+            .unwrap();
+        assert!(p
+            .write_atomic(&root.join("bare2/refs/heads/main"), b"0")
+            .is_err());
+        assert!(p.write_atomic(&root.join("bare2/objects/x"), b"x").is_err());
     }
 
     #[test]
