@@ -285,7 +285,9 @@ def get_tool_definitions(
     The execute_code schema lists only the script tools that survived the selection, and the
     selection is remembered: a later execute_code call through :func:`handle_function_call` or
     :func:`handle_function_calls` that names no toolsets of its own gives its script those same
-    tools, so the script cannot reach a tool the model was not told of.
+    tools, so the script cannot reach a tool the model was not told of. The memory is one per
+    process: a host that serves several sessions or sub-agents with different toolsets passes
+    ``enabled_toolsets`` / ``disabled_toolsets`` with each call instead.
     """
     enabled = _check_str_list("enabled_toolsets", enabled_toolsets or [])
     disabled = _check_str_list("disabled_toolsets", disabled_toolsets or [])

@@ -44,7 +44,7 @@ pub fn execute_code_entry(registry: &'static ToolRegistry, config: &Config) -> T
 /// Like [`execute_code_entry`] for a session whose tools are selected by `enabled` /
 /// `disabled` toolsets: scripts get only the script tools that selection keeps, the same ones
 /// the rewritten execute_code description names (a call's own [`ToolContext::toolsets`]
-/// comes first). The selection is resolved at each call, so
+/// narrows it further, never widens it). The selection is resolved at each call, so
 /// toolsets added or removed later are followed; a selection that no longer resolves is an
 /// error of the call.
 pub fn execute_code_entry_for(
@@ -76,16 +76,26 @@ pub fn execute_code_entry_for(
             let selection = selection.clone();
             async move {
                 let mut request = request_from(&args, &ctx, &config)?;
-                // The caller's own selection (a host's session) before the entry's.
-                let selection = match ctx.toolsets.as_deref() {
-                    Some(s) => Some((s.enabled.clone(), s.disabled.clone())),
-                    None => selection,
-                };
-                if let Some((enabled, disabled)) = selection {
+                // The entry's selection (a session's) and the call's own narrow each other: a
+                // caller can take tools away, never add one the entry's session lacks.
+                let call = ctx
+                    .toolsets
+                    .as_deref()
+                    .map(|s| (s.enabled.clone(), s.disabled.clone()));
+                let mut allowed: Option<std::collections::BTreeSet<String>> = None;
+                for (enabled, disabled) in [selection, call].into_iter().flatten() {
                     let selected = registry.select_tools(&enabled, &disabled).map_err(|e| {
                         ToolError::new(vibeos_tools::ToolErrorKind::ToolsetError, format!("the session's toolsets: {e}"))
                     })?;
-                    request.script_tools = Some(selected.iter().map(|e| e.name.clone()).collect());
+                    let names: std::collections::BTreeSet<String> =
+                        selected.iter().map(|e| e.name.clone()).collect();
+                    allowed = Some(match allowed {
+                        None => names,
+                        Some(before) => &before & &names,
+                    });
+                }
+                if allowed.is_some() {
+                    request.script_tools = allowed;
                 }
                 let interrupt = Interrupt::new();
                 // `interrupt(task_id)` of a host reaches this execution too.

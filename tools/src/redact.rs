@@ -348,6 +348,10 @@ impl Redactor {
     }
 }
 
+/// The most truncation markers [`redact_cut_values`] looks beside (stdout's and stderr's, and
+/// room for a result that holds both twice).
+const MAX_CUTS: usize = 8;
+
 /// The shortest piece of a secret value a cut's leftover is replaced for: a shorter one tells
 /// little, and a few letters next to a cut match the start of some value by chance.
 const MIN_CUT_PIECE: usize = 4;
@@ -364,9 +368,12 @@ fn redact_cut_values(
     marker: &str,
     count: &mut usize,
 ) -> Option<String> {
+    // A real result has one cut per stream; a script can print look-alike markers, each of
+    // which costs a comparison per value and length, so only the first few are looked at.
     let cuts: Vec<(usize, usize)> = crate::capture::CUT_MARKER
         .as_ref()?
         .find_iter(text)
+        .take(MAX_CUTS)
         .map(|m| (m.start(), m.end()))
         .collect();
     if cuts.is_empty() {

@@ -116,4 +116,33 @@ fn scripts_get_only_the_script_tools_the_session_selected() {
         gone["error"].as_str().unwrap().contains("unknown toolset"),
         "{gone}"
     );
+    // A call's own toolsets narrow the session's, and cannot widen them.
+    let with_call = |entry: &[&str], call: &[&str]| -> Value {
+        let e: Vec<String> = entry.iter().map(|s| s.to_string()).collect();
+        reg.register(execute_code_entry_for(reg, &Config::default(), &e, &[]))
+            .unwrap();
+        let mut ctx = ToolContext::agent(dir.path());
+        ctx.toolsets = Some(std::sync::Arc::new(vibeos_tools::ToolsetSelection {
+            enabled: call.iter().map(|s| s.to_string()).collect(),
+            disabled: Vec::new(),
+        }));
+        serde_json::from_str(&reg.handle_function_call(
+            "execute_code",
+            &json!({"code": code}),
+            &ctx,
+        ))
+        .unwrap()
+    };
+    assert_eq!(
+        with_call(&["vibeos-core"], &["code_execution"])["output"],
+        "False False\n"
+    );
+    assert_eq!(
+        with_call(&["code_execution"], &["file", "code_execution"])["output"],
+        "False False\n"
+    );
+    assert_eq!(
+        with_call(&["vibeos-core"], &["file", "code_execution"])["output"],
+        "True True\n"
+    );
 }
