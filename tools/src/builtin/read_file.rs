@@ -11,11 +11,13 @@ use std::io::{BufRead, BufReader, Read};
 const MAX_LINE_CHARS: usize = 2000;
 /// Most lines one call returns.
 const MAX_LIMIT: i64 = 5000;
-/// The most content one page holds: later lines of the page are left for the next one
-/// (`next_offset`), so a call returns at most this much however long its lines are (5,000
-/// lines of 2,000 characters returned 10 MB into the agent's context). Large enough that a
-/// full page of ordinary source lines (5,000 of up to 200 characters) is never split.
-const MAX_PAGE_BYTES: usize = 1024 * 1024;
+/// The most content one page of a direct agent call holds: later lines of the page are left
+/// for the next one (`next_offset`), so the call returns at most this much however long its
+/// lines are (5,000 lines of 2,000 characters put 10 MB into the agent's context). Large enough
+/// that a full page of ordinary source lines (5,000 of up to 200 characters) is never split.
+/// A script's call has no such cap: what it reads stays in the script, which prints what the
+/// model sees.
+const MAX_AGENT_PAGE_BYTES: usize = 1024 * 1024;
 
 /// The arguments of `read_file`: its schema and its parser.
 #[derive(Deserialize, schemars::JsonSchema)]
@@ -94,13 +96,17 @@ fn read_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Tool
         ));
     }
     // A regular file that fit in the first read needs no further reads.
+    let page_cap = match ctx.origin {
+        crate::CallOrigin::Agent => MAX_AGENT_PAGE_BYTES,
+        crate::CallOrigin::Script => usize::MAX,
+    };
     let whole = meta.is_file() && (n as u64) >= meta.len() && n < head.len();
     let page = if whole {
-        read_page(std::io::Cursor::new(&head[..n]), offset, limit)
+        read_page(std::io::Cursor::new(&head[..n]), offset, limit, page_cap)
     } else {
         let reader =
             BufReader::with_capacity(64 * 1024, std::io::Cursor::new(&head[..n]).chain(file));
-        read_page(reader, offset, limit)
+        read_page(reader, offset, limit, page_cap)
     }
     .map_err(|e| ToolError::io(&path, &e))?;
     let end = offset + page.returned;
@@ -148,7 +154,12 @@ struct Page {
 
 /// Streams the file once: keeps lines `offset..offset+limit` (each cut at [`MAX_LINE_CHARS`])
 /// and counts the rest, holding at most one kept line's worth of bytes beyond the page.
-fn read_page(mut reader: impl BufRead, offset: u64, limit: u64) -> std::io::Result<Page> {
+fn read_page(
+    mut reader: impl BufRead,
+    offset: u64,
+    limit: u64,
+    page_cap: usize,
+) -> std::io::Result<Page> {
     let mut content = String::new();
     let mut line_no: u64 = 1;
     let mut returned = 0;
@@ -167,7 +178,7 @@ fn read_page(mut reader: impl BufRead, offset: u64, limit: u64) -> std::io::Resu
             break;
         }
         // Content only grows when a line ends, so a line kept at its first chunk is kept whole.
-        let keep = line_no >= offset && line_no < offset + limit && content.len() < MAX_PAGE_BYTES;
+        let keep = line_no >= offset && line_no < offset + limit && content.len() < page_cap;
         let (chunk, consumed, ended) = match buf.iter().position(|b| *b == b'\n') {
             Some(i) => (&buf[..i], i + 1, true),
             None => (buf, buf.len(), false),
@@ -191,7 +202,7 @@ fn read_page(mut reader: impl BufRead, offset: u64, limit: u64) -> std::io::Resu
         }
     }
     if in_line {
-        if line_no >= offset && line_no < offset + limit && content.len() < MAX_PAGE_BYTES {
+        if line_no >= offset && line_no < offset + limit && content.len() < page_cap {
             cut += u64::from(push_line(&mut content, line_no, &current, current_len));
             returned += 1;
         }
@@ -234,6 +245,7 @@ mod tests {
             std::io::Cursor::new(text.as_bytes().to_vec()),
             offset,
             limit,
+            MAX_AGENT_PAGE_BYTES,
         )
         .unwrap()
     }
@@ -264,7 +276,7 @@ mod tests {
         let text = format!("{}\n", "y".repeat(1_990)).repeat(5_000);
         let p = page(&text, 1, 5_000);
         assert!(
-            p.content.len() <= MAX_PAGE_BYTES + 2_100,
+            p.content.len() <= MAX_AGENT_PAGE_BYTES + 2_100,
             "{}",
             p.content.len()
         );
