@@ -102,7 +102,7 @@ fn kind(reg: &ToolRegistry, call: &ToolCall, ctx: &ToolContext) -> Kind {
 }
 
 /// `p` with `.` dropped and `..` applied to the components before it.
-fn lexical(p: &Path) -> PathBuf {
+pub(crate) fn lexical(p: &Path) -> PathBuf {
     let mut out = PathBuf::new();
     for c in p.components() {
         match c {

@@ -765,20 +765,23 @@ fn web_extract_does_not_reach_loopback_or_private_addresses_for_a_strict_script(
     let port = listener.local_addr().unwrap().port();
     let attempts = r.contained(&r.attack("tools_web_loopback", json!({ "tcp_port": port }), &[]));
     assert_eq!(attempts.len(), 7, "{attempts:?}");
-    for a in &attempts {
-        assert!(
-            a["detail"]
-                .as_str()
-                .unwrap_or_default()
-                .contains("public hosts"),
-            "refused for another reason than the destination check: {a}"
-        );
-    }
+    all_refused_for(&attempts, "public hosts");
     assert_eq!(
         listener.accept().map(|_| ()).unwrap_err().kind(),
         ErrorKind::WouldBlock,
         "the loopback listener was reached through web_extract"
     );
+}
+
+/// Asserts every attempt was refused with a reason that says `why` (not some other error that
+/// happened to stop it).
+fn all_refused_for(attempts: &[Value], why: &str) {
+    for a in attempts {
+        assert!(
+            a["detail"].as_str().unwrap_or_default().contains(why),
+            "refused for another reason than {why:?}: {a}"
+        );
+    }
 }
 
 #[test]
@@ -791,15 +794,7 @@ fn code_that_runs_outside_later_cannot_be_planted_in_the_project_through_the_too
     open_to_all(&git, 0o755);
     let attempts = r.contained(&r.attack("tools_plant_hooks", json!({}), &[]));
     assert_eq!(attempts.len(), 7, "{attempts:?}");
-    for a in &attempts {
-        assert!(
-            a["detail"]
-                .as_str()
-                .unwrap_or_default()
-                .contains("run code"),
-            "refused for another reason: {a}"
-        );
-    }
+    all_refused_for(&attempts, "run code");
     assert_eq!(
         std::fs::read_to_string(git.join("config")).unwrap(),
         "[core]\n\tbare = false\n"

@@ -9,7 +9,7 @@
 //! its write. The locks are stripes of a fixed table, so memory stays flat however many files
 //! are edited; two files sharing a stripe only wait for each other.
 
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
 /// Stripes of the lock table: enough that unrelated files rarely share one.
@@ -42,27 +42,13 @@ fn identity(path: &Path) -> PathBuf {
     if let Ok(real) = std::fs::canonicalize(path) {
         return real;
     }
-    let clean = lexical(path);
+    let clean = crate::planner::lexical(path);
     match (clean.parent(), clean.file_name()) {
         (Some(parent), Some(name)) => std::fs::canonicalize(parent)
             .map(|p| p.join(name))
             .unwrap_or(clean),
         _ => clean,
     }
-}
-
-fn lexical(path: &Path) -> PathBuf {
-    let mut out = PathBuf::new();
-    for c in path.components() {
-        match c {
-            Component::CurDir => {}
-            Component::ParentDir => {
-                out.pop();
-            }
-            other => out.push(other),
-        }
-    }
-    out
 }
 
 fn stripe(path: &Path) -> usize {
