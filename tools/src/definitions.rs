@@ -245,19 +245,15 @@ pub fn execute_code_description(
         // The tools resolve relative paths as a direct call would, in the session dir, while
         // the script's own `open()` resolves them in the staging dir: said, so a script that
         // writes a file and hands its name to a tool passes an absolute path.
-        match &settings.cwd {
-            Some(cwd) => out.push_str(&format!(
-                " Relative paths given to the tools resolve in the session working directory \
-                 ({}), not in the script's own working directory: pass a file the script wrote \
-                 as an absolute path (os.path.abspath).",
-                cwd.display()
-            )),
-            None => out.push_str(
-                " Relative paths given to the tools resolve in the session working directory, \
-                 not in the script's own working directory: pass a file the script wrote as an \
-                 absolute path (os.path.abspath).",
-            ),
-        }
+        let named = settings
+            .cwd
+            .as_ref()
+            .map_or(String::new(), |cwd| format!(" ({})", cwd.display()));
+        out.push_str(&format!(
+            " Relative paths given to the tools resolve in the session working directory{named}, \
+             not in the script's own working directory: pass a file the script wrote as an \
+             absolute path (os.path.abspath)."
+        ));
         if settings.strict_terminal {
             out.push_str(
                 " Except `terminal`: the operator opened it to strict scripts \

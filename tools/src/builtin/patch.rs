@@ -531,6 +531,8 @@ fn split_patch(text: &str) -> Result<Vec<FilePatch>, String> {
             }
             i += 2;
             let mut loose: Vec<Vec<String>> = Vec::new();
+            // Whether a hunk with line ranges was read into `body`.
+            let mut ranged = false;
             while let Some(line) = lines.get(i) {
                 if hunk_re.is_match(line) {
                     if !loose.is_empty() {
@@ -540,7 +542,7 @@ fn split_patch(text: &str) -> Result<Vec<FilePatch>, String> {
                                 .into(),
                         );
                     }
-                } else if body.lines().count() > 2 {
+                } else if ranged {
                     // Ranged hunks took the lines their counts name: what follows (a blank
                     // line, a `format-patch` signature `-- `) is not this file's.
                     break;
@@ -587,6 +589,7 @@ fn split_patch(text: &str) -> Result<Vec<FilePatch>, String> {
                 };
                 let (mut old_left, mut new_left) = (count(1)?, count(2)?);
                 body.push_str(lines[i]);
+                ranged = true;
                 i += 1;
                 while old_left > 0 || new_left > 0 {
                     let Some(l) = lines.get(i) else {
@@ -626,14 +629,14 @@ fn split_patch(text: &str) -> Result<Vec<FilePatch>, String> {
                     i += 1;
                 }
             }
-            if !loose.is_empty() && body.lines().count() > 2 {
+            if !loose.is_empty() && ranged {
                 return Err(
                     "a file's hunks mix `@@` headers with and without line ranges; give every \
                      hunk its ranges, or none"
                         .into(),
                 );
             }
-            if loose.is_empty() && body.lines().count() <= 2 {
+            if loose.is_empty() && !ranged {
                 return Err(format!(
                     "the patch for {} has headers but no hunk (`@@ -line,count +line,count @@` \
                      and its lines)",
