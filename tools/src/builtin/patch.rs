@@ -201,12 +201,31 @@ fn atomic_write(path: &Path, content: &str, ctx: &ToolContext) -> Result<(), Too
     Ok(())
 }
 
-fn diff(name: &str, old: &str, new: &str) -> String {
+/// Which side of a change a file is missing from: it decides a diff's `/dev/null` label.
+#[derive(Clone, Copy, PartialEq)]
+enum Change {
+    Modified,
+    Created,
+    Deleted,
+}
+
+/// The unified diff of one file's change, labelled as `git diff` labels it: a created file's
+/// old side and a deleted file's new side are `/dev/null`, so `git apply` or `patch` given the
+/// returned diff creates or deletes the file instead of leaving an empty one.
+fn diff(name: &str, old: &str, new: &str, change: Change) -> String {
     let p = diffy::create_patch(old, new);
     let body = p.to_string();
+    let old_label = match change {
+        Change::Created => "/dev/null".to_string(),
+        _ => format!("a/{name}"),
+    };
+    let new_label = match change {
+        Change::Deleted => "/dev/null".to_string(),
+        _ => format!("b/{name}"),
+    };
     // diffy labels the sides "original"/"modified"; name the file instead.
-    body.replacen("--- original", &format!("--- a/{name}"), 1)
-        .replacen("+++ modified", &format!("+++ b/{name}"), 1)
+    body.replacen("--- original", &format!("--- {old_label}"), 1)
+        .replacen("+++ modified", &format!("+++ {new_label}"), 1)
 }
 
 fn replace_mode(a: &PatchArgs, ctx: &ToolContext) -> Result<Value, ToolError> {
@@ -264,7 +283,7 @@ fn replace_mode(a: &PatchArgs, ctx: &ToolContext) -> Result<Value, ToolError> {
         "path": raw,
         "replacements": replacements,
         "match": strategy,
-        "diff": diff(raw, &text, &updated),
+        "diff": diff(raw, &text, &updated, Change::Modified),
     }))
 }
 
@@ -810,10 +829,24 @@ fn patch_mode(text: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
                 None => std::fs::remove_file(&p.path).map_err(|e| ToolError::io(&p.path, &e))?,
             },
         }
-        diffs.push_str(&diff(&p.name, &p.old, p.new.as_deref().unwrap_or("")));
+        let change = match (&p.new, p.created) {
+            (None, _) => Change::Deleted,
+            (Some(_), true) => Change::Created,
+            (Some(_), false) => Change::Modified,
+        };
+        diffs.push_str(&diff(
+            &p.name,
+            &p.old,
+            p.new.as_deref().unwrap_or(""),
+            change,
+        ));
         files.push(json!({
             "path": p.name,
-            "action": if p.new.is_none() { "deleted" } else if p.created { "created" } else { "modified" },
+            "action": match change {
+                Change::Deleted => "deleted",
+                Change::Created => "created",
+                Change::Modified => "modified",
+            },
         }));
     }
     Ok(json!({"files": files, "diff": diffs}))
@@ -1098,6 +1131,45 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.kind, "PatchError");
+    }
+
+    #[test]
+    fn the_returned_diff_applied_elsewhere_makes_the_same_change() {
+        // Created and deleted files are labelled /dev/null, as git labels them: given the
+        // returned diff, a tool creates and deletes them rather than leaving empty files.
+        let start = |d: &Path| {
+            std::fs::write(d.join("kept.txt"), "a\n\nb\n").unwrap();
+            std::fs::write(d.join("gone.txt"), "x\ny\n").unwrap();
+        };
+        let first = tempfile::tempdir().unwrap();
+        start(first.path());
+        let change = "--- a/kept.txt\n+++ b/kept.txt\n@@ -1,3 +1,3 @@\n a\n \n-b\n+B\n\
+                      --- a/gone.txt\n+++ /dev/null\n@@ -1,2 +0,0 @@\n-x\n-y\n\
+                      --- /dev/null\n+++ b/made.txt\n@@ -0,0 +1,1 @@\n+new\n";
+        let r = call(first.path(), json!({"mode": "patch", "patch": change})).unwrap();
+        let returned = r["diff"].as_str().unwrap();
+        assert!(
+            returned.contains("--- a/gone.txt\n+++ /dev/null\n"),
+            "{returned}"
+        );
+        assert!(
+            returned.contains("--- /dev/null\n+++ b/made.txt\n"),
+            "{returned}"
+        );
+        let second = tempfile::tempdir().unwrap();
+        start(second.path());
+        call(second.path(), json!({"mode": "patch", "patch": returned})).unwrap();
+        for d in [first.path(), second.path()] {
+            assert_eq!(
+                std::fs::read_to_string(d.join("kept.txt")).unwrap(),
+                "a\n\nB\n"
+            );
+            assert_eq!(
+                std::fs::read_to_string(d.join("made.txt")).unwrap(),
+                "new\n"
+            );
+            assert!(!d.join("gone.txt").exists());
+        }
     }
 
     #[test]
