@@ -4,7 +4,7 @@ use super::args::{check_path, parse, schema_for};
 use crate::{BuiltinTool, ToolContext, ToolEntry, ToolError};
 use serde_json::{json, Map, Value};
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The arguments of `write_file`: its schema and its parser.
 #[derive(serde::Deserialize, schemars::JsonSchema)]
@@ -57,10 +57,7 @@ fn write_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Too
         }));
     }
     // Write through a symlink to its target, so a linked file stays linked.
-    let path = match ctx.resolve(raw) {
-        p if p.is_symlink() => std::fs::canonicalize(&p).unwrap_or(p),
-        p => p,
-    };
+    let path = link_target(ctx.resolve(raw))?;
     // What is at the path now (following links), looked up once for every check below.
     let existing = std::fs::metadata(&path).ok();
     if existing.as_ref().is_some_and(|m| m.is_dir()) {
@@ -115,6 +112,33 @@ fn write_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Too
         "bytes_written": content.len(),
         "created": !existed,
     }))
+}
+
+/// Where a write of `path` lands: the end of its chain of symlinks, as `open(path, "w")` would
+/// write. A link whose target does not exist yet leads to that target, which the write
+/// creates; replacing the link itself would cut what the link's owner set up.
+fn link_target(path: PathBuf) -> Result<PathBuf, ToolError> {
+    // The kernel's own limit on links followed in one lookup.
+    const MAX_LINKS: usize = 40;
+    let mut current = path;
+    for _ in 0..MAX_LINKS {
+        let target = match std::fs::read_link(&current) {
+            Ok(target) => target,
+            // Not a link (or nothing there): the write goes here.
+            Err(_) => return Ok(current),
+        };
+        current = match current.parent() {
+            Some(dir) if target.is_relative() => dir.join(target),
+            _ => target,
+        };
+    }
+    Err(ToolError::new(
+        crate::ToolErrorKind::IoError,
+        format!(
+            "{} leads through more than {MAX_LINKS} symbolic links (a loop?); give the file's own path",
+            current.display()
+        ),
+    ))
 }
 
 /// Why no new file could be made in `parent` to replace `path` with. tempfile's error names
@@ -232,6 +256,32 @@ mod tests {
             assert_eq!(e.kind, "NotADirectory", "{path}: {e:?}");
             assert!(e.message.contains("real.txt is a file"), "{path}: {e:?}");
         }
+    }
+
+    #[test]
+    fn a_link_to_a_file_not_made_yet_is_kept_and_its_target_written() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join("conf")).unwrap();
+        // A chain: dangling.txt -> conf/hop -> settings.yaml (relative to conf), not there yet.
+        std::os::unix::fs::symlink("conf/hop", d.path().join("dangling.txt")).unwrap();
+        std::os::unix::fs::symlink("settings.yaml", d.path().join("conf/hop")).unwrap();
+        let ctx = ToolContext::agent(d.path());
+        let args = json!({"path": "dangling.txt", "content": "k: v\n"});
+        let r = write_file(args.as_object().unwrap(), &ctx).unwrap();
+        assert_eq!(r["created"], true);
+        assert!(d.path().join("dangling.txt").is_symlink());
+        assert!(d.path().join("conf/hop").is_symlink());
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("conf/settings.yaml")).unwrap(),
+            "k: v\n"
+        );
+        // A loop is refused, and both links stay.
+        std::os::unix::fs::symlink("loop-b", d.path().join("loop-a")).unwrap();
+        std::os::unix::fs::symlink("loop-a", d.path().join("loop-b")).unwrap();
+        let args = json!({"path": "loop-a", "content": "x"});
+        let e = write_file(args.as_object().unwrap(), &ctx).unwrap_err();
+        assert!(e.message.contains("symbolic links"), "{e:?}");
+        assert!(d.path().join("loop-a").is_symlink() && d.path().join("loop-b").is_symlink());
     }
 
     #[test]
