@@ -62,6 +62,9 @@ struct SearchFilesArgs {
     #[serde(default)]
     #[schemars(range(min = 0, max = 20))]
     context: i64,
+    /// Also search hidden files and directories (names starting with a dot); .git is never searched
+    #[serde(default)]
+    hidden: bool,
 }
 
 // `target`: search contents or file names. (No doc comment: it would become the schema's
@@ -97,7 +100,8 @@ fn entry() -> ToolEntry {
         "search_files",
         "file",
         "Search file contents with a regex (target=\"content\", default) or find files by name \
-         glob (target=\"files\"). Respects .gitignore, skips hidden and binary files, pages results. \
+         glob (target=\"files\"). Respects .gitignore, skips binary files and (unless hidden=true) \
+         hidden ones, pages results. \
          Content results: matches=[{path, line, content}]; files mode: files=[path]; always total, \
          truncated, next_offset.",
         schema_for::<SearchFilesArgs>(),
@@ -215,6 +219,8 @@ struct Walk {
     /// Prefix stripped from reported paths (the cwd when the search path was relative).
     display_base: Option<PathBuf>,
     file_glob: Option<(globset::GlobMatcher, bool)>,
+    /// Whether hidden files and directories are walked too (`.git` never is).
+    hidden: bool,
     /// Strict mode: every file is re-resolved beneath an allowed root before it is reported
     /// or read, so a directory swapped for a symlink mid-walk leads nowhere.
     policy: Option<std::sync::Arc<crate::path_policy::PathPolicy>>,
@@ -250,7 +256,10 @@ impl Walk {
     fn files<T: Send>(&self, f: impl Fn(&Path) -> Option<T> + Sync) -> Vec<(PathBuf, T)> {
         let found: Mutex<Vec<(PathBuf, T)>> = Mutex::new(Vec::new());
         let mut builder = WalkBuilder::new(&self.root);
-        builder.require_git(false).follow_links(false);
+        builder
+            .require_git(false)
+            .follow_links(false)
+            .hidden(!self.hidden);
         if self.policy.is_some() {
             // Ignore files are read by path (and the global one lives outside every root): in
             // strict mode none is read, so none can be a link to something outside.
@@ -264,10 +273,12 @@ impl Walk {
         // A kernel pseudo-filesystem met on the way (`/proc`, `/sys` under `path="/"`) is not
         // walked: its files do not end (`/proc/kcore`) or wait for data (`/proc/kmsg`), and a
         // search has no business in them.
+        // A repository's own store is not the project's files: with hidden files walked too,
+        // `.git` would fill every page with packed objects and refs (as `rg --hidden` does).
         builder.filter_entry(|e| {
             !(e.depth() > 0
                 && e.file_type().is_some_and(|t| t.is_dir())
-                && on_kernel_pseudo_fs(e.path()))
+                && (e.file_name() == ".git" || on_kernel_pseudo_fs(e.path())))
         });
         builder.build_parallel().run(|| {
             Box::new(|entry| {
@@ -444,6 +455,7 @@ fn search_files(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
         display_base: (!Path::new(raw_path).is_absolute()).then(|| ctx.cwd.clone()),
         root,
         file_glob,
+        hidden: a.hidden,
         ended: crate::call_scope::ended_flag(ctx),
     };
     let abandoned = || crate::call_scope::abandoned("search_files");
@@ -672,6 +684,53 @@ mod tests {
     }
 
     #[test]
+    fn hidden_files_are_searched_when_asked_and_git_s_store_never() {
+        let d = tree();
+        let w = |p: &str, s: &str| {
+            let path = d.path().join(p);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, s).unwrap();
+        };
+        w(".env.example", "database_url=\n");
+        w(".github/workflows/ci.yml", "database: service\n");
+        w(".git/config", "[database]\n");
+        w("sub/.git/HEAD", "database\n");
+        let paths = |r: &Value, key: &str| -> Vec<String> {
+            r[key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m.get("path").unwrap_or(m).as_str().unwrap().to_string())
+                .collect()
+        };
+        let r = call(d.path(), json!({"pattern": "database"})).unwrap();
+        assert_eq!(
+            paths(&r, "matches"),
+            ["a.yaml", "latin1.txt", "sub/b.yaml", "sub/c.txt"]
+        );
+        let r = call(d.path(), json!({"pattern": "database", "hidden": true})).unwrap();
+        assert_eq!(
+            paths(&r, "matches"),
+            [
+                ".env.example",
+                ".github/workflows/ci.yml",
+                "a.yaml",
+                "latin1.txt",
+                "sub/b.yaml",
+                "sub/c.txt"
+            ]
+        );
+        let r = call(
+            d.path(),
+            json!({"pattern": "*.yml", "target": "files", "hidden": true}),
+        )
+        .unwrap();
+        assert_eq!(paths(&r, "files"), [".github/workflows/ci.yml"]);
+        let r = call(d.path(), json!({"pattern": "*.yml", "target": "files"})).unwrap();
+        assert_eq!(r["total"], 0, "{r}");
+    }
+
+    #[test]
     fn glob_paging_modes_and_context() {
         let d = tree();
         let r = call(
@@ -802,7 +861,8 @@ mod tests {
                     "limit": {"type": "integer", "default": 50, "minimum": 1, "maximum": MAX_LIMIT},
                     "offset": {"type": "integer", "default": 0, "minimum": 0, "description": "Results to skip (use next_offset)"},
                     "output_mode": {"type": "string", "enum": ["content", "files_with_matches", "count"], "default": "content"},
-                    "context": {"type": "integer", "default": 0, "minimum": 0, "maximum": 20, "description": "Lines of context around each match"}
+                    "context": {"type": "integer", "default": 0, "minimum": 0, "maximum": 20, "description": "Lines of context around each match"},
+                    "hidden": {"type": "boolean", "default": false, "description": "Also search hidden files and directories (names starting with a dot); .git is never searched"}
                 },
                 "required": ["pattern"]
             }),
