@@ -118,37 +118,25 @@ impl HeadTail {
             self.after_head = Some(data[0]);
         }
         self.after_head_runs.extend(data);
-        if self.tail_cap == 0 {
-            self.before_tail = data.last().copied();
-            self.before_tail_runs.end_after(data);
-            return;
-        }
-        if data.len() >= self.tail_cap {
-            let start = data.len() - self.tail_cap;
-            if start > 0 {
-                self.before_tail = Some(data[start - 1]);
-            } else if let Some(last) = self.tail.back() {
+        // What leaves the tail's window: its oldest `from_tail` bytes, then the first
+        // `from_data` of the chunk (all of it when the tail keeps nothing). The byte just
+        // before the window and the runs that end there are measured on what leaves.
+        let leaving = (self.tail.len() + data.len()).saturating_sub(self.tail_cap);
+        let from_tail = leaving.min(self.tail.len());
+        let from_data = leaving - from_tail;
+        if leaving > 0 {
+            let (a, b) = self.tail.as_slices();
+            let from_a = from_tail.min(a.len());
+            let gone = [&a[..from_a], &b[..from_tail - from_a], &data[..from_data]];
+            for part in gone {
+                self.before_tail_runs.end_after(part);
+            }
+            if let Some(last) = gone.iter().rev().find_map(|part| part.last()) {
                 self.before_tail = Some(*last);
             }
-            let (a, b) = self.tail.as_slices();
-            for gone in [a, b, &data[..start]] {
-                self.before_tail_runs.end_after(gone);
-            }
-            self.tail.clear();
-            self.tail.extend(&data[start..]);
-            return;
         }
-        let overflow = (self.tail.len() + data.len()).saturating_sub(self.tail_cap);
-        if overflow > 0 {
-            self.before_tail = self.tail.get(overflow - 1).copied();
-            let (a, b) = self.tail.as_slices();
-            let from_a = overflow.min(a.len());
-            for gone in [&a[..from_a], &b[..overflow - from_a]] {
-                self.before_tail_runs.end_after(gone);
-            }
-        }
-        self.tail.drain(..overflow);
-        self.tail.extend(data);
+        self.tail.drain(..from_tail);
+        self.tail.extend(&data[from_data..]);
     }
 
     /// Total bytes written to the stream.
@@ -404,6 +392,63 @@ mod tests {
             out.contains("[output truncated: 115 of 125 bytes omitted]"),
             "{out}"
         );
+    }
+
+    #[test]
+    fn how_a_stream_is_chunked_does_not_change_what_is_kept() {
+        // Words on both sides of MAX_CUT_WORD (some holding quotes and commas, which end a
+        // token but not a word) and short ones, so the cuts fall in words and tokens of every
+        // kind; chunks up to larger than the tail make every branch of `push` run, including
+        // runs that leave through both halves of the tail's ring buffer.
+        let mut seed = 0x2545_f491_u64;
+        let mut next = |below: u64| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) % below
+        };
+        let mut stream = Vec::new();
+        while stream.len() < 60_000 {
+            let len = match next(3) {
+                0 => 1 + next(8),
+                _ => 1 + next(2 * MAX_CUT_WORD as u64),
+            };
+            let quoted = next(2) == 0;
+            for i in 0..len {
+                stream.push(if quoted && i % 1500 == 700 {
+                    b'"'
+                } else {
+                    b'a' + (i % 26) as u8
+                });
+            }
+            stream.push(if next(4) == 0 { b'\n' } else { b' ' });
+        }
+        // What is kept depends on the last pushes only (later bytes overwrite what the cut
+        // measured), so many ends of the stream are tried, each cut into chunks three ways.
+        for _ in 0..25 {
+            let end = 20_000 + next(40_000) as usize;
+            let stream = &stream[..end];
+            for limit in [0, 64, 5_000, 12_000] {
+                let mut whole = HeadTail::new(limit);
+                whole.push(stream);
+                let expected = (whole.render("output"), whole.omitted());
+                for max_chunk in [97u64, 3_000, 20_000] {
+                    let mut c = HeadTail::new(limit);
+                    let mut rest = stream;
+                    while !rest.is_empty() {
+                        let n = 1 + next(max_chunk) as usize;
+                        let (chunk, more) = rest.split_at(n.min(rest.len()));
+                        c.push(chunk);
+                        rest = more;
+                    }
+                    assert_eq!(
+                        (c.render("output"), c.omitted()),
+                        expected,
+                        "{end} bytes, limit {limit}, chunks up to {max_chunk}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -375,10 +375,7 @@ impl Indents {
             if old.trim().is_empty() {
                 continue;
             }
-            let (o, f) = (
-                indent_of(old),
-                indent_of(file.trim_end_matches(['\n', '\r'])),
-            );
+            let (o, f) = (indent_of(old), indent_of(line_text(file)));
             if !pairs.iter().any(|(k, _)| k == o) {
                 pairs.push((o.to_string(), f.to_string()));
             }
@@ -435,6 +432,12 @@ struct FilePatch {
     loose: Vec<Vec<String>>,
 }
 
+/// `line` without its line end (`\n` or `\r\n`): what a diff's and a file's lines are compared
+/// by, however either was written.
+fn line_text(line: &str) -> &str {
+    line.trim_end_matches(['\n', '\r'])
+}
+
 /// Whether `line` can be a line of a hunk's body: context, removed, added, or an empty line
 /// (a context line whose space an editor stripped).
 fn hunk_body_line(line: &str) -> bool {
@@ -447,10 +450,7 @@ fn hunk_body_line(line: &str) -> bool {
 /// `loose` hunks given line ranges by where their old lines (context and removed) stand in
 /// `old`: each must be found exactly once, after the one before it.
 fn placed_hunks(name: &str, old: &str, loose: &[Vec<String>]) -> Result<String, ToolError> {
-    let file: Vec<&str> = old
-        .split_inclusive('\n')
-        .map(|l| l.trim_end_matches(['\n', '\r']))
-        .collect();
+    let file: Vec<&str> = old.split_inclusive('\n').map(line_text).collect();
     let problem = |what: String| {
         ToolError::new(
             crate::ToolErrorKind::PatchError,
@@ -464,7 +464,7 @@ fn placed_hunks(name: &str, old: &str, loose: &[Vec<String>]) -> Result<String, 
             .iter()
             .filter(|l| !l.starts_with('\\'))
             .map(|l| {
-                let l = l.trim_end_matches(['\n', '\r']);
+                let l = line_text(l);
                 match l.as_bytes().first() {
                     Some(c @ (b' ' | b'-' | b'+')) => (*c, &l[1..]),
                     _ => (b' ', ""),
@@ -540,8 +540,8 @@ fn split_patch(text: &str) -> Result<Vec<FilePatch>, String> {
     while i < lines.len() {
         let line = lines[i];
         if line.starts_with("--- ") && lines.get(i + 1).is_some_and(|l| l.starts_with("+++ ")) {
-            let old_name = header_name(line.trim_end_matches(['\n', '\r']), "--- ");
-            let new_name = header_name(lines[i + 1].trim_end_matches(['\n', '\r']), "+++ ");
+            let old_name = header_name(line_text(line), "--- ");
+            let new_name = header_name(line_text(lines[i + 1]), "+++ ");
             let mut body = String::new();
             body.push_str(line);
             body.push_str(lines[i + 1]);
@@ -587,10 +587,7 @@ fn split_patch(text: &str) -> Result<Vec<FilePatch>, String> {
                     }
                     // Blank lines after a hunk separate it from what follows; as empty
                     // context they would have to match the file.
-                    while hunk
-                        .last()
-                        .is_some_and(|l| l.trim_end_matches(['\n', '\r']).is_empty())
-                    {
+                    while hunk.last().is_some_and(|l| line_text(l).is_empty()) {
                         hunk.pop();
                     }
                     loose.push(hunk);
