@@ -331,6 +331,9 @@ struct PreviousTool {
     entry: Option<Arc<ToolEntry>>,
     by_registration: bool,
     by_host: bool,
+    /// The registration opened the name in the plugin override policy (the host's
+    /// `override=True` for a plugin source): undoing it closes the name again.
+    widened_policy: bool,
 }
 
 #[pymethods]
@@ -402,10 +405,11 @@ fn register_tool(
     }
     py.allow_threads(|| {
         let reg = registry();
-        if replace_builtin
+        let widened_policy = replace_builtin
             && entry.source.is_external()
             && reg.get(&name).is_some_and(|old| !old.source.is_external())
-        {
+            && !reg.override_policy().names.contains(&name);
+        if widened_policy {
             reg.set_override_policy(reg.override_policy().allow_name(&name));
         }
         // Held across the registration, so a registration of the same name on another thread
@@ -415,6 +419,12 @@ fn register_tool(
         let by_host = open.by_host.contains(&name);
         let replaced = reg
             .register_replacing(entry, replace_builtin)
+            .inspect_err(|_| {
+                // A refused registration leaves the policy as it found it.
+                if widened_policy {
+                    close_override_name(reg, &name);
+                }
+            })
             .map_err(registration_error)?;
         if script_callable {
             reg.allow_in_scripts(&name).map_err(registration_error)?;
@@ -427,8 +437,16 @@ fn register_tool(
             entry: replaced,
             by_registration,
             by_host,
+            widened_policy,
         })
     })
+}
+
+/// Takes `name` out of the override policy's names again.
+fn close_override_name(reg: &ToolRegistry, name: &str) {
+    let mut policy = reg.override_policy();
+    policy.names.remove(name);
+    reg.set_override_policy(policy);
 }
 
 /// Undoes a registration: gives the name back what `previous` (from `register_tool`) says it
@@ -439,8 +457,12 @@ fn restore_tool(py: Python<'_>, previous: &Bound<'_, PreviousTool>) {
     let name = previous.name.clone();
     let entry = previous.entry.clone();
     let (by_registration, by_host) = (previous.by_registration, previous.by_host);
+    let widened_policy = previous.widened_policy;
     py.allow_threads(|| {
         let reg = registry();
+        if widened_policy {
+            close_override_name(reg, &name);
+        }
         let mut open = openings();
         match entry {
             Some(entry) => {

@@ -263,3 +263,30 @@ def test_a_failed_module_gives_replaced_tools_their_earlier_registration_back(tm
     assert lines[0] == "[]"
     assert "hello" in lines[1] and "mine" not in lines[1], lines
     assert lines[2:] == ['{"host": 1}', "True True"]
+
+
+def test_a_failed_module_closes_the_override_it_opened_for_a_plugin_source(tmp_path):
+    # The host's override=True for a plugin source opens the name in the plugin override
+    # policy; rolled back with the failed module, it must not stay open for the plugin.
+    d = tmp_path / "widening"
+    d.mkdir()
+    write(d, "a_widens.py", """
+        from vibeos_exec import registry
+        S = {"type": "object", "properties": {"path": {"type": "string"}}}
+        registry.register("read_file", "file", S, lambda a: {"mine": 1}, source="acme",
+                          override=True)
+        import missing_dep_xyz
+    """)
+    proc = run_python(f"""
+        import vibeos_exec
+        from vibeos_exec import registry
+        S = {{"type": "object", "properties": {{"path": {{"type": "string"}}}}}}
+        print(vibeos_exec.discover_tools({str(d)!r}))
+        try:
+            registry.register("read_file", "file", S, lambda a: {{"again": 1}}, source="acme")
+            print("replaced by the plugin")
+        except ValueError as e:
+            print("refused:", "override policy" in str(e))
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["[]", "refused: True"]
