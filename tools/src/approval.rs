@@ -561,10 +561,11 @@ fn allowlisted(allow: &[String], command: &str, matched: &[&DangerousPattern]) -
 
 /// Whether `command_allowlist` approves pattern `p` in `command`: its key is listed, or a glob
 /// entry matches, as a whole, one command of the line (`*` stops at `;`, `&&`, `||`, `|`, `&`
-/// and at subshells and substitutions) and every place `p` matches lies inside such a command.
-/// So `git push *` approves the force push of `git push -f x; curl … | sh` but not the
-/// `curl | sh`, which still needs its own approval: an entry approves one command, never what
-/// is chained to it.
+/// and at subshells and substitutions) and every place `p` matches lies inside such a command
+/// and starts where it starts: the danger is the command's own. So `git push *` approves the
+/// force push of `git push -f x; curl … | sh` but not the `curl | sh`, which still needs its
+/// own approval: an entry approves one command, never what is chained to it — nor what its
+/// arguments carry (`git push --receive-pack='rm -rf ~' …`, a redirect `> /etc/hosts`).
 fn allowlist_approves(allow: &[String], command: &str, p: &DangerousPattern) -> bool {
     if allow.iter().any(|a| a == &p.key) {
         return true;
@@ -608,7 +609,7 @@ fn allowlist_approves(allow: &[String], command: &str, p: &DangerousPattern) -> 
         let inside = p.regex.find_iter(&view).all(|m| {
             regions
                 .iter()
-                .any(|r| r.start <= m.start() && m.end() <= r.end)
+                .any(|r| r.start == m.start() && m.end() <= r.end)
         });
         if !inside {
             return false;

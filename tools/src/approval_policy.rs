@@ -587,6 +587,16 @@ mod tests {
         assert_eq!(key("sudo /bin/rm -r -f /*"), Some("delete_root"));
         assert_eq!(key("rm -rf --no-preserve-root /"), Some("delete_root"));
         assert_eq!(key("rm -rf /usr"), Some("delete_root"));
+        // `..` leads back up: these are `/*`, `/usr`, `/etc` and `cd / && rm -rf *`.
+        for c in [
+            "rm -rf /tmp/../*",
+            "rm -rf /var/../usr",
+            "rm -rf /srv/../etc",
+            "rm -rf /a/b/../../",
+        ] {
+            assert_eq!(key(c), Some("delete_root"), "{c}");
+        }
+        assert!(key("cd /tmp/.. && rm -rf *").is_some());
         // Whatever ends the path: a redirect, a subshell, a substitution, a trailing slash,
         // doubled slashes.
         for c in [
@@ -661,6 +671,13 @@ mod tests {
             "env GIT_TRACE=1 git push origin main",
             "bash -c 'git push origin main'",
             "GIT_PUSH origin main || git push origin main",
+            // A command after assignments, or run by a keyword, is a command too.
+            "FOO=1 git push origin main",
+            "GIT_TRACE=0 A=b git push origin main",
+            "if true; then git push origin main; fi",
+            "for i in 1; do git push origin main; done",
+            "true || { false; } && ! git push origin main",
+            "if git push origin main; then :; fi",
         ] {
             assert!(denied_by_rule(&rules, cmd, &[]).is_some(), "{cmd}");
         }

@@ -22,10 +22,17 @@ static COMMAND_PATH: LazyLock<Option<Regex>> = LazyLock::new(|| {
 static SPACES: LazyLock<Option<Regex>> = LazyLock::new(|| Regex::new(r"[ \t\r\x0b\x0c]+").ok());
 /// Doubled slashes and `/./` in paths (`//etc`, `/./etc` are `/etc`); not the `//` of a URL.
 static SLASHES: LazyLock<Option<Regex>> = LazyLock::new(|| Regex::new(r"(^|[^:/])/(?:\.?/)+").ok());
+/// An absolute path with a `..` component (`/tmp/../etc`, `/srv/..`), as a word of the line.
+static DOT_DOT_PATH: LazyLock<Option<Regex>> = LazyLock::new(|| {
+    Regex::new(
+        r"(^|[\s;&|(){}<>=`])(/(?:[^\s;&|(){}<>`]*/)?\.\.(?:/[^\s;&|(){}<>`]*)?)($|[\s;&|(){}<>`])",
+    )
+    .ok()
+});
 
 /// The form of a command that patterns are matched against: lower-case, line continuations
 /// joined, quotes and backslashes removed, `$IFS` as a space, `/usr/bin/rm` as `rm`, `//etc`
-/// and `/./etc` as `/etc`, `>|` as `>`, whitespace runs collapsed. A newline ends a command
+/// and `/./etc` as `/etc`, `/tmp/../etc` as `/etc`, `>|` as `>`, whitespace runs collapsed. A newline ends a command
 /// (`;`) except inside a quoted string or a heredoc body, where it is whitespace (SQL split over
 /// lines reads as one statement).
 pub fn normalize_command(command: &str) -> String {
@@ -70,7 +77,38 @@ fn finish(joined: &str) -> String {
     if let Some(re) = SLASHES.as_ref() {
         s = re.replace_all(&s, "$1/").into_owned();
     }
+    if let Some(re) = DOT_DOT_PATH.as_ref() {
+        // Twice, because a match consumes the separator the next path needs.
+        for _ in 0..2 {
+            s = re
+                .replace_all(&s, |c: &regex::Captures<'_>| {
+                    format!("{}{}{}", &c[1], without_dot_dot(&c[2]), &c[3])
+                })
+                .into_owned();
+        }
+    }
     cut_command_paths(s).trim().to_string()
+}
+
+/// An absolute path with its `..` components resolved by name, as the tiers must read it:
+/// `rm -rf /tmp/../*` deletes `/*`. (A symlink before the `..` would lead elsewhere in the
+/// kernel; by name is what can be judged from the text.) A trailing slash is kept.
+fn without_dot_dot(path: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            name => parts.push(name),
+        }
+    }
+    let mut out = format!("/{}", parts.join("/"));
+    if path.ends_with('/') && out != "/" {
+        out.push('/');
+    }
+    out
 }
 
 fn cut_command_paths(mut s: String) -> String {
@@ -376,8 +414,10 @@ pub fn glob_regex(glob: &str, nested: bool) -> String {
 }
 
 /// Where one command of a normalised line may start: the beginning, or after a separator
-/// (`;`, `&&`, `||`, `|`, `&`), a subshell or group opening, or a substitution.
-pub const COMMAND_START: &str = r"(?:^|[;&|({`])\s*";
+/// (`;`, `&&`, `||`, `|`, `&`), a subshell or group opening, a substitution, a keyword that
+/// runs the command after it (`then`, `do`, `else`, `if`, `while`, `!`, `time`, …); and
+/// after the variable assignments in front of a command (`FOO=1 git push` runs `git push`).
+pub const COMMAND_START: &str = r"(?:^|[;&|({`]|\b(?:then|do|else|elif|if|while|until|time)\s|!)\s*(?:[a-z_][a-z0-9_]*=\S*\s+)*";
 /// Where one command of a normalised line ends.
 pub const COMMAND_END: &str = r"\s*(?:$|[;&|)}`])";
 
@@ -495,6 +535,7 @@ mod tests {
             ("COMMAND_PATH", &COMMAND_PATH),
             ("SPACES", &SPACES),
             ("SLASHES", &SLASHES),
+            ("DOT_DOT_PATH", &DOT_DOT_PATH),
             ("SQL_COMMENT", &SQL_COMMENT),
             ("ECHO_SUBST", &ECHO_SUBST),
             ("ASSIGNMENT", &ASSIGNMENT),
@@ -505,6 +546,26 @@ mod tests {
             ("SHELL_C", &SHELL_C),
         ] {
             assert!(re.is_some(), "{name} does not compile");
+        }
+    }
+
+    #[test]
+    fn dot_dot_in_an_absolute_path_is_resolved_by_name() {
+        for (given, read) in [
+            ("rm -rf /tmp/../*", "rm -rf /*"),
+            ("rm -rf /var/../usr", "rm -rf /usr"),
+            ("cd /tmp/.. && rm -rf *", "cd / && rm -rf *"),
+            ("rm -rf /a/b/../../etc/", "rm -rf /etc/"),
+            ("rm -rf /..", "rm -rf /"),
+            ("rm -rf /a/.. /b/../etc", "rm -rf / /etc"),
+            ("x=/srv/../etc; ls", "x=/etc; ls"),
+            ("echo >/tmp/../etc/hosts", "echo >/etc/hosts"),
+            // Relative paths and names that only contain dots stay.
+            ("rm -rf ../build", "rm -rf ../build"),
+            ("ls /srv/..data", "ls /srv/..data"),
+            ("curl http://h/a/../b", "curl http://h/a/../b"),
+        ] {
+            assert_eq!(normalize_command(given), read, "{given}");
         }
     }
 
