@@ -30,10 +30,25 @@ pub fn apply(result: &mut ExecutionResult, base_env: &[(OsString, OsString)]) {
             .iter()
             .filter_map(|(k, v)| Some((k.to_str()?.to_string(), v.to_str()?.to_string()))),
     );
+    let raw_last_line = last_line(&result.output).map(str::to_owned);
     let (output, n) = redactor.redact(&result.output);
-    result.output = output;
     let mut total = n;
-    if let Some(error) = result.error.take() {
+    // A failed script's error quotes the last line of its stderr, which ends the output. Alone,
+    // that line can be a piece of a secret whose start is on the lines before it (the last
+    // line of a private key, the value under `aws_secret_access_key =`): the output redacts it
+    // in context, so the error quotes the line as the output shows it.
+    let error = result
+        .error
+        .take()
+        .map(|error| match (&raw_last_line, last_line(&output)) {
+            (Some(raw), Some(shown)) if raw != shown => match error.strip_suffix(raw.as_str()) {
+                Some(what) => format!("{what}{shown}"),
+                None => error,
+            },
+            _ => error,
+        });
+    result.output = output;
+    if let Some(error) = error {
         // The error is the supervisor's own text, and a backend's "cannot reach the service"
         // names the endpoint to check: service addresses are not secrets (`doctor` prints
         // them), so their values stay readable there. They are still scrubbed from every
@@ -57,4 +72,12 @@ pub fn apply(result: &mut ExecutionResult, base_env: &[(OsString, OsString)]) {
         result.error = Some(error);
     }
     result.redactions = total;
+}
+
+/// The last line of `text` with anything but whitespace, trimmed.
+fn last_line(text: &str) -> Option<&str> {
+    text.lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .map(str::trim)
 }

@@ -92,6 +92,57 @@ fn a_private_key_cut_open_by_paging_or_head_shows_none_of_its_lines() {
     }
 }
 
+#[test]
+fn a_failed_script_s_error_line_quotes_its_last_stderr_line_as_redacted_in_context() {
+    // The error quotes the last line of stderr. On its own that line was the last base64 line
+    // of a private key, or the value under `aws_secret_access_key =`: neither is a secret
+    // alone, so it went out in clear while the output redacted it (stop 48's probe).
+    let sb = Sandbox::new();
+    let (key, lines) = fake_key();
+    std::fs::write(sb.work().join("id_test"), &key).unwrap();
+    let aws = "Zq9wJalrXUtnFEMI/K7MDENG/bPxRfiCYzT4Ku8d";
+    for (what, script, secret) in [
+        (
+            "key without its END line",
+            "import sys\n\
+             text = open('id_test').read().splitlines()\n\
+             sys.stderr.write('loading key:\\n' + '\\n'.join(text[:-1]) + '\\n')\n\
+             sys.exit(1)\n"
+                .to_string(),
+            lines[8].clone(),
+        ),
+        (
+            "aws value on its own line",
+            format!(
+                "import sys\n\
+                 sys.stderr.write('aws_secret_access_key =\\n{aws}\\n')\n\
+                 sys.exit(1)\n"
+            ),
+            aws.to_string(),
+        ),
+    ] {
+        let r = sb.run_json(&script, &[]);
+        assert_eq!(r["status"], "error", "{what}: {r}");
+        let error = r["error"].as_str().unwrap();
+        let out = r["output"].as_str().unwrap();
+        assert_eq!(
+            pieces_shown(error, &secret),
+            Vec::<String>::new(),
+            "{what}: {r}"
+        );
+        assert_eq!(
+            pieces_shown(out, &secret),
+            Vec::<String>::new(),
+            "{what}: {r}"
+        );
+        assert!(
+            error.starts_with("the script exited with code 1: "),
+            "{what}: {error}"
+        );
+        assert!(error.contains("[REDACTED:"), "{what}: {error}");
+    }
+}
+
 /// A script writing one minified JSON line of about 150 KB (`{"id":0,"name":"user00000"},…`)
 /// with `"token":"<secret>"` placed so the secret starts at byte `at`; `secret` is a Python
 /// expression.
