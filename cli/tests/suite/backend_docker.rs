@@ -445,6 +445,70 @@ fn docker_executions_end_like_local_ones() {
         daemon.running_with_label("vibeos-exec=1").is_empty(),
         "the last user stops it"
     );
+    // Made again from other settings, it would lose what is in it; reused as it is, it would
+    // keep a volume the settings dropped (and count as isolated for approvals) or lack one
+    // they add. So a persistent container made from other settings is refused, naming them.
+    let shared = tempfile::tempdir().unwrap();
+    std::fs::write(
+        home.path().join("config.yaml"),
+        format!(
+            "terminal:\n  docker_image: {IMAGE}\n  docker_binary: {docker}\n  container_persistent: true\n  docker_volumes: [\"{}:/data\"]\n",
+            shared.path().display()
+        ),
+    )
+    .unwrap();
+    let changed = cli("print('ran')").wait_with_output().unwrap();
+    let v: serde_json::Value =
+        serde_json::from_slice(&changed.stdout).unwrap_or_else(|_| panic!("{changed:?}"));
+    assert_eq!(v["status"], "error", "{v}");
+    let error = v["error"].as_str().unwrap_or("");
+    assert!(
+        error.contains("terminal.docker_volumes") && error.contains("backends gc --all"),
+        "{v}"
+    );
+    assert_eq!(daemon.labelled(), persistent, "the container was replaced");
+    // A volume whose host directory is missing is refused, not made on the host.
+    let missing = shared.path().join("not-there");
+    std::fs::write(
+        home.path().join("config.yaml"),
+        format!(
+            "terminal:\n  docker_image: {IMAGE}\n  docker_binary: {docker}\n  docker_volumes: [\"{}:/data\"]\n",
+            missing.display()
+        ),
+    )
+    .unwrap();
+    let out = cli("print('ran')").wait_with_output().unwrap();
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{out:?}"));
+    assert_eq!(v["status"], "error", "{v}");
+    assert!(
+        !missing.exists(),
+        "docker made the volume's host directory: {v}"
+    );
+    // A session dir with `:` and `,` in its name mounts as /workspace.
+    let odd = shared.path().join("we:ird,dir");
+    std::fs::create_dir(&odd).unwrap();
+    std::fs::write(odd.join("marker.txt"), "here").unwrap();
+    std::fs::write(
+        home.path().join("config.yaml"),
+        format!(
+            "terminal:\n  docker_image: {IMAGE}\n  docker_binary: {docker}\n  docker_mount_cwd_to_workspace: true\n"
+        ),
+    )
+    .unwrap();
+    let script = home.path().join("ws.py");
+    std::fs::write(&script, "print(open('/workspace/marker.txt').read())").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vibeos-exec"))
+        .args(["run", "--json", "--backend", "docker", "--cwd"])
+        .arg(&odd)
+        .arg(&script)
+        .env("VIBEOS_HOME", home.path())
+        .env("VIBEOS_AGENT_BINARY", env!("CARGO_BIN_EXE_vibeos-exec"))
+        .output()
+        .unwrap();
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{out:?}"));
+    assert_eq!(v["output"], "here\n", "{v}");
     // A persistent container's RPC dir (and users file) outlive its stops by design: remove
     // them with it, so the test leaves nothing in the temp dir.
     let mount = daemon.docker(&[

@@ -32,6 +32,8 @@ pub const RPC_MOUNT: &str = "/run/vibeos-rpc";
 pub const AGENT_PATH: &str = "/usr/local/libexec/vibeos-exec";
 /// Label every container carries.
 pub const LABEL: &str = "vibeos-exec=1";
+/// The label holding what a container was made from ([`container_shape`]).
+const SHAPE_LABEL: &str = "vibeos-exec.shape";
 /// How long `spawn_leader` waits for the leader to record its pid (its interpreter's start).
 const LEADER_RECORD_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -193,6 +195,82 @@ fn container_name(task: &str, persistent: bool) -> String {
     }
 }
 
+/// What a container is made from, as the JSON text of its [`SHAPE_LABEL`]: image,
+/// interpreter, network, limits, mounts and default working directory. A persistent container
+/// is reused only when the current settings would make the same one ([`shape_change`]).
+fn container_shape(
+    image: &str,
+    settings: &BackendSettings,
+    mount_cwd: Option<&std::path::Path>,
+    workdir: Option<&str>,
+    agent_bin: &std::path::Path,
+) -> String {
+    let volumes: Vec<serde_json::Value> = settings
+        .docker_volumes
+        .iter()
+        .map(|v| serde_json::json!([v.host, v.container, v.read_only]))
+        .collect();
+    serde_json::json!({
+        "image": image,
+        "python": settings.python,
+        "network": settings.docker_network,
+        "pids": settings.container_pids,
+        "cpu": settings.container_cpu,
+        "memory_mb": settings.container_memory,
+        "volumes": volumes,
+        "workspace": mount_cwd,
+        "workdir": workdir,
+        "agent": agent_bin,
+    })
+    .to_string()
+}
+
+/// How the settings a container was made from (`made_from`, its [`SHAPE_LABEL`]) differ from
+/// `now`, naming the settings; `None` when they are the same. A container without the label
+/// (made by an older version) cannot be judged and counts as different.
+fn shape_change(made_from: &str, now: &str) -> Option<String> {
+    if made_from == now {
+        return None;
+    }
+    let (Ok(serde_json::Value::Object(old)), Ok(serde_json::Value::Object(new))) = (
+        serde_json::from_str::<serde_json::Value>(made_from),
+        serde_json::from_str::<serde_json::Value>(now),
+    ) else {
+        return Some("it does not say which: it was made by another version".into());
+    };
+    fn named(key: &str) -> &str {
+        match key {
+            "image" => "terminal.docker_image",
+            "python" => "terminal.python",
+            "network" => "terminal.docker_network",
+            "pids" => "terminal.container_pids",
+            "cpu" => "terminal.container_cpu",
+            "memory_mb" => "terminal.container_memory",
+            "volumes" => "terminal.docker_volumes",
+            "workspace" => "terminal.docker_mount_cwd_to_workspace or the session's cwd",
+            "workdir" => "its default working directory",
+            "agent" => "the path of the vibeos-exec binary mounted in it",
+            other => other,
+        }
+    }
+    let changed: Vec<String> = new
+        .iter()
+        .filter(|(k, v)| old.get(k.as_str()) != Some(v))
+        .map(|(k, v)| {
+            let was = old
+                .get(k.as_str())
+                .cloned()
+                .unwrap_or(serde_json::Value::Null);
+            format!("{}: {was} then, {v} now", named(k))
+        })
+        .collect();
+    Some(if changed.is_empty() {
+        "it was made by another version".into()
+    } else {
+        changed.join("; ")
+    })
+}
+
 impl DockerEnv {
     /// Creates (or, when persistent, restarts) the container of `task`.
     pub fn start(settings: &BackendSettings, task: &str) -> Result<DockerEnv, EnvError> {
@@ -239,10 +317,44 @@ impl DockerEnv {
             rpc_dir: rpc_dir.clone(),
             users,
         };
+        let shape = container_shape(
+            &image,
+            settings,
+            mount_cwd.as_deref(),
+            settings.cwd.is_none().then_some(workdir.as_str()),
+            &agent_bin,
+        );
         if persistent {
-            let out = engine(&binary, &["inspect", "-f", "{{.State.Running}}", &name])?;
+            let out = engine(
+                &binary,
+                &[
+                    "inspect",
+                    "-f",
+                    &format!(
+                        "{{{{.State.Running}}}}\t{{{{index .Config.Labels \"{SHAPE_LABEL}\"}}}}"
+                    ),
+                    &name,
+                ],
+            )?;
             if out.success() {
-                if String::from_utf8_lossy(&out.stdout).trim() != "true" {
+                let text = String::from_utf8_lossy(&out.stdout);
+                let (running, made_from) = text.trim_end().split_once('\t').unwrap_or((&text, ""));
+                // Reused as it is, a container made from other settings would run another
+                // image, lack a volume or keep one the settings dropped (and then count as
+                // isolated for approvals while a host directory is mounted in it).
+                if let Some(changed) = shape_change(made_from, &shape) {
+                    return Err(EnvError::Command {
+                        backend: "docker",
+                        what: "reusing the persistent container".into(),
+                        message: format!(
+                            "container `{name}` was made with other settings ({changed}); \
+                             making it again would lose what is in it, so it is left as it is. \
+                             Remove it (`vibeos-exec backends gc --all`, or `{binary} rm -f \
+                             {name}`) to have it made from the current settings, or restore them"
+                        ),
+                    });
+                }
+                if running.trim() != "true" {
                     std::fs::create_dir_all(&rpc_dir)
                         .map_err(|e| env.io("create the RPC dir", &e))?;
                     let out = engine(&binary, &["start", &name])?;
@@ -277,6 +389,8 @@ impl DockerEnv {
             format!("vibeos-exec.owner={}", owner_label()),
             "--label".into(),
             format!("vibeos-exec.persistent={}", u8::from(persistent)),
+            "--label".into(),
+            format!("{SHAPE_LABEL}={shape}"),
             "--network".into(),
             settings.docker_network.clone(),
             "--cap-drop".into(),
@@ -307,19 +421,28 @@ impl DockerEnv {
         if let Some(mb) = settings.container_memory {
             args.extend(["--memory".into(), format!("{mb}m")]);
         }
+        // `--mount` (see the agent's): a missing host directory is an error, not an empty
+        // root-owned directory made on the host; and its fields are quoted, so a path with
+        // `:` or `,` mounts as given.
         for v in &settings.docker_volumes {
-            args.extend([
-                "-v".into(),
-                format!(
-                    "{}:{}{}",
-                    v.host.display(),
-                    v.container,
-                    if v.read_only { ":ro" } else { "" }
-                ),
-            ]);
+            let mut spec = format!(
+                "type=bind,{},{}",
+                mount_field("source", &v.host.display().to_string()),
+                mount_field("target", &v.container)
+            );
+            if v.read_only {
+                spec.push_str(",readonly");
+            }
+            args.extend(["--mount".into(), spec]);
         }
         if let Some(cwd) = &mount_cwd {
-            args.extend(["-v".into(), format!("{}:/workspace", cwd.display())]);
+            args.extend([
+                "--mount".into(),
+                format!(
+                    "type=bind,{},target=/workspace",
+                    mount_field("source", &cwd.display().to_string())
+                ),
+            ]);
         }
         args.extend([
             "--entrypoint".into(),
@@ -722,6 +845,34 @@ pub fn probe(binary: &str) -> Result<String, EnvError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_persistent_container_is_reused_only_when_made_from_the_same_settings() {
+        let mut settings = BackendSettings::default();
+        let agent = std::path::Path::new("/opt/vibeos-exec");
+        let shape = |s: &BackendSettings| container_shape("img:1", s, None, Some("/root"), agent);
+        let first = shape(&settings);
+        assert_eq!(shape_change(&first, &shape(&settings)), None);
+        settings
+            .docker_volumes
+            .push(super::super::settings::Volume {
+                host: "/srv/data".into(),
+                container: "/data".into(),
+                read_only: false,
+            });
+        settings.container_memory = Some(512);
+        let changed = shape_change(&first, &shape(&settings)).unwrap();
+        assert!(changed.contains("terminal.docker_volumes"), "{changed}");
+        assert!(
+            changed.contains("terminal.container_memory: null then, 512 now"),
+            "{changed}"
+        );
+        assert!(!changed.contains("docker_image"), "{changed}");
+        // A container without the label (an older version's) cannot be judged.
+        assert!(shape_change("", &first)
+            .unwrap()
+            .contains("another version"));
+    }
 
     #[test]
     fn execution_sockets_fit_in_sun_path_for_any_task_id() {
