@@ -402,6 +402,30 @@ fn docker_executions_end_like_local_ones() {
         ),
     );
     assert!(r.output.contains("/root\nHOME=[/root]"), "{r:?}");
+    // A container stopped or removed behind the host's back (its PID 1 killed, `docker stop`,
+    // `docker rm`, a daemon restart) is brought back for the task's next execution; it used
+    // to fail every execution of the task until the environment went idle.
+    let container = || {
+        let out = daemon.docker(&["ps", "-aq", "--filter", "label=vibeos-exec.task=task-s"]);
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let before = container();
+    assert!(!before.is_empty());
+    for (what, args) in [("stopped", ["stop", "-t", "0"]), ("removed", ["rm", "-f", "-v"])] {
+        let out = daemon.docker(&[args[0], args[1], args[2], &container()]);
+        assert!(out.status.success(), "{what}: {out:?}");
+        let r = run(&rt, request("print('back')", "task-s"));
+        assert_eq!(r.status, Status::Success, "after the container was {what}: {r:?}");
+        assert_eq!(r.output, "back\n", "{what}: {r:?}");
+        let r = run(
+            &rt,
+            request(
+                "from vibeos_tools import read_file, write_file\nwrite_file('/tmp/x', 'y')\nprint(read_file('/tmp/x')['content'])",
+                "task-s",
+            ),
+        );
+        assert!(r.output.contains('y'), "tools after the container was {what}: {r:?}");
+    }
     environments::shutdown();
 
     // Two processes share a persistent container: the first to finish leaves it running for

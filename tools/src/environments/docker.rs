@@ -55,6 +55,23 @@ pub struct DockerEnv {
     /// A persistent container's users file, held with a shared `flock` while this process
     /// uses the container (see [`users_lock`]); `None` for a container of our own.
     users: Option<std::fs::File>,
+    /// What `docker run` makes the container from, kept to make it again when it was removed
+    /// behind our back ([`DockerEnv::revive`]).
+    made: Made,
+    /// One revival at a time: two executions that find the container stopped start it once.
+    revive_lock: std::sync::Mutex<()>,
+}
+
+/// The `docker run` of a container: everything but its name and RPC dir.
+#[derive(Debug)]
+struct Made {
+    settings: BackendSettings,
+    task: String,
+    image: String,
+    shape: String,
+    agent_bin: PathBuf,
+    mount_cwd: Option<PathBuf>,
+    workdir: String,
 }
 
 /// The file every process using the persistent container `rpc_dir` belongs to holds a shared
@@ -304,6 +321,13 @@ impl DockerEnv {
         } else {
             None
         };
+        let shape = container_shape(
+            &image,
+            settings,
+            mount_cwd.as_deref(),
+            settings.cwd.is_none().then_some(workdir.as_str()),
+            &agent_bin,
+        );
         let env = DockerEnv {
             agent: Self::agent_client(&binary, &name, settings.shell_session, &rpc_dir),
             binary: binary.clone(),
@@ -316,14 +340,17 @@ impl DockerEnv {
             isolated: settings.docker_volumes.is_empty() && mount_cwd.is_none(),
             rpc_dir: rpc_dir.clone(),
             users,
+            made: Made {
+                settings: settings.clone(),
+                task: task.to_string(),
+                image: image.clone(),
+                shape: shape.clone(),
+                agent_bin: agent_bin.clone(),
+                mount_cwd: mount_cwd.clone(),
+                workdir: workdir.clone(),
+            },
+            revive_lock: std::sync::Mutex::new(()),
         };
-        let shape = container_shape(
-            &image,
-            settings,
-            mount_cwd.as_deref(),
-            settings.cwd.is_none().then_some(workdir.as_str()),
-            &agent_bin,
-        );
         if persistent {
             let out = engine(
                 &binary,
@@ -376,6 +403,26 @@ impl DockerEnv {
         let mut dir_guard = DirGuard(Some(rpc_dir.clone()));
         std::fs::set_permissions(&rpc_dir, std::fs::Permissions::from_mode(0o700))
             .map_err(|e| env.io("protect the RPC dir", &e))?;
+        env.run_container()?;
+        dir_guard.0 = None;
+        tracing::info!(container = %name, task, "backends: docker container started");
+        Ok(env)
+    }
+
+    /// `docker run` of the container, named and mounted as this environment says; it is
+    /// checked to be running, and removed again when it is not.
+    fn run_container(&self) -> Result<(), EnvError> {
+        let Made {
+            settings,
+            task,
+            image,
+            shape,
+            agent_bin,
+            mount_cwd,
+            workdir,
+        } = &self.made;
+        let (binary, name, rpc_dir, persistent) =
+            (&self.binary, &self.name, &self.rpc_dir, self.persistent);
         let mut args: Vec<String> = vec![
             "run".into(),
             "-d".into(),
@@ -413,7 +460,7 @@ impl DockerEnv {
         // passed here: the bootstrap and the tools enter it themselves and report a missing
         // one naming the key, as every other backend does. The defaults are always there.
         if settings.cwd.is_none() {
-            args.extend(["-w".into(), workdir]);
+            args.extend(["-w".into(), workdir.clone()]);
         }
         if let Some(cpu) = settings.container_cpu {
             args.extend(["--cpus".into(), format!("{cpu}")]);
@@ -513,9 +560,104 @@ impl DockerEnv {
                 ),
             });
         }
-        dir_guard.0 = None;
-        tracing::info!(container = %name, task, "backends: docker container started");
-        Ok(env)
+        Ok(())
+    }
+
+    /// One `docker exec` of the execution's leader, and whether the leader recorded its pid
+    /// (or the record cannot be read from here) before the exec ended.
+    fn spawn_leader_once(
+        &self,
+        build: &dyn Fn(Option<&str>) -> ExecSpec,
+    ) -> Result<(Spawned, bool), EnvError> {
+        // The command records its own group: the engine starts it directly, without the
+        // wrapper's `sh` and `setsid`.
+        let pgid_file = self.pgid_file();
+        let spec = build(Some(&pgid_file));
+        spec.check("docker")?;
+        let mut cmd = Command::new(&self.binary);
+        cmd.args(["exec", "-i"]);
+        if let Some(cwd) = &spec.cwd {
+            cmd.arg("-w").arg(cwd);
+        }
+        for (k, v) in &spec.env {
+            cmd.arg("-e").arg(format!("{k}={v}"));
+        }
+        cmd.arg(&self.name).args(&spec.argv);
+        let leader = Arc::new(OnceLock::new());
+        let host_file = self
+            .rpc_dir
+            .join(pgid_file.rsplit('/').next().unwrap_or_default());
+        let spawned = ClientProcess::spawn(
+            "docker",
+            cmd,
+            Some(self.tree_killer(pgid_file, Arc::clone(&leader))),
+        )?;
+        // The leader writes its own pid there before it reads its stdin, and the script only
+        // runs once the caller has written that stdin (after we return): the pid read now
+        // cannot have been forged by the script, which may rewrite the file later.
+        let deadline = std::time::Instant::now() + LEADER_RECORD_TIMEOUT;
+        let mut recorded = false;
+        loop {
+            match std::fs::read_to_string(&host_file) {
+                Ok(text) => {
+                    if let Ok(pid) = text.trim().parse::<i32>() {
+                        if pid > 1 {
+                            let _ = leader.set(pid);
+                            recorded = true;
+                            break;
+                        }
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                // Unreadable from here (a rootful engine and a non-root host): the kill falls
+                // back to reading the file inside the container.
+                Err(_) => {
+                    recorded = true;
+                    break;
+                }
+            }
+            if !matches!(spawned.process.try_wait(), Ok(None))
+                || std::time::Instant::now() > deadline
+            {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        Ok((spawned, recorded))
+    }
+
+    /// Brings a container that stopped (its PID 1 killed, `docker stop`, a daemon restart) or
+    /// was removed behind our back back up, under the same name and RPC dir, so the task's
+    /// next execution runs instead of failing until the environment goes idle. Returns whether
+    /// it did anything (false: the container was running). A stopped container keeps its
+    /// files; one that was removed is made anew.
+    fn revive(&self) -> Result<bool, EnvError> {
+        let _one = self.revive_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let out = engine(
+            &self.binary,
+            &["inspect", "-f", "{{.State.Running}}", &self.name],
+        )?;
+        std::fs::create_dir_all(&self.rpc_dir).map_err(|e| self.io("create the RPC dir", &e))?;
+        std::fs::set_permissions(&self.rpc_dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| self.io("protect the RPC dir", &e))?;
+        if out.success() {
+            if String::from_utf8_lossy(&out.stdout).trim() == "true" {
+                return Ok(false);
+            }
+            let out = engine(&self.binary, &["start", &self.name])?;
+            if !out.success() {
+                return Err(engine_error(
+                    &self.binary,
+                    "restarting the stopped container",
+                    &out,
+                ));
+            }
+            tracing::warn!(container = %self.name, "backends: the docker container had stopped; started it again");
+        } else {
+            self.run_container()?;
+            tracing::warn!(container = %self.name, "backends: the docker container was removed; made it again");
+        }
+        Ok(true)
     }
 
     fn agent_client(
@@ -653,54 +795,15 @@ impl Environment for DockerEnv {
     }
 
     fn spawn_leader(&self, build: &dyn Fn(Option<&str>) -> ExecSpec) -> Result<Spawned, EnvError> {
-        // The command records its own group: the engine starts it directly, without the
-        // wrapper's `sh` and `setsid`.
-        let pgid_file = self.pgid_file();
-        let spec = build(Some(&pgid_file));
-        spec.check("docker")?;
-        let mut cmd = Command::new(&self.binary);
-        cmd.args(["exec", "-i"]);
-        if let Some(cwd) = &spec.cwd {
-            cmd.arg("-w").arg(cwd);
+        let (spawned, recorded) = self.spawn_leader_once(build)?;
+        if recorded || matches!(spawned.process.try_wait(), Ok(None)) {
+            return Ok(spawned);
         }
-        for (k, v) in &spec.env {
-            cmd.arg("-e").arg(format!("{k}={v}"));
-        }
-        cmd.arg(&self.name).args(&spec.argv);
-        let leader = Arc::new(OnceLock::new());
-        let host_file = self
-            .rpc_dir
-            .join(pgid_file.rsplit('/').next().unwrap_or_default());
-        let spawned = ClientProcess::spawn(
-            "docker",
-            cmd,
-            Some(self.tree_killer(pgid_file, Arc::clone(&leader))),
-        )?;
-        // The leader writes its own pid there before it reads its stdin, and the script only
-        // runs once the caller has written that stdin (after we return): the pid read now
-        // cannot have been forged by the script, which may rewrite the file later.
-        let deadline = std::time::Instant::now() + LEADER_RECORD_TIMEOUT;
-        loop {
-            match std::fs::read_to_string(&host_file) {
-                Ok(text) => {
-                    if let Ok(pid) = text.trim().parse::<i32>() {
-                        if pid > 1 {
-                            let _ = leader.set(pid);
-                            break;
-                        }
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                // Unreadable from here (a rootful engine and a non-root host): the kill falls
-                // back to reading the file inside the container.
-                Err(_) => break,
-            }
-            if !matches!(spawned.process.try_wait(), Ok(None))
-                || std::time::Instant::now() > deadline
-            {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(2));
+        // The exec ended before the leader could record itself: nothing of the script ran.
+        // If that was because the container is not running, bring it back and try once more.
+        if self.revive()? {
+            drop(spawned);
+            return Ok(self.spawn_leader_once(build)?.0);
         }
         Ok(spawned)
     }
