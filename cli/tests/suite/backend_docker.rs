@@ -411,11 +411,18 @@ fn docker_executions_end_like_local_ones() {
     };
     let before = container();
     assert!(!before.is_empty());
-    for (what, args) in [("stopped", ["stop", "-t", "0"]), ("removed", ["rm", "-f", "-v"])] {
+    for (what, args) in [
+        ("stopped", ["stop", "-t", "0"]),
+        ("removed", ["rm", "-f", "-v"]),
+    ] {
         let out = daemon.docker(&[args[0], args[1], args[2], &container()]);
         assert!(out.status.success(), "{what}: {out:?}");
         let r = run(&rt, request("print('back')", "task-s"));
-        assert_eq!(r.status, Status::Success, "after the container was {what}: {r:?}");
+        assert_eq!(
+            r.status,
+            Status::Success,
+            "after the container was {what}: {r:?}"
+        );
         assert_eq!(r.output, "back\n", "{what}: {r:?}");
         let r = run(
             &rt,
@@ -424,7 +431,10 @@ fn docker_executions_end_like_local_ones() {
                 "task-s",
             ),
         );
-        assert!(r.output.contains('y'), "tools after the container was {what}: {r:?}");
+        assert!(
+            r.output.contains('y'),
+            "tools after the container was {what}: {r:?}"
+        );
     }
     environments::shutdown();
 

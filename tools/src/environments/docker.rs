@@ -421,8 +421,12 @@ impl DockerEnv {
             mount_cwd,
             workdir,
         } = &self.made;
-        let (binary, name, rpc_dir, persistent) =
-            (&self.binary, &self.name, &self.rpc_dir, self.persistent);
+        let (binary, name, rpc_dir, persistent) = (
+            self.binary.clone(),
+            self.name.clone(),
+            self.rpc_dir.clone(),
+            self.persistent,
+        );
         let mut args: Vec<String> = vec![
             "run".into(),
             "-d".into(),
