@@ -405,6 +405,16 @@ fn real_main(cli: Cli) -> Result<u8, UsageError> {
                 return Ok(report_stopped_before_start(sig, args, &config));
             }
             let request = request?;
+            if request.mode == vibeos_supervisor::Mode::Strict
+                && backend.backend != vibeos_tools::environments::BackendKind::Local
+            {
+                // Known from the configuration alone: a usage error (exit 2), said before a
+                // container is made or a host is reached.
+                return Err(UsageError(
+                    vibeos_supervisor::RemoteError::StrictRemote(backend.backend.as_str())
+                        .to_string(),
+                ));
+            }
             if backend.backend == vibeos_tools::environments::BackendKind::Local {
                 // An unusable code_execution.python is a configuration error (exit 2, SPEC
                 // §10), said before anything starts, like every other bad setting.

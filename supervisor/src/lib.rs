@@ -60,6 +60,7 @@ pub use error::StartError;
 pub use execute::execute;
 pub use interpreter::InterpreterError;
 pub use reaper::is_descendant;
+pub use remote::RemoteError;
 pub use request::{session_cwd, ExecutionRequest, Interrupt};
 pub use result::{ExecutionResult, Status};
 pub use unreaped::wait_for_reapers;

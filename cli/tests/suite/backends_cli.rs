@@ -42,6 +42,19 @@ fn unknown_backend_or_missing_key_exits_2_naming_it() {
     exit_2_naming(&sb, &["run"], "terminal.ssh_host");
     sb.write_config("terminal:\n  backend: nonsense\n");
     exit_2_naming(&sb, &["run"], "nonsense");
+    // Strict mode in a remote backend is known not to work from the configuration alone: a
+    // usage error, said before the backend is started (the engine here does not exist: had it
+    // been run, the error would name it).
+    sb.write_config(
+        "terminal:\n  docker_image: img\n  docker_binary: /nonexistent/engine\n  ssh_host: 127.0.0.1\n",
+    );
+    for backend in ["docker", "ssh"] {
+        exit_2_naming(
+            &sb,
+            &["run", "--mode", "strict", "--backend", backend],
+            &format!("cannot be applied inside the {backend} backend"),
+        );
+    }
     // serve takes the same flag and fails the same way before serving anything.
     let out = sb.run(&["serve", "--backend", "kubernetes"]);
     assert_eq!(out.status.code(), Some(2));
