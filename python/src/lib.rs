@@ -483,6 +483,22 @@ fn restore_tool(py: Python<'_>, previous: &Bound<'_, PreviousTool>) {
     })
 }
 
+/// `text` with the values of this process's secret variables and well-known credential
+/// formats replaced by markers, as execute_code's output is (`security.redact_output`; the
+/// text unchanged when it is off). For the package's own log lines that quote a host's text
+/// (a callback's exception).
+#[pyfunction]
+fn redact(py: Python<'_>, text: &str) -> String {
+    py.allow_threads(|| {
+        if !vibeos_tools::redact::enabled() {
+            return text.to_string();
+        }
+        vibeos_tools::redact::Redactor::from_env(std::env::vars())
+            .redact(text)
+            .0
+    })
+}
+
 /// Removes a tool; returns whether it was registered.
 #[pyfunction]
 fn unregister_tool(py: Python<'_>, name: &str) -> bool {
@@ -874,6 +890,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(statuses, m)?)?;
     m.add_function(wrap_pyfunction!(set_approval_callback, m)?)?;
     m.add_function(wrap_pyfunction!(set_smart_approver, m)?)?;
+    m.add_function(wrap_pyfunction!(redact, m)?)?;
     m.add_function(wrap_pyfunction!(load_mcp_servers, m)?)?;
     m.add_function(wrap_pyfunction!(mcp_server_status, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

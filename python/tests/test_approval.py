@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -216,6 +217,22 @@ def test_a_failing_callback_is_not_reported_as_the_users_denial(tmp_path):
     assert "denied by the user" not in r["error"], r
     assert "RuntimeError: approval UI is down" in r["error"], r
     assert "approval callback failed" in r["error"], r
+
+
+def test_a_failing_callback_s_exception_is_logged_redacted(tmp_path, caplog):
+    # The exception's text quoted a token; the refusal redacted it, the log line did not.
+    token = "sk-proj-Q9x7Lm2Pz8Rt4Vb6Nc1Kd5Fg3Hj0WsAb12Cd34"
+
+    def broken(task_id, command, descriptions):
+        raise RuntimeError(f"kaboom {token}")
+
+    vibeos_exec.set_approval_callback(broken)
+    with caplog.at_level(logging.WARNING, logger="vibeos_exec"):
+        r = terminal("echo RAN; exit 0; rm -rf doomed", tmp_path)
+    assert "approval callback failed" in r["error"] and token not in r["error"], r
+    logged = [rec.getMessage() for rec in caplog.records if "kaboom" in rec.getMessage()]
+    assert logged, [rec.getMessage() for rec in caplog.records]
+    assert all(token not in m and "[REDACTED" in m for m in logged), logged
 
 
 def test_a_command_approved_after_its_execution_ended_does_not_run(tmp_path):

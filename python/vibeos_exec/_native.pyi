@@ -112,6 +112,9 @@ def set_approval_callback(
 ) -> None:
     """Installs the approval adapter of :mod:`vibeos_exec.approval` (None removes it)."""
 
+def redact(text: str) -> str:
+    """``text`` with secret values and credential formats replaced by markers (as output is)."""
+
 def set_smart_approver(
     adapter: Optional[Callable[[Optional[str], str, List[str], bool, float], str]] = None,
 ) -> None:

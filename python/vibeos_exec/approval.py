@@ -88,9 +88,12 @@ def _adapter(fn: Callback, allowed: tuple, fallback: str, what: str,
             _log.warning("%s did not answer within %ss; using %r", what, timeout, fallback)
             return TIMEOUT_ANSWER if report else fallback
         except BaseException as exc:  # noqa: BLE001 - a failing callback must not approve
-            _log.warning("%s raised %s: %s; using %r", what, type(exc).__name__, exc, fallback)
+            # The exception's text can quote what the callback saw (a command, a token): it
+            # goes to the log and into the tool's refusal, redacted in both.
+            text = _native.redact(str(exc))
+            _log.warning("%s raised %s: %s; using %r", what, type(exc).__name__, text, fallback)
             if report:
-                return f"{FAILED_PREFIX}{what} raised {type(exc).__name__}: {exc}"
+                return f"{FAILED_PREFIX}{what} raised {type(exc).__name__}: {text}"
             return fallback
         if answer is True:
             return allowed[0]
