@@ -167,6 +167,22 @@ pub fn start_background(
     Ok(proc_)
 }
 
+/// Bytes at the end of `bytes` that a poll holds back: the word they end in (the run after
+/// the last whitespace), when it is at most [`crate::capture::MAX_CUT_WORD`] bytes, the longest
+/// piece the output caps' cuts drop for the same reason. A longer run is no secret's piece.
+fn trailing_word_len(bytes: &[u8]) -> usize {
+    let word = bytes
+        .iter()
+        .rev()
+        .take_while(|b| !b.is_ascii_whitespace())
+        .count();
+    if word <= crate::capture::MAX_CUT_WORD {
+        word
+    } else {
+        0
+    }
+}
+
 /// A snapshot of one poll.
 #[derive(Debug)]
 pub struct PollResult {
@@ -192,17 +208,28 @@ impl BackgroundProcess {
     pub fn poll(&self, from_start: bool) -> PollResult {
         let exit_code = self.exit_code();
         let mut cursor = self.read_cursor.lock().unwrap_or_else(|e| e.into_inner());
-        let (bytes, lost, end) = match self.output.lock() {
+        let (mut bytes, lost, end, ended) = match self.output.lock() {
             Ok(ring) => {
                 // The whole log starts at offset 0: what the ring no longer holds of it is
                 // lost, however far an earlier poll had read.
                 let from = if from_start { 0 } else { *cursor };
                 let (b, l) = ring.since(from);
-                (b, l, ring.end())
+                (b, l, ring.end(), ring.eof)
             }
-            Err(_) => (Vec::new(), 0, *cursor),
+            Err(_) => (Vec::new(), 0, *cursor, true),
         };
-        *cursor = end;
+        // Each poll's output is redacted on its own, so a secret split between two polls
+        // (a pipe's block buffering cuts lines anywhere) would go out as two harmless-looking
+        // pieces. While more can come, the word the output ends in waits for the next poll,
+        // where it is redacted whole. Not in PTY mode: a program on a terminal writes whole
+        // lines, and a prompt without a newline must show at once.
+        let held = if self.pty || ended {
+            0
+        } else {
+            trailing_word_len(&bytes)
+        };
+        bytes.truncate(bytes.len() - held);
+        *cursor = end - held as u64;
         let mut output = String::from_utf8_lossy(&bytes).into_owned();
         if self.pty {
             output = output.replace("\r\n", "\n");
@@ -398,6 +425,50 @@ pub(crate) mod tests {
         assert!(p.exit_code().is_none());
         let code = p.kill();
         assert!(code.is_some());
+        remove_process(&p.id);
+    }
+
+    #[test]
+    fn a_word_split_between_polls_is_returned_whole() {
+        let _turn = BACKGROUND_REGISTRY
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let e = vec![("PATH".into(), std::env::var("PATH").unwrap_or_default())];
+        // The first half of a token, a pause long enough for a poll, then the rest.
+        let cmd = "printf 'start tok=ghp_A1b2C3d4'; sleep 1; printf 'E5f6G7h8 end\\n'";
+        let p = start_background(
+            &SpawnSpec {
+                command: cmd,
+                shown_command: cmd,
+                cwd: Path::new("/"),
+                env: &e,
+                pty: false,
+                scope: None,
+            },
+            None,
+        )
+        .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let mut polls = Vec::new();
+        loop {
+            std::thread::sleep(Duration::from_millis(100));
+            let r = p.poll(false);
+            let done = r.exit_code.is_some() && r.output.is_empty() && !polls.is_empty();
+            polls.push(r.output);
+            if done || std::time::Instant::now() > deadline {
+                break;
+            }
+        }
+        let all: String = polls.concat();
+        assert_eq!(all, "start tok=ghp_A1b2C3d4E5f6G7h8 end\n", "{polls:?}");
+        assert!(
+            polls.iter().any(|o| o.contains("tok=ghp_A1b2C3d4E5f6G7h8")),
+            "the token came in pieces: {polls:?}"
+        );
+        assert!(
+            polls.iter().all(|o| !o.ends_with("ghp_A1b2C3d4")),
+            "{polls:?}"
+        );
         remove_process(&p.id);
     }
 }
