@@ -87,7 +87,8 @@ pub fn gc(settings: &BackendSettings, all: bool, json_out: bool) -> Result<u8, S
 }
 
 /// `removed` and `kept` of every backend together (docker's container names, the cloud
-/// sandboxes' names or ids), docker's `engine`, and per backend its own lists or its error.
+/// sandboxes' names or ids), docker's `engine` when docker was swept, and per backend its own
+/// lists or its error.
 fn json_report(settings: &BackendSettings, sweeps: &[Sweep]) -> Value {
     let (mut removed, mut kept) = (Vec::new(), Vec::new());
     let mut per = Map::new();
@@ -102,12 +103,17 @@ fn json_report(settings: &BackendSettings, sweeps: &[Sweep]) -> Value {
         };
         per.insert(s.backend.into(), entry);
     }
-    json!({
-        "engine": settings.docker_binary,
+    let mut report = json!({
         "removed": removed,
         "kept": kept,
         "backends": per,
-    })
+    });
+    // Docker's engine, only when docker was swept: an ssh-only sweep named an engine it never
+    // asked.
+    if sweeps.iter().any(|s| s.backend == "docker") {
+        report["engine"] = Value::from(settings.docker_binary.as_str());
+    }
+    report
 }
 
 fn print_text(settings: &BackendSettings, sweeps: &[Sweep]) {

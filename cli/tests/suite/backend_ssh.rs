@@ -425,6 +425,11 @@ fn ssh_executions_end_like_local_ones() {
         .cloned()
         .unwrap_or_default();
     assert!(!removed.is_empty(), "{report}");
+    // An ssh-only sweep asked no docker engine and names none.
+    assert!(
+        report["backends"].get("docker").is_none() && report.get("engine").is_none(),
+        "{report}"
+    );
     let deadline = Instant::now() + Duration::from_secs(5);
     for dir in removed.iter().filter_map(|d| d.as_str()) {
         assert!(!Path::new(dir).exists(), "{report}");

@@ -212,6 +212,7 @@ fn gc_json_reports_an_unreachable_engine_on_stdout() {
     assert_eq!(out.status.code(), Some(1));
     let v = vibeos_testkit::parse_single_json(&out);
     assert!(v["backends"]["docker"]["error"].is_string(), "{v}");
+    assert!(v["engine"].is_string(), "docker was swept: {v}");
     assert_eq!(v["removed"], serde_json::json!([]));
     assert!(String::from_utf8_lossy(&out.stderr).contains("docker"));
 }
