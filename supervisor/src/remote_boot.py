@@ -256,6 +256,19 @@ if pid == 0:
     main.__file__ = script
     main.__builtins__ = __builtins__
     sys.modules["__main__"] = main
+
+    def shown_without_us(kind, value, tb, shown=sys.excepthook):
+        # A traceback reads as `python script.py`'s would: this bootstrap's frame left out.
+        if tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
+            tb = tb.tb_next
+            # The traceback printed is the exception's own.
+            if isinstance(value, BaseException):
+                value = value.with_traceback(tb)
+        shown(kind, value, tb)
+
+    sys.excepthook = shown_without_us
+    # The script has no use for the report's nonce (its frame can reach these globals).
+    nonce = None
     with open(script, "rb") as src:
         code = compile(src.read(), script, "exec")
     exec(code, main.__dict__)

@@ -377,6 +377,20 @@ fn docker_executions_end_like_local_ones() {
         "{r:?}"
     );
     assert!(r.output.starts_with("bye\n"), "{r:?}");
+    // A traceback reads as a local one: the script's frames, none of the bootstrap's.
+    let r = run(
+        &rt,
+        request("def f():\n    raise ValueError('boom')\nf()", "task-s"),
+    );
+    assert_eq!(r.exit_code, Some(1), "{r:?}");
+    assert!(
+        r.output
+            .contains("Traceback (most recent call last):\n  File \"")
+            && r.output.contains("script.py\", line 3, in <module>")
+            && r.output.contains("ValueError: boom")
+            && !r.output.contains("<string>"),
+        "{r:?}"
+    );
 
     let escape = "import os, subprocess, time\nsubprocess.Popen(['setsid', 'sleep', '9191'])\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        os.execvp('sleep', ['sleep', '9192'])\n    os._exit(0)\nos.wait()\nprint('started', flush=True)\n";
     let r = run(&rt, request(escape, "task-s"));
