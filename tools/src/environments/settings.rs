@@ -322,11 +322,14 @@ impl BackendSettings {
             s.ssh_known_hosts = match k.as_str() {
                 "strict" | "yes" => KnownHosts::Strict,
                 "accept-new" => KnownHosts::AcceptNew,
-                path if path.starts_with('/') => KnownHosts::File(PathBuf::from(path)),
+                // `~/` as ssh_key takes it: ssh expands it (from the user's passwd entry).
+                path if path.starts_with('/') || path.starts_with("~/") => {
+                    KnownHosts::File(PathBuf::from(path))
+                }
                 _ => {
                     return Err(bad(
                         "terminal.ssh_known_hosts",
-                        "must be strict, accept-new or an absolute path to a known_hosts file",
+                        "must be strict, accept-new or the path of a known_hosts file, absolute or under ~/",
                     ))
                 }
             };
@@ -467,6 +470,13 @@ mod tests {
         assert!(e.to_string().contains("terminal.ssh_port"), "{e}");
         let e = parse("terminal:\n  docker_volumes: ['rel:/x']\n", None).unwrap_err();
         assert!(e.to_string().contains("docker_volumes[0]"), "{e}");
+        // A known_hosts file under ~/ is taken as ssh_key's is (ssh expands both).
+        let s = parse("terminal:\n  ssh_known_hosts: ~/.ssh/lab_hosts\n", None).unwrap();
+        assert!(
+            matches!(&s.ssh_known_hosts, KnownHosts::File(p) if p.as_os_str() == "~/.ssh/lab_hosts")
+        );
+        let e = parse("terminal:\n  ssh_known_hosts: rel/hosts\n", None).unwrap_err();
+        assert!(e.to_string().contains("terminal.ssh_known_hosts"), "{e}");
         assert_eq!(
             parse("{}", None).unwrap().backend,
             BackendKind::Local,
