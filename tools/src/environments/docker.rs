@@ -297,6 +297,14 @@ impl DockerEnv {
             what: "start".into(),
             message: "terminal.docker_image is not set".into(),
         })?;
+        if let Some(mb) = settings.container_disk {
+            // `--storage-opt size=` needs an xfs data root with project quotas, which an
+            // engine cannot be assumed to have: said, not silently dropped.
+            tracing::warn!(
+                "backends: terminal.container_disk ({mb} MB) is not applied by the docker backend; \
+                 the container's disk is bounded only by the engine's storage"
+            );
+        }
         let persistent = settings.container_persistent;
         let name = container_name(task, persistent);
         let agent_bin = checked_agent_binary("docker", settings.agent_binary.as_deref())?;
