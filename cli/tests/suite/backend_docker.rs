@@ -33,6 +33,24 @@ fn request(code: &str, task: &str) -> ExecutionRequest {
 
 /// Asserts that no process in task-a's container has any of `left` in its command line
 /// (checked with `ps` there, through a script's terminal call).
+/// `vibeos-exec run --json --backend docker <extra> <script>` with `home` as VIBEOS_HOME, and
+/// its one result object.
+fn cli_result(
+    home: &std::path::Path,
+    extra: &[&std::ffi::OsStr],
+    script: &std::path::Path,
+) -> serde_json::Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vibeos-exec"))
+        .args(["run", "--json", "--backend", "docker"])
+        .args(extra)
+        .arg(script)
+        .env("VIBEOS_HOME", home)
+        .env("VIBEOS_AGENT_BINARY", env!("CARGO_BIN_EXE_vibeos-exec"))
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{out:?}"))
+}
+
 fn assert_none_left(rt: &tokio::runtime::Runtime, left: &[&str]) {
     let ps = run(
         rt,
@@ -254,15 +272,7 @@ print("tenv:", terminal("env")["output"].replace("\n", " "))
         "from vibeos_tools import terminal\nprint(terminal('cat /etc/debian_version')['output'])",
     )
     .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vibeos-exec"))
-        .args(["run", "--json", "--backend", "docker"])
-        .arg(&script)
-        .env("VIBEOS_HOME", home.path())
-        .env("VIBEOS_AGENT_BINARY", env!("CARGO_BIN_EXE_vibeos-exec"))
-        .output()
-        .unwrap();
-    let v: serde_json::Value =
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{out:?}"));
+    let v = cli_result(home.path(), &[], &script);
     assert_eq!(v["status"], "success", "{v}");
     assert_eq!(v["backend"], "docker", "{v}");
     assert!(
@@ -546,16 +556,11 @@ fn docker_executions_end_like_local_ones() {
     .unwrap();
     let script = home.path().join("ws.py");
     std::fs::write(&script, "print(open('/workspace/marker.txt').read())").unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vibeos-exec"))
-        .args(["run", "--json", "--backend", "docker", "--cwd"])
-        .arg(&odd)
-        .arg(&script)
-        .env("VIBEOS_HOME", home.path())
-        .env("VIBEOS_AGENT_BINARY", env!("CARGO_BIN_EXE_vibeos-exec"))
-        .output()
-        .unwrap();
-    let v: serde_json::Value =
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{out:?}"));
+    let v = cli_result(
+        home.path(),
+        &[std::ffi::OsStr::new("--cwd"), odd.as_os_str()],
+        &script,
+    );
     assert_eq!(v["output"], "here\n", "{v}");
     // A persistent container's RPC dir (and users file) outlive its stops by design: remove
     // them with it, so the test leaves nothing in the temp dir.

@@ -386,25 +386,29 @@ pub(crate) mod tests {
     /// take turns.
     pub(crate) static BACKGROUND_REGISTRY: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-    #[test]
-    fn background_poll_write_and_kill() {
-        let _turn = BACKGROUND_REGISTRY
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+    /// `cmd` started in the background from `/` with this process's PATH.
+    fn started(cmd: &str, pty: bool) -> Arc<BackgroundProcess> {
         let e = vec![("PATH".into(), std::env::var("PATH").unwrap_or_default())];
-        let cmd = "echo started; read line; echo got:$line; sleep 60";
-        let p = start_background(
+        start_background(
             &SpawnSpec {
                 command: cmd,
                 shown_command: cmd,
                 cwd: Path::new("/"),
                 env: &e,
-                pty: true,
+                pty,
                 scope: None,
             },
             None,
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    #[test]
+    fn background_poll_write_and_kill() {
+        let _turn = BACKGROUND_REGISTRY
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let p = started("echo started; read line; echo got:$line; sleep 60", true);
         // Output arrives when the shell gets a CPU: poll for it rather than sleeping a fixed
         // time (a loaded machine took longer than 300 ms).
         let wait_for = |needle: &str| {
@@ -433,21 +437,11 @@ pub(crate) mod tests {
         let _turn = BACKGROUND_REGISTRY
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        let e = vec![("PATH".into(), std::env::var("PATH").unwrap_or_default())];
         // The first half of a token, a pause long enough for a poll, then the rest.
-        let cmd = "printf 'start tok=ghp_A1b2C3d4'; sleep 1; printf 'E5f6G7h8 end\\n'";
-        let p = start_background(
-            &SpawnSpec {
-                command: cmd,
-                shown_command: cmd,
-                cwd: Path::new("/"),
-                env: &e,
-                pty: false,
-                scope: None,
-            },
-            None,
-        )
-        .unwrap();
+        let p = started(
+            "printf 'start tok=ghp_A1b2C3d4'; sleep 1; printf 'E5f6G7h8 end\\n'",
+            false,
+        );
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         let mut polls = Vec::new();
         loop {
