@@ -257,6 +257,14 @@ impl BackendSettings {
             }
         }
         s.cwd = string("cwd", t.cwd)?;
+        // The working dir on the backend's side, where nothing says what a relative one is
+        // relative to: refused here (exit 2) rather than by the first execution.
+        if s.cwd.as_deref().is_some_and(|c| !c.starts_with('/')) {
+            return Err(bad(
+                "terminal.cwd",
+                "must be an absolute path on the backend's side (e.g. /workspace)",
+            ));
+        }
         if let Some(n) = number("lifetime_seconds", t.lifetime_seconds)? {
             s.lifetime = Duration::from_secs_f64(n.min(30.0 * 86_400.0));
         }
@@ -477,6 +485,15 @@ mod tests {
         );
         let e = parse("terminal:\n  ssh_known_hosts: rel/hosts\n", None).unwrap_err();
         assert!(e.to_string().contains("terminal.ssh_known_hosts"), "{e}");
+        let e = parse("terminal:\n  cwd: relative/dir\n", None).unwrap_err();
+        assert!(e.to_string().contains("terminal.cwd"), "{e}");
+        assert_eq!(
+            parse("terminal:\n  cwd: /srv/app\n", None)
+                .unwrap()
+                .cwd
+                .as_deref(),
+            Some("/srv/app")
+        );
         assert_eq!(
             parse("{}", None).unwrap().backend,
             BackendKind::Local,
