@@ -295,6 +295,37 @@ print(u.urlopen(r).status)",
     }
     environments::shutdown();
 
+    // A script that stops the tool agent's parent shell keeps the killed agent a zombie, so
+    // its session command never ends: the host's shutdown waited for it for ever after the
+    // result (and never deleted the sandbox). The wait is bounded now.
+    environments::activate(settings());
+    let stop_agent_parent = r#"
+import os, signal
+from vibeos_tools import terminal
+print(terminal("echo agent-up")["output"].strip())
+for p in os.listdir("/proc"):
+    if p.isdigit():
+        try:
+            c = open("/proc/%s/cmdline" % p).read()
+        except OSError:
+            continue
+        if "backend-agent" in c and c.startswith("sh"):
+            os.kill(int(p), signal.SIGSTOP)
+            print("stopped", p)
+"#;
+    let r = run(&rt, request(stop_agent_parent, "task-zombie"));
+    assert!(r.output.contains("agent-up\nstopped"), "{r:?}");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        environments::shutdown();
+        let _ = tx.send(());
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_secs(60)).is_ok(),
+        "the host's shutdown hung on the stopped agent"
+    );
+    assert!(lab.sandboxes().is_empty(), "the sandbox was left");
+
     // A key the service refuses (HTTP 401) is said to be refused, not "unreachable": the
     // service was reached.
     let key = std::env::var("DAYTONA_API_KEY").unwrap();

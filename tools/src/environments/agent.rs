@@ -387,15 +387,32 @@ impl AgentClient {
     }
 }
 
+/// How long ending the agent waits for its process to be reaped after the kill.
+const AGENT_END_WAIT: Duration = Duration::from_secs(5);
+
 impl Conn {
-    /// Ends the agent: its lifeline closes and its process is killed and reaped.
+    /// Ends the agent: its lifeline closes and its process is killed and reaped — waited for
+    /// at most [`AGENT_END_WAIT`]. The wait is bounded because a script can keep the agent's
+    /// command from ever ending over there (it stopped the agent's parent shell, so the killed
+    /// agent stays a zombie and a cloud session's command never completes): unbounded, the
+    /// host's exit hung for ever after the result, and the sandbox was never deleted.
     fn end(self) {
         let Conn {
             process, _lifeline, ..
         } = self;
         drop(_lifeline);
         let _ = process.kill(GroupSignal::Kill);
-        let _ = process.wait();
+        let deadline = std::time::Instant::now() + AGENT_END_WAIT;
+        while matches!(process.try_wait(), Ok(None)) {
+            if std::time::Instant::now() >= deadline {
+                tracing::warn!(
+                    "backends: the tool agent did not end within {}s of its kill; going on without it",
+                    AGENT_END_WAIT.as_secs()
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
