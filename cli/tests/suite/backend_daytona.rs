@@ -214,13 +214,27 @@ print(u.urlopen(r).status)",
         lab.sandboxes().is_empty(),
         "a persistent sandbox is stopped at exit"
     );
-    environments::activate(keep);
+    environments::activate(keep.clone());
     let r = run(
         &rt,
         request("print(open('/root/kept.txt').read())", "task-p"),
     );
     assert_eq!(r.status, Status::Success, "{r:?}");
     assert!(r.output.contains("kept"), "{r:?}");
+    environments::shutdown();
+    // Under settings that changed it is refused, naming them, and left as it was: resumed, it
+    // ran the old image with the old resources and said nothing.
+    environments::activate(BackendSettings {
+        container_memory: Some(3 * 1024),
+        ..keep
+    });
+    let r = run(&rt, request("print('ran')", "task-p"));
+    assert_eq!(r.status, Status::Error, "{r:?}");
+    let e = r.error.clone().unwrap_or_default();
+    assert!(
+        e.contains("terminal.container_memory") && e.contains("backends gc --all"),
+        "{r:?}"
+    );
     environments::shutdown();
 
     // backends gc: a sandbox that a crashed host of this machine left (its owner process is

@@ -94,7 +94,22 @@ fn gib(mb: Option<u64>) -> Option<u64> {
 
 impl Inner {
     fn labels(&self) -> Value {
-        super::owner::cloud_labels(&self.task, self.persistent)
+        let mut labels = super::owner::cloud_labels(&self.task, self.persistent);
+        labels[super::shape::SHAPE_LABEL] = Value::from(self.shape());
+        labels
+    }
+
+    /// What the sandbox is made from, as its [`super::shape::SHAPE_LABEL`]: the image and the
+    /// resources as the service is asked for them (whole CPUs and GiB), and the interpreter.
+    fn shape(&self) -> String {
+        json!({
+            "image": self.image,
+            "cpu": self.cpu.map(|c| c.ceil() as u64),
+            "memory_gib": gib(self.memory_mb),
+            "disk_gib": gib(self.disk_mb),
+            "python": self.python,
+        })
+        .to_string()
     }
 
     fn create(&self) -> Result<SandboxRef, EnvError> {
@@ -209,6 +224,32 @@ impl Inner {
                 None,
             )?;
             if status == 200 {
+                // Resumed under settings that changed, it would run the old image with the old
+                // resources and say nothing (docs/backends.md, persistent environments).
+                let made_from = v
+                    .get("labels")
+                    .and_then(|l| l.get(super::shape::SHAPE_LABEL))
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let changed = super::shape::change(made_from, &self.shape(), |key| match key {
+                    "image" => "terminal.daytona_image",
+                    "cpu" => "terminal.container_cpu",
+                    "memory_gib" => "terminal.container_memory",
+                    "disk_gib" => "terminal.container_disk",
+                    "python" => "terminal.python",
+                    other => other,
+                });
+                if let Some(changed) = changed {
+                    return Err(err(
+                        format!("resuming the persistent sandbox {}", self.name),
+                        format!(
+                            "it was made with other settings ({changed}); making it again would \
+                             lose what is in it, so it is left as it is. Remove it (`vibeos-exec \
+                             backends gc --all`) to have it made from the current settings, or \
+                             restore them"
+                        ),
+                    ));
+                }
                 tracing::info!(sandbox = %self.name, "backends: resuming the daytona sandbox of this task");
                 return self.wait_started(v);
             }

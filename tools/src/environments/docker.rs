@@ -32,8 +32,7 @@ pub const RPC_MOUNT: &str = "/run/vibeos-rpc";
 pub const AGENT_PATH: &str = "/usr/local/libexec/vibeos-exec";
 /// Label every container carries.
 pub const LABEL: &str = "vibeos-exec=1";
-/// The label holding what a container was made from ([`container_shape`]).
-const SHAPE_LABEL: &str = "vibeos-exec.shape";
+use super::shape::SHAPE_LABEL;
 /// How long `spawn_leader` waits for the leader to record its pid (its interpreter's start).
 const LEADER_RECORD_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -243,48 +242,20 @@ fn container_shape(
 }
 
 /// How the settings a container was made from (`made_from`, its [`SHAPE_LABEL`]) differ from
-/// `now`, naming the settings; `None` when they are the same. A container without the label
-/// (made by an older version) cannot be judged and counts as different.
+/// `now`, naming the settings ([`super::shape::change`]).
 fn shape_change(made_from: &str, now: &str) -> Option<String> {
-    if made_from == now {
-        return None;
-    }
-    let (Ok(serde_json::Value::Object(old)), Ok(serde_json::Value::Object(new))) = (
-        serde_json::from_str::<serde_json::Value>(made_from),
-        serde_json::from_str::<serde_json::Value>(now),
-    ) else {
-        return Some("it does not say which: it was made by another version".into());
-    };
-    fn named(key: &str) -> &str {
-        match key {
-            "image" => "terminal.docker_image",
-            "python" => "terminal.python",
-            "network" => "terminal.docker_network",
-            "pids" => "terminal.container_pids",
-            "cpu" => "terminal.container_cpu",
-            "memory_mb" => "terminal.container_memory",
-            "volumes" => "terminal.docker_volumes",
-            "workspace" => "terminal.docker_mount_cwd_to_workspace or the session's cwd",
-            "workdir" => "its default working directory",
-            "agent" => "the path of the vibeos-exec binary mounted in it",
-            other => other,
-        }
-    }
-    let changed: Vec<String> = new
-        .iter()
-        .filter(|(k, v)| old.get(k.as_str()) != Some(v))
-        .map(|(k, v)| {
-            let was = old
-                .get(k.as_str())
-                .cloned()
-                .unwrap_or(serde_json::Value::Null);
-            format!("{}: {was} then, {v} now", named(k))
-        })
-        .collect();
-    Some(if changed.is_empty() {
-        "it was made by another version".into()
-    } else {
-        changed.join("; ")
+    super::shape::change(made_from, now, |key| match key {
+        "image" => "terminal.docker_image",
+        "python" => "terminal.python",
+        "network" => "terminal.docker_network",
+        "pids" => "terminal.container_pids",
+        "cpu" => "terminal.container_cpu",
+        "memory_mb" => "terminal.container_memory",
+        "volumes" => "terminal.docker_volumes",
+        "workspace" => "terminal.docker_mount_cwd_to_workspace or the session's cwd",
+        "workdir" => "its default working directory",
+        "agent" => "the path of the vibeos-exec binary mounted in it",
+        other => other,
     })
 }
 

@@ -25,6 +25,7 @@ pub mod relay;
 pub mod route;
 pub mod session;
 pub mod settings;
+mod shape;
 pub mod singularity;
 mod site;
 pub mod ssh;
