@@ -362,8 +362,11 @@ pub fn pump_writer_blocking<W: std::io::Write>(mut rx: UnboundedReceiver<Vec<u8>
 /// relay binds the script's socket in the execution's private work dir over there, which is
 /// also what `VIBEOS_RPC_DIR` names.
 pub fn channel(backend: &'static str, exec_id: &str) -> Result<super::Channel, EnvError> {
+    // 0700 from its creation (tempfile's own default is 0777 less the umask: 0755 under the
+    // usual 022, everything under 000).
     let dir = tempfile::Builder::new()
         .prefix("vibeos-relay-")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
         .tempdir()
         .map_err(|e| EnvError::Command {
             backend,

@@ -307,3 +307,17 @@ async fn a_relayed_spawn_behaves_like_a_plain_one() {
     .unwrap();
     assert_eq!(code, -15);
 }
+
+#[test]
+fn the_host_side_socket_dir_is_private() {
+    use std::os::unix::fs::PermissionsExt;
+    // 0700 whatever the umask (the usual 022 gave 0755: tempfile's default follows it). The
+    // umask is not changed here: it is the whole test process's.
+    let channel = channel("daytona", "0123456789abcdef").unwrap();
+    let super::super::Connections::Bind(socket) = &channel.connections else {
+        panic!("a relayed channel binds a socket on the host");
+    };
+    let dir = socket.parent().unwrap();
+    let mode = std::fs::metadata(dir).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "{}", dir.display());
+}
