@@ -79,6 +79,18 @@ impl ModalEnv {
             )
         })?;
         require_tokens()?;
+        // Said, not silently dropped: a Modal sandbox ends with its host here.
+        if settings.container_persistent {
+            tracing::warn!(
+                "backends: terminal.container_persistent is not applied by the modal backend; \
+                 the sandbox is terminated when this host is done with it"
+            );
+        }
+        if let Some(mb) = settings.container_disk {
+            tracing::warn!(
+                "backends: terminal.container_disk ({mb} MB) is not applied by the modal backend"
+            );
+        }
         // Before the sandbox exists: a failure after it would leave one behind.
         let agent_bin = checked_agent_binary("modal", settings.agent_binary.as_deref())?;
         let sidecar = Sidecar::get(&settings.modal_python)?;
