@@ -223,7 +223,9 @@ impl BackgroundProcess {
         // pieces. While more can come, the word the output ends in waits for the next poll,
         // where it is redacted whole. Not in PTY mode: a program on a terminal writes whole
         // lines, and a prompt without a newline must show at once.
-        let held = if self.pty || ended {
+        // Once the process has exited nothing is held, even before its output's end of file
+        // is seen: a caller that waited for the exit reads the last word now.
+        let held = if self.pty || ended || exit_code.is_some() {
             0
         } else {
             trailing_word_len(&bytes)
