@@ -30,7 +30,11 @@ pub fn apply(result: &mut ExecutionResult, base_env: &[(OsString, OsString)]) {
             .iter()
             .filter_map(|(k, v)| Some((k.to_str()?.to_string(), v.to_str()?.to_string()))),
     );
-    let raw_last_line = last_line(&result.output).map(str::to_owned);
+    let raw_last_line = result
+        .error
+        .as_ref()
+        .and(last_line(&result.output))
+        .map(str::to_owned);
     let (output, n) = redactor.redact(&result.output);
     let mut total = n;
     // A failed script's error quotes the last line of its stderr, which ends the output. Alone,

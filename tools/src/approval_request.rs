@@ -32,9 +32,9 @@ static DOT_DOT_PATH: LazyLock<Option<Regex>> = LazyLock::new(|| {
 
 /// The form of a command that patterns are matched against: lower-case, line continuations
 /// joined, quotes and backslashes removed, `$IFS` as a space, `/usr/bin/rm` as `rm`, `//etc`
-/// and `/./etc` as `/etc`, `/tmp/../etc` as `/etc`, `>|` as `>`, whitespace runs collapsed. A newline ends a command
-/// (`;`) except inside a quoted string or a heredoc body, where it is whitespace (SQL split over
-/// lines reads as one statement).
+/// and `/./etc` as `/etc`, `/tmp/../etc` as `/etc`, `>|` as `>`, whitespace runs collapsed. A
+/// newline ends a command (`;`) except inside a quoted string or a heredoc body, where it is
+/// whitespace (SQL split over lines reads as one statement).
 pub fn normalize_command(command: &str) -> String {
     finish(&join_lines(&command.to_lowercase().replace("\\\n", " ")))
 }
