@@ -94,17 +94,11 @@ fn finish(joined: &str) -> String {
 /// `rm -rf /tmp/../*` deletes `/*`. (A symlink before the `..` would lead elsewhere in the
 /// kernel; by name is what can be judged from the text.) A trailing slash is kept.
 fn without_dot_dot(path: &str) -> String {
-    let mut parts: Vec<&str> = Vec::new();
-    for part in path.split('/') {
-        match part {
-            "" | "." => {}
-            ".." => {
-                parts.pop();
-            }
-            name => parts.push(name),
-        }
-    }
-    let mut out = format!("/{}", parts.join("/"));
+    // The planner's lexical cleaning (file_lock uses it too); a path cut from a `&str` is
+    // UTF-8, so nothing is lost converting back.
+    let mut out = crate::planner::lexical(std::path::Path::new(path))
+        .to_string_lossy()
+        .into_owned();
     if path.ends_with('/') && out != "/" {
         out.push('/');
     }
