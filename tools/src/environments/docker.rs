@@ -361,16 +361,7 @@ impl DockerEnv {
                     });
                 }
                 if running.trim() != "true" {
-                    std::fs::create_dir_all(&rpc_dir)
-                        .map_err(|e| env.io("create the RPC dir", &e))?;
-                    let out = engine(&binary, &["start", &name])?;
-                    if !out.success() {
-                        return Err(engine_error(
-                            &binary,
-                            "restarting the persistent container",
-                            &out,
-                        ));
-                    }
+                    env.start_stopped("restarting the persistent container")?;
                 }
                 return Ok(env);
             }
@@ -609,6 +600,24 @@ impl DockerEnv {
         Ok((spawned, recorded))
     }
 
+    /// The RPC dir, made again if it is gone (a temp-dir cleaner may take a stopped persistent
+    /// container's) and private, as at the container's creation.
+    fn private_rpc_dir(&self) -> Result<(), EnvError> {
+        std::fs::create_dir_all(&self.rpc_dir).map_err(|e| self.io("create the RPC dir", &e))?;
+        std::fs::set_permissions(&self.rpc_dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| self.io("protect the RPC dir", &e))
+    }
+
+    /// `docker start` of the container, which exists but is stopped; its RPC dir first.
+    fn start_stopped(&self, what: &str) -> Result<(), EnvError> {
+        self.private_rpc_dir()?;
+        let out = engine(&self.binary, &["start", &self.name])?;
+        if !out.success() {
+            return Err(engine_error(&self.binary, what, &out));
+        }
+        Ok(())
+    }
+
     /// Brings a container that stopped (its PID 1 killed, `docker stop`, a daemon restart) or
     /// was removed behind our back back up, under the same name and RPC dir, so the task's
     /// next execution runs instead of failing until the environment goes idle. Returns whether
@@ -620,23 +629,14 @@ impl DockerEnv {
             &self.binary,
             &["inspect", "-f", "{{.State.Running}}", &self.name],
         )?;
-        std::fs::create_dir_all(&self.rpc_dir).map_err(|e| self.io("create the RPC dir", &e))?;
-        std::fs::set_permissions(&self.rpc_dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| self.io("protect the RPC dir", &e))?;
         if out.success() {
             if String::from_utf8_lossy(&out.stdout).trim() == "true" {
                 return Ok(false);
             }
-            let out = engine(&self.binary, &["start", &self.name])?;
-            if !out.success() {
-                return Err(engine_error(
-                    &self.binary,
-                    "restarting the stopped container",
-                    &out,
-                ));
-            }
+            self.start_stopped("restarting the stopped container")?;
             tracing::warn!(container = %self.name, "backends: the docker container had stopped; started it again");
         } else {
+            self.private_rpc_dir()?;
             self.run_container()?;
             tracing::warn!(container = %self.name, "backends: the docker container was removed; made it again");
         }
