@@ -18,6 +18,7 @@ use vibeos_supervisor::overrides::{Overrides, Requested, Spelling};
 use vibeos_supervisor::{
     audit, execute, execute_code_tool, logging, Config, ExecutionRequest, Interrupt,
 };
+use vibeos_tools::environments::BackendSettings;
 
 /// Run Python scripts that call the agent's tools, sandboxed and bounded.
 #[derive(Parser, Debug)]
@@ -225,6 +226,37 @@ impl LimitArgs {
     }
 }
 
+/// With a backend that does not mount this host's dir, `--cwd` names the working dir over
+/// there (SPEC §9: the backend is where the script, `terminal` and the file tools run), so it
+/// overrides `terminal.cwd` and is not looked for on this host. It must be absolute: there is
+/// no cwd over there to resolve it against before the backend starts.
+fn backend_side_cwd(
+    backend: &mut BackendSettings,
+    limits: &mut LimitArgs,
+) -> Result<(), UsageError> {
+    if !backend.cwd_is_remote() {
+        return Ok(());
+    }
+    let Some(dir) = limits.cwd.take() else {
+        return Ok(());
+    };
+    let name = backend.backend.as_str();
+    let text = dir.to_str().ok_or_else(|| {
+        UsageError(format!(
+            "--cwd {}: not valid UTF-8; the {name} backend takes its working dir by name",
+            dir.display()
+        ))
+    })?;
+    if !text.starts_with('/') {
+        return Err(UsageError(format!(
+            "--cwd {text}: with the {name} backend --cwd names a directory inside the backend \
+             and must be absolute (like terminal.cwd)"
+        )));
+    }
+    backend.cwd = Some(text.to_string());
+    Ok(())
+}
+
 #[derive(Subcommand, Debug)]
 enum EnvCommand {
     /// Show every variable of this environment, kept or dropped, and the rule that decided it.
@@ -373,7 +405,7 @@ fn io_error_text(e: &std::io::Error) -> String {
     }
 }
 
-fn real_main(cli: Cli) -> Result<u8, UsageError> {
+fn real_main(mut cli: Cli) -> Result<u8, UsageError> {
     if let Some(level) = &cli.log_level {
         logging::validate_level(level).map_err(|e| UsageError(e.to_string()))?;
     }
@@ -393,7 +425,12 @@ fn real_main(cli: Cli) -> Result<u8, UsageError> {
         Command::Serve(a) => a.limits.backend.clone(),
         _ => None,
     };
-    let backend = backends::settings(&config, backend_flag.as_deref()).map_err(UsageError)?;
+    let mut backend = backends::settings(&config, backend_flag.as_deref()).map_err(UsageError)?;
+    if let Command::Run(RunArgs { limits, .. }) | Command::Serve(ServeArgs { limits, .. }) =
+        &mut cli.command
+    {
+        backend_side_cwd(&mut backend, limits)?;
+    }
     // `run` knows its request now: a local one starts its interpreter at once, and the rest of
     // this process's start (logging, the tool registry, the stub) overlaps the interpreter's.
     let prepared = match &cli.command {

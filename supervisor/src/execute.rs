@@ -80,6 +80,7 @@ async fn run(
     // A remote backend runs the script where its tools act (SPEC §9).
     if let Some(envs) = vibeos_tools::environments::active() {
         let task = request.task_id.clone();
+        let cwd_is_remote = envs.settings().cwd_is_remote();
         let env = tokio::task::spawn_blocking(move || envs.get(task.as_deref()))
             .await
             .map_err(|e| StartError::Listener(std::io::Error::other(e)))?;
@@ -88,6 +89,7 @@ async fn run(
                 crate::remote::run_remote(crate::remote::RemoteRun {
                     request: &request,
                     env,
+                    cwd_is_remote,
                     stub: stub.source.clone(),
                     allowed: stub.tools.iter().cloned().collect(),
                     registry,

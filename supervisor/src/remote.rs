@@ -61,7 +61,7 @@ pub enum RemoteError {
     #[error(transparent)]
     Start(#[from] StartError),
     /// The working dir does not exist (or cannot be entered) over there.
-    #[error("cannot enter the working dir {cwd} on the {backend} backend ({why}); set terminal.cwd to a directory that exists there (or unset it for the default)")]
+    #[error("cannot enter the working dir {cwd} on the {backend} backend ({why}); name a directory that exists there (terminal.cwd, or the run's --cwd / cwd), or unset it for the default")]
     Cwd {
         /// The backend's name.
         backend: &'static str,
@@ -80,10 +80,35 @@ pub enum RemoteError {
     },
 }
 
+/// The execution's working dir inside the backend: the request's own session dir where it
+/// names one over there (`execute_code(cwd=...)` with a backend that does not mount this
+/// host's dir), else the environment's (`terminal.cwd` or the backend's default).
+fn session_dir_over_there(
+    request: &ExecutionRequest,
+    env: &EnvHandle,
+    cwd_is_remote: bool,
+) -> Result<String, RemoteError> {
+    let Some(dir) = request.cwd.as_ref().filter(|_| cwd_is_remote) else {
+        return Ok(env.workdir());
+    };
+    let backend = env.backend();
+    match dir.to_str() {
+        Some(text) if text.starts_with('/') => Ok(text.to_string()),
+        _ => Err(RemoteError::Cwd {
+            backend,
+            cwd: dir.display().to_string(),
+            why: "a working dir inside the backend must be an absolute path".into(),
+        }),
+    }
+}
+
 /// What [`run_remote`] needs from the caller.
 pub(crate) struct RemoteRun<'a> {
     pub(crate) request: &'a ExecutionRequest,
     pub(crate) env: EnvHandle,
+    /// Whether the request's session dir names a directory over there
+    /// ([`vibeos_tools::environments::BackendSettings::cwd_is_remote`]).
+    pub(crate) cwd_is_remote: bool,
     pub(crate) stub: String,
     pub(crate) allowed: BTreeSet<String>,
     pub(crate) registry: &'static ToolRegistry,
@@ -181,7 +206,7 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
         guard,
     } = channel;
 
-    let cwd = r.env.workdir();
+    let cwd = session_dir_over_there(r.request, &r.env, r.cwd_is_remote)?;
     let python = r.env.python();
     let tool_env = remote_env(request, &remote_dir, &cwd)?;
     let rpc_dir = remote_socket

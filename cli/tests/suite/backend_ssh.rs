@@ -356,6 +356,28 @@ fn ssh_executions_end_like_local_ones() {
     let h = home.display().to_string();
     assert!(r.output.contains(&format!("{h}\nHOME=[{h}]")), "{r:?}");
 
+    // A request's own session dir is the working dir over there, for the script and for its
+    // terminal calls; a relative one is refused by name.
+    let proj = home.join("proj dir");
+    std::fs::create_dir(&proj).unwrap();
+    let _ = Command::new("chown").arg(SSH_USER).arg(&proj).status();
+    let mut req = request(
+        "import os\nfrom vibeos_tools import terminal\nprint(os.getcwd())\nprint(terminal('pwd')['output'].strip())",
+    );
+    req.cwd = Some(proj.clone());
+    let r = run(&rt, req);
+    assert_eq!(r.status, Status::Success, "{r:?}");
+    let p = proj.display().to_string();
+    assert_eq!(r.output, format!("{p}\n{p}\n"), "{r:?}");
+    let mut req = request("print(1)");
+    req.cwd = Some("proj dir".into());
+    let r = run(&rt, req);
+    assert_eq!(r.status, Status::Error, "{r:?}");
+    assert!(
+        r.error.as_deref().unwrap_or("").contains("absolute"),
+        "{r:?}"
+    );
+
     assert_eq!(remote_work_dirs(), before, "work dirs left on the host");
     environments::shutdown();
 
@@ -451,6 +473,36 @@ fn ssh_executions_end_like_local_ones() {
         .output()
         .unwrap();
     assert!(env_dirs.stdout.is_empty(), "{env_dirs:?}");
+    assert_eq!(remote_work_dirs(), before, "work dirs left on the host");
+
+    // `run --cwd` names the working dir over there (it overrides terminal.cwd), for the script
+    // and its terminal calls; a relative one is a usage error, said before the host is reached.
+    std::fs::write(
+        &script,
+        "import os\nfrom vibeos_tools import terminal\nprint(os.getcwd())\nprint(terminal('pwd')['output'].strip())",
+    )
+    .unwrap();
+    let out = vibeos(&["run", "--cwd"])
+        .arg(&proj)
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{p}\n{p}\n"),
+        "{out:?}"
+    );
+    let out = vibeos(&["run", "--cwd", "proj dir"])
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--cwd proj dir") && err.contains("absolute"),
+        "{err}"
+    );
     assert_eq!(remote_work_dirs(), before, "work dirs left on the host");
 }
 

@@ -128,6 +128,23 @@ pub struct BackendSettings {
     pub host_cwd: Option<PathBuf>,
 }
 
+impl BackendSettings {
+    /// Whether the backend mounts this host's session dir (`docker_mount_cwd_to_workspace`
+    /// with docker or singularity): then the session dir is a host path, fixed when the
+    /// container is made. Every other non-local backend takes its working dir by name over
+    /// there (`terminal.cwd`, or a per-run override).
+    pub fn mounts_host_cwd(&self) -> bool {
+        self.docker_mount_cwd_to_workspace
+            && matches!(self.backend, BackendKind::Docker | BackendKind::Singularity)
+    }
+
+    /// Whether a session dir given for a run (`--cwd`, `execute_code(cwd=...)`) names a
+    /// directory inside the backend rather than on this host.
+    pub fn cwd_is_remote(&self) -> bool {
+        self.backend != BackendKind::Local && !self.mounts_host_cwd()
+    }
+}
+
 impl Default for BackendSettings {
     fn default() -> Self {
         BackendSettings {
