@@ -1,7 +1,8 @@
 //! `vibeos-exec backends gc`: finds and removes what a crashed host left in every backend that
 //! keeps things beyond the host's life — docker/podman containers, Modal sandboxes, Daytona
 //! sandboxes — by the labels those backends set (`vibeos-exec=1`, the owner, the machine) —
-//! and ssh ControlMasters whose owner is gone (by the owner file in their control dir).
+//! and ssh ControlMasters whose owner is gone (by the owner file in their control dir), and
+//! the socket dirs the relay and the Modal sidecar keep on this host (by the same owner file).
 //!
 //! Why it sweeps each backend apart: a user with only Modal configured has no docker engine,
 //! and one backend that cannot be reached must not hide what the others removed. Docker is
@@ -49,8 +50,17 @@ pub fn gc(settings: &BackendSettings, all: bool, json_out: bool) -> Result<u8, S
         .map(|backend| Sweep {
             backend,
             result: match backend {
-                "modal" => environments::modal::gc(&settings.modal_python, all),
-                "daytona" => environments::daytona::gc(all),
+                "modal" => environments::modal::gc(&settings.modal_python, all).map(|r| {
+                    with_host_dirs(
+                        r,
+                        &[
+                            environments::modal_sidecar::DIR_PREFIX,
+                            &environments::relay::dir_prefix("modal"),
+                        ],
+                    )
+                }),
+                "daytona" => environments::daytona::gc(all)
+                    .map(|r| with_host_dirs(r, &[&environments::relay::dir_prefix("daytona")])),
                 "ssh" => environments::ssh::gc(),
                 _ => environments::docker::gc(&settings.docker_binary, all),
             },
@@ -84,6 +94,16 @@ pub fn gc(settings: &BackendSettings, all: bool, json_out: bool) -> Result<u8, S
         print_text(settings, &sweeps);
     }
     Ok(u8::from(!failed.is_empty()))
+}
+
+/// `report` plus the socket dirs on this host that crashed hosts of the backend left
+/// ([`environments::host_dirs`]), swept once the backend itself could be: a sweep that failed
+/// touches nothing.
+fn with_host_dirs(mut report: GcReport, prefixes: &[&str]) -> GcReport {
+    for prefix in prefixes {
+        report.removed.extend(environments::host_dirs::gc(prefix));
+    }
+    report
 }
 
 /// `removed` and `kept` of every backend together (docker's container names, the cloud
@@ -129,6 +149,8 @@ fn print_text(settings: &BackendSettings, sweeps: &[Sweep]) {
                 // Docker's lines read as they always have; a cloud line names its backend.
                 let tag = |name: &str| match s.backend {
                     "docker" => name.to_string(),
+                    // A host path: a socket dir of this host, not a sandbox.
+                    b if name.starts_with('/') && b != "ssh" => format!("{b} socket dir {name}"),
                     b => format!("{b} {what} {name}"),
                 };
                 for name in &r.removed {

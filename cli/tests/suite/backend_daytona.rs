@@ -271,6 +271,89 @@ print(u.urlopen(r).status)",
     let r = run(&rt, request("print('still')", "task-gc-live"));
     assert!(r.output.contains("still"), "{r:?}");
     environments::shutdown();
+
+    // A host killed with SIGKILL mid-run leaves its relay socket dir on this host; gc removes
+    // it (and the sandbox), a live host's dir stays.
+    let cfg = home.path().join("config.yaml");
+    std::fs::write(
+        &cfg,
+        format!("terminal:\n  backend: daytona\n  daytona_image: {IMAGE}\n"),
+    )
+    .unwrap();
+    let script = home.path().join("sleep.py");
+    std::fs::write(
+        &script,
+        "import subprocess\nsubprocess.run(['sleep', '7373'])",
+    )
+    .unwrap();
+    let mut host = std::process::Command::new(env!("CARGO_BIN_EXE_vibeos-exec"))
+        .arg("run")
+        .arg(&script)
+        .env("VIBEOS_HOME", home.path())
+        .env("VIBEOS_AGENT_BINARY", env!("CARGO_BIN_EXE_vibeos-exec"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !ps(&lab).contains("sleep 7373") {
+        assert!(Instant::now() < deadline, "the script did not start");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let relay_dirs_of = |pid: u32| -> Vec<String> {
+        let owner = format!("{pid}:");
+        std::fs::read_dir(std::env::temp_dir())
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("vibeos-relay-daytona-"))
+                    && std::fs::read_to_string(p.join("owner")).is_ok_and(|o| o.starts_with(&owner))
+            })
+            .map(|p| p.display().to_string())
+            .collect()
+    };
+    let left = relay_dirs_of(host.id());
+    assert!(!left.is_empty(), "the running host has no relay dir?");
+    host.kill().unwrap();
+    host.wait().unwrap();
+    assert_eq!(
+        relay_dirs_of(host.id()),
+        left,
+        "the killed host removed its dirs itself?"
+    );
+    // This process is a live host beside it, in the middle of an execution that gc must not
+    // disturb.
+    environments::activate(settings());
+    let beside = std::thread::spawn(|| {
+        run(
+            &runtime(),
+            request(
+                "import time\ntime.sleep(8)\nprint('beside')",
+                "task-gc-live",
+            ),
+        )
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while relay_dirs_of(std::process::id()).is_empty() {
+        assert!(Instant::now() < deadline, "no relay dir of this host");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let live = relay_dirs_of(std::process::id());
+    let report: serde_json::Value = serde_json::from_slice(&gc(&["--json"])).unwrap();
+    let removed = report["backends"]["daytona"]["removed"].to_string();
+    for dir in &left {
+        assert!(removed.contains(dir.as_str()), "{report}");
+        assert!(!std::path::Path::new(dir).exists(), "{report}");
+    }
+    for dir in &live {
+        assert!(std::path::Path::new(dir).exists(), "{report}");
+    }
+    let r = beside.join().unwrap();
+    assert_eq!(r.output, "beside\n", "{r:?}");
+    environments::shutdown();
+    std::fs::remove_file(&cfg).unwrap();
     let report: serde_json::Value = serde_json::from_slice(&gc(&["--json", "--all"])).unwrap();
     assert_eq!(
         report["removed"],

@@ -13,6 +13,7 @@ pub mod agent;
 pub mod background;
 pub mod daytona;
 pub mod docker;
+pub mod host_dirs;
 pub mod keeper;
 pub mod local;
 pub mod local_env;

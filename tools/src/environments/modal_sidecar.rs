@@ -29,6 +29,9 @@ pub const SIDECAR_SOURCE: &str = include_str!("modal_sidecar.py");
 /// How long the sidecar may take to import the SDK and listen.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The prefix of the sidecar's socket dir on this host (see [`super::host_dirs`]).
+pub const DIR_PREFIX: &str = "vibeos-modal-";
+
 /// How long a control operation (hello, create, terminate, a file transfer) may take.
 pub const OP_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -134,12 +137,7 @@ impl Sidecar {
     }
 
     fn start(python: &str) -> Result<Sidecar, EnvError> {
-        // 0700 from its creation (tempfile's own default is 0777 less the umask): the socket
-        // inside is reachable by this user only.
-        let dir = tempfile::Builder::new()
-            .prefix("vibeos-modal-")
-            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
-            .tempdir()
+        let dir = super::host_dirs::private_dir(DIR_PREFIX)
             .map_err(|e| err("creating the sidecar's socket dir", e.to_string()))?;
         let socket = dir.path().join("sidecar.sock");
         let mut cmd = Command::new(python);

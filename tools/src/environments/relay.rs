@@ -357,18 +357,19 @@ pub fn pump_writer_blocking<W: std::io::Write>(mut rx: UnboundedReceiver<Vec<u8>
     }
 }
 
+/// The prefix of `backend`'s relay socket dirs on this host (see [`super::host_dirs`]).
+pub fn dir_prefix(backend: &str) -> String {
+    format!("vibeos-relay-{backend}-")
+}
+
 /// The channel of an execution that goes through the relay: the RPC server binds
 /// `rpc.sock` in a private 0700 temp dir on the host (removed when the channel is dropped); the
 /// relay binds the script's socket in the execution's private work dir over there, which is
 /// also what `VIBEOS_RPC_DIR` names.
 pub fn channel(backend: &'static str, exec_id: &str) -> Result<super::Channel, EnvError> {
-    // 0700 from its creation (tempfile's own default is 0777 less the umask: 0755 under the
-    // usual 022, everything under 000).
-    let dir = tempfile::Builder::new()
-        .prefix("vibeos-relay-")
-        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
-        .tempdir()
-        .map_err(|e| EnvError::Command {
+    // Named after the backend, so that `backends gc` reports a crashed host's dir under it.
+    let dir =
+        super::host_dirs::private_dir(&dir_prefix(backend)).map_err(|e| EnvError::Command {
             backend,
             what: "creating the execution's local socket dir".into(),
             message: format!("{e}; check that TMPDIR is writable"),
