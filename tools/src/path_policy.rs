@@ -39,9 +39,9 @@ use std::path::{Component, Path, PathBuf};
 /// (docs/strict-mode.md). Refused: the metadata of a version-control checkout (a
 /// `.git/config` `core.fsmonitor` or a hook runs at the next `git status`, as the user), and a
 /// directory git would take for a repository by its content (`HEAD` beside `objects/` or
-/// `refs/`: a bare repository made from scratch); Python's start-up hooks
-/// (`sitecustomize.py` runs in every interpreter whose path holds its dir — project mode puts
-/// the session dir there — and `.pth` files in site dirs); direnv's `.envrc`; the shells' and
+/// `refs/` or `commondir`: a bare repository made from scratch); Python's start-up hooks
+/// (the module `sitecustomize` — a file or a package — runs in every interpreter whose path
+/// holds its dir — project mode puts the session dir there — and `.pth` files in site dirs); direnv's `.envrc`; the shells' and
 /// git's start-up files (`.bashrc`, `.profile`, `.gitconfig`, … when the root is a home).
 /// Names are compared without ASCII case (a case-insensitive filesystem opens `.GIT/config`).
 fn runs_outside_later(root: &Path, rel: &Path) -> Option<&'static str> {
@@ -73,7 +73,7 @@ fn runs_outside_later(root: &Path, rel: &Path) -> Option<&'static str> {
         return Some("it lies in version-control metadata, whose hooks and config run commands");
     }
     let file = names.last()?.to_ascii_lowercase();
-    if file == "sitecustomize.py" || file == "usercustomize.py" || file.ends_with(".pth") {
+    if names.iter().any(|n| python_startup_module(n)) || file.ends_with(".pth") {
         return Some(
             "Python runs it at the start of interpreters that have its directory on their path",
         );
@@ -87,7 +87,8 @@ fn runs_outside_later(root: &Path, rel: &Path) -> Option<&'static str> {
     let mut dir = root.to_path_buf();
     for name in &names {
         let has = |entry: &str| name.eq_ignore_ascii_case(entry) || dir.join(entry).exists();
-        if has("HEAD") && (has("objects") || has("refs")) {
+        // `commondir` names the directory git takes `objects/`, `refs/` and the config from.
+        if has("HEAD") && (has("objects") || has("refs") || has("commondir")) {
             return Some(
                 "it lies in a git repository's directory, whose config and hooks run commands",
             );
@@ -95,6 +96,21 @@ fn runs_outside_later(root: &Path, rel: &Path) -> Option<&'static str> {
         dir.push(name);
     }
     None
+}
+
+/// Whether a path component provides the module `sitecustomize` or `usercustomize`, which
+/// `site` imports at every interpreter start: the source or a compiled file
+/// (`sitecustomize.py`, `.pyc`, an extension module `sitecustomize.<tag>.so`) or a package
+/// directory (`sitecustomize/__init__.py`). A look-alike such as `sitecustomize.py.bak` is
+/// not imported and stays writable.
+fn python_startup_module(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    let (stem, rest) = name.split_once('.').unwrap_or((&name, ""));
+    (stem == "sitecustomize" || stem == "usercustomize")
+        && (rest.is_empty()
+            || [".py", ".pyc", ".pyw", ".so"]
+                .iter()
+                .any(|s| name.ends_with(s)))
 }
 
 /// What a root lets the tools do.
@@ -885,6 +901,10 @@ mod tests {
             "sub/.hg/hgrc",
             "sitecustomize.py",
             "lib/usercustomize.py",
+            "sitecustomize/__init__.py",
+            "UserCustomize/__init__.py",
+            "sitecustomize.pyc",
+            "sitecustomize.cpython-311-x86_64-linux-gnu.so",
             "evil.pth",
             ".envrc",
             ".GIT/config",
@@ -900,6 +920,7 @@ mod tests {
         for ok in [
             "gitconfig.txt",
             "sitecustomize.py.bak",
+            "sitecustomize_notes.md",
             "docs/.github-notes",
         ] {
             p.write_atomic(&root.join(ok), b"x").unwrap();
@@ -921,6 +942,21 @@ mod tests {
             .write_atomic(&root.join("bare2/refs/heads/main"), b"0")
             .is_err());
         assert!(p.write_atomic(&root.join("bare2/objects/x"), b"x").is_err());
+        // Or made through `commondir`, which points git at objects/, refs/ and the config
+        // elsewhere: the file that joins it to a HEAD is refused, in either order.
+        p.write_atomic(&root.join("common/objects/x"), b"x")
+            .unwrap();
+        p.write_atomic(&root.join("common/refs/x"), b"x").unwrap();
+        p.write_atomic(&root.join("wt/HEAD"), b"ref: refs/heads/main\n")
+            .unwrap();
+        assert!(p
+            .write_atomic(&root.join("wt/commondir"), b"../common\n")
+            .is_err());
+        p.write_atomic(&root.join("wt2/commondir"), b"../common\n")
+            .unwrap();
+        assert!(p
+            .write_atomic(&root.join("wt2/HEAD"), b"ref: refs/heads/main\n")
+            .is_err());
     }
 
     #[test]

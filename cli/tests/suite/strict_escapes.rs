@@ -793,7 +793,7 @@ fn code_that_runs_outside_later_cannot_be_planted_in_the_project_through_the_too
     std::fs::write(git.join("config"), "[core]\n\tbare = false\n").unwrap();
     open_to_all(&git, 0o755);
     let attempts = r.contained(&r.attack("tools_plant_hooks", json!({}), &[]));
-    assert_eq!(attempts.len(), 7, "{attempts:?}");
+    assert_eq!(attempts.len(), 10, "{attempts:?}");
     all_refused_for(&attempts, "run code");
     assert_eq!(
         std::fs::read_to_string(git.join("config")).unwrap(),
@@ -801,9 +801,12 @@ fn code_that_runs_outside_later_cannot_be_planted_in_the_project_through_the_too
     );
     for planted in [
         "sitecustomize.py",
+        "sitecustomize/__init__.py",
+        "usercustomize/__init__.py",
         "lib/evil.pth",
         ".envrc",
         ".git/hooks/pre-commit",
+        "wt/commondir",
     ] {
         assert!(!r.sb.work().join(planted).exists(), "{planted} was written");
     }
