@@ -136,8 +136,13 @@ impl Resolution {
                         })
                     }
                     Err(why) => tracing::warn!(
-                        "execute_code: not using the {var} interpreter ({}): {why}; falling back to the default interpreter",
-                        Path::new(prefix).display()
+                        "execute_code: not using the {var} interpreter ({}): {why}; falling back to {}",
+                        Path::new(prefix).display(),
+                        if var == "VIRTUAL_ENV" && self.conda_prefix.is_some() {
+                            "the CONDA_PREFIX interpreter"
+                        } else {
+                            "the default interpreter"
+                        }
                     ),
                 }
             }
@@ -401,7 +406,18 @@ fn ask_version(exe: &Path, env: &ProbeEnv) -> VersionAnswer {
         }
         other => other.to_string(),
     })?;
-    parse_version(answer.stdout.trim()).ok_or_else(|| "it did not report a Python version".into())
+    parse_version(answer.stdout.trim()).ok_or_else(|| {
+        if answer.status.success() {
+            "it did not report a Python version".into()
+        } else {
+            // Python 2 stops at the `-I` flag (new in 3.4) before running anything.
+            format!(
+                "it failed when asked its version ({}), as Python 2 does at the `-I` flag; \
+                 Python 3.8 or newer is needed",
+                answer.status
+            )
+        }
+    })
 }
 
 #[cfg(test)]

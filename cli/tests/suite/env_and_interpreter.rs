@@ -416,6 +416,40 @@ fn a_broken_or_old_virtualenv_falls_back_with_a_reason() {
     assert!(!prefix_of(&r).contains(old.to_str().unwrap()));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("older than the required 3.8"), "{stderr}");
+
+    // Broken venv, working conda env: the log names where it falls back to, and that is used.
+    let mut sb = Sandbox::new();
+    let conda = sb.root.path().join("conda");
+    assert!(make_venv(&python3(), &conda));
+    sb.set_env("VIRTUAL_ENV", broken.to_str().unwrap());
+    sb.set_env("CONDA_PREFIX", conda.to_str().unwrap());
+    let out = sb.run_stdin(b"import sys; print(sys.prefix)", &["--json"]);
+    let r = parse_single_json(&out);
+    assert_eq!(prefix_of(&r), conda.display().to_string(), "{r}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("falling back to the CONDA_PREFIX interpreter"),
+        "{stderr}"
+    );
+
+    // A bare prefix around Python 2 (nothing declares its version, so it is asked, and
+    // Python 2 stops at the probe's `-I`): the reason says so rather than "no version".
+    let Some(py2) = pyenv_python2() else {
+        return eprintln!("note: no Python 2.7 under /root/.pyenv/versions; skipped that case");
+    };
+    let mut sb = Sandbox::new();
+    let v27 = sb.root.path().join("v27");
+    std::fs::create_dir_all(v27.join("bin")).unwrap();
+    std::os::unix::fs::symlink(&py2, v27.join("bin/python")).unwrap();
+    sb.set_env("VIRTUAL_ENV", v27.to_str().unwrap());
+    let out = sb.run_stdin(b"import sys; print(sys.version_info[0])", &["--json"]);
+    let r = parse_single_json(&out);
+    assert_eq!(prefix_of(&r), "3", "{r}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("as Python 2 does at the `-I` flag; Python 3.8 or newer is needed"),
+        "{stderr}"
+    );
 }
 
 fn pyenv_python(minor: &str) -> Option<PathBuf> {
