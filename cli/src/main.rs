@@ -825,8 +825,7 @@ fn report_stopped_before_start(
         Err(_) => Config::default().mode.as_str(),
     };
     let message = format!("stopped by {sig} before the script started; nothing ran");
-    let mut result = vibeos_supervisor::ExecutionResult::failed_to_start(mode, message, 0.0);
-    result.status = vibeos_supervisor::Status::Interrupted;
+    let result = vibeos_supervisor::ExecutionResult::interrupted_before_start(mode, message);
     let written = if args.json {
         write_stdout(format!("{}\n", result.to_json()).as_bytes())
     } else {
@@ -835,7 +834,7 @@ fn report_stopped_before_start(
             "vibeos-exec: {}",
             result.error.as_deref().unwrap_or_default()
         );
-        Ok(())
+        write_stdout(format!("{}\n", result.output).as_bytes())
     };
     output_written(written, result.status.exit_code() as u8)
 }

@@ -98,6 +98,17 @@ impl ExecutionResult {
         }
     }
 
+    /// The result of an execution interrupted before its script started (SIGINT while the
+    /// script was still being read): status `interrupted`, nothing ran, and the output is the
+    /// interrupt notice every interrupted execution ends with (SPEC §5).
+    pub fn interrupted_before_start(mode: &'static str, error: String) -> Self {
+        ExecutionResult {
+            status: Status::Interrupted,
+            output: crate::outcome::INTERRUPT_NOTICE.to_string(),
+            ..ExecutionResult::failed_to_start(mode, error, 0.0)
+        }
+    }
+
     /// The result as a JSON object.
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::to_value(self).unwrap_or_else(|e| {

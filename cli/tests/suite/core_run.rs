@@ -770,7 +770,10 @@ fn stopping_run_while_it_reads_the_script_still_reports_a_result() {
             let r = parse_single_json(&out);
             assert_eq!(r["status"], "interrupted", "{r}");
             assert_eq!(r["exit_code"], Value::Null, "{r}");
-            assert_eq!(r["output"], "", "{r}");
+            assert_eq!(
+                r["output"], "[execution interrupted — user sent a new message]",
+                "{r}"
+            );
             assert!(
                 r["error"]
                     .as_str()
@@ -779,7 +782,11 @@ fn stopping_run_while_it_reads_the_script_still_reports_a_result() {
                 "{r}"
             );
         } else {
-            assert!(out.stdout.is_empty(), "{out:?}");
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                "[execution interrupted — user sent a new message]\n",
+                "{out:?}"
+            );
             assert!(
                 stderr.contains("stopped by SIGTERM before the script started"),
                 "{stderr}"
