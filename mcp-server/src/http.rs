@@ -187,9 +187,11 @@ async fn check_http_request(
             )
         }
     };
-    if let Checked::Reject(rejection) = check_message(&bytes) {
-        return json_error(StatusCode::BAD_REQUEST, rejection);
-    }
+    let id = match check_message(&bytes) {
+        Checked::Reject(rejection) => return json_error(StatusCode::BAD_REQUEST, rejection),
+        Checked::Message(m) => request_id(&m),
+        Checked::Ignore => Value::Null,
+    };
     let mut parts = parts;
     let gone = CancellationToken::new();
     parts.extensions.insert(ClientGone(gone.clone()));
@@ -199,6 +201,28 @@ async fn check_http_request(
             axum::body::Body::from(bytes),
         ))
         .await;
+    // The SDK answers some requests it refuses (no session id, an unknown or expired session)
+    // with plain text; a client that parses JSON-RPC gets the same words as an error object.
+    if response.status().is_client_error() && !is_json(&response) {
+        let status = response.status();
+        let text = axum::body::to_bytes(response.into_body(), 4096)
+            .await
+            .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+            .unwrap_or_default();
+        let message = if text.is_empty() {
+            format!("Invalid Request: HTTP {status}")
+        } else {
+            text
+        };
+        return json_error(
+            status,
+            Rejection {
+                code: -32600,
+                message,
+                id,
+            },
+        );
+    }
     // The response stream of a tools/call is dropped when it is finished or when the client
     // hangs up; either way the call's execution has no one left to report to.
     let guard = gone.drop_guard();
@@ -208,6 +232,25 @@ async fn check_http_request(
             _guard: guard,
         })
     })
+}
+
+/// The id of a request (null for a notification or a response), for an error reply to it.
+fn request_id(message: &rmcp::model::ClientJsonRpcMessage) -> Value {
+    match message {
+        rmcp::model::JsonRpcMessage::Request(r) => {
+            serde_json::to_value(&r.id).unwrap_or(Value::Null)
+        }
+        _ => Value::Null,
+    }
+}
+
+/// Whether a response's body is JSON or an event stream (what the SDK answers MCP with).
+fn is_json(response: &axum::response::Response) -> bool {
+    response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.contains("json") || t.contains("event-stream"))
 }
 
 /// Fires when the HTTP response of the request that carries it is dropped (sent, or the client

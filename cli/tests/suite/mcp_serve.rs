@@ -394,6 +394,25 @@ fn mcp_streamable_http_serves_several_clients_and_rejects_bad_bodies() {
     assert_eq!(body("args_not_object")["id"], 5);
     assert_eq!(raw["oversized"]["status"], 413);
     assert_eq!(body("oversized")["error"]["code"], -32600);
+    // What the SDK refuses in plain text (no session, an unknown one) comes as a JSON-RPC
+    // error with the SDK's words and the request's id.
+    for (name, id) in [("no_session", 8), ("unknown_session", 9)] {
+        assert!(
+            raw[name]["status"]
+                .as_u64()
+                .is_some_and(|s| (400..500).contains(&s)),
+            "{raw}"
+        );
+        assert_eq!(raw[name]["content_type"], "application/json", "{raw}");
+        assert_eq!(body(name)["error"]["code"], -32600, "{raw}");
+        assert_eq!(body(name)["id"], id, "{raw}");
+        assert!(
+            body(name)["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("ession")),
+            "{raw}"
+        );
+    }
 
     assert_eq!(
         r["vanished_client_pid_alive"], false,
