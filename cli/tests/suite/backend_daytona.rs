@@ -353,6 +353,24 @@ print(u.urlopen(r).status)",
     let r = beside.join().unwrap();
     assert_eq!(r.output, "beside\n", "{r:?}");
     environments::shutdown();
+
+    // A service URL without its API path: the error names DAYTONA_API_URL, not the image.
+    let url = std::env::var("DAYTONA_API_URL").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vibeos-exec"))
+        .args(["run", "--json"])
+        .arg(&script)
+        .env("VIBEOS_HOME", home.path())
+        .env("DAYTONA_API_URL", url.trim_end_matches("/api"))
+        .output()
+        .unwrap();
+    let r = vibeos_testkit::parse_single_json(&out);
+    let e = r["error"].as_str().unwrap_or_default();
+    assert!(
+        e.contains("HTTP 404")
+            && e.contains("check DAYTONA_API_URL")
+            && !e.contains("daytona_image"),
+        "{r}"
+    );
     std::fs::remove_file(&cfg).unwrap();
     let report: serde_json::Value = serde_json::from_slice(&gc(&["--json", "--all"])).unwrap();
     assert_eq!(
@@ -512,6 +530,25 @@ fn daytona_cli_errors_name_what_is_missing() {
     // The endpoint to check is shown, not redacted: a service address is no secret.
     assert!(e.contains("http://127.0.0.1:9/api"), "{e}");
     assert!(!e.contains("REDACTED"), "{e}");
+
+    // A DAYTONA_API_URL that is no http(s) URL is a configuration error, said before anything.
+    for bad in ["127.0.0.1:9/api", "ftp://127.0.0.1/api", "http://"] {
+        sb.set_env("DAYTONA_API_URL", bad);
+        let out = sb
+            .command()
+            .args(["run", "--json", "--backend", "daytona"])
+            .arg(&script)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad}: {out:?}");
+        let r = vibeos_testkit::parse_single_json(&out);
+        let e = r["error"].as_str().unwrap();
+        assert!(
+            e.contains("DAYTONA_API_URL") && e.contains("http(s) URL"),
+            "{e}"
+        );
+    }
+    sb.set_env("DAYTONA_API_URL", "http://127.0.0.1:9/api");
 
     let out = sb.run(&["doctor"]);
     // Names are padded to one column: compare with the padding collapsed.

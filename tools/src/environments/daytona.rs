@@ -136,12 +136,19 @@ impl Inner {
             .api
             .control(reqwest::Method::POST, "/sandbox", Some(body))?;
         if !(200..300).contains(&status) {
+            // No such endpoint: the URL is wrong, not the sandbox's settings.
+            let hint = if status == 404 || status == 405 {
+                format!(
+                    "the service has no sandbox endpoint at {}; check DAYTONA_API_URL (the API \
+                     address, usually ending in /api)",
+                    self.api.creds.api_url
+                )
+            } else {
+                "check terminal.daytona_image and terminal.container_cpu/memory/disk".to_string()
+            };
             return Err(err(
                 format!("creating sandbox {}", self.name),
-                format!(
-                    "HTTP {status}: {}; check terminal.daytona_image",
-                    message(&v)
-                ),
+                format!("HTTP {status}: {}; {hint}", message(&v)),
             ));
         }
         self.wait_started(v)

@@ -405,11 +405,37 @@ impl BackendSettings {
                     hint: "export the API key of your Daytona organization (and DAYTONA_API_URL for a self-hosted service)",
                 })
             }
+            BackendKind::Daytona => daytona_url_usable()?,
             BackendKind::Modal => modal_required(&s)?,
             _ => {}
         }
         Ok(s)
     }
+}
+
+/// A `DAYTONA_API_URL` that is set must be an http(s) URL: anything else failed only at the
+/// first request, as a runtime error (exit 1) that read like a network problem.
+fn daytona_url_usable() -> Result<(), SettingsError> {
+    let Some(url) = std::env::var("DAYTONA_API_URL")
+        .ok()
+        .map(|u| u.trim().to_string())
+        .filter(|u| !u.is_empty())
+    else {
+        return Ok(());
+    };
+    let scheme_ok = ["http://", "https://"]
+        .iter()
+        .any(|p| url.len() > p.len() && url[..p.len()].eq_ignore_ascii_case(p));
+    if scheme_ok && reqwest::Url::parse(&url).is_ok_and(|u| u.host_str().is_some()) {
+        return Ok(());
+    }
+    Err(bad(
+        "DAYTONA_API_URL",
+        format!(
+            "is {url:?}, which is not an http(s) URL; set it to the service's API address \
+             (https://HOST/api), or unset it for the public service"
+        ),
+    ))
 }
 
 /// What the modal backend cannot start without: an image and both token variables (read
