@@ -157,7 +157,17 @@ pub(crate) fn exit_error(code: i32, stderr: &HeadTail) -> String {
         .find(|l| !l.trim().is_empty())
         .map(str::trim);
     let what = if code < 0 {
-        format!("the script was killed by signal {}", -code)
+        let name = nix::sys::signal::Signal::try_from(-code)
+            .map(|s| format!(" ({s})"))
+            .unwrap_or_default();
+        // A SIGKILL nobody on this side sent is most often the kernel's out-of-memory killer.
+        let hint = if -code == libc::SIGKILL {
+            " — often the out-of-memory killer: check the memory the script uses against \
+             its limit (terminal.container_memory in a container, the machine's memory here)"
+        } else {
+            ""
+        };
+        format!("the script was killed by signal {}{name}{hint}", -code)
     } else {
         format!("the script exited with code {code}")
     };
@@ -170,6 +180,21 @@ pub(crate) fn exit_error(code: i32, stderr: &HeadTail) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_signal_death_names_the_signal_and_a_sigkill_the_likely_cause() {
+        let empty = HeadTail::new(64);
+        let e = exit_error(-9, &empty);
+        assert!(
+            e.starts_with("the script was killed by signal 9 (SIGKILL) — often the out-of-memory killer"),
+            "{e}"
+        );
+        assert_eq!(
+            exit_error(-15, &empty),
+            "the script was killed by signal 15 (SIGTERM)"
+        );
+        assert_eq!(exit_error(3, &empty), "the script exited with code 3");
+    }
 
     #[test]
     fn formats_timeouts_like_the_spec() {
