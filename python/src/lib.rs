@@ -91,6 +91,8 @@ fn execute_code(
     Overrides::check(requested, Spelling::Argument)
         .map_err(|e| value_error(e.to_string()))?
         .apply_to_request(&mut request);
+    // With a remote backend the caller's dir names one over there (docs/backends.md).
+    request.backend_cwd = cwd.as_ref().map(|c| c.to_string_lossy().into_owned());
     request.cwd = cwd;
     // The host's interpreter is the default when code_execution.python is unset; kept apart
     // from it so the start log names where the interpreter came from.

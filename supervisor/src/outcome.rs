@@ -186,7 +186,9 @@ mod tests {
         let empty = HeadTail::new(64);
         let e = exit_error(-9, &empty);
         assert!(
-            e.starts_with("the script was killed by signal 9 (SIGKILL) — often the out-of-memory killer"),
+            e.starts_with(
+                "the script was killed by signal 9 (SIGKILL) — often the out-of-memory killer"
+            ),
             "{e}"
         );
         assert_eq!(

@@ -80,23 +80,20 @@ pub enum RemoteError {
     },
 }
 
-/// The execution's working dir inside the backend: the request's own session dir where it
-/// names one over there (`execute_code(cwd=...)` with a backend that does not mount this
-/// host's dir), else the environment's (`terminal.cwd` or the backend's default).
+/// The execution's working dir inside the backend: the request's own
+/// ([`ExecutionRequest::backend_cwd`], the Python API's `cwd`) where the backend takes dirs by
+/// name, else the environment's (`terminal.cwd`, `--cwd`, or the backend's default).
 fn session_dir_over_there(
     request: &ExecutionRequest,
     env: &EnvHandle,
     cwd_is_remote: bool,
 ) -> Result<String, RemoteError> {
-    let Some(dir) = request.cwd.as_ref().filter(|_| cwd_is_remote) else {
-        return Ok(env.workdir());
-    };
-    let backend = env.backend();
-    match dir.to_str() {
-        Some(text) if text.starts_with('/') => Ok(text.to_string()),
-        _ => Err(RemoteError::Cwd {
-            backend,
-            cwd: dir.display().to_string(),
+    match request.backend_cwd.as_ref().filter(|_| cwd_is_remote) {
+        None => Ok(env.workdir()),
+        Some(dir) if dir.starts_with('/') => Ok(dir.clone()),
+        Some(dir) => Err(RemoteError::Cwd {
+            backend: env.backend(),
+            cwd: dir.clone(),
             why: "a working dir inside the backend must be an absolute path".into(),
         }),
     }

@@ -33,6 +33,11 @@ pub struct ExecutionRequest {
     pub max_tool_calls: usize,
     /// Session working dir (`--cwd`); `None` means `TERMINAL_CWD`, else the process cwd.
     pub cwd: Option<PathBuf>,
+    /// The working dir inside a remote backend asked for this execution alone (the Python
+    /// API's `cwd` with a backend that does not mount this host's dir); `None` means the
+    /// backend's (`terminal.cwd`, `--cwd`, or its default). Apart from `cwd`, which the tool
+    /// path fills with the host's session dir: a host path means nothing over there.
+    pub backend_cwd: Option<String>,
     /// Default interpreter (`code_execution.python`).
     pub python: Option<PathBuf>,
     /// The embedding host's own interpreter, the default when `python` is unset
@@ -66,6 +71,7 @@ impl ExecutionRequest {
             timeout: config.timeout,
             max_tool_calls: config.max_tool_calls,
             cwd: None,
+            backend_cwd: None,
             python: config.python.clone(),
             host_python: config.host_python.clone(),
             env_passthrough: config.env_passthrough.clone(),

@@ -364,13 +364,13 @@ fn ssh_executions_end_like_local_ones() {
     let mut req = request(
         "import os\nfrom vibeos_tools import terminal\nprint(os.getcwd())\nprint(terminal('pwd')['output'].strip())",
     );
-    req.cwd = Some(proj.clone());
+    req.backend_cwd = Some(proj.display().to_string());
     let r = run(&rt, req);
     assert_eq!(r.status, Status::Success, "{r:?}");
     let p = proj.display().to_string();
     assert_eq!(r.output, format!("{p}\n{p}\n"), "{r:?}");
     let mut req = request("print(1)");
-    req.cwd = Some("proj dir".into());
+    req.backend_cwd = Some("proj dir".into());
     let r = run(&rt, req);
     assert_eq!(r.status, Status::Error, "{r:?}");
     assert!(
@@ -624,6 +624,18 @@ fn ssh_what_direct_commands_leave_running_ends_with_the_environment() {
     );
     reply();
     send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    // execute_code through the server runs in the backend's working dir, never in the host's
+    // session dir (a host path means nothing over there).
+    let call = serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        "params": {"name": "execute_code", "arguments": {"code": "import os\nprint(os.getcwd())"}}});
+    send(&call.to_string());
+    let r = reply();
+    let home = sshd.dir.path().join("home").display().to_string();
+    assert_eq!(
+        r["result"]["structuredContent"]["output"],
+        format!("{home}\n"),
+        "{r}"
+    );
     let call = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
         "params": {"name": "terminal", "arguments": {"command": leaving_behind("7373")}}});
     send(&call.to_string());
