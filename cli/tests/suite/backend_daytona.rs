@@ -510,15 +510,17 @@ fn daytona_cli_errors_name_what_is_missing() {
         String::from_utf8_lossy(&out.stderr)
     );
 
+    let run_json = |sb: &vibeos_testkit::Sandbox| {
+        sb.command()
+            .args(["run", "--json", "--backend", "daytona"])
+            .arg(&script)
+            .output()
+            .unwrap()
+    };
     sb.set_env("DAYTONA_API_KEY", "k");
     sb.set_env("DAYTONA_API_URL", "http://127.0.0.1:9/api");
     let started = Instant::now();
-    let out = sb
-        .command()
-        .args(["run", "--json", "--backend", "daytona"])
-        .arg(&script)
-        .output()
-        .unwrap();
+    let out = run_json(&sb);
     assert!(started.elapsed() < Duration::from_secs(30));
     let r = vibeos_testkit::parse_single_json(&out);
     assert_eq!(r["status"], "error", "{r}");
@@ -534,12 +536,7 @@ fn daytona_cli_errors_name_what_is_missing() {
     // A DAYTONA_API_URL that is no http(s) URL is a configuration error, said before anything.
     for bad in ["127.0.0.1:9/api", "ftp://127.0.0.1/api", "http://"] {
         sb.set_env("DAYTONA_API_URL", bad);
-        let out = sb
-            .command()
-            .args(["run", "--json", "--backend", "daytona"])
-            .arg(&script)
-            .output()
-            .unwrap();
+        let out = run_json(&sb);
         assert_eq!(out.status.code(), Some(2), "{bad}: {out:?}");
         let r = vibeos_testkit::parse_single_json(&out);
         let e = r["error"].as_str().unwrap();

@@ -38,39 +38,40 @@ pub fn private_dir(prefix: &str) -> std::io::Result<tempfile::TempDir> {
 /// left over.
 pub fn gc(prefix: &str) -> Vec<String> {
     let mut removed = Vec::new();
+    for (dir, meta) in own_dirs(prefix) {
+        let alive = match std::fs::read_to_string(dir.join(OWNER_FILE)) {
+            Ok(owner) => super::owner::owner_alive(owner.trim()),
+            Err(_) => meta
+                .modified()
+                .ok()
+                .and_then(|m| m.elapsed().ok())
+                .is_none_or(|age| age < UNOWNED_GRACE),
+        };
+        if !alive && std::fs::remove_dir_all(&dir).is_ok() {
+            removed.push(dir.display().to_string());
+        }
+    }
+    removed
+}
+
+/// This user's directories named `<prefix>*` in TMPDIR and /tmp (not symlinks), with their
+/// metadata: where this process and an earlier one (another TMPDIR) may have made them.
+pub(crate) fn own_dirs(prefix: &str) -> Vec<(PathBuf, std::fs::Metadata)> {
     let mut bases = vec![std::env::temp_dir(), PathBuf::from("/tmp")];
     bases.dedup();
     // SAFETY: getuid has no preconditions and cannot fail.
     let uid = unsafe { libc::getuid() };
-    for base in bases {
-        let Ok(entries) = std::fs::read_dir(&base) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            if !entry.file_name().to_string_lossy().starts_with(prefix) {
-                continue;
-            }
-            let dir = entry.path();
-            let Ok(meta) = std::fs::symlink_metadata(&dir) else {
-                continue;
-            };
-            if !meta.is_dir() || meta.uid() != uid {
-                continue;
-            }
-            let alive = match std::fs::read_to_string(dir.join(OWNER_FILE)) {
-                Ok(owner) => super::owner::owner_alive(owner.trim()),
-                Err(_) => meta
-                    .modified()
-                    .ok()
-                    .and_then(|m| m.elapsed().ok())
-                    .is_none_or(|age| age < UNOWNED_GRACE),
-            };
-            if !alive && std::fs::remove_dir_all(&dir).is_ok() {
-                removed.push(dir.display().to_string());
-            }
-        }
-    }
-    removed
+    bases
+        .iter()
+        .filter_map(|base| std::fs::read_dir(base).ok())
+        .flat_map(|entries| entries.flatten())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
+        .filter_map(|e| {
+            let dir = e.path();
+            let meta = std::fs::symlink_metadata(&dir).ok()?;
+            (meta.is_dir() && meta.uid() == uid).then_some((dir, meta))
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -532,42 +532,23 @@ impl Drop for SshEnv {
 /// master (or of clients whose stdin closed with the host). Only this user's dirs are looked at.
 pub fn gc() -> Result<super::docker::GcReport, EnvError> {
     let mut report = super::docker::GcReport::default();
-    let mut bases = vec![std::env::temp_dir(), PathBuf::from("/tmp")];
-    bases.dedup();
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::getuid() };
-    for base in bases {
-        let Ok(entries) = std::fs::read_dir(&base) else {
-            continue;
+    for (dir, _) in super::host_dirs::own_dirs(CONTROL_PREFIX) {
+        let info = std::fs::read_to_string(dir.join(OWNER_FILE)).unwrap_or_default();
+        let mut lines = info.lines();
+        let (owner, host, remote) = (lines.next(), lines.next(), lines.next());
+        // A dir without an owner file (written right after it is made) is one being set up,
+        // or an older version's: judged by whether a process still uses it.
+        let alive = match owner {
+            Some(o) => super::owner::owner_alive(o),
+            None => !users_of(&dir).is_empty(),
         };
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if !name.starts_with(CONTROL_PREFIX) {
-                continue;
-            }
-            let dir = entry.path();
-            let ours = std::fs::symlink_metadata(&dir)
-                .is_ok_and(|m| m.is_dir() && std::os::unix::fs::MetadataExt::uid(&m) == uid);
-            if !ours {
-                continue;
-            }
-            let info = std::fs::read_to_string(dir.join(OWNER_FILE)).unwrap_or_default();
-            let mut lines = info.lines();
-            let (owner, host, remote) = (lines.next(), lines.next(), lines.next());
-            // A dir without an owner file (written right after it is made) is one being set
-            // up, or an older version's: judged by whether a process still uses it.
-            let alive = match owner {
-                Some(o) => super::owner::owner_alive(o),
-                None => !users_of(&dir).is_empty(),
-            };
-            if alive {
-                report.kept.push(dir.display().to_string());
-                continue;
-            }
-            end_master(&dir, host, remote);
-            let _ = std::fs::remove_dir_all(&dir);
-            report.removed.push(dir.display().to_string());
+        if alive {
+            report.kept.push(dir.display().to_string());
+            continue;
         }
+        end_master(&dir, host, remote);
+        let _ = std::fs::remove_dir_all(&dir);
+        report.removed.push(dir.display().to_string());
     }
     Ok(report)
 }
