@@ -534,7 +534,12 @@ fn daytona_cli_errors_name_what_is_missing() {
     assert!(!e.contains("REDACTED"), "{e}");
 
     // A DAYTONA_API_URL that is no http(s) URL is a configuration error, said before anything.
-    for bad in ["127.0.0.1:9/api", "ftp://127.0.0.1/api", "http://"] {
+    for bad in [
+        "127.0.0.1:9/api",
+        "ftp://127.0.0.1/api",
+        "http://",
+        "httpé://x",
+    ] {
         sb.set_env("DAYTONA_API_URL", bad);
         let out = run_json(&sb);
         assert_eq!(out.status.code(), Some(2), "{bad}: {out:?}");

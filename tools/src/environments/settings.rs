@@ -423,9 +423,12 @@ fn daytona_url_usable() -> Result<(), SettingsError> {
     else {
         return Ok(());
     };
-    let scheme_ok = ["http://", "https://"]
-        .iter()
-        .any(|p| url.len() > p.len() && url[..p.len()].eq_ignore_ascii_case(p));
+    let scheme_ok = ["http://", "https://"].iter().any(|p| {
+        url.len() > p.len()
+            && url
+                .get(..p.len())
+                .is_some_and(|s| s.eq_ignore_ascii_case(p))
+    });
     if scheme_ok && reqwest::Url::parse(&url).is_ok_and(|u| u.host_str().is_some()) {
         return Ok(());
     }
