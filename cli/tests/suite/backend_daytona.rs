@@ -538,7 +538,7 @@ fn daytona_cli_errors_name_what_is_missing() {
         "127.0.0.1:9/api",
         "ftp://127.0.0.1/api",
         "http://",
-        "httpé://x",
+        "http:/é",
     ] {
         sb.set_env("DAYTONA_API_URL", bad);
         let out = run_json(&sb);
