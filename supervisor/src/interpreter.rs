@@ -412,7 +412,8 @@ fn ask_version(exe: &Path, env: &ProbeEnv) -> VersionAnswer {
         } else {
             // Python 2 stops at the `-I` flag (new in 3.4) before running anything.
             format!(
-                "it failed when asked its version ({}), as Python 2 does at the `-I` flag; \
+                "it did not report a Python version (asked with `-I -c`, it ended with {}, \
+                 as Python 2, which has no `-I`, and programs that are not Python do); \
                  Python 3.8 or newer is needed",
                 answer.status
             )

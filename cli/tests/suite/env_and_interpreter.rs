@@ -447,7 +447,7 @@ fn a_broken_or_old_virtualenv_falls_back_with_a_reason() {
     assert_eq!(prefix_of(&r), "3", "{r}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("as Python 2 does at the `-I` flag; Python 3.8 or newer is needed"),
+        stderr.contains("as Python 2, which has no `-I`, and programs that are not Python do); Python 3.8 or newer is needed"),
         "{stderr}"
     );
 }
