@@ -5,7 +5,7 @@
 
 use crate::capture::HeadTail;
 use crate::request::ExecutionRequest;
-use crate::result::{ExecutionResult, Status};
+use crate::result::{ExecutionResult, Status, INTERRUPT_NOTICE};
 use std::time::{Duration, Instant};
 
 /// Formats seconds the way the timeout notice prints them (`300`, `0.5`, `0.0001`): the
@@ -26,9 +26,6 @@ pub fn timeout_notice(timeout: Duration) -> String {
         format_seconds(timeout)
     )
 }
-
-/// The notice an interrupted execution ends with.
-pub const INTERRUPT_NOTICE: &str = "[execution interrupted — user sent a new message]";
 
 /// How an execution ended, as the supervision saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

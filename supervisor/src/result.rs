@@ -76,6 +76,9 @@ pub struct ExecutionResult {
     pub backend: Option<String>,
 }
 
+/// The notice an interrupted execution's output ends with (SPEC §5).
+pub const INTERRUPT_NOTICE: &str = "[execution interrupted — user sent a new message]";
+
 impl ExecutionResult {
     /// A result for an execution that could not start.
     pub fn failed_to_start(mode: &'static str, error: String, duration_seconds: f64) -> Self {
@@ -104,7 +107,7 @@ impl ExecutionResult {
     pub fn interrupted_before_start(mode: &'static str, error: String) -> Self {
         ExecutionResult {
             status: Status::Interrupted,
-            output: crate::outcome::INTERRUPT_NOTICE.to_string(),
+            output: INTERRUPT_NOTICE.to_string(),
             ..ExecutionResult::failed_to_start(mode, error, 0.0)
         }
     }
