@@ -455,6 +455,61 @@ print("env:", json.dumps(dict(os.environ)))
     environments::shutdown();
     assert!(lab.sandboxes().is_empty());
 
+    // A host killed with SIGKILL mid-run leaves the relay's socket dir and its SDK sidecar's on
+    // this host; gc removes both (and the sandbox).
+    std::fs::write(
+        &script,
+        "import subprocess\nsubprocess.run(['sleep', '7474'])\n",
+    )
+    .unwrap();
+    let mut host = std::process::Command::new(env!("CARGO_BIN_EXE_vibeos-exec"))
+        .args(["run", "--backend", "modal"])
+        .arg(&script)
+        .env("VIBEOS_HOME", home.path())
+        .env("VIBEOS_AGENT_BINARY", env!("CARGO_BIN_EXE_vibeos-exec"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let owned_by = |pid: u32, prefix: &str| -> Vec<String> {
+        std::fs::read_dir(std::env::temp_dir())
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with(prefix))
+                    && std::fs::read_to_string(p.join("owner"))
+                        .is_ok_and(|o| o.starts_with(&format!("{pid}:")))
+            })
+            .map(|p| p.display().to_string())
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while owned_by(host.id(), "vibeos-relay-modal-").is_empty() {
+        assert!(Instant::now() < deadline, "the script did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut left = owned_by(host.id(), "vibeos-relay-modal-");
+    left.extend(owned_by(host.id(), "vibeos-modal-"));
+    assert_eq!(left.len(), 2, "{left:?}");
+    host.kill().unwrap();
+    host.wait().unwrap();
+    let report: Value = serde_json::from_slice(&gc(true)).unwrap();
+    let removed = report["backends"]["modal"]["removed"].to_string();
+    for dir in &left {
+        assert!(removed.contains(dir.as_str()), "{report}");
+        assert!(!std::path::Path::new(dir).exists(), "{report}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !lab.sandboxes().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the killed host's sandbox is left"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
     // A script that ignores SIGTERM, removes the pgid files and stops its relay and its
     // bootstrap is still killed after the grace (the backstop: a fresh sandbox exec kills by
     // the pids the relay reported before the script ran), and nothing of it is left.
