@@ -11,8 +11,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use super::common::{
-    backend, hanging_script, python_output, request_from, run, run_interrupted_after,
-    run_into_timeout, runtime, HOST_ENV,
+    backend, hanging_script, host_dirs_of, python_output, request_from, run, run_interrupted_after,
+    run_into_timeout, runtime, spawn_host, HOST_ENV,
 };
 use std::time::{Duration, Instant};
 use vibeos_supervisor::{ExecutionRequest, Status};
@@ -286,34 +286,13 @@ print(u.urlopen(r).status)",
         "import subprocess\nsubprocess.run(['sleep', '7373'])",
     )
     .unwrap();
-    let mut host = std::process::Command::new(env!("CARGO_BIN_EXE_vibeos-exec"))
-        .arg("run")
-        .arg(&script)
-        .env("VIBEOS_HOME", home.path())
-        .env("VIBEOS_AGENT_BINARY", env!("CARGO_BIN_EXE_vibeos-exec"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut host = spawn_host(home.path(), &["run"], &script);
     let deadline = Instant::now() + Duration::from_secs(120);
     while !ps(&lab).contains("sleep 7373") {
         assert!(Instant::now() < deadline, "the script did not start");
         std::thread::sleep(Duration::from_millis(200));
     }
-    let relay_dirs_of = |pid: u32| -> Vec<String> {
-        let owner = format!("{pid}:");
-        std::fs::read_dir(std::env::temp_dir())
-            .unwrap()
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| {
-                p.file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with("vibeos-relay-daytona-"))
-                    && std::fs::read_to_string(p.join("owner")).is_ok_and(|o| o.starts_with(&owner))
-            })
-            .map(|p| p.display().to_string())
-            .collect()
-    };
+    let relay_dirs_of = |pid: u32| host_dirs_of(pid, "vibeos-relay-daytona-");
     let left = relay_dirs_of(host.id());
     assert!(!left.is_empty(), "the running host has no relay dir?");
     host.kill().unwrap();

@@ -12,8 +12,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use super::common::{
-    backend, hanging_script, python_output, request_from, run, run_interrupted_after,
-    run_into_timeout, runtime, HOST_ENV,
+    backend, hanging_script, host_dirs_of, python_output, request_from, run, run_interrupted_after,
+    run_into_timeout, runtime, spawn_host, HOST_ENV,
 };
 use serde_json::{json, Map, Value};
 use std::time::{Duration, Instant};
@@ -462,36 +462,14 @@ print("env:", json.dumps(dict(os.environ)))
         "import subprocess\nsubprocess.run(['sleep', '7474'])\n",
     )
     .unwrap();
-    let mut host = std::process::Command::new(env!("CARGO_BIN_EXE_vibeos-exec"))
-        .args(["run", "--backend", "modal"])
-        .arg(&script)
-        .env("VIBEOS_HOME", home.path())
-        .env("VIBEOS_AGENT_BINARY", env!("CARGO_BIN_EXE_vibeos-exec"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let owned_by = |pid: u32, prefix: &str| -> Vec<String> {
-        std::fs::read_dir(std::env::temp_dir())
-            .unwrap()
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| {
-                p.file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with(prefix))
-                    && std::fs::read_to_string(p.join("owner"))
-                        .is_ok_and(|o| o.starts_with(&format!("{pid}:")))
-            })
-            .map(|p| p.display().to_string())
-            .collect()
-    };
+    let mut host = spawn_host(home.path(), &["run", "--backend", "modal"], &script);
     let deadline = Instant::now() + Duration::from_secs(120);
-    while owned_by(host.id(), "vibeos-relay-modal-").is_empty() {
+    while host_dirs_of(host.id(), "vibeos-relay-modal-").is_empty() {
         assert!(Instant::now() < deadline, "the script did not start");
         std::thread::sleep(Duration::from_millis(100));
     }
-    let mut left = owned_by(host.id(), "vibeos-relay-modal-");
-    left.extend(owned_by(host.id(), "vibeos-modal-"));
+    let mut left = host_dirs_of(host.id(), "vibeos-relay-modal-");
+    left.extend(host_dirs_of(host.id(), "vibeos-modal-"));
     assert_eq!(left.len(), 2, "{left:?}");
     host.kill().unwrap();
     host.wait().unwrap();

@@ -172,3 +172,39 @@ pub(crate) fn in_own_process() -> bool {
     );
     true
 }
+
+/// A `vibeos-exec` host process, as a user starts one: `args` then `script`, with `home` as
+/// `VIBEOS_HOME` and this build as the tool agent, its output discarded. For tests that kill
+/// it mid-run.
+pub(crate) fn spawn_host(
+    home: &std::path::Path,
+    args: &[&str],
+    script: &std::path::Path,
+) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_vibeos-exec"))
+        .args(args)
+        .arg(script)
+        .env("VIBEOS_HOME", home)
+        .env("VIBEOS_AGENT_BINARY", env!("CARGO_BIN_EXE_vibeos-exec"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// The socket dirs `<TMPDIR>/<prefix>*` whose owner file names process `pid`
+/// (`vibeos_tools::environments::host_dirs`).
+pub(crate) fn host_dirs_of(pid: u32, prefix: &str) -> Vec<String> {
+    let owner = format!("{pid}:");
+    std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(prefix))
+                && std::fs::read_to_string(p.join("owner")).is_ok_and(|o| o.starts_with(&owner))
+        })
+        .map(|p| p.display().to_string())
+        .collect()
+}
