@@ -43,6 +43,11 @@ use std::path::{Component, Path, PathBuf};
 /// (the module `sitecustomize` — a file or a package — runs in every interpreter whose path
 /// holds its dir — project mode puts the session dir there — and `.pth` files in site dirs); direnv's `.envrc`; the shells' and
 /// git's start-up files (`.bashrc`, `.profile`, `.gitconfig`, … when the root is a home).
+/// vibeos-exec's own places are refused too: a `.vibeos` dir (the project plugin dir
+/// `<cwd>/.vibeos/plugins`, and the default home `~/.vibeos` when the root is a home), whose
+/// plugins and `config.yaml` (MCP server commands, `code_execution.mode`) every later `run`,
+/// `serve` or Python host loads; the home, config file and plugin dirs in use wherever they
+/// are are checked by [`PathPolicy`] against the written file's real path.
 /// Names are compared without ASCII case (a case-insensitive filesystem opens `.GIT/config`).
 fn runs_outside_later(root: &Path, rel: &Path) -> Option<&'static str> {
     const VCS: [&str; 4] = [".git", ".hg", ".svn", ".bzr"];
@@ -72,6 +77,9 @@ fn runs_outside_later(root: &Path, rel: &Path) -> Option<&'static str> {
     {
         return Some("it lies in version-control metadata, whose hooks and config run commands");
     }
+    if names.iter().any(|n| n.eq_ignore_ascii_case(".vibeos")) {
+        return Some(PRODUCT_FILES);
+    }
     let file = names.last()?.to_ascii_lowercase();
     if names.iter().any(|n| python_startup_module(n)) || file.ends_with(".pth") {
         return Some(
@@ -96,6 +104,55 @@ fn runs_outside_later(root: &Path, rel: &Path) -> Option<&'static str> {
         dir.push(name);
     }
     None
+}
+
+/// Why vibeos-exec's own home, config file and plugin dirs are not written in strict mode.
+const PRODUCT_FILES: &str =
+    "it is vibeos-exec's own config, plugins or logs, which later runs and hosts load";
+
+/// vibeos-exec's own places as they are now: in the home (`$VIBEOS_HOME`, else `~/.vibeos`)
+/// its `config.yaml`, `plugins/` and `logs/` (the rest of a home may be a session's cwd), the
+/// config file in use and the configured plugin dirs, each in its canonical form (the nearest
+/// existing ancestor resolved, the rest appended), so that a write can be compared by the real
+/// path the kernel opened.
+fn product_places() -> Vec<PathBuf> {
+    let home = crate::settings::vibeos_home();
+    let mut places = vec![
+        home.join("config.yaml"),
+        home.join("plugins"),
+        home.join("logs"),
+        crate::settings::config_path(),
+    ];
+    if let Ok(file) = crate::settings::current() {
+        if let Some(plugins) = &file.plugins {
+            places.extend(plugins.dirs.iter().cloned());
+        }
+    }
+    places
+        .into_iter()
+        .filter(|p| p.is_absolute())
+        .map(|p| canonical_as_far_as_it_exists(&p))
+        .collect()
+}
+
+/// `path` with its longest existing ancestor canonicalised and the rest appended as given.
+fn canonical_as_far_as_it_exists(path: &Path) -> PathBuf {
+    let mut rest = Vec::new();
+    let mut at = path;
+    loop {
+        if let Ok(real) = at.canonicalize() {
+            let mut out = real;
+            out.extend(rest.iter().rev());
+            return out;
+        }
+        match (at.parent(), at.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_os_string());
+                at = parent;
+            }
+            _ => return path.to_path_buf(),
+        }
+    }
 }
 
 /// Whether a path component provides the module `sitecustomize` or `usercustomize`, which
@@ -142,6 +199,8 @@ pub struct PathPolicy {
     /// unbounded). The staging dir has its own cap (a tmpfs); without this, a script calling
     /// write_file in a loop could fill the disk under the cwd or a write root.
     write_budget: Option<std::sync::atomic::AtomicU64>,
+    /// vibeos-exec's own home, config file and plugin dirs ([`product_places`]), never written.
+    product_places: Vec<PathBuf>,
 }
 
 /// Why a root could not be added (the execution then refuses to start).
@@ -167,6 +226,7 @@ impl PathPolicy {
         PathPolicy {
             roots: Vec::new(),
             write_budget: None,
+            product_places: product_places(),
         }
     }
 
@@ -291,16 +351,14 @@ impl PathPolicy {
             )
         })?;
         if write && !root.links_ok {
-            if let Some(why) = runs_outside_later(&root.canonical, &rel) {
-                return Err(ToolError::new(
-                    crate::ToolErrorKind::OutsideSandbox,
-                    format!(
-                        "{} is not written in strict mode: {why}, so a script could run code \
-                         outside the sandbox through it. Write elsewhere, or make the change \
-                         outside strict mode",
-                        path.display()
-                    ),
-                ));
+            let target = root.canonical.join(&rel);
+            let why = if self.product_places.iter().any(|p| target.starts_with(p)) {
+                Some(PRODUCT_FILES)
+            } else {
+                runs_outside_later(&root.canonical, &rel)
+            };
+            if let Some(why) = why {
+                return Err(refused_for_running_later(path, why));
             }
         }
         Ok((root, rel))
@@ -481,6 +539,7 @@ impl PathPolicy {
                     let Component::Normal(part) = component else {
                         return Err(e);
                     };
+                    self.refuse_what_runs_later(&dir, root, part, path)?;
                     match nix::sys::stat::mkdirat(
                         dir.as_fd(),
                         part,
@@ -503,7 +562,39 @@ impl PathPolicy {
                 Err(e) => return Err(e),
             }
         }
+        self.refuse_what_runs_later(&dir, root, &name, path)?;
         Ok((dir, name))
+    }
+
+    /// The check of [`runs_outside_later`] and of vibeos-exec's own places again, on the real
+    /// path of `name` in a directory the walk opened (`/proc/self/fd`), for the file and for
+    /// each directory the walk is about to make: a symlink inside a root (`cfg -> .git`,
+    /// `conf -> ~/.vibeos`) leads the kernel's open where the path's spelling does not.
+    fn refuse_what_runs_later(
+        &self,
+        dir: &OwnedFd,
+        root: &Root,
+        name: &std::ffi::OsStr,
+        shown: &Path,
+    ) -> Result<(), ToolError> {
+        use std::os::fd::AsRawFd;
+        if root.links_ok {
+            return Ok(());
+        }
+        let at = std::fs::read_link(format!("/proc/self/fd/{}", dir.as_raw_fd()))
+            .map_err(|e| ToolError::io(shown, &e))?
+            .join(name);
+        let why = if self.product_places.iter().any(|p| at.starts_with(p)) {
+            Some(PRODUCT_FILES)
+        } else {
+            at.strip_prefix(&root.canonical)
+                .ok()
+                .and_then(|rel| runs_outside_later(&root.canonical, rel))
+        };
+        match why {
+            None => Ok(()),
+            Some(why) => Err(refused_for_running_later(shown, why)),
+        }
     }
 
     /// Replaces (or creates) the file at `path` with `content`, atomically: a new file is
@@ -620,6 +711,18 @@ impl Default for PathPolicy {
 }
 
 /// A fresh name for the file a write goes to before its rename.
+/// The refusal of a write that would let a strict script run code outside the sandbox later.
+fn refused_for_running_later(path: &Path, why: &str) -> ToolError {
+    ToolError::new(
+        crate::ToolErrorKind::OutsideSandbox,
+        format!(
+            "{} is not written in strict mode: {why}, so a script could run code outside the \
+             sandbox through it. Write elsewhere, or make the change outside strict mode",
+            path.display()
+        ),
+    )
+}
+
 fn temp_name() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -910,6 +1013,8 @@ mod tests {
             ".GIT/config",
             "home/.bashrc",
             ".gitconfig",
+            ".vibeos/plugins/p.py",
+            "sub/.VIBEOS/config.yaml",
         ] {
             let e = p.write_atomic(&root.join(bad), b"x").unwrap_err();
             assert_eq!(e.kind, "OutsideSandbox", "{bad}: {e:?}");
@@ -928,6 +1033,12 @@ mod tests {
         std::fs::create_dir_all(root.join(".git")).unwrap();
         std::fs::write(root.join(".git/HEAD"), "ref: refs/heads/main\n").unwrap();
         assert!(p.open_read(&root.join(".git/HEAD")).is_ok());
+        // A symlink inside the root that leads into `.git`: the real path is checked too.
+        std::os::unix::fs::symlink(".git", root.join("g")).unwrap();
+        let e = p.write_atomic(&root.join("g/config"), b"x").unwrap_err();
+        assert!(e.message.contains("run code"), "{}", e.message);
+        assert!(p.write_atomic(&root.join("g/hooks/h"), b"x").is_err());
+        assert!(!root.join(".git/hooks").exists());
         // A bare repository made from scratch, in either order: the step that completes it
         // (and everything after) is refused.
         p.write_atomic(&root.join("bare/config"), b"[core]")

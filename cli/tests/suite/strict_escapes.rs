@@ -813,6 +813,40 @@ fn code_that_runs_outside_later_cannot_be_planted_in_the_project_through_the_too
 }
 
 #[test]
+fn vibeos_config_and_plugins_cannot_be_planted_through_the_tools() {
+    require_strict!();
+    let r = range();
+    // The home beneath a write root, named directly and through a symlink beside it (whose
+    // spelling does not name the home).
+    r.sb.write_config(&format!(
+        "code_execution:\n  strict:\n    max_processes: 64\n    memory_mb: 256\n    write_roots: [{}]\n",
+        r.sb.root.path().display()
+    ));
+    let config = std::fs::read_to_string(r.sb.home().join("config.yaml")).unwrap();
+    open_to_all(&r.sb.home(), 0o755);
+    std::os::unix::fs::symlink("home", r.sb.root.path().join("conf")).unwrap();
+    let attempts = r.contained(&r.attack(
+        "tools_plant_product_files",
+        json!({"home": r.sb.home(), "root": r.sb.root.path()}),
+        &[],
+    ));
+    assert_eq!(attempts.len(), 8, "{attempts:?}");
+    all_refused_for(&attempts, "run code");
+    assert_eq!(
+        std::fs::read_to_string(r.sb.home().join("config.yaml")).unwrap(),
+        config,
+        "the config was changed"
+    );
+    for planted in [
+        r.sb.home().join("plugins"),
+        r.sb.work().join(".vibeos"),
+        r.sb.work().join("sub/.Vibeos"),
+    ] {
+        assert!(!planted.exists(), "{} was made", planted.display());
+    }
+}
+
+#[test]
 fn swapping_a_directory_for_a_symlink_mid_call_gets_the_tools_nothing() {
     require_strict!();
     let r = range();
