@@ -40,3 +40,17 @@ def test_execute_code_is_offered_and_dispatchable_with_the_host_tools_listed():
     assert out["status"] == "success", out
     assert out["output"] == "via agent\n"
     assert out["interpreter"] == sys.executable
+
+
+def test_a_host_tool_returning_pretty_printed_json_keeps_the_channel_working():
+    # The handler's text is embedded in the reply frame as JSON; its line breaks once ended
+    # the frame early and broke every later call of the script.
+    registry.register(name="host_pretty", toolset="host", schema=echo_schema(),
+                      handler=lambda a: json.dumps({"a": 1, "b": [a["x"], "y\nz"]}, indent=2),
+                      script_callable=True)
+    out = vibeos_exec.execute_code(
+        "from vibeos_tools import host_pretty, host_pretty as again\n"
+        "print(host_pretty(x='one'))\n"
+        "print(again(x='two')['b'])\n")
+    assert out["status"] == "success", out
+    assert out["output"] == "{'a': 1, 'b': ['one', 'y\\nz']}\n['two', 'y\\nz']\n"

@@ -184,6 +184,9 @@ pub fn encode_response(id: &Value, result: &Value) -> Vec<u8> {
 
 /// Encodes the reply to a call whose result is already JSON text (as the registry returns it),
 /// without parsing and re-serialising it. Text that is not valid JSON is sent as a string.
+/// Line breaks in the text (a host tool that returns `json.dumps(x, indent=2)`) would end the
+/// frame early; in valid JSON they can only be whitespace between tokens (inside a string
+/// they must be escaped), so each becomes a space and nothing else of the text changes.
 pub fn encode_response_json(id: &Value, result_json: &str) -> Vec<u8> {
     match serde_json::from_str::<&serde_json::value::RawValue>(result_json) {
         Ok(raw) => {
@@ -192,7 +195,11 @@ pub fn encode_response_json(id: &Value, result_json: &str) -> Vec<u8> {
             out.extend_from_slice(b"{\"id\":");
             out.extend_from_slice(id.as_bytes());
             out.extend_from_slice(b",\"result\":");
-            out.extend_from_slice(raw.get().as_bytes());
+            out.extend(
+                raw.get()
+                    .bytes()
+                    .map(|b| if b == b'\n' || b == b'\r' { b' ' } else { b }),
+            );
             out.extend_from_slice(b"}\n");
             out
         }
@@ -218,6 +225,20 @@ fn frame(value: &Value) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pretty_printed_result_is_sent_as_one_line_with_its_value_intact() {
+        let text = "{\n  \"a\": 1,\r\n  \"b\": [\n    \"x\\ny\",\n    12345678901234567890123\n  ]\n}\n";
+        let frame = encode_response_json(&json!(3), text);
+        let line = String::from_utf8(frame).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(line.matches('\n').count(), 1, "{line:?}");
+        assert!(line.ends_with('\n'));
+        let back: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert_eq!(back["id"], json!(3));
+        assert_eq!(back["result"]["b"][0], json!("x\ny"));
+        // The big number travels as written, not rounded through a float.
+        assert!(line.contains("12345678901234567890123"), "{line}");
+    }
 
     #[test]
     fn decodes_a_well_formed_request() {
