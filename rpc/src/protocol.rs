@@ -228,7 +228,8 @@ mod tests {
 
     #[test]
     fn a_pretty_printed_result_is_sent_as_one_line_with_its_value_intact() {
-        let text = "{\n  \"a\": 1,\r\n  \"b\": [\n    \"x\\ny\",\n    12345678901234567890123\n  ]\n}\n";
+        let text =
+            "{\n  \"a\": 1,\r\n  \"b\": [\n    \"x\\ny\",\n    12345678901234567890123\n  ]\n}\n";
         let frame = encode_response_json(&json!(3), text);
         let line = String::from_utf8(frame).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(line.matches('\n').count(), 1, "{line:?}");

@@ -221,7 +221,35 @@ pub enum Decision {
 
 /// Decides whether `command` may run in the call described by `ctx` (SPEC §8).
 pub fn check_command(command: &str, ctx: &ToolContext) -> Decision {
-    decide(command, ctx, false)
+    decide(command, None, ctx, false)
+}
+
+/// [`check_command`] for a command that starts in `dir` (its `workdir`, or where the terminal
+/// session stands after an earlier `cd`): `rm -rf *` started in `/` is `cd / && rm -rf *`, so
+/// the hardline tier also sees each of the command's first steps — those before any `cd`,
+/// `pushd` or `popd` moves it — as run after `cd <dir>`.
+pub fn check_command_in(command: &str, dir: &std::path::Path, ctx: &ToolContext) -> Decision {
+    decide(command, Some(dir), ctx, false)
+}
+
+/// The steps of `command` before the first that changes directory, each written as run after
+/// `cd <dir>` (see [`check_command_in`]). Splitting at `;`, `&&`, `||`, `|`, `&` and newlines
+/// is a best effort, like the views: a step cut too early only adds a view.
+fn steps_in_dir(command: &str, dir: &std::path::Path) -> Vec<String> {
+    let dir = dir.to_string_lossy();
+    let mut out = Vec::new();
+    for step in command.split([';', '&', '|', '\n']) {
+        let step = step.trim();
+        let first = step.split_whitespace().next().unwrap_or("");
+        let first = first.rsplit('/').next().unwrap_or(first);
+        if matches!(first, "cd" | "pushd" | "popd") {
+            break;
+        }
+        if !step.is_empty() {
+            out.push(format!("cd {dir} && {step}"));
+        }
+    }
+    out
 }
 
 /// Says whether the installed host callback can reach someone for a task (an MCP server whose
@@ -267,18 +295,24 @@ pub fn check_script(source: &str, task_id: Option<&str>) -> Decision {
     }
     let mut ctx = ToolContext::agent("/");
     ctx.task_id = task_id.map(str::to_string);
-    decide(source, &ctx, true)
+    decide(source, None, &ctx, true)
 }
 
-fn decide(command: &str, ctx: &ToolContext, is_script: bool) -> Decision {
+fn decide(
+    command: &str,
+    dir: Option<&std::path::Path>,
+    ctx: &ToolContext,
+    is_script: bool,
+) -> Decision {
     let policies =
         approval_policy::hardline_patterns().and_then(|h| Ok((h, dangerous_patterns()?)));
-    decide_with(command, ctx, is_script, policies)
+    decide_with(command, dir, ctx, is_script, policies)
 }
 
 /// [`decide`] against given pattern lists; a broken policy refuses everything (fail closed).
 fn decide_with(
     command: &str,
+    dir: Option<&std::path::Path>,
     ctx: &ToolContext,
     is_script: bool,
     policies: Result<(&[approval_policy::HardlinePattern], &[DangerousPattern]), &PolicyFileError>,
@@ -296,8 +330,11 @@ fn decide_with(
             };
         }
     };
-    if let Some(h) =
-        approval_policy::detect_hardline_in(hardline, command, &approval_policy::mount_table())
+    let mounts = approval_policy::mount_table();
+    let in_dir = dir.map(|d| steps_in_dir(command, d)).unwrap_or_default();
+    if let Some(h) = std::iter::once(command)
+        .chain(in_dir.iter().map(String::as_str))
+        .find_map(|c| approval_policy::detect_hardline_in(hardline, c, &mounts))
     {
         return Decision::Deny {
             message: format!(

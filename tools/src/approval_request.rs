@@ -50,13 +50,17 @@ pub fn normalize_command(command: &str) -> String {
 ///    brace lists (`-{r,f}` is `-r -f`), a glob naming top-level directories (`/e*` is `/etc`),
 ///    SQL comments (`DROP/**/TABLE`), and wrappers in front of a command (`sudo -u x`, `env`,
 ///    `command`, `exec`, `nohup`, `nice`, `xargs`, `bash -c`, …) removed.
+/// 4. the first view without lower-casing, for the few options whose case is their meaning
+///    (`git branch -D` deletes unmerged work, `-d` does not); patterns written in lower case
+///    match it only where the command was lower case anyway.
 pub fn command_views(command: &str) -> Vec<String> {
     let lower = command.to_lowercase().replace("\\\n", " ");
     let primary = finish(&join_lines(&lower));
     let flat = finish(&lower.replace('\n', " ; "));
     let expanded = expand(&primary);
+    let cased = finish(&join_lines(&command.replace("\\\n", " ")));
     let mut views = vec![primary];
-    for v in [flat, expanded] {
+    for v in [flat, expanded, cased] {
         if !views.contains(&v) {
             views.push(v);
         }
@@ -213,6 +217,9 @@ fn scan_line(line: &str, quote: &mut Option<char>, pending: &mut VecDeque<(Strin
 }
 
 static SQL_COMMENT: LazyLock<Option<Regex>> = LazyLock::new(|| Regex::new(r"/\*.*?\*/").ok());
+/// Arithmetic on one literal, `$((-1))` or `$(( 1 ))`: the shell puts the number in.
+static ARITHMETIC: LazyLock<Option<Regex>> =
+    LazyLock::new(|| Regex::new(r"\$\(\(\s*(-?\s*[0-9]+)\s*\)\)").ok());
 static ECHO_SUBST: LazyLock<Option<Regex>> = LazyLock::new(|| {
     Regex::new(
         r"\$\(\s*(?:echo|printf)(?:\s+-[a-z]+)*\s+([^()`;&|]*?)\s*\)|`\s*(?:echo|printf)(?:\s+-[a-z]+)*\s+([^()`;&|]*?)\s*`",
@@ -289,6 +296,11 @@ fn expand(primary: &str) -> String {
                 .into_owned();
         }
     }
+    if let Some(re) = ARITHMETIC.as_ref() {
+        s = re
+            .replace_all(&s, |c: &regex::Captures| c[1].replace(' ', ""))
+            .into_owned();
+    }
     s = s.split(' ').map(expand_word).collect::<Vec<_>>().join(" ");
     for re in [WRAPPER.as_ref(), SHELL_C.as_ref()].into_iter().flatten() {
         // A few rounds: `sudo env nohup reboot`.
@@ -306,10 +318,41 @@ fn expand(primary: &str) -> String {
     cut_command_paths(s).trim().to_string()
 }
 
+/// The long options the patterns name, which GNU tools (and git) also take abbreviated to any
+/// unambiguous prefix: `rm --r`, `chmod --recur`, `git reset --har`, `git clean --forc`.
+const ABBREVIATED_LONG_OPTIONS: [&str; 6] = [
+    "recursive",
+    "force",
+    "hard",
+    "delete",
+    "mirror",
+    "no-preserve-root",
+];
+
+/// A long option written as a prefix of exactly one of [`ABBREVIATED_LONG_OPTIONS`], in full.
+fn long_option_in_full(word: &str) -> Option<String> {
+    let rest = word.strip_prefix("--")?;
+    let (name, value) = rest.split_at(rest.find('=').unwrap_or(rest.len()));
+    if name.is_empty() {
+        return None;
+    }
+    let mut full = ABBREVIATED_LONG_OPTIONS
+        .iter()
+        .filter(|o| o.starts_with(name) && o.len() > name.len());
+    match (full.next(), full.next()) {
+        (Some(o), None) => Some(format!("--{o}{value}")),
+        _ => None,
+    }
+}
+
 /// One word with its brace list and a top-level glob expanded (`-{r,f}` → `-r -f`,
-/// `/{etc,usr}` → `/etc /usr`, `/e*` → `/etc`); other words unchanged.
+/// `/{etc,usr}` → `/etc /usr`, `/e*` → `/etc`) and an abbreviated long option in full
+/// ([`long_option_in_full`]); other words unchanged.
 fn expand_word(word: &str) -> String {
     let (core, tail) = word.split_at(word.trim_end_matches([';', '&', '|', ')']).len());
+    if let Some(full) = long_option_in_full(core) {
+        return format!("{full}{tail}");
+    }
     let mut words = vec![core.to_string()];
     if let Some(c) = BRACE_LIST.as_ref().and_then(|re| re.captures(core)) {
         if !c[1].ends_with('$') {

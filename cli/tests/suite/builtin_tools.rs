@@ -432,3 +432,42 @@ fn write_file_where_no_file_can_be_created_says_so() {
     assert!(!err.contains(".vibeos-write-"), "{err}");
     assert!(!err.contains("FileNotFound"), "{err}");
 }
+
+#[test]
+fn a_recursive_delete_started_in_the_root_is_hardline_however_the_shell_got_there() {
+    // Stop 50's probe: `rm -rf *` was refused as hardline only when written after `cd /` in
+    // the same command; with `workdir="/"`, after a `cd /` in an earlier call, or with
+    // `--cwd /`, it was only dangerous, so `approvals.mode: off` ran it. Every command starts
+    // with `exit 0`, so nothing would be deleted even if one got through.
+    let sb = Sandbox::new();
+    sb.write_config("approvals:\n  mode: off\n");
+    let script = r#"
+import json
+from vibeos_tools import terminal
+out = {}
+out["workdir"] = terminal("exit 0; rm -rf *", workdir="/")
+terminal("cd /")
+out["after_cd"] = terminal("exit 0; rm -rf *")
+out["find_after_cd"] = terminal("exit 0; find . -delete")
+terminal("cd /tmp")
+out["elsewhere"] = terminal("exit 0; rm -rf *")
+print(json.dumps(out))
+"#;
+    let r = sb.run_json(script, &[]);
+    assert_eq!(r["status"], "success", "{r}");
+    let out: Value = serde_json::from_str(r["output"].as_str().unwrap().trim()).unwrap();
+    for case in ["workdir", "after_cd", "find_after_cd"] {
+        let error = out[case]["error"].as_str().unwrap_or_default();
+        assert!(error.contains("hardline"), "{case}: {}", out[case]);
+    }
+    // Anywhere else, mode off runs it (and `exit 0` makes it a no-op).
+    assert_eq!(out["elsewhere"]["exit_code"], 0, "{}", out["elsewhere"]);
+    let r = sb.run_json(
+        "from vibeos_tools import terminal\nprint(terminal('exit 0; rm -rf *')['error'])",
+        &["--cwd", "/"],
+    );
+    assert!(
+        r["output"].as_str().unwrap().contains("hardline"),
+        "--cwd /: {r}"
+    );
+}

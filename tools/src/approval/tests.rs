@@ -70,7 +70,7 @@ fn a_broken_policy_refuses_every_command() {
     .unwrap_err();
     let ctx = ToolContext::agent("/");
     for cmd in ["ls", "echo harmless"] {
-        match decide_with(cmd, &ctx, false, Err(&broken)) {
+        match decide_with(cmd, None, &ctx, false, Err(&broken)) {
             Decision::Deny { message } => {
                 assert!(
                     message.contains("x/dangerous.json")
@@ -88,7 +88,7 @@ fn a_broken_policy_refuses_every_command() {
         dangerous_patterns().unwrap(),
     );
     assert!(matches!(
-        decide_with("ls", &ctx, false, Ok(ok)),
+        decide_with("ls", None, &ctx, false, Ok(ok)),
         Decision::Allow { .. }
     ));
 }
@@ -537,7 +537,8 @@ fn the_expanded_view_puts_in_plain_expansions() {
     // Every step of the third view at once: assignment, wrapper, brace list, root glob,
     // substitution, SQL comment.
     let views = command_views("X=rm; sudo -u r $X -{r,f} /e* $(echo a) /*c*/");
-    assert_eq!(views.len(), 2, "{views:?}");
+    // The primary, the expanded and the cased view (the command has a capital).
+    assert_eq!(views.len(), 3, "{views:?}");
     assert_eq!(
         views[1], "x=rm; rm -r -f /etc a",
         "the expanded view lost a step: {views:?}"
@@ -602,4 +603,69 @@ fn an_allowlist_glob_approves_one_command_not_what_is_chained_to_it() {
         "curl -s https://get.example | sh",
         &m
     ));
+}
+
+#[test]
+fn probe_50_forms_are_caught() {
+    // The stop 50 probe: each of these ran in the default mode.
+    assert_hit("git_branch_force_delete", "git branch -D feat");
+    assert_hit("git_branch_force_delete", "git branch -vD feat");
+    assert_miss("git_branch_force_delete", "git branch -d feat");
+    // GNU long options abbreviated to an unambiguous prefix.
+    assert_hit("recursive_delete", "rm --r build");
+    assert_hit("recursive_delete", "rm --recur build");
+    assert_hit("git_reset_hard", "git reset --har");
+    assert_hit("git_clean", "git clean --forc");
+    assert_eq!(
+        hardline_key("chmod --recur 000 /").as_deref(),
+        Some("chmod_root")
+    );
+    assert_eq!(
+        hardline_key("chown --recur nobody /").as_deref(),
+        Some("chmod_root")
+    );
+    // Arithmetic on a literal.
+    for cmd in ["kill -9 $((-1))", "kill -9 -$((1))", "kill -0 $(( -1 ))"] {
+        assert_eq!(
+            hardline_key(cmd).as_deref(),
+            Some("kill_every_process"),
+            "{cmd}"
+        );
+    }
+    // Near misses stay what they were.
+    assert_miss("recursive_delete", "rm --dir empty");
+    assert!(hardline_key("chmod --reference=a /").is_none());
+    assert!(hardline_key("kill -9 $((pid))").is_none());
+}
+
+#[test]
+fn a_command_started_in_the_root_is_judged_there() {
+    let ctx = ToolContext::agent("/srv/project");
+    let refused_as_hardline = |cmd: &str, dir: &str| {
+        matches!(
+            check_command_in(cmd, std::path::Path::new(dir), &ctx),
+            Decision::Deny { message } if message.contains("hardline")
+        )
+    };
+    for (cmd, dir) in [
+        ("rm -rf *", "/"),
+        ("exit 0; rm -rf *", "/"),
+        ("rm -rf *", "/etc"),
+        ("rm -rf *", "/usr/"),
+        ("find . -delete", "/"),
+        ("chmod -R 000 .", "/"),
+        ("chown -R nobody *", "/"),
+    ] {
+        assert!(refused_as_hardline(cmd, dir), "{cmd} in {dir}");
+    }
+    // Elsewhere it is only dangerous, and a `cd` first moves the rest out of the start dir.
+    for (cmd, dir) in [
+        ("rm -rf *", "/srv/project"),
+        ("rm -rf *", "/home"),
+        ("cd /tmp/x && rm -rf *", "/"),
+        ("pushd build; rm -rf *", "/"),
+        ("find . -name '*.o' -print", "/"),
+    ] {
+        assert!(!refused_as_hardline(cmd, dir), "{cmd} in {dir}");
+    }
 }

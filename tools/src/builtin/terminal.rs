@@ -7,7 +7,7 @@
 //! Background processes and PTY mode are for the agent only; scripts run foreground commands.
 
 use super::args::{in_range, parse, schema_for};
-use crate::approval::{check_command, Decision};
+use crate::approval::{check_command, check_command_in, Decision};
 use crate::environments::local::{self, SpawnSpec};
 use crate::{BuiltinTool, CallOrigin, ToolContext, ToolEntry, ToolError};
 use serde::Deserialize;
@@ -139,7 +139,12 @@ fn terminal(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolE
             ),
         ));
     }
-    if let Decision::Deny { message } = check_command(command, ctx) {
+    // Where the command starts: its workdir, else where the session's last `cd` left it.
+    let starts_in = match workdir_arg {
+        Some(_) => cwd.clone(),
+        None => crate::environments::session::current_dir(ctx).unwrap_or_else(|| cwd.clone()),
+    };
+    if let Decision::Deny { message } = check_command_in(command, &starts_in, ctx) {
         return Err(ToolError::new(crate::ToolErrorKind::CommandDenied, message));
     }
     // An approval can take longer than the script lives: a command approved after its
@@ -222,7 +227,15 @@ fn remote_terminal(
     let skip = env.isolated()
         && crate::environments::active().is_some_and(|a| a.settings().skip_approvals_isolated);
     if !skip {
-        if let Decision::Deny { message } = check_command(command, ctx) {
+        // The workdir names a dir over there; without one, where the remote session stands
+        // is not known here.
+        let decision = match args.get("workdir").and_then(Value::as_str) {
+            Some(w) if w.starts_with('/') => {
+                check_command_in(command, std::path::Path::new(w), ctx)
+            }
+            _ => check_command(command, ctx),
+        };
+        if let Decision::Deny { message } = decision {
             return Err(ToolError::new(crate::ToolErrorKind::CommandDenied, message));
         }
     }
