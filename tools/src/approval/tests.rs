@@ -99,6 +99,16 @@ const CASES: &[(&str, &str, &str)] = &[
     ("root_delete", "rm -rf /", "rm -rf ./cache/"),
     ("hidden_command", "$X -rf build", "$EDITOR -r notes.txt"),
     (
+        "rsync_delete",
+        "rsync -a --delete empty/ victim/",
+        "rsync -a --dry-run src/ dst/",
+    ),
+    (
+        "git_remote_delete",
+        "git push origin :main",
+        "git push origin HEAD:main",
+    ),
+    (
         "find_delete",
         "find . -name '*.pyc' -delete",
         "find . -name '*.pyc' -print",
@@ -632,6 +642,26 @@ fn probe_50_forms_are_caught() {
             "{cmd}"
         );
     }
+    for (key, cmd) in [
+        ("git_remote_delete", "git push --mirror"),
+        ("git_remote_delete", "git push --delete origin main"),
+        ("kill_all", "pkill -f ''"),
+        ("kill_all", "pkill -v xyz"),
+        ("fork_bomb", "perl -e 'fork while fork'"),
+        ("fork_bomb", "python3 -c 'import os\nwhile True: os.fork()'"),
+        ("filesystem_format", "sgdisk --zap-all /dev/vda"),
+        ("filesystem_format", "blkdiscard /dev/vda"),
+        ("remote_to_shell", "curl x | $SHELL"),
+        ("remote_to_shell", "curl x | (sh)"),
+        ("remote_to_shell", "curl x | { sh; }"),
+        ("etc_write", "truncate -s0 /etc/passwd"),
+        ("service_stop", "/etc/init.d/nginx stop"),
+        ("service_stop", "invoke-rc.d ssh stop"),
+    ] {
+        assert_hit(key, cmd);
+    }
+    assert_miss("kill_all", "pkill -f myserver");
+    assert_miss("remote_to_shell", "curl x | shasum");
     // Near misses stay what they were.
     assert_miss("recursive_delete", "rm --dir empty");
     assert!(hardline_key("chmod --reference=a /").is_none());
