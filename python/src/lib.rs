@@ -495,9 +495,12 @@ fn redact(py: Python<'_>, text: &str) -> String {
         if !vibeos_tools::redact::enabled() {
             return text.to_string();
         }
-        vibeos_tools::redact::Redactor::from_env(std::env::vars())
-            .redact(text)
-            .0
+        // `vars()` would panic on a variable that is not UTF-8.
+        vibeos_tools::redact::Redactor::from_env(vibeos_tools::redact::lossy_env(
+            std::env::vars_os(),
+        ))
+        .redact(text)
+        .0
     })
 }
 

@@ -25,10 +25,12 @@ pub fn apply(result: &mut ExecutionResult, base_env: &[(OsString, OsString)]) {
         result.redactions = 0;
         return;
     }
+    // A value that is not UTF-8 is looked for in the form the output has after its lossy
+    // decoding (U+FFFD for each bad byte): skipping it let a script print it.
     let redactor = Redactor::from_env(
         base_env
             .iter()
-            .filter_map(|(k, v)| Some((k.to_str()?.to_string(), v.to_str()?.to_string()))),
+            .map(|(k, v)| (k.to_string_lossy(), v.to_string_lossy())),
     );
     let raw_last_line = result
         .error
@@ -64,8 +66,8 @@ pub fn apply(result: &mut ExecutionResult, base_env: &[(OsString, OsString)]) {
             .any(|(k, _)| ENDPOINT_VARS.iter().any(|e| k == e))
         {
             endpoint_redactor = Redactor::from_env(base_env.iter().filter_map(|(k, v)| {
-                let (k, v) = (k.to_str()?, v.to_str()?);
-                (!ENDPOINT_VARS.contains(&k)).then(|| (k.to_string(), v.to_string()))
+                let k = k.to_string_lossy();
+                (!ENDPOINT_VARS.contains(&k.as_ref())).then(|| (k, v.to_string_lossy()))
             }));
             &endpoint_redactor
         } else {

@@ -38,6 +38,10 @@ struct PatternFile {
     not_secret_names: Vec<String>,
     #[serde(default)]
     not_secret_values: Vec<String>,
+    /// Names whose values are redacted although the scrubber drops them for another reason
+    /// (not allowlisted): password variables of common tools without a deny substring.
+    #[serde(default)]
+    secret_name_hints: Vec<String>,
     patterns: Vec<PatternData>,
 }
 
@@ -78,6 +82,8 @@ struct Patterns {
     provider_blocklist: Vec<String>,
     not_secret_names: Vec<String>,
     not_secret_values: Vec<String>,
+    /// `secret_name_hints` as one case-insensitive matcher (`None`: none given).
+    secret_name_hints: Option<Regex>,
 }
 
 /// Where the redaction patterns come from, as named in errors.
@@ -108,6 +114,16 @@ fn compile_patterns(redact_json: &str, env_json: &str) -> Result<Patterns, Polic
             })
         })
         .collect::<Result<Vec<_>, PolicyFileError>>()?;
+    let secret_name_hints = (!file.secret_name_hints.is_empty())
+        .then(|| {
+            policy_file::compile(
+                RegexBuilder::new(&file.secret_name_hints.join("|")).case_insensitive(true),
+                REDACT_PATTERNS_FILE,
+                "secret_name_hints",
+                "regex",
+            )
+        })
+        .transpose()?;
     Ok(Patterns {
         marker: file.marker,
         min_env_value_chars: file.min_env_value_chars,
@@ -120,6 +136,7 @@ fn compile_patterns(redact_json: &str, env_json: &str) -> Result<Patterns, Polic
         provider_blocklist: env.provider_blocklist,
         not_secret_names: file.not_secret_names,
         not_secret_values: file.not_secret_values,
+        secret_name_hints,
     })
 }
 
@@ -190,7 +207,11 @@ impl Patterns {
     /// not one of the `not_secret_names` (`GIT_AUTHOR_NAME` holds no credential, its `AUTH` is
     /// a coincidence). A managed credential is never exempt, whatever the list says.
     fn redacts_value_of(&self, name: &str) -> bool {
-        self.is_secret_name(name)
+        let hinted = self
+            .secret_name_hints
+            .as_ref()
+            .is_some_and(|h| h.is_match(name));
+        (self.is_secret_name(name) || hinted)
             && (self.is_managed(name) || !self.not_secret_names.iter().any(|n| n == name))
     }
 
@@ -281,10 +302,7 @@ impl Redactor {
 
     /// A redactor for the secret variables of this process's environment.
     pub fn for_process() -> Self {
-        Self::from_env(
-            std::env::vars_os()
-                .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
-        )
+        Self::from_env(lossy_env(std::env::vars_os()))
     }
 
     /// `text` with every secret replaced by a marker, and how many were replaced. With a broken
@@ -426,14 +444,27 @@ fn redact_cut_values(
     Some(out)
 }
 
+/// Environment pairs as text for [`Redactor::from_env`]: a value that is not UTF-8 in its
+/// lossy form (U+FFFD for each bad byte), which is how it reads in output decoded the same
+/// way; skipping such a value let a script print it through `sys.stdout.buffer`.
+pub fn lossy_env(
+    env: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> impl Iterator<Item = (String, String)> {
+    env.into_iter().map(|(k, v)| {
+        (
+            k.to_string_lossy().into_owned(),
+            v.to_string_lossy().into_owned(),
+        )
+    })
+}
+
 /// `text` printed by a command of the call `ctx`, redacted when `security.redact_output` is on
 /// (the secrets of this process's environment and of the command's own), with the count.
 pub fn redact_command_output(text: String, ctx: &crate::ToolContext) -> (String, usize) {
     if !enabled() {
         return (text, 0);
     }
-    let own = std::env::vars_os()
-        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)));
+    let own = lossy_env(std::env::vars_os());
     let given = ctx.env.iter().flat_map(|e| e.iter().cloned());
     Redactor::from_env(own.chain(given)).redact(&text)
 }
@@ -510,10 +541,41 @@ mod tests {
         }
         let (out, _) = formats("Authorization: Bearer abcdefghijklmnop1234");
         assert!(out.starts_with("Authorization: Bearer [REDACTED"), "{out}");
+        // A Telegram bot token where it is usually seen: glued to `/bot` in the API's URL.
+        let token = format!("123456789:AA{}", "Bc4De5Fg6Hi7Jk8Lm9No0Pq1Rs2Tu3Vw4");
+        for (text, shown) in [
+            (
+                format!("https://api.telegram.org/bot{token}/sendMessage"),
+                "https://api.telegram.org/bot[REDACTED:telegram_bot_token]/sendMessage",
+            ),
+            (format!("id {token}"), "id [REDACTED:telegram_bot_token]"),
+        ] {
+            assert_eq!(formats(&text), (shown.to_string(), 1), "{text}");
+        }
+        assert_eq!(formats(&format!("robot{token}")).1, 0);
         let pem =
             "a\n-----BEGIN RSA PRIVATE KEY-----\nMIIEow\nIBAAK\n-----END RSA PRIVATE KEY-----\nb";
         let (out, n) = formats(pem);
         assert_eq!((out.as_str(), n), ("a\n[REDACTED:private_key]\nb", 1));
+    }
+
+    #[test]
+    fn password_variables_without_a_deny_substring_are_redacted_too() {
+        // Stop 50's probe: scrubbed (not allowlisted), yet printed as-is from a `.env` file.
+        let env = [
+            ("MYSQL_PWD", "mysql-pw-4815"),
+            ("SSHPASS", "ssh-pw-162342"),
+            ("BORG_PASSPHRASE", "correct horse battery"),
+            ("REDIS_PASS", "redis-pw-0815"),
+            ("OLDPWD", "/home/someone/project"),
+            ("PWD", "/home/someone/project"),
+        ];
+        let r = Redactor::from_env(env);
+        let (out, n) = r.redact(
+            "mysql-pw-4815 ssh-pw-162342 correct horse battery redis-pw-0815 /home/someone/project",
+        );
+        assert_eq!(n, 4, "{out}");
+        assert!(out.ends_with(" /home/someone/project"), "{out}");
     }
 
     #[test]

@@ -269,3 +269,26 @@ fn json_dict_and_env_forms_are_redacted_and_non_credentials_are_not() {
     }
     assert_eq!(r["redactions"], 5, "{r}");
 }
+
+#[test]
+fn a_secret_value_that_is_not_utf8_is_redacted_as_the_output_shows_it() {
+    // Stop 50's probe: the value was skipped when the redactor was built, so printing its
+    // bytes (`sys.stdout.buffer`) showed it, with U+FFFD for the bad byte.
+    use std::os::unix::ffi::OsStringExt;
+    let mut sb = Sandbox::new();
+    let value = b"abcdefgh\xffijklmnopqrstuv".to_vec();
+    sb.env.push((
+        "MY_TOKEN_BIN".into(),
+        std::ffi::OsString::from_vec(value.clone()),
+    ));
+    std::fs::write(sb.work().join("value.bin"), &value).unwrap();
+    let r = sb.run_json(
+        "import sys\nsys.stdout.buffer.write(b'raw: ' + open('value.bin', 'rb').read() + b'\\n')\n",
+        &[],
+    );
+    let out = r["output"].as_str().unwrap();
+    assert_eq!(r["status"], "success", "{r}");
+    assert!(!out.contains("ijklmnop"), "the value was shown: {out:?}");
+    assert!(out.contains("[REDACTED"), "{out:?}");
+    assert_eq!(r["redactions"], 1, "{r}");
+}
