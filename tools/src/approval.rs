@@ -408,6 +408,7 @@ fn decide_with(
             .collect(),
         is_script,
         execution_ended: crate::call_scope::ended_flag(ctx),
+        dir: dir.map(std::path::Path::to_path_buf),
     };
     let smart = SMART_APPROVAL.read().ok().and_then(|g| g.clone());
     if let Some(smart) = smart {

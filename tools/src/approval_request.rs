@@ -485,6 +485,9 @@ pub struct ApprovalRequest {
     /// `command` is the source of a whole execute_code script (the whole-script guard), not a
     /// shell command.
     pub is_script: bool,
+    /// The dir the command starts in, when known (a local terminal call's workdir or session
+    /// dir; a remote call's absolute workdir): what its relative paths name.
+    pub dir: Option<std::path::PathBuf>,
     /// Set when the execution whose call asks ends (its timeout, an interrupt, a client's
     /// cancel): a host still asking its user can withdraw the question then. Never set for a
     /// direct agent call.
@@ -528,6 +531,11 @@ pub type SmartApproval = dyn Fn(&ApprovalRequest) -> bool + Send + Sync;
 /// A smart-approval rule that auto-approves recursive deletes of well-known, regenerable build
 /// and dependency directories (`rm -rf node_modules/`, `target`, `__pycache__`, …) and nothing
 /// else. Install it with `set_smart_approval(Some(Arc::new(low_risk_cleanup)))`.
+///
+/// Each target must be a real directory (not a symlink) in the request's known start dir:
+/// `rm -rf node_modules/` through a link `node_modules -> ../elsewhere` deletes what the link
+/// points at. Names are compared as written (`Build` is not `build` on a case-sensitive
+/// filesystem). Without a known dir nothing is approved here.
 pub fn low_risk_cleanup(req: &ApprovalRequest) -> bool {
     const REGENERABLE: [&str; 10] = [
         "node_modules",
@@ -544,8 +552,12 @@ pub fn low_risk_cleanup(req: &ApprovalRequest) -> bool {
     if req.matches.iter().any(|(k, _)| k != "recursive_delete") {
         return false;
     }
-    let norm = normalize_command(&req.command);
-    if norm.contains([';', '&', '|', '`', '$', '>', '<', '*', '~']) {
+    let Some(dir) = req.dir.as_deref() else {
+        return false;
+    };
+    // The normal form without lower-casing: quotes and backslashes gone, paths as written.
+    let norm = finish(&join_lines(&req.command.replace("\\\n", " ")));
+    if norm.contains([';', '&', '|', '`', '$', '>', '<', '*', '~', '\n']) {
         return false;
     }
     let mut words = norm.split(' ');
@@ -557,6 +569,7 @@ pub fn low_risk_cleanup(req: &ApprovalRequest) -> bool {
         && targets.iter().all(|t| {
             let t = t.trim_start_matches("./").trim_end_matches('/');
             REGENERABLE.contains(&t)
+                && std::fs::symlink_metadata(dir.join(t)).is_ok_and(|m| m.is_dir())
         })
 }
 

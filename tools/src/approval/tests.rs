@@ -304,6 +304,12 @@ fn normalisation_keeps_argument_paths() {
 
 #[test]
 fn smart_rule_only_takes_regenerable_dirs() {
+    let d = tempfile::tempdir().unwrap();
+    for name in ["node_modules", "target", "__pycache__", "Build", "src"] {
+        std::fs::create_dir(d.path().join(name)).unwrap();
+    }
+    let elsewhere = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(elsewhere.path(), d.path().join("dist")).unwrap();
     let req = |cmd: &str| ApprovalRequest {
         command: cmd.into(),
         task_id: None,
@@ -315,12 +321,23 @@ fn smart_rule_only_takes_regenerable_dirs() {
             .collect(),
         is_script: false,
         execution_ended: Default::default(),
+        dir: Some(d.path().to_path_buf()),
     };
     assert!(low_risk_cleanup(&req("rm -rf node_modules/")));
     assert!(low_risk_cleanup(&req("rm -rf ./target __pycache__")));
     assert!(!low_risk_cleanup(&req("rm -rf src")));
     assert!(!low_risk_cleanup(&req("rm -rf node_modules; rm -rf /")));
     assert!(!low_risk_cleanup(&req("rm -rf /")));
+    // Stop 50's probe: a regenerable name that is a symlink deletes what it points at.
+    assert!(!low_risk_cleanup(&req("rm -rf dist/")));
+    // Names as written: `Build` is a directory of its own, not `build`; a missing one is not
+    // known to be a build dir either.
+    assert!(!low_risk_cleanup(&req("rm -rf Build")));
+    assert!(!low_risk_cleanup(&req("rm -rf .venv")));
+    // Without a known start dir, nothing is approved by the rule.
+    let mut r = req("rm -rf node_modules/");
+    r.dir = None;
+    assert!(!low_risk_cleanup(&r));
 }
 
 #[test]
