@@ -722,6 +722,11 @@ pub fn persist_always(keys: &[String]) -> Result<(), String> {
             serde_saphyr::to_string(&doc).map_err(|e| format!("cannot write YAML: {e}"))?
         }
     };
+    // A config.yaml that is a symlink (kept in a dotfiles repository) is rewritten where it
+    // points, and a replaced file keeps its mode and owner: the rename would otherwise turn
+    // the link into a file of its own and the file into a private 0600 one.
+    let path = std::fs::canonicalize(&path).unwrap_or(path);
+    let existing = std::fs::metadata(&path).ok();
     let parent = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => std::path::PathBuf::from("."),
@@ -732,6 +737,14 @@ pub fn persist_always(keys: &[String]) -> Result<(), String> {
         .map_err(|e| format!("cannot write beside {}: {e}", path.display()))?;
     tmp.write_all(new_text.as_bytes())
         .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    if let Some(m) = &existing {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        tmp.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(m.mode() & 0o7777))
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        // Best effort: only root may give a file away, and then it should.
+        let _ = std::os::unix::fs::fchown(tmp.as_file(), Some(m.uid()), Some(m.gid()));
+    }
     tmp.persist(&path)
         .map_err(|e| format!("cannot replace {}: {}", path.display(), e.error))?;
     Ok(())

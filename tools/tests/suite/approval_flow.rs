@@ -153,6 +153,32 @@ fn decision_chain_host_session_always_smart_and_agent_env() {
     );
     assert_eq!(seen["output"], "present\n");
 
+    // A config.yaml that is a symlink into a dotfiles dir: "always" writes the file it points
+    // at, which keeps its mode, and the link stays a link (stop 50's probe: the link was
+    // replaced by a new 0600 file and the dotfiles copy left unchanged).
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let dotfiles = work.join("dotfiles");
+        std::fs::create_dir_all(&dotfiles).unwrap();
+        let real = dotfiles.join("config.yaml");
+        std::fs::write(&real, "code_execution:\n  timeout: 30\n").unwrap();
+        std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let link = work.join("linked-config.yaml");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        vibeos_tools::settings::set_config_path(Some(link.clone()));
+        approval::persist_always(&["git_clean".into()]).unwrap();
+        vibeos_tools::settings::set_config_path(None);
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert!(std::fs::read_to_string(&real)
+            .unwrap()
+            .contains("command_allowlist:\n  - git_clean\n"));
+        let mode = std::fs::metadata(&real).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o644);
+    }
+
     // A config read from a pipe (`--config <(...)`) cannot take an "always": refused with
     // the reason, not written beside it or over it.
     let (reader, writer) = std::io::pipe().unwrap();
