@@ -263,6 +263,41 @@ impl Config {
                 cfg.env_passthrough.push(name.clone());
             }
         }
+        // `approvals:` is read by the approval check at every command (a later edit falls back
+        // with a warning there); a file that is wrong from the start is refused like the rest.
+        if let Some(approvals) = &file.approvals {
+            use vibeos_tools::config_file::TextOrBool;
+            match &approvals.mode {
+                Some(TextOrBool::Text(m))
+                    if !matches!(
+                        m.trim().to_ascii_lowercase().as_str(),
+                        "manual" | "smart" | "off"
+                    ) =>
+                {
+                    return Err(bad(
+                        "approvals.mode",
+                        format!("must be manual, smart or off, found {m:?}"),
+                    ));
+                }
+                Some(TextOrBool::Bool(true)) => {
+                    return Err(bad(
+                        "approvals.mode",
+                        "must be manual, smart or off, found true".into(),
+                    ));
+                }
+                _ => {}
+            }
+            if let Some(t) = approvals.timeout {
+                if positive_seconds(t).is_none() {
+                    return Err(bad(
+                        "approvals.timeout",
+                        format!(
+                            "must be a number of seconds (positive, at most {MAX_TIMEOUT_SECS}), found {t}"
+                        ),
+                    ));
+                }
+            }
+        }
         if let Some(level) = file.logging.as_ref().and_then(|l| l.level.clone()) {
             // Checked here, where the file and key are known: the logger would reject it too,
             // but naming neither.
@@ -301,6 +336,28 @@ mod tests {
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
         Config::parse(text, Path::new("/x/config.yaml"))
+    }
+
+    #[test]
+    fn wrong_approval_settings_are_refused_naming_the_key() {
+        for (text, key) in [
+            ("approvals:\n  mode: smrt\n", "approvals.mode"),
+            ("approvals:\n  mode: ''\n", "approvals.mode"),
+            ("approvals:\n  mode: true\n", "approvals.mode"),
+            ("approvals:\n  timeout: 0\n", "approvals.timeout"),
+            ("approvals:\n  timeout: -1\n", "approvals.timeout"),
+            ("approvals:\n  timeout: 1e9\n", "approvals.timeout"),
+        ] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains(key), "{text}: {e}");
+        }
+        for ok in [
+            "approvals:\n  mode: Smart\n  timeout: 0.5\n",
+            "approvals:\n  mode: off\n",
+            "approvals:\n  mode: false\n",
+        ] {
+            assert!(parse(ok).is_ok(), "{ok}");
+        }
     }
 
     #[test]
