@@ -127,8 +127,9 @@ pub fn render_table(lines: &[AuditLine], set: &[SetForChild]) -> String {
         ));
     }
     out.push_str(&format!(
-        "\nThe terminal commands a script runs get the script's environment plus {}: it marks\n\
-         them and what they start, so the execution's end finds what they left running.\n",
+        "\nThe terminal commands a script runs get the script's environment without its RPC\n\
+         channel (the VIBEOS_RPC_* variables and, in strict mode, TMPDIR) and with {}: it\n\
+         marks them and what they start, so the execution's end finds what they left running.\n",
         vibeos_tools::environments::local::SCOPE_VAR
     ));
     out
