@@ -175,8 +175,18 @@ fn is_identifier(s: &str) -> bool {
 
 /// A Python parameter name for a schema property: characters other than ASCII letters and
 /// digits become `_`; keywords and names the wrapper's body uses ([`INTERNAL_PREFIX`]) get a
-/// trailing `_`. The wire still uses the original name.
+/// trailing `_`; then `_` until no other parameter has it. The wire still uses the original
+/// name.
 fn param_ident(name: &str, taken: &mut BTreeSet<String>) -> String {
+    let mut ident = plain_ident(name);
+    while !taken.insert(ident.clone()) {
+        ident.push('_');
+    }
+    ident
+}
+
+/// [`param_ident`] before it is made unique.
+fn plain_ident(name: &str) -> String {
     let mut ident: String = name
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
@@ -188,9 +198,6 @@ fn param_ident(name: &str, taken: &mut BTreeSet<String>) -> String {
         || ident.starts_with("_args")
         || ident.starts_with(INTERNAL_PREFIX)
     {
-        ident.push('_');
-    }
-    while !taken.insert(ident.clone()) {
         ident.push('_');
     }
     ident
@@ -381,11 +388,23 @@ pub fn stub_function(name: &str, parameters: &Value) -> Result<Vec<StubParam>, S
         .map(|r| r.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
 
-    let mut taken = BTreeSet::new();
+    // A property whose name is already a usable Python name keeps it, whatever order the
+    // schema lists it in: `a_b` is `a_b`, and `a-b` beside it becomes `a_b_`, not the other way
+    // round (a call `f(a_b=…)` must reach the property named `a_b`).
+    let exact: BTreeSet<String> = props
+        .keys()
+        .filter(|n| plain_ident(n) == **n)
+        .cloned()
+        .collect();
+    let mut taken = exact.clone();
     let mut params = Vec::with_capacity(props.len());
     let mut param = |wire: &str, schema: &Value, required: bool| StubParam {
         wire: wire.to_string(),
-        ident: param_ident(wire, &mut taken),
+        ident: if exact.contains(wire) {
+            wire.to_string()
+        } else {
+            param_ident(wire, &mut taken)
+        },
         required,
         default: if required {
             None
@@ -723,11 +742,12 @@ mod tests {
         }, "required": ["class"]});
         let params = stub_function("k", &schema).unwrap();
         let idents: Vec<&str> = params.iter().map(|p| p.ident.as_str()).collect();
-        assert_eq!(idents, ["class_", "a_b", "class__"]);
-        assert_eq!(signature_text(&params), "class_, a_b=2, class__=None");
+        // `class_` is a usable name of its own and keeps it; `class` gets the next free one.
+        assert_eq!(idents, ["class__", "a_b", "class_"]);
+        assert_eq!(signature_text(&params), "class__, a_b=2, class_=None");
         let stub = generate_stub(&[tool("k", schema)]);
         assert!(
-            stub.source.contains("def k(class_, a_b=2, class__=None):"),
+            stub.source.contains("def k(class__, a_b=2, class_=None):"),
             "{}",
             stub.source
         );
@@ -735,11 +755,38 @@ mod tests {
         // of its own, so it is not renamed.
         assert!(
             stub.source
-                .contains("@_vibeos_wire_names(((\"class\", \"class_\"), (\"a-b\", \"a_b\"), ))"),
+                .contains("@_vibeos_wire_names(((\"class\", \"class__\"), (\"a-b\", \"a_b\"), ))"),
             "{}",
             stub.source
         );
         assert!(RUNTIME_SOURCE.contains("def _wire_names("));
+    }
+
+    #[test]
+    fn a_property_named_like_a_python_name_keeps_it_beside_one_renamed_to_it() {
+        // Stop 50's probe: `a-b` listed first took `a_b`, so `f(a_b=…)` sent `{"a-b": …}`.
+        let params = stub_function(
+            "coll",
+            &json!({"type": "object", "properties": {
+                "a-b": {"type": "string"}, "a_b": {"type": "string"},
+                "if": {"type": "string"}, "if_": {"type": "string"}}}),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let ident = |wire: &str| {
+            params
+                .iter()
+                .find(|p| p.wire == wire)
+                .map(|p| p.ident.clone())
+                .unwrap_or_default()
+        };
+        assert_eq!(ident("a_b"), "a_b");
+        assert_eq!(ident("if_"), "if_");
+        assert_ne!(ident("a-b"), "a_b");
+        assert_ne!(ident("if"), "if_");
+        let mut names: Vec<String> = params.iter().map(|p| p.ident.clone()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), 4, "{params:?}");
     }
 
     #[test]
