@@ -429,38 +429,88 @@ def _wire_names(pairs):
 
 
 def json_parse(text):
-    """Parse JSON leniently: accepts bytes, a byte-order mark, surrounding whitespace, a ```json
-    fence, control characters inside strings and trailing commas before a closing bracket or
-    brace; a value that is already parsed (dict/list) is returned as is."""
+    """Parse JSON leniently: accepts bytes, a byte-order mark, surrounding whitespace, a fenced
+    block (```json, ```js or bare, also with prose around it), control characters inside
+    strings, trailing commas before a closing bracket or brace, // and /* */ comments, and a
+    Python literal of a dict or list (single quotes, True/False/None); a value that is already
+    parsed (dict/list) is returned as is. What is still not JSON raises json's ValueError with
+    positions in the text as given."""
     if isinstance(text, (dict, list)):
         return text
     if isinstance(text, (bytes, bytearray)):
         text = bytes(text).decode("utf-8", "replace")
-    stripped = text.lstrip("\ufeff").strip()
-    if stripped.startswith("```"):
-        stripped = stripped[3:]
-        if stripped[:4].lower() == "json":
-            stripped = stripped[4:]
-        if stripped.rstrip().endswith("```"):
-            stripped = stripped.rstrip()[:-3]
-        stripped = stripped.strip()
+    if not isinstance(text, str):
+        raise TypeError("json_parse() takes str, bytes, a dict or a list, not %s"
+                        % type(text).__name__)
+    stripped = _unfenced(text.lstrip("\ufeff").strip())
     try:
         return _json.loads(stripped, strict=False)
     except ValueError:
-        relaxed = _without_trailing_commas(stripped)
-        if relaxed == stripped:
-            raise
-    try:
-        return _json.loads(relaxed, strict=False)
-    except ValueError:
         pass
+    relaxed = _relaxed(stripped)
+    if relaxed != stripped:
+        try:
+            return _json.loads(relaxed, strict=False)
+        except ValueError:
+            pass
+    value = _python_literal(stripped)
+    if value is not _NOT_A_LITERAL:
+        return value
     # The error of the text as given: its positions are the ones the caller can look up.
     return _json.loads(stripped, strict=False)
 
 
-def _without_trailing_commas(text):
+def _unfenced(text):
+    """The inside of a Markdown code fence: the whole text's, or the first one in it when prose
+    surrounds it; the fence's language word (json, js, ...) dropped."""
+    if not text.startswith("```"):
+        at = text.find("```")
+        if at < 0 or text[:1] in "{[\"":
+            return text
+        text = text[at:]
+    body = text[3:]
+    first, sep, rest = body.partition("\n")
+    if sep and (not first.strip() or first.strip().isalnum()):
+        body = rest
+    end = body.find("```")
+    if end >= 0:
+        body = body[:end]
+    return body.strip()
+
+
+_NOT_A_LITERAL = object()
+
+
+def _python_literal(text):
+    """``text`` read as a Python literal of a dict or a list (what ``print(a_dict)`` shows) with
+    tuples as lists, or ``_NOT_A_LITERAL`` when it is not one of JSON's shapes."""
+    if not text[:1] in "{[":
+        return _NOT_A_LITERAL
+    import ast
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return _NOT_A_LITERAL
+
+    def plain(v):
+        if v is None or isinstance(v, (str, bool, int, float)):
+            return v
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        if isinstance(v, dict) and all(isinstance(k, str) for k in v):
+            return {k: plain(x) for k, x in v.items()}
+        raise TypeError
+
+    try:
+        return plain(value)
+    except (TypeError, RecursionError):
+        return _NOT_A_LITERAL
+
+
+def _relaxed(text):
     """``text`` without the commas that stand right before a ``]`` or ``}`` (whitespace
-    between), outside strings: what a model or a hand-written config often leaves."""
+    between) and without ``//`` and ``/* */`` comments, outside strings: what a model or a
+    hand-written config often leaves."""
     out = []
     i, n, in_string = 0, len(text), False
     while i < n:
@@ -476,10 +526,27 @@ def _without_trailing_commas(text):
         elif c == '"':
             in_string = True
             out.append(c)
+        elif c == "/" and text.startswith("//", i):
+            end = text.find("\n", i)
+            i = n if end < 0 else end
+            continue
+        elif c == "/" and text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            i = n if end < 0 else end + 2
+            out.append(" ")
+            continue
         elif c == ",":
             j = i + 1
-            while j < n and text[j] in " \t\r\n":
-                j += 1
+            while j < n and (text[j] in " \t\r\n" or text.startswith("//", j)
+                             or text.startswith("/*", j)):
+                if text.startswith("//", j):
+                    end = text.find("\n", j)
+                    j = n if end < 0 else end
+                elif text.startswith("/*", j):
+                    end = text.find("*/", j + 2)
+                    j = n if end < 0 else end + 2
+                else:
+                    j += 1
             if j == n or text[j] not in "]}":
                 out.append(c)
         else:
@@ -489,8 +556,15 @@ def _without_trailing_commas(text):
 
 
 def shell_quote(s):
-    """Quote a string so a POSIX shell (and terminal()) reads it as one word."""
-    s = str(s)
+    """Quote a string so a POSIX shell (and terminal()) reads it as one word. Takes str, a
+    number, a path (os.PathLike) or bytes (decoded as file names are)."""
+    if isinstance(s, (bytes, bytearray)) or hasattr(s, "__fspath__"):
+        s = _os.fsdecode(_os.fspath(s) if not isinstance(s, bytearray) else bytes(s))
+    elif isinstance(s, (int, float)):
+        s = str(s)
+    elif not isinstance(s, str):
+        raise TypeError("shell_quote() takes str, a number, a path or bytes, not %s"
+                        % type(s).__name__)
     if not s:
         return "''"
     safe = "@%+=:,./-_"
@@ -504,8 +578,12 @@ def retry(fn, max_attempts=3, delay=2):
 
     A try fails when fn raises or returns a dict with an "error" key. Returns the first good
     result; after the last try, re-raises its exception or returns its error dict."""
+    if not callable(fn):
+        raise TypeError("retry() needs a function to call, got %s" % type(fn).__name__)
     if max_attempts < 1:
         raise ValueError("max_attempts must be at least 1")
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not delay >= 0:
+        raise ValueError("delay must be a number of seconds, 0 or more, got %r" % (delay,))
     for attempt in range(max_attempts):
         last = attempt == max_attempts - 1
         try:

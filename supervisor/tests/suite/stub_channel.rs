@@ -546,3 +546,75 @@ print("done")
     assert_eq!(seen[n - 2]["args"], expected_args("positional"));
     assert_eq!(seen[n - 1]["args"], expected_args("by wire name"));
 }
+
+#[test]
+fn the_stub_helpers_take_what_models_write_and_refuse_what_they_cannot_use() {
+    // Stop 50's probe: `json_parse` refused single quotes, comments and a fence inside prose,
+    // and raised AttributeError for None; `shell_quote(b"x")` quoted the repr; `retry` with a
+    // negative delay failed after the first try, hiding the function's own error.
+    let dir = tempfile::tempdir().unwrap();
+    write_stub(dir.path(), &generate_stub(&[]));
+    let out = Command::new(vibeos_testkit::python3())
+        .args([
+            "-c",
+            r#"
+import pathlib
+from vibeos_tools import json_parse, shell_quote, retry
+for text in ["{'a': 1, 'b': (2, None, True)}", '{"a": 1 // why\n, /* c */ "b": [2,],}',
+             'Here it is:\n```json\n{"a": 1}\n```\nthanks', '```js\n[1]\n```',
+             '{"u": "http://x//y"}']:
+    print(json_parse(text))
+for bad in ['{"a": 1,,}', "{'a': {1, 2}}", "print(1)"]:
+    try:
+        json_parse(bad)
+    except ValueError as e:
+        print("ValueError")
+try:
+    json_parse(None)
+except TypeError as e:
+    print(e)
+print(shell_quote(b"my file"), shell_quote(pathlib.Path("/a b")), shell_quote(5))
+for bad in (None, ["x"]):
+    try:
+        shell_quote(bad)
+    except TypeError as e:
+        print(e)
+for delay in (-1, "2"):
+    try:
+        retry(lambda: 1, delay=delay)
+    except ValueError as e:
+        print(e)
+"#,
+        ])
+        .env_clear()
+        .env("PYTHONPATH", dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "{'a': 1, 'b': [2, None, True]}",
+            "{'a': 1, 'b': [2]}",
+            "{'a': 1}",
+            "[1]",
+            "{'u': 'http://x//y'}",
+            "ValueError",
+            "ValueError",
+            "ValueError",
+            "json_parse() takes str, bytes, a dict or a list, not NoneType",
+            "'my file' '/a b' 5",
+            "shell_quote() takes str, a number, a path or bytes, not NoneType",
+            "shell_quote() takes str, a number, a path or bytes, not list",
+            "delay must be a number of seconds, 0 or more, got -1",
+            "delay must be a number of seconds, 0 or more, got '2'",
+        ],
+        "{out}"
+    );
+}
