@@ -237,7 +237,9 @@ def register(
     if is_async is None:
         is_async = inspect.iscoroutinefunction(handler)
     try:
-        params_json = json.dumps(params)
+        # allow_nan=False: JSON has no NaN or Infinity, and the registry would name only a
+        # column of the text json.dumps made of them.
+        params_json = json.dumps(params, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"schema of `{name}` is not JSON-serialisable: {exc}") from None
     previous = _native.register_tool(
@@ -320,7 +322,7 @@ def handle_function_call(
     if task_id is not None:
         _check_str("task_id", task_id)
     try:
-        args_json = json.dumps(dict(args or {}))
+        args_json = json.dumps(dict(args or {}), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"args must be JSON-serialisable: {exc}") from None
     enabled, disabled = _selection(enabled_toolsets, disabled_toolsets)

@@ -544,8 +544,8 @@ impl ToolRegistry {
     }
 
     /// Registers the tools of an MCP server or plugin as the dynamic toolset `toolset`. Each
-    /// entry gets that toolset and `source`; entries that cannot be registered are logged and
-    /// skipped (returned), the rest stay usable.
+    /// entry gets that toolset and `source`; entries that cannot be registered are skipped and
+    /// returned for the caller to log (once, with the server's name), the rest stay usable.
     pub fn register_dynamic_toolset(
         &self,
         toolset: &str,
@@ -561,10 +561,7 @@ impl ToolRegistry {
             let name = entry.name.clone();
             match self.register(entry) {
                 Ok(()) => names.push(name),
-                Err(e) => {
-                    tracing::warn!("{source}: skipping a tool: {e}");
-                    failures.push(e);
-                }
+                Err(e) => failures.push(e),
             }
         }
         let set = Toolset {
