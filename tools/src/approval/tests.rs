@@ -99,6 +99,11 @@ const CASES: &[(&str, &str, &str)] = &[
     ("root_delete", "rm -rf /", "rm -rf ./cache/"),
     ("hidden_command", "$X -rf build", "$EDITOR -r notes.txt"),
     (
+        "vibeos_config_write",
+        "printf 'approvals:\\n  mode: off\\n' > $VIBEOS_HOME/config.yaml",
+        "cat $VIBEOS_HOME/config.yaml",
+    ),
+    (
         "rsync_delete",
         "rsync -a --delete empty/ victim/",
         "rsync -a --dry-run src/ dst/",
@@ -674,6 +679,16 @@ fn probe_50_forms_are_caught() {
         ("etc_write", "truncate -s0 /etc/passwd"),
         ("service_stop", "/etc/init.d/nginx stop"),
         ("service_stop", "invoke-rc.d ssh stop"),
+        (
+            "vibeos_config_write",
+            "echo 'mode: off' >> ~/.vibeos/config.yaml",
+        ),
+        ("vibeos_config_write", "cp evil.py .vibeos/plugins/"),
+        (
+            "vibeos_config_write",
+            "sed -i s/manual/off/ ${VIBEOS_CONFIG}",
+        ),
+        ("vibeos_config_write", "tee -a \"$VIBEOS_HOME/config.yaml\""),
     ] {
         assert_hit(key, cmd);
     }
