@@ -271,24 +271,6 @@ def test_tool_definitions_describe_the_configured_execute_code(home):
     assert "stdout is capped at 2 KB" in desc, desc
 
 
-def test_an_empty_toolset_list_does_not_widen_a_scripts_tools(tmp_path):
-    # Stop 50's probe: after get_tool_definitions(["code_execution", "file"]), a call with
-    # enabled_toolsets=[] gave its script every tool, terminal included.
-    registry.get_tool_definitions(["code_execution", "file"])
-    code = ("import vibeos_tools\n"
-            "print('terminal' in dir(vibeos_tools), 'read_file' in dir(vibeos_tools))\n")
-    try:
-        for kwargs in ({}, {"enabled_toolsets": []}, {"disabled_toolsets": []},
-                       {"enabled_toolsets": [], "disabled_toolsets": ()}):
-            out = json.loads(registry.handle_function_call(
-                "execute_code", {"code": code}, cwd=str(tmp_path), **kwargs))
-            assert out["output"] == "False True\n", (kwargs, out)
-        with pytest.raises(TypeError):
-            registry.handle_function_call("execute_code", {"code": code}, enabled_toolsets="")
-    finally:
-        registry.get_tool_definitions()
-
-
 def test_handle_function_calls_plans_a_turn_and_keeps_call_order(tmp_path):
     import threading
 

@@ -334,18 +334,8 @@ def handle_function_call(
 def _selection(
     enabled_toolsets: Optional[Sequence[str]], disabled_toolsets: Optional[Sequence[str]]
 ) -> Tuple[Optional[List[str]], Optional[List[str]]]:
-    """The toolsets a call names, checked; ``(None, None)`` when it names none.
-
-    Empty lists name none either: for :func:`get_tool_definitions` an empty list is "not
-    given" (SPEC §7, as the seeds' ``if enabled_toolsets:``), and a call passing
-    ``enabled_toolsets=[]`` must not widen its script's tools past the remembered selection
-    to every tool.
-    """
-    if not enabled_toolsets and not disabled_toolsets:
-        if enabled_toolsets is not None:
-            _check_str_list("enabled_toolsets", enabled_toolsets)
-        if disabled_toolsets is not None:
-            _check_str_list("disabled_toolsets", disabled_toolsets)
+    """The toolsets a call names, checked; ``(None, None)`` when it names none."""
+    if enabled_toolsets is None and disabled_toolsets is None:
         return None, None
     return (
         _check_str_list("enabled_toolsets", enabled_toolsets or []),
