@@ -19,6 +19,23 @@ fn write_stub(dir: &std::path::Path, stub: &GeneratedStub) {
     std::fs::write(dir.join("vibeos_tools.py"), &stub.source).unwrap();
 }
 
+/// Runs `python3 <args>` with nothing in its environment but `PYTHONPATH=dir` (a dir holding
+/// a stub) and returns its stdout; fails the test with its stderr if it fails.
+fn python_beside_stub(dir: &std::path::Path, args: &[&str]) -> String {
+    let out = Command::new(vibeos_testkit::python3())
+        .args(args)
+        .env_clear()
+        .env("PYTHONPATH", dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// A dir holding the stub of one tool `ping(n)`, and the listener of its socket `rpc.sock`.
 fn ping_stub() -> (tempfile::TempDir, UnixListener) {
     let dir = tempfile::tempdir().unwrap();
@@ -181,8 +198,9 @@ fn the_stub_imports_json_and_socket_only_when_a_tool_is_called() {
     }]);
     write_stub(dir.path(), &stub);
     // -S: without site, nothing but the stub could import json or socket.
-    let out = Command::new(vibeos_testkit::python3())
-        .args([
+    let out = python_beside_stub(
+        dir.path(),
+        &[
             "-S",
             "-c",
             r#"
@@ -201,17 +219,8 @@ try:
 except ValueError as e:
     print("ValueError", e)
 "#,
-        ])
-        .env_clear()
-        .env("PYTHONPATH", dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
     );
-    let out = String::from_utf8_lossy(&out.stdout);
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines[0], "after import: False False", "{out}");
     assert_eq!(
@@ -554,8 +563,9 @@ fn the_stub_helpers_take_what_models_write_and_refuse_what_they_cannot_use() {
     // negative delay failed after the first try, hiding the function's own error.
     let dir = tempfile::tempdir().unwrap();
     write_stub(dir.path(), &generate_stub(&[]));
-    let out = Command::new(vibeos_testkit::python3())
-        .args([
+    let out = python_beside_stub(
+        dir.path(),
+        &[
             "-c",
             r#"
 import pathlib
@@ -585,17 +595,8 @@ for delay in (-1, "2"):
     except ValueError as e:
         print(e)
 "#,
-        ])
-        .env_clear()
-        .env("PYTHONPATH", dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
     );
-    let out = String::from_utf8_lossy(&out.stdout);
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(
         lines,
