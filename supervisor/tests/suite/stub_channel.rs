@@ -20,12 +20,17 @@ fn write_stub(dir: &std::path::Path, stub: &GeneratedStub) {
 }
 
 /// Runs `python3 <args>` with nothing in its environment but `PYTHONPATH=dir` (a dir holding
-/// a stub) and returns its stdout; fails the test with its stderr if it fails.
-fn python_beside_stub(dir: &std::path::Path, args: &[&str]) -> String {
+/// a stub) and `env`, and returns its stdout; fails the test with its stderr if it fails.
+fn python_beside_stub(
+    dir: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, std::ffi::OsString)],
+) -> String {
     let out = Command::new(vibeos_testkit::python3())
         .args(args)
         .env_clear()
         .env("PYTHONPATH", dir)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .output()
         .unwrap();
     assert!(
@@ -53,21 +58,15 @@ fn ping_stub() -> (tempfile::TempDir, UnixListener) {
 /// Runs `script` against the stub in `dir` and its socket; returns its stdout, checking that it
 /// succeeded.
 fn run_script(dir: &std::path::Path, script: &str) -> String {
-    let out = Command::new(vibeos_testkit::python3())
-        .args(["-c", script])
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("PYTHONPATH", dir)
-        .env("VIBEOS_RPC_SOCKET", dir.join("rpc.sock"))
-        .env("VIBEOS_RPC_TOKEN", "tok")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    python_beside_stub(
+        dir,
+        &["-c", script],
+        &[
+            ("PATH", std::env::var_os("PATH").unwrap_or_default()),
+            ("VIBEOS_RPC_SOCKET", dir.join("rpc.sock").into_os_string()),
+            ("VIBEOS_RPC_TOKEN", "tok".into()),
+        ],
+    )
 }
 
 /// Runs `script` with the stub of one tool `ping`, served by a server that answers the n-th
@@ -220,6 +219,7 @@ except ValueError as e:
     print("ValueError", e)
 "#,
         ],
+        &[],
     );
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines[0], "after import: False False", "{out}");
@@ -596,6 +596,7 @@ for delay in (-1, "2"):
         print(e)
 "#,
         ],
+        &[],
     );
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(
