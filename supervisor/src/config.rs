@@ -266,36 +266,18 @@ impl Config {
         // `approvals:` is read by the approval check at every command (a later edit falls back
         // with a warning there); a file that is wrong from the start is refused like the rest.
         if let Some(approvals) = &file.approvals {
-            use vibeos_tools::config_file::TextOrBool;
-            match &approvals.mode {
-                Some(TextOrBool::Text(m))
-                    if !matches!(
-                        m.trim().to_ascii_lowercase().as_str(),
-                        "manual" | "smart" | "off"
-                    ) =>
-                {
-                    return Err(bad(
-                        "approvals.mode",
-                        format!("must be manual, smart or off, found {m:?}"),
-                    ));
-                }
-                Some(TextOrBool::Bool(true)) => {
-                    return Err(bad(
-                        "approvals.mode",
-                        "must be manual, smart or off, found true".into(),
-                    ));
-                }
-                _ => {}
+            if let Some(Err(e)) = approvals
+                .mode
+                .as_ref()
+                .map(vibeos_tools::approval_policy::ApprovalMode::from_config)
+            {
+                return Err(bad("approvals.mode", e));
             }
-            if let Some(t) = approvals.timeout {
-                if positive_seconds(t).is_none() {
-                    return Err(bad(
-                        "approvals.timeout",
-                        format!(
-                            "must be a number of seconds (positive, at most {MAX_TIMEOUT_SECS}), found {t}"
-                        ),
-                    ));
-                }
+            if let Some(Err(e)) = approvals
+                .timeout
+                .map(vibeos_tools::approval_policy::approval_timeout)
+            {
+                return Err(bad("approvals.timeout", e));
             }
         }
         if let Some(level) = file.logging.as_ref().and_then(|l| l.level.clone()) {

@@ -43,6 +43,24 @@ pub enum ApprovalMode {
 }
 
 impl ApprovalMode {
+    /// The mode `approvals.mode` names (any case; YAML's `off`-as-`false` too), or what is
+    /// wrong with it. One reading for the check at start (`vibeos_supervisor::config`, an
+    /// error there) and the one at each command ([`settings`], a warning there).
+    pub fn from_config(value: &crate::config_file::TextOrBool) -> Result<Self, String> {
+        use crate::config_file::TextOrBool;
+        match value {
+            TextOrBool::Text(m) => match m.trim().to_ascii_lowercase().as_str() {
+                "manual" => Ok(ApprovalMode::Manual),
+                "smart" => Ok(ApprovalMode::Smart),
+                "off" => Ok(ApprovalMode::Off),
+                _ => Err(format!("must be manual, smart or off, found {m:?}")),
+            },
+            // YAML 1.1 spellings of `off` arrive as a boolean.
+            TextOrBool::Bool(false) => Ok(ApprovalMode::Off),
+            TextOrBool::Bool(true) => Err("must be manual, smart or off, found true".into()),
+        }
+    }
+
     /// The mode as config spells it.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -85,7 +103,6 @@ impl Default for ApprovalSettings {
 /// The current `approvals:` settings. A wrong value is logged and its default used, except an
 /// unknown `mode`, which falls back to `manual` (the strictest) with a warning.
 pub fn settings() -> ApprovalSettings {
-    use crate::config_file::TextOrBool;
     let mut s = ApprovalSettings::default();
     let file = match crate::settings::current_or_last_good() {
         Ok(file) => file,
@@ -96,30 +113,15 @@ pub fn settings() -> ApprovalSettings {
         }
     };
     let section = file.approvals.clone().unwrap_or_default();
-    match &section.mode {
+    match section.mode.as_ref().map(ApprovalMode::from_config) {
         None => {}
-        Some(TextOrBool::Text(m)) => match m.trim().to_ascii_lowercase().as_str() {
-            "manual" => s.mode = ApprovalMode::Manual,
-            "smart" => s.mode = ApprovalMode::Smart,
-            "off" => s.mode = ApprovalMode::Off,
-            other => tracing::warn!(
-                "approvals.mode is {other:?}; use manual, smart or off. Using manual"
-            ),
-        },
-        // YAML 1.1 spellings of `off` arrive as a boolean.
-        Some(TextOrBool::Bool(false)) => s.mode = ApprovalMode::Off,
-        Some(TextOrBool::Bool(true)) => {
-            tracing::warn!("approvals.mode must be manual, smart or off, found true; using manual")
-        }
+        Some(Ok(mode)) => s.mode = mode,
+        Some(Err(e)) => tracing::warn!("approvals.mode {e}; using manual"),
     }
-    if let Some(t) = section.timeout {
-        if t > 0.0 && t <= 86_400.0 {
-            s.timeout = Duration::from_secs_f64(t);
-        } else {
-            tracing::warn!(
-                "approvals.timeout must be a number of seconds (positive, at most 86400), found {t}; using 60"
-            );
-        }
+    match section.timeout.map(approval_timeout) {
+        None => {}
+        Some(Ok(t)) => s.timeout = t,
+        Some(Err(e)) => tracing::warn!("approvals.timeout {e}; using 60"),
     }
     if let Some(deny) = &section.deny {
         s.deny = deny.clone();
@@ -132,6 +134,18 @@ pub fn settings() -> ApprovalSettings {
         s.smart_command = Some(c);
     }
     s
+}
+
+/// The time `approvals.timeout` gives a host to answer (seconds, positive, at most a day), or
+/// what is wrong with it; read like [`ApprovalMode::from_config`].
+pub fn approval_timeout(secs: f64) -> Result<Duration, String> {
+    if secs.is_finite() && secs > 0.0 && secs <= 86_400.0 {
+        Ok(Duration::from_secs_f64(secs))
+    } else {
+        Err(format!(
+            "must be a number of seconds (positive, at most 86400), found {secs}"
+        ))
+    }
 }
 
 /// One never-approvable pattern.
