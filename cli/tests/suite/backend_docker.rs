@@ -766,6 +766,102 @@ fn docker_start_checks_and_a_kill_the_script_cannot_dodge() {
     );
     assert_ne!(r.exit_code, Some(0), "{r:?}");
     assert_none_left_in(&rt, "task-k", &["sleep 9393"]);
+
+    // F6: a link the script puts at the agent's socket (the RPC dir is the container's to
+    // write) never leads the supervisor to a host socket: the calls that need a new
+    // connection fail, and the bait hears nothing (it used to receive the agent's token).
+    let bait_dir = tempfile::tempdir().unwrap();
+    let bait = bait_dir.path().join("bait.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&bait).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let code = format!(
+        "import os\nfrom vibeos_tools import read_file, terminal\nread_file('/etc/hostname')\nos.unlink('/run/vibeos-rpc/agent.sock')\nos.symlink({bait:?}, '/run/vibeos-rpc/agent.sock')\npids = []\nfor i in range(3):\n    pid = os.fork()\n    if pid == 0:\n        try:\n            print('child', i, terminal('echo hi'), flush=True)\n        finally:\n            os._exit(0)\n    pids.append(pid)\nfor p in pids:\n    os.waitpid(p, 0)\nprint('done')\n"
+    );
+    let r = run(&rt, request(&code, "task-link"));
+    assert!(r.output.contains("done"), "{r:?}");
+    assert!(r.output.contains("replaced it"), "{r:?}");
+    match listener.accept() {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        other => panic!("the supervisor connected to the host socket the script linked: {other:?}"),
+    }
+
+    // F7: another script of the same task that turns each new execution's leader record into
+    // a FIFO (or a link to /dev/zero) neither hangs that execution nor delays its timeout.
+    let swapper = "import os, time\nD = '/run/vibeos-rpc'\nmine = set(os.listdir(D))\nprint('started', flush=True)\nend = time.time() + 12\nn = 0\nwhile time.time() < end:\n    for f in os.listdir(D):\n        if f.startswith('pg-') and not f.endswith('.t') and f not in mine:\n            mine.add(f)\n            tmp = D + '/.f%d' % n\n            n += 1\n            if n % 2:\n                os.mkfifo(tmp)\n            else:\n                os.symlink('/dev/zero', tmp)\n            try:\n                os.rename(tmp, D + '/' + f)\n            except OSError:\n                pass\n    time.sleep(0.0005)\n";
+    // A hung execution cannot be joined: a watchdog ends this test's process instead (it runs
+    // in a process of its own), which the parent reports as this test's failure.
+    let finished = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watched = std::sync::Arc::clone(&finished);
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(90));
+        if !watched.load(std::sync::atomic::Ordering::SeqCst) {
+            eprintln!("F7: an execution hung on a record another script replaced");
+            std::process::exit(101);
+        }
+    });
+    std::thread::scope(|scope| {
+        let attacker = scope.spawn(|| run(&rt, request(swapper, "task-swap")));
+        std::thread::sleep(Duration::from_secs(3));
+        for _ in 0..3 {
+            let v = run_into_timeout(
+                &rt,
+                request(&hanging_script("7171"), "task-swap"),
+                Duration::from_secs(2),
+                Duration::from_secs(15),
+            );
+            assert_ne!(v.exit_code, Some(0), "{v:?}");
+        }
+        let a = attacker.join().unwrap();
+        assert_eq!(a.status, Status::Success, "{a:?}");
+    });
+    finished.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_none_left_in(&rt, "task-swap", &["sleep 7171"]);
+
+    // F8: what the agent's own terminal and process calls print comes back redacted by this
+    // host (the agent over there knows neither this host's secrets nor its settings).
+    let secret = "s3cr3t-value-of-the-host-9911";
+    let token = format!("ghp_{}", "a1B2c3D4e5".repeat(4));
+    let mut ctx = vibeos_tools::ToolContext::agent("/");
+    ctx.task_id = Some("task-redact".into());
+    ctx.env = Some(std::sync::Arc::new(vec![(
+        "MY_SERVICE_TOKEN".into(),
+        secret.to_string(),
+    )]));
+    let call = |name: &str, args: serde_json::Value| -> serde_json::Value {
+        let text = vibeos_tools::registry().handle_function_call(name, &args, &ctx);
+        serde_json::from_str(&text).unwrap()
+    };
+    let shown = format!("echo {secret} {token}");
+    let r = call("terminal", serde_json::json!({"command": shown}));
+    let output = r["output"].as_str().unwrap_or_default();
+    assert!(!output.contains(secret) && !output.contains(&token), "{r}");
+    assert!(r["redactions"].as_u64().unwrap_or(0) >= 2, "{r}");
+    let r = call(
+        "terminal",
+        serde_json::json!({"command": format!("{shown}; sleep 30"), "background": true}),
+    );
+    let id = r["process_id"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = call(
+            "process",
+            serde_json::json!({"action": "log", "process_id": id}),
+        );
+        let output = r["output"].as_str().unwrap_or_default().to_string();
+        assert!(!output.contains(secret) && !output.contains(&token), "{r}");
+        if output.contains("REDACTED") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no output from the background command: {r}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    call(
+        "process",
+        serde_json::json!({"action": "kill", "process_id": id}),
+    );
     environments::activate(BackendSettings::default());
     drop(daemon);
 }

@@ -153,7 +153,7 @@ impl AgentClient {
                 if let Some(prepare) = &sock.prepare {
                     prepare().map_err(|e| fail(&process, e))?;
                 }
-                let stream = std::os::unix::net::UnixStream::connect(&sock.local).map_err(|e| {
+                let stream = super::shared_dir::connect_socket(&sock.local).map_err(|e| {
                     fail(
                         &process,
                         self.err(&format!("cannot connect to {}: {e}", sock.local.display())),
@@ -305,7 +305,7 @@ impl AgentClient {
         let mut conn = match idle {
             Some(c) => c,
             None => {
-                let stream = std::os::unix::net::UnixStream::connect(path).map_err(broke)?;
+                let stream = super::shared_dir::connect_socket(path).map_err(broke)?;
                 let mut writer = stream.try_clone().map_err(broke)?;
                 writer
                     .write_all(format!("{token}\n").as_bytes())

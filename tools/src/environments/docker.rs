@@ -14,6 +14,7 @@ use super::agent::{checked_agent_binary, AgentClient, AgentLaunch, AgentSocket};
 use super::owner::{owner_alive, owner_label};
 use super::process::{group_kill, group_wrapper, tree_kill_argv};
 use super::settings::BackendSettings;
+use super::shared_dir::ExecutionDir;
 use super::Site;
 use super::{
     run_client, Channel, ClientProcess, CommandOutput, Connections, EnvError, Environment,
@@ -572,8 +573,12 @@ impl DockerEnv {
         let deadline = std::time::Instant::now() + LEADER_RECORD_TIMEOUT;
         let mut recorded = false;
         loop {
-            match std::fs::read_to_string(&host_file) {
-                Ok(text) => {
+            // Never followed, never waited on: another script of this container may have
+            // put a link or a FIFO under the name (see `shared_dir`).
+            match super::shared_dir::read_small_file(&host_file, 32) {
+                Ok(None) => {}
+                Ok(Some(bytes)) => {
+                    let text = String::from_utf8_lossy(&bytes);
                     if let Ok(pid) = text.trim().parse::<i32>() {
                         if pid > 1 {
                             let _ = leader.set(pid);
@@ -582,9 +587,8 @@ impl DockerEnv {
                         }
                     }
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                // Unreadable from here (a rootful engine and a non-root host): the kill falls
-                // back to reading the file inside the container.
+                // Unreadable from here (a rootful engine and a non-root host), or not a plain
+                // file: the kill falls back to reading the file inside the container.
                 Err(_) => {
                     recorded = true;
                     break;
@@ -681,15 +685,6 @@ impl DockerEnv {
     /// The container's name.
     pub fn name(&self) -> &str {
         &self.name
-    }
-}
-
-/// Removes a per-execution socket dir when the execution ends.
-struct RemoveDir(PathBuf);
-
-impl Drop for RemoveDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -794,17 +789,16 @@ impl Environment for DockerEnv {
     fn open_channel(&self, exec_id: &str, _token: &str) -> Result<Channel, EnvError> {
         // Shortened so the socket path fits in sun_path (see `rpc_dir_for`).
         let short = exec_id.get(..EXEC_DIR_CHARS).unwrap_or(exec_id);
-        let dir = self.rpc_dir.join(short);
-        std::fs::create_dir(&dir).map_err(|e| self.io("create the execution's socket dir", &e))?;
-        let guard = RemoveDir(dir.clone());
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| self.io("protect the execution's socket dir", &e))?;
+        // Bound through the dir's descriptor: the container can rename or replace the name
+        // before the bind, and the socket must not land where a link of its points.
+        let dir = ExecutionDir::create(self.rpc_dir.join(short))
+            .map_err(|e| self.io("create the execution's socket dir", &e))?;
         Ok(Channel {
-            connections: Connections::Bind(dir.join("rpc.sock")),
+            connections: Connections::Bind(dir.socket_path("rpc.sock")),
             remote_socket: format!("{RPC_MOUNT}/{short}/rpc.sock"),
             remote_dir: format!("/tmp/vibeos-exec-{exec_id}"),
             hello: false,
-            guard: Box::new(guard),
+            guard: Box::new(dir),
         })
     }
 

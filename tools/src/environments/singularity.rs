@@ -370,16 +370,16 @@ impl Environment for SingularityEnv {
         let short = exec_id
             .get(..super::docker::EXEC_DIR_CHARS)
             .unwrap_or(exec_id);
-        let dir = self.rpc_dir.join(short);
-        std::fs::create_dir(&dir).map_err(|e| io("create the execution's socket dir", &dir, &e))?;
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| io("protect the execution's socket dir", &dir, &e))?;
+        let path = self.rpc_dir.join(short);
+        // As docker's: bound through the dir's descriptor, whatever the instance did to its name.
+        let dir = super::shared_dir::ExecutionDir::create(path.clone())
+            .map_err(|e| io("create the execution's socket dir", &path, &e))?;
         Ok(Channel {
-            connections: Connections::Bind(dir.join("rpc.sock")),
+            connections: Connections::Bind(dir.socket_path("rpc.sock")),
             remote_socket: format!("{RPC_MOUNT}/{short}/rpc.sock"),
             remote_dir: format!("/tmp/vibeos-exec-{exec_id}"),
             hello: false,
-            guard: Box::new(RemoveDir(dir)),
+            guard: Box::new(dir),
         })
     }
 
@@ -414,14 +414,6 @@ pub fn probe() -> Result<String, EnvError> {
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     } else {
         Err(failed("--version", &out))
-    }
-}
-
-struct RemoveDir(PathBuf);
-
-impl Drop for RemoveDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
