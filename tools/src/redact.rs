@@ -469,6 +469,31 @@ pub fn redact_command_output(text: String, ctx: &crate::ToolContext) -> (String,
     Redactor::from_env(own.chain(given)).redact(&text)
 }
 
+/// A terminal or process result that a backend's tool agent sent back, redacted here as well:
+/// the agent runs over there with that side's environment and settings, so neither this host's
+/// scrubbed values (its credentials for the service included) nor its `security.redact_output`
+/// reach it. The agent's own count is kept and this host's added to it.
+pub fn redact_forwarded(
+    result: Result<serde_json::Value, crate::ToolError>,
+    ctx: &crate::ToolContext,
+) -> Result<serde_json::Value, crate::ToolError> {
+    let mut value = result?;
+    if let Some(obj) = value.as_object_mut() {
+        if let Some(serde_json::Value::String(text)) = obj.get_mut("output") {
+            let (redacted, count) = redact_command_output(std::mem::take(text), ctx);
+            *text = redacted;
+            if count > 0 || obj.contains_key("redactions") {
+                let before = obj
+                    .get("redactions")
+                    .and_then(serde_json::Value::as_u64)
+                    .unwrap_or(0);
+                obj.insert("redactions".into(), (before + count as u64).into());
+            }
+        }
+    }
+    Ok(value)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -248,7 +248,7 @@ fn remote_terminal(
         ctx,
         Duration::from_secs(timeout as u64 + 30),
     ) {
-        Some(result) => result,
+        Some(result) => crate::redact::redact_forwarded(result, ctx),
         None => Err(ToolError::new(
             crate::ToolErrorKind::BackendError,
             format!("the {} backend has no tool agent", env.backend()),
