@@ -454,6 +454,8 @@ fn mcp_http_sessions_are_capped_and_delete_succeeds() {
 #[test]
 fn mcp_toolsets_offer_the_registry_tools_of_those_toolsets() {
     let sb = Sandbox::new();
+    std::fs::create_dir_all(sb.work().join("victim")).unwrap();
+    std::fs::write(sb.work().join("victim/precious.txt"), "keep me").unwrap();
     let Some(r) = scenario(&sb, "toolsets") else {
         return;
     };
@@ -494,6 +496,19 @@ fn mcp_toolsets_offer_the_registry_tools_of_those_toolsets() {
     assert_eq!(r["failed"]["structured"]["exit_code"], 3);
     assert_eq!(r["refused"]["is_error"], true, "{}", r["refused"]);
     assert!(r["refused"]["text"].as_str().unwrap().contains("hardline"));
+    // process(write) into a background shell goes through the approval terminal does.
+    assert_eq!(r["written_rm"]["is_error"], true, "{}", r["written_rm"]);
+    assert!(
+        r["written_rm"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("CommandDenied"),
+        "{}",
+        r["written_rm"]
+    );
+    assert_eq!(r["written_echo"]["is_error"], false, "{r}");
+    assert!(r["shell_saw"].as_str().unwrap().contains("fine-42"), "{r}");
+    assert!(sb.work().join("victim/precious.txt").exists());
 }
 
 #[test]

@@ -81,13 +81,16 @@ fn process(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolEr
     } else {
         0
     };
+    if let (Action::Write, Some(data)) = (a.action, a.data.as_deref()) {
+        check_what_is_written(data, ctx)?;
+    }
     if let Some(result) = crate::environments::agent::forward(
         "process",
         args,
         ctx,
         Duration::from_secs(wait as u64 + 60),
     ) {
-        return result;
+        return crate::redact::redact_forwarded(result, ctx);
     }
     if action == "list" {
         let procs: Vec<Value> = background::list_processes(ctx.task_id.as_deref())
@@ -163,6 +166,26 @@ fn process(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolEr
         other => Err(ToolError::invalid_args(format!(
             "unknown action `{other}`; use list, poll, log, wait, write or kill"
         ))),
+    }
+}
+
+/// Text written to a background process's stdin is, for a shell there (`bash` started with
+/// `background=true`), a command line like terminal's: it goes through the same approval
+/// (SPEC §8), or writing `rm -rf …` into such a shell would run what terminal refuses. Skipped
+/// where terminal skips it (an isolated backend with `approvals.skip_in_isolated_backends`).
+fn check_what_is_written(data: &str, ctx: &ToolContext) -> Result<(), ToolError> {
+    if let Some(env) = crate::environments::remote_for(ctx)? {
+        let skip = env.isolated()
+            && crate::environments::active().is_some_and(|a| a.settings().skip_approvals_isolated);
+        if skip {
+            return Ok(());
+        }
+    }
+    match crate::approval::check_command(data, ctx) {
+        crate::approval::Decision::Deny { message } => {
+            Err(ToolError::new(crate::ToolErrorKind::CommandDenied, message))
+        }
+        crate::approval::Decision::Allow { .. } => Ok(()),
     }
 }
 
