@@ -387,6 +387,32 @@ print(u.urlopen(r).status)",
         assert!(Instant::now() < deadline, "left behind: {left}");
         std::thread::sleep(Duration::from_millis(300));
     }
+    // A script that kills its relay, or forges the relay's exit frame, ends its execution
+    // early, and the host's sweep after the end kills what it left running (it ran on past
+    // any timeout).
+    for (fixture, tag) in [
+        ("backends/outlive_by_killing_the_relay.py", "6161"),
+        ("backends/forge_the_exit_frame.py", "6262"),
+    ] {
+        let code = std::fs::read_to_string(vibeos_testkit::fixture(fixture)).unwrap();
+        let mut req = request(&code, "task-outlive");
+        req.timeout = Duration::from_secs(60);
+        let r = run(&rt, req);
+        assert!(r.output.contains("started"), "{r:?}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = ps(&lab);
+            if !left.contains(&format!("sleep {tag}")) && !left.contains(&format!("outlive-{tag}"))
+            {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{fixture}: left behind after the end: {left}"
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
     environments::shutdown();
 
     // A script that stops the tool agent's parent shell keeps the killed agent a zombie, so
@@ -419,6 +445,21 @@ for p in os.listdir("/proc"):
         "the host's shutdown hung on the stopped agent"
     );
     assert!(lab.sandboxes().is_empty(), "the sandbox was left");
+
+    // An interpreter the sandbox does not have: the relay never starts, and the error names
+    // terminal.python (it said only that the relay's stream ended).
+    environments::activate(BackendSettings {
+        python: "python9-not-there".into(),
+        ..settings()
+    });
+    let r = run(&rt, request("print(1)", "task-nopython"));
+    assert_eq!(r.status, Status::Error, "{r:?}");
+    let e = format!("{:?} {}", r.error, r.output);
+    assert!(
+        e.contains("terminal.python") && e.contains("python9-not-there"),
+        "{r:?}"
+    );
+    environments::shutdown();
 
     // A key the service refuses (HTTP 401) is said to be refused, not "unreachable": the
     // service was reached.

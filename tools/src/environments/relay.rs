@@ -446,21 +446,24 @@ pub fn spawn_relayed(
             }
         });
     }
-    let process = Arc::new(RelayedProcess {
+    let (fresh, python) = (env.fresh_runner(), env.python());
+    let process = Arc::new_cyclic(|me| RelayedProcess {
         backend,
         relay: Arc::clone(&relay),
         raw: Arc::clone(&raw_process),
-        fresh: env.fresh_runner(),
-        python: env.python(),
+        fresh,
+        python,
         done: Mutex::new(None),
         changed: std::sync::Condvar::new(),
+        me: me.clone(),
     });
     let watcher = Arc::clone(&process);
     std::thread::spawn(move || {
         let mut outcome: Option<Result<i32, String>> = None;
+        let mut listening = false;
         while let Some(event) = events.blocking_recv() {
             match event {
-                RelayEvent::Listening => {}
+                RelayEvent::Listening => listening = true,
                 RelayEvent::Stdout(b) => {
                     let _ = out_w.write_all(&b);
                 }
@@ -475,14 +478,23 @@ pub fn spawn_relayed(
                     outcome = Some(Ok(code));
                     break;
                 }
-                RelayEvent::Failed(message) => {
+                RelayEvent::Failed(mut message) => {
+                    let ended = message.contains("stream ended");
+                    if !listening && ended {
+                        // The relay never ran: most often the interpreter it is started with
+                        // is not there (the shell's own error is in the stderr above).
+                        message = format!(
+                            "the relay did not start over there with `{}` (terminal.python); set terminal.python to the sandbox's Python 3 interpreter",
+                            watcher.python
+                        );
+                    }
                     tracing::warn!("{backend} relay: {message}");
                     if let Ok(mut w) = err_w.lock() {
                         if let Some(w) = w.as_mut() {
                             let _ = writeln!(w, "vibeos-exec: {message}");
                         }
                     }
-                    if message.contains("stream ended") {
+                    if ended {
                         outcome = Some(Err(message));
                         break;
                     }
@@ -495,7 +507,13 @@ pub fn spawn_relayed(
             w.take();
         }
         watcher.relay.close();
+        let confirmed = matches!(outcome, Some(Ok(_)));
         watcher.finish(outcome.unwrap_or_else(|| Err("the relay went away".into())));
+        // Nothing the script started may outlive the execution (SPEC §2), and what ended it
+        // here is the relay's word, which the script can silence (it kills or stops its relay)
+        // or forge (an exit frame written to the relay's stdout): after the end, the exec must
+        // end too, or the backstop runs.
+        watcher.sweep_after_end(confirmed);
     });
     // The raw exec is reaped (its client, if any) when it ends.
     std::thread::spawn(move || {
@@ -544,6 +562,11 @@ impl Drop for BootInput {
     }
 }
 
+/// How long after the script's exit frame the relay's exec may take to end before what is
+/// left of it is killed (the relay exits as soon as it has sent the frame; the service may take
+/// a moment to report the exec's end).
+const EXEC_END_AFTER_EXIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The relayed child as a [`Process`]: its exit comes from the `X` frame, signals go as `K`
 /// frames; if the relay cannot be reached any more, the exec itself is killed.
 struct RelayedProcess {
@@ -556,6 +579,8 @@ struct RelayedProcess {
     python: String,
     done: Mutex<Option<Result<i32, String>>>,
     changed: std::sync::Condvar,
+    /// Itself, for the threads of [`Process::kill`], which gets `&self` only.
+    me: std::sync::Weak<RelayedProcess>,
 }
 
 impl RelayedProcess {
@@ -573,6 +598,68 @@ impl RelayedProcess {
                 message,
             })
         })
+    }
+}
+
+impl RelayedProcess {
+    /// Ends whatever is left of the execution over there once its end was reported: after an
+    /// exit frame the relay exits by itself at once, so an exec still running
+    /// [`EXEC_END_AFTER_EXIT`] later means the frame was not the relay's (or the relay is stuck); without an exit
+    /// frame the relay is gone and the script may run on in its own session. Either way the
+    /// kill's backstop reaches everything below the bootstrap by the pid the relay reported
+    /// before the script ran.
+    fn sweep_after_end(self: &Arc<Self>, confirmed: bool) {
+        let this = Arc::clone(self);
+        std::thread::spawn(move || {
+            if confirmed {
+                let deadline = std::time::Instant::now() + EXEC_END_AFTER_EXIT;
+                while matches!(this.raw.try_wait(), Ok(None)) {
+                    if std::time::Instant::now() > deadline {
+                        tracing::warn!(
+                            "{} relay: the exec still runs after the script's exit was reported; killing what is left",
+                            this.backend
+                        );
+                        this.backstop();
+                        return;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                return;
+            }
+            this.backstop();
+        });
+    }
+
+    /// The tree kill below the bootstrap, as a fresh process of the backend's API, then the
+    /// exec itself, then the relay by its pid if the exec still runs.
+    fn backstop(&self) {
+        let fresh = self.fresh.clone().zip(self.relay.leader.get().copied());
+        if let Some((run, (child, _))) = &fresh {
+            let argv = tree_kill_argv(&self.python, *child, GroupSignal::Kill);
+            if let Err(e) = run(&argv) {
+                tracing::warn!("{} relay: the kill's backstop failed: {e}", self.backend);
+            }
+        }
+        let _ = self.raw.kill(GroupSignal::Kill);
+        let Some((run, (_, relay))) = &fresh else {
+            return;
+        };
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        if matches!(self.raw.try_wait(), Ok(None)) {
+            let argv = [
+                self.python.clone(),
+                "-c".into(),
+                "import os, sys\nos.kill(int(sys.argv[1]), 9)".into(),
+                relay.to_string(),
+            ];
+            if let Err(e) = run(&argv) {
+                tracing::warn!("{} relay: killing the relay failed: {e}", self.backend);
+            }
+        }
+    }
+
+    fn myself(&self) -> Option<Arc<RelayedProcess>> {
+        self.me.upgrade()
     }
 }
 
@@ -618,32 +705,16 @@ impl Process for RelayedProcess {
             // to report through it (a stopped relay never would, and the exec's group kill
             // depends on a file the script can remove).
             let raw = Arc::clone(&self.raw);
-            let python = self.python.clone();
-            let backstop = self.fresh.clone().zip(self.relay.leader.get().copied());
-            let backend = self.backend;
+            let this = self.myself();
             std::thread::spawn(move || {
-                let grace = std::time::Duration::from_secs(2);
-                std::thread::sleep(grace);
+                std::thread::sleep(std::time::Duration::from_secs(2));
                 if !matches!(raw.try_wait(), Ok(None)) {
                     return;
                 }
-                if let Some((run, (child, _))) = &backstop {
-                    let argv = tree_kill_argv(&python, *child, GroupSignal::Kill);
-                    if let Err(e) = run(&argv) {
-                        tracing::warn!("{backend} relay: the kill's backstop failed: {e}");
-                    }
-                }
-                let _ = raw.kill(GroupSignal::Kill);
-                std::thread::sleep(grace / 2);
-                if let (Ok(None), Some((run, (_, relay)))) = (raw.try_wait(), &backstop) {
-                    let argv = [
-                        python.clone(),
-                        "-c".into(),
-                        "import os, sys\nos.kill(int(sys.argv[1]), 9)".into(),
-                        relay.to_string(),
-                    ];
-                    if let Err(e) = run(&argv) {
-                        tracing::warn!("{backend} relay: killing the relay failed: {e}");
+                match this {
+                    Some(this) => this.backstop(),
+                    None => {
+                        let _ = raw.kill(GroupSignal::Kill);
                     }
                 }
             });
