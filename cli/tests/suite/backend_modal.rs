@@ -361,6 +361,70 @@ print("env:", json.dumps(dict(os.environ)))
         let out = cmd.output().unwrap();
         (out, t.elapsed())
     };
+    // The SDK sidecar holds the token: it imports nothing from the caller's working dir (a
+    // `grpclib.py` there ran inside it, as the SDK imports grpclib) and gets no other
+    // service's secret.
+    let project = tempfile::tempdir().unwrap();
+    let stolen = project.path().join("stolen");
+    std::fs::write(
+        project.path().join("grpclib.py"),
+        format!(
+            "import os\nopen({:?}, 'w').write(os.environ.get('MODAL_TOKEN_SECRET', ''))\nraise ImportError('planted')\n",
+            stolen.display().to_string()
+        ),
+    )
+    .unwrap();
+    let slow = project.path().join("slow.py");
+    std::fs::write(&slow, "import time\ntime.sleep(3)\nprint('slept')\n").unwrap();
+    let host = std::process::Command::new(env!("CARGO_BIN_EXE_vibeos-exec"))
+        .args(["run", "--json", "--backend", "modal"])
+        .arg(&slow)
+        .current_dir(project.path())
+        .env("VIBEOS_HOME", home.path())
+        .env("VIBEOS_AGENT_BINARY", env!("CARGO_BIN_EXE_vibeos-exec"))
+        .env("DAYTONA_API_KEY", "dtn-not-for-the-modal-sdk")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let sidecar_env = loop {
+        let found = std::fs::read_dir("/proc").unwrap().flatten().find_map(|e| {
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).to_string();
+            if !cmdline.contains("vibeos-modal-") || !cmdline.contains("sidecar.sock") {
+                return None;
+            }
+            // This CLI's sidecar, not one of this test process's own.
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            let ppid: u32 = stat.rsplit(") ").next()?.split(' ').nth(1)?.parse().ok()?;
+            if ppid != host.id() {
+                return None;
+            }
+            let environ = std::fs::read(e.path().join("environ")).ok()?;
+            Some(String::from_utf8_lossy(&environ).to_string())
+        });
+        if let Some(env) = found {
+            break env;
+        }
+        assert!(Instant::now() < deadline, "no sidecar process seen");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(sidecar_env.contains("MODAL_TOKEN_ID="), "{sidecar_env}");
+    assert!(
+        !sidecar_env.contains("dtn-not-for-the-modal-sdk"),
+        "{sidecar_env}"
+    );
+    let out = host.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("slept"),
+        "{out:?}"
+    );
+    assert!(
+        !stolen.exists(),
+        "the sidecar imported the caller's grpclib.py"
+    );
+
     // doctor asks the API whether it takes the token.
     let doctor = std::process::Command::new(env!("CARGO_BIN_EXE_vibeos-exec"))
         .args(["doctor", "--json"])

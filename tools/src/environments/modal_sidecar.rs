@@ -18,7 +18,7 @@ use super::EnvError;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
@@ -145,9 +145,25 @@ impl Sidecar {
             .arg("-c")
             .arg(SIDECAR_SOURCE)
             .arg(&socket)
+            // `-c` puts the working dir first on sys.path: in the caller's project dir a
+            // `grpclib.py` (or any module the SDK imports) would run inside the process that
+            // holds the Modal token. Its own private dir holds nothing importable.
+            .current_dir(dir.path())
+            // A group of its own: a terminal's Ctrl-C (or `timeout`'s SIGTERM to the group)
+            // is for vibeos-exec, which then ends the sandbox through this sidecar; the
+            // sidecar itself ends when its stdin (our lifeline) closes.
+            .process_group(0)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
+        // Only Modal's credentials go to the Modal SDK: the host's other secrets (another
+        // service's API key, tokens the scripts never see) have no business there.
+        for (name, _) in std::env::vars_os() {
+            let text = name.to_string_lossy();
+            if !text.starts_with("MODAL_") && crate::redact::is_secret_name(&text) {
+                cmd.env_remove(&name);
+            }
+        }
         // Sandbox flow V1 (see docs/backends.md) unless the user chose otherwise.
         if std::env::var_os("MODAL_SANDBOX_V2").is_none() {
             cmd.env("MODAL_SANDBOX_V2", "0");
