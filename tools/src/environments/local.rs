@@ -140,6 +140,25 @@ fn own_marker() -> String {
     format!("{}p", marker_prefix())
 }
 
+/// Whether bash would take `bash -c` for a command sshd started itself and read `~/.bashrc`
+/// first (Debian's bash does when `SSH_CLIENT` or `SSH2_CLIENT` is set and the shell level is
+/// below 2): the case of the tool agent over ssh, which runs in the login's environment after
+/// the login shell's `exec` (level 0). A `.bashrc` that prints or `cd`s would then show in
+/// every command's output and move its directory; a level of 1, what a command started from
+/// any shell inherits, keeps commands there exactly as they are locally.
+fn sourced_as_if_from_sshd(env: &[(String, String)]) -> bool {
+    let from_sshd = env
+        .iter()
+        .any(|(k, _)| k == "SSH_CLIENT" || k == "SSH2_CLIENT");
+    let level = env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "SHLVL")
+        .and_then(|(_, v)| v.trim().parse::<i64>().ok())
+        .unwrap_or(0);
+    from_sshd && level < 1
+}
+
 /// Whether every command carries a marker ([`mark_every_command`]).
 static MARK_EVERY_COMMAND: AtomicBool = AtomicBool::new(false);
 
@@ -167,6 +186,9 @@ pub(super) fn spawn(spec: &SpawnSpec<'_>, background: bool) -> Result<Spawned, B
         .current_dir(spec.cwd)
         .env_clear();
     cmd.envs(spec.env.iter().map(|(k, v)| (k, v)));
+    if sourced_as_if_from_sshd(spec.env) {
+        cmd.env("SHLVL", "1");
+    }
     let marker = match spec.scope {
         Some(scope) => {
             if let Ok(mut g) = MARKED.lock() {
@@ -792,6 +814,32 @@ mod tests {
             stat.is_empty() || stat.contains(") Z"),
             "sleep survived: {stat}"
         );
+    }
+
+    #[test]
+    fn a_login_environment_from_sshd_does_not_make_bash_read_the_bashrc() {
+        // The tool agent over ssh: SSH_CLIENT set, no shell level. Debian's bash (the one
+        // these machines run) then reads ~/.bashrc for `bash -c`.
+        let home = tempfile::tempdir().unwrap();
+        std::fs::write(
+            home.path().join(".bashrc"),
+            "echo NOISE-OUT\necho NOISE-ERR >&2\ncd /tmp\n",
+        )
+        .unwrap();
+        let mut e = env();
+        e.push(("HOME".into(), home.path().display().to_string()));
+        e.push(("SSH_CLIENT".into(), "127.0.0.1 40000 22".into()));
+        let out = run_foreground(&spec("pwd", &e, false), Duration::from_secs(10), 1000).unwrap();
+        assert_eq!(out.output, "/\n");
+        // A caller's own shell level is kept.
+        e.push(("SHLVL".into(), "3".into()));
+        let out = run_foreground(
+            &spec("echo $SHLVL", &e, false),
+            Duration::from_secs(10),
+            1000,
+        )
+        .unwrap();
+        assert_eq!(out.output, "4\n");
     }
 
     #[test]
