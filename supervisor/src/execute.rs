@@ -81,9 +81,24 @@ async fn run(
     if let Some(envs) = vibeos_tools::environments::active() {
         let task = request.task_id.clone();
         let cwd_is_remote = envs.settings().cwd_is_remote();
-        let env = tokio::task::spawn_blocking(move || envs.get(task.as_deref()))
-            .await
-            .map_err(|e| StartError::Listener(std::io::Error::other(e)))?;
+        let starting = tokio::task::spawn_blocking(move || envs.get(task.as_deref()));
+        // Starting an environment can take its backend's whole connect timeout (an ssh host
+        // that never answers): an interrupt ends the execution now, as it would a running
+        // script; the start goes on for the task's later calls, or is abandoned if the host
+        // is stopping (`Environments::stop_all`).
+        let env = tokio::select! {
+            env = starting => env.map_err(|e| StartError::Listener(std::io::Error::other(e)))?,
+            () = interrupt.cancelled() => {
+                let backend = envs_backend();
+                let mut result = ExecutionResult::interrupted_before_start(
+                    request.mode.as_str(),
+                    format!("interrupted while the {backend} environment was starting"),
+                );
+                result.duration_seconds = started.elapsed().as_secs_f64();
+                result.backend = Some(backend);
+                return Ok(result);
+            }
+        };
         let mut result = match env {
             Ok(env) => {
                 crate::remote::run_remote(crate::remote::RemoteRun {

@@ -372,6 +372,13 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
     if !reported && ending != Ending::Exited && exit_code == Some(0) {
         exit_code = None;
     }
+    // ssh's own 255 without a report: the connection ended (a lost master, a dropped network),
+    // not the script, which the end of its session stopped. Blaming the script with "exited
+    // with code 255" sent readers looking in the wrong place.
+    let connection_lost = !reported && backend == "ssh" && exit_code == Some(255);
+    if connection_lost {
+        exit_code = None;
+    }
     // A bootstrap that reported has removed its work dir; one that did not may have been
     // killed before it could.
     if !reported {
@@ -408,6 +415,14 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
         python,
     );
     result.backend = Some(backend.to_string());
+    if connection_lost && ending == Ending::Exited {
+        result.error = Some(
+            "the script's exit status was lost: the connection to the ssh host ended before the \
+             script reported (ssh exited with 255); the script was stopped with its session. \
+             Check the host and the network, then run it again"
+                .into(),
+        );
+    }
     Ok(result)
 }
 

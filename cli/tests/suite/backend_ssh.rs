@@ -231,6 +231,25 @@ fn remote_work_dirs() -> Vec<String> {
 }
 
 /// Every process's command line on this machine (NULs as spaces).
+/// The pids of this machine's vibeos-exec ssh masters for the sshd on `port`.
+fn master_pids(port: u16) -> Vec<i32> {
+    let port = format!(" -p {port} ");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            (cmd.contains("-fN")
+                && cmd.contains("ControlPath=")
+                && cmd.contains("vibeos-ssh-")
+                && cmd.contains(&port))
+            .then_some(pid)
+        })
+        .collect()
+}
+
 fn host_processes() -> Vec<String> {
     std::fs::read_dir("/proc")
         .unwrap()
@@ -293,6 +312,14 @@ fn ssh_executions_end_like_local_ones() {
     let r = run(&rt, request("import os\nprint('cwd', os.getcwd())"));
     assert_eq!(r.status, Status::Success, "{r:?}");
     assert_eq!(r.output.trim(), format!("cwd {}", home.display()), "{r:?}");
+    // Nor the tool agent's own commands: Debian's bash read the .bashrc for their `bash -c`
+    // (the agent runs in the login's environment, SSH_CLIENT set, shell level 0).
+    let t = agent_call(
+        "task-bashrc",
+        "terminal",
+        serde_json::json!({"command": "echo clean"}),
+    );
+    assert_eq!(t["output"], "clean\n", "{t}");
 
     // A signal death while a child still holds the output: reported as local reports it, at
     // once, and the child is gone.
@@ -378,7 +405,35 @@ fn ssh_executions_end_like_local_ones() {
         "{r:?}"
     );
 
-    assert_eq!(remote_work_dirs(), before, "work dirs left on the host");
+    // The master lost mid-run: the script is stopped with its session, and the result says
+    // the connection ended rather than "the script exited with code 255".
+    std::thread::scope(|scope| {
+        let running = scope.spawn(|| {
+            run(
+                &rt,
+                request(
+                    "import subprocess\nprint('up', flush=True)\nsubprocess.run(['sleep', '8484'])",
+                ),
+            )
+        });
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !remote_processes().contains("sleep 8484") && !running.is_finished() {
+            assert!(Instant::now() < deadline, "the script did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        for pid in master_pids(sshd.port) {
+            // SAFETY: kill(2) of an ssh master process this test's environment started.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        let r = running.join().unwrap();
+        assert_eq!(r.status, Status::Error, "{r:?}");
+        let error = r.error.clone().unwrap_or_default();
+        assert!(error.contains("connection to the ssh host ended"), "{r:?}");
+        assert_eq!(r.exit_code, None, "{r:?}");
+        assert!(r.output.contains("up"), "{r:?}");
+    });
+    assert_none_left(&["sleep 8484"]);
     environments::shutdown();
 
     // A terminal.cwd that does not exist there: a clear error naming it, nothing left.
@@ -701,4 +756,57 @@ fn ssh_a_damaged_cached_agent_is_uploaded_again() {
         .unwrap();
     works("after the cached copy was cut short");
     environments::activate(BackendSettings::default());
+}
+
+/// SIGINT while the ssh master still waits for a host that never answers ends `run` at once
+/// with 130 (it waited out the 30 s connect timeout and exited 1), and leaves no ssh client
+/// behind: the start is abandoned, not left to finish unowned.
+#[test]
+fn ssh_an_interrupt_while_the_host_does_not_answer_ends_the_run_at_once() {
+    if vibeos_testkit::backends::which("ssh").is_none() {
+        return unavailable("no ssh client on PATH");
+    }
+    // Listening but never accepting: the kernel completes the connection and ssh waits for
+    // a banner that never comes.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let vhome = tempfile::tempdir().unwrap();
+    let key = vhome.path().join("key");
+    std::fs::write(&key, "not a key\n").unwrap();
+    std::fs::write(
+        vhome.path().join("config.yaml"),
+        format!(
+            "terminal:\n  backend: ssh\n  ssh_host: 127.0.0.1\n  ssh_port: {port}\n  ssh_user: nobody\n  ssh_key: {}\n  ssh_known_hosts: {}\n",
+            key.display(),
+            vhome.path().join("known_hosts").display()
+        ),
+    )
+    .unwrap();
+    let script = vhome.path().join("s.py");
+    std::fs::write(&script, "print('never')\n").unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_vibeos-exec"))
+        .args(["run", "--json"])
+        .arg(&script)
+        .env("VIBEOS_HOME", vhome.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let sent = Instant::now();
+    // SAFETY: kill(2) on the pid of a child we spawned and have not waited for yet.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let took = sent.elapsed();
+    assert_eq!(out.status.code(), Some(130), "{out:?}");
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(result["status"], "interrupted", "{result}");
+    assert_eq!(result["backend"], "ssh", "{result}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    let left: Vec<String> = host_processes()
+        .into_iter()
+        .filter(|c| c.starts_with("ssh ") && c.contains(&format!(" -p {port} ")))
+        .collect();
+    assert!(left.is_empty(), "ssh clients left behind: {left:?}");
+    drop(silent);
 }

@@ -8,11 +8,48 @@ use super::settings::{BackendKind, BackendSettings};
 use super::{EnvError, EnvHandle};
 use crate::{ToolContext, ToolError};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 /// Task key of calls that carry no task id.
 pub const DEFAULT_TASK: &str = "default";
+
+/// How often a command of an environment's start looks whether the host began to stop.
+pub(crate) const ABANDON_POLL: Duration = Duration::from_millis(100);
+
+thread_local! {
+    /// While this thread starts an environment: the flag its [`Environments`] raises when the
+    /// host stops, so that the start's commands ([`super::collect`]) give up at once instead of
+    /// holding the host's exit for their whole timeout (an ssh master's 30 s).
+    static STARTING_FOR: std::cell::RefCell<Option<Arc<AtomicBool>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Whether the environment this thread is starting is no longer wanted.
+pub(crate) fn start_abandoned() -> bool {
+    STARTING_FOR.with(|s| {
+        s.borrow()
+            .as_ref()
+            .is_some_and(|flag| flag.load(Ordering::SeqCst))
+    })
+}
+
+/// Marks this thread as starting an environment of `envs` until dropped.
+struct Starting;
+
+impl Starting {
+    fn mark(stopping: &Arc<AtomicBool>) -> Starting {
+        STARTING_FOR.with(|s| *s.borrow_mut() = Some(Arc::clone(stopping)));
+        Starting
+    }
+}
+
+impl Drop for Starting {
+    fn drop(&mut self) {
+        STARTING_FOR.with(|s| *s.borrow_mut() = None);
+    }
+}
 
 struct Slot {
     /// Created lazily under the slot's own lock, so two calls of one task never race to create
@@ -25,6 +62,8 @@ struct Slot {
 pub struct Environments {
     settings: BackendSettings,
     slots: Mutex<BTreeMap<String, Slot>>,
+    /// Raised by [`Environments::stop_all`]: a start still under way gives up.
+    stopping: Arc<AtomicBool>,
 }
 
 static ACTIVE: RwLock<Option<Arc<Environments>>> = RwLock::new(None);
@@ -37,6 +76,7 @@ pub fn activate(settings: BackendSettings) -> Option<Arc<Environments>> {
         Arc::new(Environments {
             settings,
             slots: Mutex::new(BTreeMap::new()),
+            stopping: Arc::new(AtomicBool::new(false)),
         })
     });
     let old = match ACTIVE.write() {
@@ -115,7 +155,18 @@ impl Environments {
         if let Some(env) = guard.as_ref() {
             return Ok(Arc::clone(env));
         }
-        let env = super::start(&self.settings, key)?;
+        let env = {
+            let _starting = Starting::mark(&self.stopping);
+            super::start(&self.settings, key)?
+        };
+        if self.stopping.load(Ordering::SeqCst) {
+            // Made after stop_all went by: nobody else would stop it.
+            env.stop();
+            return Err(EnvError::Abandoned {
+                backend: self.settings.backend.as_str(),
+                what: "starting the environment".into(),
+            });
+        }
         *guard = Some(Arc::clone(&env));
         Ok(env)
     }
@@ -163,6 +214,7 @@ impl Environments {
 
     /// Stops every environment.
     pub fn stop_all(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
         let envs: Vec<EnvHandle> = {
             let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
             let all = std::mem::take(&mut *slots);

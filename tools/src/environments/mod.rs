@@ -27,6 +27,7 @@ pub mod route;
 pub mod session;
 pub mod settings;
 mod shape;
+pub mod shared_dir;
 pub mod singularity;
 mod site;
 pub mod ssh;
@@ -95,6 +96,15 @@ pub enum EnvError {
         what: String,
         /// The limit.
         seconds: u64,
+    },
+    /// The host began to stop (an interrupted `run`, `serve` ending) while the environment was
+    /// still being started: what was under way is killed rather than left to finish unowned.
+    #[error("{backend} backend: {what} was abandoned because vibeos-exec is stopping")]
+    Abandoned {
+        /// Backend name.
+        backend: &'static str,
+        /// Which operation.
+        what: String,
     },
     /// The tool agent cannot be started or answered nonsense.
     #[error("{backend} backend: tool agent: {message}")]
@@ -364,13 +374,21 @@ pub fn collect(
         });
         rx
     };
-    let status = match waiter.recv_timeout(timeout) {
-        Ok(s) => Some(s?),
-        Err(_) => {
-            let _ = process.kill(GroupSignal::Kill);
-            // The client ends when what it ran does; give it a moment, never forever.
-            let _ = waiter.recv_timeout(Duration::from_secs(5));
-            None
+    let deadline = std::time::Instant::now() + timeout;
+    let mut abandoned = false;
+    let status = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match waiter.recv_timeout(left.min(manager::ABANDON_POLL)) {
+            Ok(s) => break Some(s?),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+                if !left.is_zero() && !manager::start_abandoned() => {}
+            Err(_) => {
+                abandoned = manager::start_abandoned();
+                let _ = process.kill(GroupSignal::Kill);
+                // The client ends when what it ran does; give it a moment, never forever.
+                let _ = waiter.recv_timeout(Duration::from_secs(5));
+                break None;
+            }
         }
     };
     if let Some(w) = writer {
@@ -382,6 +400,12 @@ pub fn collect(
             .unwrap_or_default()
     });
     let Some(code) = status else {
+        if abandoned {
+            return Err(EnvError::Abandoned {
+                backend,
+                what: what.chars().take(120).collect(),
+            });
+        }
         return Err(EnvError::Timeout {
             backend,
             what: what.chars().take(120).collect(),
