@@ -425,7 +425,17 @@ fn real_main(mut cli: Cli) -> Result<u8, UsageError> {
         Command::Serve(a) => a.limits.backend.clone(),
         _ => None,
     };
-    let mut backend = backends::settings(&config, backend_flag.as_deref()).map_err(UsageError)?;
+    // Likewise a backend that lacks a key (`backend: modal` without MODAL_TOKEN_ID) is one of
+    // doctor's findings: the rest is reported with the other settings as read.
+    let mut backend_error = None;
+    let mut backend = match backends::settings(&config, backend_flag.as_deref()) {
+        Ok(settings) => settings,
+        Err(e) if matches!(cli.command, Command::Doctor { .. }) => {
+            backend_error = Some(e);
+            backends::settings(&config, Some("local")).map_err(UsageError)?
+        }
+        Err(e) => return Err(UsageError(e)),
+    };
     if let Command::Run(RunArgs { limits, .. }) | Command::Serve(ServeArgs { limits, .. }) =
         &mut cli.command
     {
@@ -533,6 +543,7 @@ fn real_main(mut cli: Cli) -> Result<u8, UsageError> {
                 if let Some(obj) = v.as_object_mut() {
                     obj.insert("backends".into(), backends::report_json(&backends));
                     obj.insert("config_error".into(), config_error.clone().into());
+                    obj.insert("backend_error".into(), backend_error.clone().into());
                 }
                 format!("{v}\n")
             } else {
@@ -543,14 +554,25 @@ fn real_main(mut cli: Cli) -> Result<u8, UsageError> {
                     ),
                     None => String::new(),
                 };
+                let backend_line = match &backend_error {
+                    Some(e) => format!(
+                        "\nbackend: ERROR: {e}\n  (the selected backend cannot start; the \
+                         report above shows the others)\n"
+                    ),
+                    None => String::new(),
+                };
                 format!(
-                    "{}{}{config_line}",
+                    "{}{}{config_line}{backend_line}",
                     report.render_text(),
                     backends::report_text(&backends)
                 )
             };
-            // A broken config file is still a config error (exit 2, SPEC §10).
-            let code = if config_error.is_some() { 2 } else { 0 };
+            // A broken config file or backend choice is still a config error (exit 2, SPEC §10).
+            let code = if config_error.is_some() || backend_error.is_some() {
+                2
+            } else {
+                0
+            };
             Ok(output_written(write_stdout(text.as_bytes()), code))
         }
         Command::Serve(args) => {

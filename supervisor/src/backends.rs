@@ -5,11 +5,15 @@
 use crate::config::Config;
 use serde_json::{json, Value};
 use std::path::Path;
-use vibeos_tools::environments::{self, BackendKind, BackendSettings};
+use vibeos_tools::environments::{self, BackendKind, BackendSettings, SettingsError};
 
 /// The backend settings of `config`, `--backend` applied. The error names the backend or key.
 pub fn settings(config: &Config, flag: Option<&str>) -> Result<BackendSettings, String> {
-    BackendSettings::from_document(&config.file, flag).map_err(|e| e.to_string())
+    BackendSettings::from_document(&config.file, flag).map_err(|e| match (&e, &config.source) {
+        // A missing key is missing from this file: name it, as every other config error does.
+        (SettingsError::Missing { .. }, Some(path)) => format!("{}: {e}", path.display()),
+        _ => e.to_string(),
+    })
 }
 
 /// Makes `settings` the process's backend; `cwd` is the session dir (`--cwd`) a container may

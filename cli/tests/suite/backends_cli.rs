@@ -34,6 +34,15 @@ fn unknown_backend_or_missing_key_exits_2_naming_it() {
     exit_2_naming(&sb, &["run", "--backend", "ssh"], "terminal.ssh_host");
     sb.write_config("terminal:\n  backend: docker\n");
     exit_2_naming(&sb, &["run"], "terminal.docker_image");
+    // Named in the file it is missing from, like every other config error.
+    let other = sb.root.path().join("other.yaml");
+    std::fs::write(&other, "terminal:\n  backend: docker\n").unwrap();
+    let config_flag = other.display().to_string();
+    exit_2_naming(
+        &sb,
+        &["run", "--config", &config_flag],
+        &format!("{config_flag}: backend `docker` needs `terminal.docker_image`"),
+    );
     sb.write_config("terminal:\n  backend: ssh\n  ssh_host: h\n  ssh_port: nope\n");
     exit_2_naming(&sb, &["run"], "terminal.ssh_port");
     // A host that ssh would read as an option is refused as a name, not passed to ssh (whose
@@ -107,6 +116,32 @@ fn doctor_reports_every_backend() {
     assert!(
         text.contains("backends:") && text.contains("ssh") && text.contains("not reachable"),
         "{text}"
+    );
+
+    // A selected backend that lacks a key is a finding of the report (exit 2), not a reason
+    // to report nothing.
+    sb.write_config("terminal:\n  backend: docker\n");
+    let out = sb.run(&["doctor"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("backends:"), "{text}");
+    assert!(
+        text.contains("backend: ERROR") && text.contains("terminal.docker_image"),
+        "{text}"
+    );
+    let out = sb.run(&["doctor", "--json"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("doctor json");
+    assert!(
+        v["backend_error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("terminal.docker_image"),
+        "{v}"
+    );
+    assert!(
+        v["backends"].as_array().is_some_and(|b| b.len() == 6),
+        "{v}"
     );
 }
 

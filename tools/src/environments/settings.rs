@@ -188,7 +188,7 @@ pub enum SettingsError {
     )]
     UnknownBackend(String),
     /// The chosen backend needs a key that is not set.
-    #[error("backend `{backend}` needs `{key}` in config.yaml; {hint}")]
+    #[error("backend `{backend}` needs `{key}` in the config file; {hint}")]
     Missing {
         /// The backend.
         backend: &'static str,

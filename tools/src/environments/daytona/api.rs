@@ -96,10 +96,14 @@ impl Api {
         self.block(async move {
             let resp = req.send().await.map_err(|e| {
                 if e.is_timeout() {
-                    EnvError::Timeout {
+                    // Named like the unreachable case: a service that accepts connections and
+                    // never answers is as often a wrong DAYTONA_API_URL as a slow service.
+                    EnvError::Unreachable {
                         backend: BACKEND,
-                        what: what.clone(),
-                        seconds: timeout.as_secs(),
+                        message: format!(
+                            "{what} got no answer within {}s; check DAYTONA_API_URL ({base}) and that the service responds",
+                            timeout.as_secs()
+                        ),
                     }
                 } else {
                     EnvError::Unreachable {
@@ -148,4 +152,33 @@ pub(super) fn message(v: &Value) -> String {
         .and_then(Value::as_str)
         .map(str::to_string)
         .unwrap_or_else(|| v.to_string().chars().take(300).collect())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_service_that_never_answers_is_named_by_its_variable() {
+        // Listening, never accepting: the connection is made and the request never answered.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("http://{}", silent.local_addr().unwrap());
+        let api = Api::new(Credentials {
+            api_url: base.clone(),
+            api_key: "k".into(),
+        })
+        .unwrap();
+        let e = api
+            .request(
+                reqwest::Method::POST,
+                format!("{base}/sandbox"),
+                None,
+                Duration::from_millis(300),
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("DAYTONA_API_URL") && e.contains(&base), "{e}");
+        assert!(e.contains("no answer"), "{e}");
+    }
 }
