@@ -175,9 +175,7 @@ fn process(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolEr
 /// where terminal skips it (an isolated backend with `approvals.skip_in_isolated_backends`).
 fn check_what_is_written(data: &str, ctx: &ToolContext) -> Result<(), ToolError> {
     if let Some(env) = crate::environments::remote_for(ctx)? {
-        let skip = env.isolated()
-            && crate::environments::active().is_some_and(|a| a.settings().skip_approvals_isolated);
-        if skip {
+        if super::terminal::approval_skipped_in(env.as_ref()) {
             return Ok(());
         }
     }

@@ -217,6 +217,14 @@ fn terminal(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolE
 
 /// `terminal` with a remote backend: approval here (skipped for an isolated container when
 /// `approvals.skip_in_isolated_backends` allows), execution by the environment's tool agent.
+/// Whether commands sent to `env` skip the dangerous-command approval: an isolated backend
+/// (a container without host volumes) with `approvals.skip_in_isolated_backends`. What
+/// `process(write)` sends to a shell there is judged the same way.
+pub(super) fn approval_skipped_in(env: &dyn crate::environments::Environment) -> bool {
+    env.isolated()
+        && crate::environments::active().is_some_and(|a| a.settings().skip_approvals_isolated)
+}
+
 fn remote_terminal(
     env: crate::environments::EnvHandle,
     command: &str,
@@ -224,9 +232,7 @@ fn remote_terminal(
     ctx: &ToolContext,
     timeout: i64,
 ) -> Result<Value, ToolError> {
-    let skip = env.isolated()
-        && crate::environments::active().is_some_and(|a| a.settings().skip_approvals_isolated);
-    if !skip {
+    if !approval_skipped_in(env.as_ref()) {
         // The workdir names a dir over there; without one, where the remote session stands
         // is not known here.
         let decision = match args.get("workdir").and_then(Value::as_str) {
