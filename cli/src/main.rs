@@ -264,6 +264,10 @@ enum EnvCommand {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Audit for a script run by this backend, as `run --backend` would (default:
+        /// terminal.backend, else local): a remote one gets no host-specific variable.
+        #[arg(long, value_name = "NAME")]
+        backend: Option<String>,
     },
 }
 
@@ -423,6 +427,9 @@ fn real_main(mut cli: Cli) -> Result<u8, UsageError> {
     let backend_flag = match &cli.command {
         Command::Run(a) => a.limits.backend.clone(),
         Command::Serve(a) => a.limits.backend.clone(),
+        Command::Env {
+            command: EnvCommand::Audit { backend, .. },
+        } => backend.clone(),
         _ => None,
     };
     // Likewise a backend that lacks a key (`backend: modal` without MODAL_TOKEN_ID) is one of
@@ -433,6 +440,14 @@ fn real_main(mut cli: Cli) -> Result<u8, UsageError> {
         Err(e) if matches!(cli.command, Command::Doctor { .. }) => {
             backend_error = Some(e);
             backends::settings(&config, Some("local")).map_err(UsageError)?
+        }
+        // `env audit` needs the backend's name only; a setting it lacks does not change what
+        // a script there would get.
+        Err(_) if matches!(cli.command, Command::Env { .. }) => {
+            let mut settings = backends::settings(&config, Some("local")).map_err(UsageError)?;
+            settings.backend =
+                backends::selected_kind(&config, backend_flag.as_deref()).map_err(UsageError)?;
+            settings
         }
         Err(e) => return Err(UsageError(e)),
     };
@@ -536,7 +551,9 @@ fn real_main(mut cli: Cli) -> Result<u8, UsageError> {
             code
         }
         Command::Doctor { json } => {
-            let report = vibeos_supervisor::doctor::probe().with_config(&config);
+            let report = vibeos_supervisor::doctor::probe()
+                .with_config(&config)
+                .with_backend(backend.backend.as_str());
             let backends = backends::report(&backend);
             let text = if json {
                 let mut v = report.to_json();
@@ -587,14 +604,14 @@ fn real_main(mut cli: Cli) -> Result<u8, UsageError> {
             code
         }
         Command::Env {
-            command: EnvCommand::Audit { json },
+            command: EnvCommand::Audit { json, .. },
         } => {
-            let (lines, injected) =
-                audit::audit(&config.env_passthrough).map_err(|e| UsageError(e.to_string()))?;
+            let audit = audit::audit_for(&config.env_passthrough, Some(backend.backend.as_str()))
+                .map_err(|e| UsageError(e.to_string()))?;
             let text = if json {
-                format!("{}\n", audit::render_json(&lines, &injected))
+                format!("{}\n", audit.to_json())
             } else {
-                audit::render_table(&lines, &injected)
+                audit.render_table()
             };
             Ok(output_written(write_stdout(text.as_bytes()), 0))
         }

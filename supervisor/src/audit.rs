@@ -1,5 +1,8 @@
 //! `vibeos-exec env audit`: which variables of the current environment a script would see, and
 //! the rule that decided each. Names only; values never leave this process.
+//!
+//! A remote backend's script gets the same scrub minus what describes this host (PATH, HOME,
+//! XDG_*…: the backend has its own), so the audit takes the backend the configuration selects.
 
 use crate::env_policy::{self, EnvPolicy, PolicyError, SetIn, SET_FOR_THE_CHILD};
 use serde_json::{json, Value};
@@ -28,6 +31,49 @@ pub struct SetForChild {
     pub by_python: bool,
     /// What it holds (never a secret: the token is described, not shown).
     pub value: String,
+}
+
+/// What `env audit` found: every variable's decision, what is set on top, and where.
+#[derive(Debug, Clone)]
+pub struct Audit {
+    /// One line per variable of this process's environment.
+    pub lines: Vec<AuditLine>,
+    /// The variables set for the script on top.
+    pub set_for_child: Vec<SetForChild>,
+    /// The remote backend the script would run in (`None`: this machine).
+    pub backend: Option<&'static str>,
+}
+
+/// Why a kept variable does not reach a remote backend's script.
+const HOST_SPECIFIC: &str = "host-specific: describes this machine, not sent to the backend \
+                             (its own value applies there, if it has one)";
+
+/// Audits this process's environment under `passthrough` for a script run by `backend` (`None`
+/// or `Some("local")`: this machine): the decision for every variable, and the variables set
+/// for the child on top, by mode.
+pub fn audit_for(
+    passthrough: &[String],
+    backend: Option<&'static str>,
+) -> Result<Audit, PolicyError> {
+    let backend = backend.filter(|b| *b != "local");
+    let (mut lines, local_set) = audit(passthrough)?;
+    let set_for_child = match backend {
+        None => local_set,
+        Some(_) => {
+            for line in lines.iter_mut().filter(|l| l.kept) {
+                if !crate::remote::sent_over_there(&line.name) {
+                    line.kept = false;
+                    line.rule = HOST_SPECIFIC;
+                }
+            }
+            set_over_there(std::env::var_os("TZ"))
+        }
+    };
+    Ok(Audit {
+        lines,
+        set_for_child,
+        backend,
+    })
 }
 
 /// Audits this process's environment under `passthrough`: the decision for every variable, and
@@ -81,9 +127,79 @@ fn set_for_child(caller_tz: Option<std::ffi::OsString>) -> Vec<SetForChild> {
         .collect()
 }
 
+/// What a remote backend's script finds set ([`crate::remote::SET_OVER_THERE`]; remote
+/// backends run project mode only), with the `TZ` it would get now from `caller_tz`.
+fn set_over_there(caller_tz: Option<std::ffi::OsString>) -> Vec<SetForChild> {
+    let mut set: Vec<SetForChild> = crate::remote::SET_OVER_THERE
+        .iter()
+        .map(|&(name, value)| SetForChild {
+            name,
+            modes: vec!["project"],
+            by_python: false,
+            value: if name == "TZ" {
+                let (tz, source) = env_policy::tz_with_source(caller_tz.clone());
+                format!(
+                    "{value} (here: {}, {})",
+                    tz.to_string_lossy(),
+                    source.describe()
+                )
+            } else {
+                value.to_string()
+            },
+        })
+        .collect();
+    set.extend(set_for_child(caller_tz).into_iter().filter(|v| v.by_python));
+    set
+}
+
+impl Audit {
+    /// The audit as a table for people (see [`render_table`]).
+    pub fn render_table(&self) -> String {
+        match self.backend {
+            None => render_table(&self.lines, &self.set_for_child),
+            Some(backend) => format!(
+                "backend: {backend} (the script runs there, in project mode; below, what this \
+                 host's environment sends it)\n\n{}",
+                table(
+                    &self.lines,
+                    &self.set_for_child,
+                    &format!(
+                        "\nThe terminal commands a script runs there get the script's variables \
+                         without its RPC channel (the VIBEOS_RPC_* variables). PATH, HOME and \
+                         LANG that this host does not send are the {backend} login's own.\n"
+                    )
+                )
+            ),
+        }
+    }
+
+    /// The audit as JSON (see [`render_json`]), with `backend` (`"local"` for this machine).
+    pub fn to_json(&self) -> Value {
+        let mut v = render_json(&self.lines, &self.set_for_child);
+        if let Some(obj) = v.as_object_mut() {
+            obj.insert("backend".into(), self.backend.unwrap_or("local").into());
+        }
+        v
+    }
+}
+
 /// The audit as a table for people: one line per variable, whatever its name holds
 /// ([`env_policy::printable_name`]).
 pub fn render_table(lines: &[AuditLine], set: &[SetForChild]) -> String {
+    table(
+        lines,
+        set,
+        &format!(
+            "\nThe terminal commands a script runs get the script's environment without its RPC\n\
+             channel (the VIBEOS_RPC_* variables and, in strict mode, TMPDIR) and with {}: it\n\
+             marks them and what they start, so the execution's end finds what they left running.\n",
+            vibeos_tools::environments::local::SCOPE_VAR
+        ),
+    )
+}
+
+/// The variables, what is set on top, and `footer`.
+fn table(lines: &[AuditLine], set: &[SetForChild], footer: &str) -> String {
     let names: Vec<_> = lines
         .iter()
         .map(|l| env_policy::printable_name(&l.name))
@@ -126,12 +242,7 @@ pub fn render_table(lines: &[AuditLine], set: &[SetForChild]) -> String {
             v.value
         ));
     }
-    out.push_str(&format!(
-        "\nThe terminal commands a script runs get the script's environment without its RPC\n\
-         channel (the VIBEOS_RPC_* variables and, in strict mode, TMPDIR) and with {}: it\n\
-         marks them and what they start, so the execution's end finds what they left running.\n",
-        vibeos_tools::environments::local::SCOPE_VAR
-    ));
+    out.push_str(footer);
     out
 }
 

@@ -16,6 +16,20 @@ pub fn settings(config: &Config, flag: Option<&str>) -> Result<BackendSettings, 
     })
 }
 
+/// The backend `flag` or the configuration selects, by name only: for what needs no more of
+/// its settings (`env audit` tells what a script there would get before they are complete).
+pub fn selected_kind(config: &Config, flag: Option<&str>) -> Result<BackendKind, String> {
+    let configured = config
+        .file
+        .terminal
+        .as_ref()
+        .and_then(|t| t.backend.clone());
+    match flag.map(str::to_string).or(configured) {
+        None => Ok(BackendKind::Local),
+        Some(name) => environments::settings::parse_backend(&name).map_err(|e| e.to_string()),
+    }
+}
+
 /// Makes `settings` the process's backend; `cwd` is the session dir (`--cwd`) a container may
 /// mount at /workspace.
 pub fn activate(mut settings: BackendSettings, cwd: Option<&Path>) {

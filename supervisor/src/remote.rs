@@ -24,6 +24,7 @@ use crate::request::{ExecutionRequest, Interrupt};
 use crate::result::ExecutionResult;
 use crate::rpc_server::{serve_stream, serve_with, ChannelState};
 use std::collections::BTreeSet;
+use std::ffi::OsString;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,7 +37,7 @@ const BOOTSTRAP: &str = include_str!("remote_boot.py");
 
 /// Host-specific names that describe this machine, not the backend: the bootstrap takes the
 /// backend's own values (PATH, HOME) or none.
-const HOST_ONLY: [&str; 9] = [
+pub(crate) const HOST_ONLY: [&str; 9] = [
     "PATH",
     "HOME",
     "SHELL",
@@ -46,6 +47,51 @@ const HOST_ONLY: [&str; 9] = [
     "CONDA_PREFIX",
     "PWD",
     "OLDPWD",
+];
+
+/// Whether a variable the scrub kept on this host is sent to a remote backend's script: not
+/// the host-specific ones ([`HOST_ONLY`], `XDG_*`). (The names vibeos-exec injects are replaced
+/// by [`SET_OVER_THERE`].)
+pub(crate) fn sent_over_there(name: &str) -> bool {
+    !HOST_ONLY.contains(&name) && !name.starts_with("XDG_")
+}
+
+/// What a remote backend's script finds set that is not the caller's: name and value, for
+/// `env audit` (a test checks that [`remote_env`] and [`script_env`] set nothing else).
+pub(crate) const SET_OVER_THERE: &[(&str, &str)] = &[
+    ("VIBEOS_RPC_TOKEN", "the RPC channel's token"),
+    (
+        "VIBEOS_RPC_DIR",
+        "the RPC channel's directory on the backend's side",
+    ),
+    (
+        "VIBEOS_RPC_SOCKET",
+        "the RPC socket's path on the backend's side",
+    ),
+    (
+        "VIBEOS_RPC_HELLO",
+        "1 where the backend routes every execution's connections through one socket (the \
+         stub sends its token first)",
+    ),
+    (
+        "TZ",
+        "the caller's TZ, else the zone /etc/localtime links to on this host, else UTC",
+    ),
+    (
+        "PATH",
+        "the backend login's own PATH, else /usr/local/bin:/usr/bin:/bin (never this host's)",
+    ),
+    (
+        "HOME",
+        "the backend login's own HOME, if it has one (never this host's)",
+    ),
+    ("PYTHONDONTWRITEBYTECODE", "1"),
+    ("PYTHONIOENCODING", "utf-8"),
+    ("PYTHONUTF8", "1"),
+    (
+        "PYTHONPATH",
+        "the execution's work dir on the backend's side, then the session dir there",
+    ),
 ];
 
 /// Why a remote execution could not start.
@@ -129,7 +175,7 @@ fn remote_env(
     request: &ExecutionRequest,
     work_dir: &str,
     cwd: &str,
-) -> Result<Vec<(String, String)>, StartError> {
+) -> Result<Vec<(OsString, OsString)>, StartError> {
     let policy = EnvPolicy::builtin()?;
     let base: Vec<(std::ffi::OsString, std::ffi::OsString)> = match &request.base_env {
         Some(env) => env.clone(),
@@ -140,26 +186,45 @@ fn remote_env(
     let (base_tz, _) = crate::env_policy::tz_with_source(
         base.iter().find(|(k, _)| k == "TZ").map(|(_, v)| v.clone()),
     );
-    let base_tz = base_tz.into_string().ok();
     let passthrough: BTreeSet<String> = request.env_passthrough.iter().cloned().collect();
     let scrubbed = policy.scrub_quiet(base, &passthrough);
     policy.log_dropped(&scrubbed);
     let injected: BTreeSet<&str> = policy.injected.iter().map(String::as_str).collect();
-    let mut env: Vec<(String, String)> = scrubbed
+    // Values go as bytes, as a local child gets them: the bootstrap sets them unchanged.
+    let mut env: Vec<(OsString, OsString)> = scrubbed
         .kept
         .into_iter()
-        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-        .filter(|(k, _)| !injected.contains(k.as_str()) && !HOST_ONLY.contains(&k.as_str()))
-        .filter(|(k, _)| !k.starts_with("XDG_"))
+        .filter(|(k, _)| {
+            let name = k.to_string_lossy();
+            !injected.contains(name.as_ref()) && sent_over_there(&name)
+        })
         .collect();
-    if let Some(tz) = base_tz {
-        env.push(("TZ".into(), tz));
-    }
+    env.push(("TZ".into(), base_tz));
     env.push(("PYTHONDONTWRITEBYTECODE".into(), "1".into()));
     env.push(("PYTHONIOENCODING".into(), "utf-8".into()));
     env.push(("PYTHONUTF8".into(), "1".into()));
-    env.push(("PYTHONPATH".into(), format!("{work_dir}:{cwd}")));
+    env.push(("PYTHONPATH".into(), format!("{work_dir}:{cwd}").into()));
     Ok(env)
+}
+
+/// The script's variables: [`remote_env`]'s and its RPC channel's.
+fn script_env(
+    mut env: Vec<(OsString, OsString)>,
+    remote_socket: &str,
+    token: &str,
+    hello: bool,
+) -> Vec<(OsString, OsString)> {
+    let rpc_dir = remote_socket
+        .rsplit_once('/')
+        .map(|(d, _)| d.to_string())
+        .unwrap_or_default();
+    env.push(("VIBEOS_RPC_DIR".into(), rpc_dir.into()));
+    env.push(("VIBEOS_RPC_SOCKET".into(), remote_socket.into()));
+    env.push(("VIBEOS_RPC_TOKEN".into(), token.into()));
+    if hello {
+        env.push(("VIBEOS_RPC_HELLO".into(), "1".into()));
+    }
+    env
 }
 
 /// Runs the request's script inside `env` and returns its result.
@@ -205,18 +270,18 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
 
     let cwd = session_dir_over_there(r.request, &r.env, r.cwd_is_remote)?;
     let python = r.env.python();
-    let tool_env = remote_env(request, &remote_dir, &cwd)?;
-    let rpc_dir = remote_socket
-        .rsplit_once('/')
-        .map(|(d, _)| d.to_string())
-        .unwrap_or_default();
-    let mut script_env = tool_env.clone();
-    script_env.push(("VIBEOS_RPC_DIR".into(), rpc_dir));
-    script_env.push(("VIBEOS_RPC_SOCKET".into(), remote_socket.clone()));
-    script_env.push(("VIBEOS_RPC_TOKEN".into(), token.clone()));
-    if hello {
-        script_env.push(("VIBEOS_RPC_HELLO".into(), "1".into()));
-    }
+    let env_over_there = remote_env(request, &remote_dir, &cwd)?;
+    // Tools take UTF-8 pairs, as locally (a value that is not UTF-8 reaches them lossily).
+    let tool_env: Vec<(String, String)> = env_over_there
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.to_string_lossy().into_owned(),
+                v.to_string_lossy().into_owned(),
+            )
+        })
+        .collect();
+    let script_env = script_env(env_over_there, &remote_socket, &token, hello);
 
     // The bootstrap reports the script's real wait status behind this nonce (see remote_boot.py).
     let nonce = new_id();
@@ -379,6 +444,13 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
     if connection_lost {
         exit_code = None;
     }
+    // The shell's 127 without a report: the bootstrap never ran, because `terminal.python` is
+    // not there (a script's own exit 127 comes with the bootstrap's report).
+    let no_interpreter =
+        !reported && !r.env.relayed() && ending == Ending::Exited && exit_code == Some(127);
+    if no_interpreter {
+        exit_code = None;
+    }
     // A bootstrap that reported has removed its work dir; one that did not may have been
     // killed before it could.
     if !reported {
@@ -412,9 +484,16 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
         },
         request,
         r.started,
-        python,
+        python.clone(),
     );
     result.backend = Some(backend.to_string());
+    if no_interpreter {
+        result.error = Some(format!(
+            "the script did not start: `{python}` (terminal.python) could not be run on the \
+             {backend} side (the shell's exit 127). Set terminal.python to that side's Python 3 \
+             interpreter"
+        ));
+    }
     if connection_lost && ending == Ending::Exited {
         result.error = Some(
             "the script's exit status was lost: the connection to the ssh host ended before the \
@@ -669,29 +748,40 @@ fn boot_input(
     dir: &str,
     cwd: &str,
     files: &[(&str, &str)],
-    env: &[(String, String)],
+    env: &[(OsString, OsString)],
 ) -> Result<Vec<u8>, String> {
-    let mut fields: Vec<&str> = vec![nonce, if lifeline { "1" } else { "0" }, dir, cwd];
+    use std::os::unix::ffi::OsStrExt;
+    let mut fields: Vec<&[u8]> = vec![
+        nonce.as_bytes(),
+        if lifeline { b"1" } else { b"0" },
+        dir.as_bytes(),
+        cwd.as_bytes(),
+    ];
     let nfiles = files.len().to_string();
-    fields.push(&nfiles);
+    fields.push(nfiles.as_bytes());
     for (name, text) in files {
-        fields.push(name);
-        fields.push(text);
+        fields.push(name.as_bytes());
+        fields.push(text.as_bytes());
     }
     let nenv = env.len().to_string();
-    fields.push(&nenv);
+    fields.push(nenv.as_bytes());
     for (k, v) in env {
-        fields.push(k);
-        fields.push(v);
+        fields.push(k.as_bytes());
+        fields.push(v.as_bytes());
     }
-    if let Some(bad) = fields.iter().find(|f| f.contains('\0')) {
+    if let Some(bad) = fields.iter().find(|f| f.contains(&0)) {
         return Err(format!(
             "cannot ship {:?}… to the backend: it contains a NUL byte (Python source cannot)",
-            bad.chars().take(40).collect::<String>()
+            String::from_utf8_lossy(bad)
+                .chars()
+                .take(40)
+                .collect::<String>()
         ));
     }
-    let payload = fields.join("\0");
-    Ok(format!("{}\0{payload}", payload.len()).into_bytes())
+    let payload = fields.join(&b"\0"[..]);
+    let mut input = format!("{}\0", payload.len()).into_bytes();
+    input.extend(payload);
+    Ok(input)
 }
 
 #[cfg(test)]
@@ -707,7 +797,7 @@ mod tests {
                 .unwrap()
                 .into_iter()
                 .find(|(k, _)| k == "TZ")
-                .map(|(_, v)| v)
+                .and_then(|(_, v)| v.into_string().ok())
         };
         request.base_env = Some(vec![("PATH".into(), "/usr/bin".into())]);
         let host = crate::env_policy::tz_with_source(None)
@@ -724,8 +814,32 @@ mod tests {
     }
 
     #[test]
+    fn env_audit_lists_everything_a_remote_script_finds_set() {
+        let mut request = ExecutionRequest::from_config("", &crate::Config::default());
+        request.base_env = Some(vec![
+            ("PATH".into(), "/host/bin".into()),
+            ("HOME".into(), "/root".into()),
+            ("XDG_RUNTIME_DIR".into(), "/run/user/0".into()),
+            ("LANG".into(), "C.UTF-8".into()),
+        ]);
+        let env = script_env(remote_env(&request, "/w", "/c").unwrap(), "/d/s", "t", true);
+        for (name, _) in &env {
+            let name = name.to_string_lossy();
+            assert!(
+                name == "LANG" || SET_OVER_THERE.iter().any(|(n, _)| *n == name),
+                "{name} is set over there but env audit would not list it"
+            );
+        }
+        for host_only in ["PATH", "HOME", "XDG_RUNTIME_DIR"] {
+            assert!(!sent_over_there(host_only));
+            assert!(!env.iter().any(|(k, _)| k == host_only), "{env:?}");
+        }
+        assert!(sent_over_there("LANG"));
+    }
+
+    #[test]
     fn bootstrap_input_is_nul_separated_and_refuses_nul_bytes() {
-        let env = vec![("A".to_string(), "1".to_string())];
+        let env = vec![("A".into(), "1".into())];
         let input = boot_input("n", true, "/d", "/c", &[("script.py", "print(1)")], &env).unwrap();
         let payload = b"n\x001\0/d\0/c\x001\0script.py\0print(1)\x001\0A\x001".to_vec();
         let mut framed = format!("{}\0", payload.len()).into_bytes();
@@ -740,8 +854,13 @@ mod tests {
         // The real bootstrap, fed by the real encoder, on this machine's python3.
         let dir = tempfile::tempdir().unwrap();
         let work = dir.path().join("w");
-        let env = vec![("ONLY_THIS".to_string(), "yes".to_string())];
-        let code = "import os, sys\nprint(sorted(k for k in os.environ if k.startswith('ONLY')), sys.argv[0].endswith('script.py'), os.getpgid(0) == os.getpid())";
+        use std::os::unix::ffi::OsStringExt;
+        // A value that is not UTF-8 arrives unchanged, as in a local child.
+        let env = vec![
+            ("ONLY_THIS".into(), "yes".into()),
+            ("ONLY_BYTES".into(), OsString::from_vec(b"a\xffb".to_vec())),
+        ];
+        let code = "import os, sys\nprint(sorted(k for k in os.environ if k.startswith('ONLY')), sys.argv[0].endswith('script.py'), os.getpgid(0) == os.getpid(), os.environb[b'ONLY_BYTES'])";
         let input = boot_input(
             "n0",
             false,
@@ -759,7 +878,7 @@ mod tests {
         assert!(out.status.success());
         assert_eq!(
             String::from_utf8_lossy(&out.stdout).trim(),
-            "['ONLY_THIS'] True True"
+            "['ONLY_BYTES', 'ONLY_THIS'] True True b'a\\xffb'"
         );
         assert!(!work.exists(), "the bootstrap removes its work dir at exit");
         assert!(!pgid_file.exists(), "and its process-group file");

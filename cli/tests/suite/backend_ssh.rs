@@ -453,6 +453,37 @@ fn ssh_executions_end_like_local_ones() {
     );
     assert_eq!(remote_work_dirs(), before, "work dirs left on the host");
     environments::shutdown();
+
+    // A terminal.python that is not there is named, not blamed on the script ("exited with
+    // code 127").
+    let mut no_python = ssh_backend(&sshd, sshd.port);
+    no_python.python = "/nonexistent/python3".into();
+    environments::activate(no_python);
+    let r = run(&rt, request("print(1)"));
+    assert_eq!(r.status, Status::Error, "{r:?}");
+    let err = r.error.clone().unwrap_or_default();
+    assert!(
+        err.contains("terminal.python") && err.contains("/nonexistent/python3"),
+        "{r:?}"
+    );
+    assert_eq!(r.exit_code, None, "{r:?}");
+    environments::shutdown();
+
+    // A passed variable whose value is not UTF-8 arrives unchanged, as in a local child.
+    environments::activate(ssh_backend(&sshd, sshd.port));
+    let mut req = request("import os\nprint(os.environb.get(b'MY_BYTES'))");
+    if let Some(env) = req.base_env.as_mut() {
+        use std::os::unix::ffi::OsStringExt;
+        env.push((
+            "MY_BYTES".into(),
+            std::ffi::OsString::from_vec(b"a\xffb".to_vec()),
+        ));
+    }
+    req.env_passthrough = vec!["MY_BYTES".into()];
+    let r = run(&rt, req);
+    assert_eq!(r.status, Status::Success, "{r:?}");
+    assert_eq!(r.output.trim(), "b'a\\xffb'", "{r:?}");
+    environments::shutdown();
     environments::activate(BackendSettings::default());
 
     // A host killed mid-run: its script ends with the ssh session (the bootstrap's lifeline),
@@ -559,6 +590,60 @@ fn ssh_executions_end_like_local_ones() {
         "{err}"
     );
     assert_eq!(remote_work_dirs(), before, "work dirs left on the host");
+
+    // `env audit` with the ssh backend selected tells what the script over there gets: this
+    // host's PATH, HOME and XDG_* stay here, and nothing the script finds set is unlisted.
+    let caller_env = |cmd: &mut Command| {
+        cmd.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", "/root")
+            .env("XDG_RUNTIME_DIR", "/run/user/0")
+            .env("LANG", "C.UTF-8")
+            .env("VIBEOS_HOME", vhome.path())
+            .env("VIBEOS_AGENT_BINARY", env!("CARGO_BIN_EXE_vibeos-exec"));
+    };
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vibeos-exec"));
+    caller_env(&mut cmd);
+    let out = cmd.args(["env", "audit", "--json"]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let audit: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(audit["backend"], "ssh", "{audit}");
+    let variables = audit["variables"].as_array().unwrap();
+    let kept = |name: &str| {
+        variables
+            .iter()
+            .find(|v| v["name"] == name)
+            .map(|v| v["kept"] == true)
+    };
+    assert_eq!(kept("PATH"), Some(false), "{audit}");
+    assert_eq!(kept("HOME"), Some(false), "{audit}");
+    assert_eq!(kept("XDG_RUNTIME_DIR"), Some(false), "{audit}");
+    assert_eq!(kept("LANG"), Some(true), "{audit}");
+    let listed: Vec<String> = audit["set_for_child"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["name"].as_str().map(str::to_string))
+        .collect();
+    std::fs::write(
+        &script,
+        "import json, os\nprint(json.dumps(dict(os.environ)))\n",
+    )
+    .unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vibeos-exec"));
+    caller_env(&mut cmd);
+    let out = cmd.arg("run").arg(&script).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let seen: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{out:?}"));
+    for name in seen.keys() {
+        assert!(
+            kept(name) == Some(true) || listed.contains(name),
+            "the script over there sees {name}, which env audit does not list: {audit}"
+        );
+    }
+    assert_eq!(seen["HOME"], home.display().to_string(), "{seen:?}");
+    assert!(!seen.contains_key("XDG_RUNTIME_DIR"), "{seen:?}");
 }
 
 /// A direct (agent) tool call of task `task`, as a host makes it.

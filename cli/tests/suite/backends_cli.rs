@@ -143,6 +143,44 @@ fn doctor_reports_every_backend() {
         v["backends"].as_array().is_some_and(|b| b.len() == 6),
         "{v}"
     );
+    // `env audit` needs only the backend's name: what the script there would get, with this
+    // host's PATH and HOME left here.
+    let out = sb.run(&["env", "audit", "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let audit: serde_json::Value = serde_json::from_slice(&out.stdout).expect("audit json");
+    assert_eq!(audit["backend"], "docker", "{audit}");
+    let path = audit["variables"]
+        .as_array()
+        .and_then(|vs| vs.iter().find(|v| v["name"] == "PATH").cloned());
+    assert!(
+        path.as_ref()
+            .is_some_and(|p| p["kept"] == false
+                && p["rule"].as_str().unwrap_or("").contains("host-specific")),
+        "{audit}"
+    );
+    let out = sb.run(&["env", "audit", "--backend", "local", "--json"]);
+    let audit: serde_json::Value = serde_json::from_slice(&out.stdout).expect("audit json");
+    assert_eq!(audit["backend"], "local", "{audit}");
+
+    // With a remote backend selected, doctor says what project mode is there and that strict
+    // mode refuses, as `run --mode strict` does.
+    sb.write_config(
+        "terminal:\n  backend: ssh\n  ssh_host: 127.0.0.1\n  ssh_port: 1\n  ssh_known_hosts: accept-new\n",
+    );
+    let out = sb.run(&["doctor", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("doctor json");
+    assert_eq!(v["strict_available"], false, "{v}");
+    let project = v["modes"]["project"].to_string();
+    assert!(
+        project.contains("inside the ssh backend") && !project.contains("supervisor's rights"),
+        "{v}"
+    );
+    assert!(
+        v["strict_blocker"]
+            .as_str()
+            .is_some_and(|b| b.contains("ssh backend")),
+        "{v}"
+    );
 }
 
 #[test]

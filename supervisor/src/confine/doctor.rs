@@ -26,12 +26,21 @@ pub struct Report {
     /// (`code_execution.strict.terminal`), which runs it outside the sandbox. The probes do not
     /// read the configuration: the caller sets it.
     pub strict_terminal: bool,
+    /// The remote backend scripts and tools run in (`None`: this machine). Set by the caller
+    /// from the selected backend.
+    pub remote_backend: Option<&'static str>,
 }
 
 impl Report {
     /// The report with what `config` opens on top of the machine's abilities.
     pub fn with_config(mut self, config: &crate::config::Config) -> Self {
         self.strict_terminal = super::StrictOptions::from_config(config).terminal;
+        self
+    }
+
+    /// The report for scripts run by `backend` (`local`: this machine).
+    pub fn with_backend(mut self, backend: &'static str) -> Self {
+        self.remote_backend = (backend != "local").then_some(backend);
         self
     }
 }
@@ -75,12 +84,16 @@ pub fn probe() -> Report {
         root: rustix::process::geteuid().is_root(),
         policies,
         strict_terminal: false,
+        remote_backend: None,
     }
 }
 
 impl Report {
     /// Why strict mode would refuse here, if it would.
     pub fn strict_blocker(&self) -> Option<String> {
+        if let Some(backend) = self.remote_backend {
+            return Some(crate::RemoteError::StrictRemote(backend).to_string());
+        }
         match &self.landlock {
             Err(why) => return Some(format!("landlock is unavailable: {why}")),
             Ok(abi) if *abi < super::policy::TESTED_ABI => {
@@ -108,6 +121,27 @@ impl Report {
 
     /// What each mode enforces on this machine, one line each.
     pub fn enforcement(&self) -> (Vec<String>, Vec<String>) {
+        if let Some(backend) = self.remote_backend {
+            let project = vec![
+                "environment scrubbing (SPEC §4; this host's PATH, HOME and XDG_* stay here), \
+                 tool allowlist and call budget"
+                    .to_string(),
+                format!(
+                    "timeout, output caps; the script's whole process group in the {backend} \
+                     backend killed at the end"
+                ),
+                format!(
+                    "the script, terminal and the file tools run inside the {backend} backend, \
+                     with the rights of its user there (the backend is the isolation; what \
+                     it shares with this machine is what its settings mount or forward)"
+                ),
+            ];
+            let strict = vec![format!(
+                "REFUSES to run: {}",
+                self.strict_blocker().unwrap_or_default()
+            )];
+            return (project, strict);
+        }
         let project = vec![
             "environment scrubbing (SPEC §4), tool allowlist and call budget".to_string(),
             "timeout, output caps; every descendant killed via the per-execution subreaper"

@@ -207,10 +207,27 @@ pub struct SshEnv {
 }
 
 fn ssh_error(what: &str, out: &super::CommandOutput) -> EnvError {
+    // The client ends its lines with \r\n (it may hold a tty): one line, spaces between what
+    // it said, and the exit as a reader writes it.
+    let said = out
+        .stderr_text()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let exit = match out.code {
+        Some(code) if code < 0 => format!("killed by signal {}", -code),
+        Some(code) => format!("exit {code}"),
+        None => "timed out".to_string(),
+    };
+    let message = if said.is_empty() {
+        format!("the ssh client said nothing ({exit})")
+    } else {
+        format!("{said} ({exit})")
+    };
     EnvError::Command {
         backend: "ssh",
         what: what.into(),
-        message: format!("{} (exit {:?})", out.stderr_text(), out.code),
+        message,
     }
 }
 
@@ -601,4 +618,34 @@ fn users_of(dir: &std::path::Path) -> Vec<i32> {
             (pid != me && cmdline.split('\0').any(|a| a == needle)).then_some(pid)
         })
         .collect()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_failure_reads_as_one_line_with_its_exit() {
+        let out = super::super::CommandOutput {
+            code: Some(255),
+            stdout: Vec::new(),
+            stderr: b"mux_client_forward: forwarding request failed:\r\nPort forwarding failed\r\n"
+                .to_vec(),
+        };
+        assert_eq!(
+            ssh_error("forwarding the RPC socket", &out).to_string(),
+            "ssh backend: forwarding the RPC socket failed: mux_client_forward: forwarding \
+             request failed: Port forwarding failed (exit 255)"
+        );
+        let silent = super::super::CommandOutput {
+            code: None,
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+        };
+        assert_eq!(
+            ssh_error("agent forward", &silent).to_string(),
+            "ssh backend: agent forward failed: the ssh client said nothing (timed out)"
+        );
+    }
 }
