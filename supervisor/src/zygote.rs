@@ -120,8 +120,12 @@ struct Server {
     /// The environment its process has: `startup_env` without what a strict server must not
     /// start with. Each request carries only its differences from it ([`env_delta`]).
     process_env: HashMap<OsString, OsString>,
-    /// An empty dir standing in for the staging dir in the server's own environment.
+    /// An empty dir standing in for the staging dir in the server's own environment, and the
+    /// server's cwd. Made in the staging area, which tools never reach: a strict script whose
+    /// session dir holds TMPDIR must not plant modules where a root server imports from.
     empty: tempfile::TempDir,
+    /// Removes the staging area's parent when `empty` was the last dir in it (drops after it).
+    _parent: crate::confine::staging::ParentCleanup,
     control: Mutex<Option<OwnedFd>>,
     /// The ids of the requests for spares whose answers (a spare's pidfd and channels) have
     /// not been taken yet, oldest first; the answers wait on `control`, in the same order.
@@ -611,6 +615,9 @@ extern "C" fn clean_up_at_exit() {
         // The registry is a static, so the servers are never dropped and their empty dirs
         // would stay in TMPDIR. The server, ending at its channel's EOF, needs it no more.
         let _ = std::fs::remove_dir(server.empty.path());
+        if let Some(parent) = server.empty.path().parent() {
+            drop(crate::confine::staging::ParentCleanup(parent.to_path_buf()));
+        }
     }
 }
 
@@ -1033,10 +1040,15 @@ fn seqpacket_pair() -> Result<(OwnedFd, OwnedFd), ZygoteError> {
 }
 
 fn start_server(spec: &LaunchSpec) -> Result<Server, ZygoteError> {
-    let empty = tempfile::Builder::new()
-        .prefix("vibeos-zygote-")
-        .tempdir()
+    let empty = crate::confine::staging::create_dir_named("vibeos-zygote-")
         .map_err(|e| ZygoteError::Channel(format!("cannot create the server's dir: {e}")))?;
+    let parent = crate::confine::staging::ParentCleanup(
+        empty
+            .path()
+            .parent()
+            .map(std::path::Path::to_path_buf)
+            .unwrap_or_default(),
+    );
     let startup_env = spec.child_env(empty.path(), false)?;
     let (ours, theirs) = seqpacket_pair()?;
     let theirs_fd = theirs.as_raw_fd();
@@ -1092,6 +1104,7 @@ fn start_server(spec: &LaunchSpec) -> Result<Server, ZygoteError> {
         startup_env,
         process_env,
         empty,
+        _parent: parent,
         control: Mutex::new(Some(ours)),
         asked: Mutex::new(std::collections::VecDeque::new()),
         child: Mutex::new(child),

@@ -1469,6 +1469,13 @@ def _serve():
             continue
         msg, fds, flags = _receive(_ctl)
         if msg is None:
+            # A host that was killed cannot remove this dir (in the staging area), nor the
+            # area's parent when it was the last one there; the server can.
+            for d in (_empty, os.path.dirname(_empty)):
+                try:
+                    os.rmdir(d)
+                except OSError:
+                    break
             os._exit(0)
         for fd in fds:
             os.close(fd)

@@ -75,28 +75,34 @@ pub fn parent_in(tmp: &Path) -> io::Result<PathBuf> {
 /// A dir that cannot be made in the memory filesystem (full, or its parent taken by someone
 /// else) is made in the system temp dir instead.
 pub fn create_dir() -> io::Result<tempfile::TempDir> {
+    create_dir_named("vibeos-exec-")
+}
+
+/// [`create_dir`] with a name of its own: a dir that lives in the staging area, out of the
+/// tools' reach, but is no execution's (a fork server's).
+pub fn create_dir_named(prefix: &str) -> io::Result<tempfile::TempDir> {
     let root = staging_root();
     let system = std::env::temp_dir();
-    match create_dir_in(&root) {
+    match create_dir_in(&root, prefix) {
         Err(e) if root != system => {
             tracing::debug!(
                 "execute_code: no staging dir in {} ({e}); using {}",
                 root.display(),
                 system.display()
             );
-            create_dir_in(&system)
+            create_dir_in(&system, prefix)
         }
         made => made,
     }
 }
 
-fn create_dir_in(tmp: &Path) -> io::Result<tempfile::TempDir> {
+fn create_dir_in(tmp: &Path, prefix: &str) -> io::Result<tempfile::TempDir> {
     let mut last = None;
     // A concurrent cleanup may remove an empty parent between our check and our mkdir.
     for _ in 0..5 {
         let parent = parent_in(tmp)?;
         match tempfile::Builder::new()
-            .prefix("vibeos-exec-")
+            .prefix(prefix)
             .permissions(std::fs::Permissions::from_mode(0o700))
             .tempdir_in(&parent)
         {

@@ -1367,6 +1367,45 @@ fn a_strict_fork_server_runs_nothing_a_strict_script_could_plant() {
         "the planted sitecustomize ran as root: {:?}",
         ran_as("sitecustomize")
     );
+
+    // The server's own dir (its cwd, HOME and TMPDIR, `''` on its sys.path) is named in the
+    // bootstrap's globals, which a script reaches by walking its frames. It lay in TMPDIR, so a
+    // session dir holding TMPDIR let write_file plant modules where the root server imports
+    // from. Now it is in the staging area, which tools never reach, even from a session dir
+    // above it.
+    let server = servers().first().copied().expect("a strict server runs");
+    let dir = std::fs::read_link(format!("/proc/{server}/cwd")).unwrap();
+    let in_staging_area = |p: &std::path::Path| {
+        p.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("vibeos-staging-"))
+    };
+    let mut above = dir.parent().unwrap().to_path_buf();
+    while in_staging_area(&above) {
+        above = above.parent().unwrap().to_path_buf();
+    }
+    let mut request = Session::new(session.python.clone()).request(
+        "import os, sys, json\nfrom vibeos_tools import write_file\n\
+         f = sys._getframe()\nwhile f.f_back: f = f.f_back\n\
+         d = f.f_globals.get('_empty')\n\
+         print(json.dumps({'dir': d, 'write': write_file(os.path.join(d, 'planted.py'), 'x = 1')}))\n",
+    );
+    request.mode = Mode::Strict;
+    request.cwd = Some(above.clone());
+    let got = json_line(&run_forked(&rt, request));
+    // Its own server (the session differs), made where the first one was.
+    let dir = PathBuf::from(got["dir"].as_str().unwrap_or_else(|| panic!("{got}")));
+    assert!(dir.starts_with(&above), "{got}");
+    assert!(
+        got["write"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("staging area")),
+        "session dir {}: {got}",
+        above.display()
+    );
+    assert!(
+        !dir.join("planted.py").exists(),
+        "a strict script planted a module in the fork server's dir: {got}"
+    );
     zygote::set_enabled(false);
 }
 
