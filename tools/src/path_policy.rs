@@ -49,7 +49,11 @@ use std::path::{Component, Path, PathBuf};
 /// `serve` or Python host loads; the home, config file and plugin dirs in use wherever they
 /// are are checked by [`PathPolicy`] against the written file's real path.
 /// Names are compared without ASCII case (a case-insensitive filesystem opens `.GIT/config`).
-fn runs_outside_later(root: &Path, rel: &Path) -> Option<&'static str> {
+///
+/// `by_content`: also look into each directory on the way for a repository's entries (a stat
+/// per entry and level, so quadratic in the depth); a walk that made the directories itself
+/// leaves that to its last check.
+fn runs_outside_later(root: &Path, rel: &Path, by_content: bool) -> Option<&'static str> {
     const VCS: [&str; 4] = [".git", ".hg", ".svn", ".bzr"];
     const STARTUP: [&str; 11] = [
         ".bashrc",
@@ -88,6 +92,9 @@ fn runs_outside_later(root: &Path, rel: &Path) -> Option<&'static str> {
     }
     if STARTUP.iter().any(|f| file == *f) {
         return Some("a shell, git or direnv runs it when it starts or enters its directory");
+    }
+    if !by_content {
+        return None;
     }
     // A repository git finds by its content: each directory on the way, counting the entry
     // the path makes in it as there already (a `HEAD` written beside `objects/`, a dir
@@ -355,7 +362,7 @@ impl PathPolicy {
             let why = if self.product_places.iter().any(|p| target.starts_with(p)) {
                 Some(PRODUCT_FILES)
             } else {
-                runs_outside_later(&root.canonical, &rel)
+                runs_outside_later(&root.canonical, &rel, true)
             };
             if let Some(why) = why {
                 return Err(refused_for_running_later(path, why));
@@ -522,6 +529,26 @@ impl PathPolicy {
             }
         };
         let parent_rel = rel.parent().unwrap_or(Path::new(""));
+        // A `..` that climbs above the root fails the walk below, but only after the levels
+        // before it were made: refused here, before anything is made.
+        let mut depth = 0usize;
+        for component in parent_rel.components() {
+            match component {
+                Component::Normal(_) => depth += 1,
+                Component::ParentDir if depth == 0 => {
+                    return Err(ToolError::new(
+                        crate::ToolErrorKind::OutsideSandbox,
+                        format!(
+                            "{} climbs above {} with `..`; give a path beneath it",
+                            path.display(),
+                            root.path.display()
+                        ),
+                    ))
+                }
+                Component::ParentDir => depth -= 1,
+                _ => {}
+            }
+        }
         let mut walked = PathBuf::new();
         let mut dir = self.open_beneath(
             root.dir.as_fd(),
@@ -530,16 +557,27 @@ impl PathPolicy {
             Mode::empty(),
             &root.path,
         )?;
+        // Once a level was made here, the levels below it are new too: each is made and
+        // opened in the one before, not looked up from the root again (a walk from the root
+        // per level, and the content check of every level above, made a path of 1,000 new
+        // levels cost 16 s of the host's CPU; 2,000 did not end in 100 s).
+        let mut made_here = false;
         for component in parent_rel.components() {
             walked.push(component);
             let flags = OFlag::O_PATH | OFlag::O_DIRECTORY;
-            match self.open_beneath(root.dir.as_fd(), &walked, flags, Mode::empty(), path) {
+            let existing = if made_here {
+                Err(ToolError::new(crate::ToolErrorKind::FileNotFound, ""))
+            } else {
+                self.open_beneath(root.dir.as_fd(), &walked, flags, Mode::empty(), path)
+            };
+            match existing {
                 Ok(fd) => dir = fd,
                 Err(e) if e.kind == "FileNotFound" => {
                     let Component::Normal(part) = component else {
                         return Err(e);
                     };
-                    self.refuse_what_runs_later(&dir, root, part, path)?;
+                    // The last check below looks into every level again, these included.
+                    self.refuse_what_runs_later(&dir, root, part, path, !made_here)?;
                     match nix::sys::stat::mkdirat(
                         dir.as_fd(),
                         part,
@@ -551,6 +589,7 @@ impl PathPolicy {
                         }
                     }
                     follow_owner(dir.as_fd(), part);
+                    made_here = true;
                     dir = self.open_beneath(
                         dir.as_fd(),
                         Path::new(part),
@@ -562,7 +601,7 @@ impl PathPolicy {
                 Err(e) => return Err(e),
             }
         }
-        self.refuse_what_runs_later(&dir, root, &name, path)?;
+        self.refuse_what_runs_later(&dir, root, &name, path, true)?;
         Ok((dir, name))
     }
 
@@ -576,6 +615,7 @@ impl PathPolicy {
         root: &Root,
         name: &std::ffi::OsStr,
         shown: &Path,
+        by_content: bool,
     ) -> Result<(), ToolError> {
         use std::os::fd::AsRawFd;
         if root.links_ok {
@@ -589,7 +629,7 @@ impl PathPolicy {
         } else {
             at.strip_prefix(&root.canonical)
                 .ok()
-                .and_then(|rel| runs_outside_later(&root.canonical, rel))
+                .and_then(|rel| runs_outside_later(&root.canonical, rel, by_content))
         };
         match why {
             None => Ok(()),
@@ -699,6 +739,18 @@ impl PathPolicy {
             dir.as_fd(),
             name.as_os_str(),
             nix::unistd::UnlinkatFlags::NoRemoveDir,
+        )
+        .map_err(|e| ToolError::io(path, &e.into()))
+    }
+
+    /// Removes the directory at `path` if it is empty, beneath a writable root (the undo of
+    /// a walk that made it).
+    pub fn remove_empty_dir(&self, path: &Path) -> Result<(), ToolError> {
+        let (dir, name) = self.parent_for_write(path)?;
+        nix::unistd::unlinkat(
+            dir.as_fd(),
+            name.as_os_str(),
+            nix::unistd::UnlinkatFlags::RemoveDir,
         )
         .map_err(|e| ToolError::io(path, &e.into()))
     }

@@ -161,7 +161,38 @@ fn read_text(path: &Path, ctx: &ToolContext) -> Result<String, ToolError> {
 }
 
 /// Replaces `path` atomically, keeping its mode (0644 for new files).
+/// Removes a file the patch deletes (or, undoing, one it created).
+fn remove_planned(path: &Path, ctx: &ToolContext) -> Result<(), ToolError> {
+    match &ctx.paths {
+        Some(policy) => policy.remove_file(path),
+        None => std::fs::remove_file(path).map_err(|e| ToolError::io(path, &e)),
+    }
+}
+
+/// The dirs above `path` (up to `cwd` for a relative one) that do not exist yet, outermost
+/// first.
+fn missing_dirs(path: &Path, cwd: &Path) -> Vec<PathBuf> {
+    let mut missing: Vec<PathBuf> = path
+        .ancestors()
+        .skip(1)
+        .take_while(|d| !d.as_os_str().is_empty() && *d != cwd && !d.exists())
+        .map(Path::to_path_buf)
+        .collect();
+    missing.reverse();
+    missing
+}
+
 fn atomic_write(path: &Path, content: &str, ctx: &ToolContext) -> Result<(), ToolError> {
+    // A large file's matching (or the file lock's wait) may have outlived the call's
+    // execution: nothing is written for it then.
+    if crate::call_scope::scope_ended(ctx) {
+        return Err(crate::call_scope::abandoned("patch"));
+    }
+    write_now(path, content, ctx)
+}
+
+/// [`atomic_write`] without the question whether the execution goes on (an undo).
+fn write_now(path: &Path, content: &str, ctx: &ToolContext) -> Result<(), ToolError> {
     use std::os::unix::fs::PermissionsExt;
     if let Some(policy) = &ctx.paths {
         return policy.write_atomic(path, content.as_bytes()).map(|_| ());
@@ -313,16 +344,7 @@ fn fuzzy_replace(text: &str, old: &str, new: &str, all: bool) -> Result<(String,
     // Keep each line's terminator so CRLF files and a missing final newline survive.
     let lines: Vec<&str> = text.split_inclusive('\n').collect();
     let norm: Vec<String> = lines.iter().map(|l| squash(l)).collect();
-    let mut hits = Vec::new();
-    let mut i = 0;
-    while i + want.len() <= norm.len() {
-        if norm[i..i + want.len()] == want[..] {
-            hits.push(i);
-            i += want.len();
-        } else {
-            i += 1;
-        }
-    }
+    let hits = occurrences(&norm, &want, false);
     match hits.len() {
         0 => return Err(Fuzzy::NotFound),
         n if n > 1 && !all => return Err(Fuzzy::Ambiguous(n)),
@@ -354,6 +376,44 @@ fn fuzzy_replace(text: &str, old: &str, new: &str, all: bool) -> Result<(String,
     }
     out.extend(lines[pos..].iter().copied());
     Ok((out, hits.len()))
+}
+
+/// Where `want` starts in `hay`, left to right: every start when `overlapping`, else each match
+/// after the end of the one before. Linear in both lengths (Knuth–Morris–Pratt): comparing
+/// window by window cost O(n·m) on repetitive text, so a patch of 50,000 equal lines against a
+/// file of 200,000 kept a core busy for half a minute after its execution had ended.
+fn occurrences<T: PartialEq>(hay: &[T], want: &[T], overlapping: bool) -> Vec<usize> {
+    let m = want.len();
+    if m == 0 {
+        return Vec::new();
+    }
+    // fail[q]: the length of the longest proper prefix of want[..=q] that is also its suffix.
+    let mut fail = vec![0usize; m];
+    let mut k = 0;
+    for q in 1..m {
+        while k > 0 && want[q] != want[k] {
+            k = fail[k - 1];
+        }
+        if want[q] == want[k] {
+            k += 1;
+        }
+        fail[q] = k;
+    }
+    let mut hits = Vec::new();
+    let mut k = 0;
+    for (i, item) in hay.iter().enumerate() {
+        while k > 0 && *item != want[k] {
+            k = fail[k - 1];
+        }
+        if *item == want[k] {
+            k += 1;
+        }
+        if k == m {
+            hits.push(i + 1 - m);
+            k = if overlapping { fail[m - 1] } else { 0 };
+        }
+    }
+    hits
 }
 
 /// How the indentation of `old_string` maps onto the file's where a whitespace-tolerant match
@@ -484,8 +544,9 @@ fn placed_hunks(name: &str, old: &str, loose: &[Vec<String>]) -> Result<String, 
                 n + 1
             )));
         }
-        let at: Vec<usize> = (from..=file.len().saturating_sub(olds.len()))
-            .filter(|i| file.get(*i..*i + olds.len()) == Some(&olds[..]))
+        let at: Vec<usize> = occurrences(file.get(from..).unwrap_or_default(), &olds, true)
+            .into_iter()
+            .map(|i| i + from)
             .collect();
         let start = match at.as_slice() {
             [one] => *one,
@@ -816,16 +877,56 @@ fn patch_mode(text: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
             created: part.old_name.is_none(),
         });
     }
+    // The dirs the created files' writes will make, to remove again if a later file fails.
+    let made_dirs: Vec<PathBuf> = plan
+        .iter()
+        .filter(|p| p.created)
+        .flat_map(|p| missing_dirs(&p.path, &ctx.cwd))
+        .collect();
+    // A write can still fail where planning could not tell (a write refused because of what an
+    // earlier file of the patch made, a full disk): the files written before it are put back.
+    for (i, p) in plan.iter().enumerate() {
+        let applied = match &p.new {
+            Some(content) => atomic_write(&p.path, content, ctx),
+            None => remove_planned(&p.path, ctx),
+        };
+        if let Err(e) = applied {
+            let mut not_undone = Vec::new();
+            for done in plan[..i].iter().rev() {
+                let undone = match (&done.new, done.created) {
+                    (Some(_), true) => remove_planned(&done.path, ctx),
+                    _ => write_now(&done.path, &done.old, ctx),
+                };
+                if undone.is_err() {
+                    not_undone.push(done.name.as_str());
+                }
+            }
+            for dir in made_dirs.iter().rev() {
+                let _ = match &ctx.paths {
+                    Some(policy) => policy.remove_empty_dir(dir),
+                    None => std::fs::remove_dir(dir).map_err(|e| ToolError::io(dir, &e)),
+                };
+            }
+            let undo = if i == 0 {
+                "Nothing was written".to_string()
+            } else if not_undone.is_empty() {
+                "The files written before it were put back as they were: nothing was changed"
+                    .to_string()
+            } else {
+                format!(
+                    "The files written before it were put back, except {}",
+                    not_undone.join(", ")
+                )
+            };
+            return Err(ToolError::new(
+                e.kind,
+                format!("{}: {}. {undo}", p.name, e.message.trim_end_matches('.')),
+            ));
+        }
+    }
     let mut files = Vec::new();
     let mut diffs = String::new();
     for p in &plan {
-        match &p.new {
-            Some(content) => atomic_write(&p.path, content, ctx)?,
-            None => match &ctx.paths {
-                Some(policy) => policy.remove_file(&p.path)?,
-                None => std::fs::remove_file(&p.path).map_err(|e| ToolError::io(&p.path, &e))?,
-            },
-        }
         let change = match (&p.new, p.created) {
             (None, _) => Change::Deleted,
             (Some(_), true) => Change::Created,
@@ -907,6 +1008,49 @@ mod tests {
             .unwrap()
             .file_type()
             .is_char_device());
+    }
+
+    #[test]
+    fn occurrences_are_found_in_linear_time_as_the_windows_found_them() {
+        let naive = |hay: &[u8], want: &[u8], overlapping: bool| {
+            let mut hits = Vec::new();
+            let mut i = 0;
+            while i + want.len() <= hay.len() {
+                if hay[i..i + want.len()] == *want {
+                    hits.push(i);
+                    i += if overlapping { 1 } else { want.len() };
+                } else {
+                    i += 1;
+                }
+            }
+            hits
+        };
+        for (hay, want) in [
+            ("aaaaa", "aa"),
+            ("abababab", "abab"),
+            ("abcabcabd", "abcabd"),
+            ("xyz", "xyzw"),
+            ("aabaabaaab", "aab"),
+            ("", "a"),
+        ] {
+            for overlapping in [false, true] {
+                assert_eq!(
+                    occurrences(hay.as_bytes(), want.as_bytes(), overlapping),
+                    naive(hay.as_bytes(), want.as_bytes(), overlapping),
+                    "{hay} / {want} / {overlapping}"
+                );
+            }
+        }
+        // The probe's case, at a size the windows needed 10^10 comparisons for (minutes).
+        let hay = vec!["x = 1"; 200_000];
+        let mut want = vec!["x = 1"; 49_999];
+        want.push("x = 2");
+        assert!(occurrences(&hay, &want, false).is_empty());
+        want.pop();
+        assert_eq!(
+            occurrences(&hay, &want, false),
+            [0, 49_999, 99_998, 149_997]
+        );
     }
 
     #[test]
@@ -1128,6 +1272,45 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.kind, "PatchError");
+    }
+
+    #[test]
+    fn a_write_refused_midway_puts_back_what_the_patch_wrote_before_it() {
+        use crate::path_policy::{PathPolicy, RootAccess};
+        let d = tempfile::tempdir().unwrap();
+        let cwd = std::fs::canonicalize(d.path()).unwrap();
+        std::fs::write(cwd.join("keep.txt"), "one\n").unwrap();
+        let mut policy = PathPolicy::new();
+        policy.add_root(&cwd, RootAccess::ReadWrite, false).unwrap();
+        let mut ctx = ToolContext::agent(&cwd);
+        ctx.paths = Some(std::sync::Arc::new(policy));
+        // Each file alone is fine; the third is refused only once the second exists (a bare
+        // repository made by the patch itself), which planning cannot see.
+        let text = "--- a/keep.txt\n+++ b/keep.txt\n@@ -1 +1 @@\n-one\n+two\n\
+                    --- /dev/null\n+++ b/deep/gd/HEAD\n@@ -0,0 +1 @@\n+ref: refs/heads/main\n\
+                    --- /dev/null\n+++ b/deep/gd/objects/x\n@@ -0,0 +1 @@\n+x\n";
+        let e = patch(
+            json!({"mode": "patch", "patch": text}).as_object().unwrap(),
+            &ctx,
+        )
+        .unwrap_err();
+        assert_eq!(e.kind, "OutsideSandbox", "{e:?}");
+        assert!(e.message.contains("put back"), "{e:?}");
+        assert_eq!(
+            std::fs::read_to_string(cwd.join("keep.txt")).unwrap(),
+            "one\n"
+        );
+        assert!(!cwd.join("deep").exists(), "the dirs it made are left");
+        // A `..` above the root is refused before any level is made.
+        let e = patch(
+            json!({"mode": "patch", "patch": "--- /dev/null\n+++ b/k/k/../../../x\n@@ -0,0 +1 @@\n+x\n"})
+                .as_object()
+                .unwrap(),
+            &ctx,
+        )
+        .unwrap_err();
+        assert_eq!(e.kind, "OutsideSandbox", "{e:?}");
+        assert!(!cwd.join("k").exists());
     }
 
     #[test]

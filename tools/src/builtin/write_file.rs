@@ -45,8 +45,19 @@ fn write_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Too
     let a: WriteFileArgs = parse(args)?;
     let raw = check_path("path", &a.path)?;
     let content = a.content.as_str();
+    // `sub/` names a directory: writing a file called `sub` would not be what was asked.
+    if raw.ends_with('/') {
+        return Err(ToolError::new(
+            crate::ToolErrorKind::IsADirectory,
+            format!("{raw} ends with `/`, so it names a directory; give a file path"),
+        ));
+    }
     // Not while a patch of the same file is between its read and its write.
     let _locked = super::file_lock::lock(&[ctx.resolve(raw)]);
+    // The wait may have outlived the call's execution: nothing is written for it then.
+    if crate::call_scope::scope_ended(ctx) {
+        return Err(crate::call_scope::abandoned("write_file"));
+    }
     if let Some(policy) = &ctx.paths {
         // Strict mode: beneath a writable root, never through a link.
         let created = policy.write_atomic(&ctx.resolve(raw), content.as_bytes())?;
@@ -197,6 +208,16 @@ fn parent_error(parent: &Path, e: &std::io::Error) -> ToolError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_path_ending_in_a_slash_names_a_directory_and_writes_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let ctx = ToolContext::agent(d.path());
+        let args = json!({"path": "sub/", "content": "x"});
+        let e = write_file(args.as_object().unwrap(), &ctx).unwrap_err();
+        assert_eq!(e.kind, crate::ToolErrorKind::IsADirectory, "{e:?}");
+        assert!(!d.path().join("sub").exists());
+    }
 
     #[test]
     fn a_fifo_or_a_device_is_refused_and_left_as_it_was() {
