@@ -398,3 +398,50 @@ def _check_session_dirs_removed(host_tmp):
     assert lines[1] != "[]", proc.stdout
     # ... and is gone with it.
     assert [p.name for p in host_tmp.iterdir() if p.name.startswith("vibeos-shell-")] == []
+
+
+def test_a_child_forked_after_use_gets_a_clear_error_and_a_spawned_worker_runs(tmp_path):
+    # A fork copies none of the threads that run executions: the child waited for them for
+    # ever, past its timeout (multiprocessing's default `fork` workers hung the same way).
+    # From a file: spawned workers import the main module by its path.
+    script = tmp_path / "host.py"
+    script.write_text(
+        """
+import json, multiprocessing, os
+import vibeos_exec
+
+
+def job(n):
+    return vibeos_exec.execute_code(f"print({n} * 2)")["output"]
+
+
+if __name__ == "__main__":
+    assert vibeos_exec.execute_code("print(0)")["status"] == "success"
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            vibeos_exec.execute_code("print(1)", timeout=2)
+            said = "ran"
+        except RuntimeError as e:
+            said = str(e)
+        os.write(w, said.encode())
+        os._exit(0)
+    os.close(w)
+    said = os.read(r, 4096).decode()
+    os.waitpid(pid, 0)
+    print(json.dumps(said))
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        print(json.dumps(pool.map(job, [3])))
+    # The parent still runs executions.
+    print(json.dumps(vibeos_exec.execute_code("print(5)")["output"]))
+"""
+    )
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(l) for l in proc.stdout.splitlines()]
+    assert "forked from process" in lines[0] and "spawn" in lines[0], lines
+    assert lines[1:] == [["6\n"], "5\n"], lines

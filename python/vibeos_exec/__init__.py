@@ -71,6 +71,27 @@ _skill_env: List[str] = []
 _active_lock = threading.Condition()
 _active = 0
 
+# The process whose native threads (the execution runtime, the warm pool's, the MCP servers')
+# serve this module: a fork copies none of them, so a child forked after the parent used them
+# would wait for them for ever (a multiprocessing pool's `fork` workers hung past their
+# timeout). Such a child gets a RuntimeError that says what to do instead.
+_native_threads_of: Optional[int] = None
+
+
+def _threads_here(what: str) -> None:
+    global _native_threads_of
+    pid = os.getpid()
+    if _native_threads_of is None:
+        _native_threads_of = pid
+    elif _native_threads_of != pid:
+        raise RuntimeError(
+            f"{what} cannot run in this process: it was forked from process "
+            f"{_native_threads_of} after vibeos_exec ran there, and a fork does not copy the "
+            "threads that run executions. Start worker processes with the 'spawn' or "
+            "'forkserver' method (multiprocessing.get_context('spawn')), or fork before the "
+            "first execute_code"
+        )
+
 
 def _type_error(param: str, expected: str, value: Any) -> TypeError:
     return TypeError(f"{param} must be {expected}, got {type(value).__name__}")
@@ -201,6 +222,7 @@ def execute_code(
         raise _type_error("task_id", "a str or None", task_id)
     with _skill_env_lock:
         passthrough = list(_skill_env)
+    _threads_here("execute_code")
     with _active_lock:
         if _shutting_down:
             raise RuntimeError("the interpreter is shutting down; execute_code is no longer available")
@@ -335,6 +357,7 @@ def load_mcp_servers() -> bool:
     it once; later calls do nothing and return False. The servers stop at interpreter exit.
     Plugins are loaded separately, in this interpreter, with :func:`load_plugins`.
     """
+    _threads_here("load_mcp_servers")
     loaded = _native.load_mcp_servers()
     if loaded:
         atexit.register(_native.mcp_server_status, True)
@@ -365,6 +388,8 @@ def _shutdown() -> None:
     when the interpreter finalizes could not take the GIL back.
     """
     global _shutting_down
+    if _native_threads_of not in (None, os.getpid()):
+        return  # a forked child: no execution of ours runs here, and no thread to stop
     with _active_lock:
         if _shutting_down and _active == 0:
             return
