@@ -149,15 +149,17 @@ fn ask(req: &ApprovalRequest) -> ApprovalAnswer {
     let answer = handle.block_on(elicit(&peer, params, timeout, req.execution_ended.clone()));
     match answer {
         Ok(result) => match result.action {
-            ElicitationAction::Accept => result
-                .content
-                .as_ref()
-                .and_then(|c| c.get("decision"))
-                .and_then(|d| d.as_str())
-                .map(approval::parse_choice)
-                .ok_or_else(|| {
-                    NoAnswer::ClientError("the client accepted the form without a decision".into())
-                }),
+            ElicitationAction::Accept => {
+                match result.content.as_ref().and_then(|c| c.get("decision")) {
+                    None => Err(NoAnswer::ClientError(
+                        "the client accepted the form without a decision".into(),
+                    )),
+                    Some(decision) => decision
+                        .as_str()
+                        .and_then(approval::parse_offered_choice)
+                        .ok_or_else(|| NoAnswer::NotAChoice(decision.to_string())),
+                }
+            }
             // The person declined the form: their denial.
             ElicitationAction::Decline => Ok(ApprovalChoice::Deny),
             ElicitationAction::Cancel => Err(NoAnswer::Cancelled(

@@ -722,7 +722,11 @@ fn python_answer(answer: Option<String>) -> approval::ApprovalAnswer {
     if answer == "!timeout" {
         return Err(NoAnswer::TimedOut(approval_policy::settings().timeout));
     }
-    Ok(approval::parse_choice(&answer))
+    if let Some(what) = answer.strip_prefix("!not-a-choice: ") {
+        return Err(NoAnswer::NotAChoice(what.to_string()));
+    }
+    approval::parse_offered_choice(&answer)
+        .ok_or_else(|| NoAnswer::NotAChoice(format!("{answer:?}")))
 }
 
 /// Installs (or with `None` removes) the Python smart-approver adapter.

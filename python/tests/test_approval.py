@@ -81,7 +81,7 @@ def test_async_callback_answers_from_another_task(tmp_path):
 
 def test_sync_callback_deny_once_and_bad_answers(tmp_path):
     target = doomed(tmp_path)
-    answers = iter(["deny", "maybe", "once"])
+    answers = iter(["deny", "maybe", None, 42, False, "once"])
     seen = []
 
     def approve(task_id, command, descriptions):
@@ -91,13 +91,18 @@ def test_sync_callback_deny_once_and_bad_answers(tmp_path):
     vibeos_exec.set_approval_callback(approve)
     r = terminal("rm -rf doomed", tmp_path)
     assert "denied by the user" in r["error"], r
-    r = terminal("rm -rf doomed", tmp_path)  # an unknown answer is a denial
+    # An answer that is none of the four words refuses, naming it: nobody chose to deny.
+    for said in ("'maybe'", "None", "42"):
+        r = terminal("rm -rf doomed", tmp_path)
+        assert "denied by the user" not in r["error"], r
+        assert f"was {said}, not one of once, session, always, deny" in r["error"], r
+    r = terminal("rm -rf doomed", tmp_path)  # False: a plain denial
     assert "denied by the user" in r["error"], r
     assert target.exists()
     r = terminal("rm -rf doomed", tmp_path)
     assert r["exit_code"] == 0, r
     assert not target.exists()
-    assert seen == ["rm -rf doomed"] * 3
+    assert seen == ["rm -rf doomed"] * 6
     with pytest.raises(TypeError):
         vibeos_exec.set_approval_callback(42)
 

@@ -12,7 +12,8 @@ pattern runs, the host is asked::
 The callback may be ``async def``. A coroutine is run on the event loop that was running when
 the callback was installed (so it can wait on the host's UI, queues or other tasks), else on
 the package's own loop thread. It has ``approvals.timeout`` seconds (config, default 60) to
-answer; no answer, an exception or an unknown answer is a denial. Do not block that event loop
+answer; no answer, an exception or an answer other than the four words is a refusal that names
+what happened (``False`` is a plain denial). Do not block that event loop
 while a tool call is in flight (call tools through ``asyncio.to_thread`` or
 :func:`vibeos_exec.aexecute_code`): the answer could then never be produced.
 
@@ -71,6 +72,8 @@ def _settle(result: Any, loop: Optional[asyncio.AbstractEventLoop], timeout: flo
 #: refusal names the reason instead of "denied by the user" (read by ``src/lib.rs``).
 FAILED_PREFIX = "!failed: "
 TIMEOUT_ANSWER = "!timeout"
+#: Prefix of an answer that is none of the choices (the native side names it in the refusal).
+NOT_A_CHOICE_PREFIX = "!not-a-choice: "
 
 
 def _adapter(fn: Callback, allowed: tuple, fallback: str, what: str,
@@ -97,11 +100,15 @@ def _adapter(fn: Callback, allowed: tuple, fallback: str, what: str,
             return fallback
         if answer is True:
             return allowed[0]
+        if answer is False:
+            return fallback
         if isinstance(answer, str) and answer.strip().lower() in allowed:
             return answer.strip().lower()
-        if answer not in (None, False):
-            _log.warning("%s answered %r; expected one of %s; using %r", what, answer,
-                         ", ".join(allowed), fallback)
+        _log.warning("%s answered %r; expected one of %s; using %r", what, answer,
+                     ", ".join(allowed), fallback)
+        if report:
+            # Not "denied by the user": nobody chose to deny (docs/approvals.md).
+            return f"{NOT_A_CHOICE_PREFIX}{_native.redact(repr(answer))[:200]}"
         return fallback
 
     return adapter
@@ -113,7 +120,8 @@ def set_approval_callback(fn: Optional[Callback]) -> None:
     (``True`` means once); sync or ``async def``. ``descriptions`` are the matched patterns'
     descriptions. For a whole script, ``command`` is the script's source. An exception or no
     answer within ``approvals.timeout`` refuses the command with a message naming that reason
-    (not "denied by the user"); an unknown answer is the host's denial.
+    (not "denied by the user"); so does an answer that is none of the four words (``False`` is a
+    denial).
 
     "session" is remembered per ``task_id``. Calls without a task id share one session that
     lasts only while such calls run: once no execution or direct call without a task id is in

@@ -572,7 +572,22 @@ fn tty_prompt(req: &ApprovalRequest) -> ApprovalAnswer {
     }
 }
 
-/// Parses an answer to the approval prompt; anything unclear is a denial.
+/// Parses the answer of a form or callback that was offered exactly `once`, `session`,
+/// `always` and `deny` (an MCP elicitation's enum, the Python callback's words): those words
+/// (any case, surrounding blanks ignored) and nothing else. The terminal prompt's shortcuts
+/// (`y`, `a`, …) are not among them: a client that answered `a` outside the form's enum wrote
+/// `always` into config.yaml.
+pub fn parse_offered_choice(answer: &str) -> Option<ApprovalChoice> {
+    match answer.trim().to_ascii_lowercase().as_str() {
+        "once" => Some(ApprovalChoice::Once),
+        "session" => Some(ApprovalChoice::Session),
+        "always" => Some(ApprovalChoice::Always),
+        "deny" => Some(ApprovalChoice::Deny),
+        _ => None,
+    }
+}
+
+/// Parses an answer to the terminal's approval prompt; anything unclear is a denial.
 pub fn parse_choice(answer: &str) -> ApprovalChoice {
     match answer.trim().to_ascii_lowercase().as_str() {
         "o" | "once" | "y" | "yes" => ApprovalChoice::Once,

@@ -518,6 +518,9 @@ pub enum NoAnswer {
     /// The terminal gave no input (end of input, or it could not be opened).
     #[error("no answer could be read from the terminal: {0}")]
     NoInput(String),
+    /// A form or callback answered with something that is none of the choices it was offered.
+    #[error("the answer to the approval request was {0}, not one of once, session, always, deny")]
+    NotAChoice(String),
 }
 
 /// A host's answer: a choice, or why there is none.

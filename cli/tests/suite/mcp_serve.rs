@@ -926,6 +926,11 @@ fn mcp_clients_answer_approvals_through_elicitation() {
     for (key, expect) in [
         ("cancelled", "cancelled without a decision"),
         ("errored", "answered the approval request with an error"),
+        (
+            "shortcut",
+            "was \"a\", not one of once, session, always, deny",
+        ),
+        ("number", "was 1, not one of once, session, always, deny"),
     ] {
         let (_, text, _) = parts(&r[key]);
         let out = text["output"].as_str().unwrap();
@@ -933,6 +938,8 @@ fn mcp_clients_answer_approvals_through_elicitation() {
         assert!(!out.contains("denied by the user"), "{key}: {out}");
         assert!(!out.contains("RAN"), "{key}: {out}");
     }
+    let config = std::fs::read_to_string(sb.home().join("config.yaml")).unwrap_or_default();
+    assert!(!config.contains("command_allowlist"), "{config}");
     // A question still open when its call is cancelled is withdrawn at once, not after
     // approvals.timeout (60 s), and the session goes on.
     let withdrawn = r["withdrawn_after"].as_f64();

@@ -352,6 +352,15 @@ fn choices_parse() {
     assert_eq!(parse_choice("a"), ApprovalChoice::Always);
     assert_eq!(parse_choice(""), ApprovalChoice::Deny);
     assert_eq!(parse_choice("whatever"), ApprovalChoice::Deny);
+    // A form or callback offered the four words gets those words only.
+    assert_eq!(
+        parse_offered_choice(" Always "),
+        Some(ApprovalChoice::Always)
+    );
+    assert_eq!(parse_offered_choice("deny"), Some(ApprovalChoice::Deny));
+    for not_offered in ["a", "y", "yes", "o", "s", ""] {
+        assert_eq!(parse_offered_choice(not_offered), None, "{not_offered}");
+    }
 }
 
 #[test]
