@@ -245,6 +245,13 @@ def test_register_value_errors():
     with pytest.raises(ValueError, match="names must be"):
         registry.register(name="bad name!", toolset="host", schema=echo_schema(),
                           handler=lambda a: {})
+    # Longer than model APIs accept as a function name: one such tool made a provider refuse
+    # the whole tool list.
+    with pytest.raises(ValueError, match="1 to 64 characters"):
+        registry.register(name="x" * 65, toolset="host", schema=echo_schema(),
+                          handler=lambda a: {})
+    registry.register(name="y" * 64, toolset="host", schema=echo_schema(), handler=lambda a: {})
+    assert registry.unregister("y" * 64)
     with pytest.raises(ValueError, match="execute_code"):
         registry.register(name="execute_code", toolset="host", schema=echo_schema(),
                           handler=lambda a: {}, script_callable=True)

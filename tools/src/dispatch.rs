@@ -45,6 +45,13 @@ impl ToolRegistry {
             ));
         }
         let Some(entry) = self.get(name) else {
+            // A script learns no more than its own tool list: the registry also holds the
+            // host's tools it was never offered.
+            if ctx.origin == crate::CallOrigin::Script {
+                return Err(format!(
+                    "unknown tool `{name}`: no tool of that name is registered (any more)"
+                ));
+            }
             let known: Vec<String> = self.entries().iter().map(|e| e.name.clone()).collect();
             return Err(format!(
                 "unknown tool; registered tools: {}",

@@ -124,6 +124,9 @@ impl OverridePolicy {
     }
 }
 
+/// The longest tool name accepted (model APIs take function names of at most 64 characters).
+pub const MAX_TOOL_NAME: usize = 64;
+
 /// Everything the registry knows about one tool (SPEC §7).
 #[derive(Clone, Debug)]
 pub struct ToolEntry {
@@ -357,7 +360,10 @@ impl ToolEntry {
     }
 
     pub(crate) fn validate(&self) -> Result<(), RegistrationError> {
+        // Model APIs take function names of at most 64 characters; one longer name made a
+        // provider refuse the whole tool list.
         let name_ok = !self.name.is_empty()
+            && self.name.len() <= MAX_TOOL_NAME
             && self
                 .name
                 .chars()

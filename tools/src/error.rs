@@ -277,8 +277,9 @@ mod kind_tests {
 /// A tool could not be registered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RegistrationError {
-    /// The name is empty or has characters a model or a script cannot call.
-    #[error("cannot register tool `{0}`: names must be non-empty and use only letters, digits, `_` and `-`")]
+    /// The name is empty, longer than 64 characters, or has characters a model or a script
+    /// cannot call.
+    #[error("cannot register tool `{0}`: names must be 1 to 64 characters of letters, digits, `_` and `-` (what model APIs accept as a function name)")]
     BadName(String),
     /// The schema is not a JSON-schema object description.
     #[error("cannot register tool `{name}`: its schema {reason}")]

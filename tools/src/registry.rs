@@ -757,7 +757,16 @@ mod tests {
         assert!(e["error"]
             .as_str()
             .unwrap()
-            .starts_with("Error executing nope: unknown tool"));
+            .starts_with("Error executing nope: unknown tool; registered tools: "));
+        // A script is not shown the registry (it holds host tools the script was never offered).
+        let mut script = ctx();
+        script.origin = crate::CallOrigin::Script;
+        let e: Value =
+            serde_json::from_str(&reg.handle_function_call("nope", &json!({}), &script)).unwrap();
+        assert_eq!(
+            e["error"],
+            "Error executing nope: unknown tool `nope`: no tool of that name is registered (any more)"
+        );
         let e: Value =
             serde_json::from_str(&reg.handle_function_call("echo", &json!([1]), &ctx())).unwrap();
         assert_eq!(

@@ -152,7 +152,10 @@ fn mcp_initialize_list_tools_and_run_scripts_that_call_tools() {
         "the description states serve's --timeout and --max-tool-calls: {description}"
     );
     assert_eq!(tools[0]["schema"]["required"], serde_json::json!(["code"]));
-    assert!(tools[0]["schema"]["properties"]["timeout"].is_object());
+    // The bounds the server enforces are in the schema the client sees.
+    let timeout = &tools[0]["schema"]["properties"]["timeout"];
+    assert_eq!(timeout["exclusiveMinimum"], 0, "{timeout}");
+    assert_eq!(timeout["maximum"], 86_400, "{timeout}");
 
     let (is_error, text, structured) = parts(&r["ok"]);
     assert!(!is_error);

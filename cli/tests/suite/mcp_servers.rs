@@ -300,7 +300,8 @@ print(json.dumps(t.hostile_schema("positional")["args"], sort_keys=True))
     ] {
         assert!(tools.contains(&name), "{name} missing: {tools:?}");
     }
-    for name in ["with-dash", "retry", "fine_too", "surrogate"] {
+    let too_long = "l".repeat(65);
+    for name in ["with-dash", "retry", "fine_too", "surrogate", &too_long] {
         assert!(!tools.contains(&name), "{name} offered: {tools:?}");
     }
     assert_eq!(

@@ -330,7 +330,18 @@ impl McpServer {
         }
         let mut groups: BTreeMap<String, (ToolSource, Vec<ToolEntry>)> = BTreeMap::new();
         let mut script_open = Vec::new();
+        let mut listed = std::collections::BTreeSet::new();
         for tool in tools {
+            // A name listed twice: the later one replaced the first without a word, and a
+            // script calling the first's arguments got a TypeError.
+            if !listed.insert(tool.name.to_string()) {
+                tracing::warn!(
+                    "{}: tool `{}` is listed twice; the first one is kept (rename one to use both)",
+                    self.label(),
+                    tool.name
+                );
+                continue;
+            }
             let raw = serde_json::to_value(&tool).unwrap_or(Value::Null);
             let meta = raw.get("_meta").cloned().unwrap_or(Value::Null);
             let (toolset, source) = match self.spec.kind {
@@ -540,7 +551,7 @@ impl McpServer {
                         format!(
                             "{} failed `{tool}`: {}",
                             self.label(),
-                            mask_urls_in(&e.to_string())
+                            mask_urls_in(&call_error_text(&e))
                         ),
                     ));
                 }
@@ -788,5 +799,71 @@ fn start_all(servers: Vec<Arc<McpServer>>) {
     }));
     if let Err(e) = result {
         tracing::error!("cannot start MCP servers: {e}");
+    }
+}
+
+/// The most of a server's error text a failed call reports: results are bounded (16 MiB), and
+/// an error is read by a model, whose context a server's 5 MB message would fill.
+const MAX_ERROR_TEXT: usize = 16 * 1024;
+
+/// What a failed call says to a script or a model: the server's own error (bounded), or what
+/// became of the request, without the client library's type names (a transport's error
+/// started with `rmcp::transport::worker::WorkerTransport<…>`).
+fn call_error_text(e: &rmcp::ServiceError) -> String {
+    let text = match e {
+        rmcp::ServiceError::McpError(data) => format!("error {data}"),
+        rmcp::ServiceError::TransportSend(t) => {
+            format!("the request could not be sent: {}", t.error)
+        }
+        other => other.to_string(),
+    };
+    bounded_text(text, MAX_ERROR_TEXT)
+}
+
+/// `text` cut to at most `max` bytes (on a character boundary), saying how much was left out.
+fn bounded_text(mut text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let mut cut = max;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let left = text.len() - cut;
+    text.truncate(cut);
+    text.push_str(&format!(" … [{left} more bytes of the message left out]"));
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_s_error_text_is_bounded_and_names_no_library_type() {
+        let huge = rmcp::ServiceError::McpError(rmcp::ErrorData::internal_error(
+            "E".repeat(5_000_000),
+            None,
+        ));
+        let text = call_error_text(&huge);
+        assert!(text.len() < MAX_ERROR_TEXT + 100, "{}", text.len());
+        assert!(text.starts_with("error -32603: EEE"), "{}", &text[..40]);
+        assert!(text.ends_with("more bytes of the message left out]"));
+        // A cut never splits a character.
+        assert_eq!(
+            bounded_text("é".repeat(10), 5),
+            "éé … [16 more bytes of the message left out]"
+        );
+        let closed = std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the pipe is closed");
+        let send =
+            rmcp::ServiceError::TransportSend(rmcp::transport::DynamicTransportError::from_parts(
+                "rmcp::transport::worker::WorkerTransport<Something>",
+                std::any::TypeId::of::<u8>(),
+                Box::new(closed),
+            ));
+        assert_eq!(
+            call_error_text(&send),
+            "the request could not be sent: the pipe is closed"
+        );
     }
 }
