@@ -12,6 +12,11 @@
 //! - a spawn that fails with ENOENT may be a missing `cwd` as well as a missing command; the
 //!   directory is checked first so the error names the right one.
 //!
+//! Likewise a response that is not JSON text (bytes that are not UTF-8, an escaped lone UTF-16
+//! surrogate such as `\ud800`): rmcp drops it as it drops a stray line, and its call waited out
+//! its timeout to be told the server was slow. [`TextCheck`] notices, and the call gets an
+//! error for its id at once.
+//!
 //! A line on stdout that is not JSON (a start-up banner, stray `print`s) is skipped, as rmcp and
 //! the other official SDKs do: such servers are common and otherwise work. It is logged (info,
 //! the first few per connection) so the operator can see why a server that only ever writes
@@ -192,6 +197,7 @@ pub(crate) struct LineGuard<R> {
     head: Vec<u8>,
     stray_lines: usize,
     id: IdScan,
+    text: TextCheck,
     /// Bytes to hand on before reading more (a cut line's newline, an error response).
     pending: Vec<u8>,
     pending_at: usize,
@@ -212,6 +218,7 @@ impl<R> LineGuard<R> {
             head: Vec::new(),
             stray_lines: 0,
             id: IdScan::default(),
+            text: TextCheck::default(),
             pending: Vec::new(),
             pending_at: 0,
         }
@@ -227,12 +234,15 @@ impl<R> LineGuard<R> {
             self.head.extend_from_slice(&bytes[..bytes.len().min(room)]);
         }
         self.id.feed(bytes);
+        self.text.feed(bytes);
     }
 
     /// The current line ended (its newline was read).
     fn line_ended(&mut self) {
         if self.discarding || self.line_len > self.limit {
             self.too_large();
+        } else if let Some(why) = self.first.filter(|b| *b == b'{').and(self.text.fault()) {
+            self.not_text(why);
         } else if self.first.is_some_and(|b| b != b'{' && b != b'[') {
             self.stray_lines += 1;
             if self.stray_lines <= LOGGED_STRAY_LINES {
@@ -255,13 +265,43 @@ impl<R> LineGuard<R> {
         self.first = None;
         self.head.clear();
         self.id = IdScan::default();
+        self.text = TextCheck::default();
+    }
+
+    /// The line just ended is not JSON text, so rmcp drops it: answer the request it was the
+    /// response to with an error saying so. (A response only: a server's own request, which
+    /// has a `method`, has an id of the server's numbering. Were the line fine after all, the
+    /// call already has its answer and the error, for an id no longer awaited, is dropped.)
+    fn not_text(&mut self, why: &str) {
+        match self.id.found().filter(|_| !self.id.method) {
+            Some(id) => {
+                tracing::warn!(
+                    "{}: a response was not JSON text ({why}); its call fails",
+                    self.label
+                );
+                let error = serde_json::json!({
+                    "code": -32603,
+                    "message": format!(
+                        "the server's response was not JSON text ({why}), so it could not be \
+                         read; the server must send UTF-8 and escape only valid characters"
+                    ),
+                });
+                let line = format!(r#"{{"jsonrpc":"2.0","id":{id},"error":{error}}}"#);
+                self.pending.extend_from_slice(line.as_bytes());
+                self.pending.push(b'\n');
+            }
+            None => tracing::warn!(
+                "{}: sent a message that is not JSON text ({why}); it was discarded",
+                self.label
+            ),
+        }
     }
 
     /// The line just ended was over the limit: answer its request with an error, or say in the
     /// log that a message was dropped when it had no id to answer.
     fn too_large(&mut self) {
         let mib = self.limit >> 20;
-        match self.id.found() {
+        match self.id.found().filter(|_| !self.id.method) {
             Some(id) => {
                 tracing::warn!(
                     "{}: a response was larger than {mib} MiB, the largest MCP message accepted; \
@@ -395,6 +435,8 @@ struct IdScan {
     quoted: bool,
     value: Vec<u8>,
     found: Option<Vec<u8>>,
+    /// A top-level `method` key was seen: the message is a request or a notification.
+    method: bool,
 }
 
 /// Longest id kept; a longer one is not answered.
@@ -467,6 +509,7 @@ impl IdScan {
                 if self.in_key {
                     self.in_key = false;
                     self.id_key = self.key == b"id";
+                    self.method |= self.key == b"method";
                 }
             } else if self.in_key && self.key.len() < 8 {
                 self.key.push(b);
@@ -521,6 +564,98 @@ impl IdScan {
     }
 }
 
+/// What makes a line not JSON text, if anything does.
+const NOT_UTF8: &str = "it is not UTF-8";
+const LONE_SURROGATE: &str = "an escaped lone UTF-16 surrogate";
+
+/// Whether one line is JSON *text*, fed as it streams by: UTF-8, and no `\uXXXX` escape of a
+/// UTF-16 surrogate that is not half of a pair (serde_json, and so rmcp, refuses both).
+#[derive(Default)]
+struct TextCheck {
+    /// The bytes of a UTF-8 sequence a chunk ended inside.
+    carry: Vec<u8>,
+    fault: Option<&'static str>,
+    /// The next byte is escaped (an odd run of backslashes so far).
+    escaping: bool,
+    /// After `\u`, the hex digits read so far.
+    hex: Option<Vec<u8>>,
+    /// The last escape was a high surrogate: `\u` and a low one must follow at once.
+    high: bool,
+    /// Bytes seen since that high surrogate.
+    after_high: u8,
+}
+
+impl TextCheck {
+    fn fault(&self) -> Option<&'static str> {
+        match self.fault {
+            Some(f) => Some(f),
+            None if !self.carry.is_empty() => Some(NOT_UTF8),
+            None if self.high => Some(LONE_SURROGATE),
+            None => None,
+        }
+    }
+
+    fn feed(&mut self, bytes: &[u8]) {
+        if self.fault.is_some() {
+            return;
+        }
+        let mut joined = std::mem::take(&mut self.carry);
+        joined.extend_from_slice(bytes);
+        match std::str::from_utf8(&joined) {
+            Ok(_) => {}
+            // The chunk ended inside a character: the rest comes with the next one.
+            Err(e) if e.error_len().is_none() => self.carry = joined[e.valid_up_to()..].to_vec(),
+            Err(_) => {
+                self.fault = Some(NOT_UTF8);
+                return;
+            }
+        }
+        for &b in bytes {
+            self.byte(b);
+        }
+    }
+
+    fn byte(&mut self, b: u8) {
+        if let Some(hex) = &mut self.hex {
+            hex.push(b);
+            if hex.len() < 4 {
+                return;
+            }
+            let code = std::str::from_utf8(hex)
+                .ok()
+                .and_then(|h| u16::from_str_radix(h, 16).ok());
+            self.hex = None;
+            let low = matches!(code, Some(0xDC00..=0xDFFF));
+            match code {
+                Some(0xD800..=0xDBFF) if !self.high => {
+                    self.high = true;
+                    self.after_high = 0;
+                }
+                _ if low == self.high => self.high = false,
+                _ => self.fault = Some(LONE_SURROGATE),
+            }
+            return;
+        }
+        if self.high {
+            // Only `\u` may come between a high surrogate and its low half.
+            self.after_high += 1;
+            let fits = (self.after_high == 1 && b == b'\\') || (self.after_high == 2 && b == b'u');
+            if !fits {
+                self.fault = Some(LONE_SURROGATE);
+                return;
+            }
+        }
+        if self.escaping {
+            self.escaping = false;
+            if b == b'u' {
+                self.hex = Some(Vec::with_capacity(4));
+            }
+        } else if b == b'\\' {
+            self.escaping = true;
+        }
+    }
+}
+
 /// Logs what a stdio server writes to stderr, line by line, under its label: at warn when the
 /// line looks like an error, else at info.
 pub(crate) async fn forward_stderr(label: String, stderr: tokio::process::ChildStderr) {
@@ -548,6 +683,60 @@ mod tests {
         let mut s = IdScan::default();
         s.feed(json.as_bytes());
         s.found()
+    }
+
+    fn fault_of(line: &[u8], chunk: usize) -> Option<&'static str> {
+        let mut t = TextCheck::default();
+        for part in line.chunks(chunk) {
+            t.feed(part);
+        }
+        t.fault()
+    }
+
+    #[test]
+    fn lines_that_are_not_json_text_are_told_apart_whatever_the_chunks() {
+        for chunk in [1, 2, 3, 1000] {
+            for fine in [
+                &br#"{"id":1,"result":{"text":"caf\u00e9 \ud83d\ude00 \\ud800"}}"#[..],
+                "{\"text\":\"é😀\"}".as_bytes(),
+            ] {
+                assert_eq!(fault_of(fine, chunk), None, "{chunk}");
+            }
+            for (bad, why) in [
+                (&b"{\"text\":\"A\xff\xfeB\"}"[..], NOT_UTF8),
+                (&br#"{"text":"X\ud800Y"}"#[..], LONE_SURROGATE),
+                (&br#"{"text":"\udc00"}"#[..], LONE_SURROGATE),
+                (&br#"{"text":"\ud800"}"#[..], LONE_SURROGATE),
+                (&br#"{"text":"\ud800\u0041"}"#[..], LONE_SURROGATE),
+                (&br#"{"text":"\ud800\ud800"}"#[..], LONE_SURROGATE),
+                (&b"{\"text\":\"\xe2\x82\"}"[..], NOT_UTF8),
+            ] {
+                assert_eq!(fault_of(bad, chunk), Some(why), "{chunk}: {bad:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_response_that_is_not_json_text_becomes_an_error_for_its_id() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let input = b"{\"jsonrpc\":\"2.0\",\"id\":9,\"result\":{\"t\":\"A\xffB\"}}\n\
+                      {\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"x\",\"params\":{\"t\":\"\\ud800\"}}\n\
+                      {\"id\":5}\n";
+        let out = rt.block_on(through(input, 1 << 20));
+        let text = String::from_utf8_lossy(&out);
+        let lines: Vec<&str> = text.split('\n').collect();
+        // The line itself (rmcp drops it), then the error for id 9; the server's own request
+        // (it has a method) gets no made-up response.
+        let error: serde_json::Value =
+            serde_json::from_str(lines[1]).unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert_eq!(error["id"], 9);
+        assert!(error["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("not JSON text (it is not UTF-8)")));
+        assert!(lines[2].contains("\"method\""), "{text}");
+        assert_eq!(lines[3], "{\"id\":5}");
     }
 
     #[test]
