@@ -734,25 +734,20 @@ impl PathPolicy {
 
     /// Removes the regular file at `path` (beneath a writable root).
     pub fn remove_file(&self, path: &Path) -> Result<(), ToolError> {
-        let (dir, name) = self.parent_for_write(path)?;
-        nix::unistd::unlinkat(
-            dir.as_fd(),
-            name.as_os_str(),
-            nix::unistd::UnlinkatFlags::NoRemoveDir,
-        )
-        .map_err(|e| ToolError::io(path, &e.into()))
+        self.unlink(path, nix::unistd::UnlinkatFlags::NoRemoveDir)
     }
 
     /// Removes the directory at `path` if it is empty, beneath a writable root (the undo of
     /// a walk that made it).
     pub fn remove_empty_dir(&self, path: &Path) -> Result<(), ToolError> {
+        self.unlink(path, nix::unistd::UnlinkatFlags::RemoveDir)
+    }
+
+    /// `unlinkat` of `path`'s name in its parent, opened beneath a writable root.
+    fn unlink(&self, path: &Path, flags: nix::unistd::UnlinkatFlags) -> Result<(), ToolError> {
         let (dir, name) = self.parent_for_write(path)?;
-        nix::unistd::unlinkat(
-            dir.as_fd(),
-            name.as_os_str(),
-            nix::unistd::UnlinkatFlags::RemoveDir,
-        )
-        .map_err(|e| ToolError::io(path, &e.into()))
+        nix::unistd::unlinkat(dir.as_fd(), name.as_os_str(), flags)
+            .map_err(|e| ToolError::io(path, &e.into()))
     }
 }
 

@@ -273,59 +273,64 @@ impl<R> LineGuard<R> {
     /// has a `method`, has an id of the server's numbering. Were the line fine after all, the
     /// call already has its answer and the error, for an id no longer awaited, is dropped.)
     fn not_text(&mut self, why: &str) {
-        match self.id.found().filter(|_| !self.id.method) {
-            Some(id) => {
-                tracing::warn!(
-                    "{}: a response was not JSON text ({why}); its call fails",
-                    self.label
-                );
-                let error = serde_json::json!({
-                    "code": -32603,
-                    "message": format!(
-                        "the server's response was not JSON text ({why}), so it could not be \
-                         read; the server must send UTF-8 and escape only valid characters"
-                    ),
-                });
-                let line = format!(r#"{{"jsonrpc":"2.0","id":{id},"error":{error}}}"#);
-                self.pending.extend_from_slice(line.as_bytes());
-                self.pending.push(b'\n');
-            }
-            None => tracing::warn!(
+        let error = serde_json::json!({
+            "code": -32603,
+            "message": format!(
+                "the server's response was not JSON text ({why}), so it could not be read; the \
+                 server must send UTF-8 and escape only valid characters"
+            ),
+        });
+        if self.answer_in_its_place(&error) {
+            tracing::warn!(
+                "{}: a response was not JSON text ({why}); its call fails",
+                self.label
+            );
+        } else {
+            tracing::warn!(
                 "{}: sent a message that is not JSON text ({why}); it was discarded",
                 self.label
-            ),
+            );
         }
+    }
+
+    /// Hands rmcp, after the line just ended, `error` as the response to the request that line
+    /// answered, when it answered one (it has an id and no `method`: a server's own request
+    /// has an id of the server's numbering). Whether it did.
+    fn answer_in_its_place(&mut self, error: &serde_json::Value) -> bool {
+        let Some(id) = self.id.found().filter(|_| !self.id.method) else {
+            return false;
+        };
+        // `id` is the raw JSON of the request's id (a number or a string), as sent.
+        let line = format!(r#"{{"jsonrpc":"2.0","id":{id},"error":{error}}}"#);
+        self.pending.extend_from_slice(line.as_bytes());
+        self.pending.push(b'\n');
+        true
     }
 
     /// The line just ended was over the limit: answer its request with an error, or say in the
     /// log that a message was dropped when it had no id to answer.
     fn too_large(&mut self) {
         let mib = self.limit >> 20;
-        match self.id.found().filter(|_| !self.id.method) {
-            Some(id) => {
-                tracing::warn!(
-                    "{}: a response was larger than {mib} MiB, the largest MCP message accepted; \
-                     it was discarded and its call fails",
-                    self.label
-                );
-                let error = serde_json::json!({
-                    "code": -32603,
-                    "message": format!(
-                        "the response was larger than {mib} MiB, the largest MCP message \
-                         accepted; it was discarded"
-                    ),
-                    "data": { TOO_LARGE_KEY: self.limit },
-                });
-                // `id` is the raw JSON of the request's id (a number or a string), as sent.
-                let line = format!(r#"{{"jsonrpc":"2.0","id":{id},"error":{error}}}"#);
-                self.pending.extend_from_slice(line.as_bytes());
-                self.pending.push(b'\n');
-            }
-            None => tracing::warn!(
+        let error = serde_json::json!({
+            "code": -32603,
+            "message": format!(
+                "the response was larger than {mib} MiB, the largest MCP message accepted; it \
+                 was discarded"
+            ),
+            "data": { TOO_LARGE_KEY: self.limit },
+        });
+        if self.answer_in_its_place(&error) {
+            tracing::warn!(
+                "{}: a response was larger than {mib} MiB, the largest MCP message accepted; it \
+                 was discarded and its call fails",
+                self.label
+            );
+        } else {
+            tracing::warn!(
                 "{}: sent a message larger than {mib} MiB, the largest MCP message accepted, \
                  with no request id; it was discarded",
                 self.label
-            ),
+            );
         }
     }
 }
