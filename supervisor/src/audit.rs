@@ -102,16 +102,7 @@ fn set_for_child(caller_tz: Option<std::ffi::OsString>) -> Vec<SetForChild> {
     SET_FOR_THE_CHILD
         .iter()
         .map(|&(name, set_in, value)| {
-            let mut value = value.to_string();
-            if name == "TZ" {
-                let (tz, source) = env_policy::tz_with_source(caller_tz.clone());
-                value = format!(
-                    "{} (here: {}, {})",
-                    value,
-                    tz.to_string_lossy(),
-                    source.describe()
-                );
-            }
+            let value = set_value(name, value, &caller_tz);
             SetForChild {
                 name,
                 modes: match set_in {
@@ -127,6 +118,20 @@ fn set_for_child(caller_tz: Option<std::ffi::OsString>) -> Vec<SetForChild> {
         .collect()
 }
 
+/// A set variable's value as the audit shows it: `TZ` also says which zone a script would get
+/// now from `caller_tz`, and where that zone comes from.
+fn set_value(name: &str, value: &str, caller_tz: &Option<std::ffi::OsString>) -> String {
+    if name != "TZ" {
+        return value.to_string();
+    }
+    let (tz, source) = env_policy::tz_with_source(caller_tz.clone());
+    format!(
+        "{value} (here: {}, {})",
+        tz.to_string_lossy(),
+        source.describe()
+    )
+}
+
 /// What a remote backend's script finds set ([`crate::remote::SET_OVER_THERE`]; remote
 /// backends run project mode only), with the `TZ` it would get now from `caller_tz`.
 fn set_over_there(caller_tz: Option<std::ffi::OsString>) -> Vec<SetForChild> {
@@ -136,16 +141,7 @@ fn set_over_there(caller_tz: Option<std::ffi::OsString>) -> Vec<SetForChild> {
             name,
             modes: vec!["project"],
             by_python: false,
-            value: if name == "TZ" {
-                let (tz, source) = env_policy::tz_with_source(caller_tz.clone());
-                format!(
-                    "{value} (here: {}, {})",
-                    tz.to_string_lossy(),
-                    source.describe()
-                )
-            } else {
-                value.to_string()
-            },
+            value: set_value(name, value, &caller_tz),
         })
         .collect();
     set.extend(set_for_child(caller_tz).into_iter().filter(|v| v.by_python));

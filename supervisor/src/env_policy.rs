@@ -276,6 +276,19 @@ impl TzSource {
     }
 }
 
+/// A script's variables as the tools take them: UTF-8 pairs, so a name or value that is not
+/// UTF-8 reaches a tool lossily (the script itself gets the bytes unchanged).
+pub fn lossy_pairs(vars: &[(OsString, OsString)]) -> Vec<(String, String)> {
+    vars.iter()
+        .map(|(k, v)| {
+            (
+                k.to_string_lossy().into_owned(),
+                v.to_string_lossy().into_owned(),
+            )
+        })
+        .collect()
+}
+
 /// The `TZ` an execute_code child gets, and where it came from: the caller's (`caller`, its
 /// `TZ` if set), else the host's zone. Pinning it means a script sees the same zone whatever
 /// interpreter, fork server or confinement runs it (a strict script cannot read `/etc` to find

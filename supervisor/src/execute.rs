@@ -7,6 +7,7 @@
 
 use crate::capture::spawn_drain;
 use crate::config::Mode;
+use crate::env_policy;
 use crate::error::StartError;
 use crate::interpreter::Interpreter;
 use crate::launch::{launch, LaunchSpec, Launched, Proc, Program, RpcEnd, Staging};
@@ -300,17 +301,7 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
         ToolContext {
             task_id: request.task_id.clone(),
             cwd: s.session_cwd.clone(),
-            env: Some(Arc::new(
-                s.tool_env
-                    .iter()
-                    .map(|(k, v)| {
-                        (
-                            k.to_string_lossy().into_owned(),
-                            v.to_string_lossy().into_owned(),
-                        )
-                    })
-                    .collect(),
-            )),
+            env: Some(Arc::new(env_policy::lossy_pairs(&s.tool_env))),
             origin: CallOrigin::Script,
             paths: s.paths.clone(),
             // A script's calls never reach execute_code (SPEC §2).

@@ -17,7 +17,7 @@
 
 use crate::capture::HeadTail;
 use crate::confine::staging::{SCRIPT_FILE, STUB_FILE};
-use crate::env_policy::EnvPolicy;
+use crate::env_policy::{self, EnvPolicy};
 use crate::error::StartError;
 use crate::outcome::{ended_result, finish, Ended, Ending};
 use crate::request::{ExecutionRequest, Interrupt};
@@ -271,16 +271,7 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
     let cwd = session_dir_over_there(r.request, &r.env, r.cwd_is_remote)?;
     let python = r.env.python();
     let env_over_there = remote_env(request, &remote_dir, &cwd)?;
-    // Tools take UTF-8 pairs, as locally (a value that is not UTF-8 reaches them lossily).
-    let tool_env: Vec<(String, String)> = env_over_there
-        .iter()
-        .map(|(k, v)| {
-            (
-                k.to_string_lossy().into_owned(),
-                v.to_string_lossy().into_owned(),
-            )
-        })
-        .collect();
+    let tool_env = env_policy::lossy_pairs(&env_over_there);
     let script_env = script_env(env_over_there, &remote_socket, &token, hello);
 
     // The bootstrap reports the script's real wait status behind this nonce (see remote_boot.py).
