@@ -407,11 +407,13 @@ pub enum SmartVerdict {
 }
 
 impl SmartVerdict {
-    /// Parses `approve` / `deny` / `escalate` (and `yes`/`no`); anything else escalates.
+    /// Parses `approve` / `deny` / `escalate` (any case, surrounding blanks ignored); anything
+    /// else escalates. Only the three words count, whichever host installed the approver: a
+    /// model answering "yes, but…" or "allowed" must not run a command nobody asked about.
     pub fn parse(answer: &str) -> SmartVerdict {
         match answer.trim().to_ascii_lowercase().as_str() {
-            "approve" | "approved" | "allow" | "yes" | "y" => SmartVerdict::Approve,
-            "deny" | "denied" | "no" | "n" | "block" => SmartVerdict::Deny,
+            "approve" => SmartVerdict::Approve,
+            "deny" => SmartVerdict::Deny,
             _ => SmartVerdict::Escalate,
         }
     }
@@ -713,5 +715,9 @@ mod tests {
         assert_eq!(SmartVerdict::parse("approve\n"), SmartVerdict::Approve);
         assert_eq!(SmartVerdict::parse("DENY"), SmartVerdict::Deny);
         assert_eq!(SmartVerdict::parse("maybe"), SmartVerdict::Escalate);
+        // Words near a verdict are not one: the Python adapter escalates them too.
+        for near in ["yes", "y", "allow", "approved", "no", "denied", "block", "approve it"] {
+            assert_eq!(SmartVerdict::parse(near), SmartVerdict::Escalate, "{near}");
+        }
     }
 }

@@ -120,7 +120,13 @@ fn hardline_deny_rules_modes_smart_and_timeout() {
     approval::set_approval_callback(None);
 
     // Smart mode, configured command: approve, deny, escalate (to a non-interactive denial).
-    for (answer, ran) in [("approve", true), ("deny", false), ("hmm", false)] {
+    // Only the three words decide: "yes" escalates (stop 53; it used to approve).
+    for (answer, ran) in [
+        ("approve", true),
+        ("DENY", false),
+        ("hmm", false),
+        ("yes", false),
+    ] {
         set(&format!(
             "approvals:\n  mode: smart\n  smart_command: \"cat >/dev/null; echo {answer}\"\n"
         ));
@@ -129,7 +135,7 @@ fn hardline_deny_rules_modes_smart_and_timeout() {
         assert_eq!(!work.join("d2").exists(), ran, "{answer}: {r}");
         if !ran {
             let e = r["error"].as_str().unwrap();
-            let expect = if answer == "deny" {
+            let expect = if answer == "DENY" {
                 "smart approver"
             } else {
                 "non-interactive"
