@@ -312,6 +312,35 @@ def test_interrupting_nothing_returns_zero():
         vibeos_exec.interrupt(3)
 
 
+def test_an_empty_task_id_is_refused_and_cannot_interrupt_executions_without_one(tmp_path):
+    # "" used to name every execution started without a task id: interrupt("") stopped them.
+    marker = tmp_path / "started"
+    script = (
+        "import pathlib, time\n"
+        f"pathlib.Path({str(marker)!r}).write_text('x')\n"
+        "time.sleep(1.5)\n"
+        "print('finished')\n"
+    )
+    box = {}
+    t = threading.Thread(target=lambda: box.update(r=vibeos_exec.execute_code(script)))
+    t.start()
+    deadline = time.monotonic() + 30
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists()
+    with pytest.raises(ValueError, match="task_id must not be empty"):
+        vibeos_exec.interrupt("")
+    t.join(timeout=30)
+    assert box["r"]["status"] == "success", box["r"]
+    assert box["r"]["output"] == "finished\n"
+    with pytest.raises(ValueError, match="task_id must not be empty"):
+        vibeos_exec.execute_code("print(1)", task_id="")
+    with pytest.raises(ValueError, match="task_id must not be empty"):
+        vibeos_exec.registry.handle_function_call("read_file", {"path": "x"}, task_id="")
+    with pytest.raises(ValueError, match="task_id must not be empty"):
+        vibeos_exec.registry.handle_function_calls([], task_id="")
+
+
 SHUTDOWN_SCRIPT = """
     import os, sys, threading, time
     import vibeos_exec

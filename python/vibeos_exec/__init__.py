@@ -161,7 +161,8 @@ def execute_code(
             ``ValueError``.
         enabled_tools: Script tools the script may call (a subset of the allowed ones);
             default every available one.
-        task_id: Agent task id, handed to tools; :func:`interrupt` stops executions by it.
+        task_id: Agent task id (not empty), handed to tools; :func:`interrupt` stops executions
+            by it.
         stdout_limit: Bytes of stdout kept (its first 40% and last 60%), 64 to 64 MiB;
             default from config (51200).
         stderr_limit: Bytes of stderr kept, 64 to 64 MiB; default from config (10240).
@@ -178,7 +179,7 @@ def execute_code(
         TypeError: An argument has the wrong type (the message names it).
         ValueError: An argument has a wrong value (unknown mode, a timeout that is not
             positive or over 86400 seconds, a negative or too large max_tool_calls, an output
-            limit outside 64 bytes to 64 MiB, a tool scripts may not call); the message names it
+            limit outside 64 bytes to 64 MiB, a tool scripts may not call, an empty task_id); the message names it
             and the allowed values.
         RuntimeError: The config file cannot be read or holds a bad value, such as a
             ``code_execution.python`` that is missing, not executable or older than Python 3.8.
@@ -220,6 +221,8 @@ def execute_code(
     tools = _names("enabled_tools", enabled_tools)
     if task_id is not None and not isinstance(task_id, str):
         raise _type_error("task_id", "a str or None", task_id)
+    if task_id is not None:
+        registry.check_task_id(task_id)
     with _skill_env_lock:
         passthrough = list(_skill_env)
     _threads_here("execute_code")
@@ -280,9 +283,15 @@ def interrupt(task_id: str) -> int:
     """Stops every running execution of ``task_id`` (status ``interrupted``), from any thread.
 
     Returns how many executions were signalled (0 when none was running).
+
+    Raises:
+        TypeError: ``task_id`` is not a str.
+        ValueError: ``task_id`` is empty (executions without a task id cannot be picked out;
+            :func:`interrupt_all` stops every one).
     """
     if not isinstance(task_id, str):
         raise _type_error("task_id", "a str", task_id)
+    registry.check_task_id(task_id)
     return _native.interrupt(task_id)
 
 

@@ -50,6 +50,15 @@ def _check_str(param: str, value: Any) -> str:
     return value
 
 
+def check_task_id(value: Any) -> str:
+    """``value`` as a task id: a non-empty str. An empty id would name the executions and
+    calls made without one (other callers' included), so ``interrupt("")`` could stop them."""
+    _check_str("task_id", value)
+    if not value:
+        raise ValueError("task_id must not be empty: pass None for a call outside any task")
+    return value
+
+
 def _check_str_list(param: str, value: Any) -> List[str]:
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         raise TypeError(f"{param} must be a list of str, got {type(value).__name__}")
@@ -320,7 +329,7 @@ def handle_function_call(
     if args is not None and not isinstance(args, Mapping):
         raise TypeError(f"args must be a dict or None, got {type(args).__name__}")
     if task_id is not None:
-        _check_str("task_id", task_id)
+        check_task_id(task_id)
     try:
         args_json = json.dumps(dict(args or {}), allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -421,7 +430,7 @@ def handle_function_calls(
     if isinstance(calls, (str, bytes, Mapping)) or not isinstance(calls, Iterable):
         raise TypeError(f"calls must be a list of dicts, got {type(calls).__name__}")
     if task_id is not None:
-        _check_str("task_id", task_id)
+        check_task_id(task_id)
     pairs = [_call_of(i, c) for i, c in enumerate(calls)]
     try:
         calls_json = json.dumps([p for p in pairs if not isinstance(p[1], _NotJson)])
