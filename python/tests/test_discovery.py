@@ -183,14 +183,16 @@ def test_a_base_exception_from_a_module_skips_only_that_module(tmp_path, caplog)
                           handler=lambda a: {})
         raise GeneratorExit()
     """)
-    write(d, "c_after.py", """
+    # Not c_after.py: the previous test imported a module of that name from another file,
+    # which this one would replace for the whole process (refused).
+    write(d, "c_after_base.py", """
         from vibeos_exec import registry
         registry.register(name="c_after_base", toolset="disc", schema={"type": "object"},
                           handler=lambda a: {})
     """)
     with caplog.at_level(logging.WARNING, logger="vibeos_exec.discovery"):
         loaded = vibeos_exec.discover_tools(d)
-    assert loaded == ["c_after"]
+    assert loaded == ["c_after_base"]
     names = registry.tool_names()
     assert "c_after_base" in names
     assert "a_raises" not in names and "b_generator_exit" not in names
@@ -290,3 +292,138 @@ def test_a_failed_module_closes_the_override_it_opened_for_a_plugin_source(tmp_p
     """)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["[]", "refused: True"]
+
+
+def test_discover_tools_refuses_an_empty_path(tmp_path, monkeypatch):
+    # Path("") is ".": an unset setting passed on scanned (and imported from) the cwd.
+    (tmp_path / "cwd_tool.py").write_text(
+        "raise RuntimeError('the current directory was scanned')\n"
+        "from vibeos_exec import registry\nregistry.register('cwd_tool', 'x', {}, len)\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="path is empty"):
+        vibeos_exec.discover_tools("")
+
+
+def test_the_scan_finds_aliases_and_loops_but_not_function_bodies(tmp_path):
+    cases = {
+        "alias_from.py": """
+            from vibeos_exec import registry as reg
+            reg.register(name="a", toolset="t", schema={}, handler=len)
+        """,
+        "alias_import.py": """
+            import vibeos_exec.registry as r
+            r.register(name="a", toolset="t", schema={}, handler=len)
+        """,
+        "alias_guarded.py": """
+            try:
+                from vibeos_exec import registry as reg
+            except ImportError:
+                reg = None
+            if reg:
+                reg.register(name="a", toolset="t", schema={}, handler=len)
+        """,
+        "for_loop.py": """
+            from vibeos_exec import registry
+            for n in ("a", "b"):
+                registry.register(name=n, toolset="t", schema={}, handler=len)
+        """,
+        "while_loop.py": """
+            import vibeos_exec
+            while True:
+                vibeos_exec.registry.register(name="a", toolset="t", schema={}, handler=len)
+                break
+        """,
+        "for_else.py": """
+            from vibeos_exec import registry
+            for _ in ():
+                pass
+            else:
+                registry.register(name="a", toolset="t", schema={}, handler=len)
+        """,
+        "match_block.py": """
+            import sys
+            from vibeos_exec import registry
+            match sys.platform:
+                case "linux":
+                    registry.register(name="a", toolset="t", schema={}, handler=len)
+                case _:
+                    pass
+        """,
+    }
+    not_registering = {
+        "in_function.py": """
+            from vibeos_exec import registry as reg
+            def later():
+                reg.register(name="a", toolset="t", schema={}, handler=len)
+        """,
+        "in_class.py": """
+            from vibeos_exec import registry as reg
+            class Later:
+                reg.register(name="a", toolset="t", schema={}, handler=len)
+        """,
+        "alias_in_function.py": """
+            def setup():
+                from vibeos_exec import registry as reg
+            reg.register(name="a", toolset="t", schema={}, handler=len)
+        """,
+        "other_module_alias.py": """
+            import logging as reg
+            reg.register(name="a", toolset="t", schema={}, handler=len)
+        """,
+    }
+    for name, body in {**cases, **not_registering}.items():
+        write(tmp_path, name, body)
+    for name in cases:
+        assert module_registers_tools(tmp_path / name), name
+    for name in not_registering:
+        assert not module_registers_tools(tmp_path / name), name
+    # async with / async for blocks are walked too (valid only where top-level await is).
+    import ast
+    from vibeos_exec.discovery import _is_register_call, _top_level
+
+    tree = compile("async with x:\n    registry.register(name='a')\n", "<top-level await>",
+                   "exec", ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    assert any(isinstance(s, ast.Expr) and _is_register_call(s.value)
+               for s in _top_level(tree.body))
+
+
+def test_the_scan_reads_files_as_python_decodes_them(tmp_path):
+    body = ('from vibeos_exec import registry\n'
+            'registry.register(name="é", toolset="t", schema={}, handler=len)\n')
+    (tmp_path / "bom.py").write_bytes(b"\xef\xbb\xbf" + body.encode())
+    (tmp_path / "latin1.py").write_bytes(("# -*- coding: latin-1 -*-\n" + body).encode("latin-1"))
+    (tmp_path / "not_utf8.py").write_bytes(body.encode("latin-1"))
+    assert module_registers_tools(tmp_path / "bom.py")
+    assert module_registers_tools(tmp_path / "latin1.py")
+    assert not module_registers_tools(tmp_path / "not_utf8.py")
+
+
+def test_discovering_a_directory_twice_imports_its_modules_again(tmp_path):
+    d = tmp_path / "twice"
+    d.mkdir()
+    write(d, "twice_tool.py", """
+        from vibeos_exec import registry
+        registry.register(name="twice_tool", toolset="disc", schema={"type": "object"},
+                          handler=lambda a: {"twice": True})
+    """)
+    assert vibeos_exec.discover_tools(d) == ["twice_tool"]
+    assert vibeos_exec.discover_tools(d) == ["twice_tool"]
+    assert registry.handle_function_call("twice_tool", {}) == '{"twice": true}'
+
+
+def test_a_tool_module_named_like_a_standard_module_is_refused(tmp_path, caplog):
+    d = tmp_path / "shadowing"
+    d.mkdir()
+    write(d, "json.py", """
+        from vibeos_exec import registry
+        registry.register(name="json_shadow", toolset="disc", schema={"type": "object"},
+                          handler=lambda a: {})
+    """)
+    with caplog.at_level(logging.WARNING, logger="vibeos_exec.discovery"):
+        assert vibeos_exec.discover_tools(d) == []
+    import json
+    import sys
+
+    assert sys.modules["json"] is json and json.dumps([1]) == "[1]"
+    assert "json_shadow" not in registry.tool_names()
+    assert "standard-library module `json`; rename the file" in caplog.text

@@ -2,12 +2,18 @@
 
 A tools directory may hold helper modules next to tool modules, and importing a helper can be
 slow or have side effects. So each ``*.py`` file is parsed first, and only modules with a
-*top-level* ``registry.register(...)`` call (or ``<anything>.registry.register(...)``) are
-imported; calls inside functions do not count. A module that fails to import (a missing optional
-dependency, a syntax error, a ``sys.exit()`` while importing) is logged and skipped; the others
-still load. Skipped means skipped whole: the tools it registered before it failed are removed
-again, since their module never finished loading (its handlers may need what never ran), and a
-tool it replaced gets its earlier registration back.
+*top-level* ``registry.register(...)`` call (or ``<anything>.registry.register(...)``, or
+``<name>.register(...)`` where a top-level import bound ``<name>`` to a registry module) are
+imported; calls inside functions and classes do not count. A file is parsed as Python would
+import it (its bytes, so a UTF-8 BOM and a PEP 263 coding cookie are honoured). A module that
+fails to import (a missing optional dependency, a ``sys.exit()`` while importing) is logged and
+skipped; the others still load. Skipped means skipped whole: the tools it registered before it
+failed are removed again, since their module never finished loading (its handlers may need what
+never ran), and a tool it replaced gets its earlier registration back.
+
+Each module is imported under its file stem, so a file whose stem names a standard-library
+module or a module already imported from elsewhere (``json.py``, ``logging.py``) is refused
+rather than imported: it would replace that module for the whole process.
 """
 
 from __future__ import annotations
@@ -19,70 +25,168 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Union
+from typing import AbstractSet, Any, Dict, Iterator, List, Optional, Set, Union
 
-from . import _native, registry
+from . import registry
 
 __all__ = ["discover_tools", "module_registers_tools"]
 
 log = logging.getLogger("vibeos_exec.discovery")
 
 
-def _is_register_call(node: ast.AST) -> bool:
+def _is_registry_module(module: str) -> bool:
+    """Whether the dotted ``module`` names a registry module (``registry``, ``x.registry``)."""
+    return module.rsplit(".", 1)[-1] == "registry"
+
+
+def _registry_aliases(stmts: List[ast.stmt]) -> Set[str]:
+    """Names a top-level import binds to a registry module: ``from vibeos_exec import registry
+    as reg``, ``import vibeos_exec.registry as reg`` (any module named ``registry``, as the
+    ``registry.register`` rule takes any ``registry``)."""
+    names: Set[str] = set()
+    for stmt in _top_level(stmts):
+        if isinstance(stmt, ast.ImportFrom):
+            for alias in stmt.names:
+                if alias.name == "registry":
+                    names.add(alias.asname or alias.name)
+        elif isinstance(stmt, ast.Import):
+            for alias in stmt.names:
+                if alias.asname and _is_registry_module(alias.name):
+                    names.add(alias.asname)
+    return names
+
+
+def _is_register_call(node: ast.AST, aliases: AbstractSet[str] = frozenset()) -> bool:
+    """Whether ``node`` is ``registry.register(...)``, ``<anything>.registry.register(...)`` or
+    ``<alias>.register(...)`` for a name in ``aliases`` (see :func:`_registry_aliases`)."""
     if not isinstance(node, ast.Call):
         return False
     func = node.func
     if not (isinstance(func, ast.Attribute) and func.attr == "register"):
         return False
     target = func.value
-    return (isinstance(target, ast.Name) and target.id == "registry") or (
+    return (isinstance(target, ast.Name) and (target.id == "registry" or target.id in aliases)) or (
         isinstance(target, ast.Attribute) and target.attr == "registry"
     )
+
+
+#: ``try`` statements: ``try ... except*`` (``ast.TryStar``) is 3.11+.
+_TRY = tuple(getattr(ast, n) for n in ("Try", "TryStar") if hasattr(ast, n))
+#: ``match`` statements (3.10+); an empty tuple matches nothing before.
+_MATCH = tuple(getattr(ast, n) for n in ("Match",) if hasattr(ast, n))
+
+
+def _nested_bodies(stmt: ast.stmt) -> List[List[ast.stmt]]:
+    """The statement blocks of ``stmt`` that run when the module body runs: those of ``if``,
+    ``for``, ``while``, ``try``, ``with`` (async ones too) and ``match``; not function or class
+    bodies, which run (if ever) when called."""
+    if isinstance(stmt, (ast.If, ast.For, ast.AsyncFor, ast.While)):
+        return [stmt.body, stmt.orelse]
+    if isinstance(stmt, _TRY):
+        return [stmt.body, stmt.orelse, stmt.finalbody] + [h.body for h in stmt.handlers]
+    if isinstance(stmt, (ast.With, ast.AsyncWith)):
+        return [stmt.body]
+    if isinstance(stmt, _MATCH):
+        return [case.body for case in stmt.cases]  # type: ignore[attr-defined]
+    return []
+
+
+def _top_level(stmts: List[ast.stmt]) -> Iterator[ast.stmt]:
+    """Every statement that runs as part of the module body: ``stmts`` and, recursively, the
+    blocks of :func:`_nested_bodies`."""
+    for stmt in stmts:
+        yield stmt
+        for body in _nested_bodies(stmt):
+            yield from _top_level(body)
+
+
+def scan_module_file(path: Union[str, "os.PathLike[str]"]) -> bool:
+    """Whether the file at ``path`` has a top-level ``registry.register(...)`` call (see
+    :func:`module_registers_tools`); raises what reading or parsing it raised (``OSError``,
+    ``SyntaxError``, ``ValueError``), so a caller can report an unparsable file.
+
+    The file is parsed from its bytes, as the import system compiles it: a UTF-8 BOM and a
+    PEP 263 coding cookie are honoured, and a file Python cannot import fails here too.
+    """
+    tree = ast.parse(Path(path).read_bytes(), filename=os.fspath(path))
+    aliases = _registry_aliases(tree.body)
+    for stmt in _top_level(tree.body):
+        if isinstance(stmt, ast.Expr) and _is_register_call(stmt.value, aliases):
+            return True
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
+            if _is_register_call(stmt.value, aliases):
+                return True
+    return False
 
 
 def module_registers_tools(path: Union[str, "os.PathLike[str]"]) -> bool:
     """Whether the file at ``path`` has a top-level ``registry.register(...)`` call.
 
     Statements directly in the module body count, including those under a top-level ``if``,
-    ``try`` or ``with`` (optional-dependency guards); function and class bodies do not.
-    Unreadable or unparsable files count as not registering (and are logged).
+    ``try``, ``with``, ``for``, ``while`` or ``match`` (optional-dependency guards, loops
+    registering a family of tools); function and class bodies do not. The registry may be
+    reached as ``registry``, ``<anything>.registry``, or any name a top-level import bound to a
+    registry module (``from vibeos_exec import registry as reg``). Unreadable or unparsable
+    files count as not registering (and are logged); :func:`scan_module_file` raises instead.
     """
     try:
-        source = Path(path).read_text(encoding="utf-8")
-        tree = ast.parse(source, filename=os.fspath(path))
+        return scan_module_file(path)
     except (OSError, SyntaxError, ValueError) as exc:
         log.warning("tool discovery: cannot parse %s: %s", path, exc)
         return False
 
-    def body_registers(stmts: List[ast.stmt]) -> bool:
-        for stmt in stmts:
-            if isinstance(stmt, ast.Expr) and _is_register_call(stmt.value):
-                return True
-            if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
-                if _is_register_call(stmt.value):
-                    return True
-            nested: List[List[ast.stmt]] = []
-            if isinstance(stmt, ast.If):
-                nested = [stmt.body, stmt.orelse]
-            elif isinstance(stmt, ast.Try):
-                nested = [stmt.body, stmt.orelse, stmt.finalbody] + [h.body for h in stmt.handlers]
-            elif isinstance(stmt, ast.With):
-                nested = [stmt.body]
-            if any(body_registers(b) for b in nested):
-                return True
-        return False
 
-    return body_registers(tree.body)
-
-
-def tool_module_files(directory: Path) -> List[Path]:
+def tool_module_files(
+    directory: Path, unparsable: Optional[Dict[Path, str]] = None
+) -> List[Path]:
     """The tool modules of ``directory`` in name order: ``*.py`` files not starting with ``_``
-    that have a top-level ``registry.register(...)`` call."""
-    return [
-        f
-        for f in sorted(directory.glob("*.py"))
-        if not f.name.startswith("_") and module_registers_tools(f)
-    ]
+    that have a top-level ``registry.register(...)`` call.
+
+    A file that cannot be read or parsed is logged and left out; given ``unparsable``, it is
+    put there instead (file → ``ExceptionType: message``), so a caller that reports failures
+    (:func:`vibeos_exec.load_plugins`) can list it rather than drop it silently.
+    """
+    files = []
+    for f in sorted(directory.glob("*.py")):
+        if f.name.startswith("_"):
+            continue
+        if unparsable is None:
+            if module_registers_tools(f):
+                files.append(f)
+            continue
+        try:
+            if scan_module_file(f):
+                files.append(f)
+        except (OSError, SyntaxError, ValueError) as exc:
+            unparsable[f] = f"{type(exc).__name__}: {exc}"
+    return files
+
+
+def _taken_by(name: str, file: Path) -> Optional[str]:
+    """What already owns the module name ``name``, when importing ``file`` under it would
+    replace that for the whole process: a module in ``sys.modules`` not loaded from ``file``, or
+    a standard-library or builtin module (imported or not: a later ``import json`` anywhere in
+    the process would get the plugin). None when the name is free or already ``file``'s."""
+    existing = sys.modules.get(name)
+    if existing is not None and _loaded_from(existing, file):
+        return None
+    if name in sys.builtin_module_names or name in getattr(sys, "stdlib_module_names", ()):
+        return f"the standard-library module `{name}`"
+    if existing is not None:
+        origin = getattr(existing, "__file__", None)
+        return f"the module `{name}`" + (f" already imported from {origin}" if origin else
+                                          " already imported")
+    return None
+
+
+def _loaded_from(module: Any, file: Path) -> bool:
+    origin = getattr(module, "__file__", None)
+    if not origin:
+        return False
+    try:
+        return os.path.samefile(origin, file)
+    except OSError:
+        return False
 
 
 def import_module_file(file: Path) -> None:
@@ -91,9 +195,22 @@ def import_module_file(file: Path) -> None:
     When the import raises, the module's registrations are undone: a tool it added is removed,
     a tool it replaced (a built-in included) gets its earlier registration back, opening to
     scripts included. The caller puts the file's directory on ``sys.path`` if siblings must
-    resolve.
+    resolve. Importing the same file again (a second :func:`discover_tools`) runs it again.
+
+    Raises:
+        ImportError: The stem names a standard-library or builtin module, or a module already
+            imported from another file: imported under that name, the file would replace it
+            for the whole process (a plugin ``json.py`` breaking every later ``json.dumps``).
     """
     name = file.stem
+    taken = _taken_by(name, file)
+    if taken is not None:
+        raise ImportError(
+            f"cannot import {file} as module `{name}`: that name is taken by {taken}; "
+            "rename the file",
+            name=name,
+            path=str(file),
+        )
     spec = importlib.util.spec_from_file_location(name, file)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot build an import spec for {file}")
@@ -113,7 +230,15 @@ def import_module_file(file: Path) -> None:
         _undo_registrations(file, previous)
         raise
     finally:
-        registry._recorder, registry._previous = outer, outer_previous
+        # Only if they are still ours: when a plugin loader gave up on this import (its
+        # import_timeout) it moved on and set its own, which this late finish must not undo.
+        ours = registry._recorder is recorded and registry._previous is previous
+        if ours:
+            registry._recorder, registry._previous = outer, outer_previous
+    if not ours:
+        # Given up on: the loader reported it failed, so it is undone as a failed one is.
+        _undo_registrations(file, previous)
+        return
     if outer is not None:
         outer.extend(recorded)
     if outer_previous is not None:
@@ -121,14 +246,14 @@ def import_module_file(file: Path) -> None:
             outer_previous.setdefault(tool, held)
 
 
-def _undo_registrations(file: Path, previous: Dict[str, Any]) -> None:
-    """Gives every name ``file`` registered before its import failed what it held before (see
-    :func:`import_module_file`)."""
+def _undo_registrations(what: Union[Path, str], previous: Dict[str, Any]) -> None:
+    """Gives every name ``what`` (a module file, or a plugin) registered before it failed what
+    it held before (see :func:`import_module_file`)."""
     for tool, held in previous.items():
         if held.replaced:
             log.info("tool discovery: %s failed after replacing tool `%s`; its earlier "
-                     "registration is restored", file, tool)
-        _native.restore_tool(held)
+                     "registration is restored", what, tool)
+        registry._restore(held)
 
 
 def discover_tools(path: Union[str, "os.PathLike[str]"]) -> List[str]:
@@ -141,12 +266,21 @@ def discover_tools(path: Union[str, "os.PathLike[str]"]) -> List[str]:
     their traceback at WARNING and skipped, and the failed module's registrations are undone
     (tools it added removed, tools it replaced given their earlier registration back).
 
+    A module whose stem names a standard-library module or a module already imported from
+    another file is refused (logged, skipped): see :func:`import_module_file`. Files that cannot
+    be parsed are logged and skipped.
+
     Raises:
         TypeError: ``path`` is not a str or os.PathLike.
+        ValueError: ``path`` is empty (``Path("")`` is the current directory, which a caller
+            passing an unset setting did not mean to scan).
         NotADirectoryError: ``path`` is not a directory.
     """
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+    if not os.fspath(path):
+        raise ValueError("tool discovery: path is empty; pass a directory (\".\" for the "
+                         "current one)")
     directory = Path(path)
     if not directory.is_dir():
         raise NotADirectoryError(f"tool discovery: {directory} is not a directory")

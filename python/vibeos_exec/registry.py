@@ -16,7 +16,10 @@ from __future__ import annotations
 import inspect
 import json
 import sys
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+import threading
+from typing import (
+    Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple,
+)
 
 from . import _async, _native
 
@@ -132,14 +135,67 @@ def _parameters_of(name: str, schema: Mapping[str, Any]) -> Tuple[Dict[str, Any]
 #: While a plugin loads, the names it registers (see :mod:`vibeos_exec.plugins`); None otherwise.
 _recorder: Optional[List[str]] = None
 
-#: While a tool module loads, what each name it registers held before its first registration
-#: there (see :mod:`vibeos_exec.discovery`, which gives it back if the module fails); None
-#: otherwise.
-_previous: Optional[Dict[str, "_native.PreviousTool"]] = None
+class _Registration(NamedTuple):
+    """What the Python side knows of a registration made through :func:`register`, for those
+    that list tools with more than the definitions say (the plugin host sends ``requires_env``,
+    ``emoji`` and, for a tool whose check fails, why; the extension's definitions leave those
+    tools out)."""
+
+    toolset: str
+    description: str
+    parameters: Dict[str, Any]
+    emoji: str
+    requires_env: Tuple[str, ...]
+    check_fn: Optional[Callable[[], Any]]
+    script_callable: bool
+
+
+#: Name → its last registration through :func:`register` (kept in step by :func:`unregister`
+#: and :func:`_restore`; a tool replaced later by a Rust-side registration keeps its entry).
+_registrations: Dict[str, _Registration] = {}
+
+
+class _Previous(NamedTuple):
+    """What a name held before a registration: the extension's entry (for
+    ``_native.restore_tool``) and the Python-side record (see :func:`_restore`)."""
+
+    native: "_native.PreviousTool"
+    registration: Optional[_Registration]
+
+    @property
+    def replaced(self) -> bool:
+        return self.native.replaced
+
+
+def _restore(held: _Previous) -> None:
+    """Undoes a registration: the name gets back what ``held`` says it held, in the extension
+    and in :data:`_registrations` (or is removed)."""
+    _native.restore_tool(held.native)
+    name = held.native.name
+    if held.registration is None:
+        _registrations.pop(name, None)
+    else:
+        _registrations[name] = held.registration
+
+
+def _registration(name: str) -> Optional[_Registration]:
+    """The last :func:`register` of ``name`` still in force, or None."""
+    return _registrations.get(name)
+
+
+#: While a tool module or a plugin loads, what each name it registers held before its first
+#: registration there (see :mod:`vibeos_exec.discovery` and :mod:`vibeos_exec.plugins`, which
+#: give it back if the module or plugin fails); None otherwise.
+_previous: Optional[Dict[str, _Previous]] = None
 
 #: The ``source`` of the host's own registrations; the extension records it as the host's
 #: (``ToolSource::Host``), which the plugin override policy does not apply to.
 _HOST_SOURCE = "python"
+
+#: Threads of plugin imports the loader gave up on (``load_plugins(import_timeout=...)``): a
+#: registration from one of them is refused, since the loader has moved on and would record it
+#: as another plugin's, or as the host's. Thread objects; a thread leaves when its import ends.
+_abandoned: "set[threading.Thread]" = set()
 
 #: While a plugin loads, the source its registrations are recorded under (its name; see
 #: :mod:`vibeos_exec.plugins`); None otherwise. Process-wide rather than per thread: a plugin
@@ -232,6 +288,11 @@ def register(
         if not isinstance(value, bool):
             raise TypeError(f"{flag} must be a bool, got {type(value).__name__}")
     _check_str("source", source)
+    if _abandoned and threading.current_thread() in _abandoned:
+        raise RuntimeError(
+            f"tool `{name}` not registered: this plugin's import was given up on (it did not "
+            "finish within the plugin loader's import timeout) and the plugin reported failed"
+        )
     if _plugin_source is not None:
         # A plugin's registrations are the plugin's, whatever it passes: as the host's they
         # would escape the operator's override policy (a plugin replacing `read_file` or
@@ -251,6 +312,7 @@ def register(
         params_json = json.dumps(params, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"schema of `{name}` is not JSON-serialisable: {exc}") from None
+    before = _registrations.get(name)
     previous = _native.register_tool(
         name,
         toolset,
@@ -266,15 +328,19 @@ def register(
         parallel_safe,
         script_callable,
     )
+    _registrations[name] = _Registration(toolset, description, params, emoji, tuple(env),
+                                         check_fn, script_callable)
     if _recorder is not None:
         _recorder.append(name)
     if _previous is not None:
-        _previous.setdefault(name, previous)
+        _previous.setdefault(name, _Previous(previous, before))
 
 
 def unregister(name: str) -> bool:
     """Removes the tool ``name`` (and its opening to scripts); returns whether it existed."""
-    return _native.unregister_tool(_check_str("name", name))
+    _check_str("name", name)
+    _registrations.pop(name, None)
+    return _native.unregister_tool(name)
 
 
 def tool_names() -> List[str]:
