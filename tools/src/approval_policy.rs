@@ -275,9 +275,11 @@ fn hardline_hits(p: &HardlinePattern, view: &str, mounts: &str) -> bool {
         });
     }
     if p.self_call {
+        // `${FUNCNAME}`'s braces would end the body the regex takes.
+        let view = view.replace("${funcname}", "$funcname");
         return p
             .regex
-            .captures_iter(view)
+            .captures_iter(&view)
             .any(|c| match (c.name("name"), c.name("body")) {
                 (Some(n), Some(b)) => calls_itself_async(n.as_str(), b.as_str()),
                 _ => false,
@@ -289,6 +291,8 @@ fn hardline_hits(p: &HardlinePattern, view: &str, mounts: &str) -> bool {
 /// Whether `body` runs the command `name` in the background (`name &`) or in a pipeline
 /// (`name |`, `| name`): what makes a self-calling function a fork bomb.
 fn calls_itself_async(name: &str, body: &str) -> bool {
+    // Inside a function bash's `$FUNCNAME` is its own name (the views are lower case).
+    let body = &body.replace("$funcname", name);
     let is_name_char = |c: char| c.is_ascii_alphanumeric() || "_:.-".contains(c);
     let mut from = 0;
     while let Some(i) = body[from..].find(name).map(|i| i + from) {

@@ -53,19 +53,126 @@ pub fn normalize_command(command: &str) -> String {
 /// 4. the first view without lower-casing, for the few options whose case is their meaning
 ///    (`git branch -D` deletes unmerged work, `-d` does not); patterns written in lower case
 ///    match it only where the command was lower case anyway.
+///
+/// A command with ANSI-C quoted words (`$'\162\155'` is `rm`, `$'/dev/vda'` is `/dev/vda`)
+/// gets these views twice: as written and with those words decoded ([`decode_ansi_c`]).
 pub fn command_views(command: &str) -> Vec<String> {
-    let lower = command.to_lowercase().replace("\\\n", " ");
-    let primary = finish(&join_lines(&lower));
-    let flat = finish(&lower.replace('\n', " ; "));
-    let expanded = expand(&primary);
-    let cased = finish(&join_lines(&command.replace("\\\n", " ")));
-    let mut views = vec![primary];
-    for v in [flat, expanded, cased] {
-        if !views.contains(&v) {
-            views.push(v);
+    let mut views = Vec::new();
+    let decoded = decode_ansi_c(command);
+    for command in std::iter::once(command).chain(decoded.as_deref()) {
+        let lower = command.to_lowercase().replace("\\\n", " ");
+        let primary = finish(&join_lines(&lower));
+        let flat = finish(&lower.replace('\n', " ; "));
+        let expanded = expand(&primary);
+        let cased = finish(&join_lines(&command.replace("\\\n", " ")));
+        for v in [primary, flat, expanded, cased] {
+            if !views.contains(&v) {
+                views.push(v);
+            }
         }
     }
     views
+}
+
+/// `command` with each ANSI-C quoted word (`$'…'`) replaced by what bash makes of it, in
+/// single quotes (a quote it holds dropped: the views drop quotes anyway); `None` when it has
+/// none. Escapes: `\a \b \e \E \f \n \r \t \v \\ \' \" \?`, octal `\nnn`, `\xHH`, `\uHHHH`,
+/// `\UHHHHHHHH` and `\cX`; an unterminated `$'` is left as it is.
+pub(crate) fn decode_ansi_c(command: &str) -> Option<String> {
+    if !command.contains("$'") {
+        return None;
+    }
+    let mut out = String::with_capacity(command.len());
+    let mut rest = command;
+    while let Some(start) = rest.find("$'") {
+        out.push_str(&rest[..start]);
+        let body = &rest[start + 2..];
+        match decode_ansi_c_body(body) {
+            Some((text, used)) => {
+                out.push('\'');
+                out.extend(text.chars().filter(|&c| c != '\''));
+                out.push('\'');
+                rest = &body[used..];
+            }
+            None => {
+                out.push_str(&rest[start..]);
+                rest = "";
+            }
+        }
+    }
+    out.push_str(rest);
+    Some(out)
+}
+
+/// The text of one `$'…'` body (after the `$'`) and the bytes it used, closing quote
+/// included; `None` when it never closes.
+fn decode_ansi_c_body(body: &str) -> Option<(String, usize)> {
+    let mut text = String::new();
+    let mut chars = body.char_indices().peekable();
+    // Up to `max` digits of `radix` after an escape letter, as one code point.
+    let digits = |chars: &mut std::iter::Peekable<std::str::CharIndices<'_>>,
+                  radix: u32,
+                  max: usize,
+                  first: Option<u32>| {
+        let mut value = first.unwrap_or(0);
+        let mut n = usize::from(first.is_some());
+        while n < max {
+            match chars.peek().and_then(|&(_, c)| c.to_digit(radix)) {
+                Some(d) => {
+                    value = value.saturating_mul(radix).saturating_add(d);
+                    chars.next();
+                    n += 1;
+                }
+                None => break,
+            }
+        }
+        (n > 0).then_some(value)
+    };
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '\'' => return Some((text, i + 1)),
+            '\\' => {
+                let Some((_, e)) = chars.next() else {
+                    return None;
+                };
+                let code = match e {
+                    'a' => Some(0x07),
+                    'b' => Some(0x08),
+                    'e' | 'E' => Some(0x1b),
+                    'f' => Some(0x0c),
+                    'n' => Some(0x0a),
+                    'r' => Some(0x0d),
+                    't' => Some(0x09),
+                    'v' => Some(0x0b),
+                    '0'..='7' => digits(&mut chars, 8, 3, e.to_digit(8)),
+                    'x' => digits(&mut chars, 16, 2, None),
+                    'u' => digits(&mut chars, 16, 4, None),
+                    'U' => digits(&mut chars, 16, 8, None),
+                    'c' => chars.next().map(|(_, x)| u32::from(x) & 0x1f),
+                    other => {
+                        // `\\`, `\'`, `\"`, `\?` are the character; bash keeps the backslash
+                        // of an unknown escape.
+                        if !matches!(other, '\\' | '\'' | '"' | '?') {
+                            text.push('\\');
+                        }
+                        Some(u32::from(other))
+                    }
+                };
+                match code.and_then(char::from_u32) {
+                    Some(ch) => text.push(ch),
+                    // `\x` without digits is kept as written; a value that is no character
+                    // (a lone surrogate) is dropped, as nothing can match it.
+                    None if code.is_none() => {
+                        text.push('\\');
+                        text.push(e);
+                    }
+                    None => {}
+                }
+            }
+            c => text.push(c),
+        }
+    }
+    None
 }
 
 /// Quotes, backslashes, `$IFS`, spacing, doubled slashes and command paths (see
@@ -81,16 +188,7 @@ fn finish(joined: &str) -> String {
     if let Some(re) = SLASHES.as_ref() {
         s = re.replace_all(&s, "$1/").into_owned();
     }
-    if let Some(re) = DOT_DOT_PATH.as_ref() {
-        // Twice, because a match consumes the separator the next path needs.
-        for _ in 0..2 {
-            s = re
-                .replace_all(&s, |c: &regex::Captures<'_>| {
-                    format!("{}{}{}", &c[1], without_dot_dot(&c[2]), &c[3])
-                })
-                .into_owned();
-        }
-    }
+    s = resolve_dot_dot(s);
     cut_command_paths(s).trim().to_string()
 }
 
@@ -238,7 +336,7 @@ static VARIABLE: LazyLock<Option<Regex>> = LazyLock::new(|| {
 static BRACE_LIST: LazyLock<Option<Regex>> =
     LazyLock::new(|| Regex::new(r"^([^{}]*?)\{([^{}]*,[^{}]*)\}([^{}]*)$").ok());
 static ROOT_GLOB: LazyLock<Option<Regex>> =
-    LazyLock::new(|| Regex::new(r"^(/+)([^/]*[*?\[][^/]*)(/*)$").ok());
+    LazyLock::new(|| Regex::new(r"^(/+)([^/]*[*?\[][^/]*)(/.*)?$").ok());
 /// Commands that run the command after them (their own options skipped).
 static WRAPPER: LazyLock<Option<Regex>> = LazyLock::new(|| {
     Regex::new(
@@ -251,6 +349,36 @@ static SHELL_C: LazyLock<Option<Regex>> = LazyLock::new(|| {
     Regex::new(r"(^|;|&&|\|\||&|\(|`|\{)\s*(?:ba|z|da|k)?sh\s+(?:-[a-z]+\s+)*-c\s+").ok()
 });
 
+/// `/proc/self/root` (or `/proc/<pid>/root`, `/proc/thread-self/root`) in front of a path: the
+/// same file through the process's root (`/proc/self/root/dev/vda` is `/dev/vda`).
+static PROC_ROOT: LazyLock<Option<Regex>> = LazyLock::new(|| {
+    Regex::new(r"(^|[\s;&|(){}<>=`])/proc/(?:self|thread-self|[0-9]+)/root(/|[\s;&|(){}<>`]|$)")
+        .ok()
+});
+/// A path ending in `/.` (`/.`, `/etc/.`): the directory itself.
+static TRAILING_DOT: LazyLock<Option<Regex>> =
+    LazyLock::new(|| Regex::new(r"(/)\.([\s;&|(){}<>`]|$)").ok());
+/// A `~` that the shell expands to the home directory (a word's start, or after `=` or `:`).
+static TILDE: LazyLock<Option<Regex>> =
+    LazyLock::new(|| Regex::new(r"(^|[\s=:;&|(`])~(/|[\s;&|)`]|$)").ok());
+/// A one-character bracket expression (`r[m]`, `/et[c]`), which the shell's globbing turns into
+/// that character wherever the file exists.
+static ONE_CHAR_CLASS: LazyLock<Option<Regex>> =
+    LazyLock::new(|| Regex::new(r"\[([^\]\[!^\s/])\]").ok());
+/// A command name written as a glob (`/usr/bin/r?`, `/bin/da?h`): in command position, after a
+/// separator or at the start.
+static COMMAND_GLOB: LazyLock<Option<Regex>> = LazyLock::new(|| {
+    Regex::new(r"(^|[;&|(`{]\s*)([^\s;&|()`{}]*[*?\[][^\s;&|()`{}]*)(\s|$|[;&|)])").ok()
+});
+
+/// The command names a glob in command position is tried against: those the patterns name.
+const GLOBBED_COMMANDS: [&str; 36] = [
+    "rm", "dd", "mkfs", "mke2fs", "wipefs", "fdisk", "sfdisk", "parted", "shred", "chmod",
+    "chown", "chgrp", "kill", "killall", "pkill", "systemctl", "service", "shutdown", "reboot",
+    "halt", "poweroff", "sh", "bash", "rbash", "dash", "zsh", "ksh", "curl", "wget", "git",
+    "sudo", "python3", "perl", "find", "tee", "truncate",
+];
+
 /// Top-level directories a glob such as `/e*` or `/[u]sr` is checked against.
 const TOP_LEVEL: [&str; 17] = [
     "bin", "boot", "dev", "etc", "home", "lib", "lib32", "lib64", "opt", "proc", "root", "run",
@@ -259,7 +387,7 @@ const TOP_LEVEL: [&str; 17] = [
 
 /// The third view of [`command_views`]: plain shell expansions put in, wrappers removed.
 fn expand(primary: &str) -> String {
-    let mut s = primary.to_string();
+    let mut s = same_files(primary);
     if let Some(re) = SQL_COMMENT.as_ref() {
         s = re.replace_all(&s, " ").into_owned();
     }
@@ -318,6 +446,122 @@ fn expand(primary: &str) -> String {
     cut_command_paths(s).trim().to_string()
 }
 
+/// Paths that name the same file put plainly: `/proc/self/root/x` as `/x`, `/.` as `/`,
+/// `~` as the home directory (`cd ~/..` is `cd /home`), the one-character bracket of `r[m]` or
+/// `/et[c]` as that character, a command name globbed (`/usr/bin/r?`) as the command it
+/// matches; then vibeos-exec's own home and config file named as the variables the config
+/// write pattern knows (`$vibeos_home`, `$vibeos_config`), however they are spelled.
+fn same_files(primary: &str) -> String {
+    let mut s = primary.to_string();
+    if let Some(re) = PROC_ROOT.as_ref() {
+        s = re
+            .replace_all(&s, |c: &regex::Captures| {
+                let after = &c[2];
+                if after == "/" {
+                    format!("{}/", &c[1])
+                } else {
+                    format!("{}/{after}", &c[1])
+                }
+            })
+            .into_owned();
+    }
+    if let Some(re) = TRAILING_DOT.as_ref() {
+        s = re.replace_all(&s, "$1$2").into_owned();
+    }
+    if let Some(home) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        let home = home.to_string_lossy().to_lowercase();
+        if let Some(re) = TILDE.as_ref() {
+            s = re
+                .replace_all(&s, |c: &regex::Captures| format!("{}{home}{}", &c[1], &c[2]))
+                .into_owned();
+        }
+    }
+    if let Some(re) = ONE_CHAR_CLASS.as_ref() {
+        s = re.replace_all(&s, "$1").into_owned();
+    }
+    if let Some(re) = COMMAND_GLOB.as_ref() {
+        s = re
+            .replace_all(&s, |c: &regex::Captures| {
+                let word = &c[2];
+                let name = word.rsplit('/').next().unwrap_or(word);
+                let named = name.chars().any(|ch| !"*?[]".contains(ch));
+                let hit = globset::Glob::new(name)
+                    .ok()
+                    .filter(|_| named)
+                    .map(|g| g.compile_matcher())
+                    .and_then(|g| GLOBBED_COMMANDS.iter().find(|cmd| g.is_match(cmd)));
+                match hit {
+                    Some(cmd) => format!("{}{cmd}{}", &c[1], &c[3]),
+                    None => c[0].to_string(),
+                }
+            })
+            .into_owned();
+    }
+    if let Some(re) = SLASHES.as_ref() {
+        s = re.replace_all(&s, "$1/").into_owned();
+    }
+    s = resolve_dot_dot(s);
+    for (path, variable) in own_paths() {
+        s = replace_path(&s, &path, variable);
+    }
+    s
+}
+
+/// vibeos-exec's home and config file as the views spell them (lower case), each also through
+/// its symlinks, longest first, with the variable that names it.
+fn own_paths() -> Vec<(String, &'static str)> {
+    let mut paths = Vec::new();
+    for (path, variable) in [
+        (crate::settings::config_path(), "$vibeos_config"),
+        (crate::settings::vibeos_home(), "$vibeos_home"),
+    ] {
+        let real = std::fs::canonicalize(&path).ok();
+        for p in std::iter::once(path).chain(real) {
+            let text = p.to_string_lossy().trim_end_matches('/').to_lowercase();
+            // `/` or an empty path would name everything.
+            if text.len() > 1 && !paths.iter().any(|(t, _)| t == &text) {
+                paths.push((text, variable));
+            }
+        }
+    }
+    paths.sort_by_key(|(t, _)| std::cmp::Reverse(t.len()));
+    paths
+}
+
+/// `s` with `path` replaced by `variable` where it is a whole path or a path's start (followed
+/// by `/`, a separator or the end; not `…/homework` for `…/home`).
+fn replace_path(s: &str, path: &str, variable: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find(path) {
+        let end = i + path.len();
+        let whole = rest[end..]
+            .chars()
+            .next()
+            .is_none_or(|c| c == '/' || c.is_whitespace() || ";&|)`'\"".contains(c));
+        out.push_str(&rest[..i]);
+        out.push_str(if whole { variable } else { path });
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// An absolute path's `..` components resolved by name ([`without_dot_dot`]) throughout `s`.
+fn resolve_dot_dot(mut s: String) -> String {
+    if let Some(re) = DOT_DOT_PATH.as_ref() {
+        // Twice, because a match consumes the separator the next path needs.
+        for _ in 0..2 {
+            s = re
+                .replace_all(&s, |c: &regex::Captures<'_>| {
+                    format!("{}{}{}", &c[1], without_dot_dot(&c[2]), &c[3])
+                })
+                .into_owned();
+        }
+    }
+    s
+}
+
 /// The long options the patterns name, which GNU tools (and git) also take abbreviated to any
 /// unambiguous prefix: `rm --r`, `chmod --recur`, `git reset --har`, `git clean --forc`.
 const ABBREVIATED_LONG_OPTIONS: [&str; 6] = [
@@ -346,7 +590,7 @@ fn long_option_in_full(word: &str) -> Option<String> {
 }
 
 /// One word with its brace list and a top-level glob expanded (`-{r,f}` → `-r -f`,
-/// `/{etc,usr}` → `/etc /usr`, `/e*` → `/etc`) and an abbreviated long option in full
+/// `/{etc,usr}` → `/etc /usr`, `/e*` → `/etc`, `/e?c/hosts` → `/etc/hosts`) and an abbreviated long option in full
 /// ([`long_option_in_full`]); other words unchanged.
 fn expand_word(word: &str) -> String {
     let (core, tail) = word.split_at(word.trim_end_matches([';', '&', '|', ')']).len());
@@ -374,7 +618,7 @@ fn expand_word(word: &str) -> String {
             let hits: Vec<String> = TOP_LEVEL
                 .iter()
                 .filter(|d| glob.is_match(d))
-                .map(|d| format!("/{d}{}", &c[3]))
+                .map(|d| format!("/{d}{}", c.get(3).map_or("", |m| m.as_str())))
                 .collect();
             if hits.is_empty() {
                 vec![w]

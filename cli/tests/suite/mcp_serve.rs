@@ -509,6 +509,26 @@ fn mcp_toolsets_offer_the_registry_tools_of_those_toolsets() {
         "{}",
         r["written_rm"]
     );
+    let typed = &r["typed"];
+    for (case, refused) in [
+        ("split_first", false),
+        ("split_rest", true),
+        ("backspace", true),
+        ("assign", false),
+        ("variable", true),
+    ] {
+        assert_eq!(typed[case]["is_error"], refused, "{case}: {}", typed[case]);
+        if refused {
+            assert!(
+                typed[case]["text"]
+                    .as_str()
+                    .unwrap()
+                    .contains("CommandDenied"),
+                "{case}: {}",
+                typed[case]
+            );
+        }
+    }
     assert_eq!(r["written_echo"]["is_error"], false, "{r}");
     assert!(r["shell_saw"].as_str().unwrap().contains("fine-42"), "{r}");
     assert!(sb.work().join("victim/precious.txt").exists());

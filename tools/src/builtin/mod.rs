@@ -10,5 +10,6 @@ mod process;
 mod read_file;
 mod search_files;
 pub mod terminal;
+mod typed_line;
 mod web;
 mod write_file;

@@ -83,6 +83,15 @@ fn process(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolEr
     };
     if let (Action::Write, Some(data)) = (a.action, a.data.as_deref()) {
         check_what_is_written(data, ctx)?;
+        // And what the shell there will run once this write is typed after the earlier ones.
+        if let Some(id) = a.process_id.as_deref() {
+            let task = ctx.task_id.as_deref();
+            let typed = super::typed_line::text_to_judge(task, id, data);
+            if typed != data {
+                check_what_is_written(&typed, ctx)?;
+            }
+            super::typed_line::record(task, id, data);
+        }
     }
     if let Some(result) = crate::environments::agent::forward(
         "process",

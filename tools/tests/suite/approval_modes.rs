@@ -188,3 +188,54 @@ fn hardline_deny_rules_modes_smart_and_timeout() {
     approval::set_approval_callback(None);
     vibeos_tools::settings::set_config_path(None);
 }
+
+#[test]
+fn writing_the_config_by_its_literal_path_is_asked_about() {
+    // Stop 53: `> $VIBEOS_HOME/config.yaml` was caught, the same path spelled out was not,
+    // and turned approvals off for the rest of the execution.
+    let _process_state = super::process_state_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("vibeos-home");
+    std::fs::create_dir_all(&home).unwrap();
+    let cfg = home.join("config.yaml");
+    std::fs::write(&cfg, "approvals:\n  mode: manual\n").unwrap();
+    vibeos_tools::settings::set_config_path(Some(cfg.clone()));
+    let dangerous = |cmd: &str| {
+        approval::detect_dangerous(cmd)
+            .unwrap()
+            .iter()
+            .any(|p| p.key == "vibeos_config_write")
+    };
+    let home_text = home.display().to_string();
+    let real = std::fs::canonicalize(&home).unwrap().display().to_string();
+    for cmd in [
+        format!("echo 'approvals: {{mode: off}}' > {}", cfg.display()),
+        format!("echo 'approvals: {{mode: off}}' > {home_text}/./config.yaml"),
+        format!("cp evil.yaml {real}/config.yaml"),
+        format!("tee -a {home_text}/config.yaml < x"),
+        format!("sed -i s/manual/off/ {home_text}/config.yaml"),
+    ] {
+        assert!(dangerous(&cmd), "{cmd}");
+    }
+    for cmd in [
+        format!("cat {}", cfg.display()),
+        format!("echo x > {home_text}-other/config.yaml"),
+    ] {
+        assert!(!dangerous(&cmd), "{cmd}");
+    }
+    // Through the terminal tool, non-interactive: refused, the file unchanged.
+    let ctx = ToolContext::agent(dir.path());
+    let r = terminal(
+        &ctx,
+        &format!("echo 'approvals: {{mode: off}}' > {}", cfg.display()),
+    );
+    assert!(
+        r["error"].as_str().unwrap_or("").contains("non-interactive"),
+        "{r}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&cfg).unwrap(),
+        "approvals:\n  mode: manual\n"
+    );
+    vibeos_tools::settings::set_config_path(None);
+}
