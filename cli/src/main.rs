@@ -540,7 +540,7 @@ fn real_main(mut cli: Cli) -> Result<u8, UsageError> {
             code
         }
         Command::Run(args) => {
-            let extensions = vibeos_supervisor::extensions::load(&config, vibeos_tools::registry());
+            let extensions = extensions_for(&config, &args.limits);
             backends::activate(backend, args.limits.cwd.as_deref());
             let code = match prepared {
                 Some(request) => run(request, args.json),
@@ -596,7 +596,7 @@ fn real_main(mut cli: Cli) -> Result<u8, UsageError> {
             // After the built-ins, the tools of MCP servers and plugins (SPEC §7), as for `run`
             // and `tools`: scripts get the script-callable ones, `--toolsets mcp-<name>` offers
             // a server's tools directly. A server that fails is logged and skipped.
-            let extensions = vibeos_supervisor::extensions::load(&config, vibeos_tools::registry());
+            let extensions = extensions_for(&config, &args.limits);
             backends::activate(backend, args.limits.cwd.as_deref());
             let code = serve(args, config, &extensions);
             backends::shutdown();
@@ -849,6 +849,24 @@ fn prepare_run(args: &RunArgs, config: &Config) -> Result<ExecutionRequest, Usag
         request.cwd = Some(args.limits.session_cwd()?);
     }
     Ok(request)
+}
+
+/// The configured MCP servers and plugins of a `run` or `serve` session: the project plugins
+/// are those of its `--cwd`, and none in strict mode (`--mode` included). Flags that do not
+/// apply are reported later, where the session refuses them; until then, strict's rule holds.
+fn extensions_for(
+    config: &Config,
+    limits: &LimitArgs,
+) -> std::sync::Arc<vibeos_tools::mcp_client::McpManager> {
+    let mut effective = config.clone();
+    if limits.apply(&mut effective).is_err() {
+        effective.mode = vibeos_supervisor::Mode::Strict;
+    }
+    vibeos_supervisor::extensions::load_in(
+        &effective,
+        vibeos_tools::registry(),
+        limits.cwd.as_deref(),
+    )
 }
 
 /// What `run` reports when a signal stopped it before an execution started: status

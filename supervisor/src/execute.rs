@@ -74,7 +74,7 @@ async fn run(
                 .is_none_or(|s| s.contains(&e.name))
         })
         .filter(|e| {
-            request.mode != Mode::Strict || crate::confine::tools::offered(&request.strict, &e.name)
+            request.mode != Mode::Strict || crate::confine::tools::offered(&request.strict, e)
         })
         .collect();
     let stub = stub_for(script_tools);

@@ -30,6 +30,7 @@ pub fn execute_code_settings(config: &Config, cwd: Option<&Path>) -> ExecuteCode
         timeout: config.timeout,
         max_tool_calls: config.max_tool_calls,
         strict_terminal: crate::confine::StrictOptions::from_config(config).terminal,
+        strict_plugin_tools: crate::confine::StrictOptions::from_config(config).plugin_tools,
         stdout_limit: config.stdout_limit,
     }
 }

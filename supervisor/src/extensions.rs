@@ -8,10 +8,11 @@
 //! hands them to the tools crate's MCP client. The CLI, the Python package and the MCP server
 //! all call [`load`].
 
-use crate::config::{vibeos_home, Config};
+use crate::config::{vibeos_home, Config, Mode};
 use crate::env_policy::EnvPolicy;
 use crate::interpreter::Resolution;
 use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 pub use vibeos_tools::mcp_client::PluginsConfig;
 use vibeos_tools::mcp_client::{McpManager, McpServerConfig, ServerKind, ServerSpec};
@@ -70,10 +71,11 @@ pub fn server_env(
 }
 
 /// The server specs of config.yaml: `mcp_servers:` entries in file order (bad ones logged with
-/// their name and skipped), then the plugin host unless `plugins.enabled` is false.
-pub fn specs(config: &Config) -> Vec<ServerSpec> {
+/// their name and skipped), then the plugin host unless `plugins.enabled` is false. The project
+/// plugin dir is that of the session cwd (`cwd`, else `$TERMINAL_CWD`, else this process's).
+pub fn specs(config: &Config, cwd: Option<&Path>) -> Vec<ServerSpec> {
     let mut out = mcp_server_specs(config);
-    if let Some(spec) = plugin_host_spec(config) {
+    if let Some(spec) = plugin_host_spec(config, cwd) {
         out.push(spec);
     }
     out
@@ -105,10 +107,42 @@ pub fn mcp_server_specs(config: &Config) -> Vec<ServerSpec> {
     out
 }
 
+/// The plugin dirs the host loads, in order: `$VIBEOS_HOME/plugins`, the project's
+/// `<cwd>/.vibeos/plugins` (not in strict mode, which is for scripts and projects nobody
+/// vouched for: a planted project plugin would run with the operator's rights), then
+/// `plugins.dirs`.
+pub fn plugin_dirs(config: &Config, cwd: Option<&Path>) -> Vec<PathBuf> {
+    let plugins = config.file.plugins.clone().unwrap_or_default();
+    let mut dirs = vec![vibeos_home().join("plugins")];
+    if config.mode == Mode::Strict {
+        tracing::debug!("strict mode: the project's .vibeos/plugins are not loaded");
+    } else if let Ok(cwd) = crate::request::session_cwd(cwd) {
+        dirs.push(cwd.join(".vibeos").join("plugins"));
+    }
+    dirs.extend(plugins.dirs.iter().cloned());
+    dirs
+}
+
+/// How long the plugin host may spend importing one plugin: a third of its start-up bound, so
+/// a hung plugin is reported by name and the others still start in time.
+fn import_timeout(connect_timeout: Option<f64>) -> f64 {
+    let connect = connect_timeout
+        .filter(|t| t.is_finite() && *t > 0.0)
+        .unwrap_or(vibeos_tools::mcp_client::DEFAULT_CONNECT_TIMEOUT.as_secs_f64());
+    (connect / 3.0).clamp(0.5, 20.0)
+}
+
 /// The plugin host's spec, or `None` when plugins are disabled or misconfigured (logged).
-pub fn plugin_host_spec(config: &Config) -> Option<ServerSpec> {
+pub fn plugin_host_spec(config: &Config, cwd: Option<&Path>) -> Option<ServerSpec> {
     let plugins = config.file.plugins.clone().unwrap_or_default();
     if plugins.enabled == Some(false) {
+        return None;
+    }
+    let dirs = plugin_dirs(config, cwd);
+    // Without a plugin directory the host runs only when entry points are asked for
+    // explicitly: no Python start-up per CLI call for users who have no plugins (and no
+    // warning about an interpreter they do not need).
+    if !dirs.iter().any(|d| d.is_dir()) && plugins.entry_points != Some(true) {
         return None;
     }
     let python = match plugins.python.clone() {
@@ -124,21 +158,15 @@ pub fn plugin_host_spec(config: &Config) -> Option<ServerSpec> {
             }
         },
     };
-    let mut dirs = vec![vibeos_home().join("plugins")];
-    if let Ok(cwd) = std::env::current_dir() {
-        dirs.push(cwd.join(".vibeos").join("plugins"));
-    }
-    dirs.extend(plugins.dirs.iter().cloned());
-    // Without a plugin directory the host runs only when entry points are asked for
-    // explicitly: no Python start-up per CLI call for users who have no plugins.
-    if !dirs.iter().any(|d| d.is_dir()) && plugins.entry_points != Some(true) {
-        return None;
-    }
     let mut args = vec!["-m".to_string(), "vibeos_exec.plugin_host".to_string()];
     for d in &dirs {
-        args.push("--dir".into());
-        args.push(d.display().to_string());
+        // One word, so a dir starting with `-` is not taken for an option.
+        args.push(format!("--dir={}", d.display()));
     }
+    args.push(format!(
+        "--import-timeout={}",
+        import_timeout(plugins.connect_timeout)
+    ));
     if plugins.entry_points == Some(false) {
         args.push("--no-entry-points".into());
     }
@@ -158,7 +186,9 @@ pub fn plugin_host_spec(config: &Config) -> Option<ServerSpec> {
         env: Some(env),
         kind: ServerKind::Plugins,
         start_hint: Some(format!(
-            "plugins need the vibeos_exec Python package installed for {command}; plugins skipped"
+            "the plugin host runs `{command} -m vibeos_exec.plugin_host`: if the log says \
+             `No module named vibeos_exec`, install the package for that interpreter \
+             (or set plugins.python); plugins skipped"
         )),
     })
 }
@@ -167,7 +197,16 @@ pub fn plugin_host_spec(config: &Config) -> Option<ServerSpec> {
 /// lazy ones on the first definitions build. Failures are logged by name and skipped. Keep the
 /// returned manager and call [`McpManager::shutdown`] on exit.
 pub fn load(config: &Config, registry: &'static ToolRegistry) -> Arc<McpManager> {
-    McpManager::start(specs(config), registry)
+    load_in(config, registry, None)
+}
+
+/// [`load`] for a session whose cwd is `cwd` (`run --cwd`, `serve --cwd`): its project plugins.
+pub fn load_in(
+    config: &Config,
+    registry: &'static ToolRegistry,
+    cwd: Option<&Path>,
+) -> Arc<McpManager> {
+    McpManager::start(specs(config, cwd), registry)
 }
 
 /// [`load`] without the plugin host: for hosts that load plugins in their own Python
@@ -191,7 +230,7 @@ mod tests {
         let cfg = config(
             "mcp_servers:\n  good:\n    command: srv\n    args: [a, b]\n    startup: eager\n    script_callable: [t1]\n  http:\n    url: http://127.0.0.1:9/mcp\n    headers: {X-A: b}\n  both:\n    command: x\n    url: http://x\n  slow:\n    command: x\n    timeout: -1\n  bad.name:\n    command: x\nplugins:\n  enabled: false\n",
         );
-        let specs = specs(&cfg);
+        let specs = specs(&cfg, None);
         let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["good", "http"]);
         assert_eq!(specs[0].config.args, ["a", "b"]);
@@ -243,6 +282,49 @@ mod tests {
     }
 
     #[test]
+    fn the_project_plugins_are_the_session_cwds_and_not_loaded_in_strict_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let project = dir.path().join("proj");
+        std::fs::create_dir_all(project.join(".vibeos/plugins")).unwrap();
+        let dash = dir.path().join("-dashdir");
+        std::fs::create_dir_all(&dash).unwrap();
+        let yaml = |mode: &str| {
+            format!(
+                "code_execution:\n  mode: {mode}\nplugins:\n  python: /usr/bin/python3\n  \
+                 entry_points: false\n  dirs: ['{}']\n",
+                dash.display()
+            )
+        };
+        let project_dir = format!("--dir={}", project.join(".vibeos/plugins").display());
+        let spec = plugin_host_spec(&config(&yaml("project")), Some(&project)).unwrap();
+        assert!(
+            spec.config.args.contains(&project_dir),
+            "{:?}",
+            spec.config.args
+        );
+        // A dir starting with `-` travels as one word, not as an option of its own.
+        assert!(spec
+            .config
+            .args
+            .contains(&format!("--dir={}", dash.display())));
+        assert!(spec
+            .config
+            .args
+            .iter()
+            .any(|a| a.starts_with("--import-timeout=")));
+        // Strict mode: the project's plugins are not the operator's; they are not loaded.
+        let spec = plugin_host_spec(&config(&yaml("strict")), Some(&project)).unwrap();
+        assert!(
+            !spec.config.args.contains(&project_dir),
+            "{:?}",
+            spec.config.args
+        );
+        assert_eq!(import_timeout(Some(30.0)), 10.0);
+        assert_eq!(import_timeout(Some(600.0)), 20.0);
+        assert_eq!(import_timeout(None), 10.0);
+    }
+
+    #[test]
     fn the_plugin_host_runs_only_with_a_plugin_dir_or_entry_points() {
         let dir = tempfile::tempdir().unwrap();
         let yaml = |extra: &str| {
@@ -252,9 +334,9 @@ mod tests {
             )
         };
         // No directory exists: no host.
-        assert!(plugin_host_spec(&config(&yaml(""))).is_none());
+        assert!(plugin_host_spec(&config(&yaml("")), None).is_none());
         std::fs::create_dir_all(dir.path().join("none")).unwrap();
-        let spec = plugin_host_spec(&config(&yaml(""))).expect("host with a plugin dir");
+        let spec = plugin_host_spec(&config(&yaml("")), None).expect("host with a plugin dir");
         assert_eq!(spec.kind, ServerKind::Plugins);
         assert_eq!(spec.config.command.as_deref(), Some("/usr/bin/python3"));
         assert!(spec
@@ -264,12 +346,13 @@ mod tests {
         assert!(spec.config.args.contains(&"--no-entry-points".to_string()));
         let on = "plugins:\n  python: /usr/bin/python3\n  entry_points: true\n";
         assert!(
-            plugin_host_spec(&config(on)).is_some(),
+            plugin_host_spec(&config(on), None).is_some(),
             "entry points alone"
         );
-        assert!(plugin_host_spec(&config(
-            "plugins:\n  enabled: false\n  entry_points: true\n"
-        ))
+        assert!(plugin_host_spec(
+            &config("plugins:\n  enabled: false\n  entry_points: true\n"),
+            None
+        )
         .is_none());
         let e = Config::parse("plugins:\n  bogus: 1\n", Path::new("/test/config.yaml"))
             .unwrap_err()

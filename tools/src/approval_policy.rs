@@ -720,7 +720,16 @@ mod tests {
         assert_eq!(SmartVerdict::parse("DENY"), SmartVerdict::Deny);
         assert_eq!(SmartVerdict::parse("maybe"), SmartVerdict::Escalate);
         // Words near a verdict are not one: the Python adapter escalates them too.
-        for near in ["yes", "y", "allow", "approved", "no", "denied", "block", "approve it"] {
+        for near in [
+            "yes",
+            "y",
+            "allow",
+            "approved",
+            "no",
+            "denied",
+            "block",
+            "approve it",
+        ] {
             assert_eq!(SmartVerdict::parse(near), SmartVerdict::Escalate, "{near}");
         }
     }

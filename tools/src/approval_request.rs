@@ -373,10 +373,42 @@ static COMMAND_GLOB: LazyLock<Option<Regex>> = LazyLock::new(|| {
 
 /// The command names a glob in command position is tried against: those the patterns name.
 const GLOBBED_COMMANDS: [&str; 36] = [
-    "rm", "dd", "mkfs", "mke2fs", "wipefs", "fdisk", "sfdisk", "parted", "shred", "chmod",
-    "chown", "chgrp", "kill", "killall", "pkill", "systemctl", "service", "shutdown", "reboot",
-    "halt", "poweroff", "sh", "bash", "rbash", "dash", "zsh", "ksh", "curl", "wget", "git",
-    "sudo", "python3", "perl", "find", "tee", "truncate",
+    "rm",
+    "dd",
+    "mkfs",
+    "mke2fs",
+    "wipefs",
+    "fdisk",
+    "sfdisk",
+    "parted",
+    "shred",
+    "chmod",
+    "chown",
+    "chgrp",
+    "kill",
+    "killall",
+    "pkill",
+    "systemctl",
+    "service",
+    "shutdown",
+    "reboot",
+    "halt",
+    "poweroff",
+    "sh",
+    "bash",
+    "rbash",
+    "dash",
+    "zsh",
+    "ksh",
+    "curl",
+    "wget",
+    "git",
+    "sudo",
+    "python3",
+    "perl",
+    "find",
+    "tee",
+    "truncate",
 ];
 
 /// Top-level directories a glob such as `/e*` or `/[u]sr` is checked against.
@@ -472,7 +504,9 @@ fn same_files(primary: &str) -> String {
         let home = home.to_string_lossy().to_lowercase();
         if let Some(re) = TILDE.as_ref() {
             s = re
-                .replace_all(&s, |c: &regex::Captures| format!("{}{home}{}", &c[1], &c[2]))
+                .replace_all(&s, |c: &regex::Captures| {
+                    format!("{}{home}{}", &c[1], &c[2])
+                })
                 .into_owned();
         }
     }

@@ -117,6 +117,10 @@ pub struct StrictSection {
     /// `terminal`: whether strict scripts get the terminal tool.
     #[serde(default, deserialize_with = "crate::config_types::opt_bool")]
     pub terminal: Option<bool>,
+    /// `plugin_tools`: whether strict scripts get the plugin tools their plugins open to
+    /// scripts (they run in the plugin host, unconfined).
+    #[serde(default, deserialize_with = "crate::config_types::opt_bool")]
+    pub plugin_tools: Option<bool>,
 }
 
 /// `terminal:`.

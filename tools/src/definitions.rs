@@ -36,6 +36,9 @@ pub struct ExecuteCodeSettings {
     /// Strict mode only: whether `terminal` is opened to scripts
     /// (`code_execution.strict.terminal`); otherwise it is not offered in strict mode.
     pub strict_terminal: bool,
+    /// Strict mode only: whether plugin tools their plugins open to scripts are offered
+    /// (`code_execution.strict.plugin_tools`); otherwise none is in strict mode.
+    pub strict_plugin_tools: bool,
     /// Stdout cap of one script in bytes (`code_execution.stdout_limit`).
     pub stdout_limit: usize,
 }
@@ -49,6 +52,7 @@ impl Default for ExecuteCodeSettings {
             timeout: Duration::from_secs(300),
             max_tool_calls: 50,
             strict_terminal: false,
+            strict_plugin_tools: false,
             stdout_limit: 50 * 1024,
         }
     }
@@ -202,6 +206,11 @@ pub fn execute_code_description(
         .iter()
         .copied()
         .filter(|e| !strict || settings.strict_terminal || e.name != "terminal")
+        .filter(|e| {
+            !strict
+                || settings.strict_plugin_tools
+                || !matches!(e.source, crate::entry::ToolSource::Plugin(_))
+        })
         .filter_map(|e| {
             let params = e.script_function().ok()?;
             Some((e, vibeos_rpc::signature_text(&params)))

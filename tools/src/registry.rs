@@ -175,9 +175,15 @@ impl ToolRegistry {
         }
         let mut tools = write(&self.tools);
         if let Some(old) = tools.get(&entry.name) {
+            // Between MCP servers, and between one and a plugin, the config order decides
+            // (`mcp_client::precedence`, which leaves out a later one's tool before it gets
+            // here): refusing here made the first to register win, which varied by start-up
+            // timing.
             let mcp_to_mcp = matches!(
                 (&old.source, &entry.source),
                 (ToolSource::Mcp(_), ToolSource::Mcp(_))
+                    | (ToolSource::Mcp(_), ToolSource::Plugin(_))
+                    | (ToolSource::Plugin(_), ToolSource::Mcp(_))
             );
             let mut permitted = override_existing || mcp_to_mcp;
             if entry.source.is_external() && !old.source.is_external() && !mcp_to_mcp {

@@ -660,9 +660,79 @@ fn plugins_without_the_python_package_are_skipped_with_a_clear_message() {
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
     assert!(
-        text.contains("plugins need the vibeos_exec Python package installed for"),
+        text.contains("No module named vibeos_exec")
+            && text.contains("install the package for that interpreter"),
         "{text}"
     );
     // Built-ins still work.
     assert!(text.lines().any(|l| l.starts_with("read_file ")), "{text}");
+}
+
+/// Strict mode (stop 53): a project's `.vibeos/plugins` are not the operator's and are not
+/// loaded (they ran with the operator's rights before any script did), and a plugin tool its
+/// plugin opened to scripts reaches a strict script only when the operator opens plugin tools
+/// (`code_execution.strict.plugin_tools`): it runs unconfined in the plugin host.
+#[test]
+fn strict_mode_loads_no_project_plugin_and_offers_plugin_tools_only_when_opened() {
+    let py = need!("mcp.server.mcpserver, vibeos_exec.plugin_host");
+    let sb = Sandbox::new();
+    copy_plugins(&sb.home().join("plugins"));
+    let marker = sb.root.path().join("planted-plugin-ran");
+    let planted = sb.work().join(".vibeos/plugins");
+    std::fs::create_dir_all(&planted).unwrap();
+    std::fs::write(
+        planted.join("planted.py"),
+        format!(
+            "import pathlib\npathlib.Path({:?}).write_text('ran')\n\
+             from vibeos_exec import registry\n\
+             registry.register(name='planted', toolset='planted', \
+             schema={{'type': 'object', 'properties': {{}}}}, handler=lambda a: {{}}, \
+             script_callable=True)\n",
+            marker.display().to_string()
+        ),
+    )
+    .unwrap();
+    let config = |strict_extra: &str| {
+        sb.write_config(&format!(
+            "code_execution:\n  python: {}\n  strict:\n    disk_mb: 64\n{strict_extra}plugins:\n  \
+             python: {}\n  startup: eager\n  entry_points: false\n",
+            vibeos_testkit::python3().display(),
+            py.display()
+        ))
+    };
+    config("");
+    let greet = "from vibeos_tools import greet\nprint(greet(name='s')['greeting'])\n";
+    let r = sb.run_json(greet, &["--mode", "strict"]);
+    assert_eq!(r["status"], "error", "{r}");
+    assert!(
+        r["output"]
+            .as_str()
+            .unwrap()
+            .contains("cannot import name 'greet'"),
+        "{r}"
+    );
+    let r = sb.run_json(
+        "import vibeos_tools\nprint(hasattr(vibeos_tools, 'planted'))\n",
+        &["--mode", "strict"],
+    );
+    assert_eq!(r["output"].as_str().unwrap().trim(), "False", "{r}");
+    assert!(
+        !marker.exists(),
+        "a strict run imported the project's plugin"
+    );
+
+    // Opened by the operator: the plugin tool is callable from a strict script.
+    config("    plugin_tools: true\n");
+    let r = sb.run_json(greet, &["--mode", "strict"]);
+    assert_eq!(r["status"], "success", "{r}");
+    assert_eq!(r["output"].as_str().unwrap().trim(), "hello, s");
+    assert!(
+        !marker.exists(),
+        "a strict run imported the project's plugin"
+    );
+
+    // Project mode trusts the project: its plugin loads (and its tool is offered).
+    let r = sb.run_json("from vibeos_tools import planted\nprint(planted())\n", &[]);
+    assert_eq!(r["status"], "success", "{r}");
+    assert!(marker.exists());
 }

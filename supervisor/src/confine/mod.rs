@@ -89,6 +89,10 @@ pub struct StrictOptions {
     /// Whether `terminal` is offered to strict scripts (`terminal`, default false). It then
     /// runs as the supervisor's user, outside the sandbox: an explicit opening by the operator.
     pub terminal: bool,
+    /// Whether strict scripts get the plugin tools their plugins open to scripts
+    /// (`plugin_tools`, default false). A plugin opens its own tool; only the operator can
+    /// decide that a strict script may run that code with the plugin host's rights.
+    pub plugin_tools: bool,
     /// Disk budget of one execution (staging dir and TMPDIR), in bytes (`disk_mb`).
     pub disk_bytes: u64,
     /// A configuration problem found when reading config.yaml; strict mode refuses with it.
@@ -107,6 +111,7 @@ impl Default for StrictOptions {
             read_roots: Vec::new(),
             write_roots: Vec::new(),
             terminal: false,
+            plugin_tools: false,
             disk_bytes: DEFAULT_DISK_MB << 20,
             invalid: None,
         }
@@ -189,6 +194,9 @@ impl StrictOptions {
         self.write_roots = roots("write_roots", &strict.write_roots)?;
         if let Some(b) = strict.terminal {
             self.terminal = b;
+        }
+        if let Some(b) = strict.plugin_tools {
+            self.plugin_tools = b;
         }
         self.seccomp_policy = path("seccomp_policy", &strict.seccomp_policy)?;
         self.landlock_policy = path("landlock_policy", &strict.landlock_policy)?;

@@ -23,10 +23,15 @@
 use super::{ConfineError, StrictOptions};
 use std::path::Path;
 use vibeos_tools::path_policy::{PathPolicy, RootAccess};
+use vibeos_tools::{ToolEntry, ToolSource};
 
-/// Whether a script tool is offered to a strict script.
-pub fn offered(options: &StrictOptions, tool: &str) -> bool {
-    tool != "terminal" || options.terminal
+/// Whether a script tool is offered to a strict script: `terminal` and plugin tools only when
+/// the operator opens them (`code_execution.strict.terminal`, `strict.plugin_tools`). A plugin
+/// marks its own tools script-callable; that is the plugin's word, not the operator's, and the
+/// tool runs in the plugin host with the operator's rights.
+pub fn offered(options: &StrictOptions, tool: &ToolEntry) -> bool {
+    (tool.name != "terminal" || options.terminal)
+        && (options.plugin_tools || !matches!(tool.source, ToolSource::Plugin(_)))
 }
 
 /// The roots of one strict execution. A configured root that does not exist refuses the run;

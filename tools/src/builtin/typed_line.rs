@@ -41,8 +41,12 @@ fn key(task: Option<&str>, process: &str) -> (String, String) {
 /// each as the line editor leaves it. Judge this text as well as `data` itself.
 pub(crate) fn text_to_judge(task: Option<&str>, process: &str, data: &str) -> String {
     let typed = TYPED.lock().map(|g| {
-        g.get(&key(task, process))
-            .map(|t| (t.assignments.iter().cloned().collect::<Vec<_>>(), t.partial.clone()))
+        g.get(&key(task, process)).map(|t| {
+            (
+                t.assignments.iter().cloned().collect::<Vec<_>>(),
+                t.partial.clone(),
+            )
+        })
     });
     let (assignments, partial) = typed.ok().flatten().unwrap_or_default();
     let (lines, rest) = edit(&partial, data);
@@ -137,9 +141,7 @@ fn is_assignment(line: &str) -> bool {
         .trim_start();
     line.split_once('=').is_some_and(|(name, _)| {
         !name.is_empty()
-            && name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
             && !name.starts_with(|c: char| c.is_ascii_digit())
     })
 }
@@ -150,7 +152,10 @@ mod tests {
 
     #[test]
     fn the_line_editor_is_applied_across_writes() {
-        assert_eq!(edit("", "rm -x\x7fr d\n"), (vec!["rm -r d".to_string()], String::new()));
+        assert_eq!(
+            edit("", "rm -x\x7fr d\n"),
+            (vec!["rm -r d".to_string()], String::new())
+        );
         assert_eq!(edit("", "rm -\x16r d\n").0, ["rm -r d"]);
         assert_eq!(edit("echo hi", "\x15rm -r d").1, "rm -r d");
         assert_eq!(edit("", "ls stuff\x17-r d\r").0, ["ls -r d"]);

@@ -44,6 +44,12 @@ use std::time::Duration;
 pub const PLUGIN_META_KEY: &str = "vibeos/plugin";
 /// `_meta` key marking a plugin tool its plugin opened to scripts.
 pub const PLUGIN_SCRIPT_META_KEY: &str = "vibeos/script_callable";
+/// `_meta` key of a plugin-host tool: the environment variables it needs (list of str).
+pub const PLUGIN_REQUIRES_ENV_META_KEY: &str = "vibeos/requires_env";
+/// `_meta` key of a plugin-host tool: its emoji (str).
+pub const PLUGIN_EMOJI_META_KEY: &str = "vibeos/emoji";
+/// `_meta` key of a plugin-host tool whose `check_fn` fails in the host: why (str).
+pub const PLUGIN_UNAVAILABLE_META_KEY: &str = "vibeos/unavailable";
 /// Key of the JSON object in the plugin host's `instructions` listing plugins that failed.
 pub const PLUGIN_FAILURES_KEY: &str = "vibeos_plugin_failures";
 
@@ -122,7 +128,12 @@ impl McpServer {
         spec: ServerSpec,
         registry: &'static ToolRegistry,
     ) -> Result<Arc<Self>, McpConfigError> {
-        let order = precedence::ServerOrder::new(vec![spec.name.clone()]);
+        let order = match spec.kind {
+            ServerKind::Mcp => precedence::ServerOrder::new(vec![spec.name.clone()], None),
+            ServerKind::Plugins => {
+                precedence::ServerOrder::new(Vec::new(), Some(spec.name.clone()))
+            }
+        };
         Self::new_in(spec, registry, Arc::new(order))
     }
 
@@ -365,19 +376,17 @@ impl McpServer {
                 }
             };
             let name = tool.name.to_string();
-            if self.spec.kind == ServerKind::Mcp {
-                let earlier = self
-                    .order
-                    .held_by_earlier(&self.spec.name, self.registry, &name);
-                if let Some(winner) = earlier {
-                    tracing::warn!(
-                        "{}: tool `{name}` left out: MCP server `{winner}`, listed before it in \
-                         mcp_servers, has a tool of that name (the first listed wins; rename \
-                         or disable one to use both)",
-                        self.label()
-                    );
-                    continue;
-                }
+            let earlier = self
+                .order
+                .held_by_earlier(&self.spec.name, self.registry, &name);
+            if let Some(winner) = earlier {
+                tracing::warn!(
+                    "{}: tool `{name}` left out: MCP server `{winner}`, listed before it in \
+                     mcp_servers (the plugins come after every server), has a tool of that \
+                     name (the first listed wins; rename or disable one to use both)",
+                    self.label()
+                );
+                continue;
             }
             let schema = Value::Object((*tool.input_schema).clone());
             let description = tool
@@ -409,6 +418,10 @@ impl McpServer {
                 },
             )
             .with_shared_check(&self.check);
+            let entry = match self.spec.kind {
+                ServerKind::Plugins => self.with_plugin_meta(entry, &meta),
+                ServerKind::Mcp => entry,
+            };
             groups
                 .entry(toolset)
                 .or_insert_with(|| (source, Vec::new()))
@@ -443,6 +456,39 @@ impl McpServer {
         }
         *lock(&self.toolsets) = names;
         count
+    }
+
+    /// What the plugin host says of a tool beyond MCP (its `_meta`, see plugin_host.py): the
+    /// variables it needs (checked here, as for any tool), its emoji, and, for a tool whose
+    /// `check_fn` fails there, why — such a tool is registered unavailable, so `tools list`
+    /// shows it with its reason instead of not at all.
+    fn with_plugin_meta(&self, mut entry: ToolEntry, meta: &Value) -> ToolEntry {
+        if let Some(vars) = meta
+            .get(PLUGIN_REQUIRES_ENV_META_KEY)
+            .and_then(Value::as_array)
+        {
+            entry.requires_env = vars
+                .iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect();
+        }
+        if let Some(emoji) = meta.get(PLUGIN_EMOJI_META_KEY).and_then(Value::as_str) {
+            entry.emoji = emoji.to_string();
+        }
+        if let Some(why) = meta
+            .get(PLUGIN_UNAVAILABLE_META_KEY)
+            .and_then(Value::as_str)
+        {
+            tracing::warn!(
+                "{}: tool `{}` is unavailable: {}",
+                self.label(),
+                entry.name,
+                bounded_text(why.to_string(), 1024)
+            );
+            entry = entry.with_instant_check(|| false);
+        }
+        entry
     }
 
     async fn refresh_tools(&self) {
@@ -618,7 +664,8 @@ fn sanitize(module: &str) -> String {
     module
         .chars()
         .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
+            // `_` and `.` kept: a module `p_long` is toolset `plugin-p_long`, as written.
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
                 c
             } else {
                 '-'
@@ -638,13 +685,18 @@ impl McpManager {
     /// prepare hook that starts lazy ones, opens script-callable ones to scripts, and starts
     /// the eager ones (in parallel, each bounded by its start-up timeout).
     pub fn start(specs: Vec<ServerSpec>, registry: &'static ToolRegistry) -> Arc<McpManager> {
-        // The MCP servers in config order: the first listed wins a tool name they share.
+        // The MCP servers in config order, then the plugin host: the first listed wins a tool
+        // name they share.
         let order = Arc::new(precedence::ServerOrder::new(
             specs
                 .iter()
                 .filter(|s| s.kind == ServerKind::Mcp)
                 .map(|s| s.name.clone())
                 .collect(),
+            specs
+                .iter()
+                .find(|s| s.kind == ServerKind::Plugins)
+                .map(|s| s.name.clone()),
         ));
         let mut servers = Vec::new();
         for spec in specs {
@@ -838,6 +890,14 @@ fn bounded_text(mut text: String, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_plugin_toolset_keeps_the_module_name_as_written() {
+        // `p_long64` was `plugin-p-long64`, which `--enable-toolsets plugin-p_long64` missed.
+        assert_eq!(sanitize("p_long64"), "p_long64");
+        assert_eq!(sanitize("pkg.mod"), "pkg.mod");
+        assert_eq!(sanitize("My Plugin"), "my-plugin");
+    }
 
     #[test]
     fn a_server_s_error_text_is_bounded_and_names_no_library_type() {

@@ -664,9 +664,7 @@ impl TextCheck {
 /// Logs what a stdio server writes to stderr, line by line, under its label: at warn when the
 /// line looks like an error, else at info.
 pub(crate) async fn forward_stderr(label: String, stderr: tokio::process::ChildStderr) {
-    use tokio::io::AsyncBufReadExt;
-    let mut lines = tokio::io::BufReader::new(stderr).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
+    each_stderr_line(stderr, MAX_STDERR_LINE, |line| {
         let lower = line.to_ascii_lowercase();
         if ["error", "warning", "traceback", "exception"]
             .iter()
@@ -676,6 +674,56 @@ pub(crate) async fn forward_stderr(label: String, stderr: tokio::process::ChildS
         } else {
             tracing::info!("{label}: {line}");
         }
+    })
+    .await;
+}
+
+/// The longest stderr line of a server kept for the log; the rest of a longer one is counted.
+const MAX_STDERR_LINE: usize = 8 * 1024;
+
+/// Calls `on_line` with each line `reader` gives until its end, as text (invalid UTF-8
+/// replaced) cut at `max` bytes with a note of how much was left out. Memory stays bounded
+/// however long a line is (a server once wrote 400 MB without a newline, and the CLI held it
+/// all), and bytes that are not UTF-8 do not stop the reading (which would leave the server
+/// blocked on a full pipe).
+async fn each_stderr_line<R: tokio::io::AsyncRead + Unpin>(
+    mut reader: R,
+    max: usize,
+    mut on_line: impl FnMut(String),
+) {
+    use tokio::io::AsyncReadExt;
+    let mut line: Vec<u8> = Vec::new();
+    let mut dropped = 0usize;
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut emit = |line: &mut Vec<u8>, dropped: &mut usize| {
+        let mut text = String::from_utf8_lossy(line).into_owned();
+        if *dropped > 0 {
+            text.push_str(&format!(
+                " … ({} more bytes of this line left out)",
+                *dropped
+            ));
+        }
+        line.clear();
+        *dropped = 0;
+        on_line(text);
+    };
+    loop {
+        let n = match reader.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        for &b in &buf[..n] {
+            if b == b'\n' {
+                emit(&mut line, &mut dropped);
+            } else if line.len() < max {
+                line.push(b);
+            } else {
+                dropped += 1;
+            }
+        }
+    }
+    if !line.is_empty() || dropped > 0 {
+        emit(&mut line, &mut dropped);
     }
 }
 
@@ -683,6 +731,29 @@ pub(crate) async fn forward_stderr(label: String, stderr: tokio::process::ChildS
 mod tests {
     use super::*;
     use tokio::io::AsyncReadExt;
+
+    #[tokio::test]
+    async fn stderr_lines_are_cut_and_never_stop_the_reading() {
+        let mut input = b"short\n".to_vec();
+        input.extend(std::iter::repeat_n(b'x', 100_000));
+        input.extend(b"\nnot \xff utf-8\ntail without newline");
+        let mut lines = Vec::new();
+        each_stderr_line(input.as_slice(), 16, |l| lines.push(l)).await;
+        assert_eq!(lines[0], "short");
+        assert_eq!(
+            lines[1],
+            format!(
+                "{} … (99984 more bytes of this line left out)",
+                "x".repeat(16)
+            )
+        );
+        assert_eq!(lines[2], "not \u{fffd} utf-8");
+        assert_eq!(
+            lines[3],
+            "tail without new … (4 more bytes of this line left out)"
+        );
+        assert_eq!(lines.len(), 4);
+    }
 
     fn id_of(json: &str) -> Option<String> {
         let mut s = IdScan::default();

@@ -230,7 +230,10 @@ fn writing_the_config_by_its_literal_path_is_asked_about() {
         &format!("echo 'approvals: {{mode: off}}' > {}", cfg.display()),
     );
     assert!(
-        r["error"].as_str().unwrap_or("").contains("non-interactive"),
+        r["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("non-interactive"),
         "{r}"
     );
     assert_eq!(

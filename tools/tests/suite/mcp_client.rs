@@ -526,3 +526,45 @@ fn the_server_listed_first_wins_a_shared_tool_name_whatever_starts_first() {
         m.shutdown();
     }
 }
+
+/// An MCP server and the plugin host offering the same tool name: the server wins, whichever
+/// starts first (the plugin host comes after every `mcp_servers:` entry). Before stop 53 the
+/// first to register kept the name, so the winner changed from run to run.
+#[test]
+fn an_mcp_server_wins_a_tool_name_it_shares_with_a_plugin_whatever_starts_first() {
+    let py = need_python!();
+    let server = |name: &str, delay: &str, kind: ServerKind| {
+        let mut env: Vec<(String, String)> = std::env::vars()
+            .filter(|(k, _)| k == "PATH" || k == "HOME")
+            .collect();
+        env.push(("WHO".into(), name.into()));
+        env.push(("FIXTURE_START_DELAY".into(), delay.into()));
+        let mut s = spec(name, stdio(&py, "stdio_server.py"));
+        s.env = Some(env);
+        s.kind = kind;
+        s
+    };
+    for (server_delay, plugins_delay) in [("0", "1"), ("1", "0")] {
+        let reg = leaked();
+        let m = McpManager::start(
+            vec![
+                server("srv", server_delay, ServerKind::Mcp),
+                server("plugins", plugins_delay, ServerKind::Plugins),
+            ],
+            reg,
+        );
+        for tool in ["echo", "add", "getenv"] {
+            assert_eq!(
+                reg.get(tool).unwrap().source,
+                ToolSource::Mcp("srv".into()),
+                "{tool} (delays {server_delay}/{plugins_delay})"
+            );
+        }
+        assert_eq!(
+            call(reg, "getenv", json!({"name": "WHO"}))["value"],
+            "srv",
+            "delays {server_delay}/{plugins_delay}"
+        );
+        m.shutdown();
+    }
+}

@@ -494,6 +494,7 @@ fn execute_code_schema_lists_only_surviving_script_tools() {
         timeout: Duration::from_secs(42),
         max_tool_calls: 7,
         strict_terminal: false,
+        strict_plugin_tools: false,
         stdout_limit: 20 * 1024,
     };
     let defs = reg
