@@ -26,6 +26,7 @@ mod redaction;
 mod spec_audit;
 mod strict_benign;
 mod strict_escapes;
+mod terminal_tty;
 mod tools_cli;
 
 /// Every sshd the suite starts points the home of the one test user ([`SSH_USER`]) at its own

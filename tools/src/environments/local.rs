@@ -1,7 +1,8 @@
 //! The local terminal backend: commands run on this machine under `bash -c` (else `sh -c`).
 //!
-//! Containment: every command gets its own process group (or, in PTY mode, its own session), and
-//! a timeout or a kill signals the whole group — SIGTERM, then SIGKILL after a grace period — so
+//! Containment: every command gets its own session, and so its own process group and no
+//! controlling terminal (in PTY mode the PTY becomes its controlling terminal), and a timeout or
+//! a kill signals the whole group — SIGTERM, then SIGKILL after a grace period — so
 //! children of the shell die with it. Limit: a descendant that calls `setsid`/`setpgid` leaves
 //! the group and is not reached by that signal. For script calls this gap is closed by the
 //! execution's end ([`kill_scope`]): the commands a script ran are children of the supervisor,
@@ -232,21 +233,7 @@ pub(super) fn spawn(spec: &SpawnSpec<'_>, background: bool) -> Result<Spawned, B
         cmd.stdin(Stdio::from(dup(&pty.slave)?));
         cmd.stdout(Stdio::from(dup(&pty.slave)?));
         cmd.stderr(Stdio::from(pty.slave));
-        // SAFETY: the closure runs in the forked child before exec and only calls the
-        // async-signal-safe setsid(2) and ioctl(2): it becomes a session leader (so the whole
-        // session can be signalled as one group) and takes the PTY (its stdin) as controlling
-        // terminal, which programs that need a TTY expect.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::setsid() < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                if libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        new_session(&mut cmd, true);
         let child = cmd.spawn().map_err(BackendError::Spawn)?;
         drop(cmd);
         let master = std::fs::File::from(pty.master);
@@ -273,8 +260,8 @@ pub(super) fn spawn(spec: &SpawnSpec<'_>, background: bool) -> Result<Spawned, B
         let write2 = write_end.try_clone().map_err(BackendError::Spawn)?;
         cmd.stdin(Stdio::null())
             .stdout(Stdio::from(write_end))
-            .stderr(Stdio::from(write2))
-            .process_group(0);
+            .stderr(Stdio::from(write2));
+        new_session(&mut cmd, false);
         let child = cmd.spawn().map_err(BackendError::Spawn)?;
         // The write ends live in `cmd`; drop it so EOF arrives when the command's side closes.
         drop(cmd);
@@ -285,6 +272,35 @@ pub(super) fn spawn(spec: &SpawnSpec<'_>, background: bool) -> Result<Spawned, B
             reader: Box::new(std::fs::File::from(read_end)),
             stdin: None,
         })
+    }
+}
+
+/// Has the command's shell start a session of its own (`setsid` between fork and exec): it
+/// leads a new process group too (group id = its pid, what the timeout's and the kills'
+/// `killpg` use), and has no controlling terminal. Without it, a command kept the terminal of
+/// whoever started this process: `/dev/tty` opened, and a command of a script run from a
+/// shell could `TIOCSTI` text into that terminal's input (answer "o" to its own command's
+/// approval prompt, queue commands for the operator's shell after the run), `stty -echo` it,
+/// or stop on `SIGTTIN` reading it. With `take_pty` (PTY mode, the PTY slave on stdin) the
+/// shell then takes the PTY as its controlling terminal, as programs that need one expect.
+fn new_session(cmd: &mut Command, take_pty: bool) {
+    // SAFETY: the closure runs in the forked child between fork and exec, captures only a
+    // `bool`, allocates nothing and calls only setsid(2) and ioctl(2), which are
+    // async-signal-safe: nothing in it can touch a lock or heap state another thread of the
+    // parent held at the fork. setsid cannot fail with EPERM here: the child was forked from
+    // this process and is no group leader (no `process_group` is set on `cmd`). TIOCSCTTY
+    // acts on fd 0, which the spawn has already made the PTY slave (stdio is set up before
+    // the pre_exec closures run).
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if take_pty && libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
 }
 

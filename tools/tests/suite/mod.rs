@@ -10,6 +10,7 @@ mod redaction;
 mod registry;
 mod structure;
 mod terminal_agent;
+mod terminal_tty;
 
 /// Approval callbacks, session approvals, the config path and the environment are
 /// process-wide, and this suite is one process: the tests that set them, and the terminal tests
