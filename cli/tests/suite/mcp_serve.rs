@@ -1087,3 +1087,90 @@ fn serve_stopped_before_a_client_initializes_ends_cleanly() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("initialize"), "{stderr}");
 }
+
+#[test]
+fn what_a_direct_terminal_call_leaves_running_ends_with_serve() {
+    // The probe's finding: with `serve --toolsets terminal`, a client's direct `terminal` call
+    // that started `sleep … &` or `setsid sleep … &` left both running after the client closed
+    // stdin and the server exited.
+    use std::io::{BufRead, Write};
+    let sb = Sandbox::new();
+    let mut child = sb
+        .command()
+        .args(["serve", "--toolsets", "terminal"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("serve starts");
+    let mut to_server = child.stdin.take().unwrap();
+    let mut from_server = std::io::BufReader::new(child.stdout.take().unwrap());
+    let send = |to: &mut std::process::ChildStdin, line: &str| {
+        to.write_all(line.as_bytes()).expect("write");
+        to.write_all(b"\n").expect("write");
+        to.flush().expect("flush");
+    };
+    let mut reply = || -> Value {
+        let mut line = String::new();
+        from_server.read_line(&mut line).expect("reply");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+    };
+    send(
+        &mut to_server,
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"pipes","version":"1"}}}"#,
+    );
+    let init = reply();
+    assert_eq!(
+        init["result"]["serverInfo"]["name"], "vibeos-exec",
+        "{init}"
+    );
+    send(
+        &mut to_server,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    );
+    // Unique per run: another checkout's tests may share the machine.
+    let tag = std::process::id() % 100_000 + 300_000;
+    let command = format!(
+        "sleep {tag}1 >/dev/null 2>&1 & setsid sleep {tag}2 >/dev/null 2>&1 & echo started"
+    );
+    send(
+        &mut to_server,
+        &serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "terminal", "arguments": {"command": command}}})
+        .to_string(),
+    );
+    let call = reply();
+    assert_eq!(
+        call["result"]["structuredContent"]["output"], "started\n",
+        "{call}"
+    );
+    // Found by their argv: `setsid` forks when it leads a group.
+    let sleeps = || {
+        vibeos_testkit::processes_where(|dir| {
+            std::fs::read(dir.join("cmdline")).is_ok_and(|c| {
+                let c = String::from_utf8_lossy(&c).replace('\0', " ");
+                c.trim_end() == format!("sleep {tag}1") || c.trim_end() == format!("sleep {tag}2")
+            })
+        })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while sleeps().len() < 2 {
+        assert!(std::time::Instant::now() < deadline, "the sleeps never ran");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    drop(to_server);
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "closing stdin ends the server: {status}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let left = loop {
+        let left = sleeps();
+        if left.is_empty() || std::time::Instant::now() > deadline {
+            break left;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    for pid in &left {
+        // SAFETY: kill has no memory preconditions; this only cleans up after a failure.
+        unsafe { libc::kill(*pid, libc::SIGKILL) };
+    }
+    assert!(left.is_empty(), "outlived serve: {left:?}");
+}

@@ -545,10 +545,11 @@ pub fn approve_all() {
     crate::approval::set_smart_approval(Some(Arc::new(|_| true)));
 }
 
-/// Binds what every command of this process starts to the agent's life: each carries this
-/// process's marker, and [`serve`]'s end (or, if the agent is killed, the keeper) kills every
-/// process that carries it. For the agent process only: in a host, agent calls' commands are
-/// the user's own ([`super::local::mark_every_command`]).
+/// Binds what every command of this process starts to the agent's life: [`serve`]'s end (or,
+/// if the agent is killed, the keeper) kills every process that carries any marker of this
+/// process, the executions' as well as its own. For the agent process only: in a host, an
+/// execution's commands end with the execution, and direct calls' with the host
+/// ([`super::local::mark_every_command`]).
 pub fn contain_commands() {
     super::local::mark_every_command();
 }

@@ -97,19 +97,12 @@ pub fn start_background(
     spec: &SpawnSpec<'_>,
     task: Option<&str>,
 ) -> Result<Arc<BackgroundProcess>, BackendError> {
-    // Before the first one starts: a host that exits must not leave it running.
-    crate::exit_hook::register(
-        &AT_EXIT,
-        end_at_exit,
-        "background processes started with terminal(background=true) may outlive this process",
-    );
-    HOST_PID.store(std::process::id(), Ordering::SeqCst);
     let Spawned {
         mut child,
         pgid,
         mut reader,
         stdin,
-    } = local::spawn(spec, true)?;
+    } = local::spawn(spec)?;
     let output = Arc::new(Mutex::new(Ring {
         cap: BACKGROUND_BUFFER,
         ..Ring::default()
@@ -351,8 +344,22 @@ pub fn end_all() {
     }
 }
 
-/// Registered with the first background process.
+/// Registered with the first command not bound to an execution ([`end_with_this_process`]).
 static AT_EXIT: std::sync::Once = std::sync::Once::new();
+
+/// Makes what the commands of this process leave running end when it exits normally: the
+/// background processes' groups, and every process that carries this process's own marker
+/// (background commands and direct calls' commands carry it). Called before such a command
+/// starts; registers the exit hook once.
+pub(super) fn end_with_this_process() {
+    crate::exit_hook::register(
+        &AT_EXIT,
+        end_at_exit,
+        "processes left by terminal commands (background ones, and what direct calls started \
+         with `&`) may outlive this process",
+    );
+    HOST_PID.store(std::process::id(), Ordering::SeqCst);
+}
 /// The process that registered [`end_at_exit`]: a forked child that inherited the hook and
 /// exits through `exit()` (a Python `os.fork()` then `sys.exit()`) must not end its parent's
 /// processes.

@@ -9,11 +9,12 @@
 //! not of the script's reaper, so the end kills the groups still running, what is left in the
 //! groups of commands that returned, and every process that carries the execution's
 //! [`SCOPE_VAR`] in its environment (what a command left in the background and moved out of
-//! its group: `setsid`). For direct agent calls it stays open (a cgroup per command would close
-//! it but needs delegation rights this process usually lacks). See docs/terminal.md. Two kinds
-//! of command are bound to this process's lifetime instead, by a marker of its own: background
-//! commands ([`super::background`]), and in the tool agent every command
-//! ([`mark_every_command`]), whose leftovers must end with the agent's environment.
+//! its group: `setsid`). For direct agent calls it stays open while the host runs (a cgroup per
+//! command would close it but needs delegation rights this process usually lacks); what they
+//! leave running is bound to this process's lifetime instead, by a marker of its own, as
+//! background commands ([`super::background`]) are: the exit hook, or the keeper when this
+//! process is killed, ends it. In the tool agent every command's leftovers also end with the
+//! agent's environment ([`mark_every_command`]). See docs/terminal.md.
 //!
 //! Output: stdout and stderr share one pipe (so they interleave as on a terminal) that a reader
 //! thread drains into a bounded [`HeadTail`]; the child never blocks on a full pipe and memory
@@ -135,8 +136,8 @@ pub(crate) fn marker_prefix() -> &'static str {
 }
 
 /// The value of [`SCOPE_VAR`] for commands bound to this process's own lifetime rather than to
-/// an execution: background commands, and every command of a tool agent
-/// ([`mark_every_command`]). `p` is not a hex digit, so no execution's marker equals it.
+/// an execution: background commands and direct calls' commands. `p` is not a hex digit, so
+/// no execution's marker equals it.
 fn own_marker() -> String {
     format!("{}p", marker_prefix())
 }
@@ -160,15 +161,14 @@ fn sourced_as_if_from_sshd(env: &[(String, String)]) -> bool {
     from_sshd && level < 1
 }
 
-/// Whether every command carries a marker ([`mark_every_command`]).
+/// Whether this process is a tool agent ([`mark_every_command`]).
 static MARK_EVERY_COMMAND: AtomicBool = AtomicBool::new(false);
 
-/// Marks every command this process runs, agent calls' too, with this process's own marker, so
-/// that [`kill_all_marked`] (and the keeper, should this process be killed) finds what they
-/// leave running. For the tool agent, whose commands must end with its environment: in ssh
-/// nothing else ends what a command left in the background (`cmd &`, `nohup`), and there is no
-/// container whose end would. Not for a local host, whose agent calls' commands keep running
-/// as the user's own would (docs/terminal.md).
+/// Marks this process as a tool agent, whose environment's end ([`kill_all_marked`]) ends what
+/// any of its commands left running, a script's as well as a direct call's: in ssh nothing else
+/// ends what a command left in the background (`cmd &`, `nohup`), and there is no container
+/// whose end would. (Direct calls' commands carry this process's own marker in every host, so
+/// that they end with it at the latest.)
 pub fn mark_every_command() {
     MARK_EVERY_COMMAND.store(true, Ordering::SeqCst);
 }
@@ -178,9 +178,9 @@ pub fn marks_every_command() -> bool {
     MARK_EVERY_COMMAND.load(Ordering::SeqCst)
 }
 
-/// Spawns `spec`; `background`: it is a background command, which must not outlive this
-/// process (see [`super::background`]).
-pub(super) fn spawn(spec: &SpawnSpec<'_>, background: bool) -> Result<Spawned, BackendError> {
+/// Spawns `spec`. Whatever it starts ends with its execution (a script's command) or, at the
+/// latest, with this process (see [`super::background`]).
+pub(super) fn spawn(spec: &SpawnSpec<'_>) -> Result<Spawned, BackendError> {
     let mut cmd = Command::new(shell());
     cmd.arg("-c")
         .arg(spec.command)
@@ -197,8 +197,14 @@ pub(super) fn spawn(spec: &SpawnSpec<'_>, background: bool) -> Result<Spawned, B
             }
             Some(scope_marker(scope))
         }
-        None if background || marks_every_command() => Some(own_marker()),
-        None => None,
+        // Not an execution's: a direct (agent or host) call's, or a background command. What
+        // it leaves running ends with this process (its exit hook, or the keeper when it is
+        // killed), as background commands always did: a direct call's `cmd &` or `setsid cmd
+        // &` outlived the host that ran it.
+        None => {
+            super::background::end_with_this_process();
+            Some(own_marker())
+        }
     };
     if let Some(marker) = marker {
         // Started before the first marked command, so that no command of ours can outlive a
@@ -666,7 +672,7 @@ pub fn run_foreground(
         pgid,
         mut reader,
         stdin,
-    } = spawn(spec, false)?;
+    } = spawn(spec)?;
     drop(stdin);
     if let Ok(mut g) = RUNNING.lock() {
         g.insert(pgid.as_raw(), spec.scope);

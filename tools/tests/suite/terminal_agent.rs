@@ -515,3 +515,105 @@ fn background_processes_end_with_the_host() {
         assert!(left.is_empty(), "{how}: outlived their host: {left:?}");
     }
 }
+
+/// Set in the child processes of the test below: how the child ends (`exit` or `killed`) and
+/// the tag of its commands.
+const DIRECT_EXIT_CHILD: &str = "VIBEOS_TEST_DIRECT_EXIT_CHILD";
+
+#[test]
+fn what_direct_foreground_calls_leave_running_ends_with_the_host() {
+    // The probe's finding: a direct (agent or host) call's `sleep 1047 >/dev/null 2>&1 &`
+    // (also `setsid …&`, and `nohup`/`setsid` under pty=true) outlived the host, while
+    // background=true processes and scripts' commands ended with it.
+    let test = vibeos_testkit::current_test();
+    if let Some(how) = std::env::var_os(DIRECT_EXIT_CHILD) {
+        let how = how.to_string_lossy().into_owned();
+        let (how, tag) = how.split_once(':').unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ToolContext::agent(dir.path());
+        let r = call(
+            "terminal",
+            json!({"command": format!(
+                "sleep {tag}1 >/dev/null 2>&1 & setsid sleep {tag}2 >/dev/null 2>&1 & echo ok"
+            )}),
+            &ctx,
+        );
+        assert_eq!(r["output"], "ok\n", "{r}");
+        assert_eq!(r["timed_out"], false, "{r}");
+        // The pause: a child that has not yet left the session when its shell (the session's
+        // leader) exits is sent SIGHUP by the PTY's hang-up.
+        let r = call(
+            "terminal",
+            json!({"command": format!(
+                "nohup sleep {tag}3 >/dev/null 2>&1 & setsid sleep {tag}4 >/dev/null 2>&1 & sleep 1; echo ok"
+            ), "pty": true}),
+            &ctx,
+        );
+        // (A `setsid` child may keep the PTY as its stdin: the call then returns with a note.)
+        assert!(r["output"].as_str().unwrap().starts_with("ok\n"), "{r}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        for n in 1..=4 {
+            while running(&format!("sleep {tag}{n}")).is_empty() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "sleep {tag}{n} never ran (or ended with its call)"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        println!("children-running");
+        if how == "killed" {
+            std::thread::sleep(Duration::from_secs(600));
+        }
+        return;
+    }
+    for how in ["exit", "killed"] {
+        // Unique per run: another checkout's test run may share the machine.
+        let tag = format!(
+            "{}{}",
+            5 + (how == "killed") as u32,
+            std::process::id() % 100_000 + 100_000
+        );
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([test.as_str(), "--exact", "--nocapture", "--test-threads=1"])
+            .env(DIRECT_EXIT_CHILD, format!("{how}:{tag}"))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut seen = String::new();
+        loop {
+            let mut line = String::new();
+            let n = std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+            seen.push_str(&line);
+            if n == 0 || line.contains("children-running") {
+                break;
+            }
+        }
+        assert!(
+            seen.contains("children-running"),
+            "{how}: the child failed: {seen}"
+        );
+        if how == "killed" {
+            child.kill().unwrap();
+        }
+        let status = child.wait().unwrap();
+        assert_eq!(status.success(), how == "exit", "{how}: {status}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let left = loop {
+            let left: Vec<i32> = (1..=4)
+                .flat_map(|n| running(&format!("sleep {tag}{n}")))
+                .collect();
+            if left.is_empty() || std::time::Instant::now() > deadline {
+                break left;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        for pid in &left {
+            // SAFETY: kill has no memory preconditions; this only cleans up after a failure.
+            unsafe { libc::kill(*pid, libc::SIGKILL) };
+        }
+        assert!(left.is_empty(), "{how}: outlived their host: {left:?}");
+    }
+}
