@@ -142,6 +142,18 @@ fn own_marker() -> String {
     format!("{}p", marker_prefix())
 }
 
+/// The window size of a command's PTY. Without one it was 0 x 0 (`stty size` printed `0 0`),
+/// which programs take for "unknown" and handle each its own way (a pager waits for a key on
+/// every line). The reader is a model, not a screen: 200 columns keep the lines of `ps`, tables
+/// and `git log --graph` from being cut or wrapped at 80, and 50 rows give full-screen programs
+/// a usual page.
+const PTY_SIZE: nix::pty::Winsize = nix::pty::Winsize {
+    ws_row: 50,
+    ws_col: 200,
+    ws_xpixel: 0,
+    ws_ypixel: 0,
+};
+
 /// Whether bash would take `bash -c` for a command sshd started itself and read `~/.bashrc`
 /// first (Debian's bash does when `SSH_CLIENT` or `SSH2_CLIENT` is set and the shell level is
 /// below 2): the case of the tool agent over ssh, which runs in the login's environment after
@@ -213,10 +225,18 @@ pub(super) fn spawn(spec: &SpawnSpec<'_>) -> Result<Spawned, BackendError> {
         cmd.env(SCOPE_VAR, marker);
     }
     if spec.pty {
-        if !spec.env.iter().any(|(k, _)| k == "TERM") {
-            cmd.env("TERM", "xterm-256color");
+        // No one reads a pager's screen or presses its `q`: `git log` sat in `less` until the
+        // timeout (180 s by default). What the caller's environment sets is kept.
+        for (name, value) in [
+            ("TERM", "xterm-256color"),
+            ("PAGER", "cat"),
+            ("GIT_PAGER", "cat"),
+        ] {
+            if !spec.env.iter().any(|(k, _)| k == name) {
+                cmd.env(name, value);
+            }
         }
-        let pty = nix::pty::openpty(None, None).map_err(|err| BackendError::Setup {
+        let pty = nix::pty::openpty(Some(&PTY_SIZE), None).map_err(|err| BackendError::Setup {
             what: "a pseudo-terminal",
             err,
         })?;
@@ -895,6 +915,61 @@ mod tests {
         )
         .unwrap();
         assert_eq!(out.output.trim(), "notty");
+    }
+
+    #[test]
+    fn a_pty_has_a_window_size_and_pagers_do_not_wait() {
+        let e = env();
+        let out = run_foreground(
+            &spec("stty size; echo $PAGER $GIT_PAGER", &e, true),
+            Duration::from_secs(10),
+            1000,
+        )
+        .unwrap();
+        assert_eq!(out.output, "50 200\ncat cat\n");
+        // A caller's own pager stays.
+        let mut own = env();
+        own.push(("PAGER".into(), "more".into()));
+        let out = run_foreground(
+            &spec("echo $PAGER $GIT_PAGER", &own, true),
+            Duration::from_secs(10),
+            1000,
+        )
+        .unwrap();
+        assert_eq!(out.output, "more cat\n");
+        // `git log` with more commits than a screen holds: it paged, and sat in `less` until
+        // the timeout.
+        if std::process::Command::new("git")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            vibeos_testkit::skip!("git is not installed: the pager check needs it");
+        }
+        let repo = tempfile::tempdir().unwrap();
+        let mut e = env();
+        for (k, v) in [
+            ("GIT_AUTHOR_NAME", "t"),
+            ("GIT_AUTHOR_EMAIL", "t@example.invalid"),
+            ("GIT_COMMITTER_NAME", "t"),
+            ("GIT_COMMITTER_EMAIL", "t@example.invalid"),
+            ("GIT_CONFIG_NOSYSTEM", "1"),
+            ("HOME", &repo.path().display().to_string()),
+        ] {
+            e.push((k.into(), v.into()));
+        }
+        let setup = format!(
+            "cd {} && git init -q && for i in $(seq 80); do git commit -q --allow-empty -m c$i \
+             || exit 1; done && echo made",
+            repo.path().display()
+        );
+        let out = run_foreground(&spec(&setup, &e, false), Duration::from_secs(120), 1000).unwrap();
+        assert_eq!(out.output, "made\n", "{out:?}");
+        let log = format!("cd {} && git log", repo.path().display());
+        let out = run_foreground(&spec(&log, &e, true), Duration::from_secs(20), 100_000).unwrap();
+        assert!(!out.timed_out, "{out:?}");
+        assert_eq!(out.exit_code, 0, "{out:?}");
+        assert!(out.output.contains("c1\n") && out.output.contains("c80\n"));
     }
 
     #[test]
