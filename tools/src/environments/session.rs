@@ -118,7 +118,7 @@ pub fn wrap(command: &str, ctx: &ToolContext, explicit_workdir: bool) -> String 
     let restore_cwd = if explicit_workdir {
         String::new()
     } else {
-        "if [ -f \"$__vibeos_s/cwd\" ] && IFS= builtin read -r -d '' __vibeos_d < \"$__vibeos_s/cwd\"; [ -n \"${__vibeos_d-}\" ]; then cd -- \"${__vibeos_d%$'\\n'}\" 2>/dev/null; fi\n"
+        "if [ -f \"$__vibeos_s/cwd\" ] && IFS= builtin read -r -d '' __vibeos_d < \"$__vibeos_s/cwd\"; [ -n \"${__vibeos_d-}\" ]; then cd -- \"${__vibeos_d%$'\\n'}\" 2>/dev/null; fi; "
             .to_string()
     };
     // A call's `workdir` is a one-off override: it does not move the session.
@@ -140,20 +140,26 @@ pub fn wrap(command: &str, ctx: &ToolContext, explicit_workdir: bool) -> String 
     // command whose last line ends in `\` (it would have taken the call as an argument). The
     // saved dir is read whole (`read -d ''`): `read -r` alone trimmed spaces at its ends and
     // stopped at a newline in the name.
+    // Everything before the command is on the command's first line, so that the shell's
+    // `line N` in an error message and `$LINENO` count the command's own lines: with the
+    // restore on lines of its own, `terminal("5")` said `line 8: 5: command not found`. (bash
+    // ignores an assignment to LINENO in `bash -c`.) The line is parsed whole before any of it
+    // runs, which changes nothing the command could see: a syntax error on its first line
+    // now keeps the restore from running too, and the shell exits with it either way.
     format!(
-        "__vibeos_s={q}\n\
-         declare -A __vibeos_base=()\n\
+        "__vibeos_s={q}; \
+         declare -A __vibeos_base=(); \
          if builtin compgen -e >| \"$__vibeos_s/n.$$\" 2>/dev/null && builtin mapfile -t __vibeos_names < \"$__vibeos_s/n.$$\"; then \
-         for __vibeos_n in \"${{__vibeos_names[@]}}\"; do __vibeos_base[$__vibeos_n]=${{!__vibeos_n-}}; done; fi\n\
-         if [ -f \"$__vibeos_s/env\" ]; then . \"$__vibeos_s/env\" 2>/dev/null; fi\n\
+         for __vibeos_n in \"${{__vibeos_names[@]}}\"; do __vibeos_base[$__vibeos_n]=${{!__vibeos_n-}}; done; fi; \
+         if [ -f \"$__vibeos_s/env\" ]; then . \"$__vibeos_s/env\" 2>/dev/null; fi; \
          {restore_cwd}\
          __vibeos_save() {{ __vibeos_rc=$?; [ -n \"${{__vibeos_saved-}}\" ] && exit $__vibeos_rc; __vibeos_saved=1; {save_cwd}\
          if builtin compgen -e >| \"$__vibeos_s/n.$$\" 2>/dev/null && builtin mapfile -t __vibeos_names < \"$__vibeos_s/n.$$\"; then \
          for __vibeos_n in \"${{__vibeos_names[@]}}\"; do case $__vibeos_n in PWD|OLDPWD|SHLVL|_|{SCOPE_VAR}) continue;; esac; \
          if [[ ! -v \"__vibeos_base[$__vibeos_n]\" || \"${{__vibeos_base[$__vibeos_n]-}}\" != \"${{!__vibeos_n-}}\" ]]; then builtin declare -p \"$__vibeos_n\"; fi; \
          done >| \"$__vibeos_s/n.$$\" 2>/dev/null && {{ PATH=/usr/local/bin:/usr/bin:/bin command mv -f \"$__vibeos_s/n.$$\" \"$__vibeos_s/env\" 2>/dev/null || command -p mv -f \"$__vibeos_s/n.$$\" \"$__vibeos_s/env\"; }}; fi; \
-         exit $__vibeos_rc; }}\n\
-         trap __vibeos_save EXIT\n\
+         exit $__vibeos_rc; }}; \
+         trap __vibeos_save EXIT; \
          {command}\n\n\
          __vibeos_save\n"
     )

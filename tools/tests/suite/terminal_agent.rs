@@ -617,3 +617,33 @@ fn what_direct_foreground_calls_leave_running_ends_with_the_host() {
         assert!(left.is_empty(), "{how}: outlived their host: {left:?}");
     }
 }
+
+#[test]
+fn error_line_numbers_count_the_commands_own_lines() {
+    // The probe's finding: `terminal("5")` said `/bin/bash: line 8: 5: command not found`:
+    // the shell-session wrapper put 7 lines before the command.
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = ToolContext::agent(dir.path());
+    let out = |command: &str, ctx: &ToolContext| -> String {
+        let r = call("terminal", json!({ "command": command }), ctx);
+        r["output"].as_str().unwrap_or_default().to_string()
+    };
+    assert!(
+        out("5", &ctx).contains("line 1: 5: command not found"),
+        "{}",
+        out("5", &ctx)
+    );
+    let two = out("true\n6", &ctx);
+    assert!(two.contains("line 2: 6: command not found"), "{two}");
+    assert_eq!(out("echo $LINENO\necho $LINENO", &ctx), "1\n2\n");
+    // With a one-off workdir (no saved dir to restore) too, and the session still works.
+    let r = call(
+        "terminal",
+        json!({"command": "7", "workdir": dir.path().display().to_string()}),
+        &ctx,
+    );
+    assert!(r["output"].as_str().unwrap().contains("line 1: 7"), "{r}");
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    assert_eq!(out("cd sub; export KEPT=yes", &ctx), "");
+    assert_eq!(out("echo $KEPT ${PWD##*/}", &ctx), "yes sub\n");
+}
