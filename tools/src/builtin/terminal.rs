@@ -188,10 +188,15 @@ fn terminal(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolE
         Value::Null
     };
     if out.detached_output {
-        output.push_str(
+        // A script cannot pass `background` (its stub does not offer it, and its requests lose
+        // it on the way): the note tells it what becomes of the process instead.
+        output.push_str(if ctx.origin == CallOrigin::Script {
             "\n[the command exited but a process it started in the background still holds its \
-             output; use background=true for long-running processes]",
-        );
+             output; it runs on until this execution ends]"
+        } else {
+            "\n[the command exited but a process it started in the background still holds its \
+             output; use background=true for long-running processes]"
+        });
     }
     Ok(json!({
         "output": output,

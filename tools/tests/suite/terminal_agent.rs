@@ -647,3 +647,47 @@ fn error_line_numbers_count_the_commands_own_lines() {
     assert_eq!(out("cd sub; export KEPT=yes", &ctx), "");
     assert_eq!(out("echo $KEPT ${PWD##*/}", &ctx), "yes sub\n");
 }
+
+#[test]
+fn a_scripts_note_about_a_background_process_does_not_offer_what_scripts_cannot_use() {
+    // The probe's finding: `terminal("sleep 5 &")` from a script returned "use background=true
+    // for long-running processes", which scripts cannot pass.
+    let dir = tempfile::tempdir().unwrap();
+    let mut script = ToolContext::agent(dir.path());
+    script.origin = CallOrigin::Script;
+    script.env = Some(std::sync::Arc::new(
+        std::env::vars().filter(|(k, _)| k == "PATH").collect(),
+    ));
+    let r = call(
+        "terminal",
+        json!({"command": "sleep 30 & echo started"}),
+        &script,
+    );
+    // What the command left ends with its execution, as the supervisor ends it.
+    vibeos_tools::environments::local::kill_scope(&script);
+    let out = r["output"].as_str().unwrap();
+    assert!(out.starts_with("started\n"), "{r}");
+    assert!(out.contains("runs on until this execution ends"), "{r}");
+    assert!(!out.contains("background=true"), "{r}");
+    // The agent can use the option, and is told so.
+    let agent = ToolContext::agent(dir.path());
+    let r = call(
+        "terminal",
+        json!({"command": "sleep 30 & echo $! >pid; echo started"}),
+        &agent,
+    );
+    let pid: i32 = std::fs::read_to_string(dir.path().join("pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // SAFETY: kill has no memory preconditions; the pid is the sleep this test started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    assert!(
+        r["output"]
+            .as_str()
+            .unwrap()
+            .contains("use background=true"),
+        "{r}"
+    );
+}
