@@ -25,7 +25,7 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -194,10 +194,13 @@ pub fn marks_every_command() -> bool {
 /// latest, with this process (see [`super::background`]).
 pub(super) fn spawn(spec: &SpawnSpec<'_>) -> Result<Spawned, BackendError> {
     let mut cmd = Command::new(shell());
-    cmd.arg("-c")
-        .arg(spec.command)
-        .current_dir(spec.cwd)
-        .env_clear();
+    // Held until the spawn returns: the child's fd 3 is a copy of it.
+    let long_command = command_file(spec.command)?;
+    match &long_command {
+        None => cmd.arg("-c").arg(spec.command),
+        Some(_) => cmd.arg("-c").arg(READ_COMMAND_FROM_FD_3),
+    };
+    cmd.current_dir(spec.cwd).env_clear();
     cmd.envs(spec.env.iter().map(|(k, v)| (k, v)));
     if sourced_as_if_from_sshd(spec.env) {
         cmd.env("SHLVL", "1");
@@ -259,7 +262,11 @@ pub(super) fn spawn(spec: &SpawnSpec<'_>) -> Result<Spawned, BackendError> {
         cmd.stdin(Stdio::from(dup(&pty.slave)?));
         cmd.stdout(Stdio::from(dup(&pty.slave)?));
         cmd.stderr(Stdio::from(pty.slave));
-        new_session(&mut cmd, true);
+        new_session(
+            &mut cmd,
+            true,
+            long_command.as_ref().map(AsRawFd::as_raw_fd),
+        );
         let child = cmd.spawn().map_err(BackendError::Spawn)?;
         drop(cmd);
         let master = std::fs::File::from(pty.master);
@@ -287,7 +294,11 @@ pub(super) fn spawn(spec: &SpawnSpec<'_>) -> Result<Spawned, BackendError> {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::from(write_end))
             .stderr(Stdio::from(write2));
-        new_session(&mut cmd, false);
+        new_session(
+            &mut cmd,
+            false,
+            long_command.as_ref().map(AsRawFd::as_raw_fd),
+        );
         let child = cmd.spawn().map_err(BackendError::Spawn)?;
         // The write ends live in `cmd`; drop it so EOF arrives when the command's side closes.
         drop(cmd);
@@ -309,14 +320,18 @@ pub(super) fn spawn(spec: &SpawnSpec<'_>) -> Result<Spawned, BackendError> {
 /// approval prompt, queue commands for the operator's shell after the run), `stty -echo` it,
 /// or stop on `SIGTTIN` reading it. With `take_pty` (PTY mode, the PTY slave on stdin) the
 /// shell then takes the PTY as its controlling terminal, as programs that need one expect.
-fn new_session(cmd: &mut Command, take_pty: bool) {
+/// `command_fd` ([`command_file`]) becomes the shell's fd 3.
+fn new_session(cmd: &mut Command, take_pty: bool, command_fd: Option<RawFd>) {
     // SAFETY: the closure runs in the forked child between fork and exec, captures only a
-    // `bool`, allocates nothing and calls only setsid(2) and ioctl(2), which are
-    // async-signal-safe: nothing in it can touch a lock or heap state another thread of the
-    // parent held at the fork. setsid cannot fail with EPERM here: the child was forked from
-    // this process and is no group leader (no `process_group` is set on `cmd`). TIOCSCTTY
-    // acts on fd 0, which the spawn has already made the PTY slave (stdio is set up before
-    // the pre_exec closures run).
+    // `bool` and an fd number, allocates nothing and calls only setsid(2), ioctl(2), dup2(2)
+    // and fcntl(2), which are async-signal-safe: nothing in it can touch a lock or heap state
+    // another thread of the parent held at the fork. setsid cannot fail with EPERM here: the
+    // child was forked from this process and is no group leader (no `process_group` is set on
+    // `cmd`). TIOCSCTTY acts on fd 0, which the spawn has already made the PTY slave (stdio is
+    // set up before the pre_exec closures run). `command_fd` is open in the child (the parent
+    // holds it until the spawn returns; close-on-exec only closes it at the exec): dup2 puts
+    // a copy without close-on-exec on fd 3, replacing whatever the child had there; when it
+    // is fd 3 already, dup2 would do nothing, so the flag is cleared instead.
     unsafe {
         cmd.pre_exec(move || {
             if libc::setsid() < 0 {
@@ -325,9 +340,64 @@ fn new_session(cmd: &mut Command, take_pty: bool) {
             if take_pty && libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
+            let moved = match command_fd {
+                None => 0,
+                Some(3) => libc::fcntl(3, libc::F_SETFD, 0),
+                Some(fd) => libc::dup2(fd, 3),
+            };
+            if moved < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
             Ok(())
         });
     }
+}
+
+/// Longest command passed to the shell as its `-c` argument: Linux refuses a single argument
+/// of `MAX_ARG_STRLEN` (32 pages; 131,072 bytes with 4 KiB pages) or more, terminating NUL
+/// included, and the spawn failed with "Argument list too long (os error 7)".
+const ARGV_COMMAND_MAX: usize = 32 * 4096 - 1;
+
+/// The `-c` script of a command too long for an argument: read the command from fd 3 (a
+/// memory file, [`command_file`]) into a variable, close fd 3 so that nothing the command
+/// starts inherits it, and run it. All on one line, so the command's line N is still the
+/// shell's line N in its error messages. `read` reads a seekable file in blocks.
+const READ_COMMAND_FROM_FD_3: &str = "IFS= builtin read -r -d '' __vibeos_c <&3; \
+     exec 3<&-; builtin eval \"builtin unset __vibeos_c; $__vibeos_c\"";
+
+/// For a command longer than [`ARGV_COMMAND_MAX`]: a memory file (`memfd_create`, close-on-
+/// exec) holding it, read from the start, for the shell's fd 3. `None` for a command that fits
+/// in an argument, which is passed as one (as `ps` then shows it).
+fn command_file(command: &str) -> Result<Option<OwnedFd>, BackendError> {
+    if command.len() <= ARGV_COMMAND_MAX {
+        return Ok(None);
+    }
+    if shell() != "/bin/bash" {
+        return Err(BackendError::Spawn(std::io::Error::other(format!(
+            "the command is {} bytes; without bash (/bin/bash) a command travels as an \
+             argument, and Linux takes at most {ARGV_COMMAND_MAX} bytes there. Write a longer \
+             one to a file and run that",
+            command.len()
+        ))));
+    }
+    let setup = |err| BackendError::Setup {
+        what: "a memory file for a long command",
+        err,
+    };
+    let fd =
+        nix::sys::memfd::memfd_create(c"vibeos-command", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
+            .map_err(setup)?;
+    let mut rest = command.as_bytes();
+    while !rest.is_empty() {
+        match nix::unistd::write(&fd, rest) {
+            Ok(0) => return Err(setup(nix::Error::EIO)),
+            Ok(n) => rest = &rest[n..],
+            Err(nix::Error::EINTR) => {}
+            Err(err) => return Err(setup(err)),
+        }
+    }
+    nix::unistd::lseek(&fd, 0, nix::unistd::Whence::SeekSet).map_err(setup)?;
+    Ok(Some(fd))
 }
 
 /// Reading a PTY master returns EIO once the last slave fd closes; that is the end of output.
@@ -970,6 +1040,34 @@ mod tests {
         assert!(!out.timed_out, "{out:?}");
         assert_eq!(out.exit_code, 0, "{out:?}");
         assert!(out.output.contains("c1\n") && out.output.contains("c80\n"));
+    }
+
+    #[test]
+    fn a_command_longer_than_an_argument_can_be_runs() {
+        // The probe's finding: a command over 128 KiB failed with "could not start the shell:
+        // Argument list too long (os error 7)".
+        let e = env();
+        let filler = "x".repeat(200_000);
+        let cmd = format!(
+            ": {filler}; echo done; [ -e /proc/self/fd/3 ] && echo fd3-open\n5\necho $LINENO"
+        );
+        for pty in [false, true] {
+            let out =
+                run_foreground(&spec(&cmd, &e, pty), Duration::from_secs(30), 10_000).unwrap();
+            assert!(
+                out.output.starts_with("done\n")
+                    && out.output.ends_with("line 2: 5: command not found\n3\n"),
+                "pty {pty}: {out:?}"
+            );
+            assert_eq!(out.exit_code, 0, "{out:?}");
+        }
+        // One that fits in an argument still travels as one.
+        assert!(command_file(&"y".repeat(ARGV_COMMAND_MAX))
+            .unwrap()
+            .is_none());
+        assert!(command_file(&"y".repeat(ARGV_COMMAND_MAX + 1))
+            .unwrap()
+            .is_some());
     }
 
     #[test]

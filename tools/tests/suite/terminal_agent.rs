@@ -691,3 +691,28 @@ fn a_scripts_note_about_a_background_process_does_not_offer_what_scripts_cannot_
         "{r}"
     );
 }
+
+#[test]
+fn a_command_of_200000_bytes_runs() {
+    // The probe's finding: commands over ~128 KiB failed with `SpawnError: could not start the
+    // shell: Argument list too long (os error 7)`: the command travelled in argv.
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = ToolContext::agent(dir.path());
+    let command = format!(": {}; echo done", "x".repeat(200_000 - 13));
+    assert_eq!(command.len(), 200_000);
+    let r = call("terminal", json!({ "command": command }), &ctx);
+    assert_eq!(r["output"], "done\n", "{r}");
+    assert_eq!(r["exit_code"], 0, "{r}");
+    // And in a script's session (the wrapper around it differs) the session still works.
+    let mut script = ToolContext::agent(dir.path());
+    script.origin = CallOrigin::Script;
+    script.env = Some(std::sync::Arc::new(
+        std::env::vars().filter(|(k, _)| k == "PATH").collect(),
+    ));
+    let command = format!(": {}; export LONG_ONE=kept", "x".repeat(200_000));
+    let r = call("terminal", json!({ "command": command }), &script);
+    assert_eq!(r["exit_code"], 0, "{r}");
+    let r = call("terminal", json!({"command": "echo $LONG_ONE"}), &script);
+    vibeos_tools::environments::local::kill_scope(&script);
+    assert_eq!(r["output"], "kept\n", "{r}");
+}
