@@ -165,12 +165,28 @@ fn process(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolEr
             Ok(json!({"process_id": p.id, "bytes_written": data.len()}))
         }
         "kill" => {
+            // One that had already exited is reported as such, with its own exit code: "killed"
+            // with exit code 0 told the caller a signal ended a process that had finished.
+            let already = p.exit_code();
             let code = p.kill();
             let out = poll_json(false);
             background::remove_process(id);
-            Ok(
-                json!({"process_id": id, "killed": true, "exit_code": code, "output": out["output"]}),
-            )
+            let mut v = json!({
+                "process_id": id,
+                "killed": already.is_none(),
+                "exit_code": code,
+                "output": out["output"],
+            });
+            if let (Some(c), Some(o)) = (already, v.as_object_mut()) {
+                o.insert("already_exited".into(), Value::Bool(true));
+                o.insert(
+                    "note".into(),
+                    Value::String(format!(
+                        "{id} had already exited (exit code {c}); nothing was killed"
+                    )),
+                );
+            }
+            Ok(v)
         }
         other => Err(ToolError::invalid_args(format!(
             "unknown action `{other}`; use list, poll, log, wait, write or kill"

@@ -251,15 +251,17 @@ impl BackgroundProcess {
         }
     }
 
-    /// Kills its process group (SIGTERM, SIGKILL after the grace period).
+    /// Kills its process group (SIGTERM, SIGKILL after the grace period). Once its shell has
+    /// exited (and been reaped), what is left of the group is killed only while the group's id
+    /// can still be no one else's ([`local::kill_left_group`]).
     pub fn kill(&self) -> Option<i32> {
         if let Some(c) = self.exit_code() {
-            let _ = killpg(self.pgid, Signal::SIGKILL);
+            local::kill_left_group(self.pgid.as_raw());
             return Some(c);
         }
         let _ = killpg(self.pgid, Signal::SIGTERM);
         if let Some(c) = self.wait(KILL_GRACE) {
-            let _ = killpg(self.pgid, Signal::SIGKILL);
+            local::kill_left_group(self.pgid.as_raw());
             return Some(c);
         }
         let _ = killpg(self.pgid, Signal::SIGKILL);

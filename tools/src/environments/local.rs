@@ -469,7 +469,7 @@ fn remember_left_group(scope: usize, pgid: i32) {
 /// the pid numbers to exactly this id within one execution), and is killed whole: one signal
 /// reaches every member, including a child forked at that moment, which no pass over /proc
 /// does for a fork chain.
-fn kill_left_group(pgid: i32) {
+pub(super) fn kill_left_group(pgid: i32) {
     if pgid <= 1 || std::path::Path::new(&format!("/proc/{pgid}")).exists() {
         return;
     }

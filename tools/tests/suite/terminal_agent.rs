@@ -716,3 +716,46 @@ fn a_command_of_200000_bytes_runs() {
     vibeos_tools::environments::local::kill_scope(&script);
     assert_eq!(r["output"], "kept\n", "{r}");
 }
+
+#[test]
+fn killing_a_process_that_already_exited_says_so() {
+    // The probe's finding: process(action="kill") on a process that had exited answered
+    // `"killed": true, "exit_code": 0`.
+    let _process_state = super::process_state_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = task_ctx(Some("kill-exited"), dir.path());
+    let started = call(
+        "terminal",
+        json!({"command": "echo bye; exit 4", "background": true}),
+        &ctx,
+    );
+    let id = started["process_id"].as_str().unwrap().to_string();
+    let waited = call(
+        "process",
+        json!({"action": "wait", "process_id": id, "timeout": 60}),
+        &ctx,
+    );
+    assert_eq!(waited["exit_code"], 4, "{waited}");
+    let r = call("process", json!({"action": "kill", "process_id": id}), &ctx);
+    assert_eq!(r["killed"], false, "{r}");
+    assert_eq!(r["already_exited"], true, "{r}");
+    assert_eq!(r["exit_code"], 4, "{r}");
+    assert!(
+        r["note"].as_str().unwrap().contains("had already exited"),
+        "{r}"
+    );
+    // A running one is killed, and says so.
+    let started = call(
+        "terminal",
+        json!({"command": "sleep 60", "background": true}),
+        &ctx,
+    );
+    let id = started["process_id"].as_str().unwrap().to_string();
+    let r = call("process", json!({"action": "kill", "process_id": id}), &ctx);
+    assert_eq!(r["killed"], true, "{r}");
+    assert!(r.get("already_exited").is_none(), "{r}");
+    assert!(
+        r["exit_code"].as_i64().unwrap() < 0,
+        "ended by a signal: {r}"
+    );
+}
