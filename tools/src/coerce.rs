@@ -4,16 +4,20 @@
 //! values that JSON-encode slightly differently from the schema. Fixing the obvious cases once,
 //! here, keeps every handler simple and gives one clear error (naming the parameter) when a value
 //! cannot be read as the declared type. Only top-level properties with a declared `type` are
-//! touched; everything else is passed through for the handler to judge.
+//! touched; everything else is passed through for the handler to judge. A tool can exempt
+//! arguments (`ToolEntry::exact_type_args`): where a number is no slip but a wrong call (a
+//! shell command, a directory), a value of another type is refused instead.
 
 use serde_json::{Map, Number, Value};
 use std::borrow::Cow;
 
-/// Coerces `args` to `schema`'s property types. Borrowed when nothing needed changing, so the
-/// common case costs no copy.
+/// Coerces `args` to `schema`'s property types, except those named in `exact`, which must
+/// have a declared type already. Borrowed when nothing needed changing, so the common case
+/// costs no copy.
 pub fn coerce_args<'a>(
     schema: &Value,
     args: &'a Map<String, Value>,
+    exact: &[String],
 ) -> Result<Cow<'a, Map<String, Value>>, String> {
     let Some(props) = schema.get("properties").and_then(Value::as_object) else {
         return Ok(Cow::Borrowed(args));
@@ -23,7 +27,7 @@ pub fn coerce_args<'a>(
         let Some(types) = props.get(key).and_then(declared_types) else {
             continue;
         };
-        if let Some(new) = coerce_value(key, value, &types)? {
+        if let Some(new) = coerce_value(key, value, &types, exact.contains(key))? {
             changed
                 .get_or_insert_with(|| args.clone())
                 .insert(key.clone(), new);
@@ -82,13 +86,19 @@ fn matches(value: &Value, ty: &str) -> bool {
     }
 }
 
-/// `Ok(None)`: already fits. `Ok(Some(v))`: use `v`. `Err`: cannot fit.
-fn coerce_value(key: &str, value: &Value, types: &[&str]) -> Result<Option<Value>, String> {
+/// `Ok(None)`: already fits. `Ok(Some(v))`: use `v`. `Err`: cannot fit (or, `exact`, does
+/// not fit as it is).
+fn coerce_value(
+    key: &str,
+    value: &Value,
+    types: &[&str],
+    exact: bool,
+) -> Result<Option<Value>, String> {
     // Null stands for "not given" unless the schema says otherwise; handlers treat it so.
     if value.is_null() || types.is_empty() || types.iter().any(|t| matches(value, t)) {
         return Ok(None);
     }
-    for ty in types {
+    for ty in types.iter().filter(|_| !exact) {
         if let Some(v) = convert(value, ty) {
             return Ok(Some(v));
         }
@@ -186,7 +196,7 @@ mod tests {
 
     fn coerce(v: Value) -> Result<Value, String> {
         let m = v.as_object().unwrap().clone();
-        coerce_args(&schema(), &m).map(|c| Value::Object(c.into_owned()))
+        coerce_args(&schema(), &m, &[]).map(|c| Value::Object(c.into_owned()))
     }
 
     #[test]
@@ -214,9 +224,30 @@ mod tests {
             .unwrap()
             .clone();
         assert!(matches!(
-            coerce_args(&schema(), &m).unwrap(),
+            coerce_args(&schema(), &m, &[]).unwrap(),
             Cow::Borrowed(_)
         ));
+    }
+
+    #[test]
+    fn exact_arguments_are_refused_rather_than_coerced() {
+        let exact = ["s".to_string(), "n".to_string()];
+        let m = |v: Value| v.as_object().unwrap().clone();
+        assert_eq!(
+            coerce_args(&schema(), &m(json!({"s": 5})), &exact).unwrap_err(),
+            "argument `s` must be a string, got 5"
+        );
+        assert_eq!(
+            coerce_args(&schema(), &m(json!({"n": "5"})), &exact).unwrap_err(),
+            "argument `n` must be an integer, got \"5\""
+        );
+        // What fits, null, and the other arguments are as before.
+        let fits = m(json!({"s": "x", "n": null, "b": "true"}));
+        let out = coerce_args(&schema(), &fits, &exact).unwrap();
+        assert_eq!(
+            Value::Object(out.into_owned()),
+            json!({"s": "x", "n": null, "b": true})
+        );
     }
 
     #[test]

@@ -70,7 +70,7 @@ impl ToolRegistry {
             }
         };
         let started = Instant::now();
-        let coerced = coerce_args(&entry.schema, args).and_then(|c| {
+        let coerced = coerce_args(&entry.schema, args, &entry.exact_type_args).and_then(|c| {
             // After coercion, so a value coerced to fit is present; the same error shape as a
             // wrong type's.
             match entry

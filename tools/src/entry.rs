@@ -172,6 +172,11 @@ pub struct ToolEntry {
     /// waiting on anything but the local filesystem), so async callers may run it inline on
     /// their worker thread instead of paying a thread hop per call.
     pub bounded: bool,
+    /// Arguments dispatch does not coerce ([`crate::coerce`]): a value of another type than
+    /// the schema declares is refused, naming the argument. For arguments where a number or a
+    /// boolean is no slip of a model but a wrong call (`terminal`'s `command` and `workdir`:
+    /// `command=5` ran `5`, `workdir=123` became `<cwd>/123`).
+    pub exact_type_args: Vec<String>,
 }
 
 /// Wrapper so [`ToolEntry`] can derive `Debug` while holding a closure.
@@ -209,6 +214,7 @@ impl ToolEntry {
             source: ToolSource::Builtin,
             bounded: false,
             check_required: false,
+            exact_type_args: Vec::new(),
         }
     }
 
@@ -337,6 +343,13 @@ impl ToolEntry {
     /// [`ToolEntry::check_required`]).
     pub fn checking_required(mut self) -> Self {
         self.check_required = true;
+        self
+    }
+
+    /// Has dispatch take `args` as they come, without coercion (see
+    /// [`ToolEntry::exact_type_args`]).
+    pub fn with_exact_types(mut self, args: &[&str]) -> Self {
+        self.exact_type_args = args.iter().map(|a| a.to_string()).collect();
         self
     }
 

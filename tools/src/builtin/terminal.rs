@@ -74,6 +74,10 @@ fn entry() -> ToolEntry {
         terminal,
     )
     .with_emoji("💻")
+    // A number or boolean here is a wrong call, not a model's way of writing a string:
+    // `command=5` ran `5`, `workdir=123` ran in `<cwd>/123`. (`timeout="2"` is still read as 2,
+    // as every tool's numbers are.)
+    .with_exact_types(&["command", "workdir"])
 }
 
 inventory::submit! { BuiltinTool(entry) }

@@ -759,3 +759,30 @@ fn killing_a_process_that_already_exited_says_so() {
         "ended by a signal: {r}"
     );
 }
+
+#[test]
+fn a_command_or_workdir_that_is_no_string_is_refused() {
+    // The probe's finding: `command=5` ran `5`, `workdir=123` became `<cwd>/123`. Numbers
+    // for numeric arguments are still read (`timeout="2"`), as for every tool.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("123")).unwrap();
+    let ctx = ToolContext::agent(dir.path());
+    for (args, name) in [
+        (json!({"command": 5}), "command"),
+        (json!({"command": true}), "command"),
+        (json!({"command": "pwd", "workdir": 123}), "workdir"),
+    ] {
+        let r = call("terminal", args.clone(), &ctx);
+        let err = r["error"].as_str().unwrap_or_else(|| panic!("{args}: {r}"));
+        assert!(
+            err.contains("InvalidArguments") && err.contains(&format!("`{name}` must be a string")),
+            "{args}: {err}"
+        );
+    }
+    let r = call(
+        "terminal",
+        json!({"command": "echo ok", "timeout": "2"}),
+        &ctx,
+    );
+    assert_eq!(r["output"], "ok\n", "{r}");
+}
