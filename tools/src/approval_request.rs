@@ -132,9 +132,7 @@ fn decode_ansi_c_body(body: &str) -> Option<(String, usize)> {
         match c {
             '\'' => return Some((text, i + 1)),
             '\\' => {
-                let Some((_, e)) = chars.next() else {
-                    return None;
-                };
+                let (_, e) = chars.next()?;
                 let code = match e {
                     'a' => Some(0x07),
                     'b' => Some(0x08),
