@@ -10,6 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 pub use vibeos_tools::config_file::{ConfigFile, ConfigFileError};
 
+/// Smallest `code_execution.stdout_limit` / `stderr_limit`, and of the flags and call
+/// arguments that override them.
+pub const MIN_OUTPUT_LIMIT: u64 = 64;
+/// Largest output cap, from the config file, a flag or a call: the kept head and tail are held
+/// in the supervisor's memory, and no setting may make that unbounded.
+pub const MAX_OUTPUT_LIMIT: u64 = 64 * 1024 * 1024;
+
 /// Default `code_execution.timeout`.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 /// Default `code_execution.max_tool_calls`.
@@ -231,18 +238,24 @@ impl Config {
                         )
                     })?;
             }
+            // The range of the `--stdout-limit` flags and of a call's arguments: the kept head
+            // and tail are held in the supervisor's memory, so no face may make it unbounded.
             for (key, value, slot) in [
                 ("stdout_limit", ce.stdout_limit, &mut cfg.stdout_limit),
                 ("stderr_limit", ce.stderr_limit, &mut cfg.stderr_limit),
             ] {
                 if let Some(n) = value {
-                    *slot = usize::try_from(n)
-                        .ok()
-                        .filter(|n| *n >= 64)
+                    *slot = (MIN_OUTPUT_LIMIT..=MAX_OUTPUT_LIMIT)
+                        .contains(&n)
+                        .then(|| usize::try_from(n).ok())
+                        .flatten()
                         .ok_or_else(|| {
                             bad(
                                 &format!("code_execution.{key}"),
-                                format!("must be a number of bytes ≥ 64, found {n}"),
+                                format!(
+                                    "must be a whole number of bytes from {MIN_OUTPUT_LIMIT} to \
+                                     {MAX_OUTPUT_LIMIT} (64 MiB), found {n}"
+                                ),
                             )
                         })?;
                 }
@@ -461,6 +474,28 @@ mod tests {
         assert_eq!(c.mode, Mode::Strict);
         assert_eq!(c.log_level.as_deref(), Some("debug"));
         assert_eq!(c.pool_size, 2);
+    }
+
+    #[test]
+    fn output_limits_take_the_range_of_the_flags() {
+        // `stdout_limit: 10000000000` let a script's output grow the supervisor past 1.8 GB.
+        for key in ["stdout_limit", "stderr_limit"] {
+            for bad in ["63", "67108865", "10000000000", "0"] {
+                let e = parse(&format!("code_execution:\n  {key}: {bad}\n"))
+                    .unwrap_err()
+                    .to_string();
+                assert!(
+                    e.starts_with("config file /x/config.yaml: ")
+                        && e.contains(&format!("`code_execution.{key}`"))
+                        && e.contains("from 64 to 67108864")
+                        && e.contains(&format!("found {bad}")),
+                    "{e}"
+                );
+            }
+        }
+        let c = parse("code_execution:\n  stdout_limit: 67108864\n  stderr_limit: 64\n").unwrap();
+        assert_eq!(c.stdout_limit as u64, MAX_OUTPUT_LIMIT);
+        assert_eq!(c.stderr_limit as u64, MIN_OUTPUT_LIMIT);
     }
 
     #[test]

@@ -67,8 +67,8 @@ pub fn execute_code_entry_for(
                 "code": {"type": "string", "description": "Python source; `from vibeos_tools import ...` to call tools, print() what should come back"},
                 "timeout": {"type": "number", "exclusiveMinimum": 0, "maximum": crate::config::MAX_TIMEOUT_SECS, "description": "Seconds before the script is killed, at most a day (default from config)"},
                 "max_tool_calls": {"type": "integer", "minimum": 0, "description": "Most tool calls the script may make (default from config)"},
-                "stdout_limit": {"type": "integer", "minimum": 64, "maximum": 67108864, "description": "Bytes of stdout returned; longer output keeps its first 40% and last 60% (default from config)"},
-                "stderr_limit": {"type": "integer", "minimum": 64, "maximum": 67108864, "description": "Bytes of stderr kept for a failed script (default from config)"}
+                "stdout_limit": {"type": "integer", "minimum": crate::config::MIN_OUTPUT_LIMIT, "maximum": crate::config::MAX_OUTPUT_LIMIT, "description": "Bytes of stdout returned; longer output keeps its first 40% and last 60% (default from config)"},
+                "stderr_limit": {"type": "integer", "minimum": crate::config::MIN_OUTPUT_LIMIT, "maximum": crate::config::MAX_OUTPUT_LIMIT, "description": "Bytes of stderr kept for a failed script (default from config)"}
             },
             "required": ["code"]
         }),

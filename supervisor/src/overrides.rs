@@ -42,12 +42,9 @@ pub enum OverrideKind {
     StderrLimit,
 }
 
-/// The smallest output cap a call may ask for (the same floor as `code_execution.*_limit`).
-pub const MIN_OUTPUT_LIMIT: u64 = 64;
-/// The largest output cap a call may ask for: the kept head and tail are held in the
-/// supervisor's memory, and a caller (a model, through MCP) must not be able to make that
-/// unbounded. The config file's setting has no such ceiling; it is the operator's.
-pub const MAX_OUTPUT_LIMIT: u64 = 64 * 1024 * 1024;
+/// The output caps a call may ask for: the same range as `code_execution.*_limit`, defined
+/// once with the config's checks.
+pub use crate::config::{MAX_OUTPUT_LIMIT, MIN_OUTPUT_LIMIT};
 
 impl OverrideKind {
     fn base(self) -> &'static str {
@@ -61,26 +58,31 @@ impl OverrideKind {
     }
 
     /// What the value must be, as an argument's message says it.
-    fn wanted(self) -> &'static str {
+    fn wanted(self) -> String {
         match self {
-            OverrideKind::Mode => "project or strict",
-            OverrideKind::Timeout => "a positive number of seconds (at most 86400)",
-            OverrideKind::MaxToolCalls => "a whole number of calls, 0 or more",
-            OverrideKind::StdoutLimit | OverrideKind::StderrLimit => {
-                "a whole number of bytes from 64 to 67108864 (64 MiB)"
-            }
+            OverrideKind::Mode => "project or strict".into(),
+            OverrideKind::Timeout => "a positive number of seconds (at most 86400)".into(),
+            OverrideKind::MaxToolCalls => "a whole number of calls, 0 or more".into(),
+            OverrideKind::StdoutLimit | OverrideKind::StderrLimit => format!(
+                "a whole number of bytes from {MIN_OUTPUT_LIMIT} to {MAX_OUTPUT_LIMIT} (64 MiB)"
+            ),
         }
     }
 
     /// What is wrong with the value, as a flag's message says it.
-    fn flag_problem(self) -> &'static str {
+    fn flag_problem(self) -> String {
         match self {
-            OverrideKind::Mode => "is not a mode; use project or strict",
-            OverrideKind::Timeout => "is not a usable number of seconds (positive, at most 86400)",
-            OverrideKind::MaxToolCalls => "is not a usable call budget (a whole number, 0 or more)",
-            OverrideKind::StdoutLimit | OverrideKind::StderrLimit => {
-                "is not a usable number of bytes (a whole number from 64 to 67108864)"
+            OverrideKind::Mode => "is not a mode; use project or strict".into(),
+            OverrideKind::Timeout => {
+                "is not a usable number of seconds (positive, at most 86400)".into()
             }
+            OverrideKind::MaxToolCalls => {
+                "is not a usable call budget (a whole number, 0 or more)".into()
+            }
+            OverrideKind::StdoutLimit | OverrideKind::StderrLimit => format!(
+                "is not a usable number of bytes (a whole number from {MIN_OUTPUT_LIMIT} to \
+                 {MAX_OUTPUT_LIMIT})"
+            ),
         }
     }
 }

@@ -309,3 +309,24 @@ fn an_unusable_configured_python_is_a_config_error() {
         }
     }
 }
+
+/// `code_execution.stdout_limit: 10000000000` was accepted (the flags refuse it), and a script's
+/// 600 MiB of output grew the supervisor to 1.85 GB: the config keys take the flags' range.
+#[test]
+fn an_output_limit_beyond_the_flags_range_is_a_config_error() {
+    let sb = Sandbox::new();
+    let file = sb.home().join("config.yaml").display().to_string();
+    for key in ["stdout_limit", "stderr_limit"] {
+        sb.write_config(&format!("code_execution:\n  {key}: 10000000000\n"));
+        let err = refused(&sb);
+        assert!(
+            err.contains(&format!("config file {file}: `code_execution.{key}` "))
+                && err.contains("from 64 to 67108864")
+                && err.contains("found 10000000000"),
+            "{err}"
+        );
+    }
+    sb.write_config("code_execution:\n  stdout_limit: 67108864\n");
+    let out = sb.run_stdin(b"print('ran')", &[]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+}
