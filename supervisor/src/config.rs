@@ -293,6 +293,27 @@ impl Config {
                 return Err(bad("approvals.timeout", e));
             }
         }
+        // The plugin host's timeouts, under their own names: checked later, when the host's
+        // spec was built, they were logged as `mcp_servers.plugins.timeout` and the host was
+        // skipped while the run went on (exit 0).
+        if let Some(plugins) = &file.plugins {
+            for (key, value) in [
+                ("plugins.timeout", plugins.timeout),
+                ("plugins.connect_timeout", plugins.connect_timeout),
+            ] {
+                if let Some(secs) = value {
+                    if positive_seconds(secs).is_none() {
+                        return Err(bad(
+                            key,
+                            format!(
+                                "must be a number of seconds (positive, at most \
+                                 {MAX_TIMEOUT_SECS}), found {secs}"
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
         if let Some(level) = file.logging.as_ref().and_then(|l| l.level.clone()) {
             // Checked here, where the file and key are known: the logger would reject it too,
             // but naming neither.
@@ -496,6 +517,33 @@ mod tests {
         let c = parse("code_execution:\n  stdout_limit: 67108864\n  stderr_limit: 64\n").unwrap();
         assert_eq!(c.stdout_limit as u64, MAX_OUTPUT_LIMIT);
         assert_eq!(c.stderr_limit as u64, MIN_OUTPUT_LIMIT);
+    }
+
+    #[test]
+    fn plugin_host_timeouts_are_checked_under_their_own_names() {
+        for (text, key, found) in [
+            ("plugins: {timeout: -1}\n", "plugins.timeout", "found -1"),
+            (
+                "plugins: {timeout: 1e9}\n",
+                "plugins.timeout",
+                "found 1000000000",
+            ),
+            (
+                "plugins: {connect_timeout: 0}\n",
+                "plugins.connect_timeout",
+                "found 0",
+            ),
+        ] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(
+                e.starts_with("config file /x/config.yaml: ")
+                    && e.contains(&format!("`{key}` must be a number of seconds"))
+                    && e.contains(found)
+                    && !e.contains("mcp_servers"),
+                "{text}: {e}"
+            );
+        }
+        assert!(parse("plugins: {timeout: 0.5, connect_timeout: 86400}\n").is_ok());
     }
 
     #[test]

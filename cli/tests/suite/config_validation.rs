@@ -330,3 +330,23 @@ fn an_output_limit_beyond_the_flags_range_is_a_config_error() {
     let out = sb.run_stdin(b"print('ran')", &[]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
 }
+
+/// `plugins: {timeout: -1}` was accepted, then logged as `mcp_servers.plugins.timeout` when the
+/// plugin host's spec was built, and the host silently left out (exit 0).
+#[test]
+fn a_bad_plugin_host_timeout_is_a_config_error_under_its_own_name() {
+    let sb = Sandbox::new();
+    let file = sb.home().join("config.yaml").display().to_string();
+    for (text, key) in [
+        ("plugins: {timeout: -1}\n", "plugins.timeout"),
+        ("plugins: {timeout: 1e9}\n", "plugins.timeout"),
+        ("plugins: {connect_timeout: 0}\n", "plugins.connect_timeout"),
+    ] {
+        sb.write_config(text);
+        let err = refused(&sb);
+        assert!(
+            err.contains(&format!("config file {file}: `{key}` ")) && !err.contains("mcp_servers"),
+            "{text}: {err}"
+        );
+    }
+}

@@ -109,6 +109,16 @@ impl ClientHandler for Notifier {
     }
 }
 
+/// The config key that sets `key` (`timeout`, `connect_timeout`) for a server, as a hint names
+/// it: the plugin host's are in the `plugins:` section, an MCP server's in its `mcp_servers:`
+/// entry.
+fn config_key(kind: ServerKind, name: &str, key: &str) -> String {
+    match kind {
+        ServerKind::Mcp => format!("mcp_servers.{name}.{key}"),
+        ServerKind::Plugins => format!("plugins.{key}"),
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -304,8 +314,9 @@ impl McpServer {
         match tokio::time::timeout(self.start_timeout, work).await {
             Ok(r) => r,
             Err(_) => Err(format!(
-                "did not start within {} s (raise connect_timeout if it is slow to start)",
-                secs(self.start_timeout)
+                "did not start within {} s (raise {} if it is slow to start)",
+                secs(self.start_timeout),
+                config_key(self.spec.kind, &self.spec.name, "connect_timeout")
             )),
         }
     }
@@ -564,11 +575,11 @@ impl McpServer {
             Err(_) => Err(ToolError::new(
                 crate::ToolErrorKind::McpTimeout,
                 format!(
-                    "{} did not answer `{tool}` within {} s; the call was abandoned (raise \
-                     mcp_servers.{}.timeout if the tool is slow)",
+                    "{} did not answer `{tool}` within {} s; the call was abandoned (raise {} \
+                     if the tool is slow)",
                     self.label(),
                     secs(self.call_timeout),
-                    self.spec.name
+                    config_key(self.spec.kind, &self.spec.name, "timeout")
                 ),
             )),
             Ok(Ok(result)) => result_value(&self.label(), tool, result),
@@ -897,6 +908,24 @@ mod tests {
         assert_eq!(sanitize("p_long64"), "p_long64");
         assert_eq!(sanitize("pkg.mod"), "pkg.mod");
         assert_eq!(sanitize("My Plugin"), "my-plugin");
+    }
+
+    #[test]
+    fn timeout_hints_name_the_key_that_sets_them() {
+        // The plugin host's hint said `raise mcp_servers.plugins.timeout`, a key that does not
+        // exist: its timeouts are `plugins.timeout` and `plugins.connect_timeout`.
+        assert_eq!(
+            config_key(ServerKind::Plugins, "plugins", "timeout"),
+            "plugins.timeout"
+        );
+        assert_eq!(
+            config_key(ServerKind::Plugins, "plugins", "connect_timeout"),
+            "plugins.connect_timeout"
+        );
+        assert_eq!(
+            config_key(ServerKind::Mcp, "github", "timeout"),
+            "mcp_servers.github.timeout"
+        );
     }
 
     #[test]

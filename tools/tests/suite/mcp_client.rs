@@ -568,3 +568,108 @@ fn an_mcp_server_wins_a_tool_name_it_shares_with_a_plugin_whatever_starts_first(
         m.shutdown();
     }
 }
+
+/// A stdio MCP server in plain Python (no SDK, so the test needs only `python3`): it answers
+/// the handshake and `tools/list` with one tool, `stall`, and never answers a call.
+const STALLING_SERVER: &str = r#"
+import json, sys
+for line in sys.stdin:
+    msg = json.loads(line)
+    method, mid = msg.get("method"), msg.get("id")
+    if method == "initialize":
+        result = {"protocolVersion": msg["params"]["protocolVersion"], "capabilities": {"tools": {}},
+                  "serverInfo": {"name": "stall", "version": "1"}}
+    elif method == "tools/list":
+        result = {"tools": [{"name": "stall", "description": "never answers",
+                             "inputSchema": {"type": "object", "properties": {}},
+                             "_meta": {"vibeos/plugin": "stalling"}}]}
+    else:
+        continue
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": mid, "result": result}) + "\n")
+    sys.stdout.flush()
+"#;
+
+/// The timeout hints name the key that sets the timeout: for the plugin host `plugins.timeout`
+/// and `plugins.connect_timeout` (they said `mcp_servers.plugins.timeout`, a key that does not
+/// exist), for an MCP server its own entry's.
+#[test]
+fn timeout_hints_name_the_plugin_host_s_own_keys() {
+    let Some(py) = ["/usr/bin/python3", "/usr/local/bin/python3"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+    else {
+        vibeos_testkit::skip!("no python3");
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("stall.py");
+    std::fs::write(&script, STALLING_SERVER).unwrap();
+    for (kind, name, call_key, start_key) in [
+        (
+            ServerKind::Plugins,
+            "plugins",
+            "plugins.timeout",
+            "plugins.connect_timeout",
+        ),
+        (
+            ServerKind::Mcp,
+            "stally",
+            "mcp_servers.stally.timeout",
+            "mcp_servers.stally.connect_timeout",
+        ),
+    ] {
+        let reg = leaked();
+        let config = McpServerConfig {
+            command: Some(py.display().to_string()),
+            args: vec![script.display().to_string()],
+            startup: Startup::Eager,
+            timeout: Some(1.0),
+            connect_timeout: Some(20.0),
+            ..Default::default()
+        };
+        let m = McpManager::start(
+            vec![ServerSpec {
+                kind,
+                ..spec(name, config)
+            }],
+            reg,
+        );
+        assert!(
+            matches!(m.servers()[0].state(), ServerState::Running(1)),
+            "{:?}",
+            m.servers()[0].state()
+        );
+        let err = call(reg, "stall", json!({}));
+        let msg = err["error"].as_str().unwrap();
+        assert!(
+            msg.contains(&format!("(raise {call_key} if the tool is slow)")),
+            "{msg}"
+        );
+        m.shutdown();
+
+        // A server that never completes the handshake: the start-up hint.
+        let reg = leaked();
+        let silent = McpServerConfig {
+            command: Some("sleep".into()),
+            args: vec!["30".into()],
+            startup: Startup::Eager,
+            connect_timeout: Some(1.0),
+            ..Default::default()
+        };
+        let m = McpManager::start(
+            vec![ServerSpec {
+                kind,
+                ..spec(name, silent)
+            }],
+            reg,
+        );
+        match m.servers()[0].state() {
+            ServerState::Failed(why) => assert!(
+                why.contains(&format!("(raise {start_key} if it is slow to start)")),
+                "{why}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        m.shutdown();
+    }
+}
