@@ -293,6 +293,21 @@ impl Config {
                 return Err(bad("approvals.timeout", e));
             }
         }
+        // The plugin host is a server named `plugins` (its `tools list` row, its log lines): an
+        // entry of that name gave two rows named `plugins`, and its log lines said "the plugin
+        // host".
+        if let Some(servers) = &file.mcp_servers {
+            let host = vibeos_tools::mcp_client::PLUGIN_HOST;
+            if servers.contains_key(host) {
+                return Err(bad(
+                    &format!("mcp_servers.{host}"),
+                    format!(
+                        "is a name reserved for the plugin host (configured under `{host}:`); \
+                         choose another name for this MCP server"
+                    ),
+                ));
+            }
+        }
         // The plugin host's timeouts, under their own names: checked later, when the host's
         // spec was built, they were logged as `mcp_servers.plugins.timeout` and the host was
         // skipped while the run went on (exit 0).
@@ -544,6 +559,20 @@ mod tests {
             );
         }
         assert!(parse("plugins: {timeout: 0.5, connect_timeout: 86400}\n").is_ok());
+    }
+
+    #[test]
+    fn an_mcp_server_may_not_take_the_plugin_host_s_name() {
+        let e = parse("mcp_servers:\n  plugins:\n    command: x\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("config file /x/config.yaml: `mcp_servers.plugins` ")
+                && e.contains("reserved for the plugin host")
+                && e.contains("choose another name"),
+            "{e}"
+        );
+        assert!(parse("mcp_servers:\n  my-plugins:\n    command: x\n").is_ok());
     }
 
     #[test]

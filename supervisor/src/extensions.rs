@@ -18,8 +18,9 @@ pub use vibeos_tools::mcp_client::PluginsConfig;
 use vibeos_tools::mcp_client::{McpManager, McpServerConfig, ServerKind, ServerSpec};
 use vibeos_tools::ToolRegistry;
 
-/// Name of the plugin host's server (and its row in `tools list`).
-pub const PLUGIN_HOST: &str = "plugins";
+/// Name of the plugin host's server (and its row in `tools list`); defined with the MCP client,
+/// below the config module that refuses it as an `mcp_servers` name.
+pub use vibeos_tools::mcp_client::PLUGIN_HOST;
 
 /// The environment of a stdio server: this process's environment scrubbed by the execute_code
 /// policy (`terminal.env_passthrough` applies), `HOME` and `TZ` kept, then the server's

@@ -350,3 +350,20 @@ fn a_bad_plugin_host_timeout_is_a_config_error_under_its_own_name() {
         );
     }
 }
+
+/// An `mcp_servers` entry named `plugins` took the plugin host's name: two `plugins` rows in
+/// `tools list`, and its log lines said "the plugin host".
+#[test]
+fn an_mcp_server_named_like_the_plugin_host_is_refused() {
+    let sb = Sandbox::new();
+    let file = sb.home().join("config.yaml").display().to_string();
+    sb.write_config("mcp_servers:\n  plugins:\n    command: some-server\n");
+    let err = refused(&sb);
+    assert!(
+        err.contains(&format!("config file {file}: `mcp_servers.plugins` "))
+            && err.contains("reserved for the plugin host"),
+        "{err}"
+    );
+    let out = sb.run(&["tools", "list"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+}

@@ -8,6 +8,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// Name of the plugin host's server (its row in `tools list`, its log lines); reserved: no
+/// `mcp_servers` entry may take it.
+pub const PLUGIN_HOST: &str = "plugins";
+
 /// Default per-call timeout of an MCP tool call.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default time a server gets to start and answer `initialize` and `tools/list`.

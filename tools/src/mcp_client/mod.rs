@@ -20,7 +20,7 @@ mod stdio;
 
 pub use config::{
     McpConfigError, McpServerConfig, PluginsConfig, ScriptCallable, Startup, DEFAULT_CALL_TIMEOUT,
-    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_CONNECT_TIMEOUT, PLUGIN_HOST,
 };
 pub use spec::{ServerKind, ServerReport, ServerSpec, ServerState};
 pub use stdio::{MAX_MESSAGE_BYTES, STOP_GRACE};
