@@ -409,7 +409,44 @@ fn io_error_text(e: &std::io::Error) -> String {
     }
 }
 
+/// Refuses an empty name in a toolset list flag (`--enable-toolsets ''`, `--toolsets a,,b`):
+/// it names no toolset, and the registry would refuse it without naming the flag.
+fn check_toolset_flags(command: &Command) -> Result<(), UsageError> {
+    const ENABLE: (&str, &str) = ("--enable-toolsets", "to select every toolset");
+    const DISABLE: (&str, &str) = ("--disable-toolsets", "to disable none");
+    let lists: Vec<((&str, &str), &[String])> = match command {
+        Command::Tools {
+            command: ToolsCommand::List(a),
+        } => vec![
+            (ENABLE, &a.enable_toolsets[..]),
+            (DISABLE, &a.disable_toolsets[..]),
+        ],
+        Command::Tools {
+            command: ToolsCommand::Schema(a),
+        } => vec![
+            (ENABLE, &a.enable_toolsets[..]),
+            (DISABLE, &a.disable_toolsets[..]),
+        ],
+        Command::Serve(a) => vec![(
+            ("--toolsets", "to offer execute_code alone"),
+            &a.toolsets[..],
+        )],
+        _ => Vec::new(),
+    };
+    for ((flag, without), names) in lists {
+        if names.iter().any(|n| n.trim().is_empty()) {
+            return Err(UsageError(format!(
+                "{flag} {:?} holds an empty toolset name; give comma-separated toolset names \
+                 (e.g. {flag} web,file), or leave the flag out {without}",
+                names.join(",")
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn real_main(mut cli: Cli) -> Result<u8, UsageError> {
+    check_toolset_flags(&cli.command)?;
     if let Some(level) = &cli.log_level {
         logging::validate_level(level).map_err(|e| UsageError(e.to_string()))?;
     }

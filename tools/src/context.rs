@@ -46,10 +46,10 @@ pub struct ToolsetSelection {
 }
 
 impl ToolsetSelection {
-    /// Whether it selects every toolset (nothing to narrow).
+    /// Whether it selects every toolset (nothing to narrow): both lists empty. A list holding an
+    /// empty name is not "everything": the registry refuses it.
     pub fn is_everything(&self) -> bool {
-        self.enabled.iter().all(|s| s.trim().is_empty())
-            && self.disabled.iter().all(|s| s.trim().is_empty())
+        self.enabled.is_empty() && self.disabled.is_empty()
     }
 }
 

@@ -79,15 +79,16 @@ pub struct ToolStatus {
 
 impl ToolRegistry {
     /// The registered tools selected by `enabled` / `disabled` toolset names, before availability
-    /// checks. Unknown names are an error naming the valid ones; empty names are ignored.
+    /// checks. Unknown names are an error naming the valid ones; so are empty names (an empty
+    /// list selects every toolset, an empty name in a list selects nothing).
     pub fn select_tools(
         &self,
         enabled: &[String],
         disabled: &[String],
     ) -> Result<Vec<Arc<ToolEntry>>, ToolsetError> {
         let tools = crate::registry::read_tools(self);
-        let enabled: Vec<&str> = nonempty(enabled);
-        let disabled: Vec<&str> = nonempty(disabled);
+        let enabled: Vec<&str> = toolset_names(enabled, "enabled")?;
+        let disabled: Vec<&str> = toolset_names(disabled, "disabled")?;
         let names = self.with_resolver(&tools, |r| -> Result<BTreeSet<String>, ToolsetError> {
             let mut picked = BTreeSet::new();
             if enabled.is_empty() {
@@ -181,11 +182,18 @@ impl ToolRegistry {
     }
 }
 
-fn nonempty(names: &[String]) -> Vec<&str> {
+/// The names, trimmed; an empty one is an error: `[""]` (`--enable-toolsets ''`) was taken for
+/// no selection at all and selected every tool, `terminal` included.
+fn toolset_names<'a>(
+    names: &'a [String],
+    list: &'static str,
+) -> Result<Vec<&'a str>, ToolsetError> {
     names
         .iter()
-        .map(|s| s.trim())
-        .filter(|s| !s.is_empty())
+        .map(|s| match s.trim() {
+            "" => Err(ToolsetError::EmptyName { list }),
+            name => Ok(name),
+        })
         .collect()
 }
 

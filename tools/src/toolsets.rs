@@ -64,6 +64,13 @@ pub enum ToolsetError {
     /// A run-time toolset or alias name is unusable.
     #[error("toolset name `{0}` is not usable: names must be non-empty and use only letters, digits, `_`, `-`, `.` and `:`")]
     BadName(String),
+    /// An empty name among the toolsets asked for (`--enable-toolsets ''`, `[""]`): it names
+    /// no toolset, and taking it for "no selection" would select every tool.
+    #[error("an empty toolset name in {list} toolsets; name each toolset (e.g. web,file), or give none to select every toolset")]
+    EmptyName {
+        /// `enabled` or `disabled`.
+        list: &'static str,
+    },
     /// A run-time toolset would take over a name that means another toolset.
     #[error("toolset `{name}` cannot be defined: {reason}; choose another name")]
     Reserved {

@@ -175,3 +175,56 @@ fn unknown_toolsets_exit_2_naming_the_valid_ones() {
         }
     }
 }
+
+/// `--enable-toolsets ''` and `--enable-toolsets ,` listed every tool (terminal included) with
+/// exit 0: an empty name in any toolset list flag is a usage error naming the flag.
+#[test]
+fn an_empty_toolset_name_is_a_usage_error_naming_the_flag() {
+    let sb = Sandbox::new();
+    for (args, flag) in [
+        (
+            &["tools", "list", "--enable-toolsets", ""][..],
+            "--enable-toolsets",
+        ),
+        (
+            &["tools", "list", "--enable-toolsets", ","][..],
+            "--enable-toolsets",
+        ),
+        (
+            &["tools", "list", "--enable-toolsets", "web,"][..],
+            "--enable-toolsets",
+        ),
+        (
+            &["tools", "list", "--json", "--enable-toolsets", " "][..],
+            "--enable-toolsets",
+        ),
+        (
+            &["tools", "schema", "--enable-toolsets", ""][..],
+            "--enable-toolsets",
+        ),
+        (
+            &["tools", "list", "--disable-toolsets", ""][..],
+            "--disable-toolsets",
+        ),
+        (
+            &["tools", "schema", "--disable-toolsets", "file,,web"][..],
+            "--disable-toolsets",
+        ),
+        (&["serve", "--toolsets", ""][..], "--toolsets"),
+        (&["serve", "--toolsets", "file,"][..], "--toolsets"),
+    ] {
+        let out = sb.run(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        assert!(out.stdout.is_empty(), "{args:?}: {}", stdout(&out));
+        let err = stderr(&out);
+        assert!(
+            err.contains(&format!("{flag} ")) && err.contains("empty toolset name"),
+            "{args:?}: {err}"
+        );
+    }
+    // A name with spaces around it is still that name.
+    let out = sb.run(&["tools", "list", "--enable-toolsets", " file "]);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(&out));
+    assert!(row(&stdout(&out), "read_file").is_some());
+    assert!(row(&stdout(&out), "terminal").is_none());
+}

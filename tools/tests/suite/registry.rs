@@ -163,6 +163,41 @@ fn unknown_toolsets_are_an_error_naming_the_valid_ones() {
     ));
 }
 
+/// `[""]` (what `--enable-toolsets ''` and the Python package's `[""]` pass) was taken for no
+/// selection and returned every tool, terminal included: an empty name is an error in either
+/// list, and an empty list still selects everything.
+#[test]
+fn an_empty_toolset_name_is_an_error_not_every_tool() {
+    let reg = product();
+    for (enabled, disabled, list) in [
+        (s(&[""]), vec![], "enabled"),
+        (s(&["", ""]), vec![], "enabled"),
+        (s(&["web", " "]), vec![], "enabled"),
+        (vec![], s(&[""]), "disabled"),
+        (s(&["web"]), s(&["file", ""]), "disabled"),
+    ] {
+        let err = reg.get_tool_definitions(&enabled, &disabled).unwrap_err();
+        assert!(
+            matches!(err, ToolsetError::EmptyName { list: l } if l == list),
+            "{enabled:?} {disabled:?}: {err}"
+        );
+        assert!(err.to_string().contains("empty toolset name"), "{err}");
+        assert!(reg.tool_report(&enabled, &disabled).is_err());
+        assert!(reg.select_tools(&enabled, &disabled).is_err());
+    }
+    // Names are still trimmed, and no list at all is every tool.
+    assert_eq!(
+        names(&reg.get_tool_definitions(&s(&[" web "]), &[]).unwrap()),
+        s(&["web_extract", "web_search"])
+    );
+    assert_eq!(reg.get_tool_definitions(&[], &[]).unwrap().len(), 9);
+    assert!(!vibeos_tools::ToolsetSelection {
+        enabled: s(&[""]),
+        disabled: vec![],
+    }
+    .is_everything());
+}
+
 #[test]
 fn cycles_are_an_error_not_a_hang() {
     let reg = product();
