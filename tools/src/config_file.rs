@@ -317,7 +317,10 @@ pub fn read_text(path: &Path) -> Result<Option<ConfigText>, ConfigFileError> {
     };
     let file = match std::fs::File::open(path) {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            absent_or_dangling(path)?;
+            return Ok(None);
+        }
         Err(e) => return Err(unreadable(e)),
     };
     let metadata = file.metadata().map_err(unreadable)?;
@@ -341,9 +344,31 @@ pub fn read_text(path: &Path) -> Result<Option<ConfigText>, ConfigFileError> {
     Ok(Some(ConfigText { text, metadata }))
 }
 
+/// Called when opening `path` found nothing: `Ok` when there is no entry at all (no config
+/// file, so the defaults), an error when `path` is a symbolic link whose target is missing. The
+/// operator put a config there: running on the defaults would drop its settings (an
+/// `approvals.deny` rule) without a word.
+pub fn absent_or_dangling(path: &Path) -> Result<(), ConfigFileError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => Err(ConfigFileError::DanglingLink {
+            path: path.to_path_buf(),
+            target: std::fs::read_link(path).unwrap_or_default(),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// config.yaml could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigFileError {
+    /// The path is a symbolic link to nothing.
+    #[error("config file {path} is a symbolic link to {target}, which does not exist; point the link at the config file, or remove the link to run on the defaults")]
+    DanglingLink {
+        /// The link.
+        path: PathBuf,
+        /// Where it points.
+        target: PathBuf,
+    },
     /// The file exists (or was named) but cannot be read.
     #[error("cannot read config file {path}: {source}")]
     Unreadable {
@@ -732,6 +757,34 @@ mod tests {
         assert!(e.contains("unknown field `a`"), "{e}");
         // Nesting within the cap is fine where the type allows it.
         assert!(parse("mcp_servers:\n  s:\n    env:\n      A: b\n").is_ok());
+    }
+
+    #[test]
+    fn a_dangling_symlink_is_an_error_and_a_missing_file_the_defaults() {
+        // A link to /nonexistent was read as "no config" and the defaults applied, dropping
+        // the settings the operator meant to give (approvals.deny, say).
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join("config.yaml");
+        std::os::unix::fs::symlink("/nonexistent/config.yaml", &link).unwrap();
+        let e = ConfigFile::read(&link).unwrap_err();
+        assert!(matches!(e, ConfigFileError::DanglingLink { .. }), "{e}");
+        let text = e.to_string();
+        assert!(
+            text.contains(&link.display().to_string())
+                && text.contains("symbolic link to /nonexistent/config.yaml, which does not exist"),
+            "{text}"
+        );
+        assert!(read_text(&link).is_err());
+        assert!(ConfigFile::read(&dir.path().join("absent.yaml"))
+            .unwrap()
+            .is_none());
+        // A link to a file that exists is read through.
+        let real = dir.path().join("real.yaml");
+        std::fs::write(&real, "code_execution:\n  timeout: 9\n").unwrap();
+        let good = dir.path().join("good.yaml");
+        std::os::unix::fs::symlink(&real, &good).unwrap();
+        let c = ConfigFile::read(&good).unwrap().unwrap();
+        assert_eq!(c.code_execution.unwrap().timeout, Some(9.0));
     }
 
     #[test]

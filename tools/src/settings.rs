@@ -77,7 +77,10 @@ fn stamp_of(m: &std::fs::Metadata) -> Stamp {
 fn stamp(path: &Path) -> Result<Stamp, ConfigFileError> {
     match std::fs::metadata(path) {
         Ok(m) => Ok(stamp_of(&m)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        // A link made dangling after an absent file was cached must not match that cache.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            crate::config_file::absent_or_dangling(path).map(|()| None)
+        }
         Err(source) => Err(ConfigFileError::Unreadable {
             path: path.to_path_buf(),
             source,
@@ -252,6 +255,22 @@ mod tests {
     fn a_config_that_never_ends_is_refused_by_the_cap() {
         let e = load_at(Path::new("/dev/zero"), true).unwrap_err();
         assert!(matches!(e, ConfigFileError::TooLarge { .. }), "{e}");
+    }
+
+    #[test]
+    fn a_dangling_link_at_the_default_path_is_an_error_even_after_an_absent_file() {
+        // The default path may be absent (the defaults), but a link to nothing there is a
+        // config the operator meant: an error, also when the absence was cached just before.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.yaml");
+        assert!(load_at(&path, false).unwrap().code_execution.is_none());
+        std::os::unix::fs::symlink("/nonexistent", &path).unwrap();
+        let e = load_at(&path, false).unwrap_err();
+        assert!(matches!(e, ConfigFileError::DanglingLink { .. }), "{e}");
+        assert!(
+            e.to_string().contains("symbolic link to /nonexistent"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -367,3 +367,30 @@ fn an_mcp_server_named_like_the_plugin_host_is_refused() {
     let out = sb.run(&["tools", "list"]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
 }
+
+/// `$VIBEOS_HOME/config.yaml` as a link to a missing file was taken for "no config": the run
+/// went on with the defaults, without the file's `approvals.deny` rules. It is a config error
+/// naming the link and its target; no entry at all is still the defaults.
+#[test]
+fn a_dangling_config_link_is_a_config_error_naming_its_target() {
+    let sb = Sandbox::new();
+    let link = sb.home().join("config.yaml");
+    std::fs::remove_file(&link).unwrap();
+    let out = sb.run_stdin(b"print('ran')", &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "no config file: defaults: {out:?}"
+    );
+    std::os::unix::fs::symlink("/nonexistent", &link).unwrap();
+    let err = refused(&sb);
+    assert!(
+        err.contains(&format!(
+            "config file {} is a symbolic link to /nonexistent, which does not exist",
+            link.display()
+        )),
+        "{err}"
+    );
+    let out = sb.run(&["tools", "list"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+}
