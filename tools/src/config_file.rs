@@ -661,6 +661,45 @@ mod tests {
     }
 
     #[test]
+    fn script_callable_says_what_it_takes() {
+        use crate::mcp_client::ScriptCallable;
+        for (value, found) in [
+            ("\"yes\"", "string \"yes\""),
+            ("3", "integer `3`"),
+            ("{a: 1}", "map"),
+            ("[search, 3]", "integer `3`"),
+        ] {
+            let text =
+                format!("mcp_servers:\n  s:\n    command: x\n    script_callable: {value}\n");
+            let e = parse(&text).unwrap_err().to_string();
+            assert!(
+                e.starts_with("/x/config.yaml: mcp_servers.s.script_callable")
+                    && e.contains(found)
+                    && !e.contains("untagged")
+                    && !e.contains("ScriptCallable"),
+                "{value}: {e}"
+            );
+            assert!(
+                e.contains("true, false or a list of tool names") || e.contains("a tool name"),
+                "{value}: {e}"
+            );
+        }
+        let opened = |value: &str| {
+            let text =
+                format!("mcp_servers:\n  s:\n    command: x\n    script_callable: {value}\n");
+            parse(&text).unwrap().mcp_servers.unwrap()["s"]
+                .script_callable
+                .clone()
+        };
+        assert_eq!(opened("true"), ScriptCallable::All(true));
+        assert_eq!(opened("no"), ScriptCallable::All(false));
+        assert_eq!(
+            opened("[b, a, '1']"),
+            ScriptCallable::Only(["a", "b", "1"].map(String::from).into())
+        );
+    }
+
+    #[test]
     fn the_always_rewrite_keeps_every_value_of_its_type() {
         // `approval::persist_always` rewrites the file through a JSON value: a string that
         // looks like a number or a boolean must come back quoted, or the strict types would
@@ -701,11 +740,12 @@ mod tests {
 
     #[test]
     fn deep_nesting_is_refused_by_the_budget() {
-        // The file of the issue: 200 KB nested 100k deep. Under a key whose value is read
-        // generically (the untagged `script_callable`), the parser must stop at the depth cap,
-        // not recurse; under a typed list the first nested entry is already the wrong type.
+        // The file of the issue: 200 KB nested 100k deep. Every key reads one documented
+        // shape, so the first nested entry is already the wrong type (script_callable too,
+        // since it stopped being an untagged enum read generically); the parser's depth cap
+        // stops a value read generically (checked directly below) before it recurses.
         let depth = 100_000;
-        let generic = [
+        let cases = [
             format!(
                 "mcp_servers:\n  s:\n    command: x\n    script_callable: {}{}\n",
                 "[".repeat(depth),
@@ -716,8 +756,6 @@ mod tests {
                 "{a: ".repeat(depth),
                 "}".repeat(depth)
             ),
-        ];
-        let typed = [
             format!(
                 "command_allowlist: {}{}\n",
                 "[".repeat(depth),
@@ -735,21 +773,24 @@ mod tests {
                     .collect::<String>()
             ),
         ];
-        for (text, is_generic) in generic
-            .iter()
-            .map(|t| (t, true))
-            .chain(typed.iter().map(|t| (t, false)))
-        {
+        for text in &cases {
             let e = parse(text).unwrap_err().to_string();
             assert!(e.starts_with("/x/config.yaml: "), "{e}");
             let lower = e.to_lowercase();
             let too_deep =
                 lower.contains("depth") || lower.contains("nest") || lower.contains("recursion");
-            assert!(
-                too_deep || (!is_generic && lower.contains("invalid type")),
-                "{e}"
-            );
+            assert!(too_deep || lower.contains("invalid type"), "{e}");
         }
+        // A value read generically stops at the cap.
+        let deep = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+        let e = serde_saphyr::from_str_with_options::<serde_json::Value>(&deep, parse_options())
+            .unwrap_err()
+            .to_string()
+            .to_lowercase();
+        assert!(
+            e.contains("depth") || e.contains("nest") || e.contains("recursion"),
+            "{e}"
+        );
         // At the top level, the first key already fails.
         let e = parse(&format!("a: {}{}", "[".repeat(depth), "]".repeat(depth)))
             .unwrap_err()

@@ -41,13 +41,60 @@ impl Startup {
 
 /// `script_callable:` — `false` (default), `true` (every tool of the server) or a list of tool
 /// names. Only the operator's config can open MCP tools to scripts (SPEC §2).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ScriptCallable {
     /// All tools (`true`) or none (`false`).
     All(bool),
     /// Only these tools.
     Only(BTreeSet<String>),
+}
+
+impl<'de> Deserialize<'de> for ScriptCallable {
+    /// One shape at a time, said in the config's terms: an untagged enum reported a mistake
+    /// (`script_callable: "yes"`) as "data did not match any variant of untagged enum
+    /// ScriptCallable".
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = ScriptCallable;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("true, false or a list of tool names, e.g. [search, fetch]")
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<ScriptCallable, E> {
+                Ok(ScriptCallable::All(v))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<ScriptCallable, A::Error> {
+                let mut names = BTreeSet::new();
+                while let Some(ToolName(name)) = seq.next_element()? {
+                    names.insert(name);
+                }
+                Ok(ScriptCallable::Only(names))
+            }
+        }
+        /// One entry of the list: a tool name, as text.
+        struct ToolName(String);
+        impl<'de> Deserialize<'de> for ToolName {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct N;
+                impl serde::de::Visitor<'_> for N {
+                    type Value = ToolName;
+                    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                        f.write_str("a tool name (quote one YAML reads as a number or a boolean)")
+                    }
+                    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ToolName, E> {
+                        Ok(ToolName(v.to_owned()))
+                    }
+                }
+                d.deserialize_any(N)
+            }
+        }
+        // `deserialize_any` reports a quoted scalar as a string, so `"true"` is refused rather
+        // than read as the boolean.
+        d.deserialize_any(V)
+    }
 }
 
 impl Default for ScriptCallable {
