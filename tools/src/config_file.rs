@@ -441,14 +441,20 @@ impl ConfigFile {
         match parsed {
             Ok(doc) => Ok(doc.unwrap_or_default()),
             Err(e) => {
-                let mut message = e.to_string();
-                // The parser's wording for the nesting cap does not say what the cap is.
-                let lower = message.to_lowercase();
-                if lower.contains("recursion limit") || lower.contains("depth") {
-                    message.push_str(&format!(
-                        " (config.yaml may nest at most {MAX_CONFIG_DEPTH} levels deep)"
-                    ));
-                }
+                let message = match in_config_terms(&e, &mut key) {
+                    Some(message) => message,
+                    None => {
+                        let mut message = e.to_string();
+                        // The parser's wording for the nesting cap does not say what the cap is.
+                        let lower = message.to_lowercase();
+                        if lower.contains("recursion limit") || lower.contains("depth") {
+                            message.push_str(&format!(
+                                " (config.yaml may nest at most {MAX_CONFIG_DEPTH} levels deep)"
+                            ));
+                        }
+                        message
+                    }
+                };
                 Err(ConfigFileError::Invalid {
                     path: path.to_path_buf(),
                     key,
@@ -456,6 +462,55 @@ impl ConfigFile {
                 })
             }
         }
+    }
+}
+
+/// The parser's errors whose own wording speaks of its options (`set DuplicateKeyPolicy in
+/// Options`, `rejected by the configured policy`), said in the config's terms instead; `key`
+/// (the path `serde_path_to_error` recorded) is completed where the parser knew more. `None`:
+/// the parser's message stands.
+fn in_config_terms(e: &serde_saphyr::Error, key: &mut String) -> Option<String> {
+    let at = |location: &serde_saphyr::Location| {
+        format!(" at line {}, column {}", location.line(), location.column())
+    };
+    match e.without_snippet() {
+        serde_saphyr::Error::DuplicateMappingKey { key: dup, location } => {
+            // The path ends in `?` where the duplicated key would be.
+            let parent = key.strip_suffix('?').unwrap_or(key.as_str());
+            let parent = parent.strip_suffix('.').unwrap_or(parent).to_string();
+            Some(match dup {
+                Some(dup) => {
+                    *key = if parent.is_empty() {
+                        dup.clone()
+                    } else {
+                        format!("{parent}.{dup}")
+                    };
+                    format!(
+                        "`{dup}` is given twice in the same mapping; remove one of them{}",
+                        at(location)
+                    )
+                }
+                None => {
+                    *key = parent;
+                    format!(
+                        "a key is given twice in the same mapping; remove one of them{}",
+                        at(location)
+                    )
+                }
+            })
+        }
+        serde_saphyr::Error::NonFiniteFloat { value, location } => {
+            let what = if value.to_ascii_lowercase().contains("nan") {
+                format!("`{value}` (NaN, not a number) is not allowed here; write a number")
+            } else {
+                format!(
+                    "`{value}` is infinite (or too large for a number), which is not allowed \
+                     here; write a finite number"
+                )
+            };
+            Some(format!("{what}{}", at(location)))
+        }
+        _ => None,
     }
 }
 
@@ -697,6 +752,68 @@ mod tests {
             opened("[b, a, '1']"),
             ScriptCallable::Only(["a", "b", "1"].map(String::from).into())
         );
+    }
+
+    #[test]
+    fn parser_policies_are_said_in_the_config_s_terms() {
+        // The parser's own wording named its options ("set DuplicateKeyPolicy in Options",
+        // "rejected by the configured policy") or a float no one wrote.
+        for (text, starts, says) in [
+            (
+                "code_execution:\n  timeout: 3\n  timeout: 4\n",
+                "/x/config.yaml: code_execution.timeout: ",
+                "`timeout` is given twice in the same mapping; remove one of them at line 3",
+            ),
+            (
+                "code_execution: {}\ncode_execution: {}\n",
+                "/x/config.yaml: code_execution: ",
+                "`code_execution` is given twice",
+            ),
+            (
+                "mcp_servers:\n  a: {command: x, env: {K: '1', K: '2'}}\n",
+                "/x/config.yaml: mcp_servers.a.env.K: ",
+                "`K` is given twice",
+            ),
+            (
+                "code_execution:\n  timeout: .nan\n",
+                "/x/config.yaml: code_execution.timeout: ",
+                "`.nan` (NaN, not a number) is not allowed here; write a number at line 2",
+            ),
+            (
+                "code_execution:\n  max_tool_calls: .NaN\n",
+                "/x/config.yaml: code_execution.max_tool_calls: ",
+                "(NaN, not a number) is not allowed here",
+            ),
+            (
+                "approvals:\n  timeout: -.inf\n",
+                "/x/config.yaml: approvals.timeout: ",
+                "`-.inf` is infinite",
+            ),
+            (
+                "code_execution:\n  max_tool_calls: 18446744073709551616\n",
+                "/x/config.yaml: code_execution.max_tool_calls: ",
+                "the number is too large: a whole number from 0 to 18446744073709551615 is expected",
+            ),
+            (
+                "terminal:\n  ssh_port: -99999999999999999999\n",
+                "/x/config.yaml: terminal.ssh_port: ",
+                "the number is negative",
+            ),
+        ] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.starts_with(starts) && e.contains(says), "{text:?}: {e}");
+            for internal in ["Policy", "policy", "Options", "?", "floating point"] {
+                assert!(!e.contains(internal), "{text:?}: {e}");
+            }
+        }
+        // The largest whole number is still one.
+        let c = parse("code_execution:\n  max_tool_calls: 18446744073709551615\n").unwrap();
+        assert_eq!(c.code_execution.unwrap().max_tool_calls, Some(u64::MAX));
+        // A fraction is still a type error.
+        let e = parse("code_execution:\n  max_tool_calls: 2.5\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("expected a whole number"), "{e}");
     }
 
     #[test]

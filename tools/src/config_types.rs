@@ -82,6 +82,25 @@ impl<'de> Deserialize<'de> for Unsigned {
                     .map(Unsigned)
                     .map_err(|_| E::invalid_value(Unexpected::Signed(v), &self))
             }
+            /// A whole number past the 64-bit range arrives as a float: said as the number it
+            /// was written as (too large, or negative), not as "invalid type: floating point
+            /// `18446744073709552000.0`".
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Unsigned, E> {
+                const TWO_POW_64: f64 = 18_446_744_073_709_551_616.0;
+                if v.fract() == 0.0 && v >= TWO_POW_64 {
+                    Err(E::custom(format!(
+                        "the number is too large: a whole number from 0 to {} is expected",
+                        u64::MAX
+                    )))
+                } else if v.fract() == 0.0 && v < 0.0 {
+                    Err(E::custom(format!(
+                        "the number is negative: a whole number from 0 to {} is expected",
+                        u64::MAX
+                    )))
+                } else {
+                    Err(E::invalid_type(Unexpected::Float(v), &self))
+                }
+            }
         }
         d.deserialize_any(V)
     }

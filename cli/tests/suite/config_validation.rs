@@ -394,3 +394,44 @@ fn a_dangling_config_link_is_a_config_error_naming_its_target() {
     let out = sb.run(&["tools", "list"]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
 }
+
+/// Errors that spoke of the YAML library (an untagged enum, `DuplicateKeyPolicy in Options`, a
+/// float no one wrote, `the configured policy`) say what is wrong in the config's terms,
+/// naming the file and the key.
+#[test]
+fn parser_errors_are_said_in_the_config_s_terms() {
+    let sb = Sandbox::new();
+    let file = sb.home().join("config.yaml").display().to_string();
+    for (text, key, says) in [
+        (
+            "mcp_servers:\n  s:\n    command: x\n    script_callable: \"yes\"\n",
+            "mcp_servers.s.script_callable",
+            "expected true, false or a list of tool names",
+        ),
+        (
+            "code_execution:\n  timeout: 3\n  timeout: 4\n",
+            "code_execution.timeout",
+            "`timeout` is given twice in the same mapping; remove one of them",
+        ),
+        (
+            "code_execution:\n  max_tool_calls: 18446744073709551616\n",
+            "code_execution.max_tool_calls",
+            "the number is too large: a whole number from 0 to 18446744073709551615",
+        ),
+        (
+            "code_execution:\n  timeout: .nan\n",
+            "code_execution.timeout",
+            "(NaN, not a number) is not allowed here",
+        ),
+    ] {
+        sb.write_config(text);
+        let err = refused(&sb);
+        assert!(
+            err.contains(&format!("{file}: {key}: ")) && err.contains(says),
+            "{text:?}: {err}"
+        );
+        for internal in ["untagged", "Options", "policy", "floating point", ".?"] {
+            assert!(!err.contains(internal), "{text:?}: {err}");
+        }
+    }
+}
