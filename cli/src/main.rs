@@ -28,7 +28,8 @@ use vibeos_tools::environments::BackendSettings;
     about = "Run Python scripts that call the agent's tools over a private RPC channel, scrubbed, confined and bounded."
 )]
 struct Cli {
-    /// Log level for stderr and $VIBEOS_HOME/logs/agent.log (error, warn, info, debug, trace).
+    /// Log level for stderr and $VIBEOS_HOME/logs/agent.log: error, warn, info, debug, trace or
+    /// off (or a tracing filter, e.g. vibeos_tools=debug).
     #[arg(long, global = true, value_name = "LEVEL")]
     log_level: Option<String>,
     /// Config file (default: $VIBEOS_HOME/config.yaml, else ~/.vibeos/config.yaml).

@@ -17,7 +17,7 @@ use tracing_subscriber::{fmt, EnvFilter, Layer};
 
 /// The log level could not be understood.
 #[derive(Debug, thiserror::Error)]
-#[error("invalid log level {level:?}: use error, warn, info, debug or trace ({reason})")]
+#[error("invalid log level {level:?}: use error, warn, info, debug, trace or off, or a filter such as vibeos_tools=debug ({reason})")]
 pub struct LogLevelError {
     /// What was given.
     pub level: String,
@@ -44,8 +44,22 @@ fn filter(level: &str) -> Result<EnvFilter, LogLevelError> {
     };
     EnvFilter::try_new(level).map_err(|e| LogLevelError {
         level: level.into(),
-        reason: e.to_string(),
+        reason: filter_problem(&e),
     })
+}
+
+/// What is wrong with a filter, in the terms the level is documented with. tracing's own words
+/// for a bad level offer "or a number 0-5", which `--log-level 5` and `logging.level` do not
+/// take: the levels are names.
+fn filter_problem(e: &tracing_subscriber::filter::ParseError) -> String {
+    use std::error::Error;
+    if e.source()
+        .is_some_and(|s| s.is::<tracing::level_filters::ParseLevelFilterError>())
+    {
+        "a filter's level must be error, warn, info, debug, trace or off".into()
+    } else {
+        e.to_string()
+    }
 }
 
 /// Checks a level without installing anything.
@@ -185,4 +199,32 @@ pub fn init(level: &str) -> Result<LogGuard, LogLevelError> {
         .with(file_layer)
         .try_init();
     Ok(LogGuard { file })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn level_errors_offer_only_what_is_accepted() {
+        // tracing's message for a filter's bad level offered "or a number 0-5", and the level
+        // itself (`5`) was refused: the messages name the level names, which are accepted.
+        for bad in ["5", "0", "bogus", "vibeos_tools=bogus", "a=b=c"] {
+            let e = validate_level(bad).unwrap_err().to_string();
+            assert!(!e.contains("number"), "{bad}: {e}");
+            assert!(
+                e.contains("use error, warn, info, debug, trace or off"),
+                "{bad}: {e}"
+            );
+        }
+        let e = validate_level("vibeos_tools=bogus").unwrap_err();
+        assert_eq!(
+            e.reason,
+            "a filter's level must be error, warn, info, debug, trace or off"
+        );
+        for good in ["error", "WARN", "warning", "info", "debug", "trace", "off"] {
+            assert!(validate_level(good).is_ok(), "{good}");
+        }
+        assert!(validate_level("vibeos_tools=debug,warn").is_ok());
+    }
 }

@@ -435,3 +435,21 @@ fn parser_errors_are_said_in_the_config_s_terms() {
         }
     }
 }
+
+/// `--log-level x=bogus` said `… or a number 0-5` (tracing's words) while `--log-level 5` is
+/// refused: the messages offer only the level names, which are accepted.
+#[test]
+fn log_level_errors_offer_only_accepted_values() {
+    let sb = Sandbox::new();
+    for bad in ["5", "vibeos_tools=bogus"] {
+        let out = sb.run(&["--log-level", bad, "tools", "list"]);
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("use error, warn, info, debug, trace or off") && !err.contains("number"),
+            "{bad}: {err}"
+        );
+    }
+    let out = sb.run(&["--log-level", "off", "tools", "list"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+}
