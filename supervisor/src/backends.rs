@@ -9,11 +9,22 @@ use vibeos_tools::environments::{self, BackendKind, BackendSettings, SettingsErr
 
 /// The backend settings of `config`, `--backend` applied. The error names the backend or key.
 pub fn settings(config: &Config, flag: Option<&str>) -> Result<BackendSettings, String> {
-    BackendSettings::from_document(&config.file, flag).map_err(|e| match (&e, &config.source) {
-        // A missing key is missing from this file: name it, as every other config error does.
-        (SettingsError::Missing { .. }, Some(path)) => format!("{}: {e}", path.display()),
+    BackendSettings::from_document(&config.file, flag).map_err(|e| in_file(&e, config, flag))
+}
+
+/// The error, naming the config file when the file is what is wrong (a bad or missing
+/// `terminal.*` value, a backend named by `terminal.backend`), as every other config error
+/// does; a `--backend` flag or a missing environment variable is not the file's.
+fn in_file(e: &SettingsError, config: &Config, flag: Option<&str>) -> String {
+    let from_file = match e {
+        SettingsError::Missing { .. } | SettingsError::BadValue { .. } => true,
+        SettingsError::UnknownBackend(_) => flag.is_none(),
+        SettingsError::MissingEnv { .. } => false,
+    };
+    match &config.source {
+        Some(path) if from_file => format!("config file {}: {e}", path.display()),
         _ => e.to_string(),
-    })
+    }
 }
 
 /// The backend `flag` or the configuration selects, by name only: for what needs no more of
@@ -26,7 +37,9 @@ pub fn selected_kind(config: &Config, flag: Option<&str>) -> Result<BackendKind,
         .and_then(|t| t.backend.clone());
     match flag.map(str::to_string).or(configured) {
         None => Ok(BackendKind::Local),
-        Some(name) => environments::settings::parse_backend(&name).map_err(|e| e.to_string()),
+        Some(name) => {
+            environments::settings::parse_backend(&name).map_err(|e| in_file(&e, config, flag))
+        }
     }
 }
 
@@ -183,4 +196,45 @@ pub fn report_json(lines: &[BackendStatus]) -> Value {
             })
             .collect(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(yaml: &str) -> Config {
+        Config::parse(yaml, Path::new("/x/config.yaml")).unwrap()
+    }
+
+    #[test]
+    fn errors_from_the_file_name_the_file() {
+        // `terminal.backend: bogus` and `terminal.lifetime_seconds: -1` named neither the file
+        // nor, for the first, which setting held the name.
+        for (yaml, says) in [
+            ("terminal:\n  backend: bogus\n", "unknown backend `bogus`"),
+            (
+                "terminal:\n  lifetime_seconds: -1\n",
+                "`terminal.lifetime_seconds` must be a positive number",
+            ),
+            (
+                "terminal:\n  backend: docker\n",
+                "backend `docker` needs `terminal.docker_image`",
+            ),
+        ] {
+            let e = settings(&config(yaml), None).unwrap_err();
+            assert!(
+                e.starts_with("config file /x/config.yaml: ") && e.contains(says),
+                "{yaml}: {e}"
+            );
+        }
+        let e = selected_kind(&config("terminal:\n  backend: bogus\n"), None).unwrap_err();
+        assert!(e.starts_with("config file /x/config.yaml: "), "{e}");
+        // A flag's mistake is the flag's, not the file's.
+        for e in [
+            settings(&config(""), Some("bogus")).unwrap_err(),
+            selected_kind(&config(""), Some("bogus")).unwrap_err(),
+        ] {
+            assert!(e.starts_with("unknown backend `bogus`"), "{e}");
+        }
+    }
 }

@@ -453,3 +453,33 @@ fn log_level_errors_offer_only_accepted_values() {
     let out = sb.run(&["--log-level", "off", "tools", "list"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
 }
+
+/// `terminal.backend: bogus` and `terminal.lifetime_seconds: -1` were refused without naming
+/// the config file, unlike every other config error.
+#[test]
+fn bad_terminal_settings_name_the_file() {
+    let sb = Sandbox::new();
+    let file = sb.home().join("config.yaml").display().to_string();
+    for (text, says) in [
+        ("terminal:\n  backend: bogus\n", "unknown backend `bogus`"),
+        (
+            "terminal:\n  lifetime_seconds: -1\n",
+            "`terminal.lifetime_seconds` must be a positive number",
+        ),
+    ] {
+        sb.write_config(text);
+        let err = refused(&sb);
+        assert!(
+            err.contains(&format!("config file {file}: {says}")),
+            "{text:?}: {err}"
+        );
+    }
+    // `env audit` reads only the backend's name, and names the file too.
+    sb.write_config("terminal:\n  backend: bogus\n");
+    let out = sb.run(&["env", "audit"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&format!("config file {file}: ")),
+        "{out:?}"
+    );
+}
