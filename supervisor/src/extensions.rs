@@ -90,7 +90,11 @@ pub fn mcp_server_specs(config: &Config) -> Vec<ServerSpec> {
     };
     for (name, cfg) in servers {
         if let Err(e) = cfg.validate(name) {
-            tracing::warn!("MCP server `{name}` skipped: {e}");
+            let file = config
+                .source
+                .as_ref()
+                .map_or(String::new(), |p| format!("config file {}: ", p.display()));
+            tracing::warn!("MCP server `{name}` skipped: {file}{e}");
             continue;
         }
         let env = cfg

@@ -483,3 +483,31 @@ fn bad_terminal_settings_name_the_file() {
         "{out:?}"
     );
 }
+
+/// `mcp_servers.X.url: ftp://…` or `"not a url"` passed the check and failed only when the
+/// server was reached, in the HTTP client's words: the entry is skipped at load (as every
+/// entry whose keys do not combine), saying an http(s) URL with a host is needed, naming the
+/// file and the key.
+#[test]
+fn an_mcp_server_url_that_is_not_http_is_skipped_saying_so() {
+    let sb = Sandbox::new();
+    let file = sb.home().join("config.yaml").display().to_string();
+    for url in ["ftp://example.com/mcp", "not a url"] {
+        sb.write_config(&format!(
+            "mcp_servers:\n  remote:\n    url: \"{url}\"\n    startup: eager\n"
+        ));
+        let out = sb.run(&["tools", "list"]);
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!(
+                "MCP server `remote` skipped: config file {file}: mcp_servers.remote.url: "
+            )) && err.contains("give an http:// or https:// URL with a host"),
+            "{url}: {err}"
+        );
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains("remote"),
+            "{url}: skipped, so not listed"
+        );
+    }
+}

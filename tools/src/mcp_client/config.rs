@@ -197,6 +197,16 @@ pub enum McpConfigError {
         /// The value written.
         value: f64,
     },
+    /// A `url` that is not an http(s) URL with a host.
+    #[error("mcp_servers.{name}.url: {url} is not usable: give an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000/mcp ({why})")]
+    BadUrl {
+        /// Server name.
+        name: String,
+        /// The URL written, its credentials masked.
+        url: String,
+        /// What is wrong with it.
+        why: String,
+    },
     /// A server name that cannot make a toolset name.
     #[error("mcp_servers.{0}: a server name may hold only letters, digits, `_` and `-`")]
     BadName(String),
@@ -229,6 +239,25 @@ fn seconds(
     }
 }
 
+/// An HTTP server's `url`: the streamable-HTTP transport speaks http and https only, to a host.
+/// `ftp://…` or `not a url` passed the check and failed only at connect time, in the HTTP
+/// client's words.
+fn check_url(name: &str, url: &str) -> Result<(), McpConfigError> {
+    let why = match reqwest::Url::parse(url.trim()) {
+        Err(e) => format!("not a URL: {e}"),
+        Ok(u) if !matches!(u.scheme(), "http" | "https") => {
+            format!("the scheme is `{}`", u.scheme())
+        }
+        Ok(u) if u.host_str().is_none_or(str::is_empty) => "it names no host".to_string(),
+        Ok(_) => return Ok(()),
+    };
+    Err(McpConfigError::BadUrl {
+        name: name.into(),
+        url: crate::url_mask::mask_url(url),
+        why,
+    })
+}
+
 impl McpServerConfig {
     /// Checks the entry named `name`: exactly one transport, keys that fit it, usable timeouts.
     pub fn validate(&self, name: &str) -> Result<(), McpConfigError> {
@@ -249,7 +278,8 @@ impl McpServerConfig {
                     });
                 }
             }
-            (None, Some(_)) => {
+            (None, Some(url)) => {
+                check_url(name, url)?;
                 for (key, set) in [
                     ("args", !self.args.is_empty()),
                     ("env", !self.env.is_empty()),
@@ -289,5 +319,52 @@ impl McpServerConfig {
     /// Whether the entry is enabled (default yes).
     pub fn is_enabled(&self) -> bool {
         self.enabled.unwrap_or(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn http(url: &str) -> McpServerConfig {
+        McpServerConfig {
+            url: Some(url.into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_http_urls_with_a_host_are_usable() {
+        for (url, why) in [
+            ("ftp://example.com/mcp", "the scheme is `ftp`"),
+            ("not a url", "not a URL"),
+            ("file:///tmp/sock", "the scheme is `file`"),
+            ("http://", "not a URL"),
+            ("mailto:a@b.c", "the scheme is `mailto`"),
+        ] {
+            let e = http(url).validate("remote").unwrap_err();
+            assert!(matches!(e, McpConfigError::BadUrl { .. }), "{url}: {e}");
+            let text = e.to_string();
+            assert!(
+                text.starts_with("mcp_servers.remote.url: ")
+                    && text.contains("give an http:// or https:// URL with a host")
+                    && text.contains(why),
+                "{url}: {text}"
+            );
+        }
+        // Credentials in a refused URL are masked, as everywhere else.
+        let text = http("ftp://alice:s3cr3t@example.com/")
+            .validate("remote")
+            .unwrap_err()
+            .to_string();
+        assert!(!text.contains("s3cr3t"), "{text}");
+        for ok in [
+            "http://127.0.0.1:8000/mcp",
+            "https://example.com/mcp",
+            "HTTPS://Example.com",
+            "http://[::1]:9/mcp",
+        ] {
+            assert_eq!(http(ok).validate("remote"), Ok(()), "{ok}");
+        }
     }
 }
