@@ -100,11 +100,13 @@ enum BackendsCommand {
 #[derive(Subcommand, Debug)]
 enum ToolsCommand {
     /// Table of the selected tools: name, toolset, available or why not, emoji.
-    List(ToolsArgs),
-    /// The JSON array of function-calling schemas the model would get.
+    List(ListArgs),
+    /// The JSON array of function-calling schemas the model would get (always JSON: it takes
+    /// no --json).
     Schema(ToolsArgs),
 }
 
+/// The toolset selection of `tools list` and `tools schema`.
 #[derive(Args, Debug)]
 struct ToolsArgs {
     /// Only these toolsets (comma-separated; composites, presets and legacy names accepted).
@@ -113,7 +115,15 @@ struct ToolsArgs {
     /// All toolsets except these (comma-separated).
     #[arg(long, value_name = "C,D", value_delimiter = ',')]
     disable_toolsets: Vec<String>,
-    /// `tools list` only: print JSON instead of a table.
+}
+
+/// `tools list`: the selection, and the output format. `tools schema` has no `--json`: its
+/// output is JSON already, and a flag it accepted and ignored would look like it did something.
+#[derive(Args, Debug)]
+struct ListArgs {
+    #[command(flatten)]
+    selection: ToolsArgs,
+    /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
 }
@@ -417,13 +427,7 @@ fn check_toolset_flags(command: &Command) -> Result<(), UsageError> {
     const DISABLE: (&str, &str) = ("--disable-toolsets", "to disable none");
     let lists: Vec<((&str, &str), &[String])> = match command {
         Command::Tools {
-            command: ToolsCommand::List(a),
-        } => vec![
-            (ENABLE, &a.enable_toolsets[..]),
-            (DISABLE, &a.disable_toolsets[..]),
-        ],
-        Command::Tools {
-            command: ToolsCommand::Schema(a),
+            command: ToolsCommand::List(ListArgs { selection: a, .. }) | ToolsCommand::Schema(a),
         } => vec![
             (ENABLE, &a.enable_toolsets[..]),
             (DISABLE, &a.disable_toolsets[..]),
@@ -668,7 +672,10 @@ fn tools(
     let reg = vibeos_tools::registry();
     // A lazy server's (or the plugin host's) toolset named here has no tools until the server
     // runs: start it, or the name would be unknown to `tools list`.
-    let (ToolsCommand::Schema(args) | ToolsCommand::List(args)) = &command;
+    let (ToolsCommand::Schema(args)
+    | ToolsCommand::List(ListArgs {
+        selection: args, ..
+    })) = &command;
     extensions
         .start_for_toolsets(&[&args.enable_toolsets[..], &args.disable_toolsets[..]].concat());
     let mut out = String::new();
@@ -682,7 +689,10 @@ fn tools(
                 .map_err(|e| UsageError(format!("cannot render the schemas: {e}")))?;
             let _ = writeln!(out, "{text}");
         }
-        ToolsCommand::List(args) => {
+        ToolsCommand::List(ListArgs {
+            selection: args,
+            json,
+        }) => {
             let rows = reg
                 .tool_report(&args.enable_toolsets, &args.disable_toolsets)
                 .map_err(|e| UsageError(e.to_string()))?;
@@ -690,7 +700,7 @@ fn tools(
                 vibeos_tools::Availability::Available => "available".to_string(),
                 vibeos_tools::Availability::Unavailable(why) => format!("unavailable: {why}"),
             };
-            if args.json {
+            if json {
                 let mut list: Vec<serde_json::Value> = rows
                     .iter()
                     .map(|r| {

@@ -228,3 +228,23 @@ fn an_empty_toolset_name_is_a_usage_error_naming_the_flag() {
     assert!(row(&stdout(&out), "read_file").is_some());
     assert!(row(&stdout(&out), "terminal").is_none());
 }
+
+/// `tools schema --json` was accepted and ignored (the flag was `tools list`'s). Its output is
+/// JSON already, so the flag is refused as every subcommand refuses a flag it does not take.
+#[test]
+fn tools_schema_refuses_json_as_a_flag_it_does_not_take() {
+    let sb = Sandbox::new();
+    let out = sb.run(&["tools", "schema", "--json"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        stderr(&out).contains("unexpected argument '--json'"),
+        "{}",
+        stderr(&out)
+    );
+    // `tools list --json` is unchanged, and schema without it prints the array.
+    let out = sb.run(&["tools", "list", "--json", "--enable-toolsets", "file"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let rows: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert!(rows.as_array().is_some_and(|r| !r.is_empty()), "{rows}");
+    assert!(!schema(&sb, &["--enable-toolsets", "file"]).is_empty());
+}
