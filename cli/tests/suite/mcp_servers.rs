@@ -639,6 +639,14 @@ fn plugins_load_from_the_project_dir_lazily() {
         .filter_map(|d| d["function"]["name"].as_str())
         .collect();
     assert_eq!(names, vec!["greet", "shout"]);
+    // A script's first execution starts the lazy plugin host too: its plugin opened `greet`
+    // to scripts (stop 53: the stub left it out until a definitions build had started it).
+    let r = sb.run_json(
+        "from vibeos_tools import greet\nprint(greet(name='lazy')['greeting'])\n",
+        &[],
+    );
+    assert_eq!(r["status"], "success", "{r}");
+    assert_eq!(r["output"].as_str().unwrap().trim(), "hello, lazy");
 }
 
 #[test]

@@ -752,7 +752,13 @@ impl McpManager {
             .filter(|s| s.state() == ServerState::NotStarted)
             .filter(|s| match what {
                 Prepare::Definitions => true,
-                Prepare::Scripts => s.spec.config.script_callable.opened().is_some(),
+                // The plugin host too: its plugins open their own tools to scripts, which is
+                // known only once it runs (a script's first execution missed them, and the
+                // description listed them after a definitions build).
+                Prepare::Scripts => {
+                    s.spec.kind == ServerKind::Plugins
+                        || s.spec.config.script_callable.opened().is_some()
+                }
             })
             .cloned()
             .collect();
