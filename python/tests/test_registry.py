@@ -578,3 +578,10 @@ def test_is_async_on_a_handler_that_returns_its_result_directly():
                       handler=lambda a: {"got": a}, is_async=True)
     assert json.loads(registry.handle_function_call("flagged_sync", {"x": "a"})) == {
         "got": {"x": "a"}}
+
+
+def test_an_empty_toolset_name_is_an_error_not_every_tool():
+    # [""] used to select every toolset, terminal included (stop 53).
+    for kwargs in ({"enabled_toolsets": [""]}, {"disabled_toolsets": [" "]}):
+        with pytest.raises(ValueError, match="empty toolset name"):
+            registry.get_tool_definitions(**kwargs)
