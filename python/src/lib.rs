@@ -766,6 +766,27 @@ fn load_mcp_servers(py: Python<'_>) -> PyResult<bool> {
     })
 }
 
+/// config.yaml's `plugins:` as `load_plugins()` applies it: `(enabled, entry_points, dirs,
+/// strict)` — the first two `None` when unset, `dirs` the extra plugin dirs, `strict` whether
+/// `code_execution.mode` is strict (then the project's plugin dir is not loaded, as in the CLI).
+#[pyfunction]
+fn plugin_settings(py: Python<'_>) -> PyResult<(Option<bool>, Option<bool>, Vec<String>, bool)> {
+    py.allow_threads(|| {
+        let config = Config::load(None).map_err(|e| value_error(e.to_string()))?;
+        let plugins = config.file.plugins.clone().unwrap_or_default();
+        Ok((
+            plugins.enabled,
+            plugins.entry_points,
+            plugins
+                .dirs
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect(),
+            config.mode == vibeos_supervisor::Mode::Strict,
+        ))
+    })
+}
+
 /// `(name, state, toolsets)` of every loaded MCP server; `stop=True` stops them first.
 #[pyfunction]
 #[pyo3(signature = (stop=false))]
@@ -901,6 +922,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(set_smart_approver, m)?)?;
     m.add_function(wrap_pyfunction!(redact, m)?)?;
     m.add_function(wrap_pyfunction!(load_mcp_servers, m)?)?;
+    m.add_function(wrap_pyfunction!(plugin_settings, m)?)?;
     m.add_function(wrap_pyfunction!(mcp_server_status, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     register_execute_code_tool(m.py());

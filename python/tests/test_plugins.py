@@ -581,3 +581,49 @@ def test_a_plugin_named_like_a_module_of_the_process_is_refused(tmp_path):
     assert lines[3].startswith("pluggy_like | ImportError: ")
     assert f"already imported from {tmp_path / 'pluggy_like.py'}" in lines[3]
     assert lines[4:] == ['{"still": "json"} x']
+
+
+def test_load_plugins_without_dirs_follows_config_yaml(tmp_path, monkeypatch):
+    # Stop 53: in-process load_plugins() ignored plugins.enabled, plugins.dirs and
+    # plugins.entry_points, which the CLI honours.
+    home = tmp_path / "home"
+    (home / "plugins").mkdir(parents=True)
+    (home / "plugins" / "cfg_user_plugin.py").write_text(textwrap.dedent("""
+        from vibeos_exec import registry
+        registry.register(name="cfg_user_tool", toolset="cfg_user", schema={"type": "object"},
+                          handler=lambda args: {"ok": True})
+    """))
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    (extra / "cfg_extra_plugin.py").write_text(textwrap.dedent("""
+        from vibeos_exec import registry
+        registry.register(name="cfg_extra_tool", toolset="cfg_extra", schema={"type": "object"},
+                          handler=lambda args: {"ok": True})
+    """))
+    project = tmp_path / "proj"
+    (project / ".vibeos" / "plugins").mkdir(parents=True)
+    (project / ".vibeos" / "plugins" / "cfg_project_plugin.py").write_text(textwrap.dedent("""
+        from vibeos_exec import registry
+        registry.register(name="cfg_project_tool", toolset="cfg_project",
+                          schema={"type": "object"}, handler=lambda args: {"ok": True})
+    """))
+    monkeypatch.setenv("VIBEOS_HOME", str(home))
+    monkeypatch.chdir(project)
+    config = home / "config.yaml"
+
+    config.write_text("plugins:\n  enabled: false\n")
+    assert vibeos_exec.load_plugins().loaded == {}
+
+    config.write_text(f"code_execution:\n  mode: strict\nplugins:\n  entry_points: false\n"
+                      f"  dirs: ['{extra}']\n")
+    report = vibeos_exec.load_plugins()
+    assert set(report.loaded) == {"cfg_user_plugin", "cfg_extra_plugin"}, report
+    assert "cfg_project_tool" not in registry.tool_names()
+
+    config.write_text("plugins:\n  entry_points: false\n")
+    report = vibeos_exec.load_plugins()
+    assert "cfg_project_plugin" in report.loaded, report
+
+    config.write_text("plugins:\n  dirs: 3\n")
+    with pytest.raises(RuntimeError, match="plugins.dirs"):
+        vibeos_exec.load_plugins()

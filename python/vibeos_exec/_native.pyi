@@ -101,6 +101,9 @@ def provider_credentials(names: List[str]) -> List[str]:
 def statuses() -> List[str]:
     """The result statuses."""
 
+def plugin_settings() -> Tuple[Optional[bool], Optional[bool], List[str], bool]:
+    """config.yaml's ``plugins:``: (enabled, entry_points, extra dirs, strict mode)."""
+
 def load_mcp_servers() -> bool:
     """Starts config.yaml's MCP servers into the registry; False if already loaded."""
 

@@ -195,13 +195,17 @@ def _check_dirs(dirs: object) -> List[Path]:
 def load_plugins(
     dirs: Optional[Sequence[Union[str, "os.PathLike[str]"]]] = None,
     *,
-    entry_points: bool = True,
+    entry_points: Optional[bool] = None,
     tracebacks: bool = True,
     import_timeout: Optional[float] = None,
 ) -> PluginReport:
-    """Loads the plugins of ``dirs`` (default :func:`default_plugin_dirs`; missing directories
-    are skipped) and, if ``entry_points``, of the ``vibeos.plugins`` entry points, into this
-    process's registry. A plugin name already loaded (by an earlier directory) is skipped with a
+    """Loads the plugins of ``dirs`` (missing directories are skipped) and, if
+    ``entry_points``, of the ``vibeos.plugins`` entry points, into this process's registry.
+
+    Without ``dirs``, config.yaml's ``plugins:`` applies as in the CLI: ``enabled: false``
+    loads nothing, the dirs are :func:`default_plugin_dirs` (without the project's in strict
+    mode, whose projects nobody vouched for) followed by ``plugins.dirs``, and
+    ``entry_points`` defaults to ``plugins.entry_points`` (else true). A plugin name already loaded (by an earlier directory) is skipped with a
     warning. Never raises for a broken plugin; see the returned :class:`PluginReport`. Failures
     are logged at WARNING, with their traceback when ``tracebacks``.
 
@@ -224,7 +228,24 @@ def load_plugins(
         ValueError: ``dirs`` holds an empty str (``Path("")`` would be the current directory),
             or ``import_timeout`` is not positive.
     """
-    paths = default_plugin_dirs() if dirs is None else _check_dirs(dirs)
+    if dirs is None:
+        from . import _native
+
+        try:
+            enabled, configured_eps, extra, strict = _native.plugin_settings()
+        except ValueError as exc:
+            raise RuntimeError(f"vibeos config: {exc}") from None
+        if enabled is False:
+            log.info("plugins: not loaded (plugins.enabled is false in config.yaml)")
+            return PluginReport()
+        user, project = default_plugin_dirs()
+        paths = [user] + ([] if strict else [project]) + [Path(d) for d in extra]
+        if entry_points is None:
+            entry_points = True if configured_eps is None else configured_eps
+    else:
+        paths = _check_dirs(dirs)
+    if entry_points is None:
+        entry_points = True
     if import_timeout is not None:
         if isinstance(import_timeout, bool) or not isinstance(import_timeout, (int, float)):
             raise TypeError(f"import_timeout must be a number of seconds or None, got "
