@@ -73,6 +73,9 @@ struct PatternData {
     unless: Option<String>,
 }
 
+/// The pattern of commands that change vibeos-exec's own config or plugins.
+const OWN_CONFIG_KEY: &str = "vibeos_config_write";
+
 /// Where the dangerous patterns come from, as named in errors.
 pub const DANGEROUS_PATTERNS_FILE: &str = "policies/dangerous_patterns.json";
 
@@ -354,7 +357,19 @@ fn decide_with(
             ),
         };
     }
-    let matched = matching(dangerous, command);
+    let mut matched = matching(dangerous, command);
+    // The config-write pattern reads text; a path to the home or config spelled another way
+    // (relative, through a link) is found through the filesystem, from where it starts.
+    if !matched.iter().any(|p| p.key == OWN_CONFIG_KEY) {
+        let start = dir
+            .map(std::path::Path::to_path_buf)
+            .or_else(|| std::env::current_dir().ok());
+        if let Some(start) = start {
+            if crate::approval_request::writes_own_files(command, &start) {
+                matched.extend(dangerous.iter().filter(|p| p.key == OWN_CONFIG_KEY));
+            }
+        }
+    }
     let keys: Vec<&str> = matched.iter().map(|p| p.key.as_str()).collect();
     if let Some(rule) = approval_policy::denied_by_rule(&settings.deny, command, &keys) {
         return Decision::Deny {

@@ -54,11 +54,12 @@ pub fn normalize_command(command: &str) -> String {
 ///    (`git branch -D` deletes unmerged work, `-d` does not); patterns written in lower case
 ///    match it only where the command was lower case anyway.
 ///
-/// A command with ANSI-C quoted words (`$'\162\155'` is `rm`, `$'/dev/vda'` is `/dev/vda`)
-/// gets these views twice: as written and with those words decoded ([`decode_ansi_c`]).
+/// A command with ANSI-C quoted words (`$'\162\155'` is `rm`, `$'/dev/vda'` is `/dev/vda`) or
+/// substituted `printf` escapes gets these views twice: as written and decoded
+/// ([`decode_spellings`]).
 pub fn command_views(command: &str) -> Vec<String> {
     let mut views = Vec::new();
-    let decoded = decode_ansi_c(command);
+    let decoded = decode_spellings(command);
     for command in std::iter::once(command).chain(decoded.as_deref()) {
         let lower = command.to_lowercase().replace("\\\n", " ");
         let primary = finish(&join_lines(&lower));
@@ -74,11 +75,89 @@ pub fn command_views(command: &str) -> Vec<String> {
     views
 }
 
-/// `command` with each ANSI-C quoted word (`$'…'`) replaced by what bash makes of it, in
-/// single quotes (a quote it holds dropped: the views drop quotes anyway); `None` when it has
-/// none. Escapes: `\a \b \e \E \f \n \r \t \v \\ \' \" \?`, octal `\nnn`, `\xHH`, `\uHHHH`,
-/// `\UHHHHHHHH` and `\cX`; an unterminated `$'` is left as it is.
-pub(crate) fn decode_ansi_c(command: &str) -> Option<String> {
+/// `command` with the words bash decodes put as it decodes them, `None` when it has none:
+/// each ANSI-C quoted word (`$'…'`) in single quotes (a quote it holds dropped: the views drop
+/// quotes anyway; cut at a NUL, as bash cuts it), then `printf`/`echo -e` output a command
+/// substitutes ([`decode_printed`]). Escapes: `\a \b \e \E \f \n \r \t \v \\ \' \" \?`, octal
+/// `\nnn`, `\xHH`, `\uHHHH`, `\UHHHHHHHH` and `\cX`; an unterminated `$'` is left as it is.
+pub(crate) fn decode_spellings(command: &str) -> Option<String> {
+    let decoded = decode_ansi_c_words(command);
+    let text = decoded.as_deref().unwrap_or(command);
+    match decode_printed(text) {
+        Some(printed) => Some(printed),
+        None => decoded,
+    }
+}
+
+/// `printf` (and `echo -e`) output a command substitutes, decoded: `$(printf '\x72\x6d -rf
+/// d')` is `$(echo rm -rf d)` (which the third view reads as `rm -rf d`), as is `<(printf …)`
+/// and `` `printf …` ``; `printf -v C '\x72\x6d'` is `C=rm`. `%s`, `%b`, `%c` and `%d` take the
+/// arguments in order. `None` when there is nothing to decode.
+fn decode_printed(command: &str) -> Option<String> {
+    let (Some(subst), Some(assign)) = (PRINTF_SUBST.as_ref(), PRINTF_ASSIGN.as_ref()) else {
+        return None;
+    };
+    if !subst.is_match(command) && !assign.is_match(command) {
+        return None;
+    }
+    let format_of = |c: &regex::Captures| {
+        c.name("sq")
+            .or_else(|| c.name("dq"))
+            .or_else(|| c.name("bare"))
+            .map_or("", |m| m.as_str())
+            .to_string()
+    };
+    let out = subst.replace_all(command, |c: &regex::Captures| {
+        let args = c.name("args").map_or("", |m| m.as_str());
+        let printed = printf_output(&format_of(c), args);
+        format!(
+            "{}echo {}{}",
+            &c["open"],
+            printed.replace(['(', ')', '`'], " "),
+            &c["close"]
+        )
+    });
+    let out = assign.replace_all(&out, |c: &regex::Captures| {
+        let printed = printf_output(&format_of(c), c.name("args").map_or("", |m| m.as_str()));
+        format!(
+            "{}={}",
+            &c["name"],
+            printed.replace(char::is_whitespace, "")
+        )
+    });
+    Some(out.into_owned())
+}
+
+/// What `printf FORMAT ARGS` prints, near enough to judge it: the format's escapes decoded as
+/// in `$'…'`, its conversions filled with the arguments in order (quotes dropped).
+fn printf_output(format: &str, args: &str) -> String {
+    let body = format!("{}'", format.replace('\'', "\\'"));
+    let text = decode_ansi_c_body(&body).map_or_else(|| format.to_string(), |(t, _)| t);
+    let mut args = args
+        .split_whitespace()
+        .map(|a| a.trim_matches(['\'', '"']).to_string());
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('%') => out.push('%'),
+            Some('s' | 'b' | 'c' | 'd' | 'i') => out.push_str(&args.next().unwrap_or_default()),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+/// [`decode_spellings`]'s first half: the `$'…'` words alone.
+fn decode_ansi_c_words(command: &str) -> Option<String> {
     if !command.contains("$'") {
         return None;
     }
@@ -130,7 +209,13 @@ fn decode_ansi_c_body(body: &str) -> Option<(String, usize)> {
     };
     while let Some((i, c)) = chars.next() {
         match c {
-            '\'' => return Some((text, i + 1)),
+            '\'' => {
+                // bash ends the word at a NUL (`rm -r$'\0' d` is `rm -r d`).
+                if let Some(nul) = text.find('\0') {
+                    text.truncate(nul);
+                }
+                return Some((text, i + 1));
+            }
             '\\' => {
                 let (_, e) = chars.next()?;
                 let code = match e {
@@ -369,6 +454,28 @@ static COMMAND_GLOB: LazyLock<Option<Regex>> = LazyLock::new(|| {
     Regex::new(r"(^|[;&|(`{]\s*)([^\s;&|()`{}]*[*?\[][^\s;&|()`{}]*)(\s|$|[;&|)])").ok()
 });
 
+/// `$(printf FORMAT ARGS)`, `<(…)`, `` `…` ``, and `echo -e` in their place.
+static PRINTF_SUBST: LazyLock<Option<Regex>> = LazyLock::new(|| {
+    Regex::new(
+        r#"(?P<open>\$\(|<\(|`)\s*(?:printf(?:\s+--)?|echo\s+-[a-zA-Z]*e[a-zA-Z]*)\s+(?:'(?P<sq>[^']*)'|"(?P<dq>[^"]*)"|(?P<bare>[^\s)`]+))(?P<args>[^)`]*)(?P<close>\)|`)"#,
+    )
+    .ok()
+});
+/// `printf -v NAME FORMAT ARGS`: an assignment.
+static PRINTF_ASSIGN: LazyLock<Option<Regex>> = LazyLock::new(|| {
+    Regex::new(
+        r#"\bprintf\s+-v\s*(?P<name>[A-Za-z_][A-Za-z0-9_]*)\s+(?:'(?P<sq>[^']*)'|"(?P<dq>[^"]*)"|(?P<bare>[^\s;&|]+))(?P<args>[^;&|\n]*)"#,
+    )
+    .ok()
+});
+/// A path whose last component is a glob (`/usr/bin/r?`), as a word anywhere.
+static GLOBBED_PATH: LazyLock<Option<Regex>> = LazyLock::new(|| {
+    Regex::new(
+        r"(^|[\s=;&|(`{])([^\s;&|()`{}]*/)([^\s/;&|()`{}]*[*?\[][^\s/;&|()`{}]*)(\s|$|[;&|)])",
+    )
+    .ok()
+});
+
 /// The command names a glob in command position is tried against: those the patterns name.
 const GLOBBED_COMMANDS: [&str; 36] = [
     "rm",
@@ -470,6 +577,8 @@ fn expand(primary: &str) -> String {
             s = next;
         }
     }
+    // A globbed name the wrappers stood in front of is in command position now (`env r? …`).
+    s = globbed_commands(&s);
     if let Some(re) = SPACES.as_ref() {
         s = re.replace_all(&s, " ").into_owned();
     }
@@ -511,24 +620,7 @@ fn same_files(primary: &str) -> String {
     if let Some(re) = ONE_CHAR_CLASS.as_ref() {
         s = re.replace_all(&s, "$1").into_owned();
     }
-    if let Some(re) = COMMAND_GLOB.as_ref() {
-        s = re
-            .replace_all(&s, |c: &regex::Captures| {
-                let word = &c[2];
-                let name = word.rsplit('/').next().unwrap_or(word);
-                let named = name.chars().any(|ch| !"*?[]".contains(ch));
-                let hit = globset::Glob::new(name)
-                    .ok()
-                    .filter(|_| named)
-                    .map(|g| g.compile_matcher())
-                    .and_then(|g| GLOBBED_COMMANDS.iter().find(|cmd| g.is_match(cmd)));
-                match hit {
-                    Some(cmd) => format!("{}{cmd}{}", &c[1], &c[3]),
-                    None => c[0].to_string(),
-                }
-            })
-            .into_owned();
-    }
+    s = globbed_commands(&s);
     if let Some(re) = SLASHES.as_ref() {
         s = re.replace_all(&s, "$1/").into_owned();
     }
@@ -537,6 +629,122 @@ fn same_files(primary: &str) -> String {
         s = replace_path(&s, &path, variable);
     }
     s
+}
+
+/// The command a globbed name matches ([`GLOBBED_COMMANDS`]), if its glob has a letter of its
+/// own (`*` alone names anything).
+fn command_matching(glob: &str) -> Option<&'static str> {
+    if !glob.chars().any(|ch| !"*?[]".contains(ch)) {
+        return None;
+    }
+    let glob = globset::Glob::new(glob).ok()?.compile_matcher();
+    GLOBBED_COMMANDS
+        .iter()
+        .copied()
+        .find(|cmd| glob.is_match(cmd))
+}
+
+/// Globbed command names put as the command they match: a word in command position
+/// (`r? -rf x`), and a path whose last component is a glob wherever it stands (`env
+/// /usr/bin/r? …`, `find … -exec /bin/r? …`, `xargs /usr/bin/k?ll`), since wrappers and
+/// `-exec` run it as a command too.
+fn globbed_commands(s: &str) -> String {
+    let mut s = s.to_string();
+    if let Some(re) = COMMAND_GLOB.as_ref() {
+        s = re
+            .replace_all(&s, |c: &regex::Captures| {
+                let word = &c[2];
+                let name = word.rsplit('/').next().unwrap_or(word);
+                match command_matching(name) {
+                    Some(cmd) => format!("{}{cmd}{}", &c[1], &c[3]),
+                    None => c[0].to_string(),
+                }
+            })
+            .into_owned();
+    }
+    if let Some(re) = GLOBBED_PATH.as_ref() {
+        s = re
+            .replace_all(&s, |c: &regex::Captures| match command_matching(&c[3]) {
+                Some(cmd) => format!("{}{}{cmd}{}", &c[1], &c[2], &c[4]),
+                None => c[0].to_string(),
+            })
+            .into_owned();
+    }
+    s
+}
+
+/// A command that writes, moves, links or removes something (what the config-write pattern
+/// looks for in front of a path), in a view.
+static WRITES: LazyLock<Option<Regex>> = LazyLock::new(|| {
+    Regex::new(
+        r"(?:>|\btee\b|\bsed\s+(?:\S+\s+)*?-[a-z]*i|\bperl\s+(?:\S+\s+)*?-[a-z]*i|\b(?:cp|mv|ln|install|rm|truncate|mkdir|touch|dd|rsync|unlink|chmod|chown)\b)",
+    )
+    .ok()
+});
+
+/// Whether `command`, started in `dir`, writes and names vibeos-exec's home (its config,
+/// plugins, logs) or its config file by a path the text does not spell as such: relative
+/// (`../home/config.yaml`, `cd ../home && … >> config.yaml`), through a symlink, `/proc/self/cwd`
+/// or `$PWD`. Each word is resolved from `dir` through the filesystem, as the shell would find
+/// it. Words holding other variables or globs are not guessed.
+pub(crate) fn writes_own_files(command: &str, dir: &std::path::Path) -> bool {
+    let Some(writes) = WRITES.as_ref() else {
+        return false;
+    };
+    if !command_views(command).iter().any(|v| writes.is_match(v)) {
+        return false;
+    }
+    let targets: Vec<std::path::PathBuf> = [
+        crate::settings::vibeos_home(),
+        crate::settings::config_path(),
+    ]
+    .into_iter()
+    .map(|p| real_path(&dir.join(p)))
+    .filter(|p| p.parent().is_some())
+    .collect();
+    let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
+    command
+        .split(|c: char| c.is_whitespace() || ";&|<>()'\"=`".contains(c))
+        .filter(|w| !w.is_empty())
+        .take(256)
+        .filter_map(|word| {
+            let mut word = word.to_string();
+            for var in ["${PWD}", "$PWD", "~+"] {
+                if let Some(rest) = word.strip_prefix(var) {
+                    word = format!("{}{rest}", dir.display());
+                }
+            }
+            if let (Some(rest), Some(h)) = (word.strip_prefix('~'), &home) {
+                if rest.is_empty() || rest.starts_with('/') {
+                    word = format!("{}{rest}", h.display());
+                }
+            }
+            (!word.contains(['$', '*', '?', '['])).then(|| real_path(&dir.join(word)))
+        })
+        .any(|p| targets.iter().any(|t| p.starts_with(t)))
+}
+
+/// `path` as the kernel finds it: its longest existing ancestor resolved (symlinks, `..`),
+/// the rest appended by name.
+fn real_path(path: &std::path::Path) -> std::path::PathBuf {
+    let clean = crate::planner::lexical(path);
+    let mut existing = clean.as_path();
+    let mut rest = Vec::new();
+    loop {
+        if let Ok(real) = std::fs::canonicalize(existing) {
+            return rest
+                .iter()
+                .rev()
+                .fold(real, |p: std::path::PathBuf, c| p.join(c));
+        }
+        match (existing.parent(), existing.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_os_string());
+                existing = parent;
+            }
+            _ => return clean,
+        }
+    }
 }
 
 /// vibeos-exec's home and config file as the views spell them (lower case), each also through

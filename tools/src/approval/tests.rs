@@ -1,7 +1,7 @@
 //! Unit tests of the approval decisions (patterns, tiers, session and permanent approvals).
 
 use super::*;
-use crate::approval_request::decode_ansi_c;
+use crate::approval_request::decode_spellings;
 
 fn keys(cmd: &str) -> Vec<String> {
     detect_dangerous(cmd)
@@ -768,6 +768,17 @@ fn stop_53_probe_spellings_are_caught() {
             "overwrite_mounted_device",
             "cat /dev/zero > /proc/self/root/dev/vda",
         ),
+        // The verification probe of stop 53: globbed names behind wrappers, NULs, printf.
+        ("delete_root", "env /usr/bin/r? -rf /"),
+        ("delete_root", "find / -exec /usr/bin/r? -rf {} +"),
+        ("kill_every_process", "env /usr/bin/kil? -9 -1"),
+        ("kill_every_process", "nohup /bin/k?ll -9 -1"),
+        ("kill_every_process", "kill -9 $'-1\\0'"),
+        ("delete_root", "bash -c \"$(printf '\\x72\\x6d -rf /')\""),
+        (
+            "kill_every_process",
+            "bash -c \"$(printf 'kill -9 -\\x31')\"",
+        ),
     ] {
         assert_eq!(
             hardline_key(cmd).as_deref(),
@@ -810,6 +821,33 @@ fn stop_53_probe_spellings_are_caught() {
         ("decoded_to_shell", "echo cm0= | base64 -d | rbash"),
         ("decoded_to_shell", "printf '\\x72\\x6d -r d' | sh"),
         ("decoded_to_shell", "echo 'rn -r d' | tr n m | sh"),
+        ("recursive_delete", "env /usr/bin/r? -rf victim"),
+        ("recursive_delete", "FOO=1 /usr/bin/r? -rf victim"),
+        ("recursive_delete", "echo victim | xargs /usr/bin/r? -rf"),
+        ("recursive_delete", "bash -c '/usr/bin/r? -rf victim'"),
+        ("recursive_delete", "rm -r$'\\0' victim"),
+        ("recursive_delete", "$'rm\\x00' -r victim"),
+        ("system_power", "$'reboot\\x00'"),
+        ("git_force_push", "git push $'--force\\0'"),
+        (
+            "recursive_delete",
+            "bash -c \"$(printf '\\x72\\x6d -rf victim')\"",
+        ),
+        (
+            "recursive_delete",
+            "bash -c \"$(echo -e '\\x72\\x6d -rf victim')\"",
+        ),
+        ("recursive_delete", "eval \"$(printf 'r%s -rf victim' m)\""),
+        (
+            "recursive_delete",
+            "bash < <(printf '\\162\\155 -rf victim')",
+        ),
+        ("recursive_delete", "C=$(printf '\\x72\\x6d'); $C -r victim"),
+        ("recursive_delete", "printf -v C '\\x72\\x6d'; $C -r victim"),
+        (
+            "etc_write",
+            "bash -c \"$(printf 'echo x > /\\x65tc/passwd')\"",
+        ),
     ] {
         assert!(
             keys(cmd).iter().any(|k| k == key),
@@ -836,12 +874,19 @@ fn stop_53_probe_spellings_are_caught() {
 
 #[test]
 fn ansi_c_words_decode_as_bash_reads_them() {
-    let d = |s: &str| decode_ansi_c(s);
+    let d = |s: &str| decode_spellings(s);
     assert_eq!(d("echo hi"), None);
     assert_eq!(d("$'\\162\\155' x").as_deref(), Some("'rm' x"));
     assert_eq!(d("a$'\\x41\\u00e9\\n'b").as_deref(), Some("a'Aé\n'b"));
     assert_eq!(d("$'it\\'s'").as_deref(), Some("'its'"));
     assert_eq!(d("$'\\cA\\q'").as_deref(), Some("'\u{1}\\q'"));
+    // bash cuts the word at a NUL.
+    assert_eq!(d("rm -r$'\\0x' d").as_deref(), Some("rm -r'' d"));
+    assert_eq!(
+        d("bash -c \"$(printf 'r%s -%s d' m rf)\"").as_deref(),
+        Some("bash -c \"$(echo rm -rf d)\"")
+    );
+    assert_eq!(d("printf -v C '\\x72\\x6d'").as_deref(), Some("C=rm"));
     // Unterminated: left alone.
     assert_eq!(d("echo $'abc").as_deref(), Some("echo $'abc"));
 }

@@ -223,6 +223,32 @@ fn writing_the_config_by_its_literal_path_is_asked_about() {
     ] {
         assert!(!dangerous(&cmd), "{cmd}");
     }
+    // Spelled another way, found through the filesystem from where the command starts
+    // (the verification probe of stop 53): relative, through a link, `$PWD`, `/proc/self/cwd`.
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    std::os::unix::fs::symlink(&cfg, dir.path().join("cfglink")).unwrap();
+    std::os::unix::fs::symlink(&home, dir.path().join("homelink")).unwrap();
+    let ctx = ToolContext::agent(&work);
+    for cmd in [
+        "echo '#x' >> ../vibeos-home/config.yaml",
+        "echo '#x' >> ./../vibeos-home/./config.yaml",
+        "echo '#x' >> ../cfglink",
+        "tee -a ../homelink/config.yaml < /dev/null",
+        "echo '#x' >> $PWD/../vibeos-home/config.yaml",
+        "sed -i 's/manual/off/' ../vibeos-home/config.yaml",
+    ] {
+        let d = approval::check_command_in(cmd, &work, &ctx);
+        assert!(
+            matches!(&d, Decision::Deny { message } if message.contains("vibeos_config_write")),
+            "{cmd}: {d:?}"
+        );
+    }
+    // Reading it, or writing beside it, is not a write of it.
+    for cmd in ["cat ../cfglink", "echo x > ../vibeos-home-notes.txt"] {
+        let d = approval::check_command_in(cmd, &work, &ctx);
+        assert!(matches!(d, Decision::Allow { .. }), "{cmd}: {d:?}");
+    }
     // Through the terminal tool, non-interactive: refused, the file unchanged.
     let ctx = ToolContext::agent(dir.path());
     let r = terminal(
