@@ -766,11 +766,14 @@ fn load_mcp_servers(py: Python<'_>) -> PyResult<bool> {
     })
 }
 
+/// What [`plugin_settings`] returns.
+type PluginSettings = (Option<bool>, Option<bool>, Vec<String>, bool);
+
 /// config.yaml's `plugins:` as `load_plugins()` applies it: `(enabled, entry_points, dirs,
 /// strict)` — the first two `None` when unset, `dirs` the extra plugin dirs, `strict` whether
 /// `code_execution.mode` is strict (then the project's plugin dir is not loaded, as in the CLI).
 #[pyfunction]
-fn plugin_settings(py: Python<'_>) -> PyResult<(Option<bool>, Option<bool>, Vec<String>, bool)> {
+fn plugin_settings(py: Python<'_>) -> PyResult<PluginSettings> {
     py.allow_threads(|| {
         let config = Config::load(None).map_err(|e| value_error(e.to_string()))?;
         let plugins = config.file.plugins.clone().unwrap_or_default();
