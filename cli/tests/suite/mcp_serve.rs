@@ -1011,18 +1011,10 @@ fn serve_over_pipes_answers_and_leaves_the_pipes_it_shares_blocking() {
         from_server.read_line(&mut line).expect("reply");
         serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
     };
-    send(
-        &mut to_server,
-        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"pipes","version":"1"}}}"#,
-    );
-    let init = reply();
+    let init = handshake(&mut to_server, &mut reply);
     assert_eq!(
         init["result"]["serverInfo"]["name"], "vibeos-exec",
         "{init}"
-    );
-    send(
-        &mut to_server,
-        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
     );
     let big = "x".repeat(200_000);
     send(
@@ -1114,18 +1106,10 @@ fn what_a_direct_terminal_call_leaves_running_ends_with_serve() {
         from_server.read_line(&mut line).expect("reply");
         serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
     };
-    send(
-        &mut to_server,
-        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"pipes","version":"1"}}}"#,
-    );
-    let init = reply();
+    let init = handshake(&mut to_server, &mut reply);
     assert_eq!(
         init["result"]["serverInfo"]["name"], "vibeos-exec",
         "{init}"
-    );
-    send(
-        &mut to_server,
-        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
     );
     // Unique per run: another checkout's tests may share the machine.
     let tag = std::process::id() % 100_000 + 300_000;
@@ -1173,4 +1157,19 @@ fn what_a_direct_terminal_call_leaves_running_ends_with_serve() {
         unsafe { libc::kill(*pid, libc::SIGKILL) };
     }
     assert!(left.is_empty(), "outlived serve: {left:?}");
+}
+
+/// The MCP handshake over raw pipes: `initialize` (its answer returned) and `initialized`.
+fn handshake(to: &mut impl std::io::Write, reply: &mut impl FnMut() -> Value) -> Value {
+    let mut send = |line: &str| {
+        to.write_all(line.as_bytes()).expect("write");
+        to.write_all(b"\n").expect("write");
+        to.flush().expect("flush");
+    };
+    send(
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"pipes","version":"1"}}}"#,
+    );
+    let init = reply();
+    send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    init
 }

@@ -481,22 +481,27 @@ fn http_servers_are_reached_over_streamable_http() {
     let _ = child.wait();
 }
 
+/// The fixture server as `name` (its `getenv WHO` says so), of `kind`, ready `delay` seconds
+/// after it starts.
+fn delayed_server(py: &std::path::Path, name: &str, delay: &str, kind: ServerKind) -> ServerSpec {
+    let mut env: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| k == "PATH" || k == "HOME")
+        .collect();
+    env.push(("WHO".into(), name.into()));
+    env.push(("FIXTURE_START_DELAY".into(), delay.into()));
+    let mut s = spec(name, stdio(py, "stdio_server.py"));
+    s.env = Some(env);
+    s.kind = kind;
+    s
+}
+
 /// Two servers offering the same tool names: the one listed first wins every shared name,
 /// whichever starts first. The first server here is ready at once and the second a second
 /// later, so "the last to register wins" (what decided before) gave the names to the second.
 #[test]
 fn the_server_listed_first_wins_a_shared_tool_name_whatever_starts_first() {
     let py = need_python!();
-    let server = |name: &str, delay: &str| {
-        let mut env: Vec<(String, String)> = std::env::vars()
-            .filter(|(k, _)| k == "PATH" || k == "HOME")
-            .collect();
-        env.push(("WHO".into(), name.into()));
-        env.push(("FIXTURE_START_DELAY".into(), delay.into()));
-        let mut s = spec(name, stdio(&py, "stdio_server.py"));
-        s.env = Some(env);
-        s
-    };
+    let server = |name: &str, delay: &str| delayed_server(&py, name, delay, ServerKind::Mcp);
     for (first_delay, second_delay) in [("0", "1"), ("1", "0")] {
         let reg = leaked();
         let m = McpManager::start(
@@ -533,17 +538,7 @@ fn the_server_listed_first_wins_a_shared_tool_name_whatever_starts_first() {
 #[test]
 fn an_mcp_server_wins_a_tool_name_it_shares_with_a_plugin_whatever_starts_first() {
     let py = need_python!();
-    let server = |name: &str, delay: &str, kind: ServerKind| {
-        let mut env: Vec<(String, String)> = std::env::vars()
-            .filter(|(k, _)| k == "PATH" || k == "HOME")
-            .collect();
-        env.push(("WHO".into(), name.into()));
-        env.push(("FIXTURE_START_DELAY".into(), delay.into()));
-        let mut s = spec(name, stdio(&py, "stdio_server.py"));
-        s.env = Some(env);
-        s.kind = kind;
-        s
-    };
+    let server = |name: &str, delay: &str, kind: ServerKind| delayed_server(&py, name, delay, kind);
     for (server_delay, plugins_delay) in [("0", "1"), ("1", "0")] {
         let reg = leaked();
         let m = McpManager::start(

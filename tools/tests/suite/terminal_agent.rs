@@ -449,71 +449,10 @@ fn background_processes_end_with_the_host() {
             &ToolContext::agent(dir.path()),
         );
         assert_eq!(r["status"], "running", "{r}");
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        for n in 1..=4 {
-            while running(&format!("sleep {tag}{n}")).is_empty() {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "sleep {tag}{n} never ran"
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        println!("children-running");
-        if how == "killed" {
-            std::thread::sleep(Duration::from_secs(600));
-        }
+        report_children_running(how, tag);
         return;
     }
-    for how in ["exit", "killed"] {
-        // Unique per run: another checkout's test run may share the machine.
-        let tag = format!(
-            "{}{}",
-            7 + (how == "killed") as u32,
-            std::process::id() % 100_000 + 100_000
-        );
-        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([test.as_str(), "--exact", "--nocapture", "--test-threads=1"])
-            .env(BACKGROUND_EXIT_CHILD, format!("{how}:{tag}"))
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-        let mut seen = String::new();
-        loop {
-            let mut line = String::new();
-            let n = std::io::BufRead::read_line(&mut out, &mut line).unwrap();
-            seen.push_str(&line);
-            if n == 0 || line.contains("children-running") {
-                break;
-            }
-        }
-        assert!(
-            seen.contains("children-running"),
-            "{how}: the child failed: {seen}"
-        );
-        if how == "killed" {
-            child.kill().unwrap();
-        }
-        let status = child.wait().unwrap();
-        assert_eq!(status.success(), how == "exit", "{how}: {status}");
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        let left = loop {
-            let left: Vec<i32> = (1..=4)
-                .flat_map(|n| running(&format!("sleep {tag}{n}")))
-                .collect();
-            if left.is_empty() || std::time::Instant::now() > deadline {
-                break left;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        for pid in &left {
-            // SAFETY: kill has no memory preconditions; this only cleans up after a failure.
-            unsafe { libc::kill(*pid, libc::SIGKILL) };
-        }
-        assert!(left.is_empty(), "{how}: outlived their host: {left:?}");
-    }
+    assert_leftovers_end_with_their_host(&test, BACKGROUND_EXIT_CHILD, 7);
 }
 
 /// Set in the child processes of the test below: how the child ends (`exit` or `killed`) and
@@ -551,71 +490,10 @@ fn what_direct_foreground_calls_leave_running_ends_with_the_host() {
         );
         // (A `setsid` child may keep the PTY as its stdin: the call then returns with a note.)
         assert!(r["output"].as_str().unwrap().starts_with("ok\n"), "{r}");
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        for n in 1..=4 {
-            while running(&format!("sleep {tag}{n}")).is_empty() {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "sleep {tag}{n} never ran (or ended with its call)"
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        println!("children-running");
-        if how == "killed" {
-            std::thread::sleep(Duration::from_secs(600));
-        }
+        report_children_running(how, tag);
         return;
     }
-    for how in ["exit", "killed"] {
-        // Unique per run: another checkout's test run may share the machine.
-        let tag = format!(
-            "{}{}",
-            5 + (how == "killed") as u32,
-            std::process::id() % 100_000 + 100_000
-        );
-        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([test.as_str(), "--exact", "--nocapture", "--test-threads=1"])
-            .env(DIRECT_EXIT_CHILD, format!("{how}:{tag}"))
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-        let mut seen = String::new();
-        loop {
-            let mut line = String::new();
-            let n = std::io::BufRead::read_line(&mut out, &mut line).unwrap();
-            seen.push_str(&line);
-            if n == 0 || line.contains("children-running") {
-                break;
-            }
-        }
-        assert!(
-            seen.contains("children-running"),
-            "{how}: the child failed: {seen}"
-        );
-        if how == "killed" {
-            child.kill().unwrap();
-        }
-        let status = child.wait().unwrap();
-        assert_eq!(status.success(), how == "exit", "{how}: {status}");
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        let left = loop {
-            let left: Vec<i32> = (1..=4)
-                .flat_map(|n| running(&format!("sleep {tag}{n}")))
-                .collect();
-            if left.is_empty() || std::time::Instant::now() > deadline {
-                break left;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        for pid in &left {
-            // SAFETY: kill has no memory preconditions; this only cleans up after a failure.
-            unsafe { libc::kill(*pid, libc::SIGKILL) };
-        }
-        assert!(left.is_empty(), "{how}: outlived their host: {left:?}");
-    }
+    assert_leftovers_end_with_their_host(&test, DIRECT_EXIT_CHILD, 5);
 }
 
 #[test]
@@ -785,4 +663,79 @@ fn a_command_or_workdir_that_is_no_string_is_refused() {
         &ctx,
     );
     assert_eq!(r["output"], "ok\n", "{r}");
+}
+
+/// In a child host of [`assert_leftovers_end_with_their_host`]: waits until its commands
+/// `sleep {tag}1` … `sleep {tag}4` run, says so on stdout, and when it is to be `killed`
+/// waits for that.
+fn report_children_running(how: &str, tag: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    for n in 1..=4 {
+        while running(&format!("sleep {tag}{n}")).is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "sleep {tag}{n} never ran (or ended with its call)"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    println!("children-running");
+    if how == "killed" {
+        std::thread::sleep(Duration::from_secs(600));
+    }
+}
+
+/// Runs `test` again as a child host (with `env` set to `how:tag`), which leaves `sleep
+/// {tag}1` … `sleep {tag}4` running, twice: once it exits, once it is killed. Asserts that
+/// none of them outlives it. `digit` starts the tags, apart from other tests' tags.
+fn assert_leftovers_end_with_their_host(test: &str, env: &str, digit: u32) {
+    for how in ["exit", "killed"] {
+        // Unique per run: another checkout's test run may share the machine.
+        let tag = format!(
+            "{}{}",
+            digit + (how == "killed") as u32,
+            std::process::id() % 100_000 + 100_000
+        );
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([test, "--exact", "--nocapture", "--test-threads=1"])
+            .env(env, format!("{how}:{tag}"))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut seen = String::new();
+        loop {
+            let mut line = String::new();
+            let n = std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+            seen.push_str(&line);
+            if n == 0 || line.contains("children-running") {
+                break;
+            }
+        }
+        assert!(
+            seen.contains("children-running"),
+            "{how}: the child failed: {seen}"
+        );
+        if how == "killed" {
+            child.kill().unwrap();
+        }
+        let status = child.wait().unwrap();
+        assert_eq!(status.success(), how == "exit", "{how}: {status}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let left = loop {
+            let left: Vec<i32> = (1..=4)
+                .flat_map(|n| running(&format!("sleep {tag}{n}")))
+                .collect();
+            if left.is_empty() || std::time::Instant::now() > deadline {
+                break left;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        for pid in &left {
+            // SAFETY: kill has no memory preconditions; this only cleans up after a failure.
+            unsafe { libc::kill(*pid, libc::SIGKILL) };
+        }
+        assert!(left.is_empty(), "{how}: outlived their host: {left:?}");
+    }
 }
