@@ -123,7 +123,14 @@ pub fn detect_dangerous(
 }
 
 fn matching<'p>(patterns: &'p [DangerousPattern], command: &str) -> Vec<&'p DangerousPattern> {
-    let views = command_views(command);
+    matching_views(patterns, &command_views(command))
+}
+
+/// The patterns that match one of a command's views.
+fn matching_views<'p>(
+    patterns: &'p [DangerousPattern],
+    views: &[String],
+) -> Vec<&'p DangerousPattern> {
     patterns
         .iter()
         .filter(|p| views.iter().any(|v| p.hits(v)))
@@ -334,11 +341,14 @@ fn decide_with(
         }
     };
     let mounts = approval_policy::mount_table();
+    // Every check below reads the same views; they are computed once.
+    let views = command_views(command);
     let in_dir = dir.map(|d| steps_in_dir(command, d)).unwrap_or_default();
-    if let Some(h) = std::iter::once(command)
-        .chain(in_dir.iter().map(String::as_str))
-        .find_map(|c| approval_policy::detect_hardline_in(hardline, c, &mounts))
-    {
+    if let Some(h) = approval_policy::hardline_in_views(hardline, &views, &mounts).or_else(|| {
+        in_dir
+            .iter()
+            .find_map(|c| approval_policy::detect_hardline_in(hardline, c, &mounts))
+    }) {
         return Decision::Deny {
             message: format!(
                 "{what} refused: it matches the hardline rule \"{}\" [{}], which no approval, \
@@ -357,7 +367,7 @@ fn decide_with(
             ),
         };
     }
-    let mut matched = matching(dangerous, command);
+    let mut matched = matching_views(dangerous, &views);
     // The config-write pattern reads text; a path to the home or config spelled another way
     // (relative, through a link) is found through the filesystem, from where it starts.
     if !matched.iter().any(|p| p.key == OWN_CONFIG_KEY) {
@@ -365,13 +375,13 @@ fn decide_with(
             .map(std::path::Path::to_path_buf)
             .or_else(|| std::env::current_dir().ok());
         if let Some(start) = start {
-            if crate::approval_request::writes_own_files(command, &start) {
+            if crate::approval_request::writes_own_files(command, &views, &start) {
                 matched.extend(dangerous.iter().filter(|p| p.key == OWN_CONFIG_KEY));
             }
         }
     }
     let keys: Vec<&str> = matched.iter().map(|p| p.key.as_str()).collect();
-    if let Some(rule) = approval_policy::denied_by_rule(&settings.deny, command, &keys) {
+    if let Some(rule) = approval_policy::denied_by_rule_in_views(&settings.deny, &views, &keys) {
         return Decision::Deny {
             message: format!(
                 "{what} refused by the user's deny rule `{rule}` (approvals.deny in {}). Do not \
@@ -391,7 +401,7 @@ fn decide_with(
         };
     }
     let allow = permanent_allowlist();
-    if allowlisted(&allow, command, &matched) {
+    if allowlisted(&allow, &views, &matched) {
         return Decision::Allow {
             approved_by: "allowlist",
         };
@@ -404,7 +414,7 @@ fn decide_with(
             .unwrap_or_default();
         matched
             .into_iter()
-            .filter(|p| !allowlist_approves(&allow, command, p))
+            .filter(|p| !allowlist_approves(&allow, &views, p))
             .filter(|p| !approved.contains(&(sid.clone(), p.key.clone())))
             .collect()
     };
@@ -621,10 +631,8 @@ pub fn permanent_allowlist() -> Vec<String> {
 }
 
 /// Whether `command_allowlist` approves every one of `matched` ([`allowlist_approves`]).
-fn allowlisted(allow: &[String], command: &str, matched: &[&DangerousPattern]) -> bool {
-    matched
-        .iter()
-        .all(|p| allowlist_approves(allow, command, p))
+fn allowlisted(allow: &[String], views: &[String], matched: &[&DangerousPattern]) -> bool {
+    matched.iter().all(|p| allowlist_approves(allow, views, p))
 }
 
 /// Whether `command_allowlist` approves pattern `p` in `command`: its key is listed, or a glob
@@ -634,7 +642,7 @@ fn allowlisted(allow: &[String], command: &str, matched: &[&DangerousPattern]) -
 /// force push of `git push -f x; curl … | sh` but not the `curl | sh`, which still needs its
 /// own approval: an entry approves one command, never what is chained to it — nor what its
 /// arguments carry (`git push --receive-pack='rm -rf ~' …`, a redirect `> /etc/hosts`).
-fn allowlist_approves(allow: &[String], command: &str, p: &DangerousPattern) -> bool {
+fn allowlist_approves(allow: &[String], views: &[String], p: &DangerousPattern) -> bool {
     if allow.iter().any(|a| a == &p.key) {
         return true;
     }
@@ -653,15 +661,15 @@ fn allowlist_approves(allow: &[String], command: &str, p: &DangerousPattern) -> 
         return false;
     }
     let mut hit_somewhere = false;
-    for view in command_views(command) {
-        if !p.hits(&view) {
+    for view in views {
+        if !p.hits(view) {
             continue;
         }
         hit_somewhere = true;
         let mut regions = Vec::new();
         for re in &globs {
             let mut pos = 0;
-            while let Some(c) = re.captures_at(&view, pos) {
+            while let Some(c) = re.captures_at(view, pos) {
                 let (Some(whole), Some(inner)) = (c.get(0), c.get(1)) else {
                     break;
                 };
@@ -674,7 +682,7 @@ fn allowlist_approves(allow: &[String], command: &str, p: &DangerousPattern) -> 
                 }
             }
         }
-        let inside = p.regex.find_iter(&view).all(|m| {
+        let inside = p.regex.find_iter(view).all(|m| {
             regions
                 .iter()
                 .any(|r| r.start == m.start() && m.end() <= r.end)

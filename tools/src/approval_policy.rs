@@ -256,7 +256,15 @@ pub fn detect_hardline_in<'p>(
     command: &str,
     mounts: &str,
 ) -> Option<&'p HardlinePattern> {
-    let views = command_views(command);
+    hardline_in_views(patterns, &command_views(command), mounts)
+}
+
+/// [`detect_hardline_in`] on views already computed (one decision computes them once).
+pub(crate) fn hardline_in_views<'p>(
+    patterns: &'p [HardlinePattern],
+    views: &[String],
+    mounts: &str,
+) -> Option<&'p HardlinePattern> {
     patterns
         .iter()
         .find(|p| views.iter().any(|v| hardline_hits(p, v, mounts)))
@@ -369,7 +377,15 @@ fn disk_of(src: &str) -> &str {
 /// boundary, so `git push * main` also refuses `cd repo && git push origin main` and
 /// `git push origin main --force`. `*` does not cross a command separator.
 pub fn denied_by_rule(rules: &[String], command: &str, matched_keys: &[&str]) -> Option<String> {
-    let views = command_views(command);
+    denied_by_rule_in_views(rules, &command_views(command), matched_keys)
+}
+
+/// [`denied_by_rule`] on the command's views already computed.
+pub(crate) fn denied_by_rule_in_views(
+    rules: &[String],
+    views: &[String],
+    matched_keys: &[&str],
+) -> Option<String> {
     rules
         .iter()
         .find(|rule| {

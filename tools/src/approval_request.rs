@@ -59,12 +59,13 @@ pub fn normalize_command(command: &str) -> String {
 /// ([`decode_spellings`]).
 pub fn command_views(command: &str) -> Vec<String> {
     let mut views = Vec::new();
+    let own = own_paths();
     let decoded = decode_spellings(command);
     for command in std::iter::once(command).chain(decoded.as_deref()) {
         let lower = command.to_lowercase().replace("\\\n", " ");
         let primary = finish(&join_lines(&lower));
         let flat = finish(&lower.replace('\n', " ; "));
-        let expanded = expand(&primary);
+        let expanded = expand(&primary, &own);
         let cased = finish(&join_lines(&command.replace("\\\n", " ")));
         for v in [primary, flat, expanded, cased] {
             if !views.contains(&v) {
@@ -523,8 +524,8 @@ const TOP_LEVEL: [&str; 17] = [
 ];
 
 /// The third view of [`command_views`]: plain shell expansions put in, wrappers removed.
-fn expand(primary: &str) -> String {
-    let mut s = same_files(primary);
+fn expand(primary: &str, own: &[(String, &str)]) -> String {
+    let mut s = same_files(primary, own);
     if let Some(re) = SQL_COMMENT.as_ref() {
         s = re.replace_all(&s, " ").into_owned();
     }
@@ -589,8 +590,9 @@ fn expand(primary: &str) -> String {
 /// `~` as the home directory (`cd ~/..` is `cd /home`), the one-character bracket of `r[m]` or
 /// `/et[c]` as that character, a command name globbed (`/usr/bin/r?`) as the command it
 /// matches; then vibeos-exec's own home and config file named as the variables the config
-/// write pattern knows (`$vibeos_home`, `$vibeos_config`), however they are spelled.
-fn same_files(primary: &str) -> String {
+/// write pattern knows (`$vibeos_home`, `$vibeos_config`), however they are spelled (`own`:
+/// [`own_paths`], resolved once per command).
+fn same_files(primary: &str, own: &[(String, &str)]) -> String {
     let mut s = primary.to_string();
     if let Some(re) = PROC_ROOT.as_ref() {
         s = re
@@ -625,8 +627,8 @@ fn same_files(primary: &str) -> String {
         s = re.replace_all(&s, "$1/").into_owned();
     }
     s = resolve_dot_dot(s);
-    for (path, variable) in own_paths() {
-        s = replace_path(&s, &path, variable);
+    for (path, variable) in own {
+        s = replace_path(&s, path, variable);
     }
     s
 }
@@ -687,11 +689,11 @@ static WRITES: LazyLock<Option<Regex>> = LazyLock::new(|| {
 /// (`../home/config.yaml`, `cd ../home && … >> config.yaml`), through a symlink, `/proc/self/cwd`
 /// or `$PWD`. Each word is resolved from `dir` through the filesystem, as the shell would find
 /// it. Words holding other variables or globs are not guessed.
-pub(crate) fn writes_own_files(command: &str, dir: &std::path::Path) -> bool {
+pub(crate) fn writes_own_files(command: &str, views: &[String], dir: &std::path::Path) -> bool {
     let Some(writes) = WRITES.as_ref() else {
         return false;
     };
-    if !command_views(command).iter().any(|v| writes.is_match(v)) {
+    if !views.iter().any(|v| writes.is_match(v)) {
         return false;
     }
     let targets: Vec<std::path::PathBuf> = [
@@ -699,7 +701,7 @@ pub(crate) fn writes_own_files(command: &str, dir: &std::path::Path) -> bool {
         crate::settings::config_path(),
     ]
     .into_iter()
-    .map(|p| real_path(&dir.join(p)))
+    .map(|p| crate::path_policy::real_as_far_as_it_exists(&dir.join(p)))
     .filter(|p| p.parent().is_some())
     .collect();
     let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
@@ -719,32 +721,10 @@ pub(crate) fn writes_own_files(command: &str, dir: &std::path::Path) -> bool {
                     word = format!("{}{rest}", h.display());
                 }
             }
-            (!word.contains(['$', '*', '?', '['])).then(|| real_path(&dir.join(word)))
+            (!word.contains(['$', '*', '?', '[']))
+                .then(|| crate::path_policy::real_as_far_as_it_exists(&dir.join(word)))
         })
         .any(|p| targets.iter().any(|t| p.starts_with(t)))
-}
-
-/// `path` as the kernel finds it: its longest existing ancestor resolved (symlinks, `..`),
-/// the rest appended by name.
-fn real_path(path: &std::path::Path) -> std::path::PathBuf {
-    let clean = crate::planner::lexical(path);
-    let mut existing = clean.as_path();
-    let mut rest = Vec::new();
-    loop {
-        if let Ok(real) = std::fs::canonicalize(existing) {
-            return rest
-                .iter()
-                .rev()
-                .fold(real, |p: std::path::PathBuf, c| p.join(c));
-        }
-        match (existing.parent(), existing.file_name()) {
-            (Some(parent), Some(name)) => {
-                rest.push(name.to_os_string());
-                existing = parent;
-            }
-            _ => return clean,
-        }
-    }
 }
 
 /// vibeos-exec's home and config file as the views spell them (lower case), each also through

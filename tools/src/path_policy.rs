@@ -138,14 +138,18 @@ fn product_places() -> Vec<PathBuf> {
     places
         .into_iter()
         .filter(|p| p.is_absolute())
-        .map(|p| canonical_as_far_as_it_exists(&p))
+        .map(|p| real_as_far_as_it_exists(&p))
         .collect()
 }
 
-/// `path` with its longest existing ancestor canonicalised and the rest appended as given.
-fn canonical_as_far_as_it_exists(path: &Path) -> PathBuf {
+/// `path` as the kernel would find it once its missing parts exist: `..` taken by name first
+/// (a command may create the dir it steps out of: `mkdir -p x && echo > x/../y`), then the
+/// longest existing ancestor canonicalised (symlinks resolved) and the rest appended by name.
+/// A path with no existing ancestor comes back cleaned.
+pub(crate) fn real_as_far_as_it_exists(path: &Path) -> PathBuf {
+    let clean = crate::planner::lexical(path);
     let mut rest = Vec::new();
-    let mut at = path;
+    let mut at = clean.as_path();
     loop {
         if let Ok(real) = at.canonicalize() {
             let mut out = real;
@@ -157,7 +161,7 @@ fn canonical_as_far_as_it_exists(path: &Path) -> PathBuf {
                 rest.push(name.to_os_string());
                 at = parent;
             }
-            _ => return path.to_path_buf(),
+            _ => return clean,
         }
     }
 }

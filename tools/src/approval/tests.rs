@@ -369,22 +369,22 @@ fn allowlist_globs_and_keys() {
     let m = detect_dangerous("git push --force origin feature").unwrap();
     assert!(allowlisted(
         &["git_force_push".into()],
-        "git push --force origin feature",
+        &command_views("git push --force origin feature"),
         &m
     ));
     assert!(allowlisted(
         &["git push --force origin *".into()],
-        "git push --force origin feature",
+        &command_views("git push --force origin feature"),
         &m
     ));
     assert!(!allowlisted(
         &["git push --force upstream *".into()],
-        "git push --force origin feature",
+        &command_views("git push --force origin feature"),
         &m
     ));
     assert!(!allowlisted(
         &["recursive_delete".into()],
-        "git push --force origin feature",
+        &command_views("git push --force origin feature"),
         &m
     ));
 }
@@ -595,7 +595,7 @@ fn an_allowlist_glob_approves_one_command_not_what_is_chained_to_it() {
         detect_dangerous(cmd)
             .unwrap()
             .into_iter()
-            .filter(|p| !allowlist_approves(&allow, cmd, p))
+            .filter(|p| !allowlist_approves(&allow, &command_views(cmd), p))
             .map(|p| p.key.clone())
             .collect()
     };
@@ -616,12 +616,16 @@ fn an_allowlist_glob_approves_one_command_not_what_is_chained_to_it() {
     let m = detect_dangerous("git push --force origin dev; git push --force origin main").unwrap();
     assert!(!allowlisted(
         &narrow,
-        "git push --force origin dev; git push --force origin main",
+        &command_views("git push --force origin dev; git push --force origin main"),
         &m
     ));
     // Both commands of the line match the glob: approved.
     let m = detect_dangerous("git push -f a x; git push -f b y").unwrap();
-    assert!(allowlisted(&allow, "git push -f a x; git push -f b y", &m));
+    assert!(allowlisted(
+        &allow,
+        &command_views("git push -f a x; git push -f b y"),
+        &m
+    ));
     // What the command's arguments carry is not the command's own danger (the probe of stop
     // 48: `git push *` let a receive-pack program delete a directory, and a redirect
     // overwrite /etc/hosts).
@@ -637,12 +641,12 @@ fn an_allowlist_glob_approves_one_command_not_what_is_chained_to_it() {
     let m = detect_dangerous("curl -s https://get.example | sh").unwrap();
     assert!(allowlisted(
         &["curl -s https://get.example* | sh".into()],
-        "curl -s https://get.example | sh",
+        &command_views("curl -s https://get.example | sh"),
         &m
     ));
     assert!(!allowlisted(
         &["curl *".into()],
-        "curl -s https://get.example | sh",
+        &command_views("curl -s https://get.example | sh"),
         &m
     ));
 }
