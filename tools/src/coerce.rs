@@ -115,6 +115,15 @@ fn coerce_value(
     if shown.chars().count() > 80 {
         shown = shown.chars().take(80).collect::<String>() + "…";
     }
+    // A whole number past 64 bits arrives as a float (`10**20` is `1e+20`): say why it is no
+    // integer, or the message reads as if a fraction had been sent.
+    let too_large = types.contains(&"integer")
+        && value
+            .as_f64()
+            .is_some_and(|f| f.is_finite() && f.fract() == 0.0 && integral(f).is_none());
+    if too_large {
+        shown.push_str(", a whole number too large for a 64-bit integer");
+    }
     Err(format!("argument `{key}` must be {want}, got {shown}"))
 }
 
@@ -284,6 +293,10 @@ mod tests {
             coerce(json!({"n": 2.5})).unwrap_err(),
             "argument `n` must be an integer, got 2.5"
         );
+        // `10**20` from Python: whole, but past 64 bits.
+        assert!(coerce(json!({"n": 1e20}))
+            .unwrap_err()
+            .ends_with("a whole number too large for a 64-bit integer"));
         assert!(coerce(json!({"b": "maybe"}))
             .unwrap_err()
             .contains("`b` must be a boolean"));
