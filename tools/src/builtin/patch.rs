@@ -243,16 +243,26 @@ enum Change {
 /// The unified diff of one file's change, labelled as `git diff` labels it: a created file's
 /// old side and a deleted file's new side are `/dev/null`, so `git apply` or `patch` given the
 /// returned diff creates or deletes the file instead of leaving an empty one.
+///
+/// An absolute path keeps its name without the `a/`/`b/` prefixes (`b//tmp/x` is no path any
+/// tool applies); patch mode takes it back as it is, though `git apply` refuses absolute paths.
 fn diff(name: &str, old: &str, new: &str, change: Change) -> String {
     let p = diffy::create_patch(old, new);
     let body = p.to_string();
+    let side = |prefix: &str| {
+        if name.starts_with('/') {
+            name.to_string()
+        } else {
+            format!("{prefix}{name}")
+        }
+    };
     let old_label = match change {
         Change::Created => "/dev/null".to_string(),
-        _ => format!("a/{name}"),
+        _ => side("a/"),
     };
     let new_label = match change {
         Change::Deleted => "/dev/null".to_string(),
-        _ => format!("b/{name}"),
+        _ => side("b/"),
     };
     // diffy labels the sides "original"/"modified"; name the file instead.
     body.replacen("--- original", &format!("--- {old_label}"), 1)
@@ -1350,6 +1360,27 @@ mod tests {
             );
             assert!(!d.join("gone.txt").exists());
         }
+    }
+
+    #[test]
+    fn an_absolute_path_is_labelled_as_given_and_the_diff_applies_again() {
+        // A probe of stop 54: `+++ b//tmp/…/abs.txt` named no file any tool would apply.
+        let cwd = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let abs = outside.path().join("abs.txt");
+        let change = format!(
+            "--- /dev/null\n+++ {}\n@@ -0,0 +1,1 @@\n+abs\n",
+            abs.display()
+        );
+        let r = call(cwd.path(), json!({"mode": "patch", "patch": change})).unwrap();
+        let returned = r["diff"].as_str().unwrap().to_string();
+        assert!(
+            returned.starts_with(&format!("--- /dev/null\n+++ {}\n", abs.display())),
+            "{returned}"
+        );
+        std::fs::remove_file(&abs).unwrap();
+        call(cwd.path(), json!({"mode": "patch", "patch": returned})).unwrap();
+        assert_eq!(std::fs::read_to_string(&abs).unwrap(), "abs\n");
     }
 
     #[test]
