@@ -36,14 +36,22 @@ pub async fn serve_http(
     let mut config = StreamableHttpServerConfig::default();
     config.cancellation_token = stop.child_token();
     config.max_request_body_bytes = shared.settings.max_request_bytes;
-    config = config.with_allowed_hosts([
+    // The bound address is a name clients may use too (`--http 127.0.0.2:P`: every request
+    // to it was refused for its Host).
+    let mut hosts = vec![
         "localhost".to_string(),
         "127.0.0.1".to_string(),
         "::1".to_string(),
         format!("localhost:{}", bound.port()),
         format!("127.0.0.1:{}", bound.port()),
         format!("[::1]:{}", bound.port()),
-    ]);
+    ];
+    for host in [bound.ip().to_string(), bound.to_string()] {
+        if !hosts.contains(&host) {
+            hosts.push(host);
+        }
+    }
+    config = config.with_allowed_hosts(hosts);
     let factory_shared = shared.clone();
     let mut sessions = LocalSessionManager::default();
     sessions.session_config.keep_alive = Some(SESSION_IDLE_TIMEOUT);
@@ -62,6 +70,8 @@ pub async fn serve_http(
         max_body: shared.settings.max_request_bytes,
         max_sessions: shared.settings.max_sessions,
         sessions,
+        opening: Arc::new(tokio::sync::Mutex::new(())),
+        bound: bound.ip(),
     };
     let router =
         axum::Router::new()
@@ -118,63 +128,127 @@ struct HttpLimits {
     max_sessions: usize,
     /// The SDK's session table, to count open sessions.
     sessions: Arc<LocalSessionManager>,
+    /// Held by a request that may open a session from its count to the session's creation, so
+    /// that concurrent `initialize` calls cannot all pass the count (100 at once all opened).
+    opening: Arc<tokio::sync::Mutex<()>>,
+    /// The address served, an origin besides the loopback names.
+    bound: std::net::IpAddr,
+}
+
+/// How long a request's body may take to arrive: a client sending a byte every few seconds
+/// held its connection (and a file descriptor) for as long as it liked.
+const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Whether an `Origin` header names a loopback origin (`http://localhost:3000`,
+/// `http://127.0.0.1`, `http://[::1]:8080`, or the served address), as the MCP transport asks
+/// servers to check against DNS rebinding. `null` and other hosts are not.
+fn loopback_origin(origin: &str, bound: std::net::IpAddr) -> bool {
+    let Some(rest) = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"))
+    else {
+        return false;
+    };
+    let Ok(authority) = rest.parse::<axum::http::uri::Authority>() else {
+        return false;
+    };
+    if rest != authority.as_str() || authority.as_str().contains('@') {
+        return false;
+    }
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host.parse::<std::net::IpAddr>().is_ok_and(|ip| {
+            ip == bound
+                || ip == std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)
+                || ip == std::net::IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)
+        })
 }
 
 /// Checks a request before the SDK sees it, so bad input gets a JSON-RPC error body (the SDK
-/// would answer 415 with plain text): a body over the limit → 413 with -32600; unparsable or not
-/// JSON-RPC → 400 with -32700 / -32600 / -32602 as [`check_message`] decides; a new session
-/// beyond `--max-sessions` → 503 with -32000. A successful `DELETE` (session closed) answers 200:
-/// the SDK answers 202, which the official clients log as a failed termination.
+/// would answer 415 with plain text): an `Origin` that is not loopback → 403; a body over the
+/// limit → 413 with -32600, one that does not arrive within [`BODY_READ_TIMEOUT`] → 408;
+/// unparsable or not JSON-RPC → 400 with -32700 / -32600 / -32602 as [`check_message`]
+/// decides; a new session beyond `--max-sessions` → 503 with -32000. `DELETE` of a session
+/// that is not open → 404; a successful one answers 200 (the SDK answers 202, which the
+/// official clients log as a failed termination). The SDK's plain-text refusals (no session
+/// id, an unknown session, a bad Host) become JSON-RPC errors with the same words.
 async fn check_http_request(
     req: axum::extract::Request,
     next: axum::middleware::Next,
     limits: HttpLimits,
 ) -> axum::response::Response {
     use axum::http::{header, Method, StatusCode};
-    use axum::response::IntoResponse;
+    if let Some(origin) = req.headers().get(header::ORIGIN) {
+        let origin = String::from_utf8_lossy(origin.as_bytes()).into_owned();
+        if !loopback_origin(&origin, limits.bound) {
+            if req.method() == Method::POST {
+                // Read the body first, as for a refused session (see below).
+                let _ = tokio::time::timeout(
+                    BODY_READ_TIMEOUT,
+                    read_body_draining(req.into_body(), limits.max_body),
+                )
+                .await;
+            }
+            return json_error(
+                StatusCode::FORBIDDEN,
+                Rejection {
+                    code: -32600,
+                    message: format!(
+                        "Forbidden: Origin {origin:?} is not a loopback origin; this server \
+                         answers only pages and clients on this machine (localhost, 127.0.0.1, \
+                         [::1])"
+                    ),
+                    id: Value::Null,
+                },
+            );
+        }
+    }
     if req.method() == Method::DELETE {
+        let id = req
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        if let Some(id) = id {
+            if !limits
+                .sessions
+                .sessions
+                .read()
+                .await
+                .contains_key(id.as_str())
+            {
+                return json_error(
+                    StatusCode::NOT_FOUND,
+                    Rejection {
+                        code: -32600,
+                        message: format!(
+                            "Session not found: {id:?} is not open (closed, expired or never \
+                             opened); there is nothing to delete"
+                        ),
+                        id: Value::Null,
+                    },
+                );
+            }
+        }
         let mut response = next.run(req).await;
         if response.status() == StatusCode::ACCEPTED {
             *response.status_mut() = StatusCode::OK;
         }
-        return response;
+        return as_json_rpc(response, Value::Null).await;
     }
     if req.method() != Method::POST {
-        return next.run(req).await;
+        return as_json_rpc(next.run(req).await, Value::Null).await;
     }
     let limit = limits.max_body;
-    let json_error = |status: StatusCode, rejection: Rejection| {
-        (
-            status,
-            [(header::CONTENT_TYPE, "application/json")],
-            rejection.to_json().to_string(),
-        )
-            .into_response()
-    };
     let opens_session = !req.headers().contains_key("mcp-session-id");
-    if opens_session && limits.sessions.sessions.read().await.len() >= limits.max_sessions {
-        // Read the body before refusing: a response sent over an unread body makes the server
-        // close the connection, and a client that already reused it for its next request (the
-        // official one does) sees "Server disconnected" instead of an answer.
-        let _ = read_body_draining(req.into_body(), limit).await;
-        return json_error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            Rejection {
-                code: -32000,
-                message: format!(
-                    "Server busy: {} MCP sessions are open (--max-sessions); close one (DELETE \
-                     /mcp with its Mcp-Session-Id) or retry when an idle one expires ({}s)",
-                    limits.max_sessions,
-                    SESSION_IDLE_TIMEOUT.as_secs()
-                ),
-                id: Value::Null,
-            },
-        );
-    }
     let (parts, body) = req.into_parts();
-    let bytes = match read_body_draining(body, limit).await {
-        Some(b) => b,
-        None => {
+    let bytes = match tokio::time::timeout(BODY_READ_TIMEOUT, read_body_draining(body, limit)).await
+    {
+        Ok(Some(b)) => b,
+        Ok(None) => {
             return json_error(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 Rejection {
@@ -186,6 +260,44 @@ async fn check_http_request(
                 },
             )
         }
+        Err(_) => {
+            return json_error(
+                StatusCode::REQUEST_TIMEOUT,
+                Rejection {
+                    code: -32600,
+                    message: format!(
+                        "Invalid Request: the body did not arrive within {}s; send the whole \
+                         request at once",
+                        BODY_READ_TIMEOUT.as_secs()
+                    ),
+                    id: Value::Null,
+                },
+            )
+        }
+    };
+    // The body is read before a refusal: a response sent over an unread body makes the server
+    // close the connection, and a client that already reused it for its next request (the
+    // official one does) sees "Server disconnected" instead of an answer.
+    let opening = if opens_session {
+        let guard = limits.opening.clone().lock_owned().await;
+        if limits.sessions.sessions.read().await.len() >= limits.max_sessions {
+            return json_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                Rejection {
+                    code: -32000,
+                    message: format!(
+                        "Server busy: {} MCP sessions are open (--max-sessions); close one (DELETE \
+                         /mcp with its Mcp-Session-Id) or retry when an idle one expires ({}s)",
+                        limits.max_sessions,
+                        SESSION_IDLE_TIMEOUT.as_secs()
+                    ),
+                    id: Value::Null,
+                },
+            );
+        }
+        Some(guard)
+    } else {
+        None
     };
     let id = match check_message(&bytes) {
         Checked::Reject(rejection) => return json_error(StatusCode::BAD_REQUEST, rejection),
@@ -201,27 +313,10 @@ async fn check_http_request(
             axum::body::Body::from(bytes),
         ))
         .await;
-    // The SDK answers some requests it refuses (no session id, an unknown or expired session)
-    // with plain text; a client that parses JSON-RPC gets the same words as an error object.
+    // The session (if this request opened one) is in the table now; the next may count.
+    drop(opening);
     if response.status().is_client_error() && !is_json(&response) {
-        let status = response.status();
-        let text = axum::body::to_bytes(response.into_body(), 4096)
-            .await
-            .map(|b| String::from_utf8_lossy(&b).trim().to_string())
-            .unwrap_or_default();
-        let message = if text.is_empty() {
-            format!("Invalid Request: HTTP {status}")
-        } else {
-            text
-        };
-        return json_error(
-            status,
-            Rejection {
-                code: -32600,
-                message,
-                id,
-            },
-        );
+        return as_json_rpc(response, id).await;
     }
     // The response stream of a tools/call is dropped when it is finished or when the client
     // hangs up; either way the call's execution has no one left to report to.
@@ -232,6 +327,44 @@ async fn check_http_request(
             _guard: guard,
         })
     })
+}
+
+/// A JSON-RPC error response with `status`.
+fn json_error(status: axum::http::StatusCode, rejection: Rejection) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    (
+        status,
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        rejection.to_json().to_string(),
+    )
+        .into_response()
+}
+
+/// `response` as it is, unless it is a refusal in plain text (the SDK answers some so: no
+/// session id, an unknown or expired session, a bad Host): then the same words as a JSON-RPC
+/// error object, for the request `id`, so a client that parses JSON-RPC can read them.
+async fn as_json_rpc(response: axum::response::Response, id: Value) -> axum::response::Response {
+    if !response.status().is_client_error() || is_json(&response) {
+        return response;
+    }
+    let status = response.status();
+    let text = axum::body::to_bytes(response.into_body(), 4096)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let message = if text.is_empty() {
+        format!("Invalid Request: HTTP {status}")
+    } else {
+        text
+    };
+    json_error(
+        status,
+        Rejection {
+            code: -32600,
+            message,
+            id,
+        },
+    )
 }
 
 /// The id of a request (null for a notification or a response), for an error reply to it.

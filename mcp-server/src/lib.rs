@@ -68,6 +68,9 @@ pub enum ServeError {
     /// `--http` named something that is not `IP:PORT` / `localhost:PORT`.
     #[error("--http {0:?} is not an address; use 127.0.0.1:PORT (or [::1]:PORT, localhost:PORT)")]
     BadAddress(String),
+    /// `--http` named a host by a name other than `localhost`, which may resolve anywhere.
+    #[error("--http {0:?}: only IP addresses and localhost are accepted (a name may resolve to another machine); use 127.0.0.1:PORT (or [::1]:PORT, localhost:PORT)")]
+    HostName(String),
     /// `--http` named an address other machines could reach.
     #[error("refusing to serve on {0}: it is not a loopback address, and the server runs code for whoever connects; use 127.0.0.1:PORT (or [::1]:PORT)")]
     NotLoopback(SocketAddr),
@@ -108,9 +111,7 @@ pub fn parse_http_addr(text: &str) -> Result<SocketAddr, ServeError> {
                     Ok(ip) => Err(ServeError::NotLoopback(SocketAddr::new(ip, port))),
                     Err(_) if host.is_empty() => Err(ServeError::BadAddress(text.into())),
                     // A name other than localhost may resolve anywhere.
-                    Err(_) => Err(ServeError::BadAddress(format!(
-                        "{text} (only IP addresses and localhost are accepted)"
-                    ))),
+                    Err(_) => Err(ServeError::HostName(text.into())),
                 };
             }
         }
@@ -169,14 +170,16 @@ mod tests {
                 "{bad}"
             );
         }
-        for bad in [
-            "",
-            "8080",
-            "example.com:80",
-            "127.0.0.1",
-            "localhost:x",
-            ":80",
-        ] {
+        assert_eq!(
+            parse_http_addr("example.com:80").map_err(|e| e.to_string()),
+            Err(
+                "--http \"example.com:80\": only IP addresses and localhost are accepted (a \
+                 name may resolve to another machine); use 127.0.0.1:PORT (or [::1]:PORT, \
+                 localhost:PORT)"
+                    .to_string()
+            )
+        );
+        for bad in ["", "8080", "127.0.0.1", "localhost:x", ":80"] {
             assert!(
                 matches!(parse_http_addr(bad), Err(ServeError::BadAddress(_))),
                 "{bad}"

@@ -452,6 +452,33 @@ fn mcp_http_sessions_are_capped_and_delete_succeeds() {
     assert_eq!(text["output"], "ok\n");
     assert_eq!(r["sdk_warnings"], serde_json::json!([]), "{r}");
     assert_eq!(r["exit_code"], 0);
+    // Probe of stop 54: 40 initializes at once against a cap of 4 (one taken by the loopback
+    // Origin's session) open exactly 3 more.
+    assert_eq!(r["loopback_origin"], 200, "{r}");
+    assert_eq!(r["burst_opened"], 3, "{r}");
+    assert_eq!(r["burst_busy"], 37, "{r}");
+    assert_eq!(r["foreign_origin"]["status"], 403, "{r}");
+    let body: Value = serde_json::from_str(r["foreign_origin"]["body"].as_str().unwrap()).unwrap();
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("Origin"));
+    assert_eq!(r["null_origin"], 403, "{r}");
+    assert_eq!(r["delete_unknown"]["status"], 404, "{r}");
+    let body: Value = serde_json::from_str(r["delete_unknown"]["body"].as_str().unwrap()).unwrap();
+    assert_eq!(body["error"]["code"], -32600);
+    let refused = &r["get_without_session"];
+    assert!(
+        refused["status"]
+            .as_u64()
+            .is_some_and(|s| (400..500).contains(&s)),
+        "{r}"
+    );
+    let body: Value = serde_json::from_str(refused["body"].as_str().unwrap())
+        .unwrap_or_else(|e| panic!("a GET refusal is no JSON-RPC error ({e}): {r}"));
+    assert_eq!(body["error"]["code"], -32600);
+    assert_eq!(r["burst_exit_code"], 0);
+    assert_eq!(r["other_loopback"], 200, "{r}");
 }
 
 #[test]
@@ -773,7 +800,7 @@ fn serve_refuses_non_loopback_addresses_and_bad_settings() {
         (vec!["serve", "--http", "[::]:80"], "not a loopback address"),
         (
             vec!["serve", "--http", "example.com:80"],
-            "is not an address",
+            "only IP addresses and localhost are accepted",
         ),
         (vec!["serve", "--http", "127.0.0.1"], "is not an address"),
         (vec!["serve", "--toolsets", "no_such_toolset"], "--toolsets"),
