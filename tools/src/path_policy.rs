@@ -41,8 +41,9 @@ use std::path::{Component, Path, PathBuf};
 /// directory git would take for a repository by its content (`HEAD` beside `objects/` or
 /// `refs/` or `commondir`: a bare repository made from scratch); Python's start-up hooks
 /// (the module `sitecustomize` — a file or a package — runs in every interpreter whose path
-/// holds its dir — project mode puts the session dir there — and `.pth` files in site dirs); direnv's `.envrc`; the shells' and
-/// git's start-up files (`.bashrc`, `.profile`, `.gitconfig`, … when the root is a home).
+/// holds its dir — project mode puts the session dir there — and `.pth` files in site dirs);
+/// the start-up files of the user's programs when the root is, or holds, a home
+/// ([`STARTUP_FILES`] by name, everything in [`STARTUP_DIRS`]).
 /// vibeos-exec's own places are refused too: a `.vibeos` dir (the project plugin dir
 /// `<cwd>/.vibeos/plugins`, and the default home `~/.vibeos` when the root is a home), whose
 /// plugins and `config.yaml` (MCP server commands, `code_execution.mode`) every later `run`,
@@ -55,19 +56,6 @@ use std::path::{Component, Path, PathBuf};
 /// leaves that to its last check.
 fn runs_outside_later(root: &Path, rel: &Path, by_content: bool) -> Option<&'static str> {
     const VCS: [&str; 4] = [".git", ".hg", ".svn", ".bzr"];
-    const STARTUP: [&str; 11] = [
-        ".bashrc",
-        ".bash_profile",
-        ".bash_login",
-        ".bash_logout",
-        ".profile",
-        ".zshrc",
-        ".zprofile",
-        ".zshenv",
-        ".zlogin",
-        ".gitconfig",
-        ".envrc",
-    ];
     let names: Vec<&str> = rel
         .components()
         .filter_map(|c| match c {
@@ -90,8 +78,11 @@ fn runs_outside_later(root: &Path, rel: &Path, by_content: bool) -> Option<&'sta
             "Python runs it at the start of interpreters that have its directory on their path",
         );
     }
-    if STARTUP.iter().any(|f| file == *f) {
-        return Some("a shell, git or direnv runs it when it starts or enters its directory");
+    if STARTUP_FILES.iter().any(|f| file == *f) || in_startup_dir(&names) {
+        return Some(
+            "a shell, git, ssh, an editor, the desktop session or direnv runs it or reads \
+             commands from it when it starts",
+        );
     }
     if !by_content {
         return None;
@@ -111,6 +102,83 @@ fn runs_outside_later(root: &Path, rel: &Path, by_content: bool) -> Option<&'sta
         dir.push(name);
     }
     None
+}
+
+/// Files a program run later by the user reads commands from, by file name, wherever they lie
+/// beneath a root (a root may be a home, or hold one): the shells' rc, login and logout files
+/// (bash, sh, zsh, csh/tcsh, ksh), readline's `.inputrc` (its macros type commands), git's and
+/// Mercurial's user config (`core.fsmonitor`, `core.pager`, hooks), direnv's `.envrc`, the
+/// PAM and X session environments (`.pam_environment`, `.xprofile`, `.xsession`, `.xinitrc`,
+/// `.xsessionrc`), the editors' rc files (vim `:!`, nano's `formatter`/`linter`, Emacs
+/// Lisp) and npm's (`script-shell`, `node-options`). Compared by whole name, lower-cased: a
+/// look-alike (`.bashrc.bak`) is not read by anything and stays writable. docs/strict-mode.md
+/// has the list and why.
+const STARTUP_FILES: [&str; 34] = [
+    ".bashrc",
+    ".bash_profile",
+    ".bash_login",
+    ".bash_logout",
+    ".bash_aliases",
+    ".profile",
+    ".zshrc",
+    ".zprofile",
+    ".zshenv",
+    ".zlogin",
+    ".zlogout",
+    ".cshrc",
+    ".tcshrc",
+    ".login",
+    ".logout",
+    ".kshrc",
+    ".mkshrc",
+    ".inputrc",
+    ".gitconfig",
+    ".hgrc",
+    ".envrc",
+    ".pam_environment",
+    ".xprofile",
+    ".xsession",
+    ".xsessionrc",
+    ".xinitrc",
+    ".xserverrc",
+    ".vimrc",
+    ".gvimrc",
+    ".exrc",
+    ".nanorc",
+    ".emacs",
+    ".emacs.el",
+    ".npmrc",
+];
+
+/// Directories whose every file a program run later reads as commands or config that runs
+/// commands, as consecutive path components (any case): all of `.ssh` (`authorized_keys`
+/// `command=`, `rc`, `config`'s `ProxyCommand`/`LocalCommand`), git's, fish's, Neovim's and
+/// direnv's XDG config dirs, the systemd user units, the desktop's autostart entries and
+/// `environment.d` (read at log-in), `.local/bin` (first on many users' `PATH`: a `git` there
+/// replaces git), and the vim and Emacs config dirs (their plugins load at start).
+const STARTUP_DIRS: [&[&str]; 11] = [
+    &[".ssh"],
+    &[".config", "git"],
+    &[".config", "fish"],
+    &[".config", "nvim"],
+    &[".config", "direnv"],
+    &[".config", "systemd"],
+    &[".config", "autostart"],
+    &[".config", "environment.d"],
+    &[".local", "bin"],
+    &[".vim"],
+    &[".emacs.d"],
+];
+
+/// Whether `names` (a path below a root, by component) lies in one of [`STARTUP_DIRS`].
+fn in_startup_dir(names: &[&str]) -> bool {
+    STARTUP_DIRS.iter().any(|dir| {
+        names.windows(dir.len()).any(|w| {
+            w.iter()
+                .zip(dir.iter())
+                .all(|(n, d)| n.eq_ignore_ascii_case(d))
+        })
+    })
 }
 
 /// Why vibeos-exec's own home, config file and plugin dirs are not written in strict mode.
@@ -994,6 +1062,11 @@ impl reqwest::dns::Resolve for PublicOnlyResolver {
         })
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+#[path = "path_policy/stop54_tests.rs"]
+mod stop54_tests;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]

@@ -1,0 +1,69 @@
+//! Attack tests of stop 54: what a strict script's tool calls tried, and must not get.
+
+use super::*;
+
+fn root_in(d: &tempfile::TempDir, rel: &str) -> (PathBuf, PathBuf, PathPolicy) {
+    let root = d.path().join(rel);
+    std::fs::create_dir_all(&root).unwrap();
+    let mut p = PathPolicy::new();
+    p.product_places.clear();
+    p.add_root(&root, RootAccess::ReadWrite, false).unwrap();
+    (d.path().to_path_buf(), root, p)
+}
+
+/// A session dir that is a home: every start-up file a later shell, git, ssh, editor or
+/// desktop session reads commands from is refused; look-alikes stay writable.
+#[test]
+fn a_homes_start_up_files_are_not_written() {
+    let d = tempfile::tempdir().unwrap();
+    let (_, home, p) = root_in(&d, "fakehome");
+    for bad in [
+        ".config/git/config",
+        ".CONFIG/Git/attributes",
+        ".ssh/authorized_keys",
+        ".ssh/rc",
+        ".ssh/config",
+        ".bash_aliases",
+        ".bash_logout",
+        ".zshenv",
+        ".zlogout",
+        ".cshrc",
+        ".tcshrc",
+        ".kshrc",
+        ".inputrc",
+        ".config/fish/config.fish",
+        ".config/fish/conf.d/x.fish",
+        ".local/bin/git",
+        ".config/autostart/evil.desktop",
+        ".config/environment.d/10-path.conf",
+        ".config/systemd/user/evil.service",
+        ".pam_environment",
+        ".xprofile",
+        ".xsession",
+        ".xinitrc",
+        ".vimrc",
+        ".exrc",
+        ".nanorc",
+        ".hgrc",
+        ".npmrc",
+        "other/home/.vim/plugin/x.vim",
+    ] {
+        let e = p.write_atomic(&home.join(bad), b"x").unwrap_err();
+        assert_eq!(e.kind, "OutsideSandbox", "{bad}: {e:?}");
+        assert!(e.message.contains("run code"), "{bad}: {}", e.message);
+        assert!(!home.join(bad).exists(), "{bad} was written");
+    }
+    for dir in [".ssh", ".config/git", ".local/bin", ".config/fish"] {
+        assert!(!home.join(dir).exists(), "{dir} was made");
+    }
+    for ok in [
+        ".bashrc.bak",
+        "notes/.vimrc.orig",
+        ".config/other/settings.ini",
+        ".local/share/app/data",
+        "ssh/notes.txt",
+        "bin/tool",
+    ] {
+        p.write_atomic(&home.join(ok), b"x").unwrap();
+    }
+}
