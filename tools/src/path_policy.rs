@@ -43,7 +43,8 @@ use std::path::{Component, Path, PathBuf};
 /// (the module `sitecustomize` — a file or a package — runs in every interpreter whose path
 /// holds its dir — project mode puts the session dir there — and `.pth` files in site dirs);
 /// the start-up files of the user's programs when the root is, or holds, a home
-/// ([`STARTUP_FILES`] by name, everything in [`STARTUP_DIRS`]).
+/// ([`STARTUP_FILES`] by name, everything in [`STARTUP_DIRS`]). The root's own path counts:
+/// a root inside `.git`, `.ssh` or a bare repository is no safer than one above it.
 /// vibeos-exec's own places are refused too: a `.vibeos` dir (the project plugin dir
 /// `<cwd>/.vibeos/plugins`, and the default home `~/.vibeos` when the root is a home), whose
 /// plugins and `config.yaml` (MCP server commands, `code_execution.mode`) every later `run`,
@@ -63,7 +64,17 @@ fn runs_outside_later(root: &Path, rel: &Path, by_content: bool) -> Option<&'sta
             _ => None,
         })
         .collect();
-    if names
+    // The root's own path counts too: a session dir inside a git dir (`--cwd repo/.git/hooks`)
+    // or inside `~/.ssh` has no telling name below it.
+    let above: Vec<&str> = root
+        .components()
+        .filter_map(|c| match c {
+            std::path::Component::Normal(n) => n.to_str(),
+            _ => None,
+        })
+        .collect();
+    let whole: Vec<&str> = above.iter().chain(names.iter()).copied().collect();
+    if whole
         .iter()
         .any(|n| VCS.iter().any(|v| n.eq_ignore_ascii_case(v)))
     {
@@ -78,7 +89,7 @@ fn runs_outside_later(root: &Path, rel: &Path, by_content: bool) -> Option<&'sta
             "Python runs it at the start of interpreters that have its directory on their path",
         );
     }
-    if STARTUP_FILES.iter().any(|f| file == *f) || in_startup_dir(&names) {
+    if STARTUP_FILES.iter().any(|f| file == *f) || in_startup_dir(&whole) {
         return Some(
             "a shell, git, ssh, an editor, the desktop session or direnv runs it or reads \
              commands from it when it starts",
@@ -86,6 +97,18 @@ fn runs_outside_later(root: &Path, rel: &Path, by_content: bool) -> Option<&'sta
     }
     if !by_content {
         return None;
+    }
+    // A root inside a bare repository (`--cwd repo.git/hooks`): git finds it by its content
+    // from any directory beneath it, so each of the root's ancestors is looked at as well.
+    if root.ancestors().any(|dir| {
+        dir.join("HEAD").exists()
+            && ["objects", "refs", "commondir"]
+                .iter()
+                .any(|e| dir.join(e).exists())
+    }) {
+        return Some(
+            "it lies in a git repository's directory, whose config and hooks run commands",
+        );
     }
     // A repository git finds by its content: each directory on the way, counting the entry
     // the path makes in it as there already (a `HEAD` written beside `objects/`, a dir

@@ -67,3 +67,43 @@ fn a_homes_start_up_files_are_not_written() {
         p.write_atomic(&home.join(ok), b"x").unwrap();
     }
 }
+
+/// A session dir inside a git dir (`--cwd repo/.git/hooks`) or a bare repository: the git-dir
+/// check looks at the root's own path too. An existing executable hook keeps its mode when
+/// replaced, so this was code execution at the next commit.
+#[test]
+fn a_root_inside_a_git_dir_gets_no_writes() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    let (_, hooks, p) = root_in(&d, "repo/.git/hooks");
+    let hook = hooks.join("pre-commit");
+    std::fs::write(&hook, "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for name in ["pre-commit", "post-checkout", "sub/x"] {
+        let e = p
+            .write_atomic(&hooks.join(name), b"#!/bin/sh\ntouch PWNED\n")
+            .unwrap_err();
+        assert!(e.message.contains("run code"), "{name}: {}", e.message);
+    }
+    assert_eq!(
+        std::fs::read_to_string(&hook).unwrap(),
+        "#!/bin/sh\nexit 0\n"
+    );
+    assert!(!hooks.join("post-checkout").exists());
+
+    let d = tempfile::tempdir().unwrap();
+    let bare = d.path().join("project.git");
+    for dir in ["objects", "refs", "hooks"] {
+        std::fs::create_dir_all(bare.join(dir)).unwrap();
+    }
+    std::fs::write(bare.join("HEAD"), "ref: refs/heads/main\n").unwrap();
+    let mut p = PathPolicy::new();
+    p.product_places.clear();
+    p.add_root(&bare.join("hooks"), RootAccess::ReadWrite, false)
+        .unwrap();
+    let e = p
+        .write_atomic(&bare.join("hooks/pre-commit"), b"#!/bin/sh\n")
+        .unwrap_err();
+    assert!(e.message.contains("run code"), "{}", e.message);
+    assert!(!bare.join("hooks/pre-commit").exists());
+}
