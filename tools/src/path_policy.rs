@@ -210,9 +210,10 @@ const PRODUCT_FILES: &str =
 
 /// vibeos-exec's own places as they are now: in the home (`$VIBEOS_HOME`, else `~/.vibeos`)
 /// its `config.yaml`, `plugins/` and `logs/` (the rest of a home may be a session's cwd), the
-/// config file in use and the configured plugin dirs, each in its canonical form (the nearest
-/// existing ancestor resolved, the rest appended), so that a write can be compared by the real
-/// path the kernel opened.
+/// config file in use, the configured plugin dirs and the configured strict policy files
+/// (`code_execution.strict.landlock_policy`, `seccomp_policy`), each in its canonical form
+/// (the nearest existing ancestor resolved, the rest appended), so that a write can be compared
+/// by the real path the kernel opened.
 fn product_places() -> Vec<PathBuf> {
     let home = crate::settings::vibeos_home();
     let mut places = vec![
@@ -224,6 +225,24 @@ fn product_places() -> Vec<PathBuf> {
     if let Ok(file) = crate::settings::current() {
         if let Some(plugins) = &file.plugins {
             places.extend(plugins.dirs.iter().cloned());
+        }
+        // The strict policies themselves: a script that rewrote the landlock policy (in a
+        // write root) loosened the confinement of every strict run after it. A relative path
+        // is opened from the supervisor's cwd, so it is compared from there.
+        let strict = file.code_execution.as_ref().and_then(|c| c.strict.as_ref());
+        let cwd = std::env::current_dir().ok();
+        for policy in strict
+            .into_iter()
+            .flat_map(|s| [&s.landlock_policy, &s.seccomp_policy])
+            .flatten()
+            .filter(|p| !p.is_empty())
+        {
+            let policy = PathBuf::from(policy);
+            match (&cwd, policy.is_absolute()) {
+                (_, true) => places.push(policy),
+                (Some(cwd), false) => places.push(cwd.join(policy)),
+                (None, false) => {}
+            }
         }
     }
     places

@@ -961,3 +961,41 @@ fn the_tools_do_not_reach_a_neighbours_staging_dir_beneath_the_cwd() {
         "{seen}"
     );
 }
+
+/// Stop 54: the strict policy files, configured in a write root, are vibeos-exec's own places:
+/// a script that loosened the landlock policy loosened every strict run after it.
+#[test]
+fn the_strict_policy_files_cannot_be_rewritten_through_the_tools() {
+    require_strict!();
+    let r = range();
+    let landlock = r.sb.work().join("landlock.json");
+    let seccomp = r.sb.work().join("seccomp.json");
+    let policies = vibeos_testkit::workspace_root().join("policies");
+    std::fs::copy(policies.join("landlock.json"), &landlock).unwrap();
+    std::fs::copy(policies.join("seccomp-x86_64.json"), &seccomp).unwrap();
+    let before = (
+        std::fs::read(&landlock).unwrap(),
+        std::fs::read(&seccomp).unwrap(),
+    );
+    r.sb.write_config(&format!(
+        "code_execution:\n  strict:\n    max_processes: 64\n    memory_mb: 256\n    \
+         landlock_policy: {}\n    seccomp_policy: {}\n",
+        landlock.display(),
+        seccomp.display()
+    ));
+    let attempts = r.contained(&r.attack(
+        "tools_loosen_policy",
+        json!({"landlock": landlock, "seccomp": seccomp}),
+        &[],
+    ));
+    assert_eq!(attempts.len(), 3, "{attempts:?}");
+    all_refused_for(&attempts, "run code");
+    assert_eq!(
+        (
+            std::fs::read(&landlock).unwrap(),
+            std::fs::read(&seccomp).unwrap()
+        ),
+        before,
+        "a policy file was changed"
+    );
+}
