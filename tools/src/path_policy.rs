@@ -212,8 +212,8 @@ const PRODUCT_FILES: &str =
 /// its `config.yaml`, `plugins/` and `logs/` (the rest of a home may be a session's cwd), the
 /// config file in use, the configured plugin dirs and the configured strict policy files
 /// (`code_execution.strict.landlock_policy`, `seccomp_policy`), each in its canonical form
-/// (the nearest existing ancestor resolved, the rest appended), so that a write can be compared
-/// by the real path the kernel opened.
+/// (the nearest existing ancestor resolved, the rest appended), so that a write or a read can
+/// be compared by the real path the kernel opened.
 fn product_places() -> Vec<PathBuf> {
     let home = crate::settings::vibeos_home();
     let mut places = vec![
@@ -514,6 +514,37 @@ impl PathPolicy {
         Ok(fd)
     }
 
+    /// Refuses `fd` when it lies in one of vibeos-exec's own places ([`product_places`]),
+    /// judged by where the kernel opened it (`/proc/self/fd`), so that neither a symlink
+    /// inside a root nor another spelling leads around it. They are not read either: the
+    /// config holds credentials (MCP server headers, API keys), the logs what earlier runs
+    /// did, and a session dir or read root that holds the home (`--cwd ~`) would otherwise
+    /// hand them to a strict script. The script's own `open()` cannot reach them: landlock
+    /// grants it the staging dir and system paths, not the roots.
+    fn refuse_product_place(&self, fd: &OwnedFd, shown: &Path) -> Result<(), ToolError> {
+        use std::os::fd::AsRawFd;
+        if self.product_places.is_empty() {
+            return Ok(());
+        }
+        let at = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+            .map_err(|e| ToolError::io(shown, &e))?;
+        match self.product_places.iter().find(|p| at.starts_with(p)) {
+            None => Ok(()),
+            Some(place) => Err(ToolError::new(
+                crate::ToolErrorKind::OutsideSandbox,
+                format!(
+                    "{} is not opened in strict mode, so that a script can neither run code \
+                     outside the sandbox nor read secrets through it: it is vibeos-exec's own \
+                     config, plugins or logs ({}), which later runs load and which hold \
+                     credentials. Read or search beneath another directory, or read it \
+                     outside strict mode",
+                    shown.display(),
+                    place.display()
+                ),
+            )),
+        }
+    }
+
     /// Staging dirs live under `<tmp>/vibeos-staging-<euid>`, and that parent can lie beneath a
     /// root (`TMPDIR=/tmp` with the session cwd `/tmp`, or a write root above it). The tools
     /// run with the supervisor's rights, so without this check a script could read, overwrite
@@ -584,6 +615,7 @@ impl PathPolicy {
             Mode::empty(),
             path,
         )?;
+        self.refuse_product_place(&fd, path)?;
         let file = File::from(fd);
         let meta = file.metadata().map_err(|e| ToolError::io(path, &e))?;
         if meta.is_file() && meta.nlink() > 1 && !root.links_ok {
@@ -606,6 +638,7 @@ impl PathPolicy {
     pub fn check_read(&self, path: &Path) -> Result<std::fs::Metadata, ToolError> {
         let (root, rel) = self.locate(path, false)?;
         let fd = self.open_beneath(root.dir.as_fd(), &rel, OFlag::O_PATH, Mode::empty(), path)?;
+        self.refuse_product_place(&fd, path)?;
         File::from(fd)
             .metadata()
             .map_err(|e| ToolError::io(path, &e))

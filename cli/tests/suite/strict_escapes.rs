@@ -999,3 +999,37 @@ fn the_strict_policy_files_cannot_be_rewritten_through_the_tools() {
         "a policy file was changed"
     );
 }
+
+/// Stop 54: a read root (or session dir) holding the home does not hand the tools its config,
+/// whose MCP server headers carry credentials, nor its logs; the script's own `open()` of them
+/// fails as well.
+#[test]
+fn vibeos_config_and_logs_cannot_be_read_through_the_tools() {
+    require_strict!();
+    let r = range();
+    let tag = format!("{}", std::process::id());
+    let secret = format!("sk-STOP54-{tag}");
+    r.sb.write_config(&format!(
+        "code_execution:\n  strict:\n    max_processes: 64\n    memory_mb: 256\n    \
+         read_roots: [{}]\nmcp_servers:\n  remote:\n    url: https://mcp.example.invalid/\n    \
+         headers:\n      Api-Key: {secret}\n",
+        r.sb.root.path().display()
+    ));
+    std::fs::create_dir_all(r.sb.home().join("logs")).unwrap();
+    std::fs::write(
+        r.sb.home().join("logs/agent.log"),
+        format!("Api-Key {secret}\n"),
+    )
+    .unwrap();
+    open_to_all(&r.sb.home(), 0o755);
+    std::os::unix::fs::symlink("home", r.sb.root.path().join("conf")).unwrap();
+    let result = r.attack(
+        "tools_read_product_files",
+        json!({"home": r.sb.home(), "root": r.sb.root.path()}),
+        &[],
+    );
+    let output = result["output"].as_str().unwrap_or_default();
+    assert!(!output.contains(&secret), "the API key leaked: {output}");
+    let attempts = r.contained(&result);
+    assert_eq!(attempts.len(), 7, "{attempts:?}");
+}

@@ -107,3 +107,37 @@ fn a_root_inside_a_git_dir_gets_no_writes() {
     assert!(e.message.contains("run code"), "{}", e.message);
     assert!(!bare.join("hooks/pre-commit").exists());
 }
+
+/// A root that holds vibeos-exec's home: its config (credentials in MCP server headers) and
+/// logs are not read, by name, through a symlink, or by a directory walk's check.
+#[test]
+fn vibeos_own_config_and_logs_are_not_read_beneath_a_root() {
+    let d = tempfile::tempdir().unwrap();
+    let (_, root, mut p) = root_in(&d, "fakehome");
+    let home = root.join(".vibeos");
+    std::fs::create_dir_all(home.join("logs")).unwrap();
+    std::fs::write(home.join("config.yaml"), "Api-Key: SECRET\n").unwrap();
+    std::fs::write(home.join("logs/agent.log"), "SECRET\n").unwrap();
+    std::fs::write(root.join("notes.txt"), "fine").unwrap();
+    std::os::unix::fs::symlink(".vibeos", root.join("conf")).unwrap();
+    p.product_places = vec![
+        real_as_far_as_it_exists(&home.join("config.yaml")),
+        real_as_far_as_it_exists(&home.join("logs")),
+    ];
+    for bad in [
+        ".vibeos/config.yaml",
+        ".vibeos/logs/agent.log",
+        ".vibeos/logs",
+        "conf/config.yaml",
+    ] {
+        let e = p.open_read(&root.join(bad)).unwrap_err();
+        assert_eq!(e.kind, "OutsideSandbox", "{bad}: {e:?}");
+        assert!(!e.message.contains("SECRET"), "{}", e.message);
+        assert!(p.check_read(&root.join(bad)).is_err(), "{bad}");
+    }
+    assert!(p.open_read(&root.join("notes.txt")).is_ok());
+    assert!(
+        p.check_read(&home).is_ok(),
+        "the home dir itself may be listed"
+    );
+}
