@@ -35,6 +35,62 @@ const MAX_PATTERN_BYTES: usize = 8 * 1024;
 const MAX_LINE_CHARS: usize = 500;
 /// Most results in one page.
 const MAX_LIMIT: i64 = 1000;
+/// Largest compiled regex (and lazy DFA cache) one search may build, in bytes. The heap a
+/// search takes before its pattern is refused grows with this limit: at 50 MiB a pattern such
+/// as `(\w{100}){400}` took ~69 MB before failing, per call (measured: 16 MB at 8 MiB).
+/// 8 MiB still holds what a search is for: a Unicode `\w{100}` compiles (it needs more than
+/// 4 MiB), `\w{50}` needs under 4 MiB, an alternation of 1,000 identifiers under 0.5 MiB; the
+/// DFA cache only bounds what is kept, not what a search can find (the engine falls back when
+/// it fills). docs/strict-mode.md has the measurements.
+const REGEX_SIZE_LIMIT: usize = 8 << 20;
+/// Most searches that run at once in this process; further calls wait for a slot. Each one
+/// holds a compiled regex (up to [`REGEX_SIZE_LIMIT`] twice over) and a walker's threads, and
+/// a script with 40 threads calling search_files at once took a supervisor to 1.87 GB.
+const MAX_CONCURRENT_SEARCHES: usize = 4;
+
+/// The count of searches running now ([`MAX_CONCURRENT_SEARCHES`] at most) and its wake-up.
+static RUNNING: (std::sync::Mutex<usize>, std::sync::Condvar) =
+    (std::sync::Mutex::new(0), std::sync::Condvar::new());
+
+/// The most searches seen running at once (tests only: the bound's witness).
+#[cfg(test)]
+static PEAK_RUNNING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// One of the [`MAX_CONCURRENT_SEARCHES`] slots, given back when dropped.
+struct SearchSlot;
+
+impl SearchSlot {
+    /// Waits for a free slot; gives up (`None`) when the call's execution ends first, so a
+    /// call nobody waits for does not take a slot from a live one.
+    fn acquire(ended: &crate::call_scope::EndedFlag) -> Option<SearchSlot> {
+        let (count, freed) = &RUNNING;
+        // A poisoned lock only means a search panicked while counting; the count is still
+        // whole (it is changed in one statement), so the guard is taken back.
+        let mut running = count.lock().unwrap_or_else(|p| p.into_inner());
+        while *running >= MAX_CONCURRENT_SEARCHES {
+            if ended.is_set() {
+                return None;
+            }
+            running = freed
+                .wait_timeout(running, std::time::Duration::from_millis(100))
+                .map(|(guard, _)| guard)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+        *running += 1;
+        #[cfg(test)]
+        PEAK_RUNNING.fetch_max(*running, std::sync::atomic::Ordering::SeqCst);
+        Some(SearchSlot)
+    }
+}
+
+impl Drop for SearchSlot {
+    fn drop(&mut self) {
+        let (count, freed) = &RUNNING;
+        let mut running = count.lock().unwrap_or_else(|p| p.into_inner());
+        *running = running.saturating_sub(1);
+        freed.notify_one();
+    }
+}
 
 /// The arguments of `search_files`: its schema and its parser.
 #[derive(Deserialize, schemars::JsonSchema)]
@@ -459,6 +515,10 @@ fn search_files(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
         ended: crate::call_scope::ended_flag(ctx),
     };
     let abandoned = || crate::call_scope::abandoned("search_files");
+    // Held until the reply is built: the regex, the walk and the counts are what it bounds.
+    let Some(_slot) = SearchSlot::acquire(&walk.ended) else {
+        return Err(abandoned());
+    };
     let page = |total: u64, shown: usize| {
         let end = offset + shown as u64;
         json!({
@@ -516,8 +576,8 @@ fn search_files(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
     }
     let matcher: RegexMatcher = RegexMatcherBuilder::new()
         .line_terminator(Some(b'\n'))
-        .size_limit(50 * 1024 * 1024)
-        .dfa_size_limit(50 * 1024 * 1024)
+        .size_limit(REGEX_SIZE_LIMIT)
+        .dfa_size_limit(REGEX_SIZE_LIMIT)
         .build(pattern)
         .map_err(|e| {
             ToolError::new(
@@ -638,6 +698,42 @@ mod tests {
             err.is_err(),
             "a line three times the cap was searched whole"
         );
+    }
+
+    /// Stop 54: a script's 40 threads each calling search_files with a pattern that fails
+    /// only at the compiled-size limit took the supervisor to 1.87 GB. The pattern is refused
+    /// at the lower limit, and no more than MAX_CONCURRENT_SEARCHES calls compile at once.
+    #[test]
+    fn expensive_patterns_are_refused_small_and_few_at_once() {
+        let d = tree();
+        let threads: Vec<_> = (0..12)
+            .map(|_| {
+                let dir = d.path().to_path_buf();
+                std::thread::spawn(move || call(&dir, json!({"pattern": r"(\w{100}){400}"})))
+            })
+            .collect();
+        for t in threads {
+            let e = t.join().unwrap().unwrap_err();
+            assert_eq!(e.kind, "InvalidRegex", "{e:?}");
+            // The limit the engine reports, read from its message: at most 8 MiB (it was
+            // 50 MiB, ~69 MB of heap per refused call).
+            let limit: u64 = e
+                .message
+                .split("size limit of ")
+                .nth(1)
+                .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("no size limit in {}", e.message));
+            assert!(limit <= 8 << 20, "compiled-regex limit {limit}");
+        }
+        // 12 calls at once, all waiting on a compile of seconds: fewer ran together.
+        let peak = PEAK_RUNNING.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(
+            (1..=MAX_CONCURRENT_SEARCHES).contains(&peak) && peak < 12,
+            "{peak} searches ran at once"
+        );
+        // A Unicode `\w{100}` still compiles under the limit.
+        call(d.path(), json!({"pattern": r"\w{100}"})).unwrap();
     }
 
     fn call(cwd: &Path, args: Value) -> Result<Value, ToolError> {
