@@ -12,4 +12,5 @@ mod search_files;
 pub mod terminal;
 mod typed_line;
 mod web;
+mod web_text;
 mod write_file;

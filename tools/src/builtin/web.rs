@@ -11,7 +11,8 @@
 //! | timeout (s) | `VIBEOS_WEB_TIMEOUT` | `web: {timeout: 20}` |
 //!
 //! `searxng` queries `<url>/search?q=…&format=json` (the instance must allow the JSON format).
-//! `http` fetches each URL itself and turns HTML into plain text with `html2text`.
+//! `http` fetches each URL itself, decodes it with the charset it declares and turns HTML into
+//! plain text with `html2text` (bounded in nesting depth and time; see `web_text`).
 //!
 //! Result shapes follow the seeds: `web_search(q)["data"]["web"]` is a list of
 //! `{title, url, description}`; `web_extract([url])["results"]` is a list of
@@ -31,6 +32,10 @@ const MAX_BODY_BYTES: usize = 5 * 1024 * 1024;
 const DEFAULT_CHAR_LIMIT: usize = 100_000;
 /// Most URLs per extract call.
 const MAX_URLS: usize = 20;
+/// Most characters of content in one extract call, all pages together: 20 pages at the
+/// largest `char_limit` made a 100M-character result (350 MB in the server) no script or
+/// model can use.
+const MAX_TOTAL_CHARS: usize = 2_000_000;
 
 /// The web settings in force.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -155,11 +160,21 @@ fn default_results() -> i64 {
 #[serde(deny_unknown_fields)]
 struct WebExtractArgs {
     /// http(s) URLs (a single string is accepted too)
-    #[schemars(with = "Vec<String>", length(max = MAX_URLS))]
+    #[schemars(schema_with = "urls_schema")]
     urls: Urls,
     /// Most characters of text per page (default 100000)
     #[schemars(range(min = 1))]
     char_limit: Option<i64>,
+}
+
+/// The published schema of `urls`: an array of strings or one string, so the generic argument
+/// check (which reads `type`) lets a single URL through to [`Urls::One`].
+fn urls_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": ["array", "string"],
+        "items": {"type": "string"},
+        "maxItems": MAX_URLS
+    })
 }
 
 /// `urls`: a list, or one URL as a plain string (models send both).
@@ -312,11 +327,14 @@ fn html_title(html: &str) -> String {
         .unwrap_or_default()
 }
 
+/// One page of `web_extract`: fetched, decoded and converted by `deadline` (call start plus
+/// `timeout`), or an entry carrying the error.
 async fn fetch_one(
     client: &reqwest::Client,
     url: &str,
     char_limit: usize,
     denied: Option<String>,
+    (deadline, timeout): (std::time::Instant, Duration),
 ) -> Value {
     let fail = |msg: String| json!({"url": url, "title": "", "content": "", "error": msg});
     let scheme_ok = url.split_once("://").is_some_and(|(s, rest)| {
@@ -333,6 +351,7 @@ async fn fetch_one(
         Err(e) => return fail(format!("fetch failed: {}", describe(&e))),
     };
     let status = resp.status();
+    // Lower-cased for the type checks; charset labels are case-insensitive too.
     let ctype = resp
         .headers()
         .get("content-type")
@@ -344,6 +363,34 @@ async fn fetch_one(
         Ok((body, _)) => body,
         Err(e) => return fail(format!("reading the response failed: {}", describe(&e))),
     };
+    if status.is_redirection() {
+        // Redirects are followed only for a script without its own network policy; a strict
+        // (project-mode) fetch takes none, since each hop would need the destination check.
+        // Otherwise reqwest hands back a redirect it would not follow: one to another scheme.
+        let target = resp
+            .headers()
+            .get("location")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let web_target = ["http://", "https://"].iter().any(|s| {
+            target
+                .get(..s.len())
+                .is_some_and(|head| head.eq_ignore_ascii_case(s))
+        });
+        return fail(if target.is_empty() {
+            format!("HTTP {status} without a Location header: nothing to follow")
+        } else if !web_target && target.contains(':') {
+            format!(
+                "HTTP {status}: redirect to {target} refused: web_extract fetches only \
+                 http:// and https:// URLs"
+            )
+        } else {
+            format!(
+                "HTTP {status}: redirect to {target} not followed: a project-mode script's \
+                 web_extract follows no redirects; fetch the final http(s) URL directly"
+            )
+        });
+    }
     if !status.is_success() {
         return fail(format!("HTTP {status}"));
     }
@@ -358,10 +405,11 @@ async fn fetch_one(
                 .windows(5)
                 .any(|w| w == b"<html"));
     let (title, text) = if looks_html {
-        let raw = String::from_utf8_lossy(&body);
-        match html2text::from_read(body.as_slice(), 100) {
-            Ok(t) => (html_title(&raw), t),
-            Err(e) => return fail(format!("could not convert HTML to text: {e}")),
+        let html = super::web_text::decode(&body, &ctype, true);
+        drop(body);
+        match super::web_text::html_to_text(&html, deadline, timeout.as_secs()) {
+            Ok(t) => (html_title(&html), t),
+            Err(e) => return fail(e.to_string()),
         }
     } else if ctype.starts_with("text/")
         || ctype.contains("json")
@@ -369,7 +417,7 @@ async fn fetch_one(
         || ctype.contains("javascript")
         || (ctype.is_empty() && !body.contains(&0))
     {
-        (String::new(), String::from_utf8_lossy(&body).into_owned())
+        (String::new(), super::web_text::decode(&body, &ctype, false))
     } else {
         return fail(format!(
             "content type {ctype:?} is not text; web_extract returns text only"
@@ -427,19 +475,20 @@ fn web_extract(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, To
         })
         .collect();
     let client = http_client(cfg.timeout, public_only)?;
+    let budget = (std::time::Instant::now() + cfg.timeout, cfg.timeout);
     // All pages at once, results in the order of `urls`.
     let results: Vec<Value> = run_async(Box::pin(async move {
-        let fetches: Vec<_> =
-            urls.into_iter()
-                .zip(denied)
-                .map(|(url, denied)| {
-                    let (client, target) = (client.clone(), url.clone());
-                    let task = tokio::spawn(async move {
-                        fetch_one(&client, &target, char_limit, denied).await
-                    });
-                    (url, task)
-                })
-                .collect();
+        let fetches: Vec<_> = urls
+            .into_iter()
+            .zip(denied)
+            .map(|(url, denied)| {
+                let (client, target) = (client.clone(), url.clone());
+                let task = tokio::spawn(async move {
+                    fetch_one(&client, &target, char_limit, denied, budget).await
+                });
+                (url, task)
+            })
+            .collect();
         let mut results = Vec::with_capacity(fetches.len());
         for (url, task) in fetches {
             results.push(task.await.unwrap_or_else(|_| {
@@ -448,7 +497,33 @@ fn web_extract(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, To
         }
         results
     }))?;
-    Ok(json!({"results": results}))
+    Ok(json!({"results": cap_total(results, MAX_TOTAL_CHARS)}))
+}
+
+/// `results` with their `content` cut so that all pages together hold at most `cap`
+/// characters; a cut page says so at its end, and pages past the cap keep only that note.
+fn cap_total(mut results: Vec<Value>, cap: usize) -> Vec<Value> {
+    let mut left = cap;
+    for r in &mut results {
+        let Some(content) = r.get("content").and_then(Value::as_str) else {
+            continue;
+        };
+        match content.char_indices().nth(left) {
+            None => left -= content.chars().count(),
+            Some((cut, _)) => {
+                let total = content.chars().count();
+                let kept = format!(
+                    "{}\n\n[... content cut at {left} of {total} characters: web_extract returns \
+                     at most {cap} characters per call, all pages together; fetch fewer pages \
+                     per call]",
+                    &content[..cut]
+                );
+                r["content"] = Value::String(kept);
+                left = 0;
+            }
+        }
+    }
+    results
 }
 
 #[cfg(test)]
@@ -475,7 +550,7 @@ mod tests {
             json!({
                 "type": "object",
                 "properties": {
-                    "urls": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_URLS, "description": "http(s) URLs (a single string is accepted too)"},
+                    "urls": {"type": ["array", "string"], "items": {"type": "string"}, "maxItems": MAX_URLS, "description": "http(s) URLs (a single string is accepted too)"},
                     "char_limit": {"type": "integer", "minimum": 1, "description": "Most characters of text per page (default 100000)"}
                 },
                 "required": ["urls"]
