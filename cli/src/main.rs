@@ -727,7 +727,11 @@ fn tools(
                     .iter()
                     .map(|r| {
                         let mut st = status(&r.availability);
-                        if r.availability.is_available() && !r.requires_env.is_empty() {
+                        // Only when the tool is available through its env vars: one that a
+                        // config file enabled (the web tools' `web:` section) requires none.
+                        let via_env = !r.requires_env.is_empty()
+                            && r.requires_env.iter().all(|k| std::env::var_os(k).is_some());
+                        if r.availability.is_available() && via_env {
                             st.push_str(&format!(" (requires env: {})", r.requires_env.join(", ")));
                         }
                         [r.name.clone(), r.toolset.clone(), st, r.emoji.clone()]
