@@ -42,6 +42,15 @@ fn filter(level: &str) -> Result<EnvFilter, LogLevelError> {
     } else {
         level
     };
+    // html5ever (web_extract's HTML parser) warns about every page it repairs ("foster
+    // parenting not implemented"): noise for the user at the quiet levels, kept at debug/trace.
+    let quiet = ["error", "warn", "info"].contains(&level.to_ascii_lowercase().as_str());
+    let level = if quiet {
+        format!("{level},html5ever=error,markup5ever=error")
+    } else {
+        level.to_string()
+    };
+    let level = level.as_str();
     EnvFilter::try_new(level).map_err(|e| LogLevelError {
         level: level.into(),
         reason: filter_problem(&e),
