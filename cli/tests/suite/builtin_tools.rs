@@ -235,17 +235,41 @@ fn start_server() -> String {
                          <body><h1>Heading</h1><p>Some <b>bold</b> paragraph text that goes on and on.</p></body></html>"
                             .to_string(),
                     )
+                } else if target == "/latin1.html" {
+                    // Built from bytes below: an ISO-8859-1 body is not a Rust string.
+                    ("200 OK", "text/html; charset=iso-8859-1", String::new())
+                } else if target == "/deep.html" {
+                    let n = 100_000;
+                    (
+                        "200 OK",
+                        "text/html",
+                        format!("<html><body><table>stray<tr><td>cell</table>{}deep text{}</body></html>", "<div>".repeat(n), "</div>".repeat(n)),
+                    )
+                } else if target == "/big.txt" {
+                    ("200 OK", "text/plain", "y".repeat(1_500_000))
+                } else if target == "/to-file" {
+                    (
+                        "302 Found\r\nLocation: file:///etc/passwd",
+                        "text/plain",
+                        String::new(),
+                    )
                 } else if target == "/plain.txt" {
                     ("200 OK", "text/plain", "just plain text".to_string())
                 } else {
                     ("404 Not Found", "text/plain", "nope".to_string())
                 };
+                let body = if target == "/latin1.html" {
+                    b"<html><body><table>stray<tr><td>caf\xe9</table></body></html>".to_vec()
+                } else {
+                    body.into_bytes()
+                };
                 let mut s = &stream;
                 let _ = write!(
                     s,
-                    "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
                     body.len()
                 );
+                let _ = s.write_all(&body);
             });
         }
     });
@@ -279,6 +303,112 @@ fn web_tools_use_the_configured_backends() {
     assert_eq!(results[1]["content"], "just plain text");
     assert!(results[2]["error"].as_str().unwrap().contains("404"));
     assert!(results[3]["error"].as_str().unwrap().contains("http"));
+}
+
+/// Stop 54's probe findings, through the stub as a script calls them: a single URL string,
+/// the charset of the header, 100,000 nested elements (minutes of CPU before, past any
+/// timeout), a result capped in total, a refused redirect that says why, and `tools list`
+/// not claiming an env var is needed when config.yaml configured the tools.
+#[test]
+fn web_extract_is_bounded_decodes_charsets_and_takes_one_url() {
+    let base = start_server();
+    let sb = Sandbox::new();
+    sb.write_config(&format!(
+        "web:\n  search_backend: searxng\n  searxng_url: {base}\n  extract_backend: http\n  timeout: 20\n"
+    ));
+    // Each call is caught on its own and the deep page comes last on a line of its own, so one
+    // run reports every check (the deep page alone used to run into the script's timeout).
+    let script = sb.work().join("probe.py");
+    std::fs::write(
+        &script,
+        format!(
+            "import json, time\nimport vibeos_tools as t\nb = {base:?}\nr = {{}}\n\
+             def call(k, f):\n    try:\n        r[k] = f()\n    except Exception as e:\n        r[k] = repr(e)\n\
+             call('one', lambda: t.web_extract(b + '/latin1.html')['results'][0]['content'])\n\
+             call('latin', lambda: t.web_extract([b + '/latin1.html'])['results'][0]['content'])\n\
+             def big():\n    pages = t.web_extract([b + '/big.txt'] * 3, char_limit=10000000)['results']\n\
+             \x20   return [sum(len(p['content']) for p in pages), pages[1]['content'][-200:]]\n\
+             call('big', big)\n\
+             call('redirect', lambda: t.web_extract([b + '/to-file'])['results'][0]['error'])\n\
+             print(json.dumps(r), flush=True)\n\
+             s = time.time(); d = t.web_extract([b + '/deep.html'])['results'][0]\n\
+             print(json.dumps([d['content'], d['error'], time.time() - s]))\n"
+        ),
+    )
+    .unwrap();
+    let out = sb.run(&[
+        "run",
+        "--json",
+        "--timeout",
+        "60",
+        &script.to_string_lossy(),
+    ]);
+    let result: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("no JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)));
+    let output = result["output"].as_str().unwrap_or("");
+    let mut lines = output.lines();
+    let r: Value = lines
+        .next()
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no first line: {result:#}"));
+    let mut failed = Vec::new();
+    let mut check = |ok: bool, what: String| {
+        if !ok {
+            failed.push(what);
+        }
+    };
+    let one = r["one"].as_str().unwrap_or("");
+    check(one.contains("caf"), format!("a single URL string: {one}"));
+    let latin = r["latin"].as_str().unwrap_or("");
+    check(
+        latin.contains("café"),
+        format!("ISO-8859-1 page: {latin:?}"),
+    );
+    let total = r["big"][0].as_u64().unwrap_or(0);
+    check(
+        (2_000_000..2_001_000).contains(&total),
+        format!("total cap: {total} characters ({})", r["big"]),
+    );
+    let note = r["big"][1].as_str().unwrap_or("");
+    check(
+        note.contains("at most 2000000 characters per call"),
+        format!("total cap note: {note}"),
+    );
+    let redirect = r["redirect"].as_str().unwrap_or("");
+    check(
+        redirect.contains("redirect to file:///etc/passwd refused") && redirect.contains("http://"),
+        format!("redirect message: {redirect}"),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    check(
+        !stderr.contains("foster parenting"),
+        format!("stderr: {stderr}"),
+    );
+    let deep: Value = lines
+        .next()
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or(Value::Null);
+    check(
+        result["status"] == "success"
+            && deep[0].as_str().unwrap_or("").contains("deep text")
+            && deep[2].as_f64().is_some_and(|secs| secs < 15.0),
+        format!(
+            "100,000 nested divs: {deep} (run status {})",
+            result["status"]
+        ),
+    );
+    let listed = sb.run(&["tools", "list"]);
+    let table = String::from_utf8_lossy(&listed.stdout);
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("web_extract"))
+        .unwrap_or("")
+        .to_string();
+    check(
+        row.contains("available") && !row.contains("requires env"),
+        format!("tools list row: {row}"),
+    );
+    assert!(failed.is_empty(), "failed checks:\n{}", failed.join("\n"));
 }
 
 #[test]
