@@ -28,6 +28,7 @@ use std::ffi::OsString;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use vibeos_tools::environments::process::scope_sweep_argv;
 use vibeos_tools::environments::{
     relay, Channel, Connections, EnvHandle, ExecSpec, GroupSignal, Spawned,
 };
@@ -67,6 +68,10 @@ pub(crate) const SET_OVER_THERE: &[(&str, &str)] = &[
     (
         "VIBEOS_RPC_SOCKET",
         "the RPC socket's path on the backend's side",
+    ),
+    (
+        "VIBEOS_EXECUTION_SCOPE",
+        "the execution's scope marker, by which the host ends what the script started",
     ),
     (
         "VIBEOS_RPC_HELLO",
@@ -317,7 +322,10 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
 
     let bootstrap = without_comments(BOOTSTRAP);
     let boot_python = python.clone();
-    // The bootstrap records its own process group when the backend gives it a file for it.
+    let scope = scope_marker(&exec_id);
+    let boot_scope = scope.clone();
+    // The bootstrap records its own process group when the backend gives it a file for it
+    // (an empty argument: none), and carries the execution's scope marker for the sweep.
     let build = move |pgid_file: Option<&str>| {
         let mut argv = vec![
             boot_python.clone(),
@@ -328,7 +336,8 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
             "-c".into(),
             bootstrap.clone(),
         ];
-        argv.extend(pgid_file.map(str::to_string));
+        argv.push(pgid_file.unwrap_or_default().to_string());
+        argv.push(boot_scope.clone());
         ExecSpec::new(argv)
     };
     let env = Arc::clone(&r.env);
@@ -387,16 +396,43 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
         _ = tokio::time::sleep(request.timeout) => Ending::Timeout,
         _ = r.interrupt.cancelled() => Ending::Interrupted,
     };
+    // The host's own sweep of every process marked with the execution's scope, run as a
+    // fresh process (not through the bootstrap or the master, which the script may have
+    // killed or stopped). Not through the relay, which has its own backstop.
+    let sweeper = Sweeper {
+        fresh: if r.env.relayed() {
+            None
+        } else {
+            r.env.fresh_runner()
+        },
+        python: python.clone(),
+        scope,
+    };
+    let mut swept_all = false;
     if ending != Ending::Exited {
-        let p = Arc::clone(&process);
-        let _ = tokio::task::spawn_blocking(move || p.kill(GroupSignal::Term)).await;
+        // Bounded: over ssh the kill travels through the master, whose session process the
+        // script may have stopped; the timeout's grace must hold anyway.
+        signal_bounded(&process, GroupSignal::Term).await;
         match tokio::time::timeout(request.kill_grace, &mut waiter).await {
             Ok(s) => exit_code = s.ok().flatten().flatten(),
             Err(_) => {
-                let p = Arc::clone(&process);
-                let _ = tokio::task::spawn_blocking(move || p.kill(GroupSignal::Kill)).await;
-                if let Ok(s) = tokio::time::timeout(Duration::from_secs(5), &mut waiter).await {
+                // The group kill and, at once, the sweep below the bootstrap (which it
+                // resumes, so it reaps the script and reports): a script that killed or
+                // stopped its bootstrap, or left its group, is reached all the same.
+                tokio::join!(
+                    signal_bounded(&process, GroupSignal::Kill),
+                    sweeper.sweep(true)
+                );
+                if let Ok(s) = tokio::time::timeout(Duration::from_secs(2), &mut waiter).await {
                     exit_code = s.ok().flatten().flatten();
+                } else {
+                    // Still running: the bootstrap is dead or will not report. End it all.
+                    sweeper.sweep(false).await;
+                    swept_all = true;
+                    if let Ok(s) = tokio::time::timeout(Duration::from_secs(2), &mut waiter).await
+                    {
+                        exit_code = s.ok().flatten().flatten();
+                    }
                 }
             }
         }
@@ -442,6 +478,27 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
     if no_interpreter {
         exit_code = None;
     }
+    // docker's own 255 without a report: the client lost the engine (dockerd died or
+    // restarted), which says nothing about the script.
+    let engine_lost = !reported
+        && matches!(backend, "docker" | "podman")
+        && ending == Ending::Exited
+        && exit_code == Some(255);
+    // Any other end without the bootstrap's report: the bootstrap was killed (a script can
+    // kill its own parent), so the client's code is the bootstrap's death, not the script's
+    // status, and what the script started may still run over there.
+    let bootstrap_lost = !reported
+        && !r.env.relayed()
+        && ending == Ending::Exited
+        && !connection_lost
+        && !no_interpreter
+        && !engine_lost;
+    if engine_lost || bootstrap_lost {
+        exit_code = None;
+    }
+    if !reported && !swept_all && !no_interpreter {
+        sweeper.sweep(false).await;
+    }
     // A bootstrap that reported has removed its work dir; one that did not may have been
     // killed before it could.
     if !reported {
@@ -485,6 +542,20 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
              interpreter"
         ));
     }
+    if engine_lost {
+        result.error = Some(format!(
+            "the script's exit status was lost: the connection to the {backend} engine ended \
+             before the script reported ({backend} exited with 255). Check that the engine is \
+             running (`{backend} info`), then run it again"
+        ));
+    }
+    if bootstrap_lost {
+        result.error = Some(format!(
+            "the script's exit status was lost: the execution's bootstrap on the {backend} side \
+             was killed before it reported (the script may have killed its parent); every \
+             process of the execution still running there was then killed"
+        ));
+    }
     if connection_lost && ending == Ending::Exited {
         result.error = Some(
             "the script's exit status was lost: the connection to the ssh host ended before the \
@@ -494,6 +565,52 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
         );
     }
     Ok(result)
+}
+
+/// The scope marker of execution `exec_id`: an argv word of its bootstrap (and so of the
+/// script, a fork of it) and the value of `VIBEOS_EXECUTION_SCOPE` in the script's
+/// environment. Not a secret: it only names what the host's sweep ends.
+fn scope_marker(exec_id: &str) -> String {
+    format!("vibeos-remote-scope-{exec_id}")
+}
+
+/// Sends `signal` to the execution's group through the backend, waiting at most 3 s for the
+/// request (it may travel through a helper the script stopped; the sweep is the backstop).
+async fn signal_bounded(process: &Arc<dyn vibeos_tools::environments::Process>, signal: GroupSignal) {
+    let p = Arc::clone(process);
+    let sent = tokio::task::spawn_blocking(move || p.kill(signal));
+    match tokio::time::timeout(Duration::from_secs(3), sent).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => tracing::warn!("execute_code: signalling the script failed: {e}"),
+        Ok(Err(e)) => tracing::warn!("execute_code: signalling the script failed: {e}"),
+        Err(_) => tracing::warn!("execute_code: signalling the script took over 3 s; sweeping"),
+    }
+}
+
+/// Runs [`scope_sweep_argv`] for one execution through the backend's fresh runner.
+struct Sweeper {
+    fresh: Option<vibeos_tools::environments::FreshRun>,
+    python: String,
+    scope: String,
+}
+
+impl Sweeper {
+    /// Kills every process of the execution over there; with `spare_leader` its bootstrap is
+    /// resumed instead, to reap and report. Waits at most 40 s (a fresh ssh connection may
+    /// take its connect timeout); a failure is logged: the result does not depend on it.
+    async fn sweep(&self, spare_leader: bool) {
+        let Some(fresh) = self.fresh.clone() else {
+            return;
+        };
+        let argv = scope_sweep_argv(&self.python, &self.scope, spare_leader);
+        let ran = tokio::task::spawn_blocking(move || fresh(&argv));
+        match tokio::time::timeout(Duration::from_secs(40), ran).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::warn!("execute_code: the end's sweep failed: {e}"),
+            Ok(Err(e)) => tracing::warn!("execute_code: the end's sweep failed: {e}"),
+            Err(_) => tracing::warn!("execute_code: the end's sweep took over 40 s"),
+        }
+    }
 }
 
 /// Removes the execution's work dir over there (the script, the stub and whatever the script
@@ -730,9 +847,10 @@ pub(crate) fn without_comments(source: &str) -> String {
         .join("\n")
 }
 
-/// The bootstrap's input: `<length>\0` and that many bytes of NUL-separated fields (see
-/// remote_boot.py; the length lets stdin stay open afterwards as the lifeline). No field may
-/// hold a NUL: paths, environment entries and Python source cannot.
+/// The bootstrap's input: `<length>\0` and that many bytes of NUL-separated fields, then the
+/// report's nonce as a second such block (see remote_boot.py; the lengths let stdin stay open
+/// afterwards as the lifeline). No field may hold a NUL: paths, environment entries and Python
+/// source cannot.
 fn boot_input(
     nonce: &str,
     lifeline: bool,
@@ -743,7 +861,6 @@ fn boot_input(
 ) -> Result<Vec<u8>, String> {
     use std::os::unix::ffi::OsStrExt;
     let mut fields: Vec<&[u8]> = vec![
-        nonce.as_bytes(),
         if lifeline { b"1" } else { b"0" },
         dir.as_bytes(),
         cwd.as_bytes(),
@@ -772,6 +889,9 @@ fn boot_input(
     let payload = fields.join(&b"\0"[..]);
     let mut input = format!("{}\0", payload.len()).into_bytes();
     input.extend(payload);
+    // A block of its own after the header: the bootstrap reads it only once the script has
+    // been forked, so the script's copy of the bootstrap's memory never holds it.
+    input.extend(format!("{}\0{nonce}", nonce.len()).into_bytes());
     Ok(input)
 }
 
@@ -832,9 +952,10 @@ mod tests {
     fn bootstrap_input_is_nul_separated_and_refuses_nul_bytes() {
         let env = vec![("A".into(), "1".into())];
         let input = boot_input("n", true, "/d", "/c", &[("script.py", "print(1)")], &env).unwrap();
-        let payload = b"n\x001\0/d\0/c\x001\0script.py\0print(1)\x001\0A\x001".to_vec();
+        let payload = b"1\0/d\0/c\x001\0script.py\0print(1)\x001\0A\x001".to_vec();
         let mut framed = format!("{}\0", payload.len()).into_bytes();
         framed.extend(payload);
+        framed.extend(b"1\0n");
         assert_eq!(input, framed);
         let err = boot_input("n", true, "/d", "/c", &[("script.py", "a\0b")], &env).unwrap_err();
         assert!(err.contains("NUL"), "{err}");

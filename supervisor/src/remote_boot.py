@@ -1,9 +1,18 @@
 # vibeos-exec remote bootstrap, started inside a backend (container or ssh host) as
-# `python3 -u -B -X utf8 -c <this> [PGID_FILE]`. stdin starts with `<length>\0` and that many
-# bytes of NUL-separated fields (no JSON: importing json would add to every start-up): nonce,
-# lifeline flag, work dir, cwd, file count, (name, text)..., env count, (name, value)... — the
-# stub and the script never travel in argv. The length prefix lets the host keep stdin open
-# afterwards as a lifeline: EOF there (the ssh connection or the host dropped) kills the script.
+# `python3 -u -B -X utf8 -c <this> PGID_FILE SCOPE` (PGID_FILE may be empty). stdin starts with
+# `<length>\0` and that many bytes of NUL-separated fields (no JSON: importing json would add to
+# every start-up): lifeline flag, work dir, cwd, file count, (name, text)..., env count, (name,
+# value)... — the stub and the script never travel in argv — then a second block the same way,
+# the report's nonce. The length prefixes let the host keep stdin open afterwards as a lifeline:
+# EOF there (the ssh connection or the host dropped) kills the script.
+#
+# The nonce is read only after the script was forked, by this process alone, which has made
+# itself non-dumpable: the script (a fork of this interpreter, so a copy of its memory) never
+# holds it, and cannot read it from our memory or our stdin through /proc without
+# CAP_SYS_PTRACE. A report on stderr with any other nonce is the script's, and ignored.
+# SCOPE marks every process of the execution for the host's sweep: it is in our argv (so in
+# the script's, a fork) and in the script's environment as VIBEOS_EXECUTION_SCOPE (so in what
+# it execs), and the host kills whatever carries it after an end the bootstrap did not report.
 #
 # It becomes a session leader, marks itself a child subreaper (so every descendant, even one
 # that called setsid and whose parent exited, is re-parented here rather than to init), writes
@@ -26,6 +35,7 @@
 import os, sys, time, _signal, _thread
 
 pgid_file = sys.argv[1] if len(sys.argv) > 1 else ""
+scope = sys.argv[2] if len(sys.argv) > 2 else ""
 own_group = bool(pgid_file)
 try:
     os.setsid()
@@ -62,20 +72,33 @@ def on_signal(sig, frame):
 
 for s in (1, 2, 15):
     _signal.signal(s, on_signal)
-chunks, have, need = [], 0, -1
-while need < 0 or have < need:
-    chunk = os.read(0, 65536)
-    if not chunk:
-        break
-    chunks.append(chunk)
-    have += len(chunk)
-    if need < 0:
-        chunks = [b"".join(chunks)]
-        n, sep, _ = chunks[0].partition(b"\0")
-        if sep:
-            need = len(n) + 1 + int(n)
-n, _, data = b"".join(chunks).partition(b"\0")
-if need < 0 or have < need:
+def block():
+    # `<length>\0` and that many bytes, read exactly: nothing after the block (the nonce, after
+    # the header) is read early, and None when stdin ends first.
+    n = b""
+    while len(n) < 20:
+        c = os.read(0, 1)
+        if not c:
+            return None
+        if c == b"\0":
+            break
+        n += c
+    try:
+        need = int(n)
+    except ValueError:
+        return None
+    chunks, have = [], 0
+    while have < need:
+        chunk = os.read(0, min(65536, need - have))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        have += len(chunk)
+    return b"".join(chunks)
+
+
+data = block()
+if data is None:
     # The host went away before it sent everything: nothing to run, nobody to tell.
     if pgid_file:
         try:
@@ -83,14 +106,14 @@ if need < 0 or have < need:
         except OSError:
             pass
     os._exit(125)
-f = iter(data[: int(n)].split(b"\0"))
+f = iter(data.split(b"\0"))
 
 
 def nxt():
     return next(f).decode("utf-8", "surrogateescape")
 
 
-nonce, lifeline, d, cwd = nxt(), nxt() == "1", nxt(), nxt()
+lifeline, d, cwd = nxt() == "1", nxt(), nxt()
 files = [(nxt(), next(f)) for _ in range(int(nxt()))]
 env = dict((nxt(), nxt()) for _ in range(int(nxt())))
 
@@ -119,9 +142,14 @@ def remove_files():
                 pass
 
 
+nonce = [None]
+
+
 def report(kind, value, code):
+    if nonce[0] is None:
+        nonce[0] = block() or b"-"
     try:
-        os.write(2, ("\0VIBEOS-END %s %s %s\0" % (nonce, kind, value)).encode("utf-8", "replace"))
+        os.write(2, b"\0VIBEOS-END " + nonce[0] + (" %s %s\0" % (kind, value)).encode("utf-8", "replace"))
     except OSError:
         pass
     os._exit(code)
@@ -153,10 +181,15 @@ except OSError as e:
 if state[1]:
     remove_files()
     report("exit", -state[1], 128 + state[1])
+libc = None
 try:
     import ctypes
 
-    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    libc = ctypes.CDLL(None)
+    libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    # PR_SET_DUMPABLE 0: our memory and fds (the nonce, read after the fork) are closed to a
+    # same-user script without CAP_SYS_PTRACE; the script sets itself dumpable again.
+    libc.prctl(4, 0, 0, 0, 0)
 except Exception:
     pass  # no ctypes or no prctl: what double-forks away still goes to init
 
@@ -247,8 +280,15 @@ if pid == 0:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
+    if libc is not None:
+        try:
+            libc.prctl(4, 1, 0, 0, 0)  # dumpable again: the script's /proc is its own
+        except Exception:
+            pass
     os.environ.clear()
     os.environ.update(env)
+    if scope:
+        os.environ["VIBEOS_EXECUTION_SCOPE"] = scope
     script = os.path.join(d, "script.py")
     sys.argv = [script]
     sys.path[:] = [d, cwd] + [p for p in sys.path if p]
@@ -267,13 +307,13 @@ if pid == 0:
         shown(kind, value, tb)
 
     sys.excepthook = shown_without_us
-    # The script has no use for the report's nonce (its frame can reach these globals).
-    nonce = None
     with open(script, "rb") as src:
         code = compile(src.read(), script, "exec")
     exec(code, main.__dict__)
 else:
     state[0] = pid
+    # Read only now, here: the script's copy of our memory never held it.
+    nonce[0] = block() or b"-"
     if own_group:
         try:
             os.setpgid(pid, pid)

@@ -865,3 +865,50 @@ fn docker_start_checks_and_a_kill_the_script_cannot_dodge() {
     environments::activate(BackendSettings::default());
     drop(daemon);
 }
+
+/// A script that SIGKILLs its bootstrap (finding 1 of stop 54): the execution's result says the
+/// status was lost (not "exited with code 137", the bootstrap's death), and neither the script
+/// nor what it started after `setsid` runs on in the kept container; a marker forged with what
+/// the script can find of the bootstrap's nonce is not taken as the script's end.
+#[test]
+fn docker_a_script_that_kills_its_bootstrap_neither_outlives_nor_forges_its_end() {
+    if super::common::in_own_process() {
+        return;
+    }
+    let (_daemon, docker) = match Dockerd::with_image(IMAGE) {
+        Ok(d) => d,
+        Err(e) => return unavailable(&e),
+    };
+    let rt = runtime();
+    environments::activate(settings(&docker));
+    let escape = "import os, time, signal\nopen('/tmp/k1.pids', 'w').write('%d\\n' % os.getpid())\nif os.fork() == 0:\n    os.setsid(); open('/tmp/k1.pids', 'a').write('%d\\n' % os.getpid()); time.sleep(0.3); os.execvp('sleep', ['sleep', '4902'])\nprint('started', flush=True)\ntime.sleep(0.1); os.kill(os.getppid(), signal.SIGKILL); time.sleep(100)\n";
+    let mut req = request(escape, "task-boot");
+    req.timeout = Duration::from_secs(20);
+    let started = Instant::now();
+    let r = run(&rt, req);
+    assert_ne!(r.status, Status::Success, "{r:?}");
+    assert!(started.elapsed() < Duration::from_secs(15), "{r:?}");
+    let error = r.error.clone().unwrap_or_default();
+    assert!(!error.contains("code 137"), "{r:?}");
+    assert!(error.contains("status was lost"), "{r:?}");
+    let check = "import os\nalive = []\nfor p in open('/tmp/k1.pids').read().split():\n    try:\n        st = open('/proc/%s/stat' % p).read().rsplit(')', 1)[1].split()[0]\n    except OSError:\n        continue\n    if st != 'Z':\n        alive.append(p)\nprint('alive', alive)\n";
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let c = run(&rt, request(check, "task-boot"));
+        if c.output.contains("alive []") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "left running: {c:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_none_left_in(&rt, "task-boot", &["sleep 4902"]);
+
+    // The forgery: every nonce-like thing the bootstrap's globals hold, as an end marker of
+    // success, then the bootstrap killed.
+    let forge = "import os, sys, signal\ng = sys._getframe(1).f_globals\nfound = []\nv = g.get('nonce')\nif isinstance(v, list) and v and isinstance(v[0], bytes):\n    found.append(v[0])\nc = g.get('chunks')\nif isinstance(c, list) and c:\n    found.append(b''.join(c).split(b'\\0')[1])\nd = g.get('data')\nif isinstance(d, bytes):\n    found.append(d.split(b'\\0')[0])\nfor n in found:\n    os.write(2, b'\\0VIBEOS-END ' + n + b' exit 0\\0')\nos.kill(os.getppid(), signal.SIGKILL)\n";
+    let r = run(&rt, request(forge, "task-boot"));
+    assert_ne!(r.status, Status::Success, "a forged end was taken: {r:?}");
+    assert_ne!(r.exit_code, Some(0), "{r:?}");
+    environments::shutdown();
+    environments::activate(BackendSettings::default());
+}

@@ -895,3 +895,61 @@ fn ssh_an_interrupt_while_the_host_does_not_answer_ends_the_run_at_once() {
     assert!(left.is_empty(), "ssh clients left behind: {left:?}");
     drop(silent);
 }
+
+/// A script that SIGKILLs or SIGSTOPs its bootstrap and leaves a `setsid` child holding its
+/// output (finding 2 of stop 54): the timeout still ends it after the grace (it took 24.5 s for
+/// a 10 s timeout), the output printed before is kept, and nothing of it — neither the
+/// escaped `sleep` (it ran on with ppid 1) nor a stopped bootstrap — is left on the host.
+#[test]
+fn ssh_a_script_that_kills_or_stops_its_bootstrap_ends_at_its_timeout() {
+    let _ssh = super::ssh_lock();
+    if super::common::in_own_process() {
+        return;
+    }
+    let sshd = match start_sshd() {
+        Ok(s) => s,
+        Err(e) => return unavailable(&e),
+    };
+    let rt = runtime();
+    environments::activate(ssh_backend(&sshd, sshd.port));
+    for (tag, to_parent) in [
+        ("4903", "os.kill(os.getppid(), signal.SIGKILL)"),
+        ("4904", "os.kill(os.getppid(), signal.SIGSTOP)"),
+    ] {
+        let code = format!(
+            "import os, time, signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nif os.fork() == 0:\n    os.setsid(); time.sleep(0.3); os.execvp('sleep', ['sleep', '{tag}'])\nprint('started', flush=True)\ntime.sleep(0.1); {to_parent}; time.sleep(100)\n"
+        );
+        let mut req = request(&code);
+        req.timeout = Duration::from_secs(4);
+        req.kill_grace = Duration::from_secs(2);
+        let started = Instant::now();
+        let r = run(&rt, req);
+        let took = started.elapsed();
+        assert_eq!(r.status, Status::Timeout, "{tag}: {r:?}");
+        assert!(r.output.contains("started"), "{tag}: output lost: {r:?}");
+        assert!(took < Duration::from_secs(12), "{tag}: took {took:?}");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let ps = remote_processes();
+            let stopped = Command::new("ps")
+                .args(["-u", SSH_USER, "-o", "stat=,args="])
+                .output()
+                .unwrap();
+            let stopped = String::from_utf8_lossy(&stopped.stdout)
+                .lines()
+                .filter(|l| l.starts_with('T'))
+                .map(str::to_string)
+                .collect::<Vec<_>>();
+            if !ps.contains(&format!("sleep {tag}")) && stopped.is_empty() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{tag}: left running: {ps} stopped: {stopped:?}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    environments::shutdown();
+    environments::activate(BackendSettings::default());
+}

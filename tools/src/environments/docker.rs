@@ -772,6 +772,22 @@ impl Environment for DockerEnv {
         ClientProcess::spawn("docker", cmd, Some(self.group_killer(pgid_file)))
     }
 
+    fn fresh_runner(&self) -> Option<super::FreshRun> {
+        // A new `docker exec`: the engine starts it, no process of the container's executions
+        // (a stopped or killed bootstrap) is in the way.
+        let (binary, name) = (self.binary.clone(), self.name.clone());
+        Some(Arc::new(move |argv: &[String]| {
+            let mut args = vec!["exec", name.as_str()];
+            args.extend(argv.iter().map(String::as_str));
+            let out = engine(&binary, &args)?;
+            if out.success() {
+                Ok(())
+            } else {
+                Err(engine_error(&binary, "running a command in the container", &out))
+            }
+        }))
+    }
+
     fn spawn_leader(&self, build: &dyn Fn(Option<&str>) -> ExecSpec) -> Result<Spawned, EnvError> {
         let (spawned, recorded) = self.spawn_leader_once(build)?;
         if recorded || matches!(spawned.process.try_wait(), Ok(None)) {

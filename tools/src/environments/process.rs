@@ -392,6 +392,76 @@ pub fn tree_kill_argv(python: &str, pid: i32, signal: GroupSignal) -> Vec<String
     ]
 }
 
+/// Run over there (by [`scope_sweep_argv`]) with an execution's scope marker and a mode:
+/// SIGKILLs every process that carries the marker — as an argv word (the bootstrap and the
+/// script, a fork of it) or as `VIBEOS_EXECUTION_SCOPE=<marker>` in its environment (what the
+/// script exec'd, even after `setsid` and a double fork) — except itself. With `spare` it
+/// leaves out the marked processes whose parent is neither marked nor init (the bootstrap,
+/// whose parent is sshd or the engine's exec) and sends them SIGCONT instead, so a bootstrap
+/// the script stopped resumes, reaps and reports. It needs nothing of the execution's own
+/// helpers, which the script may have killed or stopped. Repeats until none is left (bounded),
+/// so a script forking while it is killed does not leave a child behind.
+pub const SCOPE_SWEEP: &str = r#"
+import os, sys, time
+m = sys.argv[1].encode()
+spare = sys.argv[2] == "spare"
+env = b"VIBEOS_EXECUTION_SCOPE=" + m
+me = os.getpid()
+def marked():
+    hits, parent = set(), {}
+    for e in os.listdir("/proc"):
+        if not e.isdigit() or int(e) == me:
+            continue
+        p = int(e)
+        try:
+            with open("/proc/%s/stat" % e) as f:
+                st = f.read().rsplit(")", 1)[1].split()
+            if st[0] == "Z":
+                continue
+            parent[p] = int(st[1])
+            with open("/proc/%s/cmdline" % e, "rb") as f:
+                hit = m in f.read().split(b"\0")
+            if not hit:
+                with open("/proc/%s/environ" % e, "rb") as f:
+                    hit = env in f.read().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if hit:
+            hits.add(p)
+    return hits, parent
+deadline = time.monotonic() + 3
+while True:
+    hits, parent = marked()
+    roots = set()
+    if spare:
+        roots = {p for p in hits if parent.get(p) not in hits and parent.get(p) != 1}
+    for p in hits - roots:
+        try:
+            os.kill(p, 9)
+        except OSError:
+            pass
+    for p in roots:
+        try:
+            os.kill(p, 18)
+        except OSError:
+            pass
+    if not hits - roots or time.monotonic() > deadline:
+        break
+    time.sleep(0.01)
+"#;
+
+/// The argv that runs [`SCOPE_SWEEP`] with `python` for the execution marked `scope`: with
+/// `spare_leader` the execution's bootstrap is resumed rather than killed.
+pub fn scope_sweep_argv(python: &str, scope: &str, spare_leader: bool) -> Vec<String> {
+    vec![
+        python.to_string(),
+        "-c".to_string(),
+        SCOPE_SWEEP.to_string(),
+        scope.to_string(),
+        if spare_leader { "spare" } else { "all" }.to_string(),
+    ]
+}
+
 /// The `sh` line that signals the group recorded in `pgid_file` (nothing when it has ended).
 pub fn group_kill(pgid_file: &str, signal: GroupSignal) -> String {
     format!(

@@ -52,10 +52,21 @@ struct Target {
 
 impl Target {
     fn ssh(&self) -> Command {
+        self.ssh_via(true)
+    }
+
+    /// An ssh client over the master (`shared`), or on a connection of its own: a fresh
+    /// `sshd` session that no process of the environment's executions can have stopped (the
+    /// master's session process runs as the script's user).
+    fn ssh_via(&self, shared: bool) -> Command {
         let mut cmd = Command::new("ssh");
         cmd.args(["-o", "BatchMode=yes", "-o", "ConnectTimeout=10"])
             .arg("-o")
-            .arg(format!("ControlPath={}", self.control.display()));
+            .arg(if shared {
+                format!("ControlPath={}", self.control.display())
+            } else {
+                "ControlPath=none".to_string()
+            });
         match &self.known_hosts {
             KnownHosts::Strict => {
                 cmd.args(["-o", "StrictHostKeyChecking=yes"]);
@@ -497,6 +508,26 @@ impl Environment for SshEnv {
             &format!("sh -c {}", shell_quote(&wrapper)),
             Some(self.group_killer(pgid_file)),
         )
+    }
+
+    fn fresh_runner(&self) -> Option<super::FreshRun> {
+        let target = self.target.clone();
+        Some(Arc::new(move |argv: &[String]| {
+            let line = argv
+                .iter()
+                .map(|a| shell_quote(a))
+                .collect::<Vec<_>>()
+                .join(" ");
+            let mut cmd = target.ssh_via(false);
+            // `exec`: the login shell becomes the command, so nothing but it holds the argv.
+            cmd.arg(&target.host).arg("--").arg(format!("exec {line}"));
+            let out = run_client("ssh", &mut cmd, b"", OP_TIMEOUT, "a fresh ssh command")?;
+            if out.success() {
+                Ok(())
+            } else {
+                Err(ssh_error("running a command on a fresh connection", &out))
+            }
+        }))
     }
 
     fn spawn_leader(&self, build: &dyn Fn(Option<&str>) -> ExecSpec) -> Result<Spawned, EnvError> {
