@@ -429,8 +429,7 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
                     // Still running: the bootstrap is dead or will not report. End it all.
                     sweeper.sweep(false).await;
                     swept_all = true;
-                    if let Ok(s) = tokio::time::timeout(Duration::from_secs(2), &mut waiter).await
-                    {
+                    if let Ok(s) = tokio::time::timeout(Duration::from_secs(2), &mut waiter).await {
                         exit_code = s.ok().flatten().flatten();
                     }
                 }
@@ -576,7 +575,10 @@ fn scope_marker(exec_id: &str) -> String {
 
 /// Sends `signal` to the execution's group through the backend, waiting at most 3 s for the
 /// request (it may travel through a helper the script stopped; the sweep is the backstop).
-async fn signal_bounded(process: &Arc<dyn vibeos_tools::environments::Process>, signal: GroupSignal) {
+async fn signal_bounded(
+    process: &Arc<dyn vibeos_tools::environments::Process>,
+    signal: GroupSignal,
+) {
     let p = Arc::clone(process);
     let sent = tokio::task::spawn_blocking(move || p.kill(signal));
     match tokio::time::timeout(Duration::from_secs(3), sent).await {
