@@ -953,3 +953,50 @@ fn ssh_a_script_that_kills_or_stops_its_bootstrap_ends_at_its_timeout() {
     environments::shutdown();
     environments::activate(BackendSettings::default());
 }
+
+/// Starting an environment whose cached agent copy is valid does not read the host's agent
+/// binary (finding 3 of stop 54: every start read all ~144 MB of it, twice in memory). Seen
+/// through its access time: set in the past, with its ctime now, any read moves it (relatime).
+#[test]
+fn ssh_a_valid_cached_agent_is_not_read_again() {
+    let _ssh = super::ssh_lock();
+    if super::common::in_own_process() {
+        return;
+    }
+    let sshd = match start_sshd() {
+        Ok(s) => s,
+        Err(e) => return unavailable(&e),
+    };
+    let host = tempfile::tempdir().unwrap();
+    let agent = host.path().join("vibeos-exec");
+    std::fs::copy(env!("CARGO_BIN_EXE_vibeos-exec"), &agent).unwrap();
+    let start = || {
+        environments::activate(BackendSettings {
+            agent_binary: Some(agent.clone()),
+            ..ssh_backend(&sshd, sshd.port)
+        });
+        let r = agent_call(
+            "atime",
+            "terminal",
+            serde_json::json!({"command": "echo agent-ok"}),
+        );
+        assert_eq!(r["output"], "agent-ok\n", "{r}");
+        environments::shutdown();
+    };
+    start();
+    let touched = Command::new("touch")
+        .args(["-a", "-d", "2 days ago"])
+        .arg(&agent)
+        .status()
+        .unwrap();
+    assert!(touched.success());
+    use std::os::unix::fs::MetadataExt;
+    let before = std::fs::metadata(&agent).unwrap().atime();
+    start();
+    let after = std::fs::metadata(&agent).unwrap().atime();
+    assert_eq!(
+        before, after,
+        "the agent binary was read although its copy was cached"
+    );
+    environments::activate(BackendSettings::default());
+}

@@ -38,7 +38,7 @@ pub use process::{ClientProcess, ExecSpec, GroupSignal, Process, Spawned};
 pub use settings::{BackendKind, BackendSettings, SettingsError};
 pub use site::Site;
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::sync::Arc;
@@ -345,16 +345,28 @@ pub fn collect(
     timeout: Duration,
     what: &str,
 ) -> Result<CommandOutput, EnvError> {
+    let data = std::io::Cursor::new(stdin.to_vec());
+    collect_reading(backend, spawned, Box::new(data), timeout, what)
+}
+
+/// [`collect`] with the input streamed from `stdin` as the process reads it (a large file is
+/// never held in memory whole).
+pub fn collect_reading(
+    backend: &'static str,
+    spawned: Spawned,
+    mut stdin: Box<dyn Read + Send>,
+    timeout: Duration,
+    what: &str,
+) -> Result<CommandOutput, EnvError> {
     let Spawned {
         stdin: input,
         stdout,
         stderr,
         process,
     } = spawned;
-    let data = stdin.to_vec();
     let writer = input.map(|mut w| {
         std::thread::spawn(move || {
-            let _ = w.write_all(&data);
+            let _ = std::io::copy(&mut stdin, &mut w);
         })
     });
     let readers = [stdout, stderr].map(|r| {
@@ -429,10 +441,23 @@ pub fn run_client(
     timeout: Duration,
     what: &str,
 ) -> Result<CommandOutput, EnvError> {
+    let data = std::io::Cursor::new(stdin.to_vec());
+    run_client_reading(backend, cmd, Box::new(data), timeout, what)
+}
+
+/// [`run_client`] with the input streamed from `stdin` (an upload of a large file reads it as
+/// the client takes it, instead of holding it in memory).
+pub fn run_client_reading(
+    backend: &'static str,
+    cmd: &mut Command,
+    stdin: Box<dyn Read + Send>,
+    timeout: Duration,
+    what: &str,
+) -> Result<CommandOutput, EnvError> {
     cmd.process_group(0);
     let spawned =
         process::ClientProcess::spawn(backend, std::mem::replace(cmd, Command::new("true")), None)?;
-    collect(backend, spawned, stdin, timeout, what)
+    collect_reading(backend, spawned, stdin, timeout, what)
 }
 
 /// `s` quoted for a POSIX shell.

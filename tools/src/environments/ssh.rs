@@ -16,8 +16,8 @@ use super::route::Router;
 use super::settings::{BackendSettings, KnownHosts};
 use super::Site;
 use super::{
-    run_client, shell_quote, Channel, ClientProcess, Connections, EnvError, Environment, ExecSpec,
-    Spawned,
+    run_client, run_client_reading, shell_quote, Channel, ClientProcess, Connections, EnvError,
+    Environment, ExecSpec, Spawned,
 };
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
@@ -412,24 +412,35 @@ fn upload_agent(target: &Target, bin: &std::path::Path) -> Result<String, EnvErr
     let size = meta.len();
     let name = format!("\"$HOME\"/.cache/vibeos-exec/agent-{size}-{mtime}");
     // The cached copy's size as its own word (BSD `wc` pads it with blanks).
+    let cached = format!(
+        "if test -x {name}; then s=$(wc -c < {name} 2>/dev/null); test \"$s\" && test $s -eq {size} && exit 0; fi; exit 3"
+    );
+    // First only the check, with no input: the binary (~144 MB) is read only when it must be
+    // sent, and then streamed, never held in memory whole (a valid cache read it all anyway,
+    // twice: ~300 MB of peak RSS per environment start).
+    let mut check = target.ssh();
+    check.arg(&target.host).arg("--").arg(&cached);
+    let out = run_client("ssh", &mut check, b"", OP_TIMEOUT, "agent cache check")?;
+    if out.success() {
+        return Ok(name);
+    }
     let script = format!(
-        "if test -x {name}; then s=$(wc -c < {name} 2>/dev/null); test \"$s\" && test $s -eq {size} && exit 0; fi; \
-         mkdir -p \"$HOME\"/.cache/vibeos-exec && chmod 700 \"$HOME\"/.cache/vibeos-exec || exit; \
+        "mkdir -p \"$HOME\"/.cache/vibeos-exec && chmod 700 \"$HOME\"/.cache/vibeos-exec || exit; \
          t={name}.part.$$; trap 'rm -f \"$t\"' EXIT; \
          cat > \"$t\" || exit; s=$(wc -c < \"$t\"); \
          if test $s -ne {size}; then echo \"the copy there has $s of {size} bytes\" >&2; exit 1; fi; \
          chmod 700 \"$t\" && mv -f \"$t\" {name}"
     );
-    let data = std::fs::read(bin).map_err(|e| EnvError::Agent {
+    let data = std::fs::File::open(bin).map_err(|e| EnvError::Agent {
         backend: "ssh",
         message: format!("cannot read {}: {e}", bin.display()),
     })?;
     let mut cmd = target.ssh();
     cmd.arg(&target.host).arg("--").arg(&script);
-    let out = run_client(
+    let out = run_client_reading(
         "ssh",
         &mut cmd,
-        &data,
+        Box::new(data),
         Duration::from_secs(300),
         "agent upload",
     )?;
