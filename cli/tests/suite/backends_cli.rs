@@ -49,6 +49,14 @@ fn unknown_backend_or_missing_key_exits_2_naming_it() {
     // usage text was the only error).
     sb.write_config("terminal:\n  backend: ssh\n  ssh_host: \"-oProxyCommand=touch /tmp/x\"\n");
     exit_2_naming(&sb, &["run"], "terminal.ssh_host");
+    // An image docker would read as an option of `docker run` (stop 54): refused as a
+    // reference, never passed to the engine (none exists here: had it run, it would be named).
+    for image in ["--privileged", "--volume=/:/host"] {
+        sb.write_config(&format!(
+            "terminal:\n  backend: docker\n  docker_binary: /nonexistent/engine\n  docker_image: \"{image}\"\n"
+        ));
+        exit_2_naming(&sb, &["run"], "terminal.docker_image");
+    }
     sb.write_config("terminal:\n  backend: nonsense\n");
     exit_2_naming(&sb, &["run"], "nonsense");
     // Strict mode in a remote backend is known not to work from the configuration alone: a

@@ -269,6 +269,18 @@ impl DockerEnv {
             what: "start".into(),
             message: "terminal.docker_image is not set".into(),
         })?;
+        // Settings built without the config file's checks (an embedding caller) too: a
+        // leading `-` would be an option of `docker run`, not an image.
+        if !super::settings::image_reference_ok(&image) {
+            return Err(EnvError::Command {
+                backend: "docker",
+                what: "start".into(),
+                message: format!(
+                    "terminal.docker_image `{image}` is not a valid image reference: it must not \
+                     be empty, start with `-` or contain spaces; set it to an image name"
+                ),
+            });
+        }
         if let Some(mb) = settings.container_disk {
             // `--storage-opt size=` needs an xfs data root with project quotas, which an
             // engine cannot be assumed to have: said, not silently dropped.
@@ -783,7 +795,11 @@ impl Environment for DockerEnv {
             if out.success() {
                 Ok(())
             } else {
-                Err(engine_error(&binary, "running a command in the container", &out))
+                Err(engine_error(
+                    &binary,
+                    "running a command in the container",
+                    &out,
+                ))
             }
         }))
     }

@@ -335,6 +335,21 @@ impl BackendSettings {
                 }
             }
         }
+        // `docker run`/`apptainer instance start` would read a leading `-` as an option
+        // (`--privileged`, `--volume=/:/host`): an image reference never starts with one.
+        for (key, value) in [
+            ("terminal.docker_image", &s.docker_image),
+            ("terminal.singularity_image", &s.singularity_image),
+        ] {
+            if let Some(v) = value {
+                if !image_reference_ok(v) {
+                    return Err(bad(
+                        key,
+                        "is not a valid image reference: it must not be empty, start with `-` or contain spaces or control characters",
+                    ));
+                }
+            }
+        }
         if let Some(p) = t.ssh_port {
             let port = u16::try_from(p)
                 .ok()
@@ -483,6 +498,14 @@ fn parse_volume(text: &str) -> Result<Volume, String> {
         container: container.to_string(),
         read_only,
     })
+}
+
+/// Whether `image` can only be read as an image reference by a container CLI: not empty, no
+/// leading `-` (an option), no blanks or control characters.
+pub(crate) fn image_reference_ok(image: &str) -> bool {
+    !image.is_empty()
+        && !image.starts_with('-')
+        && !image.chars().any(|c| c.is_whitespace() || c.is_control())
 }
 
 #[cfg(test)]
