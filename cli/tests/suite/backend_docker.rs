@@ -910,5 +910,45 @@ fn docker_a_script_that_kills_its_bootstrap_neither_outlives_nor_forges_its_end(
     assert_ne!(r.status, Status::Success, "a forged end was taken: {r:?}");
     assert_ne!(r.exit_code, Some(0), "{r:?}");
     environments::shutdown();
+
+    // The engine's connection lost mid-execution (finding 5): a client that exits 255 as the
+    // docker CLI does when its daemon goes away is not "the script exited with code 255".
+    let lost = _daemon.dir.path().join("docker-lost");
+    std::fs::write(
+        &lost,
+        format!(
+            "#!/bin/sh
+if [ \"$1\" = exec ] && [ \"$2\" = -i ]; then
+  exec 3<&0
+  {docker} \"$@\" <&3 3<&- &
+  c=$!
+  exec 3<&-
+  sleep 2
+  kill -9 $c
+  exit 255
+fi
+exec {docker} \"$@\"
+"
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&lost, std::fs::Permissions::from_mode(0o755)).unwrap();
+    environments::activate(settings(&lost.display().to_string()));
+    let r = run(
+        &rt,
+        request(
+            "import time\nprint('started', flush=True)\ntime.sleep(30)\n",
+            "task-lost",
+        ),
+    );
+    let error = r.error.clone().unwrap_or_default();
+    assert_eq!(r.status, Status::Error, "{r:?}");
+    assert!(!error.contains("code 255"), "{r:?}");
+    assert!(
+        error.contains("connection to the docker engine ended"),
+        "{r:?}"
+    );
+    environments::shutdown();
     environments::activate(BackendSettings::default());
 }
