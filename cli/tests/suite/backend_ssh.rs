@@ -983,6 +983,16 @@ fn ssh_a_valid_cached_agent_is_not_read_again() {
         assert_eq!(r["output"], "agent-ok\n", "{r}");
         environments::shutdown();
     };
+    // Peak memory of this process (a fresh one, see `in_own_process`): the upload streams.
+    let peak_kb = || -> u64 {
+        std::fs::read_to_string("/proc/self/status")
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap()
+    };
+    let peak_before = peak_kb();
     start();
     let touched = Command::new("touch")
         .args(["-a", "-d", "2 days ago"])
@@ -997,6 +1007,12 @@ fn ssh_a_valid_cached_agent_is_not_read_again() {
     assert_eq!(
         before, after,
         "the agent binary was read although its copy was cached"
+    );
+    let size_kb = std::fs::metadata(&agent).unwrap().len() / 1024;
+    let grown = peak_kb().saturating_sub(peak_before);
+    assert!(
+        grown < size_kb / 2,
+        "peak memory grew by {grown} kB for a {size_kb} kB agent binary: it was held in memory"
     );
     environments::activate(BackendSettings::default());
 }
