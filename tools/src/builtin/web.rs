@@ -364,9 +364,9 @@ async fn fetch_one(
         Err(e) => return fail(format!("reading the response failed: {}", describe(&e))),
     };
     if status.is_redirection() {
-        // Redirects are followed only for a script without its own network policy; a strict
-        // (project-mode) fetch takes none, since each hop would need the destination check.
-        // Otherwise reqwest hands back a redirect it would not follow: one to another scheme.
+        // A strict script's fetches follow no redirect (each hop would need the destination
+        // check again); others follow up to 5 and hand back only one reqwest would not
+        // follow: to another scheme.
         let target = resp
             .headers()
             .get("location")
@@ -386,8 +386,9 @@ async fn fetch_one(
             )
         } else {
             format!(
-                "HTTP {status}: redirect to {target} not followed: a project-mode script's \
-                 web_extract follows no redirects; fetch the final http(s) URL directly"
+                "HTTP {status}: redirect to {target} not followed: a strict script's \
+                 web_extract follows no redirects (each hop would need the public-host check \
+                 again); fetch the final http(s) URL directly"
             )
         });
     }
