@@ -1140,8 +1140,8 @@ impl reqwest::dns::Resolve for PublicOnlyResolver {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
-#[path = "path_policy/stop54_tests.rs"]
-mod stop54_tests;
+#[path = "path_policy/homes_roots_and_own_files.rs"]
+mod homes_roots_and_own_files;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]

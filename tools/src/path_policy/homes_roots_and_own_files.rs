@@ -1,4 +1,5 @@
-//! Attack tests of stop 54: what a strict script's tool calls tried, and must not get.
+//! Attack tests of what a strict script's tool calls tried against a home, a root inside a git dir
+//! and vibeos-exec's own files (the probe of stop 54), and must not get.
 
 use super::*;
 
