@@ -88,6 +88,16 @@ pub struct DaytonaEnv {
     agent: AgentClient,
 }
 
+/// An answer of the service as it came, at most 300 characters (a body that was not JSON is
+/// kept as a string by [`Api::request`], and shown without JSON quoting).
+fn shown(v: &Value) -> String {
+    let text = match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    text.chars().take(300).collect()
+}
+
 fn gib(mb: Option<u64>) -> Option<u64> {
     mb.map(|m| m.div_ceil(1024).max(1))
 }
@@ -159,12 +169,28 @@ impl Inner {
         let deadline = std::time::Instant::now() + START_TIMEOUT;
         let mut pause = Duration::from_millis(100);
         loop {
-            let id = v
-                .get("id")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string();
-            match v.get("state").and_then(Value::as_str).unwrap_or_default() {
+            // An answer without a sandbox's string id and state (a truncated body, a proxy's
+            // page, another API at DAYTONA_API_URL) is an error now: polling it was unbounded
+            // in practice and reported nothing.
+            let (Some(id), Some(state)) = (
+                v.get("id")
+                    .and_then(Value::as_str)
+                    .filter(|id| !id.is_empty())
+                    .map(str::to_string),
+                v.get("state").and_then(Value::as_str),
+            ) else {
+                return Err(err(
+                    format!("starting sandbox {}", self.name),
+                    format!(
+                        "the service's answer is not a sandbox (it needs a string id and \
+                         state): {}; check DAYTONA_API_URL ({}): it must be the Daytona API \
+                         address, usually ending in /api",
+                        shown(&v),
+                        self.api.creds.api_url
+                    ),
+                ));
+            };
+            match state {
                 "started" => {
                     let proxy = v
                         .get("toolboxProxyUrl")
