@@ -6,13 +6,14 @@
 #   host -> relay: L 0 path    bind the script's UNIX socket at path (its dir made 0700)
 #                  B 0 json    start {"argv": [...], "stdin": base64} in a new session
 #                  D n data    bytes for connection n        C n   close connection n
-#                  K 0 name    signal the child's process group (TERM, KILL, INT)
+#                  K 0 name    signal the child's process group (TERM, KILL, INT); KILL spares
+#                              the child itself (the bootstrap: it reaps, sweeps and reports)
 #   relay -> host: R 0         listening                      O n   a client connected
 #                  D n data    bytes from connection n        C n   connection n closed
 #                  1 0 data    child stdout                   2 0 data  child stderr
 #                  X 0 code    child exited (-N: signal N)    E 0 text  relay error
 #                  P 0 "c r"   the child started with pid c (the relay's own pid is r)
-# EOF on stdin means the host is gone: the child's group is killed. After X the relay removes
+# EOF on stdin means the host is gone: the child's whole group is killed. After X the relay removes
 # its socket and exits by itself, so the exec ends without a host round trip.
 import base64, json, os, signal, socket, subprocess, sys, threading
 
@@ -139,11 +140,44 @@ def boot(spec):
     threading.Thread(target=wait, daemon=True).start()
 
 
-def killgroup(name):
+def spare_leader():
+    # The host's KILL is for the script, not the bootstrap (our child, the group's leader): it
+    # shares the script's group, and killed with it nothing would reap the script, sweep what it
+    # started in sessions of its own (a TERM-ignoring script's setsid'd child ran on under
+    # init) or report its end. So every other member is killed and the leader resumed (the
+    # script may have stopped it); False when /proc cannot be read.
+    child = state["child"]
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return False
+    for e in entries:
+        if not e.isdigit() or int(e) == child.pid:
+            continue
+        try:
+            with open("/proc/%s/stat" % e) as f:
+                pgrp = int(f.read().rsplit(")", 1)[1].split()[2])
+        except (OSError, IndexError, ValueError):
+            continue
+        if pgrp == child.pid:
+            try:
+                os.kill(int(e), signal.SIGKILL)
+            except OSError:
+                pass
+    try:
+        os.kill(child.pid, signal.SIGCONT)
+    except OSError:
+        pass
+    return True
+
+
+def killgroup(name, spare=False):
     child = state["child"]
     if child is None or child.poll() is not None:
         return
     sig = getattr(signal, "SIG" + name, signal.SIGKILL)
+    if spare and sig == signal.SIGKILL and spare_leader():
+        return
     try:
         os.killpg(child.pid, sig)
     except OSError:
@@ -186,7 +220,7 @@ def main():
             elif tag == b"B":
                 boot(data)
             elif tag == b"K":
-                killgroup(data.decode())
+                killgroup(data.decode(), spare=True)
         except Exception as e:  # a bad frame is reported, never silently dropped
             send(b"E", 0, ("%s frame: %s" % (tag.decode("ascii", "replace"), e)).encode())
     killgroup("KILL")

@@ -218,6 +218,26 @@ async fn a_signal_frame_kills_the_whole_group_and_stdin_eof_kills_too() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_frame_spares_the_child_so_it_reaps_and_reports() {
+    // The child stands for the bootstrap: it forks the "script" into its own group, and only
+    // if it survives the host's KILL can it reap the script and report. It used to be killed
+    // with the script (code -9), leaving what the script had started in other sessions.
+    let mut sb = start().await;
+    let leader = "import os, sys, time\npid = os.fork()\nif pid == 0:\n    time.sleep(300)\n    os._exit(0)\nprint(pid, flush=True)\n_, st = os.waitpid(pid, 0)\nprint('reaped', os.WTERMSIG(st), flush=True)\nsys.exit(7)";
+    sb.relay.boot(&py(leader), b"");
+    let RelayEvent::Stdout(pid) = next(&mut sb.events).await else {
+        panic!("expected the script's pid");
+    };
+    let pid: i32 = String::from_utf8_lossy(&pid).trim().parse().unwrap();
+    assert!(alive(pid));
+    sb.relay.signal("KILL");
+    let (out, _, code) = run_to_exit(&mut sb.events).await;
+    assert!(out.contains("reaped 9"), "{out:?}");
+    assert_eq!(code, 7, "the leader survived and exited by itself");
+    assert!(!alive(pid));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_frames_get_an_error_reply_on_both_sides() {
     let mut sb = start().await;
     // A boot frame without argv: the relay answers with an error frame, never silence.
