@@ -397,14 +397,11 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
         _ = r.interrupt.cancelled() => Ending::Interrupted,
     };
     // The host's own sweep of every process marked with the execution's scope, run as a
-    // fresh process (not through the bootstrap or the master, which the script may have
-    // killed or stopped). Not through the relay, which has its own backstop.
+    // fresh process (not through the bootstrap, the master or the relay, which the script may
+    // have killed or stopped). Through the relay too: its exec is one more process the script
+    // can stop, and a TERM-ignoring script's setsid'd child outlived the relay's group kill.
     let sweeper = Sweeper {
-        fresh: if r.env.relayed() {
-            None
-        } else {
-            r.env.fresh_runner()
-        },
+        fresh: r.env.fresh_runner(),
         python: python.clone(),
         scope,
     };

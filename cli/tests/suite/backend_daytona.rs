@@ -11,8 +11,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use super::common::{
-    backend, hanging_script, host_dirs_of, python_output, request_from, run, run_interrupted_after,
-    run_into_timeout, runtime, spawn_host, HOST_ENV,
+    backend, hanging_script, host_dirs_of, ignore_term_with_setsid_child, python_output,
+    request_from, run, run_interrupted_after, run_into_timeout, runtime, spawn_host, HOST_ENV,
 };
 use std::time::{Duration, Instant};
 use vibeos_supervisor::{ExecutionRequest, Status};
@@ -146,6 +146,27 @@ print("keyhits:", hits)
         "left behind: {procs}"
     );
     assert_eq!(lab.sandboxes().len(), 1, "the sandbox survives a timeout");
+
+    // A script that ignores SIGTERM and started a setsid'd child: the timeout's SIGKILL used
+    // to kill the bootstrap with the script (they share the relay's group), so nothing reaped
+    // or swept, the child ran on under init, and the end took ~3 s more than timeout + grace.
+    let started = Instant::now();
+    let r = run_into_timeout(
+        &rt,
+        request(&ignore_term_with_setsid_child("4001"), "task-a"),
+        Duration::from_secs(3),
+        Duration::from_secs(30),
+    );
+    // timeout 3 s + grace 1 s, plus the stand-in's latency.
+    assert!(
+        started.elapsed() < Duration::from_secs(7),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(!r.output.contains("stream ended"), "{r:?}");
+    std::thread::sleep(Duration::from_millis(500));
+    let procs = ps(&lab);
+    assert!(!procs.contains("sleep 4001"), "left behind: {procs}");
 
     // Interrupt: the same.
     let r = run_interrupted_after(

@@ -12,8 +12,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use super::common::{
-    backend, hanging_script, host_dirs_of, python_output, request_from, run, run_interrupted_after,
-    run_into_timeout, runtime, spawn_host, HOST_ENV,
+    backend, hanging_script, host_dirs_of, ignore_term_with_setsid_child, python_output,
+    request_from, run, run_interrupted_after, run_into_timeout, runtime, spawn_host, HOST_ENV,
 };
 use serde_json::{json, Map, Value};
 use std::time::{Duration, Instant};
@@ -244,6 +244,25 @@ print("env:", json.dumps(dict(os.environ)))
     assert_eq!(r.status, Status::Interrupted, "{r:?}");
     let ps = processes("task-a");
     assert!(!ps.contains("sleep 5252"), "left behind: {ps}");
+    // A script that ignores SIGTERM, with a setsid'd child, cancelled: the relay's KILL used
+    // to take the bootstrap with the script, so the child ran on under init and the end
+    // waited for the backstop ("the relay's stream ended before the script exited").
+    let started = Instant::now();
+    let r = run_interrupted_after(
+        &rt,
+        request(&ignore_term_with_setsid_child("5353"), "task-a"),
+        Duration::from_secs(3),
+    );
+    assert_eq!(r.status, Status::Interrupted, "{r:?}");
+    // 3 s, the 1 s grace, and the stand-in's latency.
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(!r.output.contains("stream ended"), "{r:?}");
+    let ps = processes("task-a");
+    assert!(!ps.contains("sleep 5353"), "left behind: {ps}");
     assert_eq!(lab.sandboxes(), before_scripts, "the sandbox must survive");
 
     // A timeout kills the command and what it started, in the sandbox; the sandbox stays.

@@ -76,6 +76,20 @@ pub(crate) fn run_into_timeout(
     r
 }
 
+/// A script that ignores SIGTERM itself and starts `sleep <tag>` in a session of its own (with
+/// the default SIGTERM back), prints "started" and hangs: only the SIGKILL escalation and a
+/// sweep beyond the script's group end both.
+pub(crate) fn ignore_term_with_setsid_child(tag: &str) -> String {
+    format!(
+        "import signal, subprocess, time\n\
+         signal.signal(signal.SIGTERM, signal.SIG_IGN)\n\
+         subprocess.Popen(['setsid', 'sleep', '{tag}'], \
+         preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))\n\
+         print('started', flush=True)\n\
+         time.sleep(100)\n"
+    )
+}
+
 /// Runs `req` and interrupts it `after` it started (as a host's cancel would), with a kill
 /// grace of one second.
 pub(crate) fn run_interrupted_after(
