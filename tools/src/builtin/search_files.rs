@@ -43,31 +43,52 @@ const MAX_LIMIT: i64 = 1000;
 /// DFA cache only bounds what is kept, not what a search can find (the engine falls back when
 /// it fills). docs/strict-mode.md has the measurements.
 const REGEX_SIZE_LIMIT: usize = 8 << 20;
-/// Most searches that run at once in this process; further calls wait for a slot. Each one
+/// Most searches one execution runs at once; its further calls wait for a slot. Each one
 /// holds a compiled regex (up to [`REGEX_SIZE_LIMIT`] twice over) and a walker's threads, and
-/// a script with 40 threads calling search_files at once took a supervisor to 1.87 GB.
+/// a script with 40 threads calling search_files at once took a supervisor to 1.87 GB. The
+/// slots are an execution's own (the agent's direct calls share one set): a process-wide set
+/// let one script's slow searches make every other execution's wait.
 const MAX_CONCURRENT_SEARCHES: usize = 4;
 
-/// The count of searches running now ([`MAX_CONCURRENT_SEARCHES`] at most) and its wake-up.
-static RUNNING: (std::sync::Mutex<usize>, std::sync::Condvar) =
-    (std::sync::Mutex::new(0), std::sync::Condvar::new());
+/// The searches running now per execution (keyed by [`scope_key`]; no entry: none) and the
+/// wake-up of those waiting for a slot.
+static RUNNING: (std::sync::Mutex<Vec<(usize, usize)>>, std::sync::Condvar) =
+    (std::sync::Mutex::new(Vec::new()), std::sync::Condvar::new());
+
+/// Which execution a call belongs to, for its slots: the address of its environment, which
+/// stays one execution's while the call holds it (`0`: an agent's direct call).
+fn scope_key(ctx: &ToolContext) -> usize {
+    ctx.env
+        .as_ref()
+        .map_or(0, |env| std::sync::Arc::as_ptr(env) as usize)
+}
 
 /// The most searches seen running at once (tests only: the bound's witness).
 #[cfg(test)]
 static PEAK_RUNNING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// One of the [`MAX_CONCURRENT_SEARCHES`] slots, given back when dropped.
-struct SearchSlot;
+/// One of an execution's [`MAX_CONCURRENT_SEARCHES`] slots, given back when dropped.
+struct SearchSlot {
+    key: usize,
+}
+
+/// How many searches the execution `key` runs now, in `running`.
+fn running_of(running: &[(usize, usize)], key: usize) -> usize {
+    running
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map_or(0, |(_, n)| *n)
+}
 
 impl SearchSlot {
-    /// Waits for a free slot; gives up (`None`) when the call's execution ends first, so a
-    /// call nobody waits for does not take a slot from a live one.
-    fn acquire(ended: &crate::call_scope::EndedFlag) -> Option<SearchSlot> {
+    /// Waits for a free slot of the execution `key`; gives up (`None`) when the call's
+    /// execution ends first, so a call nobody waits for does not take a slot from a live one.
+    fn acquire(key: usize, ended: &crate::call_scope::EndedFlag) -> Option<SearchSlot> {
         let (count, freed) = &RUNNING;
-        // A poisoned lock only means a search panicked while counting; the count is still
-        // whole (it is changed in one statement), so the guard is taken back.
+        // A poisoned lock only means a search panicked while counting; the counts are still
+        // whole (each is changed in one statement), so the guard is taken back.
         let mut running = count.lock().unwrap_or_else(|p| p.into_inner());
-        while *running >= MAX_CONCURRENT_SEARCHES {
+        while running_of(&running, key) >= MAX_CONCURRENT_SEARCHES {
             if ended.is_set() {
                 return None;
             }
@@ -76,10 +97,16 @@ impl SearchSlot {
                 .map(|(guard, _)| guard)
                 .unwrap_or_else(|p| p.into_inner().0);
         }
-        *running += 1;
+        match running.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, n)) => *n += 1,
+            None => running.push((key, 1)),
+        }
         #[cfg(test)]
-        PEAK_RUNNING.fetch_max(*running, std::sync::atomic::Ordering::SeqCst);
-        Some(SearchSlot)
+        PEAK_RUNNING.fetch_max(
+            running_of(&running, key),
+            std::sync::atomic::Ordering::SeqCst,
+        );
+        Some(SearchSlot { key })
     }
 }
 
@@ -87,8 +114,12 @@ impl Drop for SearchSlot {
     fn drop(&mut self) {
         let (count, freed) = &RUNNING;
         let mut running = count.lock().unwrap_or_else(|p| p.into_inner());
-        *running = running.saturating_sub(1);
-        freed.notify_one();
+        if let Some((_, n)) = running.iter_mut().find(|(k, _)| *k == self.key) {
+            *n = n.saturating_sub(1);
+        }
+        running.retain(|(_, n)| *n > 0);
+        // Every waiter: the one woken must be of this execution to take the slot.
+        freed.notify_all();
     }
 }
 
@@ -516,7 +547,7 @@ fn search_files(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
     };
     let abandoned = || crate::call_scope::abandoned("search_files");
     // Held until the reply is built: the regex, the walk and the counts are what it bounds.
-    let Some(_slot) = SearchSlot::acquire(&walk.ended) else {
+    let Some(_slot) = SearchSlot::acquire(scope_key(ctx), &walk.ended) else {
         return Err(abandoned());
     };
     let page = |total: u64, shown: usize| {
@@ -697,6 +728,41 @@ mod tests {
         assert!(
             err.is_err(),
             "a line three times the cap was searched whole"
+        );
+    }
+
+    /// One execution holding all its search slots does not hold another's: a process-wide
+    /// set let one script's slow searches make every other execution's wait.
+    #[test]
+    fn search_slots_are_each_executions_own() {
+        let (first, second) = (usize::MAX - 1, usize::MAX - 2);
+        let never = crate::call_scope::EndedFlag::default();
+        let held: Vec<SearchSlot> = (0..MAX_CONCURRENT_SEARCHES)
+            .map(|_| SearchSlot::acquire(first, &never).unwrap())
+            .collect();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let slot = SearchSlot::acquire(second, &crate::call_scope::EndedFlag::default());
+            let _ = tx.send(slot.is_some());
+        });
+        assert_eq!(
+            rx.recv_timeout(std::time::Duration::from_secs(10)),
+            Ok(true),
+            "another execution waited for the first one's slots"
+        );
+        // The first execution's next search waits until one of its own ends.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let slot = SearchSlot::acquire(first, &crate::call_scope::EndedFlag::default());
+            let _ = tx.send(slot.is_some());
+        });
+        assert!(rx
+            .recv_timeout(std::time::Duration::from_millis(500))
+            .is_err());
+        drop(held);
+        assert_eq!(
+            rx.recv_timeout(std::time::Duration::from_secs(10)),
+            Ok(true)
         );
     }
 
