@@ -691,11 +691,7 @@ impl Environment for DaytonaEnv {
         // executions is in the way.
         let inner = Arc::clone(&self.inner);
         Some(Arc::new(move |argv: &[String]| {
-            let line = argv
-                .iter()
-                .map(|a| shell_quote(a))
-                .collect::<Vec<_>>()
-                .join(" ");
+            let line = super::process::shell_line(argv);
             inner.execute(&line, Duration::from_secs(30)).map(|_| ())
         }))
     }

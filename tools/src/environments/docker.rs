@@ -711,16 +711,27 @@ impl DockerEnv {
     fn group_killer(&self, pgid_file: String) -> super::process::RemoteKill {
         let (binary, name) = (self.binary.clone(), self.name.clone());
         Box::new(move |signal| {
-            let out = engine(
+            let script = group_kill(&pgid_file, signal);
+            exec_in_container(
                 &binary,
-                &["exec", &name, "sh", "-c", &group_kill(&pgid_file, signal)],
-            )?;
-            if out.success() {
-                Ok(())
-            } else {
-                Err(engine_error(&binary, "killing a process group", &out))
-            }
+                &name,
+                &["sh", "-c", &script],
+                "killing a process group",
+            )
         })
+    }
+}
+
+/// Runs `argv` to completion in container `name` as a new `docker exec`, the engine's failure
+/// or a nonzero exit named as the failure of `what`.
+fn exec_in_container(binary: &str, name: &str, argv: &[&str], what: &str) -> Result<(), EnvError> {
+    let mut args = vec!["exec", name];
+    args.extend_from_slice(argv);
+    let out = engine(binary, &args)?;
+    if out.success() {
+        Ok(())
+    } else {
+        Err(engine_error(binary, what, &out))
     }
 }
 
@@ -745,19 +756,9 @@ impl DockerEnv {
             let Some(pid) = leader.get() else {
                 return by_file(signal);
             };
-            let mut args = vec!["exec".to_string(), name.clone()];
-            args.extend(tree_kill_argv(&python, *pid, signal));
-            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-            let out = engine(&binary, &refs)?;
-            if out.success() {
-                Ok(())
-            } else {
-                Err(engine_error(
-                    &binary,
-                    "killing an execution's processes",
-                    &out,
-                ))
-            }
+            let argv = tree_kill_argv(&python, *pid, signal);
+            let refs: Vec<&str> = argv.iter().map(String::as_str).collect();
+            exec_in_container(&binary, &name, &refs, "killing an execution's processes")
         })
     }
 }
@@ -789,18 +790,8 @@ impl Environment for DockerEnv {
         // (a stopped or killed bootstrap) is in the way.
         let (binary, name) = (self.binary.clone(), self.name.clone());
         Some(Arc::new(move |argv: &[String]| {
-            let mut args = vec!["exec", name.as_str()];
-            args.extend(argv.iter().map(String::as_str));
-            let out = engine(&binary, &args)?;
-            if out.success() {
-                Ok(())
-            } else {
-                Err(engine_error(
-                    &binary,
-                    "running a command in the container",
-                    &out,
-                ))
-            }
+            let refs: Vec<&str> = argv.iter().map(String::as_str).collect();
+            exec_in_container(&binary, &name, &refs, "running a command in the container")
         }))
     }
 

@@ -312,8 +312,16 @@ fn command_words(spec: &ExecSpec) -> String {
                 .map(|(k, v)| shell_quote(&format!("{k}={v}"))),
         );
     }
-    words.extend(spec.argv.iter().map(|a| shell_quote(a)));
+    words.push(shell_line(&spec.argv));
     words.join(" ")
+}
+
+/// `argv` as one `sh` command line: each word quoted, nothing expanded.
+pub fn shell_line(argv: &[String]) -> String {
+    argv.iter()
+        .map(|a| shell_quote(a))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// `cd DIR; ` for `spec`'s working dir (exit 125 naming it when it is missing), or nothing.

@@ -524,11 +524,7 @@ impl Environment for SshEnv {
     fn fresh_runner(&self) -> Option<super::FreshRun> {
         let target = self.target.clone();
         Some(Arc::new(move |argv: &[String]| {
-            let line = argv
-                .iter()
-                .map(|a| shell_quote(a))
-                .collect::<Vec<_>>()
-                .join(" ");
+            let line = super::process::shell_line(argv);
             let mut cmd = target.ssh_via(false);
             // `exec`: the login shell becomes the command, so nothing but it holds the argv.
             cmd.arg(&target.host).arg("--").arg(format!("exec {line}"));
