@@ -11,7 +11,7 @@
 use super::common::{backend, processes_in, ssh_backend};
 use std::io::{BufRead, BufReader, Write};
 use std::time::{Duration, Instant};
-use vibeos_testkit::backends::{start_sshd, unavailable, Dockerd};
+use vibeos_testkit::backends::{unavailable, Dockerd};
 use vibeos_testkit::daytona::DaytonaLab;
 use vibeos_tools::environments::{
     self, BackendKind, BackendSettings, EnvError, Environment, ExecSpec, GroupSignal,
@@ -170,10 +170,8 @@ fn local_environment_contract() {
 #[test]
 fn ssh_environment_contract() {
     // Every sshd the suite starts points the one test user's home at its own dir: take turns.
-    let _ssh = super::ssh_lock();
-    let sshd = match start_sshd() {
-        Ok(s) => s,
-        Err(e) => return unavailable(&e),
+    let Some((_ssh, sshd)) = super::ssh_turn(false) else {
+        return;
     };
     let env = environments::start(&ssh_backend(&sshd, sshd.port), "contract").unwrap();
     assert_eq!(env.backend(), "ssh");
@@ -232,10 +230,8 @@ fn daytona_environment_contract() {
 /// outlives the test (it would make every later sshd's usermod fail, on the whole machine).
 #[test]
 fn an_ssh_environment_that_was_never_stopped_ends_with_its_sshd() {
-    let _ssh = super::ssh_lock();
-    let sshd = match start_sshd() {
-        Ok(s) => s,
-        Err(e) => return unavailable(&e),
+    let Some((_ssh, sshd)) = super::ssh_turn(false) else {
+        return;
     };
     let dir = sshd.dir.path().display().to_string();
     let dirs_before = ssh_env_dirs();

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 use vibeos_supervisor::{ExecutionRequest, Status};
-use vibeos_testkit::backends::{start_sshd, unavailable, Sshd, SSH_USER};
+use vibeos_testkit::backends::{unavailable, Sshd, SSH_USER};
 use vibeos_tools::environments::{self, BackendSettings};
 
 fn request(code: &str) -> ExecutionRequest {
@@ -51,13 +51,8 @@ fn remote_processes() -> String {
 
 #[test]
 fn ssh_backend_end_to_end() {
-    let _ssh = super::ssh_lock();
-    if super::common::in_own_process() {
+    let Some((_ssh, sshd)) = super::ssh_turn(true) else {
         return;
-    }
-    let sshd = match start_sshd() {
-        Ok(s) => s,
-        Err(e) => return unavailable(&e),
     };
     let rt = runtime();
     environments::activate(ssh_backend(&sshd, sshd.port));
@@ -286,13 +281,8 @@ fn assert_none_left(tags: &[&str]) {
 /// `~/.bashrc` that prints does not break anything.
 #[test]
 fn ssh_executions_end_like_local_ones() {
-    let _ssh = super::ssh_lock();
-    if super::common::in_own_process() {
+    let Some((_ssh, sshd)) = super::ssh_turn(true) else {
         return;
-    }
-    let sshd = match start_sshd() {
-        Ok(s) => s,
-        Err(e) => return unavailable(&e),
     };
     let _bash = match BashLogin::set() {
         Ok(b) => b,
@@ -686,13 +676,8 @@ fn tags(tag: &str) -> Vec<String> {
 /// the agent only ended its background registry.
 #[test]
 fn ssh_what_direct_commands_leave_running_ends_with_the_environment() {
-    let _ssh = super::ssh_lock();
-    if super::common::in_own_process() {
+    let Some((_ssh, sshd)) = super::ssh_turn(true) else {
         return;
-    }
-    let sshd = match start_sshd() {
-        Ok(s) => s,
-        Err(e) => return unavailable(&e),
     };
 
     // Stopped at host exit.
@@ -795,13 +780,8 @@ fn ssh_what_direct_commands_leave_running_ends_with_the_environment() {
 /// was trusted by its name alone. It is uploaded again, to a temp name renamed into place.
 #[test]
 fn ssh_a_damaged_cached_agent_is_uploaded_again() {
-    let _ssh = super::ssh_lock();
-    if super::common::in_own_process() {
+    let Some((_ssh, sshd)) = super::ssh_turn(true) else {
         return;
-    }
-    let sshd = match start_sshd() {
-        Ok(s) => s,
-        Err(e) => return unavailable(&e),
     };
     let cache = sshd.dir.path().join("home/.cache/vibeos-exec");
     let size = std::fs::metadata(env!("CARGO_BIN_EXE_vibeos-exec"))
@@ -902,13 +882,8 @@ fn ssh_an_interrupt_while_the_host_does_not_answer_ends_the_run_at_once() {
 /// escaped `sleep` (it ran on with ppid 1) nor a stopped bootstrap — is left on the host.
 #[test]
 fn ssh_a_script_that_kills_or_stops_its_bootstrap_ends_at_its_timeout() {
-    let _ssh = super::ssh_lock();
-    if super::common::in_own_process() {
+    let Some((_ssh, sshd)) = super::ssh_turn(true) else {
         return;
-    }
-    let sshd = match start_sshd() {
-        Ok(s) => s,
-        Err(e) => return unavailable(&e),
     };
     let rt = runtime();
     environments::activate(ssh_backend(&sshd, sshd.port));
@@ -959,13 +934,8 @@ fn ssh_a_script_that_kills_or_stops_its_bootstrap_ends_at_its_timeout() {
 /// through its access time: set in the past, with its ctime now, any read moves it (relatime).
 #[test]
 fn ssh_a_valid_cached_agent_is_not_read_again() {
-    let _ssh = super::ssh_lock();
-    if super::common::in_own_process() {
+    let Some((_ssh, sshd)) = super::ssh_turn(true) else {
         return;
-    }
-    let sshd = match start_sshd() {
-        Ok(s) => s,
-        Err(e) => return unavailable(&e),
     };
     let host = tempfile::tempdir().unwrap();
     let agent = host.path().join("vibeos-exec");

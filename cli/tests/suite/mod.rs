@@ -41,3 +41,26 @@ pub(crate) fn ssh_lock() -> std::sync::MutexGuard<'static, ()> {
     // A test that failed while holding it leaves nothing behind that the next one relies on.
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+/// How an ssh test starts: its turn with the test user ([`ssh_lock`]), then (in a process of its
+/// own when `own_process`, see [`common::in_own_process`]) a fresh sshd. `None` when the test has
+/// nothing left to do: this is the parent and the test ran in its child, or sshd cannot start
+/// here (recorded as a skip, a failure with `CI=true`).
+pub(crate) fn ssh_turn(
+    own_process: bool,
+) -> Option<(
+    std::sync::MutexGuard<'static, ()>,
+    vibeos_testkit::backends::Sshd,
+)> {
+    let turn = ssh_lock();
+    if own_process && common::in_own_process() {
+        return None;
+    }
+    match vibeos_testkit::backends::start_sshd() {
+        Ok(sshd) => Some((turn, sshd)),
+        Err(why) => {
+            vibeos_testkit::backends::unavailable(&why);
+            None
+        }
+    }
+}

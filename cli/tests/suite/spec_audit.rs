@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use serde_json::Value;
-use vibeos_testkit::backends::{start_sshd, unavailable, Dockerd, SSH_USER};
+use vibeos_testkit::backends::{unavailable, Dockerd, SSH_USER};
 use vibeos_testkit::Sandbox;
 
 /// The script's printed JSON.
@@ -62,10 +62,8 @@ fn closed_connections_never_block_the_next_call_in_docker() {
 fn ssh_backend_works_below_a_long_tmpdir() {
     // The ControlMaster's socket lived in $TMPDIR: below a long one, every ssh run failed with
     // "unix_listener: path ... too long for Unix domain socket".
-    let _ssh = super::ssh_lock();
-    let sshd = match start_sshd() {
-        Ok(s) => s,
-        Err(why) => return unavailable(&why),
+    let Some((_ssh, sshd)) = super::ssh_turn(false) else {
+        return;
     };
     let mut sb = Sandbox::new();
     let long = sb
