@@ -84,7 +84,10 @@ fn runs_outside_later(root: &Path, rel: &Path, by_content: bool) -> Option<&'sta
         return Some(PRODUCT_FILES);
     }
     let file = names.last()?.to_ascii_lowercase();
-    if names.iter().any(|n| python_startup_module(n)) || file.ends_with(".pth") {
+    if names.iter().any(|n| python_startup_module(n))
+        || file.ends_with(".pth")
+        || shadows_an_interpreter_startup_module(&names)
+    {
         return Some(
             "Python runs it at the start of interpreters that have its directory on their path",
         );
@@ -289,6 +292,59 @@ fn python_startup_module(name: &str) -> bool {
             || [".py", ".pyc", ".pyw", ".so"]
                 .iter()
                 .any(|s| name.ends_with(s)))
+}
+
+/// Modules an interpreter imports from its path as it starts, before any line of a script:
+/// what CPython 3.8–3.13 import at start-up without being frozen or built in (`encodings` in
+/// every version; `os`, `io`, `site` and their like up to 3.10), and the modules that `.pth`
+/// lines of common installations import (setuptools' `_distutils_hack`, virtualenv's
+/// `_virtualenv`). Project mode puts the session dir on `PYTHONPATH`, ahead of the standard
+/// library, so one of these planted at its top ran in every later project-mode interpreter
+/// there, whatever the script (stop 55).
+const INTERPRETER_STARTUP_MODULES: [&str; 17] = [
+    "encodings",
+    "codecs",
+    "io",
+    "abc",
+    "site",
+    "os",
+    "stat",
+    "posixpath",
+    "genericpath",
+    "ntpath",
+    "_collections_abc",
+    "_sitebuiltins",
+    "_bootlocale",
+    "linecache",
+    "zipimport",
+    "_distutils_hack",
+    "_virtualenv",
+];
+
+/// Whether `names` (a path below a root) makes the root provide one of the
+/// [`INTERPRETER_STARTUP_MODULES`] (or a `__editable__` finder, which editable installs' `.pth`
+/// lines import): a module file directly in the root (`encodings.py`, `.pyc`, `.so`) or a
+/// regular package's `__init__` (`encodings/__init__.py`). Only the root's top counts (that is
+/// the `PYTHONPATH` entry), and only what the import system would take for the module: a
+/// plain directory `site/` or a file `os.txt` shadows nothing and stays writable.
+fn shadows_an_interpreter_startup_module(names: &[&str]) -> bool {
+    let module_file = |name: &str, stem_ok: &dyn Fn(&str) -> bool| {
+        let name = name.to_ascii_lowercase();
+        name.split_once('.').is_some_and(|(stem, _)| stem_ok(stem))
+            && [".py", ".pyc", ".pyw", ".so"]
+                .iter()
+                .any(|s| name.ends_with(s))
+    };
+    let startup = |stem: &str| {
+        INTERPRETER_STARTUP_MODULES.contains(&stem) || stem.starts_with("__editable__")
+    };
+    match names {
+        [file] => module_file(file, &startup),
+        [package, init] => {
+            startup(&package.to_ascii_lowercase()) && module_file(init, &|s| s == "__init__")
+        }
+        _ => false,
+    }
 }
 
 /// What a root lets the tools do.

@@ -812,6 +812,42 @@ fn code_that_runs_outside_later_cannot_be_planted_in_the_project_through_the_too
     }
 }
 
+/// A module the interpreter imports as it starts (`encodings`), planted at the top of the
+/// project dir, which project mode puts on `PYTHONPATH`: it ran in the next project-mode run
+/// there, whatever that run's script (stop 55).
+#[test]
+fn interpreter_startup_modules_cannot_be_planted_in_the_project_through_the_tools() {
+    require_strict!();
+    let r = range();
+    let marker = r.outside.join("startup-module-ran");
+    let attempts = r.contained(&r.attack(
+        "tools_plant_startup_modules",
+        json!({"marker": marker}),
+        &[],
+    ));
+    assert_eq!(attempts.len(), 8, "{attempts:?}");
+    all_refused_for(&attempts, "run code");
+    for planted in [
+        "encodings",
+        "encodings.py",
+        "os.py",
+        "_distutils_hack",
+        "site.py",
+    ] {
+        assert!(!r.sb.work().join(planted).exists(), "{planted} was written");
+    }
+    for lookalike in ["site/index.html", "src/os.py", "encodings.txt"] {
+        assert!(
+            r.sb.work().join(lookalike).exists(),
+            "{lookalike} was refused"
+        );
+    }
+    // The next project-mode interpreter in that dir starts as it would have.
+    let next = r.sb.run_json("print('hello')", &["--mode", "project"]);
+    assert_eq!(next["status"], "success", "{next}");
+    assert!(!marker.exists(), "a planted start-up module ran");
+}
+
 #[test]
 fn vibeos_config_and_plugins_cannot_be_planted_through_the_tools() {
     require_strict!();
