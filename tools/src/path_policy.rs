@@ -1084,6 +1084,12 @@ pub fn public_destination(url: &str) -> Result<(), String> {
         .filter(|h| !h.is_empty())
         .ok_or("the URL has no host")?
         .to_string();
+    // `localhost`, `localhost.` and any `*.localhost` name loopback (RFC 6761) however the
+    // resolver would answer; refused before any lookup, so the name never reaches DNS (a
+    // trailing dot skips /etc/hosts and asks the network).
+    if names_loopback(&host) {
+        return Err(loopback_name(&host));
+    }
     let literal = host
         .trim_start_matches('[')
         .trim_end_matches(']')
@@ -1105,6 +1111,20 @@ pub fn public_destination(url: &str) -> Result<(), String> {
         None if addrs.is_empty() => Err(format!("{host} has no address")),
         None => Ok(()),
     }
+}
+
+/// Whether `host` is `localhost` or a name beneath it, in any case and with or without the
+/// trailing dot of a fully qualified name: RFC 6761 reserves them all for loopback.
+pub fn names_loopback(host: &str) -> bool {
+    let name = host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase();
+    name == "localhost" || name.ends_with(".localhost")
+}
+
+fn loopback_name(host: &str) -> String {
+    format!(
+        "{host} names the loopback interface (localhost); a strict-mode script may only fetch \
+         public hosts"
+    )
 }
 
 /// Whether `ip` is a public unicast address: not loopback, private, link-local, shared
@@ -1175,6 +1195,9 @@ impl reqwest::dns::Resolve for PublicOnlyResolver {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
         let host = name.as_str().to_string();
         Box::pin(async move {
+            if names_loopback(&host) {
+                return Err(loopback_name(&host).into());
+            }
             let addrs: Vec<std::net::SocketAddr> =
                 tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
             if let Some(bad) = addrs.iter().find(|a| !is_public(a.ip())) {
@@ -1246,6 +1269,21 @@ mod tests {
             "the client reads 1.1.1.1"
         );
         assert!(public_destination("http://8.8.8.8/").is_ok());
+        // Loopback by name, refused before any resolution: the error says so (a lookup that
+        // failed or answered 127.0.0.1 would say `cannot resolve` or `resolves to`).
+        for url in [
+            "http://localhost.:8080/",
+            "http://LOCALHOST./",
+            "http://LocalHost:1/",
+            "http://api.localhost/",
+            "http://x.y.Localhost.:9/",
+        ] {
+            let e = public_destination(url).unwrap_err();
+            assert!(e.contains("names the loopback"), "{url}: {e}");
+        }
+        assert!(!names_loopback("notlocalhost"));
+        assert!(!names_loopback("localhost.example.com"));
+        assert!(!names_loopback("localhostx."));
         assert!(public_destination("https://[2606:4700::1111]:8443/").is_ok());
     }
 
@@ -1340,6 +1378,11 @@ mod tests {
         };
         let e = resolve("localhost").unwrap_err();
         assert!(e.contains("public hosts"), "{e}");
+        // Refused by name, before any lookup (`localhost.` would go to DNS).
+        for name in ["localhost.", "LocalHost.", "a.b.localhost."] {
+            let e = resolve(name).unwrap_err();
+            assert!(e.contains("names the loopback"), "{name}: {e}");
+        }
         assert!(resolve("name.that-does-not-resolve.invalid").is_err());
     }
 

@@ -764,8 +764,24 @@ fn web_extract_does_not_reach_loopback_or_private_addresses_for_a_strict_script(
     listener.set_nonblocking(true).unwrap();
     let port = listener.local_addr().unwrap().port();
     let attempts = r.contained(&r.attack("tools_web_loopback", json!({ "tcp_port": port }), &[]));
-    assert_eq!(attempts.len(), 7, "{attempts:?}");
+    assert_eq!(attempts.len(), 10, "{attempts:?}");
     all_refused_for(&attempts, "public hosts");
+    // Refused by name, before any resolution (a lookup would answer `cannot resolve` or
+    // `resolves to`): `localhost.` skips /etc/hosts and went to DNS.
+    for what in [
+        "web_extract localhost. name",
+        "web_extract LOCALHOST. name",
+        "web_extract name beneath localhost",
+    ] {
+        let a = attempts.iter().find(|a| a["what"] == what).unwrap();
+        assert!(
+            a["detail"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("names the loopback"),
+            "{what} was not refused by name: {a}"
+        );
+    }
     assert_eq!(
         listener.accept().map(|_| ()).unwrap_err().kind(),
         ErrorKind::WouldBlock,
