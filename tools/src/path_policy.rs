@@ -438,7 +438,8 @@ impl PathPolicy {
     }
 
     /// Adds a root. `links_ok` marks the staging dir. `/` is refused (it would make the policy
-    /// meaningless), and so are paths that are not directories.
+    /// meaningless), and so are paths that are not directories and kernel pseudo-filesystems
+    /// (`/proc`, `/sys`, `/dev`, cgroup, debugfs, ...: [`kernel_filesystem`]).
     pub fn add_root(
         &mut self,
         path: &Path,
@@ -464,6 +465,13 @@ impl PathPolicy {
             Mode::empty(),
         )
         .map_err(|e| err(format!("it cannot be opened as a directory: {e}")))?;
+        if let Some(what) = kernel_filesystem(&canonical, dir.as_fd()) {
+            return Err(err(format!(
+                "it is on {what}, whose files are the kernel's and its processes' (the \
+                 supervisor's own among them), not a project's; give a directory on an \
+                 ordinary filesystem"
+            )));
+        }
         self.roots.push(Root {
             path: path.to_path_buf(),
             canonical,
@@ -567,6 +575,18 @@ impl PathPolicy {
     ) -> Result<OwnedFd, ToolError> {
         let fd = Self::open_beneath_root(dir, rel, flags, mode, shown)?;
         self.refuse_other_staging(&fd, shown)?;
+        // A pseudo-filesystem mounted beneath a root (a chroot's `proc`) is no more the
+        // project's than one given as the root.
+        if let Some(what) = kernel_filesystem_type(fd.as_fd()) {
+            return Err(ToolError::new(
+                crate::ToolErrorKind::OutsideSandbox,
+                format!(
+                    "{} is on {what}; in strict mode the tools do not reach kernel \
+                     filesystems",
+                    shown.display()
+                ),
+            ));
+        }
         Ok(fd)
     }
 
@@ -958,6 +978,61 @@ impl Default for PathPolicy {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// Whether `dir` (opened at `canonical`) is on a kernel pseudo-filesystem, and which: by its
+/// filesystem type ([`kernel_filesystem_type`]), and by path beneath `/proc`, `/sys` and `/dev`
+/// (devtmpfs says it is a tmpfs; `/dev/shm`, an ordinary tmpfs for files, stays usable — a
+/// root supervisor's staging dirs live there).
+fn kernel_filesystem(canonical: &Path, dir: BorrowedFd<'_>) -> Option<&'static str> {
+    if let Some(what) = kernel_filesystem_type(dir) {
+        return Some(what);
+    }
+    if canonical.starts_with("/proc") {
+        return Some("/proc");
+    }
+    if canonical.starts_with("/sys") {
+        return Some("/sys");
+    }
+    if canonical.starts_with("/dev") && !canonical.starts_with("/dev/shm") {
+        return Some("/dev");
+    }
+    None
+}
+
+/// The name of the kernel pseudo-filesystem `fd` lies on (`fstatfs`), if it does: their files
+/// are the kernel's view of processes, devices and settings — the supervisor's own `/proc`
+/// files among them — and writing some of them changes the machine.
+fn kernel_filesystem_type(fd: BorrowedFd<'_>) -> Option<&'static str> {
+    // From <linux/magic.h>.
+    const KINDS: [(i64, &str); 19] = [
+        (0x9fa0, "procfs (/proc)"),
+        (0x6265_6572, "sysfs (/sys)"),
+        (0x1cd1, "devpts"),
+        (0x0027_e0eb, "a cgroup filesystem"),
+        (0x6367_7270, "a cgroup2 filesystem"),
+        (0x6462_6720, "debugfs"),
+        (0x7472_6163, "tracefs"),
+        (0x7363_6673, "securityfs"),
+        (0xcafe_4a11, "the bpf filesystem"),
+        (0x6265_6570, "configfs"),
+        (0x1980_0202, "mqueue"),
+        (0x6165_676c, "pstore"),
+        (0xde5e_81e4, "efivarfs"),
+        (0x6573_5543, "fusectl"),
+        (0x4249_4e4d, "binfmt_misc"),
+        (0xf97c_ff8c, "selinuxfs"),
+        (0x4341_5d53, "smackfs"),
+        (0x0765_5821, "resctrl"),
+        (0x6e73_6673, "nsfs"),
+    ];
+    let st = nix::sys::statfs::fstatfs(fd).ok()?;
+    #[allow(clippy::unnecessary_cast)]
+    let kind = st.filesystem_type().0 as i64;
+    KINDS
+        .iter()
+        .find(|(k, _)| *k == kind)
+        .map(|(_, name)| *name)
 }
 
 /// A fresh name for the file a write goes to before its rename.
@@ -1408,6 +1483,44 @@ mod tests {
             .open_read(Path::new("/proc/self/root/etc/passwd"))
             .unwrap_err();
         assert_eq!(e.kind, "OutsideSandbox", "{e}");
+    }
+
+    #[test]
+    fn kernel_pseudo_filesystems_are_not_roots() {
+        let mut p = PathPolicy::new();
+        for path in [
+            "/proc",
+            "/proc/self",
+            "/sys",
+            "/sys/fs/cgroup",
+            "/dev",
+            "/dev/pts",
+        ] {
+            if !Path::new(path).is_dir() {
+                continue;
+            }
+            let e = p
+                .add_root(Path::new(path), RootAccess::Read, false)
+                .unwrap_err();
+            assert!(e.reason.contains("kernel"), "{path}: {e}");
+        }
+        if Path::new("/dev/shm").is_dir() {
+            p.add_root(Path::new("/dev/shm"), RootAccess::Read, false)
+                .unwrap();
+        }
+        assert!(kernel_filesystem_type(
+            nix::fcntl::open("/proc", OFlag::O_PATH, Mode::empty())
+                .unwrap()
+                .as_fd()
+        )
+        .is_some());
+        let d = tempfile::tempdir().unwrap();
+        assert!(kernel_filesystem_type(
+            nix::fcntl::open(d.path(), OFlag::O_PATH, Mode::empty())
+                .unwrap()
+                .as_fd()
+        )
+        .is_none());
     }
 
     #[test]

@@ -1085,3 +1085,53 @@ fn vibeos_config_and_logs_cannot_be_read_through_the_tools() {
     let attempts = r.contained(&result);
     assert_eq!(attempts.len(), 7, "{attempts:?}");
 }
+
+/// A session cwd on a pseudo-filesystem is no tool root, as `/` is not: under `--cwd /proc`
+/// `read_file("self/status")` read the supervisor's own /proc files.
+#[test]
+fn pseudo_filesystems_are_not_tool_roots() {
+    require_strict!();
+    let r = range();
+    let planted = format!("vibeos-probe-{}", std::process::id());
+    let mut cases = vec![
+        (
+            "/proc",
+            json!({ "reads": ["self/status", "self/environ", "/proc/self/status", "1/cmdline"],
+                    "writes": [], "searches": ["self"] }),
+        ),
+        (
+            "/sys",
+            json!({ "reads": ["kernel/uevent_seqnum", "devices/system/cpu/online"],
+                    "writes": [], "searches": [] }),
+        ),
+        (
+            "/dev",
+            json!({ "reads": ["null"], "writes": [planted.clone()], "searches": [] }),
+        ),
+    ];
+    if std::path::Path::new("/sys/fs/cgroup").is_dir() {
+        cases.push((
+            "/sys/fs/cgroup",
+            json!({ "reads": ["cgroup.controllers", "memory/memory.limit_in_bytes"],
+                    "writes": [], "searches": [] }),
+        ));
+    }
+    for (cwd, params) in cases {
+        let result = r.attack("tools_pseudo_roots", params, &["--cwd", cwd]);
+        let output = result["output"].as_str().unwrap_or_default().to_string();
+        let attempts = r.contained(&result);
+        for a in &attempts {
+            assert!(
+                a["detail"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("outside what tools may"),
+                "--cwd {cwd}: refused for another reason than no root: {a}\n{output}"
+            );
+        }
+    }
+    let planted = std::path::Path::new("/dev").join(&planted);
+    let was_there = planted.exists();
+    let _ = std::fs::remove_file(&planted);
+    assert!(!was_there, "{} was made", planted.display());
+}
