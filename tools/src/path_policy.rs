@@ -390,6 +390,23 @@ pub struct RootError {
     pub reason: String,
 }
 
+/// How many levels of directories the tools write beneath a root other than the staging dir
+/// (the root's own depth not counted). Source trees rarely go past 20; each level the tools
+/// make takes a block of disk ([`dir_cost`]) and a resolution per call.
+pub const MAX_WRITE_DEPTH: usize = 64;
+
+/// What one new directory takes on disk in the filesystem of `at`, for the write budget: one
+/// block (`f_bsize` of `fstatfs`, 4 KiB on ext4 and tmpfs), and never less than 4 KiB —
+/// filesystems that report a smaller block (or keep small directories inline) still spend an
+/// inode and metadata on it.
+fn dir_cost(at: BorrowedFd<'_>) -> u64 {
+    const FLOOR: u64 = 4096;
+    nix::sys::statfs::fstatfs(at)
+        .ok()
+        .and_then(|st| u64::try_from(st.block_size()).ok())
+        .map_or(FLOOR, |b| b.clamp(FLOOR, 1 << 20))
+}
+
 /// Prefix of the per-user dir under which every execution's staging dir is made
 /// (`<tmp>/vibeos-staging-<euid>`). Strict-mode tools refuse anything beneath one, except the
 /// calling execution's own staging dir.
@@ -410,6 +427,45 @@ impl PathPolicy {
     /// Caps what the tools may write outside the staging dir, in bytes, for the execution.
     pub fn set_write_budget(&mut self, bytes: u64) {
         self.write_budget = Some(std::sync::atomic::AtomicU64::new(bytes));
+    }
+
+    /// Gives back `len` bytes taken for a write that did not happen.
+    fn refund(&self, len: u64) {
+        use std::sync::atomic::Ordering;
+        if let Some(budget) = &self.write_budget {
+            let _ = budget.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                Some(left.saturating_add(len))
+            });
+        }
+    }
+
+    /// Takes what `count` new directories take on disk from the write budget (one block of
+    /// the filesystem each, [`dir_cost`]), before any is made, or says why not.
+    fn charge_dirs(&self, count: u64, at: BorrowedFd<'_>, path: &Path) -> Result<(), ToolError> {
+        use std::sync::atomic::Ordering;
+        let Some(budget) = &self.write_budget else {
+            return Ok(());
+        };
+        let each = dir_cost(at);
+        let len = each.saturating_mul(count);
+        budget
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                left.checked_sub(len)
+            })
+            .map(|_| ())
+            .map_err(|left| {
+                ToolError::new(
+                    crate::ToolErrorKind::DiskBudgetExceeded,
+                    format!(
+                        "the disk budget of this execution cannot hold the {count} new \
+                         directories writing {} would make ({each} bytes each on disk, {len} \
+                         in all; {left} bytes left for tool writes outside the staging dir, \
+                         code_execution.strict.disk_mb sets it); write into an existing \
+                         directory or use a shallower path",
+                        path.display()
+                    ),
+                )
+            })
     }
 
     /// Takes `len` bytes from the write budget, or says why not.
@@ -752,6 +808,22 @@ impl PathPolicy {
             }
         };
         let parent_rel = rel.parent().unwrap_or(Path::new(""));
+        // Every level is a directory the walk may have to make (a block of disk each) and
+        // resolve: 2,000 levels per call made 8 MB of directories. Refused before anything is
+        // made, with the root's own depth not counted.
+        let levels = parent_rel.components().count();
+        if !root.links_ok && levels > MAX_WRITE_DEPTH {
+            return Err(ToolError::new(
+                crate::ToolErrorKind::InvalidArguments,
+                format!(
+                    "in strict mode the tools write at most {MAX_WRITE_DEPTH} levels of \
+                     directories beneath a root (each one they make takes disk), and {} lies \
+                     {levels} levels beneath {}; use a shallower path",
+                    path.display(),
+                    root.path.display()
+                ),
+            ));
+        }
         // A `..` that climbs above the root fails the walk below, but only after the levels
         // before it were made: refused here, before anything is made.
         let mut depth = 0usize;
@@ -785,7 +857,7 @@ impl PathPolicy {
         // per level, and the content check of every level above, made a path of 1,000 new
         // levels cost 16 s of the host's CPU; 2,000 did not end in 100 s).
         let mut made_here = false;
-        for component in parent_rel.components() {
+        for (at, component) in parent_rel.components().enumerate() {
             walked.push(component);
             let flags = OFlag::O_PATH | OFlag::O_DIRECTORY;
             let existing = if made_here {
@@ -801,6 +873,13 @@ impl PathPolicy {
                     };
                     // The last check below looks into every level again, these included.
                     self.refuse_what_runs_later(&dir, root, part, path, !made_here)?;
+                    // From the first missing level on, every level is made: all of them are
+                    // charged at once, before the first is made, so a path the budget cannot
+                    // hold leaves nothing behind. (A `..` among them fails the walk above.)
+                    if !made_here && !root.links_ok {
+                        let new_levels = (parent_rel.components().count() - at) as u64;
+                        self.charge_dirs(new_levels, dir.as_fd(), path)?;
+                    }
                     match nix::sys::stat::mkdirat(
                         dir.as_fd(),
                         part,
@@ -872,7 +951,11 @@ impl PathPolicy {
         if !in_staging {
             self.charge(content.len() as u64, path)?;
         }
-        let (dir, name) = self.parent_for_write(path)?;
+        let (dir, name) = self.parent_for_write(path).inspect_err(|_| {
+            if !in_staging {
+                self.refund(content.len() as u64);
+            }
+        })?;
         let existing = nix::sys::stat::fstatat(
             dir.as_fd(),
             name.as_os_str(),
@@ -1439,6 +1522,44 @@ mod tests {
     }
 
     #[test]
+    fn kernel_pseudo_filesystems_are_not_roots() {
+        let mut p = PathPolicy::new();
+        for path in [
+            "/proc",
+            "/proc/self",
+            "/sys",
+            "/sys/fs/cgroup",
+            "/dev",
+            "/dev/pts",
+        ] {
+            if !Path::new(path).is_dir() {
+                continue;
+            }
+            let e = p
+                .add_root(Path::new(path), RootAccess::Read, false)
+                .unwrap_err();
+            assert!(e.reason.contains("kernel"), "{path}: {e}");
+        }
+        if Path::new("/dev/shm").is_dir() {
+            p.add_root(Path::new("/dev/shm"), RootAccess::Read, false)
+                .unwrap();
+        }
+        assert!(kernel_filesystem_type(
+            nix::fcntl::open("/proc", OFlag::O_PATH, Mode::empty())
+                .unwrap()
+                .as_fd()
+        )
+        .is_some());
+        let d = tempfile::tempdir().unwrap();
+        assert!(kernel_filesystem_type(
+            nix::fcntl::open(d.path(), OFlag::O_PATH, Mode::empty())
+                .unwrap()
+                .as_fd()
+        )
+        .is_none());
+    }
+
+    #[test]
     fn the_connect_time_resolver_refuses_names_of_private_addresses() {
         use reqwest::dns::Resolve;
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -1486,44 +1607,6 @@ mod tests {
     }
 
     #[test]
-    fn kernel_pseudo_filesystems_are_not_roots() {
-        let mut p = PathPolicy::new();
-        for path in [
-            "/proc",
-            "/proc/self",
-            "/sys",
-            "/sys/fs/cgroup",
-            "/dev",
-            "/dev/pts",
-        ] {
-            if !Path::new(path).is_dir() {
-                continue;
-            }
-            let e = p
-                .add_root(Path::new(path), RootAccess::Read, false)
-                .unwrap_err();
-            assert!(e.reason.contains("kernel"), "{path}: {e}");
-        }
-        if Path::new("/dev/shm").is_dir() {
-            p.add_root(Path::new("/dev/shm"), RootAccess::Read, false)
-                .unwrap();
-        }
-        assert!(kernel_filesystem_type(
-            nix::fcntl::open("/proc", OFlag::O_PATH, Mode::empty())
-                .unwrap()
-                .as_fd()
-        )
-        .is_some());
-        let d = tempfile::tempdir().unwrap();
-        assert!(kernel_filesystem_type(
-            nix::fcntl::open(d.path(), OFlag::O_PATH, Mode::empty())
-                .unwrap()
-                .as_fd()
-        )
-        .is_none());
-    }
-
-    #[test]
     fn writes_replace_files_and_never_follow_links() {
         let (d, mut p) = setup();
         let root = d.path().join("root");
@@ -1552,6 +1635,29 @@ mod tests {
         let e = p.write_atomic(&root.join("b2"), b"123456").unwrap_err();
         assert_eq!(e.kind, "DiskBudgetExceeded", "{e}");
         assert!(!root.join("b2").exists());
+        // The directories a write makes count too, all charged before the first is made.
+        let mut dirs = PathPolicy::new();
+        dirs.add_root(&root, RootAccess::ReadWrite, false).unwrap();
+        let each = dir_cost(dirs.roots[0].dir.as_fd());
+        dirs.set_write_budget(each * 3);
+        dirs.write_atomic(&root.join("n1/n2/f"), b"").unwrap();
+        let e = dirs.write_atomic(&root.join("n3/n4/f"), b"").unwrap_err();
+        assert_eq!(e.kind, "DiskBudgetExceeded", "{e}");
+        assert!(e.message.contains("the 2 new directories"), "{e}");
+        assert!(!root.join("n3").exists(), "a refused walk made a directory");
+        // Existing levels cost nothing; the content that was refused is given back.
+        dirs.write_atomic(&root.join("n1/n2/g"), b"").unwrap();
+        dirs.write_atomic(&root.join("n1/n5/f"), b"").unwrap();
+        let deep = format!("{}x", "d/".repeat(MAX_WRITE_DEPTH + 1));
+        let mut unbounded = PathPolicy::new();
+        unbounded
+            .add_root(&root, RootAccess::ReadWrite, false)
+            .unwrap();
+        let e = unbounded.write_atomic(&root.join(&deep), b"").unwrap_err();
+        assert!(e.message.contains("levels of directories"), "{e}");
+        assert!(!root.join("d").exists());
+        let ok = format!("{}x", "d/".repeat(MAX_WRITE_DEPTH));
+        unbounded.write_atomic(&root.join(&ok), b"").unwrap();
         let mut ro = PathPolicy::new();
         ro.add_root(&root, RootAccess::Read, false).unwrap();
         assert_eq!(

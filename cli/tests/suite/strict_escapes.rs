@@ -1086,6 +1086,46 @@ fn vibeos_config_and_logs_cannot_be_read_through_the_tools() {
     assert_eq!(attempts.len(), 7, "{attempts:?}");
 }
 
+/// The directories `write_file` makes on the way to a file take disk too (a block each): with
+/// `disk_mb: 1`, 20 calls of 2,000 levels left 40,021 directories (157 MB) when only contents
+/// counted.
+#[test]
+fn directories_the_tools_make_count_against_the_disk_budget() {
+    require_strict!();
+    let r = range();
+    r.sb.write_config(
+        "code_execution:\n  strict:\n    max_processes: 64\n    memory_mb: 256\n    disk_mb: 1\n",
+    );
+    let result = r.attack("tools_disk_dirs", json!({}), &[]);
+    let output = result["output"].as_str().unwrap_or_default().to_string();
+    let attempts = r.contained(&result);
+    let deep = &attempts[0]["detail"];
+    assert!(
+        deep.as_str().unwrap_or_default().contains("levels"),
+        "{output}"
+    );
+    let shallow = &attempts[1]["detail"];
+    assert!(
+        shallow.as_str().unwrap_or_default().contains("disk budget"),
+        "{output}"
+    );
+    fn dirs_below(p: &std::path::Path) -> u64 {
+        std::fs::read_dir(p)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| 1 + dirs_below(&e.path()))
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+    let made = dirs_below(&r.sb.work());
+    assert!(
+        made * 4096 <= 1 << 20,
+        "{made} directories made past a 1 MiB budget: {output}"
+    );
+}
+
 /// A session cwd on a pseudo-filesystem is no tool root, as `/` is not: under `--cwd /proc`
 /// `read_file("self/status")` read the supervisor's own /proc files.
 #[test]
