@@ -1086,6 +1086,21 @@ fn vibeos_config_and_logs_cannot_be_read_through_the_tools() {
     assert_eq!(attempts.len(), 7, "{attempts:?}");
 }
 
+/// `sync`/`syncfs` write back every dirty page of the machine (or a whole filesystem): a
+/// script looping on them slows every other execution. fsync of its own files still works.
+#[test]
+fn machine_wide_writeback_is_refused() {
+    require_strict!();
+    let r = range();
+    let result = r.attack("sync_writeback", json!({}), &[]);
+    let output = result["output"].as_str().unwrap_or_default().to_string();
+    assert!(output.contains("FSYNC OK"), "{output}");
+    let attempts = r.contained(&result);
+    for what in ["sync", "syncfs"] {
+        assert_eq!(errno_of(&attempts, what), EPERM, "{what}: {output}");
+    }
+}
+
 /// The directories `write_file` makes on the way to a file take disk too (a block each): with
 /// `disk_mb: 1`, 20 calls of 2,000 levels left 40,021 directories (157 MB) when only contents
 /// counted.
