@@ -544,8 +544,11 @@ def _enter_template(template, staging, nr):
 
 def _confine(req, rpc, ruleset, template=None):
     """The strict steps of confine/child.rs, in its order, in the script process."""
-    for res, value in req.get("rlimits", ()):
-        resource.setrlimit(res, (value, value))
+    # RLIMIT_NOFILE last (confine/child.rs): the namespace step opens descriptors.
+    limits = req.get("rlimits", ())
+    for res, value in limits:
+        if res != resource.RLIMIT_NOFILE:
+            resource.setrlimit(res, (value, value))
     if template is not None:
         _enter_template(template, req["template_staging"], req["syscalls"])
     elif req.get("reveal"):
@@ -558,6 +561,9 @@ def _confine(req, rpc, ruleset, template=None):
         os.setresuid(uid, uid, uid)
         if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid):
             raise OSError(errno.EPERM, "the uid change did not stick")
+    for res, value in limits:
+        if res == resource.RLIMIT_NOFILE:
+            resource.setrlimit(res, (value, value))
     _check(_libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG")
     if os.getppid() != req["reaper"]:
         os._exit(127)

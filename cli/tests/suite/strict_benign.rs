@@ -42,6 +42,16 @@ fn check_benign(report: &Value, sb: &Sandbox) {
     assert_eq!(report["tempfile_in_staging"], true, "{report}");
     assert_eq!(report["tempfile_data"], "temp data");
     assert_eq!(report["staging_rw"], "nested");
+    assert_eq!(report["mp_pipe"], 45, "{report}");
+    assert_eq!(report["socketpair_bytes"], 1_000_000, "{report}");
+    assert!(report["sndbuf"].as_u64().unwrap() > 0, "{report}");
+    assert_eq!(report["subprocess_pipe_bytes"], 300_000, "{report}");
+    // The default memory_mb (1024 MiB) gives the common soft default of descriptors.
+    assert_eq!(
+        report["nofile"],
+        serde_json::json!([1024, 1024]),
+        "{report}"
+    );
     assert_eq!(report["write_file"]["bytes_written"], 16, "{report}");
     assert!(report["read_file"]
         .as_str()

@@ -1086,6 +1086,40 @@ fn vibeos_config_and_logs_cannot_be_read_through_the_tools() {
     assert_eq!(attempts.len(), 7, "{attempts:?}");
 }
 
+/// Kernel memory held through descriptors (socket buffers, pipes) counts against neither
+/// `RLIMIT_DATA` nor `RLIMIT_AS`: under `memory_mb: 64` a script held 1255 MB in socketpairs
+/// whose `SO_SNDBUF` it raised to 8 MiB. Raising a buffer or growing a pipe is refused, and
+/// what default buffers on every descriptor the script may hold (and as many in flight) add up
+/// to stays within `memory_mb`.
+#[test]
+fn socket_and_pipe_buffers_stay_within_memory_mb() {
+    require_strict!();
+    let r = range();
+    r.sb.write_config("code_execution:\n  strict:\n    max_processes: 16\n    memory_mb: 64\n");
+    let result = r.attack(
+        "socket_buffers",
+        json!({ "memory_mb": 64 }),
+        &["--timeout", "60"],
+    );
+    let output = result["output"].as_str().unwrap_or_default().to_string();
+    let attempts = r.contained(&result);
+    for what in [
+        "raise SO_SNDBUF",
+        "raise SO_RCVBUF",
+        "raise SO_SNDBUFFORCE",
+        "raise SO_RCVBUFFORCE",
+        "grow a pipe (F_SETPIPE_SZ)",
+    ] {
+        assert_eq!(errno_of(&attempts, what), EPERM, "{what}: {output}");
+    }
+    let nofile = output
+        .lines()
+        .find_map(|l| l.strip_prefix("NOFILE "))
+        .unwrap_or_else(|| panic!("{output}"));
+    // 3 descriptors per MiB of memory_mb (64 MiB: 192), soft and hard alike.
+    assert_eq!(nofile, "192 192", "{output}");
+}
+
 /// `sync`/`syncfs` write back every dirty page of the machine (or a whole filesystem): a
 /// script looping on them slows every other execution. fsync of its own files still works.
 #[test]

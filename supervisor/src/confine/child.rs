@@ -9,7 +9,8 @@
 //! 2. resource limits (processes, memory, file size, no core dumps);
 //! 3. when root: a private mount namespace that reveals an interpreter or staging dir lying
 //!    under a closed directory ([`super::reveal`]), then groups cleared, gid, uid (all three
-//!    ids, so nothing can switch back) — no capability survives;
+//!    ids, so nothing can switch back) — no capability survives; then the open-files limit
+//!    (after the namespace step, which opens descriptors);
 //! 4. (the reaper re-arms its parent-death signal, which a uid change clears);
 //! 5. `no_new_privs` — no setuid/file-capability gain at exec, and the precondition of 6 and 7;
 //! 6. landlock (filesystem, TCP, scopes);
@@ -74,7 +75,11 @@ impl ChildConfinement {
         unsafe {
             mark_cloexec_from(3)?;
             check(libc::fcntl(rpc, libc::F_SETFD, 0) as libc::c_long)?;
-            for &(resource, value) in &self.rlimits {
+            // RLIMIT_NOFILE waits until the mount namespace is made: its trees are new
+            // descriptors, and the table inherited from a busy supervisor (marked
+            // close-on-exec, still open) may already reach the script's limit.
+            let nofile = libc::RLIMIT_NOFILE;
+            for &(resource, value) in self.rlimits.iter().filter(|(r, _)| *r != nofile) {
                 let lim = libc::rlimit {
                     rlim_cur: value,
                     rlim_max: value,
@@ -95,6 +100,13 @@ impl ChildConfinement {
                 if libc::getuid() != c.uid || libc::geteuid() != c.uid || libc::getegid() != c.gid {
                     return Err(io::Error::from_raw_os_error(libc::EPERM));
                 }
+            }
+            for &(resource, value) in self.rlimits.iter().filter(|(r, _)| *r == nofile) {
+                let lim = libc::rlimit {
+                    rlim_cur: value,
+                    rlim_max: value,
+                };
+                check(libc::setrlimit(resource, &lim) as libc::c_long)?;
             }
         }
         Ok(())

@@ -49,6 +49,28 @@ pub const DEFAULT_FILE_SIZE_MB: u64 = 1024;
 /// TMPDIR).
 pub const DEFAULT_DISK_MB: u64 = 512;
 
+/// `RLIMIT_NOFILE` of a strict script: 3 descriptors per MiB of `memory_mb`, at least 64 and
+/// at most 1024 (the common soft default; the default `memory_mb` of 1024 reaches it).
+///
+/// Every descriptor can hold kernel memory no memory rlimit counts: a socket of the script's
+/// socketpairs its send buffer (the default `net.core.wmem_default`, 208 KiB, plus the one
+/// message that may pass it — at most 1.5× that, 312 KiB; measured 208–233 KiB), a pipe its
+/// 16 pages. Raising a buffer (`SO_SNDBUF`, `SO_RCVBUF`, their `FORCE` forms) and growing a
+/// pipe (`F_SETPIPE_SZ`) are refused by the seccomp policy, so what one process holds through
+/// its descriptors is at most `nofile × 312 KiB` ≤ 0.92 × `memory_mb`, and as much again in
+/// descriptors in flight over `SCM_RIGHTS` (the kernel bounds those per uid by the sender's
+/// `RLIMIT_NOFILE`). docs/strict-mode.md has the whole-execution bound.
+pub const fn open_files(memory_bytes: u64) -> u64 {
+    let per_mib = (memory_bytes >> 20).saturating_mul(3);
+    if per_mib < 64 {
+        64
+    } else if per_mib > 1024 {
+        1024
+    } else {
+        per_mib
+    }
+}
+
 /// Pid of the process whose warm pool is on (0: none). A pinned uid is refused while one is,
 /// since the pool would run several executions under that uid at once. The pool reports every
 /// switch ([`note_pool_owner`]) rather than confinement asking it, so that confinement stays
@@ -494,6 +516,10 @@ fn rlimits(opts: &StrictOptions, own_uid: bool) -> Vec<Rlimit> {
             opts.file_size_bytes.min(opts.disk_bytes),
         ),
         (libc::RLIMIT_CORE, 0),
+        // Last: the script process applies it after everything that opens descriptors before
+        // exec (the mount namespace's trees), which a busy supervisor's inherited table would
+        // otherwise push past it.
+        (libc::RLIMIT_NOFILE, open_files(opts.memory_bytes)),
     ]
 }
 
