@@ -176,6 +176,17 @@ pub fn check_message(text: &[u8]) -> Checked {
         Err(_) if is_notification && value.get("method").is_some_and(Value::is_string) => {
             Checked::Ignore
         }
+        // A request that reads once its params are left out (`"params": []` for tools/call):
+        // the method is there, its params are what is wrong.
+        Err(_) if params_to_blame(&value) => reject(
+            -32602,
+            format!(
+                "Invalid params: the params of `{}` do not match the MCP schema (an object is \
+                 expected)",
+                value["method"].as_str().unwrap_or_default()
+            ),
+            id,
+        ),
         Err(e) => {
             let message = if value.is_array() {
                 "Invalid Request: batches are not supported; send one message per line".to_string()
@@ -185,6 +196,22 @@ pub fn check_message(text: &[u8]) -> Checked {
             reject(-32600, message, id)
         }
     }
+}
+
+/// Whether `value` is a request that the SDK can read once its `params` are removed.
+fn params_to_blame(value: &Value) -> bool {
+    let Some(object) = value.as_object() else {
+        return false;
+    };
+    if !object.contains_key("params") || reply_id(object.get("id")).is_null() {
+        return false;
+    }
+    let mut without = object.clone();
+    without.remove("params");
+    matches!(
+        serde_json::from_value::<ClientJsonRpcMessage>(Value::Object(without)),
+        Ok(ClientJsonRpcMessage::Request(_))
+    )
 }
 
 #[cfg(test)]
@@ -247,6 +274,19 @@ mod tests {
         );
         assert_eq!((r.code, r.id.clone()), (-32602, Value::from("x")));
         assert!(r.message.contains("tools/call"), "{}", r.message);
+        // Params that are not an object at all (probe of stop 55: -32600).
+        for params in ["[]", "5", "\"x\""] {
+            let r = rejection(&format!(
+                r#"{{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{params}}}"#
+            ));
+            assert_eq!((r.code, r.id.clone()), (-32602, Value::from(4)), "{params}");
+            assert!(r.message.contains("tools/call"), "{}", r.message);
+        }
+        // Not a JSON-RPC 2.0 request without its params either: nothing to blame on them.
+        assert_eq!(
+            rejection(r#"{"jsonrpc":"1.0","id":4,"method":"tools/call","params":[]}"#).code,
+            -32600
+        );
         assert!(matches!(
             check_message(br#"{"jsonrpc":"2.0","method":"notifications/whatever","params":5}"#),
             Checked::Ignore | Checked::Message(_)
