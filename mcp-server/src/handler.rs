@@ -217,9 +217,9 @@ impl ExecServer {
         let _approvals =
             crate::approval::bind(&crate::approval::task_id(self.conn), context.peer.clone());
 
-        let progress = Progress::new(&context);
         // Stop when the client cancels, and (over HTTP) when its response stream goes away.
         let ct = context.ct.child_token();
+        let progress = Progress::new(&context, ct.clone());
         if let Some(ClientGone(gone)) = context
             .extensions
             .get::<axum::http::request::Parts>()
@@ -248,9 +248,12 @@ impl ExecServer {
                 tokio::pin!(acquire);
                 let mut tick = tokio::time::interval(PROGRESS_EVERY);
                 loop {
+                    // Cancellation first: a tick ready at the same time must not report
+                    // progress of a call the client has given up.
                     tokio::select! {
-                        permit = &mut acquire => break permit.map_err(|_| shutting_down())?,
+                        biased;
                         _ = ct.cancelled() => return Err(ErrorData::internal_error("cancelled by the client while queued", None)),
+                        permit = &mut acquire => break permit.map_err(|_| shutting_down())?,
                         _ = tick.tick() => progress.send(format!(
                             "queued: all {} execution slots are busy (--max-concurrent), waited {:.0}s",
                             settings.max_concurrent, started.elapsed().as_secs_f64()
@@ -276,12 +279,14 @@ impl ExecServer {
         let mut cancelled = false;
         let result = loop {
             tokio::select! {
+                biased;
                 result = &mut run => break result,
                 _ = ct.cancelled(), if !cancelled => {
                     cancelled = true;
                     interrupt.interrupt();
                 }
-                _ = tick.tick() => progress.send(format!(
+                // A cancelled call is not reported on while its script is being stopped.
+                _ = tick.tick(), if !cancelled => progress.send(format!(
                     "running for {:.0}s", run_started.elapsed().as_secs_f64()
                 )).await,
             }
@@ -382,20 +387,26 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// Progress notifications of one call, when the client sent a `progressToken`.
+/// Progress notifications of one call, when the client sent a `progressToken`, until the call
+/// is cancelled: the client has given up on it and hears nothing more of it.
 struct Progress {
     target: Option<(ProgressToken, rmcp::Peer<RoleServer>)>,
     count: AtomicU64,
+    cancelled: tokio_util::sync::CancellationToken,
 }
 
 impl Progress {
-    fn new(context: &RequestContext<RoleServer>) -> Self {
+    fn new(
+        context: &RequestContext<RoleServer>,
+        cancelled: tokio_util::sync::CancellationToken,
+    ) -> Self {
         Progress {
             target: context
                 .meta
                 .get_progress_token()
                 .map(|t| (t, context.peer.clone())),
             count: AtomicU64::new(0),
+            cancelled,
         }
     }
 
@@ -403,6 +414,9 @@ impl Progress {
         let Some((token, peer)) = &self.target else {
             return;
         };
+        if self.cancelled.is_cancelled() {
+            return;
+        }
         let n = self.count.fetch_add(1, Ordering::Relaxed) + 1;
         let param = ProgressNotificationParam::new(token.clone(), n as f64).with_message(message);
         if let Err(e) = peer.notify_progress(param).await {
