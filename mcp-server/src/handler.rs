@@ -2,6 +2,7 @@
 //! concurrency slots, progress notifications and interrupts of a closing client's executions.
 
 use crate::http::ClientGone;
+use crate::inflight::{ConnKey, HandlerHold, InFlight};
 use crate::ServeSettings;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData,
@@ -44,6 +45,8 @@ pub(crate) struct Shared {
     next_id: AtomicU64,
     running: Mutex<HashMap<u64, (u64, Interrupt)>>,
     idle: Notify,
+    /// The request ids each connection has in flight (a request reusing one is refused).
+    pub(crate) in_flight: Arc<InFlight>,
 }
 
 impl Shared {
@@ -56,6 +59,7 @@ impl Shared {
             next_id: AtomicU64::new(1),
             running: Mutex::new(HashMap::new()),
             idle: Notify::new(),
+            in_flight: Arc::default(),
         })
     }
 
@@ -65,6 +69,48 @@ impl Shared {
 
     fn running(&self) -> std::sync::MutexGuard<'_, HashMap<u64, (u64, Interrupt)>> {
         self.running.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Logs a warning for each `--toolsets` name that adds no tool, saying why for each of its
+    /// tools: an operator who asked for a toolset and is served execute_code alone should
+    /// not have to guess. Runs the availability checks (which may block).
+    pub(crate) fn warn_idle_toolsets(&self) {
+        for toolset in &self.settings.toolsets {
+            let Ok(rows) = self
+                .registry
+                .tool_report(std::slice::from_ref(toolset), &[])
+            else {
+                continue;
+            };
+            let mut why = Vec::new();
+            let mut offers = false;
+            for row in &rows {
+                let name = row.name.as_str();
+                if name == EXECUTE_CODE {
+                    offers = true;
+                } else if vibeos_tools::AGENT_LOOP_TOOLS.contains(&name) {
+                    why.push(format!(
+                        "{name}: an agent-loop tool, which serve never offers (it belongs to the \
+                         client's own loop)"
+                    ));
+                } else if let Err(e) = self.direct.offered(name) {
+                    why.push(format!("{name}: {e}"));
+                } else if let vibeos_tools::Availability::Unavailable(reason) = &row.availability {
+                    why.push(format!("{name}: unavailable ({reason})"));
+                } else {
+                    offers = true;
+                }
+            }
+            if !offers {
+                if why.is_empty() {
+                    why.push("it has no tools".into());
+                }
+                tracing::warn!(
+                    "--toolsets {toolset}: no tool of it is offered; {}",
+                    why.join("; ")
+                );
+            }
+        }
     }
 
     /// Interrupts the executions of connection `conn` (all of them when `None`).
@@ -121,6 +167,18 @@ pub struct ExecServer {
 }
 
 impl ExecServer {
+    /// The connection of a request, as the front that passed it on names it: the HTTP session
+    /// by its id, else this stdio connection.
+    fn conn_key(&self, context: &RequestContext<RoleServer>) -> ConnKey {
+        context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|p| p.headers.get("mcp-session-id"))
+            .and_then(|v| v.to_str().ok())
+            .map(|s| ConnKey::Session(s.to_string()))
+            .unwrap_or(ConnKey::Conn(self.conn))
+    }
+
     /// The tools this server offers now: execute_code, described for the script tools
     /// available now and the configured limits, plus the available tools of `--toolsets`.
     fn tools(&self) -> Result<Vec<Tool>, ErrorData> {
@@ -455,6 +513,13 @@ impl ServerHandler for ExecServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        // The id stays in flight until this handler returns, even when the client cancelled
+        // the call (see crate::inflight).
+        let _held = HandlerHold {
+            table: self.shared.in_flight.clone(),
+            conn: self.conn_key(&context),
+            id: context.id.clone(),
+        };
         let name = request.name.to_string();
         let args = request.arguments.unwrap_or_default();
         if name == EXECUTE_CODE {
@@ -482,11 +547,16 @@ impl ServerHandler for ExecServer {
                 }
             }
             let names: Vec<String> = offered.iter().map(|t| t.name.to_string()).collect();
-            return Err(ErrorData::invalid_params(
+            let what = if vibeos_tools::AGENT_LOOP_TOOLS.contains(&name.as_str()) {
                 format!(
-                    "unknown tool `{name}`; this server offers: {}",
-                    names.join(", ")
-                ),
+                    "`{name}` is an agent-loop tool: it belongs to the client's own agent loop, \
+                     and serve never offers it (not even with --toolsets)"
+                )
+            } else {
+                format!("unknown tool `{name}`")
+            };
+            return Err(ErrorData::invalid_params(
+                format!("{what}; this server offers: {}", names.join(", ")),
                 None,
             ));
         }

@@ -2,7 +2,8 @@
 //! and the session cap and answers bad input with JSON-RPC error bodies.
 
 use crate::handler::{ExecServer, Shared, DRAIN_TIMEOUT};
-use crate::jsonrpc::{check_message, Checked, Rejection};
+use crate::inflight::{ConnKey, FrontHold, InFlight};
+use crate::jsonrpc::{check_message, reply_id, Checked, Rejection};
 use crate::{validate, ServeError, ServeSettings, SESSION_IDLE_TIMEOUT};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
@@ -27,6 +28,10 @@ pub async fn serve_http(
     }
     crate::approval::install();
     let shared = Shared::new(registry, settings);
+    {
+        let shared = shared.clone();
+        tokio::task::spawn_blocking(move || shared.warn_idle_toolsets());
+    }
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| ServeError::Bind { addr, source })?;
@@ -72,10 +77,11 @@ pub async fn serve_http(
         sessions,
         opening: Arc::new(tokio::sync::Mutex::new(())),
         bound: bound.ip(),
+        in_flight: shared.in_flight.clone(),
     };
     let router =
         axum::Router::new()
-            .nest_service("/mcp", service)
+            .route_service(MCP_PATH, service)
             .layer(axum::middleware::from_fn(move |req, next| {
                 check_http_request(req, next, limits.clone())
             }));
@@ -119,6 +125,27 @@ async fn read_body_draining(mut body: axum::body::Body, limit: usize) -> Option<
     (total <= limit).then(|| axum::body::Bytes::from(kept))
 }
 
+/// The path MCP is served at.
+const MCP_PATH: &str = "/mcp";
+
+/// The body of a request that is refused anyway, read (so the connection stays usable) within
+/// [`BODY_READ_TIMEOUT`]; `None` if it is too large, late or unreadable.
+async fn drain(req: axum::extract::Request, limits: &HttpLimits) -> Option<axum::body::Bytes> {
+    tokio::time::timeout(
+        BODY_READ_TIMEOUT,
+        read_body_draining(req.into_body(), limits.max_body),
+    )
+    .await
+    .ok()
+    .flatten()
+}
+
+/// The id of the JSON-RPC message `body` (null when it has none or cannot be read).
+fn body_id(body: Option<&[u8]>) -> Value {
+    let value = body.and_then(|b| serde_json::from_slice::<Value>(b).ok());
+    reply_id(value.as_ref().and_then(|v| v.get("id")))
+}
+
 /// What the HTTP front checks before the SDK sees a request.
 #[derive(Clone)]
 struct HttpLimits {
@@ -133,6 +160,8 @@ struct HttpLimits {
     opening: Arc<tokio::sync::Mutex<()>>,
     /// The address served, an origin besides the loopback names.
     bound: std::net::IpAddr,
+    /// The request ids each session has in flight.
+    in_flight: Arc<InFlight>,
 }
 
 /// How long a request's body may take to arrive: a client sending a byte every few seconds
@@ -171,7 +200,10 @@ fn loopback_origin(origin: &str, bound: std::net::IpAddr) -> bool {
 /// would answer 415 with plain text): an `Origin` that is not loopback → 403; a body over the
 /// limit → 413 with -32600, one that does not arrive within [`BODY_READ_TIMEOUT`] → 408;
 /// unparsable or not JSON-RPC → 400 with -32700 / -32600 / -32602 as [`check_message`]
-/// decides; a new session beyond `--max-sessions` → 503 with -32000. `DELETE` of a session
+/// decides; a request that would open a session (an `initialize` without a session id)
+/// beyond `--max-sessions` → 503 with -32000, while other requests keep their usual answers; a
+/// request reusing the id of one its session still runs → 400 with -32600; a path other than
+/// `/mcp` → 404. Refusals carry the request's id when its body could be read. `DELETE` of a session
 /// that is not open → 404; a successful one answers 200 (the SDK answers 202, which the
 /// official clients log as a failed termination). The SDK's plain-text refusals (no session
 /// id, an unknown session, a bad Host) become JSON-RPC errors with the same words.
@@ -184,14 +216,13 @@ async fn check_http_request(
     if let Some(origin) = req.headers().get(header::ORIGIN) {
         let origin = String::from_utf8_lossy(origin.as_bytes()).into_owned();
         if !loopback_origin(&origin, limits.bound) {
-            if req.method() == Method::POST {
-                // Read the body first, as for a refused session (see below).
-                let _ = tokio::time::timeout(
-                    BODY_READ_TIMEOUT,
-                    read_body_draining(req.into_body(), limits.max_body),
-                )
-                .await;
-            }
+            let id = if req.method() == Method::POST {
+                // Read the body first, as for a refused session (see below); its id, when it
+                // can be read, goes into the reply as for every other refusal.
+                body_id(drain(req, &limits).await.as_deref())
+            } else {
+                Value::Null
+            };
             return json_error(
                 StatusCode::FORBIDDEN,
                 Rejection {
@@ -201,10 +232,27 @@ async fn check_http_request(
                          answers only pages and clients on this machine (localhost, 127.0.0.1, \
                          [::1])"
                     ),
-                    id: Value::Null,
+                    id,
                 },
             );
         }
+    }
+    // Only the MCP path is served; the SDK's service, mounted there, would answer any path.
+    if req.uri().path() != MCP_PATH {
+        let path = req.uri().path().to_string();
+        let id = if req.method() == Method::POST {
+            body_id(drain(req, &limits).await.as_deref())
+        } else {
+            Value::Null
+        };
+        return json_error(
+            StatusCode::NOT_FOUND,
+            Rejection {
+                code: -32600,
+                message: format!("Not Found: {path:?}; this server answers MCP at {MCP_PATH} only"),
+                id,
+            },
+        );
     }
     if req.method() == Method::DELETE {
         let id = req
@@ -243,7 +291,6 @@ async fn check_http_request(
         return as_json_rpc(next.run(req).await, Value::Null).await;
     }
     let limit = limits.max_body;
-    let opens_session = !req.headers().contains_key("mcp-session-id");
     let (parts, body) = req.into_parts();
     let bytes = match tokio::time::timeout(BODY_READ_TIMEOUT, read_body_draining(body, limit)).await
     {
@@ -275,10 +322,18 @@ async fn check_http_request(
             )
         }
     };
+    let message = match check_message(&bytes) {
+        Checked::Reject(rejection) => return json_error(StatusCode::BAD_REQUEST, rejection),
+        Checked::Message(m) => Some(m),
+        Checked::Ignore => None,
+    };
+    let id = message.as_deref().map(request_id).unwrap_or(Value::Null);
     // The body is read before a refusal: a response sent over an unread body makes the server
     // close the connection, and a client that already reused it for its next request (the
-    // official one does) sees "Server disconnected" instead of an answer.
-    let opening = if opens_session {
+    // official one does) sees "Server disconnected" instead of an answer. Only a request that
+    // would open a session meets the cap: any other gets its usual answer (a ping without a
+    // session id: 400 "Session ID is required"; a text/plain body: 415).
+    let opening = if opens_session(&parts.headers, message.as_deref()) {
         let guard = limits.opening.clone().lock_owned().await;
         if limits.sessions.sessions.read().await.len() >= limits.max_sessions {
             return json_error(
@@ -291,7 +346,7 @@ async fn check_http_request(
                         limits.max_sessions,
                         SESSION_IDLE_TIMEOUT.as_secs()
                     ),
-                    id: Value::Null,
+                    id,
                 },
             );
         }
@@ -299,10 +354,34 @@ async fn check_http_request(
     } else {
         None
     };
-    let id = match check_message(&bytes) {
-        Checked::Reject(rejection) => return json_error(StatusCode::BAD_REQUEST, rejection),
-        Checked::Message(m) => request_id(&m),
-        Checked::Ignore => Value::Null,
+    // A request whose id a request of the same session still runs under is refused: the SDK
+    // would drop the running one's response (crate::inflight).
+    let session = parts
+        .headers
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(|s| ConnKey::Session(s.to_string()));
+    let held = match (session, message.as_deref()) {
+        (Some(conn), Some(rmcp::model::JsonRpcMessage::Request(r))) => {
+            let table = &limits.in_flight;
+            let call = matches!(r.request, rmcp::model::ClientRequest::CallToolRequest(_));
+            if !table.begin(&conn, &r.id, call) {
+                return json_error(
+                    StatusCode::BAD_REQUEST,
+                    Rejection {
+                        code: -32600,
+                        message: InFlight::in_use_message(&r.id),
+                        id,
+                    },
+                );
+            }
+            Some(FrontHold {
+                table: table.clone(),
+                conn,
+                id: r.id.clone(),
+            })
+        }
+        _ => None,
     };
     let mut parts = parts;
     let gone = CancellationToken::new();
@@ -315,18 +394,64 @@ async fn check_http_request(
         .await;
     // The session (if this request opened one) is in the table now; the next may count.
     drop(opening);
+    if !response.status().is_success() {
+        // Refused before any handler saw it.
+        if let Some(held) = &held {
+            held.table.forget(&held.conn, &held.id);
+        }
+    }
     if response.status().is_client_error() && !is_json(&response) {
         return as_json_rpc(response, id).await;
     }
     // The response stream of a tools/call is dropped when it is finished or when the client
     // hangs up; either way the call's execution has no one left to report to.
+    // So is the request's id: it is free again once the stream ended (crate::inflight).
     let guard = gone.drop_guard();
     response.map(|inner| {
         axum::body::Body::new(GuardedBody {
             inner,
             _guard: guard,
+            _held: held,
         })
     })
+}
+
+/// Whether the SDK would open a session for this request: an `initialize` without a session id
+/// that passes the SDK's header checks (an `Accept` naming JSON and SSE, a JSON
+/// `Content-Type`). Those are the requests the session cap applies to.
+fn opens_session(
+    headers: &axum::http::HeaderMap,
+    message: Option<&rmcp::model::ClientJsonRpcMessage>,
+) -> bool {
+    use axum::http::header::{ACCEPT, CONTENT_TYPE};
+    let initialize = matches!(
+        message,
+        Some(rmcp::model::JsonRpcMessage::Request(r))
+            if matches!(r.request, rmcp::model::ClientRequest::InitializeRequest(_))
+    );
+    let essences = |name| {
+        headers
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(|t| {
+                t.split(';')
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .to_ascii_lowercase()
+            })
+            .collect::<Vec<_>>()
+    };
+    let accepts = essences(ACCEPT);
+    initialize
+        && !headers.contains_key("mcp-session-id")
+        && accepts.iter().any(|t| t == "application/json")
+        && accepts.iter().any(|t| t == "text/event-stream")
+        && essences(CONTENT_TYPE)
+            .first()
+            .is_some_and(|t| t == "application/json")
 }
 
 /// A JSON-RPC error response with `status`.
@@ -395,6 +520,7 @@ pub(crate) struct ClientGone(pub(crate) CancellationToken);
 struct GuardedBody {
     inner: axum::body::Body,
     _guard: tokio_util::sync::DropGuard,
+    _held: Option<FrontHold>,
 }
 
 impl http_body::Body for GuardedBody {

@@ -20,6 +20,7 @@
 mod approval;
 mod handler;
 mod http;
+mod inflight;
 mod jsonrpc;
 mod stdio;
 
@@ -50,7 +51,7 @@ pub struct ServeSettings {
     pub max_concurrent: usize,
     /// Largest accepted request in bytes.
     pub max_request_bytes: usize,
-    /// HTTP sessions open at once (`--max-sessions`); a new client beyond it gets 503 until one
+    /// HTTP sessions open at once (`--max-sessions`); an `initialize` beyond it gets 503 until one
     /// ends (DELETE, or idle for [`SESSION_IDLE_TIMEOUT`]).
     pub max_sessions: usize,
 }

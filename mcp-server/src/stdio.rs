@@ -2,9 +2,12 @@
 //! oversized lines, while JSON-RPC asks for an error reply to each.
 
 use crate::handler::{ExecServer, Shared, DRAIN_TIMEOUT};
+use crate::inflight::{ConnKey, InFlight};
 use crate::jsonrpc::{check_message, id_of_discarded, reply_id, Checked, Rejection};
 use crate::{validate, ServeError, ServeSettings};
-use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
+use rmcp::model::{
+    ClientJsonRpcMessage, ClientNotification, ClientRequest, JsonRpcMessage, ServerJsonRpcMessage,
+};
 use rmcp::service::RoleServer;
 use rmcp::transport::Transport;
 use rmcp::ServiceExt;
@@ -26,14 +29,19 @@ pub async fn serve_stdio(
     validate(registry, &settings)?;
     crate::approval::install();
     let shared = Shared::new(registry, settings);
+    {
+        let shared = shared.clone();
+        tokio::task::spawn_blocking(move || shared.warn_idle_toolsets());
+    }
     let conn = shared.next_id();
     let closed = CancellationToken::new();
     let (input, output, _blocking_again) = stdio_streams();
     let max = shared.settings.max_request_bytes;
-    let (transport, writer) = match output {
+    let (mut transport, writer) = match output {
         Output::Pipe(pipe) => StdioLines::on_pipe(input, pipe, max, closed.clone()),
         Output::Stream(stream) => StdioLines::new(input, stream, max, closed.clone()),
     };
+    transport.track_ids(shared.in_flight.clone(), ConnKey::Conn(conn));
     let server = ExecServer {
         shared: shared.clone(),
         conn,
@@ -148,6 +156,8 @@ pub struct StdioLines<R> {
     max: usize,
     out: LineOut,
     closed: CancellationToken,
+    /// The request ids in flight, when tracked: a request reusing one is refused.
+    in_flight: Option<(Arc<InFlight>, ConnKey)>,
 }
 
 /// The sending side of a session's output. A line is written at once when no line is queued
@@ -276,8 +286,44 @@ impl<R: tokio::io::AsyncRead + Unpin + Send> StdioLines<R> {
                 direct,
             },
             closed,
+            in_flight: None,
         };
         (lines, writer)
+    }
+
+    /// Refuses a request whose id is in flight on `conn` in `table` (`-32600`), and keeps the
+    /// table up to date: an id is taken when its request passes, and the transport lets go of
+    /// it when the response is written or the client cancels the request.
+    pub(crate) fn track_ids(&mut self, table: Arc<InFlight>, conn: ConnKey) {
+        self.in_flight = Some((table, conn));
+    }
+
+    /// Whether `msg` may go to the SDK; a request whose id is in flight is answered here.
+    fn admit(&self, msg: &ClientJsonRpcMessage) -> bool {
+        let Some((table, conn)) = &self.in_flight else {
+            return true;
+        };
+        match msg {
+            JsonRpcMessage::Request(r) => {
+                let call = matches!(r.request, ClientRequest::CallToolRequest(_));
+                if table.begin(conn, &r.id, call) {
+                    return true;
+                }
+                let id = serde_json::to_value(&r.id).unwrap_or(Value::Null);
+                self.reply_error(-32600, InFlight::in_use_message(&r.id), id);
+                false
+            }
+            JsonRpcMessage::Notification(n) => {
+                // The SDK drops the response of a request the client cancelled.
+                if let ClientNotification::CancelledNotification(c) = &n.notification {
+                    if let Some(id) = &c.params.request_id {
+                        table.release_front(conn, id);
+                    }
+                }
+                true
+            }
+            _ => true,
+        }
     }
 
     fn reply_error(&self, code: i32, message: String, id: Value) {
@@ -366,6 +412,16 @@ impl<R: tokio::io::AsyncRead + Unpin + Send> Transport<RoleServer> for StdioLine
         &mut self,
         item: ServerJsonRpcMessage,
     ) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send + 'static {
+        if let Some((table, conn)) = &self.in_flight {
+            let answered = match &item {
+                JsonRpcMessage::Response(r) => Some(&r.id),
+                JsonRpcMessage::Error(e) => e.id.as_ref(),
+                _ => None,
+            };
+            if let Some(id) = answered {
+                table.release_front(conn, id);
+            }
+        }
         let sent = serde_json::to_vec(&item)
             .map_err(std::io::Error::other)
             .and_then(|mut line| {
@@ -396,7 +452,11 @@ impl<R: tokio::io::AsyncRead + Unpin + Send> Transport<RoleServer> for StdioLine
                 continue;
             }
             match check_message(text) {
-                Checked::Message(msg) => return Some(*msg),
+                Checked::Message(msg) => {
+                    if self.admit(&msg) {
+                        return Some(*msg);
+                    }
+                }
                 Checked::Ignore => tracing::debug!("ignoring an unknown or malformed notification"),
                 Checked::Reject(e) => self.reply_error(e.code, e.message, e.id),
             }

@@ -446,6 +446,35 @@ fn mcp_http_sessions_are_capped_and_delete_succeeds() {
         .as_str()
         .unwrap()
         .contains("--max-sessions"));
+    // Probe of stop 55: at the cap, only a request that would open a session is refused; the
+    // others keep their usual answers.
+    let body = |name: &str| -> Value {
+        serde_json::from_str(r[name]["body"].as_str().unwrap())
+            .unwrap_or_else(|e| panic!("{name}: no JSON-RPC body ({e}): {r}"))
+    };
+    assert_eq!(r["cap_ping"]["status"], 400, "{r}");
+    assert!(body("cap_ping")["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("Session ID is required"));
+    assert_eq!(r["cap_garbage"]["status"], 400, "{r}");
+    assert_eq!(body("cap_garbage")["error"]["code"], -32700, "{r}");
+    assert_eq!(r["cap_text_plain"]["status"], 415, "{r}");
+    assert_eq!(body("third")["id"], 1, "the busy refusal names its request");
+    // Only the MCP path is served.
+    assert_eq!(r["other_path"]["status"], 404, "{r}");
+    assert_eq!(body("other_path")["id"], 2, "{r}");
+    // The same id twice within a session: the second is refused, the first answers.
+    assert_eq!(r["http_duplicate_first"]["status"], 200, "{r}");
+    let first = r["http_duplicate_first"]["body"].as_str().unwrap();
+    assert!(
+        first.contains(r#""id":5,"result""#) && first.contains(r#"\"output\":\"first\\n\""#),
+        "{r}"
+    );
+    assert_eq!(r["http_duplicate_second"]["status"], 400, "{r}");
+    assert_eq!(body("http_duplicate_second")["error"]["code"], -32600);
+    assert_eq!(body("http_duplicate_second")["id"], 5);
+    assert_eq!(r["http_reused_after_answer"]["status"], 200, "{r}");
     assert_eq!(r["delete_status"], 200, "{r}");
     let (is_error, text, _) = parts(&r["after"]);
     assert!(!is_error, "{text}");
@@ -463,6 +492,10 @@ fn mcp_http_sessions_are_capped_and_delete_succeeds() {
         .as_str()
         .unwrap()
         .contains("Origin"));
+    assert_eq!(
+        body["id"], 1,
+        "the request's id, as in the 403 for a foreign Host"
+    );
     assert_eq!(r["null_origin"], 403, "{r}");
     assert_eq!(r["delete_unknown"]["status"], 404, "{r}");
     let body: Value = serde_json::from_str(r["delete_unknown"]["body"].as_str().unwrap()).unwrap();
@@ -479,6 +512,86 @@ fn mcp_http_sessions_are_capped_and_delete_succeeds() {
     assert_eq!(body["error"]["code"], -32600);
     assert_eq!(r["burst_exit_code"], 0);
     assert_eq!(r["other_loopback"], 200, "{r}");
+}
+
+/// Probe of stop 55, over stdio: a request reusing the id of one still running is refused
+/// (-32600) while the first gets its own response; no progress arrives for a cancelled call,
+/// queued or being stopped; params that are not an object are -32602; an agent-loop tool is
+/// named as such; a toolset that adds no tool is logged with the reason.
+#[test]
+fn mcp_reused_ids_are_refused_and_cancelled_calls_report_no_progress() {
+    let sb = Sandbox::new();
+    let Some(r) = scenario(&sb, "ids_and_progress") else {
+        return;
+    };
+    let dup = r["duplicate"].as_array().expect("replies to id 5");
+    assert_eq!(dup.len(), 2, "one reply per request: {r}");
+    let refused = dup.iter().find(|m| m.get("error").is_some()).expect("{r}");
+    assert_eq!(refused["error"]["code"], -32600, "{r}");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("in use by a request still running")),
+        "{r}"
+    );
+    let answered = dup.iter().find(|m| m.get("result").is_some()).expect("{r}");
+    assert_eq!(
+        answered["result"]["structuredContent"]["output"], "first\n",
+        "the first request gets its own response: {r}"
+    );
+    assert_eq!(r["reused_after_answer"], true);
+
+    assert_eq!(r["params_array"]["error"]["code"], -32602, "{r}");
+    assert_eq!(r["params_array"]["id"], 6);
+    assert_eq!(r["todo"]["error"]["code"], -32602, "{r}");
+    assert!(
+        r["todo"]["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("`todo` is an agent-loop tool")),
+        "{r}"
+    );
+
+    assert_eq!(
+        r["queued_progress_after_cancel"],
+        serde_json::json!([]),
+        "{r}"
+    );
+    assert_eq!(r["queued_replies"], serde_json::json!([]), "{r}");
+    assert!(
+        r["running_progress_before_cancel"].as_u64() >= Some(2),
+        "{r}"
+    );
+    assert_eq!(
+        r["running_progress_after_cancel"],
+        serde_json::json!([]),
+        "no progress while a cancelled script is being stopped: {r}"
+    );
+    assert_eq!(r["running_replies"], serde_json::json!([]), "{r}");
+    assert_eq!(
+        r["eleven_while_stopping"]["error"]["code"], -32600,
+        "the id of a cancelled call is taken until its handler returns: {r}"
+    );
+    assert_eq!(
+        r["eleven_again"]["result"]["structuredContent"]["output"], "eleven again\n",
+        "{r}"
+    );
+    assert_eq!(
+        r["after"]["result"]["structuredContent"]["output"], "after\n",
+        "{r}"
+    );
+
+    let log = r["stderr"].as_str().unwrap();
+    for toolset in ["delegation", "memory", "todo", "web"] {
+        assert!(
+            log.contains(&format!("--toolsets {toolset}: no tool of it is offered")),
+            "{toolset}: {log}"
+        );
+    }
+    assert!(
+        log.contains("an agent-loop tool, which serve never offers"),
+        "{log}"
+    );
+    assert!(log.contains("web_search: unavailable ("), "{log}");
 }
 
 #[test]
