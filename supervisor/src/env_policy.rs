@@ -385,6 +385,13 @@ pub const SET_FOR_THE_CHILD: &[(&str, SetIn, &str)] = &[
         SetIn::Both,
         "project: the caller's HOME (else the staging dir); strict: the staging dir",
     ),
+    (
+        "PATH",
+        SetIn::Both,
+        "the caller's PATH; when the default interpreter is a #! wrapper (a pyenv shim), the \
+         directory of the Python it selects first, unless PATH has it already (as `pyenv exec` \
+         does)",
+    ),
     ("PYTHONDONTWRITEBYTECODE", SetIn::Both, "1"),
     ("PYTHONIOENCODING", SetIn::Both, "utf-8"),
     ("PYTHONUTF8", SetIn::Both, "1"),

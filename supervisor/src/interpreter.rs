@@ -16,7 +16,7 @@
 //! the shell that set it was), not the session cwd the script runs in.
 
 use crate::config::Mode;
-use crate::interpreter_probe::{ProbeEnv, PROBE_ANSWER_TTL};
+use crate::interpreter_probe::{parse_version, ProbeEnv, PROBE_ANSWER_TTL};
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -33,6 +33,10 @@ pub struct Interpreter {
     pub path: PathBuf,
     /// Where it came from, for logs and results.
     pub source: &'static str,
+    /// The `#!` wrapper (a pyenv shim) found as the default interpreter, when `path` is what
+    /// it selects ([`crate::interpreter_shim`]): the child's `PATH` then starts with `path`'s
+    /// directory, as `pyenv exec` does.
+    pub wrapper: Option<PathBuf>,
 }
 
 /// No interpreter could be found.
@@ -52,6 +56,21 @@ pub enum InterpreterError {
         /// The version its resolved file name declares.
         version: (u32, u32),
     },
+    /// The default interpreter is a `#!` wrapper (a pyenv shim) that selects, for the
+    /// execution's cwd, a Python older than the stub supports.
+    #[error("{found_as} is {wrapper}, a #! wrapper (a pyenv shim) that selects {selected} in {cwd}, which is Python {}.{}; scripts need Python {}.{} or newer: select a newer one for that directory (pyenv: `pyenv local 3.12` there, or PYENV_VERSION) or set code_execution.python to a newer interpreter", version.0, version.1, MIN_VERSION.0, MIN_VERSION.1)]
+    WrapperTooOld {
+        /// How the wrapper was found: `code_execution.python`, `python3 on PATH`, …
+        found_as: &'static str,
+        /// The wrapper.
+        wrapper: PathBuf,
+        /// The interpreter it selects.
+        selected: PathBuf,
+        /// That interpreter's version.
+        version: (u32, u32),
+        /// The cwd it selected it for (the execution's session dir).
+        cwd: PathBuf,
+    },
     /// Nothing on PATH.
     #[error("no Python interpreter found: python3 is not on PATH; install Python 3.8+ or set code_execution.python in config.yaml")]
     NotOnPath,
@@ -61,15 +80,20 @@ impl InterpreterError {
     /// Whether the `code_execution.python` setting is at fault (a configuration error), not
     /// the machine.
     pub fn is_setting(&self) -> bool {
-        matches!(
-            self,
-            InterpreterError::ConfiguredMissing { .. } | InterpreterError::ConfiguredTooOld { .. }
-        )
+        match self {
+            InterpreterError::ConfiguredMissing { .. }
+            | InterpreterError::ConfiguredTooOld { .. } => true,
+            InterpreterError::WrapperTooOld { found_as, .. } => *found_as == CONFIGURED_SOURCE,
+            InterpreterError::NotOnPath => false,
+        }
     }
 }
 
 /// [`Interpreter::source`] of the embedding host's own interpreter ([`Resolution::host`]).
 pub const HOST_SOURCE: &str = "host sys.executable";
+
+/// [`Interpreter::source`] of `code_execution.python`.
+pub const CONFIGURED_SOURCE: &str = "code_execution.python";
 
 /// Inputs of the resolution, taken from the caller's environment.
 #[derive(Debug, Clone, Default)]
@@ -116,8 +140,9 @@ impl Resolution {
         self
     }
 
-    /// The interpreter for `mode`.
-    pub fn resolve(&self, mode: Mode) -> Result<Interpreter, InterpreterError> {
+    /// The interpreter for `mode`, for an execution whose session dir is `cwd` (a wrapper
+    /// selects by the dir it runs in).
+    pub fn resolve(&self, mode: Mode, cwd: &Path) -> Result<Interpreter, InterpreterError> {
         if mode == Mode::Project {
             for (var, prefix) in [
                 ("VIRTUAL_ENV", &self.virtual_env),
@@ -133,6 +158,7 @@ impl Resolution {
                             } else {
                                 "CONDA_PREFIX"
                             },
+                            wrapper: None,
                         })
                     }
                     Err(why) => tracing::warn!(
@@ -148,27 +174,63 @@ impl Resolution {
             }
         }
         let interpreter = self.default_interpreter()?;
-        if mode == Mode::Strict && crate::interpreter_shim::is_script(&interpreter.path) {
-            // A wrapper (pyenv shim) cannot run confined: run what it would run.
-            match crate::interpreter_shim::real_interpreter(&interpreter.path, &self.probe_env) {
-                Ok(path) => {
-                    tracing::info!(
-                        "execute_code: strict mode runs {} (what the wrapper {} runs)",
-                        path.display(),
-                        interpreter.path.display()
-                    );
-                    return Ok(Interpreter {
-                        path,
-                        ..interpreter
-                    });
-                }
-                Err(why) => tracing::warn!(
-                    "execute_code: cannot resolve the wrapper interpreter {}: {why}",
-                    interpreter.path.display()
-                ),
-            }
+        if crate::interpreter_shim::is_script(&interpreter.path) {
+            return self.through_wrapper(interpreter, mode, cwd);
         }
         Ok(interpreter)
+    }
+
+    /// What the wrapper `interpreter` selects for `cwd`, checked like any interpreter
+    /// (docs/interpreter.md); the wrapper itself when it cannot say (strict mode then refuses
+    /// it with its own explanation).
+    fn through_wrapper(
+        &self,
+        interpreter: Interpreter,
+        mode: Mode,
+        cwd: &Path,
+    ) -> Result<Interpreter, InterpreterError> {
+        let wrapper = interpreter.path.clone();
+        match crate::interpreter_shim::real_interpreter(&wrapper, cwd, &self.probe_env) {
+            Ok(selected) if selected.version < MIN_VERSION => {
+                Err(InterpreterError::WrapperTooOld {
+                    found_as: match interpreter.source {
+                        CONFIGURED_SOURCE => CONFIGURED_SOURCE,
+                        HOST_SOURCE => "the host interpreter",
+                        _ => "the interpreter found on PATH",
+                    },
+                    wrapper,
+                    selected: selected.path,
+                    version: selected.version,
+                    cwd: cwd.to_path_buf(),
+                })
+            }
+            Ok(selected) => {
+                tracing::debug!(
+                    "execute_code: running {} (Python {}.{}), what the wrapper {} selects in {}",
+                    selected.path.display(),
+                    selected.version.0,
+                    selected.version.1,
+                    wrapper.display(),
+                    cwd.display()
+                );
+                Ok(Interpreter {
+                    path: selected.path,
+                    wrapper: Some(wrapper),
+                    ..interpreter
+                })
+            }
+            Err(why) => {
+                tracing::warn!(
+                    "execute_code: cannot resolve the wrapper interpreter {}: {why}; {}",
+                    wrapper.display(),
+                    match mode {
+                        Mode::Project => "running the wrapper itself, unchecked",
+                        Mode::Strict => "strict mode cannot run it",
+                    }
+                );
+                Ok(interpreter)
+            }
+        }
     }
 
     /// The default interpreter: configured, else the embedding host's, else `python3` (then
@@ -190,7 +252,8 @@ impl Resolution {
             }
             return Ok(Interpreter {
                 path,
-                source: "code_execution.python",
+                source: CONFIGURED_SOURCE,
+                wrapper: None,
             });
         }
         if let Some(host) = &self.host {
@@ -213,6 +276,7 @@ impl Resolution {
                     return Ok(Interpreter {
                         path: host.clone(),
                         source: HOST_SOURCE,
+                        wrapper: None,
                     })
                 }
             }
@@ -222,6 +286,7 @@ impl Resolution {
                 return Ok(Interpreter {
                     path,
                     source: "PATH",
+                    wrapper: None,
                 });
             }
         }
@@ -343,17 +408,6 @@ fn lib_version(prefix: &Path) -> Option<(u32, u32)> {
     found
 }
 
-fn parse_version(s: &str) -> Option<(u32, u32)> {
-    let mut parts = s.split('.');
-    let major = parts.next()?.trim().parse().ok()?;
-    let minor_part = parts.next()?;
-    let digits: String = minor_part
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect();
-    Some((major, digits.parse().ok()?))
-}
-
 /// How long the interpreter may take to report its version.
 const VERSION_PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -398,9 +452,17 @@ fn probe_version(exe: &Path, env: &ProbeEnv) -> VersionAnswer {
 }
 
 fn ask_version(exe: &Path, env: &ProbeEnv) -> VersionAnswer {
-    use crate::interpreter_probe::{ask, ProbeError};
+    use crate::interpreter_probe::{ask, Isolation, ProbeError};
     let code = "import sys; print('%d.%d' % sys.version_info[:2])";
-    let answer = ask(exe, code, VERSION_PROBE_TIMEOUT, env).map_err(|e| match e {
+    let answer = ask(
+        exe,
+        Isolation::Isolated,
+        code,
+        None,
+        VERSION_PROBE_TIMEOUT,
+        env,
+    )
+    .map_err(|e| match e {
         ProbeError::TimedOut(t) => {
             format!("it did not report its version within {} s", t.as_secs())
         }
@@ -450,7 +512,7 @@ mod tests {
             path: std::env::var_os("PATH"),
             ..Resolution::default()
         };
-        let i = r.resolve(Mode::Project).unwrap();
+        let i = r.resolve(Mode::Project, Path::new("/")).unwrap();
         assert_eq!(i.source, "PATH");
     }
 
@@ -467,7 +529,7 @@ mod tests {
             configured: Some(link.clone()),
             ..Resolution::default()
         };
-        let err = r.resolve(Mode::Project).unwrap_err();
+        let err = r.resolve(Mode::Project, Path::new("/")).unwrap_err();
         assert!(
             matches!(
                 err,
@@ -490,7 +552,10 @@ mod tests {
             configured: Some(plain.clone()),
             ..Resolution::default()
         };
-        assert_eq!(r.resolve(Mode::Project).unwrap().path, plain);
+        assert_eq!(
+            r.resolve(Mode::Project, Path::new("/")).unwrap().path,
+            plain
+        );
     }
 
     #[test]
@@ -500,7 +565,7 @@ mod tests {
             ..Resolution::default()
         };
         assert!(matches!(
-            r.resolve(Mode::Strict),
+            r.resolve(Mode::Strict, Path::new("/")),
             Err(InterpreterError::ConfiguredMissing { .. })
         ));
     }
@@ -513,14 +578,17 @@ mod tests {
             path: std::env::var_os("PATH"),
             ..Resolution::default()
         };
-        let i = r.resolve(Mode::Project).unwrap();
+        let i = r.resolve(Mode::Project, Path::new("/")).unwrap();
         assert_eq!((i.path.as_path(), i.source), (host.as_path(), HOST_SOURCE));
         let configured = Resolution {
             configured: Some(host.clone()),
             ..r.clone()
         };
         assert_eq!(
-            configured.resolve(Mode::Project).unwrap().source,
+            configured
+                .resolve(Mode::Project, Path::new("/"))
+                .unwrap()
+                .source,
             "code_execution.python"
         );
         // A host interpreter that is gone falls back to PATH instead of failing.
@@ -528,6 +596,9 @@ mod tests {
             host: Some("/no/such/python".into()),
             ..r
         };
-        assert_eq!(gone.resolve(Mode::Project).unwrap().source, "PATH");
+        assert_eq!(
+            gone.resolve(Mode::Project, Path::new("/")).unwrap().source,
+            "PATH"
+        );
     }
 }

@@ -122,16 +122,37 @@ pub(crate) struct Answer {
     pub(crate) stdout: String,
 }
 
-/// Runs `exe -I -c code` with the probe environment of `env`, its stdin and stderr on
-/// `/dev/null`, for at most `timeout`.
+/// How a probe isolates the interpreter from the caller's `PYTHON*` variables and user site.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Isolation {
+    /// `-I`: Python 3.4+ only (Python 2 stops at it, which [`crate::interpreter`] reports).
+    Isolated,
+    /// `-E -s`: the same for a one-line `-c` that imports only `sys`, and Python 2 answers
+    /// it too, so a wrapper that selects a Python 2 can be told "too old" by version.
+    IgnoreEnvAndUserSite,
+}
+
+/// Runs `exe <isolation> -c code` with the probe environment of `env`, in `cwd` (`None`: this
+/// process's), its stdin and stderr on `/dev/null`, for at most `timeout`.
 pub(crate) fn ask(
     exe: &Path,
+    isolation: Isolation,
     code: &str,
+    cwd: Option<&Path>,
     timeout: Duration,
     env: &ProbeEnv,
 ) -> Result<Answer, ProbeError> {
-    let mut child = std::process::Command::new(exe)
-        .args(["-I", "-c", code])
+    let flags: &[&str] = match isolation {
+        Isolation::Isolated => &["-I"],
+        Isolation::IgnoreEnvAndUserSite => &["-E", "-s"],
+    };
+    let mut command = std::process::Command::new(exe);
+    if let Some(cwd) = cwd {
+        command.current_dir(cwd);
+    }
+    let mut child = command
+        .args(flags)
+        .args(["-c", code])
         .env_clear()
         .envs(env.vars())
         .stdin(Stdio::null())
@@ -223,6 +244,18 @@ fn drain(pipe: &mut impl Read, out: &mut Vec<u8>) -> bool {
         }
     }
     true
+}
+
+/// `major.minor` of a version string (`3.11.7`, `3.13t`, `2.7`).
+pub(crate) fn parse_version(s: &str) -> Option<(u32, u32)> {
+    let mut parts = s.split('.');
+    let major = parts.next()?.trim().parse().ok()?;
+    let minor_part = parts.next()?;
+    let digits: String = minor_part
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    Some((major, digits.parse().ok()?))
 }
 
 #[cfg(test)]

@@ -74,7 +74,7 @@ impl LaunchSpec {
     /// The spec of `request` as it would run now (its cwd and interpreter resolved).
     pub(crate) fn for_request(request: &ExecutionRequest) -> Result<Self, StartError> {
         let session_cwd = session_cwd(request.cwd.as_deref())?;
-        let interpreter = request.resolution().resolve(request.mode)?;
+        let interpreter = request.resolution().resolve(request.mode, &session_cwd)?;
         Ok(LaunchSpec::new(request, interpreter, session_cwd))
     }
 
@@ -129,6 +129,10 @@ impl LaunchSpec {
             Mode::Strict => staging.as_os_str().to_owned(),
         };
         env.push(("HOME".into(), home));
+        if let Some(path) = self.path_for_wrapped(&env) {
+            env.retain(|(k, _)| k != "PATH");
+            env.push(("PATH".into(), path));
+        }
         // SPEC §4: TZ in every mode, the caller's else the host's zone (a strict script cannot
         // read /etc to find it, and a fork server's children must match a cold start's).
         env.push((
@@ -153,6 +157,31 @@ impl LaunchSpec {
         }
         env.push(("PYTHONPATH".into(), pythonpath));
         Ok(env)
+    }
+}
+
+impl LaunchSpec {
+    /// The child's `PATH` when its interpreter is what a `#!` wrapper selects (a pyenv shim):
+    /// the interpreter's directory first, unless `PATH` already has it, as `pyenv exec` puts
+    /// the selected version's `bin` first (and leaves `PATH` alone for the system Python).
+    /// A script's `subprocess.run(["pip", ...])` then reaches the pip of the Python it runs in,
+    /// not a shim that would select again without the caller's `PYENV_VERSION` (scrubbed) or
+    /// from another cwd. `None`: `PATH` stays as scrubbed.
+    fn path_for_wrapped(&self, env: &[(OsString, OsString)]) -> Option<OsString> {
+        self.interpreter.wrapper.as_ref()?;
+        let dir = self.interpreter.path.parent()?;
+        let old = env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v);
+        if let Some(old) = old {
+            if std::env::split_paths(old).any(|p| p == dir) {
+                return None;
+            }
+        }
+        let mut path = dir.as_os_str().to_owned();
+        if let Some(old) = old.filter(|v| !v.is_empty()) {
+            path.push(":");
+            path.push(old);
+        }
+        Some(path)
     }
 }
 
@@ -657,4 +686,89 @@ fn new_token() -> String {
         bytes = rand::random();
     }
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    /// A wrapper's selection depends on the session dir, so the warm paths (fork server,
+    /// pool, prestart), which reuse an interpreter by launch key, must not let one dir's
+    /// Python serve another's: in strict mode the key holds no session dir, only the
+    /// interpreter resolved for it.
+    #[test]
+    fn the_launch_key_holds_what_a_wrapper_selects_for_the_session_dir() {
+        let Ok(python) = which::which("python3") else {
+            eprintln!("SKIP: no python3 on PATH");
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let other = dir.path().join("other");
+        std::fs::create_dir(&other).unwrap_or_else(|e| panic!("{e}"));
+        let real = std::process::Command::new(&python)
+            .args(["-c", "import sys; print(sys.executable)"])
+            .output()
+            .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
+            .unwrap_or_else(|e| panic!("{e}"));
+        std::os::unix::fs::symlink(&real, other.join("python3")).unwrap_or_else(|e| panic!("{e}"));
+        let shim = dir.path().join("python3");
+        std::fs::write(
+            &shim,
+            format!(
+                "#!/bin/sh\nif [ -e .other ]; then exec {} \"$@\"; fi\nexec {} \"$@\"\n",
+                other.join("python3").display(),
+                real.display()
+            ),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let project = dir.path().join("project");
+        std::fs::create_dir(&project).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(project.join(".other"), "").unwrap_or_else(|e| panic!("{e}"));
+        let config = Config {
+            python: Some(shim.clone()),
+            ..Config::default()
+        };
+        for mode in [Mode::Project, Mode::Strict] {
+            let spec = |cwd: &Path| {
+                let mut request = ExecutionRequest::from_config("pass", &config);
+                request.mode = mode;
+                request.cwd = Some(cwd.to_path_buf());
+                LaunchSpec::for_request(&request).unwrap_or_else(|e| panic!("{e}"))
+            };
+            let (a, b) = (spec(&project), spec(dir.path()));
+            assert_eq!(a.interpreter.path, other.join("python3"), "{mode:?}");
+            assert_eq!(a.interpreter.wrapper.as_deref(), Some(shim.as_path()));
+            assert_eq!(b.interpreter.path, real, "{mode:?}");
+            assert_ne!(a.key(), b.key(), "{mode:?}");
+            // The selected Python's directory comes first on the child's PATH.
+            let env = a
+                .child_env(dir.path(), false)
+                .unwrap_or_else(|e| panic!("{e}"));
+            let path = env
+                .iter()
+                .find(|(k, _)| k == "PATH")
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default();
+            assert_eq!(
+                std::env::split_paths(&path).next().as_deref(),
+                Some(other.as_path()),
+                "{mode:?}"
+            );
+        }
+        // A PATH that has the directory already is left as it is (pyenv's system Python).
+        let caller_path = format!("/usr/bin:{}", other.display());
+        let mut request = ExecutionRequest::from_config("pass", &config);
+        request.cwd = Some(project.clone());
+        request.base_env = Some(vec![("PATH".into(), caller_path.clone().into())]);
+        let spec = LaunchSpec::for_request(&request).unwrap_or_else(|e| panic!("{e}"));
+        let env = spec
+            .child_env(dir.path(), false)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let paths: Vec<_> = env.iter().filter(|(k, _)| k == "PATH").collect();
+        assert_eq!(paths, [&("PATH".into(), caller_path.into())]);
+    }
 }

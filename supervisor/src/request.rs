@@ -107,7 +107,12 @@ impl ExecutionRequest {
         if self.python.is_none() {
             return Ok(()); // nothing configured: nothing to check, and no cost on a cold start
         }
-        match self.resolution().resolve(self.mode) {
+        // The session dir as the execution takes it; a bad one is the execution's to report,
+        // and a wrapper is then asked where this process runs.
+        let cwd = session_cwd(self.cwd.as_deref())
+            .or_else(|_| std::env::current_dir())
+            .unwrap_or_else(|_| PathBuf::from("/"));
+        match self.resolution().resolve(self.mode, &cwd) {
             Err(e) if e.is_setting() => Err(e),
             _ => Ok(()),
         }

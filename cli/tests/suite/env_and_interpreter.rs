@@ -534,7 +534,7 @@ fn interpreter_probes_get_the_scrubbed_environment_and_run_once_per_run() {
     assert_eq!(r["status"], "success", "{r}");
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(
-        text.contains("ARGS -I -c"),
+        text.contains("ARGS -E -s -c"),
         "the wrapper was not asked:\n{text}"
     );
     assert!(

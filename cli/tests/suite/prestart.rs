@@ -57,14 +57,16 @@ fn a_script_larger_than_a_pipe_buffer_arrives_whole() {
 #[test]
 fn an_interpreter_that_dies_before_reading_its_script_ends_the_run_with_its_error() {
     let sb = Sandbox::new();
-    // An interpreter that answers probes like the real one but, started on a script, exits
-    // without opening it. It waits a moment first, so the run has taken it and is releasing
-    // the script to it by then: the release must not wait for a reader forever.
+    // An interpreter that, started on a script, exits without opening it. It waits a moment
+    // first, so the run has taken it and is releasing the script to it by then: the release
+    // must not wait for a reader forever. It does not say which Python it runs (the `-E -s`
+    // question asked of a #! wrapper), so it is run itself rather than what it would exec.
     let wrapper = sb.work().join("dying-python");
     std::fs::write(
         &wrapper,
         format!(
-            "#!/bin/sh\ncase \"$1\" in -u) sleep 0.5; echo 'died before the script' >&2; exit 3;; esac\n\
+            "#!/bin/sh\ncase \"$1\" in -u) sleep 0.5; echo 'died before the script' >&2; exit 3;; \
+             -E) exit 1;; esac\n\
              exec {} \"$@\"\n",
             python3().display()
         ),

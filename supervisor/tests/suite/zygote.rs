@@ -920,13 +920,15 @@ fn a_slow_or_failed_server_start_blocks_no_other_execution() {
     let wrapper = dir.path().join("python3");
     // Only the fork server's start (its program names itself) waits, then fails (after 60 s at
     // most, so a failed test leaves nothing behind); every other use of this interpreter
-    // (version probe, cold scripts) runs the real one.
+    // (cold scripts) runs the real one. It does not say which Python it runs (the `-E -s`
+    // question of `interpreter_shim`), so it is run itself, under a launch key of its own,
+    // instead of being resolved to the real one and sharing that one's key.
     std::fs::write(
         &wrapper,
         format!(
             "#!/bin/sh\ncase \"$*\" in *'The fork server of one launch key'*)\n  i=0\n  \
              while [ ! -e '{}' ] && [ $i -lt 3000 ]; do sleep 0.02; i=$((i+1)); done\n  \
-             exit 1;;\nesac\nexec '{}' \"$@\"\n",
+             exit 1;;\n'-E -s -c '*) exit 1;;\nesac\nexec '{}' \"$@\"\n",
             release.display(),
             python.display()
         ),
