@@ -860,3 +860,153 @@ fn tz_is_injected_in_every_mode_and_the_audit_lists_what_each_mode_sets() {
         );
     }
 }
+
+/// A `#!` wrapper on PATH (a pyenv shim) that selects its Python by the `.python-version` of
+/// the cwd it runs in: `other` and `old` select as named, anything else the default. The
+/// wrapper marks the environment it passes on, as pyenv's shims set `PYENV_*`.
+struct SelectingWrapper {
+    shims: PathBuf,
+    default: PathBuf,
+    other: PathBuf,
+}
+
+fn selecting_wrapper(sb: &mut Sandbox) -> SelectingWrapper {
+    let root = sb.root.path().to_path_buf();
+    let real = python3();
+    // Two names for the one Python of this machine, each reported as its sys.executable.
+    let named = |dir: &str| {
+        let path = root.join(dir).join("python3");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(&real, &path).unwrap();
+        path
+    };
+    let (default, other) = (named("py-default"), named("py-other"));
+    let py2 = match pyenv_python2() {
+        Some(py) => format!("py2) exec {} \"$@\";;\n", py.display()),
+        None => String::new(),
+    };
+    let shims = root.join("shims");
+    write_exe(
+        &shims.join("python3"),
+        &format!(
+            "#!/bin/sh\nexport WRAPPER_WAS_HERE=1\ncase \"$(cat .python-version 2>/dev/null)\" in\n\
+             other) exec {other} \"$@\";;\n\
+             old) printf '3.6\\n%s\\n' {other}; exit 0;;\n\
+             {py2}\
+             esac\nexec {default} \"$@\"\n",
+            other = other.display(),
+            default = default.display(),
+        ),
+    );
+    // No code_execution.python: the default interpreter is python3 on PATH, the wrapper.
+    std::fs::write(sb.home().join("config.yaml"), "").unwrap();
+    let path = std::env::var("PATH").unwrap_or_default();
+    sb.set_env("PATH", &format!("{}:{path}", shims.display()));
+    SelectingWrapper {
+        shims,
+        default,
+        other,
+    }
+}
+
+fn project_dir(sb: &Sandbox, name: &str, version: &str) -> PathBuf {
+    let dir = sb.root.path().join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(".python-version"), format!("{version}\n")).unwrap();
+    dir
+}
+
+const SHOW_INTERPRETER: &str = "import json, os, sys\nprint(json.dumps([sys.executable, \
+     os.environ.get('WRAPPER_WAS_HERE'), os.environ['PATH'].split(':')[0]]))\n";
+
+/// Project mode ran a wrapper on PATH as the interpreter: the wrapper's own variables reached
+/// the script behind the scrubbing (and `env audit`), the result named the wrapper instead of
+/// the Python that ran, and nothing checked the version the wrapper selected.
+#[test]
+fn a_wrapper_on_path_runs_what_it_selects_for_the_session_dir() {
+    let mut sb = Sandbox::new();
+    let w = selecting_wrapper(&mut sb);
+    let pv = project_dir(&sb, "pv", "other");
+    let shown = |r: &Value| -> Value {
+        assert_eq!(r["status"], "success", "{r}");
+        serde_json::from_str(r["output"].as_str().unwrap().trim()).unwrap()
+    };
+    let dir_of = |p: &Path| Value::from(p.parent().unwrap().display().to_string());
+    for (args, selected) in [
+        (vec!["--cwd", pv.to_str().unwrap()], &w.other),
+        (vec![], &w.default),
+    ] {
+        let r = sb.run_json(SHOW_INTERPRETER, &args);
+        let seen = shown(&r);
+        let want = Value::from(selected.display().to_string());
+        assert_eq!(r["interpreter"], want, "{args:?}: {r}");
+        assert_eq!(seen[0], want, "{args:?}: {r}");
+        assert_eq!(
+            seen[1],
+            Value::Null,
+            "the wrapper's variables reached the script: {r}"
+        );
+        // As `pyenv exec` does: the selected Python's directory first on PATH.
+        assert_eq!(seen[2], dir_of(selected), "{args:?}: {r}");
+    }
+    // The audit says where that PATH entry comes from.
+    let audit = parse_single_json(&sb.run(&["env", "audit", "--json"]));
+    assert!(
+        audit["set_for_child"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["name"] == "PATH"),
+        "{audit}"
+    );
+
+    // A selection too old for the stub is refused, naming the wrapper, what it selected and
+    // how to change it; the script does not run.
+    let old = project_dir(&sb, "old", "old");
+    let mut olds = vec![(old, w.other.clone(), "3.6")];
+    match pyenv_python2() {
+        Some(py) => olds.push((project_dir(&sb, "py2", "py2"), py, "2.7")),
+        None => eprintln!("note: no Python 2.7 under /root/.pyenv/versions; only the fake"),
+    }
+    for (dir, selected, version) in olds {
+        let out = sb.run_stdin(b"print('ran')", &["--json", "--cwd", dir.to_str().unwrap()]);
+        let r = parse_single_json(&out);
+        assert_eq!(r["status"], "error", "{r}");
+        assert!(!r["output"].as_str().unwrap_or("").contains("ran"), "{r}");
+        let error = r["error"].as_str().unwrap();
+        let wrapper = w.shims.join("python3");
+        for part in [
+            format!("is {}, a #! wrapper", wrapper.display()),
+            format!("selects {} in {}", selected.display(), dir.display()),
+            format!("which is Python {version}; scripts need Python 3.8 or newer"),
+            "pyenv local".to_string(),
+        ] {
+            assert!(error.contains(&part), "{part:?} not in: {error}");
+        }
+    }
+}
+
+/// Strict mode asked the wrapper in the supervisor's cwd, so a `--cwd` whose `.python-version`
+/// selects another Python ran the one selected where `vibeos-exec` was started.
+#[test]
+fn strict_mode_asks_a_wrapper_in_the_session_dir() {
+    if let Some(why) = vibeos_testkit::strict_unavailable() {
+        vibeos_testkit::skip!("strict wrapper selection: {why}");
+    }
+    let mut sb = Sandbox::new();
+    let w = selecting_wrapper(&mut sb);
+    let pv = project_dir(&sb, "pv", "other");
+    for (args, selected) in [
+        (
+            vec!["--mode", "strict", "--cwd", pv.to_str().unwrap()],
+            &w.other,
+        ),
+        (vec!["--mode", "strict"], &w.default),
+    ] {
+        let r = sb.run_json("import sys; print(sys.executable)", &args);
+        assert_eq!(r["status"], "success", "{r}");
+        let want = selected.display().to_string();
+        assert_eq!(r["interpreter"], want.as_str(), "{args:?}: {r}");
+        assert_eq!(r["output"].as_str().unwrap().trim(), want, "{args:?}: {r}");
+    }
+}
