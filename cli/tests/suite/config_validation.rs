@@ -511,3 +511,48 @@ fn an_mcp_server_url_that_is_not_http_is_skipped_saying_so() {
         );
     }
 }
+
+/// Backend values docker or ssh would refuse only at run time (or act on wrongly) are refused
+/// at validation, naming the key (stop 55, finding 4): a volume over the tool agent's dir
+/// (docker made an empty root-owned `vibeos-exec` file in the host dir) or the RPC dir
+/// ("Duplicate mount point" at run time), a memory limit below docker's minimum (6 MB), and
+/// an ssh key file that does not exist (it was exit 1, "unreachable").
+#[test]
+fn backend_values_refused_at_run_time_are_refused_at_validation() {
+    let sb = Sandbox::new();
+    let host = sb.home().display().to_string();
+    for target in [
+        "/usr/local/libexec",
+        "/usr/local/libexec/vibeos-exec",
+        "/usr",
+        "/run/vibeos-rpc",
+        "/run/vibeos-rpc/x",
+        "/run/",
+        "/",
+    ] {
+        sb.write_config(&format!(
+            "terminal:\n  backend: docker\n  docker_image: img\n  docker_volumes: ['{host}:{target}']\n"
+        ));
+        let err = refused(&sb);
+        assert!(
+            err.contains("terminal.docker_volumes[0]"),
+            "{target}: {err}"
+        );
+        assert!(
+            err.contains("/usr/local/libexec/vibeos-exec") || err.contains("/run/vibeos-rpc"),
+            "{target}: {err}"
+        );
+    }
+    sb.write_config("terminal:\n  backend: docker\n  docker_image: img\n  container_memory: 1\n");
+    let err = refused(&sb);
+    assert!(err.contains("terminal.container_memory"), "{err}");
+    assert!(err.contains("6"), "{err}");
+    let missing = sb.home().join("no-such-key");
+    sb.write_config(&format!(
+        "terminal:\n  backend: ssh\n  ssh_host: 127.0.0.1\n  ssh_key: {}\n",
+        missing.display()
+    ));
+    let err = refused(&sb);
+    assert!(err.contains("terminal.ssh_key"), "{err}");
+    assert!(err.contains("no-such-key"), "{err}");
+}

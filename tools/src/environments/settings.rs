@@ -306,6 +306,16 @@ impl BackendSettings {
         s.container_cpu = number("container_cpu", t.container_cpu)?;
         s.container_memory =
             number("container_memory", t.container_memory)?.map(|m| m.ceil() as u64);
+        // docker refuses a memory limit below 6 MB ("Minimum memory limit allowed is 6MB")
+        // only when the container is made; no backend runs Python in less.
+        if s.container_memory.is_some_and(|m| m < MIN_MEMORY_MB) {
+            return Err(bad(
+                "terminal.container_memory",
+                format!(
+                    "must be at least {MIN_MEMORY_MB} (MB): docker refuses a smaller memory limit"
+                ),
+            ));
+        }
         s.container_disk = number("container_disk", t.container_disk)?.map(|m| m.ceil() as u64);
         s.daytona_image = string("daytona_image", t.daytona_image)?;
         s.singularity_image = string("singularity_image", t.singularity_image)?;
@@ -388,6 +398,22 @@ impl BackendSettings {
             .and_then(|a| a.skip_in_isolated_backends)
         {
             s.skip_approvals_isolated = b;
+        }
+        // A key file that is not there made ssh fail at the first call as "unreachable"
+        // (exit 1): it is the config that is wrong.
+        if s.backend == BackendKind::Ssh {
+            if let Some(key) = &s.ssh_key {
+                let path = expand_home(key);
+                if let Err(e) = std::fs::metadata(&path) {
+                    return Err(bad(
+                        "terminal.ssh_key",
+                        format!(
+                            "names {}, which cannot be read ({e}); set it to the private key's file",
+                            path.display()
+                        ),
+                    ));
+                }
+            }
         }
         match s.backend {
             BackendKind::Docker if s.docker_image.is_none() => {
@@ -493,11 +519,52 @@ fn parse_volume(text: &str) -> Result<Volume, String> {
     if !host.starts_with('/') || !container.starts_with('/') {
         return Err(format!("{text:?}: both paths must be absolute"));
     }
+    // Over (or inside) a path the product mounts itself, a volume breaks the container:
+    // docker made an empty root-owned `vibeos-exec` file in the host dir for the agent's
+    // mount, or refused the RPC dir's as a "Duplicate mount point" only at run time.
+    let target = normal_path(container);
+    for ours in [super::docker::AGENT_PATH, super::docker::RPC_MOUNT] {
+        let ours = std::path::Path::new(ours);
+        if target.starts_with(ours) || ours.starts_with(&target) {
+            return Err(format!(
+                "{text:?}: the container path {} would cover or be inside {}, which vibeos-exec \
+                 mounts itself; choose another container path",
+                target.display(),
+                ours.display()
+            ));
+        }
+    }
     Ok(Volume {
         host: PathBuf::from(host),
         container: container.to_string(),
         read_only,
     })
+}
+
+/// The smallest `terminal.container_memory` (MB): docker's minimum memory limit.
+pub const MIN_MEMORY_MB: u64 = 6;
+
+/// `path` (absolute) with `.`, `..`, repeated and trailing slashes resolved as docker does.
+fn normal_path(path: &str) -> PathBuf {
+    let mut out = PathBuf::from("/");
+    for c in std::path::Path::new(path).components() {
+        match c {
+            std::path::Component::Normal(n) => out.push(n),
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// `terminal.ssh_key` as ssh reads it: `~/` is the home dir (`$HOME`).
+fn expand_home(path: &std::path::Path) -> PathBuf {
+    match (path.strip_prefix("~"), std::env::var_os("HOME")) {
+        (Ok(rest), Some(home)) => PathBuf::from(home).join(rest),
+        _ => path.to_path_buf(),
+    }
 }
 
 /// Whether `image` can only be read as an image reference by a container CLI: not empty, no
