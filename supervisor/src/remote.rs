@@ -460,10 +460,24 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
     if !reported && ending != Ending::Exited && exit_code == Some(0) {
         exit_code = None;
     }
-    // ssh's own 255 without a report: the connection ended (a lost master, a dropped network),
-    // not the script, which the end of its session stopped. Blaming the script with "exited
-    // with code 255" sent readers looking in the wrong place.
-    let connection_lost = !reported && backend == "ssh" && exit_code == Some(255);
+    // Whether the environment itself is gone (the container stopped, the ssh master lost),
+    // asked only when the bootstrap did not report: that decides which end to report, and
+    // whether anything is left over there to sweep.
+    let env_down = if !reported && ending == Ending::Exited && !r.env.relayed() {
+        let env = Arc::clone(&r.env);
+        !tokio::task::spawn_blocking(move || env.still_up())
+            .await
+            .unwrap_or(true)
+    } else {
+        false
+    };
+    // ssh's own 255 without a report and the master gone: the connection ended (a lost
+    // master, a dropped network), not the script, which the end of its session stopped.
+    // Blaming the script with "exited with code 255" sent readers looking in the wrong place.
+    // With the master alive, 255 is the bootstrap's death by a signal (a script that killed
+    // its parent): `bootstrap_lost` below.
+    let ssh_ended = !reported && backend == "ssh" && exit_code == Some(255);
+    let connection_lost = ssh_ended && (env_down || ending != Ending::Exited);
     if connection_lost {
         exit_code = None;
     }
@@ -489,15 +503,19 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
         && !connection_lost
         && !no_interpreter
         && !engine_lost;
-    if engine_lost || bootstrap_lost {
+    if engine_lost || bootstrap_lost || ssh_ended {
         exit_code = None;
     }
-    if !reported && !swept_all && !no_interpreter {
+    // A container stopped from outside (or with its engine): nothing of the execution runs
+    // there, and the sweep and the work dir's removal would only fail ("is not running").
+    let container_stopped =
+        env_down && matches!(backend, "docker" | "podman") && (engine_lost || bootstrap_lost);
+    if !reported && !swept_all && !no_interpreter && !container_stopped {
         sweeper.sweep(false).await;
     }
     // A bootstrap that reported has removed its work dir; one that did not may have been
     // killed before it could.
-    if !reported {
+    if !reported && !container_stopped {
         remove_work_dir(&r.env, &remote_dir).await;
     }
     server.stop();
@@ -545,7 +563,13 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
              running (`{backend} info`), then run it again"
         ));
     }
-    if bootstrap_lost {
+    if container_stopped {
+        result.error = Some(format!(
+            "the script's exit status was lost: the {backend} container stopped (killed or \
+             stopped from outside, or its engine restarted) before the script reported; the \
+             next call starts it again"
+        ));
+    } else if bootstrap_lost {
         result.error = Some(format!(
             "the script's exit status was lost: the execution's bootstrap on the {backend} side \
              was killed before it reported (the script may have killed its parent); every \

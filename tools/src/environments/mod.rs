@@ -157,6 +157,14 @@ pub trait Environment: Send + Sync {
     /// Dangerous-command approval may be skipped there (`approvals.skip_in_isolated_backends`).
     fn isolated(&self) -> bool;
 
+    /// Whether the environment itself still runs (the container, the ssh master connection):
+    /// asked when an execution ended without its bootstrap's report, to say whether the
+    /// environment was lost (and will be started again) or only the bootstrap. May take an
+    /// engine or control round trip; `true` (the default) where it cannot be lost that way.
+    fn still_up(&self) -> bool {
+        true
+    }
+
     /// The working dir and the interpreter on that side.
     fn site(&self) -> &Site;
 
