@@ -952,3 +952,101 @@ exec {docker} \"$@\"
     environments::shutdown();
     environments::activate(BackendSettings::default());
 }
+
+/// A container on the host's network namespace (`terminal.docker_network: host`) reaches the
+/// host's loopback services, so it is not isolated: a dangerous command is checked there as on
+/// the host (stop 55, finding 1: it ran unasked, e.g. `psql -h 127.0.0.1 -c 'DROP TABLE …'`).
+#[test]
+fn docker_a_container_on_the_host_network_is_not_isolated() {
+    if super::common::in_own_process() {
+        return;
+    }
+    let (_daemon, docker) = match Dockerd::with_image(IMAGE) {
+        Ok(d) => d,
+        Err(e) => return unavailable(&e),
+    };
+    let rt = runtime();
+    environments::activate(BackendSettings {
+        docker_network: "host".into(),
+        ..settings(&docker)
+    });
+    let dangerous = "from vibeos_tools import terminal\nr = terminal(\"echo 'DROP TABLE users' && echo ran-it\")\nprint(r.get('output'), r.get('error'))";
+    let r = run(&rt, request(dangerous, "task-hostnet"));
+    assert!(
+        !r.output.contains("ran-it") && r.output.contains("CommandDenied"),
+        "host network: checked: {r:?}"
+    );
+    environments::shutdown();
+    environments::activate(BackendSettings::default());
+}
+
+/// A direct tool call (as `serve --toolsets terminal,file` makes) after the container was
+/// killed from outside starts it again instead of failing for good with "it exited before
+/// listening" (stop 55, finding 3); an execution whose container is killed under it says the
+/// container stopped, not that the script may have killed its parent, and the end's sweep
+/// does not warn about the container being gone (finding 6).
+#[test]
+fn docker_a_container_killed_from_outside_is_noticed_and_started_again() {
+    if super::common::in_own_process() {
+        return;
+    }
+    let (daemon, docker) = match Dockerd::with_image(IMAGE) {
+        Ok(d) => d,
+        Err(e) => return unavailable(&e),
+    };
+    let rt = runtime();
+    environments::activate(settings(&docker));
+    let call = |name: &str, args: serde_json::Value| -> serde_json::Value {
+        let mut ctx = vibeos_tools::ToolContext::agent("/");
+        ctx.task_id = Some("task-killed".into());
+        let text = vibeos_tools::registry().handle_function_call(name, &args, &ctx);
+        serde_json::from_str(&text).unwrap()
+    };
+    let r = call("terminal", serde_json::json!({"command": "echo first"}));
+    assert!(r.to_string().contains("first"), "{r}");
+    let killed = daemon.running_with_label("vibeos-exec=1");
+    assert_eq!(killed.len(), 1, "{killed:?}");
+    let out = daemon.docker(&["kill", &killed[0]]);
+    assert!(out.status.success(), "{out:?}");
+    // The call that finds it lost may fail, saying so; the next one works again.
+    let lost = call("terminal", serde_json::json!({"command": "echo second"}));
+    if !lost.to_string().contains("second") {
+        assert!(
+            !lost.to_string().contains("exited before listening"),
+            "{lost}"
+        );
+    }
+    let r = call("read_file", serde_json::json!({"path": "/etc/hostname"}));
+    assert!(r.get("content").is_some(), "not recovered: {r}");
+    let r = call("terminal", serde_json::json!({"command": "echo third"}));
+    assert!(r.to_string().contains("third"), "not recovered: {r}");
+
+    // Killed under a running execution: said as the container's stop.
+    let names = daemon.running_with_label("vibeos-exec=1");
+    let kill_later = {
+        let (daemon_docker, name) = (docker.clone(), names[0].clone());
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(2));
+            std::process::Command::new(daemon_docker)
+                .args(["kill", &name])
+                .output()
+                .unwrap()
+        })
+    };
+    let r = run(
+        &rt,
+        request(
+            "import time\nprint('started', flush=True)\ntime.sleep(30)\n",
+            "task-killed",
+        ),
+    );
+    kill_later.join().unwrap();
+    assert_ne!(r.status, Status::Success, "{r:?}");
+    assert!(r.output.contains("started"), "{r:?}");
+    let error = r.error.clone().unwrap_or_default();
+    assert!(!error.contains("may have killed its parent"), "{r:?}");
+    assert!(error.contains("container"), "{r:?}");
+    assert!(error.contains("stopped"), "{r:?}");
+    environments::shutdown();
+    environments::activate(BackendSettings::default());
+}

@@ -45,21 +45,48 @@ const INIT: &str = include_str!("container_init.py");
 
 /// A running container of one task.
 pub struct DockerEnv {
-    binary: String,
-    name: String,
+    /// What makes, finds and revives the container: shared with the tool agent's launcher,
+    /// which brings a container stopped or removed from outside back before it starts the
+    /// agent again (a direct tool call recovers as an execution does).
+    core: Arc<Core>,
     site: Site,
-    persistent: bool,
     isolated: bool,
-    rpc_dir: PathBuf,
     agent: AgentClient,
     /// A persistent container's users file, held with a shared `flock` while this process
     /// uses the container (see [`users_lock`]); `None` for a container of our own.
     users: Option<std::fs::File>,
+}
+
+/// The container itself: its name, RPC dir and how it is made.
+pub struct Core {
+    binary: String,
+    name: String,
+    persistent: bool,
+    rpc_dir: PathBuf,
     /// What `docker run` makes the container from, kept to make it again when it was removed
-    /// behind our back ([`DockerEnv::revive`]).
+    /// behind our back ([`Core::revive`]).
     made: Made,
     /// One revival at a time: two executions that find the container stopped start it once.
     revive_lock: std::sync::Mutex<()>,
+}
+
+impl std::ops::Deref for DockerEnv {
+    type Target = Core;
+
+    fn deref(&self) -> &Core {
+        &self.core
+    }
+}
+
+/// Whether a container on `network` (`terminal.docker_network`) has a network namespace of
+/// its own, away from the host's: `none`, `bridge`, `default`, `private` and named networks
+/// do; `host` (the host's own, with its loopback services), `container:<id>` and `ns:<path>`
+/// (another namespace, which may be the host's), and podman's user-mode `slirp4netns` and
+/// `pasta` (which can map the host's loopback) do not — nor does any other `mode:options`
+/// form, whose reach is not known here. Only an isolated container may skip approvals.
+pub(crate) fn network_isolated(network: &str) -> bool {
+    let n = network.trim().to_ascii_lowercase();
+    !n.is_empty() && !n.contains(':') && !matches!(n.as_str(), "host" | "slirp4netns" | "pasta")
 }
 
 /// The `docker run` of a container: everything but its name and RPC dir.
@@ -320,18 +347,11 @@ impl DockerEnv {
             settings.cwd.is_none().then_some(workdir.as_str()),
             &agent_bin,
         );
-        let env = DockerEnv {
-            agent: Self::agent_client(&binary, &name, settings.shell_session, &rpc_dir),
+        let core = Arc::new(Core {
             binary: binary.clone(),
             name: name.clone(),
-            site: Site {
-                workdir: workdir.clone(),
-                python: settings.python.clone(),
-            },
             persistent,
-            isolated: settings.docker_volumes.is_empty() && mount_cwd.is_none(),
             rpc_dir: rpc_dir.clone(),
-            users,
             made: Made {
                 settings: settings.clone(),
                 task: task.to_string(),
@@ -342,6 +362,19 @@ impl DockerEnv {
                 workdir: workdir.clone(),
             },
             revive_lock: std::sync::Mutex::new(()),
+        });
+        let env = DockerEnv {
+            agent: Core::agent_client(Arc::clone(&core), settings.shell_session),
+            core,
+            site: Site {
+                workdir: workdir.clone(),
+                python: settings.python.clone(),
+            },
+            // A host mount, or the host's network, reaches the host: never isolated.
+            isolated: settings.docker_volumes.is_empty()
+                && mount_cwd.is_none()
+                && network_isolated(&settings.docker_network),
+            users,
         };
         if persistent {
             let out = engine(
@@ -391,7 +424,9 @@ impl DockerEnv {
         tracing::info!(container = %name, task, "backends: docker container started");
         Ok(env)
     }
+}
 
+impl Core {
     /// `docker run` of the container, named and mounted as this environment says; it is
     /// checked to be running, and removed again when it is not.
     fn run_container(&self) -> Result<(), EnvError> {
@@ -549,7 +584,9 @@ impl DockerEnv {
         }
         Ok(())
     }
+}
 
+impl DockerEnv {
     /// One `docker exec` of the execution's leader, and whether the leader recorded its pid
     /// (or the record cannot be read from here) before the exec ended.
     fn spawn_leader_once(
@@ -615,7 +652,9 @@ impl DockerEnv {
         }
         Ok((spawned, recorded))
     }
+}
 
+impl Core {
     /// The RPC dir, made again if it is gone (a temp-dir cleaner may take a stopped persistent
     /// container's) and private, as at the container's creation.
     fn private_rpc_dir(&self) -> Result<(), EnvError> {
@@ -659,18 +698,32 @@ impl DockerEnv {
         Ok(true)
     }
 
-    fn agent_client(
-        binary: &str,
-        name: &str,
-        shell_session: bool,
-        rpc_dir: &std::path::Path,
-    ) -> AgentClient {
-        let (binary, name) = (binary.to_string(), name.to_string());
-        let local = rpc_dir.join("agent.sock");
+    /// Whether the container runs (`false` also when the engine cannot say).
+    fn running(&self) -> bool {
+        engine(
+            &self.binary,
+            &["inspect", "-f", "{{.State.Running}}", &self.name],
+        )
+        .is_ok_and(|o| o.success() && String::from_utf8_lossy(&o.stdout).trim() == "true")
+    }
+
+    fn agent_client(core: Arc<Core>, shell_session: bool) -> AgentClient {
+        let local = core.rpc_dir.join("agent.sock");
         AgentClient::new("docker", move || {
-            let mut cmd = Command::new(&binary);
-            cmd.args(["exec", "-i", &name, AGENT_PATH, "backend-agent", "--listen"])
-                .arg(format!("{RPC_MOUNT}/agent.sock"));
+            // The agent is (re)started when the last one is gone: if that is because the
+            // container was stopped or removed from outside, it is brought back first (with a
+            // warning), or every later tool call would fail until an execution revived it.
+            core.revive()?;
+            let mut cmd = Command::new(&core.binary);
+            cmd.args([
+                "exec",
+                "-i",
+                &core.name,
+                AGENT_PATH,
+                "backend-agent",
+                "--listen",
+            ])
+            .arg(format!("{RPC_MOUNT}/agent.sock"));
             if !shell_session {
                 cmd.arg("--no-shell-session");
             }
@@ -770,6 +823,19 @@ impl Environment for DockerEnv {
 
     fn isolated(&self) -> bool {
         self.isolated
+    }
+
+    fn still_up(&self) -> bool {
+        // Asked right after an exec ended without a report: a container being killed ends
+        // its execs before the engine records it as stopped, so a "running" is looked at
+        // again for a moment (only on this rare path).
+        for _ in 0..5 {
+            if !self.running() {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        true
     }
 
     fn site(&self) -> &Site {
@@ -975,6 +1041,26 @@ mod tests {
         assert!(shape_change("", &first)
             .unwrap()
             .contains("another version"));
+    }
+
+    #[test]
+    fn only_a_network_namespace_of_its_own_is_isolated() {
+        for n in ["none", "bridge", "default", "private", "my-net", "NONE"] {
+            assert!(network_isolated(n), "{n}");
+        }
+        for n in [
+            "host",
+            "HOST",
+            "container:web",
+            "ns:/proc/1/ns/net",
+            "slirp4netns",
+            "slirp4netns:allow_host_loopback=true",
+            "pasta",
+            "pasta:--map-gw",
+            "",
+        ] {
+            assert!(!network_isolated(n), "{n}");
+        }
     }
 
     #[test]
