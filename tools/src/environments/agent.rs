@@ -50,6 +50,9 @@ struct Conn {
     direct: Option<(std::path::PathBuf, String)>,
     /// Connections free for the next caller.
     idle: Vec<DirectConn>,
+    /// Which start of the agent this is: a caller whose connection broke forgets the agent
+    /// only if it is still the one it used (another caller may have started a new one).
+    epoch: u64,
 }
 
 /// One authenticated connection used by one caller at a time.
@@ -84,6 +87,8 @@ pub struct AgentClient {
     backend: &'static str,
     launch: Box<dyn Fn() -> Result<AgentLaunch, EnvError> + Send + Sync>,
     conn: Mutex<Option<Conn>>,
+    /// Starts so far (the next [`Conn::epoch`]).
+    starts: std::sync::atomic::AtomicU64,
 }
 
 impl AgentClient {
@@ -96,6 +101,7 @@ impl AgentClient {
             backend,
             launch: Box::new(launch),
             conn: Mutex::new(None),
+            starts: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -195,6 +201,9 @@ impl AgentClient {
             next_id: 1,
             direct,
             idle: Vec::new(),
+            epoch: self
+                .starts
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst),
         })
     }
 
@@ -249,9 +258,9 @@ impl AgentClient {
             let mut line = request.to_string();
             line.push('\n');
             if let Some((path, token)) = conn.direct.clone() {
-                let idle = conn.idle.pop();
+                let (idle, epoch) = (conn.idle.pop(), conn.epoch);
                 drop(guard);
-                return self.call_direct(idle, &path, &token, &line, tool, timeout);
+                return self.call_direct(idle, epoch, &path, &token, &line, tool, timeout);
             }
             if let Err(e) = conn
                 .writer
@@ -284,20 +293,27 @@ impl AgentClient {
     }
 
     /// One request on a connection of the caller's own, answered on this thread.
+    #[allow(clippy::too_many_arguments)]
     fn call_direct(
         &self,
         idle: Option<DirectConn>,
+        epoch: u64,
         path: &std::path::Path,
         token: &str,
         line: &str,
         tool: &str,
         timeout: Duration,
     ) -> Result<Value, ToolError> {
+        // The agent (or what carries its socket: an ssh master, a container) is gone: it is
+        // forgotten, so the next call starts it again (and the environment with it) instead
+        // of every later call failing here for good.
         let broke = |e: std::io::Error| {
+            self.forget(epoch);
             ToolError::new(
                 crate::ToolErrorKind::BackendError,
                 format!(
-                    "{} backend: the tool agent connection broke during `{tool}`: {e}; the environment may have been stopped",
+                    "{} backend: the tool agent was lost during `{tool}` ({e}): it, or the \
+                     environment it runs in, was stopped or killed; the next call starts it again",
                     self.backend
                 ),
             )
@@ -353,11 +369,31 @@ impl AgentClient {
             )
         })?;
         if let Ok(mut guard) = self.conn.lock() {
-            if let Some(c) = guard.as_mut() {
+            if let Some(c) = guard.as_mut().filter(|c| c.epoch == epoch) {
                 c.idle.push(conn);
             }
         }
         decode_reply(v)
+    }
+
+    /// Ends the agent of start `epoch` if it is still the current one (its process may look
+    /// alive: an ssh client whose remote agent was killed keeps its session while a child of
+    /// the agent holds its output). Its end is waited for on a thread of its own.
+    fn forget(&self, epoch: u64) {
+        let old = {
+            let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+            match guard.as_ref() {
+                Some(c) if c.epoch == epoch => guard.take(),
+                _ => None,
+            }
+        };
+        if let Some(old) = old {
+            tracing::warn!(
+                "backends: the {} tool agent was lost; it is started again on the next call",
+                self.backend
+            );
+            std::thread::spawn(move || old.end());
+        }
     }
 
     /// Kills (process group, SIGKILL) every command still running there for the execution
