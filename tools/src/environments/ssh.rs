@@ -34,6 +34,14 @@ const OWNER_FILE: &str = "owner";
 /// How control dirs are named (in the temp dir, or /tmp).
 const CONTROL_PREFIX: &str = "vibeos-ssh-";
 const OP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Keepalives on every connection (the master's, and the fresh ones of the sweep): a host
+/// that stops answering while the TCP connection stays open (a stopped sshd, a frozen VM, a
+/// network that drops packets silently) ends the connection after about
+/// `interval × (count + 1)` = 15–20 s with "Timeout, server not responding", instead of
+/// hanging every call for as long as the kernel keeps the connection (minutes).
+const SERVER_ALIVE_INTERVAL: u32 = 5;
+/// Unanswered keepalives before the connection counts as dead.
+const SERVER_ALIVE_COUNT_MAX: u32 = 3;
 
 /// Connection options shared by the master and every command over it.
 #[derive(Clone)]
@@ -60,7 +68,10 @@ impl Target {
     /// master's session process runs as the script's user).
     fn ssh_via(&self, shared: bool) -> Command {
         let mut cmd = Command::new("ssh");
-        cmd.args(["-o", "BatchMode=yes", "-o", "ConnectTimeout=10"])
+        cmd.args(["-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o"])
+            .arg(format!("ServerAliveInterval={SERVER_ALIVE_INTERVAL}"))
+            .arg("-o")
+            .arg(format!("ServerAliveCountMax={SERVER_ALIVE_COUNT_MAX}"))
             .arg("-o")
             .arg(if shared {
                 format!("ControlPath={}", self.control.display())
@@ -134,6 +145,12 @@ impl Target {
             .take()
             .map(|s| Box::new(AfterMarker::new(s, marker)) as Box<dyn Read + Send>);
     }
+}
+
+/// What the ssh client printed, as one line: it ends its lines with \r\n (it may hold a
+/// tty).
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// `out` from just after the first `marker`; all of it when there is none (the shell failed
@@ -220,11 +237,7 @@ pub struct SshEnv {
 fn ssh_error(what: &str, out: &super::CommandOutput) -> EnvError {
     // The client ends its lines with \r\n (it may hold a tty): one line, spaces between what
     // it said, and the exit as a reader writes it.
-    let said = out
-        .stderr_text()
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ");
+    let said = one_line(&out.stderr_text());
     let exit = match out.code {
         Some(code) if code < 0 => format!("killed by signal {}", -code),
         Some(code) => format!("exit {code}"),
@@ -294,7 +307,7 @@ impl SshEnv {
                 backend: "ssh",
                 message: format!(
                     "cannot connect to {host}: {}; check terminal.ssh_host/ssh_port/ssh_user/ssh_key and the host key",
-                    out.stderr_text()
+                    one_line(&out.stderr_text())
                 ),
             });
         }
