@@ -986,3 +986,170 @@ fn ssh_a_valid_cached_agent_is_not_read_again() {
     );
     environments::activate(BackendSettings::default());
 }
+
+/// Pids of the test user's sshd session processes (`sshd: USER@notty`): stopping them stalls
+/// every connection of that user while the TCP connections stay open.
+fn user_sshd_sessions() -> Vec<i32> {
+    let out = Command::new("ps")
+        .args(["-u", SSH_USER, "-o", "pid=,args="])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let (pid, args) = l.trim().split_once(' ')?;
+            args.trim().starts_with("sshd:").then(|| pid.parse().ok())?
+        })
+        .collect()
+}
+
+/// Sends `signal` to every pid of `pids`.
+fn signal_all(pids: &[i32], signal: i32) {
+    for pid in pids {
+        // SAFETY: kill(2) of an sshd session process of this test's sshd.
+        unsafe { libc::kill(*pid, signal) };
+    }
+}
+
+/// A host that stops answering (its sshd session stopped; the TCP connection stays open) ends
+/// a direct tool call and an execution within seconds, with a clear error and the output
+/// printed before the stall (stop 55, finding 2: `read_file` hung over 90 s, an execution with
+/// an 8 s timeout returned after 61–73 s). The next call connects again.
+#[test]
+fn ssh_a_stalled_host_ends_calls_within_seconds() {
+    let Some((_ssh, sshd)) = super::ssh_turn(true) else {
+        return;
+    };
+    let rt = runtime();
+    environments::activate(ssh_backend(&sshd, sshd.port));
+    let r = agent_call(
+        "stall",
+        "terminal",
+        serde_json::json!({"command": "echo warm"}),
+    );
+    assert_eq!(r["output"], "warm\n", "{r}");
+    let stopped = user_sshd_sessions();
+    assert!(!stopped.is_empty());
+    signal_all(&stopped, libc::SIGSTOP);
+    let started = Instant::now();
+    let r = agent_call(
+        "stall",
+        "read_file",
+        serde_json::json!({"path": "/etc/hostname"}),
+    );
+    let took = started.elapsed();
+    signal_all(&stopped, libc::SIGCONT);
+    assert!(r.get("error").is_some(), "{r}");
+    assert!(
+        took < Duration::from_secs(30),
+        "read_file took {took:?}: {r}"
+    );
+
+    // An execution that printed, then the host stalls.
+    std::thread::scope(|scope| {
+        let running = scope.spawn(|| {
+            let mut req = request("import time\nprint('before', flush=True)\ntime.sleep(60)\n");
+            req.timeout = Duration::from_secs(8);
+            let started = Instant::now();
+            (run(&rt, req), started.elapsed())
+        });
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !remote_processes().contains("vibeos-remote-scope") && !running.is_finished() {
+            assert!(Instant::now() < deadline, "the script did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::thread::sleep(Duration::from_millis(1500));
+        let stopped = user_sshd_sessions();
+        signal_all(&stopped, libc::SIGSTOP);
+        let (r, took) = running.join().unwrap();
+        signal_all(&stopped, libc::SIGCONT);
+        assert_ne!(r.status, Status::Success, "{r:?}");
+        assert!(took < Duration::from_secs(35), "took {took:?}: {r:?}");
+        assert!(r.output.contains("before"), "output lost: {r:?}");
+    });
+    // And the environment works again.
+    let r = agent_call(
+        "stall",
+        "terminal",
+        serde_json::json!({"command": "echo again"}),
+    );
+    let again = agent_call(
+        "stall",
+        "terminal",
+        serde_json::json!({"command": "echo again"}),
+    );
+    assert!(
+        r["output"] == "again\n" || again["output"] == "again\n",
+        "{r} {again}"
+    );
+    environments::shutdown();
+    environments::activate(BackendSettings::default());
+}
+
+/// A lost master connection and a killed tool agent are noticed and started again on the next
+/// call, for direct tool calls and executions alike (stop 55, finding 3: every later call
+/// failed with "Control socket connect(...): No such file" or for good after the agent died).
+/// A script that kills its bootstrap while the master is alive is not reported as a lost
+/// connection (finding 6).
+#[test]
+fn ssh_a_lost_master_or_agent_is_started_again() {
+    let Some((_ssh, sshd)) = super::ssh_turn(true) else {
+        return;
+    };
+    let rt = runtime();
+    environments::activate(ssh_backend(&sshd, sshd.port));
+    let echo = |word: &str| {
+        agent_call(
+            "lost",
+            "terminal",
+            serde_json::json!({"command": format!("echo {word}")}),
+        )
+    };
+    assert_eq!(echo("one")["output"], "one\n");
+    let r = run(
+        &rt,
+        request("from vibeos_tools import terminal\nprint(terminal('echo via-script')['output'])"),
+    );
+    assert!(r.output.contains("via-script"), "{r:?}");
+    for pid in master_pids(sshd.port) {
+        // SAFETY: kill(2) of an ssh master process this test's environment started.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    let lost = echo("two");
+    if lost["output"] != "two\n" {
+        let text = lost.to_string();
+        assert!(!text.contains("Control socket connect"), "{text}");
+    }
+    assert_eq!(echo("three")["output"], "three\n", "master not reconnected");
+    let r = run(
+        &rt,
+        request(
+            "from vibeos_tools import terminal\nprint(terminal('echo via-script-2')['output'])",
+        ),
+    );
+    assert_eq!(r.status, Status::Success, "{r:?}");
+    assert!(r.output.contains("via-script-2"), "{r:?}");
+
+    // A script kills the tool agent.
+    let kill_agent = "import os, signal\nfor p in os.listdir('/proc'):\n    try:\n        c = open('/proc/%s/cmdline' % p, 'rb').read()\n        if b'backend-agent' in c and os.stat('/proc/' + p).st_uid == os.getuid():\n            os.kill(int(p), signal.SIGKILL)\n    except (OSError, ValueError):\n        pass\nprint('killed')\n";
+    let r = run(&rt, request(kill_agent));
+    assert!(r.output.contains("killed"), "{r:?}");
+    let lost = echo("four");
+    if lost["output"] != "four\n" {
+        assert!(lost.get("error").is_some(), "{lost}");
+    }
+    let five = echo("five");
+    assert_eq!(
+        five["output"], "five\n",
+        "agent not restarted: {lost} {five}"
+    );
+
+    // A script that kills its bootstrap, the master alive: not a lost connection.
+    let r = run(&rt, request("import os, signal\nprint('started', flush=True)\nos.kill(os.getppid(), signal.SIGKILL)\n"));
+    assert_ne!(r.status, Status::Success, "{r:?}");
+    let error = r.error.clone().unwrap_or_default();
+    assert!(!error.contains("connection to the ssh host ended"), "{r:?}");
+    assert!(error.contains("bootstrap"), "{r:?}");
+    environments::shutdown();
+    environments::activate(BackendSettings::default());
+}

@@ -56,6 +56,23 @@ struct Target {
     /// stderr: what the login shell printed before it (a `~/.bashrc` that echoes — bash reads
     /// it even for `ssh host cmd`) is dropped up to it. See [`AfterMarker`].
     marker: String,
+    /// The master connection: opened again when it is found gone.
+    master: Arc<Master>,
+}
+
+/// The master connection of an environment, shared by every clone of its [`Target`].
+struct Master {
+    /// How many times it was opened (0: not yet); held while it is checked or opened, so
+    /// callers that find it gone open it once.
+    generation: std::sync::Mutex<u64>,
+    /// The environment's private dir on the host, made again with a new master.
+    env_dir: String,
+}
+
+/// What the ssh client printed, as one line: it ends its lines with \r\n (it may hold a
+/// tty).
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 impl Target {
@@ -102,6 +119,62 @@ impl Target {
         cmd
     }
 
+    /// Whether the master answers on its control socket (a connect, no round trip: a master
+    /// that exited removed the socket, a killed one left it refusing).
+    fn master_alive(&self) -> bool {
+        std::os::unix::net::UnixStream::connect(&self.control).is_ok()
+    }
+
+    /// The master's generation, after opening it when it is not there: the first time, and
+    /// again when it was lost (killed, ended by its keepalives, the network gone). A new
+    /// master has none of the old one's forwards; callers that set one up compare the
+    /// generation they did it on ([`SshEnv::router`]; the agent's is set up at its start).
+    fn ensure_master(&self) -> Result<u64, EnvError> {
+        let mut generation = self
+            .master
+            .generation
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if *generation > 0 && self.master_alive() {
+            return Ok(*generation);
+        }
+        let again = *generation > 0;
+        if again {
+            tracing::warn!(host = %self.host, "backends: the ssh master connection was lost; connecting again");
+        }
+        // A killed master leaves its socket; a new one would not bind over it.
+        let _ = std::fs::remove_file(&self.control);
+        let mut master = self.ssh();
+        master
+            .args(["-o", "ControlMaster=yes", "-o", "ControlPersist=yes", "-fN"])
+            .arg(&self.host);
+        let out = run_client("ssh", &mut master, b"", CONNECT_TIMEOUT, "ssh master")?;
+        if !out.success() {
+            return Err(EnvError::Unreachable {
+                backend: "ssh",
+                message: format!(
+                    "cannot connect to {}: {}; check terminal.ssh_host/ssh_port/ssh_user/ssh_key and the host key",
+                    self.host,
+                    one_line(&out.stderr_text())
+                ),
+            });
+        }
+        if again {
+            // The host may have lost the dir (a reboot), and keeps the old forwards' sockets,
+            // which a new forward could not bind over.
+            let dir = shell_quote(&self.master.env_dir);
+            let out = self.run(
+                &format!("mkdir -p -m 0700 {dir} && rm -f {dir}/rpc.sock {dir}/agent.sock"),
+                "preparing the remote socket dir again",
+            )?;
+            if !out.success() {
+                return Err(ssh_error("preparing the remote socket dir again", &out));
+            }
+        }
+        *generation += 1;
+        Ok(*generation)
+    }
+
     /// A client running the shell line `script` on the host over the master, after the
     /// marker (read its output through [`AfterMarker`] or [`Target::run`]).
     fn remote(&self, script: &str) -> Command {
@@ -145,12 +218,6 @@ impl Target {
             .take()
             .map(|s| Box::new(AfterMarker::new(s, marker)) as Box<dyn Read + Send>);
     }
-}
-
-/// What the ssh client printed, as one line: it ends its lines with \r\n (it may hold a
-/// tty).
-fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// `out` from just after the first `marker`; all of it when there is none (the shell failed
@@ -225,8 +292,9 @@ pub struct SshEnv {
     target: Target,
     /// The shared RPC socket there (`<remote_env_dir>/rpc.sock`).
     rpc_remote: String,
-    /// Its host end, set up with the first execution.
-    router: std::sync::Mutex<Option<Arc<Router>>>,
+    /// Its host end, set up with the first execution, and the master generation its forward
+    /// was added to (a new master needs it again).
+    router: std::sync::Mutex<Option<(Arc<Router>, u64)>>,
     /// A private 0700 dir on the host for this environment's forwarded sockets.
     remote_env_dir: String,
     _control_dir: tempfile::TempDir,
@@ -296,21 +364,12 @@ impl SshEnv {
             known_hosts: settings.ssh_known_hosts.clone(),
             control: control_dir.path().join("cm"),
             marker: format!("vibeos-ssh-{}:", super::random_hex(8)),
+            master: Arc::new(Master {
+                generation: std::sync::Mutex::new(0),
+                env_dir: remote_env_dir.clone(),
+            }),
         };
-        let mut master = target.ssh();
-        master
-            .args(["-o", "ControlMaster=yes", "-o", "ControlPersist=yes", "-fN"])
-            .arg(&host);
-        let out = run_client("ssh", &mut master, b"", CONNECT_TIMEOUT, "ssh master")?;
-        if !out.success() {
-            return Err(EnvError::Unreachable {
-                backend: "ssh",
-                message: format!(
-                    "cannot connect to {host}: {}; check terminal.ssh_host/ssh_port/ssh_user/ssh_key and the host key",
-                    one_line(&out.stderr_text())
-                ),
-            });
-        }
+        target.ensure_master()?;
         let agent_target = target.clone();
         let agent_bin = agent_binary(settings.agent_binary.as_deref());
         let session_flag = if settings.shell_session {
@@ -318,7 +377,6 @@ impl SshEnv {
         } else {
             " --no-shell-session"
         };
-        let uploaded = Arc::new(std::sync::Mutex::new(None::<String>));
         let agent_remote = format!("{remote_env_dir}/agent.sock");
         let agent_local = control_dir.path().join("agent.sock");
         let agent = AgentClient::new("ssh", move || {
@@ -326,15 +384,10 @@ impl SshEnv {
                 backend: "ssh",
                 message,
             })?;
-            let mut slot = uploaded.lock().unwrap_or_else(|p| p.into_inner());
-            let remote = match slot.as_ref() {
-                Some(r) => r.clone(),
-                None => {
-                    let r = upload_agent(&agent_target, &bin)?;
-                    *slot = Some(r.clone());
-                    r
-                }
-            };
+            // The agent is (re)started when the last one is gone: the master may have gone with
+            // it. And its cached copy is checked every time (one round trip at an agent start).
+            agent_target.ensure_master()?;
+            let remote = upload_agent(&agent_target, &bin)?;
             let mut cmd = agent_target.remote(&format!(
                 "{remote} backend-agent --listen {}{session_flag}",
                 shell_quote(&agent_remote)
@@ -354,6 +407,18 @@ impl SshEnv {
                 socket: Some(AgentSocket {
                     local: agent_local.clone(),
                     prepare: Some(Box::new(move || {
+                        // A restarted agent on the same master: the master still holds the
+                        // last one's forward, and would take the same one again as a no-op
+                        // while its socket file is removed below (every later call then
+                        // failed with "cannot connect"). Cancelled first; an error (no such
+                        // forward) is expected on a new master.
+                        let spec = format!("{}:{remote_sock}", local.display());
+                        let mut cancel = target.ssh();
+                        cancel
+                            .args(["-O", "cancel", "-L"])
+                            .arg(&spec)
+                            .arg(&target.host);
+                        let _ = run_client("ssh", &mut cancel, b"", OP_TIMEOUT, "agent forward");
                         let _ = std::fs::remove_file(&local);
                         let mut fwd = target.ssh();
                         fwd.args(["-O", "forward", "-L"])
@@ -467,16 +532,24 @@ impl SshEnv {
     /// The environment's shared RPC socket: forwarded once over the master, its connections
     /// routed to executions by token (see [`super::route`]).
     fn router(&self) -> Result<Arc<Router>, EnvError> {
+        let generation = self.target.ensure_master()?;
         let mut slot = self.router.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(r) = slot.as_ref() {
-            return Ok(Arc::clone(r));
-        }
         let local = self._control_dir.path().join("rpc.sock");
-        let router = Router::listen(&local).map_err(|e| EnvError::Command {
-            backend: "ssh",
-            what: "listening for the RPC forward".into(),
-            message: format!("{}: {e}", local.display()),
-        })?;
+        let router = match slot.take() {
+            Some((r, g)) if g == generation => {
+                *slot = Some((Arc::clone(&r), g));
+                return Ok(r);
+            }
+            // Forwarded on a master that is gone: the same listener, forwarded again.
+            Some((r, _)) => r,
+            None => Arc::new(Router::listen(&local).map_err(|e| EnvError::Command {
+                backend: "ssh",
+                what: "listening for the RPC forward".into(),
+                message: format!("{}: {e}", local.display()),
+            })?),
+        };
+        // Kept, not forwarded yet, when the forward fails: the next call tries again.
+        *slot = Some((Arc::clone(&router), 0));
         let mut fwd = self.target.ssh();
         fwd.args(["-O", "forward", "-R"])
             .arg(format!("{}:{}", self.rpc_remote, local.display()))
@@ -485,8 +558,7 @@ impl SshEnv {
         if !out.success() {
             return Err(ssh_error("forwarding the RPC socket", &out));
         }
-        let router = Arc::new(router);
-        *slot = Some(Arc::clone(&router));
+        *slot = Some((Arc::clone(&router), generation));
         Ok(router)
     }
 }
@@ -520,12 +592,28 @@ impl Environment for SshEnv {
         false
     }
 
+    fn still_up(&self) -> bool {
+        // A round trip through the master, not just a connect: one that is ending (its
+        // keepalives gave up) may still accept.
+        let mut check = self.target.ssh();
+        check.args(["-O", "check"]).arg(&self.target.host);
+        run_client(
+            "ssh",
+            &mut check,
+            b"",
+            Duration::from_secs(5),
+            "ssh -O check",
+        )
+        .is_ok_and(|o| o.success())
+    }
+
     fn site(&self) -> &Site {
         &self.site
     }
 
     fn spawn(&self, spec: &ExecSpec) -> Result<Spawned, EnvError> {
         spec.check("ssh")?;
+        self.target.ensure_master()?;
         let pgid_file = self.pgid_file();
         let wrapper = group_wrapper(spec, &pgid_file, &self.site.python);
         self.target.spawn(
@@ -556,6 +644,7 @@ impl Environment for SshEnv {
         let pgid_file = self.pgid_file();
         let spec = build(Some(&pgid_file));
         spec.check("ssh")?;
+        self.target.ensure_master()?;
         self.target
             .spawn(&exec_line(&spec), Some(self.group_killer(pgid_file)))
     }
