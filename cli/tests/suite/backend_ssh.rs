@@ -1153,3 +1153,70 @@ fn ssh_a_lost_master_or_agent_is_started_again() {
     environments::shutdown();
     environments::activate(BackendSettings::default());
 }
+
+/// Uploading a new agent copy removes the older copies of that naming scheme unused for over
+/// a day, and nothing else (stop 55, finding 5: every host build left another ~144 MB copy on
+/// each host): a recent copy (another host may run it), a `.part` being written and a file of
+/// another name stay.
+#[test]
+fn ssh_an_upload_prunes_old_agent_copies_only() {
+    let Some((_ssh, sshd)) = super::ssh_turn(true) else {
+        return;
+    };
+    let cache = sshd.dir.path().join("home/.cache/vibeos-exec");
+    std::fs::create_dir_all(&cache).unwrap();
+    for (name, age) in [
+        ("agent-11-11", Some("2 days ago")),
+        ("agent-22-22", None),
+        ("agent-33-33.part.7", Some("2 days ago")),
+        ("notes", Some("2 days ago")),
+    ] {
+        let path = cache.join(name);
+        std::fs::write(&path, "old").unwrap();
+        if let Some(age) = age {
+            assert!(Command::new("touch")
+                .args(["-d", age])
+                .arg(&path)
+                .status()
+                .unwrap()
+                .success());
+        }
+    }
+    assert!(Command::new("chown")
+        .args(["-R", SSH_USER])
+        .arg(sshd.dir.path().join("home/.cache"))
+        .status()
+        .unwrap()
+        .success());
+    // A binary of its own, with an mtime no copy has: it is uploaded.
+    let host = tempfile::tempdir().unwrap();
+    let agent = host.path().join("vibeos-exec");
+    std::fs::copy(env!("CARGO_BIN_EXE_vibeos-exec"), &agent).unwrap();
+    environments::activate(BackendSettings {
+        agent_binary: Some(agent.clone()),
+        ..ssh_backend(&sshd, sshd.port)
+    });
+    let r = agent_call(
+        "prune",
+        "terminal",
+        serde_json::json!({"command": "echo agent-ok"}),
+    );
+    assert_eq!(r["output"], "agent-ok\n", "{r}");
+    environments::shutdown();
+    environments::activate(BackendSettings::default());
+    let mut left: Vec<String> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    let size = std::fs::metadata(&agent).unwrap().len();
+    assert!(!left.contains(&"agent-11-11".to_string()), "{left:?}");
+    for kept in ["agent-22-22", "agent-33-33.part.7", "notes"] {
+        assert!(left.contains(&kept.to_string()), "{kept}: {left:?}");
+    }
+    assert!(
+        left.iter()
+            .any(|n| n.starts_with(&format!("agent-{size}-"))),
+        "{left:?}"
+    );
+}

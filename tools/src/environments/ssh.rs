@@ -385,7 +385,8 @@ impl SshEnv {
                 message,
             })?;
             // The agent is (re)started when the last one is gone: the master may have gone with
-            // it. And its cached copy is checked every time (one round trip at an agent start).
+            // it. And its cached copy is checked every time: another host's upload may have
+            // pruned it since (see `upload_agent`).
             agent_target.ensure_master()?;
             let remote = upload_agent(&agent_target, &bin)?;
             let mut cmd = agent_target.remote(&format!(
@@ -466,6 +467,16 @@ impl SshEnv {
     }
 }
 
+/// Run after a new agent copy is in place: removes the older copies, which each host build
+/// left behind (~144 MB each). Only files named by this scheme (`agent-<size>-<mtime>`, digits
+/// only: not a `.part` being written) and unused for over a day (`-mtime +0`): every host
+/// renews its copy's mtime when it starts an environment or restarts its agent, so a copy that
+/// another host may be about to run is never taken; a running agent whose file goes on
+/// running, and its host checks (and uploads again) before it starts the next one. Best
+/// effort: a failure here never fails the upload.
+const PRUNE_AGENTS: &str = "find \"$HOME\"/.cache/vibeos-exec -maxdepth 1 -type f -name 'agent-*' \
+     ! -name 'agent-*[!0-9-]*' -mtime +0 -exec rm -f {} + 2>/dev/null; exit 0";
+
 /// Copies the agent binary to the host once (keyed by size and mtime) and returns its path
 /// as a shell word that the remote shell expands.
 ///
@@ -489,9 +500,10 @@ fn upload_agent(target: &Target, bin: &std::path::Path) -> Result<String, EnvErr
         .unwrap_or(0);
     let size = meta.len();
     let name = format!("\"$HOME\"/.cache/vibeos-exec/agent-{size}-{mtime}");
-    // The cached copy's size as its own word (BSD `wc` pads it with blanks).
+    // The cached copy's size as its own word (BSD `wc` pads it with blanks). A copy in use
+    // has its mtime renewed, so the pruning of another host's upload spares it.
     let cached = format!(
-        "if test -x {name}; then s=$(wc -c < {name} 2>/dev/null); test \"$s\" && test $s -eq {size} && exit 0; fi; exit 3"
+        "if test -x {name}; then s=$(wc -c < {name} 2>/dev/null); test \"$s\" && test $s -eq {size} && touch -c {name} && exit 0; fi; exit 3"
     );
     // First only the check, with no input: the binary (~144 MB) is read only when it must be
     // sent, and then streamed, never held in memory whole (a valid cache read it all anyway,
@@ -507,7 +519,7 @@ fn upload_agent(target: &Target, bin: &std::path::Path) -> Result<String, EnvErr
          t={name}.part.$$; trap 'rm -f \"$t\"' EXIT; \
          cat > \"$t\" || exit; s=$(wc -c < \"$t\"); \
          if test $s -ne {size}; then echo \"the copy there has $s of {size} bytes\" >&2; exit 1; fi; \
-         chmod 700 \"$t\" && mv -f \"$t\" {name}"
+         chmod 700 \"$t\" && mv -f \"$t\" {name} || exit; {PRUNE_AGENTS}"
     );
     let data = std::fs::File::open(bin).map_err(|e| EnvError::Agent {
         backend: "ssh",
