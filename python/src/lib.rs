@@ -581,12 +581,13 @@ fn call_selection(
             .unwrap_or_else(|p| p.into_inner())
             .clone());
     }
+    // `enabled=[]` selects no toolset (its execute_code gets no script tool), not every one.
     let selection = ToolsetSelection {
-        enabled: enabled.unwrap_or_default(),
+        enabled,
         disabled: disabled.unwrap_or_default(),
     };
     registry()
-        .select_tools(&selection.enabled, &selection.disabled)
+        .select_toolsets(&selection)
         .map_err(|e| value_error(e.to_string()))?;
     Ok((!selection.is_everything()).then(|| Arc::new(selection)))
 }
@@ -641,11 +642,11 @@ fn handle_function_calls(
 
 /// The function-calling definitions of the selected, available tools, as JSON text. The
 /// selection is remembered for later execute_code calls that name none (see
-/// [`LAST_SELECTION`]).
+/// [`LAST_SELECTION`]). `enabled` `None` selects every toolset, an empty list none.
 #[pyfunction]
 fn get_tool_definitions(
     py: Python<'_>,
-    enabled: Vec<String>,
+    enabled: Option<Vec<String>>,
     disabled: Vec<String>,
 ) -> PyResult<String> {
     // The execute_code description states the configured mode and limits, read now, as
@@ -655,10 +656,10 @@ fn get_tool_definitions(
         .map_err(|e| PyRuntimeError::new_err(format!("vibeos config: {e}")))?;
     py.allow_threads(|| log_config_warnings(&config));
     let settings = vibeos_supervisor::execute_code_tool::execute_code_settings(&config, None);
-    let defs = py
-        .allow_threads(|| registry().get_tool_definitions_with(&enabled, &disabled, &settings))
-        .map_err(|e| value_error(e.to_string()))?;
     let selection = ToolsetSelection { enabled, disabled };
+    let defs = py
+        .allow_threads(|| registry().get_tool_definitions_for(&selection, &settings))
+        .map_err(|e| value_error(e.to_string()))?;
     *LAST_SELECTION.lock().unwrap_or_else(|p| p.into_inner()) =
         (!selection.is_everything()).then(|| Arc::new(selection));
     Ok(Value::Array(defs).to_string())

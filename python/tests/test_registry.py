@@ -585,3 +585,38 @@ def test_an_empty_toolset_name_is_an_error_not_every_tool():
     for kwargs in ({"enabled_toolsets": [""]}, {"disabled_toolsets": [" "]}):
         with pytest.raises(ValueError, match="empty toolset name"):
             registry.get_tool_definitions(**kwargs)
+
+
+def test_an_empty_enabled_toolsets_list_selects_no_tool(tmp_path):
+    """SPEC §7: enabled → only those. ``enabled_toolsets=[]`` returned every tool (``[]`` was
+    taken for "no selection"), where ``execute_code(enabled_tools=[])`` gives an empty stub."""
+    probe = ("import vibeos_tools\n"
+             "print(sorted(n for n in ('terminal', 'read_file', 'web_search')"
+             " if hasattr(vibeos_tools, n)))")
+
+    def stub_tools(**kw):
+        r = json.loads(registry.handle_function_call("execute_code", {"code": probe},
+                                                     cwd=str(tmp_path), **kw))
+        assert r["status"] == "success", r
+        return r["output"].strip()
+
+    assert len(registry.get_tool_definitions()) > 0
+    try:
+        assert registry.get_tool_definitions(enabled_toolsets=[]) == []
+        assert registry.get_tool_definitions([], ["web"]) == []
+        # The remembered selection is "none" too: the script the model was told nothing of
+        # gets no tool.
+        assert stub_tools() == "[]"
+        registry.get_tool_definitions()
+        assert stub_tools() == "['read_file', 'terminal']"
+        # A call's own empty selection: none, not every one.
+        assert stub_tools(enabled_toolsets=[]) == "[]"
+        turn = registry.handle_function_calls(
+            [{"name": "execute_code", "arguments": {"code": probe}}], cwd=str(tmp_path),
+            enabled_toolsets=[], disabled_toolsets=None)
+        assert json.loads(turn[0])["output"].strip() == "[]"
+        # None still means every toolset.
+        assert "terminal" in stub_tools(enabled_toolsets=None, disabled_toolsets=[])
+    finally:
+        registry.get_tool_definitions()
+

@@ -92,8 +92,9 @@ def handle_function_call(
     select the toolsets an execute_code script gets (both None: those of the last
     definitions)."""
 
-def get_tool_definitions(enabled: List[str], disabled: List[str]) -> str:
-    """Function-calling definitions as JSON text; remembers the selection for execute_code."""
+def get_tool_definitions(enabled: Optional[List[str]], disabled: List[str]) -> str:
+    """Function-calling definitions as JSON text (``enabled`` None: every toolset; ``[]``: none);
+    remembers the selection for execute_code."""
 
 def provider_credentials(names: List[str]) -> List[str]:
     """The names among ``names`` that are provider credentials."""

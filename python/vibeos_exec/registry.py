@@ -365,10 +365,20 @@ def get_tool_definitions(
     tools, so the script cannot reach a tool the model was not told of. The memory is one per
     process: a host that serves several sessions or sub-agents with different toolsets passes
     ``enabled_toolsets`` / ``disabled_toolsets`` with each call instead.
+
+    ``enabled_toolsets=None`` selects every toolset; an empty list selects none (no
+    definitions: the selection fails closed, as ``execute_code(enabled_tools=[])`` gives an
+    empty stub).
     """
-    enabled = _check_str_list("enabled_toolsets", enabled_toolsets or [])
+    enabled = _optional_str_list("enabled_toolsets", enabled_toolsets)
     disabled = _check_str_list("disabled_toolsets", disabled_toolsets or [])
     return json.loads(_native.get_tool_definitions(enabled, disabled))
+
+
+def _optional_str_list(param: str, value: Any) -> Optional[List[str]]:
+    """``value`` checked as a list of str, or None; an empty list stays an empty list (it
+    means "none", not "no selection")."""
+    return None if value is None else _check_str_list(param, value)
 
 
 def handle_function_call(
@@ -387,8 +397,8 @@ def handle_function_call(
 
     ``enabled_toolsets`` / ``disabled_toolsets`` are the session's toolsets, as
     :func:`get_tool_definitions` takes them: an ``execute_code`` call gives its script only the
-    script tools they keep. Given neither, the selection of the last
-    :func:`get_tool_definitions` call applies (every tool before the first). An unknown
+    script tools they keep (``enabled_toolsets=[]``: none). Given neither, the selection of the
+    last :func:`get_tool_definitions` call applies (every tool before the first). An unknown
     toolset name raises ``ValueError``.
     """
     _check_str("name", name)
@@ -409,11 +419,12 @@ def handle_function_call(
 def _selection(
     enabled_toolsets: Optional[Sequence[str]], disabled_toolsets: Optional[Sequence[str]]
 ) -> Tuple[Optional[List[str]], Optional[List[str]]]:
-    """The toolsets a call names, checked; ``(None, None)`` when it names none."""
+    """The toolsets a call names, checked; ``(None, None)`` when it names none. An empty
+    ``enabled_toolsets`` stays empty: it selects no toolset."""
     if enabled_toolsets is None and disabled_toolsets is None:
         return None, None
     return (
-        _check_str_list("enabled_toolsets", enabled_toolsets or []),
+        _optional_str_list("enabled_toolsets", enabled_toolsets),
         _check_str_list("disabled_toolsets", disabled_toolsets or []),
     )
 

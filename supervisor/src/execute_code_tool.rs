@@ -55,8 +55,10 @@ pub fn execute_code_entry_for(
     disabled: &[String],
 ) -> ToolEntry {
     let config = config.clone();
-    let selection = (!enabled.is_empty() || !disabled.is_empty())
-        .then(|| (enabled.to_vec(), disabled.to_vec()));
+    let selection = Some(vibeos_tools::ToolsetSelection::from_lists(
+        enabled, disabled,
+    ))
+    .filter(|s| !s.is_everything());
     ToolEntry::new_async(
         "execute_code",
         "code_execution",
@@ -79,13 +81,12 @@ pub fn execute_code_entry_for(
                 let mut request = request_from(&args, &ctx, &config)?;
                 // The entry's selection (a session's) and the call's own narrow each other: a
                 // caller can take tools away, never add one the entry's session lacks.
-                let call = ctx
-                    .toolsets
-                    .as_deref()
-                    .map(|s| (s.enabled.clone(), s.disabled.clone()));
+                // A call's selection with an empty `enabled` list selects no toolset: its
+                // script gets no tool (fail closed), never every one.
+                let call = ctx.toolsets.as_deref();
                 let mut allowed: Option<std::collections::BTreeSet<String>> = None;
-                for (enabled, disabled) in [selection, call].into_iter().flatten() {
-                    let selected = registry.select_tools(&enabled, &disabled).map_err(|e| {
+                for chosen in [selection.as_ref(), call].into_iter().flatten() {
+                    let selected = registry.select_toolsets(chosen).map_err(|e| {
                         ToolError::new(vibeos_tools::ToolErrorKind::ToolsetError, format!("the session's toolsets: {e}"))
                     })?;
                     let names: std::collections::BTreeSet<String> =

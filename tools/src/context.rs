@@ -36,20 +36,35 @@ pub struct ToolContext {
 }
 
 /// A session's toolsets, as `get_tool_definitions` takes them: `enabled` alone, every toolset
-/// minus `disabled`, or (both empty) every toolset.
+/// minus `disabled`, or (no `enabled` list, `disabled` empty) every toolset.
+///
+/// `enabled: Some(vec![])` selects no toolset at all (fail closed): an empty list a host passes
+/// means "none of them", not "no selection" (the Python package's `enabled_toolsets=[]` selected
+/// every tool before stop 55). The flags of the CLI, where an absent flag is an empty list, go
+/// through [`ToolsetSelection::from_lists`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ToolsetSelection {
-    /// Only these toolsets (composites and legacy names resolved).
-    pub enabled: Vec<String>,
+    /// Only these toolsets (composites and legacy names resolved); `None`: every toolset.
+    pub enabled: Option<Vec<String>>,
     /// Every toolset but these.
     pub disabled: Vec<String>,
 }
 
 impl ToolsetSelection {
-    /// Whether it selects every toolset (nothing to narrow): both lists empty. A list holding an
-    /// empty name is not "everything": the registry refuses it.
+    /// The selection of two list flags, where an empty `enabled` means the flag was not given
+    /// (every toolset).
+    pub fn from_lists(enabled: &[String], disabled: &[String]) -> Self {
+        ToolsetSelection {
+            enabled: (!enabled.is_empty()).then(|| enabled.to_vec()),
+            disabled: disabled.to_vec(),
+        }
+    }
+
+    /// Whether it selects every toolset (nothing to narrow): no `enabled` list and no disabled
+    /// toolset. A list holding an empty name is not "everything": the registry refuses it; an
+    /// empty `enabled` list selects nothing.
     pub fn is_everything(&self) -> bool {
-        self.enabled.is_empty() && self.disabled.is_empty()
+        self.enabled.is_none() && self.disabled.is_empty()
     }
 }
 

@@ -1,9 +1,9 @@
 //! Building what the model sees: the tool definitions of a session, and the listing behind
 //! `vibeos-exec tools list`.
 //!
-//! Selection follows SPEC §7: enabled toolsets → only those; disabled toolsets → everything
-//! minus those; neither → everything (when both are given, the disabled ones are subtracted from
-//! the enabled ones). Availability checks then drop tools that cannot run now. Finally the
+//! Selection follows SPEC §7: enabled toolsets → only those (an empty enabled list of a
+//! [`ToolsetSelection`] → none); disabled toolsets → everything minus those; neither →
+//! everything (when both are given, the disabled ones are subtracted from the enabled ones). Availability checks then drop tools that cannot run now. Finally the
 //! `execute_code` definition is rewritten to name exactly the script tools that survived, with
 //! the mode's working-directory note and the configured limits — so the model is never told
 //! about a tool a script could not call.
@@ -12,6 +12,7 @@ use crate::availability::{availability_of, Availability};
 use crate::entry::{ToolEntry, ToolSource};
 use crate::registry::ToolRegistry;
 use crate::toolsets::ToolsetError;
+use crate::ToolsetSelection;
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -79,23 +80,46 @@ pub struct ToolStatus {
 
 impl ToolRegistry {
     /// The registered tools selected by `enabled` / `disabled` toolset names, before availability
-    /// checks. Unknown names are an error naming the valid ones; so are empty names (an empty
-    /// list selects every toolset, an empty name in a list selects nothing).
+    /// checks, the lists as flags give them: an empty `enabled` list selects every toolset (the
+    /// flag was not given; see [`ToolRegistry::select_toolsets`] for a selection that can say
+    /// "none"). Unknown names are an error naming the valid ones; so are empty names (an empty
+    /// name in a list selects nothing).
     pub fn select_tools(
         &self,
         enabled: &[String],
         disabled: &[String],
     ) -> Result<Vec<Arc<ToolEntry>>, ToolsetError> {
+        self.select((!enabled.is_empty()).then_some(enabled), disabled)
+    }
+
+    /// The registered tools `selection` keeps, before availability checks: only its `enabled`
+    /// toolsets when it has that list (none when the list is empty), every toolset otherwise;
+    /// minus its `disabled` ones. Errors as [`ToolRegistry::select_tools`].
+    pub fn select_toolsets(
+        &self,
+        selection: &ToolsetSelection,
+    ) -> Result<Vec<Arc<ToolEntry>>, ToolsetError> {
+        self.select(selection.enabled.as_deref(), &selection.disabled)
+    }
+
+    fn select(
+        &self,
+        enabled: Option<&[String]>,
+        disabled: &[String],
+    ) -> Result<Vec<Arc<ToolEntry>>, ToolsetError> {
         let tools = crate::registry::read_tools(self);
-        let enabled: Vec<&str> = toolset_names(enabled, "enabled")?;
+        let enabled: Option<Vec<&str>> = enabled
+            .map(|names| toolset_names(names, "enabled"))
+            .transpose()?;
         let disabled: Vec<&str> = toolset_names(disabled, "disabled")?;
         let names = self.with_resolver(&tools, |r| -> Result<BTreeSet<String>, ToolsetError> {
             let mut picked = BTreeSet::new();
-            if enabled.is_empty() {
-                picked.extend(tools.keys().cloned());
-            } else {
-                for name in &enabled {
-                    r.resolve_into(name, &mut picked)?;
+            match &enabled {
+                None => picked.extend(tools.keys().cloned()),
+                Some(enabled) => {
+                    for name in enabled {
+                        r.resolve_into(name, &mut picked)?;
+                    }
                 }
             }
             let mut dropped = BTreeSet::new();
@@ -141,8 +165,9 @@ impl ToolRegistry {
     }
 
     /// The OpenAI function-calling definitions the model gets: the tools selected by the
-    /// toolsets, minus unavailable ones (each shared check run once), sorted by name, with the
-    /// `execute_code` definition rewritten for the surviving script tools and `settings`.
+    /// toolsets (the lists as [`ToolRegistry::select_tools`] takes them), minus unavailable
+    /// ones (each shared check run once), sorted by name, with the `execute_code` definition
+    /// rewritten for the surviving script tools and `settings`.
     pub fn get_tool_definitions_with(
         &self,
         enabled: &[String],
@@ -151,7 +176,27 @@ impl ToolRegistry {
     ) -> Result<Vec<Value>, ToolsetError> {
         self.prepare(crate::registry::Prepare::Definitions);
         let entries = self.select_tools(enabled, disabled)?;
-        let avail = availability_of(&entries, self.check_timeout());
+        Ok(self.definitions_of(&entries, settings))
+    }
+
+    /// [`ToolRegistry::get_tool_definitions_with`] for a [`ToolsetSelection`], which can select
+    /// no toolset at all (`enabled: Some(vec![])`: no definitions, fail closed).
+    pub fn get_tool_definitions_for(
+        &self,
+        selection: &ToolsetSelection,
+        settings: &ExecuteCodeSettings,
+    ) -> Result<Vec<Value>, ToolsetError> {
+        self.prepare(crate::registry::Prepare::Definitions);
+        let entries = self.select_toolsets(selection)?;
+        Ok(self.definitions_of(&entries, settings))
+    }
+
+    fn definitions_of(
+        &self,
+        entries: &[Arc<ToolEntry>],
+        settings: &ExecuteCodeSettings,
+    ) -> Vec<Value> {
+        let avail = availability_of(entries, self.check_timeout());
         let survivors: Vec<&Arc<ToolEntry>> = entries
             .iter()
             .zip(&avail)
@@ -165,7 +210,7 @@ impl ToolRegistry {
             .filter(|e| self.is_script_callable(e))
             .map(|e| e.as_ref())
             .collect();
-        Ok(survivors
+        survivors
             .iter()
             .map(|e| {
                 let mut def = e.definition();
@@ -178,7 +223,7 @@ impl ToolRegistry {
                 }
                 def
             })
-            .collect())
+            .collect()
     }
 }
 

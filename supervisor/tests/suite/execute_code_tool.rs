@@ -123,7 +123,7 @@ fn scripts_get_only_the_script_tools_the_session_selected() {
             .unwrap();
         let mut ctx = ToolContext::agent(dir.path());
         ctx.toolsets = Some(std::sync::Arc::new(vibeos_tools::ToolsetSelection {
-            enabled: call.iter().map(|s| s.to_string()).collect(),
+            enabled: Some(call.iter().map(|s| s.to_string()).collect()),
             disabled: Vec::new(),
         }));
         serde_json::from_str(&reg.handle_function_call(
@@ -145,4 +145,7 @@ fn scripts_get_only_the_script_tools_the_session_selected() {
         with_call(&["vibeos-core"], &["file", "code_execution"])["output"],
         "True True\n"
     );
+    // A call selecting no toolset (an empty enabled list) gives its script no tool: it used
+    // to mean "no selection", every tool.
+    assert_eq!(with_call(&[], &[])["output"], "False False\n");
 }

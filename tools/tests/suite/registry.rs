@@ -10,7 +10,7 @@ use std::time::Duration;
 use vibeos_tools::{
     Availability, CallStatus, CheckFn, ExecuteCodeSettings, HookDecision, OverridePolicy,
     RegistrationError, ToolCall, ToolContext, ToolEntry, ToolError, ToolRegistry, ToolSource,
-    Toolset, ToolsetError,
+    Toolset, ToolsetError, ToolsetSelection,
 };
 
 fn obj() -> Value {
@@ -192,7 +192,7 @@ fn an_empty_toolset_name_is_an_error_not_every_tool() {
     );
     assert_eq!(reg.get_tool_definitions(&[], &[]).unwrap().len(), 9);
     assert!(!vibeos_tools::ToolsetSelection {
-        enabled: s(&[""]),
+        enabled: Some(s(&[""])),
         disabled: vec![],
     }
     .is_everything());
@@ -487,6 +487,44 @@ fn failing_panicking_and_hanging_checks_mean_unavailable() {
     reg.add_toolset(Toolset::new("dead", "", &["off", "raises"], &[]))
         .unwrap();
     assert!(!reg.is_toolset_available("dead").unwrap());
+}
+
+#[test]
+fn an_empty_enabled_list_selects_no_tool() {
+    // SPEC §7: enabled → only those; an empty enabled list is "none of them". The Python
+    // package's `enabled_toolsets=[]` got every tool, `terminal` included.
+    let reg = product();
+    let none = ToolsetSelection {
+        enabled: Some(vec![]),
+        disabled: vec![],
+    };
+    assert!(!none.is_everything());
+    assert!(reg.select_toolsets(&none).unwrap().is_empty());
+    let settings = ExecuteCodeSettings::default();
+    assert!(reg
+        .get_tool_definitions_for(&none, &settings)
+        .unwrap()
+        .is_empty());
+    // No enabled list is every toolset; a list keeps its toolsets, minus the disabled ones.
+    let every = ToolsetSelection::default();
+    assert!(every.is_everything());
+    assert_eq!(
+        reg.get_tool_definitions_for(&every, &settings)
+            .unwrap()
+            .len(),
+        9
+    );
+    let web = ToolsetSelection {
+        enabled: Some(s(&["web", "file"])),
+        disabled: s(&["file"]),
+    };
+    assert_eq!(
+        names(&reg.get_tool_definitions_for(&web, &settings).unwrap()),
+        s(&["web_extract", "web_search"])
+    );
+    // The flags' form: an absent flag is an empty list, which selects every toolset.
+    assert!(ToolsetSelection::from_lists(&[], &[]).is_everything());
+    assert_eq!(reg.select_tools(&[], &[]).unwrap().len(), 9);
 }
 
 #[test]
