@@ -242,7 +242,7 @@ static PY_CHECKS: Mutex<BTreeMap<CheckKey, Weak<dyn Fn() -> bool + Send + Sync>>
 /// The registry check that calls the Python `check`: the same `Arc` for every tool registered
 /// with the same Python callable, because the registry runs each distinct `Arc` once per
 /// definitions build (SPEC §7: a shared check runs once). A check that raises counts as
-/// unavailable.
+/// unavailable, with its exception as the reason.
 fn shared_check(py: Python<'_>, check: Py<PyAny>) -> CheckFn {
     let bound = check.bind(py);
     let is_method = py
@@ -261,8 +261,21 @@ fn shared_check(py: Python<'_>, check: Py<PyAny>) -> CheckFn {
         return shared;
     }
     checks.retain(|_, weak| weak.strong_count() > 0);
-    let run: CheckFn =
-        Arc::new(move || Python::with_gil(|py| check_answer(py, check.bind(py)).unwrap_or(false)));
+    let run: CheckFn = Arc::new(move || {
+        let answer = Python::with_gil(|py| {
+            check_answer(py, check.bind(py)).map_err(|e| {
+                let e = tool_error_of(py, &e);
+                format!("{}: {}", e.kind, e.message)
+            })
+        });
+        match answer {
+            Ok(available) => available,
+            // The registry runs checks under `catch_unwind` and words a panic "check raised an
+            // error: <message>", as `tools list` and a refused direct call show it. Unwound
+            // without the panic hook: a failing check is no crash to print. Outside the GIL.
+            Err(why) => std::panic::resume_unwind(Box::new(why)),
+        }
+    });
     checks.insert(key, Arc::downgrade(&run));
     run
 }

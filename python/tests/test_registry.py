@@ -620,3 +620,49 @@ def test_an_empty_enabled_toolsets_list_selects_no_tool(tmp_path):
     finally:
         registry.get_tool_definitions()
 
+
+def test_a_direct_call_of_an_unavailable_tool_is_refused_with_why():
+    """SPEC §7: check_fn gates availability. A tool left out of the definitions and the stub
+    ran anyway when the host called it by name."""
+    ran = []
+
+    def handler(args):
+        ran.append(args)
+        return {"ran": True}
+
+    def explode():
+        raise RuntimeError("probe failed")
+
+    async def async_off():
+        return False
+
+    registry.register(name="gated_off", toolset="gates", schema=echo_schema(), handler=handler,
+                      check_fn=lambda: False, requires_env=["VIBEOS_TEST_SURELY_UNSET"])
+    registry.register(name="gated_err", toolset="gates", schema=echo_schema(), handler=handler,
+                      check_fn=explode)
+    registry.register(name="gated_async", toolset="gates", schema=echo_schema(),
+                      handler=handler, check_fn=async_off)
+    registry.register(name="gated_on", toolset="gates", schema=echo_schema(), handler=handler,
+                      check_fn=lambda: True)
+    assert [d["function"]["name"] for d in registry.get_tool_definitions(["gates"])] == [
+        "gated_on"]
+    expected = {
+        "gated_off": "check failed; missing env: VIBEOS_TEST_SURELY_UNSET",
+        "gated_err": "check raised an error: RuntimeError: probe failed",
+        "gated_async": "check failed",
+    }
+    for name, why in expected.items():
+        out = json.loads(registry.handle_function_call(name, {"x": "a"}))
+        assert out == {"error": f"Error executing {name}: unavailable: {why}"}, out
+    turn = registry.handle_function_calls([("gated_err", {"x": "b"}), ("gated_on", {"x": "c"})])
+    assert json.loads(turn[0]) == {
+        "error": "Error executing gated_err: unavailable: " + expected["gated_err"]}
+    assert json.loads(turn[1]) == {"ran": True}
+    assert ran == [{"x": "c"}], "an unavailable tool ran"
+    assert json.loads(registry.handle_function_call("gated_on", {"x": "d"})) == {"ran": True}
+    # `requires_env` alone describes, it does not gate (SPEC §7: the check does), here as in
+    # the definitions.
+    registry.register(name="env_only", toolset="gates", schema=echo_schema(), handler=handler,
+                      requires_env=["VIBEOS_TEST_SURELY_UNSET"])
+    assert "env_only" in [d["function"]["name"] for d in registry.get_tool_definitions(["gates"])]
+    assert json.loads(registry.handle_function_call("env_only", {"x": "e"})) == {"ran": True}

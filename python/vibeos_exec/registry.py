@@ -393,7 +393,10 @@ def handle_function_call(
     """Calls a tool as the agent would (outside any script); returns its JSON result text.
 
     Failures come back as ``{"error": ...}`` JSON, never as exceptions (bad argument types
-    excepted). The GIL is released while the tool runs.
+    excepted). The GIL is released while the tool runs. A tool whose ``check_fn`` fails now
+    (returns false, raises, hangs past the check timeout) is not run: the result is
+    ``{"error": "Error executing <name>: unavailable: <why>"}``, the reason
+    ``vibeos-exec tools list`` gives.
 
     ``enabled_toolsets`` / ``disabled_toolsets`` are the session's toolsets, as
     :func:`get_tool_definitions` takes them: an ``execute_code`` call gives its script only the

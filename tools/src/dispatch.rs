@@ -3,13 +3,15 @@
 //! error wrapping and result caps are the same for all of them.
 
 use crate::async_bridge::run_async;
+use crate::availability::{availability_of, Availability};
 use crate::coerce::{coerce_args, missing_required};
-use crate::entry::{panic_message, Handler, ToolCall, ToolEntry};
+use crate::entry::{panic_message, Handler, ToolCall, ToolEntry, ToolSource};
 use crate::hooks::{CallStatus, HookDecision, PostHook, PostToolCall, PreHook, PreToolCall};
 use crate::registry::{json_type, read, ToolRegistry, AGENT_LOOP_TOOLS};
 use crate::ToolContext;
 use serde_json::{json, Map, Value};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 use std::time::Instant;
 
 impl ToolRegistry {
@@ -25,7 +27,8 @@ impl ToolRegistry {
     }
 
     /// The one entry point for tool calls, from the agent and from scripts alike: refuses
-    /// agent-loop tools and unknown names, coerces arguments to the schema, runs the
+    /// agent-loop tools, unknown names and (direct agent calls) tools whose check fails now,
+    /// coerces arguments to the schema, runs the
     /// `pre_tool_call` hooks (which may block), dispatches, runs the `post_tool_call` hooks.
     /// Failures outside the handler are wrapped as `{"error": "Error executing <tool>: <message>"}`.
     /// Always returns a JSON string.
@@ -58,6 +61,9 @@ impl ToolRegistry {
                 known.join(", ")
             ));
         };
+        if let Some(why) = unavailable_for_direct_call(&entry, ctx, self.check_timeout()) {
+            return Err(format!("unavailable: {why}"));
+        }
         let empty = Map::new();
         let args = match args {
             Value::Object(m) => m,
@@ -151,6 +157,35 @@ impl ToolRegistry {
     /// else in order. Results come back in call order.
     pub fn handle_function_calls(&self, calls: &[ToolCall], ctx: &ToolContext) -> Vec<String> {
         crate::planner::run(self, calls, ctx)
+    }
+}
+
+/// Why a direct (agent) call of `entry` is refused, if it is: its `check_fn` fails now, so
+/// `get_tool_definitions` leaves it out and `tools list` shows it `unavailable: <why>` (SPEC §7:
+/// the check gates availability; a host calling a tool it was never offered got it run anyway).
+/// The check runs as a definitions build runs it: an instant (built-in) check inline, any other
+/// on its own thread bounded by the registry's check timeout, a hung one not started again.
+///
+/// Script calls are not checked again: an execution's tools are the ones available when it
+/// started (the stub and the RPC allowlist come from the same checks), and a plugin's or a
+/// Python host's check (a network probe, the GIL) would otherwise run once per call, up to the
+/// execution's whole call budget. MCP tools are not checked either: their check only mirrors
+/// whether their server is running, and their handler answers a call to a server that is down
+/// with why (or restarts one that exited), which says more.
+fn unavailable_for_direct_call(
+    entry: &Arc<ToolEntry>,
+    ctx: &ToolContext,
+    timeout: std::time::Duration,
+) -> Option<String> {
+    if entry.check_fn.is_none()
+        || ctx.origin != crate::CallOrigin::Agent
+        || matches!(entry.source, ToolSource::Mcp(_))
+    {
+        return None;
+    }
+    match availability_of(std::slice::from_ref(entry), timeout).pop() {
+        Some(Availability::Unavailable(why)) => Some(why),
+        _ => None,
     }
 }
 

@@ -528,6 +528,112 @@ fn an_empty_enabled_list_selects_no_tool() {
 }
 
 #[test]
+fn a_direct_call_of_an_unavailable_tool_is_refused_with_why() {
+    // SPEC §7: check_fn gates availability. Tools left out of the definitions still ran when a
+    // host called them by name.
+    let reg = product();
+    // Room for a panicking check's backtrace to be printed (RUST_BACKTRACE); shortened below.
+    reg.set_check_timeout(Duration::from_secs(10));
+    let ran = Arc::new(AtomicUsize::new(0));
+    let counting = |name: &str, ran: &Arc<AtomicUsize>| {
+        let ran = Arc::clone(ran);
+        ToolEntry::new(name, "checks", "", obj(), move |_, _| {
+            ran.fetch_add(1, Ordering::SeqCst);
+            Ok(json!({"ran": true}))
+        })
+    };
+    reg.register(counting("off", &ran).with_check(|| false))
+        .unwrap();
+    reg.register(
+        counting("raises", &ran)
+            .with_check(|| panic!("no credentials configured"))
+            .with_requires_env(&["VIBEOS_TEST_SURELY_UNSET_VAR"]),
+    )
+    .unwrap();
+    reg.register(counting("instant_off", &ran).with_instant_check(|| false))
+        .unwrap();
+    reg.register(counting("on", &ran).with_check(|| true))
+        .unwrap();
+    let report = reg.tool_report(&s(&["checks"]), &[]).unwrap();
+    for name in ["off", "raises", "instant_off"] {
+        let listed = report.iter().find(|r| r.name == name).unwrap();
+        let Availability::Unavailable(why) = &listed.availability else {
+            panic!("{name} is available")
+        };
+        // The words `tools list` shows: `unavailable: <why>`.
+        assert_eq!(
+            call(&reg, name, json!({})),
+            json!({ "error": format!("Error executing {name}: unavailable: {why}") }),
+            "{name}"
+        );
+    }
+    let out = call(&reg, "raises", json!({}));
+    let text = out["error"].as_str().unwrap();
+    assert!(
+        text.contains("check raised an error: no credentials configured")
+            && text.contains("missing env: VIBEOS_TEST_SURELY_UNSET_VAR"),
+        "{text}"
+    );
+    // A hung check is bounded by the check timeout, then not started again.
+    reg.set_check_timeout(Duration::from_millis(300));
+    reg.register(counting("hangs", &ran).with_check(|| {
+        std::thread::sleep(Duration::from_secs(2));
+        true
+    }))
+    .unwrap();
+    let started = std::time::Instant::now();
+    let out = call(&reg, "hangs", json!({}));
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        out["error"]
+            .as_str()
+            .unwrap()
+            .contains("did not finish within 0.3s"),
+        "{out}"
+    );
+    let out = call(&reg, "hangs", json!({}));
+    assert!(
+        out["error"].as_str().unwrap().contains("still running"),
+        "{out}"
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "an unavailable tool ran");
+    assert_eq!(call(&reg, "on", json!({})), json!({"ran": true}));
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+    // A refused call is a refusal, not a call: the batch path refuses it the same way.
+    let batch = reg.handle_function_calls(
+        &[
+            ToolCall::new("off", json!({})),
+            ToolCall::new("on", json!({})),
+        ],
+        &ctx(),
+    );
+    assert!(
+        batch[0].contains("unavailable: check failed"),
+        "{}",
+        batch[0]
+    );
+    assert_eq!(batch[1], r#"{"ran":true}"#);
+    // Script calls are not checked again: the execution's tools were checked when it started.
+    let mut script = ctx();
+    script.origin = vibeos_tools::CallOrigin::Script;
+    let out: Value =
+        serde_json::from_str(&reg.handle_function_call("off", &json!({}), &script)).unwrap();
+    assert_eq!(out, json!({"ran": true}));
+    // An MCP tool's check mirrors its server's state; its handler says why itself.
+    reg.register(
+        counting("remote", &ran)
+            .with_check(|| false)
+            .with_source(ToolSource::Mcp("srv".into())),
+    )
+    .unwrap();
+    assert_eq!(call(&reg, "remote", json!({})), json!({"ran": true}));
+}
+
+#[test]
 fn a_shared_check_runs_once_per_build() {
     let reg = product();
     let runs = Arc::new(AtomicUsize::new(0));
