@@ -191,7 +191,7 @@ struct LimitArgs {
     /// project (session cwd, active venv) or strict (staging dir, confined).
     #[arg(long, value_name = "project|strict")]
     mode: Option<String>,
-    /// Wall-clock limit in seconds (default: code_execution.timeout, else 300).
+    /// Wall-clock limit in seconds, 1e-9 to 86400 (default: code_execution.timeout, else 300).
     // Negative values reach the range check, whose message names the flag, instead of being
     // taken for an unknown option.
     #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]

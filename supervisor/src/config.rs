@@ -351,9 +351,15 @@ impl Config {
 /// Largest timeout accepted, in seconds: a day, beyond which a "timeout" is a mistake.
 pub const MAX_TIMEOUT_SECS: u32 = 86_400;
 
-/// Turns seconds into a duration if positive, finite and at most [`MAX_TIMEOUT_SECS`].
+/// Shortest timeout accepted, in seconds: a nanosecond, what a `Duration` (and a timer) can
+/// hold. Below it (`1e-320`) the duration was zero: the script was killed at once and the run
+/// reported "timed out after 0s".
+pub const MIN_TIMEOUT_SECS: f64 = 1e-9;
+
+/// Turns seconds into a duration if finite and from [`MIN_TIMEOUT_SECS`] to
+/// [`MAX_TIMEOUT_SECS`].
 pub fn positive_seconds(secs: f64) -> Option<Duration> {
-    (secs.is_finite() && secs > 0.0 && secs <= f64::from(MAX_TIMEOUT_SECS))
+    (secs.is_finite() && (MIN_TIMEOUT_SECS..=f64::from(MAX_TIMEOUT_SECS)).contains(&secs))
         .then(|| Duration::from_secs_f64(secs))
 }
 

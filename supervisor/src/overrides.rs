@@ -14,8 +14,12 @@ use std::time::Duration;
 pub enum Spelling {
     /// Command-line flags: `--timeout`.
     Flag,
-    /// Keyword or JSON arguments: `timeout`.
+    /// JSON arguments of a tool call (execute_code over MCP or the registry): ``argument
+    /// `timeout` ``, as the registry names a tool's arguments.
     Argument,
+    /// Keyword arguments of a Python function: `timeout`, as the package's own argument
+    /// errors name them (`timeout must be …`), so one call's errors read alike.
+    Keyword,
 }
 
 impl Spelling {
@@ -23,6 +27,7 @@ impl Spelling {
         match self {
             Spelling::Flag => format!("--{}", base.replace('_', "-")),
             Spelling::Argument => format!("argument `{base}`"),
+            Spelling::Keyword => base.to_string(),
         }
     }
 }
@@ -34,6 +39,9 @@ pub enum OverrideKind {
     Mode,
     /// `timeout`: not a positive number of seconds up to a day.
     Timeout,
+    /// `timeout`: positive but under a nanosecond, the shortest a timer waits (`1e-320` was a
+    /// zero duration: the script was killed at once, "timed out after 0s").
+    TimeoutTooShort,
     /// `max_tool_calls`: not a whole number of calls.
     MaxToolCalls,
     /// `stdout_limit`: not a number of bytes in range.
@@ -50,7 +58,7 @@ impl OverrideKind {
     fn base(self) -> &'static str {
         match self {
             OverrideKind::Mode => "mode",
-            OverrideKind::Timeout => "timeout",
+            OverrideKind::Timeout | OverrideKind::TimeoutTooShort => "timeout",
             OverrideKind::MaxToolCalls => "max_tool_calls",
             OverrideKind::StdoutLimit => "stdout_limit",
             OverrideKind::StderrLimit => "stderr_limit",
@@ -62,6 +70,9 @@ impl OverrideKind {
         match self {
             OverrideKind::Mode => "project or strict".into(),
             OverrideKind::Timeout => "a positive number of seconds (at most 86400)".into(),
+            OverrideKind::TimeoutTooShort => {
+                "at least a nanosecond (1e-9 seconds, the shortest a timer waits)".into()
+            }
             OverrideKind::MaxToolCalls => "a whole number of calls, 0 or more".into(),
             OverrideKind::StdoutLimit | OverrideKind::StderrLimit => format!(
                 "a whole number of bytes from {MIN_OUTPUT_LIMIT} to {MAX_OUTPUT_LIMIT} (64 MiB)"
@@ -75,6 +86,11 @@ impl OverrideKind {
             OverrideKind::Mode => "is not a mode; use project or strict".into(),
             OverrideKind::Timeout => {
                 "is not a usable number of seconds (positive, at most 86400)".into()
+            }
+            OverrideKind::TimeoutTooShort => {
+                "is shorter than a nanosecond; give at least 1e-9 seconds (the shortest a timer \
+                 waits)"
+                    .into()
             }
             OverrideKind::MaxToolCalls => {
                 "is not a usable call budget (a whole number, 0 or more)".into()
@@ -105,7 +121,7 @@ impl std::fmt::Display for OverrideError {
         let value = shown(&self.value);
         match self.spelling {
             Spelling::Flag => write!(f, "{name} {value} {}", self.kind.flag_problem()),
-            Spelling::Argument => {
+            Spelling::Argument | Spelling::Keyword => {
                 write!(f, "{name} must be {}, got {value}", self.kind.wanted())
             }
         }
@@ -185,7 +201,12 @@ impl Overrides {
         let timeout = timeout
             .map(|t| {
                 positive_seconds(t).ok_or_else(|| OverrideError {
-                    kind: OverrideKind::Timeout,
+                    // Positive and finite but refused: under a nanosecond.
+                    kind: if t > 0.0 && t < crate::config::MIN_TIMEOUT_SECS {
+                        OverrideKind::TimeoutTooShort
+                    } else {
+                        OverrideKind::Timeout
+                    },
                     value: t.to_string(),
                     spelling,
                 })
@@ -382,6 +403,44 @@ mod tests {
             let e = Overrides::from_json(&args(json!({ "stderr_limit": bad })), false);
             assert_eq!(e.err().map(|e| e.kind), Some(OverrideKind::StderrLimit));
         }
+    }
+
+    #[test]
+    fn a_timeout_under_a_nanosecond_is_refused_in_every_spelling() {
+        // 1e-320 became a zero duration: the script was killed at once, "timed out after 0s".
+        let timeout = |t| Requested {
+            timeout: Some(t),
+            ..Requested::default()
+        };
+        let message = |t, spelling| {
+            Overrides::check(timeout(t), spelling)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
+        assert_eq!(
+            message(1e-320, Spelling::Flag),
+            "--timeout 1e-320 is shorter than a nanosecond; give at least 1e-9 seconds (the \
+             shortest a timer waits)"
+        );
+        assert_eq!(
+            message(5e-10, Spelling::Keyword),
+            "timeout must be at least a nanosecond (1e-9 seconds, the shortest a timer waits), \
+             got 0.0000000005"
+        );
+        let json = Overrides::from_json(&args(json!({"timeout": 1e-320})), false);
+        assert_eq!(
+            json.err().map(|e| e.kind),
+            Some(OverrideKind::TimeoutTooShort)
+        );
+        // A nanosecond is the shortest, and is kept as given.
+        let shortest = Overrides::check(timeout(1e-9), Spelling::Flag).unwrap_or_default();
+        assert_eq!(shortest.timeout, Some(Duration::from_nanos(1)));
+        // The Python package's spelling names the keyword as its own checks do.
+        assert_eq!(
+            message(-1.0, Spelling::Keyword),
+            "timeout must be a positive number of seconds (at most 86400), got -1"
+        );
     }
 
     #[test]

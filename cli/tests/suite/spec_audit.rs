@@ -116,6 +116,33 @@ fn backend_help_names_every_backend() {
 }
 
 #[test]
+fn a_timeout_under_a_nanosecond_is_refused_not_reported_as_0s() {
+    // `--timeout 1e-320` is positive but a zero duration: the script was killed at once and
+    // the run said "timed out after 0s". Refused as a usage error, as `--timeout 0` is.
+    let sb = Sandbox::new();
+    let script = sb.root.path().join("one.py");
+    std::fs::write(&script, "print(1)\n").unwrap();
+    let out = sb.run(&["run", "--timeout", "1e-320", script.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--timeout 1e-320 is shorter than a nanosecond")
+            && stderr.contains("give at least 1e-9 seconds")
+            && !stderr.contains("timed out"),
+        "{stderr}"
+    );
+    let v = sb.run_json("print(1)", &["--timeout", "1e-320"]);
+    assert_eq!(v["status"], "error", "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("shorter than a nanosecond"),
+        "{v}"
+    );
+}
+
+#[test]
 fn negative_limits_name_the_flag() {
     // clap took `-1` for an unknown option ("unexpected argument '-1' found"); the message must
     // name the flag and the accepted range, with and without --json.
