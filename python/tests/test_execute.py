@@ -211,6 +211,36 @@ def test_wrong_argument_values_are_value_errors(kwargs, words):
         vibeos_exec.execute_code("print(1)", **kwargs)
 
 
+class _BytesPath:
+    """An os.PathLike whose path is bytes, as os functions accept."""
+
+    def __init__(self, path: bytes) -> None:
+        self.path = path
+
+    def __fspath__(self) -> bytes:
+        return self.path
+
+
+def test_cwd_takes_str_bytes_and_path_likes_as_os_functions_do(tmp_path):
+    """``cwd=b"/tmp"`` raised TypeError; os functions take bytes and os.PathLike of either."""
+    code = "import os\nprint(os.getcwd())"
+    expected = str(tmp_path.resolve())
+    for cwd in (str(tmp_path), os.fsencode(tmp_path), tmp_path, _BytesPath(os.fsencode(tmp_path))):
+        r = vibeos_exec.execute_code(code, cwd=cwd)
+        assert r["status"] == "success" and r["output"].strip() == expected, (cwd, r)
+    # The registry's direct calls take the same paths.
+    (tmp_path / "f.txt").write_text("hi\n")
+    out = json.loads(registry.handle_function_call(
+        "read_file", {"path": "f.txt"}, cwd=os.fsencode(tmp_path)))
+    assert "hi" in json.dumps(out), out
+    for bad in (7, 1.5, ["/tmp"]):
+        with pytest.raises(TypeError, match=(
+                r"^cwd must be a str, bytes, os.PathLike or None, got " + type(bad).__name__)):
+            vibeos_exec.execute_code(code, cwd=bad)
+        with pytest.raises(TypeError, match=r"^cwd must be a str, bytes, os.PathLike or None"):
+            registry.handle_function_call("read_file", {"path": "f.txt"}, cwd=bad)
+
+
 def test_output_limits_are_per_call(home):
     """SPEC §5: every limit is overridable per call, the output caps included."""
     (home / "config.yaml").write_text("code_execution:\n  stdout_limit: 100000\n")

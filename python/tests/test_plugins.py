@@ -512,7 +512,7 @@ def test_load_plugins_refuses_a_single_path(tmp_path):
     for single in (str(tmp_path), tmp_path, b"/tmp"):
         with pytest.raises(TypeError, match=r"pass a list: load_plugins\(\["):
             vibeos_exec.load_plugins(single, entry_points=False)
-    with pytest.raises(TypeError, match=r"dirs\[1\] must be a str or os.PathLike, got int"):
+    with pytest.raises(TypeError, match=r"dirs\[1\] must be a str, bytes or os.PathLike, got int"):
         vibeos_exec.load_plugins([tmp_path, 3], entry_points=False)
     with pytest.raises(TypeError, match="dirs must be a list"):
         vibeos_exec.load_plugins(5, entry_points=False)

@@ -62,7 +62,7 @@ __version__: str = _native.__version__
 #: The values a result's ``status`` can take.
 STATUSES = tuple(_native.statuses())
 
-PathArg = Union[str, "os.PathLike[str]"]
+PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
 _skill_env_lock = threading.Lock()
 _skill_env: List[str] = []
@@ -155,7 +155,8 @@ def execute_code(
         mode: ``"project"`` or ``"strict"``; default from config.
         timeout: Seconds before the script is killed; default from config (300).
         max_tool_calls: Tool-call budget of the script; default from config (50).
-        cwd: Session working dir; default ``TERMINAL_CWD``, else the process cwd. One that
+        cwd: Session working dir (str, bytes or os.PathLike, as ``os`` functions take paths);
+            default ``TERMINAL_CWD``, else the process cwd. One that
             does not exist or is not a directory is a result with ``status`` ``error`` naming
             it (a directory can disappear between calls, like any condition of a run), not a
             ``ValueError``.
@@ -216,8 +217,7 @@ def execute_code(
         )
         for name, value in (("stdout_limit", stdout_limit), ("stderr_limit", stderr_limit))
     }
-    if cwd is not None and not isinstance(cwd, (str, os.PathLike)):
-        raise _type_error("cwd", "a str, os.PathLike or None", cwd)
+    cwd = registry._path_or_none("cwd", cwd)
     tools = _names("enabled_tools", enabled_tools)
     if task_id is not None and not isinstance(task_id, str):
         raise _type_error("task_id", "a str or None", task_id)
@@ -236,7 +236,7 @@ def execute_code(
             mode,
             timeout,
             max_tool_calls,
-            os.fspath(cwd) if cwd is not None else None,
+            cwd,
             tools,
             task_id,
             sys.executable or None,

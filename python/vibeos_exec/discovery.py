@@ -271,14 +271,13 @@ def discover_tools(path: Union[str, "os.PathLike[str]"]) -> List[str]:
     be parsed are logged and skipped.
 
     Raises:
-        TypeError: ``path`` is not a str or os.PathLike.
+        TypeError: ``path`` is not a str, bytes or os.PathLike.
         ValueError: ``path`` is empty (``Path("")`` is the current directory, which a caller
             passing an unset setting did not mean to scan).
         NotADirectoryError: ``path`` is not a directory.
     """
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
-    if not os.fspath(path):
+    path = registry.path_str("path", path)
+    if not path:
         raise ValueError("tool discovery: path is empty; pass a directory (\".\" for the "
                          "current one)")
     directory = Path(path)

@@ -181,12 +181,12 @@ def _check_dirs(dirs: object) -> List[Path]:
             f"pass a list: load_plugins([{dirs!r}])"
         )
     if not isinstance(dirs, Iterable):
-        raise TypeError(f"dirs must be a list of str or os.PathLike, got {type(dirs).__name__}")
+        raise TypeError(
+            f"dirs must be a list of str, bytes or os.PathLike, got {type(dirs).__name__}")
     paths = []
     for i, d in enumerate(dirs):
-        if not isinstance(d, (str, os.PathLike)):
-            raise TypeError(f"dirs[{i}] must be a str or os.PathLike, got {type(d).__name__}")
-        if not os.fspath(d):
+        d = registry.path_str(f"dirs[{i}]", d)
+        if not d:
             raise ValueError(f"dirs[{i}] is empty; pass a directory (\".\" for the current one)")
         paths.append(Path(d))
     return paths
@@ -224,7 +224,7 @@ def load_plugins(
 
     Raises:
         TypeError: ``dirs`` is a single str, bytes or path rather than a list of them (pass
-            ``[path]``), or holds something that is not a str or os.PathLike.
+            ``[path]``), or holds something that is not a str, bytes or os.PathLike.
         ValueError: ``dirs`` holds an empty str (``Path("")`` would be the current directory),
             or ``import_timeout`` is not positive.
     """

@@ -524,10 +524,21 @@ def handle_function_calls(
 
 
 def _path_or_none(param: str, value: Any) -> Optional[str]:
-    import os
-
+    """``value`` as a path str, or None: a str, bytes or os.PathLike as ``os`` functions take
+    them (bytes decoded with ``os.fsdecode``); anything else is a ``TypeError`` naming
+    ``param``."""
     if value is None:
         return None
-    if isinstance(value, (str, os.PathLike)):
-        return os.fspath(value)
-    raise TypeError(f"{param} must be a str or os.PathLike, got {type(value).__name__}")
+    return path_str(param, value, "a str, bytes, os.PathLike or None")
+
+
+def path_str(param: str, value: Any, expected: str = "a str, bytes or os.PathLike") -> str:
+    """A path argument as str: str, bytes or os.PathLike (of either), decoded as ``os``
+    functions decode them (``os.fsdecode``); else a ``TypeError`` naming ``param``."""
+    import os
+
+    try:
+        path = os.fspath(value)
+    except TypeError:
+        raise TypeError(f"{param} must be {expected}, got {type(value).__name__}") from None
+    return os.fsdecode(path)
