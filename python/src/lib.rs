@@ -88,7 +88,8 @@ fn execute_code(
         stdout_limit,
         stderr_limit,
     };
-    Overrides::check(requested, Spelling::Argument)
+    // Named as the package's own argument errors name them (`timeout must be …`).
+    Overrides::check(requested, Spelling::Keyword)
         .map_err(|e| value_error(e.to_string()))?
         .apply_to_request(&mut request);
     // With a remote backend the caller's dir names one over there (docs/backends.md).

@@ -241,6 +241,57 @@ def test_cwd_takes_str_bytes_and_path_likes_as_os_functions_do(tmp_path):
             registry.handle_function_call("read_file", {"path": "f.txt"}, cwd=bad)
 
 
+@pytest.mark.parametrize(
+    "kwargs, param",
+    [
+        ({"mode": "sandbox"}, "mode"),
+        ({"mode": 3}, "mode"),
+        ({"timeout": 0}, "timeout"),
+        ({"timeout": -1}, "timeout"),
+        ({"timeout": float("nan")}, "timeout"),
+        ({"timeout": 10**400}, "timeout"),
+        ({"timeout": "10"}, "timeout"),
+        ({"max_tool_calls": -1}, "max_tool_calls"),
+        ({"max_tool_calls": 2.5}, "max_tool_calls"),
+        ({"stdout_limit": 1}, "stdout_limit"),
+        ({"stderr_limit": "big"}, "stderr_limit"),
+        ({"cwd": 7}, "cwd"),
+        ({"enabled_tools": "read_file"}, "enabled_tools"),
+        ({"enabled_tools": ["no_such_tool"]}, "enabled_tools"),
+        ({"task_id": ""}, "task_id"),
+        ({"task_id": 5}, "task_id"),
+    ],
+)
+def test_every_argument_error_names_the_argument_the_same_way(kwargs, param):
+    """One form for every argument error: ``<name> must …`` (or ``<name> names …``). The
+    limits checked by the extension read ``argument `timeout` must …`` while the ones checked
+    in Python read ``max_tool_calls must …``."""
+    with pytest.raises((TypeError, ValueError)) as info:
+        vibeos_exec.execute_code("print(1)", **kwargs)
+    message = str(info.value)
+    assert message.startswith(f"{param} "), message
+    assert "argument `" not in message, message
+
+
+def test_aexecute_code_argument_errors_read_as_execute_codes():
+    import asyncio
+
+    with pytest.raises(ValueError) as info:
+        asyncio.run(vibeos_exec.aexecute_code("print(1)", timeout=-1))
+    assert str(info.value) == (
+        "timeout must be a positive number of seconds (at most 86400), got -1")
+
+
+@pytest.mark.parametrize("timeout", [1e-320, 5e-10])
+def test_a_timeout_under_a_nanosecond_is_refused(timeout):
+    """It was a zero duration: the script was killed at once, "timed out after 0s"."""
+    with pytest.raises(ValueError, match=r"^timeout must be at least a nanosecond \(1e-9 seconds"):
+        vibeos_exec.execute_code("print(1)", timeout=timeout)
+    out = json.loads(registry.handle_function_call(
+        "execute_code", {"code": "print(1)", "timeout": timeout}))
+    assert "argument `timeout` must be at least a nanosecond" in out["error"], out
+
+
 def test_output_limits_are_per_call(home):
     """SPEC §5: every limit is overridable per call, the output caps included."""
     (home / "config.yaml").write_text("code_execution:\n  stdout_limit: 100000\n")

@@ -59,7 +59,7 @@ def test_provider_credentials_are_refused(skill_var):
 def test_bad_names():
     with pytest.raises(TypeError, match="names"):
         vibeos_exec.register_skill_env([1])
-    with pytest.raises(ValueError, match="not an environment variable name"):
+    with pytest.raises(ValueError, match="^names must be environment variable names, got .A=B.$"):
         vibeos_exec.register_skill_env(["A=B"])
 
 

@@ -333,7 +333,7 @@ def register_skill_env(names: Union[str, Sequence[str]]) -> None:
     items = items or []
     for name in items:
         if not name or "=" in name or "\0" in name:
-            raise ValueError(f"{name!r} is not an environment variable name")
+            raise ValueError(f"names must be environment variable names, got {name!r}")
     refused = _native.provider_credentials(items)
     if refused:
         raise ValueError(

@@ -311,7 +311,7 @@ def register(
         # column of the text json.dumps made of them.
         params_json = json.dumps(params, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"schema of `{name}` is not JSON-serialisable: {exc}") from None
+        raise TypeError(f"schema of `{name}` must be JSON-serialisable: {exc}") from None
     before = _registrations.get(name)
     previous = _native.register_tool(
         name,
@@ -473,7 +473,7 @@ def _call_of(i: int, call: Any) -> Tuple[str, Any]:
         call = fn
     name = call.get("name")
     if not isinstance(name, str):
-        raise TypeError(f"calls[{i}] has no str 'name'")
+        raise TypeError(f"calls[{i}] must have a str 'name'")
     args = call.get("arguments", call.get("args"))
     if isinstance(args, str):
         try:
@@ -515,7 +515,7 @@ def handle_function_calls(
     try:
         calls_json = json.dumps([p for p in pairs if not isinstance(p[1], _NotJson)])
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"call arguments must be JSON-serialisable: {exc}") from None
+        raise TypeError(f"calls must hold JSON-serialisable arguments: {exc}") from None
     enabled, disabled = _selection(enabled_toolsets, disabled_toolsets)
     results = iter(json.loads(_native.handle_function_calls(
         calls_json, task_id, _path_or_none("cwd", cwd), enabled, disabled)))
