@@ -403,7 +403,11 @@ fn dir_cost(at: BorrowedFd<'_>) -> u64 {
     const FLOOR: u64 = 4096;
     nix::sys::statfs::fstatfs(at)
         .ok()
-        .and_then(|st| u64::try_from(st.block_size()).ok())
+        // The block size is signed with glibc and unsigned with musl.
+        .and_then(
+            #[allow(clippy::useless_conversion)]
+            |st| u64::try_from(st.block_size()).ok(),
+        )
         .map_or(FLOOR, |b| b.clamp(FLOOR, 1 << 20))
 }
 
