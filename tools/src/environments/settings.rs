@@ -399,22 +399,6 @@ impl BackendSettings {
         {
             s.skip_approvals_isolated = b;
         }
-        // A key file that is not there made ssh fail at the first call as "unreachable"
-        // (exit 1): it is the config that is wrong.
-        if s.backend == BackendKind::Ssh {
-            if let Some(key) = &s.ssh_key {
-                let path = expand_home(key);
-                if let Err(e) = std::fs::metadata(&path) {
-                    return Err(bad(
-                        "terminal.ssh_key",
-                        format!(
-                            "names {}, which cannot be read ({e}); set it to the private key's file",
-                            path.display()
-                        ),
-                    ));
-                }
-            }
-        }
         match s.backend {
             BackendKind::Docker if s.docker_image.is_none() => {
                 return Err(SettingsError::Missing {
@@ -557,14 +541,6 @@ fn normal_path(path: &str) -> PathBuf {
         }
     }
     out
-}
-
-/// `terminal.ssh_key` as ssh reads it: `~/` is the home dir (`$HOME`).
-fn expand_home(path: &std::path::Path) -> PathBuf {
-    match (path.strip_prefix("~"), std::env::var_os("HOME")) {
-        (Ok(rest), Some(home)) => PathBuf::from(home).join(rest),
-        _ => path.to_path_buf(),
-    }
 }
 
 /// Whether `image` can only be read as an image reference by a container CLI: not empty, no
