@@ -530,9 +530,12 @@ pub fn serve(
     let _ = std::fs::remove_file(path);
     let listener = std::os::unix::net::UnixListener::bind(path)
         .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
-    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| format!("cannot protect {}: {e}", path.display()))?;
+    let bound = std::fs::symlink_metadata(path)
+        .map(|m| (m.dev(), m.ino()))
+        .map_err(|e| format!("cannot stat {}: {e}", path.display()))?;
     output
         .write_all(b"ready\n")
         .and_then(|_| output.flush())
@@ -559,7 +562,12 @@ pub fn serve(
     while input.read_line(&mut sink).unwrap_or(0) > 0 {
         sink.clear();
     }
-    let _ = std::fs::remove_file(path);
+    // Only the socket this agent bound: when its lifeline went with an ssh master, the next
+    // agent may already listen on the same path (the host reconnects at once), and removing
+    // that one left the new forward pointing at nothing.
+    if std::fs::symlink_metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == bound) {
+        let _ = std::fs::remove_file(path);
+    }
     end_environment();
     Ok(())
 }

@@ -76,3 +76,40 @@ fn listening_agent_answers_only_token_holders_and_exits_with_its_lifeline() {
     agent.join().unwrap().unwrap();
     assert!(!sock.exists());
 }
+
+/// An agent whose lifeline ends after the next agent took over its socket path (an ssh
+/// master lost and reconnected at once: the old remote agent hears of it last) leaves the
+/// new socket alone. It removed the path unconditionally, and the new agent's forward then
+/// led nowhere ("master not reconnected", stop 55's flaky ssh test).
+#[test]
+fn an_ending_agent_leaves_a_newer_agents_socket_in_place() {
+    let _turn = crate::environments::background::tests::BACKGROUND_REGISTRY
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("agent.sock");
+    let (stdin_r, mut stdin_w) = std::io::pipe().unwrap();
+    let (out_r, out_w) = std::io::pipe().unwrap();
+    writeln!(stdin_w, "{}", "t".repeat(64)).unwrap();
+    let path = sock.clone();
+    let agent = std::thread::spawn(move || {
+        serve(
+            crate::registry(),
+            BufReader::new(stdin_r),
+            out_w,
+            Some(&path),
+        )
+    });
+    let mut ready = String::new();
+    BufReader::new(out_r).read_line(&mut ready).unwrap();
+    assert_eq!(ready.trim(), "ready");
+
+    // The newer agent binds the same path, as `serve` does: the old file removed first.
+    std::fs::remove_file(&sock).unwrap();
+    let newer = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    drop(stdin_w);
+    agent.join().unwrap().unwrap();
+    assert!(sock.exists(), "the newer agent's socket was removed");
+    UnixStream::connect(&sock).expect("the newer agent is reachable at its path");
+    drop(newer);
+}
