@@ -338,6 +338,12 @@ impl Drop for Sshd {
         }
         // The daemon before `dir` (fields drop in order, and `dir` comes first).
         self._daemon.stop();
+        // And the environments' private dirs over there, which a failed test's unstopped
+        // environment leaves: the next test that checks its own end finds none but its own.
+        let _ = Command::new("find")
+            .args(["/tmp", "-maxdepth", "1", "-user", SSH_USER, "-name"])
+            .args(["vibeos-exec-env-*", "-exec", "rm", "-rf", "{}", "+"])
+            .status();
     }
 }
 

@@ -1120,7 +1120,11 @@ fn ssh_a_lost_master_or_agent_is_started_again() {
         let text = lost.to_string();
         assert!(!text.contains("Control socket connect"), "{text}");
     }
-    assert_eq!(echo("three")["output"], "three\n", "master not reconnected");
+    let three = echo("three");
+    assert_eq!(
+        three["output"], "three\n",
+        "master not reconnected: the call after the loss got {lost}, the next {three}"
+    );
     let r = run(
         &rt,
         request(
