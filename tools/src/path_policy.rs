@@ -443,58 +443,57 @@ impl PathPolicy {
         }
     }
 
-    /// Takes what `count` new directories take on disk from the write budget (one block of
-    /// the filesystem each, [`dir_cost`]), before any is made, or says why not.
-    fn charge_dirs(&self, count: u64, at: BorrowedFd<'_>, path: &Path) -> Result<(), ToolError> {
+    /// Takes `len` bytes from the write budget if it holds them; `Err` says how many were left.
+    /// Without a budget every write fits.
+    fn take_from_budget(&self, len: u64) -> Result<(), u64> {
         use std::sync::atomic::Ordering;
         let Some(budget) = &self.write_budget else {
             return Ok(());
         };
-        let each = dir_cost(at);
-        let len = each.saturating_mul(count);
         budget
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
                 left.checked_sub(len)
             })
             .map(|_| ())
-            .map_err(|left| {
-                ToolError::new(
-                    crate::ToolErrorKind::DiskBudgetExceeded,
-                    format!(
-                        "the disk budget of this execution cannot hold the {count} new \
-                         directories writing {} would make ({each} bytes each on disk, {len} \
-                         in all; {left} bytes left for tool writes outside the staging dir, \
-                         code_execution.strict.disk_mb sets it); write into an existing \
-                         directory or use a shallower path",
-                        path.display()
-                    ),
-                )
-            })
+    }
+
+    /// Takes what `count` new directories take on disk from the write budget (one block of
+    /// the filesystem each, [`dir_cost`]), before any is made, or says why not.
+    fn charge_dirs(&self, count: u64, at: BorrowedFd<'_>, path: &Path) -> Result<(), ToolError> {
+        if self.write_budget.is_none() {
+            return Ok(());
+        }
+        let each = dir_cost(at);
+        let len = each.saturating_mul(count);
+        self.take_from_budget(len).map_err(|left| {
+            ToolError::new(
+                crate::ToolErrorKind::DiskBudgetExceeded,
+                format!(
+                    "the disk budget of this execution cannot hold the {count} new \
+                     directories writing {} would make ({each} bytes each on disk, {len} \
+                     in all; {left} bytes left for tool writes outside the staging dir, \
+                     code_execution.strict.disk_mb sets it); write into an existing \
+                     directory or use a shallower path",
+                    path.display()
+                ),
+            )
+        })
     }
 
     /// Takes `len` bytes from the write budget, or says why not.
     fn charge(&self, len: u64, path: &Path) -> Result<(), ToolError> {
-        use std::sync::atomic::Ordering;
-        let Some(budget) = &self.write_budget else {
-            return Ok(());
-        };
-        budget
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
-                left.checked_sub(len)
-            })
-            .map(|_| ())
-            .map_err(|left| {
-                ToolError::new(
-                    crate::ToolErrorKind::DiskBudgetExceeded,
-                    format!(
-                        "writing {} bytes to {} would pass this execution's disk budget ({left} \
-                         bytes left for tool writes outside the staging dir; \
-                         code_execution.strict.disk_mb sets it)",
-                        len,
-                        path.display()
-                    ),
-                )
-            })
+        self.take_from_budget(len).map_err(|left| {
+            ToolError::new(
+                crate::ToolErrorKind::DiskBudgetExceeded,
+                format!(
+                    "writing {} bytes to {} would pass this execution's disk budget ({left} \
+                     bytes left for tool writes outside the staging dir; \
+                     code_execution.strict.disk_mb sets it)",
+                    len,
+                    path.display()
+                ),
+            )
+        })
     }
 
     /// Adds a root. `links_ok` marks the staging dir. `/` is refused (it would make the policy
