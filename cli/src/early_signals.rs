@@ -15,7 +15,11 @@
 //! than `run` get the signals' dispositions back ([`hand_back`]) before they install handlers of
 //! their own, so `serve` still stops cleanly and the rest still die by them.
 //!
-//! Signals the caller ignored (`nohup` ignores SIGHUP) are left ignored.
+//! A SIGHUP the caller ignored (`nohup`) is left ignored, in every phase of `run`: the caller
+//! asked for the run to outlive its terminal. SIGINT and SIGTERM stop a `run` even when the
+//! caller ignored them — a shell without job control starts every background job with SIGINT
+//! ignored, by accident rather than on request, and SIGINT is how a user interrupts an
+//! execution (SPEC §5). Other commands get the caller's dispositions back ([`hand_back`]).
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -31,8 +35,14 @@ const STOPPING: [Signal; 3] = [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP];
 static RECORDING: AtomicBool = AtomicBool::new(false);
 /// The first signal recorded, or 0.
 static RECEIVED: AtomicI32 = AtomicI32::new(0);
-/// Which of [`STOPPING`] got our handler (the rest were ignored by the caller).
+/// Which of [`STOPPING`] got our handler (SIGHUP is left alone when the caller ignored it).
 static INSTALLED: [AtomicBool; 3] = [
+    AtomicBool::new(false),
+    AtomicBool::new(false),
+    AtomicBool::new(false),
+];
+/// Which of [`STOPPING`] the caller had ignored when the process started.
+static IGNORED_BY_CALLER: [AtomicBool; 3] = [
     AtomicBool::new(false),
     AtomicBool::new(false),
     AtomicBool::new(false),
@@ -52,10 +62,10 @@ extern "C" fn on_stopping_signal(sig: libc::c_int) {
     }
 }
 
-/// Installs the handler for the signals the caller did not ignore. Called once, first thing,
-/// while the process has one thread.
+/// Installs the handler for the stopping signals (but a SIGHUP the caller ignored). Called
+/// once, first thing, while the process has one thread.
 pub fn handle_from_start() {
-    for (slot, sig) in INSTALLED.iter().zip(STOPPING) {
+    for ((slot, ignored), sig) in INSTALLED.iter().zip(&IGNORED_BY_CALLER).zip(STOPPING) {
         // SAFETY: a zeroed `sigaction` is a valid value to pass as the new action; its handler
         // only touches atomics and calls async-signal-safe functions; `old` is a valid, writable
         // `sigaction`. No SA_RESTART: a blocked read returns EINTR to [`read_script`].
@@ -68,21 +78,39 @@ pub fn handle_from_start() {
                 continue;
             }
             if old.sa_sigaction == libc::SIG_IGN {
-                libc::sigaction(sig as libc::c_int, &old, std::ptr::null_mut());
-                continue;
+                ignored.store(true, Ordering::SeqCst);
+                if sig == Signal::SIGHUP {
+                    libc::sigaction(sig as libc::c_int, &old, std::ptr::null_mut());
+                    continue;
+                }
             }
         }
         slot.store(true, Ordering::SeqCst);
     }
 }
 
-/// Gives the signals their default action back, for commands that do not run a script.
+/// Whether `run` stops on `sig`: not on a SIGHUP its caller ignored (`nohup`).
+pub fn stops_run(sig: Signal) -> bool {
+    sig != Signal::SIGHUP
+        || !STOPPING
+            .iter()
+            .zip(&IGNORED_BY_CALLER)
+            .any(|(s, ignored)| *s == sig && ignored.load(Ordering::SeqCst))
+}
+
+/// Gives the signals the dispositions the caller started us with back, for commands that do
+/// not run a script.
 pub fn hand_back() {
-    for (slot, sig) in INSTALLED.iter().zip(STOPPING) {
+    for ((slot, ignored), sig) in INSTALLED.iter().zip(&IGNORED_BY_CALLER).zip(STOPPING) {
         if slot.swap(false, Ordering::SeqCst) {
-            // SAFETY: restoring SIG_DFL runs no code of ours.
+            let action = if ignored.load(Ordering::SeqCst) {
+                libc::SIG_IGN
+            } else {
+                libc::SIG_DFL
+            };
+            // SAFETY: restoring SIG_DFL or SIG_IGN runs no code of ours.
             unsafe {
-                libc::signal(sig as libc::c_int, libc::SIG_DFL);
+                libc::signal(sig as libc::c_int, action);
             }
         }
     }

@@ -1104,11 +1104,15 @@ fn stop_on_signals(stop: tokio_util::sync::CancellationToken) {
 /// runs: no staging dir, socket or process is left behind when the CLI itself is stopped.
 fn watch_signals(interrupt: Interrupt) {
     use tokio::signal::unix::{signal, SignalKind};
-    for kind in [
-        SignalKind::interrupt(),
-        SignalKind::terminate(),
-        SignalKind::hangup(),
+    for (kind, sig) in [
+        (SignalKind::interrupt(), nix::sys::signal::Signal::SIGINT),
+        (SignalKind::terminate(), nix::sys::signal::Signal::SIGTERM),
+        (SignalKind::hangup(), nix::sys::signal::Signal::SIGHUP),
     ] {
+        if !early_signals::stops_run(sig) {
+            // `nohup`: tokio's handler would replace the ignored disposition.
+            continue;
+        }
         let interrupt = interrupt.clone();
         match signal(kind) {
             Ok(mut stream) => {

@@ -796,6 +796,79 @@ fn stopping_run_while_it_reads_the_script_still_reports_a_result() {
     }
 }
 
+/// A caller's ignored SIGHUP (`nohup`) is honoured while the script runs, as it was while
+/// `run -` read the script (it interrupted the execution: stop 56's probe); an ignored SIGINT,
+/// which a shell without job control gives every background job, still interrupts in both
+/// phases (the reading phase used to ignore it while the running phase did not).
+#[test]
+fn run_honours_a_callers_nohup_but_not_an_accidentally_ignored_sigint() {
+    use std::os::unix::process::CommandExt;
+    let spawn = |sb: &Sandbox, ignored: libc::c_int, args: &[&str]| {
+        let mut cmd = sb.command();
+        cmd.args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        // SAFETY: `signal` is async-signal-safe; the closure runs in the forked child between
+        // fork and exec, after the sandbox's own reset to the defaults.
+        unsafe {
+            cmd.pre_exec(move || {
+                libc::signal(ignored, libc::SIG_IGN);
+                Ok(())
+            });
+        }
+        cmd.spawn().unwrap()
+    };
+    let sb = Sandbox::new();
+    let script = sb.work().join("slow.py");
+    std::fs::write(
+        &script,
+        "import time\nprint('started', flush=True)\ntime.sleep(2)\nprint('finished')\n",
+    )
+    .unwrap();
+    let script = script.display().to_string();
+    for (ignored, expect_interrupted) in [(libc::SIGHUP, false), (libc::SIGINT, true)] {
+        // While the script runs.
+        let mut child = spawn(&sb, ignored, &["run", "--json", &script]);
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        std::thread::sleep(Duration::from_millis(800));
+        // SAFETY: plain signal to our own child process.
+        unsafe { libc::kill(child.id() as i32, ignored) };
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        let status = wait_or_fail(child, Duration::from_secs(20)).status;
+        let r: Value = serde_json::from_str(&line).unwrap();
+        if expect_interrupted {
+            assert_eq!(r["status"], "interrupted", "signal {ignored}: {r}");
+            assert_eq!(status.code(), Some(130), "signal {ignored}: {r}");
+        } else {
+            assert_eq!(r["status"], "success", "signal {ignored}: {r}");
+            assert_eq!(r["output"], "started\nfinished\n", "{r}");
+            assert_eq!(status.code(), Some(0), "{r}");
+        }
+
+        // While `run -` reads the script.
+        let mut child = spawn(&sb, ignored, &["run", "--json", "-"]);
+        let mut writer = child.stdin.take().unwrap();
+        writer.write_all(b"print('read whole')\n").unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        // SAFETY: plain signal to our own child process.
+        unsafe { libc::kill(child.id() as i32, ignored) };
+        std::thread::sleep(Duration::from_millis(300));
+        drop(writer);
+        let out = wait_or_fail(child, Duration::from_secs(20));
+        let r = parse_single_json(&out);
+        if expect_interrupted {
+            assert_eq!(r["status"], "interrupted", "signal {ignored}: {r}");
+            assert_eq!(out.status.code(), Some(130), "signal {ignored}: {r}");
+        } else {
+            assert_eq!(r["status"], "success", "signal {ignored}: {r}");
+            assert_eq!(r["output"], "read whole\n", "{r}");
+        }
+    }
+    assert!(sb.staging_dirs().is_empty());
+}
+
 #[test]
 fn a_supervisor_killed_with_sigkill_leaves_no_staging_dir_process_or_mount() {
     for mode in ["project", "strict"] {
