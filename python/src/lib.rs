@@ -182,6 +182,68 @@ fn running_count() -> usize {
     vibeos_supervisor::interrupts::count()
 }
 
+/// Calls from Rust into Python (tool handlers, checks, approval callbacks, log records) now in
+/// progress, and whether the host's exit has closed that door ([`quiesce_native_callers`]).
+///
+/// Those calls run on threads Python did not start (the supervisor's runtime, the approval
+/// thread) or outlive the wait that started them (an approval timeout, an execution's). When
+/// one of them takes the GIL after the interpreter began to finalize, CPython ends the thread
+/// with `pthread_exit`, whose forced unwind through Rust frames aborts the whole host (SIGABRT,
+/// "FATAL: exception not rethrown"). So the host's last exit hook closes the door and waits
+/// (bounded) for the calls inside to return, before finalization starts.
+static NATIVE_CALLERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static NATIVE_CALLS_CLOSED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Counts one native call into Python for as long as it lives.
+struct NativeCall;
+
+impl Drop for NativeCall {
+    fn drop(&mut self) {
+        NATIVE_CALLERS.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Runs `f` with the GIL for a call from Rust into Python, or `None` once the host is exiting
+/// (nothing of Python may run then; see [`NATIVE_CALLERS`]).
+fn with_python<R>(f: impl FnOnce(Python<'_>) -> R) -> Option<R> {
+    use std::sync::atomic::Ordering;
+    // Counted before the door is looked at, and the exit hook closes the door before it reads
+    // the count (both SeqCst): a call either sees the door closed or is waited for.
+    NATIVE_CALLERS.fetch_add(1, Ordering::SeqCst);
+    let _counted = NativeCall;
+    // SAFETY: Py_IsInitialized only reads interpreter state and may be called at any time.
+    if NATIVE_CALLS_CLOSED.load(Ordering::SeqCst) || unsafe { pyo3::ffi::Py_IsInitialized() } == 0 {
+        return None;
+    }
+    Some(Python::with_gil(f))
+}
+
+/// Closes the door of [`with_python`] and waits up to `timeout_seconds` for the calls inside to
+/// return; `True` when none is left. Called by the host's last exit hook (after its non-daemon
+/// threads were joined); a later call from Rust into Python gets the "host is exiting" answer
+/// of its kind (a tool error, an unavailable tool, no approval).
+#[pyfunction]
+fn quiesce_native_callers(py: Python<'_>, timeout_seconds: f64) -> bool {
+    use std::sync::atomic::Ordering;
+    NATIVE_CALLS_CLOSED.store(true, Ordering::SeqCst);
+    let limit = Duration::try_from_secs_f64(timeout_seconds).unwrap_or(Duration::ZERO);
+    let deadline = std::time::Instant::now() + limit;
+    // Without the GIL: the calls inside need it to return.
+    py.allow_threads(|| loop {
+        if NATIVE_CALLERS.load(Ordering::SeqCst) == 0 {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    })
+}
+
+/// What a call from Rust into Python answers once the host is exiting.
+const HOST_EXITING: &str = "the Python host is exiting";
+
 /// Calls a Python invoker made by `vibeos_exec.registry`: `(args_json, task_id)` in,
 /// `(True, text, None)` or `(False, kind, message)` out.
 fn call_invoker(
@@ -192,7 +254,7 @@ fn call_invoker(
     let args_json = serde_json::to_string(args).map_err(|e| {
         ToolError::new(vibeos_tools::ToolErrorKind::InvalidArguments, e.to_string())
     })?;
-    Python::with_gil(|py| {
+    with_python(|py| {
         let out = invoker
             .bind(py)
             .call1((args_json, ctx.task_id.clone()))
@@ -209,6 +271,7 @@ fn call_invoker(
             Err(ToolError::new(first, second.unwrap_or_default()))
         }
     })
+    .unwrap_or_else(|| Err(ToolError::new("RuntimeError", HOST_EXITING)))
 }
 
 fn tool_error_of(py: Python<'_>, e: &PyErr) -> ToolError {
@@ -263,12 +326,13 @@ fn shared_check(py: Python<'_>, check: Py<PyAny>) -> CheckFn {
     }
     checks.retain(|_, weak| weak.strong_count() > 0);
     let run: CheckFn = Arc::new(move || {
-        let answer = Python::with_gil(|py| {
+        let answer = with_python(|py| {
             check_answer(py, check.bind(py)).map_err(|e| {
                 let e = tool_error_of(py, &e);
                 format!("{}: {}", e.kind, e.message)
             })
-        });
+        })
+        .unwrap_or_else(|| Err(HOST_EXITING.to_string()));
         match answer {
             Ok(available) => available,
             // The registry runs checks under `catch_unwind` and words a panic "check raised an
@@ -695,7 +759,7 @@ fn provider_credentials(names: Vec<String>) -> PyResult<Vec<String>> {
 fn ask_python(adapter: &Py<PyAny>, req: &ApprovalRequest) -> Option<String> {
     let descriptions: Vec<String> = req.matches.iter().map(|(_, d)| d.clone()).collect();
     let timeout = approval_policy::settings().timeout.as_secs_f64();
-    Python::with_gil(|py| {
+    with_python(|py| {
         adapter
             .bind(py)
             .call1((
@@ -709,6 +773,7 @@ fn ask_python(adapter: &Py<PyAny>, req: &ApprovalRequest) -> Option<String> {
             .map_err(|e| tracing::warn!("the Python approval callback failed: {e}"))
             .ok()
     })
+    .flatten()
 }
 
 /// Installs (or with `None` removes) the Python approval callback adapter.
@@ -923,6 +988,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(interrupt, m)?)?;
     m.add_function(wrap_pyfunction!(interrupt_all, m)?)?;
     m.add_function(wrap_pyfunction!(shutdown_backends, m)?)?;
+    m.add_function(wrap_pyfunction!(quiesce_native_callers, m)?)?;
     m.add_function(wrap_pyfunction!(running_count, m)?)?;
     m.add_function(wrap_pyfunction!(register_tool, m)?)?;
     m.add_function(wrap_pyfunction!(unregister_tool, m)?)?;

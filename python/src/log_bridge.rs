@@ -62,12 +62,9 @@ impl<S: Subscriber> Layer<S> for PythonLogging {
         let text = format!("{}{}", msg.text, msg.fields);
         let logger = format!("vibeos_exec.{}", meta.target().replace("::", "."));
         let level = python_level(meta.level());
-        // The interpreter may be finalizing (records from exit-time cleanup): then drop.
-        // SAFETY: Py_IsInitialized only reads interpreter state and may be called at any time.
-        if unsafe { pyo3::ffi::Py_IsInitialized() } == 0 {
-            return;
-        }
-        Python::with_gil(|py| {
+        // The interpreter may be finalizing (records from exit-time cleanup): then the
+        // record is dropped (`with_python` does not enter).
+        let _ = crate::with_python(|py| {
             let sent = py
                 .import("logging")
                 .and_then(|logging| logging.call_method1("getLogger", (logger,)))

@@ -453,6 +453,62 @@ def test_interpreter_shutdown_with_a_running_execution(tmp_path, daemon):
     assert not pid_alive(int(Path(pid_file).read_text()))
 
 
+# Each host below leaves a call from the extension into Python blocked past the wait that
+# started it, then releases it as its last line: the call returns while the interpreter exits.
+LATE_RETURNS = {
+    "approval callback past approvals.timeout": """
+        import threading, vibeos_exec
+        from vibeos_exec import registry as R
+        released = threading.Event()
+        def ask(task_id, command, descriptions):
+            released.wait(30)
+            return "deny"
+        vibeos_exec.set_approval_callback(ask)
+        print(R.handle_function_call("terminal", {"command": "rm -rf ./nothing-here"},
+                                     task_id="t"), flush=True)
+        released.set()
+    """,
+    "tool handler past its execution's timeout": """
+        import threading, vibeos_exec
+        from vibeos_exec import registry as R
+        released = threading.Event()
+        def slow(args):
+            released.wait(30)
+            return {"ok": True}
+        R.register(name="slow_tool", toolset="host", schema={"type": "object", "properties": {}},
+                   handler=slow, script_callable=True)
+        r = vibeos_exec.execute_code("from vibeos_tools import slow_tool\\nprint(slow_tool())",
+                                     timeout=1)
+        print(r["status"], flush=True)
+        released.set()
+    """,
+    "check_fn past the check timeout": """
+        import threading, vibeos_exec
+        from vibeos_exec import registry as R
+        released = threading.Event()
+        def check():
+            released.wait(30)
+            return True
+        R.register(name="checked_tool", toolset="host", schema={"type": "object", "properties": {}},
+                   handler=lambda a: 1, check_fn=check)
+        print(len(R.get_tool_definitions()), flush=True)
+        released.set()
+    """,
+}
+
+
+@pytest.mark.parametrize("case", sorted(LATE_RETURNS))
+def test_a_call_into_python_returning_as_the_host_exits_does_not_abort_it(home, case):
+    # It took the host down with SIGABRT ("FATAL: exception not rethrown"): CPython ends a
+    # thread that takes the GIL while it finalizes with pthread_exit, which cannot unwind
+    # through the extension's frames (stop 56's probe, 6 of 6 runs each).
+    (home / "config.yaml").write_text("approvals:\n  timeout: 1\n")
+    proc = run_python(LATE_RETURNS[case], timeout=90)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr)
+    assert proc.stdout.strip(), proc.stderr
+    assert "FATAL" not in proc.stderr, proc.stderr
+
+
 def test_ctrl_c_in_the_host_interrupts_and_raises_keyboard_interrupt():
     proc = run_python(
         """

@@ -86,6 +86,28 @@ def test_handlers_get_the_task_id_and_coerced_arguments():
     assert seen == [({"n": 7}, "task-42")]
 
 
+def test_register_and_handle_function_call_take_the_specs_arguments_in_order():
+    # SPEC §7 writes register(name, toolset, schema, handler, check_fn, requires_env, is_async,
+    # description, emoji, max_result_size_chars, override) and handle_function_call(name, args,
+    # task_id, ...): `override` and `task_id` were keyword-only (stop 56's probe).
+    seen = []
+
+    def record(args, task_id=None):
+        seen.append(task_id)
+        return {"ok": True}
+
+    registry.register("pos_tool", "host_a", echo_schema(), record, None, [], False, "d", "",
+                      None, False)
+    with pytest.raises(ValueError):
+        registry.register("pos_tool", "host_b", echo_schema(), record, None, [], False, "d", "",
+                          None, False)
+    registry.register("pos_tool", "host_b", echo_schema(), record, None, [], False, "d2", "",
+                      None, True)
+    assert json.loads(registry.handle_function_call("pos_tool", {"x": "1"}, "task-7")) == {
+        "ok": True}
+    assert seen == ["task-7"]
+
+
 def test_a_blocking_handler_does_not_deadlock_and_the_timeout_holds():
     release = threading.Event()
     entered = threading.Event()

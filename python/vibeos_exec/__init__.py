@@ -419,6 +419,27 @@ def _shutdown() -> None:
     _native.shutdown_backends()
 
 
+#: Longest wait at exit for calls from the extension into Python (tool handlers, checks,
+#: approval callbacks on threads Python did not start) to return.
+NATIVE_CALLS_WAIT_SECONDS = 3.0
+
+
+def _quiesce_native_calls() -> None:
+    """Lets no call from the extension's own threads into Python start any more, and waits
+    (up to :data:`NATIVE_CALLS_WAIT_SECONDS`) for those running to return.
+
+    The last exit hook (registered first, so ``atexit`` runs it after :func:`_shutdown`; non-daemon
+    threads were joined before either). Without it, an approval callback or a tool handler that
+    returned while the interpreter finalized took the whole process down with SIGABRT: CPython
+    ends such a thread with ``pthread_exit``, which cannot unwind through the extension's frames.
+    Later calls get a "host is exiting" answer (a tool error, an unavailable tool, no approval).
+    """
+    if _native_threads_of not in (None, os.getpid()):
+        return  # a forked child: the extension's threads did not come along
+    _native.quiesce_native_callers(NATIVE_CALLS_WAIT_SECONDS)
+
+
+atexit.register(_quiesce_native_calls)
 try:
     threading._register_atexit(_shutdown)  # type: ignore[attr-defined]
 except (AttributeError, RuntimeError):

@@ -35,6 +35,10 @@ def running_count() -> int:
 def shutdown_backends() -> None:
     """Stops the environments of the active backend (containers, ssh masters); at exit."""
 
+def quiesce_native_callers(timeout_seconds: float) -> bool:
+    """Lets no call from the extension's threads into Python start any more and waits up to
+    ``timeout_seconds`` for those running; ``True`` when none is left. At exit only."""
+
 def register_tool(
     name: str,
     toolset: str,
