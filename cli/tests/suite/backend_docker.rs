@@ -31,8 +31,23 @@ fn request(code: &str, task: &str) -> ExecutionRequest {
     request_from(code, task, HOST_ENV)
 }
 
-/// Asserts that no process in task-a's container has any of `left` in its command line
-/// (checked with `ps` there, through a script's terminal call).
+/// How a docker test starts: in a process of its own ([`super::common::in_own_process`]), a
+/// private dockerd with the python image and the CLI wrapper that reaches it. `None` when the
+/// test has nothing left to do: this is the parent and the test ran in its child, or the
+/// daemon cannot start here (recorded as a skip, a failure with `CI=true`).
+fn docker_turn() -> Option<(Dockerd, String)> {
+    if super::common::in_own_process() {
+        return None;
+    }
+    match Dockerd::with_image(IMAGE) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            unavailable(&e);
+            None
+        }
+    }
+}
+
 /// `vibeos-exec run --json --backend docker <extra> <script>` with `home` as VIBEOS_HOME, and
 /// its one result object.
 fn cli_result(
@@ -51,6 +66,8 @@ fn cli_result(
     serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{out:?}"))
 }
 
+/// Asserts that no process in task-a's container has any of `left` in its command line
+/// (checked with `ps` there, through a script's terminal call).
 fn assert_none_left(rt: &tokio::runtime::Runtime, left: &[&str]) {
     let ps = run(
         rt,
@@ -67,12 +84,8 @@ fn assert_none_left(rt: &tokio::runtime::Runtime, left: &[&str]) {
 
 #[test]
 fn docker_backend_end_to_end() {
-    if super::common::in_own_process() {
+    let Some((daemon, docker)) = docker_turn() else {
         return;
-    }
-    let (daemon, docker) = match Dockerd::with_image(IMAGE) {
-        Ok(d) => d,
-        Err(e) => return unavailable(&e),
     };
     let rt = runtime();
     environments::activate(settings(&docker));
@@ -360,12 +373,8 @@ print("tenv:", terminal("env")["output"].replace("\n", " "))
 /// dir on the host, and `backends gc` removes a container's RPC dir with it.
 #[test]
 fn docker_executions_end_like_local_ones() {
-    if super::common::in_own_process() {
+    let Some((daemon, docker)) = docker_turn() else {
         return;
-    }
-    let (daemon, docker) = match Dockerd::with_image(IMAGE) {
-        Ok(d) => d,
-        Err(e) => return unavailable(&e),
     };
     let rt = runtime();
     environments::activate(settings(&docker));
@@ -689,12 +698,8 @@ fn gc_report(daemon: &Dockerd) -> serde_json::Value {
 /// output it printed, never reports exit 0, and leaves nothing running.
 #[test]
 fn docker_start_checks_and_a_kill_the_script_cannot_dodge() {
-    if super::common::in_own_process() {
+    let Some((daemon, docker)) = docker_turn() else {
         return;
-    }
-    let (daemon, docker) = match Dockerd::with_image(IMAGE) {
-        Ok(d) => d,
-        Err(e) => return unavailable(&e),
     };
     let rt = runtime();
 
@@ -872,12 +877,8 @@ fn docker_start_checks_and_a_kill_the_script_cannot_dodge() {
 /// the script can find of the bootstrap's nonce is not taken as the script's end.
 #[test]
 fn docker_a_script_that_kills_its_bootstrap_neither_outlives_nor_forges_its_end() {
-    if super::common::in_own_process() {
+    let Some((_daemon, docker)) = docker_turn() else {
         return;
-    }
-    let (_daemon, docker) = match Dockerd::with_image(IMAGE) {
-        Ok(d) => d,
-        Err(e) => return unavailable(&e),
     };
     let rt = runtime();
     environments::activate(settings(&docker));
@@ -958,12 +959,8 @@ exec {docker} \"$@\"
 /// the host (stop 55, finding 1: it ran unasked, e.g. `psql -h 127.0.0.1 -c 'DROP TABLE …'`).
 #[test]
 fn docker_a_container_on_the_host_network_is_not_isolated() {
-    if super::common::in_own_process() {
+    let Some((_daemon, docker)) = docker_turn() else {
         return;
-    }
-    let (_daemon, docker) = match Dockerd::with_image(IMAGE) {
-        Ok(d) => d,
-        Err(e) => return unavailable(&e),
     };
     let rt = runtime();
     environments::activate(BackendSettings {
@@ -987,12 +984,8 @@ fn docker_a_container_on_the_host_network_is_not_isolated() {
 /// does not warn about the container being gone (finding 6).
 #[test]
 fn docker_a_container_killed_from_outside_is_noticed_and_started_again() {
-    if super::common::in_own_process() {
+    let Some((daemon, docker)) = docker_turn() else {
         return;
-    }
-    let (daemon, docker) = match Dockerd::with_image(IMAGE) {
-        Ok(d) => d,
-        Err(e) => return unavailable(&e),
     };
     let rt = runtime();
     environments::activate(settings(&docker));
