@@ -1224,3 +1224,80 @@ fn ssh_an_upload_prunes_old_agent_copies_only() {
         "{left:?}"
     );
 }
+
+/// A direct `terminal` call whose client cancels it (an MCP `notifications/cancelled`, which
+/// `serve` turns into `local::cancel_call`) kills the command over there, as it does locally
+/// (stop 56's probe: on docker the `sleep 335` ran on to its 180 s timeout). A call cancelled
+/// before it is forwarded runs nothing.
+#[test]
+
+fn ssh_a_cancelled_direct_terminal_call_kills_its_remote_command() {
+    let Some((_ssh, sshd)) = super::ssh_turn(true) else {
+        return;
+    };
+    environments::activate(ssh_backend(&sshd, sshd.port));
+    assert_eq!(
+        agent_call(
+            "cancel",
+            "terminal",
+            serde_json::json!({"command": "echo up"})
+        )["output"],
+        "up\n"
+    );
+    let call = 7_700_001;
+    let started = Instant::now();
+    let running = std::thread::spawn(move || {
+        environments::local::in_call(call, || {
+            agent_call(
+                "cancel",
+                "terminal",
+                serde_json::json!({"command": "sleep 3351; echo done"}),
+            )
+        })
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !remote_processes().contains("sleep 3351") {
+        assert!(Instant::now() < deadline, "the command did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    environments::local::cancel_call(call);
+    let r = running.join().unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the cancelled call ran {:?}: {r}",
+        started.elapsed()
+    );
+    assert_ne!(r["output"], "done\n", "{r}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while remote_processes().contains("sleep 3351") {
+        assert!(
+            Instant::now() < deadline,
+            "still running over there: {}",
+            remote_processes()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // Cancelled before it was forwarded: refused, nothing started.
+    let call = 7_700_002;
+    environments::local::cancel_call(call);
+    let r = environments::local::in_call(call, || {
+        agent_call(
+            "cancel",
+            "terminal",
+            serde_json::json!({"command": "sleep 3352"}),
+        )
+    });
+    assert!(r.to_string().contains("cancelled"), "{r}");
+    assert!(!remote_processes().contains("sleep 3352"));
+    assert_eq!(
+        agent_call(
+            "cancel",
+            "terminal",
+            serde_json::json!({"command": "echo still"})
+        )["output"],
+        "still\n"
+    );
+    environments::shutdown();
+    environments::activate(BackendSettings::default());
+}

@@ -86,7 +86,8 @@ pub struct AgentLaunch {
 pub struct AgentClient {
     backend: &'static str,
     launch: Box<dyn Fn() -> Result<AgentLaunch, EnvError> + Send + Sync>,
-    conn: Mutex<Option<Conn>>,
+    /// Shared with the cancel hooks of forwarded calls ([`AgentClient::call`]).
+    conn: Arc<Mutex<Option<Conn>>>,
     /// Starts so far (the next [`Conn::epoch`]).
     starts: std::sync::atomic::AtomicU64,
 }
@@ -100,7 +101,7 @@ impl AgentClient {
         AgentClient {
             backend,
             launch: Box::new(launch),
-            conn: Mutex::new(None),
+            conn: Arc::new(Mutex::new(None)),
             starts: std::sync::atomic::AtomicU64::new(0),
         }
     }
@@ -224,7 +225,7 @@ impl AgentClient {
     ) -> Result<Value, ToolError> {
         let backend_err =
             |e: EnvError| ToolError::new(crate::ToolErrorKind::BackendError, e.to_string());
-        let (rx, id, pending) = {
+        let (rx, id, pending, _cancel_hook) = {
             let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
             let dead = match guard.as_mut() {
                 Some(c) => !matches!(c.process.try_wait(), Ok(None)),
@@ -239,6 +240,21 @@ impl AgentClient {
             let Some(conn) = guard.as_mut() else {
                 return Err(backend_err(self.err("not running")));
             };
+            // A host call its client can cancel (an MCP request): the cancel reaches the command
+            // over there, as it kills a local one (`local::cancel_call`).
+            let call = super::local::current_call();
+            let _cancel_hook = match call {
+                Some(call) => {
+                    let (conn_ref, epoch) = (Arc::clone(&self.conn), conn.epoch);
+                    super::local::on_cancel_of_current_call(Box::new(move || {
+                        send_control(&conn_ref, epoch, json!({"cancel_call": call}));
+                    }))
+                    .map_err(|e| {
+                        ToolError::new(crate::ToolErrorKind::BackendError, e.to_string())
+                    })?
+                }
+                None => None,
+            };
             let id = conn.next_id;
             conn.next_id += 1;
             let (tx, rx) = mpsc::channel();
@@ -246,6 +262,7 @@ impl AgentClient {
                 p.insert(id, tx);
             }
             let request = json!({
+                "call": call,
                 "id": id,
                 "tool": tool,
                 "args": args,
@@ -270,7 +287,7 @@ impl AgentClient {
                 let _ = conn.process.kill(GroupSignal::Kill);
                 return Err(backend_err(self.err(&format!("the connection broke: {e}"))));
             }
-            (rx, id, Arc::clone(&conn.pending))
+            (rx, id, Arc::clone(&conn.pending), _cancel_hook)
         };
         let reply = rx.recv_timeout(timeout);
         if let Ok(mut p) = pending.lock() {
@@ -403,15 +420,13 @@ impl AgentClient {
         let Some(scope) = super::local::scope_of(ctx) else {
             return;
         };
-        let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(conn) = guard.as_mut() else { return };
-        let id = conn.next_id;
-        conn.next_id += 1;
-        let line = format!("{}\n", json!({"id": id, "kill_scope": scope}));
-        let _ = conn
-            .writer
-            .write_all(line.as_bytes())
-            .and_then(|_| conn.writer.flush());
+        let epoch = match self.conn.lock() {
+            Ok(guard) => guard.as_ref().map(|c| c.epoch),
+            Err(p) => p.into_inner().as_ref().map(|c| c.epoch),
+        };
+        if let Some(epoch) = epoch {
+            send_control(&self.conn, epoch, json!({"kill_scope": scope}));
+        }
     }
 
     /// Stops the agent process (the environment is going away).
@@ -421,6 +436,23 @@ impl AgentClient {
             c.end();
         }
     }
+}
+
+/// Sends a control request (`kill_scope`, `cancel_call`: answered, the answer unread) on the
+/// agent's main stream, if the agent of start `epoch` still runs.
+fn send_control(conn: &Mutex<Option<Conn>>, epoch: u64, body: Value) {
+    let mut guard = conn.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(conn) = guard.as_mut().filter(|c| c.epoch == epoch) else {
+        return;
+    };
+    let mut request = body;
+    request["id"] = json!(conn.next_id);
+    conn.next_id += 1;
+    let line = format!("{request}\n");
+    let _ = conn
+        .writer
+        .write_all(line.as_bytes())
+        .and_then(|_| conn.writer.flush());
 }
 
 /// How long ending the agent waits for its process to be reaped after the kill.
@@ -676,6 +708,10 @@ fn answer(registry: &'static ToolRegistry, req: Value) -> Value {
         });
         return json!({"id": req.get("id"), "ok": {"killed": killed}});
     }
+    if let Some(call) = req.get("cancel_call").and_then(Value::as_u64) {
+        super::local::cancel_call(call);
+        return json!({"id": req.get("id"), "ok": {"cancelled": call}});
+    }
     if let Some(bad) = req.get("bad").and_then(Value::as_str) {
         return json!({"id": null, "err": {"kind": "ProtocolError", "message": format!("not JSON: {bad}")}});
     }
@@ -749,13 +785,17 @@ fn answer(registry: &'static ToolRegistry, req: Value) -> Value {
     };
     let result = match &entry.handler {
         Handler::Sync(f) => {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&args, &ctx)))
-                .unwrap_or_else(|_| {
-                    Err(ToolError::new(
-                        crate::ToolErrorKind::Panic,
-                        format!("`{tool}` panicked"),
-                    ))
-                })
+            // A host call its client may cancel (`cancel_call`): its command is killed here.
+            let run = || match req.get("call").and_then(Value::as_u64) {
+                Some(call) => super::local::in_call(call, || f(&args, &ctx)),
+                None => f(&args, &ctx),
+            };
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).unwrap_or_else(|_| {
+                Err(ToolError::new(
+                    crate::ToolErrorKind::Panic,
+                    format!("`{tool}` panicked"),
+                ))
+            })
         }
         _ => Err(ToolError::new(
             crate::ToolErrorKind::UnknownTool,

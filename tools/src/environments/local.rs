@@ -684,7 +684,13 @@ impl Drop for RunningGuard {
 struct Calls {
     groups: BTreeMap<i32, u64>,
     cancelled: std::collections::BTreeSet<u64>,
+    /// What else cancels a call: the call forwarded to a backend's tool agent
+    /// ([`on_cancel_of_current_call`]), by call id and hook number.
+    hooks: BTreeMap<(u64, u64), CancelHook>,
 }
+
+/// Run when its call is cancelled, on a thread of its own (it may block on a socket).
+type CancelHook = Box<dyn FnOnce() + Send>;
 
 static CALLS: LazyLock<Mutex<Calls>> = LazyLock::new(|| Mutex::new(Calls::default()));
 
@@ -719,6 +725,63 @@ pub fn cancel_call(id: u64) {
     calls.cancelled.insert(id);
     for (pgid, _) in calls.groups.iter().filter(|(_, c)| **c == id) {
         let _ = killpg(Pid::from_raw(*pgid), Signal::SIGKILL);
+    }
+    let keys: Vec<(u64, u64)> = calls
+        .hooks
+        .range((id, 0)..=(id, u64::MAX))
+        .map(|(k, _)| *k)
+        .collect();
+    for key in keys {
+        if let Some(hook) = calls.hooks.remove(&key) {
+            // Callers drop their guard (an async task's drop, say): never block them.
+            let _ = std::thread::Builder::new()
+                .name("vibeos-cancel".into())
+                .spawn(hook);
+        }
+    }
+}
+
+/// The cancellable call this thread serves ([`in_call`]), if any.
+pub fn current_call() -> Option<u64> {
+    CALL.with(|c| c.get())
+}
+
+/// Runs `hook` if the call this thread serves is cancelled while the returned guard lives:
+/// how a call forwarded to a backend's tool agent reaches the command it runs over there.
+/// `Ok(None)` (`hook` dropped) when the thread serves no cancellable call; [`CallCancelled`]
+/// when its call was cancelled already (nothing should be forwarded then).
+pub fn on_cancel_of_current_call(
+    hook: CancelHook,
+) -> Result<Option<CancelHookGuard>, CallCancelled> {
+    static NEXT_HOOK: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let Some(id) = current_call() else {
+        return Ok(None);
+    };
+    let mut calls = CALLS.lock().unwrap_or_else(|p| p.into_inner());
+    if calls.cancelled.contains(&id) {
+        return Err(CallCancelled);
+    }
+    let key = (
+        id,
+        NEXT_HOOK.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+    );
+    calls.hooks.insert(key, hook);
+    Ok(Some(CancelHookGuard(key)))
+}
+
+/// The call was cancelled by its client before this step.
+#[derive(Debug, thiserror::Error)]
+#[error("the call was cancelled by its client")]
+pub struct CallCancelled;
+
+/// Unregisters a hook of [`on_cancel_of_current_call`] when the forwarded call returned.
+pub struct CancelHookGuard((u64, u64));
+
+impl Drop for CancelHookGuard {
+    fn drop(&mut self) {
+        if let Ok(mut calls) = CALLS.lock() {
+            calls.hooks.remove(&self.0);
+        }
     }
 }
 
