@@ -59,7 +59,13 @@ impl<S: Subscriber> Layer<S> for PythonLogging {
         let meta = event.metadata();
         let mut msg = Message::default();
         event.record(&mut msg);
-        let text = format!("{}{}", msg.text, msg.fields);
+        let mut text = format!("{}{}", msg.text, msg.fields);
+        // Credentials in URLs (an MCP server's `url:`, quoted by the HTTP client's and the MCP
+        // SDK's errors) are masked here as in the CLI's log (`url_mask`): a host's logging
+        // handlers write wherever it likes.
+        if text.contains("://") {
+            text = vibeos_tools::url_mask::mask_urls_in(&text);
+        }
         let logger = format!("vibeos_exec.{}", meta.target().replace("::", "."));
         let level = python_level(meta.level());
         // The interpreter may be finalizing (records from exit-time cleanup): then the

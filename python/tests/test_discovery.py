@@ -427,3 +427,35 @@ def test_a_tool_module_named_like_a_standard_module_is_refused(tmp_path, caplog)
     assert sys.modules["json"] is json and json.dumps([1]) == "[1]"
     assert "json_shadow" not in registry.tool_names()
     assert "standard-library module `json`; rename the file" in caplog.text
+
+
+def test_files_that_would_hang_or_exhaust_the_scan_are_skipped_and_the_rest_load(tmp_path):
+    # A FIFO named *.py hung discovery for ever, a link to /dev/zero read until memory ran out,
+    # and a deeply nested expression raised RecursionError out of discover_tools (and out of
+    # the plugin host, losing every plugin): stop 56's probe. Each is now logged and skipped.
+    import os
+
+    d = tmp_path / "tools"
+    d.mkdir()
+    register = ("from vibeos_exec import registry\n"
+                "registry.register(name='{name}', toolset='disc-edge',"
+                " schema={{'type': 'object', 'properties': {{}}}}, handler=lambda a: {{}})\n")
+    os.mkfifo(d / "b_fifo.py")
+    os.symlink("/dev/zero", d / "c_zero.py")
+    (d / "d_deep.py").write_text(register.format(name="deep_tool") + "x = " + "1+" * 200_000 + "1\n")
+    (d / "e_huge.py").write_text(register.format(name="huge_tool") + "x = 1\n" * 200_000)
+    (d / "z_good.py").write_text(register.format(name="edge_good_tool"))
+    proc = run_python(
+        f"""
+        import logging, sys
+        logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(message)s")
+        import vibeos_exec
+        print(vibeos_exec.discover_tools({str(d)!r}))
+        """,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "['z_good']", (proc.stdout, proc.stderr)
+    for name, why in [("b_fifo.py", "not a regular file"), ("c_zero.py", "not a regular file"),
+                      ("d_deep.py", "too deeply nested"), ("e_huge.py", "bytes")]:
+        assert name in proc.stderr and why in proc.stderr, (name, proc.stderr)

@@ -15,6 +15,8 @@ import pytest
 import vibeos_exec
 from vibeos_exec import registry
 
+from conftest import run_python
+
 from conftest import REPO, run_python
 
 FIXTURES = REPO / "fixtures"
@@ -174,6 +176,35 @@ def test_load_mcp_servers_in_a_python_host(home, tmp_path):
     assert json.loads(registry.handle_function_call("echo", {"text": "py"})) == {"echo": "py"}
     # Scripts never get MCP tools unless config opens them.
     assert "echo" not in registry.script_tools()
+
+
+def test_mcp_server_urls_are_masked_in_the_python_hosts_log(home, tmp_path):
+    # The HTTP client's and the MCP SDK's errors quote the URL; the CLI's log masked its
+    # credentials, the Python package's logging bridge passed them on (stop 56's probe).
+    import socket
+
+    with socket.socket() as s:  # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (home / "config.yaml").write_text(
+        "mcp_servers:\n  leaky:\n"
+        f"    url: http://127.0.0.1:{port}/mcp?api_key=sekret-abc123&access_token=tok-xyz789\n"
+        "    startup: eager\n    connect_timeout: 5\n"
+    )
+    proc = run_python(
+        """
+        import logging, sys
+        logging.basicConfig(stream=sys.stderr, level=logging.DEBUG, format="%(name)s %(message)s")
+        import vibeos_exec
+        vibeos_exec.load_mcp_servers()
+        print(vibeos_exec.mcp_servers())
+        """,
+        timeout=60,
+    )
+    logged = proc.stdout + proc.stderr
+    assert f"127.0.0.1:{port}" in logged, logged  # the URL was logged
+    assert "api_key=***" in logged, logged
+    assert "sekret-abc123" not in logged and "tok-xyz789" not in logged, logged
 
 
 class _HostSession:

@@ -23,6 +23,7 @@ import contextlib
 import importlib.util
 import logging
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import AbstractSet, Any, Dict, Iterator, List, Optional, Set, Union
@@ -100,15 +101,57 @@ def _top_level(stmts: List[ast.stmt]) -> Iterator[ast.stmt]:
             yield from _top_level(body)
 
 
+#: Largest file the scan parses. Tool modules are small; parsing costs about 600 MB of memory
+#: and 3 s per MiB, so one huge file must not hold up (or exhaust) the discovery of the rest.
+MAX_SCANNED_BYTES = 1 << 20
+
+
+def _read_module_source(path: Union[str, "os.PathLike[str]"]) -> bytes:
+    """The bytes of the regular file at ``path`` (at most :data:`MAX_SCANNED_BYTES`). Opened
+    without blocking, so a FIFO named ``*.py`` cannot hang the scan, and refused unless it is a
+    regular file (a link to ``/dev/zero`` would read for ever): ``ValueError``."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file")
+        if info.st_size > MAX_SCANNED_BYTES:
+            raise ValueError(
+                f"{info.st_size} bytes, more than the {MAX_SCANNED_BYTES} a tool module may have"
+            )
+        chunks = []
+        left = MAX_SCANNED_BYTES + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        if left <= 0:
+            raise ValueError(f"more than the {MAX_SCANNED_BYTES} bytes a tool module may have")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def scan_module_file(path: Union[str, "os.PathLike[str]"]) -> bool:
     """Whether the file at ``path`` has a top-level ``registry.register(...)`` call (see
     :func:`module_registers_tools`); raises what reading or parsing it raised (``OSError``,
-    ``SyntaxError``, ``ValueError``), so a caller can report an unparsable file.
+    ``SyntaxError``, ``ValueError`` — also for a file that is not a regular one, is larger than
+    :data:`MAX_SCANNED_BYTES`, or nests too deeply for the parser), so a caller can report an
+    unparsable file.
 
     The file is parsed from its bytes, as the import system compiles it: a UTF-8 BOM and a
     PEP 263 coding cookie are honoured, and a file Python cannot import fails here too.
     """
-    tree = ast.parse(Path(path).read_bytes(), filename=os.fspath(path))
+    source = _read_module_source(path)
+    try:
+        return _registers_tools(ast.parse(source, filename=os.fspath(path)))
+    except (RecursionError, MemoryError) as exc:
+        raise ValueError(f"too deeply nested or too large to parse ({type(exc).__name__})") from None
+
+
+def _registers_tools(tree: ast.Module) -> bool:
     aliases = _registry_aliases(tree.body)
     for stmt in _top_level(tree.body):
         if isinstance(stmt, ast.Expr) and _is_register_call(stmt.value, aliases):
