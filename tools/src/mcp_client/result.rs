@@ -32,9 +32,13 @@ pub(super) fn result_value(
     if result.is_error == Some(true) {
         return Err(ToolError::new(
             crate::ToolErrorKind::McpToolError,
-            format!(
-                "`{tool}` of {label} reported an error: {}",
-                texts.join("\n")
+            // Bounded like an error answer (`call_error_text`): a model reads it.
+            super::bounded_text(
+                format!(
+                    "`{tool}` of {label} reported an error: {}",
+                    texts.join("\n")
+                ),
+                super::MAX_ERROR_TEXT,
             ),
         ));
     }
@@ -47,4 +51,36 @@ pub(super) fn result_value(
     }
     let blocks = serde_json::to_value(&result.content).unwrap_or(Value::Null);
     Ok(serde_json::json!({ "content": blocks }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server's `isError` text is cut like its error answers (stop 56's probe: a 1 MB
+    /// `isError` result reached the model whole, while a 1 MB JSON-RPC error was cut).
+    #[test]
+    fn an_error_result_is_cut_like_an_error_answer() {
+        let big = "e".repeat(1_000_000);
+        let result = CallToolResult::error(vec![rmcp::model::ContentBlock::text(big)]);
+        let Err(e) = result_value("MCP server `w`", "bigerr", result) else {
+            panic!("an error result is a tool error");
+        };
+        assert!(e
+            .message
+            .starts_with("`bigerr` of MCP server `w` reported an error: eee"));
+        assert!(
+            e.message.len() < super::super::MAX_ERROR_TEXT + 200,
+            "{}",
+            e.message.len()
+        );
+        let small = CallToolResult::error(vec![rmcp::model::ContentBlock::text("no such row")]);
+        let Err(e) = result_value("MCP server `w`", "q", small) else {
+            panic!("an error result is a tool error");
+        };
+        assert_eq!(
+            e.message,
+            "`q` of MCP server `w` reported an error: no such row"
+        );
+    }
 }
