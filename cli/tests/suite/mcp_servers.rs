@@ -744,3 +744,65 @@ fn strict_mode_loads_no_project_plugin_and_offers_plugin_tools_only_when_opened(
     assert_eq!(r["status"], "success", "{r}");
     assert!(marker.exists());
 }
+
+/// `serve --toolsets` naming a plugin that failed to load skips it with a warning and serves
+/// the rest, as for a server that failed (stop 56's probe: serve exited with "unknown toolset
+/// plugin-…", and its client's connection was closed).
+#[test]
+fn serve_skips_a_named_plugin_that_failed_to_load_and_serves_the_rest() {
+    use std::io::{BufRead, Write};
+    let py = need!("mcp.server.mcpserver, vibeos_exec.plugin_host");
+    let sb = Sandbox::new();
+    copy_plugins(&sb.home().join("plugins"));
+    plugin_config(&sb, &py, "eager");
+    let mut child = sb
+        .command()
+        .args(["serve", "--toolsets", "plugin-greeter,plugin-exploding"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("serve starts");
+    let mut to_server = child.stdin.take().unwrap();
+    let mut from_server = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut exchange = |line: &str, answered: bool| -> Value {
+        to_server.write_all(line.as_bytes()).unwrap();
+        to_server.write_all(b"\n").unwrap();
+        to_server.flush().unwrap();
+        if !answered {
+            return Value::Null;
+        }
+        let mut reply = String::new();
+        from_server.read_line(&mut reply).unwrap();
+        serde_json::from_str(&reply).unwrap_or_else(|e| panic!("{e}: {reply:?}"))
+    };
+    let init = exchange(
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"pipes","version":"1"}}}"#,
+        true,
+    );
+    assert_eq!(
+        init["result"]["serverInfo"]["name"], "vibeos-exec",
+        "{init}"
+    );
+    exchange(
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        false,
+    );
+    let list = exchange(r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#, true);
+    let names: Vec<&str> = list["result"]["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{list}"))
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(names.contains(&"greet"), "{names:?}");
+    drop(exchange);
+    drop(to_server);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let err = stderr(&out);
+    assert!(
+        err.contains("`plugin-exploding` skipped: plugin exploding failed to load"),
+        "{err}"
+    );
+}

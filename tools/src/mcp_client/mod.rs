@@ -786,15 +786,28 @@ impl McpManager {
     }
 
     /// Why the toolset `name` has no tools, when it is a configured server's and that server
-    /// failed: its label and the reason.
+    /// failed, or a plugin's that the plugin host could not load: what failed and why.
     pub fn failed_toolset(&self, name: &str) -> Option<String> {
-        self.servers
+        let name = name.trim();
+        if let Some(why) = self
+            .servers
             .iter()
-            .find(|s| s.owns_toolset(name.trim()))
+            .find(|s| s.owns_toolset(name))
             .and_then(|s| match s.state() {
                 ServerState::Failed(why) => Some(format!("{} failed: {why}", s.label())),
                 _ => None,
             })
+        {
+            return Some(why);
+        }
+        // A plugin the plugin host could not load has no toolset, but its name is known: it is
+        // a failed one, not an unknown one (`serve --toolsets plugin-x` exited on it).
+        self.servers.iter().find_map(|s| {
+            s.plugin_failures()
+                .into_iter()
+                .find(|(module, _)| format!("plugin-{}", sanitize(module)) == name)
+                .map(|(module, why)| format!("plugin {module} failed to load: {why}"))
+        })
     }
 
     /// The servers.
