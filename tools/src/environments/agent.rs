@@ -572,23 +572,42 @@ pub fn serve(
         .write_all(b"ready\n")
         .and_then(|_| output.flush())
         .map_err(|e| format!("cannot report readiness: {e}"))?;
-    std::thread::spawn(move || {
+    let accepting = std::thread::Builder::new().name("vibeos-agent-accept".into());
+    let accepted = accepting.spawn(move || {
         for conn in listener.incoming() {
             let Ok(conn) = conn else { continue };
             let token = token.clone();
-            std::thread::spawn(move || {
-                let Ok(writer) = conn.try_clone() else { return };
-                let mut reader = BufReader::new(conn);
-                let mut first = String::new();
-                if reader.read_line(&mut first).is_err()
-                    || !token_matches(first.trim().as_bytes(), token.as_bytes())
-                {
-                    return;
-                }
-                serve_stream(registry, reader, writer);
-            });
+            // Not `thread::spawn`, whose panic when the backend is out of processes (a script
+            // that filled the container's pids limit) ended this accepting thread, so every
+            // later call was refused for good: the connection is closed instead (its caller
+            // hears the agent was lost, and the next call tries again).
+            let spawned = std::thread::Builder::new()
+                .name("vibeos-agent-conn".into())
+                .spawn(move || {
+                    let Ok(writer) = conn.try_clone() else { return };
+                    let mut reader = BufReader::new(conn);
+                    let mut first = String::new();
+                    if reader.read_line(&mut first).is_err()
+                        || !token_matches(first.trim().as_bytes(), token.as_bytes())
+                    {
+                        return;
+                    }
+                    serve_stream(registry, reader, writer);
+                });
+            if let Err(e) = spawned {
+                tracing::error!(
+                    "backend-agent: cannot start a thread for a connection ({e}): out of \
+                     processes or memory over here? (terminal.container_pids, container_memory)"
+                );
+            }
         }
     });
+    if let Err(e) = accepted {
+        let _ = std::fs::remove_file(path);
+        return Err(format!(
+            "cannot start the thread that accepts connections: {e}"
+        ));
+    }
     // Lifeline: the host closing our stdin (or dying) ends the agent.
     let mut sink = String::new();
     while input.read_line(&mut sink).unwrap_or(0) > 0 {
