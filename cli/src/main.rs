@@ -88,7 +88,8 @@ enum BackendsCommand {
     /// Remove containers, and Modal and Daytona sandboxes when those are configured, labelled
     /// vibeos-exec=1 whose owning process is gone (a crashed host).
     Gc {
-        /// Also remove persistent containers (terminal.container_persistent).
+        /// Also remove persistent containers (terminal.container_persistent) that no running
+        /// host is using.
         #[arg(long)]
         all: bool,
         /// Print JSON instead of text.

@@ -492,12 +492,16 @@ fn docker_executions_end_like_local_ones() {
             .spawn()
             .unwrap()
     };
-    let long = cli("import time\ntime.sleep(6)\nprint('survived')");
+    let long = cli("import time\ntime.sleep(10)\nprint('survived')");
     std::thread::sleep(Duration::from_secs(2));
     let short = cli("print('short')").wait_with_output().unwrap();
     let v: serde_json::Value =
         serde_json::from_slice(&short.stdout).unwrap_or_else(|_| panic!("{short:?}"));
     assert_eq!(v["status"], "success", "{v}");
+    // `backends gc --all` takes persistent containers, but not one a live process uses (stop
+    // 56's probe: it removed the container under this running execution).
+    let gc = environments::docker::gc(&docker, true).unwrap();
+    assert!(gc.removed.is_empty() && gc.kept.len() == 1, "{gc:?}");
     let long = long.wait_with_output().unwrap();
     let v: serde_json::Value =
         serde_json::from_slice(&long.stdout).unwrap_or_else(|_| panic!("{long:?}"));

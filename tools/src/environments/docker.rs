@@ -939,7 +939,7 @@ pub struct GcReport {
 }
 
 /// Removes the containers labelled `vibeos-exec=1` whose owning process is gone (a crashed
-/// host); persistent ones only with `all`.
+/// host); persistent ones only with `all`, and then only those no live process is using.
 pub fn gc(binary: &str, all: bool) -> Result<GcReport, EnvError> {
     let out = engine(
         binary,
@@ -973,7 +973,22 @@ pub fn gc(binary: &str, all: bool) -> Result<GcReport, EnvError> {
         let owner = parts.next().unwrap_or("");
         let persistent = parts.next().unwrap_or("0") == "1";
         let rpc_source = parts.next().unwrap_or("").to_string();
-        let keep = if persistent { !all } else { owner_alive(owner) };
+        // Held (exclusively) while the container goes: a host starting to use it meanwhile
+        // waits in `users_lock`, then finds it gone and makes it again.
+        let mut _last_user = None;
+        let keep = if persistent {
+            // `--all` takes persistent containers too, but not one a live process is using
+            // (its users file is locked shared): that removal killed a running execution.
+            !all || match lock_unused(&rpc_source) {
+                Ok(lock) => {
+                    _last_user = lock;
+                    false
+                }
+                Err(InUse) => true,
+            }
+        } else {
+            owner_alive(owner)
+        };
         if keep {
             report.kept.push(name);
             continue;
@@ -984,13 +999,7 @@ pub fn gc(binary: &str, all: bool) -> Result<GcReport, EnvError> {
         }
         // Only ever our own socket dir under the temp dir, whatever the label says.
         let source = PathBuf::from(&rpc_source);
-        let ours =
-            |p: &std::path::Path| p == std::env::temp_dir() || p == std::path::Path::new("/tmp");
-        if source.parent().is_some_and(ours)
-            && source
-                .file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("vibeos-rpc-"))
-        {
+        if is_our_rpc_dir(&source) {
             let _ = std::fs::remove_dir_all(&source);
             let mut users = source.into_os_string();
             users.push(".users");
@@ -999,6 +1008,37 @@ pub fn gc(binary: &str, all: bool) -> Result<GcReport, EnvError> {
         report.removed.push(name);
     }
     Ok(report)
+}
+
+/// Whether `dir` (a container's `/run/vibeos-rpc` source, as its labels say) is an RPC dir this
+/// backend made: a `vibeos-rpc-*` dir directly in the temp dir.
+fn is_our_rpc_dir(dir: &std::path::Path) -> bool {
+    let ours = |p: &std::path::Path| p == std::env::temp_dir() || p == std::path::Path::new("/tmp");
+    dir.parent().is_some_and(ours)
+        && dir
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("vibeos-rpc-"))
+}
+
+/// A persistent container a live process uses ([`users_lock`] held shared).
+struct InUse;
+
+/// The users file of the persistent container whose RPC dir is `rpc_dir`, locked exclusively
+/// (`None`: it has none), or [`InUse`] when a process holds it.
+fn lock_unused(rpc_dir: &str) -> Result<Option<std::fs::File>, InUse> {
+    let dir = std::path::Path::new(rpc_dir);
+    if !is_our_rpc_dir(dir) {
+        return Ok(None);
+    }
+    let mut path = dir.as_os_str().to_os_string();
+    path.push(".users");
+    let Ok(file) = std::fs::OpenOptions::new().write(true).open(&path) else {
+        return Ok(None);
+    };
+    match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(Some(file)),
+        Err(_) => Err(InUse),
+    }
 }
 
 /// Whether the engine answers (for `doctor`): its server version, or why not.
