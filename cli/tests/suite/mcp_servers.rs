@@ -796,7 +796,6 @@ fn serve_skips_a_named_plugin_that_failed_to_load_and_serves_the_rest() {
         .filter_map(|t| t["name"].as_str())
         .collect();
     assert!(names.contains(&"greet"), "{names:?}");
-    drop(exchange);
     drop(to_server);
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{out:?}");
