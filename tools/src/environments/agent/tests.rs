@@ -4,21 +4,19 @@ use super::*;
 use std::io::Read;
 use std::os::unix::net::UnixStream;
 
-#[test]
-fn listening_agent_answers_only_token_holders_and_exits_with_its_lifeline() {
-    // `serve` ends every background process of this test process when it returns.
-    let _turn = crate::environments::background::tests::BACKGROUND_REGISTRY
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    let dir = tempfile::tempdir().unwrap();
-    let sock = dir.path().join("agent.sock");
-    let file = dir.path().join("f.txt");
-    std::fs::write(&file, "agent side\n").unwrap();
+/// A listening agent on `sock` with the token `token`, on a thread, once it said `ready`: its
+/// lifeline (drop it to end the agent) and the thread, which returns what `serve` did.
+fn listening_agent(
+    sock: &std::path::Path,
+    token: &str,
+) -> (
+    std::io::PipeWriter,
+    std::thread::JoinHandle<Result<(), String>>,
+) {
     let (stdin_r, mut stdin_w) = std::io::pipe().unwrap();
     let (out_r, out_w) = std::io::pipe().unwrap();
-    let token = "t".repeat(64);
     writeln!(stdin_w, "{token}").unwrap();
-    let path = sock.clone();
+    let path = sock.to_path_buf();
     let agent = std::thread::spawn(move || {
         serve(
             crate::registry(),
@@ -30,6 +28,21 @@ fn listening_agent_answers_only_token_holders_and_exits_with_its_lifeline() {
     let mut ready = String::new();
     BufReader::new(out_r).read_line(&mut ready).unwrap();
     assert_eq!(ready.trim(), "ready");
+    (stdin_w, agent)
+}
+
+#[test]
+fn listening_agent_answers_only_token_holders_and_exits_with_its_lifeline() {
+    // `serve` ends every background process of this test process when it returns.
+    let _turn = crate::environments::background::tests::BACKGROUND_REGISTRY
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("agent.sock");
+    let file = dir.path().join("f.txt");
+    std::fs::write(&file, "agent side\n").unwrap();
+    let token = "t".repeat(64);
+    let (stdin_w, agent) = listening_agent(&sock, &token);
 
     // A wrong token: the connection is closed without an answer. The agent may
     // close it before the request is written, so a broken pipe there is the
@@ -88,21 +101,7 @@ fn an_ending_agent_leaves_a_newer_agents_socket_in_place() {
         .unwrap_or_else(|p| p.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("agent.sock");
-    let (stdin_r, mut stdin_w) = std::io::pipe().unwrap();
-    let (out_r, out_w) = std::io::pipe().unwrap();
-    writeln!(stdin_w, "{}", "t".repeat(64)).unwrap();
-    let path = sock.clone();
-    let agent = std::thread::spawn(move || {
-        serve(
-            crate::registry(),
-            BufReader::new(stdin_r),
-            out_w,
-            Some(&path),
-        )
-    });
-    let mut ready = String::new();
-    BufReader::new(out_r).read_line(&mut ready).unwrap();
-    assert_eq!(ready.trim(), "ready");
+    let (stdin_w, agent) = listening_agent(&sock, &"t".repeat(64));
 
     // The newer agent binds the same path, as `serve` does: the old file removed first.
     std::fs::remove_file(&sock).unwrap();
