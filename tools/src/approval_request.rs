@@ -65,7 +65,7 @@ pub fn command_views(command: &str) -> Vec<String> {
         let lower = command.to_lowercase().replace("\\\n", " ");
         let primary = finish(&join_lines(&lower));
         let flat = finish(&lower.replace('\n', " ; "));
-        let expanded = expand(&primary, &own);
+        let expanded = expand(&primary, &own, names_home(command));
         let cased = finish(&join_lines(&command.replace("\\\n", " ")));
         for v in [primary, flat, expanded, cased] {
             if !views.contains(&v) {
@@ -523,8 +523,24 @@ const TOP_LEVEL: [&str; 17] = [
     "sbin", "srv", "sys", "usr", "var",
 ];
 
+/// Whether `command` reads the variable `HOME` (`$HOME`, `${HOME}`, `${HOME:-…}`), spelled in
+/// capitals: the views are lower case, and a lower-case `$home` is another, usually unset,
+/// variable.
+fn names_home(command: &str) -> bool {
+    command.contains("$HOME") || command.contains("${HOME")
+}
+
+/// The home directory as the views spell it (lower case), when there is one.
+fn home_as_viewed() -> Option<String> {
+    std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .map(|h| h.to_string_lossy().to_lowercase())
+}
+
 /// The third view of [`command_views`]: plain shell expansions put in, wrappers removed.
-fn expand(primary: &str, own: &[(String, &str)]) -> String {
+/// `$HOME`, where the line reads it (`home`) without assigning it, is the home directory, as
+/// `~` is ([`same_files`]): `rm -rf $HOME` is `rm -rf ~`.
+fn expand(primary: &str, own: &[(String, &str)], home: bool) -> String {
     let mut s = same_files(primary, own);
     if let Some(re) = SQL_COMMENT.as_ref() {
         s = re.replace_all(&s, " ").into_owned();
@@ -541,7 +557,7 @@ fn expand(primary: &str, own: &[(String, &str)]) -> String {
     if let (Some(assign), Some(var)) = (ASSIGNMENT.as_ref(), VARIABLE.as_ref()) {
         // Two rounds, for `A=rm; B=$A; $B -rf x`.
         for _ in 0..2 {
-            let values: HashMap<String, String> = assign
+            let mut values: HashMap<String, String> = assign
                 .captures_iter(&s)
                 .filter_map(|c| {
                     Some((
@@ -550,6 +566,11 @@ fn expand(primary: &str, own: &[(String, &str)]) -> String {
                     ))
                 })
                 .collect();
+            if home && !values.contains_key("home") {
+                if let Some(h) = home_as_viewed() {
+                    values.insert("home".to_string(), h);
+                }
+            }
             s = var
                 .replace_all(&s, |c: &regex::Captures| {
                     let name = c.get(1).or_else(|| c.get(3)).map_or("", |m| m.as_str());
@@ -609,8 +630,7 @@ fn same_files(primary: &str, own: &[(String, &str)]) -> String {
     if let Some(re) = TRAILING_DOT.as_ref() {
         s = re.replace_all(&s, "$1$2").into_owned();
     }
-    if let Some(home) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
-        let home = home.to_string_lossy().to_lowercase();
+    if let Some(home) = home_as_viewed() {
         if let Some(re) = TILDE.as_ref() {
             s = re
                 .replace_all(&s, |c: &regex::Captures| {

@@ -480,6 +480,27 @@ fn probe_hardline_bypasses_are_hardline() {
 }
 
 #[test]
+fn the_home_variable_names_the_home_directory_as_a_tilde_does() {
+    let home = std::env::var("HOME").unwrap_or_default().to_lowercase();
+    if home.is_empty() {
+        return;
+    }
+    let has_view = |cmd: &str, view: &str| command_views(cmd).iter().any(|v| v == view);
+    assert!(has_view("rm -rf $HOME", &format!("rm -rf {home}")));
+    assert!(has_view("rm -rf ${HOME}", &format!("rm -rf {home}")));
+    // Assigned in the line: that value, not the environment's.
+    assert!(has_view("HOME=/tmp/a; rm -rf $HOME", "home=/tmp/a; rm -rf /tmp/a"));
+    // A lower-case `$home` is another variable.
+    assert!(!command_views("rm -rf $home").iter().any(|v| v.contains(&home)));
+    // The same verdict as `~`: with a top-level home (root's `/root`) both are refused for good.
+    assert_eq!(hardline_key("rm -rf $HOME"), hardline_key("rm -rf ~"));
+    assert_eq!(hardline_key("rm -rf ${HOME}/"), hardline_key("rm -rf ~/"));
+    if home == "/root" {
+        assert_eq!(hardline_key("rm -rf $HOME").as_deref(), Some("delete_root"));
+    }
+}
+
+#[test]
 fn probe_dangerous_forms_are_caught() {
     // The probe report's finding 2: each ran without a prompt.
     for (key, cmd) in [
