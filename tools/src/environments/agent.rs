@@ -247,7 +247,7 @@ impl AgentClient {
                 Some(call) => {
                     let (conn_ref, epoch) = (Arc::clone(&self.conn), conn.epoch);
                     super::local::on_cancel_of_current_call(Box::new(move || {
-                        send_control(&conn_ref, epoch, json!({"cancel_call": call}));
+                        send_control(&conn_ref, Some(epoch), json!({"cancel_call": call}));
                     }))
                     .map_err(|e| {
                         ToolError::new(crate::ToolErrorKind::BackendError, e.to_string())
@@ -420,13 +420,9 @@ impl AgentClient {
         let Some(scope) = super::local::scope_of(ctx) else {
             return;
         };
-        let epoch = match self.conn.lock() {
-            Ok(guard) => guard.as_ref().map(|c| c.epoch),
-            Err(p) => p.into_inner().as_ref().map(|c| c.epoch),
-        };
-        if let Some(epoch) = epoch {
-            send_control(&self.conn, epoch, json!({"kill_scope": scope}));
-        }
+        // Whichever agent runs now: commands of the scope can only be under the current one
+        // (a lost agent's were killed with it).
+        send_control(&self.conn, None, json!({"kill_scope": scope}));
     }
 
     /// Stops the agent process (the environment is going away).
@@ -439,10 +435,14 @@ impl AgentClient {
 }
 
 /// Sends a control request (`kill_scope`, `cancel_call`: answered, the answer unread) on the
-/// agent's main stream, if the agent of start `epoch` still runs.
-fn send_control(conn: &Mutex<Option<Conn>>, epoch: u64, body: Value) {
+/// agent's main stream: to the agent of start `epoch` if it still runs, or to whichever agent
+/// runs when `epoch` is `None`.
+fn send_control(conn: &Mutex<Option<Conn>>, epoch: Option<u64>, body: Value) {
     let mut guard = conn.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(conn) = guard.as_mut().filter(|c| c.epoch == epoch) else {
+    let Some(conn) = guard
+        .as_mut()
+        .filter(|c| epoch.is_none_or(|epoch| c.epoch == epoch))
+    else {
         return;
     };
     let mut request = body;
