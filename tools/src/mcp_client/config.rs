@@ -210,6 +210,16 @@ pub enum McpConfigError {
     /// A server name that cannot make a toolset name.
     #[error("mcp_servers.{0}: a server name may hold only letters, digits, `_` and `-`")]
     BadName(String),
+    /// An `env:` entry a process environment cannot hold.
+    #[error("mcp_servers.{name}.env: {var:?} cannot be set for the server: {why}")]
+    BadEnv {
+        /// Server name.
+        name: String,
+        /// The variable's name as written.
+        var: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
     /// A stdio-only key on an HTTP server or the reverse.
     #[error("mcp_servers.{name}: `{key}` applies only to {kind} servers")]
     WrongKind {
@@ -270,6 +280,7 @@ impl McpServerConfig {
         }
         match (&self.command, &self.url) {
             (Some(_), None) => {
+                self.check_env(name)?;
                 if !self.headers.is_empty() {
                     return Err(McpConfigError::WrongKind {
                         name: name.into(),
@@ -298,6 +309,29 @@ impl McpServerConfig {
         }
         self.call_timeout(name)?;
         self.start_timeout(name)?;
+        Ok(())
+    }
+
+    /// Each `env:` entry can be put in a process environment: a name that is not empty and
+    /// holds no `=` (the kernel's `NAME=value` would split it elsewhere, setting another
+    /// variable) or NUL, and a value without NUL (the spawn would fail only at start-up).
+    fn check_env(&self, name: &str) -> Result<(), McpConfigError> {
+        for (var, value) in &self.env {
+            let why = if var.is_empty() {
+                "a variable needs a name"
+            } else if var.contains('=') {
+                "a variable's name cannot hold `=`"
+            } else if var.contains('\0') || value.contains('\0') {
+                "a NUL byte cannot be passed in an environment"
+            } else {
+                continue;
+            };
+            return Err(McpConfigError::BadEnv {
+                name: name.into(),
+                var: var.clone(),
+                why,
+            });
+        }
         Ok(())
     }
 
@@ -366,5 +400,27 @@ mod tests {
         ] {
             assert_eq!(http(ok).validate("remote"), Ok(()), "{ok}");
         }
+    }
+
+    #[test]
+    fn env_entries_a_process_environment_cannot_hold_are_refused() {
+        let stdio = |var: &str, value: &str| McpServerConfig {
+            command: Some("server".into()),
+            env: BTreeMap::from([(var.to_string(), value.to_string())]),
+            ..Default::default()
+        };
+        for (var, value, why) in [
+            ("A=B", "x", "cannot hold `=`"),
+            ("", "x", "needs a name"),
+            ("A\0B", "x", "NUL"),
+            ("TOKEN", "x\0y", "NUL"),
+        ] {
+            let text = stdio(var, value).validate("local").unwrap_err().to_string();
+            assert!(
+                text.starts_with("mcp_servers.local.env: ") && text.contains(why),
+                "{var:?}: {text}"
+            );
+        }
+        assert_eq!(stdio("API_TOKEN", "a=b c").validate("local"), Ok(()));
     }
 }
