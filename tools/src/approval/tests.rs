@@ -489,9 +489,14 @@ fn the_home_variable_names_the_home_directory_as_a_tilde_does() {
     assert!(has_view("rm -rf $HOME", &format!("rm -rf {home}")));
     assert!(has_view("rm -rf ${HOME}", &format!("rm -rf {home}")));
     // Assigned in the line: that value, not the environment's.
-    assert!(has_view("HOME=/tmp/a; rm -rf $HOME", "home=/tmp/a; rm -rf /tmp/a"));
+    assert!(has_view(
+        "HOME=/tmp/a; rm -rf $HOME",
+        "home=/tmp/a; rm -rf /tmp/a"
+    ));
     // A lower-case `$home` is another variable.
-    assert!(!command_views("rm -rf $home").iter().any(|v| v.contains(&home)));
+    assert!(!command_views("rm -rf $home")
+        .iter()
+        .any(|v| v.contains(&home)));
     // The same verdict as `~`: with a top-level home (root's `/root`) both are refused for good.
     assert_eq!(hardline_key("rm -rf $HOME"), hardline_key("rm -rf ~"));
     assert_eq!(hardline_key("rm -rf ${HOME}/"), hardline_key("rm -rf ~/"));
