@@ -13,7 +13,7 @@ pub mod stub;
 
 pub use protocol::{
     decode_request, encode_error, encode_response, encode_response_json, ProtocolError, Request,
-    MAX_FRAME_BYTES,
+    MAX_FRAME_BYTES, MAX_FRAME_VALUES,
 };
 pub use stub::{
     check_tool_name, doc_line, generate_stub, signature_text, stub_function, GeneratedStub,

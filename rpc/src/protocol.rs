@@ -14,6 +14,15 @@ use serde_json::{json, Map, Value};
 /// make the supervisor buffer without bound.
 pub const MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
 
+/// Most JSON values (arrays, objects and their elements) a frame may hold.
+///
+/// A parsed value takes tens of bytes of the supervisor's memory however few bytes it took on
+/// the wire: a frame of 5.5 million empty arrays (`[[],[],…]`, 15 MB) parsed into about 400 MB,
+/// and executions side by side multiply that. Real arguments are a few values, or a long
+/// string (which costs its own length); a quarter of a million values is far past any call
+/// and bounds a frame's parse to about 25 MB.
+pub const MAX_FRAME_VALUES: usize = 250_000;
+
 /// One tool call sent by a script.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
@@ -50,6 +59,15 @@ pub enum ProtocolError {
         /// The limit that was exceeded.
         limit: usize,
     },
+    /// The frame holds more values than [`MAX_FRAME_VALUES`].
+    #[error(
+        "request holds more than {limit} JSON values (arrays, objects, elements); pass large \
+         data through files"
+    )]
+    TooManyValues {
+        /// The limit that was exceeded.
+        limit: usize,
+    },
     /// The token does not match this execution's.
     #[error("request token is wrong; only the script of this execution may call tools")]
     BadToken,
@@ -79,6 +97,7 @@ impl ProtocolError {
             ProtocolError::NotObject => "invalid_request",
             ProtocolError::BadField { .. } => "invalid_request",
             ProtocolError::TooLarge { .. } => "frame_too_large",
+            ProtocolError::TooManyValues { .. } => "frame_too_complex",
             ProtocolError::BadToken => "unauthorized",
             ProtocolError::ForeignPeer => "unauthorized",
             ProtocolError::TooManyConnections { .. } => "too_many_connections",
@@ -118,6 +137,14 @@ pub fn decode_request(frame: &[u8]) -> Result<Request, (Option<Value>, ProtocolE
             None,
             ProtocolError::TooLarge {
                 limit: MAX_FRAME_BYTES,
+            },
+        ));
+    }
+    if holds_more_values_than(frame, MAX_FRAME_VALUES) {
+        return Err((
+            None,
+            ProtocolError::TooManyValues {
+                limit: MAX_FRAME_VALUES,
             },
         ));
     }
@@ -175,6 +202,41 @@ pub fn decode_request(frame: &[u8]) -> Result<Request, (Option<Value>, ProtocolE
         args,
         token,
     })
+}
+
+/// Whether `frame` holds more than `limit` JSON values, counted before anything is parsed: an
+/// array or object opening, or an element or member after a comma, outside strings. A frame no
+/// longer than `limit` cannot hold more, so the usual small frame is not scanned at all.
+fn holds_more_values_than(frame: &[u8], limit: usize) -> bool {
+    if frame.len() <= limit {
+        return false;
+    }
+    let mut count = 0usize;
+    let mut i = 0;
+    while i < frame.len() {
+        match frame[i] {
+            b'"' => {
+                // Skip the string: to the next quote that no backslash escapes.
+                i += 1;
+                while i < frame.len() {
+                    match frame[i] {
+                        b'\\' => i += 2,
+                        b'"' => break,
+                        _ => i += 1,
+                    }
+                }
+            }
+            b'[' | b'{' | b',' => {
+                count += 1;
+                if count > limit {
+                    return true;
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    false
 }
 
 /// Encodes the reply to a call as one line (with its newline).
@@ -316,6 +378,32 @@ mod tests {
         let (_, e) = decode_request(&big).err().unwrap_or_default_pair();
         assert!(e.closes_connection());
         assert_eq!(e.code(), "frame_too_large");
+    }
+
+    #[test]
+    fn refuses_frames_of_too_many_values_before_parsing_them() {
+        let frame = |inner: &str| {
+            format!(r#"{{"id":1,"tool":"read_file","args":{{"path":[{inner}]}},"token":"t"}}"#)
+        };
+        let many = vec!["[]"; MAX_FRAME_VALUES].join(",");
+        let (_, e) = decode_request(frame(&many).as_bytes())
+            .err()
+            .unwrap_or_default_pair();
+        assert_eq!(e.code(), "frame_too_complex");
+        assert!(!e.closes_connection());
+        // Just under the limit: parsed (and left to the tool to judge).
+        let fewer = vec!["[]"; MAX_FRAME_VALUES / 2 - 4].join(",");
+        assert!(decode_request(frame(&fewer).as_bytes()).is_ok());
+        // Commas, brackets, quotes and escapes inside a string are not values.
+        let text = "[{,\\\"],".repeat(MAX_FRAME_VALUES);
+        let line = format!(
+            r#"{{"id":1,"tool":"write_file","args":{{"path":"a","content":"{text}"}},"token":"t"}}"#
+        );
+        let req = decode_request(line.as_bytes()).unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(
+            req.args["content"].as_str().map(str::len),
+            Some(6 * MAX_FRAME_VALUES)
+        );
     }
 
     #[test]

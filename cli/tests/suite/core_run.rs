@@ -408,9 +408,14 @@ fn the_channel_survives_garbage_and_refuses_what_it_must() {
         "connection closed after a bad token"
     );
     assert_eq!(out["oversized"]["error"]["code"], "frame_too_large");
+    assert_eq!(out["too_complex"]["error"]["code"], "frame_too_complex");
+    assert!(out["after_too_complex"]["result"]["error"].is_string());
+    // Parsed, the 15 MB frame of empty arrays took the supervisor past 400 MB.
+    let peak = out["supervisor_peak_kb"].as_u64().unwrap_or(u64::MAX);
+    assert!(peak < 150_000, "supervisor peak {peak} kB");
     assert!(out["fresh_connection"]["result"]["error"].is_string());
-    // Refused requests are not counted: only the two read_file calls were dispatched.
-    assert_eq!(r["tool_calls_made"], 2);
+    // Refused requests are not counted: only the three read_file calls were dispatched.
+    assert_eq!(r["tool_calls_made"], 3);
 }
 
 #[test]
