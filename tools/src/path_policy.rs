@@ -951,14 +951,49 @@ impl PathPolicy {
             .locate(path, true)
             .map(|(root, _)| root.links_ok)
             .unwrap_or(false);
-        if !in_staging {
-            self.charge(content.len() as u64, path)?;
+        // What the disk holds more once the file is replaced: a regular file no other name
+        // keeps is freed by the rename, so rewriting a file with the same text takes nothing
+        // more (it was charged in full each time, and refused once the budget was spent).
+        // Charged before the walk makes any directory, so a refused call leaves nothing.
+        let charged = if in_staging {
+            0
+        } else {
+            (content.len() as u64).saturating_sub(self.size_freed_by_replacing(path))
+        };
+        self.charge(charged, path)?;
+        let written = self.replace_file(path, content);
+        if written.is_err() {
+            self.refund(charged);
         }
-        let (dir, name) = self.parent_for_write(path).inspect_err(|_| {
-            if !in_staging {
-                self.refund(content.len() as u64);
+        written
+    }
+
+    /// The size of the regular file at `path` that only this name keeps (what replacing it
+    /// frees), or 0; nothing is made or followed on the way.
+    fn size_freed_by_replacing(&self, path: &Path) -> u64 {
+        let Ok((root, rel)) = self.locate(path, true) else {
+            return 0;
+        };
+        let Ok(fd) = self.open_beneath(
+            root.dir.as_fd(),
+            &rel,
+            OFlag::O_PATH | OFlag::O_NOFOLLOW,
+            Mode::empty(),
+            path,
+        ) else {
+            return 0;
+        };
+        match nix::sys::stat::fstat(fd.as_fd()) {
+            Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_nlink == 1 => {
+                u64::try_from(st.st_size).unwrap_or(0)
             }
-        })?;
+            _ => 0,
+        }
+    }
+
+    /// [`Self::write_atomic`] once the budget was charged.
+    fn replace_file(&self, path: &Path, content: &[u8]) -> Result<bool, ToolError> {
+        let (dir, name) = self.parent_for_write(path)?;
         let existing = nix::sys::stat::fstatat(
             dir.as_fd(),
             name.as_os_str(),
@@ -988,6 +1023,7 @@ impl PathPolicy {
             Err(Errno::ENOENT) => None,
             Err(e) => return Err(ToolError::io(path, &e.into())),
         };
+
         // O_EXCL makes a name the script planted (or raced in) fail instead of being reused.
         let (tmp_name, tmp) = {
             let mut attempt = 0;

@@ -1175,6 +1175,49 @@ fn directories_the_tools_make_count_against_the_disk_budget() {
     );
 }
 
+/// The budget counts what the tools leave on disk: rewriting a file frees what it held, so the
+/// same text written again takes nothing more (each rewrite was charged in full, and refused
+/// once the budget was spent), and growing it takes the growth.
+#[test]
+fn rewriting_a_file_through_the_tools_takes_only_what_it_grows_from_the_disk_budget() {
+    require_strict!();
+    let r = range();
+    r.sb.write_config(
+        "code_execution:\n  strict:\n    max_processes: 64\n    memory_mb: 256\n    disk_mb: 1\n",
+    );
+    let script = r#"
+import json
+from vibeos_tools import write_file
+out = {"first": write_file("same.bin", "A" * 600000)}
+out["rewrites"] = [write_file("same.bin", "A" * 600000).get("error") for _ in range(4)]
+out["grown"] = write_file("same.bin", "B" * 900000).get("error")
+out["other"] = write_file("other.bin", "C" * 300000).get("error")
+print(json.dumps(out))
+"#;
+    let result = r.sb.run_json(script, &["--mode", "strict"]);
+    assert_eq!(result["mode"], "strict", "{result}");
+    let out: Value = serde_json::from_str(result["output"].as_str().unwrap_or_default().trim())
+        .unwrap_or_else(|e| panic!("{e}: {result}"));
+    assert!(out["first"].get("error").is_none(), "{out}");
+    assert_eq!(out["rewrites"], json!([null, null, null, null]), "{out}");
+    assert_eq!(out["grown"], Value::Null, "{out}");
+    assert!(
+        out["other"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("disk budget"),
+        "900,000 bytes held and 300,000 more passed a 1 MiB budget: {out}"
+    );
+    assert_eq!(
+        std::fs::metadata(r.sb.work().join("same.bin"))
+            .map(|m| m.len())
+            .ok(),
+        Some(900_000)
+    );
+    assert!(!r.sb.work().join("other.bin").exists());
+    r.assert_nothing_left();
+}
+
 /// A session cwd on a pseudo-filesystem is no tool root, as `/` is not: under `--cwd /proc`
 /// `read_file("self/status")` read the supervisor's own /proc files.
 #[test]
