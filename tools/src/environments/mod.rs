@@ -88,7 +88,7 @@ pub enum EnvError {
         setting: &'static str,
     },
     /// An operation did not finish in time (the backend hangs, or the command ran too long).
-    #[error("{backend} backend: {what} did not finish within {seconds}s; check that the engine/host responds")]
+    #[error("{backend} backend: {what} did not finish within {seconds}s; check that the engine/host responds{}", timeout_hint(.backend))]
     Timeout {
         /// Backend name.
         backend: &'static str,
@@ -498,4 +498,16 @@ pub(crate) fn random_hex(n: usize) -> String {
         }
     }
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What else a timeout of `backend` may mean: over ssh every command runs through the remote
+/// user's login shell, and a start-up file that waits (a script that wrote `sleep 1000` into
+/// `~/.bashrc`) hangs every command of every later run, the environment's set-up included.
+fn timeout_hint(backend: &str) -> &'static str {
+    if backend == "ssh" {
+        " (and that the remote user's shell start-up files, such as ~/.bashrc, do not wait: \
+         every ssh command runs through them; try `ssh HOST true`)"
+    } else {
+        ""
+    }
 }

@@ -91,7 +91,7 @@ impl Target {
             .arg(format!("ServerAliveCountMax={SERVER_ALIVE_COUNT_MAX}"))
             .arg("-o")
             .arg(if shared {
-                format!("ControlPath={}", self.control.display())
+                format!("ControlPath={}", ssh_option_path(&self.control))
             } else {
                 "ControlPath=none".to_string()
             });
@@ -104,7 +104,7 @@ impl Target {
             }
             KnownHosts::File(f) => {
                 cmd.args(["-o", "StrictHostKeyChecking=yes", "-o"])
-                    .arg(format!("UserKnownHostsFile={}", f.display()));
+                    .arg(format!("UserKnownHostsFile={}", ssh_option_path(f)));
             }
         }
         if let Some(k) = &self.key {
@@ -722,10 +722,32 @@ pub fn gc() -> Result<super::docker::GcReport, EnvError> {
     Ok(report)
 }
 
+/// A path as the value of an ssh `-o` option: ssh splits a value at whitespace (the words after
+/// the first name more files, or are an error) and expands `%` tokens in these paths, so a
+/// `TMPDIR` or known-hosts path with a space, or a `%` in it, named another file. Quoted, with
+/// `\` and `"` escaped and `%` doubled, it is the path as written.
+fn ssh_option_path(path: &std::path::Path) -> String {
+    let text = path.to_string_lossy();
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '\\' | '"' => {
+                out.push('\\');
+                out.push(c);
+            }
+            '%' => out.push_str("%%"),
+            _ => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
 /// Removes `remote` on `host` through the master in `dir` (when it still answers), closes the
 /// master, and ends whatever process still names its socket.
 fn end_master(dir: &std::path::Path, host: Option<&str>, remote: Option<&str>) {
-    let control = format!("ControlPath={}", dir.join("cm").display());
+    let control = format!("ControlPath={}", ssh_option_path(&dir.join("cm")));
     let host = host.unwrap_or("localhost");
     let ssh = |args: &[&str]| {
         let mut cmd = Command::new("ssh");
@@ -756,7 +778,7 @@ fn end_master(dir: &std::path::Path, host: Option<&str>, remote: Option<&str>) {
 
 /// Pids of this user's ssh processes whose command line names the control socket in `dir`.
 fn users_of(dir: &std::path::Path) -> Vec<i32> {
-    let needle = format!("ControlPath={}", dir.join("cm").display());
+    let needle = format!("ControlPath={}", ssh_option_path(&dir.join("cm")));
     let me = std::process::id() as i32;
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -799,5 +821,47 @@ mod tests {
             ssh_error("agent forward", &silent).to_string(),
             "ssh backend: agent forward failed: the ssh client said nothing (timed out)"
         );
+    }
+
+    #[test]
+    fn an_ssh_timeout_names_the_login_shells_start_up_files() {
+        let timeout = |backend| {
+            crate::environments::EnvError::Timeout {
+                backend,
+                what: "preparing the remote socket dir".into(),
+                seconds: 30,
+            }
+            .to_string()
+        };
+        assert!(timeout("ssh").contains("~/.bashrc"), "{}", timeout("ssh"));
+        assert!(
+            !timeout("docker").contains("bashrc"),
+            "{}",
+            timeout("docker")
+        );
+    }
+
+    /// The ssh client itself reads the quoted value back as the path (`ssh -G` prints the
+    /// configuration it would use and connects nowhere).
+    #[test]
+    fn paths_with_spaces_quotes_and_percent_reach_ssh_as_written() {
+        let path = std::path::Path::new("/tmp/a b/c%u \"q\" \\x/cm");
+        let out = Command::new("ssh")
+            .arg("-G")
+            .arg("-o")
+            .arg(format!("ControlPath={}", ssh_option_path(path)))
+            .arg("-o")
+            .arg(format!("UserKnownHostsFile={}", ssh_option_path(path)))
+            .arg("localhost")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        for key in ["controlpath", "userknownhostsfile"] {
+            let value = text
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{key} ")))
+                .unwrap_or_else(|| panic!("{key} missing: {text}"));
+            assert_eq!(value, path.to_str().unwrap(), "{key}");
+        }
     }
 }
