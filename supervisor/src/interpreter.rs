@@ -330,7 +330,11 @@ fn absolute(value: OsString) -> OsString {
 /// The interpreter of a venv or conda prefix, if it exists and is recent enough.
 fn env_interpreter(prefix: &Path, probe_env: &ProbeEnv) -> Result<PathBuf, String> {
     if !prefix.is_dir() {
-        return Err("the directory does not exist".into());
+        return Err(if prefix.exists() {
+            "it is not a directory".into()
+        } else {
+            "the directory does not exist".into()
+        });
     }
     let exe = ["bin/python3", "bin/python"]
         .iter()
