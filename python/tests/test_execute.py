@@ -387,6 +387,18 @@ def test_interrupt_from_another_thread_kills_everything(tmp_path):
     assert not pid_alive(int(pid_file.read_text()))
 
 
+def test_a_script_too_large_or_not_encodable_is_refused_naming_code():
+    with pytest.raises(ValueError, match=r"^code is larger than 16 MiB"):
+        vibeos_exec.execute_code("x = 1\n#" + "a" * (16 << 20))
+    # Multi-byte characters count as their UTF-8 bytes, as the file holds them.
+    with pytest.raises(ValueError, match=r"^code is larger than 16 MiB"):
+        vibeos_exec.execute_code("#" + "\u00e9" * (9 << 20))
+    with pytest.raises(ValueError, match=r"^code holds a character UTF-8 cannot encode.*index 7"):
+        vibeos_exec.execute_code("print('\ud800')")
+    r = vibeos_exec.execute_code("print(len('\u00e9' * 3))")
+    assert r["output"] == "3\n", r
+
+
 def test_interrupting_nothing_returns_zero():
     assert vibeos_exec.interrupt("nobody") == 0
     with pytest.raises(TypeError, match="task_id"):
@@ -409,7 +421,7 @@ def test_an_empty_task_id_is_refused_and_cannot_interrupt_executions_without_one
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert marker.exists()
-    with pytest.raises(ValueError, match="task_id must not be empty"):
+    with pytest.raises(ValueError, match="task_id must not be empty.*interrupt_all"):
         vibeos_exec.interrupt("")
     t.join(timeout=30)
     assert box["r"]["status"] == "success", box["r"]

@@ -132,6 +132,30 @@ def _names(param: str, value: Any) -> Optional[List[str]]:
     return out
 
 
+#: Largest script execute_code takes, as ``vibeos-exec run`` reads at most 16 MiB.
+_MAX_SCRIPT_BYTES = 16 << 20
+
+
+def _check_script_text(code: str) -> None:
+    """``code`` as a script: text UTF-8 can encode (the script file is UTF-8), at most
+    :data:`_MAX_SCRIPT_BYTES` of it."""
+    if len(code) <= _MAX_SCRIPT_BYTES:
+        try:
+            size = len(code.encode("utf-8"))
+        except UnicodeEncodeError as e:
+            raise ValueError(
+                f"code holds a character UTF-8 cannot encode ({code[e.start]!r} at index "
+                f"{e.start}, a lone surrogate); pass text a file can hold"
+            ) from None
+    else:
+        size = len(code)
+    if size > _MAX_SCRIPT_BYTES:
+        raise ValueError(
+            f"code is larger than {_MAX_SCRIPT_BYTES >> 20} MiB ({size} bytes); pass the script "
+            "itself (a few KB), not its data: a script can read its data with the file tools"
+        )
+
+
 def execute_code(
     code: str,
     *,
@@ -178,7 +202,8 @@ def execute_code(
 
     Raises:
         TypeError: An argument has the wrong type (the message names it).
-        ValueError: An argument has a wrong value (unknown mode, a timeout that is not
+        ValueError: An argument has a wrong value (``code`` over 16 MiB or holding a lone
+            surrogate, unknown mode, a timeout that is not
             positive or over 86400 seconds, a negative or too large max_tool_calls, an output
             limit outside 64 bytes to 64 MiB, a tool scripts may not call, an empty task_id); the message names it
             and the allowed values.
@@ -188,6 +213,7 @@ def execute_code(
     global _active
     if not isinstance(code, str):
         raise _type_error("code", "a str", code)
+    _check_script_text(code)
     if mode is not None and not isinstance(mode, str):
         raise _type_error("mode", "a str or None", mode)
     timeout = _number("timeout", timeout, integral=False)
@@ -291,7 +317,11 @@ def interrupt(task_id: str) -> int:
     """
     if not isinstance(task_id, str):
         raise _type_error("task_id", "a str", task_id)
-    registry.check_task_id(task_id)
+    if not task_id:
+        raise ValueError(
+            "task_id must not be empty: executions started without a task id cannot be picked "
+            "out; interrupt_all() stops every execution"
+        )
     return _native.interrupt(task_id)
 
 
