@@ -79,21 +79,82 @@ pub fn audit_for(
 /// Audits this process's environment under `passthrough`: the decision for every variable, and
 /// the variables set for the child on top, by mode.
 pub fn audit(passthrough: &[String]) -> Result<(Vec<AuditLine>, Vec<SetForChild>), PolicyError> {
+    Ok((
+        audit_vars(std::env::vars_os(), passthrough)?,
+        set_for_child(std::env::var_os("TZ")),
+    ))
+}
+
+/// Names whose caller's value never reaches a script, in either mode: vibeos-exec sets its own
+/// (each is in [`SET_FOR_THE_CHILD`] for both modes, with a value that is not the caller's).
+/// A passthrough of one keeps the name and loses the value, which the audit must not call kept.
+const REPLACED_FOR_THE_CHILD: [&str; 4] = [
+    "VIBEOS_RPC_TOKEN",
+    "PYTHONDONTWRITEBYTECODE",
+    "PYTHONIOENCODING",
+    "PYTHONUTF8",
+];
+
+const REPLACED: &str = "replaced: vibeos-exec sets its own value for the script (below)";
+
+const PASSTHROUGH_CHANGES_BEHAVIOUR: &str = "passthrough (terminal.env_passthrough or a skill) \
+     -- WARNING: it changes how the dynamic loader, Python or the shell runs the script and every \
+     terminal command it starts";
+
+/// Whether a variable changes how a process runs rather than describing anything: the dynamic
+/// loader's `LD_*` (`LD_PRELOAD`, `LD_AUDIT`), Python's `PYTHON*` besides `PYTHONPATH`
+/// (`PYTHONHOME`, `PYTHONINSPECT`, `PYTHONSTARTUP`, `PYTHONWARNINGS`), and what shells run or
+/// trace (`BASH_ENV`, `ENV`, `SHELLOPTS`, `PROMPT_COMMAND`, `PS4`, `IFS`). The scrub drops
+/// them (not on any allowlist); an operator can pass one through, and the audit says what
+/// that does.
+fn changes_behaviour(name: &str) -> bool {
+    (name.starts_with("LD_"))
+        || (name.starts_with("PYTHON") && name != "PYTHONPATH")
+        || name.starts_with("BASH_FUNC_")
+        || matches!(
+            name,
+            "BASH_ENV"
+                | "ENV"
+                | "SHELLOPTS"
+                | "BASHOPTS"
+                | "PROMPT_COMMAND"
+                | "PS4"
+                | "IFS"
+                | "GCONV_PATH"
+                | "MALLOC_CONF"
+                | "GLIBC_TUNABLES"
+        )
+}
+
+/// The decision for every variable of `vars` under `passthrough`, sorted by name.
+fn audit_vars(
+    vars: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+    passthrough: &[String],
+) -> Result<Vec<AuditLine>, PolicyError> {
     let policy = EnvPolicy::builtin()?;
     let pass: BTreeSet<String> = passthrough.iter().cloned().collect();
     // Quiet: the audit shows every decision itself; the dropped-names line is execute_code's.
-    let scrubbed = policy.scrub_quiet(std::env::vars_os(), &pass);
+    let scrubbed = policy.scrub_quiet(vars, &pass);
     let mut lines: Vec<AuditLine> = scrubbed
         .decisions
         .into_iter()
-        .map(|d| AuditLine {
-            name: d.name,
-            kept: d.rule.keeps(),
-            rule: d.rule.describe(),
+        .map(|d| {
+            let (kept, rule) = if d.rule.keeps() && REPLACED_FOR_THE_CHILD.contains(&&*d.name) {
+                (false, REPLACED)
+            } else if d.rule == env_policy::Rule::Passthrough && changes_behaviour(&d.name) {
+                (true, PASSTHROUGH_CHANGES_BEHAVIOUR)
+            } else {
+                (d.rule.keeps(), d.rule.describe())
+            };
+            AuditLine {
+                name: d.name,
+                kept,
+                rule,
+            }
         })
         .collect();
     lines.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok((lines, set_for_child(std::env::var_os("TZ"))))
+    Ok(lines)
 }
 
 /// The table of [`env_policy::SET_FOR_THE_CHILD`], with the `TZ` a script would get now from
@@ -260,6 +321,62 @@ pub fn render_json(lines: &[AuditLine], set: &[SetForChild]) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn passed_through_names_the_child_gets_anew_or_that_change_behaviour_are_said_so() {
+        let vars = [
+            "PYTHONIOENCODING",
+            "VIBEOS_RPC_TOKEN",
+            "LD_PRELOAD",
+            "PYTHONINSPECT",
+            "BASH_ENV",
+            "PYTHONPATH",
+            "MY_SETTING",
+        ]
+        .map(|n| (n.into(), "x".into()));
+        let pass: Vec<String> = vars
+            .iter()
+            .map(|(n, _): &(std::ffi::OsString, std::ffi::OsString)| {
+                n.to_string_lossy().into_owned()
+            })
+            .collect();
+        let lines = audit_vars(vars.clone(), &pass).unwrap();
+        let line = |name: &str| {
+            lines
+                .iter()
+                .find(|l| l.name == name)
+                .map(|l| (l.kept, l.rule))
+                .unwrap_or_else(|| panic!("{name} not listed"))
+        };
+        for name in ["PYTHONIOENCODING", "VIBEOS_RPC_TOKEN"] {
+            assert_eq!(line(name), (false, REPLACED), "{name}");
+        }
+        for name in ["LD_PRELOAD", "PYTHONINSPECT", "BASH_ENV"] {
+            assert_eq!(line(name), (true, PASSTHROUGH_CHANGES_BEHAVIOUR), "{name}");
+        }
+        for name in ["PYTHONPATH", "MY_SETTING"] {
+            assert_eq!(
+                line(name),
+                (true, env_policy::Rule::Passthrough.describe()),
+                "{name}"
+            );
+        }
+        // Without the passthrough they are dropped as before, with no warning.
+        let lines = audit_vars(vars, &[]).unwrap();
+        assert!(lines
+            .iter()
+            .filter(|l| l.name != "PYTHONPATH")
+            .all(|l| !l.kept && l.rule != PASSTHROUGH_CHANGES_BEHAVIOUR && l.rule != REPLACED));
+        // Every replaced name is one vibeos-exec sets in both modes.
+        for name in REPLACED_FOR_THE_CHILD {
+            assert!(
+                SET_FOR_THE_CHILD
+                    .iter()
+                    .any(|(n, set_in, _)| *n == name && *set_in == SetIn::Both),
+                "{name}"
+            );
+        }
+    }
 
     #[test]
     fn the_channel_variables_are_listed_in_their_own_mode_only() {

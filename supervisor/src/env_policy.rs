@@ -198,7 +198,14 @@ impl EnvPolicy {
         let dropped_vibeos: Vec<Cow<'_, str>> = scrubbed
             .decisions
             .iter()
-            .filter(|d| !d.rule.keeps() && d.name.starts_with(&self.vibeos_prefix))
+            // Only what a passthrough would let through: not a provider credential, and not
+            // a name vibeos-exec sets itself (its own `VIBEOS_RPC_*` replace the caller's).
+            .filter(|d| {
+                !d.rule.keeps()
+                    && d.rule != Rule::ProviderBlocklist
+                    && d.name.starts_with(&self.vibeos_prefix)
+                    && !SET_FOR_THE_CHILD.iter().any(|(name, ..)| *name == d.name)
+            })
             .map(|d| printable_name(&d.name))
             .collect();
         if !dropped_vibeos.is_empty() {
