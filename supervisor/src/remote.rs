@@ -37,8 +37,9 @@ use vibeos_tools::{CallOrigin, ToolContext, ToolRegistry};
 const BOOTSTRAP: &str = include_str!("remote_boot.py");
 
 /// Host-specific names that describe this machine, not the backend: the bootstrap takes the
-/// backend's own values (PATH, HOME) or none.
-pub(crate) const HOST_ONLY: [&str; 9] = [
+/// backend's own values (PATH, HOME) or none. `VIBEOS_HOME` and `VIBEOS_CONFIG` name this
+/// host's files (its config, logs, plugins), which the backend does not have.
+pub(crate) const HOST_ONLY: [&str; 11] = [
     "PATH",
     "HOME",
     "SHELL",
@@ -48,6 +49,8 @@ pub(crate) const HOST_ONLY: [&str; 9] = [
     "CONDA_PREFIX",
     "PWD",
     "OLDPWD",
+    "VIBEOS_HOME",
+    "VIBEOS_CONFIG",
 ];
 
 /// Whether a variable the scrub kept on this host is sent to a remote backend's script: not

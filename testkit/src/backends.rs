@@ -400,6 +400,12 @@ fn point_home_at(home: &Path) -> Result<(), String> {
 
 /// Starts an sshd for [`SSH_USER`] (created if missing; needs root).
 pub fn start_sshd() -> Result<Sshd, String> {
+    start_sshd_with(&[])
+}
+
+/// [`start_sshd`] with server options (`Key=value`, as `sshd -o` takes them) over the test
+/// configuration: a hardened server, say.
+pub fn start_sshd_with(options: &[&str]) -> Result<Sshd, String> {
     let sshd = which("sshd").ok_or("sshd (openssh-server) is not installed")?;
     which("ssh").ok_or("the ssh client is not installed")?;
     // SAFETY: geteuid has no preconditions.
@@ -461,6 +467,9 @@ pub fn start_sshd() -> Result<Sshd, String> {
     .unwrap();
     let mut cmd = Command::new(sshd);
     cmd.args(["-D", "-e", "-f"]).arg(d.join("sshd_config"));
+    for option in options {
+        cmd.arg("-o").arg(option);
+    }
     let log = d.join("sshd.log");
     let mut daemon = Daemon::spawn(cmd, &log)?;
     daemon.wait_ready("sshd", Duration::from_secs(10), &log, || {

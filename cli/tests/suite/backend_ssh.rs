@@ -19,6 +19,7 @@ fn request(code: &str) -> ExecutionRequest {
         &[
             ("LANG", "C.UTF-8"),
             ("MY_SECRET_TOKEN", "hunter2-host-secret"),
+            ("VIBEOS_HOME", "/host-only/vibeos-home"),
         ],
     )
 }
@@ -85,6 +86,8 @@ print("workdir:", os.path.dirname(os.path.abspath(__file__)), oct(os.stat(os.pat
     );
     assert!(r.output.contains("0o700"), "private work dir: {}", r.output);
     assert!(!r.output.contains("hunter2-host-secret"), "{}", r.output);
+    // This host's files are not over there: its VIBEOS_HOME is not sent.
+    assert!(!r.output.contains("/host-only/vibeos-home"), "{}", r.output);
     assert!(
         home.join("notes.txt").exists(),
         "written on the remote side (the user's home)"
@@ -1300,4 +1303,40 @@ fn ssh_a_cancelled_direct_terminal_call_kills_its_remote_command() {
     );
     environments::shutdown();
     environments::activate(BackendSettings::default());
+}
+
+/// A hardened server that forwards no UNIX socket fails every execution (each one's tool channel
+/// is such a forward), even one that calls no tool: the error names the server setting, and
+/// nothing runs or is left over there.
+#[test]
+fn ssh_a_server_refusing_socket_forwards_is_named_in_the_error() {
+    let _turn = super::ssh_lock();
+    let sshd = match vibeos_testkit::backends::start_sshd_with(&["AllowStreamLocalForwarding=no"]) {
+        Ok(sshd) => sshd,
+        Err(why) => return unavailable(&why),
+    };
+    let vhome = vibeos_home_for(&sshd);
+    let script = vhome.path().join("s.py");
+    std::fs::write(&script, "print('ran')\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_vibeos-exec"))
+        .args(["run", "--json"])
+        .arg(&script)
+        .env("VIBEOS_HOME", vhome.path())
+        .env("VIBEOS_AGENT_BINARY", env!("CARGO_BIN_EXE_vibeos-exec"))
+        .output()
+        .unwrap();
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+    assert_eq!(r["status"], "error", "{r}");
+    let error = r["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("AllowStreamLocalForwarding yes"),
+        "the error does not name the setting: {r}"
+    );
+    assert!(
+        !r["output"].as_str().unwrap_or_default().contains("ran"),
+        "{r}"
+    );
+    let left = remote_processes();
+    assert!(!left.contains("python"), "{left}");
 }

@@ -323,6 +323,28 @@ fn ssh_error(what: &str, out: &super::CommandOutput) -> EnvError {
     }
 }
 
+/// [`ssh_error`] for a UNIX-socket forward, with the server setting that refuses them: a
+/// hardened sshd (`AllowStreamLocalForwarding no`, `DisableForwarding yes`) fails every
+/// execution here, even a script that calls no tool, and the client's words name no setting.
+fn forward_error(what: &str, out: &super::CommandOutput) -> EnvError {
+    match ssh_error(what, out) {
+        EnvError::Command {
+            backend,
+            what,
+            message,
+        } => EnvError::Command {
+            backend,
+            what,
+            message: format!(
+                "{message}; the ssh server must allow forwarding UNIX sockets (sshd_config: \
+                 `AllowStreamLocalForwarding yes`, and no `DisableForwarding yes`), which \
+                 carries every execution's tool channel"
+            ),
+        },
+        other => other,
+    }
+}
+
 impl SshEnv {
     /// Opens the master connection to `terminal.ssh_host`.
     pub fn start(settings: &BackendSettings, _task: &str) -> Result<SshEnv, EnvError> {
@@ -429,7 +451,7 @@ impl SshEnv {
                         if out.success() {
                             Ok(())
                         } else {
-                            Err(ssh_error("forwarding the agent socket", &out))
+                            Err(forward_error("forwarding the agent socket", &out))
                         }
                     })),
                 }),
@@ -568,7 +590,7 @@ impl SshEnv {
             .arg(&self.target.host);
         let out = run_client("ssh", &mut fwd, b"", OP_TIMEOUT, "RPC forward")?;
         if !out.success() {
-            return Err(ssh_error("forwarding the RPC socket", &out));
+            return Err(forward_error("forwarding the RPC socket", &out));
         }
         *slot = Some((Arc::clone(&router), generation));
         Ok(router)
@@ -820,6 +842,21 @@ mod tests {
         assert_eq!(
             ssh_error("agent forward", &silent).to_string(),
             "ssh backend: agent forward failed: the ssh client said nothing (timed out)"
+        );
+    }
+
+    #[test]
+    fn a_refused_forward_names_the_server_setting() {
+        let out = super::super::CommandOutput {
+            code: Some(255),
+            stdout: Vec::new(),
+            stderr: b"remote port forwarding failed for listen path /tmp/x/rpc.sock\r\n".to_vec(),
+        };
+        let text = forward_error("forwarding the RPC socket", &out).to_string();
+        assert!(
+            text.contains("listen path /tmp/x/rpc.sock (exit 255)")
+                && text.contains("AllowStreamLocalForwarding yes"),
+            "{text}"
         );
     }
 
