@@ -1019,10 +1019,11 @@ pub type SmartApproval = dyn Fn(&ApprovalRequest) -> bool + Send + Sync;
 /// and dependency directories (`rm -rf node_modules/`, `target`, `__pycache__`, …) and nothing
 /// else. Install it with `set_smart_approval(Some(Arc::new(low_risk_cleanup)))`.
 ///
-/// Each target must be a real directory (not a symlink) in the request's known start dir:
-/// `rm -rf node_modules/` through a link `node_modules -> ../elsewhere` deletes what the link
-/// points at. Names are compared as written (`Build` is not `build` on a case-sensitive
-/// filesystem). Without a known dir nothing is approved here.
+/// Each target must be a real directory (not a symlink) in the request's known start dir, or
+/// not be there at all (removing it is then a no-op: an agent cleaning up twice, or before a
+/// build, was denied): `rm -rf node_modules/` through a link `node_modules -> ../elsewhere`
+/// deletes what the link points at. Names are compared as written (`Build` is not `build` on a
+/// case-sensitive filesystem). Without a known dir nothing is approved here.
 pub fn low_risk_cleanup(req: &ApprovalRequest) -> bool {
     const REGENERABLE: [&str; 10] = [
         "node_modules",
@@ -1056,7 +1057,10 @@ pub fn low_risk_cleanup(req: &ApprovalRequest) -> bool {
         && targets.iter().all(|t| {
             let t = t.trim_start_matches("./").trim_end_matches('/');
             REGENERABLE.contains(&t)
-                && std::fs::symlink_metadata(dir.join(t)).is_ok_and(|m| m.is_dir())
+                && match std::fs::symlink_metadata(dir.join(t)) {
+                    Ok(m) => m.is_dir(),
+                    Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+                }
         })
 }
 

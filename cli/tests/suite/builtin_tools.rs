@@ -193,6 +193,50 @@ fn permanent_allowlist_lets_a_pattern_through() {
     assert!(error_of(&r["pipe"]).contains("remote_to_shell"));
 }
 
+/// SPEC §8's example of a low-risk match under `approvals.mode: smart`: `rm -rf node_modules/`
+/// runs without a prompt, and again once the directory is gone (a no-op the built-in rule
+/// denied); a source dir, or a regenerable name that is a link, is still refused.
+#[test]
+fn smart_approval_runs_the_specs_cleanup_example_and_refuses_the_rest() {
+    let sb = Sandbox::new();
+    sb.write_config("approvals:\n  mode: smart\n");
+    std::fs::create_dir_all(sb.work().join("node_modules/pkg")).unwrap();
+    std::fs::create_dir_all(sb.work().join("src")).unwrap();
+    let elsewhere = sb.root.path().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::fs::write(elsewhere.join("keep.txt"), "x").unwrap();
+    std::os::unix::fs::symlink(&elsewhere, sb.work().join("dist")).unwrap();
+    let script = r#"
+import json
+from vibeos_tools import terminal
+out = {}
+for c in ["rm -rf node_modules/", "rm -rf node_modules/", "rm -rf ./__pycache__", "rm -rf src", "rm -rf dist/"]:
+    r = terminal(c)
+    out.setdefault(c, []).append(r.get("error") or r.get("exit_code"))
+print(json.dumps(out))
+"#;
+    let r = sb.run_json(script, &[]);
+    let out: Value = serde_json::from_str(r["output"].as_str().unwrap_or_default().trim())
+        .unwrap_or_else(|e| panic!("{e}: {r}"));
+    assert_eq!(
+        out["rm -rf node_modules/"],
+        serde_json::json!([0, 0]),
+        "{out}"
+    );
+    assert_eq!(out["rm -rf ./__pycache__"], serde_json::json!([0]), "{out}");
+    for denied in ["rm -rf src", "rm -rf dist/"] {
+        assert!(
+            out[denied][0]
+                .as_str()
+                .unwrap_or_default()
+                .contains("CommandDenied"),
+            "{denied}: {out}"
+        );
+    }
+    assert!(!sb.work().join("node_modules").exists());
+    assert!(sb.work().join("src").exists() && elsewhere.join("keep.txt").exists());
+}
+
 /// A tiny HTTP/1.1 server on 127.0.0.1 serving a SearXNG-like JSON endpoint and some pages.
 fn start_server() -> String {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();

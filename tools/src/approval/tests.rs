@@ -336,10 +336,15 @@ fn smart_rule_only_takes_regenerable_dirs() {
     assert!(!low_risk_cleanup(&req("rm -rf /")));
     // Stop 50's probe: a regenerable name that is a symlink deletes what it points at.
     assert!(!low_risk_cleanup(&req("rm -rf dist/")));
-    // Names as written: `Build` is a directory of its own, not `build`; a missing one is not
-    // known to be a build dir either.
+    // Names as written: `Build` is a directory of its own, not `build`.
     assert!(!low_risk_cleanup(&req("rm -rf Build")));
-    assert!(!low_risk_cleanup(&req("rm -rf .venv")));
+    // A regenerable name that is not there: removing it does nothing (the probe's second
+    // `rm -rf node_modules/` was denied).
+    assert!(low_risk_cleanup(&req("rm -rf .venv")));
+    assert!(low_risk_cleanup(&req("rm -rf ./.next/ node_modules")));
+    // A file of that name is not a build dir.
+    std::fs::write(d.path().join("build"), "x").unwrap();
+    assert!(!low_risk_cleanup(&req("rm -rf build")));
     // Without a known start dir, nothing is approved by the rule.
     let mut r = req("rm -rf node_modules/");
     r.dir = None;
