@@ -129,11 +129,22 @@ fn process(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolEr
         .map_err(|e| ToolError::new(crate::ToolErrorKind::UnknownProcess, e.to_string()))?;
     let poll_json = |from_start: bool| {
         let r = p.poll(from_start);
-        // Background output reaches the model like foreground output: redacted.
-        let (output, redactions) = crate::redact::redact_command_output(r.output, ctx);
+        // Background output reaches the model like foreground output: cut to the same 50 KB
+        // (its first 40% and last 60%; a poll handed the model the whole 1 MiB buffer), then
+        // redacted.
+        let mut kept = crate::capture::HeadTail::new(super::terminal::OUTPUT_CAP);
+        kept.push(r.output.as_bytes());
+        let truncated = kept.truncated();
+        let output = if truncated {
+            kept.render("output")
+        } else {
+            r.output
+        };
+        let (output, redactions) = crate::redact::redact_command_output(output, ctx);
         let mut v = json!({
             "process_id": p.id,
             "output": output,
+            "truncated": truncated,
             "redactions": redactions,
             "lost_bytes": r.lost_bytes,
             "total_bytes": r.total_bytes,

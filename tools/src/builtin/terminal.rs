@@ -17,8 +17,9 @@ use std::time::Duration;
 
 /// Default foreground timeout in seconds.
 const DEFAULT_TIMEOUT: i64 = 180;
-/// Output kept for a foreground command (first 40% and last 60%).
-const OUTPUT_CAP: usize = 50 * 1024;
+/// Output kept for a foreground command, and for one `process` poll or log of a background
+/// one (first 40% and last 60%).
+pub(crate) const OUTPUT_CAP: usize = 50 * 1024;
 /// Longest command line accepted.
 const MAX_COMMAND_BYTES: usize = 256 * 1024;
 
