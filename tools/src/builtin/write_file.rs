@@ -68,7 +68,9 @@ fn write_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Too
         }));
     }
     // Write through a symlink to its target, so a linked file stays linked.
-    let path = link_target(ctx.resolve(raw))?;
+    let given = ctx.resolve(raw);
+    let path = link_target(given.clone())?;
+    let through_link = path != given;
     // What is at the path now (following links), looked up once for every check below.
     let existing = std::fs::metadata(&path).ok();
     if existing.as_ref().is_some_and(|m| m.is_dir()) {
@@ -93,6 +95,19 @@ fn write_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Too
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => ctx.cwd.clone(),
     };
+    // Parent directories are made for the path the caller gave, not for wherever a link
+    // there points: a stale link (`x -> /nonexistent/x`) made `/nonexistent` as root, and an
+    // `open(path, "w")` through it fails the same way.
+    if through_link && !parent.is_dir() {
+        return Err(ToolError::new(
+            crate::ToolErrorKind::FileNotFound,
+            format!(
+                "{raw} is a symlink to {}, whose directory {} does not exist; write_file makes                  parent directories only for the path it is given (write the target's path                  itself, or remove the link)",
+                path.display(),
+                parent.display()
+            ),
+        ));
+    }
     std::fs::create_dir_all(&parent).map_err(|e| parent_error(&parent, &e))?;
     let existed = existing.is_some();
     let old_perms = existing.as_ref().map(|m| m.permissions());
@@ -118,11 +133,16 @@ fn write_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Too
     let _ = tmp.as_file().set_permissions(perms);
     tmp.persist(&path)
         .map_err(|e| ToolError::io(&path, &e.error))?;
-    Ok(json!({
+    let mut result = json!({
         "path": raw,
         "bytes_written": content.len(),
         "created": !existed,
-    }))
+    });
+    // Through a link the file written is another one: say which.
+    if let (true, Some(o)) = (through_link, result.as_object_mut()) {
+        o.insert("written_to".into(), json!(path.display().to_string()));
+    }
+    Ok(result)
 }
 
 /// Where a write of `path` lands: the end of its chain of symlinks, as `open(path, "w")` would
@@ -296,6 +316,27 @@ mod tests {
             std::fs::read_to_string(d.path().join("conf/settings.yaml")).unwrap(),
             "k: v\n"
         );
+        assert_eq!(
+            r["written_to"],
+            d.path().join("conf/settings.yaml").display().to_string()
+        );
+        // A link whose target's directory is missing: nothing is made there (a stale link to
+        // `/nonexistent/x` made `/nonexistent` as root); the link stays.
+        let far = d.path().join("far");
+        std::os::unix::fs::symlink(far.join("deeper/x"), d.path().join("stale")).unwrap();
+        let args = json!({"path": "stale", "content": "x"});
+        let e = write_file(args.as_object().unwrap(), &ctx).unwrap_err();
+        assert_eq!(e.kind, crate::ToolErrorKind::FileNotFound, "{e:?}");
+        assert!(
+            e.message.contains("is a symlink to") && e.message.contains("does not exist"),
+            "{e:?}"
+        );
+        assert!(!far.exists());
+        assert!(d.path().join("stale").is_symlink());
+        // A plain path still gets its parents made, and says nothing of links.
+        let args = json!({"path": "new/dir/f.txt", "content": "x"});
+        let r = write_file(args.as_object().unwrap(), &ctx).unwrap();
+        assert!(r.get("written_to").is_none(), "{r}");
         // A loop is refused, and both links stay.
         std::os::unix::fs::symlink("loop-b", d.path().join("loop-a")).unwrap();
         std::os::unix::fs::symlink("loop-a", d.path().join("loop-b")).unwrap();
