@@ -533,6 +533,18 @@ fn search_files(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
             root.display()
         )));
     }
+    // A path named on purpose that is no file to search: an empty result would read as "no
+    // match" (the walk skips such entries without a word).
+    if !meta.is_dir() && !meta.is_file() {
+        return Err(ToolError::new(
+            crate::ToolErrorKind::NotARegularFile,
+            format!(
+                "{} is a device, FIFO or socket; search_files searches regular files and \
+                 directories",
+                root.display()
+            ),
+        ));
+    }
     if meta.is_dir() && ctx.paths.is_none() {
         // A directory that cannot be listed gave an empty result, as if nothing matched.
         std::fs::read_dir(&root).map_err(|e| ToolError::io(&root, &e))?;
@@ -616,9 +628,25 @@ fn search_files(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
                 format!("pattern {pattern:?} is not a valid regex: {e}. Escape special characters (e.g. \\( \\.) for a literal search"),
             )
         })?;
+    // Why the one file named as `path` was left out, if it was: said in the result, since
+    // an empty result reads as "no match".
+    let mut skipped = None;
     let counts: Vec<(PathBuf, u64)> = if meta.is_file() {
         let mut sink = CountSink::new();
-        let _ = walk.search(&mut searcher(0), &matcher, &walk.root, &mut sink);
+        let searched = walk.search(&mut searcher(0), &matcher, &walk.root, &mut sink);
+        if sink.1 {
+            skipped = Some(
+                "the file was not searched: it is binary (it holds a NUL byte); read_file \
+                 refuses it too"
+                    .to_string(),
+            );
+        } else if let Err(e) = searched {
+            skipped = Some(format!(
+                "the file was not searched past the point where it failed ({e}); a line over \
+                 {} MiB is not searched: read_file reads such a file in cut lines",
+                MAX_LINE_BYTES >> 20
+            ));
+        }
         sink.count()
             .map(|c| vec![(walk.root.clone(), c)])
             .unwrap_or_default()
@@ -635,7 +663,7 @@ fn search_files(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
     }
     let total_lines: u64 = counts.iter().map(|(_, c)| c).sum();
     let files_matched = counts.len();
-    match mode {
+    let result = match mode {
         "files_with_matches" => {
             let files: Vec<String> = counts
                 .iter()
@@ -644,10 +672,10 @@ fn search_files(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
                 .map(|(p, _)| walk.display(p))
                 .collect();
             let n = files.len();
-            Ok(merge(
+            merge(
                 json!({"files": files, "total_matches": total_lines}),
                 page(files_matched as u64, n),
-            ))
+            )
         }
         "count" => {
             let rows: Vec<Value> = counts
@@ -659,10 +687,10 @@ fn search_files(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
             let n = rows.len();
             // Pages of files, as the rows are: `total` counts files (it counted lines, so a
             // caller following next_offset past the last file was sent back to it forever).
-            Ok(merge(
+            merge(
                 json!({"counts": rows, "files_matched": files_matched, "total_files": files_matched, "total_matches": total_lines}),
                 page(files_matched as u64, n),
-            ))
+            )
         }
         _ => {
             let mut matches = Vec::new();
@@ -692,18 +720,53 @@ fn search_files(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
                 before += c;
             }
             let n = matches.len();
-            Ok(merge(
+            merge(
                 json!({"matches": matches, "files_matched": files_matched}),
                 page(total_lines, n),
-            ))
+            )
         }
-    }
+    };
+    Ok(match skipped {
+        Some(note) => merge(result, json!({ "skipped": note })),
+        None => result,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::Value;
+
+    #[test]
+    fn a_file_named_as_path_and_left_out_says_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut long = vec![b'A'; MAX_LINE_BYTES + 1024];
+        long.extend_from_slice(b" NEEDLE\n");
+        std::fs::write(dir.path().join("long.txt"), &long).unwrap();
+        std::fs::write(dir.path().join("bin.dat"), b"NEEDLE\0more NEEDLE\n").unwrap();
+        std::fs::write(dir.path().join("plain.txt"), "no match here\n").unwrap();
+        nix::unistd::mkfifo(
+            &dir.path().join("fifo"),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+        for (path, why) in [("long.txt", "MiB is not searched"), ("bin.dat", "binary")] {
+            for mode in ["content", "count", "files_with_matches"] {
+                let r = call(
+                    dir.path(),
+                    json!({"pattern": "NEEDLE", "path": path, "output_mode": mode}),
+                )
+                .unwrap();
+                let note = r["skipped"].as_str().unwrap_or_default();
+                assert!(note.contains(why), "{path} {mode}: {r}");
+            }
+        }
+        // Searched and without a match: no note.
+        let r = call(dir.path(), json!({"pattern": "NEEDLE", "path": "plain.txt"})).unwrap();
+        assert!(r.get("skipped").is_none(), "{r}");
+        let e = call(dir.path(), json!({"pattern": "NEEDLE", "path": "fifo"})).unwrap_err();
+        assert_eq!(e.kind, crate::ToolErrorKind::NotARegularFile, "{e:?}");
+    }
 
     #[test]
     fn a_line_past_the_cap_is_not_held_in_memory() {
