@@ -115,10 +115,13 @@ pub fn wrap(command: &str, ctx: &ToolContext, explicit_workdir: bool) -> String 
         return command.to_string();
     };
     let q = super::shell_quote(&dir.display().to_string());
+    // A saved dir that is gone (removed by an earlier command) leaves the command in the
+    // call's own dir: said on stderr, or a relative `rm`/`mv` acts where the agent does not
+    // think it is.
     let restore_cwd = if explicit_workdir {
         String::new()
     } else {
-        "if [ -f \"$__vibeos_s/cwd\" ] && IFS= builtin read -r -d '' __vibeos_d < \"$__vibeos_s/cwd\"; [ -n \"${__vibeos_d-}\" ]; then cd -- \"${__vibeos_d%$'\\n'}\" 2>/dev/null; fi; "
+        "if [ -f \"$__vibeos_s/cwd\" ] && IFS= builtin read -r -d '' __vibeos_d < \"$__vibeos_s/cwd\"; [ -n \"${__vibeos_d-}\" ]; then cd -- \"${__vibeos_d%$'\\n'}\" 2>/dev/null || builtin printf '[terminal: the session directory %s is gone; this command runs in %s]\\n' \"${__vibeos_d%$'\\n'}\" \"$PWD\" >&2; fi; "
             .to_string()
     };
     // A call's `workdir` is a one-off override: it does not move the session.

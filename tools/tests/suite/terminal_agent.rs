@@ -540,6 +540,33 @@ fn error_line_numbers_count_the_commands_own_lines() {
 }
 
 #[test]
+fn a_session_whose_directory_is_gone_says_where_the_command_runs() {
+    // The probe's finding: the next command ran in the base dir without a word, so a relative
+    // `rm` or `mv` acted somewhere the agent did not expect.
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = task_ctx(Some("gone-dir"), dir.path());
+    let out = |command: &str| -> String {
+        let r = call("terminal", json!({ "command": command }), &ctx);
+        r["output"].as_str().unwrap_or_default().to_string()
+    };
+    let sub = dir.path().join("dd");
+    std::fs::create_dir(&sub).unwrap();
+    assert_eq!(out("cd dd && pwd"), format!("{}\n", sub.display()));
+    std::fs::remove_dir(&sub).unwrap();
+    let said = out("echo ran in ${PWD}");
+    assert!(
+        said.contains(&format!(
+            "[terminal: the session directory {} is gone; this command runs in {}]",
+            sub.display(),
+            dir.path().display()
+        )) && said.contains(&format!("ran in {}", dir.path().display())),
+        "{said}"
+    );
+    // The session moved on: the next command says nothing more.
+    assert_eq!(out("pwd"), format!("{}\n", dir.path().display()));
+}
+
+#[test]
 fn a_scripts_note_about_a_background_process_does_not_offer_what_scripts_cannot_use() {
     // The probe's finding: `terminal("sleep 5 &")` from a script returned "use background=true
     // for long-running processes", which scripts cannot pass.
