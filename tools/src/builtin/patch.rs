@@ -96,6 +96,37 @@ fn patch(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolErro
         return remote;
     }
     let a: PatchArgs = parse(args)?;
+    // Arguments of the other mode were ignored without a word: `mode="replace"` with a diff
+    // in `patch` (the mode forgotten) failed on a missing `old_string`, and a diff applied with
+    // `old_string` given edited what the diff said, not what the caller looked for.
+    let other_mode: Vec<&str> = match a.mode {
+        PatchMode::Replace => [("patch", a.patch.is_some())]
+            .into_iter()
+            .filter_map(|(n, set)| set.then_some(n))
+            .collect(),
+        PatchMode::Patch => [
+            ("old_string", a.old_string.is_some()),
+            ("new_string", a.new_string.is_some()),
+            ("replace_all", a.replace_all),
+        ]
+        .into_iter()
+        .filter_map(|(n, set)| set.then_some(n))
+        .collect(),
+    };
+    if !other_mode.is_empty() {
+        let (mode, other) = match a.mode {
+            PatchMode::Replace => ("replace", "patch"),
+            PatchMode::Patch => ("patch", "replace"),
+        };
+        return Err(ToolError::invalid_args(format!(
+            "argument{} `{}` belong{} to mode=\"{other}\", not to mode=\"{mode}\" (the \
+             default is replace); pass mode=\"{other}\" or leave {} out",
+            if other_mode.len() > 1 { "s" } else { "" },
+            other_mode.join("`, `"),
+            if other_mode.len() > 1 { "" } else { "s" },
+            if other_mode.len() > 1 { "them" } else { "it" },
+        )));
+    }
     match a.mode {
         PatchMode::Replace => replace_mode(&a, ctx),
         PatchMode::Patch => patch_mode(limited(&a.patch, "patch")?, ctx),
@@ -966,6 +997,40 @@ mod tests {
 
     fn call(cwd: &Path, args: Value) -> Result<Value, ToolError> {
         patch(args.as_object().unwrap(), &ToolContext::agent(cwd))
+    }
+
+    #[test]
+    fn arguments_of_the_other_mode_are_refused_and_nothing_is_edited() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("f.txt"), "a\n").unwrap();
+        let diff = "--- a/f.txt\n+++ b/f.txt\n@@ -1 +1 @@\n-a\n+b\n";
+        let e = call(d.path(), json!({"path": "f.txt", "patch": diff})).unwrap_err();
+        assert_eq!(e.kind, crate::ToolErrorKind::InvalidArguments, "{e:?}");
+        assert!(
+            e.message
+                .starts_with("argument `patch` belongs to mode=\"patch\", not to mode=\"replace\""),
+            "{e:?}"
+        );
+        let e = call(
+            d.path(),
+            json!({"mode": "patch", "patch": diff, "old_string": "x", "replace_all": true}),
+        )
+        .unwrap_err();
+        assert!(
+            e.message
+                .starts_with("arguments `old_string`, `replace_all` belong to mode=\"replace\""),
+            "{e:?}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("f.txt")).unwrap(),
+            "a\n"
+        );
+        // Each mode with its own arguments still works.
+        call(d.path(), json!({"mode": "patch", "patch": diff})).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("f.txt")).unwrap(),
+            "b\n"
+        );
     }
 
     #[test]
