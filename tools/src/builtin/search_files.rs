@@ -762,7 +762,11 @@ mod tests {
             }
         }
         // Searched and without a match: no note.
-        let r = call(dir.path(), json!({"pattern": "NEEDLE", "path": "plain.txt"})).unwrap();
+        let r = call(
+            dir.path(),
+            json!({"pattern": "NEEDLE", "path": "plain.txt"}),
+        )
+        .unwrap();
         assert!(r.get("skipped").is_none(), "{r}");
         let e = call(dir.path(), json!({"pattern": "NEEDLE", "path": "fifo"})).unwrap_err();
         assert_eq!(e.kind, crate::ToolErrorKind::NotARegularFile, "{e:?}");
