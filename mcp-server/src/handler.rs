@@ -26,6 +26,54 @@ use vibeos_tools::{ToolContext, ToolRegistry, EXECUTE_CODE};
 /// How often a queued or running execution reports progress when the client asked for it.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
+/// Most `execute_code` calls that may wait for a slot at once, over every session. Each waits
+/// holding its request (its code, up to `--max-request-bytes`): unbounded, 200 queued calls of
+/// 900 KB took a server from 13 to 376 MB, and more would have taken the machine's memory.
+pub(crate) const MAX_QUEUED_CALLS: usize = 64;
+
+/// Most bytes of code the waiting calls may hold together.
+pub(crate) const MAX_QUEUED_CODE_BYTES: usize = 64 << 20;
+
+/// A call's place in the queue, given back when it stops waiting (it got a slot, was
+/// cancelled, or its client went away).
+struct QueuePlace<'a> {
+    shared: &'a Shared,
+    bytes: usize,
+}
+
+impl Drop for QueuePlace<'_> {
+    fn drop(&mut self) {
+        self.shared.queued_calls.fetch_sub(1, Ordering::SeqCst);
+        self.shared
+            .queued_code_bytes
+            .fetch_sub(self.bytes, Ordering::SeqCst);
+    }
+}
+
+impl Shared {
+    /// A place in the queue for a call of `bytes` of code, or `None` when the queue is full.
+    fn take_queue_place(&self, bytes: usize) -> Option<QueuePlace<'_>> {
+        let take = |counter: &std::sync::atomic::AtomicUsize, n: usize, max: usize| {
+            counter
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |now| {
+                    now.checked_add(n).filter(|total| *total <= max)
+                })
+                .is_ok()
+        };
+        if !take(&self.queued_calls, 1, MAX_QUEUED_CALLS) {
+            return None;
+        }
+        if !take(&self.queued_code_bytes, bytes, MAX_QUEUED_CODE_BYTES) {
+            self.queued_calls.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        Some(QueuePlace {
+            shared: self,
+            bytes,
+        })
+    }
+}
+
 /// How long shutdown waits for interrupted executions to clean up (SIGTERM, the kill grace,
 /// then reaping and staging-dir removal).
 pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
@@ -44,6 +92,9 @@ pub(crate) struct Shared {
     slots: Arc<Semaphore>,
     next_id: AtomicU64,
     running: Mutex<HashMap<u64, (u64, Interrupt)>>,
+    /// Calls waiting for a slot, and the bytes of code they hold ([`MAX_QUEUED_CALLS`]).
+    queued_calls: std::sync::atomic::AtomicUsize,
+    queued_code_bytes: std::sync::atomic::AtomicUsize,
     idle: Notify,
     /// The request ids each connection has in flight (a request reusing one is refused).
     pub(crate) in_flight: Arc<InFlight>,
@@ -58,6 +109,8 @@ impl Shared {
             settings,
             next_id: AtomicU64::new(1),
             running: Mutex::new(HashMap::new()),
+            queued_calls: Default::default(),
+            queued_code_bytes: Default::default(),
             idle: Notify::new(),
             in_flight: Arc::default(),
         })
@@ -302,6 +355,21 @@ impl ExecServer {
             Ok(permit) => permit,
             Err(tokio::sync::TryAcquireError::Closed) => return Err(shutting_down()),
             Err(tokio::sync::TryAcquireError::NoPermits) => {
+                let code_bytes = args.get("code").and_then(Value::as_str).map_or(0, str::len);
+                let Some(_place) = self.shared.take_queue_place(code_bytes) else {
+                    return Err(ErrorData::new(
+                        rmcp::model::ErrorCode(-32000),
+                        format!(
+                            "the server is busy: all {} execution slots are taken \
+                             (--max-concurrent) and {} calls, or {} MiB of code, already wait \
+                             for one; retry when one ends",
+                            settings.max_concurrent,
+                            MAX_QUEUED_CALLS,
+                            MAX_QUEUED_CODE_BYTES >> 20
+                        ),
+                        None,
+                    ));
+                };
                 let acquire = slots.acquire_owned();
                 tokio::pin!(acquire);
                 let mut tick = tokio::time::interval(PROGRESS_EVERY);

@@ -1187,6 +1187,109 @@ fn serve_over_pipes_answers_and_leaves_the_pipes_it_shares_blocking() {
     assert_eq!(sb.staging_dirs(), Vec::<PathBuf>::new());
 }
 
+/// The queue of calls waiting for a slot is bounded: past it a call is refused at once with a
+/// "busy" error instead of held (200 queued calls of 900 KB took a server to 376 MB), the
+/// calls already queued still run, and the session goes on.
+#[test]
+fn serve_refuses_calls_past_its_queue_and_runs_the_queued_ones() {
+    use std::io::{BufRead, Write};
+    let sb = Sandbox::new();
+    let mut child = sb
+        .command()
+        .args(["serve", "--max-concurrent", "1"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("serve starts");
+    let mut to_server = child.stdin.take().expect("stdin");
+    let mut from_server = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    // A server that holds the call past its queue instead of refusing it would leave the reads
+    // below waiting for ever: it is killed after a minute, and the reads see the end.
+    let (finished, watch) = std::sync::mpsc::channel::<()>();
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let watchdog = std::thread::spawn(move || {
+        if watch
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .is_err()
+        {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+    });
+    let mut reply = || -> Value {
+        let mut line = String::new();
+        from_server.read_line(&mut line).expect("reply");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("no reply ({e}): {line:?}"))
+    };
+    handshake(&mut to_server, &mut reply);
+    let marker = sb.work().join("release");
+    let started = sb.work().join("started");
+    let call = |id: u64, code: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"execute_code","arguments":{{"code":{}}}}}}}"#,
+            serde_json::to_string(code).unwrap()
+        )
+    };
+    // One call holds the only slot until the test releases it.
+    let hold = format!(
+        "import os, time\nopen({:?}, 'w').close()\nwhile not os.path.exists({:?}): time.sleep(0.05)\nprint('held')",
+        started.display().to_string(),
+        marker.display().to_string()
+    );
+    to_server
+        .write_all(format!("{}\n", call(100, &hold)).as_bytes())
+        .expect("write");
+    to_server.flush().expect("flush");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !started.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the holding call did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let mut lines = Vec::new();
+    let queue = 64u64;
+    for i in 0..=queue {
+        lines.push(call(101 + i, "print('queued')"));
+    }
+    for line in &lines {
+        to_server.write_all(line.as_bytes()).expect("write");
+        to_server.write_all(b"\n").expect("write");
+    }
+    to_server.flush().expect("flush");
+    // One call past the queue (whichever the server took last: requests are handled side by
+    // side) is answered first, at once, while the slot is still held.
+    let refused = reply();
+    let refused_id = refused["id"].as_u64().unwrap_or(0);
+    assert!((101..=101 + queue).contains(&refused_id), "{refused}");
+    assert_eq!(refused["error"]["code"], -32000, "{refused}");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("the server is busy") && m.contains("64 calls")),
+        "{refused}"
+    );
+    std::fs::write(&marker, "").unwrap();
+    let mut done = std::collections::BTreeMap::new();
+    while done.len() < 1 + queue as usize {
+        let r = reply();
+        let out = r["result"]["structuredContent"]["output"].clone();
+        done.insert(r["id"].as_u64().unwrap_or(0), out);
+    }
+    assert_eq!(done[&100], "held\n");
+    assert!(
+        (101..=101 + queue)
+            .filter(|id| *id != refused_id)
+            .all(|id| done.get(&id).is_some_and(|o| o == "queued\n")),
+        "{done:?}"
+    );
+    drop(to_server);
+    let status = child.wait().expect("wait");
+    let _ = finished.send(());
+    let _ = watchdog.join();
+    assert!(status.success(), "{status}");
+}
+
 #[test]
 fn serve_stopped_before_a_client_initializes_ends_cleanly() {
     // A signal before the client's `initialize` ends the server as one after it does (exit 0);
