@@ -86,13 +86,69 @@ pub async fn serve_http(
                 check_http_request(req, next, limits.clone())
             }));
     on_listening(bound);
-    let stopped = stop.clone();
-    let served = axum::serve(listener, router)
-        .with_graceful_shutdown(async move { stopped.cancelled().await })
-        .await;
+    accept_until_stopped(listener, router, &stop).await;
     shared.interrupt(None);
     shared.wait_idle(None, DRAIN_TIMEOUT).await;
-    served.map_err(|e| ServeError::Io(e.to_string()))
+    Ok(())
+}
+
+/// How long a client has to send a request's headers, counted from when the server waits for
+/// them: on a new connection, and on a kept-alive one between requests.
+const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Serves each connection of `listener` with `router` until `stop` fires, then lets every
+/// connection finish what it is answering and returns once all are closed.
+///
+/// Not `axum::serve`: its connections have no header timeout (hyper's needs a timer, which it
+/// does not set), so a connection that sent nothing, or half a request line, stayed open for
+/// ever, and about 1,000 of them used up a default descriptor limit and locked every client
+/// out. Here each connection is hyper's HTTP/1 with the Tokio timer and
+/// [`HEADER_READ_TIMEOUT`]; a response being streamed (the SSE of a GET) is not a header read
+/// and is not cut.
+async fn accept_until_stopped(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    stop: &CancellationToken,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let stream = tokio::select! {
+            _ = stop.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of descriptors, or a connection reset before it was taken: the
+                    // listener itself is fine, and a busy loop would not help.
+                    tracing::warn!("mcp: accepting a connection failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        // Finished connections are collected as they go, not only at the end.
+        while connections.try_join_next().is_some() {}
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let stop = stop.clone();
+        connections.spawn(async move {
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT);
+            let connection = builder
+                .serve_connection(TokioIo::new(stream), service)
+                .with_upgrades();
+            tokio::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                _ = stop.cancelled() => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.await;
+                }
+            }
+        });
+    }
+    while connections.join_next().await.is_some() {}
 }
 
 /// Most bytes of an oversized body read and thrown away before answering 413: a client still

@@ -1290,6 +1290,87 @@ fn serve_refuses_calls_past_its_queue_and_runs_the_queued_ones() {
     assert!(status.success(), "{status}");
 }
 
+/// A connection that sends nothing, half a request line, or nothing more after a request, is
+/// closed by the server once it has waited 30 s for headers: they stayed open for ever, and
+/// about 1,000 of them used up a default descriptor limit and locked every client out.
+#[test]
+fn serve_http_closes_connections_that_send_no_headers() {
+    use std::io::{BufRead, Read, Write};
+    let sb = Sandbox::new();
+    let mut child = sb
+        .command()
+        .args(["serve", "--http", "127.0.0.1:0"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("serve starts");
+    let mut stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    let mut addr = None;
+    let mut line = String::new();
+    while addr.is_none() && stderr.read_line(&mut line).unwrap_or(0) > 0 {
+        addr = line
+            .split("http://")
+            .nth(1)
+            .and_then(|rest| rest.split('/').next())
+            .map(str::to_string);
+        line.clear();
+    }
+    let addr = addr.expect("the server announced its address");
+    // The server's log is drained so that it never blocks on a full pipe.
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    let connect = || {
+        let c = std::net::TcpStream::connect(&addr).expect("connect");
+        c.set_read_timeout(Some(std::time::Duration::from_secs(90)))
+            .expect("timeout");
+        c
+    };
+    let silent = connect();
+    let mut half = connect();
+    half.write_all(b"POST /mcp HTTP/1.1\r\nHo").expect("write");
+    let mut kept_alive = connect();
+    kept_alive
+        .write_all(b"GET /other HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .expect("write");
+    let started = std::time::Instant::now();
+    // Each ends with the server closing it (end of file, or a reset), not with the read's own
+    // 90 s timeout.
+    let ended = |mut c: &std::net::TcpStream, what: &str| {
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match c.read(&mut buf) {
+                Ok(0) => return seen,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return seen,
+                Err(e) => panic!("{what}: still open after {:?} ({e})", started.elapsed()),
+            }
+        }
+    };
+    ended(&silent, "a connection that sent nothing");
+    ended(&half, "a connection that sent half a request line");
+    let answered = ended(&kept_alive, "a kept-alive connection after its request");
+    assert!(
+        String::from_utf8_lossy(&answered).starts_with("HTTP/1.1 404"),
+        "{}",
+        String::from_utf8_lossy(&answered)
+    );
+    // The server still serves.
+    let mut fresh = connect();
+    fresh
+        .write_all(b"GET /other HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .expect("write");
+    let mut reply = String::new();
+    let _ = fresh.read_to_string(&mut reply);
+    assert!(reply.starts_with("HTTP/1.1 404"), "{reply}");
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "{status}");
+}
+
 #[test]
 fn serve_stopped_before_a_client_initializes_ends_cleanly() {
     // A signal before the client's `initialize` ends the server as one after it does (exit 0);
