@@ -179,6 +179,12 @@ impl Shared {
         n
     }
 
+    /// Refuses every call waiting for a slot, and every later one ("the server is shutting
+    /// down"): the server is stopping.
+    pub(crate) fn close_queue(&self) {
+        self.slots.close();
+    }
+
     /// Waits until the executions of `conn` (all when `None`) have finished their cleanup.
     pub(crate) async fn wait_idle(&self, conn: Option<u64>, limit: Duration) {
         let deadline = tokio::time::Instant::now() + limit;

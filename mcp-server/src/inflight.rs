@@ -88,6 +88,11 @@ impl InFlight {
         }
     }
 
+    /// Whether `conn` has no request in flight: every response written.
+    pub(crate) fn is_idle(&self, conn: &ConnKey) -> bool {
+        !self.table().keys().any(|(c, _)| c == conn)
+    }
+
     /// The `-32600` message for a request whose id is in flight.
     pub(crate) fn in_use_message(id: &RequestId) -> String {
         format!(

@@ -63,7 +63,27 @@ pub async fn serve_stdio(
             }
         });
     }
-    let running = match server.serve_with_ct(transport, stop.child_token()).await {
+    // A signal ends the session once its calls are answered: queued ones are refused ("the
+    // server is shutting down"), running ones interrupted, and their results written before
+    // the SDK stops. Stopped at once, running calls got no response and queued ones were
+    // told they had been "cancelled by the client".
+    let session_ct = CancellationToken::new();
+    {
+        let (shared, stop, session_ct) = (shared.clone(), stop.clone(), session_ct.clone());
+        tokio::spawn(async move {
+            stop.cancelled().await;
+            shared.close_queue();
+            shared.interrupt(Some(conn));
+            shared.wait_idle(Some(conn), DRAIN_TIMEOUT).await;
+            let key = ConnKey::Conn(conn);
+            let deadline = tokio::time::Instant::now() + ANSWERS_WRITTEN_WAIT;
+            while !shared.in_flight.is_idle(&key) && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            session_ct.cancel();
+        });
+    }
+    let running = match server.serve_with_ct(transport, session_ct.clone()).await {
         Ok(running) => running,
         // A signal before the client initialized ends the server as one after it does.
         Err(_) if stop.is_cancelled() => return Ok(()),
@@ -76,6 +96,10 @@ pub async fn serve_stdio(
     let _ = writer.await;
     Ok(())
 }
+
+/// How long a stopping session waits for the answers of its last calls to be written (a
+/// client that does not read can hold them back for ever).
+const ANSWERS_WRITTEN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 type Input = Box<dyn tokio::io::AsyncRead + Unpin + Send>;
 

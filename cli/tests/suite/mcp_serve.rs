@@ -1290,6 +1290,99 @@ fn serve_refuses_calls_past_its_queue_and_runs_the_queued_ones() {
     assert!(status.success(), "{status}");
 }
 
+/// SIGTERM answers every call before the server exits: the running ones with their
+/// `interrupted` results, a queued one with "the server is shutting down" (running calls got
+/// no response at all, and a queued one was told it had been cancelled by the client).
+#[test]
+fn serve_answers_its_calls_when_stopped_by_a_signal() {
+    use std::io::{BufRead, Write};
+    let sb = Sandbox::new();
+    let mut child = sb
+        .command()
+        .args(["serve", "--max-concurrent", "2"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("serve starts");
+    let mut to_server = child.stdin.take().expect("stdin");
+    let mut from_server = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let (finished, watch) = std::sync::mpsc::channel::<()>();
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let watchdog = std::thread::spawn(move || {
+        if watch
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .is_err()
+        {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+    });
+    let mut reply = || -> Option<Value> {
+        let mut line = String::new();
+        match from_server.read_line(&mut line) {
+            Ok(0) | Err(_) => None,
+            Ok(_) => Some(serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))),
+        }
+    };
+    let mut handshake_reply = || reply().expect("initialize answered");
+    handshake(&mut to_server, &mut handshake_reply);
+    let call = |id: u64, code: &str| {
+        format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"name\":\"execute_code\",\"arguments\":{{\"code\":{}}}}}}}\n",
+            serde_json::to_string(code).unwrap()
+        )
+    };
+    for id in [1u64, 2] {
+        let started = sb.work().join(format!("started-{id}"));
+        let code = format!(
+            "import time\nopen({:?}, 'w').close()\ntime.sleep(120)",
+            started.display().to_string()
+        );
+        to_server
+            .write_all(call(id, &code).as_bytes())
+            .expect("write");
+    }
+    to_server.flush().expect("flush");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !(sb.work().join("started-1").exists() && sb.work().join("started-2").exists()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the calls did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    to_server
+        .write_all(call(3, "print('never')").as_bytes())
+        .expect("write");
+    to_server.flush().expect("flush");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("signal");
+    let mut answers = std::collections::BTreeMap::new();
+    while let Some(r) = reply() {
+        if let Some(id) = r["id"].as_u64() {
+            answers.insert(id, r);
+        }
+    }
+    let status = child.wait().expect("wait");
+    let _ = finished.send(());
+    let _ = watchdog.join();
+    assert!(status.success(), "{status}");
+    for id in [1u64, 2] {
+        assert_eq!(
+            answers
+                .get(&id)
+                .map(|r| r["result"]["structuredContent"]["status"].clone()),
+            Some(Value::from("interrupted")),
+            "{answers:?}"
+        );
+    }
+    assert_eq!(
+        answers.get(&3).map(|r| r["error"]["message"].clone()),
+        Some(Value::from("the server is shutting down")),
+        "{answers:?}"
+    );
+    assert_eq!(sb.staging_dirs(), Vec::<PathBuf>::new());
+}
+
 /// A connection that sends nothing, half a request line, or nothing more after a request, is
 /// closed by the server once it has waited 30 s for headers: they stayed open for ever, and
 /// about 1,000 of them used up a default descriptor limit and locked every client out.
