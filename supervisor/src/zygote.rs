@@ -1039,9 +1039,48 @@ fn seqpacket_pair() -> Result<(OwnedFd, OwnedFd), ZygoteError> {
     .map_err(|e| ZygoteError::Channel(format!("socketpair: {e}")))
 }
 
+/// The name a fork server's dir starts with; the supervisor's pid follows, then a random part.
+const SERVER_DIR_PREFIX: &str = "vibeos-zygote-";
+
+/// Removes the empty fork-server dirs of supervisors that are gone from `parent`: a supervisor
+/// killed with SIGKILL (or by the OOM killer) left its dir, one more per crash, and nothing else
+/// removes it (an execution's staging dir has its reaper for that; a server's dir has none).
+/// Only an empty dir is removed, and only of a pid that no longer runs (a reused pid keeps its
+/// dir: an empty dir is all that is lost).
+fn remove_dead_servers_dirs(parent: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(SERVER_DIR_PREFIX))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<i32>().ok())
+            .filter(|pid| *pid > 0)
+        else {
+            continue;
+        };
+        let gone = matches!(
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None),
+            Err(nix::errno::Errno::ESRCH)
+        );
+        if gone {
+            let _ = std::fs::remove_dir(entry.path());
+        }
+    }
+}
+
 fn start_server(spec: &LaunchSpec) -> Result<Server, ZygoteError> {
-    let empty = crate::confine::staging::create_dir_named("vibeos-zygote-")
-        .map_err(|e| ZygoteError::Channel(format!("cannot create the server's dir: {e}")))?;
+    let empty = crate::confine::staging::create_dir_named(&format!(
+        "{SERVER_DIR_PREFIX}{}-",
+        std::process::id()
+    ))
+    .map_err(|e| ZygoteError::Channel(format!("cannot create the server's dir: {e}")))?;
+    if let Some(parent) = empty.path().parent() {
+        remove_dead_servers_dirs(parent);
+    }
     let parent = crate::confine::staging::ParentCleanup(
         empty
             .path()
@@ -1678,6 +1717,31 @@ mod tests {
 
     fn pairs(v: &[(&str, &str)]) -> Vec<(OsString, OsString)> {
         v.iter().map(|(k, val)| (k.into(), val.into())).collect()
+    }
+
+    #[test]
+    fn only_empty_dirs_of_servers_whose_supervisor_is_gone_are_removed() {
+        let parent = tempfile::tempdir().unwrap();
+        let mut done = std::process::Command::new("true").spawn().unwrap();
+        let dead = done.id();
+        done.wait().unwrap();
+        let dir = |name: String| {
+            let p = parent.path().join(name);
+            std::fs::create_dir(&p).unwrap();
+            p
+        };
+        let stale = dir(format!("{SERVER_DIR_PREFIX}{dead}-a1"));
+        let holding = dir(format!("{SERVER_DIR_PREFIX}{dead}-b2"));
+        std::fs::write(holding.join("f"), "x").unwrap();
+        let ours = dir(format!("{SERVER_DIR_PREFIX}{}-c3", std::process::id()));
+        let init = dir(format!("{SERVER_DIR_PREFIX}1-d4"));
+        let unnamed = dir(format!("{SERVER_DIR_PREFIX}x-e5"));
+        let other = dir(format!("vibeos-exec-{dead}-f6"));
+        remove_dead_servers_dirs(parent.path());
+        assert!(!stale.exists());
+        for kept in [holding, ours, init, unnamed, other] {
+            assert!(kept.exists(), "{}", kept.display());
+        }
     }
 
     #[test]
