@@ -556,6 +556,10 @@ mod tests {
             ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U", "jwt"),
             ("Authorization: Bearer abcdefghijklmnop1234", "bearer_token"),
             ("postgres://app:hunter2secret@db:5432/x", "url_password"),
+            (r#"{"user": "bob", "password": "Tr0ub4dor&3xyz"}"#, "password_assignment"),
+            ("DB_PASSWORD=s3cr3t-value", "password_assignment"),
+            ("{'passwd': 'abcdef12'}", "password_assignment"),
+            ("new_password: letmein99", "password_assignment"),
         ];
         for (text, name) in cases {
             let (out, n) = formats(text);
@@ -839,9 +843,22 @@ mod tests {
             "id=sk-payments-service-deployment-v2",
             "sk-ant-colony-simulation-project-notes",
             "use the sk-learn-compatible-estimator-wrapper",
+            // Password-ish words that hold no password: a hash's name, the shell's PWD, a
+            // short or empty value, an already redacted one, prose.
+            "password_hash=abcdef123456",
+            "PWD=/home/someone/project",
+            "password=None",
+            "password: [REDACTED:env]",
+            "passwords are stored hashed",
+            r#"{"password": ""}"#,
         ] {
             assert_eq!(formats(text), (text.to_string(), 0), "{text}");
         }
+        // Only the value goes: the key stays readable.
+        assert_eq!(
+            formats(r#"{"user": "bob", "password": "Tr0ub4dor&3xyz"}"#).0,
+            r#"{"user": "bob", "password": "[REDACTED:password_assignment]"}"#
+        );
         // The real shapes still are.
         for (text, name) in [
             (
