@@ -1398,6 +1398,16 @@ fn serve_http_closes_connections_that_send_no_headers() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("serve starts");
+    // A failing assertion below must not leave the server running (nothing else ends it).
+    struct EndOnPanic(nix::unistd::Pid);
+    impl Drop for EndOnPanic {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                let _ = nix::sys::signal::kill(self.0, nix::sys::signal::Signal::SIGKILL);
+            }
+        }
+    }
+    let _end = EndOnPanic(nix::unistd::Pid::from_raw(child.id() as i32));
     let mut stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
     let mut addr = None;
     let mut line = String::new();
