@@ -1187,79 +1187,137 @@ fn serve_over_pipes_answers_and_leaves_the_pipes_it_shares_blocking() {
     assert_eq!(sb.staging_dirs(), Vec::<PathBuf>::new());
 }
 
+/// A stdio `serve` the test talks to line by line, killed after a minute if the test is still
+/// waiting on it then (or at once if the test failed): a server that does not answer as the
+/// test expects would otherwise leave its reads waiting for ever.
+struct WatchedServer {
+    child: std::process::Child,
+    to_server: Option<std::process::ChildStdin>,
+    from_server: std::io::BufReader<std::process::ChildStdout>,
+    finished: std::sync::mpsc::Sender<()>,
+    watchdog: std::thread::JoinHandle<()>,
+}
+
+impl WatchedServer {
+    /// Starts `serve ARGS` in `sb` and initializes the session.
+    fn start(sb: &Sandbox, args: &[&str]) -> WatchedServer {
+        let mut child = sb
+            .command()
+            .arg("serve")
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("serve starts");
+        let to_server = child.stdin.take();
+        let from_server = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        let (finished, watch) = std::sync::mpsc::channel::<()>();
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        // Disconnected (the test panicked) ends it at once; otherwise after a minute.
+        let watchdog = std::thread::spawn(move || {
+            if watch
+                .recv_timeout(std::time::Duration::from_secs(60))
+                .is_err()
+            {
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            }
+        });
+        let mut server = WatchedServer {
+            child,
+            to_server,
+            from_server,
+            finished,
+            watchdog,
+        };
+        let mut to = server.to_server.take().expect("stdin");
+        handshake(&mut to, &mut || {
+            server.reply().expect("initialize answered")
+        });
+        server.to_server = Some(to);
+        server
+    }
+
+    fn pid(&self) -> nix::unistd::Pid {
+        nix::unistd::Pid::from_raw(self.child.id() as i32)
+    }
+
+    /// Sends `execute_code(code)` under request id `id`.
+    fn call(&mut self, id: u64, code: &str) {
+        use std::io::Write;
+        let line = format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"name\":\"execute_code\",\"arguments\":{{\"code\":{}}}}}}}\n",
+            serde_json::to_string(code).unwrap()
+        );
+        let to = self.to_server.as_mut().expect("stdin open");
+        to.write_all(line.as_bytes()).expect("write");
+        to.flush().expect("flush");
+    }
+
+    /// The next message, `None` at the end of the server's output.
+    fn reply(&mut self) -> Option<Value> {
+        use std::io::BufRead;
+        let mut line = String::new();
+        match self.from_server.read_line(&mut line) {
+            Ok(0) | Err(_) => None,
+            Ok(_) => Some(serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))),
+        }
+    }
+
+    /// Reads what is left and waits for the server's exit; `close_stdin` first closes its
+    /// stdin (the client leaving), else stdin stays open until the server's output ends (a
+    /// server stopped by a signal must end on its own, not by the end of its input).
+    fn finish(mut self, close_stdin: bool) -> (std::process::ExitStatus, Vec<Value>) {
+        let stdin = self.to_server.take();
+        if close_stdin {
+            drop(stdin);
+        }
+        let mut rest = Vec::new();
+        while let Some(r) = self.reply() {
+            rest.push(r);
+        }
+        let status = self.child.wait().expect("wait");
+        let _ = self.finished.send(());
+        let _ = self.watchdog.join();
+        (status, rest)
+    }
+}
+
+/// Waits (at most 30 s) until every one of `paths` exists.
+fn wait_for_files(paths: &[PathBuf], what: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !paths.iter().all(|p| p.exists()) {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// A script that creates `started`, then waits until `release` exists (at most `seconds`).
+fn held_script(started: &std::path::Path, release: &std::path::Path, seconds: u32) -> String {
+    format!(
+        "import os, time\nopen({:?}, 'w').close()\nend = time.time() + {seconds}\nwhile not os.path.exists({:?}) and time.time() < end: time.sleep(0.05)\nprint('held')",
+        started.display().to_string(),
+        release.display().to_string()
+    )
+}
+
 /// The queue of calls waiting for a slot is bounded: past it a call is refused at once with a
 /// "busy" error instead of held (200 queued calls of 900 KB took a server to 376 MB), the
 /// calls already queued still run, and the session goes on.
 #[test]
 fn serve_refuses_calls_past_its_queue_and_runs_the_queued_ones() {
-    use std::io::{BufRead, Write};
     let sb = Sandbox::new();
-    let mut child = sb
-        .command()
-        .args(["serve", "--max-concurrent", "1"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("serve starts");
-    let mut to_server = child.stdin.take().expect("stdin");
-    let mut from_server = std::io::BufReader::new(child.stdout.take().expect("stdout"));
-    // A server that holds the call past its queue instead of refusing it would leave the reads
-    // below waiting for ever: it is killed after a minute, and the reads see the end.
-    let (finished, watch) = std::sync::mpsc::channel::<()>();
-    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-    let watchdog = std::thread::spawn(move || {
-        if watch
-            .recv_timeout(std::time::Duration::from_secs(60))
-            .is_err()
-        {
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-        }
-    });
-    let mut reply = || -> Value {
-        let mut line = String::new();
-        from_server.read_line(&mut line).expect("reply");
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("no reply ({e}): {line:?}"))
-    };
-    handshake(&mut to_server, &mut reply);
-    let marker = sb.work().join("release");
-    let started = sb.work().join("started");
-    let call = |id: u64, code: &str| {
-        format!(
-            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"execute_code","arguments":{{"code":{}}}}}}}"#,
-            serde_json::to_string(code).unwrap()
-        )
-    };
+    let mut server = WatchedServer::start(&sb, &["--max-concurrent", "1"]);
+    let (started, release) = (sb.work().join("started"), sb.work().join("release"));
     // One call holds the only slot until the test releases it.
-    let hold = format!(
-        "import os, time\nopen({:?}, 'w').close()\nwhile not os.path.exists({:?}): time.sleep(0.05)\nprint('held')",
-        started.display().to_string(),
-        marker.display().to_string()
-    );
-    to_server
-        .write_all(format!("{}\n", call(100, &hold)).as_bytes())
-        .expect("write");
-    to_server.flush().expect("flush");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !started.exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the holding call did not start"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    let mut lines = Vec::new();
+    server.call(100, &held_script(&started, &release, 120));
+    wait_for_files(&[started], "the holding call did not start");
     let queue = 64u64;
     for i in 0..=queue {
-        lines.push(call(101 + i, "print('queued')"));
+        server.call(101 + i, "print('queued')");
     }
-    for line in &lines {
-        to_server.write_all(line.as_bytes()).expect("write");
-        to_server.write_all(b"\n").expect("write");
-    }
-    to_server.flush().expect("flush");
     // One call past the queue (whichever the server took last: requests are handled side by
     // side) is answered first, at once, while the slot is still held.
-    let refused = reply();
+    let refused = server.reply().expect("a reply");
     let refused_id = refused["id"].as_u64().unwrap_or(0);
     assert!((101..=101 + queue).contains(&refused_id), "{refused}");
     assert_eq!(refused["error"]["code"], -32000, "{refused}");
@@ -1269,10 +1327,10 @@ fn serve_refuses_calls_past_its_queue_and_runs_the_queued_ones() {
             .is_some_and(|m| m.contains("the server is busy") && m.contains("64 calls")),
         "{refused}"
     );
-    std::fs::write(&marker, "").unwrap();
+    std::fs::write(&release, "").unwrap();
     let mut done = std::collections::BTreeMap::new();
     while done.len() < 1 + queue as usize {
-        let r = reply();
+        let r = server.reply().expect("a reply");
         let out = r["result"]["structuredContent"]["output"].clone();
         done.insert(r["id"].as_u64().unwrap_or(0), out);
     }
@@ -1283,10 +1341,7 @@ fn serve_refuses_calls_past_its_queue_and_runs_the_queued_ones() {
             .all(|id| done.get(&id).is_some_and(|o| o == "queued\n")),
         "{done:?}"
     );
-    drop(to_server);
-    let status = child.wait().expect("wait");
-    let _ = finished.send(());
-    let _ = watchdog.join();
+    let (status, _) = server.finish(true);
     assert!(status.success(), "{status}");
 }
 
@@ -1295,77 +1350,25 @@ fn serve_refuses_calls_past_its_queue_and_runs_the_queued_ones() {
 /// no response at all, and a queued one was told it had been cancelled by the client).
 #[test]
 fn serve_answers_its_calls_when_stopped_by_a_signal() {
-    use std::io::{BufRead, Write};
     let sb = Sandbox::new();
-    let mut child = sb
-        .command()
-        .args(["serve", "--max-concurrent", "2"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("serve starts");
-    let mut to_server = child.stdin.take().expect("stdin");
-    let mut from_server = std::io::BufReader::new(child.stdout.take().expect("stdout"));
-    let (finished, watch) = std::sync::mpsc::channel::<()>();
-    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-    let watchdog = std::thread::spawn(move || {
-        if watch
-            .recv_timeout(std::time::Duration::from_secs(60))
-            .is_err()
-        {
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-        }
-    });
-    let mut reply = || -> Option<Value> {
-        let mut line = String::new();
-        match from_server.read_line(&mut line) {
-            Ok(0) | Err(_) => None,
-            Ok(_) => Some(serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))),
-        }
-    };
-    let mut handshake_reply = || reply().expect("initialize answered");
-    handshake(&mut to_server, &mut handshake_reply);
-    let call = |id: u64, code: &str| {
-        format!(
-            "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"name\":\"execute_code\",\"arguments\":{{\"code\":{}}}}}}}\n",
-            serde_json::to_string(code).unwrap()
-        )
-    };
+    let mut server = WatchedServer::start(&sb, &["--max-concurrent", "2"]);
+    let never = sb.work().join("never");
+    let mut started = Vec::new();
     for id in [1u64, 2] {
-        let started = sb.work().join(format!("started-{id}"));
-        let code = format!(
-            "import time\nopen({:?}, 'w').close()\ntime.sleep(120)",
-            started.display().to_string()
-        );
-        to_server
-            .write_all(call(id, &code).as_bytes())
-            .expect("write");
+        let path = sb.work().join(format!("started-{id}"));
+        server.call(id, &held_script(&path, &never, 120));
+        started.push(path);
     }
-    to_server.flush().expect("flush");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !(sb.work().join("started-1").exists() && sb.work().join("started-2").exists()) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the calls did not start"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    to_server
-        .write_all(call(3, "print('never')").as_bytes())
-        .expect("write");
-    to_server.flush().expect("flush");
+    wait_for_files(&started, "the calls did not start");
+    server.call(3, "print('never')");
     std::thread::sleep(std::time::Duration::from_millis(300));
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("signal");
-    let mut answers = std::collections::BTreeMap::new();
-    while let Some(r) = reply() {
-        if let Some(id) = r["id"].as_u64() {
-            answers.insert(id, r);
-        }
-    }
-    let status = child.wait().expect("wait");
-    let _ = finished.send(());
-    let _ = watchdog.join();
+    nix::sys::signal::kill(server.pid(), nix::sys::signal::Signal::SIGTERM).expect("signal");
+    let (status, rest) = server.finish(false);
     assert!(status.success(), "{status}");
+    let answers: std::collections::BTreeMap<u64, Value> = rest
+        .into_iter()
+        .filter_map(|r| Some((r["id"].as_u64()?, r)))
+        .collect();
     for id in [1u64, 2] {
         assert_eq!(
             answers
