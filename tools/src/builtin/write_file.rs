@@ -102,7 +102,9 @@ fn write_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Too
         return Err(ToolError::new(
             crate::ToolErrorKind::FileNotFound,
             format!(
-                "{raw} is a symlink to {}, whose directory {} does not exist; write_file makes                  parent directories only for the path it is given (write the target's path                  itself, or remove the link)",
+                "{raw} is a symlink to {}, whose directory {} does not exist; write_file makes \
+                 parent directories only for the path it is given (write the target's path \
+                 itself, or remove the link)",
                 path.display(),
                 parent.display()
             ),
@@ -328,7 +330,9 @@ mod tests {
         let e = write_file(args.as_object().unwrap(), &ctx).unwrap_err();
         assert_eq!(e.kind, crate::ToolErrorKind::FileNotFound, "{e:?}");
         assert!(
-            e.message.contains("is a symlink to") && e.message.contains("does not exist"),
+            e.message.contains("is a symlink to")
+                && e.message
+                    .contains("does not exist; write_file makes parent directories only"),
             "{e:?}"
         );
         assert!(!far.exists());
