@@ -39,7 +39,11 @@ pub async fn serve_http(
         .local_addr()
         .map_err(|source| ServeError::Bind { addr, source })?;
     let mut config = StreamableHttpServerConfig::default();
-    config.cancellation_token = stop.child_token();
+    // The SDK's sessions end after the calls are answered, not at the signal: stopped with it,
+    // every call's response stream ended unanswered ("SSE stream ended") and a queued call's
+    // handler took the stop for its client's cancellation.
+    let sessions_stop = CancellationToken::new();
+    config.cancellation_token = sessions_stop.clone();
     config.max_request_body_bytes = shared.settings.max_request_bytes;
     // The bound address is a name clients may use too (`--http 127.0.0.2:P`: every request
     // to it was refused for its Host).
@@ -86,10 +90,38 @@ pub async fn serve_http(
                 check_http_request(req, next, limits.clone())
             }));
     on_listening(bound);
+    {
+        let (shared, stop, sessions_stop) = (shared.clone(), stop.clone(), sessions_stop.clone());
+        tokio::spawn(async move {
+            stop.cancelled().await;
+            answer_then_end_sessions(&shared, &sessions_stop).await;
+        });
+    }
     accept_until_stopped(listener, router, &stop).await;
+    // Every connection is closed: nothing is left to answer.
+    sessions_stop.cancel();
     shared.interrupt(None);
     shared.wait_idle(None, DRAIN_TIMEOUT).await;
     Ok(())
+}
+
+/// How long a stopping server waits for the answers of its last calls to be written (after
+/// their executions have ended) before it ends the sessions.
+const ANSWERS_WRITTEN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The ordered stop of the HTTP server, as stdio's: queued calls are refused ("the server is
+/// shutting down"), running ones interrupted, and once their answers are written (or
+/// [`DRAIN_TIMEOUT`] and [`ANSWERS_WRITTEN_WAIT`] have passed) the sessions end, which ends
+/// the streams (a client's `GET`) that would keep their connections open.
+async fn answer_then_end_sessions(shared: &Shared, sessions_stop: &CancellationToken) {
+    shared.close_queue();
+    shared.interrupt(None);
+    shared.wait_idle(None, DRAIN_TIMEOUT).await;
+    let deadline = tokio::time::Instant::now() + ANSWERS_WRITTEN_WAIT;
+    while !shared.in_flight.is_empty() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    sessions_stop.cancel();
 }
 
 /// How long a client has to send a request's headers, counted from when the server waits for

@@ -93,6 +93,11 @@ impl InFlight {
         !self.table().keys().any(|(c, _)| c == conn)
     }
 
+    /// Whether no connection has a request in flight: every response written.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.table().is_empty()
+    }
+
     /// The `-32600` message for a request whose id is in flight.
     pub(crate) fn in_use_message(id: &RequestId) -> String {
         format!(

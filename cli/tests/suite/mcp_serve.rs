@@ -1386,6 +1386,27 @@ fn serve_answers_its_calls_when_stopped_by_a_signal() {
     assert_eq!(sb.staging_dirs(), Vec::<PathBuf>::new());
 }
 
+/// The same over HTTP: SIGTERM with one call running and one queued behind it answers both
+/// before the server exits (the SDK's sessions ended with the signal, and both calls' response
+/// streams closed unanswered: "SSE stream ended").
+#[test]
+fn serve_http_answers_its_calls_when_stopped_by_a_signal() {
+    let sb = Sandbox::new();
+    let Some(r) = scenario(&sb, "http_stop") else {
+        return;
+    };
+    assert_eq!(
+        r["running"]["result"][1]["status"], "interrupted",
+        "the running call is answered with its interrupted result: {r}"
+    );
+    assert_eq!(
+        r["queued"]["error"], "the server is shutting down",
+        "the queued call is refused with the reason: {r}"
+    );
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert_eq!(sb.staging_dirs(), Vec::<PathBuf>::new());
+}
+
 /// A connection that sends nothing, half a request line, or nothing more after a request, is
 /// closed by the server once it has waited 30 s for headers: they stayed open for ever, and
 /// about 1,000 of them used up a default descriptor limit and locked every client out.
