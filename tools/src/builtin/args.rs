@@ -81,8 +81,17 @@ pub fn parse<T: serde::de::DeserializeOwned>(args: &Map<String, Value>) -> Resul
         let path = e.path().to_string();
         if let Some(rest) = inner.strip_prefix("unknown field ") {
             // serde: "unknown field `glob`, expected one of `pattern`, `target`, ..."
-            let (name, known) = rest.split_once(", expected ").unwrap_or((rest, ""));
-            let known = known.strip_prefix("one of ").unwrap_or(known);
+            // ... or, for a tool without arguments, "unknown field `x`, there are no fields".
+            let (name, known) = rest
+                .split_once(", expected ")
+                .or_else(|| rest.split_once(", "))
+                .unwrap_or((rest, ""));
+            // serde lists two fields as "`a` or `b`": the tool takes both.
+            let known = match known.strip_prefix("one of ") {
+                Some(list) => list.to_string(),
+                None if known == "there are no fields" => "no arguments".to_string(),
+                None => known.replacen("` or `", "` and `", 1),
+            };
             return ToolError::invalid_args(format!(
                 "unknown argument {name}; the tool takes {known}"
             ));
@@ -147,5 +156,43 @@ pub fn assert_schema_and_parser_agree<T: schemars::JsonSchema + serde::de::Deser
     match parse::<T>(&wrong) {
         Ok(_) => panic!("a wrong type was accepted: {wrong_type}"),
         Err(e) => assert_eq!(e.kind, crate::ToolErrorKind::InvalidArguments, "{e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse;
+    use serde_json::{json, Map, Value};
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)] // read by the parser only
+    struct Two {
+        path: String,
+        content: String,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct None_ {}
+
+    fn args(v: Value) -> Map<String, Value> {
+        v.as_object().cloned().unwrap_or_default()
+    }
+
+    /// serde names two fields "`path` or `content`", which read as if the tool took either.
+    #[test]
+    fn an_unknown_argument_is_told_every_argument_the_tool_takes() {
+        let e = parse::<Two>(&args(json!({"path": "a", "content": "b", "bogus": 1})))
+            .expect_err("an unknown argument is refused");
+        assert_eq!(
+            e.message,
+            "unknown argument `bogus`; the tool takes `path` and `content`"
+        );
+        let e = parse::<None_>(&args(json!({"bogus": 1}))).expect_err("refused");
+        assert_eq!(
+            e.message,
+            "unknown argument `bogus`; the tool takes no arguments"
+        );
     }
 }
