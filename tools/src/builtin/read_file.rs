@@ -126,6 +126,14 @@ fn read_file(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, Tool
     if page.cut > 0 {
         result["lines_cut"] = Value::from(page.cut);
     }
+    // An empty page past the end is said, or it reads as an empty stretch of the file.
+    if page.returned == 0 && offset > 1 {
+        result["note"] = Value::from(format!(
+            "offset {offset} is past the end of the file ({} line{}); nothing was read",
+            page.total_lines,
+            if page.total_lines == 1 { "" } else { "s" }
+        ));
+    }
     Ok(result)
 }
 
@@ -260,6 +268,32 @@ mod tests {
         assert_eq!(p.content, "     1|a\n     2|b\n");
         assert_eq!(p.total_lines, 2);
         assert_eq!(page("", 1, 10).total_lines, 0);
+    }
+
+    #[test]
+    fn a_page_past_the_end_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("two.txt"), "a\nb\n").unwrap();
+        let ctx = ToolContext::agent(dir.path());
+        let read = |offset: u64| {
+            let args = json!({"path": "two.txt", "offset": offset});
+            read_file(args.as_object().unwrap(), &ctx).unwrap()
+        };
+        let past = read(50);
+        assert_eq!(past["lines_returned"], 0);
+        assert_eq!(
+            past["note"],
+            "offset 50 is past the end of the file (2 lines); nothing was read"
+        );
+        assert!(
+            read(2).get("note").is_none(),
+            "a page inside the file has no note"
+        );
+        std::fs::write(dir.path().join("two.txt"), "").unwrap();
+        assert!(
+            read(1).get("note").is_none(),
+            "an empty file read from line 1 has no note"
+        );
     }
 
     #[test]
