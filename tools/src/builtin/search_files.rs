@@ -12,7 +12,8 @@
 //! - `output_mode="files_with_matches"`: `files` = paths with at least one match.
 //! - `output_mode="count"`: `counts` = `[{path, count}]`, paged by file: `total` counts
 //!   files, `total_matches` matching lines.
-//! - `target="files"`: `pattern` is a glob on file names; `files` = matching paths.
+//! - `target="files"`: `pattern` is a glob on file names; `files` = matching paths (with
+//!   `output_mode="count"`, no list: `total` alone).
 //!
 //! Paths are relative to the working directory when the searched path was relative, so they can
 //! be passed straight to `read_file`.
@@ -593,6 +594,11 @@ fn search_files(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, T
                 return Err(abandoned());
             }
             let total = hits.len() as u64;
+            // A count of names found is their total alone (it listed them, as if the mode
+            // were ignored); "files_with_matches" is the listing a name search gives anyway.
+            if let OutputMode::Count = a.output_mode {
+                return Ok(merge(json!({"target": "files"}), page(total, 0)));
+            }
             let files: Vec<String> = hits
                 .iter()
                 .skip(offset as usize)
@@ -1015,6 +1021,13 @@ mod tests {
         );
         let r = call(d.path(), json!({"pattern": "*.yaml", "target": "files"})).unwrap();
         assert_eq!(r["files"], json!(["a.yaml", "sub/b.yaml"]));
+        let r = call(
+            d.path(),
+            json!({"pattern": "*.yaml", "target": "files", "output_mode": "count"}),
+        )
+        .unwrap();
+        assert_eq!(r["total"], 2, "a count of names is their total: {r}");
+        assert!(r.get("files").is_none(), "and lists none: {r}");
     }
 
     #[test]
