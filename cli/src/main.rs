@@ -373,11 +373,25 @@ fn print_usage_error_json(message: String) {
         .iter()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
-    let strict = args
-        .windows(2)
-        .any(|w| w[0] == "--mode" && w[1] == "strict")
-        || args.iter().any(|a| a == "--mode=strict");
-    let mode = if strict { "strict" } else { "project" };
+    // The mode a usable `--mode` asked for (the last one, as clap takes it); none otherwise:
+    // `--mode bogus`, or a mode the configuration would have set, which an error before it
+    // was read does not know (a usage error said `"mode": "project"` for both).
+    let mut mode = "";
+    let before_separator = args.iter().take_while(|a| *a != "--").count();
+    for (i, arg) in args[..before_separator].iter().enumerate() {
+        let value = match arg.strip_prefix("--mode=") {
+            Some(v) => Some(v),
+            None if arg == "--mode" => args.get(i + 1).map(String::as_str),
+            None => None,
+        };
+        if let Some(v) = value {
+            mode = match v {
+                "strict" => "strict",
+                "project" => "project",
+                _ => "",
+            };
+        }
+    }
     let json = vibeos_supervisor::ExecutionResult::failed_to_start(mode, message, 0.0).to_json();
     // The exit code is the usage error's (2) whether or not the object could be written; a
     // failed write is still said on stderr.

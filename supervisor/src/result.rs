@@ -64,7 +64,8 @@ pub struct ExecutionResult {
     pub stderr_bytes: u64,
     /// Stderr bytes left out.
     pub stderr_bytes_omitted: u64,
-    /// Mode the script ran in.
+    /// Mode the script ran in; left out (empty) by a usage error that names no usable mode.
+    #[serde(skip_serializing_if = "str::is_empty")]
     pub mode: &'static str,
     /// Secrets replaced by a marker in `output` and `error` (`security.redact_output`).
     pub redactions: usize,

@@ -587,6 +587,32 @@ fn command_line_errors_with_json_print_the_result_object() {
             assert!(!out.stderr.is_empty(), "{args:?}");
         }
     }
+    // The mode is the one a usable --mode named, and none when the mode is what was wrong
+    // (it said "project" for `--mode bogus`).
+    for (args, mode) in [
+        (vec!["run", "--json", "--mode", "bogus", script], None),
+        (
+            vec!["run", "--json", "--mode=strict", "--timeout", "0", script],
+            Some("strict"),
+        ),
+        (
+            vec![
+                "run",
+                "--json",
+                "--mode",
+                "project",
+                "--timeout",
+                "0",
+                script,
+            ],
+            Some("project"),
+        ),
+    ] {
+        let out = sb.run(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let v = parse_single_json(&out);
+        assert_eq!(v.get("mode").and_then(Value::as_str), mode, "{args:?}: {v}");
+    }
     // Without --json nothing is printed on stdout.
     let out = sb.run(&["run", "--bogus", "x.py"]);
     assert_eq!(out.status.code(), Some(2));
