@@ -12,6 +12,7 @@ use super::common::{
     backend, hanging_script, request_from, run, run_interrupted_after, run_into_timeout, runtime,
     HOST_ENV,
 };
+use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 use vibeos_supervisor::{ExecutionRequest, Status};
 use vibeos_testkit::backends::{plant_crashed_container, unavailable, Dockerd};
@@ -583,11 +584,85 @@ fn docker_executions_end_like_local_ones() {
         "{{range .Mounts}}{{if eq .Destination \"/run/vibeos-rpc\"}}{{.Source}}{{end}}{{end}}",
         &persistent[0],
     ]);
-    let rpc_dir = String::from_utf8_lossy(&mount.stdout).trim().to_string();
+    let source = String::from_utf8_lossy(&mount.stdout).trim().to_string();
     let _ = daemon.docker(&["rm", "-f", &persistent[0]]);
-    assert!(rpc_dir.contains("vibeos-rpc-"), "{mount:?}");
+    // The mount is the RPC dir's private subdir.
+    let rpc_dir = source.strip_suffix("/m").unwrap_or(&source).to_string();
+    assert!(
+        rpc_dir.contains("vibeos-rpc-") && source != rpc_dir,
+        "{mount:?}"
+    );
     let _ = std::fs::remove_dir_all(&rpc_dir);
     let _ = std::fs::remove_file(format!("{rpc_dir}.users"));
+
+    // The container's root is the host's: a script that opened its RPC mount up and left a
+    // setuid-root copy of the interpreter in it made any local user root (stop 58's probe).
+    // The mount is a subdir of a dir only the host's user enters, so what a script leaves
+    // there is out of other users' reach. Run with a temp dir open to all, as /tmp is.
+    let open_tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(open_tmp.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    std::fs::write(
+        home.path().join("config.yaml"),
+        format!("terminal:\n  docker_image: {IMAGE}\n  docker_binary: {docker}\n"),
+    )
+    .unwrap();
+    let script = home.path().join("setuid.py");
+    std::fs::write(
+        &script,
+        "import os, shutil, time\nos.chmod('/run/vibeos-rpc', 0o755)\n\
+         shutil.copy('/usr/bin/python3', '/run/vibeos-rpc/.py')\n\
+         os.chmod('/run/vibeos-rpc/.py', 0o4755)\nos.rename('/run/vibeos-rpc/.py', '/run/vibeos-rpc/py')\n\
+         time.sleep(60)",
+    )
+    .unwrap();
+    let mut planting = std::process::Command::new(env!("CARGO_BIN_EXE_vibeos-exec"))
+        .args(["run", "--json", "--backend", "docker"])
+        .arg(&script)
+        .env("VIBEOS_HOME", home.path())
+        .env("VIBEOS_AGENT_BINARY", env!("CARGO_BIN_EXE_vibeos-exec"))
+        .env("TMPDIR", open_tmp.path())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let planted = |d: &std::path::Path| -> Option<std::path::PathBuf> {
+        let rpc = std::fs::read_dir(d)
+            .ok()?
+            .flatten()
+            .find(|e| e.file_name().to_string_lossy().starts_with("vibeos-rpc-"))?
+            .path();
+        [rpc.join("py"), rpc.join("m").join("py")]
+            .into_iter()
+            .find(|p| p.exists())
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let py = loop {
+        if let Some(py) = planted(open_tmp.path()) {
+            break py;
+        }
+        assert!(
+            Instant::now() < deadline && matches!(planting.try_wait(), Ok(None)),
+            "the script never planted its binary"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    use std::os::unix::process::CommandExt;
+    let as_nobody = std::process::Command::new(&py)
+        .args(["-c", "import os; print('euid', os.geteuid())"])
+        .uid(65534)
+        .gid(65534)
+        .output();
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(planting.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    );
+    let _ = planting.wait();
+    match as_nobody {
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{e}"),
+        Ok(out) => panic!(
+            "another user ran the script's setuid binary {}: {out:?}",
+            py.display()
+        ),
+    }
 
     // Failed starts leave nothing: no Created container for an image without terminal.python,
     // no RPC dir for an engine binary that does not exist.

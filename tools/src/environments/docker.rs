@@ -182,15 +182,26 @@ fn engine_error(binary: &str, what: &str, out: &CommandOutput) -> EnvError {
     }
 }
 
+/// The subdir of a container's RPC dir that is bind-mounted at [`RPC_MOUNT`]: the RPC dir
+/// itself stays the host's, 0700, out of the container's reach.
+///
+/// The container's root is the host's root with a rootful engine, and owns what it makes in
+/// the mount. Mounted directly, the RPC dir was the mount's root, so a script could `chmod`
+/// it open and leave a setuid-root copy of an interpreter in it: any local user ran it and
+/// read `/etc/shadow` (stop 58's docker probe), for as long as a persistent container's dir
+/// stays on the host. One level down, whatever the script makes or opens up sits in a dir no
+/// other user can enter.
+pub(crate) const MOUNTED_SUBDIR: &str = "m";
+
 /// Longest path a Unix socket address can hold (sun_path minus its NUL).
 const MAX_SOCKET_PATH: usize = 107;
 /// Characters of an execution id naming its socket dir (64 random bits: unique among the
 /// executions of one container, and short enough for sun_path).
 pub(crate) const EXEC_DIR_CHARS: usize = 16;
 
-/// The host dir bind-mounted at [`RPC_MOUNT`]. Its name does not embed the container name
-/// (up to 69 characters with a long task id): the execution sockets below it,
-/// `<dir>/<16 hex>/rpc.sock`, must fit in sun_path. A persistent container's mount source
+/// The host dir whose [`MOUNTED_SUBDIR`] is bind-mounted at [`RPC_MOUNT`]. Its name does not
+/// embed the container name (up to 69 characters with a long task id): the execution sockets
+/// below it, `<dir>/m/<16 hex>/rpc.sock`, must fit in sun_path. A persistent container's mount source
 /// must survive host restarts, so its name is stable; every other one is unguessable. When
 /// `$TMPDIR` itself is too long for that, `/tmp` is used.
 pub(crate) fn rpc_dir_for(name: &str, persistent: bool) -> PathBuf {
@@ -202,7 +213,7 @@ pub(crate) fn rpc_dir_for(name: &str, persistent: bool) -> PathBuf {
     } else {
         format!("vibeos-rpc-{tag:016x}-{}", super::random_hex(8))
     };
-    let tail = 1 + EXEC_DIR_CHARS + "/rpc.sock".len();
+    let tail = 1 + MOUNTED_SUBDIR.len() + 1 + EXEC_DIR_CHARS + "/rpc.sock".len();
     let base = std::env::temp_dir();
     let fits = |b: &std::path::Path| b.join(&leaf).as_os_str().len() + tail <= MAX_SOCKET_PATH;
     if fits(&base) {
@@ -265,6 +276,8 @@ fn container_shape(
         "workspace": mount_cwd,
         "workdir": workdir,
         "agent": agent_bin,
+        // Containers made before the RPC dir had a private parent mount it directly.
+        "rpc_mount": MOUNTED_SUBDIR,
     })
     .to_string()
 }
@@ -283,6 +296,9 @@ fn shape_change(made_from: &str, now: &str) -> Option<String> {
         "workspace" => "terminal.docker_mount_cwd_to_workspace or the session's cwd",
         "workdir" => "its default working directory",
         "agent" => "the path of the vibeos-exec binary mounted in it",
+        "rpc_mount" => {
+            "its RPC mount, which a container made before stop 58 shares with host users"
+        }
         other => other,
     })
 }
@@ -417,8 +433,7 @@ impl DockerEnv {
         // Any failure from here on (an engine that cannot even be run included) leaves no
         // empty RPC dir on the host.
         let mut dir_guard = DirGuard(Some(rpc_dir.clone()));
-        std::fs::set_permissions(&rpc_dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| env.io("protect the RPC dir", &e))?;
+        env.private_rpc_dir()?;
         env.run_container()?;
         dir_guard.0 = None;
         tracing::info!(container = %name, task, "backends: docker container started");
@@ -469,7 +484,7 @@ impl Core {
             "--pids-limit".into(),
             settings.container_pids.to_string(),
             "-v".into(),
-            format!("{}:{RPC_MOUNT}", rpc_dir.display()),
+            format!("{}:{RPC_MOUNT}", rpc_dir.join(MOUNTED_SUBDIR).display()),
             // `--mount`, not `-v`: `-v` creates a missing source on the host (as an empty
             // root-owned directory), `--mount` refuses it.
             "--mount".into(),
@@ -609,7 +624,7 @@ impl DockerEnv {
         cmd.arg(&self.name).args(&spec.argv);
         let leader = Arc::new(OnceLock::new());
         let host_file = self
-            .rpc_dir
+            .mounted_dir()
             .join(pgid_file.rsplit('/').next().unwrap_or_default());
         let spawned = ClientProcess::spawn(
             "docker",
@@ -655,12 +670,23 @@ impl DockerEnv {
 }
 
 impl Core {
-    /// The RPC dir, made again if it is gone (a temp-dir cleaner may take a stopped persistent
-    /// container's) and private, as at the container's creation.
+    /// The RPC dir and its mounted subdir, made again if they are gone (a temp-dir cleaner
+    /// may take a stopped persistent container's) and private, as at the container's creation.
+    /// The RPC dir's mode is what keeps other users out of whatever a script leaves in the
+    /// mount; the subdir's a script can change.
     fn private_rpc_dir(&self) -> Result<(), EnvError> {
-        std::fs::create_dir_all(&self.rpc_dir).map_err(|e| self.io("create the RPC dir", &e))?;
-        std::fs::set_permissions(&self.rpc_dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| self.io("protect the RPC dir", &e))
+        let mounted = self.mounted_dir();
+        std::fs::create_dir_all(&mounted).map_err(|e| self.io("create the RPC dir", &e))?;
+        for dir in [&self.rpc_dir, &mounted] {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| self.io("protect the RPC dir", &e))?;
+        }
+        Ok(())
+    }
+
+    /// The host side of [`RPC_MOUNT`].
+    fn mounted_dir(&self) -> PathBuf {
+        self.rpc_dir.join(MOUNTED_SUBDIR)
     }
 
     /// `docker start` of the container, which exists but is stopped; its RPC dir first.
@@ -708,7 +734,7 @@ impl Core {
     }
 
     fn agent_client(core: Arc<Core>, shell_session: bool) -> AgentClient {
-        let local = core.rpc_dir.join("agent.sock");
+        let local = core.mounted_dir().join("agent.sock");
         AgentClient::new("docker", move || {
             // The agent is (re)started when the last one is gone: if that is because the
             // container was stopped or removed from outside, it is brought back first (with a
@@ -880,7 +906,7 @@ impl Environment for DockerEnv {
         let short = exec_id.get(..EXEC_DIR_CHARS).unwrap_or(exec_id);
         // Bound through the dir's descriptor: the container can rename or replace the name
         // before the bind, and the socket must not land where a link of its points.
-        let dir = ExecutionDir::create(self.rpc_dir.join(short))
+        let dir = ExecutionDir::create(self.mounted_dir().join(short))
             .map_err(|e| self.io("create the execution's socket dir", &e))?;
         Ok(Channel {
             connections: Connections::Bind(dir.socket_path("rpc.sock")),
@@ -972,7 +998,9 @@ pub fn gc(binary: &str, all: bool) -> Result<GcReport, EnvError> {
             .to_string();
         let owner = parts.next().unwrap_or("");
         let persistent = parts.next().unwrap_or("0") == "1";
-        let rpc_source = parts.next().unwrap_or("").to_string();
+        // The RPC dir is the mount source's parent (a container made before stop 58 mounted
+        // the RPC dir itself).
+        let rpc_source = rpc_dir_of_mount(parts.next().unwrap_or(""));
         // Held (exclusively) while the container goes: a host starting to use it meanwhile
         // waits in `users_lock`, then finds it gone and makes it again.
         let mut _last_user = None;
@@ -1010,7 +1038,16 @@ pub fn gc(binary: &str, all: bool) -> Result<GcReport, EnvError> {
     Ok(report)
 }
 
-/// Whether `dir` (a container's `/run/vibeos-rpc` source, as its labels say) is an RPC dir this
+/// The RPC dir of a container whose [`RPC_MOUNT`] source is `source`.
+fn rpc_dir_of_mount(source: &str) -> String {
+    let path = std::path::Path::new(source);
+    match (path.file_name(), path.parent()) {
+        (Some(leaf), Some(parent)) if leaf == MOUNTED_SUBDIR => parent.display().to_string(),
+        _ => source.to_string(),
+    }
+}
+
+/// Whether `dir` (a container's RPC dir, from its `/run/vibeos-rpc` source) is an RPC dir this
 /// backend made: a `vibeos-rpc-*` dir directly in the temp dir.
 fn is_our_rpc_dir(dir: &std::path::Path) -> bool {
     let ours = |p: &std::path::Path| p == std::env::temp_dir() || p == std::path::Path::new("/tmp");
