@@ -459,6 +459,16 @@ fn contains_ignoring_ascii_case(haystack: &str, needle: &str) -> bool {
             .any(|w| w.eq_ignore_ascii_case(needle))
 }
 
+/// Whether the interpreter reads `name` while starting (or while importing what the bootstrap
+/// imports), so that changing it afterwards would not have the effect of a cold start. A
+/// warm interpreter (pooled, or a fork server) is started with only these variables; it takes
+/// the others with each call.
+pub fn affects_startup(name: &str) -> bool {
+    const PREFIXES: [&str; 4] = ["PYTHON", "LD_", "LC_", "MALLOC_"];
+    const NAMES: [&str; 5] = ["LANG", "LANGUAGE", "HOME", "TZ", "GLIBC_TUNABLES"];
+    PREFIXES.iter().any(|p| name.starts_with(p)) || NAMES.contains(&name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -101,6 +101,20 @@ impl LaunchSpec {
         }
     }
 
+    /// Whether a warm interpreter (pooled, or a fork server) is started with variable `name`
+    /// instead of being given it with each call. The environment a process is exec'd with
+    /// stays in its memory (`/proc/self/environ`, the stack) and every fork copies it: a
+    /// passthrough secret a warm interpreter started with was still there for the scripts of
+    /// later calls the host no longer passed it to (stop 58's probe read it back, in strict
+    /// mode too). So the names the host passes through (config, skills) come with each call,
+    /// unless the interpreter reads them while it starts (`PYTHONPATH`): a change to those
+    /// replaces the warm interpreter instead. The scrub's own allowlist (`PATH`, `TERM`, ...)
+    /// passes no secrets and starts with it: each `putenv` in a forked child costs page copies.
+    pub(crate) fn warm_start_keeps(&self, name: &std::ffi::OsStr) -> bool {
+        name.to_str()
+            .is_none_or(|n| crate::env_policy::affects_startup(n) || !self.passthrough.contains(n))
+    }
+
     /// The child's environment: scrubbed base, then the injected names (SPEC §4). Without the
     /// RPC channel's variables, which are what tools the script starts (terminal) get.
     /// `log` says whether this is the execution's own computation (dropped `VIBEOS_*` names are
@@ -509,6 +523,15 @@ pub(crate) fn launch(
         owner,
     } = open_channel(spec, &mut staging)?;
     let env = with_channel(env, &channel_vars);
+    // A pooled interpreter waits for a call whose environment is not known yet: the names the
+    // host passes through come with the call (`pool::env_delta`), see `warm_start_keeps`.
+    let env = if matches!(program, Program::Warm { .. }) {
+        env.into_iter()
+            .filter(|(k, _)| spec.warm_start_keeps(k) || channel_vars.iter().any(|(c, _)| c == k))
+            .collect()
+    } else {
+        env
+    };
     let feeding = if matches!(program, Program::Fifo) {
         // The supervisor's, mode 0644, like the regular file the cold path writes; its end is
         // opened before the spawn, so no program started later inherits it.

@@ -513,13 +513,7 @@ impl std::fmt::Display for NotUsed {
     }
 }
 
-/// Whether the interpreter reads `name` while starting (or while importing what the bootstrap
-/// imports), so that changing it afterwards would not have the effect of a cold start.
-pub fn affects_startup(name: &str) -> bool {
-    const PREFIXES: [&str; 4] = ["PYTHON", "LD_", "LC_", "MALLOC_"];
-    const NAMES: [&str; 5] = ["LANG", "LANGUAGE", "HOME", "TZ", "GLIBC_TUNABLES"];
-    PREFIXES.iter().any(|p| name.starts_with(p)) || NAMES.contains(&name)
-}
+pub use crate::env_policy::affects_startup;
 
 /// The control message turning `started` into `wanted`, or why it cannot.
 fn env_delta(

@@ -190,6 +190,8 @@ struct Armed {
     /// The request its script process was sent ahead and has settled into ([`preset`]): a
     /// call whose request is the same sends only [`GO`].
     preset: Option<Vec<u8>>,
+    /// The environment of that request.
+    preset_env: Option<ScriptEnv>,
     /// Whether a call has woken its script process ahead of its request ([`wake_ahead`]).
     woken: bool,
 }
@@ -363,6 +365,7 @@ fn arm(
         lifeline,
         status,
         preset: None,
+        preset_env: None,
         woken: false,
     };
     let Some(c) = confinement else {
@@ -1022,7 +1025,7 @@ fn exited(s: &Server) -> bool {
 fn startup_names(env: &[(OsString, OsString)]) -> Vec<(&OsString, &OsString)> {
     let mut v: Vec<_> = env
         .iter()
-        .filter(|(k, _)| k.to_str().is_none_or(crate::pool::affects_startup))
+        .filter(|(k, _)| k.to_str().is_none_or(crate::env_policy::affects_startup))
         .map(|(k, v)| (k, v))
         .collect();
     v.sort();
@@ -1092,10 +1095,14 @@ fn start_server(spec: &LaunchSpec) -> Result<Server, ZygoteError> {
     let (ours, theirs) = seqpacket_pair()?;
     let theirs_fd = theirs.as_raw_fd();
     let fingerprint = crate::startup_files::Fingerprint::of(&spec.interpreter.path);
+    // Without the names the host passes through, which reach each execution in its request
+    // (`LaunchSpec::warm_start_keeps`: the environment a process is exec'd with is in every
+    // fork's memory).
     // A strict server is root: nothing on PYTHONPATH (which a strict script may be able to
     // write) may load while it starts; each child puts the entries back (zygote_boot.py).
     let process_env: HashMap<OsString, OsString> = startup_env
         .iter()
+        .filter(|(k, _)| spec.warm_start_keeps(k))
         .filter(|(k, _)| spec.mode != Mode::Strict || k != "PYTHONPATH")
         .cloned()
         .collect();
@@ -1256,10 +1263,11 @@ const PRESET: &[u8] = b"preset\0";
 /// sends its whole request, as to a spare armed on its own path.
 ///
 /// Only an environment the server itself started with is preset (apart from what belongs to
-/// the area: its staging dir, its channel): an undone preset leaves its values in the freed
-/// memory of the process that runs the next call, which a script can read, and a host may
-/// give each caller its own environment. Values the server started with are in every forked
-/// process's memory anyway.
+/// the area: its staging dir, its channel): an undone preset would leave its values in the
+/// freed memory of the process that runs the next call, which a script can read, and a host
+/// may give each caller its own environment. A call whose environment differs from its
+/// spare's preset is run by a fresh spare instead ([`fork`]), so no preset is
+/// undone under another environment.
 fn preset(mut armed: Armed, spec: &LaunchSpec, prepared: &Prepared, server: &Server) -> Armed {
     let sorted = |mut env: ScriptEnv| {
         env.sort();
@@ -1287,11 +1295,14 @@ fn preset(mut armed: Armed, spec: &LaunchSpec, prepared: &Prepared, server: &Ser
         return armed;
     };
     match body {
-        Ok((_env, body)) => {
+        Ok((env, body)) => {
             let mut message = PRESET.to_vec();
             message.extend_from_slice(&body);
             match send(&spare.to_script, &message, &[]) {
-                Ok(()) => armed.preset = Some(body),
+                Ok(()) => {
+                    armed.preset = Some(body);
+                    armed.preset_env = Some(env);
+                }
                 Err(e) => tracing::debug!("execute_code: presetting a spare: {e}"),
             }
         }
@@ -1426,6 +1437,13 @@ fn fork(
                 }
             },
         };
+        // A spare preset with other variables than the call's would undo them, which leaves
+        // their values in the freed memory of the process that runs this script (the host
+        // dropped a passthrough secret meanwhile, say): a fresh spare runs it instead.
+        if a.preset_env.as_ref().is_some_and(|preset| *preset != env) {
+            drop(a);
+            continue;
+        }
         let Some(spare) = a.spare.0.take() else {
             continue;
         };

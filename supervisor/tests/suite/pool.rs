@@ -309,6 +309,47 @@ fn environment_changes_are_applied_or_fall_back_to_a_cold_start() {
     pool::disable();
 }
 
+/// A pooled interpreter started while the host passed a secret through runs a later call the
+/// host no longer passes it for without it anywhere in reach: not in `os.environ`, and not in
+/// the environment block it was exec'd with (which it was started with, and which stays in
+/// its memory).
+#[test]
+fn a_variable_the_host_drops_is_gone_from_a_pooled_interpreter() {
+    let python = require_python!();
+    let _guard = serial();
+    let rt = runtime();
+    let session = Session::new(python);
+    pool::enable(1);
+    let code = fixture("zygote/initial_env_block.py");
+    let request = |passed: bool| {
+        let mut r = session.request(&code);
+        let mut env = r.base_env.take().unwrap_or_default();
+        env.push(("PROBE_DROPPED_TOKEN".into(), "s3cr3t-value".into()));
+        r.base_env = Some(env);
+        if passed {
+            r.env_passthrough.push("PROBE_DROPPED_TOKEN".into());
+        }
+        r
+    };
+    let first = json_line(&run_warm(&rt, request(true)));
+    assert_eq!(first["environ"], true, "passed through: {first}");
+    pool::prewarm(&request(true));
+    assert!(pool::wait_until_idle(None, 1, Duration::from_secs(30)));
+    let before = pool::stats().unwrap().warm_starts;
+    let later = json_line(&run(&rt, request(false)));
+    assert_eq!(
+        pool::stats().unwrap().warm_starts,
+        before + 1,
+        "the call did not use the pool"
+    );
+    assert_eq!(later["environ"], false, "{later}");
+    assert_eq!(
+        later["initial"], false,
+        "the dropped variable is in the pooled script's memory: {later}"
+    );
+    pool::disable();
+}
+
 #[test]
 fn pool_size_zero_means_cold_starts() {
     let python = require_python!();

@@ -1988,3 +1988,60 @@ fn a_preset_spare_runs_its_calls_own_request_whatever_changed_since() {
     }
     zygote::set_enabled(false);
 }
+
+/// A variable the host stops passing (a passthrough secret, dropped) is gone from the later
+/// forked executions of the same server, as from a cold one: the server started with it, and
+/// the environment a process is exec'd with stays in its memory, which every fork copied (stop
+/// 58's probe read it back, in strict mode too, after `clear_skill_env`).
+#[test]
+fn a_variable_the_host_drops_is_gone_from_later_forked_executions() {
+    let python = require_python!();
+    let _guard = serial();
+    let rt = runtime();
+    let session = Session::new(python);
+    let code = fixture("zygote/initial_env_block.py");
+    let request = |passed: bool, mode: Mode| {
+        let mut r = session.request(&code);
+        r.mode = mode;
+        let mut env = r.base_env.take().unwrap_or_default();
+        env.push(("PROBE_DROPPED_TOKEN".into(), "s3cr3t-value".into()));
+        r.base_env = Some(env);
+        if passed {
+            r.env_passthrough.push("PROBE_DROPPED_TOKEN".into());
+        }
+        r
+    };
+    let mut modes = vec![Mode::Project];
+    match strict_unavailable() {
+        None => modes.push(Mode::Strict),
+        Some(why) => eprintln!("strict half not run: strict mode is unavailable here: {why}"),
+    }
+    for mode in modes {
+        zygote::set_enabled(false);
+        let first = json_line(&run_forked(&rt, request(true, mode)));
+        assert_eq!(first["environ"], true, "{mode:?}: passed through: {first}");
+        for _ in 0..3 {
+            let later = json_line(&run_forked(&rt, request(false, mode)));
+            assert_eq!(later["environ"], false, "{mode:?}: {later}");
+            assert_eq!(
+                later["initial"], false,
+                "{mode:?}: the dropped variable is in a later script's memory: {later}"
+            );
+        }
+        if mode == Mode::Project {
+            // Nor anywhere else in a later script's memory: the spare armed after a call that
+            // passed it is preset with it (settled into that call's environment ahead of the
+            // next call), and undoing that left the value in freed memory.
+            let _ = run_forked(&rt, request(true, mode));
+            let mut scan = request(false, mode);
+            scan.code = format!(
+                "PARAMS = {}\n{}",
+                serde_json::json!({ "halves": [["s3cr3t", "-value"]] }),
+                fixture("zygote/scan_own_memory.py")
+            );
+            let scan = run_forked(&rt, scan);
+            assert_eq!(scan.output.trim(), "COPIES 0", "{}", scan.to_json());
+        }
+    }
+    zygote::set_enabled(false);
+}
