@@ -59,7 +59,7 @@ fn value_error(message: impl Into<String>) -> PyErr {
 /// Runs one script. Arguments were type-checked by `vibeos_exec.execute_code`; values are
 /// checked here. Returns the result object as JSON text.
 #[pyfunction]
-#[pyo3(signature = (code, mode, timeout, max_tool_calls, cwd, enabled_tools, task_id, python, env_passthrough, stdout_limit=None, stderr_limit=None))]
+#[pyo3(signature = (code, mode, timeout, max_tool_calls, cwd, enabled_tools, task_id, python, env_passthrough, stdout_limit=None, stderr_limit=None, cancellation=None))]
 #[allow(clippy::too_many_arguments)]
 fn execute_code(
     py: Python<'_>,
@@ -74,6 +74,7 @@ fn execute_code(
     env_passthrough: Vec<String>,
     stdout_limit: Option<u64>,
     stderr_limit: Option<u64>,
+    cancellation: Option<PyRef<'_, Cancellation>>,
 ) -> PyResult<String> {
     let config = py
         .allow_threads(|| Config::load(None))
@@ -136,7 +137,9 @@ fn execute_code(
     // passes none must not let one user's answer approve every later execution).
     let _untracked = task_id.is_none().then(approval::untracked_call);
     let rt = runtime()?;
-    let interrupt = Interrupt::new();
+    // A cancellation made by the caller is this execution's interrupt: cancelled before the
+    // execution starts (or is tracked under its task id), the script never runs.
+    let interrupt = cancellation.map_or_else(Interrupt::new, |c| c.0.clone());
     let _guard = vibeos_supervisor::interrupts::track(task_id.as_deref(), interrupt.clone());
     let mode_name = request.mode.as_str();
     let mut handle = rt.spawn(execute(request, registry(), interrupt.clone()));
@@ -161,6 +164,32 @@ fn execute_code(
         ExecutionResult::failed_to_start(mode_name, format!("the execution task failed: {e}"), 0.0)
     });
     Ok(result.to_json().to_string())
+}
+
+/// One `execute_code` call's own interrupt, made before the call so that it can be cancelled
+/// at any point: before the call starts its script (it then never runs), or while it runs.
+/// `aexecute_code` makes one per call; an interrupt by task id reached only executions
+/// already tracked, and a cancelled call still queued in the host's thread pool ran in full.
+#[pyclass(frozen, module = "vibeos_exec._native")]
+#[derive(Default)]
+struct Cancellation(Interrupt);
+
+#[pymethods]
+impl Cancellation {
+    #[new]
+    fn new() -> Self {
+        Self::default()
+    }
+
+    /// Interrupts the call: now if it runs, at its start otherwise.
+    fn cancel(&self) {
+        self.0.interrupt();
+    }
+
+    /// Whether [`Cancellation::cancel`] was called.
+    fn cancelled(&self) -> bool {
+        self.0.is_interrupted()
+    }
 }
 
 /// Interrupts every running execution of `task_id` (started by `execute_code` or by the
@@ -985,6 +1014,7 @@ fn register_execute_code_tool(py: Python<'_>) {
 #[pyo3(name = "_native")]
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(execute_code, m)?)?;
+    m.add_class::<Cancellation>()?;
     m.add_function(wrap_pyfunction!(interrupt, m)?)?;
     m.add_function(wrap_pyfunction!(interrupt_all, m)?)?;
     m.add_function(wrap_pyfunction!(shutdown_backends, m)?)?;

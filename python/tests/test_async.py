@@ -53,6 +53,49 @@ def test_cancelling_the_awaiting_task_interrupts_the_script():
     assert vibeos_exec._native.running_count() == 0
 
 
+def test_a_call_cancelled_before_its_script_started_never_runs_it(tmp_path):
+    """More calls than the loop's worker threads: the ones still queued when their tasks are
+    cancelled were not yet tracked under any task id, so an interrupt missed them and each
+    script ran in full afterwards (stop 58's probe: side effects of cancelled calls)."""
+    import concurrent.futures
+    import os
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        # Two workers: of six calls, four wait in the queue.
+        loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=2))
+        tasks = [
+            asyncio.create_task(vibeos_exec.aexecute_code(
+                f"import time\ntime.sleep(2)\nopen({str(marks / str(i))!r}, 'w').write('ran')"))
+            for i in range(6)
+        ]
+        await asyncio.sleep(0.5)
+        for task in tasks:
+            task.cancel()
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.sleep(3)
+        return outcomes
+
+    outcomes = asyncio.run(main())
+    assert all(isinstance(o, asyncio.CancelledError) for o in outcomes), outcomes
+    assert sorted(os.listdir(marks)) == [], "cancelled calls ran their scripts"
+    assert vibeos_exec._native.running_count() == 0
+
+
+def test_a_cancellation_made_before_the_call_returns_an_interrupted_result():
+    cancellation = vibeos_exec._native.Cancellation()
+    assert not cancellation.cancelled()
+    cancellation.cancel()
+    assert cancellation.cancelled()
+    result = vibeos_exec._execute_code("print('ran')", cancellation=cancellation)
+    assert result["status"] == "interrupted", result
+    assert "ran" not in result["output"], result
+    assert result["error"] == "interrupted before the script started", result
+
+
 def test_an_async_handler_may_call_another_async_tool():
     """The outer handler blocks the shared loop while it waits for the inner call, so the inner
     coroutine runs on a worker thread with its own loop (SPEC §7), at any depth."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import inspect
 import json
 import os
 import sys
@@ -210,6 +211,35 @@ def execute_code(
         RuntimeError: The config file cannot be read or holds a bad value, such as a
             ``code_execution.python`` that is missing, not executable or older than Python 3.8.
     """
+    return _execute_code(
+        code,
+        mode=mode,
+        timeout=timeout,
+        max_tool_calls=max_tool_calls,
+        cwd=cwd,
+        enabled_tools=enabled_tools,
+        task_id=task_id,
+        stdout_limit=stdout_limit,
+        stderr_limit=stderr_limit,
+        cancellation=None,
+    )
+
+
+def _execute_code(
+    code: str,
+    *,
+    mode: Optional[str] = None,
+    timeout: Optional[float] = None,
+    max_tool_calls: Optional[int] = None,
+    cwd: Optional[PathArg] = None,
+    enabled_tools: Optional[Sequence[str]] = None,
+    task_id: Optional[str] = None,
+    stdout_limit: Optional[int] = None,
+    stderr_limit: Optional[int] = None,
+    cancellation: Any,
+) -> Dict[str, Any]:
+    """:func:`execute_code` with ``cancellation`` (a ``_native.Cancellation`` or None): cancelled
+    before the script starts, the call returns an ``interrupted`` result without running it."""
     global _active
     if not isinstance(code, str):
         raise _type_error("code", "a str", code)
@@ -269,6 +299,7 @@ def execute_code(
             passthrough,
             limits["stdout_limit"],
             limits["stderr_limit"],
+            cancellation,
         )
     finally:
         with _active_lock:
@@ -282,18 +313,29 @@ async def aexecute_code(code: str, **kwargs: Any) -> Dict[str, Any]:
     """Awaitable :func:`execute_code` for asyncio hosts: runs it in a worker thread.
 
     Cancelling the awaiting task interrupts the script (when a ``task_id`` was given, every
-    execution of that task) and waits for its cleanup before the cancellation propagates.
+    execution of that task) and waits for its cleanup before the cancellation propagates; a
+    call cancelled before its script started (still waiting for a worker thread) never runs it.
     """
-    own_id = kwargs.get("task_id")
-    if own_id is None:
-        own_id = f"aexecute-{id(object())}-{threading.get_ident()}-{os.urandom(4).hex()}"
-        kwargs["task_id"] = own_id
+    # Wrong arguments are the caller's error now, named as execute_code names them.
+    inspect.signature(execute_code).bind(code, **kwargs)
+    given_id = kwargs.get("task_id")
+    if given_id is None:
+        kwargs["task_id"] = f"aexecute-{id(object())}-{threading.get_ident()}-{os.urandom(4).hex()}"
+    # The call's own interrupt, made before it is queued: a task cancelled while its call still
+    # waits for a worker thread (or before the execution is tracked under its task id) must
+    # not run the script afterwards. Interrupting by task id alone missed those, and the
+    # script ran in full after the cancellation.
+    cancellation = _native.Cancellation()
     loop = asyncio.get_running_loop()
-    future = loop.run_in_executor(None, lambda: execute_code(code, **kwargs))
+    future = loop.run_in_executor(
+        None, lambda: _execute_code(code, cancellation=cancellation, **kwargs)
+    )
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:
-        _native.interrupt(own_id)
+        cancellation.cancel()
+        if given_id is not None:
+            _native.interrupt(given_id)
         try:
             await future
         except Exception:  # noqa: BLE001 - the cancellation is what the caller sees

@@ -20,8 +20,19 @@ def execute_code(
     env_passthrough: List[str],
     stdout_limit: Optional[int] = None,
     stderr_limit: Optional[int] = None,
+    cancellation: Optional["Cancellation"] = None,
 ) -> str:
     """Runs a script with the GIL released; returns the result object as JSON text."""
+
+class Cancellation:
+    """One execute_code call's own interrupt, made before the call: cancelled before the
+    script starts, it never runs; cancelled while it runs, the script is interrupted."""
+
+    def __init__(self) -> None: ...
+    def cancel(self) -> None:
+        """Interrupts the call: now if it runs, at its start otherwise."""
+    def cancelled(self) -> bool:
+        """Whether :meth:`cancel` was called."""
 
 def interrupt(task_id: str) -> int:
     """Interrupts the running executions of ``task_id``; returns how many."""

@@ -64,6 +64,17 @@ async fn run(
             started.elapsed().as_secs_f64(),
         ));
     }
+    // Interrupted before it started (a host's cancelled task whose call was still queued): the
+    // script never runs. Started anyway, it was killed only after its first instructions, or
+    // ran in full when the interrupt came before the execution was tracked.
+    if interrupt.is_interrupted() {
+        let mut result = ExecutionResult::interrupted_before_start(
+            request.mode.as_str(),
+            "interrupted before the script started".to_string(),
+        );
+        result.duration_seconds = started.elapsed().as_secs_f64();
+        return Ok(result);
+    }
     let script_tools: Vec<_> = registry
         .script_tools()
         .into_iter()
