@@ -308,6 +308,16 @@ def test_empty_code_is_an_error_result():
     assert "empty" in r["error"]
 
 
+def test_a_start_error_quoting_a_secret_is_redacted(monkeypatch):
+    """The error of an execution that could not start quotes what the caller gave (here a
+    working dir named after a secret's value); it is redacted as a script's output is."""
+    monkeypatch.setenv("MY_PROBE_API_TOKEN", "Zq9SuperSecretValue123")
+    r = vibeos_exec.execute_code("print(1)", cwd="/nonexistent/Zq9SuperSecretValue123")
+    assert r["status"] == "error", r
+    assert "Zq9SuperSecretValue123" not in r["error"], r
+    assert "[REDACTED" in r["error"] and r["redactions"] >= 1, r
+
+
 def test_enabled_tools_narrows_the_stub():
     r = vibeos_exec.execute_code(
         "import vibeos_tools\nprint(hasattr(vibeos_tools, 'read_file'), hasattr(vibeos_tools, 'write_file'))",

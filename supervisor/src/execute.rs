@@ -34,6 +34,9 @@ pub async fn execute(
 ) -> ExecutionResult {
     let started = Instant::now();
     let mode = request.mode.as_str();
+    // For a start that fails: its error may quote what the caller gave (a working dir named
+    // after a secret's value), and is redacted as a script's is.
+    let base_env = request.base_env.clone();
     let result = run(request, registry, interrupt, started).await;
     // A prestarted interpreter this execution did not take (it was refused, went remote or
     // failed first) is not left waiting for a script.
@@ -41,8 +44,16 @@ pub async fn execute(
     match result {
         Ok(result) => result,
         Err(e) => {
-            tracing::error!("execute_code: {e}");
-            ExecutionResult::failed_to_start(mode, e.to_string(), started.elapsed().as_secs_f64())
+            let mut result = ExecutionResult::failed_to_start(
+                mode,
+                e.to_string(),
+                started.elapsed().as_secs_f64(),
+            );
+            let base_env = base_env.unwrap_or_else(|| std::env::vars_os().collect());
+            crate::redaction::apply(&mut result, &base_env);
+            let error = result.error.as_deref().unwrap_or_default();
+            tracing::error!("execute_code: {error}");
+            result
         }
     }
 }
