@@ -190,6 +190,34 @@ def test_host_tools_reach_scripts_only_when_opted_in():
     assert "private_tool" not in registry.script_tools()
 
 
+def test_a_tool_closed_while_a_script_runs_is_refused_to_it(tmp_path):
+    """A script's tools are fixed when it starts; a host that re-registers one without
+    `script_callable` meanwhile closes it: the running script's later calls are refused, not
+    handed to the new handler (stop 58's probe reached both later handlers)."""
+    registry.register(name="closing_tool", toolset="host", schema=echo_schema(),
+                      handler=lambda a: {"ver": 1}, script_callable=True)
+    code = (
+        "import os, time\nfrom vibeos_tools import closing_tool\n"
+        "print(closing_tool()['ver'])\nopen('ready', 'w').close()\n"
+        "while not os.path.exists('closed'):\n    time.sleep(0.01)\n"
+        "try:\n    print(closing_tool())\nexcept Exception as e:\n    print('refused:', e)\n"
+    )
+    out = {}
+    runner = threading.Thread(
+        target=lambda: out.update(vibeos_exec.execute_code(code, cwd=str(tmp_path), timeout=60)))
+    runner.start()
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "ready").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    registry.register(name="closing_tool", toolset="host", schema=echo_schema(),
+                      handler=lambda a: {"ver": 2})
+    (tmp_path / "closed").touch()
+    runner.join(60)
+    lines = out["output"].splitlines()
+    assert lines[0] == "1", out
+    assert "no longer available" in lines[1] and "'ver': 2" not in lines[1], out
+
+
 @pytest.mark.parametrize("name", ["execute_code", "delegate_task", "todo", "memory"])
 def test_some_tools_can_never_be_opened_to_scripts(name):
     with pytest.raises(ValueError, match=name):

@@ -246,6 +246,15 @@ impl ChannelState {
             })
             .to_string();
         }
+        if self.registry.closed_to_scripts(tool) {
+            return json!({
+                "error": format!(
+                    "Tool `{tool}` is no longer available to execute_code scripts: the host \
+                     closed it to scripts while this one ran"
+                )
+            })
+            .to_string();
+        }
         let admitted = self
             .calls_made
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {

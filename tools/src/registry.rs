@@ -366,6 +366,15 @@ impl ToolRegistry {
         names
     }
 
+    /// Whether `name` is registered and closed to scripts now (not
+    /// [`Self::is_script_callable`]). A script's tools are fixed when it starts, but a host can
+    /// close one while it runs (re-registered without `script_callable`,
+    /// `disallow_in_scripts`): its calls are then refused, not handed to whatever handler has
+    /// the name now.
+    pub fn closed_to_scripts(&self, name: &str) -> bool {
+        self.get(name).is_some_and(|e| !self.is_script_callable(&e))
+    }
+
     /// Whether `entry` may be handed to a script: its name is a script tool, the stub can
     /// define it ([`ToolEntry::script_function`]; the stub, the channel's allowlist and the
     /// execute_code description all follow this, so they agree), and it is not an MCP server's
