@@ -35,6 +35,20 @@ def test_exceptions_become_the_wrapped_error_in_scripts_and_direct_calls():
     assert direct == {"error": "Tool execution failed: ValueError: bad input yo"}
 
 
+def test_an_exception_whose_message_cannot_be_read_is_reported_under_its_own_type():
+    class Unprintable(Exception):
+        def __str__(self):
+            raise RuntimeError("no str")
+
+    def broken(args):
+        raise Unprintable()
+
+    registry.register(name="unprintable", toolset="host", schema=echo_schema(), handler=broken)
+    direct = json.loads(registry.handle_function_call("unprintable", {"x": "yo"}))
+    assert direct == {"error": "Tool execution failed: Unprintable: <the exception's message "
+                               "could not be read: RuntimeError>"}
+
+
 def test_results_that_are_not_json():
     registry.register(name="objy", toolset="host", schema=echo_schema(),
                       handler=lambda a: {"thing": object()}, script_callable=True)

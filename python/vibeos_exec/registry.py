@@ -84,6 +84,15 @@ def _accepts_task_id(handler: Handler) -> bool:
     )
 
 
+def _message_of(exc: BaseException) -> str:
+    """``str(exc)``, or what can be said of it when its ``__str__`` fails: raised from here,
+    that failure was reported instead of the handler's own exception, under its own type."""
+    try:
+        return str(exc)
+    except BaseException as inner:  # noqa: BLE001 - any failure of __str__
+        return f"<the exception's message could not be read: {type(inner).__name__}>"
+
+
 def _make_invoker(
     name: str, handler: Handler
 ) -> Callable[[str, Optional[str]], Tuple[bool, str, Optional[str]]]:
@@ -99,7 +108,7 @@ def _make_invoker(
             if inspect.isawaitable(result):
                 result = _async.run_coroutine(result)
         except BaseException as exc:  # noqa: BLE001 - every failure becomes the tool's error
-            return (False, type(exc).__name__, str(exc))
+            return (False, type(exc).__name__, _message_of(exc))
         if isinstance(result, str):
             return (True, result, None)
         try:
