@@ -240,6 +240,19 @@ def test_a_failing_callback_s_exception_is_logged_redacted(tmp_path, caplog):
     assert all(token not in m and "[REDACTED" in m for m in logged), logged
 
 
+def test_an_answer_whose_repr_fails_is_refused_without_a_logging_error(tmp_path, capfd, caplog):
+    class Odd:
+        def __repr__(self):
+            raise RuntimeError("no repr")
+
+    vibeos_exec.set_approval_callback(lambda task_id, command, descriptions: Odd())
+    with caplog.at_level(logging.WARNING, logger="vibeos_exec"):
+        r = terminal("echo RAN; exit 0; rm -rf doomed", tmp_path)
+    assert "denied by the user" not in r["error"], r
+    assert "<Odd object whose repr failed>" in r["error"], r
+    assert "Logging error" not in capfd.readouterr().err
+
+
 def test_a_command_approved_after_its_execution_ended_does_not_run(tmp_path):
     """An approval can outlast the script that asked: the command must not run once its
     execution is over (it once ran after the timeout, and what it started outlived it)."""

@@ -104,11 +104,12 @@ def _adapter(fn: Callback, allowed: tuple, fallback: str, what: str,
             return fallback
         if isinstance(answer, str) and answer.strip().lower() in allowed:
             return answer.strip().lower()
-        _log.warning("%s answered %r; expected one of %s; using %r", what, answer,
+        shown = _shown(answer)
+        _log.warning("%s answered %s; expected one of %s; using %r", what, shown,
                      ", ".join(allowed), fallback)
         if report:
             # Not "denied by the user": nobody chose to deny (docs/approvals.md).
-            return f"{NOT_A_CHOICE_PREFIX}{_native.redact(repr(answer))[:200]}"
+            return f"{NOT_A_CHOICE_PREFIX}{shown}"
         return fallback
 
     return adapter
@@ -155,3 +156,14 @@ def set_smart_approver(fn: Optional[Callback]) -> None:
     if not callable(fn):
         raise TypeError(f"the smart approver must be callable or None, got {type(fn).__name__}")
     _native.set_smart_approver(_adapter(fn, VERDICTS, "escalate", "the smart approver"))
+
+
+def _shown(answer: object) -> str:
+    """A callback's answer as the log and the refusal show it: its repr, redacted and cut to
+    200 characters, or its type when its ``__repr__`` fails (logged lazily, that failure
+    printed Python's "--- Logging error ---" dump on stderr)."""
+    try:
+        text = repr(answer)
+    except BaseException:  # noqa: BLE001 - any failure of __repr__
+        return f"<{type(answer).__name__} object whose repr failed>"
+    return _native.redact(text)[:200]
