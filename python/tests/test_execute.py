@@ -134,6 +134,12 @@ def test_the_type_stubs_cover_every_native_function():
         for node in tree.body
         if isinstance(node, ast.FunctionDef)
     }
+    # Classes a caller makes, by their constructor's parameters (the others are only returned).
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            init = [n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"]
+            if init:
+                declared[node.name] = [a.arg for a in init[0].args.args[1:]]
     exported = {
         name: [p for p in inspect.signature(fn).parameters]
         for name, fn in vars(_native).items()
@@ -260,6 +266,8 @@ def test_cwd_takes_str_bytes_and_path_likes_as_os_functions_do(tmp_path):
         ({"enabled_tools": ["no_such_tool"]}, "enabled_tools"),
         ({"task_id": ""}, "task_id"),
         ({"task_id": 5}, "task_id"),
+        ({"task_id": "a\0b"}, "task_id"),
+        ({"task_id": "t" * 1025}, "task_id"),
     ],
 )
 def test_every_argument_error_names_the_argument_the_same_way(kwargs, param):

@@ -730,3 +730,14 @@ def test_a_direct_call_of_an_unavailable_tool_is_refused_with_why():
                       requires_env=["VIBEOS_TEST_SURELY_UNSET"])
     assert "env_only" in [d["function"]["name"] for d in registry.get_tool_definitions(["gates"])]
     assert json.loads(registry.handle_function_call("env_only", {"x": "e"})) == {"ran": True}
+
+
+@pytest.mark.parametrize("call", [vibeos_exec.allow_in_scripts, vibeos_exec.disallow_in_scripts,
+                                  vibeos_exec.register_skill_env])
+def test_functions_taking_names_say_they_take_a_str_or_a_list(call):
+    for wrong in (5, None, b"x"):
+        with pytest.raises(TypeError) as info:
+            call(wrong)
+        assert str(info.value) == f"names must be a str or a list of str, got {type(wrong).__name__}"
+    with pytest.raises(TypeError, match="names must be a list of str, but holds a int"):
+        call(["ok", 5])

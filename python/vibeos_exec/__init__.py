@@ -121,6 +121,16 @@ def _int_in_range(param: str, value: Optional[int], low: int, high: int, what: s
     return value
 
 
+def _one_or_more_names(value: Any) -> List[str]:
+    """``names`` of the functions that take one name or a list of them (said so when wrong:
+    "a list of str or None" was the message for a str they take)."""
+    if isinstance(value, str):
+        return [value]
+    if value is None or isinstance(value, bytes) or not isinstance(value, Iterable):
+        raise _type_error("names", "a str or a list of str", value)
+    return _names("names", value) or []
+
+
 def _names(param: str, value: Any) -> Optional[List[str]]:
     if value is None:
         return None
@@ -381,15 +391,13 @@ def allow_in_scripts(names: Union[str, Sequence[str]]) -> None:
     never be opened: ``ValueError``. Names may be
     registered later; a tool must still be registered and available to appear in a script.
     """
-    items = [names] if isinstance(names, str) else _names("names", names)
-    for name in items or []:
+    for name in _one_or_more_names(names):
         _native.allow_in_scripts(name)
 
 
 def disallow_in_scripts(names: Union[str, Sequence[str]]) -> None:
     """Closes tools opened with :func:`allow_in_scripts` again."""
-    items = [names] if isinstance(names, str) else _names("names", names)
-    for name in items or []:
+    for name in _one_or_more_names(names):
         _native.disallow_in_scripts(name)
 
 
@@ -401,8 +409,7 @@ def register_skill_env(names: Union[str, Sequence[str]]) -> None:
     Provider credentials the product manages can never be passed through: ``ValueError`` naming
     them, and nothing is registered.
     """
-    items = [names] if isinstance(names, str) else _names("names", names)
-    items = items or []
+    items = _one_or_more_names(names)
     for name in items:
         if not name or "=" in name or "\0" in name:
             raise ValueError(f"names must be environment variable names, got {name!r}")

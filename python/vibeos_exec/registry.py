@@ -59,7 +59,19 @@ def check_task_id(value: Any) -> str:
     _check_str("task_id", value)
     if not value:
         raise ValueError("task_id must not be empty: pass None for a call outside any task")
+    # It names containers, sessions and log lines, and reaches engine command lines, where a
+    # NUL cannot go and a megabyte-long id was a megabyte per log line and label.
+    if "\0" in value:
+        raise ValueError("task_id must not contain a NUL character")
+    if len(value) > _MAX_TASK_ID:
+        raise ValueError(
+            f"task_id must be at most {_MAX_TASK_ID} characters, got {len(value)}: "
+            "pass a short id (a UUID, a session name)")
     return value
+
+
+#: The longest task id taken.
+_MAX_TASK_ID = 1024
 
 
 def _check_str_list(param: str, value: Any) -> List[str]:
