@@ -382,7 +382,9 @@ impl ToolEntry {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
         if !name_ok {
-            return Err(RegistrationError::BadName(self.name.clone()));
+            return Err(RegistrationError::BadName(crate::error::shown_name(
+                &self.name,
+            )));
         }
         let bad = |reason: &str| RegistrationError::BadSchema {
             name: self.name.clone(),

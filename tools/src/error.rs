@@ -274,11 +274,23 @@ mod kind_tests {
     }
 }
 
+/// A name as an error shows it: control characters escaped (a NUL reached the message raw)
+/// and at most 80 characters of it, with its length when cut (a 10,000-character name was
+/// repeated whole).
+pub(crate) fn shown_name(name: &str) -> String {
+    const SHOWN: usize = 80;
+    let escaped: String = name.chars().flat_map(char::escape_debug).collect();
+    match escaped.char_indices().nth(SHOWN) {
+        Some((cut, _)) => format!("{}… ({} characters)", &escaped[..cut], name.chars().count()),
+        None => escaped,
+    }
+}
+
 /// A tool could not be registered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RegistrationError {
-    /// The name is empty, longer than 64 characters, or has characters a model or a script
-    /// cannot call.
+    /// The name (as [`shown_name`] shows it) is empty, longer than 64 characters, or has
+    /// characters a model or a script cannot call.
     #[error("cannot register tool `{0}`: names must be 1 to 64 characters of letters, digits, `_` and `-` (what model APIs accept as a function name)")]
     BadName(String),
     /// The schema is not a JSON-schema object description.
@@ -327,4 +339,21 @@ pub enum RegistrationError {
         /// Why it must stay closed.
         reason: String,
     },
+}
+
+#[cfg(test)]
+mod shown_name_tests {
+    use super::shown_name;
+
+    #[test]
+    fn a_bad_name_is_shown_escaped_and_cut() {
+        assert_eq!(shown_name("a\0b"), "a\\0b");
+        let long = "x".repeat(10_000);
+        let shown = shown_name(&long);
+        assert!(
+            shown.starts_with(&"x".repeat(80)) && shown.ends_with("… (10000 characters)"),
+            "{shown}"
+        );
+        assert_eq!(shown_name("fine_name"), "fine_name");
+    }
 }
