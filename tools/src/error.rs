@@ -289,7 +289,7 @@ pub(crate) fn shown_name(name: &str) -> String {
 /// A tool could not be registered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RegistrationError {
-    /// The name (as [`shown_name`] shows it) is empty, longer than 64 characters, or has
+    /// The name (escaped, cut to 80 characters) is empty, longer than 64 characters, or has
     /// characters a model or a script cannot call.
     #[error("cannot register tool `{0}`: names must be 1 to 64 characters of letters, digits, `_` and `-` (what model APIs accept as a function name)")]
     BadName(String),
