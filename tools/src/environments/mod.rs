@@ -133,10 +133,32 @@ impl CommandOutput {
         self.code == Some(0)
     }
 
-    /// Stderr as text, trimmed (for error messages).
+    /// Stderr as text, trimmed (for error messages), without the engine CLI's pointers to its
+    /// own help (`Run 'docker run --help' for more information`, `See 'podman run --help'.`),
+    /// which read as advice about the wrong command in our messages.
     pub fn stderr_text(&self) -> String {
-        String::from_utf8_lossy(&self.stderr).trim().to_string()
+        let text = String::from_utf8_lossy(&self.stderr);
+        let kept: Vec<&str> = text
+            .lines()
+            .filter(|line| !is_help_pointer(line.trim()))
+            .collect();
+        kept.join("\n").trim().to_string()
     }
+}
+
+/// Whether `line` is a CLI's "Run '<cmd> --help' for more information" or "See '<cmd>
+/// --help'." line.
+fn is_help_pointer(line: &str) -> bool {
+    let rest = line
+        .strip_prefix("Run '")
+        .or_else(|| line.strip_prefix("See '"));
+    rest.and_then(|r| r.split_once("--help'"))
+        .is_some_and(|(_, tail)| {
+            matches!(
+                tail,
+                "" | "." | " for more information" | " for more information."
+            )
+        })
 }
 
 /// One environment of a backend: a container, an ssh host, a cloud sandbox, or this machine.
@@ -509,5 +531,25 @@ fn timeout_hint(backend: &str) -> &'static str {
          every ssh command runs through them; try `ssh HOST true`)"
     } else {
         ""
+    }
+}
+
+#[cfg(test)]
+mod stderr_text_tests {
+    use super::CommandOutput;
+
+    #[test]
+    fn the_engine_clis_help_pointers_are_left_out_of_messages() {
+        let out = CommandOutput {
+            code: Some(125),
+            stdout: Vec::new(),
+            stderr: b"docker: Cannot connect to the Docker daemon.\nRun 'docker run --help' for more information\n\
+                      Error: no such image\nSee 'podman run --help'.\nRun 'x' to go\n"
+                .to_vec(),
+        };
+        assert_eq!(
+            out.stderr_text(),
+            "docker: Cannot connect to the Docker daemon.\nError: no such image\nRun 'x' to go"
+        );
     }
 }
