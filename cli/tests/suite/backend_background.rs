@@ -49,7 +49,10 @@ fn background_and_pty(name: &str) {
     let env = environments::active().unwrap().get(Some(TASK)).unwrap();
     assert_eq!(env.backend(), name);
 
-    // Background: starts, runs over there, reports output through poll, is listed.
+    // Background: starts, runs over there, reports output through poll, is listed — with the
+    // dir the shell session's last `cd` left it in (the list showed the session's first dir).
+    let cd = call("terminal", json!({"command": "cd /tmp"}));
+    assert_eq!(cd["exit_code"], 0, "{name}: {cd}");
     let r = call(
         "terminal",
         json!({"command": "echo started-$((6*7)); sh -c 'sleep 3031' & sleep 3030", "background": true}),
@@ -72,9 +75,12 @@ fn background_and_pty(name: &str) {
             .as_array()
             .unwrap()
             .iter()
-            .any(|p| p["process_id"] == id.as_str() && p["status"] == "running"),
+            .any(|p| p["process_id"] == id.as_str()
+                && p["status"] == "running"
+                && p["cwd"] == "/tmp"),
         "{name}: {list}"
     );
+    let _ = call("terminal", json!({"command": "cd /"}));
     // Kill reaches the whole group over there, including what the command started.
     let k = call("process", json!({"action": "kill", "process_id": id}));
     assert_eq!(k["killed"], true, "{name}: {k}");

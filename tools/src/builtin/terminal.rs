@@ -163,6 +163,7 @@ fn terminal(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, ToolE
         command: &wrapped,
         shown_command: command,
         cwd: &cwd,
+        starts_in: &starts_in,
         env: &env,
         pty,
         scope: local::scope_of(ctx),

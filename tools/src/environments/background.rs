@@ -143,7 +143,7 @@ pub fn start_background(
     let proc_ = Arc::new(BackgroundProcess {
         id: id.clone(),
         command: spec.shown_command.to_string(),
-        cwd: spec.cwd.display().to_string(),
+        cwd: spec.starts_in.display().to_string(),
         pid,
         pty: spec.pty,
         started: Instant::now(),
@@ -405,6 +405,7 @@ pub(crate) mod tests {
                 command: cmd,
                 shown_command: cmd,
                 cwd: Path::new("/"),
+                starts_in: Path::new("/"),
                 env: &e,
                 pty,
                 scope: None,

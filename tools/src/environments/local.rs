@@ -48,6 +48,9 @@ pub struct SpawnSpec<'a> {
     pub shown_command: &'a str,
     /// Working directory.
     pub cwd: &'a Path,
+    /// Where the command starts, which `process(action="list")` shows: `cwd`, or where the
+    /// shell session's last `cd` left it (`command` then enters it; `cwd` was shown).
+    pub starts_in: &'a Path,
     /// The complete environment of the command.
     pub env: &'a [(String, String)],
     /// Run under a pseudo-terminal instead of pipes.
@@ -949,6 +952,7 @@ mod tests {
             command: cmd,
             shown_command: cmd,
             cwd: Path::new("/"),
+            starts_in: Path::new("/"),
             env,
             pty,
             scope: None,
