@@ -35,6 +35,9 @@ pub const DEFAULT_API_URL: &str = "https://app.daytona.io/api";
 const BACKEND: &str = "daytona";
 /// Control-plane and toolbox requests (not commands, which have their own limits).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// The largest file `download` takes from a sandbox: the answer is held in memory, and an
+/// endless one must not take the host's.
+const MAX_DOWNLOAD_BYTES: usize = 1 << 30;
 /// How long a sandbox may take to reach `started` (an image build included).
 const START_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -451,7 +454,11 @@ impl Inner {
             for _ in 0..50 {
                 let resp = http.get(&status_url).bearer_auth(&key).send().await;
                 let v: Value = match resp {
-                    Ok(r) => r.json().await.unwrap_or(Value::Null),
+                    Ok(r) => api::body_capped(r, api::MAX_ANSWER_BYTES)
+                        .await
+                        .ok()
+                        .and_then(|b| serde_json::from_slice(&b).ok())
+                        .unwrap_or(Value::Null),
                     Err(_) => Value::Null,
                 };
                 if let Some(c) = v.get("exitCode").and_then(Value::as_i64) {
@@ -656,7 +663,13 @@ fn upload(inner: &Arc<Inner>, data: &[u8], path: &str, mode: u32) -> Result<(), 
         .multipart(form);
     let status = inner.api.block(async move {
         match req.send().await {
-            Ok(r) => Ok((r.status().as_u16(), r.text().await.unwrap_or_default())),
+            Ok(r) => {
+                let status = r.status().as_u16();
+                let body = api::body_capped(r, api::MAX_ANSWER_BYTES)
+                    .await
+                    .unwrap_or_else(|e| e.into_bytes());
+                Ok((status, String::from_utf8_lossy(&body).into_owned()))
+            }
             Err(e) => Err(e.to_string()),
         }
     })?;
@@ -771,8 +784,8 @@ impl Environment for DaytonaEnv {
         let got = self.inner.api.block(async move {
             let r = req.send().await.map_err(|e| e.to_string())?;
             let status = r.status().as_u16();
-            let body = r.bytes().await.map_err(|e| e.to_string())?;
-            Ok::<(u16, Vec<u8>), String>((status, body.to_vec()))
+            let body = api::body_capped(r, MAX_DOWNLOAD_BYTES).await?;
+            Ok::<(u16, Vec<u8>), String>((status, body))
         })?;
         match got {
             Ok((200, body)) => Ok(body),

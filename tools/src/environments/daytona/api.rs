@@ -115,10 +115,12 @@ impl Api {
                 }
             })?;
             let status = resp.status().as_u16();
-            let bytes = resp
-                .bytes()
-                .await
-                .map_err(|e| err(what.clone(), e.to_string()))?;
+            let bytes = body_capped(resp, MAX_ANSWER_BYTES).await.map_err(|e| {
+                err(
+                    what.clone(),
+                    format!("{e}; check DAYTONA_API_URL ({base}) names the Daytona API"),
+                )
+            })?;
             let value = serde_json::from_slice(&bytes)
                 .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
             Ok((status, value))
@@ -145,6 +147,31 @@ impl Api {
         }
         Ok((status, value))
     }
+}
+
+/// The most of one control-plane or toolbox answer read (a sandbox's JSON is a few KB): the
+/// answer was read whole, and a service (or a toolbox URL it handed out) that sent an endless
+/// body took the host to 20 GB before the request's timeout ended it.
+pub(super) const MAX_ANSWER_BYTES: usize = 16 << 20;
+
+/// The body of `resp`, or why not: at most `cap` bytes are read, and a longer body is an error
+/// as soon as it shows (its announced length, or the bytes read so far).
+pub(super) async fn body_capped(
+    mut resp: reqwest::Response,
+    cap: usize,
+) -> Result<Vec<u8>, String> {
+    let too_long = || format!("the answer is longer than {} MiB, the most read", cap >> 20);
+    if resp.content_length().is_some_and(|n| n > cap as u64) {
+        return Err(too_long());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| e.to_string())? {
+        if body.len() + chunk.len() > cap {
+            return Err(too_long());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 pub(super) fn message(v: &Value) -> String {
@@ -180,5 +207,50 @@ mod tests {
             .to_string();
         assert!(e.contains("DAYTONA_API_URL") && e.contains(&base), "{e}");
         assert!(e.contains("no answer"), "{e}");
+    }
+
+    /// An endless answer (no length, 1 MiB after 1 MiB) is refused once it passes the cap:
+    /// read whole, it took the host to 20 GB before the request's timeout ended it.
+    #[test]
+    fn an_endless_answer_is_refused_at_the_cap() {
+        use std::io::{Read, Write};
+        let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("http://{}", server.local_addr().unwrap());
+        let sent = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = std::sync::Arc::clone(&sent);
+        std::thread::spawn(move || {
+            let (mut conn, _) = server.accept().unwrap();
+            let mut head = [0u8; 4096];
+            let _ = conn.read(&mut head);
+            let _ = conn.write_all(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n[",
+            );
+            let chunk = vec![b'a'; 1 << 20];
+            // Stops when the client hangs up, or after 256 MiB.
+            for _ in 0..256 {
+                if conn.write_all(&chunk).is_err() {
+                    return;
+                }
+                counter.fetch_add(chunk.len(), std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+        let api = Api::new(Credentials {
+            api_url: base.clone(),
+            api_key: "k".into(),
+        })
+        .unwrap();
+        let e = api
+            .request(
+                reqwest::Method::GET,
+                format!("{base}/sandbox"),
+                None,
+                Duration::from_secs(60),
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("longer than 16 MiB"), "{e}");
+        assert!(e.contains("DAYTONA_API_URL"), "{e}");
+        let sent = sent.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(sent < 128 << 20, "read {sent} bytes of an endless answer");
     }
 }
