@@ -176,6 +176,19 @@ impl Relay {
     }
 
     fn fail(&self, message: String) {
+        // Its text may come from the sandbox: a newline in it made a line of its own in
+        // agent.log, one that read as the host's.
+        let message = message
+            .chars()
+            .flat_map(|c| {
+                let escaped: Vec<char> = if c.is_control() {
+                    c.escape_default().collect()
+                } else {
+                    vec![c]
+                };
+                escaped
+            })
+            .collect();
         let _ = self.events.send(RelayEvent::Failed(message));
     }
 
@@ -304,6 +317,10 @@ impl Relay {
         });
     }
 }
+
+/// How many of an execution's bad relay frames are said (logged, and in its stderr) before
+/// the rest are only counted.
+const SHOWN_FAILURES: usize = 10;
 
 /// Feeds everything `reader` yields (the streaming exec's stdout) to `relay`, then reports the
 /// end of the stream.
@@ -461,6 +478,11 @@ pub fn spawn_relayed(
     std::thread::spawn(move || {
         let mut outcome: Option<Result<i32, String>> = None;
         let mut listening = false;
+        // What the relay's stream carries is the sandbox's to write (a script can write to
+        // its relay's stdout): one warning per bad frame let it flood the host's stderr and
+        // rotate every earlier line out of agent.log (1.5 million lines in 20 s, stop 58's
+        // probe). The first few are said, then how many more there were.
+        let mut failures = 0usize;
         while let Some(event) = events.blocking_recv() {
             match event {
                 RelayEvent::Listening => listening = true,
@@ -488,10 +510,22 @@ pub fn spawn_relayed(
                             watcher.python
                         );
                     }
-                    tracing::warn!("{backend} relay: {message}");
-                    if let Ok(mut w) = err_w.lock() {
-                        if let Some(w) = w.as_mut() {
-                            let _ = writeln!(w, "vibeos-exec: {message}");
+                    failures += 1;
+                    let shown = if ended || failures <= SHOWN_FAILURES {
+                        Some(message.clone())
+                    } else if failures == SHOWN_FAILURES + 1 {
+                        Some(format!(
+                            "the relay sent more bad frames; only the first {SHOWN_FAILURES} are shown"
+                        ))
+                    } else {
+                        None
+                    };
+                    if let Some(shown) = shown {
+                        tracing::warn!("{backend} relay: {shown}");
+                        if let Ok(mut w) = err_w.lock() {
+                            if let Some(w) = w.as_mut() {
+                                let _ = writeln!(w, "vibeos-exec: {shown}");
+                            }
                         }
                     }
                     if ended {
@@ -500,6 +534,9 @@ pub fn spawn_relayed(
                     }
                 }
             }
+        }
+        if failures > SHOWN_FAILURES + 1 {
+            tracing::warn!("{backend} relay: {failures} bad frames in all from this execution's relay");
         }
         // Closing the pipes ends the caller's readers; the relay program exits by itself.
         drop(out_w);

@@ -341,3 +341,55 @@ fn the_host_side_socket_dir_is_private() {
     let mode = std::fs::metadata(dir).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o700, "{}", dir.display());
 }
+
+/// A script that writes garbage into its relay's stdout (the sandbox is the script's to write)
+/// gets a few lines said about it, not one per bad frame: they flooded the host's stderr and
+/// rotated agent.log's earlier lines away. A newline in a message stays escaped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_frames_from_the_sandbox_are_said_a_few_times_not_each_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = dir.path().join("host.sock");
+    echo_server(&host);
+    let env = crate::environments::local_env::LocalEnv::new(&Default::default());
+    let remote = dir.path().join("sb").join("rpc.sock").display().to_string();
+    let script = "import os, base64, sys\n\
+                  fd = os.open('/proc/%d/fd/1' % os.getppid(), os.O_WRONLY)\n\
+                  os.write(fd, b'E 0 ' + base64.b64encode(b'one\\ninjected') + b'\\n')\n\
+                  os.write(fd, b'garbage line\\n' * 5000)\n\
+                  sys.exit(3)";
+    let spec = ExecSpec::new(["python3", "-c", script]);
+    let r = remote.clone();
+    let (code, err) = tokio::task::spawn_blocking(move || {
+        let Spawned {
+            stdin,
+            stdout,
+            stderr,
+            process,
+        } = spawn_relayed(&env, &spec, host, &r).unwrap();
+        drop(stdin);
+        // Both at once: a flood on one must not stall the other.
+        let mut stderr = stderr.unwrap();
+        let err = std::thread::spawn(move || {
+            let mut err = String::new();
+            stderr.read_to_string(&mut err).unwrap();
+            err
+        });
+        let mut out = String::new();
+        stdout.unwrap().read_to_string(&mut out).unwrap();
+        (process.wait().unwrap(), err.join().unwrap())
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 3, "{err}");
+    let said = err
+        .lines()
+        .filter(|l| l.starts_with("vibeos-exec: "))
+        .count();
+    assert!(said <= SHOWN_FAILURES + 1, "{said} lines: {err}");
+    assert!(err.contains("only the first 10 are shown"), "{err}");
+    assert!(
+        err.contains("one\\ninjected"),
+        "the newline is escaped: {err}"
+    );
+    assert!(!err.lines().any(|l| l == "injected"), "{err}");
+}
