@@ -156,6 +156,17 @@ impl Inner {
                      address, usually ending in /api)",
                     self.api.creds.api_url
                 )
+            } else if status == 429 {
+                // A quota or rate limit: nothing in the settings is wrong.
+                "the service refuses more sandboxes or requests for now (a quota or rate \
+                 limit); retry later, or remove sandboxes you no longer need"
+                    .to_string()
+            } else if status >= 500 {
+                format!(
+                    "the service failed on its side; retry later, and check that \
+                     DAYTONA_API_URL ({}) is the Daytona API",
+                    self.api.creds.api_url
+                )
             } else {
                 "check terminal.daytona_image and terminal.container_cpu/memory/disk".to_string()
             };

@@ -536,7 +536,9 @@ pub fn spawn_relayed(
             }
         }
         if failures > SHOWN_FAILURES + 1 {
-            tracing::warn!("{backend} relay: {failures} bad frames in all from this execution's relay");
+            tracing::warn!(
+                "{backend} relay: {failures} bad frames in all from this execution's relay"
+            );
         }
         // Closing the pipes ends the caller's readers; the relay program exits by itself.
         drop(out_w);

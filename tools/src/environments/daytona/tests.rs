@@ -39,6 +39,14 @@ fn sizes_round_up_to_whole_gib() {
 /// A control plane at a throwaway port that answers every request with HTTP 200 and `body`,
 /// counting the requests.
 fn answering(body: &'static str) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    answering_with("200 OK", body)
+}
+
+/// [`answering`] with another status line.
+fn answering_with(
+    status: &'static str,
+    body: &'static str,
+) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
     use std::io::{Read as _, Write as _};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
@@ -52,7 +60,7 @@ fn answering(body: &'static str) -> (String, Arc<std::sync::atomic::AtomicUsize>
             let _ = conn.read(&mut buf);
             let _ = write!(
                 conn,
-                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                 body.len()
             );
         }
@@ -113,5 +121,24 @@ fn a_sandbox_answer_that_is_not_a_sandbox_fails_the_start_at_once() {
             "the answer is shown: {e}"
         );
         assert!(count.load(std::sync::atomic::Ordering::SeqCst) <= 3, "{e}");
+    }
+}
+
+/// A refused creation names what to do about it: a quota or rate limit is no setting to fix,
+/// and a server error is the service's (both told to check the image and sizes before).
+#[test]
+fn a_quota_or_a_server_error_is_not_blamed_on_the_settings() {
+    for (status, words) in [
+        ("429 Too Many Requests", "quota or rate limit"),
+        ("503 Service Unavailable", "failed on its side"),
+    ] {
+        let (base, _) = answering_with(status, r#"{"message": "no"}"#);
+        let e = inner_at(&base)
+            .create()
+            .map(|s| s.id)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(words), "{status}: {e}");
+        assert!(!e.contains("daytona_image"), "{status}: {e}");
     }
 }
