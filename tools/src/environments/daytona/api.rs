@@ -186,25 +186,24 @@ pub(super) fn message(v: &Value) -> String {
 mod tests {
     use super::*;
 
+    /// The error of one request to `path` of the service at `base`.
+    fn failed_request(base: &str, method: reqwest::Method, timeout: Duration) -> String {
+        let api = Api::new(Credentials {
+            api_url: base.to_string(),
+            api_key: "k".into(),
+        })
+        .unwrap();
+        api.request(method, format!("{base}/sandbox"), None, timeout)
+            .unwrap_err()
+            .to_string()
+    }
+
     #[test]
     fn a_service_that_never_answers_is_named_by_its_variable() {
         // Listening, never accepting: the connection is made and the request never answered.
         let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let base = format!("http://{}", silent.local_addr().unwrap());
-        let api = Api::new(Credentials {
-            api_url: base.clone(),
-            api_key: "k".into(),
-        })
-        .unwrap();
-        let e = api
-            .request(
-                reqwest::Method::POST,
-                format!("{base}/sandbox"),
-                None,
-                Duration::from_millis(300),
-            )
-            .unwrap_err()
-            .to_string();
+        let e = failed_request(&base, reqwest::Method::POST, Duration::from_millis(300));
         assert!(e.contains("DAYTONA_API_URL") && e.contains(&base), "{e}");
         assert!(e.contains("no answer"), "{e}");
     }
@@ -234,20 +233,7 @@ mod tests {
                 counter.fetch_add(chunk.len(), std::sync::atomic::Ordering::SeqCst);
             }
         });
-        let api = Api::new(Credentials {
-            api_url: base.clone(),
-            api_key: "k".into(),
-        })
-        .unwrap();
-        let e = api
-            .request(
-                reqwest::Method::GET,
-                format!("{base}/sandbox"),
-                None,
-                Duration::from_secs(60),
-            )
-            .unwrap_err()
-            .to_string();
+        let e = failed_request(&base, reqwest::Method::GET, Duration::from_secs(60));
         assert!(e.contains("longer than 16 MiB"), "{e}");
         assert!(e.contains("DAYTONA_API_URL"), "{e}");
         let sent = sent.load(std::sync::atomic::Ordering::SeqCst);
