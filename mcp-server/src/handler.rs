@@ -78,6 +78,10 @@ impl Shared {
 /// then reaping and staging-dir removal).
 pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// How long a stopping server waits for the answers of its last calls to be written, once
+/// their executions have ended.
+const ANSWERS_WRITTEN_WAIT: Duration = Duration::from_secs(2);
+
 // The arguments of execute_code a call may set: the same list the registry's entry checks.
 use vibeos_supervisor::execute_code_tool::CALL_ARGUMENTS;
 
@@ -183,6 +187,25 @@ impl Shared {
     /// down"): the server is stopping.
     pub(crate) fn close_queue(&self) {
         self.slots.close();
+    }
+
+    /// The ordered stop of connection `conn` (every connection when `None`), shared by stdio
+    /// and HTTP: calls waiting for a slot are refused ("the server is shutting down"), running
+    /// ones interrupted, and this returns once their answers are written, or once
+    /// [`DRAIN_TIMEOUT`] and then [`ANSWERS_WRITTEN_WAIT`] have passed (a client that does not
+    /// read can hold its answers back for ever).
+    pub(crate) async fn answer_last_calls(&self, conn: Option<u64>) {
+        self.close_queue();
+        self.interrupt(conn);
+        self.wait_idle(conn, DRAIN_TIMEOUT).await;
+        let answered = || match conn {
+            Some(c) => self.in_flight.is_idle(&ConnKey::Conn(c)),
+            None => self.in_flight.is_empty(),
+        };
+        let deadline = tokio::time::Instant::now() + ANSWERS_WRITTEN_WAIT;
+        while !answered() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// Waits until the executions of `conn` (all when `None`) have finished their cleanup.

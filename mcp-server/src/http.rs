@@ -105,22 +105,11 @@ pub async fn serve_http(
     Ok(())
 }
 
-/// How long a stopping server waits for the answers of its last calls to be written (after
-/// their executions have ended) before it ends the sessions.
-const ANSWERS_WRITTEN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// The ordered stop of the HTTP server, as stdio's: queued calls are refused ("the server is
-/// shutting down"), running ones interrupted, and once their answers are written (or
-/// [`DRAIN_TIMEOUT`] and [`ANSWERS_WRITTEN_WAIT`] have passed) the sessions end, which ends
-/// the streams (a client's `GET`) that would keep their connections open.
+/// The ordered stop of the HTTP server, as stdio's ([`Shared::answer_last_calls`]), then the
+/// sessions end, which ends the streams (a client's `GET`) that would keep their connections
+/// open.
 async fn answer_then_end_sessions(shared: &Shared, sessions_stop: &CancellationToken) {
-    shared.close_queue();
-    shared.interrupt(None);
-    shared.wait_idle(None, DRAIN_TIMEOUT).await;
-    let deadline = tokio::time::Instant::now() + ANSWERS_WRITTEN_WAIT;
-    while !shared.in_flight.is_empty() && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    shared.answer_last_calls(None).await;
     sessions_stop.cancel();
 }
 

@@ -55,7 +55,8 @@ pub async fn serve_stdio(
         tokio::spawn(async move {
             tokio::select! {
                 _ = closed.cancelled() => {}
-                _ = stop.cancelled() => {}
+                // A signal's stop interrupts them itself, below.
+                _ = stop.cancelled() => return,
             }
             let n = shared.interrupt(Some(conn));
             if n > 0 {
@@ -72,14 +73,7 @@ pub async fn serve_stdio(
         let (shared, stop, session_ct) = (shared.clone(), stop.clone(), session_ct.clone());
         tokio::spawn(async move {
             stop.cancelled().await;
-            shared.close_queue();
-            shared.interrupt(Some(conn));
-            shared.wait_idle(Some(conn), DRAIN_TIMEOUT).await;
-            let key = ConnKey::Conn(conn);
-            let deadline = tokio::time::Instant::now() + ANSWERS_WRITTEN_WAIT;
-            while !shared.in_flight.is_idle(&key) && tokio::time::Instant::now() < deadline {
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-            }
+            shared.answer_last_calls(Some(conn)).await;
             session_ct.cancel();
         });
     }
@@ -96,10 +90,6 @@ pub async fn serve_stdio(
     let _ = writer.await;
     Ok(())
 }
-
-/// How long a stopping session waits for the answers of its last calls to be written (a
-/// client that does not read can hold them back for ever).
-const ANSWERS_WRITTEN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 type Input = Box<dyn tokio::io::AsyncRead + Unpin + Send>;
 
