@@ -28,7 +28,7 @@ use tokio::net::UnixListener;
 use vibeos_rpc::{
     decode_request, encode_error, encode_response_json, ProtocolError, MAX_FRAME_BYTES,
 };
-use vibeos_tools::{CallOrigin, ToolContext, ToolRegistry, SCRIPT_BLOCKED_TOOLS};
+use vibeos_tools::{CallOrigin, ToolContext, ToolEntry, ToolRegistry, SCRIPT_BLOCKED_TOOLS};
 
 /// Most connections one execution may hold open at once. Each costs the supervisor a thread and
 /// two descriptors; without a cap a script could exhaust the supervisor's descriptors and break
@@ -223,14 +223,23 @@ impl ChannelState {
     /// Whether a call to `tool` is answered inline on the connection thread: refusals and
     /// bounded local tools are; anything that may wait goes to the blocking pool.
     /// A call past the budget is a refusal, answered inline too: at the socket's pace.
-    fn answers_inline(&self, tool: &str) -> bool {
+    /// `entry` is what the registry holds under the name ([`ToolRegistry::get`]), looked up once
+    /// for this and [`Self::answer`].
+    fn answers_inline(&self, tool: &str, entry: Option<&Arc<ToolEntry>>) -> bool {
         !self.allowed.contains(tool)
             || self.calls_made.load(Ordering::SeqCst) >= self.max_tool_calls
-            || self.registry.get(tool).is_some_and(|e| e.bounded)
+            || entry.is_some_and(|e| e.bounded)
     }
 
-    /// Answers one request whose token was checked; returns the result as JSON text.
-    fn answer(&self, tool: &str, mut args: Map<String, Value>) -> String {
+    /// Answers one request whose token was checked; returns the result as JSON text. `entry`
+    /// is the registry's entry for `tool` ([`ToolRegistry::get`]): the one checked here is the
+    /// one called.
+    fn answer(
+        &self,
+        tool: &str,
+        entry: Option<Arc<ToolEntry>>,
+        mut args: Map<String, Value>,
+    ) -> String {
         if SCRIPT_BLOCKED_TOOLS.contains(&tool) || !self.allowed.contains(tool) {
             let available: Vec<&str> = self.allowed.iter().map(String::as_str).collect();
             let why = if SCRIPT_BLOCKED_TOOLS.contains(&tool) {
@@ -246,7 +255,10 @@ impl ChannelState {
             })
             .to_string();
         }
-        if self.registry.closed_to_scripts(tool) {
+        if entry
+            .as_ref()
+            .is_some_and(|e| self.registry.closed_to_scripts(e))
+        {
             return json!({
                 "error": format!(
                     "Tool `{tool}` is no longer available to execute_code scripts: the host \
@@ -276,7 +288,7 @@ impl ChannelState {
             }
         }
         self.registry
-            .handle_function_call(tool, &Value::Object(args), &self.context)
+            .handle_function_call_to(entry, tool, &Value::Object(args), &self.context)
     }
 }
 
@@ -624,8 +636,9 @@ fn serve_connection(
             );
             break;
         }
-        if state.answers_inline(&request.tool) {
-            let result = state.answer(&request.tool, request.args);
+        let entry = state.registry.get(&request.tool);
+        if state.answers_inline(&request.tool, entry.as_ref()) {
+            let result = state.answer(&request.tool, entry, request.args);
             send(&writer, &encode_response_json(&request.id, &result), false);
             pace.replied(std::time::Instant::now());
         } else {
@@ -637,7 +650,7 @@ fn serve_connection(
             let state = Arc::clone(state);
             let writer = Arc::clone(&writer);
             pool.spawn_blocking(move || {
-                let result = state.answer(&request.tool, request.args);
+                let result = state.answer(&request.tool, entry, request.args);
                 send(&writer, &encode_response_json(&request.id, &result), false);
                 drop(slot);
             });

@@ -33,21 +33,41 @@ impl ToolRegistry {
     /// Failures outside the handler are wrapped as `{"error": "Error executing <tool>: <message>"}`.
     /// Always returns a JSON string.
     pub fn handle_function_call(&self, name: &str, args: &Value, ctx: &ToolContext) -> String {
+        self.handle_function_call_to(self.get(name), name, args, ctx)
+    }
+
+    /// [`Self::handle_function_call`] for a caller that has already looked `name` up
+    /// ([`Self::get`]) to check the entry: the call goes to that entry, not to whatever a
+    /// host registered under the name since (the script channel refuses tools closed to
+    /// scripts while a script runs, and must dispatch the entry it checked).
+    pub fn handle_function_call_to(
+        &self,
+        entry: Option<Arc<ToolEntry>>,
+        name: &str,
+        args: &Value,
+        ctx: &ToolContext,
+    ) -> String {
         let outer = |message: String| error_json(format!("Error executing {name}: {message}"));
-        match catch_unwind(AssertUnwindSafe(|| self.call(name, args, ctx))) {
+        match catch_unwind(AssertUnwindSafe(|| self.call(entry, name, args, ctx))) {
             Ok(Ok(text)) => text,
             Ok(Err(message)) => outer(message),
             Err(panic) => outer(panic_message(panic.as_ref())),
         }
     }
 
-    fn call(&self, name: &str, args: &Value, ctx: &ToolContext) -> Result<String, String> {
+    fn call(
+        &self,
+        entry: Option<Arc<ToolEntry>>,
+        name: &str,
+        args: &Value,
+        ctx: &ToolContext,
+    ) -> Result<String, String> {
         if AGENT_LOOP_TOOLS.contains(&name) {
             return Err(format!(
                 "`{name}` is handled by the agent loop and cannot be dispatched as a tool"
             ));
         }
-        let Some(entry) = self.get(name) else {
+        let Some(entry) = entry else {
             // A script learns no more than its own tool list: the registry also holds the
             // host's tools it was never offered.
             if ctx.origin == crate::CallOrigin::Script {

@@ -366,13 +366,15 @@ impl ToolRegistry {
         names
     }
 
-    /// Whether `name` is registered and closed to scripts now (not
+    /// Whether `entry` (as [`Self::get`] found it) is closed to scripts now (not
     /// [`Self::is_script_callable`]). A script's tools are fixed when it starts, but a host can
     /// close one while it runs (re-registered without `script_callable`,
     /// `disallow_in_scripts`): its calls are then refused, not handed to whatever handler has
-    /// the name now.
-    pub fn closed_to_scripts(&self, name: &str) -> bool {
-        self.get(name).is_some_and(|e| !self.is_script_callable(&e))
+    /// the name now. The caller dispatches the entry it checked
+    /// ([`Self::handle_function_call_to`]), so a re-registration between the two cannot slip
+    /// in.
+    pub fn closed_to_scripts(&self, entry: &Arc<ToolEntry>) -> bool {
+        !self.is_script_callable(entry)
     }
 
     /// Whether `entry` may be handed to a script: its name is a script tool, the stub can
