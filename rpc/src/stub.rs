@@ -89,6 +89,160 @@ const PY_KEYWORDS: [&str; 36] = [
     "__debug__",
 ];
 
+/// The public names of Python's `builtins` (3.8 to 3.13, keywords aside). A tool named like
+/// one would replace it in a script that imports it (the execute_code description lists every
+/// tool to import): an MCP server's tool named `print` received everything the script printed
+/// instead of the model, and one named `open` or `len` would see the script's files and data.
+const PY_BUILTINS: [&str; 147] = [
+    "ArithmeticError",
+    "AssertionError",
+    "AttributeError",
+    "BaseException",
+    "BaseExceptionGroup",
+    "BlockingIOError",
+    "BrokenPipeError",
+    "BufferError",
+    "BytesWarning",
+    "ChildProcessError",
+    "ConnectionAbortedError",
+    "ConnectionError",
+    "ConnectionRefusedError",
+    "ConnectionResetError",
+    "DeprecationWarning",
+    "EOFError",
+    "Ellipsis",
+    "EncodingWarning",
+    "EnvironmentError",
+    "Exception",
+    "ExceptionGroup",
+    "FileExistsError",
+    "FileNotFoundError",
+    "FloatingPointError",
+    "FutureWarning",
+    "GeneratorExit",
+    "IOError",
+    "ImportError",
+    "ImportWarning",
+    "IndentationError",
+    "IndexError",
+    "InterruptedError",
+    "IsADirectoryError",
+    "KeyError",
+    "KeyboardInterrupt",
+    "LookupError",
+    "MemoryError",
+    "ModuleNotFoundError",
+    "NameError",
+    "NotADirectoryError",
+    "NotImplemented",
+    "NotImplementedError",
+    "OSError",
+    "OverflowError",
+    "PendingDeprecationWarning",
+    "PermissionError",
+    "ProcessLookupError",
+    "PythonFinalizationError",
+    "RecursionError",
+    "ReferenceError",
+    "ResourceWarning",
+    "RuntimeError",
+    "RuntimeWarning",
+    "StopAsyncIteration",
+    "StopIteration",
+    "SyntaxError",
+    "SyntaxWarning",
+    "SystemError",
+    "SystemExit",
+    "TabError",
+    "TimeoutError",
+    "TypeError",
+    "UnboundLocalError",
+    "UnicodeDecodeError",
+    "UnicodeEncodeError",
+    "UnicodeError",
+    "UnicodeTranslateError",
+    "UnicodeWarning",
+    "UserWarning",
+    "ValueError",
+    "Warning",
+    "ZeroDivisionError",
+    "abs",
+    "aiter",
+    "all",
+    "anext",
+    "any",
+    "ascii",
+    "bin",
+    "bool",
+    "breakpoint",
+    "bytearray",
+    "bytes",
+    "callable",
+    "chr",
+    "classmethod",
+    "compile",
+    "complex",
+    "copyright",
+    "credits",
+    "delattr",
+    "dict",
+    "dir",
+    "divmod",
+    "enumerate",
+    "eval",
+    "exec",
+    "exit",
+    "filter",
+    "float",
+    "format",
+    "frozenset",
+    "getattr",
+    "globals",
+    "hasattr",
+    "hash",
+    "help",
+    "hex",
+    "id",
+    "input",
+    "int",
+    "isinstance",
+    "issubclass",
+    "iter",
+    "len",
+    "license",
+    "list",
+    "locals",
+    "map",
+    "max",
+    "memoryview",
+    "min",
+    "next",
+    "object",
+    "oct",
+    "open",
+    "ord",
+    "pow",
+    "print",
+    "property",
+    "quit",
+    "range",
+    "repr",
+    "reversed",
+    "round",
+    "set",
+    "setattr",
+    "slice",
+    "sorted",
+    "staticmethod",
+    "str",
+    "sum",
+    "super",
+    "tuple",
+    "type",
+    "vars",
+    "zip",
+];
+
 /// What the generator needs to know of one tool.
 ///
 /// Every text here may come from an MCP server the operator opened to scripts, so none of it
@@ -114,6 +268,12 @@ pub enum StubError {
     /// The tool name would shadow a helper of the stub.
     #[error("tool `{0}` was left out of vibeos_tools: the name is taken by a stub helper")]
     ShadowsHelper(String),
+    /// The tool name is one of Python's builtins (`print`, `open`, `len`).
+    #[error(
+        "tool `{0}` was left out of vibeos_tools: the name is a Python builtin, which the tool \
+         would replace in a script that imports it"
+    )]
+    ShadowsBuiltin(String),
     /// The schema's `properties` is not an object.
     #[error(
         "tool `{0}` was left out of vibeos_tools: its parameter schema has no properties object"
@@ -356,7 +516,7 @@ pub struct StubParam {
 }
 
 /// Whether a tool called `name` can be a function of `vibeos_tools`: a Python identifier that
-/// is not a keyword, a stub helper or private (`_`-prefixed). Part of [`stub_function`], for
+/// is not a keyword, a builtin, a stub helper or private (`_`-prefixed). Part of [`stub_function`], for
 /// callers that have a name but no schema yet (opening a tool to scripts before it exists).
 pub fn check_tool_name(name: &str) -> Result<(), StubError> {
     if !is_identifier(name) || PY_KEYWORDS.contains(&name) {
@@ -364,6 +524,9 @@ pub fn check_tool_name(name: &str) -> Result<(), StubError> {
     }
     if HELPERS.contains(&name) || name.starts_with('_') {
         return Err(StubError::ShadowsHelper(name.to_string()));
+    }
+    if PY_BUILTINS.contains(&name) {
+        return Err(StubError::ShadowsBuiltin(name.to_string()));
     }
     Ok(())
 }
@@ -798,6 +961,12 @@ mod tests {
             "json_parse",
             "retry",
             "_private",
+            // Builtins: a tool named `print` got what the script printed.
+            "print",
+            "open",
+            "len",
+            "ValueError",
+            "anext",
         ] {
             assert!(check_tool_name(bad).is_err(), "{bad}");
             assert!(stub_function(bad, &json!({})).is_err(), "{bad}");

@@ -283,6 +283,12 @@ impl ToolRegistry {
                  register the tool under another name to open it"
                     .into(),
             )),
+            Err(vibeos_rpc::StubError::ShadowsBuiltin(_)) => Err(refused(
+                "vibeos_tools cannot define it: the name is a Python builtin (`print`, `open`, \
+                 `len`, …), which the tool would replace in a script that imports it; register \
+                 the tool under another name to open it"
+                    .into(),
+            )),
             Err(_) => Err(refused(
                 "vibeos_tools cannot define it: the name is not a Python identifier (letters, \
                  digits and `_`, not starting with a digit, not a keyword); register the tool \
