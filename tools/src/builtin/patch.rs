@@ -24,6 +24,13 @@ use std::path::{Path, PathBuf};
 const MAX_FILE_BYTES: u64 = 32 * 1024 * 1024;
 /// Largest argument text (old/new string, patch text).
 const MAX_ARG_BYTES: usize = 8 * 1024 * 1024;
+/// Most files one multi-file patch changes. An edit holds the locks of its files from its
+/// first read to its last write ([`super::file_lock`]), and 80,000 files took every stripe
+/// (every other execution's writes waited) for 160 s.
+const MAX_PATCH_FILES: usize = 1000;
+/// Most bytes of old and new text one multi-file patch holds in memory (the supervisor's,
+/// which no script limit bounds): every change is planned before the first write.
+const MAX_PATCH_PLAN_BYTES: u64 = 128 * 1024 * 1024;
 
 /// The arguments of `patch`: its schema and its parser. Which ones are needed depends on
 /// `mode`, so none is required by the schema; the handler names a missing one.
@@ -277,7 +284,36 @@ enum Change {
 ///
 /// An absolute path keeps its name without the `a/`/`b/` prefixes (`b//tmp/x` is no path any
 /// tool applies); patch mode takes it back as it is, though `git apply` refuses absolute paths.
+/// Most lines a diff's changed region (old and new lines together, common first and last
+/// lines aside) may span for the diff to be computed: its cost grows with the file's length
+/// times the number of changed lines, and `replace_all` over a 100,000-line file kept a core
+/// busy for over ten minutes. Past it the result says how large the change is instead.
+const MAX_DIFF_CHANGED_LINES: usize = 10_000;
+
+/// How many lines of `old` and of `new` lie between their common first and last lines.
+fn changed_lines(old: &str, new: &str) -> (usize, usize) {
+    let (a, b): (Vec<&str>, Vec<&str>) = (
+        old.split_inclusive('\n').collect(),
+        new.split_inclusive('\n').collect(),
+    );
+    let head = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    let tail = a[head..]
+        .iter()
+        .rev()
+        .zip(b[head..].iter().rev())
+        .take_while(|(x, y)| x == y)
+        .count();
+    (a.len() - head - tail, b.len() - head - tail)
+}
+
 fn diff(name: &str, old: &str, new: &str, change: Change) -> String {
+    let (gone, came) = changed_lines(old, new);
+    if gone + came > MAX_DIFF_CHANGED_LINES {
+        return format!(
+            "(no diff for {name}: the change spans {gone} old and {came} new lines, more than \
+             the {MAX_DIFF_CHANGED_LINES} a diff is made for; read the file to see it)\n"
+        );
+    }
     let p = diffy::create_patch(old, new);
     let body = p.to_string();
     let side = |prefix: &str| {
@@ -321,6 +357,13 @@ fn replace_mode(a: &PatchArgs, ctx: &ToolContext) -> Result<Value, ToolError> {
     let text = read_text(&path, ctx)?;
     let exact = text.matches(old).count();
     let (updated, replacements, strategy) = if exact == 1 || (exact > 1 && replace_all) {
+        // Measured before it is built: a 1 MiB file of one letter, each replaced by 3,000
+        // bytes, took the supervisor (which the script's memory limit does not bound) past
+        // 2.8 GB before the write failed.
+        let size = text.len() - exact * old.len() + exact.saturating_mul(new.len());
+        if size as u64 > MAX_FILE_BYTES {
+            return Err(too_large_after(raw, Some(size)));
+        }
         (text.replace(old, new), exact, "exact")
     } else if exact > 1 {
         return Err(ToolError::new(
@@ -339,6 +382,7 @@ fn replace_mode(a: &PatchArgs, ctx: &ToolContext) -> Result<Value, ToolError> {
                      indentation. Read the file again (read_file) and copy the text exactly"
                 ),
             ),
+            Fuzzy::TooLarge => too_large_after(raw, None),
             Fuzzy::Ambiguous(n) => ToolError::new(
                 crate::ToolErrorKind::AmbiguousMatch,
                 format!(
@@ -362,6 +406,20 @@ fn replace_mode(a: &PatchArgs, ctx: &ToolContext) -> Result<Value, ToolError> {
 enum Fuzzy {
     NotFound,
     Ambiguous(usize),
+    /// The file would grow past [`MAX_FILE_BYTES`].
+    TooLarge,
+}
+
+/// The refusal of an edit whose result would be larger than patch edits (`size` when known).
+fn too_large_after(raw: &str, size: Option<usize>) -> ToolError {
+    let size = size.map(|n| format!(" ({n} bytes)")).unwrap_or_default();
+    ToolError::new(
+        crate::ToolErrorKind::FileTooLarge,
+        format!(
+            "the edit would make {raw} larger than the {MAX_FILE_BYTES} bytes patch edits{size}; \
+             nothing was changed. Replace fewer matches, or a shorter new_string"
+        ),
+    )
 }
 
 fn squash(line: &str) -> String {
@@ -404,13 +462,18 @@ fn fuzzy_replace(text: &str, old: &str, new: &str, all: bool) -> Result<(String,
         } else {
             ""
         };
-        let new_lines: Vec<String> = new
-            .trim_end_matches('\n')
-            .lines()
-            .map(|l| indents.reindent(l))
-            .collect();
         if !new.is_empty() {
-            out.push_str(&new_lines.join(if eol == "\r\n" { "\r\n" } else { "\n" }));
+            let joint = if eol == "\r\n" { "\r\n" } else { "\n" };
+            for (i, line) in new.trim_end_matches('\n').lines().enumerate() {
+                if i > 0 {
+                    out.push_str(joint);
+                }
+                // Bounded as it grows, line by line: each line takes the file's indent, which
+                // can be far longer than the line.
+                if !indents.reindent_into(line, &mut out, MAX_FILE_BYTES) {
+                    return Err(Fuzzy::TooLarge);
+                }
+            }
             out.push_str(eol);
         }
         pos = h + want.len();
@@ -494,31 +557,37 @@ impl Indents {
         Indents { pairs, step }
     }
 
-    /// `line` of the new text with its indent translated to the file's.
-    fn reindent(&self, line: &str) -> String {
-        if line.trim().is_empty() {
-            return line.to_string();
-        }
-        let indent = indent_of(line);
-        let body = &line[indent.len()..];
+    /// Appends `line` of the new text to `out` with its indent translated to the file's;
+    /// `false` (and `out` left longer than `limit`) once `out` grows past `limit` bytes: a
+    /// file's indent and its level can each be long, and a level is repeated for each level of
+    /// the line's own indent.
+    fn reindent_into(&self, line: &str, out: &mut String, limit: u64) -> bool {
+        let within = |out: &String| out.len() as u64 <= limit;
         let Some((old, file)) = self
             .pairs
             .iter()
-            .find(|(old, _)| indent.starts_with(old.as_str()))
+            .find(|(old, _)| indent_of(line).starts_with(old.as_str()))
+            .filter(|_| !line.trim().is_empty())
         else {
-            return line.to_string();
+            out.push_str(line);
+            return within(out);
         };
+        let indent = indent_of(line);
+        let body = &line[indent.len()..];
         let mut extra = &indent[old.len()..];
-        let mut out = file.clone();
+        out.push_str(file);
         if let Some((step_old, step_file)) = &self.step {
             while let Some(rest) = extra.strip_prefix(step_old.as_str()) {
                 out.push_str(step_file);
+                if !within(out) {
+                    return false;
+                }
                 extra = rest;
             }
         }
         out.push_str(extra);
         out.push_str(body);
-        out
+        within(out)
     }
 }
 
@@ -811,6 +880,16 @@ fn patch_mode(text: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
         )
     })?;
     strip_git_prefixes(&mut parts);
+    if parts.len() > MAX_PATCH_FILES {
+        return Err(ToolError::new(
+            crate::ToolErrorKind::PatchError,
+            format!(
+                "the patch changes {} files; one call changes at most {MAX_PATCH_FILES}. Split it \
+                 into several patches. Nothing was written",
+                parts.len()
+            ),
+        ));
+    }
     // Every file of the patch, from the first read to the last write (docs in file_lock).
     let named: Vec<PathBuf> = parts
         .iter()
@@ -827,6 +906,8 @@ fn patch_mode(text: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
         created: bool,
     }
     let mut plan: Vec<Planned> = Vec::new();
+    let mut planned_paths = std::collections::HashSet::new();
+    let mut planned_bytes = 0u64;
     for (n, part) in parts.iter().enumerate() {
         let name = checked_name(
             part.new_name
@@ -873,7 +954,7 @@ fn patch_mode(text: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
                 ),
             )
         })?;
-        if plan.iter().any(|p| p.path == path) {
+        if !planned_paths.insert(path.clone()) {
             return Err(ToolError::new(
                 crate::ToolErrorKind::PatchError,
                 format!("the patch changes {name} twice; merge its hunks. Nothing was written"),
@@ -910,6 +991,18 @@ fn patch_mode(text: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
         } else {
             Some(new)
         };
+        planned_bytes += (old.len() + new.as_ref().map_or(0, String::len)) as u64;
+        if planned_bytes > MAX_PATCH_PLAN_BYTES {
+            return Err(ToolError::new(
+                crate::ToolErrorKind::FileTooLarge,
+                format!(
+                    "the patch's files come to more than {MAX_PATCH_PLAN_BYTES} bytes before and \
+                     after the change (at file #{} ({name})); split it into several patches. \
+                     Nothing was written",
+                    n + 1
+                ),
+            ));
+        }
         plan.push(Planned {
             name,
             path,
@@ -1147,6 +1240,79 @@ mod tests {
             std::fs::read_to_string(&f).unwrap(),
             "def f():\n    if x:\n        return 10\n    else:\n        pass\n    return 3\n"
         );
+    }
+
+    #[test]
+    fn an_edit_whose_result_would_be_too_large_is_refused_before_it_is_built() {
+        let d = tempfile::tempdir().unwrap();
+        // Stop 59's probe: each `a` of a 1 MiB file replaced by 3,000 bytes took the
+        // supervisor past 2.8 GB before the write failed.
+        let big = "a".repeat(1 << 20);
+        std::fs::write(d.path().join("a.txt"), &big).unwrap();
+        let e = call(
+            d.path(),
+            json!({"path": "a.txt", "old_string": "a", "new_string": "b".repeat(3000),
+                   "replace_all": true}),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind, crate::ToolErrorKind::FileTooLarge, "{e:?}");
+        assert!(e.message.contains("nothing was changed"), "{e:?}");
+        // The whitespace-tolerant match grows its result line by line, and stops as well.
+        let lines = "x\n".repeat(100_000);
+        std::fs::write(d.path().join("l.txt"), &lines).unwrap();
+        let e = call(
+            d.path(),
+            json!({"path": "l.txt", "old_string": "x  ", "new_string": "y".repeat(400),
+                   "replace_all": true}),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind, crate::ToolErrorKind::FileTooLarge, "{e:?}");
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("a.txt")).unwrap(),
+            big
+        );
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("l.txt")).unwrap(),
+            lines
+        );
+        // Within the limit it is done.
+        let r = call(
+            d.path(),
+            json!({"path": "l.txt", "old_string": "x  ", "new_string": "yy",
+                   "replace_all": true}),
+        )
+        .unwrap();
+        assert_eq!(r["replacements"], 100_000);
+        // A change that large gets its size, not a diff (which took over ten minutes).
+        let diff = r["diff"].as_str().unwrap();
+        assert!(
+            diff.starts_with("(no diff for l.txt: the change spans 100000 old"),
+            "{diff}"
+        );
+    }
+
+    #[test]
+    fn a_patch_of_too_many_files_is_refused_and_writes_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let many = |n: usize| -> String {
+            (0..n)
+                .map(|i| format!("--- /dev/null\n+++ b/m/f{i}\n@@ -0,0 +1 @@\n+x\n"))
+                .collect()
+        };
+        let e = call(
+            d.path(),
+            json!({"mode": "patch", "patch": many(MAX_PATCH_FILES + 1)}),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind, crate::ToolErrorKind::PatchError, "{e:?}");
+        assert!(e.message.contains("at most 1000"), "{e:?}");
+        assert!(!d.path().join("m").exists());
+        let r = call(
+            d.path(),
+            json!({"mode": "patch", "patch": many(MAX_PATCH_FILES)}),
+        )
+        .unwrap();
+        assert_eq!(r["files"].as_array().map(Vec::len), Some(MAX_PATCH_FILES));
     }
 
     #[test]
