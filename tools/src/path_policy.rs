@@ -395,12 +395,14 @@ pub struct RootError {
 /// make takes a block of disk ([`dir_cost`]) and a resolution per call.
 pub const MAX_WRITE_DEPTH: usize = 64;
 
+/// The least a file or directory is taken to use on disk (see [`dir_cost`]).
+const BLOCK_FLOOR: u64 = 4096;
+
 /// What one new directory takes on disk in the filesystem of `at`, for the write budget: one
 /// block (`f_bsize` of `fstatfs`, 4 KiB on ext4 and tmpfs), and never less than 4 KiB —
 /// filesystems that report a smaller block (or keep small directories inline) still spend an
 /// inode and metadata on it.
 fn dir_cost(at: BorrowedFd<'_>) -> u64 {
-    const FLOOR: u64 = 4096;
     nix::sys::statfs::fstatfs(at)
         .ok()
         // The block size is signed with glibc and unsigned with musl.
@@ -408,7 +410,13 @@ fn dir_cost(at: BorrowedFd<'_>) -> u64 {
             #[allow(clippy::useless_conversion)]
             |st| u64::try_from(st.block_size()).ok(),
         )
-        .map_or(FLOOR, |b| b.clamp(FLOOR, 1 << 20))
+        .map_or(BLOCK_FLOOR, |b| b.clamp(BLOCK_FLOOR, 1 << 20))
+}
+
+/// What a file of `len` bytes takes on a disk of `block`-byte blocks, for the write budget:
+/// whole blocks, and one for an empty file.
+fn on_disk(len: u64, block: u64) -> u64 {
+    len.div_ceil(block).max(1).saturating_mul(block)
 }
 
 /// Prefix of the per-user dir under which every execution's staging dir is made
@@ -947,18 +955,24 @@ impl PathPolicy {
     /// resolved parent. An existing entry's mode is kept; a symlink or directory there is
     /// refused. Returns whether the file was created.
     pub fn write_atomic(&self, path: &Path, content: &[u8]) -> Result<bool, ToolError> {
-        let in_staging = self
-            .locate(path, true)
-            .map(|(root, _)| root.links_ok)
-            .unwrap_or(false);
-        // What the disk holds more once the file is replaced: a regular file no other name
-        // keeps is freed by the rename, so rewriting a file with the same text takes nothing
-        // more (it was charged in full each time, and refused once the budget was spent).
-        // Charged before the walk makes any directory, so a refused call leaves nothing.
+        let (in_staging, block) = match self.locate(path, true) {
+            Ok((root, _)) => (root.links_ok, dir_cost(root.dir.as_fd())),
+            // Refused by the write itself: no root holds the path.
+            Err(_) => (false, BLOCK_FLOOR),
+        };
+        // What the disk holds more once the file is replaced, in whole blocks and at least
+        // one a file (its inode and metadata): counted by content length, 40,000 one-byte
+        // files left 158 MB under a 1 MB budget. A regular file no other name keeps is freed
+        // by the rename, so rewriting a file with the same text takes nothing more (it was
+        // charged in full each time, and refused once the budget was spent). Charged before
+        // the walk makes any directory, so a refused call leaves nothing.
         let charged = if in_staging {
             0
         } else {
-            (content.len() as u64).saturating_sub(self.size_freed_by_replacing(path))
+            let freed = self
+                .size_freed_by_replacing(path)
+                .map_or(0, |size| on_disk(size, block));
+            on_disk(content.len() as u64, block).saturating_sub(freed)
         };
         self.charge(charged, path)?;
         let written = self.replace_file(path, content);
@@ -968,11 +982,11 @@ impl PathPolicy {
         written
     }
 
-    /// The size of the regular file at `path` that only this name keeps (what replacing it
-    /// frees), or 0; nothing is made or followed on the way.
-    fn size_freed_by_replacing(&self, path: &Path) -> u64 {
+    /// The size of the regular file at `path` that only this name keeps (replacing it frees
+    /// it), if there is one; nothing is made or followed on the way.
+    fn size_freed_by_replacing(&self, path: &Path) -> Option<u64> {
         let Ok((root, rel)) = self.locate(path, true) else {
-            return 0;
+            return None;
         };
         let Ok(fd) = self.open_beneath(
             root.dir.as_fd(),
@@ -981,13 +995,13 @@ impl PathPolicy {
             Mode::empty(),
             path,
         ) else {
-            return 0;
+            return None;
         };
         match nix::sys::stat::fstat(fd.as_fd()) {
             Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_nlink == 1 => {
-                u64::try_from(st.st_size).unwrap_or(0)
+                u64::try_from(st.st_size).ok()
             }
-            _ => 0,
+            _ => None,
         }
     }
 
@@ -1669,24 +1683,31 @@ mod tests {
             "SECRET"
         );
         assert!(p.add_root(Path::new("/"), RootAccess::Read, false).is_err());
-        p.set_write_budget(10);
+        // Files are charged what they take on disk: whole blocks, one at least (40,000
+        // one-byte files were charged 40,000 bytes). Rewriting one in place takes nothing.
+        let block = dir_cost(p.roots[0].dir.as_fd());
+        p.set_write_budget(block * 2 + 10);
         p.write_atomic(&root.join("b1"), b"123456").unwrap();
-        let e = p.write_atomic(&root.join("b2"), b"123456").unwrap_err();
+        p.write_atomic(&root.join("b0"), b"").unwrap();
+        p.write_atomic(&root.join("b1"), b"654321").unwrap();
+        let e = p.write_atomic(&root.join("b2"), b"1").unwrap_err();
         assert_eq!(e.kind, "DiskBudgetExceeded", "{e}");
         assert!(!root.join("b2").exists());
         // The directories a write makes count too, all charged before the first is made.
         let mut dirs = PathPolicy::new();
         dirs.add_root(&root, RootAccess::ReadWrite, false).unwrap();
         let each = dir_cost(dirs.roots[0].dir.as_fd());
-        dirs.set_write_budget(each * 3);
+        // Two directories and a file's block.
+        dirs.set_write_budget(each * 4);
         dirs.write_atomic(&root.join("n1/n2/f"), b"").unwrap();
         let e = dirs.write_atomic(&root.join("n3/n4/f"), b"").unwrap_err();
         assert_eq!(e.kind, "DiskBudgetExceeded", "{e}");
         assert!(e.message.contains("the 2 new directories"), "{e}");
         assert!(!root.join("n3").exists(), "a refused walk made a directory");
-        // Existing levels cost nothing; the content that was refused is given back.
+        // Existing levels cost nothing; the file's block that was refused is given back.
         dirs.write_atomic(&root.join("n1/n2/g"), b"").unwrap();
-        dirs.write_atomic(&root.join("n1/n5/f"), b"").unwrap();
+        let e = dirs.write_atomic(&root.join("n1/n5/f"), b"").unwrap_err();
+        assert_eq!(e.kind, "DiskBudgetExceeded", "{e}");
         let deep = format!("{}x", "d/".repeat(MAX_WRITE_DEPTH + 1));
         let mut unbounded = PathPolicy::new();
         unbounded
