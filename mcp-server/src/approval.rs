@@ -116,8 +116,8 @@ fn ask(req: &ApprovalRequest) -> ApprovalAnswer {
     let matches: Vec<String> = req.matches.iter().map(|(_, d)| d.clone()).collect();
     let message = format!(
         "vibeos-exec asks to {what}, which matches: {}.\n\n{}",
-        matches.join("; "),
-        req.command
+        approval::shown_to_a_person(&matches.join("; ")),
+        approval::shown_to_a_person(&req.command)
     );
     let params = serde_json::from_value::<ElicitRequestParams>(json!({
         "mode": "form",

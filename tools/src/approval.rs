@@ -30,8 +30,8 @@
 use crate::approval_policy::{self, ApprovalMode, SmartVerdict};
 // Defined below both this module and approval_policy, which consult them; public here.
 pub use crate::approval_request::{
-    command_views, low_risk_cleanup, normalize_command, ApprovalAnswer, ApprovalCallback,
-    ApprovalChoice, ApprovalHost, ApprovalRequest, NoAnswer, SmartApproval,
+    command_views, low_risk_cleanup, normalize_command, shown_to_a_person, ApprovalAnswer,
+    ApprovalCallback, ApprovalChoice, ApprovalHost, ApprovalRequest, NoAnswer, SmartApproval,
 };
 use crate::approval_request::{glob_regex, COMMAND_END, COMMAND_START};
 use crate::policy_file::{self, PolicyFileError};
@@ -235,28 +235,84 @@ pub fn check_command(command: &str, ctx: &ToolContext) -> Decision {
 }
 
 /// [`check_command`] for a command that starts in `dir` (its `workdir`, or where the terminal
-/// session stands after an earlier `cd`): `rm -rf *` started in `/` is `cd / && rm -rf *`, so
-/// the hardline tier also sees each of the command's first steps — those before any `cd`,
-/// `pushd` or `popd` moves it — as run after `cd <dir>`.
+/// session stands after an earlier `cd`): `rm -rf *` started in `/` is `cd / && rm -rf *`, and
+/// `rm -rf etc` there is `rm -rf /etc`, so the hardline tier also judges each step of the
+/// command where it runs (see [`steps_where_they_run`]).
 pub fn check_command_in(command: &str, dir: &std::path::Path, ctx: &ToolContext) -> Decision {
     decide(command, Some(dir), ctx, false)
 }
 
-/// The steps of `command` before the first that changes directory, each written as run after
-/// `cd <dir>` (see [`check_command_in`]). Splitting at `;`, `&&`, `||`, `|`, `&` and newlines
-/// is a best effort, like the views: a step cut too early only adds a view.
-fn steps_in_dir(command: &str, dir: &std::path::Path) -> Vec<String> {
-    let dir = dir.to_string_lossy();
+/// Each step of `command` as run where it runs, for the hardline tier: written after
+/// `cd <dir>` (the tier knows `cd / && rm -rf *`) and with its relative words made absolute
+/// (`rm -rf etc` in `/` is `rm -rf /etc`, `rm -rf ../etc` in `/tmp` too). A step's dir is
+/// `start` (when known) until a `cd` or `pushd` to a literal path moves it; a `cd` the text
+/// cannot follow (a variable, `-`, `~`, no argument, `popd`) ends the views, since the rest
+/// runs somewhere unknown. Splitting at `;`, `&&`, `||`, `|`, `&` and newlines is a best
+/// effort, like the views: a step cut too early only adds a view, and a `cd` inside a subshell
+/// moves the rest further than the shell would, which also only adds views.
+fn steps_where_they_run(command: &str, start: Option<&std::path::Path>) -> Vec<String> {
+    let mut here = start.map(lexically_normal);
     let mut out = Vec::new();
     for step in command.split([';', '&', '|', '\n']) {
-        let step = step.trim();
-        let first = step.split_whitespace().next().unwrap_or("");
+        let step = step.trim().trim_start_matches(['(', '{', '!', ' ', '\t']);
+        let mut words = step.split_whitespace();
+        let first = words.next().unwrap_or("");
         let first = first.rsplit('/').next().unwrap_or(first);
         if matches!(first, "cd" | "pushd" | "popd") {
-            break;
+            let target = words.find(|w| !w.starts_with('-')).map(unquoted);
+            here = match (first, target, &here) {
+                ("popd", _, _) => None,
+                (_, Some(t), _) if t.contains(['$', '`', '~', '*', '?', '[']) => None,
+                (_, Some(t), _) if t.starts_with('/') => Some(lexically_normal(t.as_ref())),
+                (_, Some(t), Some(h)) => Some(lexically_normal(&h.join(t))),
+                _ => None,
+            };
+            if here.is_none() {
+                break;
+            }
+            continue;
         }
-        if !step.is_empty() {
-            out.push(format!("cd {dir} && {step}"));
+        let (Some(dir), false) = (&here, step.is_empty()) else {
+            continue;
+        };
+        let shown = dir.to_string_lossy();
+        out.push(format!("cd {shown} && {step}"));
+        let mut absolute = vec![first.to_string()];
+        for word in step.split_whitespace().skip(1) {
+            let bare = unquoted(word);
+            let relative = !bare.is_empty()
+                && !bare.starts_with(['-', '/', '$', '`', '~', '>', '<'])
+                && !bare.contains('=');
+            absolute.push(if relative {
+                lexically_normal(&dir.join(bare))
+                    .to_string_lossy()
+                    .into_owned()
+            } else {
+                word.to_string()
+            });
+        }
+        out.push(absolute.join(" "));
+    }
+    out
+}
+
+/// `word` without the quotes a shell would remove around a plain path.
+fn unquoted(word: &str) -> String {
+    word.chars().filter(|c| !matches!(c, '"' | '\'')).collect()
+}
+
+/// `path` with `.` and `..` resolved by text, as the shell's `cd` does (`/usr/..` is `/`);
+/// `..` at the root stays at the root.
+fn lexically_normal(path: &std::path::Path) -> std::path::PathBuf {
+    use std::path::Component;
+    let mut out = std::path::PathBuf::from("/");
+    for part in path.components() {
+        match part {
+            Component::Normal(p) => out.push(p),
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
         }
     }
     out
@@ -343,7 +399,7 @@ fn decide_with(
     let mounts = approval_policy::mount_table();
     // Every check below reads the same views; they are computed once.
     let views = command_views(command);
-    let in_dir = dir.map(|d| steps_in_dir(command, d)).unwrap_or_default();
+    let in_dir = steps_where_they_run(command, dir);
     if let Some(h) = approval_policy::hardline_in_views(hardline, &views, &mounts).or_else(|| {
         in_dir
             .iter()
@@ -585,8 +641,8 @@ fn tty_prompt(req: &ApprovalRequest) -> ApprovalAnswer {
     let _ = writeln!(
         out,
         "\n⚠️  Dangerous {what}: {}\n    matches: {}\n    Run it? [o]nce / [s]ession / [a]lways / [d]eny: ",
-        req.command,
-        describe(req)
+        shown_to_a_person(&req.command),
+        shown_to_a_person(&describe(req))
     );
     let _ = out.flush();
     let mut line = String::new();

@@ -778,6 +778,65 @@ fn a_command_started_in_the_root_is_judged_there() {
 }
 
 #[test]
+fn each_step_is_judged_where_it_runs() {
+    let ctx = ToolContext::agent("/srv/project");
+    let refused_as_hardline = |cmd: &str, dir: Option<&str>| {
+        let decision = match dir {
+            Some(d) => check_command_in(cmd, std::path::Path::new(d), &ctx),
+            None => check_command(cmd, &ctx),
+        };
+        matches!(decision, Decision::Deny { message } if message.contains("hardline"))
+    };
+    // Stop 59's probe: each was only dangerous (askable, and let through by
+    // `approvals.mode: off`).
+    for (cmd, dir) in [
+        ("false && cd / && rm -rf etc", None),
+        ("cd /; rm -rf etc", None),
+        ("cd /usr/.. && rm -rf ./etc", None),
+        ("pushd / && rm -rf *", None),
+        ("cd / && find etc -delete", None),
+        ("cd /tmp && rm -rf ../etc", None),
+        ("rm -rf etc usr", Some("/")),
+        ("rm -rf 'etc'", Some("/")),
+        ("rm -rf ../etc", Some("/tmp")),
+        ("rm -rf ../../usr", Some("/srv/project")),
+        ("find etc -delete", Some("/")),
+    ] {
+        assert!(refused_as_hardline(cmd, dir), "{cmd} in {dir:?}");
+    }
+    // Elsewhere, or where the text cannot follow the `cd`, it stays what it was.
+    for (cmd, dir) in [
+        ("rm -rf etc", None),
+        ("rm -rf etc", Some("/srv/project")),
+        ("cd /srv && rm -rf etc", None),
+        ("cd $D && rm -rf etc", Some("/")),
+        ("cd ~ && rm -rf etc", Some("/")),
+        ("cd - && rm -rf etc", Some("/")),
+        ("rm -rf tmp/build", Some("/")),
+        ("cd / && find etc -name '*.bak' -print", None),
+        ("cd / && tar -czf backup.tgz etc", None),
+    ] {
+        assert!(!refused_as_hardline(cmd, dir), "{cmd} in {dir:?}");
+    }
+}
+
+#[test]
+fn what_a_person_is_asked_about_cannot_draw_over_itself() {
+    let shown = crate::approval::shown_to_a_person(
+        "echo harmless\r\u{1b}[2K\u{1b}[1A; rm -r x \u{1b}[8m\u{202e}gpj.exe\u{200b}\u{85}",
+    );
+    assert_eq!(
+        shown,
+        "echo harmless\\r\\u{1b}[2K\\u{1b}[1A; rm -r x \\u{1b}[8m\\u{202e}gpj.exe\\u{200b}\\u{85}"
+    );
+    // A script's lines and indentation stay as they are.
+    assert_eq!(
+        crate::approval::shown_to_a_person("for f in x:\n\tprint(f)"),
+        "for f in x:\n\tprint(f)"
+    );
+}
+
+#[test]
 fn stop_53_probe_spellings_are_caught() {
     // Hardline: each ran with no question at all (or was only askable) before stop 53.
     for (key, cmd) in [
