@@ -125,11 +125,22 @@ impl LazyFile {
             .get_or_init(|| {
                 let dir = self.path.parent()?;
                 std::fs::create_dir_all(dir).ok()?;
-                std::fs::OpenOptions::new()
+                // Without blocking, and only a regular file: a FIFO there held the process in
+                // open(2) for ever, deaf to SIGTERM and SIGINT (their handlers log).
+                use std::os::unix::fs::OpenOptionsExt;
+                let file = std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
-                    .open(&self.path)
-                    .ok()?;
+                    .custom_flags(libc::O_NONBLOCK)
+                    .open(&self.path);
+                if !file.is_ok_and(|f| f.metadata().is_ok_and(|m| m.is_file())) {
+                    eprintln!(
+                        "vibeos-exec: not logging to {}: it cannot be opened as a regular file \
+                         (logs go to stderr only)",
+                        self.path.display()
+                    );
+                    return None;
+                }
                 let rotating = file_rotate::FileRotate::new(
                     &self.path,
                     file_rotate::suffix::AppendCount::new(LOG_FILES_KEPT),

@@ -1448,6 +1448,45 @@ fn refused_rpc_connections_do_not_flood_the_log() {
     );
 }
 
+/// A FIFO where agent.log goes: the run is not held in open(2) (it was, for ever, and deaf to
+/// SIGTERM), it logs to stderr only and says why.
+#[test]
+fn a_fifo_as_the_log_file_does_not_hold_the_run() {
+    let sb = Sandbox::new();
+    std::fs::create_dir_all(sb.home().join("logs")).unwrap();
+    let fifo = sb.home().join("logs/agent.log");
+    let c = std::ffi::CString::new(fifo.to_string_lossy().as_bytes()).unwrap();
+    // SAFETY: mkfifo(3) with a NUL-terminated path that lives through the call.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let script = sb.root.path().join("hello.py");
+    std::fs::write(&script, "print('hello')\n").unwrap();
+    let mut child = sb
+        .command()
+        .args(["run", "--json", "--log-level", "info"])
+        .arg(&script)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the run was held by the FIFO for 60 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let r = parse_single_json(&out);
+    assert_eq!(output(&r), "hello\n", "{r}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cannot be opened as a regular file"),
+        "{stderr}"
+    );
+}
+
 /// When an execution ends, its tool calls still running end too: a search of a large tree
 /// once kept going (and kept a one-shot host from exiting) for tens of seconds after the
 /// result.
