@@ -158,9 +158,19 @@ impl HeadTail {
     /// split a secret: the redaction that runs on the rendered text then sees neither half as
     /// a secret (`sk-Q9x7…` cut after 32 of its 33 characters showed the 32). So each cut also
     /// drops the word it split (see [`cut_word_len`]) and a private key block it cut open.
+    ///
+    /// With `security.redact_output` off nothing redacts what is kept, and a split word hides
+    /// nothing: all of the head and the tail stay (only a split character is trimmed). A small
+    /// cap of one long line showed nothing at all.
     fn kept(&self) -> (&[u8], Vec<u8>) {
         let (a, b) = self.tail.as_slices();
         let tail: Vec<u8> = [a, b].concat();
+        if !crate::redact::enabled() {
+            return (
+                trim_partial_tail(&self.head),
+                trim_partial_head(&tail).to_vec(),
+            );
+        }
         let head = trim_cut_word_at_end(
             open_key_block_cut_off(&self.head),
             self.after_head,

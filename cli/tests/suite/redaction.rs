@@ -292,3 +292,30 @@ fn a_secret_value_that_is_not_utf8_is_redacted_as_the_output_shows_it() {
     assert!(out.contains("[REDACTED"), "{out:?}");
     assert_eq!(r["redactions"], 1, "{r}");
 }
+
+/// With `security.redact_output: false` a cap keeps its 40 % and 60 % of one long line: the
+/// word each cut split was dropped to protect a secret no redaction would look for, and a
+/// 100-byte cap of a 1,000-byte line showed nothing but the marker.
+#[test]
+fn without_redaction_a_capped_long_line_keeps_its_head_and_tail() {
+    let sb = Sandbox::new();
+    let script = "import sys\nsys.stdout.write(''.join(chr(65 + i % 26) for i in range(1000)))\n";
+    let line: String = (0..1000u32)
+        .map(|i| char::from(b'A' + (i % 26) as u8))
+        .collect();
+    let r = sb.run_json(script, &["--stdout-limit", "100"]);
+    assert_eq!(r["status"], "success", "{r}");
+    // Redaction on (the default): the split word is dropped, whole.
+    assert!(!r["output"].as_str().unwrap().contains(&line[..40]), "{r}");
+    sb.write_config("security:\n  redact_output: false\n");
+    let r = sb.run_json(script, &["--stdout-limit", "100"]);
+    assert_eq!(
+        r["output"].as_str().unwrap(),
+        format!(
+            "{}\n\n... [output truncated: 900 of 1000 bytes omitted] ...\n\n{}",
+            &line[..40],
+            &line[940..]
+        ),
+        "{r}"
+    );
+}
