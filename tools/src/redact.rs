@@ -170,6 +170,40 @@ pub fn prepare_in_background() {
     });
 }
 
+/// The forms a secret value takes when a script prints it escaped, besides as it is: inside
+/// JSON (`json.dumps`) and inside a Python `repr` (printing a dict or a list shows its strings
+/// so). A value holding a quote, a backslash or a control character is spelled otherwise
+/// there, and a value `p@ss"w\rd` printed in a dict went out whole. Only the forms that differ
+/// from the value are returned.
+fn escaped_forms(value: &str) -> Vec<String> {
+    let mut forms = Vec::new();
+    if let Ok(json) = serde_json::to_string(value) {
+        forms.push(json[1..json.len() - 1].to_string());
+    }
+    let mut repr = String::with_capacity(value.len() + 8);
+    for c in value.chars() {
+        match c {
+            '\\' => repr.push_str("\\\\"),
+            '\n' => repr.push_str("\\n"),
+            '\r' => repr.push_str("\\r"),
+            '\t' => repr.push_str("\\t"),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                repr.push_str(&format!("\\x{:02x}", c as u32))
+            }
+            c => repr.push(c),
+        }
+    }
+    // A value holding both quotes is shown in single quotes, its own escaped.
+    if value.contains('\'') && value.contains('"') {
+        forms.push(repr.replace('\'', "\\'"));
+    }
+    forms.push(repr);
+    forms.retain(|f| f != value);
+    forms.sort();
+    forms.dedup();
+    forms
+}
+
 /// Whether `security.redact_output` is on (the default; only an explicit `false` turns it off).
 pub fn enabled() -> bool {
     crate::settings::current_or_default()
@@ -281,6 +315,13 @@ impl Redactor {
             .filter_map(|(k, v)| {
                 let form = p.secret_form(v.as_ref())?;
                 Some((form.to_string(), k.as_ref().to_string()))
+            })
+            .flat_map(|(form, name)| {
+                escaped_forms(&form)
+                    .into_iter()
+                    .map(|e| (e, name.clone()))
+                    .chain(std::iter::once((form, name.clone())))
+                    .collect::<Vec<_>>()
             })
             .collect();
         values.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.1.cmp(&b.1)));
@@ -774,6 +815,25 @@ mod tests {
         );
         let r = Redactor::from_env([("MY_API_TOKEN", "  abc \n")]);
         assert_eq!(r.redact("abc"), ("abc".to_string(), 0));
+    }
+
+    #[test]
+    fn a_secret_value_printed_escaped_is_redacted_too() {
+        // Stop 59's probe: `print(json.dumps(v))` and `print({"k": v})` showed it whole.
+        let value = "p@ss\"w\\rd/x+y";
+        let r = Redactor::from_env([("MY_SECRET", value)]);
+        for (text, shown) in [
+            ("\"p@ss\\\"w\\\\rd/x+y\"", "\"[REDACTED:MY_SECRET]\""),
+            ("{'k': 'p@ss\"w\\\\rd/x+y'}", "{'k': '[REDACTED:MY_SECRET]'}"),
+            ("p@ss\"w\\rd/x+y", "[REDACTED:MY_SECRET]"),
+        ] {
+            assert_eq!(r.redact(text), (shown.to_string(), 1), "{text}");
+        }
+        let r = Redactor::from_env([("MY_SECRET", "it's \"q\"\tz")]);
+        assert_eq!(
+            r.redact("['it\\'s \"q\"\\tz']"),
+            ("['[REDACTED:MY_SECRET]']".to_string(), 1)
+        );
     }
 
     #[test]
