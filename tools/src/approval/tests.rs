@@ -97,6 +97,20 @@ fn a_broken_policy_refuses_every_command() {
 /// One command that must match and one near miss that must not, for every pattern.
 const CASES: &[(&str, &str, &str)] = &[
     ("recursive_delete", "rm -rf build/", "rm -f build.log"),
+    (
+        "delete_in_code",
+        "python3 -c 'import shutil; shutil.rmtree(\"data\")'",
+        "python3 -c 'import shutil; shutil.copytree(\"a\", \"b\")'",
+    ),
+    ("setuid_bit", "chmod u+s /bin/bash", "chmod u+x run.sh"),
+    ("firewall_flush", "iptables -F", "iptables -L -n"),
+    ("account_change", "userdel -r alice", "useradd bob"),
+    ("unmount_all", "umount -a", "umount /mnt/usb"),
+    (
+        "attribute_change",
+        "chattr -i /etc/resolv.conf",
+        "lsattr /etc/resolv.conf",
+    ),
     ("root_delete", "rm -rf /", "rm -rf ./cache/"),
     ("hidden_command", "$X -rf build", "$EDITOR -r notes.txt"),
     (
@@ -775,6 +789,43 @@ fn a_command_started_in_the_root_is_judged_there() {
     ] {
         assert!(!refused_as_hardline(cmd, dir), "{cmd} in {dir}");
     }
+}
+
+#[test]
+fn stop_59_probe_spellings_are_caught() {
+    for (key, cmd) in [
+        (
+            "delete_in_code",
+            "perl -MFile::Path=remove_tree -e 'remove_tree(\"v\")'",
+        ),
+        (
+            "delete_in_code",
+            "node -e 'require(\"fs\").rmSync(\"v\",{recursive:true})'",
+        ),
+        ("delete_in_code", "echo 'file delete -force v' | tclsh"),
+        (
+            "delete_in_code",
+            "ruby -rfileutils -e 'FileUtils.rm_rf(\"v\")'",
+        ),
+        (
+            "decoded_to_shell",
+            "echo aW1wb3J0IG9z | base64 -d | python3",
+        ),
+        ("decoded_to_shell", "echo cHJpbnQ= | base64 -d | perl -"),
+        ("setuid_bit", "chmod 4755 /tmp/sh"),
+        ("setuid_bit", "chmod g+s dir"),
+        ("firewall_flush", "nft flush ruleset"),
+        ("firewall_flush", "ufw disable"),
+        ("account_change", "echo root:x | chpasswd"),
+        ("unmount_all", "swapoff -a"),
+    ] {
+        assert_hit(key, cmd);
+    }
+    // Data piped to a program that reads a script file, or a plain mode change.
+    assert_miss("decoded_to_shell", "base64 -d data.b64 | python3 decode.py");
+    assert_miss("setuid_bit", "chmod 0755 run.sh");
+    assert_miss("setuid_bit", "chmod 1777 /tmp/shared");
+    assert_miss("unmount_all", "mount -a");
 }
 
 #[test]
