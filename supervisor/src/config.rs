@@ -273,6 +273,16 @@ impl Config {
                         format!("must be an environment variable name, found {name:?}"),
                     ));
                 }
+                // Loaded, such an entry matched nothing, silently: `AWS_*` kept no AWS_ variable.
+                if name.contains(['*', '?', '[']) || name.trim() != name {
+                    return Err(bad(
+                        &format!("terminal.env_passthrough[{i}]"),
+                        format!(
+                            "takes exact variable names, not patterns or names with blanks \
+                             around them; found {name:?}: list each variable by its name"
+                        ),
+                    ));
+                }
                 cfg.env_passthrough.push(name.clone());
             }
         }
@@ -476,6 +486,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("terminal.env_passthrough[0]"), "{e}");
+        for bad in ["'AWS_*'", "'*'", "' FOO '", "'X?'"] {
+            let e = parse(&format!("terminal:\n  env_passthrough: [OK, {bad}]\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("terminal.env_passthrough[1]") && e.contains("exact variable names"),
+                "{e}"
+            );
+        }
     }
 
     #[test]
