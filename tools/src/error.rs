@@ -274,6 +274,21 @@ mod kind_tests {
     }
 }
 
+/// `text` from elsewhere (an MCP server's error message) as one line of a table or a log:
+/// every control character, newlines included, written as an escape (`\n`, `\u{1b}`), so it
+/// can neither clear a terminal nor start a forged log line of its own.
+pub(crate) fn one_line(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() || matches!(c, '\u{2028}' | '\u{2029}') {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// A name as an error shows it: control characters escaped (a NUL reached the message raw)
 /// and at most 80 characters of it, with its length when cut (a 10,000-character name was
 /// repeated whole).
@@ -343,7 +358,15 @@ pub enum RegistrationError {
 
 #[cfg(test)]
 mod shown_name_tests {
-    use super::shown_name;
+    use super::{one_line, shown_name};
+
+    #[test]
+    fn a_foreign_message_is_one_line_with_its_controls_escaped() {
+        assert_eq!(
+            one_line("bad\u{1b}[2J\r\nWARN forged\u{2028}x"),
+            "bad\\u{1b}[2J\\r\\nWARN forged\\u{2028}x"
+        );
+    }
 
     #[test]
     fn a_bad_name_is_shown_escaped_and_cut() {

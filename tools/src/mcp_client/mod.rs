@@ -242,8 +242,10 @@ impl McpServer {
                 Ok(client)
             }
             Err(reason) => {
-                // Shown by `tools list` and logged: no credential of a server URL in it.
-                let reason = mask_urls_in(&reason);
+                // Shown by `tools list` and logged: no credential of a server URL in it, and
+                // none of the server's control characters (an `initialize` error holding
+                // `ESC[2J` cleared the terminal; a newline forged a log line).
+                let reason = crate::error::one_line(&mask_urls_in(&reason));
                 let reason = match &self.spec.start_hint {
                     Some(hint) => format!("{reason} ({hint})"),
                     None => reason,
