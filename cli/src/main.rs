@@ -148,8 +148,8 @@ address only. Tools offered: execute_code (its description lists the script tool
 and the limits below), plus the tools of --toolsets.
 
 --config, --mode, --timeout, --max-tool-calls and --cwd work exactly as for `run` and are the
-defaults of every call. A call's arguments may override `timeout` and `max_tool_calls` (the
-execute_code schema offers them); `mode` and `cwd` are the server's and cannot be changed per
+defaults of every call. A call's arguments may override `timeout`, `max_tool_calls`,
+`stdout_limit` and `stderr_limit` (the execute_code schema offers them); `mode` and `cwd` are the server's and cannot be changed per
 call, so a client cannot loosen strict mode. In strict mode the tools of --toolsets follow a
 strict script's rules: the file tools act only beneath the session dir and
 code_execution.strict.read_roots/write_roots, and terminal and process are offered only with
