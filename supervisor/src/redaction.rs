@@ -13,6 +13,11 @@ use vibeos_tools::redact::{enabled, Redactor};
 /// Variables holding a service's address, which backend errors name in clear (see [`apply`]).
 const ENDPOINT_VARS: [&str; 2] = ["DAYTONA_API_URL", "MODAL_SERVER_URL"];
 
+/// How many redaction markers (`[REDACTED…]`) `text` holds.
+fn markers_in(text: &str) -> usize {
+    text.matches("[REDACTED").count()
+}
+
 /// Redacts `result.output` and `result.error` against the secrets of `base_env` (the
 /// environment the child's was scrubbed from), unless `security.redact_output` is off.
 pub fn apply(result: &mut ExecutionResult, base_env: &[(OsString, OsString)]) {
@@ -48,7 +53,12 @@ pub fn apply(result: &mut ExecutionResult, base_env: &[(OsString, OsString)]) {
         .take()
         .map(|error| match (&raw_last_line, last_line(&output)) {
             (Some(raw), Some(shown)) if raw != shown => match error.strip_suffix(raw.as_str()) {
-                Some(what) => format!("{what}{shown}"),
+                Some(what) => {
+                    // What the output's redaction replaced in that line is replaced in the
+                    // error too, and counted there as well.
+                    total += markers_in(shown).saturating_sub(markers_in(raw));
+                    format!("{what}{shown}")
+                }
                 None => error,
             },
             _ => error,

@@ -140,6 +140,14 @@ fn a_failed_script_s_error_line_quotes_its_last_stderr_line_as_redacted_in_conte
             "{what}: {error}"
         );
         assert!(error.contains("[REDACTED:"), "{what}: {error}");
+        // `redactions` counts what was replaced in the output and in the error (the marker
+        // the error took from the output's last line went uncounted).
+        let markers = out.matches("[REDACTED").count() + error.matches("[REDACTED").count();
+        assert_eq!(
+            r["redactions"].as_u64(),
+            Some(markers as u64),
+            "{what}: {r}"
+        );
     }
 }
 
