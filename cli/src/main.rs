@@ -416,10 +416,14 @@ fn output_written(written: std::io::Result<()>, code: u8) -> u8 {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => 0,
         Err(e) => {
             // `eprintln!` would panic if stderr failed too; there is nowhere left to say it.
+            let why = if process_start::stdout_closed_at_start() {
+                "stdout was closed when vibeos-exec started".to_string()
+            } else {
+                io_error_text(&e)
+            };
             let _ = writeln!(
                 std::io::stderr(),
-                "vibeos-exec: cannot write the output: {}",
-                io_error_text(&e)
+                "vibeos-exec: cannot write the output: {why}"
             );
             1
         }

@@ -73,6 +73,16 @@ fn keep_inherited_descriptors_to_ourselves() {
     }
 }
 
+/// Whether stdout was closed when the process started (see
+/// [`open_missing_standard_descriptors`]).
+static STDOUT_CLOSED_AT_START: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Whether stdout was closed when the process started: what it writes there is lost.
+pub fn stdout_closed_at_start() -> bool {
+    STDOUT_CLOSED_AT_START.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 fn open_missing_standard_descriptors() {
     let mut fds = [0, 1, 2].map(|fd| libc::pollfd {
         fd,
@@ -87,14 +97,21 @@ fn open_missing_standard_descriptors() {
     for missing in fds.iter().filter(|p| p.revents & libc::POLLNVAL != 0) {
         // The lowest free descriptor is the missing one: opening in order fills 0, 1, 2. The
         // descriptor stays open (and inherited, like the one it stands for) for the process's
-        // life.
-        match nix::fcntl::open("/dev/null", OFlag::O_RDWR, Mode::empty()) {
+        // life. A closed stdout gets /dev/full: the output cannot be delivered, and a write
+        // there fails, so the run says so and exits 1 (on /dev/null it reported success).
+        let stand_in = if missing.fd == 1 {
+            STDOUT_CLOSED_AT_START.store(true, std::sync::atomic::Ordering::Relaxed);
+            "/dev/full"
+        } else {
+            "/dev/null"
+        };
+        match nix::fcntl::open(stand_in, OFlag::O_RDWR, Mode::empty()) {
             Ok(null) => std::mem::forget(null),
             Err(e) => {
                 // std aborts here too: a process whose stdout could become any file it opens
                 // must not go on.
                 eprintln!(
-                    "vibeos-exec: descriptor {} was closed at start and /dev/null cannot be \
+                    "vibeos-exec: descriptor {} was closed at start and {stand_in} cannot be \
                      opened in its place ({e}); start vibeos-exec with stdin, stdout and stderr open",
                     missing.fd
                 );

@@ -1252,6 +1252,38 @@ fn a_failed_write_of_the_output_is_an_error() {
     }
 }
 
+/// Started with stdout closed (`run x.py >&-`), the output cannot be delivered: it was written
+/// to the /dev/null put in its place and the run reported success.
+#[test]
+fn a_closed_stdout_is_an_error_not_a_success() {
+    let sb = Sandbox::new();
+    for args in [&["run", "-"][..], &["env", "audit"][..]] {
+        let mut cmd = sb.command();
+        cmd.args(args)
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        // SAFETY: close(2) of the child's own stdout between fork and exec; async-signal-safe.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(|| {
+                libc::close(1);
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().unwrap();
+        if let Some(mut pipe) = child.stdin.take() {
+            pipe.write_all(b"print('hello')").unwrap();
+        }
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains("cannot write the output: stdout was closed when vibeos-exec started"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
 #[test]
 fn a_reader_that_stops_reading_ends_the_command_quietly() {
     // SIGPIPE is ignored, so a closed pipe is an EPIPE error: like ripgrep, exit 0 and say
