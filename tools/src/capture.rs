@@ -165,7 +165,7 @@ impl HeadTail {
     fn kept(&self) -> (&[u8], Vec<u8>) {
         let (a, b) = self.tail.as_slices();
         let tail: Vec<u8> = [a, b].concat();
-        if !crate::redact::enabled() {
+        if !crate::settings::redact_output() {
             return (
                 trim_partial_tail(&self.head),
                 trim_partial_head(&tail).to_vec(),

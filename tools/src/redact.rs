@@ -206,11 +206,7 @@ fn escaped_forms(value: &str) -> Vec<String> {
 
 /// Whether `security.redact_output` is on (the default; only an explicit `false` turns it off).
 pub fn enabled() -> bool {
-    crate::settings::current_or_default()
-        .security
-        .as_ref()
-        .and_then(|s| s.redact_output)
-        != Some(false)
+    crate::settings::redact_output()
 }
 
 /// Whether the variable `name` holds a secret by the environment policy.
@@ -824,7 +820,10 @@ mod tests {
         let r = Redactor::from_env([("MY_SECRET", value)]);
         for (text, shown) in [
             ("\"p@ss\\\"w\\\\rd/x+y\"", "\"[REDACTED:MY_SECRET]\""),
-            ("{'k': 'p@ss\"w\\\\rd/x+y'}", "{'k': '[REDACTED:MY_SECRET]'}"),
+            (
+                "{'k': 'p@ss\"w\\\\rd/x+y'}",
+                "{'k': '[REDACTED:MY_SECRET]'}",
+            ),
             ("p@ss\"w\\rd/x+y", "[REDACTED:MY_SECRET]"),
         ] {
             assert_eq!(r.redact(text), (shown.to_string(), 1), "{text}");

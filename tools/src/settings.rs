@@ -289,3 +289,14 @@ mod tests {
         }
     }
 }
+
+/// Whether `security.redact_output` is on (the default; only an explicit `false` turns it off).
+/// Here, below both, for [`crate::redact`] and the output capture, which drops what a cut
+/// split only when redaction will run.
+pub fn redact_output() -> bool {
+    current_or_default()
+        .security
+        .as_ref()
+        .and_then(|s| s.redact_output)
+        != Some(false)
+}
