@@ -222,6 +222,17 @@ pub fn current_or_default() -> Arc<ConfigFile> {
     })
 }
 
+/// Whether `security.redact_output` is on (the default; only an explicit `false` turns it off).
+/// Here, below both, for [`crate::redact`] and the output capture, which drops what a cut
+/// split only when redaction will run.
+pub fn redact_output() -> bool {
+    current_or_default()
+        .security
+        .as_ref()
+        .and_then(|s| s.redact_output)
+        != Some(false)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -288,15 +299,4 @@ mod tests {
             assert_eq!(c.text, b"code_execution:\n  timeout: 4\n");
         }
     }
-}
-
-/// Whether `security.redact_output` is on (the default; only an explicit `false` turns it off).
-/// Here, below both, for [`crate::redact`] and the output capture, which drops what a cut
-/// split only when redaction will run.
-pub fn redact_output() -> bool {
-    current_or_default()
-        .security
-        .as_ref()
-        .and_then(|s| s.redact_output)
-        != Some(false)
 }
