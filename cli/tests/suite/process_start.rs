@@ -63,7 +63,7 @@ impl Hold {
 }
 
 #[test]
-fn closed_standard_descriptors_are_reopened_on_dev_null_before_anything_else_is_opened() {
+fn closed_standard_descriptors_are_reopened_before_anything_else_is_opened() {
     let sb = Sandbox::new();
     // The script holds the run open (the supervisor's socket, staging dir and pipes all open)
     // until the test has looked at the supervisor's descriptors.
@@ -87,13 +87,15 @@ fn closed_standard_descriptors_are_reopened_on_dev_null_before_anything_else_is_
         .collect();
     hold.release();
     let status = child.wait().unwrap();
+    // stdin and stderr on /dev/null; stdout on /dev/full, so that the output that cannot be
+    // delivered (the script prints `released`) fails the run instead of vanishing.
     assert_eq!(
         targets,
-        ["/dev/null", "/dev/null", "/dev/null"],
+        ["/dev/null", "/dev/full", "/dev/null"],
         "a standard descriptor the caller left closed must not become a file, pipe or socket \
          the supervisor opens"
     );
-    assert_eq!(status.code(), Some(0), "{status:?}");
+    assert_eq!(status.code(), Some(1), "{status:?}");
 }
 
 #[test]
