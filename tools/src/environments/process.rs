@@ -282,23 +282,16 @@ impl Drop for ClientProcess {
 /// explicitly (a background job's stdin would otherwise be /dev/null). `wait` speaks with its
 /// stderr closed: dash reports a job that a signal ended ("Killed") on the shell's stderr, which
 /// is the command's stderr, so an interrupt or a sandbox teardown would add a line the command
-/// never wrote; the status still says how it ended. A kill that came before the group was
-/// recorded left its signal in `<pgid_file>.k` ([`group_kill`]), which the wrapper sends as soon
-/// as the group exists (or to the command itself when it has not made its group yet: it has
-/// started nothing then).
+/// never wrote; the status still says how it ended.
 pub fn group_wrapper(spec: &ExecSpec, pgid_file: &str, python: &str) -> String {
     let (cd, cmd) = (cd_prefix(spec), command_words(spec));
     let f = shell_quote(pgid_file);
-    let k = shell_quote(&format!("{pgid_file}.k"));
     let py = shell_quote(python);
     format!(
         "{cd}exec 3<&0; if command -v setsid >/dev/null 2>&1; then setsid {cmd} <&3 3<&- & \
          else {py} -c 'import os,sys;os.setsid();os.execvp(sys.argv[1],sys.argv[1:])' {cmd} <&3 3<&- & fi; \
-         p=$!; exec 3<&-; echo $p > {f}; \
-         if [ -s {k} ]; then kill -s \"$(cat {k})\" -- -$p 2>/dev/null || \
-         kill -s \"$(cat {k})\" $p 2>/dev/null; fi; \
-         wait $p 2>/dev/null; s=$?; \
-         rm -f {f} {k} </dev/null >/dev/null 2>&1 & exit $s"
+         p=$!; exec 3<&-; echo $p > {f}; wait $p 2>/dev/null; s=$?; \
+         rm -f {f} </dev/null >/dev/null 2>&1 & exit $s"
     )
 }
 
@@ -478,22 +471,11 @@ pub fn scope_sweep_argv(python: &str, scope: &str, spare_leader: bool) -> Vec<St
 }
 
 /// The `sh` line that signals the group recorded in `pgid_file` (nothing when it has ended).
-///
-/// The signal is written down first (`<pgid_file>.k`), then the group read: a command whose
-/// session was still starting when it was killed (a 2 s timeout on a loaded host) had recorded
-/// no group yet, and ran on for good. The wrapper ([`group_wrapper`]) looks for that file right
-/// after recording its group, so whichever of the two comes second sends the signal. The
-/// note stays when no group was read (a command that starts later, or one that has ended). A
-/// group not made yet (the command between its fork and its `setsid`, so it has started
-/// nothing) is signalled through the command itself.
 pub fn group_kill(pgid_file: &str, signal: GroupSignal) -> String {
-    let f = shell_quote(pgid_file);
-    let k = shell_quote(&format!("{pgid_file}.k"));
-    let sig = signal.name();
     format!(
-        "echo {sig} > {k} 2>/dev/null; p=$(cat {f} 2>/dev/null) && [ -n \"$p\" ] && \
-         {{ kill -s {sig} -- -\"$p\" 2>/dev/null || kill -s {sig} \"$p\" 2>/dev/null; \
-         rm -f {k}; }}; true"
+        "p=$(cat {} 2>/dev/null) && [ -n \"$p\" ] && kill -s {} -- -\"$p\" 2>/dev/null; true",
+        shell_quote(pgid_file),
+        signal.name()
     )
 }
 
@@ -501,52 +483,6 @@ pub fn group_kill(pgid_file: &str, signal: GroupSignal) -> String {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_kill_sent_before_the_group_is_recorded_reaches_it_once_it_is() {
-        // A 2 s timeout on a loaded host killed an ssh command whose session had not started
-        // yet: no group was recorded, and `sleep` ran on for good.
-        let dir = tempfile::tempdir().unwrap();
-        let pgid_file = dir.path().join("pg").display().to_string();
-        let kill = Command::new("sh")
-            .arg("-c")
-            .arg(group_kill(&pgid_file, GroupSignal::Term))
-            .status()
-            .unwrap();
-        assert!(kill.success());
-        let spec = ExecSpec::new(["sh", "-c", "sleep 4717 & sleep 4718; wait"]);
-        let mut wrapper = Command::new("sh")
-            .arg("-c")
-            .arg(group_wrapper(&spec, &pgid_file, "python3"))
-            .stdin(Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        let status = loop {
-            if let Some(status) = wrapper.try_wait().unwrap() {
-                break status;
-            }
-            if std::time::Instant::now() > deadline {
-                let _ = Command::new("sh")
-                    .arg("-c")
-                    .arg(group_kill(&pgid_file, GroupSignal::Kill))
-                    .status();
-                let _ = wrapper.wait();
-                panic!("the kill sent before the group existed never reached it");
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        };
-        assert!(!status.success());
-        let ps = Command::new("ps").args(["-eo", "args"]).output().unwrap();
-        let ps = String::from_utf8_lossy(&ps.stdout);
-        assert!(
-            !ps.contains("sleep 4717") && !ps.contains("sleep 4718"),
-            "{ps}"
-        );
-        // Both files are gone once it ended.
-        std::thread::sleep(std::time::Duration::from_millis(300));
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
-    }
 
     #[test]
     fn the_wrapper_runs_the_command_in_its_own_group_and_kill_reaches_all_of_it_quietly() {
