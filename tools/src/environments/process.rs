@@ -283,15 +283,48 @@ impl Drop for ClientProcess {
 /// stderr closed: dash reports a job that a signal ended ("Killed") on the shell's stderr, which
 /// is the command's stderr, so an interrupt or a sandbox teardown would add a line the command
 /// never wrote; the status still says how it ended.
+///
+/// A kill that came before the group was recorded left a note ([`group_kill`]); right after
+/// recording, the wrapper claims any note and sends its signal (see [`claim_and_signal`]).
 pub fn group_wrapper(spec: &ExecSpec, pgid_file: &str, python: &str) -> String {
     let (cd, cmd) = (cd_prefix(spec), command_words(spec));
     let f = shell_quote(pgid_file);
+    let k = shell_quote(&kill_note(pgid_file));
     let py = shell_quote(python);
+    let claim = claim_and_signal(pgid_file, "\"$(cat \"$c\" 2>/dev/null)\"");
     format!(
         "{cd}exec 3<&0; if command -v setsid >/dev/null 2>&1; then setsid {cmd} <&3 3<&- & \
          else {py} -c 'import os,sys;os.setsid();os.execvp(sys.argv[1],sys.argv[1:])' {cmd} <&3 3<&- & fi; \
-         p=$!; exec 3<&-; echo $p > {f}; wait $p 2>/dev/null; s=$?; \
-         rm -f {f} </dev/null >/dev/null 2>&1 & exit $s"
+         p=$!; exec 3<&-; echo $p > {f}; {claim}; wait $p 2>/dev/null; s=$?; \
+         rm -f {f} {k} </dev/null >/dev/null 2>&1 & exit $s"
+    )
+}
+
+/// Where a kill that found no recorded group leaves its signal for the wrapper.
+fn kill_note(pgid_file: &str) -> String {
+    format!("{pgid_file}.k")
+}
+
+/// The `sh` line, run with the group's id in `$p`, that claims the kill note and, if this side
+/// got it, signals the group with `signal` (a shell word; `$c` names the claimed note).
+///
+/// Both sides write first and read second: [`group_kill`] writes the note and then reads the
+/// pgid file, the wrapper writes the pgid file and then claims the note. So at least one of them
+/// sees the other's write, and as the claim is a rename, exactly one of them sends the signal.
+/// A note is looked for with the shell's own `test` before `mv` runs, so a command nobody
+/// killed costs its wrapper no extra process.
+/// The group may not exist yet even once its id is known (the command between its fork and its
+/// `setsid`, having started nothing): the signal is retried while the command lives, briefly
+/// and bounded (2 s), and never sent to the command alone, which could make its group and
+/// children between two `kill`s.
+fn claim_and_signal(pgid_file: &str, signal: &str) -> String {
+    let k = shell_quote(&kill_note(pgid_file));
+    // The claimed name ends in this shell's pid, so it must expand: only the path is quoted.
+    let c = format!("{k}.\"$$\"");
+    format!(
+        "c={c}; if [ -e {k} ] && mv -f {k} \"$c\" 2>/dev/null; then g={signal}; rm -f \"$c\"; n=0; \
+         until kill -s \"$g\" -- -\"$p\" 2>/dev/null || ! kill -0 \"$p\" 2>/dev/null \
+         || [ $n -ge 200 ]; do n=$((n+1)); sleep 0.01 2>/dev/null || sleep 1; done; fi"
     )
 }
 
@@ -471,18 +504,145 @@ pub fn scope_sweep_argv(python: &str, scope: &str, spare_leader: bool) -> Vec<St
 }
 
 /// The `sh` line that signals the group recorded in `pgid_file` (nothing when it has ended).
+///
+/// The signal is written down first, as a note next to `pgid_file`, and the group read second:
+/// a command killed while its wrapper was still starting (a 2 s timeout on a loaded host) had
+/// recorded no group yet, and used to run on for good. Whichever of this line and the wrapper
+/// comes second sends the signal ([`claim_and_signal`]). A note nobody claims (the command had
+/// already ended) stays until the environment's files go.
 pub fn group_kill(pgid_file: &str, signal: GroupSignal) -> String {
-    format!(
-        "p=$(cat {} 2>/dev/null) && [ -n \"$p\" ] && kill -s {} -- -\"$p\" 2>/dev/null; true",
-        shell_quote(pgid_file),
-        signal.name()
-    )
+    let f = shell_quote(pgid_file);
+    let k = shell_quote(&kill_note(pgid_file));
+    let sig = signal.name();
+    let claim = claim_and_signal(pgid_file, sig);
+    format!("echo {sig} > {k} 2>/dev/null; p=$(cat {f} 2>/dev/null) && [ -n \"$p\" ] && {{ {claim}; }}; true")
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    /// Waits for `wrapper` for up to 20 s; past that, kills its group through `pgid_file` and
+    /// fails, so a lost kill cannot leave the test's sleeps behind.
+    fn ended_within_deadline(mut wrapper: Child, pgid_file: &str) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            if let Some(status) = wrapper.try_wait().unwrap() {
+                return status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = Command::new("sh")
+                    .arg("-c")
+                    .arg(group_kill(pgid_file, GroupSignal::Kill))
+                    .status();
+                let _ = wrapper.kill();
+                let _ = wrapper.wait();
+                panic!("the kill never reached the command's group");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// Whether a process whose argv is exactly `args` is still alive (zombies aside).
+    fn running(args: &str) -> bool {
+        let ps = Command::new("ps")
+            .args(["-eo", "stat=,args="])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&ps.stdout)
+            .lines()
+            .any(|l| l.trim_end().ends_with(args) && !l.trim_start().starts_with('Z'))
+    }
+
+    #[test]
+    fn a_kill_sent_before_the_group_is_recorded_reaches_it_once_it_is() {
+        // A 2 s timeout on a loaded host killed an ssh command whose wrapper had not recorded
+        // its group yet: the kill found nothing, and `sleep` ran on for good.
+        let dir = tempfile::tempdir().unwrap();
+        let pgid_file = dir.path().join("pg").display().to_string();
+        let kill = Command::new("sh")
+            .arg("-c")
+            .arg(group_kill(&pgid_file, GroupSignal::Term))
+            .status()
+            .unwrap();
+        assert!(kill.success());
+        let spec = ExecSpec::new(["sh", "-c", "sleep 4717 & sleep 4718; wait"]);
+        let wrapper = Command::new("sh")
+            .arg("-c")
+            .arg(group_wrapper(&spec, &pgid_file, "python3"))
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let status = ended_within_deadline(wrapper, &pgid_file);
+        assert_eq!(status.code(), Some(128 + 15), "{status:?}");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while (running("sleep 4717") || running("sleep 4718"))
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(!running("sleep 4717") && !running("sleep 4718"));
+        // The note was claimed and the pgid file removed once the command ended.
+        while std::fs::read_dir(dir.path()).unwrap().count() > 0
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+
+    #[test]
+    fn a_kill_racing_the_start_of_a_command_always_reaches_its_group() {
+        // Kills sent at every point of the wrapper's start: before the group is recorded,
+        // between the fork and the `setsid`, and after. None may leave the command running.
+        let dir = tempfile::tempdir().unwrap();
+        for round in 0..40u32 {
+            let pgid_file = dir.path().join(format!("pg{round}")).display().to_string();
+            let spec = ExecSpec::new(["sh", "-c", "sleep 4719 & sleep 4720; wait"]);
+            let start = || {
+                Command::new("sh")
+                    .arg("-c")
+                    .arg(group_wrapper(&spec, &pgid_file, "python3"))
+                    .stdin(Stdio::null())
+                    .spawn()
+                    .unwrap()
+            };
+            let kill = || {
+                Command::new("sh")
+                    .arg("-c")
+                    .arg(group_kill(&pgid_file, GroupSignal::Kill))
+                    .spawn()
+                    .unwrap()
+            };
+            // Half the rounds start the kill first, half the command; the other one follows
+            // after a delay that grows through the rounds.
+            let gap = std::time::Duration::from_micros(u64::from(round / 2) * 300);
+            let (wrapper, mut killer) = if round % 2 == 0 {
+                let killer = kill();
+                std::thread::sleep(gap);
+                (start(), killer)
+            } else {
+                let wrapper = start();
+                std::thread::sleep(gap);
+                (wrapper, kill())
+            };
+            assert!(killer.wait().unwrap().success());
+            let status = ended_within_deadline(wrapper, &pgid_file);
+            assert_eq!(status.code(), Some(128 + 9), "round {round}: {status:?}");
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while (running("sleep 4719") || running("sleep 4720"))
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(!running("sleep 4719") && !running("sleep 4720"));
+    }
 
     #[test]
     fn the_wrapper_runs_the_command_in_its_own_group_and_kill_reaches_all_of_it_quietly() {
