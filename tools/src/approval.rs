@@ -301,21 +301,10 @@ fn unquoted(word: &str) -> String {
     word.chars().filter(|c| !matches!(c, '"' | '\'')).collect()
 }
 
-/// `path` with `.` and `..` resolved by text, as the shell's `cd` does (`/usr/..` is `/`);
-/// `..` at the root stays at the root.
+/// `path` with `.` and `..` resolved by text, as the shell's `cd` does (`/usr/..` is `/`),
+/// anchored at the root (`..` there stays there).
 fn lexically_normal(path: &std::path::Path) -> std::path::PathBuf {
-    use std::path::Component;
-    let mut out = std::path::PathBuf::from("/");
-    for part in path.components() {
-        match part {
-            Component::Normal(p) => out.push(p),
-            Component::ParentDir => {
-                out.pop();
-            }
-            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
-        }
-    }
-    out
+    crate::planner::lexical(&std::path::Path::new("/").join(path))
 }
 
 /// Says whether the installed host callback can reach someone for a task (an MCP server whose

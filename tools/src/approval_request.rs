@@ -31,29 +31,10 @@ static DOT_DOT_PATH: LazyLock<Option<Regex>> = LazyLock::new(|| {
 });
 
 /// `text` (a command or script a person is asked about) as it is shown to them on a terminal
-/// or in a client's form: the text is the script's, so control characters other than newline
-/// and tab (a carriage return and an erase-line sequence could draw a harmless command over
-/// the real one; a conceal sequence hid the rest of the prompt), Unicode bidirectional
-/// controls (which reorder what is shown), zero-width characters and line separators are
-/// written as escapes (`\r`, `\u{1b}`, `\u{202e}`).
+/// or in a client's form: newlines and tabs kept, every other character that could draw over
+/// or hide part of the prompt escaped ([`crate::error::escaped_for_display`]).
 pub fn shown_to_a_person(text: &str) -> String {
-    let hidden = |c: char| {
-        (c.is_control() && c != '\n' && c != '\t')
-            || matches!(c,
-                '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2060}'..='\u{2064}'
-                | '\u{2066}'..='\u{2069}' | '\u{061c}' | '\u{feff}')
-    };
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if !hidden(c) {
-            out.push(c);
-        } else if c.is_control() {
-            out.extend(c.escape_debug());
-        } else {
-            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
-        }
-    }
-    out
+    crate::error::escaped_for_display(text, crate::error::LineBreaks::Kept)
 }
 
 /// The form of a command that patterns are matched against: lower-case, line continuations

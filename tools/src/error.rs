@@ -275,15 +275,43 @@ mod kind_tests {
 }
 
 /// `text` from elsewhere (an MCP server's error message) as one line of a table or a log:
-/// every control character, newlines included, written as an escape (`\n`, `\u{1b}`), so it
-/// can neither clear a terminal nor start a forged log line of its own.
+/// newlines too are written as escapes (see [`escaped_for_display`]), so it can neither clear a
+/// terminal nor start a forged log line of its own.
 pub(crate) fn one_line(text: &str) -> String {
+    escaped_for_display(text, LineBreaks::Escaped)
+}
+
+/// Whether text shown by [`escaped_for_display`] keeps its newlines and tabs (a command in a
+/// prompt) or becomes one line (a row of a table, a log line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LineBreaks {
+    /// Newline and tab stay as they are.
+    Kept,
+    /// Newline and tab are escaped like every other control character.
+    Escaped,
+}
+
+/// `text` that someone else wrote (a script, an MCP server) as it may be shown on a terminal or
+/// in a client's form. Written as escapes (`\r`, `\u{1b}`, `\u{202e}`): control characters (a
+/// carriage return and an erase-line sequence could draw a harmless command over the real one;
+/// a conceal sequence hid the rest of a prompt; a clear-screen wiped it), Unicode bidirectional
+/// controls (which reorder what is shown), zero-width characters and line separators.
+pub(crate) fn escaped_for_display(text: &str, breaks: LineBreaks) -> String {
+    let kept = |c: char| breaks == LineBreaks::Kept && matches!(c, '\n' | '\t');
+    let hidden = |c: char| {
+        (c.is_control() && !kept(c))
+            || matches!(c,
+                '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2060}'..='\u{2064}'
+                | '\u{2066}'..='\u{2069}' | '\u{061c}' | '\u{feff}')
+    };
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
-        if c.is_control() || matches!(c, '\u{2028}' | '\u{2029}') {
+        if !hidden(c) {
+            out.push(c);
+        } else if c.is_control() {
             out.extend(c.escape_debug());
         } else {
-            out.push(c);
+            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
         }
     }
     out
