@@ -488,16 +488,28 @@ impl PathPolicy {
         })
     }
 
-    /// Takes `len` bytes from the write budget, or says why not.
-    fn charge(&self, len: u64, path: &Path) -> Result<(), ToolError> {
-        self.take_from_budget(len).map_err(|left| {
+    /// Takes `charged` bytes from the write budget for writing `len` bytes to `path`, or says
+    /// why not, naming both sizes when they differ (a 2-byte file is charged a whole block).
+    fn charge(&self, charged: u64, len: u64, path: &Path) -> Result<(), ToolError> {
+        self.take_from_budget(charged).map_err(|left| {
+            let bytes = |n: u64| {
+                if n == 1 {
+                    "1 byte".to_string()
+                } else {
+                    format!("{n} bytes")
+                }
+            };
+            let size = if charged == len {
+                bytes(len)
+            } else {
+                format!("{} ({charged} bytes of disk in whole blocks)", bytes(len))
+            };
             ToolError::new(
                 crate::ToolErrorKind::DiskBudgetExceeded,
                 format!(
-                    "writing {} bytes to {} would pass this execution's disk budget ({left} \
+                    "writing {size} to {} would pass this execution's disk budget ({left} \
                      bytes left for tool writes outside the staging dir; \
                      code_execution.strict.disk_mb sets it)",
-                    len,
                     path.display()
                 ),
             )
@@ -974,7 +986,7 @@ impl PathPolicy {
                 .map_or(0, |size| on_disk(size, block));
             on_disk(content.len() as u64, block).saturating_sub(freed)
         };
-        self.charge(charged, path)?;
+        self.charge(charged, content.len() as u64, path)?;
         let written = self.replace_file(path, content);
         if written.is_err() {
             self.refund(charged);
@@ -1692,6 +1704,12 @@ mod tests {
         p.write_atomic(&root.join("b1"), b"654321").unwrap();
         let e = p.write_atomic(&root.join("b2"), b"1").unwrap_err();
         assert_eq!(e.kind, "DiskBudgetExceeded", "{e}");
+        assert!(
+            e.message.contains(&format!(
+                "writing 1 byte ({block} bytes of disk in whole blocks)"
+            )),
+            "{e}"
+        );
         assert!(!root.join("b2").exists());
         // The directories a write makes count too, all charged before the first is made.
         let mut dirs = PathPolicy::new();
