@@ -38,6 +38,11 @@ pub enum StartError {
     /// The socket path would be too long.
     #[error("the RPC socket path {0} is longer than Unix sockets allow; set TMPDIR to a shorter directory")]
     SocketPathTooLong(PathBuf),
+    /// The staging dir's path holds a `:`, which `PYTHONPATH` cannot carry: its halves would
+    /// become two other entries, one of them relative to the script's cwd (a place someone
+    /// else may control).
+    #[error("the staging directory {0} holds a ':', which PYTHONPATH cannot carry; set TMPDIR to a directory without one")]
+    StagingPathHasColon(PathBuf),
     /// The RPC listener could not be opened.
     #[error("cannot open the RPC socket: {0}")]
     Listener(std::io::Error),

@@ -158,10 +158,23 @@ impl LaunchSpec {
         env.push(("PYTHONUTF8".into(), "1".into()));
         // The staging dir first so `import vibeos_tools` works from any cwd; in project mode the
         // session dir next, so project imports work as they do for `python -c` in terminal().
+        // PYTHONPATH has no escape for `:`: a path holding one would be read as two other
+        // entries (`/tmp/a:b` as `/tmp/a` and a relative `b`), places someone else may own.
+        let has_colon = |p: &Path| p.as_os_str().as_encoded_bytes().contains(&b':');
+        if has_colon(staging) {
+            return Err(StartError::StagingPathHasColon(staging.to_path_buf()));
+        }
         let mut pythonpath = staging.as_os_str().to_owned();
-        if self.mode == Mode::Project {
+        if self.mode == Mode::Project && !has_colon(&self.session_cwd) {
             pythonpath.push(":");
             pythonpath.push(self.session_cwd.as_os_str());
+        } else if self.mode == Mode::Project && log {
+            tracing::warn!(
+                "execute_code: the session dir {} holds a ':', which PYTHONPATH cannot carry, \
+                 so it is not on the script's PYTHONPATH; a script that imports from it can \
+                 add it with sys.path.insert(0, os.getcwd())",
+                self.session_cwd.display()
+            );
         }
         let keeps_pythonpath = policy.decide("PYTHONPATH", &self.passthrough) == Rule::SafeSystem
             || self.passthrough.contains("PYTHONPATH");

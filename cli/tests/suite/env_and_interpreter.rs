@@ -1010,3 +1010,50 @@ fn strict_mode_asks_a_wrapper_in_the_session_dir() {
         assert_eq!(r["output"].as_str().unwrap().trim(), want, "{args:?}: {r}");
     }
 }
+
+#[test]
+fn a_colon_in_a_path_never_splits_into_other_import_dirs() {
+    // PYTHONPATH has no escape for `:`. A session dir `<root>/a:b` used to reach the script as
+    // the entries `<root>/a` and a relative `b`: places someone else may own, imported from.
+    let mut sb = Sandbox::new();
+    let session = sb.root.path().join("a:b");
+    std::fs::create_dir_all(session.join("b")).unwrap();
+    std::fs::create_dir_all(sb.root.path().join("a")).unwrap();
+    std::fs::write(
+        sb.root.path().join("a/hijack_a.py"),
+        "print('hijacked a')\n",
+    )
+    .unwrap();
+    std::fs::write(session.join("b/hijack_b.py"), "print('hijacked b')\n").unwrap();
+    let script = "import os\n\
+                  print(os.environ['PYTHONPATH'].split(':'))\n\
+                  for name in ('hijack_a', 'hijack_b'):\n    \
+                      try:\n        __import__(name)\n    \
+                      except ImportError:\n        print('no', name)\n";
+    let r = sb.run_json(script, &["--cwd", session.to_str().unwrap()]);
+    assert_eq!(r["status"], "success", "{r}");
+    let out = r["output"].as_str().unwrap();
+    assert!(!out.contains("hijacked"), "{out}");
+    assert!(
+        out.contains("no hijack_a") && out.contains("no hijack_b"),
+        "{out}"
+    );
+    let log = std::fs::read_to_string(sb.home().join("logs/agent.log")).unwrap_or_default();
+    assert!(
+        log.contains("holds a ':'"),
+        "the log does not say why: {log}"
+    );
+    // A staging dir cannot leave PYTHONPATH out: a TMPDIR holding `:` is refused, saying so.
+    let tmp = sb.root.path().join("t:mp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    sb.set_env("TMPDIR", tmp.to_str().unwrap());
+    let r = sb.run_json("print('ran')\n", &[]);
+    assert_eq!(r["status"], "error", "{r}");
+    assert!(
+        r["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("set TMPDIR to a directory without one"),
+        "{r}"
+    );
+}
