@@ -66,6 +66,18 @@ enum Conn {
     Stopped,
 }
 
+/// Where a server's tool-list refresh stands: notifications that come while one runs are
+/// folded into one more refresh after it, however many there are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refresh {
+    /// None runs.
+    Idle,
+    /// One runs, and nothing came since it started.
+    Running,
+    /// One runs, and the list changed again since it started.
+    RunningThenAgain,
+}
+
 /// One configured server and its connection.
 pub struct McpServer {
     spec: ServerSpec,
@@ -75,6 +87,11 @@ pub struct McpServer {
     conn: tokio::sync::Mutex<Conn>,
     state: Mutex<ServerState>,
     toolsets: Mutex<Vec<String>>,
+    /// The tool list last registered, as the server sent it: a `list_changed` that changes
+    /// nothing registers nothing (a storm of them rotated agent.log through 60 MB).
+    listed: Mutex<Option<Value>>,
+    /// Whether a refresh runs, and whether another notification came while it ran.
+    refreshing: Mutex<Refresh>,
     plugin_failures: Mutex<BTreeMap<String, String>>,
     check: CheckFn,
     /// This server's place among its manager's servers: which of two same-named tools wins.
@@ -96,7 +113,9 @@ impl ClientHandler for Notifier {
         let server = self.server.clone();
         async move {
             if let Some(server) = server.upgrade() {
-                tokio::spawn(async move { server.refresh_tools().await });
+                if server.refresh_wanted() {
+                    tokio::spawn(async move { server.refresh_until_current().await });
+                }
             }
         }
     }
@@ -170,6 +189,8 @@ impl McpServer {
                 conn: tokio::sync::Mutex::new(Conn::None),
                 state: Mutex::new(ServerState::NotStarted),
                 toolsets: Mutex::new(Vec::new()),
+                listed: Mutex::new(None),
+                refreshing: Mutex::new(Refresh::Idle),
                 plugin_failures: Mutex::new(BTreeMap::new()),
                 check,
                 order,
@@ -347,11 +368,21 @@ impl McpServer {
     /// Registers `tools` (replacing this server's previous toolsets); returns how many were
     /// registered. Bad tools are logged with the server's name and skipped, and so are tools
     /// whose name a server listed before this one holds ([`precedence`]).
+    /// Registers the server's `tools` in place of what it listed before. Make before break: a
+    /// tool listed before and now is replaced in place, never absent for a moment (a call
+    /// made while the list was fetched again used to find no such tool); what is no longer
+    /// listed goes afterwards.
     fn register_tools(&self, tools: Vec<Tool>) -> usize {
         let _registering = self.order.registering();
-        for old in std::mem::take(&mut *lock(&self.toolsets)) {
-            let _ = self.registry.remove_toolset(&old);
-        }
+        *lock(&self.listed) = serde_json::to_value(&tools).ok();
+        let old_toolsets = std::mem::take(&mut *lock(&self.toolsets));
+        let ours_before: BTreeMap<String, Arc<ToolEntry>> = self
+            .registry
+            .entries()
+            .into_iter()
+            .filter(|e| e.source.is_external() && old_toolsets.contains(&e.toolset))
+            .map(|e| (e.name.clone(), e))
+            .collect();
         let mut groups: BTreeMap<String, (ToolSource, Vec<ToolEntry>)> = BTreeMap::new();
         let mut script_open = Vec::new();
         let mut listed = std::collections::BTreeSet::new();
@@ -389,6 +420,14 @@ impl McpServer {
                 }
             };
             let name = tool.name.to_string();
+            // A tool that moved to another of this server's toolsets (a plugin tool now from
+            // another module) goes first: it would shadow its old self.
+            if ours_before
+                .get(&name)
+                .is_some_and(|was| was.toolset != toolset)
+            {
+                self.registry.unregister(&name);
+            }
             let earlier = self
                 .order
                 .held_by_earlier(&self.spec.name, self.registry, &name);
@@ -467,6 +506,20 @@ impl McpServer {
                 tracing::warn!("{}: {e}", self.label());
             }
         }
+        // Now what is no longer listed (or no longer registers): whole toolsets, then each
+        // entry of before that nothing replaced.
+        for old in old_toolsets.iter().filter(|t| !names.contains(t)) {
+            let _ = self.registry.remove_toolset(old);
+        }
+        for (name, before) in &ours_before {
+            if self
+                .registry
+                .get(name)
+                .is_some_and(|now| Arc::ptr_eq(&now, before))
+            {
+                self.registry.unregister(name);
+            }
+        }
         *lock(&self.toolsets) = names;
         count
     }
@@ -504,6 +557,32 @@ impl McpServer {
         entry
     }
 
+    /// Notes a `list_changed`; true when the caller is to start the refresh (none runs).
+    fn refresh_wanted(&self) -> bool {
+        let mut state = lock(&self.refreshing);
+        let start = *state == Refresh::Idle;
+        *state = match *state {
+            Refresh::Idle => Refresh::Running,
+            Refresh::Running | Refresh::RunningThenAgain => Refresh::RunningThenAgain,
+        };
+        start
+    }
+
+    /// Fetches the tool list again, once more for every burst of notifications that came while
+    /// it did.
+    async fn refresh_until_current(&self) {
+        loop {
+            self.refresh_tools().await;
+            let mut state = lock(&self.refreshing);
+            if *state == Refresh::RunningThenAgain {
+                *state = Refresh::Running;
+                continue;
+            }
+            *state = Refresh::Idle;
+            return;
+        }
+    }
+
     async fn refresh_tools(&self) {
         let client = match &*self.conn.lock().await {
             Conn::Up { client, .. } => client.clone(),
@@ -511,6 +590,11 @@ impl McpServer {
         };
         match tokio::time::timeout(self.start_timeout, client.list_all_tools()).await {
             Ok(Ok(tools)) => {
+                let raw = serde_json::to_value(&tools).ok();
+                if raw.is_some() && *lock(&self.listed) == raw {
+                    tracing::debug!("{}: tool list changed; nothing in it did", self.label());
+                    return;
+                }
                 let n = self.register_tools(tools);
                 self.set_state(ServerState::Running(n));
                 tracing::info!("{}: tool list changed; {n} tools now", self.label());
