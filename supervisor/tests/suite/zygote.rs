@@ -494,7 +494,11 @@ fn a_spare_that_died_while_waiting_is_replaced_and_leaves_nothing() {
         (2..=4).contains(&children_of(server).len())
     });
     // Nor is any copy of the server outside it and its spares (the killed reaper's script
-    // process ends at EOF on its channel, which the supervisor closed).
+    // process ends at EOF on its channel, which the supervisor closed). A copy is told by the
+    // server's whole argv, which holds a directory made for this server only: other fork
+    // servers on the machine (another suite's, a probe's) are none of this test's business.
+    let server_argv = std::fs::read(format!("/proc/{server}/cmdline")).unwrap();
+    assert!(String::from_utf8_lossy(&server_argv).contains("The fork server of one"));
     let orphans = || -> Vec<i32> {
         let ours = children_of(server);
         all_pids()
@@ -504,9 +508,7 @@ fn a_spare_that_died_while_waiting_is_replaced_and_leaves_nothing() {
                     && *pid != server
                     && !ours.contains(pid)
                     && !ours.contains(&parent_of(*pid))
-                    && std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
-                        String::from_utf8_lossy(&c).contains("The fork server of one")
-                    })
+                    && std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == server_argv)
             })
             .collect()
     };
