@@ -56,6 +56,15 @@ pub enum InterpreterError {
         /// The version its resolved file name declares.
         version: (u32, u32),
     },
+    /// The configured interpreter is named like no Python, and asked, it did not say it is
+    /// one (`/bin/true` ran every script as a success with no output).
+    #[error("code_execution.python is {path}, which is not a Python interpreter: {why}; point the setting at Python {}.{} or newer, or remove it to use python3 from PATH", MIN_VERSION.0, MIN_VERSION.1)]
+    ConfiguredNotPython {
+        /// The configured path.
+        path: PathBuf,
+        /// What asking it gave.
+        why: String,
+    },
     /// The default interpreter is a `#!` wrapper (a pyenv shim) that selects, for the
     /// execution's cwd, a Python older than the stub supports.
     #[error("{found_as} is {wrapper}, a #! wrapper (a pyenv shim) that selects {selected} in {cwd}, which is Python {}.{}; scripts need Python {}.{} or newer: select a newer one for that directory (pyenv: `pyenv local 3.12` there, or PYENV_VERSION) or set code_execution.python to a newer interpreter", version.0, version.1, MIN_VERSION.0, MIN_VERSION.1)]
@@ -82,7 +91,8 @@ impl InterpreterError {
     pub fn is_setting(&self) -> bool {
         match self {
             InterpreterError::ConfiguredMissing { .. }
-            | InterpreterError::ConfiguredTooOld { .. } => true,
+            | InterpreterError::ConfiguredTooOld { .. }
+            | InterpreterError::ConfiguredNotPython { .. } => true,
             InterpreterError::WrapperTooOld { found_as, .. } => *found_as == CONFIGURED_SOURCE,
             InterpreterError::NotOnPath => false,
         }
@@ -250,6 +260,26 @@ impl Resolution {
                     version,
                 });
             }
+            if !named_like_python(&path) && !crate::interpreter_shim::is_script(&path) {
+                // Asked once a while ([`probe_version`]); a `#!` wrapper is asked what it runs
+                // instead, and an interpreter named like one is believed, as starting it to
+                // ask costs what the script does.
+                match probe_version(&path, &self.probe_env) {
+                    Ok(version) if version < MIN_VERSION => {
+                        return Err(InterpreterError::ConfiguredTooOld {
+                            path: p.clone(),
+                            version,
+                        })
+                    }
+                    Ok(_) => {}
+                    Err(why) => {
+                        return Err(InterpreterError::ConfiguredNotPython {
+                            path: p.clone(),
+                            why,
+                        })
+                    }
+                }
+            }
             return Ok(Interpreter {
                 path,
                 source: CONFIGURED_SOURCE,
@@ -306,6 +336,15 @@ impl Resolution {
 fn version_in_name(exe: &Path) -> Option<(u32, u32)> {
     let real = crate::real_path::canonical(exe).ok()?;
     parse_version(real.file_name()?.to_str()?.strip_prefix("python")?)
+}
+
+/// Whether the file `exe` resolves to is named like a Python interpreter (`python3.12`,
+/// `python`, `pypy3`).
+fn named_like_python(exe: &Path) -> bool {
+    crate::real_path::canonical(exe)
+        .ok()
+        .and_then(|real| real.file_name()?.to_str().map(str::to_string))
+        .is_some_and(|name| name.starts_with("python") || name.starts_with("pypy"))
 }
 
 fn is_executable(p: &Path) -> bool {

@@ -6,6 +6,7 @@
 // Tests report failures by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::path::PathBuf;
 use vibeos_testkit::{parse_single_json, Sandbox};
 
 fn refused(sb: &Sandbox) -> String {
@@ -241,7 +242,7 @@ fn a_bad_logging_level_is_refused_naming_the_file_and_key() {
 }
 
 /// An unusable `code_execution.python` (missing, not executable, named for a Python older
-/// than 3.8) is a configuration error: exit 2 as for every other bad setting (it was 1, the
+/// than 3.8, not a Python at all) is a configuration error: exit 2 as for every other bad setting (it was 1, the
 /// code of a script that failed), naming the file and the key; `--json` gets one result
 /// object.
 #[test]
@@ -258,7 +259,14 @@ fn an_unusable_configured_python_is_a_config_error() {
             "not an executable file",
         ),
         (not_exec, "not an executable file"),
+        // Programs that are not Python: they ran every script as a success with no output
+        // (`/bin/true`), also behind a link named like Python.
+        (PathBuf::from("/bin/sh"), "not a Python interpreter"),
     ];
+    let disguised = sb.root.path().join("disguised");
+    std::fs::create_dir(&disguised).unwrap();
+    std::os::unix::fs::symlink("/bin/true", disguised.join("python3")).unwrap();
+    bad.push((disguised.join("python3"), "not a Python interpreter"));
     for (version, minor) in [("2.7", "2.7."), ("3.6", "3.6.")] {
         let found = std::fs::read_dir("/root/.pyenv/versions")
             .into_iter()
