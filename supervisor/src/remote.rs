@@ -211,7 +211,14 @@ fn remote_env(
     env.push(("PYTHONDONTWRITEBYTECODE".into(), "1".into()));
     env.push(("PYTHONIOENCODING".into(), "utf-8".into()));
     env.push(("PYTHONUTF8".into(), "1".into()));
-    env.push(("PYTHONPATH".into(), format!("{work_dir}:{cwd}").into()));
+    // As locally: a dir holding `:` would be read as two other entries (the work dir is ours
+    // and never holds one).
+    let pythonpath = if cwd.contains(':') {
+        work_dir.to_string()
+    } else {
+        format!("{work_dir}:{cwd}")
+    };
+    env.push(("PYTHONPATH".into(), pythonpath.into()));
     Ok(env)
 }
 
@@ -972,6 +979,22 @@ mod tests {
             assert!(!env.iter().any(|(k, _)| k == host_only), "{env:?}");
         }
         assert!(sent_over_there("LANG"));
+    }
+
+    #[test]
+    fn a_remote_cwd_holding_a_colon_stays_off_pythonpath() {
+        let request = ExecutionRequest::from_config("", &crate::Config::default());
+        let pythonpath = |cwd: &str| {
+            remote_env(&request, "/w", cwd)
+                .unwrap()
+                .into_iter()
+                .find(|(k, _)| k == "PYTHONPATH")
+                .map(|(_, v)| v)
+                .unwrap()
+        };
+        assert_eq!(pythonpath("/c"), "/w:/c");
+        // Read as `/tmp/a` and a relative `b`, places someone else may own.
+        assert_eq!(pythonpath("/tmp/a:b"), "/w");
     }
 
     #[test]
