@@ -29,12 +29,18 @@ use vibeos_tools::approval::{self, ApprovalRequest, NoAnswer};
 use vibeos_tools::approval_policy::{self, SmartVerdict};
 use vibeos_tools::environments::BackendKind;
 use vibeos_tools::{
-    registry, CheckFn, RegistrationError, ToolCall, ToolContext, ToolEntry, ToolError,
-    ToolRegistry, ToolSource, ToolsetSelection,
+    registry, CallOrigin, CheckFn, EndedFlag, RegistrationError, ToolCall, ToolContext, ToolEntry,
+    ToolError, ToolRegistry, ToolSource, ToolsetSelection,
 };
 
 /// How often a waiting `execute_code` looks for a pending signal (Ctrl-C) of the host.
 const SIGNAL_POLL: Duration = Duration::from_millis(100);
+
+/// How many executions deep `execute_code` may run inside the tool calls of other executions'
+/// scripts. A host tool that runs code for a script (a sub-agent, a "run this" tool) nests one
+/// level per call; without a bound a script calling such a tool in a loop started executions
+/// without end (285 running after 4 s, stop 58's probe).
+const MAX_NESTING: u32 = 3;
 
 /// The extension's runtime: one multi-thread runtime per process, started on first use.
 fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
@@ -59,7 +65,7 @@ fn value_error(message: impl Into<String>) -> PyErr {
 /// Runs one script. Arguments were type-checked by `vibeos_exec.execute_code`; values are
 /// checked here. Returns the result object as JSON text.
 #[pyfunction]
-#[pyo3(signature = (code, mode, timeout, max_tool_calls, cwd, enabled_tools, task_id, python, env_passthrough, stdout_limit=None, stderr_limit=None, cancellation=None))]
+#[pyo3(signature = (code, mode, timeout, max_tool_calls, cwd, enabled_tools, task_id, python, env_passthrough, stdout_limit=None, stderr_limit=None, cancellation=None, called_from=None))]
 #[allow(clippy::too_many_arguments)]
 fn execute_code(
     py: Python<'_>,
@@ -75,7 +81,19 @@ fn execute_code(
     stdout_limit: Option<u64>,
     stderr_limit: Option<u64>,
     cancellation: Option<PyRef<'_, Cancellation>>,
+    called_from: Option<PyRef<'_, ScriptCall>>,
 ) -> PyResult<String> {
+    let nesting = called_from.as_ref().map_or(0, |call| call.nesting + 1);
+    if nesting > MAX_NESTING {
+        return Err(PyRuntimeError::new_err(format!(
+            "execute_code cannot start here: it was called from a tool handler answering a \
+             script, whose execution already runs {} executions deep (at most {MAX_NESTING}); \
+             a tool that runs code for scripts would otherwise let one script start executions \
+             without end. Run the code in the handler itself, or have the agent call \
+             execute_code",
+            nesting - 1
+        )));
+    }
     let config = py
         .allow_threads(|| Config::load(None))
         .map_err(|e| PyRuntimeError::new_err(format!("vibeos config: {e}")))?;
@@ -133,6 +151,7 @@ fn execute_code(
             })?;
     }
     request.task_id = task_id.clone();
+    request.nesting = nesting;
     // Without a task id, "session" approvals last only while such calls run (a gateway that
     // passes none must not let one user's answer approve every later execution).
     let _untracked = task_id.is_none().then(approval::untracked_call);
@@ -143,6 +162,16 @@ fn execute_code(
     let _guard = vibeos_supervisor::interrupts::track(task_id.as_deref(), interrupt.clone());
     let mode_name = request.mode.as_str();
     let mut handle = rt.spawn(execute(request, registry(), interrupt.clone()));
+    // Started by a tool call of another execution's script: it ends when that execution does
+    // (it ran on to its own timeout, long after the script that asked for it was gone).
+    let caller_ended = called_from.map(|call| {
+        let mut ended = call.ended.clone();
+        let interrupt = interrupt.clone();
+        rt.spawn(async move {
+            ended.ended().await;
+            interrupt.interrupt();
+        })
+    });
     let mut pending_signal: Option<PyErr> = None;
     let outcome = py.allow_threads(|| loop {
         match rt.block_on(async { tokio::time::timeout(SIGNAL_POLL, &mut handle).await }) {
@@ -157,6 +186,9 @@ fn execute_code(
             Err(_) => {}
         }
     });
+    if let Some(watch) = caller_ended {
+        watch.abort();
+    }
     if let Some(e) = pending_signal {
         return Err(e);
     }
@@ -189,6 +221,31 @@ impl Cancellation {
     /// Whether [`Cancellation::cancel`] was called.
     fn cancelled(&self) -> bool {
         self.0.is_interrupted()
+    }
+}
+
+/// A script's tool call, as the host's handler of it runs: how many executions deep the calling
+/// execution runs, and whether it has ended. The package keeps it in a context variable while
+/// the handler runs, and an `execute_code` the handler makes passes it on: that execution runs
+/// one level deeper (refused past [`MAX_NESTING`]) and is interrupted when the calling one ends.
+/// Only ever handed out (to the package's tool invoker), so not among the module's names.
+#[pyclass(frozen, module = "vibeos_exec._native")]
+struct ScriptCall {
+    nesting: u32,
+    ended: EndedFlag,
+}
+
+#[pymethods]
+impl ScriptCall {
+    /// How many executions the calling execution runs inside (0: an agent started it).
+    #[getter]
+    fn nesting(&self) -> u32 {
+        self.nesting
+    }
+
+    /// Whether the calling execution has ended (the call was then abandoned).
+    fn ended(&self) -> bool {
+        self.ended.is_set()
     }
 }
 
@@ -284,9 +341,22 @@ fn call_invoker(
         ToolError::new(vibeos_tools::ToolErrorKind::InvalidArguments, e.to_string())
     })?;
     with_python(|py| {
+        let call = match ctx.origin {
+            CallOrigin::Script => Some(
+                Py::new(
+                    py,
+                    ScriptCall {
+                        nesting: vibeos_tools::nesting(ctx),
+                        ended: vibeos_tools::ended_flag(ctx),
+                    },
+                )
+                .map_err(|e| tool_error_of(py, &e))?,
+            ),
+            CallOrigin::Agent => None,
+        };
         let out = invoker
             .bind(py)
-            .call1((args_json, ctx.task_id.clone()))
+            .call1((args_json, ctx.task_id.clone(), call))
             .map_err(|e| tool_error_of(py, &e))?;
         let (ok, first, second): (bool, String, Option<String>) = out.extract().map_err(|e| {
             ToolError::new(

@@ -220,6 +220,10 @@ def execute_code(
             and the allowed values.
         RuntimeError: The config file cannot be read or holds a bad value, such as a
             ``code_execution.python`` that is missing, not executable or older than Python 3.8.
+        RuntimeError: Called from a tool handler answering a script whose execution already
+            runs 3 executions deep (a tool that runs code for scripts, called from the scripts
+            it runs): an execution started from a handler runs one level below the calling
+            one, and is interrupted when that one ends.
     """
     return _execute_code(
         code,
@@ -232,6 +236,7 @@ def execute_code(
         stdout_limit=stdout_limit,
         stderr_limit=stderr_limit,
         cancellation=None,
+        called_from=registry.calling_script.get(),
     )
 
 
@@ -247,9 +252,13 @@ def _execute_code(
     stdout_limit: Optional[int] = None,
     stderr_limit: Optional[int] = None,
     cancellation: Any,
+    called_from: Any = None,
 ) -> Dict[str, Any]:
     """:func:`execute_code` with ``cancellation`` (a ``_native.Cancellation`` or None): cancelled
-    before the script starts, the call returns an ``interrupted`` result without running it."""
+    before the script starts, the call returns an ``interrupted`` result without running it.
+    ``called_from`` is the script call a tool handler is answering when it calls this
+    (:data:`registry.calling_script`): the execution then runs one level deeper, refused past
+    the limit, and ends when the calling execution does."""
     global _active
     if not isinstance(code, str):
         raise _type_error("code", "a str", code)
@@ -310,6 +319,7 @@ def _execute_code(
             limits["stdout_limit"],
             limits["stderr_limit"],
             cancellation,
+            called_from,
         )
     finally:
         with _active_lock:
@@ -336,9 +346,12 @@ async def aexecute_code(code: str, **kwargs: Any) -> Dict[str, Any]:
     # not run the script afterwards. Interrupting by task id alone missed those, and the
     # script ran in full after the cancellation.
     cancellation = _native.Cancellation()
+    # Read here: the worker thread does not see this task's context variables.
+    called_from = registry.calling_script.get()
     loop = asyncio.get_running_loop()
     future = loop.run_in_executor(
-        None, lambda: _execute_code(code, cancellation=cancellation, **kwargs)
+        None,
+        lambda: _execute_code(code, cancellation=cancellation, called_from=called_from, **kwargs),
     )
     try:
         return await asyncio.shield(future)

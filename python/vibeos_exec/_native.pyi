@@ -21,8 +21,11 @@ def execute_code(
     stdout_limit: Optional[int] = None,
     stderr_limit: Optional[int] = None,
     cancellation: Optional["Cancellation"] = None,
+    called_from: Optional["ScriptCall"] = None,
 ) -> str:
-    """Runs a script with the GIL released; returns the result object as JSON text."""
+    """Runs a script with the GIL released; returns the result object as JSON text.
+    ``called_from``: the script call a tool handler answers when it calls this (it then runs
+    one level deeper, at most three, and ends with the calling execution)."""
 
 class Cancellation:
     """One execute_code call's own interrupt, made before the call: cancelled before the
@@ -33,6 +36,15 @@ class Cancellation:
         """Interrupts the call: now if it runs, at its start otherwise."""
     def cancelled(self) -> bool:
         """Whether :meth:`cancel` was called."""
+
+class ScriptCall:
+    """A script's tool call as the host's handler runs it (handed to the tool invoker only)."""
+
+    @property
+    def nesting(self) -> int:
+        """How many executions the calling execution runs inside (0: an agent started it)."""
+    def ended(self) -> bool:
+        """Whether the calling execution has ended."""
 
 def interrupt(task_id: str) -> int:
     """Interrupts the running executions of ``task_id``; returns how many."""

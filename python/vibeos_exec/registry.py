@@ -13,6 +13,7 @@ An exception becomes ``{"error": "Tool execution failed: <ExceptionType>: <messa
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import json
 import sys
@@ -105,12 +106,33 @@ def _message_of(exc: BaseException) -> str:
         return f"<the exception's message could not be read: {type(inner).__name__}>"
 
 
+#: The script call a tool handler is answering (a ``_native.ScriptCall``), while it runs; None
+#: for the agent's calls and outside handlers. An ``execute_code`` made inside the handler
+#: passes it on, so that execution runs one level deeper (bounded) and ends with the execution
+#: whose script made the call. A thread the handler starts does not inherit it.
+calling_script: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "vibeos_exec_calling_script", default=None
+)
+
+
+async def _answering(call: Any, awaitable: Any) -> Any:
+    """``awaitable`` run with :data:`calling_script` set to ``call``: an async handler runs in a
+    task of the package's loop, whose context is the loop thread's, not the calling thread's."""
+    calling_script.set(call)
+    return await awaitable
+
+
 def _make_invoker(
     name: str, handler: Handler
-) -> Callable[[str, Optional[str]], Tuple[bool, str, Optional[str]]]:
+) -> Callable[[str, Optional[str], Any], Tuple[bool, str, Optional[str]]]:
     pass_task_id = _accepts_task_id(handler)
 
-    def invoke(args_json: str, task_id: Optional[str]) -> Tuple[bool, str, Optional[str]]:
+    def invoke(
+        args_json: str, task_id: Optional[str], call: Any = None
+    ) -> Tuple[bool, str, Optional[str]]:
+        # An agent call made inside a handler (``handle_function_call``) answers the same
+        # script call as that handler: it keeps the value, so nesting stays counted.
+        answering = calling_script.set(call if call is not None else calling_script.get())
         try:
             args = json.loads(args_json)
             result = handler(args, task_id=task_id) if pass_task_id else handler(args)
@@ -118,9 +140,11 @@ def _make_invoker(
             # that returns its result directly (a sync wrapper) failed every call with
             # "object dict can't be used in 'await' expression".
             if inspect.isawaitable(result):
-                result = _async.run_coroutine(result)
+                result = _async.run_coroutine(_answering(call, result))
         except BaseException as exc:  # noqa: BLE001 - every failure becomes the tool's error
             return (False, type(exc).__name__, _message_of(exc))
+        finally:
+            calling_script.reset(answering)
         if isinstance(result, str):
             return (True, result, None)
         try:

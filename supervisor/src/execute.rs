@@ -330,6 +330,7 @@ async fn supervise(launched: Launched, s: Supervision<'_>) -> ExecutionResult {
             toolsets: None,
         },
     ));
+    vibeos_tools::mark_nesting(&state.context, request.nesting);
     let reaper_pid = child.id();
     state.root_pid.store(reaper_pid, Ordering::SeqCst);
     let server = match rpc {

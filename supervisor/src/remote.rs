@@ -323,6 +323,7 @@ async fn run(r: RemoteRun<'_>) -> Result<ExecutionResult, RemoteError> {
             toolsets: None,
         },
     ));
+    vibeos_tools::mark_nesting(&state.context, request.nesting);
     // Through the relay, the relay connects to the bound socket on this side.
     let relay_local = match (&connections, r.env.relayed()) {
         (Connections::Bind(path), true) => Some(path.clone()),

@@ -60,6 +60,11 @@ pub struct ExecutionRequest {
     pub script_tools: Option<BTreeSet<String>>,
     /// Strict-mode settings (`code_execution.strict`).
     pub strict: StrictOptions,
+    /// How many executions this one runs inside: 0 for one an agent or a user started, n + 1
+    /// for one a host tool started while answering a script call of an execution at n (the
+    /// Python package's `execute_code` in a tool handler). Its own script's calls carry it on
+    /// ([`vibeos_tools::mark_nesting`]), so the host can bound how deep executions nest.
+    pub nesting: u32,
 }
 
 impl ExecutionRequest {
@@ -82,6 +87,7 @@ impl ExecutionRequest {
             base_env: None,
             script_tools: None,
             strict: StrictOptions::from_config(config),
+            nesting: 0,
         }
     }
 

@@ -29,6 +29,8 @@ type Env = Vec<(String, String)>;
 struct Scope {
     env: Weak<Env>,
     ended: watch::Sender<bool>,
+    /// How many executions this one runs inside ([`mark_nesting`]).
+    nesting: u32,
 }
 
 static SCOPES: Mutex<Vec<Scope>> = Mutex::new(Vec::new());
@@ -50,6 +52,7 @@ fn flag_of<'a>(list: &'a mut Vec<Scope>, env: &Arc<Env>) -> &'a watch::Sender<bo
             list.push(Scope {
                 env: Arc::downgrade(env),
                 ended: watch::channel(false).0,
+                nesting: 0,
             });
             list.len() - 1
         }
@@ -66,6 +69,37 @@ pub fn cancel_scope(ctx: &ToolContext) {
     };
     let mut list = scopes();
     flag_of(&mut list, env).send_replace(true);
+}
+
+/// Records that the execution whose script calls run in `ctx` was started by a tool call of
+/// another execution's script, `nesting` levels down (a host tool that runs code for a script:
+/// the Python package's `execute_code` inside a tool handler). A host asks it back with
+/// [`nesting`] when such a call starts yet another execution, to bound how deep that goes.
+/// Nothing for an agent context.
+pub fn mark_nesting(ctx: &ToolContext, nesting: u32) {
+    let Some(env) = &ctx.env else {
+        return;
+    };
+    let mut list = scopes();
+    flag_of(&mut list, env);
+    if let Some(scope) = list
+        .iter_mut()
+        .find(|s| std::ptr::eq(s.env.as_ptr(), Arc::as_ptr(env)))
+    {
+        scope.nesting = nesting;
+    }
+}
+
+/// How many executions the execution of `ctx` runs inside ([`mark_nesting`]); 0 for a
+/// top-level one and for an agent call.
+pub fn nesting(ctx: &ToolContext) -> u32 {
+    let Some(env) = &ctx.env else {
+        return 0;
+    };
+    scopes()
+        .iter()
+        .find(|s| std::ptr::eq(s.env.as_ptr(), Arc::as_ptr(env)) && s.env.strong_count() > 0)
+        .map_or(0, |s| s.nesting)
 }
 
 /// Whether the execution `ctx` belongs to has ended ([`cancel_scope`]). Always `false` for an

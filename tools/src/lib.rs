@@ -42,7 +42,7 @@ pub mod url_mask;
 
 pub use async_bridge::{run_async, BoxFuture};
 pub use availability::{Availability, DEFAULT_CHECK_TIMEOUT};
-pub use call_scope::{cancel_scope, EndedFlag};
+pub use call_scope::{cancel_scope, ended_flag, mark_nesting, nesting, EndedFlag};
 pub use context::{CallOrigin, ToolContext, ToolsetSelection};
 pub use definitions::{execute_code_description, ExecuteCodeSettings, ToolStatus, EXECUTE_CODE};
 pub use entry::{
