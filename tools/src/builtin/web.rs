@@ -245,15 +245,38 @@ fn web_search(args: &Map<String, Value>, _ctx: &ToolContext) -> Result<Value, To
     let base = cfg.searxng_url.ok_or_else(|| {
         not_configured("web_search", "set VIBEOS_WEB_SEARCH_URL to a SearXNG URL")
     })?;
-    let url = format!("{base}/search");
+    // What a script is shown of the operator's URL: scheme, host and path. Its user, password
+    // and query (`?apikey=…`) are the operator's, and every backend error quoted them whole, in
+    // strict mode too (output redaction caught the password only as printed).
+    let mut url = reqwest::Url::parse(&base).map_err(|e| {
+        ToolError::new(
+            crate::ToolErrorKind::SearchBackendError,
+            format!(
+                "the configured SearXNG URL {} is not a usable URL ({e})",
+                crate::url_mask::mask_url(&base)
+            ),
+        )
+    })?;
+    // `/search` goes after the base's path, before its query (appending text put it after a
+    // `?apikey=…`).
+    if let Ok(mut path) = url.path_segments_mut() {
+        path.pop_if_empty().push("search");
+    }
+    let mut shown_url = url.clone();
+    let _ = shown_url.set_username("");
+    let _ = shown_url.set_password(None);
+    shown_url.set_query(None);
+    shown_url.set_fragment(None);
     let backend_error = |e: String| {
         ToolError::new(
             crate::ToolErrorKind::SearchBackendError,
-            format!("{url}: {e}"),
+            format!("{shown_url}: {e}"),
         )
     };
-    let target = reqwest::Url::parse_with_params(&url, &[("q", query), ("format", "json")])
-        .map_err(|e| backend_error(format!("not a usable URL ({e})")))?;
+    url.query_pairs_mut()
+        .append_pair("q", query)
+        .append_pair("format", "json");
+    let target = url;
     let client = http_client(cfg.timeout, false)?;
     let (status, body) = run_async(Box::pin(async move {
         let mut resp = client.get(target).send().await?;
@@ -262,7 +285,7 @@ fn web_search(args: &Map<String, Value>, _ctx: &ToolContext) -> Result<Value, To
             .await
             .map(|(body, cut)| (status, body, cut))
     }))?
-    .map_err(|e| backend_error(describe(&e)))
+    .map_err(|e| backend_error(describe(&e.without_url())))
     .and_then(|(status, body, cut)| {
         if cut {
             Err(backend_error(format!(
@@ -276,7 +299,7 @@ fn web_search(args: &Map<String, Value>, _ctx: &ToolContext) -> Result<Value, To
         return Err(ToolError::new(
             crate::ToolErrorKind::SearchBackendError,
             format!(
-                "{url} answered HTTP {status}{}",
+                "{shown_url} answered HTTP {status}{}",
                 if status.as_u16() == 403 {
                     " (SearXNG refuses format=json unless `search.formats` lists json)"
                 } else {
@@ -288,7 +311,7 @@ fn web_search(args: &Map<String, Value>, _ctx: &ToolContext) -> Result<Value, To
     let parsed: Value = serde_json::from_slice(&body).map_err(|e| {
         ToolError::new(
             crate::ToolErrorKind::SearchBackendError,
-            format!("{url} did not return JSON ({e}); is it a SearXNG instance with format=json enabled?"),
+            format!("{shown_url} did not return JSON ({e}); is it a SearXNG instance with format=json enabled?"),
         )
     })?;
     let web: Vec<Value> = parsed
@@ -314,17 +337,63 @@ fn web_search(args: &Map<String, Value>, _ctx: &ToolContext) -> Result<Value, To
 static TITLE: LazyLock<Option<regex::Regex>> =
     LazyLock::new(|| regex::Regex::new(r"(?is)<title[^>]*>(.*?)</title>").ok());
 
+/// Most characters of a page's title kept: a title is a line, and 20 pages with 3,000,000-
+/// character titles made a 60-million-character answer past every other cap (stop 60's probe).
+const MAX_TITLE_CHARS: usize = 1_000;
+
 fn html_title(html: &str) -> String {
     TITLE
         .as_ref()
         .and_then(|re| re.captures(html))
         .and_then(|c| c.get(1))
         .map(|m| {
-            html2text::from_read(m.as_str().as_bytes(), 10_000)
+            // Entities and tags of the title's first part only: it is cut to a line anyway.
+            let raw = m.as_str();
+            let mut end = raw.len().min(MAX_TITLE_CHARS * 8);
+            while !raw.is_char_boundary(end) {
+                end -= 1;
+            }
+            let text = html2text::from_read(raw[..end].as_bytes(), 10_000)
                 .map(|t| t.split_whitespace().collect::<Vec<_>>().join(" "))
-                .unwrap_or_default()
+                .unwrap_or_default();
+            match text.char_indices().nth(MAX_TITLE_CHARS) {
+                Some((cut, _)) => format!("{}…", &text[..cut]),
+                None => text,
+            }
         })
         .unwrap_or_default()
+}
+
+/// Pages converted to text at once in this process, across calls and executions: a page may
+/// take about 80 MB while it converts ([`super::web_text::MAX_ELEMENTS`]), and one call fetches
+/// up to 20 pages, any number of calls at a time. The others wait for a turn (within their
+/// deadline), on no thread: the conversion itself runs on the blocking pool.
+static CONVERSIONS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+
+/// `html` converted on the blocking pool when its turn comes ([`CONVERSIONS`]), stopping at
+/// `deadline` or when `ended` is set; `(title, text)`, or the error.
+async fn converted(
+    html: String,
+    deadline: std::time::Instant,
+    timeout: Duration,
+    ended: crate::EndedFlag,
+) -> Result<(String, String), String> {
+    let turn = tokio::time::timeout_at(deadline.into(), CONVERSIONS.acquire()).await;
+    let Ok(Ok(_permit)) = turn else {
+        return Err(super::web_text::ConvertError::TimedOut(timeout.as_secs()).to_string());
+    };
+    tokio::task::spawn_blocking(move || {
+        let stop = || ended.is_set();
+        let until = super::web_text::Until {
+            deadline,
+            timeout_secs: timeout.as_secs(),
+            ended: &stop,
+        };
+        let text = super::web_text::html_to_text(&html, &until).map_err(|e| e.to_string())?;
+        Ok((html_title(&html), text))
+    })
+    .await
+    .unwrap_or_else(|_| Err("internal error while converting the page".into()))
 }
 
 /// One page of `web_extract`: fetched, decoded and converted by `deadline` (call start plus
@@ -335,6 +404,7 @@ async fn fetch_one(
     char_limit: usize,
     denied: Option<String>,
     (deadline, timeout): (std::time::Instant, Duration),
+    ended: crate::EndedFlag,
 ) -> Value {
     let fail = |msg: String| json!({"url": url, "title": "", "content": "", "error": msg});
     let scheme_ok = url.split_once("://").is_some_and(|(s, rest)| {
@@ -408,9 +478,9 @@ async fn fetch_one(
     let (title, text) = if looks_html {
         let html = super::web_text::decode(&body, &ctype, true);
         drop(body);
-        match super::web_text::html_to_text(&html, deadline, timeout.as_secs()) {
-            Ok(t) => (html_title(&html), t),
-            Err(e) => return fail(e.to_string()),
+        match converted(html, deadline, timeout, ended).await {
+            Ok(pair) => pair,
+            Err(e) => return fail(e),
         }
     } else if ctype.starts_with("text/")
         || ctype.contains("json")
@@ -477,15 +547,16 @@ fn web_extract(args: &Map<String, Value>, ctx: &ToolContext) -> Result<Value, To
         .collect();
     let client = http_client(cfg.timeout, public_only)?;
     let budget = (std::time::Instant::now() + cfg.timeout, cfg.timeout);
+    let ended = crate::call_scope::ended_flag(ctx);
     // All pages at once, results in the order of `urls`.
     let results: Vec<Value> = run_async(Box::pin(async move {
         let fetches: Vec<_> = urls
             .into_iter()
             .zip(denied)
             .map(|(url, denied)| {
-                let (client, target) = (client.clone(), url.clone());
+                let (client, target, ended) = (client.clone(), url.clone(), ended.clone());
                 let task = tokio::spawn(async move {
-                    fetch_one(&client, &target, char_limit, denied, budget).await
+                    fetch_one(&client, &target, char_limit, denied, budget, ended).await
                 });
                 (url, task)
             })

@@ -10,6 +10,12 @@
 //!    then never holds more than about that many open elements;
 //! 2. the tree builder is fed in chunks and gives up once the call's deadline has passed, so
 //!    whatever pathology the pre-pass does not foresee ends with the call instead of outliving it.
+//!
+//! Memory is the other bound. Each element costs about 1.6 KB on its way through html5ever's DOM
+//! and html2text's render tree: a 5 MB page of `<ul><li>x</li></ul>` took the supervisor to
+//! 850 MB (stop 60's probe), whatever the depth. So the pre-pass also keeps the tags of the first
+//! [`MAX_ELEMENTS`] elements only; past them a page is text with a space where each tag was,
+//! which keeps a page of that size to about 80 MB.
 
 use html5ever::tendril::{StrTendril, TendrilSink};
 use html5ever::tokenizer::states::RawKind;
@@ -25,6 +31,10 @@ use std::time::Instant;
 /// before they flatten too.
 pub const MAX_DEPTH: usize = 256;
 
+/// Elements whose tags the pre-pass keeps; the text of later ones stays, their tags go (see the
+/// module docs). Large real pages have a few tens of thousands.
+pub const MAX_ELEMENTS: usize = 50_000;
+
 /// Input handed to the tree builder between deadline checks: small enough that one chunk
 /// converts in milliseconds even at [`MAX_DEPTH`].
 const CHUNK_BYTES: usize = 64 * 1024;
@@ -38,6 +48,9 @@ pub enum ConvertError {
          the page is too complex to convert — raise `web.timeout` or fetch a simpler page"
     )]
     TimedOut(u64),
+    /// The execution whose script asked for the page ended first.
+    #[error("the execution ended before the page was converted to text")]
+    Abandoned,
     /// html2text refused the parsed document.
     #[error("could not convert HTML to text: {0}")]
     Html2Text(#[from] html2text::Error),
@@ -84,32 +97,54 @@ fn meta_charset(head: &[u8]) -> Option<String> {
     (end > 0 && lower[..at].contains("<meta")).then(|| rest[..end].to_string())
 }
 
-/// `html` as wrapped plain text (html2text, 100 columns), taking no longer than until
-/// `deadline` in the tree builder; `timeout_secs` is only for the error message.
-pub fn html_to_text(
-    html: &str,
-    deadline: Instant,
-    timeout_secs: u64,
-) -> Result<String, ConvertError> {
-    let flat = flatten_deep(html, deadline).ok_or(ConvertError::TimedOut(timeout_secs))?;
-    let dom = parse_until(&flat, deadline, timeout_secs)?;
-    // Past the tree builder the depth is bounded, so html2text's own passes are linear.
-    let cfg = html2text::config::plain();
+/// When a conversion must stop: the call's deadline, and whether the execution that asked for
+/// the page has ended (a page converting for a script that is gone would only take memory and a
+/// core from the executions after it).
+pub struct Until<'a> {
+    /// The call's deadline.
+    pub deadline: Instant,
+    /// The web timeout in seconds, for the error message.
+    pub timeout_secs: u64,
+    /// True once the calling execution has ended.
+    pub ended: &'a dyn Fn() -> bool,
+}
+
+impl Until<'_> {
+    /// `Err` once the conversion must stop, saying why.
+    fn check(&self) -> Result<(), ConvertError> {
+        if (self.ended)() {
+            Err(ConvertError::Abandoned)
+        } else if Instant::now() >= self.deadline {
+            Err(ConvertError::TimedOut(self.timeout_secs))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// `html` as wrapped plain text (html2text, 100 columns), stopping between chunks when `until`
+/// says so.
+pub fn html_to_text(html: &str, until: &Until<'_>) -> Result<String, ConvertError> {
+    let flat = flatten_deep(html, until)?;
+    let dom = parse_until(&flat, until)?;
+    drop(flat);
+    // Past the tree builder the depth is bounded, so html2text's own passes are linear. Wider
+    // than 100 columns rather than nothing: 60 nested lists indent past 100, which failed the
+    // whole page ("Output width not wide enough"); and deep text still gets 20 columns, not 3
+    // (a word cut every 3 letters is no text).
+    let cfg = html2text::config::plain()
+        .allow_width_overflow()
+        .min_wrap_width(20);
     let tree = cfg.dom_to_render_tree(&dom)?;
+    drop(dom);
     Ok(cfg.render_to_string(tree, 100)?)
 }
 
-/// Parses `html` into html2text's DOM chunk by chunk, checking `deadline` between chunks.
-fn parse_until(
-    html: &str,
-    deadline: Instant,
-    timeout_secs: u64,
-) -> Result<html2text::RcDom, ConvertError> {
+/// Parses `html` into html2text's DOM chunk by chunk, asking `until` between chunks.
+fn parse_until(html: &str, until: &Until<'_>) -> Result<html2text::RcDom, ConvertError> {
     let mut parser = html5ever::parse_document(html2text::RcDom::default(), Default::default());
     for chunk in chunks(html) {
-        if Instant::now() >= deadline {
-            return Err(ConvertError::TimedOut(timeout_secs));
-        }
+        until.check()?;
         parser.process(StrTendril::from_slice(chunk));
     }
     Ok(parser.finish())
@@ -163,6 +198,8 @@ fn closes_previous(name: &str) -> Option<(&'static [&'static str], &'static [&'s
 struct Flattener {
     out: String,
     open: Vec<String>,
+    /// Elements whose tags were written ([`MAX_ELEMENTS`]).
+    kept: usize,
     /// Inside script/style and the like: text goes out as it came (no entity decoding happened).
     raw: bool,
 }
@@ -186,6 +223,12 @@ impl Flattener {
         if !void && self.open.len() >= MAX_DEPTH && raw_kind(name).is_none() {
             return TokenSinkResult::Continue;
         }
+        // Too many: the tag goes, a space stays so that the texts on either side stay words.
+        if self.kept >= MAX_ELEMENTS && raw_kind(name).is_none() {
+            self.out.push(' ');
+            return TokenSinkResult::Continue;
+        }
+        self.kept += 1;
         self.out.push('<');
         self.out.push_str(name);
         for a in &tag.attrs {
@@ -273,10 +316,11 @@ impl TokenSink for FlattenSink {
     }
 }
 
-/// `html` with the tags of elements nested deeper than [`MAX_DEPTH`] left out (their text
-/// kept), in one linear pass of html5ever's tokenizer; `None` when `deadline` passed first
-/// (checked between chunks: linear is still a second or so for 5 MB in a release build).
-pub fn flatten_deep(html: &str, deadline: Instant) -> Option<String> {
+/// `html` with the tags of elements nested deeper than [`MAX_DEPTH`], and of those past the
+/// first [`MAX_ELEMENTS`], left out (their text kept), in one linear pass of html5ever's
+/// tokenizer; `Err` when `until` said stop first (asked between chunks: linear is still a
+/// second or so for 5 MB in a release build).
+pub fn flatten_deep(html: &str, until: &Until<'_>) -> Result<String, ConvertError> {
     let sink = FlattenSink(RefCell::new(Flattener {
         out: String::with_capacity(html.len()),
         ..Flattener::default()
@@ -284,21 +328,27 @@ pub fn flatten_deep(html: &str, deadline: Instant) -> Option<String> {
     let tokenizer = Tokenizer::new(sink, TokenizerOpts::default());
     let input = BufferQueue::default();
     for chunk in chunks(html) {
-        if Instant::now() >= deadline {
-            return None;
-        }
+        until.check()?;
         input.push_back(StrTendril::from_slice(chunk));
         // The sink never asks to stop (no scripts run), so one feed reads the whole chunk.
         let _ = tokenizer.feed(&input);
     }
     tokenizer.end();
-    Some(tokenizer.sink.0.take().out)
+    Ok(tokenizer.sink.0.take().out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    fn within(secs: u64) -> Until<'static> {
+        Until {
+            deadline: Instant::now() + Duration::from_secs(secs),
+            timeout_secs: secs,
+            ended: &|| false,
+        }
+    }
 
     fn nested(n: usize) -> String {
         format!(
@@ -313,7 +363,7 @@ mod tests {
         // Before the pre-pass, 20,000 levels took seconds (debug build: ~2 minutes).
         let html = format!("{}<p>after</p>", nested(20_000));
         let started = Instant::now();
-        let text = html_to_text(&html, started + Duration::from_secs(60), 60).unwrap();
+        let text = html_to_text(&html, &within(60)).unwrap();
         assert!(
             started.elapsed() < Duration::from_secs(5),
             "{:?}",
@@ -329,18 +379,53 @@ mod tests {
                     <p>second<br>line<table><tr><td>c1<td>c2<tr><td>c3</table></body></html>";
         let cfg = html2text::config::plain();
         let direct = cfg.string_from_read(html.as_bytes(), 100).unwrap();
-        let ours = html_to_text(html, Instant::now() + Duration::from_secs(10), 10).unwrap();
+        let ours = html_to_text(html, &within(10)).unwrap();
         assert_eq!(ours, direct);
         // Many unclosed paragraphs are not "deep".
         let many = "<p>para".repeat(1000) + "<p>last";
-        let flat = flatten_deep(&many, Instant::now() + Duration::from_secs(10)).unwrap();
+        let flat = flatten_deep(&many, &within(10)).unwrap();
         assert_eq!(flat.matches("<p>").count(), 1001);
     }
 
     #[test]
-    fn a_passed_deadline_stops_the_conversion() {
-        let err = html_to_text(&nested(10), Instant::now(), 3).unwrap_err();
+    fn a_passed_deadline_or_an_ended_execution_stops_the_conversion() {
+        let passed = Until {
+            deadline: Instant::now(),
+            timeout_secs: 3,
+            ended: &|| false,
+        };
+        let err = html_to_text(&nested(10), &passed).unwrap_err();
         assert!(err.to_string().contains("web timeout (3 s)"), "{err}");
+        let ended = Until {
+            ended: &|| true,
+            ..within(60)
+        };
+        let err = html_to_text(&nested(10), &ended).unwrap_err();
+        assert!(matches!(err, ConvertError::Abandoned), "{err}");
+    }
+
+    #[test]
+    fn past_the_element_cap_a_page_keeps_its_text_as_words() {
+        // 5 MB of one-item lists took the supervisor to 850 MB before the cap.
+        let items = MAX_ELEMENTS + 10_000;
+        let html = format!(
+            "<html><body>{}</body></html>",
+            "<ul><li>w</li></ul>".repeat(items)
+        );
+        let flat = flatten_deep(&html, &within(60)).unwrap();
+        let tags = flat.matches('<').count() / 2;
+        assert!(tags <= MAX_ELEMENTS, "{tags} elements kept");
+        let text = html_to_text(&html, &within(60)).unwrap();
+        assert_eq!(text.matches('w').count(), items, "text was lost");
+        assert!(!text.contains("ww"), "words were glued together");
+    }
+
+    #[test]
+    fn deeply_nested_lists_convert_instead_of_failing_the_page() {
+        // 60 nested lists indent past 100 columns: "Output width not wide enough".
+        let html = format!("{}deep{}", "<ul><li>".repeat(80), "</li></ul>".repeat(80));
+        let text = html_to_text(&html, &within(60)).unwrap();
+        assert!(text.contains("deep"), "{text}");
     }
 
     #[test]
