@@ -349,6 +349,56 @@ fn web_tools_use_the_configured_backends() {
     assert!(results[3]["error"].as_str().unwrap().contains("http"));
 }
 
+/// The operator's SearXNG URL may carry a login or a key; every backend error quoted it whole
+/// to the script, strict mode included (redaction caught the password only as printed, so a
+/// script that printed it transformed read it). `/search` also went after the base's query.
+#[test]
+fn the_search_backend_s_credentials_never_reach_a_script() {
+    let base = start_server();
+    let sb = Sandbox::new();
+    let script = "import base64, json\nimport vibeos_tools as t\n\
+                  r = t.web_search('rust sandbox', limit=1)\n\
+                  print(base64.b64encode(json.dumps(r).encode()).decode())\n";
+    let answer = |url: &str, mode: &str| -> String {
+        sb.write_config(&format!(
+            "web:\n  search_backend: searxng\n  searxng_url: {url}\n  timeout: 5\n"
+        ));
+        let r = sb.run_json(script, &["--mode", mode]);
+        assert_eq!(r["status"], "success", "{r}");
+        let line = r["output"].as_str().unwrap().trim().to_string();
+        let decoded = std::process::Command::new("base64")
+            .arg("-d")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut c| {
+                use std::io::Write as _;
+                c.stdin.take().unwrap().write_all(line.as_bytes())?;
+                c.wait_with_output()
+            })
+            .unwrap();
+        String::from_utf8(decoded.stdout).unwrap()
+    };
+    for mode in ["project", "strict"] {
+        // Nothing listens on port 1: the error names the backend, not its login or key.
+        let refused = answer(
+            "http://searxadmin:SearxPassw0rd42@127.0.0.1:1/?apikey=OperatorSearxKey99",
+            mode,
+        );
+        assert!(refused.contains("SearchBackendError"), "{refused}");
+        assert!(refused.contains("http://127.0.0.1:1/search"), "{refused}");
+        for secret in ["SearxPassw0rd42", "OperatorSearxKey99", "searxadmin"] {
+            assert!(
+                !refused.contains(secret),
+                "{mode}: {secret} reached the script: {refused}"
+            );
+        }
+    }
+    // A base with a query keeps it, after `/search`.
+    let found = answer(&format!("{base}/?apikey=K"), "project");
+    assert!(found.contains("https://one.example/"), "{found}");
+}
+
 /// Stop 54's probe findings, through the stub as a script calls them: a single URL string,
 /// the charset of the header, 100,000 nested elements (minutes of CPU before, past any
 /// timeout), a result capped in total, a refused redirect that says why, and `tools list`
