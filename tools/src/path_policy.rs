@@ -1352,7 +1352,8 @@ fn loopback_name(host: &str) -> String {
 
 /// Whether `ip` is a public unicast address: not loopback, private, link-local, shared
 /// (CGNAT), unspecified, broadcast, multicast, reserved or documentation, and no v6 form of
-/// one of those (v4-mapped `::ffff:a.b.c.d`, v4-compatible `::a.b.c.d`, NAT64 `64:ff9b::/96`,
+/// one of those (v4-mapped `::ffff:a.b.c.d`, v4-compatible `::a.b.c.d`, SIIT's v4-translated
+/// `::ffff:0:a.b.c.d`, NAT64 `64:ff9b::/96`,
 /// 6to4 `2002::/16` carry a v4 address; Teredo, site-local, ULA and discard-only ranges are
 /// refused whole).
 pub fn is_public(ip: std::net::IpAddr) -> bool {
@@ -1369,6 +1370,9 @@ pub fn is_public(ip: std::net::IpAddr) -> bool {
             || o[0] == 0
             || (o[0] == 100 && (o[1] & 0xc0) == 64)
             || (o[0] == 198 && (o[1] & 0xfe) == 18)
+            // IETF protocol assignments (192.0.0.0/24) and the retired 6to4 relay anycast.
+            || (o[0] == 192 && o[1] == 0 && o[2] == 0)
+            || (o[0] == 192 && o[1] == 88 && o[2] == 99)
             || o[0] >= 240)
     }
     match ip {
@@ -1383,6 +1387,10 @@ pub fn is_public(ip: std::net::IpAddr) -> bool {
             };
             // v4-compatible (deprecated, `::a.b.c.d`; `::` and `::1` are caught below).
             if s[..6] == [0; 6] && (s[6] != 0 || s[7] > 1) {
+                return v4_ok(embedded(s[6], s[7]));
+            }
+            // SIIT's v4-translated form (`::ffff:0:a.b.c.d`): a translator hands it on as v4.
+            if s[..6] == [0, 0, 0, 0, 0xffff, 0] {
                 return v4_ok(embedded(s[6], s[7]));
             }
             // NAT64, well-known prefix: a gateway forwards to the v4 address inside.
@@ -1482,6 +1490,10 @@ mod tests {
             "http://[64:ff9b::a9fe:a9fe]/",
             "http://[2002:7f00:1::]/",
             "http://[fec0::1]/",
+            // Stop 60's probe: not refused before.
+            "http://192.0.0.8/",
+            "http://[::ffff:0:7f00:1]:18881/",
+            "http://192.88.99.1/",
             "file:///etc/passwd",
             "http:///nohost",
         ] {
