@@ -45,8 +45,14 @@ fn filter(level: &str) -> Result<EnvFilter, LogLevelError> {
     // html5ever (web_extract's HTML parser) warns about every page it repairs ("foster
     // parenting not implemented"): noise for the user at the quiet levels, kept at debug/trace.
     let quiet = ["error", "warn", "info"].contains(&level.to_ascii_lowercase().as_str());
+    // The HTTP client's own debug lines quote its connection pool's keys, user and password of
+    // a URL included (a redirect to `http://eve:secret@host/` reached agent.log, stop 60's
+    // probe): at the level names they stay at info. A filter naming them (`hyper_util=debug`)
+    // still gets them.
     let level = if quiet {
         format!("{level},html5ever=error,markup5ever=error")
+    } else if ok {
+        format!("{level},hyper=info,hyper_util=info,reqwest=info,h2=info")
     } else {
         level.to_string()
     };
@@ -246,5 +252,18 @@ mod tests {
             assert!(validate_level(good).is_ok(), "{good}");
         }
         assert!(validate_level("vibeos_tools=debug,warn").is_ok());
+    }
+
+    #[test]
+    fn the_http_client_s_own_lines_stay_out_of_debug_and_trace() {
+        // Its debug lines quote pool keys with a URL's user and password.
+        for level in ["debug", "trace", "TRACE"] {
+            let shown = filter(level).unwrap().to_string();
+            assert!(shown.contains("hyper_util=info"), "{level}: {shown}");
+            assert!(shown.contains("reqwest=info"), "{level}: {shown}");
+        }
+        // Named in a filter, they are the user's choice.
+        let shown = filter("hyper_util=trace").unwrap().to_string();
+        assert!(!shown.contains("hyper_util=info"), "{shown}");
     }
 }
