@@ -249,10 +249,14 @@ fn start_server() -> String {
                 if reader.read_line(&mut request_line).is_err() {
                     return;
                 }
+                let mut referer = String::from("none");
                 loop {
                     let mut h = String::new();
                     if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
                         break;
+                    }
+                    if h.to_ascii_lowercase().starts_with("referer:") {
+                        referer = h.trim_end().to_string();
                     }
                 }
                 let target = request_line
@@ -297,6 +301,14 @@ fn start_server() -> String {
                         "text/plain",
                         String::new(),
                     )
+                } else if target.starts_with("/hop?") {
+                    (
+                        "302 Found\r\nLocation: /referer",
+                        "text/plain",
+                        String::new(),
+                    )
+                } else if target == "/referer" {
+                    ("200 OK", "text/plain", format!("referer: {referer}"))
                 } else if target == "/plain.txt" {
                     ("200 OK", "text/plain", "just plain text".to_string())
                 } else {
@@ -397,6 +409,17 @@ fn the_search_backend_s_credentials_never_reach_a_script() {
     // A base with a query keeps it, after `/search`.
     let found = answer(&format!("{base}/?apikey=K"), "project");
     assert!(found.contains("https://one.example/"), "{found}");
+    // Nor does a page a redirect leads to learn the URL the fetch came from.
+    sb.write_config("web:\n  extract_backend: http\n");
+    let r = sb.run_json(
+        &format!(
+            "import vibeos_tools as t\nprint(t.web_extract({:?})['results'][0]['content'])\n",
+            format!("{base}/hop?token=abc")
+        ),
+        &[],
+    );
+    let page = r["output"].as_str().unwrap();
+    assert!(page.contains("referer: none"), "{r}");
 }
 
 /// Stop 54's probe findings, through the stub as a script calls them: a single URL string,

@@ -90,7 +90,9 @@ fn http_client(timeout: Duration, no_redirects: bool) -> Result<reqwest::Client,
         } else {
             reqwest::redirect::Policy::limited(5)
         })
-        .user_agent("vibeos-exec web tools");
+        .user_agent("vibeos-exec web tools")
+        // A redirect to another site must not learn the URL (query and all) it came from.
+        .referer(false);
     // A strict script's fetch connects only to the public addresses its names resolve to
     // (checked again at connect time; see `PublicOnlyResolver`), and through no proxy, whose
     // own address would be the one connected to.
