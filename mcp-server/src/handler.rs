@@ -1,6 +1,7 @@
 //! The MCP handler: execute_code (and the served toolsets' tools) as MCP tools, with
 //! concurrency slots, progress notifications and interrupts of a closing client's executions.
 
+use crate::fair_slots::{FairSlots, NoSlot};
 use crate::http::ClientGone;
 use crate::inflight::{ConnKey, HandlerHold, InFlight};
 use crate::ServeSettings;
@@ -16,7 +17,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::Notify;
 use vibeos_supervisor::direct_tools::{DirectCallError, DirectTools};
 use vibeos_supervisor::execute_code_tool::{execute_code_settings, request_from};
 use vibeos_supervisor::Status;
@@ -93,7 +94,7 @@ pub(crate) struct Shared {
     /// The rules of the tools offered besides execute_code: in strict mode, those of a strict
     /// script's tools, so a client cannot reach directly what a script cannot.
     direct: DirectTools,
-    slots: Arc<Semaphore>,
+    slots: Arc<FairSlots>,
     next_id: AtomicU64,
     running: Mutex<HashMap<u64, (u64, Interrupt)>>,
     /// Calls waiting for a slot, and the bytes of code they hold ([`MAX_QUEUED_CALLS`]).
@@ -105,11 +106,17 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(registry: &'static ToolRegistry, settings: ServeSettings) -> Arc<Self> {
+    /// The state of a server whose sessions may each have `per_session_queue` calls waiting
+    /// for a slot (`fair_slots`).
+    pub(crate) fn new(
+        registry: &'static ToolRegistry,
+        settings: ServeSettings,
+        per_session_queue: usize,
+    ) -> Arc<Self> {
         Arc::new(Shared {
             registry,
             direct: DirectTools::new(&settings.config),
-            slots: Arc::new(Semaphore::new(settings.max_concurrent)),
+            slots: FairSlots::new(settings.max_concurrent, per_session_queue),
             settings,
             next_id: AtomicU64::new(1),
             running: Mutex::new(HashMap::new()),
@@ -378,12 +385,12 @@ impl ExecServer {
         // Queue: wait for a slot, telling the client why it waits (at once, then every
         // PROGRESS_EVERY), until cancelled. A free slot is taken first: the interval's first
         // tick is immediate, and raced against a ready slot it told a call that never waited
-        // that every slot was busy.
+        // that every slot was busy. Sessions take turns for freed slots (`fair_slots`).
         let shutting_down = || ErrorData::internal_error("the server is shutting down", None);
-        let permit = match Arc::clone(&slots).try_acquire_owned() {
-            Ok(permit) => permit,
-            Err(tokio::sync::TryAcquireError::Closed) => return Err(shutting_down()),
-            Err(tokio::sync::TryAcquireError::NoPermits) => {
+        let permit = match slots.try_acquire() {
+            Ok(Some(permit)) => permit,
+            Err(_) => return Err(shutting_down()),
+            Ok(None) => {
                 let code_bytes = args.get("code").and_then(Value::as_str).map_or(0, str::len);
                 let Some(_place) = self.shared.take_queue_place(code_bytes) else {
                     return Err(ErrorData::new(
@@ -399,7 +406,24 @@ impl ExecServer {
                         None,
                     ));
                 };
-                let acquire = slots.acquire_owned();
+                let acquire = match slots.acquire(self.conn) {
+                    Ok(acquire) => acquire,
+                    Err(NoSlot::Closed) => return Err(shutting_down()),
+                    Err(NoSlot::SessionQueueFull) => {
+                        return Err(ErrorData::new(
+                            rmcp::model::ErrorCode(-32000),
+                            format!(
+                                "the server is busy: all {} execution slots are taken \
+                                 (--max-concurrent) and this session already has {} calls \
+                                 waiting for one, the most one session may have (other \
+                                 sessions take turns with it); retry when one ends",
+                                settings.max_concurrent,
+                                slots.per_session()
+                            ),
+                            None,
+                        ))
+                    }
+                };
                 tokio::pin!(acquire);
                 let mut tick = tokio::time::interval(PROGRESS_EVERY);
                 loop {

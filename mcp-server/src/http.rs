@@ -27,7 +27,11 @@ pub async fn serve_http(
         return Err(ServeError::NotLoopback(addr));
     }
     crate::approval::install();
-    let shared = Shared::new(registry, settings);
+    let shared = Shared::new(
+        registry,
+        settings,
+        crate::fair_slots::MAX_WAITING_PER_SESSION,
+    );
     {
         let shared = shared.clone();
         tokio::task::spawn_blocking(move || shared.warn_idle_toolsets());
@@ -149,9 +153,11 @@ async fn accept_until_stopped(
         };
         // Finished connections are collected as they go, not only at the end.
         while connections.try_join_next().is_some() {}
-        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let router = router.clone();
         let stop = stop.clone();
         connections.spawn(async move {
+            let answering = client_of_another_user(&stream).await.unwrap_or(router);
+            let service = hyper_util::service::TowerToHyperService::new(answering);
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
                 .timer(TokioTimer::new())
@@ -170,6 +176,72 @@ async fn accept_until_stopped(
         });
     }
     while connections.join_next().await.is_some() {}
+}
+
+/// For a connection whose client runs as another user than this server: a router that answers
+/// every request 403 saying so; `None` for the server's own user.
+///
+/// Binding to loopback keeps other machines out, not other users of this one: any local
+/// account could open a session and run code as the server's user (as root, for a root
+/// server; stop 60's probe). The client end of a loopback connection is a socket on this
+/// machine, whose owner the kernel lists in /proc/net/tcp{,6}. A connection whose client
+/// cannot be found there (it closed already) is refused too.
+async fn client_of_another_user(stream: &tokio::net::TcpStream) -> Option<axum::Router> {
+    let me = rustix::process::geteuid().as_raw();
+    let (peer, local) = (stream.peer_addr().ok(), stream.local_addr().ok());
+    let owner = match (peer, local) {
+        (Some(peer), Some(local)) => tokio::task::spawn_blocking(move || socket_owner(peer, local))
+            .await
+            .ok()
+            .flatten(),
+        _ => None,
+    };
+    if owner == Some(me) {
+        return None;
+    }
+    let who = owner.map_or_else(|| "an unknown user".to_string(), |uid| format!("uid {uid}"));
+    tracing::warn!("mcp: refused a connection from {who}: this server answers uid {me} only");
+    let message = format!(
+        "Forbidden: this server answers its own user (uid {me}) only, and this connection's \
+         client runs as {who}; start your own `vibeos-exec serve`, or use stdio"
+    );
+    Some(axum::Router::new().fallback(move || {
+        let message = message.clone();
+        async move {
+            json_error(
+                axum::http::StatusCode::FORBIDDEN,
+                Rejection {
+                    code: -32600,
+                    message,
+                    id: Value::Null,
+                },
+            )
+        }
+    }))
+}
+
+/// The uid owning the TCP socket on this machine whose address is `client` and whose peer is
+/// `server`: the client end of a connection this server accepted.
+fn socket_owner(client: SocketAddr, server: SocketAddr) -> Option<u32> {
+    use procfs_core::FromReadSI;
+    let system = procfs_core::ExplicitSystemInfo {
+        boot_time_secs: 0,
+        ticks_per_second: 100,
+        page_size: 4096,
+        is_little_endian: cfg!(target_endian = "little"),
+    };
+    let table = if client.is_ipv4() {
+        "/proc/net/tcp"
+    } else {
+        "/proc/net/tcp6"
+    };
+    let file = std::fs::File::open(table).ok()?;
+    let entries = procfs_core::net::TcpNetEntries::from_read(file, &system).ok()?;
+    entries
+        .0
+        .into_iter()
+        .find(|e| e.local_address == client && e.remote_address == server)
+        .map(|e| e.uid)
 }
 
 /// Most bytes of an oversized body read and thrown away before answering 413: a client still

@@ -18,6 +18,7 @@
 //!   service answers those itself (HTTP 400/413 with a JSON-RPC error body).
 
 mod approval;
+mod fair_slots;
 mod handler;
 mod http;
 mod inflight;

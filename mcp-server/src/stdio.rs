@@ -28,7 +28,8 @@ pub async fn serve_stdio(
 ) -> Result<(), ServeError> {
     validate(registry, &settings)?;
     crate::approval::install();
-    let shared = Shared::new(registry, settings);
+    // One client, one session: its line is the whole queue.
+    let shared = Shared::new(registry, settings, crate::handler::MAX_QUEUED_CALLS);
     {
         let shared = shared.clone();
         tokio::task::spawn_blocking(move || shared.warn_idle_toolsets());

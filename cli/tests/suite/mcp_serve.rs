@@ -1624,3 +1624,84 @@ fn handshake(to: &mut impl std::io::Write, reply: &mut impl FnMut() -> Value) ->
     send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
     init
 }
+
+/// Loopback keeps other machines out, not other users of this one: any local account could
+/// open a session on `serve --http` and run code as the server's user (as root, for a root
+/// server; stop 60's probe). Connections from another uid get a 403 that says why.
+#[test]
+fn serve_http_answers_only_its_own_user() {
+    use std::io::{BufRead, Read, Write};
+    use std::os::unix::process::CommandExt;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        vibeos_testkit::skip!("needs root to connect as another user (uid 65534)");
+    }
+    let sb = Sandbox::new();
+    let mut child = sb
+        .command()
+        .args(["serve", "--http", "127.0.0.1:0"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("serve starts");
+    struct End(std::process::Child);
+    impl Drop for End {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    let _end = End(child);
+    let mut addr = None;
+    let mut line = String::new();
+    while addr.is_none() && stderr.read_line(&mut line).unwrap_or(0) > 0 {
+        addr = line
+            .split("http://")
+            .nth(1)
+            .and_then(|rest| rest.split('/').next())
+            .map(str::to_string);
+        line.clear();
+    }
+    let addr = addr.expect("the server announced its address");
+    let (log_tx, log_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = stderr.read_to_string(&mut rest);
+        let _ = log_tx.send(rest);
+    });
+    let request = "GET /elsewhere HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    // The server's own user is answered (here: the path is not MCP's).
+    let mut own = std::net::TcpStream::connect(&addr).expect("connect");
+    own.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    own.write_all(request.as_bytes()).unwrap();
+    let mut answer = String::new();
+    let _ = own.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
+    // Another user is refused, whatever it asks.
+    let (host, port) = addr.rsplit_once(':').unwrap();
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "exec 3<>/dev/tcp/{host}/{port} && printf '{}' >&3 && timeout 30 cat <&3",
+            request.replace('\r', "\\r").replace('\n', "\\n")
+        ))
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .expect("bash runs");
+    let answer = String::from_utf8_lossy(&out.stdout);
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer} {out:?}");
+    assert!(
+        answer.contains("answers its own user (uid 0) only")
+            && answer.contains("client runs as uid 65534"),
+        "{answer}"
+    );
+    drop(_end);
+    let log = log_rx
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .unwrap_or_default();
+    assert!(log.contains("refused a connection from uid 65534"), "{log}");
+}
