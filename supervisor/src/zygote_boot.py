@@ -661,8 +661,13 @@ def _announce_exit(status):
     and status do not wait for the kernel to tear down this forked interpreter's address space,
     most of a millisecond (docs/warm-pool.md). Killing a stopped process is what `_exit` would
     have done to any thread still running. If the reaper declines (another process of the
-    execution is left), it continues this process, which exits as always."""
-    if not _host_fds:
+    execution is left), it continues this process, which exits as always.
+
+    Only the script process itself: a process the script forked inherits `_script_pid` and the
+    descriptors, and ending its own run here stopped the script process instead (the script
+    then hung until its timeout, and its children's output was lost; stop 60's probe). A fork
+    exits as it would after a cold start."""
+    if not _host_fds or os.getpid() != _script_pid:
         return
     try:
         # Stdin is /dev/null (`_keep_only`): stdout and stderr become it too, without opening

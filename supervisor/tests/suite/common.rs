@@ -254,6 +254,13 @@ pub(crate) fn parity_scripts() -> Vec<String> {
         "import threading\nthreading.Thread(target=lambda: 1/0).start()\n".to_string(),
         "import warnings\nwarnings.warn('careful')\nraise SystemExit(0)\n".to_string(),
         "import sys\nsys.stdout.write('no newline')\nsys.exit(None)\n".to_string(),
+        // Forks of the script that end through the normal exit path, waited for: a fork's
+        // exit stopped the forked script itself (it inherited the script's own exit hand-off),
+        // which then hung until its timeout (stop 60's probe).
+        "import os\nkids = []\nfor i in range(3):\n    pid = os.fork()\n    if pid == 0:\n        \
+         raise SystemExit(i)\n    kids.append(pid)\n\
+         print(sorted(os.waitpid(p, 0)[1] >> 8 for p in kids))\n"
+            .to_string(),
         // The scheduling a cold start inherits from its host, not the fork server's own.
         "import os\nprint(os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))\n"
             .to_string(),
