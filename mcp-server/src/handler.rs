@@ -253,6 +253,36 @@ impl Drop for Registration<'_> {
 pub struct ExecServer {
     pub(crate) shared: Arc<Shared>,
     pub(crate) conn: u64,
+    /// Dropped with the session's last handle (see [`SessionEnd`]).
+    _session_end: Arc<SessionEnd>,
+}
+
+impl ExecServer {
+    /// The server of connection `conn`.
+    pub(crate) fn new(shared: Arc<Shared>, conn: u64) -> Self {
+        ExecServer {
+            shared,
+            conn,
+            _session_end: Arc::new(SessionEnd(conn)),
+        }
+    }
+}
+
+/// Ends what a session leaves behind when it ends: its background processes
+/// (`terminal(background=true)`), which only its own `process` calls could reach. An HTTP
+/// session closed with DELETE, or expired, left them running until the server exited, out of
+/// every client's reach (stop 60's probe).
+#[derive(Debug)]
+pub(crate) struct SessionEnd(u64);
+
+impl Drop for SessionEnd {
+    fn drop(&mut self) {
+        let task = crate::approval::task_id(self.0);
+        // Killing waits out each process's grace; not on the runtime's thread.
+        std::thread::spawn(move || {
+            vibeos_tools::environments::background::end_task(Some(&task));
+        });
+    }
 }
 
 impl ExecServer {

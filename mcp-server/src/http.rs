@@ -71,10 +71,10 @@ pub async fn serve_http(
     let sessions = Arc::new(sessions);
     let service = StreamableHttpService::new(
         move || {
-            Ok(ExecServer {
-                conn: factory_shared.next_id(),
-                shared: factory_shared.clone(),
-            })
+            Ok(ExecServer::new(
+                factory_shared.clone(),
+                factory_shared.next_id(),
+            ))
         },
         sessions.clone(),
         config,

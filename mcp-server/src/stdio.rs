@@ -43,10 +43,7 @@ pub async fn serve_stdio(
         Output::Stream(stream) => StdioLines::new(input, stream, max, closed.clone()),
     };
     transport.track_ids(shared.in_flight.clone(), ConnKey::Conn(conn));
-    let server = ExecServer {
-        shared: shared.clone(),
-        conn,
-    };
+    let server = ExecServer::new(shared.clone(), conn);
     // The moment the client is gone (EOF on stdin, or a signal) its executions are stopped,
     // without waiting for the SDK to drain in-flight responses nobody will read.
     {

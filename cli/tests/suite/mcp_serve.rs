@@ -432,6 +432,21 @@ fn mcp_streamable_http_serves_several_clients_and_rejects_bad_bodies() {
     assert_eq!(r["staging_left"], serde_json::json!([]));
 }
 
+/// A closed HTTP session's background processes end with it (they ran on, out of reach of
+/// every other session's `process`, until the server exited; stop 60's probe).
+#[test]
+fn a_closed_http_session_ends_its_background_processes() {
+    let sb = Sandbox::new();
+    let Some(r) = scenario(&sb, "http_background") else {
+        return;
+    };
+    assert_eq!(r["started"], true, "{r}");
+    assert_eq!(r["running_while_open"], true, "{r}");
+    assert_eq!(r["running_after_close"], false, "{r}");
+    assert_eq!(r["server_alive"], true, "{r}");
+    assert_eq!(r["exit_code"], 0, "{r}");
+}
+
 #[test]
 fn mcp_http_sessions_are_capped_and_delete_succeeds() {
     let sb = Sandbox::new();

@@ -329,6 +329,31 @@ pub fn remove_process(id: &str) {
     }
 }
 
+/// Kills (process group: SIGTERM, SIGKILL after the grace period, all at once) and forgets the
+/// background processes of `task`: its session ended (an MCP client's session closed or
+/// expired), so nobody could reach them again with `process`.
+pub fn end_task(task: Option<&str>) {
+    let task = task_key(task);
+    let procs: Vec<Arc<BackgroundProcess>> = PROCESSES
+        .lock()
+        .map(|mut g| {
+            let ids: Vec<String> = g
+                .iter()
+                .filter(|(_, p)| p.task == task)
+                .map(|(id, _)| id.clone())
+                .collect();
+            ids.iter().filter_map(|id| g.remove(id)).collect()
+        })
+        .unwrap_or_default();
+    let killers: Vec<_> = procs
+        .into_iter()
+        .map(|p| std::thread::spawn(move || p.kill()))
+        .collect();
+    for k in killers {
+        let _ = k.join();
+    }
+}
+
 /// Kills (process group: SIGTERM, SIGKILL after the grace period, all at once) and forgets
 /// every background process of every task: the environment this process serves is going
 /// away (the tool agent's end).
