@@ -355,7 +355,7 @@ fn html_title(html: &str) -> String {
             while !raw.is_char_boundary(end) {
                 end -= 1;
             }
-            let text = html2text::from_read(raw[..end].as_bytes(), 10_000)
+            let text = html2text::from_read(&raw.as_bytes()[..end], 10_000)
                 .map(|t| t.split_whitespace().collect::<Vec<_>>().join(" "))
                 .unwrap_or_default();
             match text.char_indices().nth(MAX_TITLE_CHARS) {
