@@ -1422,13 +1422,16 @@ fn serve_http_answers_its_calls_when_stopped_by_a_signal() {
     assert_eq!(sb.staging_dirs(), Vec::<PathBuf>::new());
 }
 
-/// A connection that sends nothing, half a request line, or nothing more after a request, is
-/// closed by the server once it has waited 30 s for headers: they stayed open for ever, and
-/// about 1,000 of them used up a default descriptor limit and locked every client out.
-#[test]
-fn serve_http_closes_connections_that_send_no_headers() {
-    use std::io::{BufRead, Read, Write};
-    let sb = Sandbox::new();
+/// `vibeos-exec serve --http 127.0.0.1:0` in `sb`, its stderr (past the line that announced
+/// the address) and that address.
+fn start_http_server(
+    sb: &Sandbox,
+) -> (
+    std::process::Child,
+    std::io::BufReader<std::process::ChildStderr>,
+    String,
+) {
+    use std::io::BufRead;
     let mut child = sb
         .command()
         .args(["serve", "--http", "127.0.0.1:0"])
@@ -1437,16 +1440,6 @@ fn serve_http_closes_connections_that_send_no_headers() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("serve starts");
-    // A failing assertion below must not leave the server running (nothing else ends it).
-    struct EndOnPanic(nix::unistd::Pid);
-    impl Drop for EndOnPanic {
-        fn drop(&mut self) {
-            if std::thread::panicking() {
-                let _ = nix::sys::signal::kill(self.0, nix::sys::signal::Signal::SIGKILL);
-            }
-        }
-    }
-    let _end = EndOnPanic(nix::unistd::Pid::from_raw(child.id() as i32));
     let mut stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
     let mut addr = None;
     let mut line = String::new();
@@ -1458,7 +1451,34 @@ fn serve_http_closes_connections_that_send_no_headers() {
             .map(str::to_string);
         line.clear();
     }
-    let addr = addr.expect("the server announced its address");
+    match addr {
+        Some(addr) => (child, stderr, addr),
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the server did not announce its address");
+        }
+    }
+}
+
+/// A connection that sends nothing, half a request line, or nothing more after a request, is
+/// closed by the server once it has waited 30 s for headers: they stayed open for ever, and
+/// about 1,000 of them used up a default descriptor limit and locked every client out.
+#[test]
+fn serve_http_closes_connections_that_send_no_headers() {
+    use std::io::{Read, Write};
+    let sb = Sandbox::new();
+    let (mut child, mut stderr, addr) = start_http_server(&sb);
+    // A failing assertion below must not leave the server running (nothing else ends it).
+    struct EndOnPanic(nix::unistd::Pid);
+    impl Drop for EndOnPanic {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                let _ = nix::sys::signal::kill(self.0, nix::sys::signal::Signal::SIGKILL);
+            }
+        }
+    }
+    let _end = EndOnPanic(nix::unistd::Pid::from_raw(child.id() as i32));
     // The server's log is drained so that it never blocks on a full pipe.
     std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
     let connect = || {
@@ -1645,21 +1665,14 @@ fn handshake(to: &mut impl std::io::Write, reply: &mut impl FnMut() -> Value) ->
 /// server; stop 60's probe). Connections from another uid get a 403 that says why.
 #[test]
 fn serve_http_answers_only_its_own_user() {
-    use std::io::{BufRead, Read, Write};
+    use std::io::{Read, Write};
     use std::os::unix::process::CommandExt;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         vibeos_testkit::skip!("needs root to connect as another user (uid 65534)");
     }
     let sb = Sandbox::new();
-    let mut child = sb
-        .command()
-        .args(["serve", "--http", "127.0.0.1:0"])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("serve starts");
+    let (child, mut stderr, addr) = start_http_server(&sb);
     struct End(std::process::Child);
     impl Drop for End {
         fn drop(&mut self) {
@@ -1667,19 +1680,7 @@ fn serve_http_answers_only_its_own_user() {
             let _ = self.0.wait();
         }
     }
-    let mut stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
     let _end = End(child);
-    let mut addr = None;
-    let mut line = String::new();
-    while addr.is_none() && stderr.read_line(&mut line).unwrap_or(0) > 0 {
-        addr = line
-            .split("http://")
-            .nth(1)
-            .and_then(|rest| rest.split('/').next())
-            .map(str::to_string);
-        line.clear();
-    }
-    let addr = addr.expect("the server announced its address");
     let (log_tx, log_rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut rest = String::new();
