@@ -345,7 +345,13 @@ pub fn end_task(task: Option<&str>) {
             ids.iter().filter_map(|id| g.remove(id)).collect()
         })
         .unwrap_or_default();
-    kill_together(procs);
+    let killers: Vec<_> = procs
+        .into_iter()
+        .map(|p| std::thread::spawn(move || p.kill()))
+        .collect();
+    for k in killers {
+        let _ = k.join();
+    }
 }
 
 /// Kills (process group: SIGTERM, SIGKILL after the grace period, all at once) and forgets
@@ -356,11 +362,6 @@ pub fn end_all() {
         .lock()
         .map(|mut g| std::mem::take(&mut *g).into_values().collect())
         .unwrap_or_default();
-    kill_together(procs);
-}
-
-/// Kills `procs` side by side (each waits out its own grace) and returns when all are gone.
-fn kill_together(procs: Vec<Arc<BackgroundProcess>>) {
     let killers: Vec<_> = procs
         .into_iter()
         .map(|p| std::thread::spawn(move || p.kill()))
