@@ -555,17 +555,6 @@ mod tests {
             .any(|l| l.trim_end().ends_with(args) && !l.trim_start().starts_with('Z'))
     }
 
-    /// Waits up to 5 s for every process running exactly `each` to be gone (a killed one is
-    /// reaped by init a moment later), and fails if one is left.
-    fn assert_gone_soon(each: &[&str]) {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while each.iter().any(|a| running(a)) && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        let left: Vec<&&str> = each.iter().filter(|a| running(a)).collect();
-        assert!(left.is_empty(), "still running: {left:?}");
-    }
-
     #[test]
     fn a_kill_sent_before_the_group_is_recorded_reaches_it_once_it_is() {
         // A 2 s timeout on a loaded host killed an ssh command whose wrapper had not recorded
@@ -587,8 +576,13 @@ mod tests {
             .unwrap();
         let status = ended_within_deadline(wrapper, &pgid_file);
         assert_eq!(status.code(), Some(128 + 15), "{status:?}");
-        assert_gone_soon(&["sleep 4717", "sleep 4718"]);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while (running("sleep 4717") || running("sleep 4718"))
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(!running("sleep 4717") && !running("sleep 4718"));
         // The note was claimed and the pgid file removed once the command ended.
         while std::fs::read_dir(dir.path()).unwrap().count() > 0
             && std::time::Instant::now() < deadline
@@ -641,7 +635,13 @@ mod tests {
             let status = ended_within_deadline(wrapper, &pgid_file);
             assert_eq!(status.code(), Some(128 + 9), "round {round}: {status:?}");
         }
-        assert_gone_soon(&["sleep 4719", "sleep 4720"]);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while (running("sleep 4719") || running("sleep 4720"))
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(!running("sleep 4719") && !running("sleep 4720"));
     }
 
     #[test]
